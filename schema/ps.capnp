@@ -1,1 +1,173 @@
+# The wire contract between libpsclient and psd.
+#
+# Versioning: `kProtocolVersion` changes whenever a change here is not
+# compatible both ways. A client says its version in `hello`; a shard with a
+# different major version refuses it with a message naming both versions.
+# Fields are only ever added (new ordinals), never renumbered.
+#
+# Errors: a request that cannot be honoured fails as a whole with a Cap'n
+# Proto exception whose description is a one-line message for a person
+# ("push: tensor 'w' expects 4 floats, got 3"). Nothing of a failed request is
+# applied. Outcomes that are part of normal training (a stale gradient in sync
+# mode) are not errors: they come back as a status in the result.
+
 @0xd1c2a3b4e5f60718;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("ps::wire");
+
+const kProtocolVersion :UInt32 = 1;
+
+enum OptimizerKind {
+  sgd @0;
+  momentum @1;
+  adam @2;
+  adagrad @3;
+  rmsprop @4;
+}
+
+struct OptimizerSpec {
+  kind @0 :OptimizerKind = sgd;
+  learningRate @1 :Float32 = 0.01;
+  momentum @2 :Float32 = 0.9;      # momentum; also RMSProp's momentum
+  nesterov @3 :Bool = false;
+  beta1 @4 :Float32 = 0.9;         # Adam
+  beta2 @5 :Float32 = 0.999;       # Adam
+  epsilon @6 :Float32 = 1e-7;      # Adam, Adagrad, RMSProp (TF's defaults differ per optimizer; clients fill it)
+  initialAccumulator @7 :Float32 = 0.1;  # Adagrad
+  decay @8 :Float32 = 0.9;         # RMSProp
+  schedule @9 :LrSchedule = constant;
+  decayRate @10 :Float32 = 1.0;
+  decaySteps @11 :Int64 = 1;
+  staircase @12 :Bool = false;
+  boundaries @13 :List(Int64);
+}
+
+enum LrSchedule {
+  constant @0;
+  exponentialDecay @1;
+  piecewise @2;
+}
+
+enum InitKind {
+  zeros @0;
+  constant @1;
+  uniform @2;         # U(a, b)
+  normal @3;          # N(mean=a, stddev=b)
+  truncatedNormal @4; # N(a, b) redrawn beyond 2 stddev, as TF
+  glorotUniform @5;   # U(-l, l), l = sqrt(6 / (fanIn + fanOut))
+  glorotNormal @6;
+  values @7;          # the `values` field holds the initial contents
+}
+
+struct Initializer {
+  kind @0 :InitKind = zeros;
+  a @1 :Float32;
+  b @2 :Float32;
+  seed @3 :UInt64;
+  fanIn @4 :UInt32;
+  fanOut @5 :UInt32;
+  values @6 :Data;    # little-endian float32, for kind = values
+}
+
+# A tensor that is one part of a larger logical tensor split over shards.
+struct PartInfo {
+  fullName @0 :Text;
+  fullShape @1 :List(UInt64);
+  offset @2 :UInt64;     # first element of the part in the flattened tensor
+  index @3 :UInt32;
+  count @4 :UInt32;      # number of parts
+}
+
+struct TensorSpec {
+  name @0 :Text;
+  shape @1 :List(UInt64);
+  optimizer @2 :OptimizerSpec;
+  init @3 :Initializer;
+  trainable @4 :Bool = true;   # counted by sync mode's step barrier
+  part @5 :PartInfo;           # set when this tensor is a chunk of another
+}
+
+struct TensorMeta {
+  name @0 :Text;
+  shape @1 :List(UInt64);
+  version @2 :UInt64;          # number of updates applied
+  optimizer @3 :OptimizerKind;
+  trainable @4 :Bool;
+  part @5 :PartInfo;
+  created @6 :Bool;            # true if this request created it, false if it existed
+}
+
+struct TensorData {
+  name @0 :Text;
+  version @1 :UInt64;
+  values @2 :Data;             # little-endian float32, shape's product elements
+}
+
+struct Gradient {
+  name @0 :Text;
+  values @1 :Data;             # little-endian float32, same count as the tensor
+}
+
+enum PushStatus {
+  applied @0;       # async: applied now
+  accumulated @1;   # sync: counted towards the step; applied when enough arrive
+  stale @2;         # sync: for a step that is already done; dropped
+  duplicate @3;     # this worker already contributed to this step; dropped
+}
+
+enum SyncMode {
+  async @0;
+  sync @1;
+  boundedStaleness @2;
+}
+
+struct JobConfig {
+  mode @0 :SyncMode = async;
+  replicasToAggregate @1 :UInt32;   # sync: gradients averaged per step
+  totalReplicas @2 :UInt32;         # workers in the job (>= replicasToAggregate)
+  maxStaleness @3 :UInt32;          # boundedStaleness
+  trainSteps @4 :Int64;             # stop condition; 0 = none
+}
+
+struct ShardInfo {
+  protocolVersion @0 :UInt32;
+  shardIndex @1 :UInt32;
+  numShards @2 :UInt32;
+  serverVersion @3 :Text;
+  globalStep @4 :Int64;
+  job @5 :JobConfig;
+  maxMessageBytes @6 :UInt64;
+}
+
+struct ShardStats {
+  tensors @0 :UInt64;
+  bytes @1 :UInt64;
+  pushes @2 :UInt64;
+  pulls @3 :UInt64;
+  rejected @4 :UInt64;          # requests refused as bad input
+  staleGradients @5 :UInt64;
+  globalStep @6 :Int64;
+  connections @7 :UInt32;
+}
+
+interface Shard {
+  hello @0 (protocolVersion :UInt32, workerIndex :Int32, authToken :Data)
+        -> (info :ShardInfo);
+  # workerIndex is -1 for a client that is not a training worker (tools).
+
+  create @1 (specs :List(TensorSpec)) -> (tensors :List(TensorMeta));
+  # Idempotent: an existing tensor with the same shape is returned as is
+  # (created = false); one with another shape is an error.
+
+  pull @2 (names :List(Text), minStep :Int64) -> (tensors :List(TensorData), step :Int64);
+  # Values of the named tensors, all read at one global step `step`
+  # (>= minStep: the call waits until the shard reaches minStep).
+
+  push @3 (grads :List(Gradient), step :Int64)
+       -> (status :List(PushStatus), step :Int64);
+  # step: the global step the worker's parameters were pulled at (sync mode).
+
+  list @4 () -> (tensors :List(TensorMeta));
+  stats @5 () -> (stats :ShardStats);
+}

@@ -1,0 +1,433 @@
+#include "ps/client.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <mutex>
+
+#include <capnp/orphan.h>
+#include <spdlog/spdlog.h>
+
+#include "event_loop_thread.h"
+#include "request_plan.h"
+#include "shard_connection.h"
+#include "wire_convert.h"
+
+namespace ps {
+
+namespace {
+
+// Room left in each message for everything that is not tensor data.
+constexpr uint64_t kMessageSlack = 256u << 10;
+
+std::string strip_prefix(std::string s, std::string_view prefix) {
+  if (s.rfind(prefix, 0) == 0) s.erase(0, prefix.size());
+  return s;
+}
+
+// A kj::Exception from the loop thread as the ps::Error a user should see.
+std::exception_ptr translate(const kj::Exception& e, const std::string& context) {
+  std::string msg = e.getDescription().cStr();
+  msg = strip_prefix(msg, "remote exception: ");
+  msg = strip_prefix(msg, "std::exception: ");
+  if (e.getType() == kj::Exception::Type::DISCONNECTED || e.getType() == kj::Exception::Type::OVERLOADED) {
+    return std::make_exception_ptr(ConnectionError(context + msg));
+  }
+  return std::make_exception_ptr(RequestError(context + msg));
+}
+
+PushStatus from_wire(wire::PushStatus s) {
+  switch (s) {
+    case wire::PushStatus::APPLIED: return PushStatus::kApplied;
+    case wire::PushStatus::ACCUMULATED: return PushStatus::kAccumulated;
+    case wire::PushStatus::STALE: return PushStatus::kStale;
+    case wire::PushStatus::DUPLICATE: return PushStatus::kDuplicate;
+  }
+  return PushStatus::kStale;
+}
+
+}  // namespace
+
+struct Client::Impl : kj::TaskSet::ErrorHandler {
+  explicit Impl(ClientOptions o)
+      : options(std::move(o)),
+        placement(std::max<int>(1, static_cast<int>(options.ps_hosts.size())), options.placement, options.chunk_bytes) {}
+
+  ~Impl() {
+    loop.run_sync([this] {
+      tasks = nullptr;
+      shards.clear();
+    });
+  }
+
+  void taskFailed(kj::Exception&& e) override { spdlog::error("libpsclient internal task failed: {}", e.getDescription().cStr()); }
+
+  // Runs op() on the loop thread; its result or error reaches the future.
+  template <typename T, typename Op>
+  std::future<T> submit(Op op, std::string context) {
+    auto result = std::make_shared<std::promise<T>>();
+    auto future = result->get_future();
+    loop.run_sync([&] {
+      kj::Promise<T> promise = nullptr;
+      try {
+        promise = op();
+      } catch (...) {
+        result->set_exception(std::current_exception());
+        return;
+      }
+      promise = with_timeout(kj::mv(promise));
+      tasks->add(promise.then([result](T&& value) { result->set_value(std::move(value)); },
+                              [result, context](kj::Exception&& e) { result->set_exception(translate(e, context)); }));
+    });
+    return future;
+  }
+
+  template <typename T>
+  kj::Promise<T> with_timeout(kj::Promise<T> p) {
+    if (options.call_timeout.count() <= 0) return p;
+    const auto ms = options.call_timeout.count();
+    return p.exclusiveJoin(loop.io().provider->getTimer().afterDelay(ms * kj::MILLISECONDS).then([ms]() -> kj::Promise<T> {
+      return disconnected("no answer from psd within " + std::to_string(ms) + " ms (ClientOptions::call_timeout)");
+    }));
+  }
+
+  std::vector<ShardBatch> plan(const std::vector<std::string>& names) {
+    std::lock_guard lock(placement_mutex);
+    return plan_batches(placement, names, max_batch_bytes);
+  }
+
+  uint64_t tensor_elements(const std::string& name) {
+    std::lock_guard lock(placement_mutex);
+    return placement.at(name).spec.num_elements();
+  }
+
+  void connect() {
+    if (options.ps_hosts.empty()) throw ConfigError("no ps hosts given (ClientOptions::ps_hosts / --ps_hosts)");
+    struct Outcome {
+      std::vector<std::string> errors;
+    };
+    auto outcome = submit<Outcome>(
+        [this] {
+          tasks = kj::heap<kj::TaskSet>(*this);
+          shards.resize(options.ps_hosts.size());
+          kj::Vector<kj::Promise<void>> all;
+          auto errors = kj::heap<std::vector<std::string>>();
+          for (std::size_t i = 0; i < options.ps_hosts.size(); ++i) {
+            auto hello_deadline = options.connect_timeout + std::chrono::milliseconds(5000);
+            auto p = connect_shard(loop.io(), static_cast<int>(i), options.ps_hosts[i], options.connect_timeout,
+                                   options.worker_index)
+                         .exclusiveJoin(loop.io().provider->getTimer().afterDelay(hello_deadline.count() * kj::MILLISECONDS)
+                                            .then([host = options.ps_hosts[i]]() -> kj::Promise<kj::Own<ShardConnection>> {
+                                              return disconnected("psd at " + host + " accepted but did not answer hello");
+                                            }));
+            all.add(p.then([this, i](kj::Own<ShardConnection> c) { shards[i] = kj::mv(c); },
+                           [e = errors.get()](kj::Exception&& ex) { e->push_back(ex.getDescription().cStr()); }));
+          }
+          return kj::joinPromises(all.releaseAsArray()).then([errors = kj::mv(errors)]() mutable {
+            return Outcome{std::move(*errors)};
+          });
+        },
+        "");
+    // connect_shard has its own deadline; the call timeout must not cut it short.
+    Outcome o = outcome.get();
+    if (!o.errors.empty()) {
+      std::string msg = "could not connect to " + std::to_string(o.errors.size()) + " of " +
+                        std::to_string(options.ps_hosts.size()) + " ps shards: ";
+      for (std::size_t i = 0; i < o.errors.size(); ++i) msg += (i ? "; " : "") + o.errors[i];
+      throw ConnectionError(msg);
+    }
+    uint64_t smallest = std::numeric_limits<uint64_t>::max();
+    for (auto& s : shards) smallest = std::min(smallest, s->max_message_bytes);
+    if (smallest <= kMessageSlack + sizeof(float)) throw ConfigError("psd's message size limit is too small");
+    max_batch_bytes = smallest - kMessageSlack;
+    if (options.chunk_bytes > max_batch_bytes) {
+      throw ConfigError("chunk size " + std::to_string(options.chunk_bytes) + " bytes exceeds what psd accepts in one message (" +
+                        std::to_string(max_batch_bytes) + "); lower ClientOptions::chunk_bytes or raise psd --max_message_mb");
+    }
+  }
+
+  ClientOptions options;
+  std::mutex placement_mutex;
+  Placement placement;
+  uint64_t max_batch_bytes = 64u << 20;
+  EventLoopThread loop;
+  // Loop-thread state.
+  std::vector<kj::Own<ShardConnection>> shards;
+  kj::Own<kj::TaskSet> tasks;
+};
+
+Client::Client(ClientOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
+  if (impl_->options.call_timeout.count() > 0 && impl_->options.call_timeout < impl_->options.connect_timeout) {
+    impl_->options.call_timeout = impl_->options.connect_timeout + std::chrono::milliseconds(10000);
+  }
+  impl_->connect();
+}
+
+Client::~Client() = default;
+
+int Client::num_shards() const { return static_cast<int>(impl_->options.ps_hosts.size()); }
+const ClientOptions& Client::options() const { return impl_->options; }
+
+Placement Client::placement() const {
+  std::lock_guard lock(impl_->placement_mutex);
+  return impl_->placement;
+}
+
+void Client::declare(const std::vector<TensorSpec>& specs) {
+  std::lock_guard lock(impl_->placement_mutex);
+  for (const auto& s : specs) impl_->placement.add(s);
+}
+
+void Client::create(const std::vector<TensorSpec>& specs) {
+  declare(specs);
+  std::vector<std::string> names;
+  for (const auto& s : specs) names.push_back(s.name);
+  auto batches = impl_->plan(names);
+  struct Done {};
+  impl_->submit<Done>(
+            [this, batches = std::move(batches), specs]() {
+              kj::Vector<kj::Promise<void>> calls;
+              for (const auto& b : batches) {
+                auto req = impl_->shards[b.shard]->shard.createRequest();
+                auto out = req.initSpecs(static_cast<unsigned>(b.parts.size()));
+                for (unsigned i = 0; i < b.parts.size(); ++i) {
+                  const TensorSpec& full = specs[b.parts[i].tensor];
+                  const Part& part = b.parts[i].part;
+                  TensorSpec piece = full;
+                  piece.name = part.stored_name;
+                  if (part.num_parts > 1) piece.shape = {part.count};
+                  if (full.init.kind == InitKind::kValues) {
+                    if (full.init.values.size() != full.num_elements()) {
+                      throw ConfigError("tensor '" + full.name + "' has " + std::to_string(full.num_elements()) +
+                                        " elements but " + std::to_string(full.init.values.size()) + " initial values");
+                    }
+                    piece.init.values.assign(full.init.values.begin() + part.offset,
+                                             full.init.values.begin() + part.offset + part.count);
+                  }
+                  to_wire(piece, out[i]);
+                  if (part.num_parts > 1) {
+                    auto p = out[i].initPart();
+                    p.setFullName(full.name);
+                    auto fs = p.initFullShape(static_cast<unsigned>(full.shape.size()));
+                    for (unsigned d = 0; d < full.shape.size(); ++d) fs.set(d, full.shape[d]);
+                    p.setOffset(part.offset);
+                    p.setIndex(part.index);
+                    p.setCount(part.num_parts);
+                  }
+                }
+                calls.add(req.send().ignoreResult());
+              }
+              return kj::joinPromises(calls.releaseAsArray()).then([] { return Done{}; });
+            },
+            "create: ")
+      .get();
+}
+
+std::future<PullResult> Client::pull_async(std::vector<std::string> names, std::vector<std::span<float>> out,
+                                           int64_t min_step) {
+  if (names.size() != out.size()) throw ConfigError("pull: " + std::to_string(names.size()) + " names but " +
+                                                    std::to_string(out.size()) + " buffers");
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const uint64_t n = impl_->tensor_elements(names[i]);
+    if (out[i].size() != n) {
+      throw ConfigError("pull: buffer for '" + names[i] + "' holds " + std::to_string(out[i].size()) + " floats, tensor has " +
+                        std::to_string(n));
+    }
+  }
+  auto batches = impl_->plan(names);
+  return impl_->submit<PullResult>(
+      [this, batches = std::move(batches), out = std::move(out), n = names.size(), min_step]() mutable {
+        auto result = kj::heap<PullResult>();
+        result->versions.assign(n, std::numeric_limits<uint64_t>::max());
+        result->step = std::numeric_limits<int64_t>::max();
+        kj::Vector<kj::Promise<void>> calls;
+        for (auto& b : batches) {
+          auto req = impl_->shards[b.shard]->shard.pullRequest();
+          auto names_out = req.initNames(static_cast<unsigned>(b.parts.size()));
+          for (unsigned i = 0; i < b.parts.size(); ++i) names_out.set(i, b.parts[i].part.stored_name);
+          req.setMinStep(min_step);
+          calls.add(req.send().then([batch = kj::mv(b), out, res = result.get()](
+                                        capnp::Response<wire::Shard::PullResults>&& reply) {
+            auto tensors = reply.getTensors();
+            if (tensors.size() != batch.parts.size()) {
+              throw RequestError("pull: shard answered " + std::to_string(tensors.size()) + " tensors for " +
+                                 std::to_string(batch.parts.size()));
+            }
+            for (unsigned i = 0; i < tensors.size(); ++i) {
+              const PartRef& ref = batch.parts[i];
+              auto data = tensors[i].getValues();
+              if (data.size() != ref.part.count * sizeof(float)) {
+                throw RequestError("pull: '" + ref.part.stored_name + "' came back with " + std::to_string(data.size()) +
+                                   " bytes, expected " + std::to_string(ref.part.count * sizeof(float)) +
+                                   " (was it created with another shape or chunk size?)");
+              }
+              std::memcpy(out[ref.tensor].data() + ref.part.offset, data.begin(), data.size());
+              res->versions[ref.tensor] = std::min(res->versions[ref.tensor], tensors[i].getVersion());
+            }
+            res->step = std::min(res->step, reply.getStep());
+          }));
+        }
+        return kj::joinPromises(calls.releaseAsArray()).then([result = kj::mv(result)]() mutable {
+          if (result->step == std::numeric_limits<int64_t>::max()) result->step = 0;
+          return std::move(*result);
+        });
+      },
+      "pull: ");
+}
+
+PullResult Client::pull(const std::vector<std::string>& names, const std::vector<std::span<float>>& out,
+                        int64_t min_step) {
+  return pull_async(names, out, min_step).get();
+}
+
+uint64_t Client::pull(const std::string& name, std::span<float> out) {
+  return pull(std::vector<std::string>{name}, std::vector<std::span<float>>{out}).versions.at(0);
+}
+
+std::vector<float> Client::pull(const std::string& name) {
+  std::vector<float> values(impl_->tensor_elements(name));
+  pull(name, values);
+  return values;
+}
+
+std::future<PushResult> Client::push_async(std::vector<std::string> names, std::vector<std::span<const float>> grads,
+                                           int64_t step) {
+  if (names.size() != grads.size()) throw ConfigError("push: " + std::to_string(names.size()) + " names but " +
+                                                      std::to_string(grads.size()) + " gradients");
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const uint64_t n = impl_->tensor_elements(names[i]);
+    if (grads[i].size() != n) {
+      throw RequestError("push: gradient for '" + names[i] + "' has " + std::to_string(grads[i].size()) +
+                         " floats, tensor has " + std::to_string(n));
+    }
+  }
+  auto batches = impl_->plan(names);
+  return impl_->submit<PushResult>(
+      [this, batches = std::move(batches), grads = std::move(grads), n = names.size(), step]() mutable {
+        auto result = kj::heap<PushResult>();
+        result->status.assign(n, PushStatus::kApplied);
+        result->step = std::numeric_limits<int64_t>::max();
+        kj::Vector<kj::Promise<void>> calls;
+        for (auto& b : batches) {
+          auto req = impl_->shards[b.shard]->shard.pushRequest();
+          req.setStep(step);
+          auto list = req.initGrads(static_cast<unsigned>(b.parts.size()));
+          auto orphanage = capnp::Orphanage::getForMessageContaining(
+              static_cast<wire::Shard::PushParams::Builder>(req));
+          for (unsigned i = 0; i < b.parts.size(); ++i) {
+            const PartRef& ref = b.parts[i];
+            list[i].setName(ref.part.stored_name);
+            // The gradient goes out straight from the caller's buffer: no copy.
+            auto slice = grads[ref.tensor].subspan(ref.part.offset, ref.part.count);
+            list[i].adoptValues(orphanage.referenceExternalData(as_data(slice)));
+          }
+          calls.add(req.send().then([batch = kj::mv(b), res = result.get()](
+                                        capnp::Response<wire::Shard::PushResults>&& reply) {
+            auto status = reply.getStatus();
+            for (unsigned i = 0; i < status.size() && i < batch.parts.size(); ++i) {
+              PushStatus s = from_wire(status[i]);
+              auto& slot = res->status[batch.parts[i].tensor];
+              slot = std::max(slot, s);
+            }
+            res->step = std::min(res->step, reply.getStep());
+          }));
+        }
+        return kj::joinPromises(calls.releaseAsArray()).then([result = kj::mv(result)]() mutable {
+          if (result->step == std::numeric_limits<int64_t>::max()) result->step = 0;
+          return std::move(*result);
+        });
+      },
+      "push: ");
+}
+
+PushResult Client::push(const std::vector<std::string>& names, const std::vector<std::span<const float>>& grads,
+                        int64_t step) {
+  return push_async(names, grads, step).get();
+}
+
+PushStatus Client::push(const std::string& name, std::span<const float> grad) {
+  return push(std::vector<std::string>{name}, std::vector<std::span<const float>>{grad}).status.at(0);
+}
+
+std::vector<TensorInfo> Client::list() {
+  struct Collected {
+    std::vector<std::pair<int, TensorInfo>> items;
+  };
+  auto collected = impl_->submit<Collected>(
+                            [this] {
+                              auto out = kj::heap<Collected>();
+                              kj::Vector<kj::Promise<void>> calls;
+                              for (auto& s : impl_->shards) {
+                                int shard = s->index;
+                                calls.add(s->shard.listRequest().send().then(
+                                    [shard, out = out.get()](capnp::Response<wire::Shard::ListResults>&& reply) {
+                                      for (auto t : reply.getTensors()) {
+                                        TensorInfo info;
+                                        info.name = t.hasPart() ? t.getPart().getFullName() : t.getName();
+                                        info.shape = shape_from_wire(t.hasPart() ? t.getPart().getFullShape() : t.getShape());
+                                        info.version = t.getVersion();
+                                        info.optimizer = static_cast<OptimizerKind>(t.getOptimizer());
+                                        out->items.emplace_back(shard, std::move(info));
+                                      }
+                                    }));
+                              }
+                              return kj::joinPromises(calls.releaseAsArray()).then([out = kj::mv(out)]() mutable {
+                                return std::move(*out);
+                              });
+                            },
+                            "list: ")
+                       .get();
+  // Merge the parts of split tensors into one entry each.
+  std::map<std::string, TensorInfo> merged;
+  for (auto& [shard, info] : collected.items) {
+    auto [it, fresh] = merged.try_emplace(info.name, info);
+    if (!fresh) it->second.version = std::min(it->second.version, info.version);
+    if (std::find(it->second.shards.begin(), it->second.shards.end(), shard) == it->second.shards.end()) {
+      it->second.shards.push_back(shard);
+    }
+  }
+  std::vector<TensorInfo> out;
+  for (auto& [name, info] : merged) {
+    std::sort(info.shards.begin(), info.shards.end());
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+std::vector<ShardStats> Client::stats() {
+  struct Collected {
+    std::vector<ShardStats> items;
+  };
+  return impl_->submit<Collected>(
+                  [this] {
+                    auto out = kj::heap<Collected>();
+                    out->items.resize(impl_->shards.size());
+                    kj::Vector<kj::Promise<void>> calls;
+                    for (auto& s : impl_->shards) {
+                      calls.add(s->shard.statsRequest().send().then(
+                          [shard = s->index, address = s->address, out = out.get()](
+                              capnp::Response<wire::Shard::StatsResults>&& reply) {
+                            auto st = reply.getStats();
+                            ShardStats& o = out->items[shard];
+                            o.shard = shard;
+                            o.address = address;
+                            o.tensors = st.getTensors();
+                            o.bytes = st.getBytes();
+                            o.pushes = st.getPushes();
+                            o.pulls = st.getPulls();
+                            o.rejected = st.getRejected();
+                            o.stale_gradients = st.getStaleGradients();
+                            o.global_step = st.getGlobalStep();
+                            o.connections = st.getConnections();
+                          }));
+                    }
+                    return kj::joinPromises(calls.releaseAsArray()).then([out = kj::mv(out)]() mutable {
+                      return std::move(*out);
+                    });
+                  },
+                  "stats: ")
+      .get()
+      .items;
+}
+
+}  // namespace ps

@@ -1,0 +1,67 @@
+#include "ps/placement.h"
+
+#include <algorithm>
+
+#include "ps/errors.h"
+
+namespace ps {
+
+Placement::Placement(int num_shards, PlacementPolicy policy, std::size_t chunk_bytes)
+    : num_shards_(num_shards), policy_(policy), chunk_bytes_(chunk_bytes) {
+  if (num_shards < 1) throw ConfigError("placement needs at least one shard, got " + std::to_string(num_shards));
+  if (chunk_bytes < sizeof(float)) throw ConfigError("chunk size must hold at least one float");
+  shard_bytes_.assign(num_shards, 0);
+}
+
+std::string Placement::part_name(const std::string& name, uint32_t index) {
+  return name + "/part_" + std::to_string(index);
+}
+
+int Placement::pick_shard() {
+  if (policy_ == PlacementPolicy::kRoundRobin) {
+    int s = next_round_robin_;
+    next_round_robin_ = (next_round_robin_ + 1) % num_shards_;
+    return s;
+  }
+  return static_cast<int>(std::min_element(shard_bytes_.begin(), shard_bytes_.end()) - shard_bytes_.begin());
+}
+
+const PlacedTensor& Placement::add(const TensorSpec& spec) {
+  if (spec.name.empty()) throw ConfigError("tensor name must not be empty");
+  if (auto it = index_.find(spec.name); it != index_.end()) {
+    const PlacedTensor& existing = tensors_[it->second];
+    if (existing.spec.shape != spec.shape) {
+      throw ConfigError("tensor '" + spec.name + "' declared twice with shapes " +
+                        shape_to_string(existing.spec.shape) + " and " + shape_to_string(spec.shape));
+    }
+    return existing;
+  }
+  const uint64_t n = spec.num_elements();
+  if (n == 0) throw ConfigError("tensor '" + spec.name + "' has no elements: shape " + shape_to_string(spec.shape));
+  const uint64_t per_part = chunk_bytes_ / sizeof(float);
+  const uint64_t num_parts = (n + per_part - 1) / per_part;
+
+  PlacedTensor placed{spec, {}};
+  for (uint64_t i = 0; i < num_parts; ++i) {
+    Part part;
+    part.index = static_cast<uint32_t>(i);
+    part.num_parts = static_cast<uint32_t>(num_parts);
+    part.offset = i * per_part;
+    part.count = std::min(per_part, n - part.offset);
+    part.stored_name = num_parts == 1 ? spec.name : part_name(spec.name, part.index);
+    part.shard = pick_shard();
+    shard_bytes_[part.shard] += part.count * sizeof(float);
+    placed.parts.push_back(std::move(part));
+  }
+  index_[spec.name] = tensors_.size();
+  tensors_.push_back(std::move(placed));
+  return tensors_.back();
+}
+
+const PlacedTensor& Placement::at(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) throw ConfigError("unknown tensor '" + name + "': declare it with create() first");
+  return tensors_[it->second];
+}
+
+}  // namespace ps

@@ -1,0 +1,36 @@
+// One client connection to one psd shard, living on the client's event-loop
+// thread: connect with retry until a deadline, then hello.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include <capnp/rpc-twoparty.h>
+#include <kj/async-io.h>
+
+#include "ps.capnp.h"
+
+namespace ps {
+
+struct ShardConnection {
+  int index = 0;
+  std::string address;
+  kj::Own<kj::AsyncIoStream> stream;
+  kj::Own<capnp::TwoPartyVatNetwork> network;
+  kj::Own<capnp::RpcSystem<capnp::rpc::twoparty::VatId>> rpc;
+  wire::Shard::Client shard{nullptr};
+  uint64_t max_message_bytes = 0;
+  uint32_t num_shards = 0;
+  uint32_t shard_index = 0;
+};
+
+// Connects to `address` ("host:port" or "unix:/path"), retrying with backoff
+// until `timeout` has passed, then says hello. Rejects with a DISCONNECTED
+// kj::Exception naming the address and the last error.
+kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::AsyncIoContext& io, int index, std::string address,
+                                                    std::chrono::milliseconds timeout, int worker_index);
+
+// A DISCONNECTED exception (a shard unreachable or gone) with this message.
+kj::Exception disconnected(std::string message);
+
+}  // namespace ps

@@ -1,0 +1,109 @@
+#include "ps/tensor_spec.h"
+
+#include <cmath>
+
+#include "ps/errors.h"
+
+namespace ps {
+
+uint64_t TensorSpec::num_elements() const {
+  uint64_t n = 1;
+  for (uint64_t d : shape) n *= d;
+  return shape.empty() ? 1 : n;
+}
+
+void glorot_fans(const std::vector<uint64_t>& shape, uint64_t* fan_in, uint64_t* fan_out) {
+  if (shape.empty()) {
+    *fan_in = *fan_out = 1;
+  } else if (shape.size() == 1) {
+    *fan_in = *fan_out = shape[0];
+  } else {
+    uint64_t in = 1;
+    for (std::size_t i = 0; i + 1 < shape.size(); ++i) in *= shape[i];
+    *fan_in = in;
+    *fan_out = shape.back();
+  }
+}
+
+std::string shape_to_string(const std::vector<uint64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+OptimizerConfig OptimizerConfig::sgd(float lr) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kSgd;
+  c.learning_rate = lr;
+  return c;
+}
+
+OptimizerConfig OptimizerConfig::with_momentum(float lr, float momentum, bool nesterov) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kMomentum;
+  c.learning_rate = lr;
+  c.momentum = momentum;
+  c.nesterov = nesterov;
+  return c;
+}
+
+OptimizerConfig OptimizerConfig::adam(float lr, float beta1, float beta2, float epsilon) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kAdam;
+  c.learning_rate = lr;
+  c.beta1 = beta1;
+  c.beta2 = beta2;
+  c.epsilon = epsilon;
+  return c;
+}
+
+OptimizerConfig OptimizerConfig::adagrad(float lr, float initial_accumulator) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kAdagrad;
+  c.learning_rate = lr;
+  c.initial_accumulator = initial_accumulator;
+  return c;
+}
+
+OptimizerConfig OptimizerConfig::rmsprop(float lr, float decay, float momentum, float epsilon) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kRmsProp;
+  c.learning_rate = lr;
+  c.decay = decay;
+  c.momentum = momentum;
+  c.epsilon = epsilon;
+  return c;
+}
+
+OptimizerConfig OptimizerConfig::from_name(const std::string& name, float lr) {
+  if (name == "sgd") return sgd(lr);
+  if (name == "momentum") return with_momentum(lr, 0.9f, false);
+  if (name == "nesterov") return with_momentum(lr, 0.9f, true);
+  if (name == "adam") return adam(lr);
+  if (name == "adagrad") return adagrad(lr);
+  if (name == "rmsprop") return rmsprop(lr);
+  throw ConfigError("unknown optimizer '" + name + "' (expected sgd, momentum, nesterov, adam, adagrad or rmsprop)");
+}
+
+float OptimizerConfig::learning_rate_at(int64_t global_step) const {
+  switch (schedule) {
+    case LrSchedule::kConstant:
+      return learning_rate;
+    case LrSchedule::kExponentialDecay: {
+      double p = static_cast<double>(global_step) / static_cast<double>(decay_steps > 0 ? decay_steps : 1);
+      if (staircase) p = std::floor(p);
+      return static_cast<float>(learning_rate * std::pow(static_cast<double>(decay_rate), p));
+    }
+    case LrSchedule::kPiecewise: {
+      int passed = 0;
+      for (int64_t b : boundaries) passed += global_step >= b ? 1 : 0;
+      return static_cast<float>(learning_rate * std::pow(static_cast<double>(decay_rate), passed));
+    }
+  }
+  return learning_rate;
+}
+
+}  // namespace ps

@@ -1,0 +1,105 @@
+#include "wire_convert.h"
+
+#include <cstring>
+
+#include "ps/errors.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire format is little-endian float32");
+
+namespace ps {
+
+void to_wire(const OptimizerConfig& c, wire::OptimizerSpec::Builder out) {
+  out.setKind(static_cast<wire::OptimizerKind>(c.kind));
+  out.setLearningRate(c.learning_rate);
+  out.setMomentum(c.momentum);
+  out.setNesterov(c.nesterov);
+  out.setBeta1(c.beta1);
+  out.setBeta2(c.beta2);
+  out.setEpsilon(c.epsilon);
+  out.setInitialAccumulator(c.initial_accumulator);
+  out.setDecay(c.decay);
+  out.setSchedule(static_cast<wire::LrSchedule>(c.schedule));
+  out.setDecayRate(c.decay_rate);
+  out.setDecaySteps(c.decay_steps);
+  out.setStaircase(c.staircase);
+  auto b = out.initBoundaries(static_cast<unsigned>(c.boundaries.size()));
+  for (unsigned i = 0; i < c.boundaries.size(); ++i) b.set(i, c.boundaries[i]);
+}
+
+OptimizerConfig from_wire(wire::OptimizerSpec::Reader in) {
+  OptimizerConfig c;
+  auto kind = static_cast<unsigned>(in.getKind());
+  if (kind > static_cast<unsigned>(OptimizerKind::kRmsProp)) throw RequestError("unknown optimizer kind " + std::to_string(kind));
+  c.kind = static_cast<OptimizerKind>(kind);
+  c.learning_rate = in.getLearningRate();
+  c.momentum = in.getMomentum();
+  c.nesterov = in.getNesterov();
+  c.beta1 = in.getBeta1();
+  c.beta2 = in.getBeta2();
+  c.epsilon = in.getEpsilon();
+  c.initial_accumulator = in.getInitialAccumulator();
+  c.decay = in.getDecay();
+  auto schedule = static_cast<unsigned>(in.getSchedule());
+  if (schedule > static_cast<unsigned>(LrSchedule::kPiecewise)) throw RequestError("unknown learning-rate schedule " + std::to_string(schedule));
+  c.schedule = static_cast<LrSchedule>(schedule);
+  c.decay_rate = in.getDecayRate();
+  c.decay_steps = in.getDecaySteps();
+  c.staircase = in.getStaircase();
+  for (int64_t b : in.getBoundaries()) c.boundaries.push_back(b);
+  return c;
+}
+
+void to_wire(const InitConfig& c, wire::Initializer::Builder out) {
+  out.setKind(static_cast<wire::InitKind>(c.kind));
+  out.setA(c.a);
+  out.setB(c.b);
+  out.setSeed(c.seed);
+  if (c.kind == InitKind::kValues) {
+    out.setValues(as_data(std::span<const float>(c.values)));
+  }
+}
+
+InitConfig from_wire(wire::Initializer::Reader in) {
+  InitConfig c;
+  auto kind = static_cast<unsigned>(in.getKind());
+  if (kind > static_cast<unsigned>(InitKind::kValues)) throw RequestError("unknown initializer kind " + std::to_string(kind));
+  c.kind = static_cast<InitKind>(kind);
+  c.a = in.getA();
+  c.b = in.getB();
+  c.seed = in.getSeed();
+  if (c.kind == InitKind::kValues) {
+    auto data = in.getValues();
+    if (data.size() % sizeof(float) != 0) throw RequestError("initial values are not a whole number of float32s");
+    auto f = as_floats(data);
+    c.values.assign(f.begin(), f.end());
+  }
+  return c;
+}
+
+std::vector<uint64_t> shape_from_wire(capnp::List<uint64_t>::Reader in) {
+  std::vector<uint64_t> shape;
+  shape.reserve(in.size());
+  for (uint64_t d : in) shape.push_back(d);
+  return shape;
+}
+
+void to_wire(const TensorSpec& s, wire::TensorSpec::Builder out) {
+  out.setName(s.name);
+  auto shape = out.initShape(static_cast<unsigned>(s.shape.size()));
+  for (unsigned i = 0; i < s.shape.size(); ++i) shape.set(i, s.shape[i]);
+  to_wire(s.optimizer, out.initOptimizer());
+  to_wire(s.init, out.initInit());
+  out.setTrainable(s.trainable);
+}
+
+TensorSpec from_wire(wire::TensorSpec::Reader in) {
+  TensorSpec s;
+  s.name = in.getName();
+  s.shape = shape_from_wire(in.getShape());
+  s.optimizer = from_wire(in.getOptimizer());
+  s.init = from_wire(in.getInit());
+  s.trainable = in.getTrainable();
+  return s;
+}
+
+}  // namespace ps

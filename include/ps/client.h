@@ -1,0 +1,121 @@
+// libpsclient's connection to a set of psd shards.
+//
+// A Client connects to every shard of the job (one connection each), places
+// tensors on them (ps/placement.h) and pulls and pushes tensors, splitting and
+// reassembling the ones larger than the chunk size. All methods are safe to
+// call from several threads at once; network I/O runs on one event-loop
+// thread that the Client owns. Blocking methods and `*_async` methods returning
+// std::future are both offered; buffers passed to an async call must stay
+// alive (and, for pushes, unchanged) until its future is ready.
+//
+// Example (psd running on 127.0.0.1:2222):
+//   ps::ClientOptions opts;
+//   opts.ps_hosts = {"127.0.0.1:2222"};
+//   ps::Client client(opts);
+//   client.create({{.name = "w", .shape = {2, 2}, .optimizer = ps::OptimizerConfig::sgd(0.1f)},
+//                  {.name = "b", .shape = {2}}});
+//   std::vector<float> w(4);
+//   client.pull("w", w);                          // w = {0, 0, 0, 0}
+//   client.push("w", std::vector<float>{1, 1, 1, 1});  // w -= 0.1 * grad
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ps/errors.h"
+#include "ps/placement.h"
+#include "ps/tensor_spec.h"
+
+namespace ps {
+
+struct ClientOptions {
+  // "host:port" or "unix:/path" per shard, in shard order (as --ps_hosts).
+  std::vector<std::string> ps_hosts;
+  PlacementPolicy placement = PlacementPolicy::kRoundRobin;
+  std::size_t chunk_bytes = kDefaultChunkBytes;
+  // How long to keep retrying a shard that is not (yet) listening.
+  std::chrono::milliseconds connect_timeout{15000};
+  // Longest wait for the answer to a call (0: no limit).
+  std::chrono::milliseconds call_timeout{300000};
+  int worker_index = -1;  // this worker's index in the job; -1 for tools
+};
+
+// A tensor as the shards report it.
+struct TensorInfo {
+  std::string name;
+  std::vector<uint64_t> shape;
+  uint64_t version = 0;       // updates applied (smallest over its parts)
+  std::vector<int> shards;    // where its parts live
+  OptimizerKind optimizer = OptimizerKind::kSgd;
+};
+
+struct ShardStats {
+  int shard = 0;
+  std::string address;
+  uint64_t tensors = 0, bytes = 0, pushes = 0, pulls = 0, rejected = 0, stale_gradients = 0;
+  int64_t global_step = 0;
+  uint32_t connections = 0;
+};
+
+struct PullResult {
+  int64_t step = 0;                 // global step the values were read at
+  std::vector<uint64_t> versions;   // per tensor, smallest over its parts
+};
+
+enum class PushStatus { kApplied, kAccumulated, kStale, kDuplicate };
+
+struct PushResult {
+  int64_t step = 0;
+  std::vector<PushStatus> status;   // per tensor; the worst over its parts
+};
+
+class Client {
+ public:
+  // Connects to every shard, retrying until connect_timeout; throws
+  // ConnectionError naming the shards that could not be reached.
+  explicit Client(ClientOptions options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Places the tensors (in order) and creates them on their shards.
+  // Idempotent: existing tensors of the same shape are kept as they are.
+  void create(const std::vector<TensorSpec>& specs);
+  // Places without creating: for workers that wait for the chief's init.
+  void declare(const std::vector<TensorSpec>& specs);
+
+  // Reads tensors into caller buffers (each of the tensor's element count).
+  // Waits until the shards reach `min_step` (sync mode).
+  PullResult pull(const std::vector<std::string>& names, const std::vector<std::span<float>>& out,
+                  int64_t min_step = 0);
+  uint64_t pull(const std::string& name, std::span<float> out);
+  std::vector<float> pull(const std::string& name);
+  std::future<PullResult> pull_async(std::vector<std::string> names, std::vector<std::span<float>> out,
+                                     int64_t min_step = 0);
+
+  // Sends gradients; `step` is the global step the parameters were pulled at.
+  PushResult push(const std::vector<std::string>& names, const std::vector<std::span<const float>>& grads,
+                  int64_t step = 0);
+  PushStatus push(const std::string& name, std::span<const float> grad);
+  std::future<PushResult> push_async(std::vector<std::string> names, std::vector<std::span<const float>> grads,
+                                     int64_t step = 0);
+
+  std::vector<TensorInfo> list();
+  std::vector<ShardStats> stats();
+
+  int num_shards() const;
+  const ClientOptions& options() const;
+  // The placement of everything created or declared so far (a copy).
+  Placement placement() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ps

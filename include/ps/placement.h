@@ -1,0 +1,82 @@
+// Where each tensor lives: which shard, and, for tensors larger than the
+// chunk size, which parts go where.
+//
+// Placement is a pure function of the declared tensors (in declaration order),
+// the number of shards, the policy and the chunk size. Every worker computes
+// the same placement from the same declarations, as TensorFlow's
+// replica_device_setter does, so no coordination is needed.
+//
+// Example:
+//   ps::Placement p(/*num_shards=*/3, ps::PlacementPolicy::kGreedyBytes);
+//   p.add({.name = "emb", .shape = {1'000'000, 64}});   // 256 MB: 61 parts
+//   p.add({.name = "b", .shape = {64}});
+//   for (const ps::Part& part : p.parts_of("emb")) { ... part.shard ... }
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ps/tensor_spec.h"
+
+namespace ps {
+
+enum class PlacementPolicy {
+  kRoundRobin,   // next shard in declaration order (replica_device_setter)
+  kGreedyBytes,  // shard holding the fewest bytes so far (GreedyLoadBalancingStrategy)
+};
+
+inline constexpr std::size_t kDefaultChunkBytes = 4u << 20;
+
+// One stored piece of a logical tensor: elements [offset, offset + count) of
+// the flattened tensor, held on `shard` under `stored_name`.
+struct Part {
+  std::string stored_name;  // the tensor's own name when it is not split
+  int shard = 0;
+  uint64_t offset = 0;
+  uint64_t count = 0;
+  uint32_t index = 0;
+  uint32_t num_parts = 1;
+};
+
+struct PlacedTensor {
+  TensorSpec spec;
+  std::vector<Part> parts;
+};
+
+class Placement {
+ public:
+  Placement(int num_shards, PlacementPolicy policy, std::size_t chunk_bytes = kDefaultChunkBytes);
+
+  // Places a tensor. Adding a name twice returns the first placement when the
+  // shape matches and throws ConfigError otherwise.
+  const PlacedTensor& add(const TensorSpec& spec);
+
+  bool contains(const std::string& name) const { return index_.count(name) != 0; }
+  const PlacedTensor& at(const std::string& name) const;  // throws ConfigError
+  const std::vector<Part>& parts_of(const std::string& name) const { return at(name).parts; }
+  const std::vector<PlacedTensor>& tensors() const { return tensors_; }
+
+  int num_shards() const { return num_shards_; }
+  std::size_t chunk_bytes() const { return chunk_bytes_; }
+  uint64_t shard_bytes(int shard) const { return shard_bytes_.at(shard); }
+
+  // Name under which part `index` of `name` is stored, as TF names
+  // partitioned variables: "name/part_3".
+  static std::string part_name(const std::string& name, uint32_t index);
+
+ private:
+  int pick_shard();
+
+  int num_shards_;
+  PlacementPolicy policy_;
+  std::size_t chunk_bytes_;
+  int next_round_robin_ = 0;
+  std::vector<uint64_t> shard_bytes_;
+  std::vector<PlacedTensor> tensors_;
+  std::map<std::string, std::size_t> index_;
+};
+
+}  // namespace ps

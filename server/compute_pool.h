@@ -1,0 +1,41 @@
+// The compute side of psd: an Asio thread pool that applies updates, with a
+// strand per tensor key so updates to one tensor stay ordered while
+// different tensors run in parallel. Work is handed in from the KJ event loop
+// and its completion comes back to that loop as a kj::Promise, so the loop
+// never blocks on arithmetic.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include <asio/post.hpp>
+#include <asio/strand.hpp>
+#include <asio/thread_pool.hpp>
+#include <kj/async.h>
+
+namespace ps {
+
+class ComputePool {
+ public:
+  // threads == 0 runs every task inline on the caller's thread.
+  explicit ComputePool(unsigned threads, unsigned strands = 64);
+  ~ComputePool();
+  ComputePool(const ComputePool&) = delete;
+  ComputePool& operator=(const ComputePool&) = delete;
+
+  // Runs fn() on the strand for `key`; the promise resolves on the calling
+  // KJ thread when fn() has finished (rejects with fn's exception).
+  kj::Promise<void> run(uint64_t key, std::function<void()> fn);
+
+  unsigned threads() const { return threads_; }
+  void join();  // waits for queued work; later run() calls execute inline
+
+ private:
+  unsigned threads_;
+  asio::thread_pool pool_;
+  std::vector<asio::strand<asio::thread_pool::executor_type>> strands_;
+  bool joined_ = false;
+};
+
+}  // namespace ps

@@ -1,0 +1,162 @@
+#include "optimizer.h"
+
+#include <cmath>
+#include <string>
+
+#include "ps/errors.h"
+
+namespace ps {
+namespace {
+
+// The loops are written plainly so the compiler vectorises them; each reads
+// and writes every array once, which keeps an update at memory speed.
+
+class Sgd final : public Optimizer {
+ public:
+  using Optimizer::Optimizer;
+  std::vector<std::vector<float>> make_slots(std::size_t) const override { return {}; }
+  void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>&, int64_t step,
+             float scale) const override {
+    const float a = config_.learning_rate_at(step) * scale;
+    float* __restrict wp = w.data();
+    const float* __restrict gp = g.data();
+    const std::size_t n = w.size();
+    for (std::size_t i = 0; i < n; ++i) wp[i] -= a * gp[i];
+  }
+};
+
+// accum = momentum * accum + g;  w -= lr * accum  (Nesterov: w -= lr * (g + momentum * accum))
+class Momentum final : public Optimizer {
+ public:
+  using Optimizer::Optimizer;
+  std::vector<std::vector<float>> make_slots(std::size_t n) const override { return {std::vector<float>(n, 0.0f)}; }
+  void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots, int64_t step,
+             float scale) const override {
+    const float lr = config_.learning_rate_at(step);
+    const float mu = config_.momentum;
+    float* __restrict wp = w.data();
+    float* __restrict acc = slots[0].data();
+    const float* __restrict gp = g.data();
+    const std::size_t n = w.size();
+    if (config_.nesterov) {
+      for (std::size_t i = 0; i < n; ++i) {
+        const float gi = gp[i] * scale;
+        acc[i] = mu * acc[i] + gi;
+        wp[i] -= lr * (gi + mu * acc[i]);
+      }
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        acc[i] = mu * acc[i] + gp[i] * scale;
+        wp[i] -= lr * acc[i];
+      }
+    }
+  }
+};
+
+// m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+// w -= lr * sqrt(1-b2^t) / (1-b1^t) * m / (sqrt(v) + eps),  t = step + 1
+class Adam final : public Optimizer {
+ public:
+  using Optimizer::Optimizer;
+  std::vector<std::vector<float>> make_slots(std::size_t n) const override {
+    return {std::vector<float>(n, 0.0f), std::vector<float>(n, 0.0f)};
+  }
+  void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots, int64_t step,
+             float scale) const override {
+    const double t = static_cast<double>(step + 1);
+    const float b1 = config_.beta1, b2 = config_.beta2, eps = config_.epsilon;
+    const float lr_t = static_cast<float>(config_.learning_rate_at(step) * std::sqrt(1.0 - std::pow(b2, t)) /
+                                          (1.0 - std::pow(b1, t)));
+    float* __restrict wp = w.data();
+    float* __restrict m = slots[0].data();
+    float* __restrict v = slots[1].data();
+    const float* __restrict gp = g.data();
+    const std::size_t n = w.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      const float gi = gp[i] * scale;
+      m[i] = b1 * m[i] + (1.0f - b1) * gi;
+      v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+      wp[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
+    }
+  }
+};
+
+// accum += g^2;  w -= lr * g / sqrt(accum)
+class Adagrad final : public Optimizer {
+ public:
+  using Optimizer::Optimizer;
+  std::vector<std::vector<float>> make_slots(std::size_t n) const override {
+    return {std::vector<float>(n, config_.initial_accumulator)};
+  }
+  void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots, int64_t step,
+             float scale) const override {
+    const float lr = config_.learning_rate_at(step);
+    float* __restrict wp = w.data();
+    float* __restrict acc = slots[0].data();
+    const float* __restrict gp = g.data();
+    const std::size_t n = w.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      const float gi = gp[i] * scale;
+      acc[i] += gi * gi;
+      wp[i] -= lr * gi / std::sqrt(acc[i]);
+    }
+  }
+};
+
+// ms = decay ms + (1-decay) g^2;  mom = momentum mom + lr g / sqrt(ms + eps);  w -= mom
+// ms starts at 1, as in tf.train.RMSPropOptimizer.
+class RmsProp final : public Optimizer {
+ public:
+  using Optimizer::Optimizer;
+  std::vector<std::vector<float>> make_slots(std::size_t n) const override {
+    return {std::vector<float>(n, 1.0f), std::vector<float>(n, 0.0f)};
+  }
+  void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots, int64_t step,
+             float scale) const override {
+    const float lr = config_.learning_rate_at(step);
+    const float rho = config_.decay, mu = config_.momentum, eps = config_.epsilon;
+    float* __restrict wp = w.data();
+    float* __restrict ms = slots[0].data();
+    float* __restrict mom = slots[1].data();
+    const float* __restrict gp = g.data();
+    const std::size_t n = w.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      const float gi = gp[i] * scale;
+      ms[i] = rho * ms[i] + (1.0f - rho) * gi * gi;
+      mom[i] = mu * mom[i] + lr * gi / std::sqrt(ms[i] + eps);
+      wp[i] -= mom[i];
+    }
+  }
+};
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw RequestError("optimizer: " + what);
+}
+
+}  // namespace
+
+void validate_optimizer(const OptimizerConfig& c) {
+  require(std::isfinite(c.learning_rate) && c.learning_rate >= 0, "learning rate must be finite and >= 0, got " +
+                                                                       std::to_string(c.learning_rate));
+  require(std::isfinite(c.momentum) && c.momentum >= 0 && c.momentum < 1, "momentum must be in [0, 1)");
+  require(c.beta1 >= 0 && c.beta1 < 1 && c.beta2 >= 0 && c.beta2 < 1, "Adam's beta1 and beta2 must be in [0, 1)");
+  require(std::isfinite(c.epsilon) && c.epsilon >= 0, "epsilon must be finite and >= 0");
+  require(std::isfinite(c.initial_accumulator) && c.initial_accumulator > 0, "Adagrad's initial accumulator must be > 0");
+  require(c.decay >= 0 && c.decay < 1, "RMSProp's decay must be in [0, 1)");
+  require(std::isfinite(c.decay_rate) && c.decay_rate > 0, "decay rate must be finite and > 0");
+  require(c.schedule != LrSchedule::kExponentialDecay || c.decay_steps > 0, "decay steps must be > 0");
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config) {
+  validate_optimizer(config);
+  switch (config.kind) {
+    case OptimizerKind::kSgd: return std::make_unique<Sgd>(config);
+    case OptimizerKind::kMomentum: return std::make_unique<Momentum>(config);
+    case OptimizerKind::kAdam: return std::make_unique<Adam>(config);
+    case OptimizerKind::kAdagrad: return std::make_unique<Adagrad>(config);
+    case OptimizerKind::kRmsProp: return std::make_unique<RmsProp>(config);
+  }
+  throw RequestError("optimizer: unknown kind");
+}
+
+}  // namespace ps

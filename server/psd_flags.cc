@@ -1,0 +1,82 @@
+#include "psd_flags.h"
+
+#include <malloc.h>
+
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "ps/errors.h"
+
+namespace ps {
+
+void add_psd_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
+  app.add_option("--port", o.port, "TCP port to listen on (0: any free port)")->capture_default_str();
+  app.add_option("--bind", o.bind, "address to listen on; use 0.0.0.0 to accept other hosts")->capture_default_str();
+  app.add_option("--unix_socket", o.unix_socket, "also listen on this Unix-domain socket (fast path on one host)");
+  app.add_option("--port_file", o.port_file, "write the bound port to this file once listening");
+  app.add_option("--shard_index", o.shard.shard_index, "this shard's index")->capture_default_str();
+  app.add_option("--num_shards", o.shard.num_shards, "number of shards in the job")->capture_default_str();
+  app.add_option("--ps_hosts", x.ps_hosts, "comma-separated ps host:port list; with --task_index sets shard and port");
+  app.add_option("--task_index", x.task_index, "this ps task's index in --ps_hosts");
+  o.threads = std::max(1u, std::thread::hardware_concurrency());
+  app.add_option("--threads", o.threads, "compute threads applying updates (0: on the network thread)")
+      ->capture_default_str();
+  app.add_option("--log_level", x.log_level, "trace, debug, info, warn, error")->capture_default_str();
+  app.add_option("--max_message_mb", x.max_message_mb, "largest request accepted, MiB")->capture_default_str();
+  app.add_option("--max_tensor_mb", x.max_tensor_mb, "largest tensor (or part) accepted, MiB")->capture_default_str();
+  app.add_option("--max_memory_mb", x.max_memory_mb, "total tensor memory of this shard, MiB")->capture_default_str();
+  app.add_option("--max_connections", o.max_connections, "connections served at once")->capture_default_str();
+  app.add_flag("--allow_nonfinite", o.shard.allow_nonfinite, "accept gradients containing NaN or Inf");
+}
+
+void finish_psd_flags(ServerOptions& o, const PsdFlagValues& x) {
+  auto level = spdlog::level::from_str(x.log_level);
+  if (level == spdlog::level::off && x.log_level != "off") throw ConfigError("unknown --log_level '" + x.log_level + "'");
+  spdlog::set_level(level);
+
+  if (!x.ps_hosts.empty()) {
+    std::vector<std::string> hosts;
+    std::size_t start = 0;
+    while (start <= x.ps_hosts.size()) {
+      std::size_t comma = x.ps_hosts.find(',', start);
+      if (comma == std::string::npos) comma = x.ps_hosts.size();
+      hosts.push_back(x.ps_hosts.substr(start, comma - start));
+      start = comma + 1;
+    }
+    if (x.task_index < 0 || x.task_index >= static_cast<int>(hosts.size())) {
+      throw ConfigError("--task_index " + std::to_string(x.task_index) + " is outside --ps_hosts (" +
+                        std::to_string(hosts.size()) + " hosts)");
+    }
+    const std::string& me = hosts[x.task_index];
+    if (me.rfind("unix:", 0) == 0) {
+      o.unix_socket = me.substr(5);
+    } else {
+      auto colon = me.rfind(':');
+      if (colon == std::string::npos) throw ConfigError("ps host '" + me + "' has no port (expected host:port)");
+      try {
+        o.port = std::stoi(me.substr(colon + 1));
+      } catch (...) {
+        throw ConfigError("ps host '" + me + "' has a bad port");
+      }
+    }
+    o.shard.shard_index = static_cast<uint32_t>(x.task_index);
+    o.shard.num_shards = static_cast<uint32_t>(hosts.size());
+  }
+  if (o.shard.num_shards < 1 || o.shard.shard_index >= o.shard.num_shards) {
+    throw ConfigError("--shard_index " + std::to_string(o.shard.shard_index) + " must be below --num_shards " +
+                      std::to_string(o.shard.num_shards));
+  }
+  if (o.port < 0 || o.port > 65535) throw ConfigError("--port must be in 0..65535");
+  if (x.max_message_mb <= 0 || x.max_tensor_mb <= 0 || x.max_memory_mb <= 0) throw ConfigError("size limits must be > 0");
+  o.shard.max_message_bytes = static_cast<uint64_t>(x.max_message_mb * (1 << 20));
+  o.shard.limits.max_tensor_bytes = static_cast<uint64_t>(x.max_tensor_mb * (1 << 20));
+  o.shard.limits.max_total_bytes = static_cast<uint64_t>(x.max_memory_mb * (1 << 20));
+}
+
+void tune_malloc_for_large_messages() {
+  mallopt(M_MMAP_THRESHOLD, 512 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
+
+}  // namespace ps

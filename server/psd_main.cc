@@ -1,0 +1,45 @@
+// psd: one parameter-server shard.
+//
+//   psd --port 2222 --shard_index 0 --num_shards 1
+//   psd --ps_hosts=h1:2222,h2:2222 --task_index=1     # shard 1 of the cluster
+//
+// Exits 0 on SIGTERM/SIGINT after finishing the updates in flight.
+#include <csignal>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <kj/async-unix.h>
+#include <spdlog/spdlog.h>
+
+#include "ps/errors.h"
+#include "psd_flags.h"
+#include "server.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"psd: parameter-server shard daemon (psd/libpsclient " PS_VERSION ")"};
+  ps::ServerOptions options;
+  ps::PsdFlagValues extra;
+  ps::add_psd_flags(app, options, extra);
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    ps::finish_psd_flags(options, extra);
+    ps::tune_malloc_for_large_messages();
+    kj::UnixEventPort::captureSignal(SIGTERM);
+    kj::UnixEventPort::captureSignal(SIGINT);
+    auto io = kj::setupAsyncIo();
+    auto stop = io.unixEventPort.onSignal(SIGTERM)
+                    .exclusiveJoin(io.unixEventPort.onSignal(SIGINT))
+                    .then([](siginfo_t info) { spdlog::info("received signal {}, shutting down", info.si_signo); });
+    ps::PsServer server(options);
+    server.run(io, kj::mv(stop));
+  } catch (const ps::Error& e) {
+    spdlog::error("{}", e.what());
+    return 2;
+  } catch (const kj::Exception& e) {
+    spdlog::error("{}", e.getDescription().cStr());
+    return 1;
+  }
+  spdlog::info("psd exited cleanly");
+  return 0;
+}

@@ -1,0 +1,133 @@
+#include "server.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <list>
+
+#include <capnp/rpc-twoparty.h>
+#include <spdlog/spdlog.h>
+
+#include "ps/errors.h"
+#include "shard_service.h"
+
+namespace ps {
+
+namespace {
+
+// One accepted connection: its stream, the two-party network over it and the
+// RPC system serving a ShardServiceImpl as bootstrap.
+struct Connection {
+  Connection(kj::Own<kj::AsyncIoStream> s, Shard& shard, std::string peer, capnp::ReaderOptions reader)
+      : stream(kj::mv(s)),
+        network(*stream, capnp::rpc::twoparty::Side::SERVER, reader),
+        rpc(capnp::makeRpcServer(network, kj::heap<ShardServiceImpl>(shard, std::move(peer)))) {}
+  kj::Own<kj::AsyncIoStream> stream;
+  capnp::TwoPartyVatNetwork network;
+  capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
+};
+
+std::string peer_name(kj::AsyncIoStream& stream, const std::string& fallback) {
+  struct sockaddr_storage addr {};
+  uint len = sizeof(addr);
+  try {
+    stream.getpeername(reinterpret_cast<struct sockaddr*>(&addr), &len);
+    char host[64] = {};
+    if (addr.ss_family == AF_INET) {
+      auto* in = reinterpret_cast<sockaddr_in*>(&addr);
+      inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+      return std::string(host) + ":" + std::to_string(ntohs(in->sin_port));
+    }
+    if (addr.ss_family == AF_INET6) {
+      auto* in = reinterpret_cast<sockaddr_in6*>(&addr);
+      inet_ntop(AF_INET6, &in->sin6_addr, host, sizeof(host));
+      return "[" + std::string(host) + "]:" + std::to_string(ntohs(in->sin6_port));
+    }
+  } catch (...) {
+  }
+  return fallback;
+}
+
+}  // namespace
+
+struct PsServer::Impl : kj::TaskSet::ErrorHandler {
+  explicit Impl(ServerOptions o) : options(std::move(o)), pool(options.threads), shard(options.shard, pool), tasks(kj::heap<kj::TaskSet>(*this)) {}
+
+  void taskFailed(kj::Exception&& e) override { spdlog::warn("connection task failed: {}", e.getDescription().cStr()); }
+
+  kj::Promise<void> accept_loop(kj::ConnectionReceiver& listener, std::string kind) {
+    return listener.accept().then([this, &listener, kind](kj::Own<kj::AsyncIoStream>&& stream) {
+      if (connections.size() >= options.max_connections) {
+        spdlog::warn("refused a {} connection: already serving {} (--max_connections)", kind, connections.size());
+      } else {
+        std::string peer = peer_name(*stream, kind);
+        capnp::ReaderOptions reader;
+        reader.traversalLimitInWords = options.shard.max_message_bytes / sizeof(capnp::word) + 1024;
+        reader.nestingLimit = 64;
+        auto it = connections.emplace(connections.end(), kj::mv(stream), shard, peer, reader);
+        tasks->add(it->network.onDisconnect().then([this, it, peer] {
+          connections.erase(it);
+        }, [this, it, peer](kj::Exception&& e) {
+          spdlog::info("connection {} ended: {}", peer, e.getDescription().cStr());
+          connections.erase(it);
+        }));
+      }
+      return accept_loop(listener, kind);
+    });
+  }
+
+  ServerOptions options;
+  ComputePool pool;
+  Shard shard;
+  std::list<Connection> connections;
+  kj::Own<kj::TaskSet> tasks;
+};
+
+PsServer::PsServer(ServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+PsServer::~PsServer() = default;
+
+Shard& PsServer::shard() { return impl_->shard; }
+
+void PsServer::run(kj::AsyncIoContext& io, kj::Promise<void> stop) {
+  const ServerOptions& o = impl_->options;
+  kj::Own<kj::ConnectionReceiver> tcp, local;
+  try {
+    auto addr = io.provider->getNetwork().parseAddress(o.bind, static_cast<uint>(o.port)).wait(io.waitScope);
+    tcp = addr->listen();
+  } catch (const kj::Exception& e) {
+    throw ConfigError("psd: cannot listen on " + o.bind + ":" + std::to_string(o.port) + ": " +
+                      e.getDescription().cStr());
+  }
+  const int port = static_cast<int>(tcp->getPort());
+  if (!o.unix_socket.empty()) {
+    ::unlink(o.unix_socket.c_str());
+    try {
+      local = io.provider->getNetwork().parseAddress("unix:" + o.unix_socket).wait(io.waitScope)->listen();
+    } catch (const kj::Exception& e) {
+      throw ConfigError("psd: cannot listen on unix:" + o.unix_socket + ": " + e.getDescription().cStr());
+    }
+  }
+  if (!o.port_file.empty()) {
+    std::string tmp = o.port_file + ".tmp";
+    { std::ofstream(tmp) << port << "\n"; }
+    std::rename(tmp.c_str(), o.port_file.c_str());
+  }
+  spdlog::info("psd shard {}/{} listening on {}:{}{} ({} compute threads)", o.shard.shard_index, o.shard.num_shards,
+               o.bind, port, o.unix_socket.empty() ? "" : " and unix:" + o.unix_socket, o.threads);
+
+  auto serving = impl_->accept_loop(*tcp, "tcp");
+  if (local) serving = serving.exclusiveJoin(impl_->accept_loop(*local, "unix"));
+  serving.exclusiveJoin(kj::mv(stop)).wait(io.waitScope);
+
+  spdlog::info("psd shard {} stopping: {} connections open, {} tensors", o.shard.shard_index,
+               impl_->connections.size(), impl_->shard.store().count());
+  // Finish the arithmetic in flight (it reads request buffers) before the
+  // connections, and the promises watching them, go away.
+  impl_->pool.join();
+  impl_->tasks = nullptr;
+  impl_->connections.clear();
+  if (!o.unix_socket.empty()) ::unlink(o.unix_socket.c_str());
+}
+
+}  // namespace ps

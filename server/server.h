@@ -1,0 +1,48 @@
+// A psd shard served over Cap'n Proto RPC: listens on TCP (and optionally a
+// Unix-domain socket), serves each connection until it closes, and stops when
+// the stop promise resolves. Usable standalone (psd's main) and in-process
+// (a trainer started with --job_name=ps).
+//
+// Example:
+//   auto io = kj::setupAsyncIo();
+//   ps::ServerOptions opts;  opts.port = 2222;
+//   ps::PsServer server(opts);
+//   server.run(io, io.unixEventPort.onSignal(SIGTERM).ignoreResult());
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <kj/async-io.h>
+
+#include "shard.h"
+
+namespace ps {
+
+struct ServerOptions {
+  std::string bind = "127.0.0.1";
+  int port = 2222;              // 0 picks a free port (see port_file)
+  std::string unix_socket;      // also listen on this path when set
+  std::string port_file;        // write the bound TCP port here once listening
+  unsigned threads = 2;         // compute pool size; 0 = apply on the event loop
+  uint32_t max_connections = 1024;
+  ShardOptions shard;
+};
+
+class PsServer {
+ public:
+  explicit PsServer(ServerOptions options);
+  ~PsServer();
+
+  // Serves until `stop` resolves. Throws ConfigError when it cannot listen.
+  void run(kj::AsyncIoContext& io, kj::Promise<void> stop);
+
+  Shard& shard();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ps

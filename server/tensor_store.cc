@@ -1,0 +1,133 @@
+#include "tensor_store.h"
+
+#include <cmath>
+
+#include "initializer.h"
+#include "ps/errors.h"
+
+namespace ps {
+
+StoredTensor::StoredTensor(uint64_t id, TensorSpec spec, std::optional<PartMeta> part)
+    : id_(id), spec_([&] {
+        TensorSpec s = spec;
+        s.init.values.clear();
+        s.init.values.shrink_to_fit();
+        return s;
+      }()),
+      part_(std::move(part)),
+      optimizer_(make_optimizer(spec.optimizer)) {
+  values_.resize(spec.num_elements());
+  initialize(values_, spec.init, part_ ? part_->full_shape : spec.shape, part_ ? part_->index : 0);
+  slots_ = optimizer_->make_slots(values_.size());
+}
+
+uint64_t StoredTensor::read(std::span<float> out) const {
+  std::shared_lock lock(mutex_);
+  std::copy(values_.begin(), values_.end(), out.begin());
+  return version_;
+}
+
+void StoredTensor::apply(std::span<const float> grad, float scale) {
+  std::unique_lock lock(mutex_);
+  optimizer_->apply(values_, grad, slots_, static_cast<int64_t>(version_), scale);
+  ++version_;
+}
+
+uint64_t StoredTensor::version() const {
+  std::shared_lock lock(mutex_);
+  return version_;
+}
+
+void TensorStore::validate(const TensorSpec& spec, const std::optional<PartMeta>& part) const {
+  std::lock_guard lock(mutex_);
+  validate_locked(spec, part);
+}
+
+void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<PartMeta>& part) const {
+  const std::string& name = spec.name;
+  if (name.empty() || name.size() > 512) throw RequestError("create: tensor names must have 1 to 512 characters");
+  if (spec.shape.size() > 16) throw RequestError("create: tensor '" + name + "' has more than 16 dimensions");
+  uint64_t n = 1;
+  for (uint64_t d : spec.shape) {
+    if (d == 0) throw RequestError("create: tensor '" + name + "' has a zero dimension in shape " + shape_to_string(spec.shape));
+    if (n > limits_.max_tensor_bytes / d) n = limits_.max_tensor_bytes;  // saturate; rejected below
+    else n *= d;
+  }
+  if (n * sizeof(float) > limits_.max_tensor_bytes) {
+    throw RequestError("create: tensor '" + name + "' of shape " + shape_to_string(spec.shape) +
+                       " is over this shard's limit of " + std::to_string(limits_.max_tensor_bytes) + " bytes");
+  }
+  validate_optimizer(spec.optimizer);
+  if (spec.init.kind == InitKind::kValues && spec.init.values.size() != n) {
+    throw RequestError("create: tensor '" + name + "' has " + std::to_string(n) + " elements but " +
+                       std::to_string(spec.init.values.size()) + " initial values");
+  }
+  for (float v : spec.init.values) {
+    if (!std::isfinite(v)) throw RequestError("create: tensor '" + name + "' has a NaN or Inf initial value");
+  }
+  if (part) {
+    uint64_t full = 1;
+    for (uint64_t d : part->full_shape) full *= d;
+    if (part->count == 0 || part->index >= part->count || part->offset + n > full) {
+      throw RequestError("create: part " + std::to_string(part->index) + " of '" + part->full_name +
+                         "' does not fit its tensor");
+    }
+  }
+  if (auto it = tensors_.find(name); it != tensors_.end()) {
+    const StoredTensor& t = *it->second;
+    if (t.spec().shape != spec.shape) {
+      throw RequestError("create: tensor '" + name + "' exists with shape " + shape_to_string(t.spec().shape) +
+                         ", not " + shape_to_string(spec.shape));
+    }
+    if (t.part() != part) throw RequestError("create: tensor '" + name + "' exists with another part layout");
+    return;
+  }
+  if (tensors_.size() >= limits_.max_tensors) throw RequestError("create: this shard holds its maximum number of tensors");
+  if (bytes_ + n * sizeof(float) > limits_.max_total_bytes) {
+    throw RequestError("create: tensor '" + name + "' would take this shard over its memory limit of " +
+                       std::to_string(limits_.max_total_bytes) + " bytes");
+  }
+}
+
+std::pair<StoredTensor*, bool> TensorStore::create(const TensorSpec& spec, const std::optional<PartMeta>& part) {
+  std::lock_guard lock(mutex_);
+  validate_locked(spec, part);
+  if (auto it = tensors_.find(spec.name); it != tensors_.end()) return {it->second.get(), false};
+  auto tensor = std::make_unique<StoredTensor>(next_id_++, spec, part);
+  StoredTensor* raw = tensor.get();
+  bytes_ += raw->size() * sizeof(float);
+  tensors_.emplace(spec.name, std::move(tensor));
+  return {raw, true};
+}
+
+StoredTensor* TensorStore::find(const std::string& name) const {
+  std::lock_guard lock(mutex_);
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : it->second.get();
+}
+
+StoredTensor& TensorStore::get(const std::string& name) const {
+  StoredTensor* t = find(name);
+  if (!t) throw RequestError("unknown tensor '" + name + "'");
+  return *t;
+}
+
+std::vector<StoredTensor*> TensorStore::all() const {
+  std::lock_guard lock(mutex_);
+  std::vector<StoredTensor*> out;
+  out.reserve(tensors_.size());
+  for (auto& [name, t] : tensors_) out.push_back(t.get());
+  return out;
+}
+
+std::size_t TensorStore::count() const {
+  std::lock_guard lock(mutex_);
+  return tensors_.size();
+}
+
+uint64_t TensorStore::bytes() const {
+  std::lock_guard lock(mutex_);
+  return bytes_;
+}
+
+}  // namespace ps

@@ -1,0 +1,90 @@
+// The tensors one psd shard holds: values, optimizer slots and version,
+// each tensor guarded by its own lock so different tensors update in parallel.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "optimizer.h"
+#include "ps/tensor_spec.h"
+
+namespace ps {
+
+// Set when a stored tensor is one part of a logical tensor split over shards.
+struct PartMeta {
+  std::string full_name;
+  std::vector<uint64_t> full_shape;
+  uint64_t offset = 0;
+  uint32_t index = 0;
+  uint32_t count = 1;
+  bool operator==(const PartMeta&) const = default;
+};
+
+class StoredTensor {
+ public:
+  StoredTensor(uint64_t id, TensorSpec spec, std::optional<PartMeta> part);
+
+  const TensorSpec& spec() const { return spec_; }
+  const std::optional<PartMeta>& part() const { return part_; }
+  uint64_t id() const { return id_; }
+  std::size_t size() const { return values_.size(); }
+
+  // Copies the values out under a shared lock; returns the version read.
+  uint64_t read(std::span<float> out) const;
+  // Applies scale * grad with the tensor's optimizer under an exclusive lock.
+  void apply(std::span<const float> grad, float scale);
+  uint64_t version() const;
+
+ private:
+  const uint64_t id_;
+  const TensorSpec spec_;  // init values are dropped once used
+  const std::optional<PartMeta> part_;
+  const std::unique_ptr<Optimizer> optimizer_;
+  mutable std::shared_mutex mutex_;
+  std::vector<float> values_;
+  std::vector<std::vector<float>> slots_;
+  uint64_t version_ = 0;
+};
+
+struct StoreLimits {
+  uint64_t max_tensor_bytes = 1ull << 32;  // one tensor (or part)
+  uint64_t max_total_bytes = 1ull << 40;
+  uint64_t max_tensors = 1u << 20;
+};
+
+class TensorStore {
+ public:
+  explicit TensorStore(StoreLimits limits = {}) : limits_(limits) {}
+
+  // Creates the tensor, or returns the existing one (second = false) when one
+  // with the same shape exists. Throws RequestError for a different shape or
+  // part layout, an invalid spec, or a limit exceeded.
+  std::pair<StoredTensor*, bool> create(const TensorSpec& spec, const std::optional<PartMeta>& part);
+
+  // Checks what create() would check, without creating anything.
+  void validate(const TensorSpec& spec, const std::optional<PartMeta>& part) const;
+
+  StoredTensor* find(const std::string& name) const;
+  StoredTensor& get(const std::string& name) const;  // throws RequestError naming the tensor
+  std::vector<StoredTensor*> all() const;             // in name order
+  std::size_t count() const;
+  uint64_t bytes() const;
+
+ private:
+  void validate_locked(const TensorSpec& spec, const std::optional<PartMeta>& part) const;
+
+  const StoreLimits limits_;
+  mutable std::mutex mutex_;
+  std::map<std::string, std::unique_ptr<StoredTensor>, std::less<>> tensors_;
+  uint64_t bytes_ = 0;
+  uint64_t next_id_ = 0;
+};
+
+}  // namespace ps

@@ -1,0 +1,305 @@
+// libpsclient against real psd processes on loopback ports.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include <capnp/ez-rpc.h>
+#include <kj/async-io.h>
+
+#include "ps.capnp.h"
+#include "ps/client.h"
+#include "psd_process.h"
+
+using namespace ps;
+using ps::test::PsdProcess;
+
+namespace {
+
+ClientOptions options_for(std::initializer_list<const PsdProcess*> shards) {
+  ClientOptions o;
+  for (auto* s : shards) o.ps_hosts.push_back(s->address());
+  return o;
+}
+
+TensorSpec sgd_tensor(std::string name, std::vector<uint64_t> shape, InitConfig init = {}, float lr = 1.0f) {
+  return TensorSpec{.name = std::move(name), .shape = std::move(shape), .optimizer = OptimizerConfig::sgd(lr), .init = std::move(init)};
+}
+
+// A raw Cap'n Proto connection, to send what libpsclient would refuse to.
+struct RawClient {
+  explicit RawClient(const PsdProcess& psd) : rpc(psd.address()), shard(rpc.getMain<wire::Shard>()) {}
+  capnp::EzRpcClient rpc;
+  wire::Shard::Client shard;
+  kj::WaitScope& ws() { return rpc.getWaitScope(); }
+
+  void push_bytes(const std::string& name, const std::vector<uint8_t>& bytes) {
+    auto req = shard.pushRequest();
+    auto g = req.initGrads(1);
+    g[0].setName(name);
+    g[0].setValues(kj::arrayPtr(bytes.data(), bytes.size()));
+    req.send().wait(ws());
+  }
+};
+
+std::vector<uint8_t> float_bytes(const std::vector<float>& v) {
+  std::vector<uint8_t> b(v.size() * 4);
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("push then pull gives exactly the SGD result") {
+  PsdProcess psd;
+  Client client(options_for({&psd}));
+  client.create({sgd_tensor("w", {2, 2}, InitConfig::from_values({1, 2, 3, 4}), 0.5f), sgd_tensor("b", {2})});
+  CHECK(client.pull("w") == std::vector<float>{1, 2, 3, 4});
+  CHECK(client.pull("b") == std::vector<float>{0, 0});
+  CHECK(client.push("w", std::vector<float>{2, 2, -2, 4}) == PushStatus::kApplied);
+  CHECK(client.pull("w") == std::vector<float>{0, 1, 4, 2});
+
+  // A second create with the same shape keeps the values.
+  client.create({sgd_tensor("w", {2, 2}, InitConfig::constant(7))});
+  CHECK(client.pull("w") == std::vector<float>{0, 1, 4, 2});
+  auto infos = client.list();
+  REQUIRE(infos.size() == 2);
+  CHECK(infos[1].name == "w");
+  CHECK(infos[1].version == 1);
+  CHECK(infos[1].shape == std::vector<uint64_t>{2, 2});
+}
+
+TEST_CASE("concurrent pushes from threads sum exactly") {
+  PsdProcess psd;
+  const int threads = 4, pushes = 100, n = 1000;
+  {
+    Client setup(options_for({&psd}));
+    setup.create({sgd_tensor("acc", {n})});
+  }
+  SECTION("one client per thread") {
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        Client c(options_for({&psd}));
+        c.declare({sgd_tensor("acc", {n})});
+        std::vector<float> g(n, float(t + 1));
+        for (int i = 0; i < pushes; ++i) c.push("acc", g);
+      });
+    }
+    for (auto& w : workers) w.join();
+  }
+  SECTION("one client shared by all threads, with futures") {
+    Client shared(options_for({&psd}));
+    shared.declare({sgd_tensor("acc", {n})});
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        std::vector<float> g(n, float(t + 1));
+        for (int i = 0; i < pushes; i += 4) {
+          std::vector<std::future<PushResult>> inflight;
+          for (int k = 0; k < 4; ++k) inflight.push_back(shared.push_async({"acc"}, {std::span<const float>(g)}));
+          for (auto& f : inflight) f.get();
+        }
+      });
+    }
+    for (auto& w : workers) w.join();
+  }
+  Client check(options_for({&psd}));
+  check.declare({sgd_tensor("acc", {n})});
+  const float expected = -float(pushes * (1 + 2 + 3 + 4));
+  auto v = check.pull("acc");
+  CHECK(std::count(v.begin(), v.end(), expected) == n);
+  CHECK(check.stats()[0].pushes == uint64_t(threads * pushes));
+}
+
+TEST_CASE("pushes from several processes sum exactly") {
+  PsdProcess psd;
+  const std::string worker = ps::test::program_path("PUSH_WORKER_BIN");
+  std::vector<pid_t> pids;
+  for (int p = 0; p < 3; ++p) {
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      std::string value = std::to_string(p + 1);
+      execl(worker.c_str(), worker.c_str(), "--ps_hosts", psd.address().c_str(), "--pushes", "200", "--value",
+            value.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+  Client c(options_for({&psd}));
+  c.declare({sgd_tensor("shared", {4096})});
+  auto v = c.pull("shared");
+  CHECK(std::count(v.begin(), v.end(), -1200.0f) == 4096);  // 200 * (1 + 2 + 3)
+}
+
+TEST_CASE("a tensor split over 3 shards round-trips bit-exactly") {
+  PsdProcess a, b, c;
+  ClientOptions o = options_for({&a, &b, &c});
+  o.chunk_bytes = 64 << 10;  // 16384 floats per part
+  Client client(o);
+  const std::size_t n = 100'003;  // 7 parts, the last one short
+  std::mt19937 rng(1);
+  std::vector<float> init(n);
+  for (auto& x : init) {
+    uint32_t bits = rng();
+    std::memcpy(&x, &bits, 4);
+    if (!std::isfinite(x)) x = -0.0f;
+  }
+  init[5] = std::numeric_limits<float>::denorm_min();
+  client.create({sgd_tensor("emb", {n}, InitConfig::from_values(init)), sgd_tensor("small", {3})});
+  std::vector<float> out(n);
+  client.pull("emb", out);
+  CHECK(std::memcmp(out.data(), init.data(), n * 4) == 0);
+
+  auto parts = client.placement().parts_of("emb");
+  CHECK(parts.size() == 7);
+  auto infos = client.list();
+  REQUIRE(infos.size() == 2);
+  CHECK(infos[0].name == "emb");
+  CHECK(infos[0].shards == std::vector<int>{0, 1, 2});
+  auto stats = client.stats();
+  CHECK(stats[0].tensors + stats[1].tensors + stats[2].tensors == 8);
+
+  std::vector<float> g(n), expected(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    g[i] = float(int(rng() % 2001) - 1000) / 64.0f;
+    expected[i] = init[i] - 1.0f * g[i];
+  }
+  client.push("emb", g);
+  client.pull("emb", out);
+  CHECK(std::memcmp(out.data(), expected.data(), n * 4) == 0);
+}
+
+TEST_CASE("bad requests get clear errors and change nothing") {
+  PsdProcess psd({"--max_message_mb", "1"});
+  ClientOptions o = options_for({&psd});
+  o.chunk_bytes = 256 << 10;
+  Client client(o);
+  client.create({sgd_tensor("w", {4}, InitConfig::from_values({1, 2, 3, 4}))});
+  const std::vector<float> original = {1, 2, 3, 4};
+
+  SECTION("unknown tensor") {
+    RawClient raw(psd);
+    auto req = raw.shard.pullRequest();
+    req.initNames(1).set(0, "nope");
+    CHECK_THROWS_WITH(req.send().wait(raw.ws()), Catch::Contains("unknown tensor 'nope'"));
+    CHECK_THROWS_WITH(raw.push_bytes("nope", float_bytes({1})), Catch::Contains("unknown tensor 'nope'"));
+    CHECK_THROWS_WITH(client.pull("nope"), Catch::Contains("unknown tensor 'nope'"));
+  }
+  SECTION("wrong gradient length") {
+    RawClient raw(psd);
+    CHECK_THROWS_WITH(raw.push_bytes("w", float_bytes({1, 1, 1})), Catch::Contains("expects 4 floats"));
+    CHECK_THROWS_WITH(raw.push_bytes("w", {1, 2, 3, 4, 5}), Catch::Contains("expects 4 floats"));
+    CHECK_THROWS_AS(client.push("w", std::vector<float>{1, 1}), RequestError);
+  }
+  SECTION("NaN and Inf gradients") {
+    CHECK_THROWS_WITH(client.push("w", std::vector<float>{1, NAN, 1, 1}), Catch::Contains("NaN or Inf"));
+    CHECK_THROWS_WITH(client.push("w", std::vector<float>{1, 1, INFINITY, 1}), Catch::Contains("NaN or Inf"));
+  }
+  SECTION("a bad tensor in a batch rejects the whole batch") {
+    client.create({sgd_tensor("v", {2})});
+    std::vector<float> gw = {1, 1, 1, 1}, gv = {NAN, 0};
+    CHECK_THROWS_AS(client.push({"w", "v"}, {gw, gv}), RequestError);
+    CHECK(client.pull("v") == std::vector<float>{0, 0});
+  }
+  SECTION("create with another shape") {
+    Client other(o);
+    CHECK_THROWS_WITH(other.create({sgd_tensor("w", {2, 2})}), Catch::Contains("exists with shape [4]"));
+  }
+  SECTION("a message over the size limit") {
+    RawClient raw(psd);
+    std::vector<uint8_t> big(2 << 20, 0);
+    CHECK_THROWS(raw.push_bytes("w", big));
+    // The daemon serves on, for this client and others.
+    CHECK(client.pull("w") == original);
+    Client fresh(o);
+    fresh.declare({sgd_tensor("w", {4})});
+    CHECK(fresh.pull("w") == original);
+  }
+  SECTION("garbage bytes on the socket") {
+    auto io = kj::setupAsyncIo();
+    auto addr = io.provider->getNetwork().parseAddress(psd.address()).wait(io.waitScope);
+    auto conn = addr->connect().wait(io.waitScope);
+    std::vector<uint8_t> junk(4096);
+    std::mt19937 rng(3);
+    for (auto& x : junk) x = uint8_t(rng());
+    conn->write(junk.data(), junk.size()).wait(io.waitScope);
+    char buf[16];
+    // psd closes the connection (or errors) instead of crashing.
+    try {
+      conn->tryRead(buf, 1, sizeof(buf)).wait(io.waitScope);
+    } catch (const kj::Exception&) {
+    }
+    CHECK(client.pull("w") == original);
+  }
+  CHECK(client.pull("w") == original);
+  CHECK(psd.alive());
+}
+
+TEST_CASE("the rejected count is visible in stats") {
+  PsdProcess psd;
+  Client client(options_for({&psd}));
+  client.create({sgd_tensor("w", {2})});
+  CHECK_THROWS(client.push("w", std::vector<float>{NAN, 1}));
+  CHECK(client.stats()[0].rejected == 1);
+}
+
+TEST_CASE("an unreachable psd gives a clear error after a bounded wait") {
+  int port;
+  {
+    PsdProcess gone;  // learn a free port, then free it
+    port = gone.port();
+  }
+  ClientOptions o;
+  o.ps_hosts = {"127.0.0.1:" + std::to_string(port)};
+  o.connect_timeout = std::chrono::milliseconds(500);
+  auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(Client(o), Catch::Contains("could not connect") && Catch::Contains(o.ps_hosts[0]));
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+
+  o.ps_hosts = {"no-such-host.invalid:1"};
+  CHECK_THROWS_AS(Client(o), ConnectionError);
+  o.ps_hosts = {};
+  CHECK_THROWS_AS(Client(o), ConfigError);
+}
+
+TEST_CASE("a client started before psd connects once it listens") {
+  ps::test::TempDir dir;
+  const std::string sock = dir.path() + "/psd.sock";
+  std::unique_ptr<PsdProcess> psd;
+  std::thread starter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    psd = std::make_unique<PsdProcess>(std::vector<std::string>{"--unix_socket", sock});
+  });
+  ClientOptions o;
+  o.ps_hosts = {"unix:" + sock};
+  o.connect_timeout = std::chrono::milliseconds(10000);
+  Client client(o);
+  starter.join();
+  client.create({sgd_tensor("x", {3}, InitConfig::constant(2))});
+  CHECK(client.pull("x") == std::vector<float>{2, 2, 2});
+}
+
+TEST_CASE("psd exits cleanly on SIGTERM") {
+  PsdProcess psd;
+  {
+    Client client(options_for({&psd}));
+    client.create({sgd_tensor("w", {2})});
+  }
+  CHECK(psd.stop() == 0);
+  CHECK_THAT(psd.log(), Catch::Contains("exited cleanly"));
+}

@@ -1,0 +1,148 @@
+// Every optimizer against a float64 transcription of TensorFlow 1.x's update
+// rule, over several steps with varying gradients and sync-mode scales.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+
+#include "optimizer.h"
+#include "ps/errors.h"
+
+using ps::OptimizerConfig;
+
+namespace {
+
+struct Reference {
+  OptimizerConfig c;
+  std::vector<double> w, s0, s1;
+
+  Reference(const OptimizerConfig& cfg, const std::vector<float>& w0) : c(cfg), w(w0.begin(), w0.end()) {
+    const std::size_t n = w.size();
+    switch (c.kind) {
+      case ps::OptimizerKind::kAdagrad: s0.assign(n, c.initial_accumulator); break;
+      case ps::OptimizerKind::kRmsProp: s0.assign(n, 1.0); s1.assign(n, 0.0); break;
+      default: s0.assign(n, 0.0); s1.assign(n, 0.0);
+    }
+  }
+
+  double lr(int64_t step) const {
+    double base = c.learning_rate;
+    if (c.schedule == ps::LrSchedule::kExponentialDecay) {
+      double p = double(step) / double(c.decay_steps);
+      if (c.staircase) p = std::floor(p);
+      return base * std::pow(double(c.decay_rate), p);
+    }
+    if (c.schedule == ps::LrSchedule::kPiecewise) {
+      int k = 0;
+      for (auto b : c.boundaries) k += step >= b;
+      return base * std::pow(double(c.decay_rate), k);
+    }
+    return base;
+  }
+
+  void apply(const std::vector<float>& gf, int64_t step, double scale) {
+    const double a = lr(step);
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      const double g = double(gf[i]) * scale;
+      switch (c.kind) {
+        case ps::OptimizerKind::kSgd: w[i] -= a * g; break;
+        case ps::OptimizerKind::kMomentum:
+          s0[i] = c.momentum * s0[i] + g;
+          w[i] -= c.nesterov ? a * (g + c.momentum * s0[i]) : a * s0[i];
+          break;
+        case ps::OptimizerKind::kAdam: {
+          const double t = double(step + 1);
+          const double lr_t = a * std::sqrt(1 - std::pow(double(c.beta2), t)) / (1 - std::pow(double(c.beta1), t));
+          s0[i] = c.beta1 * s0[i] + (1 - double(c.beta1)) * g;
+          s1[i] = c.beta2 * s1[i] + (1 - double(c.beta2)) * g * g;
+          w[i] -= lr_t * s0[i] / (std::sqrt(s1[i]) + c.epsilon);
+          break;
+        }
+        case ps::OptimizerKind::kAdagrad:
+          s0[i] += g * g;
+          w[i] -= a * g / std::sqrt(s0[i]);
+          break;
+        case ps::OptimizerKind::kRmsProp:
+          s0[i] = c.decay * s0[i] + (1 - double(c.decay)) * g * g;
+          s1[i] = c.momentum * s1[i] + a * g / std::sqrt(s0[i] + c.epsilon);
+          w[i] -= s1[i];
+          break;
+      }
+    }
+  }
+};
+
+void check_matches(const OptimizerConfig& config) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  const std::size_t n = 1000;  // not a multiple of the vector width
+  std::vector<float> w(n + 3);
+  for (auto& x : w) x = dist(rng);
+  w.resize(n);
+  Reference ref(config, w);
+  auto opt = ps::make_optimizer(config);
+  auto slots = opt->make_slots(n);
+  std::vector<float> g(n);
+  for (int step = 0; step < 8; ++step) {
+    for (auto& x : g) x = dist(rng);
+    const float scale = step % 2 ? 1.0f : 1.0f / 3.0f;
+    opt->apply(w, g, slots, step, scale);
+    ref.apply(g, step, scale);
+  }
+  // Norm-wise relative error: elementwise ratios blow up where a weight
+  // crosses zero, yet float32 cannot do better there than its rounding.
+  double diff = 0, norm = 0, worst_abs = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    diff += (double(w[i]) - ref.w[i]) * (double(w[i]) - ref.w[i]);
+    norm += ref.w[i] * ref.w[i];
+    worst_abs = std::max(worst_abs, std::fabs(double(w[i]) - ref.w[i]));
+  }
+  const double relative = std::sqrt(diff / norm);
+  INFO("relative error " << relative << ", worst absolute " << worst_abs);
+  CHECK(relative < 1e-6);
+  CHECK(worst_abs < 1e-5);
+}
+
+}  // namespace
+
+TEST_CASE("SGD matches the float64 reference") { check_matches(OptimizerConfig::sgd(0.1f)); }
+TEST_CASE("momentum matches the float64 reference") { check_matches(OptimizerConfig::with_momentum(0.05f, 0.9f)); }
+TEST_CASE("Nesterov momentum matches the float64 reference") {
+  check_matches(OptimizerConfig::with_momentum(0.05f, 0.9f, true));
+}
+TEST_CASE("Adam matches the float64 reference") { check_matches(OptimizerConfig::adam(0.01f)); }
+TEST_CASE("Adagrad matches the float64 reference") { check_matches(OptimizerConfig::adagrad(0.1f)); }
+TEST_CASE("RMSProp matches the float64 reference") { check_matches(OptimizerConfig::rmsprop(0.01f, 0.9f, 0.5f)); }
+
+TEST_CASE("learning-rate schedules match tf.train semantics") {
+  auto c = OptimizerConfig::sgd(0.1f);
+  c.schedule = ps::LrSchedule::kExponentialDecay;
+  c.decay_rate = 0.5f;
+  c.decay_steps = 10;
+  CHECK(c.learning_rate_at(0) == Approx(0.1));
+  CHECK(c.learning_rate_at(10) == Approx(0.05));
+  CHECK(c.learning_rate_at(5) == Approx(0.1 * std::pow(0.5, 0.5)));
+  c.staircase = true;
+  CHECK(c.learning_rate_at(15) == Approx(0.05));
+  check_matches(c);
+
+  auto p = OptimizerConfig::adam(0.01f);
+  p.schedule = ps::LrSchedule::kPiecewise;
+  p.decay_rate = 0.1f;
+  p.boundaries = {2, 5};
+  CHECK(p.learning_rate_at(1) == Approx(0.01));
+  CHECK(p.learning_rate_at(2) == Approx(0.001));
+  CHECK(p.learning_rate_at(6) == Approx(0.0001));
+  check_matches(p);
+}
+
+TEST_CASE("optimizer configurations that cannot train are refused") {
+  auto bad_lr = OptimizerConfig::sgd(-1.0f);
+  CHECK_THROWS_AS(ps::make_optimizer(bad_lr), ps::RequestError);
+  auto nan_lr = OptimizerConfig::sgd(std::nanf(""));
+  CHECK_THROWS_AS(ps::make_optimizer(nan_lr), ps::RequestError);
+  auto bad_beta = OptimizerConfig::adam(0.1f, 1.0f);
+  CHECK_THROWS_AS(ps::make_optimizer(bad_beta), ps::RequestError);
+  CHECK_THROWS_AS(OptimizerConfig::from_name("lbfgs", 0.1f), ps::ConfigError);
+  CHECK(OptimizerConfig::from_name("nesterov", 0.1f).nesterov);
+}

@@ -1,0 +1,90 @@
+#include <catch2/catch.hpp>
+
+#include <set>
+
+#include "ps/errors.h"
+#include "ps/placement.h"
+#include "request_plan.h"
+
+using namespace ps;
+
+namespace {
+TensorSpec t(std::string name, std::vector<uint64_t> shape) { return TensorSpec{.name = std::move(name), .shape = std::move(shape)}; }
+}  // namespace
+
+TEST_CASE("round-robin follows declaration order like replica_device_setter") {
+  Placement p(3, PlacementPolicy::kRoundRobin);
+  for (auto name : {"a", "b", "c", "d", "e"}) p.add(t(name, {10}));
+  CHECK(p.parts_of("a")[0].shard == 0);
+  CHECK(p.parts_of("b")[0].shard == 1);
+  CHECK(p.parts_of("c")[0].shard == 2);
+  CHECK(p.parts_of("d")[0].shard == 0);
+  CHECK(p.parts_of("e")[0].shard == 1);
+  CHECK(p.parts_of("e")[0].stored_name == "e");
+}
+
+TEST_CASE("greedy placement balances bytes") {
+  Placement p(2, PlacementPolicy::kGreedyBytes);
+  p.add(t("big", {1000}));
+  p.add(t("s1", {100}));
+  p.add(t("s2", {100}));
+  p.add(t("s3", {700}));
+  CHECK(p.parts_of("big")[0].shard == 0);
+  CHECK(p.parts_of("s1")[0].shard == 1);
+  CHECK(p.parts_of("s2")[0].shard == 1);
+  CHECK(p.parts_of("s3")[0].shard == 1);
+  CHECK(p.shard_bytes(0) == 4000);
+  CHECK(p.shard_bytes(1) == 3600);
+}
+
+TEST_CASE("tensors over the chunk size are split into parts covering them exactly") {
+  Placement p(3, PlacementPolicy::kRoundRobin, /*chunk_bytes=*/400);  // 100 floats per part
+  p.add(t("x", {7}));
+  const auto& parts = p.add(t("big", {25, 10})).parts;  // 250 floats: 100 + 100 + 50
+  REQUIRE(parts.size() == 3);
+  uint64_t next = 0;
+  std::set<int> shards;
+  for (const Part& part : parts) {
+    CHECK(part.offset == next);
+    CHECK(part.num_parts == 3);
+    CHECK(part.stored_name == "big/part_" + std::to_string(part.index));
+    next += part.count;
+    shards.insert(part.shard);
+  }
+  CHECK(next == 250);
+  CHECK(parts.back().count == 50);
+  CHECK(shards.size() == 3);  // spread over all shards
+  CHECK(parts[0].shard == 1);  // round-robin continues after "x"
+}
+
+TEST_CASE("declaring a name twice keeps the first placement or refuses a new shape") {
+  Placement p(2, PlacementPolicy::kRoundRobin);
+  p.add(t("a", {4}));
+  CHECK(p.add(t("a", {4})).parts[0].shard == 0);
+  CHECK(p.tensors().size() == 1);
+  CHECK_THROWS_AS(p.add(t("a", {5})), ConfigError);
+  CHECK_THROWS_AS(p.add(t("", {5})), ConfigError);
+  CHECK_THROWS_AS(p.add(t("z", {0})), ConfigError);
+  CHECK_THROWS_AS(p.at("nope"), ConfigError);
+  CHECK_THROWS_AS(Placement(0, PlacementPolicy::kRoundRobin), ConfigError);
+}
+
+TEST_CASE("requests are grouped per shard and cut under the message limit") {
+  Placement p(2, PlacementPolicy::kRoundRobin, /*chunk_bytes=*/400);
+  p.add(t("a", {250}));  // parts on shards 0, 1, 0
+  p.add(t("b", {10}));   // shard 1
+  auto batches = plan_batches(p, {"a", "b"}, /*max_batch_bytes=*/800);
+  uint64_t total = 0;
+  for (const auto& b : batches) {
+    CHECK(b.bytes <= 800);
+    for (const auto& ref : b.parts) {
+      CHECK(ref.part.shard == b.shard);
+      total += ref.part.count;
+    }
+  }
+  CHECK(total == 260);
+  auto small = plan_batches(p, {"a"}, /*max_batch_bytes=*/400);
+  CHECK(small.size() == 3);  // one part per message
+  CHECK_THROWS_AS(plan_batches(p, {"a", "a"}, 800), ConfigError);
+  CHECK_THROWS_AS(plan_batches(p, {"c"}, 800), ConfigError);
+}

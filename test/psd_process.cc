@@ -1,0 +1,106 @@
+#include "psd_process.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace ps::test {
+
+std::string program_path(const char* env_var) {
+  const char* p = std::getenv(env_var);
+  if (!p || !*p) throw std::runtime_error(std::string("environment variable ") + env_var + " is not set (run through meson test)");
+  return p;
+}
+
+TempDir::TempDir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "psd-test-XXXXXX").string();
+  if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+  path_ = tmpl;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+PsdProcess::PsdProcess(std::vector<std::string> extra_args) {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "psd-proc-XXXXXX").string();
+  if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+  dir_ = tmpl;
+  log_ = dir_ + "/psd.log";
+  const std::string port_file = dir_ + "/port";
+  std::vector<std::string> args = {program_path("PSD_BIN"), "--port", "0", "--port_file", port_file};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+
+  pid_ = fork();
+  if (pid_ < 0) throw std::runtime_error("fork failed");
+  if (pid_ == 0) {
+    FILE* f = std::freopen(log_.c_str(), "w", stdout);
+    (void)f;
+    dup2(fileno(stdout), fileno(stderr));
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  for (int i = 0; i < 1000; ++i) {  // up to 10 s
+    std::ifstream in(port_file);
+    if (in >> port_) return;
+    if (!alive()) throw std::runtime_error("psd exited during start-up: " + log());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  stop(1000);
+  throw std::runtime_error("psd did not start listening within 10 s: " + log());
+}
+
+PsdProcess::~PsdProcess() {
+  if (pid_ > 0) stop(5000);
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+std::string PsdProcess::log() const {
+  std::ifstream in(log_);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool PsdProcess::alive() {
+  if (pid_ <= 0) return false;
+  int status = 0;
+  pid_t r = waitpid(pid_, &status, WNOHANG);
+  if (r == pid_) {
+    pid_ = -1;
+    return false;
+  }
+  return true;
+}
+
+int PsdProcess::stop(int timeout_ms) {
+  if (pid_ <= 0) return -1;
+  kill(pid_, SIGTERM);
+  for (int waited = 0; waited < timeout_ms; waited += 10) {
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+  return -1;
+}
+
+}  // namespace ps::test

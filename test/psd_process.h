@@ -1,0 +1,53 @@
+// Starts a real psd process on a free loopback port for integration tests,
+// and stops it (by PID, SIGTERM then SIGKILL) when it goes out of scope.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace ps::test {
+
+class PsdProcess {
+ public:
+  // Waits (bounded) until psd listens; throws std::runtime_error otherwise.
+  explicit PsdProcess(std::vector<std::string> extra_args = {});
+  ~PsdProcess();
+  PsdProcess(const PsdProcess&) = delete;
+  PsdProcess& operator=(const PsdProcess&) = delete;
+
+  int port() const { return port_; }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  pid_t pid() const { return pid_; }
+  const std::string& log_path() const { return log_; }
+  std::string log() const;
+
+  bool alive();
+  // SIGTERM, then wait up to `timeout_ms`; returns the exit status (or -1 if
+  // it had to be killed).
+  int stop(int timeout_ms = 10000);
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+  std::string dir_;
+  std::string log_;
+};
+
+// A directory removed with its contents at scope exit.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Path of a program built next to the tests (from the environment variable
+// the meson test sets, e.g. PSD_BIN).
+std::string program_path(const char* env_var);
+
+}  // namespace ps::test

@@ -1,0 +1,100 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "initializer.h"
+#include "ps/errors.h"
+#include "tensor_store.h"
+
+using namespace ps;
+
+namespace {
+TensorSpec spec(std::string name, std::vector<uint64_t> shape, InitConfig init = {}) {
+  TensorSpec s;
+  s.name = std::move(name);
+  s.shape = std::move(shape);
+  s.init = std::move(init);
+  s.optimizer = OptimizerConfig::sgd(1.0f);
+  return s;
+}
+std::vector<float> read(const StoredTensor& t) {
+  std::vector<float> v(t.size());
+  t.read(v);
+  return v;
+}
+}  // namespace
+
+TEST_CASE("create is idempotent for the same shape and refuses another") {
+  TensorStore store;
+  auto [a, created] = store.create(spec("w", {2, 3}, InitConfig::constant(1.5f)), std::nullopt);
+  REQUIRE(created);
+  a->apply(std::vector<float>(6, 0.5f), 1.0f);
+  auto [b, created_again] = store.create(spec("w", {2, 3}, InitConfig::constant(9.0f)), std::nullopt);
+  CHECK_FALSE(created_again);
+  CHECK(a == b);
+  CHECK(read(*b) == std::vector<float>(6, 1.0f));  // kept, not re-initialised
+  CHECK_THROWS_WITH(store.create(spec("w", {3, 2}), std::nullopt), Catch::Contains("exists with shape [2, 3]"));
+  CHECK(store.count() == 1);
+  CHECK(store.bytes() == 24);
+}
+
+TEST_CASE("bad specs are refused with the tensor's name") {
+  TensorStore store(StoreLimits{.max_tensor_bytes = 1024, .max_total_bytes = 2048, .max_tensors = 3});
+  CHECK_THROWS_WITH(store.create(spec("", {1}), std::nullopt), Catch::Contains("names"));
+  CHECK_THROWS_WITH(store.create(spec("z", {3, 0}), std::nullopt), Catch::Contains("zero dimension"));
+  CHECK_THROWS_WITH(store.create(spec("big", {1000}), std::nullopt), Catch::Contains("over this shard's limit"));
+  CHECK_THROWS_WITH(store.create(spec("huge", {1ull << 40, 1ull << 40}), std::nullopt), Catch::Contains("limit"));
+  CHECK_THROWS_WITH(store.create(spec("v", {3}, InitConfig::from_values({1, 2})), std::nullopt),
+                    Catch::Contains("2 initial values"));
+  CHECK_THROWS_WITH(store.create(spec("n", {1}, InitConfig::from_values({NAN})), std::nullopt), Catch::Contains("NaN"));
+  auto bad = spec("o", {1});
+  bad.optimizer.learning_rate = -1;
+  CHECK_THROWS_AS(store.create(bad, std::nullopt), RequestError);
+  CHECK(store.count() == 0);
+  store.create(spec("a", {256}), std::nullopt);
+  store.create(spec("b", {200}), std::nullopt);
+  CHECK_THROWS_WITH(store.create(spec("c", {100}), std::nullopt), Catch::Contains("memory limit"));
+  store.create(spec("d", {1}), std::nullopt);
+  CHECK_THROWS_WITH(store.create(spec("e", {1}), std::nullopt), Catch::Contains("maximum number"));
+}
+
+TEST_CASE("a part must fit its logical tensor") {
+  TensorStore store;
+  PartMeta part{"big", {10}, 8, 1, 2};
+  CHECK_THROWS_WITH(store.create(spec("big/part_1", {3}), part), Catch::Contains("does not fit"));
+  CHECK(store.create(spec("big/part_1", {2}), part).second);
+  PartMeta other{"big", {10}, 6, 1, 2};
+  CHECK_THROWS_WITH(store.create(spec("big/part_1", {2}), other), Catch::Contains("part layout"));
+}
+
+TEST_CASE("initializers produce the documented distributions") {
+  std::vector<float> v(20000);
+  initialize(v, InitConfig::glorot_uniform(3), {100, 200}, 0);
+  const float limit = std::sqrt(6.0f / 300.0f);
+  double mean = 0;
+  for (float x : v) {
+    REQUIRE(std::fabs(x) <= limit);
+    mean += x;
+  }
+  CHECK(std::fabs(mean / v.size()) < 0.01 * limit);
+
+  initialize(v, InitConfig::truncated_normal(1.0f, 0.5f, 4), {20000}, 0);
+  double m = 0, sq = 0;
+  for (float x : v) {
+    REQUIRE(std::fabs(x - 1.0f) <= 1.0f + 1e-6f);
+    m += x;
+    sq += (x - 1.0) * (x - 1.0);
+  }
+  CHECK(m / v.size() == Approx(1.0).margin(0.02));
+  CHECK(std::sqrt(sq / v.size()) == Approx(0.5 * 0.8796).epsilon(0.03));  // stddev of N truncated at 2 sigma
+
+  std::vector<float> a(100), b(100), c(100);
+  initialize(a, InitConfig::normal(0, 1, 9), {100}, 0);
+  initialize(b, InitConfig::normal(0, 1, 9), {100}, 0);
+  initialize(c, InitConfig::normal(0, 1, 9), {100}, 1);
+  CHECK(a == b);  // same seed, same part: same values
+  CHECK(a != c);  // another part: another stream
+
+  initialize(a, InitConfig::uniform(-2, -1, 1), {100}, 0);
+  for (float x : a) REQUIRE((x >= -2 && x < -1));
+}

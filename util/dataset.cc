@@ -2,6 +2,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <random>
 
 #include "ps/errors.h"
 #include "ps/mnist.h"

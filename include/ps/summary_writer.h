@@ -1,0 +1,67 @@
+// TensorBoard event files, written without TensorFlow or protobuf.
+//
+// Usage:
+//   ps::SummaryWriter summaries(flags.log_dir);  // creates the directory
+//   summaries.add_scalar("loss", loss, step);
+//   summaries.add_scalar("accuracy/validation", acc, step);
+//   summaries.flush();                          // also done every 64 KiB,
+//                                               // every 10 s and at exit
+//   // tensorboard --logdir <log_dir>
+//
+// File: <logdir>/events.out.tfevents.<unix secs>.<hostname> (".<pid>.<n>"
+// appended if that name is taken). Each record is
+//   uint64 length | uint32 masked_crc32c(length) | data | uint32 masked_crc32c(data)
+// little-endian, masked crc = ((crc >> 15) | (crc << 17)) + 0xa282ead8, where
+// data is a serialized tensorflow.Event: the first carries
+// file_version = "brain.Event:2", then one Event per scalar:
+//   Event{wall_time=1 (double), step=2 (int64),
+//         summary=5 {value=1 {tag=1 (string), simple_value=2 (float)}}}
+// Thread-safe. I/O failures throw ps::Error; a logdir that cannot be created
+// throws ps::ConfigError.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+namespace ps {
+
+// CRC-32C (Castagnoli), as TFRecord uses. crc32c("123456789") == 0xE3069283.
+// Pass a previous result as `crc` to extend it over more data.
+uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
+inline uint32_t mask_crc(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; }
+inline uint32_t unmask_crc(uint32_t masked) {
+  uint32_t rot = masked - 0xa282ead8u;
+  return (rot >> 17) | (rot << 15);
+}
+
+class SummaryWriter {
+ public:
+  explicit SummaryWriter(std::string logdir);
+  ~SummaryWriter();  // flushes; errors there are logged to stderr, not thrown
+  SummaryWriter(const SummaryWriter&) = delete;
+  SummaryWriter& operator=(const SummaryWriter&) = delete;
+
+  void add_scalar(std::string_view tag, float value, int64_t step);
+  void flush();
+
+  const std::string& path() const { return path_; }
+
+ private:
+  void append_record(const std::string& event);  // lock held
+  void flush_locked();
+
+  std::string path_;
+  int fd_ = -1;
+  std::mutex mu_;
+  std::string buffer_;  // framed records not yet written
+  std::string event_;   // scratch for one Event, reused
+  std::string value_;   // scratch for Summary.Value, reused
+  std::string summary_;  // scratch for Summary, reused
+  std::chrono::steady_clock::time_point last_flush_;
+};
+
+}  // namespace ps

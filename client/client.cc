@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "event_loop_thread.h"
+#include "malloc_tuning.h"
 #include "request_plan.h"
 #include "shard_connection.h"
 #include "wire_convert.h"
@@ -139,7 +140,8 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     uint64_t smallest = std::numeric_limits<uint64_t>::max();
     for (auto& s : shards) smallest = std::min(smallest, s->max_message_bytes);
     if (smallest <= kMessageSlack + sizeof(float)) throw ConfigError("psd's message size limit is too small");
-    max_batch_bytes = smallest - kMessageSlack;
+    max_batch_bytes = std::min<uint64_t>(smallest - kMessageSlack,
+                                         std::max<uint64_t>(options.max_request_bytes, options.chunk_bytes));
     if (options.chunk_bytes > max_batch_bytes) {
       throw ConfigError("chunk size " + std::to_string(options.chunk_bytes) + " bytes exceeds what psd accepts in one message (" +
                         std::to_string(max_batch_bytes) + "); lower ClientOptions::chunk_bytes or raise psd --max_message_mb");
@@ -157,6 +159,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
 };
 
 Client::Client(ClientOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
+  if (impl_->options.tune_malloc) tune_malloc_for_large_messages();
   if (impl_->options.call_timeout.count() > 0 && impl_->options.call_timeout < impl_->options.connect_timeout) {
     impl_->options.call_timeout = impl_->options.connect_timeout + std::chrono::milliseconds(10000);
   }

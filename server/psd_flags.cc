@@ -1,7 +1,5 @@
 #include "psd_flags.h"
 
-#include <malloc.h>
-
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -72,11 +70,6 @@ void finish_psd_flags(ServerOptions& o, const PsdFlagValues& x) {
   o.shard.max_message_bytes = static_cast<uint64_t>(x.max_message_mb * (1 << 20));
   o.shard.limits.max_tensor_bytes = static_cast<uint64_t>(x.max_tensor_mb * (1 << 20));
   o.shard.limits.max_total_bytes = static_cast<uint64_t>(x.max_memory_mb * (1 << 20));
-}
-
-void tune_malloc_for_large_messages() {
-  mallopt(M_MMAP_THRESHOLD, 512 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
 }  // namespace ps

@@ -11,6 +11,7 @@
 #include <kj/async-unix.h>
 #include <spdlog/spdlog.h>
 
+#include "malloc_tuning.h"
 #include "ps/errors.h"
 #include "psd_flags.h"
 #include "server.h"

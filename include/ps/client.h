@@ -43,6 +43,12 @@ struct ClientOptions {
   // Longest wait for the answer to a call (0: no limit).
   std::chrono::milliseconds call_timeout{300000};
   int worker_index = -1;  // this worker's index in the job; -1 for tools
+  // Largest request sent as one message; bigger requests go as several
+  // pipelined messages, so copying and sending overlap.
+  std::size_t max_request_bytes = 8u << 20;
+  // Tune glibc (mallopt, process-wide) to keep large freed blocks for reuse:
+  // receiving into fresh pages costs ~10x a copy into warm ones.
+  bool tune_malloc = true;
 };
 
 // A tensor as the shards report it.

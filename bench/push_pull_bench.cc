@@ -1,0 +1,290 @@
+// Push/pull benchmark against real psd processes, each result printed next to
+// plain loopback TCP measured in the same run.
+//
+//   build/bench/push_pull_bench                     # starts its own psd
+//   build/bench/push_pull_bench --reps 30 --sizes 4K,64K,1M,4M,16M,64M
+//
+// Plain TCP reference: the same payload written in 1 MiB pieces from one
+// thread to another over a loopback socket (the two pinned to different cores),
+// answered by a 1-byte acknowledgement, so both sides are "send N bytes, get
+// a small answer" as a push is ("small request, get N bytes" for a pull).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "ps/client.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+void pin_to_core(int core) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(core % std::max(1u, std::thread::hardware_concurrency()), &set);
+  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
+void write_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, std::min<size_t>(n, 1 << 20));
+    if (w <= 0) throw std::runtime_error("write failed");
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void read_all(int fd, char* p, size_t n) {
+  while (n > 0) {
+    ssize_t r = ::read(fd, p, n);
+    if (r <= 0) throw std::runtime_error("read failed");
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+}
+
+// Median seconds for "send `bytes`, receive a 1-byte ack" over loopback TCP.
+double tcp_transfer_seconds(size_t bytes, int reps) {
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  listen(listener, 1);
+  const int total = reps + 2;
+  std::thread receiver([&] {
+    pin_to_core(1);
+    int fd = accept(listener, nullptr, nullptr);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    std::vector<char> buf(bytes);
+    char ack = 1;
+    for (int i = 0; i < total; ++i) {
+      read_all(fd, buf.data(), bytes);
+      write_all(fd, &ack, 1);
+    }
+    close(fd);
+  });
+  pin_to_core(0);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  std::vector<char> buf(bytes, 'x');
+  std::vector<double> times;
+  for (int i = 0; i < total; ++i) {
+    auto t0 = Clock::now();
+    write_all(fd, buf.data(), bytes);
+    char ack;
+    read_all(fd, &ack, 1);
+    if (i >= 2) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  close(fd);
+  receiver.join();
+  close(listener);
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  for (unsigned c = 0; c < std::thread::hardware_concurrency(); ++c) CPU_SET(c, &all);
+  pthread_setaffinity_np(pthread_self(), sizeof(all), &all);
+  return median(times);
+}
+
+// A psd started by the benchmark, stopped at exit.
+struct Psd {
+  pid_t pid = -1;
+  int port = 0;
+  std::string dir;
+  Psd(const std::string& binary, const std::string& unix_socket) {
+    dir = std::filesystem::temp_directory_path() / ("psd-bench-" + std::to_string(getpid()) + "-" + std::to_string(rand()));
+    std::filesystem::create_directories(dir);
+    const std::string port_file = dir + "/port";
+    pid = fork();
+    if (pid == 0) {
+      std::vector<std::string> args = {binary, "--port", "0", "--port_file", port_file, "--log_level", "warn",
+                                       "--max_message_mb", "128"};
+      if (!unix_socket.empty()) {
+        args.push_back("--unix_socket");
+        args.push_back(unix_socket);
+      }
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    for (int i = 0; i < 1000 && port == 0; ++i) {
+      std::ifstream in(port_file);
+      if (!(in >> port)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (port == 0) throw std::runtime_error("psd did not start (is --psd right?)");
+  }
+  ~Psd() {
+    kill(pid, SIGTERM);
+    waitpid(pid, nullptr, 0);
+    std::filesystem::remove_all(dir);
+  }
+};
+
+size_t parse_size(const std::string& s) {
+  size_t mult = 1;
+  std::string num = s;
+  char last = s.empty() ? 0 : s.back();
+  if (last == 'K' || last == 'k') mult = 1 << 10;
+  if (last == 'M' || last == 'm') mult = 1 << 20;
+  if (mult != 1) num = s.substr(0, s.size() - 1);
+  return std::stoull(num) * mult;
+}
+
+std::string size_name(size_t b) {
+  if (b >= (1 << 20)) return std::to_string(b >> 20) + " MiB";
+  return std::to_string(b >> 10) + " KiB";
+}
+
+struct Measured {
+  double push_s, pull_s;
+};
+
+// Median push and pull latency of one client for a tensor of `bytes`.
+Measured measure_one(ps::Client& client, const std::string& name, size_t bytes, int reps) {
+  std::vector<float> buf(bytes / 4, 0.0f);
+  std::vector<double> push, pull;
+  for (int i = 0; i < reps + 2; ++i) {
+    auto t0 = Clock::now();
+    client.push(name, buf);
+    auto t1 = Clock::now();
+    client.pull(name, buf);
+    auto t2 = Clock::now();
+    if (i >= 2) {
+      push.push_back(std::chrono::duration<double>(t1 - t0).count());
+      pull.push_back(std::chrono::duration<double>(t2 - t1).count());
+    }
+  }
+  return {median(push), median(pull)};
+}
+
+// Aggregate bytes/s of `clients` clients each pushing then pulling its own
+// tensor at once: the median over rounds of (clients * bytes) / round time.
+Measured measure_concurrent(std::vector<std::unique_ptr<ps::Client>>& clients, size_t bytes, int reps) {
+  const std::string suffix = "_" + std::to_string(bytes);
+  const int n = static_cast<int>(clients.size());
+  std::vector<std::vector<float>> bufs(n, std::vector<float>(bytes / 4, 0.0f));
+  std::vector<double> push, pull;
+  for (int i = 0; i < reps + 2; ++i) {
+    for (int phase = 0; phase < 2; ++phase) {
+      auto t0 = Clock::now();
+      std::vector<std::thread> threads;
+      for (int c = 0; c < n; ++c) {
+        threads.emplace_back([&, c] {
+          const std::string name = "c" + std::to_string(c) + suffix;
+          if (phase == 0) clients[c]->push(name, bufs[c]);
+          else clients[c]->pull(name, bufs[c]);
+        });
+      }
+      for (auto& t : threads) t.join();
+      double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (i >= 2) (phase == 0 ? push : pull).push_back(s / n);  // per-client-transfer time
+    }
+  }
+  return {median(push), median(pull)};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"push_pull_bench: psd push/pull latency and bandwidth against plain loopback TCP"};
+  std::string psd_binary = "build/server/psd";
+  std::string sizes_flag = "4K,64K,1M,4M,16M,64M";
+  int reps = 20;
+  bool with_unix = true;
+  app.add_option("--psd", psd_binary, "psd binary to start")->capture_default_str();
+  app.add_option("--sizes", sizes_flag, "payload sizes")->capture_default_str();
+  app.add_option("--reps", reps, "repetitions per measurement (median reported)")->capture_default_str();
+  app.add_option("--unix", with_unix, "also measure the Unix-domain-socket path")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  std::vector<size_t> sizes;
+  for (std::size_t start = 0, comma; start <= sizes_flag.size(); start = comma + 1) {
+    comma = sizes_flag.find(',', start);
+    if (comma == std::string::npos) comma = sizes_flag.size();
+    sizes.push_back(parse_size(sizes_flag.substr(start, comma - start)));
+  }
+
+  std::printf("plain loopback TCP (sender and receiver on different cores, 1 MiB writes):\n");
+  std::vector<double> tcp(sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    tcp[i] = tcp_transfer_seconds(sizes[i], std::max(reps, 10));
+    std::printf("  %-8s %9.1f us  %6.2f GB/s\n", size_name(sizes[i]).c_str(), tcp[i] * 1e6, sizes[i] / tcp[i] / 1e9);
+  }
+  const double ping = tcp_transfer_seconds(64, 2000);
+  std::printf("  64 B ping-pong round trip: %.1f us\n\n", ping * 1e6);
+
+  auto run_path = [&](const char* label, bool use_unix) {
+    const std::string sock = use_unix ? std::filesystem::temp_directory_path() / ("psd-bench-" + std::to_string(getpid()) + ".sock") : "";
+    Psd psd(psd_binary, sock);
+    ps::ClientOptions opts;
+    opts.ps_hosts = {use_unix ? "unix:" + sock : "127.0.0.1:" + std::to_string(psd.port)};
+    std::printf("psd over %s, 1 client (median of %d):\n", label, reps);
+    std::printf("  %-8s %10s %8s %7s %10s %8s %7s\n", "size", "push us", "GB/s", "vs TCP", "pull us", "GB/s", "vs TCP");
+    ps::Client client(opts);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const std::string name = "t" + std::to_string(sizes[i]);
+      client.create({{.name = name, .shape = {sizes[i] / 4}, .optimizer = ps::OptimizerConfig::sgd(0.0f)}});
+      Measured m = measure_one(client, name, sizes[i], reps);
+      std::printf("  %-8s %10.1f %8.2f %7.2f %10.1f %8.2f %7.2f\n", size_name(sizes[i]).c_str(), m.push_s * 1e6,
+                  sizes[i] / m.push_s / 1e9, tcp[i] / m.push_s, m.pull_s * 1e6, sizes[i] / m.pull_s / 1e9,
+                  tcp[i] / m.pull_s);
+      if (sizes[i] == 4096) {
+        std::printf("           4 KiB pull round trip = %.2fx the plain ping-pong\n", m.pull_s / ping);
+      }
+    }
+    std::printf("psd over %s, 3 concurrent clients (aggregate):\n", label);
+    std::printf("  %-8s %8s %11s %8s %11s\n", "size", "push GB/s", "vs 1 client", "pull GB/s", "vs 1 client");
+    std::vector<std::unique_ptr<ps::Client>> clients;
+    for (int c = 0; c < 3; ++c) clients.push_back(std::make_unique<ps::Client>(opts));
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const std::string suffix = "_" + std::to_string(sizes[i]);
+      for (int c = 0; c < 3; ++c) {
+        clients[c]->create({{.name = "c" + std::to_string(c) + suffix, .shape = {sizes[i] / 4},
+                             .optimizer = ps::OptimizerConfig::sgd(0.0f)}});
+      }
+      Measured one = measure_one(*clients[0], "c0" + suffix, sizes[i], reps / 2 + 1);
+      Measured all = measure_concurrent(clients, sizes[i], reps / 2 + 1);
+      std::printf("  %-8s %8.2f %11.2f %8.2f %11.2f\n", size_name(sizes[i]).c_str(), sizes[i] / all.push_s / 1e9,
+                  one.push_s / all.push_s, sizes[i] / all.pull_s / 1e9, one.pull_s / all.pull_s);
+    }
+    std::printf("\n");
+  };
+  try {
+    run_path("TCP", false);
+    if (with_unix) run_path("a Unix-domain socket", true);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "push_pull_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

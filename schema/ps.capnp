@@ -140,21 +140,37 @@ struct ShardInfo {
   maxMessageBytes @6 :UInt64;
 }
 
+struct WorkerState {
+  workerIndex @0 :Int32;
+  step @1 :Int64;          # last step the worker reported (pushed at or finished)
+  connected @2 :Bool;
+  pushes @3 :UInt64;
+  stale @4 :UInt64;        # its gradients dropped as stale
+}
+
 struct ShardStats {
   tensors @0 :UInt64;
   bytes @1 :UInt64;
   pushes @2 :UInt64;
   pulls @3 :UInt64;
   rejected @4 :UInt64;          # requests refused as bad input
-  staleGradients @5 :UInt64;
+  staleGradients @5 :UInt64;    # sync: dropped as stale (including backup workers' late ones)
   globalStep @6 :Int64;
   connections @7 :UInt32;
+  job @8 :JobConfig;
+  ready @9 :Bool;
+  workers @10 :List(WorkerState);
+  stalenessWaits @11 :UInt64;   # bounded staleness: pulls that had to wait
+  maxStaleness @12 :Int64;      # bounded staleness: largest (worker step - slowest live step) seen at a push
+  stepsApplied @13 :UInt64;     # sync: aggregated updates applied
+  finished @14 :Bool;
 }
 
 interface Shard {
-  hello @0 (protocolVersion :UInt32, workerIndex :Int32, authToken :Data)
+  hello @0 (protocolVersion :UInt32, workerIndex :Int32, authToken :Data, isChief :Bool)
         -> (info :ShardInfo);
   # workerIndex is -1 for a client that is not a training worker (tools).
+  # Refused: a worker index outside the configured job, a second live chief.
 
   create @1 (specs :List(TensorSpec)) -> (tensors :List(TensorMeta));
   # Idempotent: an existing tensor with the same shape is returned as is
@@ -170,4 +186,26 @@ interface Shard {
 
   list @4 () -> (tensors :List(TensorMeta));
   stats @5 () -> (stats :ShardStats);
+
+  initJob @6 (config :JobConfig) -> (info :ShardInfo);
+  # Sent by the chief to every shard before it creates the tensors.
+  # Idempotent for the same configuration; another one is an error.
+
+  setReady @7 ();
+  # The chief has created and initialised every tensor.
+
+  waitReady @8 (timeoutMs :UInt32) -> (ready :Bool, step :Int64, job :JobConfig);
+  # Returns once the chief called setReady, or with ready = false at the timeout.
+
+  stepDone @9 (step :Int64) -> (globalStep :Int64, stop :Bool);
+  # A worker finished its local step `step`. Async and bounded-staleness
+  # modes count the global step with these; stop = the job reached trainSteps.
+
+  barrier @10 (name :Text, count :UInt32, timeoutMs :UInt32) -> (arrived :UInt32);
+  # Returns when `count` callers have entered barrier `name` (generation by
+  # generation), or fails at the timeout.
+
+  finish @11 ();
+  # The job is over: psd exits once its workers have disconnected (when
+  # started with --exit_when_done, the default).
 }

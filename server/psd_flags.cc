@@ -26,6 +26,9 @@ void add_psd_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
   app.add_option("--max_memory_mb", x.max_memory_mb, "total tensor memory of this shard, MiB")->capture_default_str();
   app.add_option("--max_connections", o.max_connections, "connections served at once")->capture_default_str();
   app.add_flag("--allow_nonfinite", o.shard.allow_nonfinite, "accept gradients containing NaN or Inf");
+  app.add_option("--exit_when_done", o.exit_when_done,
+                 "exit once the chief reports the job finished and every worker has disconnected")
+      ->capture_default_str();
 }
 
 void finish_psd_flags(ServerOptions& o, const PsdFlagValues& x) {

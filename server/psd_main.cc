@@ -32,8 +32,8 @@ int main(int argc, char** argv) {
     auto stop = io.unixEventPort.onSignal(SIGTERM)
                     .exclusiveJoin(io.unixEventPort.onSignal(SIGINT))
                     .then([](siginfo_t info) { spdlog::info("received signal {}, shutting down", info.si_signo); });
-    ps::PsServer server(options);
-    server.run(io, kj::mv(stop));
+    ps::PsServer server(options, io);
+    server.run(kj::mv(stop));
   } catch (const ps::Error& e) {
     spdlog::error("{}", e.what());
     return 2;

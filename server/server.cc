@@ -52,7 +52,9 @@ std::string peer_name(kj::AsyncIoStream& stream, const std::string& fallback) {
 }  // namespace
 
 struct PsServer::Impl : kj::TaskSet::ErrorHandler {
-  explicit Impl(ServerOptions o) : options(std::move(o)), pool(options.threads), shard(options.shard, pool), tasks(kj::heap<kj::TaskSet>(*this)) {}
+  Impl(ServerOptions o, kj::AsyncIoContext& io)
+      : options(std::move(o)), io(io), pool(options.threads), shard(options.shard, pool, io.provider->getTimer()),
+        tasks(kj::heap<kj::TaskSet>(*this)) {}
 
   void taskFailed(kj::Exception&& e) override { spdlog::warn("connection task failed: {}", e.getDescription().cStr()); }
 
@@ -78,19 +80,22 @@ struct PsServer::Impl : kj::TaskSet::ErrorHandler {
   }
 
   ServerOptions options;
+  kj::AsyncIoContext& io;
   ComputePool pool;
   Shard shard;
   std::list<Connection> connections;
   kj::Own<kj::TaskSet> tasks;
 };
 
-PsServer::PsServer(ServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+PsServer::PsServer(ServerOptions options, kj::AsyncIoContext& io)
+    : impl_(std::make_unique<Impl>(std::move(options), io)) {}
 PsServer::~PsServer() = default;
 
 Shard& PsServer::shard() { return impl_->shard; }
 
-void PsServer::run(kj::AsyncIoContext& io, kj::Promise<void> stop) {
+void PsServer::run(kj::Promise<void> stop) {
   const ServerOptions& o = impl_->options;
+  kj::AsyncIoContext& io = impl_->io;
   kj::Own<kj::ConnectionReceiver> tcp, local;
   try {
     auto addr = io.provider->getNetwork().parseAddress(o.bind, static_cast<uint>(o.port)).wait(io.waitScope);
@@ -118,7 +123,16 @@ void PsServer::run(kj::AsyncIoContext& io, kj::Promise<void> stop) {
 
   auto serving = impl_->accept_loop(*tcp, "tcp");
   if (local) serving = serving.exclusiveJoin(impl_->accept_loop(*local, "unix"));
+  if (o.exit_when_done) {
+    auto done = kj::newPromiseAndFulfiller<void>();
+    impl_->shard.job().on_done([f = done.fulfiller.get()] { f->fulfill(); });
+    // Give the last replies time to leave before the connections close.
+    stop = stop.exclusiveJoin(done.promise.then([&io] { return io.provider->getTimer().afterDelay(200 * kj::MILLISECONDS); })
+                                  .then([] { spdlog::info("job done and all workers gone"); }))
+               .attach(kj::mv(done.fulfiller));
+  }
   serving.exclusiveJoin(kj::mv(stop)).wait(io.waitScope);
+  impl_->shard.job().on_done(nullptr);
 
   spdlog::info("psd shard {} stopping: {} connections open, {} tensors", o.shard.shard_index,
                impl_->connections.size(), impl_->shard.store().count());

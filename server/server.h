@@ -6,8 +6,8 @@
 // Example:
 //   auto io = kj::setupAsyncIo();
 //   ps::ServerOptions opts;  opts.port = 2222;
-//   ps::PsServer server(opts);
-//   server.run(io, io.unixEventPort.onSignal(SIGTERM).ignoreResult());
+//   ps::PsServer server(opts, io);
+//   server.run(io.unixEventPort.onSignal(SIGTERM).ignoreResult());
 #pragma once
 
 #include <cstdint>
@@ -27,16 +27,18 @@ struct ServerOptions {
   std::string port_file;        // write the bound TCP port here once listening
   unsigned threads = 2;         // compute pool size; 0 = apply on the event loop
   uint32_t max_connections = 1024;
+  bool exit_when_done = true;   // exit once the chief said finish and the workers left
   ShardOptions shard;
 };
 
 class PsServer {
  public:
-  explicit PsServer(ServerOptions options);
+  PsServer(ServerOptions options, kj::AsyncIoContext& io);
   ~PsServer();
 
-  // Serves until `stop` resolves. Throws ConfigError when it cannot listen.
-  void run(kj::AsyncIoContext& io, kj::Promise<void> stop);
+  // Serves until `stop` resolves (or the job is done, with exit_when_done).
+  // Throws ConfigError when it cannot listen.
+  void run(kj::Promise<void> stop);
 
   Shard& shard();
 

@@ -1,7 +1,11 @@
 #include "shard.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <set>
+
+#include <spdlog/spdlog.h>
 
 #include "ps/errors.h"
 #include "wire_convert.h"
@@ -41,10 +45,42 @@ bool all_finite(std::span<const float> v) {
   return acc == 0.0f;
 }
 
+class LogErrors final : public kj::TaskSet::ErrorHandler {
+ public:
+  void taskFailed(kj::Exception&& e) override { spdlog::error("update task failed: {}", e.getDescription().cStr()); }
+};
+LogErrors log_errors;
+
 }  // namespace
 
-Shard::Shard(ShardOptions options, ComputePool& pool)
-    : options_(std::move(options)), pool_(pool), store_(options_.limits) {}
+JobConfig job_from_wire(wire::JobConfig::Reader in) {
+  JobConfig c;
+  auto mode = static_cast<unsigned>(in.getMode());
+  if (mode > static_cast<unsigned>(SyncMode::kBoundedStaleness)) throw RequestError("initJob: unknown mode " + std::to_string(mode));
+  c.mode = static_cast<SyncMode>(mode);
+  c.replicas_to_aggregate = in.getReplicasToAggregate();
+  c.total_replicas = in.getTotalReplicas();
+  c.max_staleness = in.getMaxStaleness();
+  c.train_steps = in.getTrainSteps();
+  return c;
+}
+
+void job_to_wire(const JobConfig& c, wire::JobConfig::Builder out) {
+  out.setMode(static_cast<wire::SyncMode>(c.mode));
+  out.setReplicasToAggregate(c.replicas_to_aggregate);
+  out.setTotalReplicas(c.total_replicas);
+  out.setMaxStaleness(c.max_staleness);
+  out.setTrainSteps(c.train_steps);
+}
+
+Shard::Shard(ShardOptions options, ComputePool& pool, kj::Timer& timer)
+    : options_(std::move(options)), pool_(pool), store_(options_.limits), job_(timer), tasks_(log_errors) {}
+
+void Shard::hello(const Caller& caller) { job_.connect(caller.worker_index, caller.is_chief, caller.peer); }
+
+void Shard::goodbye(const Caller& caller) { job_.disconnect(caller.worker_index, caller.is_chief); }
+
+void Shard::init_job(wire::JobConfig::Reader config) { job_.configure(job_from_wire(config)); }
 
 void Shard::create(wire::Shard::CreateParams::Reader params, wire::Shard::CreateResults::Builder results) {
   auto specs = params.getSpecs();
@@ -66,48 +102,60 @@ void Shard::create(wire::Shard::CreateParams::Reader params, wire::Shard::Create
   counters_.creates += specs.size();
 }
 
-kj::Promise<void> Shard::wait_for_step(int64_t step) {
-  if (step <= global_step_) return kj::READY_NOW;
-  auto paf = kj::newPromiseAndFulfiller<void>();
-  step_waiters_.emplace(step, kj::mv(paf.fulfiller));
-  return kj::mv(paf.promise);
+kj::Promise<void> Shard::run_on(StoredTensor* t, std::function<void()> fn) {
+  if (t->size() * sizeof(float) <= options_.inline_bytes) {
+    fn();
+    return kj::READY_NOW;
+  }
+  return pool_.run(t->id(), std::move(fn));
 }
 
-kj::Promise<void> Shard::pull(wire::Shard::PullParams::Reader params, wire::Shard::PullResults::Builder results) {
+kj::Promise<void> Shard::pull(const Caller&, wire::Shard::PullParams::Reader params,
+                              wire::Shard::PullResults::Builder results) {
   auto names = params.getNames();
   std::vector<StoredTensor*> tensors;
   tensors.reserve(names.size());
   for (auto n : names) tensors.push_back(&store_.get(n));
 
-  return wait_for_step(params.getMinStep()).then([this, tensors = std::move(tensors), results]() mutable {
-    auto out = results.initTensors(static_cast<unsigned>(tensors.size()));
-    results.setStep(global_step_);
-    kj::Vector<kj::Promise<void>> copies;
-    uint64_t bytes = 0;
-    for (unsigned i = 0; i < tensors.size(); ++i) {
-      StoredTensor* t = tensors[i];
-      out[i].setName(t->spec().name);
-      auto data = out[i].initValues(static_cast<unsigned>(t->size() * sizeof(float)));
-      std::span<float> dst(reinterpret_cast<float*>(data.begin()), t->size());
-      bytes += data.size();
-      auto version = out[i];
-      if (data.size() <= options_.inline_bytes) {
-        version.setVersion(t->read(dst));
-      } else {
-        auto v = std::make_shared<uint64_t>(0);
-        copies.add(pool_.run(t->id(), [t, dst, v] { *v = t->read(dst); }).then([version, v]() mutable {
-          version.setVersion(*v);
-        }));
-      }
-    }
-    counters_.pulls += tensors.size();
-    counters_.bytes_out += bytes;
-    return kj::joinPromises(copies.releaseAsArray());
+  const int64_t min_step = params.getMinStep();
+  kj::Promise<void> wait = kj::READY_NOW;
+  if (job_.config().mode == SyncMode::kSync) wait = job_.wait_for_step(min_step);
+  if (job_.config().mode == SyncMode::kBoundedStaleness) wait = job_.wait_for_staleness(min_step);
+  return wait.then([this, tensors = std::move(tensors), results]() mutable {
+    return read_tensors(std::move(tensors), results);
   });
 }
 
-kj::Promise<void> Shard::push(wire::Shard::PushParams::Reader params, wire::Shard::PushResults::Builder results) {
+kj::Promise<void> Shard::read_tensors(std::vector<StoredTensor*> tensors, wire::Shard::PullResults::Builder results) {
+  auto out = results.initTensors(static_cast<unsigned>(tensors.size()));
+  results.setStep(job_.global_step());
+  kj::Vector<kj::Promise<void>> copies;
+  uint64_t bytes = 0;
+  for (unsigned i = 0; i < tensors.size(); ++i) {
+    StoredTensor* t = tensors[i];
+    auto entry = out[i];
+    entry.setName(t->spec().name);
+    auto data = entry.initValues(static_cast<unsigned>(t->size() * sizeof(float)));
+    std::span<float> dst(reinterpret_cast<float*>(data.begin()), t->size());
+    bytes += data.size();
+    // Reads go through the tensor's strand, so a pull that starts after a
+    // sync step's commit sees all of that step's updates.
+    copies.add(run_on(t, [t, dst, entry]() mutable { entry.setVersion(t->read(dst)); }));
+  }
+  counters_.pulls += tensors.size();
+  counters_.bytes_out += bytes;
+  return kj::joinPromises(copies.releaseAsArray());
+}
+
+kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Reader params,
+                              wire::Shard::PushResults::Builder results) {
   auto grads = params.getGrads();
+  const int64_t step = params.getStep();
+  const JobConfig& job = job_.config();
+  job_.check_worker(caller.worker_index);
+  if (job_.configured() && !job_.ready()) {
+    throw RequestError("push: the chief has not finished initialising the model (waitReady first)");
+  }
   std::vector<std::pair<StoredTensor*, std::span<const float>>> work;
   work.reserve(grads.size());
   std::set<StoredTensor*> seen;
@@ -128,22 +176,113 @@ kj::Promise<void> Shard::push(wire::Shard::PushParams::Reader params, wire::Shar
     work.emplace_back(&t, values);
     bytes += data.size();
   }
-
-  auto status = results.initStatus(static_cast<unsigned>(work.size()));
-  kj::Vector<kj::Promise<void>> applies;
-  for (unsigned i = 0; i < work.size(); ++i) {
-    auto [t, g] = work[i];
-    status.set(i, wire::PushStatus::APPLIED);
-    if (g.size_bytes() <= options_.inline_bytes) {
-      t->apply(g, 1.0f);
-    } else {
-      applies.add(pool_.run(t->id(), [t, g] { t->apply(g, 1.0f); }));
+  const bool sync = job.mode == SyncMode::kSync;
+  if (sync) {
+    if (caller.worker_index < 0) throw RequestError("push: sync mode needs a worker index (say hello as a worker)");
+    if (step > job_.global_step()) {
+      throw RequestError("push: gradient for step " + std::to_string(step) + ", but the job is at step " +
+                         std::to_string(job_.global_step()) + " (a push carries the step its parameters were pulled at)");
     }
   }
+
+  WorkerRecord* worker = caller.worker_index >= 0 ? &job_.worker(caller.worker_index) : nullptr;
+  if (worker) {
+    worker->pushes += work.size();
+    if (job.mode != SyncMode::kSync) worker->step = std::max(worker->step, step);
+  }
+  if (job.mode == SyncMode::kBoundedStaleness && worker) job_.record_staleness(step - job_.slowest_live_step());
   counters_.pushes += work.size();
   counters_.bytes_in += bytes;
-  results.setStep(global_step_);
-  return kj::joinPromises(applies.releaseAsArray());
+  results.setStep(job_.global_step());
+  auto status = results.initStatus(static_cast<unsigned>(work.size()));
+
+  if (sync && step < job_.global_step()) {
+    for (unsigned i = 0; i < work.size(); ++i) status.set(i, wire::PushStatus::STALE);
+    counters_.stale += work.size();
+    if (worker) worker->stale += work.size();
+    return kj::READY_NOW;
+  }
+
+  kj::Vector<kj::Promise<void>> pending;
+  for (unsigned i = 0; i < work.size(); ++i) {
+    auto [t, g] = work[i];
+    if (sync && t->spec().trainable) {
+      wire::PushStatus s = offer_sync(t, caller.worker_index, g, pending);
+      if (s == wire::PushStatus::STALE && worker) ++worker->stale;
+      status.set(i, s);
+    } else {
+      status.set(i, wire::PushStatus::APPLIED);
+      pending.add(run_on(t, [t, g] { t->apply(g, 1.0f); }));
+    }
+  }
+  if (sync && complete_tensors_ > 0 && complete_tensors_ >= trainable_count()) commit_sync_step();
+  return kj::joinPromises(pending.releaseAsArray());
+}
+
+wire::PushStatus Shard::offer_sync(StoredTensor* t, int worker, std::span<const float> g,
+                                   kj::Vector<kj::Promise<void>>& pending) {
+  SyncSlot& slot = sync_[t];
+  if (slot.complete) {
+    ++counters_.stale;  // a backup worker's gradient, after enough arrived
+    return wire::PushStatus::STALE;
+  }
+  if (std::find(slot.contributors.begin(), slot.contributors.end(), worker) != slot.contributors.end()) {
+    return wire::PushStatus::DUPLICATE;
+  }
+  slot.contributors.push_back(worker);
+  if (slot.sum.size() != t->size()) slot.sum.resize(t->size());  // once per tensor; reused every step
+  const bool first = slot.count++ == 0;
+  float* sum = slot.sum.data();
+  pending.add(run_on(t, [sum, g, first] {
+    if (first) {
+      std::memcpy(sum, g.data(), g.size_bytes());
+    } else {
+      const std::size_t n = g.size();
+      const float* __restrict gp = g.data();
+      float* __restrict sp = sum;
+      for (std::size_t i = 0; i < n; ++i) sp[i] += gp[i];
+    }
+  }));
+  if (slot.count >= job_.config().replicas_to_aggregate) {
+    slot.complete = true;
+    ++complete_tensors_;
+  }
+  return wire::PushStatus::ACCUMULATED;
+}
+
+void Shard::commit_sync_step() {
+  const float scale = 1.0f / static_cast<float>(job_.config().replicas_to_aggregate);
+  for (auto& [t, slot] : sync_) {
+    if (!slot.complete) continue;
+    StoredTensor* tensor = t;
+    std::span<const float> sum(slot.sum);
+    // Queued on the tensor's strand behind this step's sums and ahead of the
+    // next step's, and ahead of every read that starts after this point.
+    tasks_.add(run_on(tensor, [tensor, sum, scale] { tensor->apply(sum, scale); }));
+    slot.count = 0;
+    slot.contributors.clear();
+    slot.complete = false;
+  }
+  complete_tensors_ = 0;
+  ++counters_.steps_applied;
+  job_.advance_step();
+  spdlog::debug("sync step {} committed", job_.global_step());
+}
+
+uint64_t Shard::trainable_count() const {
+  uint64_t n = 0;
+  for (StoredTensor* t : store_.all()) n += t->spec().trainable;
+  return n;
+}
+
+std::pair<int64_t, bool> Shard::step_done(const Caller& caller, int64_t step) {
+  if (caller.worker_index < 0) throw RequestError("stepDone: only workers report steps (say hello with a worker index)");
+  job_.check_worker(caller.worker_index);
+  WorkerRecord& w = job_.worker(caller.worker_index);
+  w.step = std::max(w.step, step + 1);
+  if (job_.config().mode != SyncMode::kSync) job_.advance_step();
+  job_.worker_progressed();
+  return {job_.global_step(), job_.stop_reached()};
 }
 
 void Shard::list(wire::Shard::ListResults::Builder results) const {
@@ -159,8 +298,24 @@ void Shard::stats(wire::ShardStats::Builder out) const {
   out.setPulls(counters_.pulls);
   out.setRejected(counters_.rejected);
   out.setStaleGradients(counters_.stale);
-  out.setGlobalStep(global_step_);
+  out.setGlobalStep(job_.global_step());
   out.setConnections(counters_.connections);
+  job_to_wire(job_.config(), out.initJob());
+  out.setReady(job_.ready());
+  out.setStalenessWaits(job_.staleness_waits());
+  out.setMaxStaleness(job_.max_staleness_seen());
+  out.setStepsApplied(counters_.steps_applied);
+  out.setFinished(job_.finished());
+  auto workers = out.initWorkers(static_cast<unsigned>(job_.workers().size()));
+  unsigned i = 0;
+  for (const auto& [index, w] : job_.workers()) {
+    workers[i].setWorkerIndex(index);
+    workers[i].setStep(w.step);
+    workers[i].setConnected(w.connections > 0);
+    workers[i].setPushes(w.pushes);
+    workers[i].setStale(w.stale);
+    ++i;
+  }
 }
 
 void Shard::info(wire::ShardInfo::Builder out) const {
@@ -168,8 +323,9 @@ void Shard::info(wire::ShardInfo::Builder out) const {
   out.setShardIndex(options_.shard_index);
   out.setNumShards(options_.num_shards);
   out.setServerVersion("psd " PS_VERSION);
-  out.setGlobalStep(global_step_);
+  out.setGlobalStep(job_.global_step());
   out.setMaxMessageBytes(options_.max_message_bytes);
+  job_to_wire(job_.config(), out.initJob());
 }
 
 }  // namespace ps

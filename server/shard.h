@@ -1,16 +1,29 @@
 // One psd shard's request handling: validates every request in full before
 // touching state, then applies it. Runs on the KJ event-loop thread; the
 // arithmetic of large updates goes to the ComputePool.
+//
+// Consistency modes (JobConfig, sent by the chief with initJob):
+//  - async: a push is applied on arrival.
+//  - sync: pushes carry the step their parameters were pulled at; for the
+//    current step each worker's gradient is summed per tensor, and once every
+//    trainable tensor has replicas_to_aggregate of them the averages are
+//    applied together and the step advances. Late gradients (backup workers)
+//    and those for older steps are dropped as stale.
+//  - bounded staleness: async, but a pull for local step c waits until
+//    c - (slowest connected worker's step) <= max_staleness.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <map>
 #include <string>
+#include <unordered_map>
 
 #include <kj/async.h>
+#include <kj/timer.h>
 
 #include "compute_pool.h"
+#include "job_state.h"
 #include "ps.capnp.h"
 #include "tensor_store.h"
 
@@ -34,35 +47,67 @@ struct ShardCounters {
   std::atomic<uint64_t> stale{0};
   std::atomic<uint64_t> bytes_in{0};
   std::atomic<uint64_t> bytes_out{0};
+  std::atomic<uint64_t> steps_applied{0};
   std::atomic<uint32_t> connections{0};
+};
+
+// Who is calling: set per connection by hello.
+struct Caller {
+  int worker_index = -1;
+  bool is_chief = false;
+  std::string peer;
 };
 
 class Shard {
  public:
-  Shard(ShardOptions options, ComputePool& pool);
+  Shard(ShardOptions options, ComputePool& pool, kj::Timer& timer);
 
   // Each throws RequestError (nothing changed) for bad input.
+  void hello(const Caller& caller);
+  void goodbye(const Caller& caller);
   void create(wire::Shard::CreateParams::Reader params, wire::Shard::CreateResults::Builder results);
-  kj::Promise<void> pull(wire::Shard::PullParams::Reader params, wire::Shard::PullResults::Builder results);
-  kj::Promise<void> push(wire::Shard::PushParams::Reader params, wire::Shard::PushResults::Builder results);
+  kj::Promise<void> pull(const Caller& caller, wire::Shard::PullParams::Reader params,
+                         wire::Shard::PullResults::Builder results);
+  kj::Promise<void> push(const Caller& caller, wire::Shard::PushParams::Reader params,
+                         wire::Shard::PushResults::Builder results);
   void list(wire::Shard::ListResults::Builder results) const;
   void stats(wire::ShardStats::Builder out) const;
   void info(wire::ShardInfo::Builder out) const;
+  void init_job(wire::JobConfig::Reader config);
+  // Returns (global step, stop).
+  std::pair<int64_t, bool> step_done(const Caller& caller, int64_t step);
 
-  int64_t global_step() const { return global_step_; }
+  JobState& job() { return job_; }
   const ShardOptions& options() const { return options_; }
   TensorStore& store() { return store_; }
   ShardCounters& counters() { return counters_; }
 
  private:
-  kj::Promise<void> wait_for_step(int64_t step);
+  // Per-tensor sums for the current sync step.
+  struct SyncSlot {
+    std::vector<float> sum;        // written on the tensor's strand
+    uint32_t count = 0;            // the rest on the event loop
+    std::vector<int> contributors;
+    bool complete = false;
+  };
+
+  kj::Promise<void> read_tensors(std::vector<StoredTensor*> tensors, wire::Shard::PullResults::Builder results);
+  kj::Promise<void> run_on(StoredTensor* t, std::function<void()> fn);
+  wire::PushStatus offer_sync(StoredTensor* t, int worker, std::span<const float> g, kj::Vector<kj::Promise<void>>& work);
+  void commit_sync_step();
+  uint64_t trainable_count() const;
 
   ShardOptions options_;
   ComputePool& pool_;
   TensorStore store_;
   ShardCounters counters_;
-  int64_t global_step_ = 0;
-  std::multimap<int64_t, kj::Own<kj::PromiseFulfiller<void>>> step_waiters_;
+  JobState job_;
+  std::unordered_map<StoredTensor*, SyncSlot> sync_;
+  uint64_t complete_tensors_ = 0;
+  kj::TaskSet tasks_;  // sync-step applies nobody waits for
 };
+
+JobConfig job_from_wire(wire::JobConfig::Reader in);
+void job_to_wire(const JobConfig& c, wire::JobConfig::Builder out);
 
 }  // namespace ps

@@ -6,20 +6,28 @@
 
 namespace ps {
 
-ShardServiceImpl::ShardServiceImpl(Shard& shard, std::string peer) : shard_(shard), peer_(std::move(peer)) {
+ShardServiceImpl::ShardServiceImpl(Shard& shard, std::string peer) : shard_(shard) {
+  caller_.peer = std::move(peer);
   ++shard_.counters().connections;
 }
 
 ShardServiceImpl::~ShardServiceImpl() {
   --shard_.counters().connections;
-  spdlog::debug("connection from {} closed", peer_);
+  if (said_hello_) {
+    if (caller_.worker_index >= 0) spdlog::info("worker {} ({}) disconnected", caller_.worker_index, caller_.peer);
+    shard_.goodbye(caller_);
+  }
+}
+
+void ShardServiceImpl::require_hello(const char* what) const {
+  if (!said_hello_) throw RequestError(std::string(what) + ": say hello first");
 }
 
 template <typename F>
 kj::Promise<void> ShardServiceImpl::guarded(const char* what, F&& handler) {
   auto reject = [this, what](const char* message) {
     ++shard_.counters().rejected;
-    spdlog::info("refused {} from {}: {}", what, peer_, message);
+    spdlog::info("refused {} from {}: {}", what, caller_.peer, message);
     return kj::Promise<void>(kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__, kj::str(message)));
   };
   try {
@@ -42,10 +50,17 @@ kj::Promise<void> ShardServiceImpl::hello(HelloContext context) {
                          ", this psd speaks " + std::to_string(wire::K_PROTOCOL_VERSION) +
                          "; use a libpsclient and psd from the same release");
     }
-    worker_index_ = params.getWorkerIndex();
+    if (said_hello_) throw RequestError("hello: this connection already said hello");
+    Caller caller = caller_;
+    caller.worker_index = params.getWorkerIndex();
+    caller.is_chief = params.getIsChief();
+    shard_.hello(caller);  // throws for a bad index or a second chief
+    caller_ = caller;
     said_hello_ = true;
     shard_.info(context.getResults().initInfo());
-    spdlog::info("{} connected{}", peer_, worker_index_ >= 0 ? fmt::format(" as worker {}", worker_index_) : "");
+    spdlog::info("{} connected{}{}", caller_.peer,
+                 caller_.worker_index >= 0 ? fmt::format(" as worker {}", caller_.worker_index) : "",
+                 caller_.is_chief ? " (chief)" : "");
     return kj::READY_NOW;
   });
 }
@@ -58,11 +73,14 @@ kj::Promise<void> ShardServiceImpl::create(CreateContext context) {
 }
 
 kj::Promise<void> ShardServiceImpl::pull(PullContext context) {
-  return guarded("pull", [&] { return shard_.pull(context.getParams(), context.getResults()); });
+  return guarded("pull", [&] { return shard_.pull(caller_, context.getParams(), context.getResults()); });
 }
 
 kj::Promise<void> ShardServiceImpl::push(PushContext context) {
-  return guarded("push", [&] { return shard_.push(context.getParams(), context.getResults()); });
+  return guarded("push", [&] {
+    require_hello("push");
+    return shard_.push(caller_, context.getParams(), context.getResults());
+  });
 }
 
 kj::Promise<void> ShardServiceImpl::list(ListContext context) {
@@ -75,6 +93,64 @@ kj::Promise<void> ShardServiceImpl::list(ListContext context) {
 kj::Promise<void> ShardServiceImpl::stats(StatsContext context) {
   return guarded("stats", [&]() -> kj::Promise<void> {
     shard_.stats(context.getResults().initStats());
+    return kj::READY_NOW;
+  });
+}
+
+kj::Promise<void> ShardServiceImpl::initJob(InitJobContext context) {
+  return guarded("initJob", [&]() -> kj::Promise<void> {
+    require_hello("initJob");
+    shard_.init_job(context.getParams().getConfig());
+    shard_.info(context.getResults().initInfo());
+    return kj::READY_NOW;
+  });
+}
+
+kj::Promise<void> ShardServiceImpl::setReady(SetReadyContext) {
+  return guarded("setReady", [&]() -> kj::Promise<void> {
+    require_hello("setReady");
+    if (!caller_.is_chief) throw RequestError("setReady: only the chief marks the model ready");
+    shard_.job().set_ready();
+    return kj::READY_NOW;
+  });
+}
+
+kj::Promise<void> ShardServiceImpl::waitReady(WaitReadyContext context) {
+  return guarded("waitReady", [&]() -> kj::Promise<void> {
+    const uint32_t ms = std::min<uint32_t>(context.getParams().getTimeoutMs(), 3'600'000);
+    return shard_.job().wait_ready(ms * kj::MILLISECONDS).then([this, context](bool ready) mutable {
+      auto r = context.getResults();
+      r.setReady(ready);
+      r.setStep(shard_.job().global_step());
+      job_to_wire(shard_.job().config(), r.initJob());
+    });
+  });
+}
+
+kj::Promise<void> ShardServiceImpl::stepDone(StepDoneContext context) {
+  return guarded("stepDone", [&]() -> kj::Promise<void> {
+    require_hello("stepDone");
+    auto [step, stop] = shard_.step_done(caller_, context.getParams().getStep());
+    context.getResults().setGlobalStep(step);
+    context.getResults().setStop(stop);
+    return kj::READY_NOW;
+  });
+}
+
+kj::Promise<void> ShardServiceImpl::barrier(BarrierContext context) {
+  return guarded("barrier", [&]() -> kj::Promise<void> {
+    auto p = context.getParams();
+    const uint32_t ms = std::min<uint32_t>(p.getTimeoutMs(), 3'600'000);
+    return shard_.job().barrier(p.getName(), p.getCount(), ms * kj::MILLISECONDS).then([context](uint32_t n) mutable {
+      context.getResults().setArrived(n);
+    });
+  });
+}
+
+kj::Promise<void> ShardServiceImpl::finish(FinishContext) {
+  return guarded("finish", [&]() -> kj::Promise<void> {
+    require_hello("finish");
+    shard_.job().finish();
     return kj::READY_NOW;
   });
 }

@@ -20,15 +20,22 @@ class ShardServiceImpl final : public wire::Shard::Server {
   kj::Promise<void> push(PushContext context) override;
   kj::Promise<void> list(ListContext context) override;
   kj::Promise<void> stats(StatsContext context) override;
+  kj::Promise<void> initJob(InitJobContext context) override;
+  kj::Promise<void> setReady(SetReadyContext context) override;
+  kj::Promise<void> waitReady(WaitReadyContext context) override;
+  kj::Promise<void> stepDone(StepDoneContext context) override;
+  kj::Promise<void> barrier(BarrierContext context) override;
+  kj::Promise<void> finish(FinishContext context) override;
 
  private:
   // Runs a handler; a ps::Error becomes an RPC error carrying its message.
   template <typename F>
   kj::Promise<void> guarded(const char* what, F&& handler);
 
+  void require_hello(const char* what) const;
+
   Shard& shard_;
-  std::string peer_;
-  int worker_index_ = -1;
+  Caller caller_;
   bool said_hello_ = false;
 };
 

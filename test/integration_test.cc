@@ -35,7 +35,12 @@ TensorSpec sgd_tensor(std::string name, std::vector<uint64_t> shape, InitConfig 
 
 // A raw Cap'n Proto connection, to send what libpsclient would refuse to.
 struct RawClient {
-  explicit RawClient(const PsdProcess& psd) : rpc(psd.address()), shard(rpc.getMain<wire::Shard>()) {}
+  explicit RawClient(const PsdProcess& psd) : rpc(psd.address()), shard(rpc.getMain<wire::Shard>()) {
+    auto req = shard.helloRequest();
+    req.setProtocolVersion(wire::K_PROTOCOL_VERSION);
+    req.setWorkerIndex(-1);
+    req.send().wait(ws());
+  }
   capnp::EzRpcClient rpc;
   wire::Shard::Client shard;
   kj::WaitScope& ws() { return rpc.getWaitScope(); }

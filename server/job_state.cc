@@ -1,0 +1,174 @@
+#include "job_state.h"
+
+#include <algorithm>
+#include <limits>
+
+#include <spdlog/spdlog.h>
+
+#include "ps/errors.h"
+
+namespace ps {
+
+std::string to_string(const JobConfig& c) {
+  switch (c.mode) {
+    case SyncMode::kAsync: return "async";
+    case SyncMode::kSync:
+      return "sync (aggregate " + std::to_string(c.replicas_to_aggregate) + " of " + std::to_string(c.total_replicas) + ")";
+    case SyncMode::kBoundedStaleness: return "bounded staleness " + std::to_string(c.max_staleness);
+  }
+  return "?";
+}
+
+void JobState::configure(const JobConfig& config) {
+  if (config.mode == SyncMode::kSync && config.replicas_to_aggregate == 0) {
+    throw RequestError("initJob: sync mode needs replicas_to_aggregate >= 1");
+  }
+  if (config.total_replicas > 0 && config.replicas_to_aggregate > config.total_replicas) {
+    throw RequestError("initJob: replicas_to_aggregate " + std::to_string(config.replicas_to_aggregate) +
+                       " exceeds the job's " + std::to_string(config.total_replicas) + " workers");
+  }
+  if (configured_) {
+    if (!(config == config_)) {
+      throw RequestError("initJob: the job is already configured as " + to_string(config_) + ", not " + to_string(config));
+    }
+    return;
+  }
+  for (const auto& [index, w] : workers_) {
+    if (config.total_replicas > 0 && index >= static_cast<int>(config.total_replicas) && w.connections > 0) {
+      throw RequestError("initJob: worker " + std::to_string(index) + " is connected but the job has only " +
+                         std::to_string(config.total_replicas) + " workers");
+    }
+  }
+  config_ = config;
+  configured_ = true;
+  spdlog::info("job configured: {}{}", to_string(config_),
+               config_.train_steps > 0 ? ", stop at step " + std::to_string(config_.train_steps) : "");
+}
+
+void JobState::check_worker(int worker_index) const {
+  if (worker_index < -1) throw RequestError("worker index " + std::to_string(worker_index) + " is invalid");
+  if (configured_ && config_.total_replicas > 0 && worker_index >= static_cast<int>(config_.total_replicas)) {
+    throw RequestError("worker index " + std::to_string(worker_index) + " is outside the job's " +
+                       std::to_string(config_.total_replicas) + " workers (0.." +
+                       std::to_string(config_.total_replicas - 1) + ")");
+  }
+}
+
+void JobState::connect(int worker_index, bool is_chief, const std::string& peer) {
+  check_worker(worker_index);
+  if (is_chief) {
+    if (chief_) {
+      throw RequestError("a chief (worker " + std::to_string(*chief_) + ") is already connected; " + peer +
+                         " cannot be a second chief");
+    }
+    chief_ = worker_index;
+  }
+  if (worker_index >= 0) ++workers_[worker_index].connections;
+  recheck_staleness_waiters();
+}
+
+void JobState::disconnect(int worker_index, bool is_chief) {
+  if (is_chief) chief_.reset();
+  if (worker_index >= 0) {
+    auto it = workers_.find(worker_index);
+    if (it != workers_.end() && it->second.connections > 0) --it->second.connections;
+  }
+  // A departed worker no longer holds back bounded-staleness waiters.
+  recheck_staleness_waiters();
+  maybe_done();
+}
+
+int JobState::live_workers() const {
+  int n = 0;
+  for (const auto& [i, w] : workers_) n += w.connections > 0;
+  return n;
+}
+
+int64_t JobState::slowest_live_step() const {
+  int64_t slowest = std::numeric_limits<int64_t>::max();
+  for (const auto& [i, w] : workers_) {
+    if (w.connections > 0) slowest = std::min(slowest, w.step);
+  }
+  return slowest == std::numeric_limits<int64_t>::max() ? 0 : slowest;
+}
+
+kj::Promise<void> JobState::wait_for_staleness(int64_t step) {
+  if (config_.mode != SyncMode::kBoundedStaleness) return kj::READY_NOW;
+  if (step - slowest_live_step() <= static_cast<int64_t>(config_.max_staleness)) return kj::READY_NOW;
+  ++staleness_waits_;
+  auto paf = kj::newPromiseAndFulfiller<void>();
+  staleness_waiters_.emplace(step, kj::mv(paf.fulfiller));
+  return kj::mv(paf.promise);
+}
+
+void JobState::recheck_staleness_waiters() {
+  const int64_t limit = slowest_live_step() + static_cast<int64_t>(config_.max_staleness);
+  while (!staleness_waiters_.empty() && staleness_waiters_.begin()->first <= limit) {
+    staleness_waiters_.begin()->second->fulfill();
+    staleness_waiters_.erase(staleness_waiters_.begin());
+  }
+}
+
+void JobState::advance_step() {
+  ++global_step_;
+  while (!step_waiters_.empty() && step_waiters_.begin()->first <= global_step_) {
+    step_waiters_.begin()->second->fulfill();
+    step_waiters_.erase(step_waiters_.begin());
+  }
+  recheck_staleness_waiters();
+}
+
+kj::Promise<void> JobState::wait_for_step(int64_t step) {
+  if (step <= global_step_) return kj::READY_NOW;
+  auto paf = kj::newPromiseAndFulfiller<void>();
+  step_waiters_.emplace(step, kj::mv(paf.fulfiller));
+  return kj::mv(paf.promise);
+}
+
+void JobState::set_ready() {
+  if (!ready_) spdlog::info("model initialised by the chief; releasing waiting workers");
+  ready_ = true;
+  for (auto& f : ready_waiters_) f->fulfill(true);
+  ready_waiters_.clear();
+}
+
+kj::Promise<bool> JobState::wait_ready(kj::Duration timeout) {
+  if (ready_) return true;
+  auto paf = kj::newPromiseAndFulfiller<bool>();
+  ready_waiters_.push_back(kj::mv(paf.fulfiller));
+  return paf.promise.exclusiveJoin(timer_.afterDelay(timeout).then([] { return false; }));
+}
+
+kj::Promise<uint32_t> JobState::barrier(const std::string& name, uint32_t count, kj::Duration timeout) {
+  if (count == 0) throw RequestError("barrier '" + name + "': count must be >= 1");
+  Barrier& b = barriers_[name];
+  ++b.arrived;
+  if (b.arrived >= count) {
+    const uint32_t arrived = b.arrived;
+    for (auto& f : b.waiting) f->fulfill(kj::cp(arrived));
+    barriers_.erase(name);
+    return arrived;
+  }
+  auto paf = kj::newPromiseAndFulfiller<uint32_t>();
+  b.waiting.push_back(kj::mv(paf.fulfiller));
+  return paf.promise.exclusiveJoin(timer_.afterDelay(timeout).then([name, count]() -> kj::Promise<uint32_t> {
+    return kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__,
+                         kj::str("barrier '", name.c_str(), "' timed out waiting for ", count, " workers"));
+  }));
+}
+
+void JobState::finish() {
+  if (!finished_) spdlog::info("job finished at global step {}; exiting once workers disconnect", global_step_);
+  finished_ = true;
+  maybe_done();
+}
+
+void JobState::maybe_done() {
+  if (finished_ && live_workers() == 0 && on_done_) {
+    auto cb = std::move(on_done_);
+    on_done_ = nullptr;
+    cb();
+  }
+}
+
+}  // namespace ps

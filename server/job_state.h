@@ -1,0 +1,109 @@
+// The training job as one shard sees it: mode (async / sync / bounded
+// staleness), the global step, which workers are connected and how far each
+// has got, the chief's "model ready" flag, barriers and the end of the job.
+// Lives on the KJ event-loop thread; nothing here is thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <kj/async.h>
+#include <kj/timer.h>
+
+namespace ps {
+
+enum class SyncMode { kAsync, kSync, kBoundedStaleness };
+
+struct JobConfig {
+  SyncMode mode = SyncMode::kAsync;
+  uint32_t replicas_to_aggregate = 0;  // sync
+  uint32_t total_replicas = 0;         // workers in the job; 0 = not checked
+  uint32_t max_staleness = 0;          // bounded staleness
+  int64_t train_steps = 0;             // 0 = no stop condition
+  bool operator==(const JobConfig&) const = default;
+};
+
+std::string to_string(const JobConfig& c);
+
+struct WorkerRecord {
+  int64_t step = 0;       // steps completed (stepDone) or the step last pushed at
+  int connections = 0;    // live connections that said hello with this index
+  uint64_t pushes = 0;
+  uint64_t stale = 0;
+};
+
+class JobState {
+ public:
+  explicit JobState(kj::Timer& timer) : timer_(timer) {}
+
+  // Throws RequestError when a different configuration is already set.
+  void configure(const JobConfig& config);
+  bool configured() const { return configured_; }
+  const JobConfig& config() const { return config_; }
+
+  // Connection bookkeeping. Throws RequestError for an index outside the job
+  // or a second live chief.
+  void connect(int worker_index, bool is_chief, const std::string& peer);
+  void disconnect(int worker_index, bool is_chief);
+  void check_worker(int worker_index) const;
+  const std::map<int, WorkerRecord>& workers() const { return workers_; }
+  WorkerRecord& worker(int worker_index) { return workers_[worker_index]; }
+  int live_workers() const;
+
+  // The smallest step among connected workers (bounded staleness).
+  int64_t slowest_live_step() const;
+  // Resolves once `step - slowest_live_step() <= max_staleness`.
+  kj::Promise<void> wait_for_staleness(int64_t step);
+  uint64_t staleness_waits() const { return staleness_waits_; }
+  void record_staleness(int64_t age) { max_staleness_seen_ = std::max(max_staleness_seen_, age); }
+  int64_t max_staleness_seen() const { return max_staleness_seen_; }
+
+  int64_t global_step() const { return global_step_; }
+  void advance_step();  // releases the pulls waiting for the new step
+  // A worker reported progress: bounded-staleness waiters may go on.
+  void worker_progressed() { recheck_staleness_waiters(); }
+  kj::Promise<void> wait_for_step(int64_t step);
+  bool stop_reached() const { return config_.train_steps > 0 && global_step_ >= config_.train_steps; }
+
+  void set_ready();
+  bool ready() const { return ready_; }
+  // Resolves with true once ready, or false after `timeout`.
+  kj::Promise<bool> wait_ready(kj::Duration timeout);
+
+  kj::Promise<uint32_t> barrier(const std::string& name, uint32_t count, kj::Duration timeout);
+
+  void finish();
+  bool finished() const { return finished_; }
+  // Called once the job is finished and no worker is connected any more.
+  void on_done(std::function<void()> callback) { on_done_ = std::move(callback); }
+
+ private:
+  void recheck_staleness_waiters();
+  void maybe_done();
+
+  kj::Timer& timer_;
+  bool configured_ = false;
+  JobConfig config_;
+  int64_t global_step_ = 0;
+  bool ready_ = false;
+  bool finished_ = false;
+  std::optional<int> chief_;
+  std::map<int, WorkerRecord> workers_;
+  std::multimap<int64_t, kj::Own<kj::PromiseFulfiller<void>>> step_waiters_;
+  std::multimap<int64_t, kj::Own<kj::PromiseFulfiller<void>>> staleness_waiters_;
+  std::vector<kj::Own<kj::PromiseFulfiller<bool>>> ready_waiters_;
+  struct Barrier {
+    uint32_t arrived = 0;
+    std::vector<kj::Own<kj::PromiseFulfiller<uint32_t>>> waiting;
+  };
+  std::map<std::string, Barrier> barriers_;
+  uint64_t staleness_waits_ = 0;
+  int64_t max_staleness_seen_ = 0;
+  std::function<void()> on_done_;
+};
+
+}  // namespace ps

@@ -1,6 +1,7 @@
 // Shape, layout, parameter init, the validating wrappers of MlpEngine and the
 // engine factories.
 #include <cmath>
+#include <cstdlib>
 #include <random>
 
 #include <fmt/format.h>
@@ -209,7 +210,13 @@ int cuda_device_count() {
 }
 
 std::unique_ptr<MlpEngine> make_cpu_engine(const MlpShape& shape, const EngineOptions& options) {
-  return detail::new_cpu_engine(shape, options);
+#if PS_HAVE_CPU_AVX2
+  // PS_CPU_BASELINE=1 forces the baseline build (tests, comparisons).
+  const char* baseline = std::getenv("PS_CPU_BASELINE");
+  if (!(baseline && *baseline == '1') && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    return detail::new_cpu_engine_avx2(shape, options);
+#endif
+  return detail::new_cpu_engine_baseline(shape, options);
 }
 
 std::unique_ptr<MlpEngine> make_cuda_engine(const MlpShape& shape, const EngineOptions& options) {

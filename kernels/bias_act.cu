@@ -14,10 +14,12 @@ __device__ __forceinline__ float activate(float v, int act) {
   return v;
 }
 
-// y (B, OC) = act(y + bias); one thread per element, grid-stride.
-__global__ void bias_act_forward_kernel(float* y, const float* __restrict__ bias, size_t n, int OC, int act) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+// y (B, OC) = act(y + bias); one thread per element, grid-stride. Index is
+// 32-bit whenever B * OC allows: the column (i % OC) costs far less then.
+template <typename Index>
+__global__ void bias_act_forward_kernel(float* y, const float* __restrict__ bias, Index n, Index OC, int act) {
+  for (Index i = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<Index>(gridDim.x) * blockDim.x) {
     y[i] = activate(y[i] + bias[i % OC], act);
   }
 }
@@ -36,6 +38,7 @@ __global__ void act_backward_partial_kernel(float* dz, const float* __restrict__
   const int row_end = min(B, row_begin + rows_per_block);
   float sum = 0.0f;
   if (col < OC) {
+#pragma unroll 4
     for (int r = row_begin + threadIdx.y; r < row_end; r += kTileRows) {
       const size_t i = static_cast<size_t>(r) * OC + col;
       float g = dz[i];
@@ -77,14 +80,18 @@ void bias_act_forward(float* y, const float* bias, int B, int OC, Act act, cudaS
   if (n == 0) return;
   const int block = 256;
   const int grid = static_cast<int>(std::min<size_t>((n + block - 1) / block, 65536));
-  bias_act_forward_kernel<<<grid, block, 0, stream>>>(y, bias, n, OC, act);
+  if (n < (1u << 31)) {
+    bias_act_forward_kernel<unsigned><<<grid, block, 0, stream>>>(y, bias, static_cast<unsigned>(n), OC, act);
+  } else {
+    bias_act_forward_kernel<size_t><<<grid, block, 0, stream>>>(y, bias, n, static_cast<size_t>(OC), act);
+  }
   cudaCheck(cudaGetLastError());
 }
 
 int bias_grad_partial_rows(int B, int OC, int sm_count) {
-  // Enough blocks to fill the GPU a few times over, at least 32 rows each.
+  // Enough blocks to fill the GPU several times over, at least 32 rows each.
   const int col_tiles = ceil_div(OC, kTileCols);
-  int rows = std::min(ceil_div(B, 32), std::max(1, 4 * sm_count / col_tiles));
+  int rows = std::min(ceil_div(B, 32), std::max(1, 8 * sm_count / col_tiles));
   rows = std::clamp(rows, 1, kMaxBiasGradPartialRows);
   const int rows_per_block = ceil_div(B, rows);
   return ceil_div(B, rows_per_block);

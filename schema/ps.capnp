@@ -86,6 +86,8 @@ struct TensorSpec {
   init @3 :Initializer;
   trainable @4 :Bool = true;   # counted by sync mode's step barrier
   part @5 :PartInfo;           # set when this tensor is a chunk of another
+  slots @6 :List(Data);        # restore: optimizer slots (float32 each), in the optimizer's order
+  version @7 :UInt64;          # restore: updates already applied
 }
 
 struct TensorMeta {
@@ -146,6 +148,9 @@ struct WorkerState {
   connected @2 :Bool;
   pushes @3 :UInt64;
   stale @4 :UInt64;        # its gradients dropped as stale
+  loss @5 :Float32;        # from its last report
+  samplesPerSec @6 :Float32;
+  peer @7 :Text;
 }
 
 struct ShardStats {
@@ -164,6 +169,10 @@ struct ShardStats {
   maxStaleness @12 :Int64;      # bounded staleness: largest (worker step - slowest live step) seen at a push
   stepsApplied @13 :UInt64;     # sync: aggregated updates applied
   finished @14 :Bool;
+  bytesIn @15 :UInt64;
+  bytesOut @16 :UInt64;
+  lastCheckpointStep @17 :Int64;   # -1: none yet
+  lastCheckpointUnixSecs @18 :Float64;
 }
 
 interface Shard {
@@ -180,9 +189,11 @@ interface Shard {
   # Values of the named tensors, all read at one global step `step`
   # (>= minStep: the call waits until the shard reaches minStep).
 
-  push @3 (grads :List(Gradient), step :Int64)
+  push @3 (grads :List(Gradient), step :Int64, requestId :UInt64)
        -> (status :List(PushStatus), step :Int64);
   # step: the global step the worker's parameters were pulled at (sync mode).
+  # requestId (nonzero, unique per worker): a retried push with an id the
+  # shard has already applied is answered again without being applied twice.
 
   list @4 () -> (tensors :List(TensorMeta));
   stats @5 () -> (stats :ShardStats);
@@ -208,4 +219,13 @@ interface Shard {
   finish @11 ();
   # The job is over: psd exits once its workers have disconnected (when
   # started with --exit_when_done, the default).
+
+  report @12 (step :Int64, loss :Float32, accuracy :Float32, samplesPerSec :Float32,
+              learningRate :Float32) -> ();
+  # A worker's training progress, for psd's metrics and status page.
+
+  checkpoint @13 (step :Int64) -> (path :Text, step :Int64);
+  # Writes a checkpoint now. With step >= 0 (sync mode) it is taken exactly
+  # at that global step: the call waits for the step and holds the next one
+  # until written, so all shards save the same step.
 }

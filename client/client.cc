@@ -92,6 +92,24 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     }));
   }
 
+  // Sends one request to every shard (make(shard) builds and sends it) and
+  // folds the replies with on_reply(shard index, reply) into a T.
+  template <typename T, typename Make, typename OnReply>
+  std::future<T> on_every_shard(Make make, OnReply on_reply, std::string context) {
+    return submit<T>(
+        [this, make, on_reply] {
+          auto acc = kj::heap<T>();
+          kj::Vector<kj::Promise<void>> calls;
+          for (auto& s : shards) {
+            calls.add(make(*s).then([index = s->index, on_reply, acc = acc.get()](auto&& reply) mutable {
+              on_reply(*acc, index, reply);
+            }));
+          }
+          return kj::joinPromises(calls.releaseAsArray()).then([acc = kj::mv(acc)]() mutable { return std::move(*acc); });
+        },
+        std::move(context));
+  }
+
   std::vector<ShardBatch> plan(const std::vector<std::string>& names) {
     std::lock_guard lock(placement_mutex);
     return plan_batches(placement, names, max_batch_bytes);
@@ -116,7 +134,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
           for (std::size_t i = 0; i < options.ps_hosts.size(); ++i) {
             auto hello_deadline = options.connect_timeout + std::chrono::milliseconds(5000);
             auto p = connect_shard(loop.io(), static_cast<int>(i), options.ps_hosts[i], options.connect_timeout,
-                                   options.worker_index)
+                                   options.worker_index, options.is_chief)
                          .exclusiveJoin(loop.io().provider->getTimer().afterDelay(hello_deadline.count() * kj::MILLISECONDS)
                                             .then([host = options.ps_hosts[i]]() -> kj::Promise<kj::Own<ShardConnection>> {
                                               return disconnected("psd at " + host + " accepted but did not answer hello");
@@ -137,6 +155,11 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
       for (std::size_t i = 0; i < o.errors.size(); ++i) msg += (i ? "; " : "") + o.errors[i];
       throw ConnectionError(msg);
     }
+    {
+      std::lock_guard lock(job_mutex);
+      job = shards[0]->job;
+      job_mode = job.mode;
+    }
     uint64_t smallest = std::numeric_limits<uint64_t>::max();
     for (auto& s : shards) smallest = std::min(smallest, s->max_message_bytes);
     if (smallest <= kMessageSlack + sizeof(float)) throw ConfigError("psd's message size limit is too small");
@@ -148,7 +171,72 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     }
   }
 
+  // A pull in flight: which batches, where their values go, and the step
+  // and versions each batch was read at.
+  struct PullState {
+    std::vector<ShardBatch> batches;
+    std::vector<std::span<float>> out;
+    std::vector<int64_t> steps;
+    std::vector<std::vector<uint64_t>> versions;
+  };
+
+  // Pulls the given batches (waiting for min_step). In sync mode all parts
+  // must come from one global step: batches read at an older step than the
+  // newest are read again at that step, so a worker never trains on a mix.
+  kj::Promise<void> pull_round(PullState& st, std::vector<std::size_t> which, int64_t min_step, int round) {
+    kj::Vector<kj::Promise<void>> calls;
+    for (std::size_t b : which) {
+      const ShardBatch& batch = st.batches[b];
+      auto req = shards[batch.shard]->shard.pullRequest();
+      auto names_out = req.initNames(static_cast<unsigned>(batch.parts.size()));
+      for (unsigned i = 0; i < batch.parts.size(); ++i) names_out.set(i, batch.parts[i].part.stored_name);
+      req.setMinStep(min_step);
+      calls.add(req.send().then([&st, b](capnp::Response<wire::Shard::PullResults>&& reply) {
+        const ShardBatch& batch = st.batches[b];
+        auto tensors = reply.getTensors();
+        if (tensors.size() != batch.parts.size()) {
+          throw RequestError("shard answered " + std::to_string(tensors.size()) + " tensors for " +
+                             std::to_string(batch.parts.size()));
+        }
+        st.versions[b].resize(tensors.size());
+        for (unsigned i = 0; i < tensors.size(); ++i) {
+          const PartRef& ref = batch.parts[i];
+          auto data = tensors[i].getValues();
+          if (data.size() != ref.part.count * sizeof(float)) {
+            throw RequestError("'" + ref.part.stored_name + "' came back with " + std::to_string(data.size()) +
+                               " bytes, expected " + std::to_string(ref.part.count * sizeof(float)) +
+                               " (was it created with another shape or chunk size?)");
+          }
+          std::memcpy(st.out[ref.tensor].data() + ref.part.offset, data.begin(), data.size());
+          st.versions[b][i] = tensors[i].getVersion();
+        }
+        st.steps[b] = reply.getStep();
+      }));
+    }
+    return kj::joinPromises(calls.releaseAsArray()).then([this, &st, round]() -> kj::Promise<void> {
+      if (job_mode.load() != SyncMode::kSync || st.steps.empty()) return kj::READY_NOW;
+      const int64_t newest = *std::max_element(st.steps.begin(), st.steps.end());
+      std::vector<std::size_t> behind;
+      for (std::size_t b = 0; b < st.steps.size(); ++b) {
+        if (st.steps[b] < newest) behind.push_back(b);
+      }
+      if (behind.empty()) return kj::READY_NOW;
+      if (round >= 16) throw RequestError("shards kept moving to new steps; could not read one consistent step");
+      return pull_round(st, std::move(behind), newest, round + 1);
+    });
+  }
+
+  void learn_job(wire::JobConfig::Reader job) {
+    JobConfig c = job_from_wire(job);
+    std::lock_guard lock(job_mutex);
+    this->job = c;
+    job_mode = c.mode;
+  }
+
   ClientOptions options;
+  std::mutex job_mutex;
+  JobConfig job;
+  std::atomic<SyncMode> job_mode{SyncMode::kAsync};
   std::mutex placement_mutex;
   Placement placement;
   uint64_t max_batch_bytes = 64u << 20;
@@ -240,39 +328,26 @@ std::future<PullResult> Client::pull_async(std::vector<std::string> names, std::
   auto batches = impl_->plan(names);
   return impl_->submit<PullResult>(
       [this, batches = std::move(batches), out = std::move(out), n = names.size(), min_step]() mutable {
-        auto result = kj::heap<PullResult>();
-        result->versions.assign(n, std::numeric_limits<uint64_t>::max());
-        result->step = std::numeric_limits<int64_t>::max();
-        kj::Vector<kj::Promise<void>> calls;
-        for (auto& b : batches) {
-          auto req = impl_->shards[b.shard]->shard.pullRequest();
-          auto names_out = req.initNames(static_cast<unsigned>(b.parts.size()));
-          for (unsigned i = 0; i < b.parts.size(); ++i) names_out.set(i, b.parts[i].part.stored_name);
-          req.setMinStep(min_step);
-          calls.add(req.send().then([batch = kj::mv(b), out, res = result.get()](
-                                        capnp::Response<wire::Shard::PullResults>&& reply) {
-            auto tensors = reply.getTensors();
-            if (tensors.size() != batch.parts.size()) {
-              throw RequestError("pull: shard answered " + std::to_string(tensors.size()) + " tensors for " +
-                                 std::to_string(batch.parts.size()));
+        auto state = kj::heap<Impl::PullState>();
+        state->batches = std::move(batches);
+        state->out = std::move(out);
+        state->steps.assign(state->batches.size(), 0);
+        state->versions.resize(state->batches.size());
+        std::vector<std::size_t> all(state->batches.size());
+        for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+        auto* raw = state.get();
+        return impl_->pull_round(*raw, std::move(all), min_step, 0).then([state = kj::mv(state), n]() mutable {
+          PullResult result;
+          result.versions.assign(n, std::numeric_limits<uint64_t>::max());
+          result.step = state->steps.empty() ? 0 : state->steps[0];
+          for (std::size_t b = 0; b < state->batches.size(); ++b) {
+            result.step = std::min(result.step, state->steps[b]);
+            for (std::size_t i = 0; i < state->batches[b].parts.size(); ++i) {
+              auto& v = result.versions[state->batches[b].parts[i].tensor];
+              v = std::min(v, state->versions[b][i]);
             }
-            for (unsigned i = 0; i < tensors.size(); ++i) {
-              const PartRef& ref = batch.parts[i];
-              auto data = tensors[i].getValues();
-              if (data.size() != ref.part.count * sizeof(float)) {
-                throw RequestError("pull: '" + ref.part.stored_name + "' came back with " + std::to_string(data.size()) +
-                                   " bytes, expected " + std::to_string(ref.part.count * sizeof(float)) +
-                                   " (was it created with another shape or chunk size?)");
-              }
-              std::memcpy(out[ref.tensor].data() + ref.part.offset, data.begin(), data.size());
-              res->versions[ref.tensor] = std::min(res->versions[ref.tensor], tensors[i].getVersion());
-            }
-            res->step = std::min(res->step, reply.getStep());
-          }));
-        }
-        return kj::joinPromises(calls.releaseAsArray()).then([result = kj::mv(result)]() mutable {
-          if (result->step == std::numeric_limits<int64_t>::max()) result->step = 0;
-          return std::move(*result);
+          }
+          return result;
         });
       },
       "pull: ");
@@ -422,6 +497,16 @@ std::vector<ShardStats> Client::stats() {
                             o.stale_gradients = st.getStaleGradients();
                             o.global_step = st.getGlobalStep();
                             o.connections = st.getConnections();
+                            o.job = job_from_wire(st.getJob());
+                            o.ready = st.getReady();
+                            o.finished = st.getFinished();
+                            o.steps_applied = st.getStepsApplied();
+                            o.staleness_waits = st.getStalenessWaits();
+                            o.max_staleness = st.getMaxStaleness();
+                            for (auto w : st.getWorkers()) {
+                              o.workers.push_back({w.getWorkerIndex(), w.getStep(), w.getConnected(), w.getPushes(),
+                                                   w.getStale()});
+                            }
                           }));
                     }
                     return kj::joinPromises(calls.releaseAsArray()).then([out = kj::mv(out)]() mutable {
@@ -431,6 +516,97 @@ std::vector<ShardStats> Client::stats() {
                   "stats: ")
       .get()
       .items;
+}
+
+JobConfig Client::job() const {
+  std::lock_guard lock(impl_->job_mutex);
+  return impl_->job;
+}
+
+namespace {
+struct Nothing {};
+}  // namespace
+
+void Client::init_job(const JobConfig& config) {
+  impl_->on_every_shard<Nothing>(
+            [config](ShardConnection& s) {
+              auto req = s.shard.initJobRequest();
+              job_to_wire(config, req.initConfig());
+              return req.send();
+            },
+            [this](Nothing&, int, capnp::Response<wire::Shard::InitJobResults>& reply) {
+              impl_->learn_job(reply.getInfo().getJob());
+            },
+            "initJob: ")
+      .get();
+}
+
+void Client::set_ready() {
+  impl_->on_every_shard<Nothing>([](ShardConnection& s) { return s.shard.setReadyRequest().send(); },
+                                 [](Nothing&, int, auto&) {}, "setReady: ")
+      .get();
+}
+
+bool Client::wait_ready(std::chrono::milliseconds timeout) {
+  struct Ready {
+    bool all = true;
+  };
+  const auto ms = static_cast<uint32_t>(std::clamp<int64_t>(timeout.count(), 0, 3'600'000));
+  return impl_
+      ->on_every_shard<Ready>(
+          [ms](ShardConnection& s) {
+            auto req = s.shard.waitReadyRequest();
+            req.setTimeoutMs(ms);
+            return req.send();
+          },
+          [this](Ready& r, int, capnp::Response<wire::Shard::WaitReadyResults>& reply) {
+            r.all = r.all && reply.getReady();
+            if (reply.getReady()) impl_->learn_job(reply.getJob());
+          },
+          "waitReady: ")
+      .get()
+      .all;
+}
+
+std::future<Client::StepDone> Client::step_done_async(int64_t local_step) {
+  return impl_->on_every_shard<StepDone>(
+      [local_step](ShardConnection& s) {
+        auto req = s.shard.stepDoneRequest();
+        req.setStep(local_step);
+        return req.send();
+      },
+      [](StepDone& d, int shard, capnp::Response<wire::Shard::StepDoneResults>& reply) {
+        if (shard == 0) d.global_step = reply.getGlobalStep();  // shard 0 holds the job's step, as TF's ps 0
+        d.stop = d.stop || reply.getStop();
+      },
+      "stepDone: ");
+}
+
+Client::StepDone Client::step_done(int64_t local_step) { return step_done_async(local_step).get(); }
+
+uint32_t Client::barrier(const std::string& name, uint32_t count, std::chrono::milliseconds timeout) {
+  struct Arrived {
+    uint32_t n = 0;
+  };
+  const auto ms = static_cast<uint32_t>(std::clamp<int64_t>(timeout.count(), 0, 3'600'000));
+  return impl_
+      ->submit<Arrived>(
+          [this, name, count, ms] {
+            auto req = impl_->shards[0]->shard.barrierRequest();
+            req.setName(name);
+            req.setCount(count);
+            req.setTimeoutMs(ms);
+            return req.send().then([](capnp::Response<wire::Shard::BarrierResults>&& r) { return Arrived{r.getArrived()}; });
+          },
+          "barrier: ")
+      .get()
+      .n;
+}
+
+void Client::finish() {
+  impl_->on_every_shard<Nothing>([](ShardConnection& s) { return s.shard.finishRequest().send(); },
+                                 [](Nothing&, int, auto&) {}, "finish: ")
+      .get();
 }
 
 }  // namespace ps

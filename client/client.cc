@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <optional>
 
 #include <capnp/orphan.h>
 #include <spdlog/spdlog.h>
@@ -81,6 +82,44 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
                               [result, context](kj::Exception&& e) { result->set_exception(translate(e, context)); }));
     });
     return future;
+  }
+
+  // Runs op() on the loop thread and waits for its result: one hand-over
+  // each way, where submit() plus future::get() costs three.
+  template <typename T, typename Op>
+  T call(Op op, const std::string& context) {
+    std::exception_ptr error;
+    std::optional<T> value;
+    try {
+      loop.run_sync([&]() -> kj::Promise<void> {
+        kj::Promise<T> promise = nullptr;
+        try {
+          promise = op();
+        } catch (...) {
+          error = std::current_exception();
+          return kj::READY_NOW;
+        }
+        return with_timeout(kj::mv(promise)).then([&](T&& v) { value.emplace(std::move(v)); },
+                                                  [&](kj::Exception&& e) { error = translate(e, context); });
+      });
+    } catch (const kj::Exception& e) {
+      error = translate(e, context);
+    }
+    if (error) std::rethrow_exception(error);
+    return std::move(*value);
+  }
+
+  // A future: ready at once when `blocking` (the caller waits anyway).
+  template <typename T, typename Op>
+  std::future<T> run(Op op, std::string context, bool blocking) {
+    if (!blocking) return submit<T>(std::move(op), std::move(context));
+    std::promise<T> p;
+    try {
+      p.set_value(call<T>(std::move(op), context));
+    } catch (...) {
+      p.set_exception(std::current_exception());
+    }
+    return p.get_future();
   }
 
   template <typename T>
@@ -316,6 +355,11 @@ void Client::create(const std::vector<TensorSpec>& specs) {
 
 std::future<PullResult> Client::pull_async(std::vector<std::string> names, std::vector<std::span<float>> out,
                                            int64_t min_step) {
+  return start_pull(std::move(names), std::move(out), min_step, false);
+}
+
+std::future<PullResult> Client::start_pull(std::vector<std::string> names, std::vector<std::span<float>> out,
+                                           int64_t min_step, bool blocking) {
   if (names.size() != out.size()) throw ConfigError("pull: " + std::to_string(names.size()) + " names but " +
                                                     std::to_string(out.size()) + " buffers");
   for (std::size_t i = 0; i < names.size(); ++i) {
@@ -326,7 +370,7 @@ std::future<PullResult> Client::pull_async(std::vector<std::string> names, std::
     }
   }
   auto batches = impl_->plan(names);
-  return impl_->submit<PullResult>(
+  return impl_->run<PullResult>(
       [this, batches = std::move(batches), out = std::move(out), n = names.size(), min_step]() mutable {
         auto state = kj::heap<Impl::PullState>();
         state->batches = std::move(batches);
@@ -350,12 +394,12 @@ std::future<PullResult> Client::pull_async(std::vector<std::string> names, std::
           return result;
         });
       },
-      "pull: ");
+      "pull: ", blocking);
 }
 
 PullResult Client::pull(const std::vector<std::string>& names, const std::vector<std::span<float>>& out,
                         int64_t min_step) {
-  return pull_async(names, out, min_step).get();
+  return start_pull(names, out, min_step, true).get();
 }
 
 uint64_t Client::pull(const std::string& name, std::span<float> out) {
@@ -370,6 +414,11 @@ std::vector<float> Client::pull(const std::string& name) {
 
 std::future<PushResult> Client::push_async(std::vector<std::string> names, std::vector<std::span<const float>> grads,
                                            int64_t step) {
+  return start_push(std::move(names), std::move(grads), step, false);
+}
+
+std::future<PushResult> Client::start_push(std::vector<std::string> names, std::vector<std::span<const float>> grads,
+                                           int64_t step, bool blocking) {
   if (names.size() != grads.size()) throw ConfigError("push: " + std::to_string(names.size()) + " names but " +
                                                       std::to_string(grads.size()) + " gradients");
   for (std::size_t i = 0; i < names.size(); ++i) {
@@ -380,7 +429,7 @@ std::future<PushResult> Client::push_async(std::vector<std::string> names, std::
     }
   }
   auto batches = impl_->plan(names);
-  return impl_->submit<PushResult>(
+  return impl_->run<PushResult>(
       [this, batches = std::move(batches), grads = std::move(grads), n = names.size(), step]() mutable {
         auto result = kj::heap<PushResult>();
         result->status.assign(n, PushStatus::kApplied);
@@ -415,12 +464,12 @@ std::future<PushResult> Client::push_async(std::vector<std::string> names, std::
           return std::move(*result);
         });
       },
-      "push: ");
+      "push: ", blocking);
 }
 
 PushResult Client::push(const std::vector<std::string>& names, const std::vector<std::span<const float>>& grads,
                         int64_t step) {
-  return push_async(names, grads, step).get();
+  return start_push(names, grads, step, true).get();
 }
 
 PushStatus Client::push(const std::string& name, std::span<const float> grad) {

@@ -158,6 +158,11 @@ class Client {
   Placement placement() const;
 
  private:
+  std::future<PullResult> start_pull(std::vector<std::string> names, std::vector<std::span<float>> out,
+                                     int64_t min_step, bool blocking);
+  std::future<PushResult> start_push(std::vector<std::string> names, std::vector<std::span<const float>> grads,
+                                     int64_t step, bool blocking);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -480,27 +480,17 @@ std::vector<TensorInfo> Client::list() {
   struct Collected {
     std::vector<std::pair<int, TensorInfo>> items;
   };
-  auto collected = impl_->submit<Collected>(
-                            [this] {
-                              auto out = kj::heap<Collected>();
-                              kj::Vector<kj::Promise<void>> calls;
-                              for (auto& s : impl_->shards) {
-                                int shard = s->index;
-                                calls.add(s->shard.listRequest().send().then(
-                                    [shard, out = out.get()](capnp::Response<wire::Shard::ListResults>&& reply) {
-                                      for (auto t : reply.getTensors()) {
-                                        TensorInfo info;
-                                        info.name = t.hasPart() ? t.getPart().getFullName() : t.getName();
-                                        info.shape = shape_from_wire(t.hasPart() ? t.getPart().getFullShape() : t.getShape());
-                                        info.version = t.getVersion();
-                                        info.optimizer = static_cast<OptimizerKind>(t.getOptimizer());
-                                        out->items.emplace_back(shard, std::move(info));
-                                      }
-                                    }));
+  auto collected = impl_->on_every_shard<Collected>(
+                            [](ShardConnection& s) { return s.shard.listRequest().send(); },
+                            [](Collected& out, int shard, capnp::Response<wire::Shard::ListResults>& reply) {
+                              for (auto t : reply.getTensors()) {
+                                TensorInfo info;
+                                info.name = t.hasPart() ? t.getPart().getFullName() : t.getName();
+                                info.shape = shape_from_wire(t.hasPart() ? t.getPart().getFullShape() : t.getShape());
+                                info.version = t.getVersion();
+                                info.optimizer = static_cast<OptimizerKind>(t.getOptimizer());
+                                out.items.emplace_back(shard, std::move(info));
                               }
-                              return kj::joinPromises(calls.releaseAsArray()).then([out = kj::mv(out)]() mutable {
-                                return std::move(*out);
-                              });
                             },
                             "list: ")
                        .get();
@@ -525,46 +515,38 @@ std::vector<ShardStats> Client::stats() {
   struct Collected {
     std::vector<ShardStats> items;
   };
-  return impl_->submit<Collected>(
-                  [this] {
-                    auto out = kj::heap<Collected>();
-                    out->items.resize(impl_->shards.size());
-                    kj::Vector<kj::Promise<void>> calls;
-                    for (auto& s : impl_->shards) {
-                      calls.add(s->shard.statsRequest().send().then(
-                          [shard = s->index, address = s->address, out = out.get()](
-                              capnp::Response<wire::Shard::StatsResults>&& reply) {
-                            auto st = reply.getStats();
-                            ShardStats& o = out->items[shard];
-                            o.shard = shard;
-                            o.address = address;
-                            o.tensors = st.getTensors();
-                            o.bytes = st.getBytes();
-                            o.pushes = st.getPushes();
-                            o.pulls = st.getPulls();
-                            o.rejected = st.getRejected();
-                            o.stale_gradients = st.getStaleGradients();
-                            o.global_step = st.getGlobalStep();
-                            o.connections = st.getConnections();
-                            o.job = job_from_wire(st.getJob());
-                            o.ready = st.getReady();
-                            o.finished = st.getFinished();
-                            o.steps_applied = st.getStepsApplied();
-                            o.staleness_waits = st.getStalenessWaits();
-                            o.max_staleness = st.getMaxStaleness();
-                            for (auto w : st.getWorkers()) {
-                              o.workers.push_back({w.getWorkerIndex(), w.getStep(), w.getConnected(), w.getPushes(),
-                                                   w.getStale()});
-                            }
-                          }));
-                    }
-                    return kj::joinPromises(calls.releaseAsArray()).then([out = kj::mv(out)]() mutable {
-                      return std::move(*out);
-                    });
-                  },
-                  "stats: ")
-      .get()
-      .items;
+  auto collected = impl_->on_every_shard<Collected>(
+                            [](ShardConnection& s) { return s.shard.statsRequest().send(); },
+                            [this](Collected& out, int shard, capnp::Response<wire::Shard::StatsResults>& reply) {
+                              auto st = reply.getStats();
+                              ShardStats o;
+                              o.shard = shard;
+                              o.address = impl_->options.ps_hosts[shard];
+                              o.tensors = st.getTensors();
+                              o.bytes = st.getBytes();
+                              o.pushes = st.getPushes();
+                              o.pulls = st.getPulls();
+                              o.rejected = st.getRejected();
+                              o.stale_gradients = st.getStaleGradients();
+                              o.global_step = st.getGlobalStep();
+                              o.connections = st.getConnections();
+                              o.job = job_from_wire(st.getJob());
+                              o.ready = st.getReady();
+                              o.finished = st.getFinished();
+                              o.steps_applied = st.getStepsApplied();
+                              o.staleness_waits = st.getStalenessWaits();
+                              o.max_staleness = st.getMaxStaleness();
+                              for (auto w : st.getWorkers()) {
+                                o.workers.push_back({w.getWorkerIndex(), w.getStep(), w.getConnected(), w.getPushes(),
+                                                     w.getStale()});
+                              }
+                              out.items.push_back(std::move(o));
+                            },
+                            "stats: ")
+                       .get();
+  std::sort(collected.items.begin(), collected.items.end(),
+            [](const ShardStats& a, const ShardStats& b) { return a.shard < b.shard; });
+  return collected.items;
 }
 
 JobConfig Client::job() const {

@@ -37,12 +37,12 @@ std::string peer_name(kj::AsyncIoStream& stream, const std::string& fallback) {
     if (addr.ss_family == AF_INET) {
       auto* in = reinterpret_cast<sockaddr_in*>(&addr);
       inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-      return std::string(host) + ":" + std::to_string(ntohs(in->sin_port));
+      return fmt::format("{}:{}", host, ntohs(in->sin_port));
     }
     if (addr.ss_family == AF_INET6) {
       auto* in = reinterpret_cast<sockaddr_in6*>(&addr);
       inet_ntop(AF_INET6, &in->sin6_addr, host, sizeof(host));
-      return "[" + std::string(host) + "]:" + std::to_string(ntohs(in->sin6_port));
+      return fmt::format("[{}]:{}", host, ntohs(in->sin6_port));
     }
   } catch (...) {
   }

@@ -114,6 +114,12 @@ class Client {
   std::vector<TensorInfo> list();
   std::vector<ShardStats> stats();
 
+  // Reports this worker's progress to every shard, for psd's /metrics and
+  // status page. Fire and forget: returns without waiting for the shards, and
+  // a failure is only logged (progress is advisory). Needs a worker index
+  // (ClientOptions::worker_index); calls on one Client reach each shard in order.
+  void report(int64_t step, float loss, float accuracy, float samples_per_sec, float learning_rate);
+
   int num_shards() const;
   const ClientOptions& options() const;
   // The placement of everything created or declared so far (a copy).

@@ -84,9 +84,12 @@ std::string status_json(const Shard& shard, const ProgressHistory& history, doub
   o += "],\"workers\":[";
   first = true;
   for (const auto& [i, w] : job.workers()) {
+    // lag: global step - worker step; null while the job's step is behind the
+    // worker's (async workers that push but never call stepDone).
+    const int64_t lag = job.global_step() - w.step;
     o += fmt::format("{}{{\"index\":{},\"connected\":{},\"peer\":{},\"step\":{},\"lag\":{},\"pushes\":{},\"stale\":{}",
-                     first ? "" : ",", i, w.connections > 0, quote(w.peer), w.step, job.global_step() - w.step,
-                     w.pushes, w.stale);
+                     first ? "" : ",", i, w.connections > 0, quote(w.peer), w.step,
+                     lag >= 0 ? std::to_string(lag) : "null", w.pushes, w.stale);
     if (w.report) {
       const WorkerReport& r = *w.report;
       o += fmt::format(",\"report\":{{\"step\":{},\"loss\":{},\"accuracy\":{},\"samples_per_sec\":{},"

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <optional>
 
 #include <capnp/orphan.h>
 #include <spdlog/spdlog.h>
@@ -83,6 +84,44 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     return future;
   }
 
+  // Runs op() on the loop thread and waits for its result: one hand-over
+  // each way, where submit() plus future::get() costs three.
+  template <typename T, typename Op>
+  T call(Op op, const std::string& context) {
+    std::exception_ptr error;
+    std::optional<T> value;
+    try {
+      loop.run_sync([&]() -> kj::Promise<void> {
+        kj::Promise<T> promise = nullptr;
+        try {
+          promise = op();
+        } catch (...) {
+          error = std::current_exception();
+          return kj::READY_NOW;
+        }
+        return with_timeout(kj::mv(promise)).then([&](T&& v) { value.emplace(std::move(v)); },
+                                                  [&](kj::Exception&& e) { error = translate(e, context); });
+      });
+    } catch (const kj::Exception& e) {
+      error = translate(e, context);
+    }
+    if (error) std::rethrow_exception(error);
+    return std::move(*value);
+  }
+
+  // A future: ready at once when `blocking` (the caller waits anyway).
+  template <typename T, typename Op>
+  std::future<T> run(Op op, std::string context, bool blocking) {
+    if (!blocking) return submit<T>(std::move(op), std::move(context));
+    std::promise<T> p;
+    try {
+      p.set_value(call<T>(std::move(op), context));
+    } catch (...) {
+      p.set_exception(std::current_exception());
+    }
+    return p.get_future();
+  }
+
   template <typename T>
   kj::Promise<T> with_timeout(kj::Promise<T> p) {
     if (options.call_timeout.count() <= 0) return p;
@@ -90,6 +129,24 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     return p.exclusiveJoin(loop.io().provider->getTimer().afterDelay(ms * kj::MILLISECONDS).then([ms]() -> kj::Promise<T> {
       return disconnected("no answer from psd within " + std::to_string(ms) + " ms (ClientOptions::call_timeout)");
     }));
+  }
+
+  // Sends one request to every shard (make(shard) builds and sends it) and
+  // folds the replies with on_reply(shard index, reply) into a T.
+  template <typename T, typename Make, typename OnReply>
+  std::future<T> on_every_shard(Make make, OnReply on_reply, std::string context) {
+    return submit<T>(
+        [this, make, on_reply] {
+          auto acc = kj::heap<T>();
+          kj::Vector<kj::Promise<void>> calls;
+          for (auto& s : shards) {
+            calls.add(make(*s).then([index = s->index, on_reply, acc = acc.get()](auto&& reply) mutable {
+              on_reply(*acc, index, reply);
+            }));
+          }
+          return kj::joinPromises(calls.releaseAsArray()).then([acc = kj::mv(acc)]() mutable { return std::move(*acc); });
+        },
+        std::move(context));
   }
 
   std::vector<ShardBatch> plan(const std::vector<std::string>& names) {
@@ -116,7 +173,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
           for (std::size_t i = 0; i < options.ps_hosts.size(); ++i) {
             auto hello_deadline = options.connect_timeout + std::chrono::milliseconds(5000);
             auto p = connect_shard(loop.io(), static_cast<int>(i), options.ps_hosts[i], options.connect_timeout,
-                                   options.worker_index)
+                                   options.worker_index, options.is_chief)
                          .exclusiveJoin(loop.io().provider->getTimer().afterDelay(hello_deadline.count() * kj::MILLISECONDS)
                                             .then([host = options.ps_hosts[i]]() -> kj::Promise<kj::Own<ShardConnection>> {
                                               return disconnected("psd at " + host + " accepted but did not answer hello");
@@ -137,6 +194,11 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
       for (std::size_t i = 0; i < o.errors.size(); ++i) msg += (i ? "; " : "") + o.errors[i];
       throw ConnectionError(msg);
     }
+    {
+      std::lock_guard lock(job_mutex);
+      job = shards[0]->job;
+      job_mode = job.mode;
+    }
     uint64_t smallest = std::numeric_limits<uint64_t>::max();
     for (auto& s : shards) smallest = std::min(smallest, s->max_message_bytes);
     if (smallest <= kMessageSlack + sizeof(float)) throw ConfigError("psd's message size limit is too small");
@@ -148,7 +210,72 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     }
   }
 
+  // A pull in flight: which batches, where their values go, and the step
+  // and versions each batch was read at.
+  struct PullState {
+    std::vector<ShardBatch> batches;
+    std::vector<std::span<float>> out;
+    std::vector<int64_t> steps;
+    std::vector<std::vector<uint64_t>> versions;
+  };
+
+  // Pulls the given batches (waiting for min_step). In sync mode all parts
+  // must come from one global step: batches read at an older step than the
+  // newest are read again at that step, so a worker never trains on a mix.
+  kj::Promise<void> pull_round(PullState& st, std::vector<std::size_t> which, int64_t min_step, int round) {
+    kj::Vector<kj::Promise<void>> calls;
+    for (std::size_t b : which) {
+      const ShardBatch& batch = st.batches[b];
+      auto req = shards[batch.shard]->shard.pullRequest();
+      auto names_out = req.initNames(static_cast<unsigned>(batch.parts.size()));
+      for (unsigned i = 0; i < batch.parts.size(); ++i) names_out.set(i, batch.parts[i].part.stored_name);
+      req.setMinStep(min_step);
+      calls.add(req.send().then([&st, b](capnp::Response<wire::Shard::PullResults>&& reply) {
+        const ShardBatch& batch = st.batches[b];
+        auto tensors = reply.getTensors();
+        if (tensors.size() != batch.parts.size()) {
+          throw RequestError("shard answered " + std::to_string(tensors.size()) + " tensors for " +
+                             std::to_string(batch.parts.size()));
+        }
+        st.versions[b].resize(tensors.size());
+        for (unsigned i = 0; i < tensors.size(); ++i) {
+          const PartRef& ref = batch.parts[i];
+          auto data = tensors[i].getValues();
+          if (data.size() != ref.part.count * sizeof(float)) {
+            throw RequestError("'" + ref.part.stored_name + "' came back with " + std::to_string(data.size()) +
+                               " bytes, expected " + std::to_string(ref.part.count * sizeof(float)) +
+                               " (was it created with another shape or chunk size?)");
+          }
+          std::memcpy(st.out[ref.tensor].data() + ref.part.offset, data.begin(), data.size());
+          st.versions[b][i] = tensors[i].getVersion();
+        }
+        st.steps[b] = reply.getStep();
+      }));
+    }
+    return kj::joinPromises(calls.releaseAsArray()).then([this, &st, round]() -> kj::Promise<void> {
+      if (job_mode.load() != SyncMode::kSync || st.steps.empty()) return kj::READY_NOW;
+      const int64_t newest = *std::max_element(st.steps.begin(), st.steps.end());
+      std::vector<std::size_t> behind;
+      for (std::size_t b = 0; b < st.steps.size(); ++b) {
+        if (st.steps[b] < newest) behind.push_back(b);
+      }
+      if (behind.empty()) return kj::READY_NOW;
+      if (round >= 16) throw RequestError("shards kept moving to new steps; could not read one consistent step");
+      return pull_round(st, std::move(behind), newest, round + 1);
+    });
+  }
+
+  void learn_job(wire::JobConfig::Reader job) {
+    JobConfig c = job_from_wire(job);
+    std::lock_guard lock(job_mutex);
+    this->job = c;
+    job_mode = c.mode;
+  }
+
   ClientOptions options;
+  std::mutex job_mutex;
+  JobConfig job;
+  std::atomic<SyncMode> job_mode{SyncMode::kAsync};
   std::mutex placement_mutex;
   Placement placement;
   uint64_t max_batch_bytes = 64u << 20;
@@ -228,6 +355,11 @@ void Client::create(const std::vector<TensorSpec>& specs) {
 
 std::future<PullResult> Client::pull_async(std::vector<std::string> names, std::vector<std::span<float>> out,
                                            int64_t min_step) {
+  return start_pull(std::move(names), std::move(out), min_step, false);
+}
+
+std::future<PullResult> Client::start_pull(std::vector<std::string> names, std::vector<std::span<float>> out,
+                                           int64_t min_step, bool blocking) {
   if (names.size() != out.size()) throw ConfigError("pull: " + std::to_string(names.size()) + " names but " +
                                                     std::to_string(out.size()) + " buffers");
   for (std::size_t i = 0; i < names.size(); ++i) {
@@ -238,49 +370,36 @@ std::future<PullResult> Client::pull_async(std::vector<std::string> names, std::
     }
   }
   auto batches = impl_->plan(names);
-  return impl_->submit<PullResult>(
+  return impl_->run<PullResult>(
       [this, batches = std::move(batches), out = std::move(out), n = names.size(), min_step]() mutable {
-        auto result = kj::heap<PullResult>();
-        result->versions.assign(n, std::numeric_limits<uint64_t>::max());
-        result->step = std::numeric_limits<int64_t>::max();
-        kj::Vector<kj::Promise<void>> calls;
-        for (auto& b : batches) {
-          auto req = impl_->shards[b.shard]->shard.pullRequest();
-          auto names_out = req.initNames(static_cast<unsigned>(b.parts.size()));
-          for (unsigned i = 0; i < b.parts.size(); ++i) names_out.set(i, b.parts[i].part.stored_name);
-          req.setMinStep(min_step);
-          calls.add(req.send().then([batch = kj::mv(b), out, res = result.get()](
-                                        capnp::Response<wire::Shard::PullResults>&& reply) {
-            auto tensors = reply.getTensors();
-            if (tensors.size() != batch.parts.size()) {
-              throw RequestError("pull: shard answered " + std::to_string(tensors.size()) + " tensors for " +
-                                 std::to_string(batch.parts.size()));
+        auto state = kj::heap<Impl::PullState>();
+        state->batches = std::move(batches);
+        state->out = std::move(out);
+        state->steps.assign(state->batches.size(), 0);
+        state->versions.resize(state->batches.size());
+        std::vector<std::size_t> all(state->batches.size());
+        for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+        auto* raw = state.get();
+        return impl_->pull_round(*raw, std::move(all), min_step, 0).then([state = kj::mv(state), n]() mutable {
+          PullResult result;
+          result.versions.assign(n, std::numeric_limits<uint64_t>::max());
+          result.step = state->steps.empty() ? 0 : state->steps[0];
+          for (std::size_t b = 0; b < state->batches.size(); ++b) {
+            result.step = std::min(result.step, state->steps[b]);
+            for (std::size_t i = 0; i < state->batches[b].parts.size(); ++i) {
+              auto& v = result.versions[state->batches[b].parts[i].tensor];
+              v = std::min(v, state->versions[b][i]);
             }
-            for (unsigned i = 0; i < tensors.size(); ++i) {
-              const PartRef& ref = batch.parts[i];
-              auto data = tensors[i].getValues();
-              if (data.size() != ref.part.count * sizeof(float)) {
-                throw RequestError("pull: '" + ref.part.stored_name + "' came back with " + std::to_string(data.size()) +
-                                   " bytes, expected " + std::to_string(ref.part.count * sizeof(float)) +
-                                   " (was it created with another shape or chunk size?)");
-              }
-              std::memcpy(out[ref.tensor].data() + ref.part.offset, data.begin(), data.size());
-              res->versions[ref.tensor] = std::min(res->versions[ref.tensor], tensors[i].getVersion());
-            }
-            res->step = std::min(res->step, reply.getStep());
-          }));
-        }
-        return kj::joinPromises(calls.releaseAsArray()).then([result = kj::mv(result)]() mutable {
-          if (result->step == std::numeric_limits<int64_t>::max()) result->step = 0;
-          return std::move(*result);
+          }
+          return result;
         });
       },
-      "pull: ");
+      "pull: ", blocking);
 }
 
 PullResult Client::pull(const std::vector<std::string>& names, const std::vector<std::span<float>>& out,
                         int64_t min_step) {
-  return pull_async(names, out, min_step).get();
+  return start_pull(names, out, min_step, true).get();
 }
 
 uint64_t Client::pull(const std::string& name, std::span<float> out) {
@@ -295,6 +414,11 @@ std::vector<float> Client::pull(const std::string& name) {
 
 std::future<PushResult> Client::push_async(std::vector<std::string> names, std::vector<std::span<const float>> grads,
                                            int64_t step) {
+  return start_push(std::move(names), std::move(grads), step, false);
+}
+
+std::future<PushResult> Client::start_push(std::vector<std::string> names, std::vector<std::span<const float>> grads,
+                                           int64_t step, bool blocking) {
   if (names.size() != grads.size()) throw ConfigError("push: " + std::to_string(names.size()) + " names but " +
                                                       std::to_string(grads.size()) + " gradients");
   for (std::size_t i = 0; i < names.size(); ++i) {
@@ -305,7 +429,7 @@ std::future<PushResult> Client::push_async(std::vector<std::string> names, std::
     }
   }
   auto batches = impl_->plan(names);
-  return impl_->submit<PushResult>(
+  return impl_->run<PushResult>(
       [this, batches = std::move(batches), grads = std::move(grads), n = names.size(), step]() mutable {
         auto result = kj::heap<PushResult>();
         result->status.assign(n, PushStatus::kApplied);
@@ -340,12 +464,12 @@ std::future<PushResult> Client::push_async(std::vector<std::string> names, std::
           return std::move(*result);
         });
       },
-      "push: ");
+      "push: ", blocking);
 }
 
 PushResult Client::push(const std::vector<std::string>& names, const std::vector<std::span<const float>>& grads,
                         int64_t step) {
-  return push_async(names, grads, step).get();
+  return start_push(names, grads, step, true).get();
 }
 
 PushStatus Client::push(const std::string& name, std::span<const float> grad) {
@@ -356,27 +480,17 @@ std::vector<TensorInfo> Client::list() {
   struct Collected {
     std::vector<std::pair<int, TensorInfo>> items;
   };
-  auto collected = impl_->submit<Collected>(
-                            [this] {
-                              auto out = kj::heap<Collected>();
-                              kj::Vector<kj::Promise<void>> calls;
-                              for (auto& s : impl_->shards) {
-                                int shard = s->index;
-                                calls.add(s->shard.listRequest().send().then(
-                                    [shard, out = out.get()](capnp::Response<wire::Shard::ListResults>&& reply) {
-                                      for (auto t : reply.getTensors()) {
-                                        TensorInfo info;
-                                        info.name = t.hasPart() ? t.getPart().getFullName() : t.getName();
-                                        info.shape = shape_from_wire(t.hasPart() ? t.getPart().getFullShape() : t.getShape());
-                                        info.version = t.getVersion();
-                                        info.optimizer = static_cast<OptimizerKind>(t.getOptimizer());
-                                        out->items.emplace_back(shard, std::move(info));
-                                      }
-                                    }));
+  auto collected = impl_->on_every_shard<Collected>(
+                            [](ShardConnection& s) { return s.shard.listRequest().send(); },
+                            [](Collected& out, int shard, capnp::Response<wire::Shard::ListResults>& reply) {
+                              for (auto t : reply.getTensors()) {
+                                TensorInfo info;
+                                info.name = t.hasPart() ? t.getPart().getFullName() : t.getName();
+                                info.shape = shape_from_wire(t.hasPart() ? t.getPart().getFullShape() : t.getShape());
+                                info.version = t.getVersion();
+                                info.optimizer = static_cast<OptimizerKind>(t.getOptimizer());
+                                out.items.emplace_back(shard, std::move(info));
                               }
-                              return kj::joinPromises(calls.releaseAsArray()).then([out = kj::mv(out)]() mutable {
-                                return std::move(*out);
-                              });
                             },
                             "list: ")
                        .get();
@@ -401,36 +515,129 @@ std::vector<ShardStats> Client::stats() {
   struct Collected {
     std::vector<ShardStats> items;
   };
-  return impl_->submit<Collected>(
-                  [this] {
-                    auto out = kj::heap<Collected>();
-                    out->items.resize(impl_->shards.size());
-                    kj::Vector<kj::Promise<void>> calls;
-                    for (auto& s : impl_->shards) {
-                      calls.add(s->shard.statsRequest().send().then(
-                          [shard = s->index, address = s->address, out = out.get()](
-                              capnp::Response<wire::Shard::StatsResults>&& reply) {
-                            auto st = reply.getStats();
-                            ShardStats& o = out->items[shard];
-                            o.shard = shard;
-                            o.address = address;
-                            o.tensors = st.getTensors();
-                            o.bytes = st.getBytes();
-                            o.pushes = st.getPushes();
-                            o.pulls = st.getPulls();
-                            o.rejected = st.getRejected();
-                            o.stale_gradients = st.getStaleGradients();
-                            o.global_step = st.getGlobalStep();
-                            o.connections = st.getConnections();
-                          }));
-                    }
-                    return kj::joinPromises(calls.releaseAsArray()).then([out = kj::mv(out)]() mutable {
-                      return std::move(*out);
-                    });
-                  },
-                  "stats: ")
+  auto collected = impl_->on_every_shard<Collected>(
+                            [](ShardConnection& s) { return s.shard.statsRequest().send(); },
+                            [this](Collected& out, int shard, capnp::Response<wire::Shard::StatsResults>& reply) {
+                              auto st = reply.getStats();
+                              ShardStats o;
+                              o.shard = shard;
+                              o.address = impl_->options.ps_hosts[shard];
+                              o.tensors = st.getTensors();
+                              o.bytes = st.getBytes();
+                              o.pushes = st.getPushes();
+                              o.pulls = st.getPulls();
+                              o.rejected = st.getRejected();
+                              o.stale_gradients = st.getStaleGradients();
+                              o.global_step = st.getGlobalStep();
+                              o.connections = st.getConnections();
+                              o.job = job_from_wire(st.getJob());
+                              o.ready = st.getReady();
+                              o.finished = st.getFinished();
+                              o.steps_applied = st.getStepsApplied();
+                              o.staleness_waits = st.getStalenessWaits();
+                              o.max_staleness = st.getMaxStaleness();
+                              for (auto w : st.getWorkers()) {
+                                o.workers.push_back({w.getWorkerIndex(), w.getStep(), w.getConnected(), w.getPushes(),
+                                                     w.getStale()});
+                              }
+                              out.items.push_back(std::move(o));
+                            },
+                            "stats: ")
+                       .get();
+  std::sort(collected.items.begin(), collected.items.end(),
+            [](const ShardStats& a, const ShardStats& b) { return a.shard < b.shard; });
+  return collected.items;
+}
+
+JobConfig Client::job() const {
+  std::lock_guard lock(impl_->job_mutex);
+  return impl_->job;
+}
+
+namespace {
+struct Nothing {};
+}  // namespace
+
+void Client::init_job(const JobConfig& config) {
+  impl_->on_every_shard<Nothing>(
+            [config](ShardConnection& s) {
+              auto req = s.shard.initJobRequest();
+              job_to_wire(config, req.initConfig());
+              return req.send();
+            },
+            [this](Nothing&, int, capnp::Response<wire::Shard::InitJobResults>& reply) {
+              impl_->learn_job(reply.getInfo().getJob());
+            },
+            "initJob: ")
+      .get();
+}
+
+void Client::set_ready() {
+  impl_->on_every_shard<Nothing>([](ShardConnection& s) { return s.shard.setReadyRequest().send(); },
+                                 [](Nothing&, int, auto&) {}, "setReady: ")
+      .get();
+}
+
+bool Client::wait_ready(std::chrono::milliseconds timeout) {
+  struct Ready {
+    bool all = true;
+  };
+  const auto ms = static_cast<uint32_t>(std::clamp<int64_t>(timeout.count(), 0, 3'600'000));
+  return impl_
+      ->on_every_shard<Ready>(
+          [ms](ShardConnection& s) {
+            auto req = s.shard.waitReadyRequest();
+            req.setTimeoutMs(ms);
+            return req.send();
+          },
+          [this](Ready& r, int, capnp::Response<wire::Shard::WaitReadyResults>& reply) {
+            r.all = r.all && reply.getReady();
+            if (reply.getReady()) impl_->learn_job(reply.getJob());
+          },
+          "waitReady: ")
       .get()
-      .items;
+      .all;
+}
+
+std::future<Client::StepDone> Client::step_done_async(int64_t local_step) {
+  return impl_->on_every_shard<StepDone>(
+      [local_step](ShardConnection& s) {
+        auto req = s.shard.stepDoneRequest();
+        req.setStep(local_step);
+        return req.send();
+      },
+      [](StepDone& d, int shard, capnp::Response<wire::Shard::StepDoneResults>& reply) {
+        if (shard == 0) d.global_step = reply.getGlobalStep();  // shard 0 holds the job's step, as TF's ps 0
+        d.stop = d.stop || reply.getStop();
+      },
+      "stepDone: ");
+}
+
+Client::StepDone Client::step_done(int64_t local_step) { return step_done_async(local_step).get(); }
+
+uint32_t Client::barrier(const std::string& name, uint32_t count, std::chrono::milliseconds timeout) {
+  struct Arrived {
+    uint32_t n = 0;
+  };
+  const auto ms = static_cast<uint32_t>(std::clamp<int64_t>(timeout.count(), 0, 3'600'000));
+  return impl_
+      ->submit<Arrived>(
+          [this, name, count, ms] {
+            auto req = impl_->shards[0]->shard.barrierRequest();
+            req.setName(name);
+            req.setCount(count);
+            req.setTimeoutMs(ms);
+            return req.send().then([](capnp::Response<wire::Shard::BarrierResults>&& r) { return Arrived{r.getArrived()}; });
+          },
+          "barrier: ")
+      .get()
+      .n;
+}
+
+void Client::finish() {
+  impl_->on_every_shard<Nothing>([](ShardConnection& s) { return s.shard.finishRequest().send(); },
+                                 [](Nothing&, int, auto&) {}, "finish: ")
+      .get();
 }
 
 void Client::report(int64_t step, float loss, float accuracy, float samples_per_sec, float learning_rate) {

@@ -4,6 +4,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "wire_convert.h"
+
 namespace ps {
 
 kj::Exception disconnected(std::string message) {
@@ -32,10 +34,11 @@ kj::Promise<kj::Own<kj::AsyncIoStream>> connect_with_retry(kj::AsyncIoContext& i
 }  // namespace
 
 kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::AsyncIoContext& io, int index, std::string address,
-                                                    std::chrono::milliseconds timeout, int worker_index) {
+                                                    std::chrono::milliseconds timeout, int worker_index,
+                                                    bool is_chief) {
   auto deadline = io.provider->getTimer().now() + timeout.count() * kj::MILLISECONDS;
   return connect_with_retry(io, address, deadline, 20 * kj::MILLISECONDS)
-      .then([index, address, worker_index](kj::Own<kj::AsyncIoStream> stream) {
+      .then([index, address, worker_index, is_chief](kj::Own<kj::AsyncIoStream> stream) {
         auto conn = kj::heap<ShardConnection>();
         conn->index = index;
         conn->address = address;
@@ -54,11 +57,13 @@ kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::AsyncIoContext& io, int 
         auto req = conn->shard.helloRequest();
         req.setProtocolVersion(wire::K_PROTOCOL_VERSION);
         req.setWorkerIndex(worker_index);
+        req.setIsChief(is_chief);
         return req.send().then([conn = kj::mv(conn)](capnp::Response<wire::Shard::HelloResults>&& reply) mutable {
           auto info = reply.getInfo();
           conn->max_message_bytes = info.getMaxMessageBytes();
           conn->num_shards = info.getNumShards();
           conn->shard_index = info.getShardIndex();
+          conn->job = job_from_wire(info.getJob());
           spdlog::debug("connected to {} ({}, shard {}/{})", conn->address, info.getServerVersion().cStr(),
                         info.getShardIndex(), info.getNumShards());
           return kj::mv(conn);

@@ -9,6 +9,7 @@
 #include <kj/async-io.h>
 
 #include "ps.capnp.h"
+#include "ps/job.h"
 
 namespace ps {
 
@@ -22,13 +23,15 @@ struct ShardConnection {
   uint64_t max_message_bytes = 0;
   uint32_t num_shards = 0;
   uint32_t shard_index = 0;
+  JobConfig job;  // as the shard knew it at hello
 };
 
 // Connects to `address` ("host:port" or "unix:/path"), retrying with backoff
 // until `timeout` has passed, then says hello. Rejects with a DISCONNECTED
 // kj::Exception naming the address and the last error.
 kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::AsyncIoContext& io, int index, std::string address,
-                                                    std::chrono::milliseconds timeout, int worker_index);
+                                                    std::chrono::milliseconds timeout, int worker_index,
+                                                    bool is_chief);
 
 // A DISCONNECTED exception (a shard unreachable or gone) with this message.
 kj::Exception disconnected(std::string message);

@@ -102,4 +102,24 @@ TensorSpec from_wire(wire::TensorSpec::Reader in) {
   return s;
 }
 
+JobConfig job_from_wire(wire::JobConfig::Reader in) {
+  JobConfig c;
+  auto mode = static_cast<unsigned>(in.getMode());
+  if (mode > static_cast<unsigned>(SyncMode::kBoundedStaleness)) throw RequestError("unknown job mode " + std::to_string(mode));
+  c.mode = static_cast<SyncMode>(mode);
+  c.replicas_to_aggregate = in.getReplicasToAggregate();
+  c.total_replicas = in.getTotalReplicas();
+  c.max_staleness = in.getMaxStaleness();
+  c.train_steps = in.getTrainSteps();
+  return c;
+}
+
+void job_to_wire(const JobConfig& c, wire::JobConfig::Builder out) {
+  out.setMode(static_cast<wire::SyncMode>(c.mode));
+  out.setReplicasToAggregate(c.replicas_to_aggregate);
+  out.setTotalReplicas(c.total_replicas);
+  out.setMaxStaleness(c.max_staleness);
+  out.setTrainSteps(c.train_steps);
+}
+
 }  // namespace ps

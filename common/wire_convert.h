@@ -9,6 +9,7 @@
 #include <capnp/blob.h>
 
 #include "ps.capnp.h"
+#include "ps/job.h"
 #include "ps/tensor_spec.h"
 
 namespace ps {
@@ -22,6 +23,9 @@ InitConfig from_wire(wire::Initializer::Reader in);
 // Fills name, shape, optimizer, init and trainable (not the part info).
 void to_wire(const TensorSpec& s, wire::TensorSpec::Builder out);
 TensorSpec from_wire(wire::TensorSpec::Reader in);
+
+JobConfig job_from_wire(wire::JobConfig::Reader in);  // throws RequestError
+void job_to_wire(const JobConfig& c, wire::JobConfig::Builder out);
 
 std::vector<uint64_t> shape_from_wire(capnp::List<uint64_t>::Reader in);
 

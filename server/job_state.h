@@ -14,20 +14,9 @@
 #include <kj/async.h>
 #include <kj/timer.h>
 
+#include "ps/job.h"
+
 namespace ps {
-
-enum class SyncMode { kAsync, kSync, kBoundedStaleness };
-
-struct JobConfig {
-  SyncMode mode = SyncMode::kAsync;
-  uint32_t replicas_to_aggregate = 0;  // sync
-  uint32_t total_replicas = 0;         // workers in the job; 0 = not checked
-  uint32_t max_staleness = 0;          // bounded staleness
-  int64_t train_steps = 0;             // 0 = no stop condition
-  bool operator==(const JobConfig&) const = default;
-};
-
-std::string to_string(const JobConfig& c);
 
 // A worker's last progress report (the report RPC).
 struct WorkerReport {

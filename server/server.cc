@@ -127,8 +127,8 @@ void PsServer::run(kj::Promise<void> stop) {
     try {
       http = io.provider->getNetwork().parseAddress(o.bind, *o.http_port).wait(io.waitScope)->listen();
     } catch (const kj::Exception& e) {
-      throw ConfigError("psd: cannot listen for HTTP on " + o.bind + ":" + std::to_string(*o.http_port) + ": " +
-                        e.getDescription().cStr());
+      throw ConfigError(fmt::format("psd: cannot listen for HTTP on {}:{}: {}", o.bind, *o.http_port,
+                                    e.getDescription().cStr()));
     }
     // Before port_file: whoever waits for port_file may read this one at once.
     if (!o.http_port_file.empty()) write_port_file(o.http_port_file, static_cast<int>(http->getPort()));

@@ -83,26 +83,6 @@ const char* request_kind_name(RequestKind kind) {
   return "?";
 }
 
-JobConfig job_from_wire(wire::JobConfig::Reader in) {
-  JobConfig c;
-  auto mode = static_cast<unsigned>(in.getMode());
-  if (mode > static_cast<unsigned>(SyncMode::kBoundedStaleness)) throw RequestError("initJob: unknown mode " + std::to_string(mode));
-  c.mode = static_cast<SyncMode>(mode);
-  c.replicas_to_aggregate = in.getReplicasToAggregate();
-  c.total_replicas = in.getTotalReplicas();
-  c.max_staleness = in.getMaxStaleness();
-  c.train_steps = in.getTrainSteps();
-  return c;
-}
-
-void job_to_wire(const JobConfig& c, wire::JobConfig::Builder out) {
-  out.setMode(static_cast<wire::SyncMode>(c.mode));
-  out.setReplicasToAggregate(c.replicas_to_aggregate);
-  out.setTotalReplicas(c.total_replicas);
-  out.setMaxStaleness(c.max_staleness);
-  out.setTrainSteps(c.train_steps);
-}
-
 Shard::Shard(ShardOptions options, ComputePool& pool, kj::Timer& timer)
     : options_(std::move(options)),
       pool_(pool),

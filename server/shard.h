@@ -141,7 +141,5 @@ class Shard {
   kj::TaskSet tasks_;  // sync-step applies nobody waits for
 };
 
-JobConfig job_from_wire(wire::JobConfig::Reader in);
-void job_to_wire(const JobConfig& c, wire::JobConfig::Builder out);
 
 }  // namespace ps

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ps/errors.h"
+#include "wire_convert.h"
 
 namespace ps {
 

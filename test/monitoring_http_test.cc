@@ -122,7 +122,7 @@ TEST_CASE("/metrics is valid Prometheus text and counts a training run") {
 
 TEST_CASE("sync mode: stale gradients and staleness against the global step") {
   MonitoredPsd m;
-  // libpsclient has no job calls (yet): drive sync mode over raw RPC.
+  // Raw RPC, to send a gradient for an old step on purpose.
   struct RawWorker {
     RawWorker(const PsdProcess& psd, int index) : rpc(psd.address()), shard(rpc.getMain<wire::Shard>()) {
       auto req = shard.helloRequest();

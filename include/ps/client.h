@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "ps/errors.h"
+#include "ps/job.h"
 #include "ps/placement.h"
 #include "ps/tensor_spec.h"
 
@@ -43,6 +44,7 @@ struct ClientOptions {
   // Longest wait for the answer to a call (0: no limit).
   std::chrono::milliseconds call_timeout{300000};
   int worker_index = -1;  // this worker's index in the job; -1 for tools
+  bool is_chief = false;  // the one worker that initialises the model (at most one connected)
   // Largest request sent as one message; bigger requests go as several
   // pipelined messages, so copying and sending overlap.
   std::size_t max_request_bytes = 8u << 20;
@@ -60,12 +62,26 @@ struct TensorInfo {
   OptimizerKind optimizer = OptimizerKind::kSgd;
 };
 
+struct WorkerStats {
+  int worker_index = 0;
+  int64_t step = 0;
+  bool connected = false;
+  uint64_t pushes = 0, stale = 0;
+};
+
 struct ShardStats {
   int shard = 0;
   std::string address;
   uint64_t tensors = 0, bytes = 0, pushes = 0, pulls = 0, rejected = 0, stale_gradients = 0;
   int64_t global_step = 0;
   uint32_t connections = 0;
+  JobConfig job;
+  bool ready = false;
+  bool finished = false;
+  uint64_t steps_applied = 0;    // sync: aggregated updates
+  uint64_t staleness_waits = 0;  // bounded staleness: pulls that waited
+  int64_t max_staleness = 0;     // bounded staleness: most steps ahead of the slowest seen at a push
+  std::vector<WorkerStats> workers;
 };
 
 struct PullResult {
@@ -114,6 +130,28 @@ class Client {
   std::vector<TensorInfo> list();
   std::vector<ShardStats> stats();
 
+  // --- Job coordination (ps/training_session.h builds on these) ---
+  // Chief: configures every shard (idempotent for the same config).
+  void init_job(const JobConfig& config);
+  // Chief: the model is created and initialised; waiting workers go on.
+  void set_ready();
+  // True once every shard is ready; false if `timeout` passed first.
+  bool wait_ready(std::chrono::milliseconds timeout);
+  // The job's configuration as last learned from the shards.
+  JobConfig job() const;
+
+  struct StepDone {
+    int64_t global_step = 0;  // shard 0's global step
+    bool stop = false;        // the job reached train_steps
+  };
+  // Reports that this worker finished local step `local_step` to every shard.
+  StepDone step_done(int64_t local_step);
+  std::future<StepDone> step_done_async(int64_t local_step);
+  // Waits until `count` callers entered barrier `name` (held on shard 0).
+  uint32_t barrier(const std::string& name, uint32_t count, std::chrono::milliseconds timeout);
+  // Chief: the job is over; the shards exit once their workers disconnect.
+  void finish();
+
   // Reports this worker's progress to every shard, for psd's /metrics and
   // status page. Fire and forget: returns without waiting for the shards, and
   // a failure is only logged (progress is advisory). Needs a worker index
@@ -126,6 +164,11 @@ class Client {
   Placement placement() const;
 
  private:
+  std::future<PullResult> start_pull(std::vector<std::string> names, std::vector<std::span<float>> out,
+                                     int64_t min_step, bool blocking);
+  std::future<PushResult> start_push(std::vector<std::string> names, std::vector<std::span<const float>> grads,
+                                     int64_t step, bool blocking);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

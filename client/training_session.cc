@@ -1,0 +1,102 @@
+#include "ps/training_session.h"
+
+#include <spdlog/spdlog.h>
+
+namespace ps {
+
+TrainingSession::TrainingSession(Client& client, SessionOptions options) : client_(client), options_(std::move(options)) {}
+
+void TrainingSession::add_variable(const TensorSpec& spec, std::span<float> values, std::span<float> grads) {
+  if (initialized_) throw ConfigError("add_variable('" + spec.name + "') after initialize()");
+  if (values.size() != spec.num_elements() || grads.size() != spec.num_elements()) {
+    throw ConfigError("variable '" + spec.name + "' has " + std::to_string(spec.num_elements()) +
+                      " elements; its buffers hold " + std::to_string(values.size()) + " and " +
+                      std::to_string(grads.size()));
+  }
+  specs_.push_back(spec);
+  names_.push_back(spec.name);
+  values_.push_back(values);
+  grads_.emplace_back(grads.data(), grads.size());
+}
+
+void TrainingSession::initialize() {
+  if (is_chief()) {
+    client_.init_job(options_.job);
+    client_.create(specs_);
+    client_.set_ready();
+    spdlog::info("chief: job configured ({}), {} variables created and initialised", to_string(options_.job),
+                 specs_.size());
+  } else {
+    client_.declare(specs_);
+    const auto start = std::chrono::steady_clock::now();
+    while (!client_.wait_ready(std::min(options_.ready_log_interval, options_.ready_timeout))) {
+      const auto waited = std::chrono::steady_clock::now() - start;
+      if (waited >= options_.ready_timeout) {
+        throw ConnectionError("the chief did not initialise the model within " +
+                              std::to_string(options_.ready_timeout.count() / 1000) + " s (is worker 0 running?)");
+      }
+      spdlog::info("worker {}: waiting for the chief to initialise the model ({} s)", client_.options().worker_index,
+                   std::chrono::duration_cast<std::chrono::seconds>(waited).count());
+    }
+    options_.job = client_.job();
+  }
+  initialized_ = true;
+}
+
+int64_t TrainingSession::pull() {
+  if (!initialized_) throw ConfigError("pull() before initialize()");
+  int64_t min_step = 0;
+  switch (options_.job.mode) {
+    case SyncMode::kSync: min_step = next_sync_step_; break;
+    case SyncMode::kBoundedStaleness: min_step = local_step_; break;
+    case SyncMode::kAsync: break;
+  }
+  PullResult r = client_.pull(names_, values_, min_step);
+  pulled_step_ = r.step;
+  if (options_.job.mode == SyncMode::kSync) {
+    global_step_ = r.step;
+    // A worker that fell behind may find the job already done.
+    if (options_.job.train_steps > 0 && r.step >= options_.job.train_steps) stop_ = true;
+  }
+  return r.step;
+}
+
+StepOutcome TrainingSession::push() {
+  const int64_t step = options_.job.mode == SyncMode::kBoundedStaleness ? local_step_ : pulled_step_;
+  // Sent together: the shard handles them in order, so the step is only
+  // reported once its gradients are in.
+  auto pushed = client_.push_async(names_, grads_, step);
+  auto done = client_.step_done_async(local_step_);
+  PushResult p = pushed.get();
+  Client::StepDone d = done.get();
+
+  StepOutcome out;
+  out.step = pulled_step_;
+  for (PushStatus s : p.status) out.stale = out.stale || s == PushStatus::kStale || s == PushStatus::kDuplicate;
+  if (out.stale) ++stale_steps_;
+  ++local_step_;
+  if (options_.job.mode == SyncMode::kSync) {
+    next_sync_step_ = pulled_step_ + 1;
+    global_step_ = std::max(global_step_, p.step);
+    stop_ = options_.job.train_steps > 0 && next_sync_step_ >= options_.job.train_steps;
+  } else {
+    global_step_ = d.global_step;
+    stop_ = d.stop;
+  }
+  out.global_step = global_step_;
+  out.stop = stop_;
+  return out;
+}
+
+StepOutcome TrainingSession::run_step(const std::function<void()>& compute) {
+  pull();
+  if (stop_) return StepOutcome{pulled_step_, global_step_, false, true};
+  compute();
+  return push();
+}
+
+void TrainingSession::end() {
+  if (is_chief()) client_.finish();
+}
+
+}  // namespace ps

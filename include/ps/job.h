@@ -1,0 +1,27 @@
+// How the workers of one job share updates; chosen per job by the chief and
+// sent to every shard (all shards agree).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ps {
+
+enum class SyncMode {
+  kAsync,             // every push applied on arrival
+  kSync,              // SyncReplicasOptimizer: average replicas_to_aggregate gradients per step
+  kBoundedStaleness,  // async, but no worker more than max_staleness steps ahead of the slowest
+};
+
+struct JobConfig {
+  SyncMode mode = SyncMode::kAsync;
+  uint32_t replicas_to_aggregate = 0;  // sync: gradients averaged per step (< total_replicas: backup workers)
+  uint32_t total_replicas = 0;         // workers in the job; 0 = not checked
+  uint32_t max_staleness = 0;          // bounded staleness
+  int64_t train_steps = 0;             // stop at this global step; 0 = no stop condition
+  bool operator==(const JobConfig&) const = default;
+};
+
+std::string to_string(const JobConfig& c);
+
+}  // namespace ps

@@ -1,0 +1,98 @@
+// The worker's side of a training job, as TensorFlow's
+// MonitoredTrainingSession with SyncReplicasOptimizer: the chief configures
+// the job and initialises the model, the other workers wait for it; each step
+// pulls the variables, lets the caller compute gradients and pushes them,
+// following the job's consistency mode; the job stops at train_steps.
+//
+// Example (a worker's loop; `client` built with worker_index / is_chief):
+//   ps::TrainingSession session(client, {.job = {.mode = ps::SyncMode::kSync,
+//                                                .replicas_to_aggregate = 3,
+//                                                .total_replicas = 3,
+//                                                .train_steps = 1000}});
+//   session.add_variable(w_spec, w, grad_w);        // caller-owned buffers
+//   session.add_variable(b_spec, b, grad_b);
+//   session.initialize();                           // chief inits, others wait
+//   while (!session.should_stop()) {
+//     session.run_step([&] { compute_gradients(w, b, grad_w, grad_b); });
+//   }
+//   session.end();                                  // chief: psd may exit
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ps/client.h"
+#include "ps/job.h"
+#include "ps/tensor_spec.h"
+
+namespace ps {
+
+struct SessionOptions {
+  JobConfig job;
+  // How long a non-chief worker waits for the chief's initialisation.
+  std::chrono::milliseconds ready_timeout{300000};
+  // How often it says it is still waiting.
+  std::chrono::milliseconds ready_log_interval{5000};
+};
+
+struct StepOutcome {
+  int64_t step = 0;         // the global step the variables were pulled at
+  int64_t global_step = 0;  // the job's global step after this push
+  bool stale = false;       // the gradients were dropped (too late for their step)
+  bool stop = false;        // the job reached train_steps
+};
+
+class TrainingSession {
+ public:
+  TrainingSession(Client& client, SessionOptions options);
+
+  // Binds a variable to caller buffers: pulls land in `values`, pushes read
+  // `grads`. Both must have the tensor's element count and outlive the session.
+  void add_variable(const TensorSpec& spec, std::span<float> values, std::span<float> grads);
+
+  // Chief: configures the job, creates and initialises the variables, marks
+  // the model ready. Others: wait for that (logging while they wait) and
+  // throw ConnectionError after ready_timeout.
+  void initialize();
+
+  // Reads the variables for the next step, waiting as the mode requires
+  // (sync: the next global step; bounded staleness: until this worker is
+  // within max_staleness of the slowest). Returns the global step read.
+  int64_t pull();
+  // Sends the gradients for the step last pulled and reports the step done.
+  StepOutcome push();
+  // pull(), compute(), push().
+  StepOutcome run_step(const std::function<void()>& compute);
+
+  bool should_stop() const { return stop_; }
+  int64_t global_step() const { return global_step_; }
+  int64_t local_step() const { return local_step_; }
+  uint64_t stale_steps() const { return stale_steps_; }
+  bool is_chief() const { return client_.options().is_chief; }
+  const JobConfig& job() const { return options_.job; }
+  Client& client() { return client_; }
+
+  // Chief: tells the shards the job is over; they exit once workers leave.
+  void end();
+
+ private:
+  Client& client_;
+  SessionOptions options_;
+  std::vector<TensorSpec> specs_;
+  std::vector<std::string> names_;
+  std::vector<std::span<float>> values_;
+  std::vector<std::span<const float>> grads_;
+  int64_t pulled_step_ = 0;
+  int64_t next_sync_step_ = 0;
+  int64_t global_step_ = 0;
+  int64_t local_step_ = 0;
+  uint64_t stale_steps_ = 0;
+  bool stop_ = false;
+  bool initialized_ = false;
+};
+
+}  // namespace ps

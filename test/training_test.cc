@@ -1,0 +1,355 @@
+// Training semantics against real psd processes: sync replicas (exactness,
+// stale rejection, backup workers), bounded staleness, the chief's
+// initialisation, barriers and the end of a job.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <random>
+#include <thread>
+
+#include "optimizer.h"
+#include "ps/client.h"
+#include "ps/training_session.h"
+#include "psd_process.h"
+
+using namespace ps;
+using ps::test::PsdProcess;
+using namespace std::chrono_literals;
+
+namespace {
+
+ClientOptions worker_options(const std::vector<const PsdProcess*>& shards, int worker) {
+  ClientOptions o;
+  for (auto* s : shards) o.ps_hosts.push_back(s->address());
+  o.worker_index = worker;
+  o.is_chief = worker == 0;
+  return o;
+}
+
+// Linear regression y = x . w + b on a fixed data shard: the gradient of the
+// mean squared error, computed in float like a real worker would.
+struct Shard {
+  std::vector<float> x;  // (n, d)
+  std::vector<float> y;  // (n)
+  int d;
+  void gradient(std::span<const float> w, float b, std::span<float> gw, float& gb) const {
+    const int n = static_cast<int>(y.size());
+    std::fill(gw.begin(), gw.end(), 0.0f);
+    gb = 0;
+    for (int i = 0; i < n; ++i) {
+      float pred = b;
+      for (int j = 0; j < d; ++j) pred += x[i * d + j] * w[j];
+      const float err = pred - y[i];
+      for (int j = 0; j < d; ++j) gw[j] += 2.0f * err * x[i * d + j] / n;
+      gb += 2.0f * err / n;
+    }
+  }
+};
+
+std::vector<Shard> make_shards(int count, int n, int d, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist;
+  std::vector<float> true_w(d);
+  for (auto& v : true_w) v = dist(rng);
+  std::vector<Shard> shards(count);
+  for (auto& s : shards) {
+    s.d = d;
+    s.x.resize(n * d);
+    s.y.resize(n);
+    for (auto& v : s.x) v = dist(rng);
+    for (int i = 0; i < n; ++i) {
+      float y = 3.0f;
+      for (int j = 0; j < d; ++j) y += s.x[i * d + j] * true_w[j];
+      s.y[i] = y + 0.1f * dist(rng);
+    }
+  }
+  return shards;
+}
+
+double relative_difference(std::span<const float> a, std::span<const double> b) {
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff += (a[i] - b[i]) * (a[i] - b[i]);
+    norm += b[i] * b[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+}  // namespace
+
+TEST_CASE("sync mode equals a single-process loop averaging the replicas' gradients") {
+  const int workers = 3, d = 5, steps = 25;
+  auto optimizer = GENERATE(OptimizerConfig::sgd(0.05f), OptimizerConfig::adam(0.05f),
+                            OptimizerConfig::with_momentum(0.02f, 0.9f, true));
+  PsdProcess ps0, ps1;
+  auto data = make_shards(workers, 40, d, 11);
+  const JobConfig job{.mode = SyncMode::kSync, .replicas_to_aggregate = 3, .total_replicas = 3, .train_steps = steps};
+
+  std::vector<std::thread> threads;
+  std::vector<std::vector<float>> final_w(workers, std::vector<float>(d));
+  std::vector<float> final_b(workers);
+  std::atomic<int> failures{0};
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      try {
+        Client client(worker_options({&ps0, &ps1}, w));
+        TrainingSession session(client, {.job = job});
+        std::vector<float> wv(d), gw(d), bv(1), gb(1);
+        session.add_variable({.name = "w", .shape = {uint64_t(d)}, .optimizer = optimizer,
+                              .init = InitConfig::constant(0.5f)}, wv, gw);
+        session.add_variable({.name = "b", .shape = {1}, .optimizer = optimizer}, bv, gb);
+        session.initialize();
+        while (!session.should_stop()) {
+          session.run_step([&] { data[w].gradient(wv, bv[0], gw, gb[0]); });
+        }
+        client.pull({"w", "b"}, {std::span<float>(final_w[w]), std::span<float>(&final_b[w], 1)}, steps);
+      } catch (const std::exception& e) {
+        UNSCOPED_INFO("worker " << w << ": " << e.what());
+        ++failures;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  REQUIRE(failures == 0);
+
+  // The reference: one process, the same optimizer, the average of the three
+  // gradients each step (float64 parameters).
+  auto opt_w = make_optimizer(optimizer), opt_b = make_optimizer(optimizer);
+  std::vector<float> w(d, 0.5f), b(1, 0.0f);
+  auto slots_w = opt_w->make_slots(d);
+  auto slots_b = opt_b->make_slots(1);
+  for (int s = 0; s < steps; ++s) {
+    std::vector<float> sum_w(d, 0.0f), gw(d);
+    float sum_b = 0, gb;
+    for (int r = 0; r < workers; ++r) {
+      data[r].gradient(w, b[0], gw, gb);
+      for (int j = 0; j < d; ++j) sum_w[j] += gw[j];
+      sum_b += gb;
+    }
+    opt_w->apply(w, sum_w, slots_w, s, 1.0f / workers);
+    opt_b->apply(b, std::vector<float>{sum_b}, slots_b, s, 1.0f / workers);
+  }
+  std::vector<double> ref(w.begin(), w.end());
+  for (int r = 0; r < workers; ++r) {
+    INFO("worker " << r);
+    CHECK(relative_difference(final_w[r], ref) < 1e-6);
+    CHECK(final_b[r] == Approx(b[0]).epsilon(1e-6));
+  }
+  CHECK(std::fabs(ref[0] - 0.5) > 1e-3);  // training moved the weights
+
+  Client observer(worker_options({&ps0, &ps1}, -1));
+  for (const auto& st : observer.stats()) {
+    CHECK(st.global_step == steps);
+  }
+}
+
+TEST_CASE("a stale push is rejected, counted, and changes nothing") {
+  PsdProcess psd;
+  const JobConfig job{.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2};
+  Client chief(worker_options({&psd}, 0));
+  Client other(worker_options({&psd}, 1));
+  const TensorSpec spec{.name = "w", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f)};
+  chief.init_job(job);
+  chief.create({spec});
+  chief.set_ready();
+  other.declare({spec});
+  REQUIRE(other.wait_ready(1s));
+
+  const std::vector<float> g = {1, 1};
+  // Step 0: both contribute, the average is applied, the step advances.
+  CHECK(chief.push({"w"}, {g}, 0).status[0] == PushStatus::kAccumulated);
+  CHECK(chief.push({"w"}, {g}, 0).status[0] == PushStatus::kDuplicate);  // at most one per worker per step
+  CHECK(other.push({"w"}, {g}, 0).status[0] == PushStatus::kAccumulated);
+  std::vector<float> w(2);
+  auto r = chief.pull({"w"}, {std::span<float>(w)}, 1);
+  CHECK(r.step == 1);
+  CHECK(w == std::vector<float>{-1, -1});
+
+  // A gradient for step 0, now that the job is at step 1: stale.
+  const std::vector<float> big = {100, 100};
+  auto stale = other.push({"w"}, {big}, 0);
+  CHECK(stale.status[0] == PushStatus::kStale);
+  CHECK(stale.step == 1);
+  chief.pull({"w"}, {std::span<float>(w)}, 1);
+  CHECK(w == std::vector<float>{-1, -1});
+  auto st = chief.stats()[0];
+  CHECK(st.stale_gradients == 1);
+  CHECK(st.global_step == 1);
+
+  // A push for a step the job has not reached is an error.
+  CHECK_THROWS_WITH(other.push({"w"}, {g}, 5), Catch::Contains("step 5") && Catch::Contains("at step 1"));
+  CHECK_THROWS_WITH(other.push({"nope"}, {g}, 1), Catch::Contains("unknown tensor"));
+  chief.pull({"w"}, {std::span<float>(w)}, 1);
+  CHECK(w == std::vector<float>{-1, -1});
+}
+
+TEST_CASE("backup workers: one slow worker of four does not slow the job") {
+  const int steps = 20;
+  // Each run is its own job, so each gets its own psd.
+  auto run = [&](int workers, int replicas, int slow_worker, const std::string& prefix) {
+    PsdProcess psd;
+    const JobConfig job{.mode = SyncMode::kSync, .replicas_to_aggregate = uint32_t(replicas),
+                        .total_replicas = uint32_t(workers), .train_steps = steps};
+    std::vector<std::thread> threads;
+    std::atomic<int> failures{0};
+    auto start = std::chrono::steady_clock::now();
+    std::atomic<int64_t> chief_done_ns{0};
+    for (int w = 0; w < workers; ++w) {
+      threads.emplace_back([&, w] {
+        try {
+          Client client(worker_options({&psd}, w));
+          TrainingSession session(client, {.job = job});
+          std::vector<float> v(64), g(64, 0.01f);
+          session.add_variable({.name = prefix + "v", .shape = {64}, .optimizer = OptimizerConfig::sgd(0.1f)}, v, g);
+          session.initialize();
+          while (!session.should_stop()) {
+            session.run_step([&] { std::this_thread::sleep_for(w == slow_worker ? 250ms : 20ms); });
+          }
+          if (w == 0) chief_done_ns = (std::chrono::steady_clock::now() - start).count();
+        } catch (const std::exception& e) {
+          UNSCOPED_INFO("worker " << w << ": " << e.what());
+          ++failures;
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    REQUIRE(failures == 0);
+    return steps / (chief_done_ns.load() * 1e-9);
+  };
+  const double fast3 = run(3, 3, -1, "a/");
+  const double with_slow = run(4, 3, 3, "b/");
+  INFO("3 fast workers: " << fast3 << " steps/s; 3 fast + 1 slow with backup: " << with_slow << " steps/s");
+  CHECK(with_slow >= 0.8 * fast3);
+}
+
+TEST_CASE("bounded staleness keeps every worker within max_staleness of the slowest") {
+  PsdProcess psd;
+  const int workers = 3, steps = 12;
+  const JobConfig job{.mode = SyncMode::kBoundedStaleness, .total_replicas = 3, .max_staleness = 2,
+                      .train_steps = 0};
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  std::atomic<int> fast_done{0};
+  std::atomic<int> slow_step_when_fast_done{-1};
+  std::atomic<int> slow_step{0};
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      try {
+        Client client(worker_options({&psd}, w));
+        TrainingSession session(client, {.job = job});
+        std::vector<float> v(16), g(16, 1.0f);
+        session.add_variable({.name = "v", .shape = {16}, .optimizer = OptimizerConfig::sgd(0.01f)}, v, g);
+        session.initialize();
+        for (int s = 0; s < steps; ++s) {
+          session.run_step([&] { std::this_thread::sleep_for(w == 2 ? 60ms : 1ms); });
+          if (w == 2) slow_step = s + 1;
+        }
+        if (w != 2 && ++fast_done == 1) slow_step_when_fast_done = slow_step.load();
+      } catch (const std::exception& e) {
+        UNSCOPED_INFO("worker " << w << ": " << e.what());
+        ++failures;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  REQUIRE(failures == 0);
+  Client observer(worker_options({&psd}, -1));
+  auto st = observer.stats()[0];
+  INFO("waits " << st.global_step);
+  // psd's own record: no gradient applied more than 2 steps ahead of the slowest worker.
+  CHECK(st.max_staleness <= 2);
+  CHECK(st.staleness_waits > 0);  // the fast workers had to wait
+  // The fast workers could not finish while the slow one was far behind.
+  CHECK(slow_step_when_fast_done >= steps - 2 - 1);
+  CHECK(st.global_step == workers * steps);
+}
+
+TEST_CASE("workers wait for the chief's initialisation, bounded") {
+  PsdProcess psd;
+  const TensorSpec spec{.name = "w", .shape = {3}, .init = InitConfig::constant(4.0f)};
+  SECTION("and go on once it is done") {
+    std::atomic<bool> ready{false};
+    std::thread waiter([&] {
+      Client client(worker_options({&psd}, 1));
+      TrainingSession session(client, {.ready_log_interval = 100ms});
+      std::vector<float> v(3), g(3);
+      session.add_variable(spec, v, g);
+      session.initialize();
+      ready = true;
+      session.pull();
+      CHECK(v == std::vector<float>{4, 4, 4});
+      CHECK(session.job().mode == SyncMode::kAsync);
+    });
+    std::this_thread::sleep_for(300ms);
+    CHECK_FALSE(ready);
+    Client chief_client(worker_options({&psd}, 0));
+    TrainingSession chief(chief_client, {});
+    std::vector<float> v(3), g(3);
+    chief.add_variable(spec, v, g);
+    chief.initialize();
+    waiter.join();
+    CHECK(ready);
+  }
+  SECTION("and give a clear error when the chief never comes") {
+    Client client(worker_options({&psd}, 1));
+    TrainingSession session(client, {.ready_timeout = 400ms, .ready_log_interval = 100ms});
+    std::vector<float> v(3), g(3);
+    session.add_variable(spec, v, g);
+    CHECK_THROWS_WITH(session.initialize(), Catch::Contains("chief did not initialise"));
+  }
+}
+
+TEST_CASE("bad job input: a second chief, a worker outside the job, another job config") {
+  PsdProcess psd;
+  Client chief(worker_options({&psd}, 0));
+  chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2});
+  CHECK_THROWS_WITH(Client(worker_options({&psd}, 0)), Catch::Contains("second chief"));
+  CHECK_THROWS_WITH(Client(worker_options({&psd}, 7)), Catch::Contains("outside the job's 2 workers"));
+  CHECK_THROWS_WITH(chief.init_job({.mode = SyncMode::kAsync}), Catch::Contains("already configured"));
+  CHECK_THROWS_WITH(chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 3, .total_replicas = 2}),
+                    Catch::Contains("exceeds"));
+  Client worker(worker_options({&psd}, 1));
+  CHECK_THROWS_WITH(worker.set_ready(), Catch::Contains("only the chief"));
+  // Before the chief marks the model ready, pushes are refused.
+  chief.create({{.name = "w", .shape = {1}}});
+  worker.declare({{.name = "w", .shape = {1}}});
+  CHECK_THROWS_WITH(worker.push("w", std::vector<float>{1}), Catch::Contains("not finished initialising"));
+  CHECK(psd.alive());
+}
+
+TEST_CASE("barrier releases everyone together, and times out cleanly") {
+  PsdProcess psd;
+  std::vector<std::thread> threads;
+  std::atomic<int> passed{0};
+  for (int w = 0; w < 3; ++w) {
+    threads.emplace_back([&, w] {
+      Client c(worker_options({&psd}, w));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50 * w));
+      c.barrier("start", 3, 5s);
+      ++passed;
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(passed == 3);
+  Client lone(worker_options({&psd}, -1));
+  CHECK_THROWS_WITH(lone.barrier("never", 2, 200ms), Catch::Contains("timed out"));
+}
+
+TEST_CASE("psd exits by itself once the chief ends the job and the workers leave") {
+  PsdProcess psd;
+  {
+    Client chief(worker_options({&psd}, 0));
+    Client worker(worker_options({&psd}, 1));
+    chief.finish();
+    std::this_thread::sleep_for(300ms);
+    CHECK(psd.alive());  // workers still connected
+  }
+  bool exited = false;
+  for (int i = 0; i < 300 && !exited; ++i) {
+    exited = !psd.alive();
+    std::this_thread::sleep_for(10ms);
+  }
+  CHECK(exited);
+}

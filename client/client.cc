@@ -640,4 +640,22 @@ void Client::finish() {
       .get();
 }
 
+void Client::report(int64_t step, float loss, float accuracy, float samples_per_sec, float learning_rate) {
+  // run_sync only hands the sends to the loop thread; nobody waits for the
+  // replies. A failed report is logged, never thrown: it must not stop training.
+  impl_->loop.run_sync([&] {
+    for (auto& s : impl_->shards) {
+      auto req = s->shard.reportRequest();
+      req.setStep(step);
+      req.setLoss(loss);
+      req.setAccuracy(accuracy);
+      req.setSamplesPerSec(samples_per_sec);
+      req.setLearningRate(learning_rate);
+      impl_->tasks->add(req.send().ignoreResult().catch_([address = s->address](kj::Exception&& e) {
+        spdlog::warn("report to {} failed: {}", address, e.getDescription().cStr());
+      }));
+    }
+  });
+}
+
 }  // namespace ps

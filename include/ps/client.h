@@ -75,7 +75,7 @@ struct ShardStats {
   uint64_t tensors = 0, bytes = 0, pushes = 0, pulls = 0, rejected = 0, stale_gradients = 0;
   int64_t global_step = 0;
   uint32_t connections = 0;
-  JobConfig job;
+  JobConfig job{};
   bool ready = false;
   bool finished = false;
   uint64_t steps_applied = 0;    // sync: aggregated updates

@@ -78,8 +78,8 @@ struct InitConfig {
 struct TensorSpec {
   std::string name;
   std::vector<uint64_t> shape;
-  OptimizerConfig optimizer;
-  InitConfig init;
+  OptimizerConfig optimizer{};
+  InitConfig init{};
   bool trainable = true;
 
   uint64_t num_elements() const;

@@ -32,7 +32,7 @@
 namespace ps {
 
 struct SessionOptions {
-  JobConfig job;
+  JobConfig job{};
   // How long a non-chief worker waits for the chief's initialisation.
   std::chrono::milliseconds ready_timeout{300000};
   // How often it says it is still waiting.

@@ -35,6 +35,8 @@ void add_trainer_flags(CLI::App& app, TrainerFlags& f) {
   app.add_option("--batch_size", f.batch_size, "examples per step and worker")->capture_default_str();
   app.add_option("--learning_rate", f.learning_rate, "learning rate")->capture_default_str();
   app.add_option("--optimizer", f.optimizer, "sgd, momentum, nesterov, adam, adagrad, rmsprop")->capture_default_str();
+  app.add_option("--lr_decay", f.lr_decay, "learning rate multiplied by this every epoch (1: constant)")
+      ->capture_default_str();
   app.add_option("--data_dir", f.data_dir, "directory with the four IDX files (scripts/get_data.sh)")
       ->capture_default_str();
   app.add_option("--logdir,--log_dir", f.logdir, "TensorBoard event files go here (chief only)");
@@ -106,7 +108,15 @@ int64_t TrainerFlags::global_steps(const ClusterSpec& spec, int64_t examples) co
                                                              static_cast<double>(examples_per_global_step(spec)))));
 }
 
-OptimizerConfig TrainerFlags::optimizer_config() const { return OptimizerConfig::from_name(optimizer, learning_rate); }
+OptimizerConfig TrainerFlags::optimizer_config(int64_t steps_per_epoch) const {
+  OptimizerConfig c = OptimizerConfig::from_name(optimizer, learning_rate);
+  if (lr_decay != 1.0 && steps_per_epoch > 0) {
+    c.schedule = LrSchedule::kExponentialDecay;
+    c.decay_rate = static_cast<float>(lr_decay);
+    c.decay_steps = steps_per_epoch;
+  }
+  return c;
+}
 
 void TrainerFlags::validate() const {
   if (batch_size < 1) throw ConfigError("--batch_size must be >= 1 (got " + std::to_string(batch_size) + ")");
@@ -116,6 +126,7 @@ void TrainerFlags::validate() const {
   if (replicas_to_aggregate < 0) throw ConfigError("--replicas_to_aggregate must be >= 0");
   if (max_staleness < 0) throw ConfigError("--max_staleness must be >= 0");
   if (sync_replicas && max_staleness > 0) throw ConfigError("--sync_replicas and --max_staleness exclude each other");
+  if (!(lr_decay > 0 && lr_decay <= 1)) throw ConfigError("--lr_decay must be in (0, 1]");
   if (num_gpus < 0) throw ConfigError("--num_gpus must be >= 0");
   if (!(connect_timeout_s > 0)) throw ConfigError("--connect_timeout must be > 0");
   if (log_every < 0) throw ConfigError("--log_every must be >= 0");

@@ -70,7 +70,7 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, int examp
     });
     info.local_step = session.local_step();
     info.global_step = out.global_step;
-    info.epoch = static_cast<double>(pos) / examples;
+    info.epoch = static_cast<double>(session.local_step()) * f.batch_size / examples;
     info.loss = loss;
     info.stale_steps = session.stale_steps();
     info.learning_rate = f.learning_rate;

@@ -45,6 +45,7 @@ struct MnistFlags {
   double target_accuracy = 0.85;
   bool stop_at_target = false;
   bool local = false;
+  bool scale_lr = true;        // sync: learning rate x sqrt(replicas aggregated)
 };
 
 double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -167,7 +168,7 @@ int run_local(const ps::TrainerFlags& f, const MnistFlags& m) {
                             ? f.train_steps
                             : static_cast<int64_t>(std::ceil(f.epochs * data.train.size / f.batch_size));
   if (steps <= 0) throw ps::ConfigError("give --train_steps or --epochs (both are 0)");
-  const ps::OptimizerConfig oc = f.optimizer_config();
+  const ps::OptimizerConfig oc = f.optimizer_config(std::max<int64_t>(1, data.train.size / f.batch_size));
   // SGD runs in the engine (apply_sgd); other rules as psd applies them.
   std::unique_ptr<ps::Optimizer> opt;
   std::vector<std::vector<float>> slots;
@@ -225,7 +226,10 @@ int run_local(const ps::TrainerFlags& f, const MnistFlags& m) {
   return 0;
 }
 
-int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const MnistFlags& m) {
+int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags& m) {
+  // Sync steps average R gradients: a batch R times larger, which takes a
+  // larger step (the square-root rule, suited to Adam).
+  if (f.sync_replicas && m.scale_lr) f.learning_rate *= static_cast<float>(std::sqrt(f.replicas(spec)));
   // Data first: a bad file fails before anything connects.
   auto data = ps::MnistData::load(f.data_dir, m.validation_size);
   const ps::MlpShape shape = make_shape(m, data);
@@ -234,7 +238,7 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Mni
   const int64_t steps = f.global_steps(spec, data.train.size);
   const int64_t per_global = f.examples_per_global_step(spec);
   const ps::JobConfig job = f.job_config(spec, steps);
-  const ps::OptimizerConfig oc = f.optimizer_config();
+  const ps::OptimizerConfig oc = f.optimizer_config(std::max<int64_t>(1, data.train.size / per_global));
   const bool chief = spec.is_chief();
   const int worker = spec.worker_index();
 
@@ -303,7 +307,6 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Mni
     info.stale_steps = session.stale_steps();
     info.learning_rate = oc.learning_rate_at(out.global_step);
     hooks.after_step(info);
-    if (m.stop_at_target && ev.time_to_target) break;
   }
   const double secs = seconds(start, Clock::now());
   hooks.end(info);
@@ -346,6 +349,8 @@ int main(int argc, char** argv) {
   CLI::App app{"mnist_trainer: distributed MLP training on (Fashion-)MNIST with psd"};
   ps::TrainerFlags f;
   f.epochs = 5;
+  f.learning_rate = 0.002f;
+  f.lr_decay = 0.6;
   ps::add_trainer_flags(app, f);
   MnistFlags m;
   app.add_option("--hidden_units", m.hidden_units, "hidden layer sizes: one (100) or a list (512,512)")
@@ -359,7 +364,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--target_accuracy", m.target_accuracy, "report when the test accuracy first reaches this")
       ->capture_default_str();
-  app.add_flag("--stop_at_target", m.stop_at_target, "stop once the target accuracy is reached");
+  app.add_flag("--stop_at_target", m.stop_at_target, "--local: stop once the target accuracy is reached");
+  app.add_option("--scale_lr", m.scale_lr, "sync: multiply the learning rate by sqrt(replicas_to_aggregate)")
+      ->capture_default_str();
   app.add_flag("--local", m.local, "train in this process alone: no cluster, no psd (for comparison)");
   ps::PsTaskFlags psf;
   ps::add_ps_task_flags(app, psf);

@@ -50,6 +50,7 @@ struct TrainerFlags {
   int batch_size = 100;
   float learning_rate = 0.001f;
   std::string optimizer = "adam";
+  double lr_decay = 1.0;          // learning rate x this per epoch (exponential decay on the ps)
   std::string data_dir = "data/fashion-mnist";
   std::string logdir;             // TensorBoard events (chief); empty: none
   uint64_t seed = 42;
@@ -77,8 +78,9 @@ struct TrainerFlags {
   int64_t global_steps(const ClusterSpec& spec, int64_t examples) const;
   // Examples consumed by one global step.
   int64_t examples_per_global_step(const ClusterSpec& spec) const;
-  // The optimizer named by --optimizer at --learning_rate.
-  OptimizerConfig optimizer_config() const;
+  // The optimizer named by --optimizer at --learning_rate, decaying by
+  // --lr_decay every `steps_per_epoch` updates (when both are set).
+  OptimizerConfig optimizer_config(int64_t steps_per_epoch = 0) const;
   // Checks ranges (batch size, learning rate, ...); throws ConfigError.
   void validate() const;
 };

@@ -287,17 +287,26 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
   info.train_steps = steps;
   info.batch_size = f.batch_size;
   info.examples_per_global_step = per_global;
+  // Where a worker's time goes: waiting for the pull (network + the ps +, in
+  // sync mode, the other workers), computing, pushing.
+  double t_pull = 0, t_compute = 0, t_push = 0, t_other = 0;
   while (!session.should_stop() && !hooks.stop_requested()) {
+    const auto t0 = Clock::now();
     ps::Batch b = shard.next_batch(f.batch_size);
-    ps::StepStats st;
-    bool computed = false;
-    ps::StepOutcome out = session.run_step([&] {
-      towers.upload_params();
-      st = towers.compute_gradients({b.images, static_cast<size_t>(b.size) * b.dim},
-                                    {b.labels, static_cast<size_t>(b.size)});
-      computed = true;
-    });
-    if (!computed) break;  // the job ended while this worker waited for its step
+    const auto t1 = Clock::now();
+    session.pull();
+    const auto t2 = Clock::now();
+    if (session.should_stop()) break;  // the job ended while this worker waited for its step
+    towers.upload_params();
+    ps::StepStats st = towers.compute_gradients({b.images, static_cast<size_t>(b.size) * b.dim},
+                                                {b.labels, static_cast<size_t>(b.size)});
+    const auto t3 = Clock::now();
+    ps::StepOutcome out = session.push();
+    const auto t4 = Clock::now();
+    t_other += seconds(t0, t1);
+    t_pull += seconds(t1, t2);
+    t_compute += seconds(t2, t3);
+    t_push += seconds(t3, t4);
     info.local_step = session.local_step();
     info.global_step = out.global_step;
     info.epoch = static_cast<double>(out.global_step) * per_global / data.train.size;
@@ -306,14 +315,19 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
     info.stale = out.stale;
     info.stale_steps = session.stale_steps();
     info.learning_rate = oc.learning_rate_at(out.global_step);
+    const auto t5 = Clock::now();
     hooks.after_step(info);
+    t_other += seconds(t4, t5);
   }
   const double secs = seconds(start, Clock::now());
   hooks.end(info);
-  std::printf("worker %d: done after %lld local steps in %s (%s samples/s on this worker, %llu stale)\n", worker,
-              static_cast<long long>(session.local_step()), ps::format_duration(secs).c_str(),
+  const double n = std::max<double>(1, static_cast<double>(session.local_step()));
+  std::printf("worker %d: done after %lld local steps in %s (%s samples/s on this worker, %llu stale); per step: "
+              "pull %.3f ms, compute %.3f ms, push %.3f ms, data+hooks %.3f ms\n",
+              worker, static_cast<long long>(session.local_step()), ps::format_duration(secs).c_str(),
               ps::format_rate(static_cast<double>(session.local_step()) * f.batch_size / secs).c_str(),
-              static_cast<unsigned long long>(session.stale_steps()));
+              static_cast<unsigned long long>(session.stale_steps()), 1e3 * t_pull / n, 1e3 * t_compute / n,
+              1e3 * t_push / n, 1e3 * t_other / n);
   std::fflush(stdout);
 
   // Everyone meets once more so the chief reads the final parameters.

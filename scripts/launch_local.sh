@@ -18,6 +18,8 @@
 #   --port_base P      first port for --ps_mode trainer and the workers' nominal ports (default 22220)
 #   --trainer PATH     default build/examples/mnist_trainer
 #   --run_dir DIR      default runs/<timestamp>
+#   --psd_flags "F"    extra flags for every ps task (e.g. "--threads 1")
+#   --unix             workers reach psd over Unix-domain sockets in the run directory (psd mode)
 #   --timeout S        stop everything after S seconds (default 0: none)
 #   --quiet            do not follow the chief on the terminal
 # Environment: BUILD_DIR (default build), DATA_DIR (default data/fashion-mnist,
@@ -26,7 +28,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 BUILD_DIR=${BUILD_DIR:-build}
-workers=3 num_ps=1 sync=0 staleness=0 ps_mode=psd port_base=22220 timeout=0 quiet=0
+workers=3 num_ps=1 sync=0 staleness=0 ps_mode=psd port_base=22220 timeout=0 quiet=0 unix=0 psd_flags=""
 trainer="$BUILD_DIR/examples/mnist_trainer"
 run_dir=""
 die() { echo "launch_local: $*" >&2; exit 2; }
@@ -42,6 +44,8 @@ while [ $# -gt 0 ]; do
     --run_dir) run_dir=${2:?}; shift 2 ;;
     --timeout) timeout=${2:?}; shift 2 ;;
     --quiet) quiet=1; shift ;;
+    --unix) unix=1; shift ;;
+    --psd_flags) psd_flags=${2?}; shift 2 ;;
     --) shift; break ;;
     -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) die "unknown option '$1' (trainer flags go after --)" ;;
@@ -93,14 +97,19 @@ for ((i = 0; i < num_ps; i++)); do
   port_file="$run_dir/ps$i.port"
   rm -f "$port_file"
   if [ "$ps_mode" = psd ]; then
-    "$psd" --port 0 --port_file "$port_file" --shard_index "$i" --num_shards "$num_ps" >"$run_dir/ps$i.log" 2>&1 &
+    unix_flags=()
+    [ "$unix" = 1 ] && unix_flags=(--unix_socket "$(cd "$run_dir" && pwd)/ps$i.sock")
+    # shellcheck disable=SC2086
+    "$psd" --port 0 --port_file "$port_file" --shard_index "$i" --num_shards "$num_ps" "${unix_flags[@]}" $psd_flags \
+      >"$run_dir/ps$i.log" 2>&1 &
   else
     hosts=""
     for ((j = 0; j < num_ps; j++)); do hosts+="${hosts:+,}127.0.0.1:$((port_base + j))"; done
     whosts=""
     for ((j = 0; j < workers; j++)); do whosts+="${whosts:+,}127.0.0.1:$((port_base + num_ps + j))"; done
+    # shellcheck disable=SC2086
     "$trainer" --job_name ps --task_index "$i" --ps_hosts "$hosts" --worker_hosts "$whosts" \
-      --port_file "$port_file" >"$run_dir/ps$i.log" 2>&1 &
+      --port_file "$port_file" $psd_flags >"$run_dir/ps$i.log" 2>&1 &
   fi
   pids+=($!)
   names+=("ps$i")
@@ -118,7 +127,11 @@ for ((i = 0; i < num_ps; i++)); do
     cleanup
     exit 1
   fi
-  ps_hosts+=("127.0.0.1:$(cat "$port_file")")
+  if [ "$unix" = 1 ] && [ "$ps_mode" = psd ]; then
+    ps_hosts+=("unix:$(cd "$run_dir" && pwd)/ps$i.sock")
+  else
+    ps_hosts+=("127.0.0.1:$(cat "$port_file")")
+  fi
 done
 ps_list=$(IFS=,; echo "${ps_hosts[*]}")
 worker_list=""

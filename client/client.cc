@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <optional>
 
 #include <capnp/orphan.h>
 #include <spdlog/spdlog.h>
@@ -81,6 +82,44 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
                               [result, context](kj::Exception&& e) { result->set_exception(translate(e, context)); }));
     });
     return future;
+  }
+
+  // Runs op() on the loop thread and waits for its result: one hand-over
+  // each way, where submit() plus future::get() costs three.
+  template <typename T, typename Op>
+  T call(Op op, const std::string& context) {
+    std::exception_ptr error;
+    std::optional<T> value;
+    try {
+      loop.run_sync([&]() -> kj::Promise<void> {
+        kj::Promise<T> promise = nullptr;
+        try {
+          promise = op();
+        } catch (...) {
+          error = std::current_exception();
+          return kj::READY_NOW;
+        }
+        return with_timeout(kj::mv(promise)).then([&](T&& v) { value.emplace(std::move(v)); },
+                                                  [&](kj::Exception&& e) { error = translate(e, context); });
+      });
+    } catch (const kj::Exception& e) {
+      error = translate(e, context);
+    }
+    if (error) std::rethrow_exception(error);
+    return std::move(*value);
+  }
+
+  // A future: ready at once when `blocking` (the caller waits anyway).
+  template <typename T, typename Op>
+  std::future<T> run(Op op, std::string context, bool blocking) {
+    if (!blocking) return submit<T>(std::move(op), std::move(context));
+    std::promise<T> p;
+    try {
+      p.set_value(call<T>(std::move(op), context));
+    } catch (...) {
+      p.set_exception(std::current_exception());
+    }
+    return p.get_future();
   }
 
   template <typename T>
@@ -316,6 +355,11 @@ void Client::create(const std::vector<TensorSpec>& specs) {
 
 std::future<PullResult> Client::pull_async(std::vector<std::string> names, std::vector<std::span<float>> out,
                                            int64_t min_step) {
+  return start_pull(std::move(names), std::move(out), min_step, false);
+}
+
+std::future<PullResult> Client::start_pull(std::vector<std::string> names, std::vector<std::span<float>> out,
+                                           int64_t min_step, bool blocking) {
   if (names.size() != out.size()) throw ConfigError("pull: " + std::to_string(names.size()) + " names but " +
                                                     std::to_string(out.size()) + " buffers");
   for (std::size_t i = 0; i < names.size(); ++i) {
@@ -326,7 +370,7 @@ std::future<PullResult> Client::pull_async(std::vector<std::string> names, std::
     }
   }
   auto batches = impl_->plan(names);
-  return impl_->submit<PullResult>(
+  return impl_->run<PullResult>(
       [this, batches = std::move(batches), out = std::move(out), n = names.size(), min_step]() mutable {
         auto state = kj::heap<Impl::PullState>();
         state->batches = std::move(batches);
@@ -350,12 +394,12 @@ std::future<PullResult> Client::pull_async(std::vector<std::string> names, std::
           return result;
         });
       },
-      "pull: ");
+      "pull: ", blocking);
 }
 
 PullResult Client::pull(const std::vector<std::string>& names, const std::vector<std::span<float>>& out,
                         int64_t min_step) {
-  return pull_async(names, out, min_step).get();
+  return start_pull(names, out, min_step, true).get();
 }
 
 uint64_t Client::pull(const std::string& name, std::span<float> out) {
@@ -370,6 +414,11 @@ std::vector<float> Client::pull(const std::string& name) {
 
 std::future<PushResult> Client::push_async(std::vector<std::string> names, std::vector<std::span<const float>> grads,
                                            int64_t step) {
+  return start_push(std::move(names), std::move(grads), step, false);
+}
+
+std::future<PushResult> Client::start_push(std::vector<std::string> names, std::vector<std::span<const float>> grads,
+                                           int64_t step, bool blocking) {
   if (names.size() != grads.size()) throw ConfigError("push: " + std::to_string(names.size()) + " names but " +
                                                       std::to_string(grads.size()) + " gradients");
   for (std::size_t i = 0; i < names.size(); ++i) {
@@ -380,7 +429,7 @@ std::future<PushResult> Client::push_async(std::vector<std::string> names, std::
     }
   }
   auto batches = impl_->plan(names);
-  return impl_->submit<PushResult>(
+  return impl_->run<PushResult>(
       [this, batches = std::move(batches), grads = std::move(grads), n = names.size(), step]() mutable {
         auto result = kj::heap<PushResult>();
         result->status.assign(n, PushStatus::kApplied);
@@ -415,12 +464,12 @@ std::future<PushResult> Client::push_async(std::vector<std::string> names, std::
           return std::move(*result);
         });
       },
-      "push: ");
+      "push: ", blocking);
 }
 
 PushResult Client::push(const std::vector<std::string>& names, const std::vector<std::span<const float>>& grads,
                         int64_t step) {
-  return push_async(names, grads, step).get();
+  return start_push(names, grads, step, true).get();
 }
 
 PushStatus Client::push(const std::string& name, std::span<const float> grad) {
@@ -431,27 +480,17 @@ std::vector<TensorInfo> Client::list() {
   struct Collected {
     std::vector<std::pair<int, TensorInfo>> items;
   };
-  auto collected = impl_->submit<Collected>(
-                            [this] {
-                              auto out = kj::heap<Collected>();
-                              kj::Vector<kj::Promise<void>> calls;
-                              for (auto& s : impl_->shards) {
-                                int shard = s->index;
-                                calls.add(s->shard.listRequest().send().then(
-                                    [shard, out = out.get()](capnp::Response<wire::Shard::ListResults>&& reply) {
-                                      for (auto t : reply.getTensors()) {
-                                        TensorInfo info;
-                                        info.name = t.hasPart() ? t.getPart().getFullName() : t.getName();
-                                        info.shape = shape_from_wire(t.hasPart() ? t.getPart().getFullShape() : t.getShape());
-                                        info.version = t.getVersion();
-                                        info.optimizer = static_cast<OptimizerKind>(t.getOptimizer());
-                                        out->items.emplace_back(shard, std::move(info));
-                                      }
-                                    }));
+  auto collected = impl_->on_every_shard<Collected>(
+                            [](ShardConnection& s) { return s.shard.listRequest().send(); },
+                            [](Collected& out, int shard, capnp::Response<wire::Shard::ListResults>& reply) {
+                              for (auto t : reply.getTensors()) {
+                                TensorInfo info;
+                                info.name = t.hasPart() ? t.getPart().getFullName() : t.getName();
+                                info.shape = shape_from_wire(t.hasPart() ? t.getPart().getFullShape() : t.getShape());
+                                info.version = t.getVersion();
+                                info.optimizer = static_cast<OptimizerKind>(t.getOptimizer());
+                                out.items.emplace_back(shard, std::move(info));
                               }
-                              return kj::joinPromises(calls.releaseAsArray()).then([out = kj::mv(out)]() mutable {
-                                return std::move(*out);
-                              });
                             },
                             "list: ")
                        .get();
@@ -476,46 +515,38 @@ std::vector<ShardStats> Client::stats() {
   struct Collected {
     std::vector<ShardStats> items;
   };
-  return impl_->submit<Collected>(
-                  [this] {
-                    auto out = kj::heap<Collected>();
-                    out->items.resize(impl_->shards.size());
-                    kj::Vector<kj::Promise<void>> calls;
-                    for (auto& s : impl_->shards) {
-                      calls.add(s->shard.statsRequest().send().then(
-                          [shard = s->index, address = s->address, out = out.get()](
-                              capnp::Response<wire::Shard::StatsResults>&& reply) {
-                            auto st = reply.getStats();
-                            ShardStats& o = out->items[shard];
-                            o.shard = shard;
-                            o.address = address;
-                            o.tensors = st.getTensors();
-                            o.bytes = st.getBytes();
-                            o.pushes = st.getPushes();
-                            o.pulls = st.getPulls();
-                            o.rejected = st.getRejected();
-                            o.stale_gradients = st.getStaleGradients();
-                            o.global_step = st.getGlobalStep();
-                            o.connections = st.getConnections();
-                            o.job = job_from_wire(st.getJob());
-                            o.ready = st.getReady();
-                            o.finished = st.getFinished();
-                            o.steps_applied = st.getStepsApplied();
-                            o.staleness_waits = st.getStalenessWaits();
-                            o.max_staleness = st.getMaxStaleness();
-                            for (auto w : st.getWorkers()) {
-                              o.workers.push_back({w.getWorkerIndex(), w.getStep(), w.getConnected(), w.getPushes(),
-                                                   w.getStale()});
-                            }
-                          }));
-                    }
-                    return kj::joinPromises(calls.releaseAsArray()).then([out = kj::mv(out)]() mutable {
-                      return std::move(*out);
-                    });
-                  },
-                  "stats: ")
-      .get()
-      .items;
+  auto collected = impl_->on_every_shard<Collected>(
+                            [](ShardConnection& s) { return s.shard.statsRequest().send(); },
+                            [this](Collected& out, int shard, capnp::Response<wire::Shard::StatsResults>& reply) {
+                              auto st = reply.getStats();
+                              ShardStats o;
+                              o.shard = shard;
+                              o.address = impl_->options.ps_hosts[shard];
+                              o.tensors = st.getTensors();
+                              o.bytes = st.getBytes();
+                              o.pushes = st.getPushes();
+                              o.pulls = st.getPulls();
+                              o.rejected = st.getRejected();
+                              o.stale_gradients = st.getStaleGradients();
+                              o.global_step = st.getGlobalStep();
+                              o.connections = st.getConnections();
+                              o.job = job_from_wire(st.getJob());
+                              o.ready = st.getReady();
+                              o.finished = st.getFinished();
+                              o.steps_applied = st.getStepsApplied();
+                              o.staleness_waits = st.getStalenessWaits();
+                              o.max_staleness = st.getMaxStaleness();
+                              for (auto w : st.getWorkers()) {
+                                o.workers.push_back({w.getWorkerIndex(), w.getStep(), w.getConnected(), w.getPushes(),
+                                                     w.getStale()});
+                              }
+                              out.items.push_back(std::move(o));
+                            },
+                            "stats: ")
+                       .get();
+  std::sort(collected.items.begin(), collected.items.end(),
+            [](const ShardStats& a, const ShardStats& b) { return a.shard < b.shard; });
+  return collected.items;
 }
 
 JobConfig Client::job() const {
@@ -607,6 +638,24 @@ void Client::finish() {
   impl_->on_every_shard<Nothing>([](ShardConnection& s) { return s.shard.finishRequest().send(); },
                                  [](Nothing&, int, auto&) {}, "finish: ")
       .get();
+}
+
+void Client::report(int64_t step, float loss, float accuracy, float samples_per_sec, float learning_rate) {
+  // run_sync only hands the sends to the loop thread; nobody waits for the
+  // replies. A failed report is logged, never thrown: it must not stop training.
+  impl_->loop.run_sync([&] {
+    for (auto& s : impl_->shards) {
+      auto req = s->shard.reportRequest();
+      req.setStep(step);
+      req.setLoss(loss);
+      req.setAccuracy(accuracy);
+      req.setSamplesPerSec(samples_per_sec);
+      req.setLearningRate(learning_rate);
+      impl_->tasks->add(req.send().ignoreResult().catch_([address = s->address](kj::Exception&& e) {
+        spdlog::warn("report to {} failed: {}", address, e.getDescription().cStr());
+      }));
+    }
+  });
 }
 
 }  // namespace ps

@@ -4,5 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# The status-page test drives headless Chromium and reports SKIP without it.
+# CI installs it; elsewhere it is optional (PS_INSTALL_CHROMIUM=1 to install).
+if { [ "${CI:-}" = "true" ] || [ "${PS_INSTALL_CHROMIUM:-}" = "1" ]; } && ! command -v chromium >/dev/null; then
+  echo "test: installing chromium for the status-page test"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q chromium  # with its recommended fonts, for readable screenshots
+fi
 BUILD_DIR=${BUILD_DIR:-build}
 meson test -C "$BUILD_DIR" --print-errorlogs --num-processes 2 "$@"

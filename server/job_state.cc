@@ -53,7 +53,11 @@ void JobState::connect(int worker_index, bool is_chief, const std::string& peer)
     }
     chief_ = worker_index;
   }
-  if (worker_index >= 0) ++workers_[worker_index].connections;
+  if (worker_index >= 0) {
+    WorkerRecord& w = workers_[worker_index];
+    ++w.connections;
+    w.peer = peer;
+  }
   recheck_staleness_waiters();
 }
 

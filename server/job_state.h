@@ -18,11 +18,23 @@
 
 namespace ps {
 
+// A worker's last progress report (the report RPC).
+struct WorkerReport {
+  int64_t step = 0;
+  float loss = 0;
+  float accuracy = 0;
+  float samples_per_sec = 0;
+  float learning_rate = 0;
+  double unix_secs = 0;   // when psd received it
+};
+
 struct WorkerRecord {
   int64_t step = 0;       // steps completed (stepDone) or the step last pushed at
   int connections = 0;    // live connections that said hello with this index
   uint64_t pushes = 0;
   uint64_t stale = 0;
+  std::string peer;       // address of its latest connection
+  std::optional<WorkerReport> report;
 };
 
 class JobState {

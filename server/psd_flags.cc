@@ -13,6 +13,11 @@ void add_psd_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
   app.add_option("--bind", o.bind, "address to listen on; use 0.0.0.0 to accept other hosts")->capture_default_str();
   app.add_option("--unix_socket", o.unix_socket, "also listen on this Unix-domain socket (fast path on one host)");
   app.add_option("--port_file", o.port_file, "write the bound port to this file once listening");
+  app.add_option("--http_port", x.http_port,
+                 "serve /metrics (Prometheus), /healthz and a status page over HTTP on this port of --bind "
+                 "(0: off; any: a free port, see --http_port_file)")
+      ->capture_default_str();
+  app.add_option("--http_port_file", o.http_port_file, "write the bound HTTP port to this file once listening");
   app.add_option("--shard_index", o.shard.shard_index, "this shard's index")->capture_default_str();
   app.add_option("--num_shards", o.shard.num_shards, "number of shards in the job")->capture_default_str();
   app.add_option("--ps_hosts", x.ps_hosts, "comma-separated ps host:port list; with --task_index sets shard and port");
@@ -69,6 +74,22 @@ void finish_psd_flags(ServerOptions& o, const PsdFlagValues& x) {
                       std::to_string(o.shard.num_shards));
   }
   if (o.port < 0 || o.port > 65535) throw ConfigError("--port must be in 0..65535");
+  // --port 0 means "any port", but --http_port 0 means "no HTTP" (monitoring
+  // is opt-in), so "any port" has its own spelling.
+  if (x.http_port == "any") {
+    o.http_port = 0;
+  } else {
+    int p = -1;
+    try {
+      std::size_t used = 0;
+      p = std::stoi(x.http_port, &used);
+      if (used != x.http_port.size()) p = -1;
+    } catch (...) {
+    }
+    if (p < 0 || p > 65535) throw ConfigError("--http_port must be a port (1..65535), 0 (off) or 'any', not '" + x.http_port + "'");
+    if (p > 0) o.http_port = static_cast<uint16_t>(p);
+  }
+  if (!o.http_port_file.empty() && !o.http_port) throw ConfigError("--http_port_file needs --http_port");
   if (x.max_message_mb <= 0 || x.max_tensor_mb <= 0 || x.max_memory_mb <= 0) throw ConfigError("size limits must be > 0");
   o.shard.max_message_bytes = static_cast<uint64_t>(x.max_message_mb * (1 << 20));
   o.shard.limits.max_tensor_bytes = static_cast<uint64_t>(x.max_tensor_mb * (1 << 20));

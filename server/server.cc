@@ -9,12 +9,20 @@
 #include <capnp/rpc-twoparty.h>
 #include <spdlog/spdlog.h>
 
+#include "monitoring_http.h"
 #include "ps/errors.h"
 #include "shard_service.h"
 
 namespace ps {
 
 namespace {
+
+void write_port_file(const std::string& path, int port) {
+  // Written whole and renamed, so a reader never sees a partial number.
+  std::string tmp = path + ".tmp";
+  { std::ofstream(tmp) << port << "\n"; }
+  std::rename(tmp.c_str(), path.c_str());
+}
 
 // One accepted connection: its stream, the two-party network over it and the
 // RPC system serving a ShardServiceImpl as bootstrap.
@@ -37,12 +45,12 @@ std::string peer_name(kj::AsyncIoStream& stream, const std::string& fallback) {
     if (addr.ss_family == AF_INET) {
       auto* in = reinterpret_cast<sockaddr_in*>(&addr);
       inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-      return std::string(host) + ":" + std::to_string(ntohs(in->sin_port));
+      return fmt::format("{}:{}", host, ntohs(in->sin_port));
     }
     if (addr.ss_family == AF_INET6) {
       auto* in = reinterpret_cast<sockaddr_in6*>(&addr);
       inet_ntop(AF_INET6, &in->sin6_addr, host, sizeof(host));
-      return "[" + std::string(host) + "]:" + std::to_string(ntohs(in->sin6_port));
+      return fmt::format("[{}]:{}", host, ntohs(in->sin6_port));
     }
   } catch (...) {
   }
@@ -85,6 +93,7 @@ struct PsServer::Impl : kj::TaskSet::ErrorHandler {
   Shard shard;
   std::list<Connection> connections;
   kj::Own<kj::TaskSet> tasks;
+  std::unique_ptr<MonitoringHttp> http;  // with --http_port
 };
 
 PsServer::PsServer(ServerOptions options, kj::AsyncIoContext& io)
@@ -113,16 +122,30 @@ void PsServer::run(kj::Promise<void> stop) {
       throw ConfigError("psd: cannot listen on unix:" + o.unix_socket + ": " + e.getDescription().cStr());
     }
   }
-  if (!o.port_file.empty()) {
-    std::string tmp = o.port_file + ".tmp";
-    { std::ofstream(tmp) << port << "\n"; }
-    std::rename(tmp.c_str(), o.port_file.c_str());
+  kj::Own<kj::ConnectionReceiver> http;
+  if (o.http_port) {
+    try {
+      http = io.provider->getNetwork().parseAddress(o.bind, *o.http_port).wait(io.waitScope)->listen();
+    } catch (const kj::Exception& e) {
+      throw ConfigError(fmt::format("psd: cannot listen for HTTP on {}:{}: {}", o.bind, *o.http_port,
+                                    e.getDescription().cStr()));
+    }
+    // Before port_file: whoever waits for port_file may read this one at once.
+    if (!o.http_port_file.empty()) write_port_file(o.http_port_file, static_cast<int>(http->getPort()));
+    spdlog::info("psd shard {} serving HTTP (/metrics, /healthz, status page) on http://{}:{}/", o.shard.shard_index,
+                 o.bind, http->getPort());
   }
+  if (!o.port_file.empty()) write_port_file(o.port_file, port);
   spdlog::info("psd shard {}/{} listening on {}:{}{} ({} compute threads)", o.shard.shard_index, o.shard.num_shards,
                o.bind, port, o.unix_socket.empty() ? "" : " and unix:" + o.unix_socket, o.threads);
 
   auto serving = impl_->accept_loop(*tcp, "tcp");
   if (local) serving = serving.exclusiveJoin(impl_->accept_loop(*local, "unix"));
+  if (http) {
+    // Same event loop as the RPC: the handlers read the shard without locks.
+    impl_->http = std::make_unique<MonitoringHttp>(impl_->shard, io.provider->getTimer());
+    serving = serving.exclusiveJoin(impl_->http->serve(*http));
+  }
   if (o.exit_when_done) {
     auto done = kj::newPromiseAndFulfiller<void>();
     impl_->shard.job().on_done([f = done.fulfiller.get()] { f->fulfill(); });
@@ -139,6 +162,7 @@ void PsServer::run(kj::Promise<void> stop) {
   // Finish the arithmetic in flight (it reads request buffers) before the
   // connections, and the promises watching them, go away.
   impl_->pool.join();
+  impl_->http = nullptr;  // closes the HTTP connections still open
   impl_->tasks = nullptr;
   impl_->connections.clear();
   if (!o.unix_socket.empty()) ::unlink(o.unix_socket.c_str());

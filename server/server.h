@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <kj/async-io.h>
@@ -25,6 +26,8 @@ struct ServerOptions {
   int port = 2222;              // 0 picks a free port (see port_file)
   std::string unix_socket;      // also listen on this path when set
   std::string port_file;        // write the bound TCP port here once listening
+  std::optional<uint16_t> http_port;  // serve /metrics, /healthz and the status page; 0 picks a free port
+  std::string http_port_file;   // write the bound HTTP port here (before port_file is written)
   unsigned threads = 2;         // compute pool size; 0 = apply on the event loop
   uint32_t max_connections = 1024;
   bool exit_when_done = true;   // exit once the chief said finish and the workers left

@@ -1,6 +1,7 @@
 #include "shard.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <set>
@@ -51,10 +52,45 @@ class LogErrors final : public kj::TaskSet::ErrorHandler {
 };
 LogErrors log_errors;
 
+// Apply latency, seconds: a small tensor applies in microseconds, a
+// hundred-megabyte Adam update in tens of milliseconds.
+std::vector<double> apply_latency_bounds() {
+  return {1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1.0};
+}
+
+// Staleness, steps: 0 is the healthy case, tens means a straggler.
+std::vector<double> staleness_bounds() { return {0, 1, 2, 3, 5, 10, 20, 50, 100, 1000}; }
+
 }  // namespace
 
+const char* request_kind_name(RequestKind kind) {
+  switch (kind) {
+    case RequestKind::kHello: return "hello";
+    case RequestKind::kCreate: return "create";
+    case RequestKind::kPull: return "pull";
+    case RequestKind::kPush: return "push";
+    case RequestKind::kList: return "list";
+    case RequestKind::kStats: return "stats";
+    case RequestKind::kInitJob: return "initJob";
+    case RequestKind::kSetReady: return "setReady";
+    case RequestKind::kWaitReady: return "waitReady";
+    case RequestKind::kStepDone: return "stepDone";
+    case RequestKind::kBarrier: return "barrier";
+    case RequestKind::kFinish: return "finish";
+    case RequestKind::kReport: return "report";
+    case RequestKind::kCount: break;
+  }
+  return "?";
+}
+
 Shard::Shard(ShardOptions options, ComputePool& pool, kj::Timer& timer)
-    : options_(std::move(options)), pool_(pool), store_(options_.limits), job_(timer), tasks_(log_errors) {}
+    : options_(std::move(options)),
+      pool_(pool),
+      store_(options_.limits),
+      job_(timer),
+      apply_latency_(apply_latency_bounds()),
+      push_staleness_(staleness_bounds()),
+      tasks_(log_errors) {}
 
 void Shard::hello(const Caller& caller) { job_.connect(caller.worker_index, caller.is_chief, caller.peer); }
 
@@ -88,6 +124,13 @@ kj::Promise<void> Shard::run_on(StoredTensor* t, std::function<void()> fn) {
     return kj::READY_NOW;
   }
   return pool_.run(t->id(), std::move(fn));
+}
+
+void Shard::timed_apply(StoredTensor* t, std::span<const float> g, float scale) {
+  // steady_clock::now() is a vDSO call (~20 ns): negligible next to an apply.
+  const auto start = std::chrono::steady_clock::now();
+  t->apply(g, scale);
+  apply_latency_.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
 kj::Promise<void> Shard::pull(const Caller&, wire::Shard::PullParams::Reader params,
@@ -171,6 +214,13 @@ kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Rea
     if (job.mode != SyncMode::kSync) worker->step = std::max(worker->step, step);
   }
   if (job.mode == SyncMode::kBoundedStaleness && worker) job_.record_staleness(step - job_.slowest_live_step());
+  if (worker) {
+    // Sync: how many steps old the gradient is (stale ones included).
+    // Otherwise there is no common step to be behind: how far this worker
+    // runs ahead of the slowest connected one.
+    const int64_t staleness = sync ? job_.global_step() - step : step - job_.slowest_live_step();
+    push_staleness_.observe(static_cast<double>(std::max<int64_t>(0, staleness)));
+  }
   counters_.pushes += work.size();
   counters_.bytes_in += bytes;
   results.setStep(job_.global_step());
@@ -192,7 +242,7 @@ kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Rea
       status.set(i, s);
     } else {
       status.set(i, wire::PushStatus::APPLIED);
-      pending.add(run_on(t, [t, g] { t->apply(g, 1.0f); }));
+      pending.add(run_on(t, [this, t, g] { timed_apply(t, g, 1.0f); }));
     }
   }
   if (sync && complete_tensors_ > 0 && complete_tensors_ >= trainable_count()) commit_sync_step();
@@ -238,7 +288,7 @@ void Shard::commit_sync_step() {
     std::span<const float> sum(slot.sum);
     // Queued on the tensor's strand behind this step's sums and ahead of the
     // next step's, and ahead of every read that starts after this point.
-    tasks_.add(run_on(tensor, [tensor, sum, scale] { tensor->apply(sum, scale); }));
+    tasks_.add(run_on(tensor, [this, tensor, sum, scale] { timed_apply(tensor, sum, scale); }));
     slot.count = 0;
     slot.contributors.clear();
     slot.complete = false;
@@ -265,6 +315,24 @@ std::pair<int64_t, bool> Shard::step_done(const Caller& caller, int64_t step) {
   return {job_.global_step(), job_.stop_reached()};
 }
 
+void Shard::report(const Caller& caller, wire::Shard::ReportParams::Reader params) {
+  if (caller.worker_index < 0) throw RequestError("report: only workers report progress (say hello with a worker index)");
+  job_.check_worker(caller.worker_index);
+  WorkerReport r;
+  r.step = params.getStep();
+  r.loss = params.getLoss();  // NaN kept: a diverging loss is worth seeing
+  r.accuracy = params.getAccuracy();
+  r.samples_per_sec = params.getSamplesPerSec();
+  r.learning_rate = params.getLearningRate();
+  r.unix_secs = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  job_.worker(caller.worker_index).report = r;
+}
+
+void Shard::note_checkpoint(int64_t step, double unix_secs) {
+  last_checkpoint_step_ = step;
+  last_checkpoint_unix_secs_ = unix_secs;
+}
+
 void Shard::list(wire::Shard::ListResults::Builder results) const {
   auto all = store_.all();
   auto out = results.initTensors(static_cast<unsigned>(all.size()));
@@ -286,6 +354,10 @@ void Shard::stats(wire::ShardStats::Builder out) const {
   out.setMaxStaleness(job_.max_staleness_seen());
   out.setStepsApplied(counters_.steps_applied);
   out.setFinished(job_.finished());
+  out.setBytesIn(counters_.bytes_in);
+  out.setBytesOut(counters_.bytes_out);
+  out.setLastCheckpointStep(last_checkpoint_step_);
+  out.setLastCheckpointUnixSecs(last_checkpoint_unix_secs_);
   auto workers = out.initWorkers(static_cast<unsigned>(job_.workers().size()));
   unsigned i = 0;
   for (const auto& [index, w] : job_.workers()) {
@@ -294,6 +366,11 @@ void Shard::stats(wire::ShardStats::Builder out) const {
     workers[i].setConnected(w.connections > 0);
     workers[i].setPushes(w.pushes);
     workers[i].setStale(w.stale);
+    workers[i].setPeer(w.peer);
+    if (w.report) {
+      workers[i].setLoss(w.report->loss);
+      workers[i].setSamplesPerSec(w.report->samples_per_sec);
+    }
     ++i;
   }
 }

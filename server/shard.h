@@ -13,6 +13,7 @@
 //    c - (slowest connected worker's step) <= max_staleness.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -23,6 +24,7 @@
 #include <kj/timer.h>
 
 #include "compute_pool.h"
+#include "histogram.h"
 #include "job_state.h"
 #include "ps.capnp.h"
 #include "tensor_store.h"
@@ -38,8 +40,20 @@ struct ShardOptions {
   StoreLimits limits;
 };
 
+// The RPC methods, for per-kind request counts (ps_requests_total{kind=...}).
+enum class RequestKind : unsigned {
+  kHello, kCreate, kPull, kPush, kList, kStats, kInitJob, kSetReady, kWaitReady, kStepDone, kBarrier, kFinish,
+  kReport, kCount
+};
+constexpr std::size_t kRequestKinds = static_cast<std::size_t>(RequestKind::kCount);
+// The name used as the metric label (the schema's method name).
+const char* request_kind_name(RequestKind kind);
+
 // Counters read by stats() and the metrics endpoint; updated on any thread.
+// pushes/pulls/creates count tensors (a request may carry several);
+// `requests` counts RPC calls, whatever their outcome.
 struct ShardCounters {
+  std::array<std::atomic<uint64_t>, kRequestKinds> requests{};
   std::atomic<uint64_t> pushes{0};
   std::atomic<uint64_t> pulls{0};
   std::atomic<uint64_t> creates{0};
@@ -76,11 +90,25 @@ class Shard {
   void init_job(wire::JobConfig::Reader config);
   // Returns (global step, stop).
   std::pair<int64_t, bool> step_done(const Caller& caller, int64_t step);
+  // Keeps a worker's progress report (the report RPC) for metrics and the status page.
+  void report(const Caller& caller, wire::Shard::ReportParams::Reader params);
+  // Called by whoever writes a checkpoint, once it is durable.
+  void note_checkpoint(int64_t step, double unix_secs);
 
   JobState& job() { return job_; }
+  const JobState& job() const { return job_; }
   const ShardOptions& options() const { return options_; }
   TensorStore& store() { return store_; }
+  const TensorStore& store() const { return store_; }
   ShardCounters& counters() { return counters_; }
+  const ShardCounters& counters() const { return counters_; }
+  // Seconds spent in an optimizer apply, per tensor (async pushes and sync commits).
+  const Histogram& apply_latency() const { return apply_latency_; }
+  // Per push from a worker, in steps: sync: global step - the gradient's step;
+  // async and bounded staleness: the worker's step - the slowest connected worker's step.
+  const Histogram& push_staleness() const { return push_staleness_; }
+  int64_t last_checkpoint_step() const { return last_checkpoint_step_; }  // -1: none yet
+  double last_checkpoint_unix_secs() const { return last_checkpoint_unix_secs_; }
 
  private:
   // Per-tensor sums for the current sync step.
@@ -93,6 +121,8 @@ class Shard {
 
   kj::Promise<void> read_tensors(std::vector<StoredTensor*> tensors, wire::Shard::PullResults::Builder results);
   kj::Promise<void> run_on(StoredTensor* t, std::function<void()> fn);
+  // t->apply(g, scale), timed into apply_latency_; runs on any thread.
+  void timed_apply(StoredTensor* t, std::span<const float> g, float scale);
   wire::PushStatus offer_sync(StoredTensor* t, int worker, std::span<const float> g, kj::Vector<kj::Promise<void>>& work);
   void commit_sync_step();
   uint64_t trainable_count() const;
@@ -104,6 +134,10 @@ class Shard {
   JobState job_;
   std::unordered_map<StoredTensor*, SyncSlot> sync_;
   uint64_t complete_tensors_ = 0;
+  Histogram apply_latency_;
+  Histogram push_staleness_;
+  int64_t last_checkpoint_step_ = -1;
+  double last_checkpoint_unix_secs_ = 0;
   kj::TaskSet tasks_;  // sync-step applies nobody waits for
 };
 

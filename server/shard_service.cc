@@ -25,7 +25,9 @@ void ShardServiceImpl::require_hello(const char* what) const {
 }
 
 template <typename F>
-kj::Promise<void> ShardServiceImpl::guarded(const char* what, F&& handler) {
+kj::Promise<void> ShardServiceImpl::guarded(RequestKind kind, F&& handler) {
+  ++shard_.counters().requests[static_cast<std::size_t>(kind)];
+  const char* what = request_kind_name(kind);
   auto reject = [this, what](const char* message) {
     ++shard_.counters().rejected;
     spdlog::info("refused {} from {}: {}", what, caller_.peer, message);
@@ -44,7 +46,7 @@ kj::Promise<void> ShardServiceImpl::guarded(const char* what, F&& handler) {
 }
 
 kj::Promise<void> ShardServiceImpl::hello(HelloContext context) {
-  return guarded("hello", [&]() -> kj::Promise<void> {
+  return guarded(RequestKind::kHello, [&]() -> kj::Promise<void> {
     auto params = context.getParams();
     if (params.getProtocolVersion() != wire::K_PROTOCOL_VERSION) {
       throw RequestError("protocol version mismatch: client speaks " + std::to_string(params.getProtocolVersion()) +
@@ -67,39 +69,39 @@ kj::Promise<void> ShardServiceImpl::hello(HelloContext context) {
 }
 
 kj::Promise<void> ShardServiceImpl::create(CreateContext context) {
-  return guarded("create", [&]() -> kj::Promise<void> {
+  return guarded(RequestKind::kCreate, [&]() -> kj::Promise<void> {
     shard_.create(context.getParams(), context.getResults());
     return kj::READY_NOW;
   });
 }
 
 kj::Promise<void> ShardServiceImpl::pull(PullContext context) {
-  return guarded("pull", [&] { return shard_.pull(caller_, context.getParams(), context.getResults()); });
+  return guarded(RequestKind::kPull, [&] { return shard_.pull(caller_, context.getParams(), context.getResults()); });
 }
 
 kj::Promise<void> ShardServiceImpl::push(PushContext context) {
-  return guarded("push", [&] {
+  return guarded(RequestKind::kPush, [&] {
     require_hello("push");
     return shard_.push(caller_, context.getParams(), context.getResults());
   });
 }
 
 kj::Promise<void> ShardServiceImpl::list(ListContext context) {
-  return guarded("list", [&]() -> kj::Promise<void> {
+  return guarded(RequestKind::kList, [&]() -> kj::Promise<void> {
     shard_.list(context.getResults());
     return kj::READY_NOW;
   });
 }
 
 kj::Promise<void> ShardServiceImpl::stats(StatsContext context) {
-  return guarded("stats", [&]() -> kj::Promise<void> {
+  return guarded(RequestKind::kStats, [&]() -> kj::Promise<void> {
     shard_.stats(context.getResults().initStats());
     return kj::READY_NOW;
   });
 }
 
 kj::Promise<void> ShardServiceImpl::initJob(InitJobContext context) {
-  return guarded("initJob", [&]() -> kj::Promise<void> {
+  return guarded(RequestKind::kInitJob, [&]() -> kj::Promise<void> {
     require_hello("initJob");
     shard_.init_job(context.getParams().getConfig());
     shard_.info(context.getResults().initInfo());
@@ -108,7 +110,7 @@ kj::Promise<void> ShardServiceImpl::initJob(InitJobContext context) {
 }
 
 kj::Promise<void> ShardServiceImpl::setReady(SetReadyContext) {
-  return guarded("setReady", [&]() -> kj::Promise<void> {
+  return guarded(RequestKind::kSetReady, [&]() -> kj::Promise<void> {
     require_hello("setReady");
     if (!caller_.is_chief) throw RequestError("setReady: only the chief marks the model ready");
     shard_.job().set_ready();
@@ -117,7 +119,7 @@ kj::Promise<void> ShardServiceImpl::setReady(SetReadyContext) {
 }
 
 kj::Promise<void> ShardServiceImpl::waitReady(WaitReadyContext context) {
-  return guarded("waitReady", [&]() -> kj::Promise<void> {
+  return guarded(RequestKind::kWaitReady, [&]() -> kj::Promise<void> {
     const uint32_t ms = std::min<uint32_t>(context.getParams().getTimeoutMs(), 3'600'000);
     return shard_.job().wait_ready(ms * kj::MILLISECONDS).then([this, context](bool ready) mutable {
       auto r = context.getResults();
@@ -129,7 +131,7 @@ kj::Promise<void> ShardServiceImpl::waitReady(WaitReadyContext context) {
 }
 
 kj::Promise<void> ShardServiceImpl::stepDone(StepDoneContext context) {
-  return guarded("stepDone", [&]() -> kj::Promise<void> {
+  return guarded(RequestKind::kStepDone, [&]() -> kj::Promise<void> {
     require_hello("stepDone");
     auto [step, stop] = shard_.step_done(caller_, context.getParams().getStep());
     context.getResults().setGlobalStep(step);
@@ -139,7 +141,7 @@ kj::Promise<void> ShardServiceImpl::stepDone(StepDoneContext context) {
 }
 
 kj::Promise<void> ShardServiceImpl::barrier(BarrierContext context) {
-  return guarded("barrier", [&]() -> kj::Promise<void> {
+  return guarded(RequestKind::kBarrier, [&]() -> kj::Promise<void> {
     auto p = context.getParams();
     const uint32_t ms = std::min<uint32_t>(p.getTimeoutMs(), 3'600'000);
     return shard_.job().barrier(p.getName(), p.getCount(), ms * kj::MILLISECONDS).then([context](uint32_t n) mutable {
@@ -149,9 +151,17 @@ kj::Promise<void> ShardServiceImpl::barrier(BarrierContext context) {
 }
 
 kj::Promise<void> ShardServiceImpl::finish(FinishContext) {
-  return guarded("finish", [&]() -> kj::Promise<void> {
+  return guarded(RequestKind::kFinish, [&]() -> kj::Promise<void> {
     require_hello("finish");
     shard_.job().finish();
+    return kj::READY_NOW;
+  });
+}
+
+kj::Promise<void> ShardServiceImpl::report(ReportContext context) {
+  return guarded(RequestKind::kReport, [&]() -> kj::Promise<void> {
+    require_hello("report");
+    shard_.report(caller_, context.getParams());
     return kj::READY_NOW;
   });
 }

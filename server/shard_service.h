@@ -26,11 +26,12 @@ class ShardServiceImpl final : public wire::Shard::Server {
   kj::Promise<void> stepDone(StepDoneContext context) override;
   kj::Promise<void> barrier(BarrierContext context) override;
   kj::Promise<void> finish(FinishContext context) override;
+  kj::Promise<void> report(ReportContext context) override;
 
  private:
   // Runs a handler; a ps::Error becomes an RPC error carrying its message.
   template <typename F>
-  kj::Promise<void> guarded(const char* what, F&& handler);
+  kj::Promise<void> guarded(RequestKind kind, F&& handler);
 
   void require_hello(const char* what) const;
 

@@ -152,12 +152,23 @@ class Client {
   // Chief: the job is over; the shards exit once their workers disconnect.
   void finish();
 
+  // Reports this worker's progress to every shard, for psd's /metrics and
+  // status page. Fire and forget: returns without waiting for the shards, and
+  // a failure is only logged (progress is advisory). Needs a worker index
+  // (ClientOptions::worker_index); calls on one Client reach each shard in order.
+  void report(int64_t step, float loss, float accuracy, float samples_per_sec, float learning_rate);
+
   int num_shards() const;
   const ClientOptions& options() const;
   // The placement of everything created or declared so far (a copy).
   Placement placement() const;
 
  private:
+  std::future<PullResult> start_pull(std::vector<std::string> names, std::vector<std::span<float>> out,
+                                     int64_t min_step, bool blocking);
+  std::future<PushResult> start_push(std::vector<std::string> names, std::vector<std::span<const float>> grads,
+                                     int64_t step, bool blocking);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -1,0 +1,124 @@
+#include "status_json.h"
+
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+namespace ps {
+namespace {
+
+// Tensor names come from clients: escape everything JSON requires.
+std::string quote(const std::string& s) {
+  std::string out(1, '"');
+  for (unsigned char c : s) {
+    if (c == '"') out += "\\\"";
+    else if (c == '\\') out += "\\\\";
+    else if (c < 0x20) out += fmt::format("\\u{:04x}", c);
+    else out += static_cast<char>(c);
+  }
+  out += '"';
+  return out;
+}
+
+// JSON has no NaN or Infinity.
+std::string number(double v) { return std::isfinite(v) ? fmt::format("{}", v) : "null"; }
+
+const char* mode_name(SyncMode m) {
+  switch (m) {
+    case SyncMode::kAsync: return "async";
+    case SyncMode::kSync: return "sync";
+    case SyncMode::kBoundedStaleness: return "bounded staleness";
+  }
+  return "?";
+}
+
+}  // namespace
+
+ProgressSample sample_progress(const Shard& shard, double now_unix_secs) {
+  ProgressSample s;
+  s.unix_secs = now_unix_secs;
+  s.global_step = shard.job().global_step();
+  s.bytes = shard.counters().bytes_in + shard.counters().bytes_out;
+  double sum = 0;
+  int n = 0;
+  for (const auto& [i, w] : shard.job().workers()) {
+    if (w.report && std::isfinite(w.report->loss)) {
+      sum += w.report->loss;
+      ++n;
+    }
+  }
+  s.mean_loss = n > 0 ? sum / n : std::numeric_limits<double>::quiet_NaN();
+  return s;
+}
+
+std::string status_json(const Shard& shard, const ProgressHistory& history, double now_unix_secs) {
+  const JobState& job = shard.job();
+  const ShardCounters& c = shard.counters();
+  std::string o = "{";
+  o += fmt::format("\"shard\":{},\"num_shards\":{},\"version\":{},", shard.options().shard_index,
+                   shard.options().num_shards, quote(PS_VERSION));
+  o += fmt::format("\"mode\":{},\"job\":{},\"configured\":{},\"ready\":{},\"finished\":{},",
+                   quote(mode_name(job.config().mode)), quote(to_string(job.config())), job.configured(), job.ready(),
+                   job.finished());
+  o += fmt::format("\"global_step\":{},\"train_steps\":{},\"pushes\":{},\"pulls\":{},\"bytes_in\":{},\"bytes_out\":{},",
+                   job.global_step(), job.config().train_steps, c.pushes.load(), c.pulls.load(), c.bytes_in.load(),
+                   c.bytes_out.load());
+  o += fmt::format("\"stale\":{},\"rejected\":{},\"connections\":{},\"now\":{},", c.stale.load(), c.rejected.load(),
+                   c.connections.load(), number(now_unix_secs));
+  o += fmt::format("\"last_checkpoint_step\":{},\"last_checkpoint_unix_secs\":{},", shard.last_checkpoint_step(),
+                   number(shard.last_checkpoint_unix_secs()));
+
+  o += "\"tensors\":[";
+  bool first = true;
+  for (const StoredTensor* t : shard.store().all()) {
+    std::string shape;
+    for (std::size_t i = 0; i < t->spec().shape.size(); ++i) {
+      if (i) shape += ',';
+      shape += std::to_string(t->spec().shape[i]);
+    }
+    o += fmt::format("{}{{\"name\":{},\"shape\":[{}],\"bytes\":{},\"version\":{},\"trainable\":{}}}", first ? "" : ",",
+                     quote(t->spec().name), shape, t->size() * sizeof(float), t->version(), t->spec().trainable);
+    first = false;
+  }
+  o += "],\"workers\":[";
+  first = true;
+  for (const auto& [i, w] : job.workers()) {
+    // lag: global step - worker step; null while the job's step is behind the
+    // worker's (async workers that push but never call stepDone).
+    const int64_t lag = job.global_step() - w.step;
+    o += fmt::format("{}{{\"index\":{},\"connected\":{},\"peer\":{},\"step\":{},\"lag\":{},\"pushes\":{},\"stale\":{}",
+                     first ? "" : ",", i, w.connections > 0, quote(w.peer), w.step,
+                     lag >= 0 ? std::to_string(lag) : "null", w.pushes, w.stale);
+    if (w.report) {
+      const WorkerReport& r = *w.report;
+      o += fmt::format(",\"report\":{{\"step\":{},\"loss\":{},\"accuracy\":{},\"samples_per_sec\":{},"
+                       "\"learning_rate\":{},\"age_secs\":{}}}",
+                       r.step, number(r.loss), number(r.accuracy), number(r.samples_per_sec), number(r.learning_rate),
+                       number(now_unix_secs - r.unix_secs));
+    }
+    o += "}";
+    first = false;
+  }
+  // Columns rather than rows: smaller, and what the charts consume. The
+  // current state is appended so the charts move between samples.
+  auto samples = history.samples();
+  samples.push_back(sample_progress(shard, now_unix_secs));
+  std::string t, step, bytes, loss;
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    if (i) {
+      t += ',';
+      step += ',';
+      bytes += ',';
+      loss += ',';
+    }
+    t += number(samples[i].unix_secs);
+    step += std::to_string(samples[i].global_step);
+    bytes += std::to_string(samples[i].bytes);
+    loss += number(samples[i].mean_loss);
+  }
+  o += fmt::format("],\"history\":{{\"t\":[{}],\"step\":[{}],\"bytes\":[{}],\"loss\":[{}]}}}}", t, step, bytes, loss);
+  return o;
+}
+
+}  // namespace ps

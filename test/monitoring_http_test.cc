@@ -1,0 +1,217 @@
+// psd's HTTP side against a real psd process: /metrics after a short
+// training run by several workers, and bad HTTP input.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <thread>
+
+#include <capnp/ez-rpc.h>
+
+#include "http_test_util.h"
+#include "prometheus_text_parser.h"
+#include "ps.capnp.h"
+#include "ps/client.h"
+#include "psd_process.h"
+
+using namespace ps;
+using ps::test::PromText;
+using ps::test::PsdProcess;
+
+namespace {
+
+// A psd with HTTP on a free port.
+struct MonitoredPsd {
+  ps::test::TempDir dir;
+  PsdProcess psd{{"--http_port", "any", "--http_port_file", dir.path() + "/http_port"}};
+  // psd writes the HTTP port file before the RPC one PsdProcess waits for.
+  int http_port = ps::test::read_port_file(dir.path() + "/http_port");
+};
+
+ClientOptions worker_options(const PsdProcess& psd, int worker) {
+  ClientOptions o;
+  o.ps_hosts = {psd.address()};
+  o.worker_index = worker;
+  return o;
+}
+
+std::vector<TensorSpec> model() {
+  return {TensorSpec{.name = "w", .shape = {4, 4}, .optimizer = OptimizerConfig::sgd(0.1f), .init = InitConfig::constant(1)},
+          TensorSpec{.name = "b", .shape = {4}, .optimizer = OptimizerConfig::sgd(0.1f), .init = {}}};
+}
+
+float loss_at(int worker, int step) { return 2.0f / float(step + 1) + 0.125f * float(worker); }
+
+}  // namespace
+
+TEST_CASE("/metrics is valid Prometheus text and counts a training run") {
+  MonitoredPsd m;
+  const int workers = 3, steps = 5;
+  {
+    Client chief(worker_options(m.psd, 0));
+    chief.create(model());
+  }
+  std::vector<std::thread> threads;
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < workers; ++i) clients.push_back(std::make_unique<Client>(worker_options(m.psd, i)));
+  for (int i = 0; i < workers; ++i) {
+    threads.emplace_back([&, i] {
+      Client& c = *clients[i];
+      c.declare(model());
+      std::vector<float> w(16), b(4), gw(16, 0.5f), gb(4, 0.25f);
+      for (int step = 0; step < steps; ++step) {
+        c.pull({"w", "b"}, {w, b});
+        c.push({"w", "b"}, {gw, gb}, step);
+        c.report(step, loss_at(i, step), 0.5f + 0.1f * float(step), 1000.0f * float(i + 1), 0.1f);
+      }
+      c.stats();  // after the reports on the same connection: they have been handled
+    });
+  }
+  for (auto& t : threads) t.join();
+
+  auto answer = ps::test::http_get(m.http_port, "/metrics");
+  REQUIRE(answer.status == 200);
+  CHECK(answer.headers["content-type"].rfind("text/plain; version=0.0.4", 0) == 0);
+  INFO(answer.body);
+  PromText prom(answer.body);  // throws on any format violation
+
+  const double n = workers * steps;
+  CHECK(prom.value("ps_requests_total", {{"kind", "push"}}) == n);
+  CHECK(prom.value("ps_requests_total", {{"kind", "pull"}}) == n);
+  CHECK(prom.value("ps_requests_total", {{"kind", "report"}}) == n);
+  CHECK(prom.value("ps_requests_total", {{"kind", "create"}}) == 1);
+  CHECK(prom.value("ps_requests_total", {{"kind", "stats"}}) == workers);
+  CHECK(prom.value("ps_requests_total", {{"kind", "hello"}}) == workers + 1);
+  CHECK(prom.value("ps_requests_rejected_total") == 0);
+  CHECK(prom.value("ps_tensors_pushed_total") == 2 * n);
+  CHECK(prom.value("ps_tensors_pulled_total") == 2 * n);
+  CHECK(prom.value("ps_received_bytes_total") == n * 20 * 4);
+  CHECK(prom.value("ps_sent_bytes_total") == n * 20 * 4);
+  CHECK(prom.value("ps_stale_gradients_total") == 0);
+  CHECK(prom.value("ps_global_step") == 0);  // async, and nobody called stepDone
+  CHECK(prom.value("ps_connected_workers") == workers);
+  CHECK(prom.value("ps_connections") == workers);
+  CHECK(prom.value("ps_tensors") == 2);
+  CHECK(prom.value("ps_tensor_bytes") == 20 * 4);
+  CHECK(prom.value("ps_last_checkpoint_step") == -1);
+  CHECK(prom.value("ps_last_checkpoint_age_seconds") == -1);
+  CHECK(prom.families().at("ps_shard_info").samples.at(0).labels.at("mode") == "async");
+  for (int i = 0; i < workers; ++i) {
+    const std::map<std::string, std::string> w = {{"worker", std::to_string(i)}};
+    CHECK(prom.value("ps_worker_step", w) == steps - 1);
+    CHECK(prom.value("ps_worker_connected", w) == 1);
+    CHECK(prom.value("ps_worker_pushes_total", w) == 2 * steps);
+    CHECK(prom.value("ps_worker_reported_step", w) == steps - 1);
+    CHECK(prom.value("ps_worker_loss", w) == Approx(loss_at(i, steps - 1)));
+    CHECK(prom.value("ps_worker_samples_per_second", w) == Approx(1000.0 * (i + 1)));
+    CHECK(prom.value("ps_worker_learning_rate", w) == Approx(0.1));
+  }
+  // Every async push applies each tensor once.
+  CHECK(prom.families().at("ps_apply_latency_seconds").type == "histogram");
+  CHECK(prom.value("ps_apply_latency_seconds_count") == 2 * n);
+  CHECK(*prom.value("ps_apply_latency_seconds_sum") > 0);
+  // One staleness observation per worker push; the spread between workers
+  // cannot exceed the run's length.
+  CHECK(prom.value("ps_push_staleness_steps_count") == n);
+  CHECK(prom.value("ps_push_staleness_steps_bucket", {{"le", "5"}}) == n);
+
+  // The same numbers through the RPC stats call.
+  Client tool(worker_options(m.psd, -1));
+  auto st = tool.stats();
+  CHECK(st.at(0).pushes == 2 * n);
+}
+
+TEST_CASE("sync mode: stale gradients and staleness against the global step") {
+  MonitoredPsd m;
+  // Raw RPC, to send a gradient for an old step on purpose.
+  struct RawWorker {
+    RawWorker(const PsdProcess& psd, int index) : rpc(psd.address()), shard(rpc.getMain<wire::Shard>()) {
+      auto req = shard.helloRequest();
+      req.setProtocolVersion(wire::K_PROTOCOL_VERSION);
+      req.setWorkerIndex(index);
+      req.setIsChief(index == 0);
+      req.send().wait(rpc.getWaitScope());
+    }
+    wire::PushStatus push(int64_t step) {
+      auto req = shard.pushRequest();
+      req.setStep(step);
+      auto g = req.initGrads(1);
+      g[0].setName("w");
+      const float grad[2] = {1, 1};
+      g[0].setValues(kj::arrayPtr(reinterpret_cast<const kj::byte*>(grad), sizeof(grad)));
+      return req.send().wait(rpc.getWaitScope()).getStatus()[0];
+    }
+    capnp::EzRpcClient rpc;
+    wire::Shard::Client shard;
+  };
+  RawWorker chief(m.psd, 0), other(m.psd, 1);
+  {
+    auto& ws = chief.rpc.getWaitScope();
+    auto init = chief.shard.initJobRequest();
+    init.getConfig().setMode(wire::SyncMode::SYNC);
+    init.getConfig().setReplicasToAggregate(2);
+    init.getConfig().setTotalReplicas(2);
+    init.send().wait(ws);
+    auto create = chief.shard.createRequest();
+    auto spec = create.initSpecs(1)[0];
+    spec.setName("w");
+    spec.initShape(1).set(0, 2);
+    create.send().wait(ws);
+    chief.shard.setReadyRequest().send().wait(ws);
+  }
+  CHECK(chief.push(0) == wire::PushStatus::ACCUMULATED);
+  CHECK(other.push(0) == wire::PushStatus::ACCUMULATED);  // step 0 complete: global step 1
+  CHECK(other.push(0) == wire::PushStatus::STALE);        // one step late
+
+  auto answer = ps::test::http_get(m.http_port, "/metrics");
+  REQUIRE(answer.status == 200);
+  INFO(answer.body);
+  PromText prom(answer.body);
+  CHECK(prom.families().at("ps_shard_info").samples.at(0).labels.at("mode") == "sync");
+  CHECK(prom.value("ps_global_step") == 1);
+  CHECK(prom.value("ps_sync_steps_applied_total") == 1);
+  CHECK(prom.value("ps_stale_gradients_total") == 1);
+  CHECK(prom.value("ps_push_staleness_steps_count") == 3);
+  CHECK(prom.value("ps_push_staleness_steps_bucket", {{"le", "0"}}) == 2);
+  CHECK(prom.value("ps_push_staleness_steps_bucket", {{"le", "1"}}) == 3);
+  CHECK(prom.value("ps_push_staleness_steps_sum") == 1);
+  CHECK(prom.value("ps_job_ready") == 1);
+  // The step's average is applied once; the late gradient is not.
+  CHECK(prom.value("ps_apply_latency_seconds_count") == 1);
+}
+
+TEST_CASE("bad HTTP input gets a 4xx and psd serves on") {
+  MonitoredPsd m;
+  Client client(worker_options(m.psd, -1));
+  client.create(model());
+  const std::string big(1 << 20, 'a');
+  struct Case {
+    std::string what, request;
+    std::vector<int> expected;
+  };
+  const std::vector<Case> cases = {
+      {"unknown path", "GET /nope HTTP/1.1\r\nHost: x\r\n\r\n", {404}},
+      {"POST", "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi", {405}},
+      {"DELETE", "DELETE / HTTP/1.1\r\nHost: x\r\n\r\n", {405}},
+      {"garbage", "GARBAGE\r\n\r\n", {400}},
+      {"binary", std::string("\x00\x01\x02\xff\xfe\r\n\r\n", 9), {400}},
+      {"header without colon", "GET /metrics HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n", {400}},
+      {"1 MiB header", "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + big + "\r\n\r\n", {400, 431}},
+      {"1 MiB URL", "GET /" + big + " HTTP/1.1\r\nHost: x\r\n\r\n", {400, 414, 431}},
+  };
+  for (const auto& c : cases) {
+    INFO(c.what);
+    auto answer = ps::test::http_exchange(m.http_port, c.request);
+    INFO(answer.raw.substr(0, 200));
+    CHECK(std::find(c.expected.begin(), c.expected.end(), answer.status) != c.expected.end());
+    // ... and the daemon serves on, HTTP and RPC.
+    auto health = ps::test::http_get(m.http_port, "/healthz");
+    CHECK(health.status == 200);
+    CHECK(health.body == "ok\n");
+    CHECK(client.pull("b") == std::vector<float>(4, 0.0f));
+  }
+  auto head = ps::test::http_get(m.http_port, "/metrics", "HEAD");
+  CHECK(head.status == 200);
+  CHECK(head.body.empty());
+  CHECK(ps::test::http_get(m.http_port, "/status.json").headers["content-type"] == "application/json");
+  CHECK(m.psd.alive());
+}

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "ps/client.h"
 #include "ps/summary_writer.h"
 
 namespace ps {
@@ -146,6 +147,19 @@ void SummaryHook::after_step(const StepInfo& s) {
 }
 
 void SummaryHook::end(const StepInfo&) { writer_.flush(); }
+
+// --- ReportHook ---
+void ReportHook::begin() { last_t_ = std::chrono::steady_clock::now(); }
+
+void ReportHook::after_step(const StepInfo& s) {
+  if (s.local_step % every_n_ != 0) return;
+  const double dt = std::max(seconds_since(last_t_), 1e-9);
+  const double rate = static_cast<double>(s.local_step - last_local_) * s.batch_size / dt;
+  client_.report(s.global_step, static_cast<float>(s.loss), static_cast<float>(std::max(0.0, s.accuracy)),
+                 static_cast<float>(rate), s.learning_rate);
+  last_t_ = std::chrono::steady_clock::now();
+  last_local_ = s.local_step;
+}
 
 // --- StopAtStepHook, EveryNStepsHook ---
 void StopAtStepHook::after_step(const StepInfo& s) {

@@ -280,7 +280,8 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
     const int every = eval_interval(m, data.train.size, static_cast<int64_t>(f.batch_size) * spec.num_workers());
     hooks.add<ps::EveryNStepsHook>(every, [&](const ps::StepInfo& s) { ev.run(s.global_step, s.epoch); });
   }
-  // Client::report (psd's status page) once merged: see the HTTP branch.
+  // psd's status page and /metrics show each worker's loss and speed.
+  hooks.add<ps::ReportHook>(client, f.log_every > 0 ? f.log_every : 100);
   hooks.begin();
 
   ps::StepInfo info;

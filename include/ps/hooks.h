@@ -17,6 +17,7 @@
 //   hooks.end(info);
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -27,6 +28,7 @@
 
 namespace ps {
 
+class Client;
 class SummaryWriter;
 
 // What a hook sees after a step.
@@ -150,6 +152,21 @@ class EveryNStepsHook : public TrainingHook {
   std::function<void(const StepInfo&)> fn_;
   bool at_end_;
   int64_t last_called_ = -1;
+};
+
+// Every N local steps, Client::report(): the worker's step, loss, accuracy,
+// samples/s and learning rate on psd's /metrics and status page.
+class ReportHook : public TrainingHook {
+ public:
+  ReportHook(Client& client, int every_n) : client_(client), every_n_(std::max(1, every_n)) {}
+  void begin() override;
+  void after_step(const StepInfo& s) override;
+
+ private:
+  Client& client_;
+  int every_n_;
+  std::chrono::steady_clock::time_point last_t_;
+  int64_t last_local_ = 0;
 };
 
 // "1h02m03s", "4m05s", "12.3s".

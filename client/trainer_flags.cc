@@ -1,0 +1,136 @@
+#include "ps/trainer_flags.h"
+
+#include <cmath>
+
+#include "ps/errors.h"
+
+namespace ps {
+
+std::vector<std::string> split_list(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= s.size()) {
+    std::size_t end = s.find(sep, start);
+    if (end == std::string::npos) end = s.size();
+    if (end > start) out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+void add_trainer_flags(CLI::App& app, TrainerFlags& f) {
+  app.add_option("--job_name", f.job_name, "ps or worker (chief: worker 0); empty: from TF_CONFIG or Slurm");
+  app.add_option("--task_index", f.task_index, "index of this task within its job")->capture_default_str();
+  app.add_option("--ps_hosts", f.ps_hosts, "comma-separated host:port list of the ps tasks");
+  app.add_option("--worker_hosts", f.worker_hosts, "comma-separated host:port list of the workers");
+  app.add_option("--slurm_num_ps", f.slurm_num_ps, "under Slurm: the first N tasks are ps")->capture_default_str();
+  app.add_option("--port_base", f.port_base, "under Slurm: task ports start here")->capture_default_str();
+  app.add_flag("--sync_replicas", f.sync_replicas, "synchronous training: average gradients of the replicas per step");
+  app.add_option("--replicas_to_aggregate", f.replicas_to_aggregate,
+                 "sync: gradients averaged per step (default: all workers; fewer: backup workers)");
+  app.add_option("--max_staleness", f.max_staleness,
+                 "bounded staleness: no worker more than N steps ahead of the slowest (0: plain async)");
+  app.add_option("--train_steps", f.train_steps, "global steps to train (0: use --epochs)");
+  app.add_option("--epochs", f.epochs, "epochs over the training set, all workers together (when --train_steps is 0)");
+  app.add_option("--batch_size", f.batch_size, "examples per step and worker")->capture_default_str();
+  app.add_option("--learning_rate", f.learning_rate, "learning rate")->capture_default_str();
+  app.add_option("--optimizer", f.optimizer, "sgd, momentum, nesterov, adam, adagrad, rmsprop")->capture_default_str();
+  app.add_option("--lr_decay", f.lr_decay, "learning rate multiplied by this every epoch (1: constant)")
+      ->capture_default_str();
+  app.add_option("--data_dir", f.data_dir, "directory with the four IDX files (scripts/get_data.sh)")
+      ->capture_default_str();
+  app.add_option("--logdir,--log_dir", f.logdir, "TensorBoard event files go here (chief only)");
+  app.add_option("--seed", f.seed, "random seed (initialisation, shuffling)")->capture_default_str();
+  app.add_option("--num_gpus", f.num_gpus, "GPUs per worker (0: CPU)")->capture_default_str();
+  app.add_option("--connect_timeout", f.connect_timeout_s, "seconds to wait for the ps tasks")->capture_default_str();
+  app.add_option("--log_every", f.log_every, "a progress line every N local steps")->capture_default_str();
+}
+
+ClusterSpec TrainerFlags::cluster_spec() const {
+  if (!ps_hosts.empty() || !worker_hosts.empty()) {
+    if (ps_hosts.empty()) throw ConfigError("--worker_hosts given without --ps_hosts");
+    if (job_name.empty()) throw ConfigError("--job_name is required with --ps_hosts (ps or worker)");
+    return ClusterSpec::from_flags(ps_hosts, worker_hosts.empty() ? "127.0.0.1:0" : worker_hosts, job_name,
+                                   task_index);
+  }
+  const auto env = ClusterSpec::current_environment();
+  auto has = [&](const char* k) {
+    auto it = env.find(k);
+    return it != env.end() && it->second.find_first_not_of(" \t\r\n") != std::string::npos;
+  };
+  if (!has("TF_CONFIG") && !has("SLURM_PROCID")) {
+    throw ConfigError("no cluster: give --ps_hosts, --worker_hosts, --job_name and --task_index, or set TF_CONFIG, "
+                      "or run under Slurm");
+  }
+  ClusterSpec spec = ClusterSpec::from_environment(env, slurm_num_ps, port_base);
+  if (!job_name.empty() && job_name != spec.job_name() && !(job_name == "worker" && spec.is_worker())) {
+    throw ConfigError("--job_name=" + job_name + " contradicts the environment's task type '" + spec.job_name() + "'");
+  }
+  return spec;
+}
+
+ClientOptions TrainerFlags::client_options(const ClusterSpec& spec) const {
+  ClientOptions o;
+  o.ps_hosts = spec.ps_hosts();
+  o.worker_index = spec.worker_index();
+  o.is_chief = spec.is_chief();
+  o.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(connect_timeout_s * 1000));
+  if (o.call_timeout.count() > 0 && o.call_timeout < o.connect_timeout) o.call_timeout = o.connect_timeout;
+  return o;
+}
+
+int TrainerFlags::replicas(const ClusterSpec& spec) const {
+  return replicas_to_aggregate > 0 ? replicas_to_aggregate : spec.num_workers();
+}
+
+JobConfig TrainerFlags::job_config(const ClusterSpec& spec, int64_t steps) const {
+  JobConfig c;
+  c.total_replicas = static_cast<uint32_t>(spec.num_workers());
+  c.train_steps = steps;
+  if (sync_replicas) {
+    c.mode = SyncMode::kSync;
+    c.replicas_to_aggregate = static_cast<uint32_t>(replicas(spec));
+  } else if (max_staleness > 0) {
+    c.mode = SyncMode::kBoundedStaleness;
+    c.max_staleness = static_cast<uint32_t>(max_staleness);
+  }
+  return c;
+}
+
+int64_t TrainerFlags::examples_per_global_step(const ClusterSpec& spec) const {
+  return static_cast<int64_t>(batch_size) * (sync_replicas ? replicas(spec) : 1);
+}
+
+int64_t TrainerFlags::global_steps(const ClusterSpec& spec, int64_t examples) const {
+  if (train_steps > 0) return train_steps;
+  if (epochs <= 0) throw ConfigError("give --train_steps or --epochs (both are 0)");
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(epochs * static_cast<double>(examples) /
+                                                             static_cast<double>(examples_per_global_step(spec)))));
+}
+
+OptimizerConfig TrainerFlags::optimizer_config(int64_t steps_per_epoch) const {
+  OptimizerConfig c = OptimizerConfig::from_name(optimizer, learning_rate);
+  if (lr_decay != 1.0 && steps_per_epoch > 0) {
+    c.schedule = LrSchedule::kExponentialDecay;
+    c.decay_rate = static_cast<float>(lr_decay);
+    c.decay_steps = steps_per_epoch;
+  }
+  return c;
+}
+
+void TrainerFlags::validate() const {
+  if (batch_size < 1) throw ConfigError("--batch_size must be >= 1 (got " + std::to_string(batch_size) + ")");
+  if (!(learning_rate > 0) || !std::isfinite(learning_rate)) throw ConfigError("--learning_rate must be > 0");
+  if (train_steps < 0) throw ConfigError("--train_steps must be >= 0");
+  if (epochs < 0) throw ConfigError("--epochs must be >= 0");
+  if (replicas_to_aggregate < 0) throw ConfigError("--replicas_to_aggregate must be >= 0");
+  if (max_staleness < 0) throw ConfigError("--max_staleness must be >= 0");
+  if (sync_replicas && max_staleness > 0) throw ConfigError("--sync_replicas and --max_staleness exclude each other");
+  if (!(lr_decay > 0 && lr_decay <= 1)) throw ConfigError("--lr_decay must be in (0, 1]");
+  if (num_gpus < 0) throw ConfigError("--num_gpus must be >= 0");
+  if (!(connect_timeout_s > 0)) throw ConfigError("--connect_timeout must be > 0");
+  if (log_every < 0) throw ConfigError("--log_every must be >= 0");
+  (void)optimizer_config();  // throws on an unknown name
+}
+
+}  // namespace ps

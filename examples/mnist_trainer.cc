@@ -1,0 +1,418 @@
+// mnist_trainer: between-graph replicated training of an MLP on MNIST or
+// Fashion-MNIST, as TensorFlow's distributed MNIST example (mnist_replica.py):
+// the same program runs every role.
+//
+//   mnist_trainer --job_name=ps     --task_index=0 --ps_hosts=127.0.0.1:2222 --worker_hosts=...
+//   mnist_trainer --job_name=worker --task_index=0 --ps_hosts=127.0.0.1:2222
+//                 --worker_hosts=127.0.0.1:2230,127.0.0.1:2231 [--sync_replicas] --epochs=5
+//   mnist_trainer --local --epochs=5       # one process, no ps: the same loop, for comparison
+//
+// Without --ps_hosts/--worker_hosts the cluster comes from TF_CONFIG or Slurm.
+// scripts/launch_local.sh starts a whole job on this machine.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <kj/exception.h>
+#include <spdlog/spdlog.h>
+
+#include "optimizer.h"  // psd's update rules, for --local with a non-SGD optimizer
+#include "ps/client.h"
+#include "ps/errors.h"
+#include "ps/hooks.h"
+#include "ps/mlp.h"
+#include "ps/mnist.h"
+#include "ps/summary_writer.h"
+#include "ps/trainer_flags.h"
+#include "ps/training_session.h"
+#include "ps_task.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct MnistFlags {
+  std::string hidden_units = "100";
+  std::string activation = "relu";
+  int validation_size = 5000;
+  int eval_every = 0;          // chief: evaluate every N local steps (0: about twice per epoch)
+  int summary_every = 50;
+  double target_accuracy = 0.85;
+  bool stop_at_target = false;
+  bool local = false;
+  bool scale_lr = true;        // sync: learning rate x sqrt(replicas aggregated)
+};
+
+double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+ps::MlpShape make_shape(const MnistFlags& m, const ps::MnistData& data) {
+  ps::MlpShape shape;
+  shape.inputs = data.rows * data.cols;
+  shape.hidden.clear();
+  for (const auto& h : ps::split_list(m.hidden_units)) {
+    try {
+      std::size_t used = 0;
+      int v = std::stoi(h, &used);
+      if (used != h.size() || v < 1) throw std::invalid_argument(h);
+      shape.hidden.push_back(v);
+    } catch (const std::exception&) {
+      throw ps::ConfigError("--hidden_units: '" + h + "' is not a positive integer (e.g. 100 or 512,512)");
+    }
+  }
+  shape.classes = ps::MnistData::kNumClasses;
+  shape.activation = ps::parse_activation(m.activation);
+  shape.validate();
+  return shape;
+}
+
+ps::Towers make_towers(const ps::MlpShape& shape, const ps::TrainerFlags& f, int local_gpu) {
+  ps::EngineOptions eo;
+  eo.prefer_gpu = f.num_gpus > 0;
+  eo.device = local_gpu >= 0 ? local_gpu : 0;
+  eo.max_batch = f.batch_size;
+  if (f.num_gpus > 0 && ps::cuda_device_count() < eo.device + f.num_gpus) {
+    throw ps::ConfigError(fmt::format("--num_gpus={} but only {} CUDA device(s) usable from device {}", f.num_gpus,
+                                      ps::cuda_device_count(), eo.device));
+  }
+  return ps::Towers::make(shape, eo, std::max(1, f.num_gpus));
+}
+
+struct Evaluation {
+  ps::EvalStats test, validation;
+};
+
+Evaluation evaluate(ps::Towers& towers, const ps::MnistData& data) {
+  Evaluation e;
+  e.test = towers.evaluate({data.test.images.data(), data.test.images.size()},
+                           {data.test.labels.data(), data.test.labels.size()});
+  if (data.validation.size > 0) {
+    e.validation = towers.evaluate({data.validation.images.data(), data.validation.images.size()},
+                                   {data.validation.labels.data(), data.validation.labels.size()});
+  }
+  return e;
+}
+
+// The chief's periodic evaluation: a line, summaries, the first time the
+// test accuracy reaches the target.
+struct Evaluator {
+  ps::Towers& towers;
+  const ps::MnistData& data;
+  ps::SummaryWriter* summaries;
+  ps::LoggingHook* log;
+  double target;
+  Clock::time_point start;
+  std::optional<double> time_to_target;
+  std::optional<int64_t> step_at_target;
+
+  Evaluation run(int64_t global_step, double epoch) {
+    Evaluation e = evaluate(towers, data);
+    const double t = seconds(start, Clock::now());
+    if (!time_to_target && target > 0 && e.test.accuracy() >= target) {
+      time_to_target = t;
+      step_at_target = global_step;
+    }
+    if (log) log->clear_bar();
+    std::printf("eval  | epoch %.2f | global step %lld | validation accuracy %.4f | test accuracy %.4f | test "
+                "cross-entropy %.4f | %.1f s\n",
+                epoch, static_cast<long long>(global_step), e.validation.accuracy(), e.test.accuracy(), e.test.loss, t);
+    std::fflush(stdout);
+    if (summaries) {
+      summaries->add_scalar("accuracy/test", static_cast<float>(e.test.accuracy()), global_step);
+      summaries->add_scalar("cross_entropy/test", static_cast<float>(e.test.loss), global_step);
+      if (data.validation.size > 0) {
+        summaries->add_scalar("accuracy/validation", static_cast<float>(e.validation.accuracy()), global_step);
+        summaries->add_scalar("cross_entropy/validation", static_cast<float>(e.validation.loss), global_step);
+      }
+      summaries->flush();
+    }
+    return e;
+  }
+};
+
+void print_result(const char* mode, const Evaluation& e, int64_t global_steps, double epochs, double secs,
+                  double samples, const Evaluator& ev) {
+  std::printf("\n== %s: test accuracy %.4f, test cross-entropy %.4f, validation accuracy %.4f\n", mode,
+              e.test.accuracy(), e.test.loss, e.validation.accuracy());
+  std::printf("== %lld global steps, %.2f epochs in %s: %s samples/s", static_cast<long long>(global_steps), epochs,
+              ps::format_duration(secs).c_str(), ps::format_rate(samples / secs).c_str());
+  if (ev.time_to_target) {
+    std::printf(", test accuracy %.2f reached after %.1f s (global step %lld)", ev.target, *ev.time_to_target,
+                static_cast<long long>(*ev.step_at_target));
+  }
+  std::printf("\n");
+  // One machine-readable line (bench/train_throughput.sh reads it).
+  std::printf("RESULT mode=%s test_accuracy=%.4f test_xent=%.4f seconds=%.3f samples_per_sec=%.0f time_to_target=%.3f\n",
+              mode, e.test.accuracy(), e.test.loss, secs, samples / secs, ev.time_to_target ? *ev.time_to_target : -1.0);
+  std::fflush(stdout);
+}
+
+int eval_interval(const MnistFlags& m, int64_t train_examples, int64_t examples_per_local_step) {
+  if (m.eval_every > 0) return m.eval_every;
+  return static_cast<int>(std::max<int64_t>(1, train_examples / examples_per_local_step / 2));
+}
+
+// --local: the same step loop in one process, no cluster and no psd.
+int run_local(const ps::TrainerFlags& f, const MnistFlags& m) {
+  auto data = ps::MnistData::load(f.data_dir, m.validation_size);
+  const ps::MlpShape shape = make_shape(m, data);
+  ps::Towers towers = make_towers(shape, f, -1);
+  ps::init_params(shape, towers.host_params(), f.seed);
+  towers.upload_params();
+  ps::DataShard shard(data.train, 0, 1, f.seed);
+  const int64_t steps = f.train_steps > 0
+                            ? f.train_steps
+                            : static_cast<int64_t>(std::ceil(f.epochs * data.train.size / f.batch_size));
+  if (steps <= 0) throw ps::ConfigError("give --train_steps or --epochs (both are 0)");
+  const ps::OptimizerConfig oc = f.optimizer_config(std::max<int64_t>(1, data.train.size / f.batch_size));
+  // SGD runs in the engine (apply_sgd); other rules as psd applies them.
+  std::unique_ptr<ps::Optimizer> opt;
+  std::vector<std::vector<float>> slots;
+  if (oc.kind != ps::OptimizerKind::kSgd) {
+    opt = ps::make_optimizer(oc);
+    slots = opt->make_slots(towers.host_params().size());
+  }
+  std::unique_ptr<ps::SummaryWriter> summaries;
+  if (!f.logdir.empty()) summaries = std::make_unique<ps::SummaryWriter>(f.logdir);
+
+  std::printf("local training: %s, %s, batch %d, %lld steps (%.2f epochs of %lld examples), %s\n",
+              shape.to_string().c_str(), f.optimizer.c_str(), f.batch_size, static_cast<long long>(steps),
+              static_cast<double>(steps) * f.batch_size / data.train.size, static_cast<long long>(data.train.size),
+              towers.engine(0).device_description().c_str());
+  ps::HookList hooks;
+  auto& log = hooks.add<ps::LoggingHook>(ps::LoggingHook::Options{.every_n = f.log_every, .worker = 0});
+  if (summaries) hooks.add<ps::SummaryHook>(*summaries, m.summary_every);
+  const auto start = Clock::now();
+  Evaluator ev{.towers = towers, .data = data, .summaries = summaries.get(), .log = &log, .target = m.target_accuracy, .start = start, .time_to_target = {}, .step_at_target = {}};
+  const int every = eval_interval(m, data.train.size, f.batch_size);
+  hooks.add<ps::EveryNStepsHook>(every, [&](const ps::StepInfo& s) {
+    ev.run(s.global_step, s.epoch);
+  });
+  ps::StepInfo info;
+  info.train_steps = steps;
+  info.batch_size = info.examples_per_global_step = f.batch_size;
+  hooks.begin();
+  for (int64_t step = 0; step < steps; ++step) {
+    ps::Batch b = shard.next_batch(f.batch_size);
+    ps::StepStats st = towers.compute_gradients({b.images, static_cast<size_t>(b.size) * b.dim},
+                                                {b.labels, static_cast<size_t>(b.size)});
+    const float lr = oc.learning_rate_at(step);
+    if (opt) {
+      opt->apply(towers.host_params(), towers.host_grads(), slots, step, 1.0f);
+      towers.upload_params();
+    } else {
+      towers.apply_sgd(lr);
+    }
+    info.local_step = info.global_step = step + 1;
+    info.epoch = static_cast<double>(step + 1) * f.batch_size / data.train.size;
+    info.loss = st.loss;
+    info.accuracy = st.accuracy();
+    info.learning_rate = lr;
+    hooks.after_step(info);
+    if (m.stop_at_target && ev.time_to_target) break;
+  }
+  const double secs = seconds(start, Clock::now());
+  hooks.end(info);
+  Evaluation e = evaluate(towers, data);
+  if (summaries) {
+    summaries->add_scalar("accuracy/test", static_cast<float>(e.test.accuracy()), info.global_step);
+    summaries->flush();
+  }
+  print_result("local", e, info.global_step, info.epoch, secs, static_cast<double>(info.global_step) * f.batch_size, ev);
+  return 0;
+}
+
+int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags& m) {
+  // Sync steps average R gradients: a batch R times larger, which takes a
+  // larger step (the square-root rule, suited to Adam).
+  if (f.sync_replicas && m.scale_lr) f.learning_rate *= static_cast<float>(std::sqrt(f.replicas(spec)));
+  // Data first: a bad file fails before anything connects.
+  auto data = ps::MnistData::load(f.data_dir, m.validation_size);
+  const ps::MlpShape shape = make_shape(m, data);
+  ps::Towers towers = make_towers(shape, f, spec.local_gpu());
+  ps::DataShard shard(data.train, spec.worker_index(), spec.num_workers(), f.seed);
+  const int64_t steps = f.global_steps(spec, data.train.size);
+  const int64_t per_global = f.examples_per_global_step(spec);
+  const ps::JobConfig job = f.job_config(spec, steps);
+  const ps::OptimizerConfig oc = f.optimizer_config(std::max<int64_t>(1, data.train.size / per_global));
+  const bool chief = spec.is_chief();
+  const int worker = spec.worker_index();
+
+  spdlog::info("{}: {}", spec.to_string(), to_string(job));
+  ps::Client client(f.client_options(spec));
+  ps::TrainingSession session(client, {.job = job});
+  // Every variable pulls straight into the engine's flat parameter buffer and
+  // pushes straight from its gradient buffer: no copies on the worker.
+  std::span<float> params = towers.host_params(), grads = towers.host_grads();
+  uint64_t seed = f.seed;
+  for (const ps::TensorSlot& t : towers.layout().tensors()) {
+    ps::TensorSpec ts{.name = t.name,
+                      .shape = std::vector<uint64_t>(t.shape.begin(), t.shape.end()),
+                      .optimizer = oc,
+                      .init = t.shape.size() == 2 ? ps::InitConfig::glorot_uniform(seed++) : ps::InitConfig::zeros()};
+    session.add_variable(ts, params.subspan(t.offset, t.count), grads.subspan(t.offset, t.count));
+  }
+  session.initialize();
+  if (chief) {
+    std::printf("worker %d (chief): %s, %s lr %g, batch %d, %s, %lld global steps (%.2f epochs of %lld examples), "
+                "%d workers, %d ps\n",
+                worker, shape.to_string().c_str(), f.optimizer.c_str(), f.learning_rate, f.batch_size,
+                to_string(session.job()).c_str(), static_cast<long long>(steps),
+                static_cast<double>(steps) * per_global / data.train.size, static_cast<long long>(data.train.size),
+                spec.num_workers(), spec.num_ps());
+  } else {
+    std::printf("worker %d: model ready, training (%s)\n", worker, to_string(session.job()).c_str());
+  }
+  std::fflush(stdout);
+
+  std::unique_ptr<ps::SummaryWriter> summaries;
+  if (chief && !f.logdir.empty()) summaries = std::make_unique<ps::SummaryWriter>(f.logdir);
+  ps::HookList hooks;
+  auto& log = hooks.add<ps::LoggingHook>(ps::LoggingHook::Options{.every_n = f.log_every, .worker = worker});
+  if (summaries) hooks.add<ps::SummaryHook>(*summaries, m.summary_every);
+  const auto start = Clock::now();
+  Evaluator ev{.towers = towers, .data = data, .summaries = summaries.get(), .log = &log, .target = m.target_accuracy, .start = start, .time_to_target = {}, .step_at_target = {}};
+  if (chief) {
+    const int every = eval_interval(m, data.train.size, static_cast<int64_t>(f.batch_size) * spec.num_workers());
+    hooks.add<ps::EveryNStepsHook>(every, [&](const ps::StepInfo& s) { ev.run(s.global_step, s.epoch); });
+  }
+  // psd's status page and /metrics show each worker's loss and speed.
+  hooks.add<ps::ReportHook>(client, f.log_every > 0 ? f.log_every : 100);
+  hooks.begin();
+
+  ps::StepInfo info;
+  info.train_steps = steps;
+  info.batch_size = f.batch_size;
+  info.examples_per_global_step = per_global;
+  // Where a worker's time goes: waiting for the pull (network + the ps +, in
+  // sync mode, the other workers), computing, pushing.
+  double t_pull = 0, t_compute = 0, t_push = 0, t_other = 0;
+  while (!session.should_stop() && !hooks.stop_requested()) {
+    const auto t0 = Clock::now();
+    ps::Batch b = shard.next_batch(f.batch_size);
+    const auto t1 = Clock::now();
+    session.pull();
+    const auto t2 = Clock::now();
+    if (session.should_stop()) break;  // the job ended while this worker waited for its step
+    towers.upload_params();
+    ps::StepStats st = towers.compute_gradients({b.images, static_cast<size_t>(b.size) * b.dim},
+                                                {b.labels, static_cast<size_t>(b.size)});
+    const auto t3 = Clock::now();
+    ps::StepOutcome out = session.push();
+    const auto t4 = Clock::now();
+    t_other += seconds(t0, t1);
+    t_pull += seconds(t1, t2);
+    t_compute += seconds(t2, t3);
+    t_push += seconds(t3, t4);
+    info.local_step = session.local_step();
+    info.global_step = out.global_step;
+    info.epoch = static_cast<double>(out.global_step) * per_global / data.train.size;
+    info.loss = st.loss;
+    info.accuracy = st.accuracy();
+    info.stale = out.stale;
+    info.stale_steps = session.stale_steps();
+    info.learning_rate = oc.learning_rate_at(out.global_step);
+    const auto t5 = Clock::now();
+    hooks.after_step(info);
+    t_other += seconds(t4, t5);
+  }
+  const double secs = seconds(start, Clock::now());
+  hooks.end(info);
+  const double n = std::max<double>(1, static_cast<double>(session.local_step()));
+  std::printf("worker %d: done after %lld local steps in %s (%s samples/s on this worker, %llu stale); per step: "
+              "pull %.3f ms, compute %.3f ms, push %.3f ms, data+hooks %.3f ms\n",
+              worker, static_cast<long long>(session.local_step()), ps::format_duration(secs).c_str(),
+              ps::format_rate(static_cast<double>(session.local_step()) * f.batch_size / secs).c_str(),
+              static_cast<unsigned long long>(session.stale_steps()), 1e3 * t_pull / n, 1e3 * t_compute / n,
+              1e3 * t_push / n, 1e3 * t_other / n);
+  std::fflush(stdout);
+
+  // Everyone meets once more so the chief reads the final parameters.
+  try {
+    client.barrier("mnist_trainer/end", static_cast<uint32_t>(spec.num_workers()), std::chrono::seconds(60));
+  } catch (const ps::Error& e) {
+    spdlog::warn("worker {}: end barrier: {} (going on)", worker, e.what());
+  }
+  if (chief) {
+    std::vector<std::string> names;
+    std::vector<std::span<float>> outs;
+    for (const ps::TensorSlot& t : towers.layout().tensors()) {
+      names.push_back(t.name);
+      outs.push_back(params.subspan(t.offset, t.count));
+    }
+    ps::PullResult final_pull = client.pull(names, outs);
+    towers.upload_params();
+    const int64_t global = std::max(final_pull.step, info.global_step);
+    Evaluation e = ev.run(global, static_cast<double>(global) * per_global / data.train.size);
+    const char* mode = job.mode == ps::SyncMode::kSync ? "sync"
+                       : job.mode == ps::SyncMode::kBoundedStaleness ? "bounded-staleness" : "async";
+    print_result(mode, e, global, static_cast<double>(global) * per_global / data.train.size, secs,
+                 static_cast<double>(global) * per_global, ev);
+    if (summaries) summaries->flush();
+    session.end();  // the ps tasks exit once every worker has disconnected
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"mnist_trainer: distributed MLP training on (Fashion-)MNIST with psd"};
+  ps::TrainerFlags f;
+  f.epochs = 5;
+  f.learning_rate = 0.002f;
+  f.lr_decay = 0.6;
+  ps::add_trainer_flags(app, f);
+  MnistFlags m;
+  app.add_option("--hidden_units", m.hidden_units, "hidden layer sizes: one (100) or a list (512,512)")
+      ->capture_default_str();
+  app.add_option("--activation", m.activation, "relu or sigmoid")->capture_default_str();
+  app.add_option("--validation_size", m.validation_size, "training examples held out for validation")
+      ->capture_default_str();
+  app.add_option("--eval_every", m.eval_every, "chief: evaluate every N local steps (0: twice per epoch)")
+      ->capture_default_str();
+  app.add_option("--summary_every", m.summary_every, "chief: TensorBoard scalars every N local steps")
+      ->capture_default_str();
+  app.add_option("--target_accuracy", m.target_accuracy, "report when the test accuracy first reaches this")
+      ->capture_default_str();
+  app.add_flag("--stop_at_target", m.stop_at_target, "--local: stop once the target accuracy is reached");
+  app.add_option("--scale_lr", m.scale_lr, "sync: multiply the learning rate by sqrt(replicas_to_aggregate)")
+      ->capture_default_str();
+  app.add_flag("--local", m.local, "train in this process alone: no cluster, no psd (for comparison)");
+  ps::PsTaskFlags psf;
+  ps::add_ps_task_flags(app, psf);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  try {
+    auto level = spdlog::level::from_str(psf.log_level);
+    if (level == spdlog::level::off && psf.log_level != "off") throw ps::ConfigError("unknown --log_level '" + psf.log_level + "'");
+    spdlog::set_level(level);
+    f.validate();
+    if (m.validation_size < 0) throw ps::ConfigError("--validation_size must be >= 0");
+    if (m.local) return run_local(f, m);
+    const ps::ClusterSpec spec = f.cluster_spec();
+    if (spec.is_ps()) return ps::run_ps_task(spec, psf);
+    if (!spec.is_worker()) throw ps::ConfigError("task type '" + spec.job_name() + "' is not supported (ps, worker or chief)");
+    return run_worker(spec, f, m);
+  } catch (const ps::ConfigError& e) {
+    std::fprintf(stderr, "mnist_trainer: error: %s\n", e.what());
+    return 2;
+  } catch (const ps::ConnectionError& e) {
+    std::fprintf(stderr, "mnist_trainer: error: %s\n", e.what());
+    return 3;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mnist_trainer: error: %s\n", e.what());
+    return 1;
+  } catch (const kj::Exception& e) {
+    std::fprintf(stderr, "mnist_trainer: error: %s\n", e.getDescription().cStr());
+    return 1;
+  }
+}

@@ -1,0 +1,61 @@
+#include "ps_task.h"
+
+#include <csignal>
+#include <thread>
+
+#include <kj/async-unix.h>
+#include <spdlog/spdlog.h>
+
+#include "malloc_tuning.h"
+#include "ps/errors.h"
+#include "server.h"
+
+namespace ps {
+
+void add_ps_task_flags(CLI::App& app, PsTaskFlags& f) {
+  app.add_option("--bind", f.bind, "ps task: address to listen on (default: 127.0.0.1 for a loopback host, else 0.0.0.0)");
+  app.add_option("--threads", f.threads, "ps task: compute threads applying updates (0: one per core)");
+  app.add_option("--exit_when_done", f.exit_when_done,
+                 "ps task: exit once the chief finished the job and every worker left")
+      ->capture_default_str();
+  app.add_option("--port_file", f.port_file, "ps task: write the bound port here once listening");
+  app.add_option("--log_level", f.log_level, "trace, debug, info, warn, error")->capture_default_str();
+}
+
+int run_ps_task(const ClusterSpec& spec, const PsTaskFlags& f) {
+  ServerOptions o;
+  o.shard.shard_index = static_cast<uint32_t>(spec.task_index());
+  o.shard.num_shards = static_cast<uint32_t>(spec.num_ps());
+  o.threads = f.threads ? f.threads : std::max(1u, std::thread::hardware_concurrency());
+  o.exit_when_done = f.exit_when_done;
+  o.port_file = f.port_file;
+  const std::string& me = spec.self_address();
+  if (me.rfind("unix:", 0) == 0) {
+    o.unix_socket = me.substr(5);
+    o.port = 0;
+  } else {
+    const auto colon = me.rfind(':');
+    std::string host = me.substr(0, colon);
+    o.port = std::stoi(me.substr(colon + 1));  // ClusterSpec checked it
+    if (!f.bind.empty()) {
+      o.bind = f.bind;
+    } else {
+      o.bind = (host == "127.0.0.1" || host == "localhost") ? "127.0.0.1" : "0.0.0.0";
+    }
+  }
+  spdlog::info("ps task {} of {}: serving shard {} on {} (bind {})", spec.task_index(), spec.num_ps(),
+               o.shard.shard_index, me, o.bind);
+  tune_malloc_for_large_messages();
+  kj::UnixEventPort::captureSignal(SIGTERM);
+  kj::UnixEventPort::captureSignal(SIGINT);
+  auto io = kj::setupAsyncIo();
+  auto stop = io.unixEventPort.onSignal(SIGTERM)
+                  .exclusiveJoin(io.unixEventPort.onSignal(SIGINT))
+                  .then([](siginfo_t info) { spdlog::info("received signal {}, shutting down", info.si_signo); });
+  PsServer server(o, io);
+  server.run(kj::mv(stop));
+  spdlog::info("ps task {} exited cleanly", spec.task_index());
+  return 0;
+}
+
+}  // namespace ps

@@ -1,0 +1,36 @@
+// Runs a parameter-server shard inside a trainer started with --job_name=ps
+// (TensorFlow's one-program-per-role style), with psd's behaviour: it serves
+// until SIGTERM/SIGINT or, by default, until the chief finished the job and
+// every worker left. `psd` stays the standalone way to run a shard.
+//
+//   ps::PsTaskFlags ps_flags;
+//   ps::add_ps_task_flags(app, ps_flags);
+//   ...
+//   if (spec.is_ps()) return ps::run_ps_task(spec, ps_flags);
+#pragma once
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "ps/cluster_spec.h"
+
+namespace ps {
+
+struct PsTaskFlags {
+  std::string bind;          // empty: 127.0.0.1 for a loopback address, else 0.0.0.0
+  unsigned threads = 0;      // 0: one per core
+  bool exit_when_done = true;
+  std::string port_file;
+  std::string log_level = "info";
+};
+
+// psd's flags that matter for an in-process shard: --bind, --threads,
+// --exit_when_done, --port_file, --log_level.
+void add_ps_task_flags(CLI::App& app, PsTaskFlags& flags);
+
+// Serves shard spec.task_index() of spec.num_ps() on this task's port.
+// Returns the exit code (0 after a clean stop); throws ConfigError.
+int run_ps_task(const ClusterSpec& spec, const PsTaskFlags& flags);
+
+}  // namespace ps

@@ -1,0 +1,94 @@
+// The standard TensorFlow-style trainer flags, and what a trainer builds from
+// them: the cluster (flags, else TF_CONFIG, else Slurm), the Client's options
+// and the job's configuration.
+//
+// Example (a whole worker's set-up):
+//   CLI::App app{"my_trainer"};
+//   ps::TrainerFlags flags;
+//   ps::add_trainer_flags(app, flags);
+//   CLI11_PARSE(app, argc, argv);
+//   ps::ClusterSpec spec = flags.cluster_spec();        // throws ConfigError
+//   ps::Client client(flags.client_options(spec));      // ConnectionError if no ps
+//   ps::TrainingSession session(client, {.job = flags.job_config(spec, steps)});
+//
+// Flags (TensorFlow's names): --job_name --task_index --ps_hosts
+// --worker_hosts --sync_replicas --replicas_to_aggregate --train_steps
+// --batch_size --learning_rate --optimizer --data_dir --logdir (--log_dir)
+// --seed --num_gpus; and --max_staleness (bounded staleness), --epochs,
+// --slurm_num_ps / --port_base (Slurm), --connect_timeout.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "ps/client.h"
+#include "ps/cluster_spec.h"
+#include "ps/job.h"
+#include "ps/tensor_spec.h"
+
+namespace ps {
+
+struct TrainerFlags {
+  // Cluster. All empty: from the environment (TF_CONFIG, then Slurm).
+  std::string job_name;
+  int task_index = 0;
+  std::string ps_hosts;
+  std::string worker_hosts;
+  int slurm_num_ps = 1;
+  int port_base = 2222;
+
+  // Job.
+  bool sync_replicas = false;
+  int replicas_to_aggregate = 0;  // 0: every worker
+  int max_staleness = 0;          // > 0: bounded staleness (async otherwise)
+  int64_t train_steps = 0;        // global steps; 0: from --epochs
+  double epochs = 0;              // used when train_steps is 0
+
+  // Model and data.
+  int batch_size = 100;
+  float learning_rate = 0.001f;
+  std::string optimizer = "adam";
+  double lr_decay = 1.0;          // learning rate x this per epoch (exponential decay on the ps)
+  std::string data_dir = "data/fashion-mnist";
+  std::string logdir;             // TensorBoard events (chief); empty: none
+  uint64_t seed = 42;
+  int num_gpus = 0;
+
+  // Connection.
+  double connect_timeout_s = 30;
+
+  // Logging.
+  int log_every = 100;            // a progress line every N local steps
+
+  // The cluster: from the flags when --ps_hosts or --worker_hosts is given,
+  // else from TF_CONFIG / Slurm. Throws ConfigError with a one-line message.
+  ClusterSpec cluster_spec() const;
+  // Client options for a worker of `spec` (ps hosts, worker index, chief).
+  ClientOptions client_options(const ClusterSpec& spec) const;
+  // Replicas aggregated per sync step: --replicas_to_aggregate or all workers.
+  int replicas(const ClusterSpec& spec) const;
+  // The job: async, sync (--sync_replicas) or bounded staleness
+  // (--max_staleness > 0), stopping at `train_steps` global steps.
+  JobConfig job_config(const ClusterSpec& spec, int64_t train_steps) const;
+  // Global steps for --train_steps, or --epochs over `examples` training
+  // examples (a sync step consumes replicas x batch examples, an async step
+  // one batch). Throws ConfigError when neither is set.
+  int64_t global_steps(const ClusterSpec& spec, int64_t examples) const;
+  // Examples consumed by one global step.
+  int64_t examples_per_global_step(const ClusterSpec& spec) const;
+  // The optimizer named by --optimizer at --learning_rate, decaying by
+  // --lr_decay every `steps_per_epoch` updates (when both are set).
+  OptimizerConfig optimizer_config(int64_t steps_per_epoch = 0) const;
+  // Checks ranges (batch size, learning rate, ...); throws ConfigError.
+  void validate() const;
+};
+
+// Registers the flags on `app`; values land in `flags`.
+void add_trainer_flags(CLI::App& app, TrainerFlags& flags);
+
+// Splits "a,b,c" (empty parts dropped).
+std::vector<std::string> split_list(const std::string& s, char sep = ',');
+
+}  // namespace ps

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Several hosts for real: psd (mnist_trainer --job_name=ps) and three workers,
+# each in its own network namespace, joined by a bridge that lives in a
+# namespace of its own (addresses 10.200.0.0/24 exist only inside the
+# namespaces this test creates). The workers take the cluster from TF_CONFIG;
+# training must reach >= 0.85 test accuracy. Everything is torn down on exit.
+#   test/netns_test.sh BUILD_DIR          (root only; exits 77 = SKIP otherwise)
+set -uo pipefail
+build=$(cd "$1" && pwd)
+cd "$(dirname "$0")/.."
+trainer="$build/examples/mnist_trainer"
+skip() { echo "SKIP: $*"; exit 77; }
+[ "$(id -u)" = 0 ] || skip "needs root to create network namespaces"
+command -v ip >/dev/null || skip "ip (iproute2) not installed: scripts/setup.sh installs it"
+data=/usr/share/datasets/fashion-mnist
+[ -e "$data/train-images-idx3-ubyte.gz" ] || skip "no Fashion-MNIST in $data (scripts/get_data.sh)"
+
+tag="pt$$"              # unique per run; interface names stay under 15 characters
+sw="$tag-sw"
+nodes=(ps w0 w1 w2)
+declare -A addr=([ps]=10.200.0.10 [w0]=10.200.0.11 [w1]=10.200.0.12 [w2]=10.200.0.13)
+pids=()
+run=$(mktemp -d)
+cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  sleep 0.5
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  for n in "${nodes[@]}"; do ip netns del "$tag-$n" 2>/dev/null; done
+  ip netns del "$sw" 2>/dev/null
+  rm -rf "$run"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+ip netns add "$sw" 2>"$run/err" || skip "cannot create network namespaces here: $(cat "$run/err")"
+ip -n "$sw" link add br0 type bridge && ip -n "$sw" link set br0 up || { echo "FAIL: bridge"; exit 1; }
+for n in "${nodes[@]}"; do
+  ns="$tag-$n"
+  ip netns add "$ns" || { echo "FAIL: netns add $ns"; exit 1; }
+  # veth pair: one end in the node's namespace (eth0), the other on the bridge.
+  ip link add "$tag$n" netns "$ns" type veth peer name "$n" netns "$sw" || { echo "FAIL: veth for $n"; exit 1; }
+  ip -n "$ns" link set "$tag$n" name eth0
+  ip -n "$ns" addr add "${addr[$n]}/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$ns" link set lo up
+  ip -n "$sw" link set "$n" master br0
+  ip -n "$sw" link set "$n" up
+done
+
+ps_hosts="${addr[ps]}:2222"
+worker_hosts="${addr[w0]}:2222,${addr[w1]}:2222,${addr[w2]}:2222"
+ip netns exec "$tag-ps" "$trainer" --job_name ps --task_index 0 --ps_hosts "$ps_hosts" \
+  --worker_hosts "$worker_hosts" --port_file "$run/ps.port" >"$run/ps.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 200); do [ -s "$run/ps.port" ] && break; sleep 0.05; done
+[ -s "$run/ps.port" ] || { echo "FAIL: ps did not listen"; cat "$run/ps.log"; exit 1; }
+# The ps is reachable from a worker's namespace (and only over the bridge).
+ip netns exec "$tag-w1" bash -c "exec 3<>/dev/tcp/${addr[ps]}/2222" ||
+  { echo "FAIL: ps not reachable from namespace $tag-w1"; exit 1; }
+
+for i in 2 1 0; do
+  tf="{\"cluster\":{\"ps\":[\"$ps_hosts\"],\"worker\":[\"${worker_hosts//,/\",\"}\"]},\"task\":{\"type\":\"worker\",\"index\":$i}}"
+  ip netns exec "$tag-w$i" env TF_CONFIG="$tf" "$trainer" --data_dir "$data" --epochs 4 --log_every 0 \
+    >"$run/w$i.log" 2>&1 &
+  pids+=($!)
+done
+failed=0
+for p in "${pids[@]}"; do
+  # Each process must end by itself (the ps once the chief finished the job).
+  for _ in $(seq 1200); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$p" 2>/dev/null; then echo "FAIL: process $p still running after 120 s"; failed=1; break; fi
+  wait "$p" || { echo "FAIL: process $p exited with $?"; failed=1; }
+done
+grep -h -E "^(==|RESULT)" "$run/w0.log"
+grep -h "connected as worker" "$run/ps.log"
+if [ $failed != 0 ]; then tail -n 5 "$run"/*.log; exit 1; fi
+acc=$(sed -n 's/^RESULT .*test_accuracy=\([0-9.]*\).*/\1/p' "$run/w0.log")
+python3 -c "import sys; sys.exit(0 if float('${acc:-0}') >= 0.85 else 1)" ||
+  { echo "FAIL: test accuracy ${acc:-none} < 0.85"; exit 1; }
+echo "PASS: 1 ps + 3 workers in 4 network namespaces, test accuracy $acc"

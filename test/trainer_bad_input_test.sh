@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Bad input to the trainers: each case must end within its timeout with a
+# non-zero exit code and ONE clear line on stderr.
+#   test/trainer_bad_input_test.sh BUILD_DIR
+set -uo pipefail
+build=$(cd "$1" && pwd)
+trainer="$build/examples/mnist_trainer"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+
+# expect NAME EXIT_CODE MESSAGE_REGEX -- COMMAND...
+expect() {
+  local name=$1 want_rc=$2 want_msg=$3
+  shift 4
+  local start=$SECONDS
+  timeout 30 "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$? lines
+  lines=$(wc -l <"$tmp/err")
+  if [ "$rc" = 124 ]; then
+    echo "FAIL $name: hung (killed after 30 s)"; failures=$((failures + 1))
+  elif [ "$rc" != "$want_rc" ] || ! grep -qE "$want_msg" "$tmp/err" || [ "$lines" != 1 ]; then
+    echo "FAIL $name: exit $rc (want $want_rc), $lines stderr line(s), want /$want_msg/:"; cat "$tmp/err"
+    failures=$((failures + 1))
+  else
+    echo "ok   $name ($((SECONDS - start)) s): $(cat "$tmp/err")"
+  fi
+}
+
+# Data files.
+expect "missing data dir" 2 "mnist_trainer: error: .*(No such file|not found|cannot open|missing)" -- \
+  "$trainer" --local --data_dir "$tmp/nonexistent" --train_steps 1
+src=/usr/share/datasets/fashion-mnist
+mkdir -p "$tmp/trunc" "$tmp/magic"
+if [ -e "$src/train-images-idx3-ubyte.gz" ]; then
+  for f in train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
+    ln -s "$src/$f.gz" "$tmp/trunc/$f.gz"; ln -s "$src/$f.gz" "$tmp/magic/$f.gz"
+  done
+  gzip -dc "$src/train-images-idx3-ubyte.gz" | head -c 100000 >"$tmp/trunc/train-images-idx3-ubyte"
+  { printf '\x00\x00\x08\x04'; gzip -dc "$src/train-images-idx3-ubyte.gz" | tail -c +5; } >"$tmp/magic/train-images-idx3-ubyte"
+  expect "truncated images" 2 "mnist_trainer: error: .*train-images-idx3-ubyte.*(truncated|short|expected)" -- \
+    "$trainer" --local --data_dir "$tmp/trunc" --train_steps 1
+  expect "wrong magic" 2 "mnist_trainer: error: .*train-images-idx3-ubyte.*magic" -- \
+    "$trainer" --local --data_dir "$tmp/magic" --train_steps 1
+else
+  echo "skip truncated/magic cases: no $src"
+fi
+
+# Cluster.
+expect "no cluster" 2 "no cluster" -- env -u TF_CONFIG -u SLURM_PROCID "$trainer" --train_steps 1
+expect "malformed TF_CONFIG" 2 "TF_CONFIG" -- env TF_CONFIG='{"cluster": {"worker": ["a:1"' "$trainer" --train_steps 1
+expect "TF_CONFIG task outside" 2 "TF_CONFIG|index" -- \
+  env TF_CONFIG='{"cluster":{"worker":["127.0.0.1:1"],"ps":["127.0.0.1:2"]},"task":{"type":"worker","index":3}}' \
+  "$trainer" --train_steps 1
+expect "task index outside" 2 "task_index|outside|index" -- \
+  "$trainer" --job_name worker --task_index 5 --ps_hosts 127.0.0.1:2222 --worker_hosts 127.0.0.1:2223,127.0.0.1:2224
+expect "bad job name" 2 "job_name|job" -- \
+  "$trainer" --job_name boss --task_index 0 --ps_hosts 127.0.0.1:2222 --worker_hosts 127.0.0.1:2223
+expect "bad host list" 2 "port|host" -- \
+  "$trainer" --job_name worker --task_index 0 --ps_hosts 127.0.0.1 --worker_hosts 127.0.0.1:2223
+# A port nobody listens on: bind one, close it.
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+expect "unreachable ps" 3 "mnist_trainer: error: .*(connect|reach)" -- \
+  "$trainer" --job_name worker --task_index 0 --ps_hosts "127.0.0.1:$port" --worker_hosts 127.0.0.1:2223 \
+  --connect_timeout 2 --data_dir "${DATA_DIR:-$src}" --train_steps 1
+expect "unknown optimizer" 2 "optimizer" -- "$trainer" --local --optimizer adamw --train_steps 1
+expect "bad hidden units" 2 "hidden_units" -- "$trainer" --local --hidden_units 100,x --train_steps 1 --data_dir "$src"
+expect "no steps" 2 "train_steps|epochs" -- "$trainer" --local --epochs 0 --data_dir "$src"
+
+[ $failures = 0 ] && echo "all bad-input cases ok" || { echo "$failures case(s) failed"; exit 1; }

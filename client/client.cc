@@ -417,8 +417,14 @@ std::future<PushResult> Client::push_async(std::vector<std::string> names, std::
   return start_push(std::move(names), std::move(grads), step, false);
 }
 
+std::future<PushResult> Client::push_and_step_async(std::vector<std::string> names,
+                                                    std::vector<std::span<const float>> grads, int64_t step,
+                                                    int64_t done_step) {
+  return start_push(std::move(names), std::move(grads), step, false, done_step);
+}
+
 std::future<PushResult> Client::start_push(std::vector<std::string> names, std::vector<std::span<const float>> grads,
-                                           int64_t step, bool blocking) {
+                                           int64_t step, bool blocking, int64_t done_step) {
   if (names.size() != grads.size()) throw ConfigError("push: " + std::to_string(names.size()) + " names but " +
                                                       std::to_string(grads.size()) + " gradients");
   for (std::size_t i = 0; i < names.size(); ++i) {
@@ -430,14 +436,22 @@ std::future<PushResult> Client::start_push(std::vector<std::string> names, std::
   }
   auto batches = impl_->plan(names);
   return impl_->run<PushResult>(
-      [this, batches = std::move(batches), grads = std::move(grads), n = names.size(), step]() mutable {
+      [this, batches = std::move(batches), grads = std::move(grads), n = names.size(), step, done_step]() mutable {
         auto result = kj::heap<PushResult>();
         result->status.assign(n, PushStatus::kApplied);
         result->step = std::numeric_limits<int64_t>::max();
         kj::Vector<kj::Promise<void>> calls;
+        // The step report rides on the first message to each shard; shards
+        // that get no gradient get a stepDone of their own.
+        std::vector<bool> reported(impl_->shards.size(), done_step < 0);
         for (auto& b : batches) {
           auto req = impl_->shards[b.shard]->shard.pushRequest();
           req.setStep(step);
+          const bool reports = !reported[b.shard];
+          if (reports) {
+            req.setDoneStep(done_step);
+            reported[b.shard] = true;
+          }
           auto list = req.initGrads(static_cast<unsigned>(b.parts.size()));
           auto orphanage = capnp::Orphanage::getForMessageContaining(
               static_cast<wire::Shard::PushParams::Builder>(req));
@@ -448,8 +462,12 @@ std::future<PushResult> Client::start_push(std::vector<std::string> names, std::
             auto slice = grads[ref.tensor].subspan(ref.part.offset, ref.part.count);
             list[i].adoptValues(orphanage.referenceExternalData(as_data(slice)));
           }
-          calls.add(req.send().then([batch = kj::mv(b), res = result.get()](
+          calls.add(req.send().then([batch = kj::mv(b), res = result.get(), reports](
                                         capnp::Response<wire::Shard::PushResults>&& reply) {
+            if (reports) {
+              if (batch.shard == 0) res->global_step = reply.getStep();
+              res->stop = res->stop || reply.getStop();
+            }
             auto status = reply.getStatus();
             for (unsigned i = 0; i < status.size() && i < batch.parts.size(); ++i) {
               PushStatus s = from_wire(status[i]);
@@ -457,6 +475,15 @@ std::future<PushResult> Client::start_push(std::vector<std::string> names, std::
               slot = std::max(slot, s);
             }
             res->step = std::min(res->step, reply.getStep());
+          }));
+        }
+        for (std::size_t shard = 0; shard < reported.size(); ++shard) {
+          if (reported[shard]) continue;
+          auto req = impl_->shards[shard]->shard.stepDoneRequest();
+          req.setStep(done_step);
+          calls.add(req.send().then([shard, res = result.get()](capnp::Response<wire::Shard::StepDoneResults>&& reply) {
+            if (shard == 0) res->global_step = reply.getGlobalStep();
+            res->stop = res->stop || reply.getStop();
           }));
         }
         return kj::joinPromises(calls.releaseAsArray()).then([result = kj::mv(result)]() mutable {

@@ -63,12 +63,9 @@ int64_t TrainingSession::pull() {
 
 StepOutcome TrainingSession::push() {
   const int64_t step = options_.job.mode == SyncMode::kBoundedStaleness ? local_step_ : pulled_step_;
-  // Sent together: the shard handles them in order, so the step is only
-  // reported once its gradients are in.
-  auto pushed = client_.push_async(names_, grads_, step);
-  auto done = client_.step_done_async(local_step_);
-  PushResult p = pushed.get();
-  Client::StepDone d = done.get();
+  // The step report rides on the push: the shard counts it once the
+  // gradients are in, without another round trip.
+  PushResult p = client_.push_and_step_async(names_, grads_, step, local_step_).get();
 
   StepOutcome out;
   out.step = pulled_step_;
@@ -80,8 +77,8 @@ StepOutcome TrainingSession::push() {
     global_step_ = std::max(global_step_, p.step);
     stop_ = options_.job.train_steps > 0 && next_sync_step_ >= options_.job.train_steps;
   } else {
-    global_step_ = d.global_step;
-    stop_ = d.stop;
+    global_step_ = p.global_step;
+    stop_ = p.stop;
   }
   out.global_step = global_step_;
   out.stop = stop_;

@@ -189,11 +189,13 @@ interface Shard {
   # Values of the named tensors, all read at one global step `step`
   # (>= minStep: the call waits until the shard reaches minStep).
 
-  push @3 (grads :List(Gradient), step :Int64, requestId :UInt64)
-       -> (status :List(PushStatus), step :Int64);
+  push @3 (grads :List(Gradient), step :Int64, requestId :UInt64, doneStep :Int64 = -1)
+       -> (status :List(PushStatus), step :Int64, stop :Bool);
   # step: the global step the worker's parameters were pulled at (sync mode).
   # requestId (nonzero, unique per worker): a retried push with an id the
   # shard has already applied is answered again without being applied twice.
+  # doneStep >= 0 also reports that local step as done, as stepDone does,
+  # saving a call per step; then step and stop are stepDone's answers.
 
   list @4 () -> (tensors :List(TensorMeta));
   stats @5 () -> (stats :ShardStats);

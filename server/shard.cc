@@ -176,6 +176,9 @@ kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Rea
   const int64_t step = params.getStep();
   const JobConfig& job = job_.config();
   job_.check_worker(caller.worker_index);
+  if (params.getDoneStep() >= 0 && caller.worker_index < 0) {
+    throw RequestError("push: only workers report steps (say hello with a worker index)");
+  }
   if (job_.configured() && !job_.ready()) {
     throw RequestError("push: the chief has not finished initialising the model (waitReady first)");
   }
@@ -226,10 +229,19 @@ kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Rea
   results.setStep(job_.global_step());
   auto status = results.initStatus(static_cast<unsigned>(work.size()));
 
+  const int64_t done_step = params.getDoneStep();
+  auto report_done = [&] {
+    if (done_step < 0) return;
+    auto [global, stop] = step_done(caller, done_step);
+    results.setStep(global);
+    results.setStop(stop);
+  };
+
   if (sync && step < job_.global_step()) {
     for (unsigned i = 0; i < work.size(); ++i) status.set(i, wire::PushStatus::STALE);
     counters_.stale += work.size();
     if (worker) worker->stale += work.size();
+    report_done();
     return kj::READY_NOW;
   }
 
@@ -246,6 +258,7 @@ kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Rea
     }
   }
   if (sync && complete_tensors_ > 0 && complete_tensors_ >= trainable_count()) commit_sync_step();
+  report_done();
   return kj::joinPromises(pending.releaseAsArray());
 }
 

@@ -35,7 +35,7 @@ struct ShardOptions {
   uint32_t shard_index = 0;
   uint32_t num_shards = 1;
   bool allow_nonfinite = false;            // accept NaN/Inf gradients (refused by default)
-  uint64_t inline_bytes = 256u << 10;      // smaller updates and reads run on the event loop
+  uint64_t inline_bytes = 1u << 20;        // smaller updates and reads run on the event loop
   uint64_t max_message_bytes = 80u << 20;  // advertised to clients; enforced by the RPC reader
   StoreLimits limits;
 };

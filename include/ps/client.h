@@ -92,8 +92,12 @@ struct PullResult {
 enum class PushStatus { kApplied, kAccumulated, kStale, kDuplicate };
 
 struct PushResult {
-  int64_t step = 0;
+  int64_t step = 0;                 // smallest global step the shards answered
   std::vector<PushStatus> status;   // per tensor; the worst over its parts
+  // With done_step >= 0: shard 0's global step after counting the step, and
+  // whether the job reached train_steps (as step_done() answers).
+  int64_t global_step = 0;
+  bool stop = false;
 };
 
 class Client {
@@ -126,6 +130,11 @@ class Client {
   PushStatus push(const std::string& name, std::span<const float> grad);
   std::future<PushResult> push_async(std::vector<std::string> names, std::vector<std::span<const float>> grads,
                                      int64_t step = 0);
+  // Pushes and, in the same calls, reports local step `done_step` as done on
+  // every shard (step_done() without its extra round trips).
+  std::future<PushResult> push_and_step_async(std::vector<std::string> names,
+                                              std::vector<std::span<const float>> grads, int64_t step,
+                                              int64_t done_step);
 
   std::vector<TensorInfo> list();
   std::vector<ShardStats> stats();
@@ -167,7 +176,7 @@ class Client {
   std::future<PullResult> start_pull(std::vector<std::string> names, std::vector<std::span<float>> out,
                                      int64_t min_step, bool blocking);
   std::future<PushResult> start_push(std::vector<std::string> names, std::vector<std::span<const float>> grads,
-                                     int64_t step, bool blocking);
+                                     int64_t step, bool blocking, int64_t done_step = -1);
 
   struct Impl;
   std::unique_ptr<Impl> impl_;

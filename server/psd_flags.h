@@ -17,6 +17,7 @@ struct PsdFlagValues {
   double max_message_mb = 80;
   double max_tensor_mb = 4096;
   double max_memory_mb = 1 << 20;
+  std::string auth_token_file;
 };
 
 // Registers the flags; their values land in `options` (and in `extra`, kept

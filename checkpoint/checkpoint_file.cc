@@ -149,7 +149,7 @@ class FileReader {
 // A Cap'n Proto message read from a checked record; the traversal limit is
 // the record's own size (a few passes), so a hostile file cannot amplify.
 struct MessageRecord {
-  std::vector<capnp::word> words;
+  std::vector<uint64_t> words;  // capnp::word is not movable; same size and alignment
   kj::Own<capnp::FlatArrayMessageReader> reader;
   void read(FileReader& in, const char* what) {
     in.record(words, what);
@@ -157,7 +157,8 @@ struct MessageRecord {
     opts.traversalLimitInWords = words.size() * 8 + 1024;  // a few passes over the record; no amplification beyond
     opts.nestingLimit = 32;
     try {
-      reader = kj::heap<capnp::FlatArrayMessageReader>(kj::arrayPtr(words.data(), words.size()), opts);
+      reader = kj::heap<capnp::FlatArrayMessageReader>(
+          kj::arrayPtr(reinterpret_cast<const capnp::word*>(words.data()), words.size()), opts);
     } catch (const kj::Exception& e) {
       in.fail(std::string("malformed ") + what + ": " + e.getDescription().cStr());
     }

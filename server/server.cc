@@ -98,8 +98,9 @@ struct PsServer::Impl : kj::TaskSet::ErrorHandler {
                                   options.max_connections);
     auto it = refused.emplace(refused.end(), kj::mv(stream), shard, std::move(peer), reader, std::move(why));
     auto drop = [this, it] { refused.erase(it); };
-    tasks->add(it->network.onDisconnect().then(drop, [drop](kj::Exception&&) { drop(); })
-                   .exclusiveJoin(io.provider->getTimer().afterDelay(5 * kj::SECONDS).then(drop)));
+    // (Copies of `drop`: a promise given an lvalue lambda keeps a reference to it.)
+    tasks->add(it->network.onDisconnect().then([drop] { drop(); }, [drop](kj::Exception&&) { drop(); })
+                   .exclusiveJoin(io.provider->getTimer().afterDelay(5 * kj::SECONDS).then([drop] { drop(); })));
   }
 
   ServerOptions options;

@@ -209,7 +209,9 @@ kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Rea
 
   kj::Vector<kj::Promise<void>> pending;
   for (unsigned i = 0; i < work.size(); ++i) {
-    auto [t, g] = work[i];
+    // Not a structured binding: clang before 16 cannot capture those.
+    StoredTensor* t = work[i].first;
+    std::span<const float> g = work[i].second;
     if (sync && t->spec().trainable) {
       wire::PushStatus s = offer_sync(t, caller.worker_index, g, pending);
       if (s == wire::PushStatus::STALE && worker) ++worker->stale;

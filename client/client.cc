@@ -5,12 +5,15 @@
 #include <limits>
 #include <mutex>
 #include <optional>
+#include <random>
 
 #include <capnp/orphan.h>
 #include <spdlog/spdlog.h>
 
 #include "event_loop_thread.h"
+#include "auth_token.h"
 #include "malloc_tuning.h"
+#include "reconnector.h"
 #include "request_plan.h"
 #include "shard_connection.h"
 #include "wire_convert.h"
@@ -58,6 +61,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   ~Impl() {
     loop.run_sync([this] {
       tasks = nullptr;
+      retry = nullptr;
       shards.clear();
     });
   }
@@ -140,7 +144,8 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
           auto acc = kj::heap<T>();
           kj::Vector<kj::Promise<void>> calls;
           for (auto& s : shards) {
-            calls.add(make(*s).then([index = s->index, on_reply, acc = acc.get()](auto&& reply) mutable {
+            calls.add(retry->call(s->index, [make](ShardConnection& c, int) { return make(c); })
+                          .then([index = s->index, on_reply, acc = acc.get()](auto&& reply) mutable {
               on_reply(*acc, index, reply);
             }));
           }
@@ -173,7 +178,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
           for (std::size_t i = 0; i < options.ps_hosts.size(); ++i) {
             auto hello_deadline = options.connect_timeout + std::chrono::milliseconds(5000);
             auto p = connect_shard(loop.io(), static_cast<int>(i), options.ps_hosts[i], options.connect_timeout,
-                                   options.worker_index, options.is_chief)
+                                   hello_params())
                          .exclusiveJoin(loop.io().provider->getTimer().afterDelay(hello_deadline.count() * kj::MILLISECONDS)
                                             .then([host = options.ps_hosts[i]]() -> kj::Promise<kj::Own<ShardConnection>> {
                                               return disconnected("psd at " + host + " accepted but did not answer hello");
@@ -188,6 +193,9 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
         "");
     // connect_shard has its own deadline; the call timeout must not cut it short.
     Outcome o = outcome.get();
+    loop.run_sync([this] {
+      retry = kj::heap<Reconnector>(loop.io(), shards, hello_params(), options.reconnect_timeout);
+    });
     if (!o.errors.empty()) {
       std::string msg = "could not connect to " + std::to_string(o.errors.size()) + " of " +
                         std::to_string(options.ps_hosts.size()) + " ps shards: ";
@@ -210,6 +218,14 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     }
   }
 
+  HelloParams hello_params() const {
+    return {options.worker_index, options.is_chief, options.auth_token};
+  }
+
+  // Push request ids: a random base per Client (a restarted worker does not
+  // reuse its predecessor's ids), then one per message.
+  uint64_t new_request_id() { return next_request_id.fetch_add(1); }
+
   // A pull in flight: which batches, where their values go, and the step
   // and versions each batch was read at.
   struct PullState {
@@ -226,11 +242,19 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     kj::Vector<kj::Promise<void>> calls;
     for (std::size_t b : which) {
       const ShardBatch& batch = st.batches[b];
-      auto req = shards[batch.shard]->shard.pullRequest();
-      auto names_out = req.initNames(static_cast<unsigned>(batch.parts.size()));
-      for (unsigned i = 0; i < batch.parts.size(); ++i) names_out.set(i, batch.parts[i].part.stored_name);
-      req.setMinStep(min_step);
-      calls.add(req.send().then([&st, b](capnp::Response<wire::Shard::PullResults>&& reply) {
+      calls.add(retry->call(batch.shard, [&st, b, min_step](ShardConnection& c, int attempt) {
+        const ShardBatch& batch = st.batches[b];
+        auto req = c.shard.pullRequest();
+        auto names_out = req.initNames(static_cast<unsigned>(batch.parts.size()));
+        for (unsigned i = 0; i < batch.parts.size(); ++i) names_out.set(i, batch.parts[i].part.stored_name);
+        // A shard back from a restart at an older step may never reach the
+        // step asked for: read what it has (reconnector.h).
+        req.setMinStep(attempt > 0 && c.rolled_back ? std::min(min_step, c.hello_step) : min_step);
+        return req.send().then([&c](capnp::Response<wire::Shard::PullResults>&& reply) {
+          c.last_step = std::max(c.last_step, reply.getStep());
+          return kj::mv(reply);
+        });
+      }).then([&st, b](capnp::Response<wire::Shard::PullResults>&& reply) {
         const ShardBatch& batch = st.batches[b];
         auto tensors = reply.getTensors();
         if (tensors.size() != batch.parts.size()) {
@@ -273,6 +297,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   }
 
   ClientOptions options;
+  std::atomic<uint64_t> next_request_id{(std::random_device{}() | (uint64_t{std::random_device{}()} << 32)) << 8 | 1};
   std::mutex job_mutex;
   JobConfig job;
   std::atomic<SyncMode> job_mode{SyncMode::kAsync};
@@ -282,11 +307,15 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   EventLoopThread loop;
   // Loop-thread state.
   std::vector<kj::Own<ShardConnection>> shards;
+  kj::Own<Reconnector> retry;
   kj::Own<kj::TaskSet> tasks;
 };
 
 Client::Client(ClientOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
   if (impl_->options.tune_malloc) tune_malloc_for_large_messages();
+  if (impl_->options.auth_token.empty() && !impl_->options.auth_token_file.empty()) {
+    impl_->options.auth_token = read_auth_token(impl_->options.auth_token_file);
+  }
   if (impl_->options.call_timeout.count() > 0 && impl_->options.call_timeout < impl_->options.connect_timeout) {
     impl_->options.call_timeout = impl_->options.connect_timeout + std::chrono::milliseconds(10000);
   }
@@ -309,43 +338,57 @@ void Client::declare(const std::vector<TensorSpec>& specs) {
 }
 
 void Client::create(const std::vector<TensorSpec>& specs) {
+  for (const auto& full : specs) {
+    if (full.init.kind == InitKind::kValues && full.init.values.size() != full.num_elements()) {
+      throw ConfigError("tensor '" + full.name + "' has " + std::to_string(full.num_elements()) + " elements but " +
+                        std::to_string(full.init.values.size()) + " initial values");
+    }
+    for (const auto& slot : full.slots) {
+      if (slot.size() != full.num_elements()) {
+        throw ConfigError("tensor '" + full.name + "' has " + std::to_string(full.num_elements()) +
+                          " elements but a restored optimizer slot of " + std::to_string(slot.size()));
+      }
+    }
+  }
   declare(specs);
   std::vector<std::string> names;
   for (const auto& s : specs) names.push_back(s.name);
   auto batches = impl_->plan(names);
+  auto shared_specs = std::make_shared<const std::vector<TensorSpec>>(specs);
   struct Done {};
   impl_->submit<Done>(
-            [this, batches = std::move(batches), specs]() {
+            [this, batches = std::move(batches), shared_specs]() {
               kj::Vector<kj::Promise<void>> calls;
               for (const auto& b : batches) {
-                auto req = impl_->shards[b.shard]->shard.createRequest();
-                auto out = req.initSpecs(static_cast<unsigned>(b.parts.size()));
-                for (unsigned i = 0; i < b.parts.size(); ++i) {
-                  const TensorSpec& full = specs[b.parts[i].tensor];
-                  const Part& part = b.parts[i].part;
-                  TensorSpec piece = full;
-                  piece.name = part.stored_name;
-                  if (part.num_parts > 1) piece.shape = {part.count};
-                  if (full.init.kind == InitKind::kValues) {
-                    if (full.init.values.size() != full.num_elements()) {
-                      throw ConfigError("tensor '" + full.name + "' has " + std::to_string(full.num_elements()) +
-                                        " elements but " + std::to_string(full.init.values.size()) + " initial values");
+                calls.add(impl_->retry->call(b.shard, [b, shared_specs](ShardConnection& c, int) {
+                  const auto& specs = *shared_specs;
+                  auto req = c.shard.createRequest();
+                  auto out = req.initSpecs(static_cast<unsigned>(b.parts.size()));
+                  for (unsigned i = 0; i < b.parts.size(); ++i) {
+                    const TensorSpec& full = specs[b.parts[i].tensor];
+                    const Part& part = b.parts[i].part;
+                    TensorSpec piece = full;
+                    piece.name = part.stored_name;
+                    if (part.num_parts > 1) piece.shape = {part.count};
+                    // Values and restored slots are cut to the part.
+                    auto cut = [&](const std::vector<float>& v) {
+                      return std::vector<float>(v.begin() + part.offset, v.begin() + part.offset + part.count);
+                    };
+                    if (full.init.kind == InitKind::kValues) piece.init.values = cut(full.init.values);
+                    for (std::size_t k = 0; k < full.slots.size(); ++k) piece.slots[k] = cut(full.slots[k]);
+                    to_wire(piece, out[i]);
+                    if (part.num_parts > 1) {
+                      auto p = out[i].initPart();
+                      p.setFullName(full.name);
+                      auto fs = p.initFullShape(static_cast<unsigned>(full.shape.size()));
+                      for (unsigned d = 0; d < full.shape.size(); ++d) fs.set(d, full.shape[d]);
+                      p.setOffset(part.offset);
+                      p.setIndex(part.index);
+                      p.setCount(part.num_parts);
                     }
-                    piece.init.values.assign(full.init.values.begin() + part.offset,
-                                             full.init.values.begin() + part.offset + part.count);
                   }
-                  to_wire(piece, out[i]);
-                  if (part.num_parts > 1) {
-                    auto p = out[i].initPart();
-                    p.setFullName(full.name);
-                    auto fs = p.initFullShape(static_cast<unsigned>(full.shape.size()));
-                    for (unsigned d = 0; d < full.shape.size(); ++d) fs.set(d, full.shape[d]);
-                    p.setOffset(part.offset);
-                    p.setIndex(part.index);
-                    p.setCount(part.num_parts);
-                  }
-                }
-                calls.add(req.send().ignoreResult());
+                  return req.send().ignoreResult();
+                }));
               }
               return kj::joinPromises(calls.releaseAsArray()).then([] { return Done{}; });
             },
@@ -441,47 +484,70 @@ std::future<PushResult> Client::start_push(std::vector<std::string> names, std::
         result->status.assign(n, PushStatus::kApplied);
         result->step = std::numeric_limits<int64_t>::max();
         kj::Vector<kj::Promise<void>> calls;
+        auto shared_grads = std::make_shared<const std::vector<std::span<const float>>>(std::move(grads));
+        struct BatchReply {
+          std::vector<PushStatus> status;
+          int64_t step = 0;
+          bool stop = false;
+        };
         // The step report rides on the first message to each shard; shards
         // that get no gradient get a stepDone of their own.
         std::vector<bool> reported(impl_->shards.size(), done_step < 0);
         for (auto& b : batches) {
-          auto req = impl_->shards[b.shard]->shard.pushRequest();
-          req.setStep(step);
-          const bool reports = !reported[b.shard];
-          if (reports) {
-            req.setDoneStep(done_step);
-            reported[b.shard] = true;
-          }
-          auto list = req.initGrads(static_cast<unsigned>(b.parts.size()));
-          auto orphanage = capnp::Orphanage::getForMessageContaining(
-              static_cast<wire::Shard::PushParams::Builder>(req));
-          for (unsigned i = 0; i < b.parts.size(); ++i) {
-            const PartRef& ref = b.parts[i];
-            list[i].setName(ref.part.stored_name);
-            // The gradient goes out straight from the caller's buffer: no copy.
-            auto slice = grads[ref.tensor].subspan(ref.part.offset, ref.part.count);
-            list[i].adoptValues(orphanage.referenceExternalData(as_data(slice)));
-          }
-          calls.add(req.send().then([batch = kj::mv(b), res = result.get(), reports](
-                                        capnp::Response<wire::Shard::PushResults>&& reply) {
-            if (reports) {
-              if (batch.shard == 0) res->global_step = reply.getStep();
-              res->stop = res->stop || reply.getStop();
+          // One id per message, kept across retries: the shard applies it once.
+          const uint64_t id = impl_->new_request_id();
+          auto batch = std::make_shared<const ShardBatch>(std::move(b));
+          const int64_t reports = reported[batch->shard] ? -1 : done_step;
+          reported[batch->shard] = true;
+          auto send = [this, batch, shared_grads, step, id, reports](ShardConnection& c, int attempt) -> kj::Promise<BatchReply> {
+            if (attempt > 0 && c.rolled_back && impl_->job_mode.load() == SyncMode::kSync && step > c.hello_step) {
+              // The shard restarted from a step before this gradient's: it
+              // was computed from parameters the shard no longer has.
+              return BatchReply{std::vector<PushStatus>(batch->parts.size(), PushStatus::kStale), c.hello_step};
             }
-            auto status = reply.getStatus();
-            for (unsigned i = 0; i < status.size() && i < batch.parts.size(); ++i) {
-              PushStatus s = from_wire(status[i]);
-              auto& slot = res->status[batch.parts[i].tensor];
-              slot = std::max(slot, s);
+            auto req = c.shard.pushRequest();
+            req.setStep(step);
+            req.setRequestId(id);
+            req.setDoneStep(reports);
+            auto list = req.initGrads(static_cast<unsigned>(batch->parts.size()));
+            auto orphanage = capnp::Orphanage::getForMessageContaining(static_cast<wire::Shard::PushParams::Builder>(req));
+            for (unsigned i = 0; i < batch->parts.size(); ++i) {
+              const PartRef& ref = batch->parts[i];
+              list[i].setName(ref.part.stored_name);
+              // The gradient goes out straight from the caller's buffer: no copy.
+              auto slice = (*shared_grads)[ref.tensor].subspan(ref.part.offset, ref.part.count);
+              list[i].adoptValues(orphanage.referenceExternalData(as_data(slice)));
             }
-            res->step = std::min(res->step, reply.getStep());
+            return req.send().then([&c](capnp::Response<wire::Shard::PushResults>&& reply) {
+              BatchReply r;
+              for (auto st : reply.getStatus()) r.status.push_back(from_wire(st));
+              r.step = reply.getStep();
+              r.stop = reply.getStop();
+              c.last_step = std::max(c.last_step, r.step);
+              return r;
+            });
+          };
+          calls.add(impl_->retry->call(batch->shard, kj::mv(send)).then([batch, reports, res = result.get()](BatchReply&& reply) {
+            if (reports >= 0) {
+              if (batch->shard == 0) res->global_step = reply.step;
+              res->stop = res->stop || reply.stop;
+            }
+            for (unsigned i = 0; i < reply.status.size() && i < batch->parts.size(); ++i) {
+              auto& slot = res->status[batch->parts[i].tensor];
+              slot = std::max(slot, reply.status[i]);
+            }
+            res->step = std::min(res->step, reply.step);
           }));
         }
         for (std::size_t shard = 0; shard < reported.size(); ++shard) {
           if (reported[shard]) continue;
-          auto req = impl_->shards[shard]->shard.stepDoneRequest();
-          req.setStep(done_step);
-          calls.add(req.send().then([shard, res = result.get()](capnp::Response<wire::Shard::StepDoneResults>&& reply) {
+          auto send = [done_step](ShardConnection& c, int) {
+            auto req = c.shard.stepDoneRequest();
+            req.setStep(done_step);
+            return req.send();
+          };
+          calls.add(impl_->retry->call(static_cast<int>(shard), kj::mv(send))
+                        .then([shard, res = result.get()](capnp::Response<wire::Shard::StepDoneResults>&& reply) {
             if (shard == 0) res->global_step = reply.getGlobalStep();
             res->stop = res->stop || reply.getStop();
           }));
@@ -563,6 +629,8 @@ std::vector<ShardStats> Client::stats() {
                               o.steps_applied = st.getStepsApplied();
                               o.staleness_waits = st.getStalenessWaits();
                               o.max_staleness = st.getMaxStaleness();
+                              o.last_checkpoint_step = st.getLastCheckpointStep();
+                              o.last_checkpoint_unix_secs = st.getLastCheckpointUnixSecs();
                               for (auto w : st.getWorkers()) {
                                 o.workers.push_back({w.getWorkerIndex(), w.getStep(), w.getConnected(), w.getPushes(),
                                                      w.getStale()});
@@ -642,6 +710,25 @@ std::future<Client::StepDone> Client::step_done_async(int64_t local_step) {
 
 Client::StepDone Client::step_done(int64_t local_step) { return step_done_async(local_step).get(); }
 
+Client::Checkpoint Client::checkpoint(int64_t step) {
+  return impl_
+      ->on_every_shard<Checkpoint>(
+          [step](ShardConnection& s) {
+            auto req = s.shard.checkpointRequest();
+            req.setStep(step);
+            return req.send();
+          },
+          [](Checkpoint& c, int shard, capnp::Response<wire::Shard::CheckpointResults>& reply) {
+            if (c.paths.size() <= static_cast<std::size_t>(shard)) c.paths.resize(shard + 1);
+            c.paths[shard] = reply.getPath();
+            c.step = reply.getStep();
+          },
+          "checkpoint: ")
+      .get();
+}
+
+uint64_t Client::rollbacks() const { return impl_->retry ? impl_->retry->rollbacks() : 0; }
+
 uint32_t Client::barrier(const std::string& name, uint32_t count, std::chrono::milliseconds timeout) {
   struct Arrived {
     uint32_t n = 0;
@@ -650,11 +737,13 @@ uint32_t Client::barrier(const std::string& name, uint32_t count, std::chrono::m
   return impl_
       ->submit<Arrived>(
           [this, name, count, ms] {
-            auto req = impl_->shards[0]->shard.barrierRequest();
-            req.setName(name);
-            req.setCount(count);
-            req.setTimeoutMs(ms);
-            return req.send().then([](capnp::Response<wire::Shard::BarrierResults>&& r) { return Arrived{r.getArrived()}; });
+            return impl_->retry->call(0, [name, count, ms](ShardConnection& c, int) {
+              auto req = c.shard.barrierRequest();
+              req.setName(name);
+              req.setCount(count);
+              req.setTimeoutMs(ms);
+              return req.send();
+            }).then([](capnp::Response<wire::Shard::BarrierResults>&& r) { return Arrived{r.getArrived()}; });
           },
           "barrier: ")
       .get()

@@ -33,42 +33,70 @@ kj::Promise<kj::Own<kj::AsyncIoStream>> connect_with_retry(kj::AsyncIoContext& i
 
 }  // namespace
 
-kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::AsyncIoContext& io, int index, std::string address,
-                                                    std::chrono::milliseconds timeout, int worker_index,
-                                                    bool is_chief) {
-  auto deadline = io.provider->getTimer().now() + timeout.count() * kj::MILLISECONDS;
-  return connect_with_retry(io, address, deadline, 20 * kj::MILLISECONDS)
-      .then([index, address, worker_index, is_chief](kj::Own<kj::AsyncIoStream> stream) {
-        auto conn = kj::heap<ShardConnection>();
-        conn->index = index;
-        conn->address = address;
-        conn->stream = kj::mv(stream);
-        capnp::ReaderOptions reader;
-        reader.traversalLimitInWords = (1ull << 34) / sizeof(capnp::word);  // the client trusts its shards
-        conn->network = kj::heap<capnp::TwoPartyVatNetwork>(*conn->stream, capnp::rpc::twoparty::Side::CLIENT, reader);
-        conn->rpc = kj::heap(capnp::makeRpcClient(*conn->network));
-        capnp::word scratch[4];
-        memset(scratch, 0, sizeof(scratch));
-        capnp::MallocMessageBuilder message(scratch);
-        auto vat = message.getRoot<capnp::rpc::twoparty::VatId>();
-        vat.setSide(capnp::rpc::twoparty::Side::SERVER);
-        conn->shard = conn->rpc->bootstrap(vat).castAs<wire::Shard>();
+namespace {
 
-        auto req = conn->shard.helloRequest();
-        req.setProtocolVersion(wire::K_PROTOCOL_VERSION);
-        req.setWorkerIndex(worker_index);
-        req.setIsChief(is_chief);
-        return req.send().then([conn = kj::mv(conn)](capnp::Response<wire::Shard::HelloResults>&& reply) mutable {
-          auto info = reply.getInfo();
-          conn->max_message_bytes = info.getMaxMessageBytes();
-          conn->num_shards = info.getNumShards();
-          conn->shard_index = info.getShardIndex();
-          conn->job = job_from_wire(info.getJob());
-          spdlog::debug("connected to {} ({}, shard {}/{})", conn->address, info.getServerVersion().cStr(),
-                        info.getShardIndex(), info.getNumShards());
-          return kj::mv(conn);
+kj::Promise<kj::Own<ShardConnection>> hello_on(kj::Own<kj::AsyncIoStream> stream, int index, std::string address,
+                                               const HelloParams& hello) {
+  auto conn = kj::heap<ShardConnection>();
+  conn->index = index;
+  conn->address = address;
+  conn->stream = kj::mv(stream);
+  capnp::ReaderOptions reader;
+  reader.traversalLimitInWords = (1ull << 34) / sizeof(capnp::word);  // the client trusts its shards
+  conn->network = kj::heap<capnp::TwoPartyVatNetwork>(*conn->stream, capnp::rpc::twoparty::Side::CLIENT, reader);
+  conn->rpc = kj::heap(capnp::makeRpcClient(*conn->network));
+  capnp::word scratch[4];
+  memset(scratch, 0, sizeof(scratch));
+  capnp::MallocMessageBuilder message(scratch);
+  auto vat = message.getRoot<capnp::rpc::twoparty::VatId>();
+  vat.setSide(capnp::rpc::twoparty::Side::SERVER);
+  conn->shard = conn->rpc->bootstrap(vat).castAs<wire::Shard>();
+
+  auto req = conn->shard.helloRequest();
+  req.setProtocolVersion(wire::K_PROTOCOL_VERSION);
+  req.setWorkerIndex(hello.worker_index);
+  req.setIsChief(hello.is_chief);
+  if (!hello.auth_token.empty()) {
+    req.setAuthToken(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(hello.auth_token.data()), hello.auth_token.size()));
+  }
+  return req.send().then([conn = kj::mv(conn)](capnp::Response<wire::Shard::HelloResults>&& reply) mutable {
+    auto info = reply.getInfo();
+    conn->max_message_bytes = info.getMaxMessageBytes();
+    conn->num_shards = info.getNumShards();
+    conn->shard_index = info.getShardIndex();
+    conn->job = job_from_wire(info.getJob());
+    conn->hello_step = conn->last_step = info.getGlobalStep();
+    spdlog::debug("connected to {} ({}, shard {}/{})", conn->address, info.getServerVersion().cStr(),
+                  info.getShardIndex(), info.getNumShards());
+    return kj::mv(conn);
+  });
+}
+
+// Connect and hello, again with backoff while the peer is not there or
+// hangs up during hello (a psd shutting down, or still starting): a refusal
+// (bad token, wrong version, too many connections) ends it at once.
+kj::Promise<kj::Own<ShardConnection>> connect_and_hello(kj::AsyncIoContext& io, int index, std::string address,
+                                                        kj::TimePoint deadline, kj::Duration delay,
+                                                        HelloParams hello) {
+  return connect_with_retry(io, address, deadline, delay)
+      .then([index, address, hello](kj::Own<kj::AsyncIoStream> stream) {
+        return hello_on(kj::mv(stream), index, address, hello);
+      })
+      .catch_([&io, index, address, deadline, delay, hello](kj::Exception&& e) -> kj::Promise<kj::Own<ShardConnection>> {
+        auto& timer = io.provider->getTimer();
+        if (e.getType() != kj::Exception::Type::DISCONNECTED || timer.now() + delay > deadline) return kj::mv(e);
+        return timer.afterDelay(delay).then([&io, index, address, deadline, delay, hello] {
+          return connect_and_hello(io, index, address, deadline, std::min(delay * 2, 500 * kj::MILLISECONDS), hello);
         });
       });
+}
+
+}  // namespace
+
+kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::AsyncIoContext& io, int index, std::string address,
+                                                    std::chrono::milliseconds timeout, const HelloParams& hello) {
+  auto deadline = io.provider->getTimer().now() + timeout.count() * kj::MILLISECONDS;
+  return connect_and_hello(io, index, address, deadline, 20 * kj::MILLISECONDS, hello);
 }
 
 }  // namespace ps

@@ -24,14 +24,28 @@ struct ShardConnection {
   uint32_t num_shards = 0;
   uint32_t shard_index = 0;
   JobConfig job;  // as the shard knew it at hello
+  // Reconnection (reconnector.h): which connection to this shard this is,
+  // the global step the shard had at hello, the newest step any reply on
+  // this connection carried, and whether the shard came back at a step older
+  // than the previous connection had seen (restarted from a checkpoint).
+  uint64_t generation = 0;
+  int64_t hello_step = 0;
+  int64_t last_step = 0;
+  bool rolled_back = false;
+};
+
+// Who this client is, said in every hello.
+struct HelloParams {
+  int worker_index = -1;
+  bool is_chief = false;
+  std::string auth_token;
 };
 
 // Connects to `address` ("host:port" or "unix:/path"), retrying with backoff
 // until `timeout` has passed, then says hello. Rejects with a DISCONNECTED
 // kj::Exception naming the address and the last error.
 kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::AsyncIoContext& io, int index, std::string address,
-                                                    std::chrono::milliseconds timeout, int worker_index,
-                                                    bool is_chief);
+                                                    std::chrono::milliseconds timeout, const HelloParams& hello);
 
 // A DISCONNECTED exception (a shard unreachable or gone) with this message.
 kj::Exception disconnected(std::string message);

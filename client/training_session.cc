@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "ps/checkpoint.h"
+
 namespace ps {
 
 TrainingSession::TrainingSession(Client& client, SessionOptions options) : client_(client), options_(std::move(options)) {}
@@ -21,8 +23,9 @@ void TrainingSession::add_variable(const TensorSpec& spec, std::span<float> valu
 
 void TrainingSession::initialize() {
   if (is_chief()) {
+    std::vector<TensorSpec> specs = options_.restore_from.empty() ? specs_ : restored_specs();
     client_.init_job(options_.job);
-    client_.create(specs_);
+    client_.create(specs);
     client_.set_ready();
     spdlog::info("chief: job configured ({}), {} variables created and initialised", to_string(options_.job),
                  specs_.size());
@@ -43,8 +46,40 @@ void TrainingSession::initialize() {
   initialized_ = true;
 }
 
+std::vector<TensorSpec> TrainingSession::restored_specs() {
+  RestoredModel m = load_checkpoint(options_.restore_from);
+  options_.job.start_step = m.global_step;
+  std::vector<TensorSpec> specs;
+  for (const TensorSpec& declared : specs_) {
+    auto it = std::find_if(m.tensors.begin(), m.tensors.end(), [&](const TensorSpec& t) { return t.name == declared.name; });
+    if (it == m.tensors.end()) {
+      throw ConfigError("restore: variable '" + declared.name + "' is not in the checkpoint under " + options_.restore_from);
+    }
+    if (it->shape != declared.shape) {
+      throw ConfigError("restore: variable '" + declared.name + "' has shape " + shape_to_string(declared.shape) +
+                        ", the checkpoint's " + shape_to_string(it->shape));
+    }
+    TensorSpec spec = declared;  // the optimizer as declared now (a new learning rate is fine)
+    spec.init = it->init;
+    // Slots only mean something to the optimizer that made them.
+    if (declared.optimizer.kind == it->optimizer.kind) spec.slots = it->slots;
+    spec.version = it->version;
+    specs.push_back(std::move(spec));
+  }
+  spdlog::info("chief: restoring {} variables from step {} of {} ({} shards)", specs.size(), m.global_step,
+               options_.restore_from, m.num_shards);
+  return specs;
+}
+
 int64_t TrainingSession::pull() {
   if (!initialized_) throw ConfigError("pull() before initialize()");
+  if (const uint64_t r = client_.rollbacks(); r != seen_rollbacks_) {
+    // A shard restarted from a checkpoint: the step this session waits for
+    // may never come. Start again from whatever step the shards are at.
+    seen_rollbacks_ = r;
+    next_sync_step_ = 0;
+    spdlog::warn("a ps shard restarted from a checkpoint; going on from the step it restored");
+  }
   int64_t min_step = 0;
   switch (options_.job.mode) {
     case SyncMode::kSync: min_step = next_sync_step_; break;
@@ -73,7 +108,8 @@ StepOutcome TrainingSession::push() {
   if (out.stale) ++stale_steps_;
   ++local_step_;
   if (options_.job.mode == SyncMode::kSync) {
-    next_sync_step_ = pulled_step_ + 1;
+    // A reply at an older step than pulled: a shard restarted behind us.
+    next_sync_step_ = p.step < pulled_step_ ? p.step : pulled_step_ + 1;
     global_step_ = std::max(global_step_, p.step);
     stop_ = options_.job.train_steps > 0 && next_sync_step_ >= options_.job.train_steps;
   } else {

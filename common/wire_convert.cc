@@ -90,6 +90,11 @@ void to_wire(const TensorSpec& s, wire::TensorSpec::Builder out) {
   to_wire(s.optimizer, out.initOptimizer());
   to_wire(s.init, out.initInit());
   out.setTrainable(s.trainable);
+  if (!s.slots.empty()) {
+    auto slots = out.initSlots(static_cast<unsigned>(s.slots.size()));
+    for (unsigned i = 0; i < s.slots.size(); ++i) slots.set(i, as_data(s.slots[i]));
+  }
+  out.setVersion(s.version);
 }
 
 TensorSpec from_wire(wire::TensorSpec::Reader in) {
@@ -99,6 +104,12 @@ TensorSpec from_wire(wire::TensorSpec::Reader in) {
   s.optimizer = from_wire(in.getOptimizer());
   s.init = from_wire(in.getInit());
   s.trainable = in.getTrainable();
+  for (auto slot : in.getSlots()) {
+    if (slot.size() % sizeof(float) != 0) throw RequestError("tensor '" + s.name + "': an optimizer slot is not whole floats");
+    auto f = as_floats(slot);
+    s.slots.emplace_back(f.begin(), f.end());
+  }
+  s.version = in.getVersion();
   return s;
 }
 
@@ -111,6 +122,8 @@ JobConfig job_from_wire(wire::JobConfig::Reader in) {
   c.total_replicas = in.getTotalReplicas();
   c.max_staleness = in.getMaxStaleness();
   c.train_steps = in.getTrainSteps();
+  c.start_step = in.getStartStep();
+  if (c.start_step < 0) throw RequestError("job start step " + std::to_string(c.start_step) + " is negative");
   return c;
 }
 
@@ -120,6 +133,7 @@ void job_to_wire(const JobConfig& c, wire::JobConfig::Builder out) {
   out.setTotalReplicas(c.total_replicas);
   out.setMaxStaleness(c.max_staleness);
   out.setTrainSteps(c.train_steps);
+  out.setStartStep(c.start_step);
 }
 
 }  // namespace ps

@@ -130,6 +130,7 @@ struct JobConfig {
   totalReplicas @2 :UInt32;         # workers in the job (>= replicasToAggregate)
   maxStaleness @3 :UInt32;          # boundedStaleness
   trainSteps @4 :Int64;             # stop condition; 0 = none
+  startStep @5 :Int64;              # the global step a new job starts at (restored from a checkpoint)
 }
 
 struct ShardInfo {

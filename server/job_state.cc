@@ -31,6 +31,8 @@ void JobState::configure(const JobConfig& config) {
   }
   config_ = config;
   configured_ = true;
+  // A job restored from a checkpoint (ps/checkpoint.h) goes on from its step.
+  if (global_step_ == 0 && config_.start_step > 0) global_step_ = config_.start_step;
   spdlog::info("job configured: {}{}", to_string(config_),
                config_.train_steps > 0 ? ", stop at step " + std::to_string(config_.train_steps) : "");
 }
@@ -57,6 +59,8 @@ void JobState::connect(int worker_index, bool is_chief, const std::string& peer)
     WorkerRecord& w = workers_[worker_index];
     ++w.connections;
     w.peer = peer;
+    w.hung = false;
+    w.last_seen = timer_.now();
   }
   recheck_staleness_waiters();
 }
@@ -67,9 +71,49 @@ void JobState::disconnect(int worker_index, bool is_chief) {
     auto it = workers_.find(worker_index);
     if (it != workers_.end() && it->second.connections > 0) --it->second.connections;
   }
-  // A departed worker no longer holds back bounded-staleness waiters.
+  // A departed worker no longer holds back bounded-staleness waiters, nor
+  // the sync step.
   recheck_staleness_waiters();
+  if (worker_index >= 0 && on_worker_lost_) on_worker_lost_();
   maybe_done();
+}
+
+uint32_t JobState::lost_workers() const {
+  uint32_t n = 0;
+  for (const auto& [i, w] : workers_) n += w.lost();
+  return n;
+}
+
+void JobState::saw_worker(int worker_index) {
+  if (worker_index < 0) return;
+  auto it = workers_.find(worker_index);
+  if (it == workers_.end()) return;
+  it->second.last_seen = timer_.now();
+  if (it->second.hung) {
+    spdlog::info("worker {} is active again", worker_index);
+    it->second.hung = false;
+  }
+}
+
+void JobState::mark_hung(kj::Duration timeout, const std::vector<int>& waiting) {
+  const kj::TimePoint now = timer_.now();
+  bool changed = false;
+  for (auto& [i, w] : workers_) {
+    if (std::find(waiting.begin(), waiting.end(), i) != waiting.end()) continue;
+    if (w.connections > 0 && !w.hung && now - w.last_seen > timeout) {
+      spdlog::warn("worker {} silent for over {} s: sync steps no longer wait for it", i, timeout / kj::SECONDS);
+      w.hung = true;
+      changed = true;
+    }
+  }
+  if (changed && on_worker_lost_) on_worker_lost_();
+}
+
+void JobState::restore(bool configured, const JobConfig& config, int64_t global_step, bool ready) {
+  configured_ = configured;
+  config_ = config;
+  global_step_ = global_step;
+  ready_ = ready;
 }
 
 int JobState::live_workers() const {

@@ -35,6 +35,9 @@ struct WorkerRecord {
   uint64_t stale = 0;
   std::string peer;       // address of its latest connection
   std::optional<WorkerReport> report;
+  kj::TimePoint last_seen = kj::origin<kj::TimePoint>();  // last request (worker_timeout)
+  bool hung = false;      // connected but silent past worker_timeout: not waited for
+  bool lost() const { return connections == 0 || hung; }
 };
 
 class JobState {
@@ -54,6 +57,20 @@ class JobState {
   const std::map<int, WorkerRecord>& workers() const { return workers_; }
   WorkerRecord& worker(int worker_index) { return workers_[worker_index]; }
   int live_workers() const;
+  // Workers that said hello once and are gone (or hung): sync steps stop
+  // waiting for them.
+  uint32_t lost_workers() const;
+  // Called (on the loop) when a worker disconnects or is marked hung.
+  void on_worker_lost(std::function<void()> callback) { on_worker_lost_ = std::move(callback); }
+  // A request from this worker: it is alive (clears `hung`).
+  void saw_worker(int worker_index);
+  // Marks connected workers silent for longer than `timeout` as hung, except
+  // those in `waiting` (they contributed and wait for the step: not hung).
+  void mark_hung(kj::Duration timeout, const std::vector<int>& waiting);
+  kj::Timer& timer() { return timer_; }
+
+  // Start-up restore from a checkpoint: before any connection.
+  void restore(bool configured, const JobConfig& config, int64_t global_step, bool ready);
 
   // The smallest step among connected workers (bounded staleness).
   int64_t slowest_live_step() const;
@@ -105,6 +122,7 @@ class JobState {
   uint64_t staleness_waits_ = 0;
   int64_t max_staleness_seen_ = 0;
   std::function<void()> on_done_;
+  std::function<void()> on_worker_lost_;
 };
 
 }  // namespace ps

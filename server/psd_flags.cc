@@ -4,9 +4,31 @@
 
 #include <spdlog/spdlog.h>
 
+#include "auth_token.h"
 #include "ps/errors.h"
 
 namespace ps {
+
+namespace {
+
+// Checkpoints, authentication and per-client limits.
+void add_durability_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
+  app.add_option("--checkpoint_dir", o.checkpoint.dir,
+                 "write checkpoints to DIR/shard-<i>-of-<n>/ and restore the newest valid one at start");
+  app.add_option("--checkpoint_secs", o.checkpoint.every_secs,
+                 "checkpoint every this many seconds when something changed (0: only on SIGTERM and on request)")
+      ->capture_default_str();
+  app.add_option("--keep_checkpoints", o.checkpoint.keep, "checkpoint files kept per shard")->capture_default_str();
+  app.add_option("--auth_token_file", x.auth_token_file,
+                 "require clients to present the token in this file (in clear text on the wire: use on trusted networks)");
+  app.add_option("--max_tensors_per_client", o.shard.max_tensors_per_client,
+                 "tensors one connection may create (0: no limit)")->capture_default_str();
+  app.add_option("--worker_timeout_secs", o.shard.worker_timeout_secs,
+                 "sync mode: stop waiting for a connected worker silent this long (0: wait while it is connected)")
+      ->capture_default_str();
+}
+
+}  // namespace
 
 void add_psd_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
   app.add_option("--port", o.port, "TCP port to listen on (0: any free port)")->capture_default_str();
@@ -31,6 +53,7 @@ void add_psd_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
   app.add_option("--max_memory_mb", x.max_memory_mb, "total tensor memory of this shard, MiB")->capture_default_str();
   app.add_option("--max_connections", o.max_connections, "connections served at once")->capture_default_str();
   app.add_flag("--allow_nonfinite", o.shard.allow_nonfinite, "accept gradients containing NaN or Inf");
+  add_durability_flags(app, o, x);
   app.add_option("--exit_when_done", o.exit_when_done,
                  "exit once the chief reports the job finished and every worker has disconnected")
       ->capture_default_str();
@@ -94,6 +117,10 @@ void finish_psd_flags(ServerOptions& o, const PsdFlagValues& x) {
   o.shard.max_message_bytes = static_cast<uint64_t>(x.max_message_mb * (1 << 20));
   o.shard.limits.max_tensor_bytes = static_cast<uint64_t>(x.max_tensor_mb * (1 << 20));
   o.shard.limits.max_total_bytes = static_cast<uint64_t>(x.max_memory_mb * (1 << 20));
+  if (!x.auth_token_file.empty()) o.shard.auth_token = read_auth_token(x.auth_token_file);
+  if (o.checkpoint.every_secs < 0) throw ConfigError("--checkpoint_secs must be >= 0");
+  if (o.checkpoint.keep < 1) throw ConfigError("--keep_checkpoints must be >= 1");
+  if (o.checkpoint.every_secs > 0 && o.checkpoint.dir.empty()) throw ConfigError("--checkpoint_secs needs --checkpoint_dir");
 }
 
 }  // namespace ps

@@ -18,6 +18,7 @@ struct PsdFlagValues {
   double max_tensor_mb = 4096;
   double max_memory_mb = 1 << 20;
   std::string http_port = "0";  // 0: no HTTP; "any": a free port
+  std::string auth_token_file;
 };
 
 // Registers the flags; their values land in `options` (and in `extra`, kept

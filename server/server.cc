@@ -27,10 +27,11 @@ void write_port_file(const std::string& path, int port) {
 // One accepted connection: its stream, the two-party network over it and the
 // RPC system serving a ShardServiceImpl as bootstrap.
 struct Connection {
-  Connection(kj::Own<kj::AsyncIoStream> s, Shard& shard, std::string peer, capnp::ReaderOptions reader)
+  Connection(kj::Own<kj::AsyncIoStream> s, Shard& shard, std::string peer, capnp::ReaderOptions reader,
+             std::string refusal = "")
       : stream(kj::mv(s)),
         network(*stream, capnp::rpc::twoparty::Side::SERVER, reader),
-        rpc(capnp::makeRpcServer(network, kj::heap<ShardServiceImpl>(shard, std::move(peer)))) {}
+        rpc(capnp::makeRpcServer(network, kj::heap<ShardServiceImpl>(shard, std::move(peer), std::move(refusal)))) {}
   kj::Own<kj::AsyncIoStream> stream;
   capnp::TwoPartyVatNetwork network;
   capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
@@ -62,7 +63,12 @@ std::string peer_name(kj::AsyncIoStream& stream, const std::string& fallback) {
 struct PsServer::Impl : kj::TaskSet::ErrorHandler {
   Impl(ServerOptions o, kj::AsyncIoContext& io)
       : options(std::move(o)), io(io), pool(options.threads), shard(options.shard, pool, io.provider->getTimer()),
-        tasks(kj::heap<kj::TaskSet>(*this)) {}
+        tasks(kj::heap<kj::TaskSet>(*this)) {
+    if (!options.checkpoint.dir.empty()) {
+      checkpointer = std::make_unique<Checkpointer>(options.checkpoint, shard);
+      shard.set_checkpointer(checkpointer.get());
+    }
+  }
 
   void taskFailed(kj::Exception&& e) override { spdlog::warn("connection task failed: {}", e.getDescription().cStr()); }
 
@@ -70,6 +76,7 @@ struct PsServer::Impl : kj::TaskSet::ErrorHandler {
     return listener.accept().then([this, &listener, kind](kj::Own<kj::AsyncIoStream>&& stream) {
       if (connections.size() >= options.max_connections) {
         spdlog::warn("refused a {} connection: already serving {} (--max_connections)", kind, connections.size());
+        serve_refusal(kj::mv(stream), kind);
       } else {
         std::string peer = peer_name(*stream, kind);
         capnp::ReaderOptions reader;
@@ -87,11 +94,30 @@ struct PsServer::Impl : kj::TaskSet::ErrorHandler {
     });
   }
 
+  // Past --max_connections a peer still gets an answer it can show (every
+  // call fails with the reason) instead of a bare hang-up; a few such
+  // connections at most, beyond that they are just closed.
+  void serve_refusal(kj::Own<kj::AsyncIoStream> stream, const std::string& kind) {
+    if (refused.size() >= 16) return;
+    std::string peer = peer_name(*stream, kind);
+    capnp::ReaderOptions reader;
+    reader.traversalLimitInWords = 64 * 1024;
+    std::string why = fmt::format("psd is serving its maximum of {} connections (--max_connections); try again later",
+                                  options.max_connections);
+    auto it = refused.emplace(refused.end(), kj::mv(stream), shard, std::move(peer), reader, std::move(why));
+    auto drop = [this, it] { refused.erase(it); };
+    // (Copies of `drop`: a promise given an lvalue lambda keeps a reference to it.)
+    tasks->add(it->network.onDisconnect().then([drop] { drop(); }, [drop](kj::Exception&&) { drop(); })
+                   .exclusiveJoin(io.provider->getTimer().afterDelay(5 * kj::SECONDS).then([drop] { drop(); })));
+  }
+
   ServerOptions options;
   kj::AsyncIoContext& io;
   ComputePool pool;
   Shard shard;
+  std::unique_ptr<Checkpointer> checkpointer;
   std::list<Connection> connections;
+  std::list<Connection> refused;
   kj::Own<kj::TaskSet> tasks;
   std::unique_ptr<MonitoringHttp> http;  // with --http_port
 };
@@ -106,6 +132,8 @@ void PsServer::run(kj::Promise<void> stop) {
   const ServerOptions& o = impl_->options;
   kj::AsyncIoContext& io = impl_->io;
   kj::Own<kj::ConnectionReceiver> tcp, local;
+  // Restore before listening: no client ever sees the shard half-loaded.
+  if (impl_->checkpointer) impl_->checkpointer->restore();
   try {
     auto addr = io.provider->getNetwork().parseAddress(o.bind, static_cast<uint>(o.port)).wait(io.waitScope);
     tcp = addr->listen();
@@ -140,6 +168,10 @@ void PsServer::run(kj::Promise<void> stop) {
                o.bind, port, o.unix_socket.empty() ? "" : " and unix:" + o.unix_socket, o.threads);
 
   auto serving = impl_->accept_loop(*tcp, "tcp");
+  if (impl_->checkpointer && o.checkpoint.every_secs > 0) {
+    serving = serving.exclusiveJoin(impl_->checkpointer->run_periodic(io.provider->getTimer()));
+  }
+  if (o.shard.worker_timeout_secs > 0) serving = serving.exclusiveJoin(impl_->shard.watch_workers(io.provider->getTimer()));
   if (local) serving = serving.exclusiveJoin(impl_->accept_loop(*local, "unix"));
   if (http) {
     // Same event loop as the RPC: the handlers read the shard without locks.
@@ -156,6 +188,13 @@ void PsServer::run(kj::Promise<void> stop) {
   }
   serving.exclusiveJoin(kj::mv(stop)).wait(io.waitScope);
   impl_->shard.job().on_done(nullptr);
+  // Stop listening at once: a client reconnecting now is refused (and
+  // retries) instead of being accepted by a psd about to exit.
+  tcp = nullptr;
+  local = nullptr;
+  // Connections closing now must not complete a sync step with fewer
+  // replicas on the way out.
+  impl_->shard.job().on_worker_lost(nullptr);
 
   spdlog::info("psd shard {} stopping: {} connections open, {} tensors", o.shard.shard_index,
                impl_->connections.size(), impl_->shard.store().count());
@@ -164,7 +203,22 @@ void PsServer::run(kj::Promise<void> stop) {
   impl_->pool.join();
   impl_->http = nullptr;  // closes the HTTP connections still open
   impl_->tasks = nullptr;
+  impl_->refused.clear();
   impl_->connections.clear();
+  if (impl_->checkpointer) {
+    // The final state, once no request can change it any more, so a restart
+    // goes on from exactly here (a push whose reply was lost is retried and
+    // recognised by its request id).
+    try {
+      impl_->checkpointer->checkpoint(-1).wait(io.waitScope);
+    } catch (const kj::Exception& e) {
+      spdlog::error("final checkpoint failed: {}", e.getDescription().cStr());
+    } catch (const Error& e) {
+      spdlog::error("final checkpoint failed: {}", e.what());
+    }
+    impl_->shard.set_checkpointer(nullptr);
+    impl_->checkpointer = nullptr;
+  }
   if (!o.unix_socket.empty()) ::unlink(o.unix_socket.c_str());
 }
 

@@ -17,6 +17,7 @@
 
 #include <kj/async-io.h>
 
+#include "checkpointer.h"
 #include "shard.h"
 
 namespace ps {
@@ -32,6 +33,7 @@ struct ServerOptions {
   uint32_t max_connections = 1024;
   bool exit_when_done = true;   // exit once the chief said finish and the workers left
   ShardOptions shard;
+  CheckpointOptions checkpoint; // restored at start, written periodically and on stop
 };
 
 class PsServer {

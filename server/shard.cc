@@ -66,6 +66,7 @@ std::vector<double> staleness_bounds() { return {0, 1, 2, 3, 5, 10, 20, 50, 100,
 const char* request_kind_name(RequestKind kind) {
   switch (kind) {
     case RequestKind::kHello: return "hello";
+    case RequestKind::kCheckpoint: return "checkpoint";
     case RequestKind::kCreate: return "create";
     case RequestKind::kPull: return "pull";
     case RequestKind::kPush: return "push";
@@ -90,7 +91,10 @@ Shard::Shard(ShardOptions options, ComputePool& pool, kj::Timer& timer)
       job_(timer),
       apply_latency_(apply_latency_bounds()),
       push_staleness_(staleness_bounds()),
-      tasks_(log_errors) {}
+      tasks_(log_errors) {
+  // A worker that leaves may be the one a sync step is waiting for.
+  job_.on_worker_lost([this] { recheck_sync_step(); });
+}
 
 void Shard::hello(const Caller& caller) { job_.connect(caller.worker_index, caller.is_chief, caller.peer); }
 
@@ -133,8 +137,9 @@ void Shard::timed_apply(StoredTensor* t, std::span<const float> g, float scale) 
   apply_latency_.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
-kj::Promise<void> Shard::pull(const Caller&, wire::Shard::PullParams::Reader params,
+kj::Promise<void> Shard::pull(const Caller& caller, wire::Shard::PullParams::Reader params,
                               wire::Shard::PullResults::Builder results) {
+  saw_worker(caller.worker_index);
   auto names = params.getNames();
   std::vector<StoredTensor*> tensors;
   tensors.reserve(names.size());
@@ -178,6 +183,19 @@ kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Rea
   job_.check_worker(caller.worker_index);
   if (params.getDoneStep() >= 0 && caller.worker_index < 0) {
     throw RequestError("push: only workers report steps (say hello with a worker index)");
+  }
+  saw_worker(caller.worker_index);
+  const uint64_t request_id = params.getRequestId();
+  if (request_id != 0) {
+    if (const RecentRequest* seen = requests_.find(caller.worker_index, request_id)) {
+      // A retry of a push already applied (its reply was lost): answer it
+      // again, apply nothing.
+      ++counters_.duplicate_requests;
+      results.setStep(seen->step);
+      auto status = results.initStatus(static_cast<unsigned>(seen->statuses.size()));
+      for (unsigned i = 0; i < seen->statuses.size(); ++i) status.set(i, static_cast<wire::PushStatus>(seen->statuses[i]));
+      return kj::READY_NOW;
+    }
   }
   if (job_.configured() && !job_.ready()) {
     throw RequestError("push: the chief has not finished initialising the model (waitReady first)");
@@ -237,17 +255,26 @@ kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Rea
     results.setStop(stop);
   };
 
+  auto remember = [&] {
+    if (request_id == 0) return;
+    RecentRequest r{request_id, job_.global_step(), {}};
+    for (unsigned i = 0; i < status.size(); ++i) r.statuses.push_back(static_cast<uint8_t>(status[i]));
+    requests_.record(caller.worker_index, std::move(r));
+  };
   if (sync && step < job_.global_step()) {
     for (unsigned i = 0; i < work.size(); ++i) status.set(i, wire::PushStatus::STALE);
     counters_.stale += work.size();
     if (worker) worker->stale += work.size();
     report_done();
+    remember();
     return kj::READY_NOW;
   }
 
   kj::Vector<kj::Promise<void>> pending;
   for (unsigned i = 0; i < work.size(); ++i) {
-    auto [t, g] = work[i];
+    // Not a structured binding: clang before 16 cannot capture those.
+    StoredTensor* t = work[i].first;
+    std::span<const float> g = work[i].second;
     if (sync && t->spec().trainable) {
       wire::PushStatus s = offer_sync(t, caller.worker_index, g, pending);
       if (s == wire::PushStatus::STALE && worker) ++worker->stale;
@@ -257,6 +284,7 @@ kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Rea
       pending.add(run_on(t, [this, t, g] { timed_apply(t, g, 1.0f); }));
     }
   }
+  remember();
   if (sync && complete_tensors_ > 0 && complete_tensors_ >= trainable_count()) commit_sync_step();
   report_done();
   return kj::joinPromises(pending.releaseAsArray());
@@ -286,7 +314,7 @@ wire::PushStatus Shard::offer_sync(StoredTensor* t, int worker, std::span<const 
       for (std::size_t i = 0; i < n; ++i) sp[i] += gp[i];
     }
   }));
-  if (slot.count >= job_.config().replicas_to_aggregate) {
+  if (slot.count >= replicas_needed()) {
     slot.complete = true;
     ++complete_tensors_;
   }
@@ -294,10 +322,12 @@ wire::PushStatus Shard::offer_sync(StoredTensor* t, int worker, std::span<const 
 }
 
 void Shard::commit_sync_step() {
-  const float scale = 1.0f / static_cast<float>(job_.config().replicas_to_aggregate);
   for (auto& [t, slot] : sync_) {
     if (!slot.complete) continue;
     StoredTensor* tensor = t;
+    // The average of what arrived: replicas_to_aggregate gradients, or
+    // fewer when workers have left (shard_recovery.cc).
+    const float scale = 1.0f / static_cast<float>(slot.count);
     std::span<const float> sum(slot.sum);
     // Queued on the tensor's strand behind this step's sums and ahead of the
     // next step's, and ahead of every read that starts after this point.
@@ -310,6 +340,7 @@ void Shard::commit_sync_step() {
   ++counters_.steps_applied;
   job_.advance_step();
   spdlog::debug("sync step {} committed", job_.global_step());
+  step_reached();
 }
 
 uint64_t Shard::trainable_count() const {
@@ -321,9 +352,13 @@ uint64_t Shard::trainable_count() const {
 std::pair<int64_t, bool> Shard::step_done(const Caller& caller, int64_t step) {
   if (caller.worker_index < 0) throw RequestError("stepDone: only workers report steps (say hello with a worker index)");
   job_.check_worker(caller.worker_index);
+  saw_worker(caller.worker_index);
   WorkerRecord& w = job_.worker(caller.worker_index);
   w.step = std::max(w.step, step + 1);
-  if (job_.config().mode != SyncMode::kSync) job_.advance_step();
+  if (job_.config().mode != SyncMode::kSync) {
+    job_.advance_step();
+    step_reached();
+  }
   job_.worker_progressed();
   return {job_.global_step(), job_.stop_reached()};
 }
@@ -342,8 +377,8 @@ void Shard::report(const Caller& caller, wire::Shard::ReportParams::Reader param
 }
 
 void Shard::note_checkpoint(int64_t step, double unix_secs) {
-  last_checkpoint_step_ = step;
-  last_checkpoint_unix_secs_ = unix_secs;
+  counters_.last_checkpoint_step = step;
+  counters_.last_checkpoint_unix_secs = unix_secs;
 }
 
 void Shard::list(wire::Shard::ListResults::Builder results) const {
@@ -369,8 +404,8 @@ void Shard::stats(wire::ShardStats::Builder out) const {
   out.setFinished(job_.finished());
   out.setBytesIn(counters_.bytes_in);
   out.setBytesOut(counters_.bytes_out);
-  out.setLastCheckpointStep(last_checkpoint_step_);
-  out.setLastCheckpointUnixSecs(last_checkpoint_unix_secs_);
+  out.setLastCheckpointStep(counters_.last_checkpoint_step);
+  out.setLastCheckpointUnixSecs(counters_.last_checkpoint_unix_secs);
   auto workers = out.initWorkers(static_cast<unsigned>(job_.workers().size()));
   unsigned i = 0;
   for (const auto& [index, w] : job_.workers()) {

@@ -11,12 +11,19 @@
 //    and those for older steps are dropped as stale.
 //  - bounded staleness: async, but a pull for local step c waits until
 //    c - (slowest connected worker's step) <= max_staleness.
+//
+// Failures (see shard_recovery.cc): a sync step needs replicas_to_aggregate
+// gradients, or fewer when workers have left: a worker that said hello and
+// is no longer connected (or hung past worker_timeout) is not waited for, so
+// the step completes with the gradients of the workers still there, averaged
+// over their number. A worker that comes back counts again.
 #pragma once
 
 #include <array>
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <unordered_map>
 
@@ -26,7 +33,9 @@
 #include "compute_pool.h"
 #include "histogram.h"
 #include "job_state.h"
+#include "checkpoint_file.h"
 #include "ps.capnp.h"
+#include "request_log.h"
 #include "tensor_store.h"
 
 namespace ps {
@@ -38,12 +47,15 @@ struct ShardOptions {
   uint64_t inline_bytes = 1u << 20;        // smaller updates and reads run on the event loop
   uint64_t max_message_bytes = 80u << 20;  // advertised to clients; enforced by the RPC reader
   StoreLimits limits;
+  std::string auth_token;                  // non-empty: hello must carry it
+  uint64_t max_tensors_per_client = 0;     // tensors one connection may create; 0 = no limit
+  uint32_t worker_timeout_secs = 0;        // sync: a silent worker is not waited for after this; 0 = never
 };
 
 // The RPC methods, for per-kind request counts (ps_requests_total{kind=...}).
 enum class RequestKind : unsigned {
   kHello, kCreate, kPull, kPush, kList, kStats, kInitJob, kSetReady, kWaitReady, kStepDone, kBarrier, kFinish,
-  kReport, kCount
+  kReport, kCheckpoint, kCount
 };
 constexpr std::size_t kRequestKinds = static_cast<std::size_t>(RequestKind::kCount);
 // The name used as the metric label (the schema's method name).
@@ -63,7 +75,12 @@ struct ShardCounters {
   std::atomic<uint64_t> bytes_out{0};
   std::atomic<uint64_t> steps_applied{0};
   std::atomic<uint32_t> connections{0};
+  std::atomic<uint64_t> duplicate_requests{0};   // retried pushes answered without applying
+  std::atomic<int64_t> last_checkpoint_step{-1};
+  std::atomic<double> last_checkpoint_unix_secs{0};
 };
+
+class Checkpointer;
 
 // Who is calling: set per connection by hello.
 struct Caller {
@@ -95,6 +112,32 @@ class Shard {
   // Called by whoever writes a checkpoint, once it is durable.
   void note_checkpoint(int64_t step, double unix_secs);
 
+  // --- Checkpoints and restarts (shard_snapshot.cc) ---
+  // Copies every tensor (values, slots, version) and the job state as they
+  // are now; the copies of large tensors run on their strands, so each one
+  // sees exactly the updates committed before this call.
+  kj::Promise<std::shared_ptr<ShardCheckpoint>> snapshot();
+  // The same, at global step `step`: now if the job is there, or at the
+  // moment it gets there (before any later commit). step < 0: now. A sync
+  // step already passed is an error; other modes take the first step >= it.
+  kj::Promise<std::shared_ptr<ShardCheckpoint>> snapshot_at_step(int64_t step);
+  // Loads a checkpoint into an empty shard (at start-up). Throws ps::Error.
+  void restore(const ShardCheckpoint& c);
+  void set_checkpointer(Checkpointer* c) { checkpointer_ = c; }
+  Checkpointer* checkpointer() const { return checkpointer_; }
+
+  // --- Worker failures (shard_recovery.cc) ---
+  // Gradients a sync step waits for, given the workers that have left.
+  uint32_t replicas_needed() const;
+  // Completes the current sync step if the workers left have all contributed.
+  void recheck_sync_step();
+  // A worker made a request (liveness for worker_timeout).
+  void saw_worker(int worker_index);
+  // Marks workers silent past worker_timeout as lost; called periodically.
+  void check_worker_timeouts();
+  // Runs check_worker_timeouts every second, forever (cancel to stop).
+  kj::Promise<void> watch_workers(kj::Timer& timer);
+
   JobState& job() { return job_; }
   const JobState& job() const { return job_; }
   const ShardOptions& options() const { return options_; }
@@ -107,8 +150,8 @@ class Shard {
   // Per push from a worker, in steps: sync: global step - the gradient's step;
   // async and bounded staleness: the worker's step - the slowest connected worker's step.
   const Histogram& push_staleness() const { return push_staleness_; }
-  int64_t last_checkpoint_step() const { return last_checkpoint_step_; }  // -1: none yet
-  double last_checkpoint_unix_secs() const { return last_checkpoint_unix_secs_; }
+  int64_t last_checkpoint_step() const { return counters_.last_checkpoint_step; }  // -1: none yet
+  double last_checkpoint_unix_secs() const { return counters_.last_checkpoint_unix_secs; }
 
  private:
   // Per-tensor sums for the current sync step.
@@ -126,6 +169,7 @@ class Shard {
   wire::PushStatus offer_sync(StoredTensor* t, int worker, std::span<const float> g, kj::Vector<kj::Promise<void>>& work);
   void commit_sync_step();
   uint64_t trainable_count() const;
+  void step_reached();  // fires snapshots waiting for the new global step
 
   ShardOptions options_;
   ComputePool& pool_;
@@ -136,8 +180,9 @@ class Shard {
   uint64_t complete_tensors_ = 0;
   Histogram apply_latency_;
   Histogram push_staleness_;
-  int64_t last_checkpoint_step_ = -1;
-  double last_checkpoint_unix_secs_ = 0;
+  RequestLog requests_;
+  Checkpointer* checkpointer_ = nullptr;
+  std::multimap<int64_t, kj::Own<kj::PromiseFulfiller<std::shared_ptr<ShardCheckpoint>>>> step_snapshots_;
   kj::TaskSet tasks_;  // sync-step applies nobody waits for
 };
 

@@ -1,19 +1,23 @@
 #include "shard_service.h"
 
+#include <cstring>
+
 #include <spdlog/spdlog.h>
 
+#include "checkpointer.h"
 #include "ps/errors.h"
 #include "wire_convert.h"
 
 namespace ps {
 
-ShardServiceImpl::ShardServiceImpl(Shard& shard, std::string peer) : shard_(shard) {
+ShardServiceImpl::ShardServiceImpl(Shard& shard, std::string peer, std::string refusal)
+    : shard_(shard), refusal_(std::move(refusal)) {
   caller_.peer = std::move(peer);
-  ++shard_.counters().connections;
+  if (refusal_.empty()) ++shard_.counters().connections;
 }
 
 ShardServiceImpl::~ShardServiceImpl() {
-  --shard_.counters().connections;
+  if (refusal_.empty()) --shard_.counters().connections;
   if (said_hello_) {
     if (caller_.worker_index >= 0) spdlog::info("worker {} ({}) disconnected", caller_.worker_index, caller_.peer);
     shard_.goodbye(caller_);
@@ -34,6 +38,10 @@ kj::Promise<void> ShardServiceImpl::guarded(RequestKind kind, F&& handler) {
     return kj::Promise<void>(kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__, kj::str(message)));
   };
   try {
+    if (!refusal_.empty()) throw RequestError(refusal_);
+    // Nothing but hello before a successful hello: with --auth_token_file
+    // that is what keeps an unauthenticated peer out.
+    if (!said_hello_ && std::strcmp(what, "hello") != 0) throw RequestError(std::string(what) + ": say hello first");
     return handler().catch_([reject](kj::Exception&& e) -> kj::Promise<void> {
       return reject(e.getDescription().cStr());
     });
@@ -54,6 +62,7 @@ kj::Promise<void> ShardServiceImpl::hello(HelloContext context) {
                          "; use a libpsclient and psd from the same release");
     }
     if (said_hello_) throw RequestError("hello: this connection already said hello");
+    check_token(params.getAuthToken());
     Caller caller = caller_;
     caller.worker_index = params.getWorkerIndex();
     caller.is_chief = params.getIsChief();
@@ -70,7 +79,18 @@ kj::Promise<void> ShardServiceImpl::hello(HelloContext context) {
 
 kj::Promise<void> ShardServiceImpl::create(CreateContext context) {
   return guarded(RequestKind::kCreate, [&]() -> kj::Promise<void> {
+    const uint64_t limit = shard_.options().max_tensors_per_client;
+    uint64_t fresh = 0;
+    if (limit > 0) {
+      for (auto spec : context.getParams().getSpecs()) fresh += shard_.store().find(spec.getName()) == nullptr;
+      if (tensors_created_ + fresh > limit) {
+        throw RequestError("create: this connection may create at most " + std::to_string(limit) + " tensors (psd " +
+                           "--max_tensors_per_client); it created " + std::to_string(tensors_created_) + " and asked for " +
+                           std::to_string(fresh) + " more");
+      }
+    }
     shard_.create(context.getParams(), context.getResults());
+    tensors_created_ += fresh;
     return kj::READY_NOW;
   });
 }
@@ -163,6 +183,34 @@ kj::Promise<void> ShardServiceImpl::report(ReportContext context) {
     require_hello("report");
     shard_.report(caller_, context.getParams());
     return kj::READY_NOW;
+  });
+}
+
+void ShardServiceImpl::check_token(capnp::Data::Reader token) const {
+  const std::string& want = shard_.options().auth_token;
+  if (want.empty()) return;
+  // Constant time in the contents: every byte of the expected token is
+  // compared whatever the offered one holds.
+  unsigned char diff = token.size() == want.size() ? 0 : 1;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const unsigned char got = i < token.size() ? token[i] : 0;
+    diff |= static_cast<unsigned char>(got ^ static_cast<unsigned char>(want[i]));
+  }
+  if (diff != 0) {
+    spdlog::warn("refused hello from {}: {} auth token", caller_.peer, token.size() == 0 ? "no" : "wrong");
+    throw RequestError("hello: authentication failed (psd was started with --auth_token_file; set "
+                       "ClientOptions::auth_token or --auth_token_file)");
+  }
+}
+
+kj::Promise<void> ShardServiceImpl::checkpoint(CheckpointContext context) {
+  return guarded(RequestKind::kCheckpoint, [&]() -> kj::Promise<void> {
+    Checkpointer* c = shard_.checkpointer();
+    if (!c) throw RequestError("checkpoint: this psd has no --checkpoint_dir");
+    return c->checkpoint(context.getParams().getStep()).then([context](Checkpointer::Written w) mutable {
+      context.getResults().setPath(w.path);
+      context.getResults().setStep(w.step);
+    });
   });
 }
 

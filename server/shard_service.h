@@ -11,7 +11,9 @@ namespace ps {
 
 class ShardServiceImpl final : public wire::Shard::Server {
  public:
-  ShardServiceImpl(Shard& shard, std::string peer);
+  // A non-empty `refusal` answers every call with that message (a
+  // connection past --max_connections).
+  ShardServiceImpl(Shard& shard, std::string peer, std::string refusal = "");
   ~ShardServiceImpl();
 
   kj::Promise<void> hello(HelloContext context) override;
@@ -27,6 +29,7 @@ class ShardServiceImpl final : public wire::Shard::Server {
   kj::Promise<void> barrier(BarrierContext context) override;
   kj::Promise<void> finish(FinishContext context) override;
   kj::Promise<void> report(ReportContext context) override;
+  kj::Promise<void> checkpoint(CheckpointContext context) override;
 
  private:
   // Runs a handler; a ps::Error becomes an RPC error carrying its message.
@@ -35,9 +38,14 @@ class ShardServiceImpl final : public wire::Shard::Server {
 
   void require_hello(const char* what) const;
 
+  // Checks the hello's token (constant time); throws RequestError.
+  void check_token(capnp::Data::Reader token) const;
+
   Shard& shard_;
   Caller caller_;
   bool said_hello_ = false;
+  std::string refusal_;
+  uint64_t tensors_created_ = 0;  // by this connection (--max_tensors_per_client)
 };
 
 }  // namespace ps

@@ -12,6 +12,8 @@ StoredTensor::StoredTensor(uint64_t id, TensorSpec spec, std::optional<PartMeta>
         TensorSpec s = spec;
         s.init.values.clear();
         s.init.values.shrink_to_fit();
+        s.slots.clear();  // restore state lives in slots_ / version_ only
+        s.slots.shrink_to_fit();
         return s;
       }()),
       part_(std::move(part)),
@@ -19,6 +21,17 @@ StoredTensor::StoredTensor(uint64_t id, TensorSpec spec, std::optional<PartMeta>
   values_.resize(spec.num_elements());
   initialize(values_, spec.init, part_ ? part_->full_shape : spec.shape, part_ ? part_->index : 0);
   slots_ = optimizer_->make_slots(values_.size());
+  if (!spec.slots.empty()) slots_ = std::move(spec.slots);  // restore (validated by TensorStore)
+  version_ = spec.version;
+}
+
+StoredTensor::Snapshot StoredTensor::snapshot() const {
+  Snapshot s;
+  std::shared_lock lock(mutex_);
+  s.values = values_;
+  s.slots = slots_;
+  s.version = version_;
+  return s;
 }
 
 uint64_t StoredTensor::read(std::span<float> out) const {
@@ -64,6 +77,22 @@ void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<Pa
   }
   for (float v : spec.init.values) {
     if (!std::isfinite(v)) throw RequestError("create: tensor '" + name + "' has a NaN or Inf initial value");
+  }
+  if (!spec.slots.empty()) {
+    const std::size_t want = make_optimizer(spec.optimizer)->make_slots(0).size();
+    if (spec.slots.size() != want) {
+      throw RequestError("create: tensor '" + name + "' is restored with " + std::to_string(spec.slots.size()) +
+                         " optimizer slots; its optimizer has " + std::to_string(want));
+    }
+    for (const auto& slot : spec.slots) {
+      if (slot.size() != n) {
+        throw RequestError("create: tensor '" + name + "' has " + std::to_string(n) + " elements but a restored slot of " +
+                           std::to_string(slot.size()));
+      }
+      for (float v : slot) {
+        if (!std::isfinite(v)) throw RequestError("create: tensor '" + name + "' has a NaN or Inf restored slot value");
+      }
+    }
   }
   if (part) {
     uint64_t full = 1;

@@ -13,19 +13,11 @@
 #include <vector>
 
 #include "optimizer.h"
+#include "part_meta.h"
 #include "ps/tensor_spec.h"
 
 namespace ps {
 
-// Set when a stored tensor is one part of a logical tensor split over shards.
-struct PartMeta {
-  std::string full_name;
-  std::vector<uint64_t> full_shape;
-  uint64_t offset = 0;
-  uint32_t index = 0;
-  uint32_t count = 1;
-  bool operator==(const PartMeta&) const = default;
-};
 
 class StoredTensor {
  public:
@@ -41,6 +33,16 @@ class StoredTensor {
   // Applies scale * grad with the tensor's optimizer under an exclusive lock.
   void apply(std::span<const float> grad, float scale);
   uint64_t version() const;
+
+  // A consistent copy of values, slots and version (for checkpoints), taken
+  // under the shared lock: updates wait only for the copy.
+  struct Snapshot {
+    std::vector<float> values;
+    std::vector<std::vector<float>> slots;
+    uint64_t version = 0;
+  };
+  Snapshot snapshot() const;
+  std::size_t num_slots() const { return slots_.size(); }
 
  private:
   const uint64_t id_;
@@ -64,7 +66,8 @@ class TensorStore {
   explicit TensorStore(StoreLimits limits = {}) : limits_(limits) {}
 
   // Creates the tensor, or returns the existing one (second = false) when one
-  // with the same shape exists. Throws RequestError for a different shape or
+  // with the same shape exists. A spec carrying slots / version (a restore)
+  // starts the tensor with them; an existing tensor keeps its own state. Throws RequestError for a different shape or
   // part layout, an invalid spec, or a limit exceeded.
   std::pair<StoredTensor*, bool> create(const TensorSpec& spec, const std::optional<PartMeta>& part);
 

@@ -31,13 +31,13 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
-PsdProcess::PsdProcess(std::vector<std::string> extra_args) {
+PsdProcess::PsdProcess(std::vector<std::string> extra_args, int port) {
   std::string tmpl = (std::filesystem::temp_directory_path() / "psd-proc-XXXXXX").string();
   if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
   dir_ = tmpl;
   log_ = dir_ + "/psd.log";
   const std::string port_file = dir_ + "/port";
-  std::vector<std::string> args = {program_path("PSD_BIN"), "--port", "0", "--port_file", port_file};
+  std::vector<std::string> args = {program_path("PSD_BIN"), "--port", std::to_string(port), "--port_file", port_file};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
 
   pid_ = fork();
@@ -86,9 +86,16 @@ bool PsdProcess::alive() {
   return true;
 }
 
+void PsdProcess::kill() {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+}
+
 int PsdProcess::stop(int timeout_ms) {
   if (pid_ <= 0) return -1;
-  kill(pid_, SIGTERM);
+  ::kill(pid_, SIGTERM);
   for (int waited = 0; waited < timeout_ms; waited += 10) {
     int status = 0;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {
@@ -97,7 +104,7 @@ int PsdProcess::stop(int timeout_ms) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  kill(pid_, SIGKILL);
+  ::kill(pid_, SIGKILL);
   waitpid(pid_, nullptr, 0);
   pid_ = -1;
   return -1;

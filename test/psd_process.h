@@ -12,7 +12,8 @@ namespace ps::test {
 class PsdProcess {
  public:
   // Waits (bounded) until psd listens; throws std::runtime_error otherwise.
-  explicit PsdProcess(std::vector<std::string> extra_args = {});
+  // port 0: a free port; otherwise that port (a restart on the same address).
+  explicit PsdProcess(std::vector<std::string> extra_args = {}, int port = 0);
   ~PsdProcess();
   PsdProcess(const PsdProcess&) = delete;
   PsdProcess& operator=(const PsdProcess&) = delete;
@@ -27,6 +28,8 @@ class PsdProcess {
   // SIGTERM, then wait up to `timeout_ms`; returns the exit status (or -1 if
   // it had to be killed).
   int stop(int timeout_ms = 10000);
+  // SIGKILL (a crash: no checkpoint, no goodbye), and reap it.
+  void kill();
 
  private:
   pid_t pid_ = -1;

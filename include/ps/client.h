@@ -43,6 +43,14 @@ struct ClientOptions {
   std::chrono::milliseconds connect_timeout{15000};
   // Longest wait for the answer to a call (0: no limit).
   std::chrono::milliseconds call_timeout{300000};
+  // When a connection breaks (psd killed, restarted), how long to keep
+  // reconnecting before a call fails; 0: fail at once. Retried pushes are
+  // applied once (request ids). See "Durability and failures" in README.md.
+  std::chrono::milliseconds reconnect_timeout{30000};
+  // Shared secret for psds started with --auth_token_file: the token itself,
+  // or a file holding it (read at construction). Sent in clear text.
+  std::string auth_token{};
+  std::string auth_token_file{};
   int worker_index = -1;  // this worker's index in the job; -1 for tools
   bool is_chief = false;  // the one worker that initialises the model (at most one connected)
   // Largest request sent as one message; bigger requests go as several
@@ -81,6 +89,8 @@ struct ShardStats {
   uint64_t steps_applied = 0;    // sync: aggregated updates
   uint64_t staleness_waits = 0;  // bounded staleness: pulls that waited
   int64_t max_staleness = 0;     // bounded staleness: most steps ahead of the slowest seen at a push
+  int64_t last_checkpoint_step = -1;     // -1: none written or restored
+  double last_checkpoint_unix_secs = 0;
   std::vector<WorkerStats> workers;
 };
 
@@ -166,6 +176,17 @@ class Client {
   // a failure is only logged (progress is advisory). Needs a worker index
   // (ClientOptions::worker_index); calls on one Client reach each shard in order.
   void report(int64_t step, float loss, float accuracy, float samples_per_sec, float learning_rate);
+  struct Checkpoint {
+    std::vector<std::string> paths;  // per shard, the file written
+    int64_t step = 0;                // the global step saved
+  };
+  // Asks every shard (started with --checkpoint_dir) to write a checkpoint.
+  // step >= 0 in sync mode: all shards save exactly that global step (each
+  // waits for it; a step already passed is an error). step < 0: now.
+  Checkpoint checkpoint(int64_t step = -1);
+  // How many times a shard was found, on reconnection, at an older global
+  // step than this client had seen (it restarted from a checkpoint).
+  uint64_t rollbacks() const;
 
   int num_shards() const;
   const ClientOptions& options() const;

@@ -19,6 +19,7 @@ struct JobConfig {
   uint32_t total_replicas = 0;         // workers in the job; 0 = not checked
   uint32_t max_staleness = 0;          // bounded staleness
   int64_t train_steps = 0;             // stop at this global step; 0 = no stop condition
+  int64_t start_step = 0;              // global step a new job starts at (a restored checkpoint's)
   bool operator==(const JobConfig&) const = default;
 };
 

@@ -76,11 +76,18 @@ struct InitConfig {
 };
 
 struct TensorSpec {
-  std::string name;
-  std::vector<uint64_t> shape;
+  // Every member has a default initialiser: designated initialisers that
+  // leave some out stay free of -Wmissing-field-initializers.
+  std::string name{};
+  std::vector<uint64_t> shape{};
   OptimizerConfig optimizer{};
   InitConfig init{};
   bool trainable = true;
+  // Restore only (ps/checkpoint.h): optimizer slots in the optimizer's order
+  // (each num_elements() floats) and the number of updates already applied.
+  // Empty / 0 for a fresh tensor: slots start as the optimizer defines.
+  std::vector<std::vector<float>> slots{};
+  uint64_t version = 0;
 
   uint64_t num_elements() const;
   uint64_t num_bytes() const { return num_elements() * sizeof(float); }

@@ -37,6 +37,11 @@ struct SessionOptions {
   std::chrono::milliseconds ready_timeout{300000};
   // How often it says it is still waiting.
   std::chrono::milliseconds ready_log_interval{5000};
+  // Chief: start from the checkpoint under this directory (ps/checkpoint.h)
+  // instead of the variables' initialisers: values, optimizer slots and
+  // update counts, and the global step. It may have been written by a job
+  // with another number of shards.
+  std::string restore_from{};
 };
 
 struct StepOutcome {
@@ -80,6 +85,9 @@ class TrainingSession {
   void end();
 
  private:
+  // Chief with restore_from: the variables as the checkpoint holds them.
+  std::vector<TensorSpec> restored_specs();
+
   Client& client_;
   SessionOptions options_;
   std::vector<TensorSpec> specs_;
@@ -91,6 +99,7 @@ class TrainingSession {
   int64_t global_step_ = 0;
   int64_t local_step_ = 0;
   uint64_t stale_steps_ = 0;
+  uint64_t seen_rollbacks_ = 0;  // Client::rollbacks() when last checked
   bool stop_ = false;
   bool initialized_ = false;
 };

@@ -1,0 +1,90 @@
+// psd's checkpoint files: one file per shard per checkpoint, written
+// atomically and checked record by record when read.
+//
+// Layout on disk (all integers little-endian):
+//   <dir>/shard-<i>-of-<n>/ckpt-<step, 12 digits>.psckpt
+// so a restore finds the newest step by name and never mixes shards of jobs
+// with different shard counts. A file is
+//   "PSCKPT\r\n" | uint32 format version | uint32 masked crc32c of the 12 bytes before
+//   records: uint64 length | uint32 masked crc32c(length) | data | uint32 masked crc32c(data)
+// (TFRecord's framing). The records are: a ckpt::Header (Cap'n Proto, see
+// schema/checkpoint.capnp); per tensor a ckpt::TensorHeader and 1 + numSlots
+// raw float32 records (values, then slots); a ckpt::Footer repeating the
+// tensor count, so a file cut between records is caught too.
+//
+// Writing: to "<name>.tmp", fsync, rename over the final name, fsync the
+// directory: a crash leaves either the old set of files or the new one.
+//
+// Example:
+//   ps::ShardCheckpoint c = ...;
+//   std::string path = ps::write_checkpoint(dir, c);           // atomic
+//   ps::prune_checkpoints(dir, c.shard_index, c.num_shards, 3);  // keep the newest 3
+//   for (auto& f : ps::list_checkpoints(dir, 0, 1)) { ps::read_checkpoint(f.path); ... }
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "part_meta.h"
+#include "ps/checkpoint.h"
+#include "ps/errors.h"
+#include "ps/job.h"
+#include "ps/tensor_spec.h"
+
+namespace ps {
+
+struct TensorCheckpoint {
+  TensorSpec spec;                  // name, shape, optimizer, trainable (init unused)
+  std::optional<PartMeta> part;
+  uint64_t version = 0;
+  std::vector<float> values;
+  std::vector<std::vector<float>> slots;
+};
+
+// A push request id a shard has applied, and its answer.
+struct RecentRequest {
+  uint64_t id = 0;
+  int64_t step = 0;
+  std::vector<uint8_t> statuses;
+};
+
+struct ShardCheckpoint {
+  uint32_t shard_index = 0;
+  uint32_t num_shards = 1;
+  int64_t global_step = 0;
+  bool job_configured = false;
+  JobConfig job;
+  bool ready = false;
+  double unix_secs = 0;
+  std::map<int, std::vector<RecentRequest>> requests;  // by worker index, oldest first
+  std::vector<TensorCheckpoint> tensors;
+};
+
+struct CheckpointFile {
+  std::string path;
+  uint32_t shard_index = 0;
+  uint32_t num_shards = 1;
+  int64_t step = 0;
+};
+
+std::string shard_checkpoint_dir(const std::string& dir, uint32_t shard_index, uint32_t num_shards);
+
+// Writes atomically; returns the final path. Throws ps::Error on I/O errors.
+std::string write_checkpoint(const std::string& dir, const ShardCheckpoint& c);
+
+// Reads and checks a whole file. Throws CheckpointError (or ps::Error when
+// the file cannot be opened).
+ShardCheckpoint read_checkpoint(const std::string& path);
+
+// One shard's files, newest step first (by name; contents not checked).
+std::vector<CheckpointFile> list_checkpoints(const std::string& dir, uint32_t shard_index, uint32_t num_shards);
+// Every shard's files under `dir`, any shard count.
+std::vector<CheckpointFile> list_all_checkpoints(const std::string& dir);
+
+// Removes all but the newest `keep` files of the shard (and stray .tmp files).
+void prune_checkpoints(const std::string& dir, uint32_t shard_index, uint32_t num_shards, uint32_t keep);
+
+}  // namespace ps

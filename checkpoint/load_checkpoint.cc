@@ -1,0 +1,109 @@
+// load_checkpoint: reassembles logical tensors from every shard's file of
+// one step (ps/checkpoint.h).
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include <spdlog/spdlog.h>
+
+#include "checkpoint_file.h"
+#include "ps/checkpoint.h"
+
+namespace ps {
+namespace {
+
+// Puts every shard's tensors back together. Throws CheckpointError when a
+// split tensor's parts do not cover it exactly.
+std::vector<TensorSpec> reassemble(const std::vector<ShardCheckpoint>& shards) {
+  std::map<std::string, TensorSpec> whole;
+  std::map<std::string, uint64_t> covered;
+  std::vector<std::string> order;  // first appearance, for a stable placement
+  for (const auto& shard : shards) {
+    for (const auto& t : shard.tensors) {
+      const std::string name = t.part ? t.part->full_name : t.spec.name;
+      auto [it, fresh] = whole.try_emplace(name);
+      TensorSpec& spec = it->second;
+      if (fresh) {
+        order.push_back(name);
+        spec = t.spec;
+        spec.name = name;
+        spec.init = InitConfig::from_values({});
+        if (t.part) spec.shape = t.part->full_shape;
+        const uint64_t n = spec.num_elements();
+        if (n > (uint64_t{1} << 36)) throw CheckpointError("checkpoint: tensor '" + name + "' is implausibly large");
+        spec.init.values.assign(n, 0.0f);
+        spec.slots.assign(t.slots.size(), std::vector<float>(n, 0.0f));
+        spec.version = 0;
+      } else if (!t.part) {
+        throw CheckpointError("checkpoint: tensor '" + name + "' is stored twice");
+      }
+      const uint64_t offset = t.part ? t.part->offset : 0;
+      if (offset + t.values.size() > spec.init.values.size() || t.slots.size() != spec.slots.size()) {
+        throw CheckpointError("checkpoint: a part of '" + name + "' does not fit the tensor");
+      }
+      std::memcpy(spec.init.values.data() + offset, t.values.data(), t.values.size() * sizeof(float));
+      for (std::size_t s = 0; s < t.slots.size(); ++s) {
+        std::memcpy(spec.slots[s].data() + offset, t.slots[s].data(), t.slots[s].size() * sizeof(float));
+      }
+      // Parts of one tensor are updated together; in async modes they can
+      // differ by the updates in flight when each shard saved. The newest
+      // count drives Adam's bias correction and the learning-rate schedule.
+      spec.version = std::max(spec.version, t.version);
+      covered[name] += t.values.size();
+    }
+  }
+  std::vector<TensorSpec> out;
+  for (const auto& name : order) {
+    TensorSpec& spec = whole[name];
+    if (covered[name] != spec.num_elements()) {
+      throw CheckpointError("checkpoint: the parts of '" + name + "' cover " + std::to_string(covered[name]) + " of " +
+                            std::to_string(spec.num_elements()) + " elements");
+    }
+    out.push_back(std::move(spec));
+  }
+  return out;
+}
+
+}  // namespace
+
+RestoredModel load_checkpoint(const std::string& dir) {
+  // (shard count, step) -> files of the shards that have that step.
+  std::map<std::pair<uint32_t, int64_t>, std::map<uint32_t, std::string>> sets;
+  for (const auto& f : list_all_checkpoints(dir)) sets[{f.num_shards, f.step}][f.shard_index] = f.path;
+  std::vector<std::pair<uint32_t, int64_t>> complete;
+  for (const auto& [key, files] : sets) {
+    if (files.size() == key.first) complete.push_back(key);
+  }
+  // Newest step first; among equal steps, the layout with more shards.
+  std::sort(complete.begin(), complete.end(), [](const auto& a, const auto& b) {
+    return a.second != b.second ? a.second > b.second : a.first > b.first;
+  });
+  std::string problems;
+  for (const auto& key : complete) {
+    std::vector<ShardCheckpoint> shards;
+    RestoredModel m;
+    try {
+      for (const auto& [index, path] : sets[key]) {
+        shards.push_back(read_checkpoint(path));
+        m.files.push_back(path);
+        if (shards.back().global_step != key.second) throw CheckpointError("checkpoint " + path + " holds another step");
+      }
+      m.tensors = reassemble(shards);
+    } catch (const Error& e) {
+      spdlog::warn("skipping checkpoint step {} of {} shards: {}", key.second, key.first, e.what());
+      problems += std::string("; ") + e.what();
+      continue;
+    }
+    m.global_step = key.second;
+    m.num_shards = key.first;
+    m.job_configured = shards[0].job_configured;
+    m.job = shards[0].job;
+    spdlog::info("loaded checkpoint of step {} written by {} shards ({} tensors)", m.global_step, m.num_shards,
+                 m.tensors.size());
+    return m;
+  }
+  throw CheckpointError("no complete valid checkpoint under " + dir + problems);
+}
+
+}  // namespace ps

@@ -1,0 +1,57 @@
+#include "reconnector.h"
+
+#include <spdlog/spdlog.h>
+
+namespace ps {
+
+Reconnector::Reconnector(kj::AsyncIoContext& io, std::vector<kj::Own<ShardConnection>>& shards, HelloParams hello,
+                         std::chrono::milliseconds timeout)
+    : io_(io), shards_(shards), hello_(std::move(hello)), timeout_(timeout), pending_(shards.size()) {}
+
+Reconnector::~Reconnector() = default;
+
+kj::Promise<void> Reconnector::reconnect(int index, uint64_t generation, const kj::Exception& cause) {
+  if (shards_[index]->generation != generation) return kj::READY_NOW;  // another call already reconnected
+  Pending& pending = pending_[index];
+  if (pending.generation == generation && !pending.done) {
+    KJ_IF_MAYBE(fork, pending.fork) { return fork->addBranch(); }
+  }
+  const std::string address = shards_[index]->address;
+  spdlog::warn("lost shard {} ({}): {}; reconnecting for up to {} ms", index, address, cause.getDescription().cStr(),
+               timeout_.count());
+  pending.generation = generation;
+  pending.done = false;
+  auto attempt =
+      connect_shard(io_, index, address, timeout_, hello_)
+          .then(
+              [this, index](kj::Own<ShardConnection> fresh) {
+                kj::Own<ShardConnection>& slot = shards_[index];
+                fresh->generation = slot->generation + 1;
+                fresh->rolled_back = fresh->hello_step < slot->last_step;
+                if (fresh->rolled_back) {
+                  ++rollbacks_;
+                  spdlog::warn("shard {} is back at global step {} (this client had seen step {}): it restarted "
+                               "from a checkpoint",
+                               index, fresh->hello_step, slot->last_step);
+                } else {
+                  spdlog::info("reconnected to shard {} ({}) at global step {}", index, fresh->address,
+                               fresh->hello_step);
+                }
+                // The broken connection may still be unwinding calls; drop it later.
+                if (retired_.size() >= 8) retired_.erase(retired_.begin());
+                retired_.push_back(kj::mv(slot));
+                slot = kj::mv(fresh);
+                pending_[index].done = true;
+              },
+              [this, index, address](kj::Exception&& e) {
+                pending_[index].done = true;
+                kj::throwFatalException(disconnected("lost shard " + std::to_string(index) + " (" + address +
+                                                     ") and could not reconnect: " + e.getDescription().cStr()));
+              })
+          .fork();
+  auto branch = attempt.addBranch();
+  pending.fork = kj::mv(attempt);
+  return branch;
+}
+
+}  // namespace ps

@@ -1,0 +1,98 @@
+// Reconnection for libpsclient: a call to a shard that fails because the
+// connection broke (DISCONNECTED: psd killed, restarted, network cut) is
+// retried on a new connection.
+//
+// All calls that saw the same broken connection share one reconnection,
+// which retries with backoff (connect_shard: 20 ms doubling to 500 ms) until
+// ClientOptions::reconnect_timeout; past it the calls fail with
+// ConnectionError. A call is retried at most a few times.
+//
+// What a retry means, per call:
+//  - push: sent again with the same request id; a shard that already applied
+//    it answers without applying it again (server/request_log.h). A shard
+//    that restarted from a checkpoint older than the push did not apply it
+//    (or lost it with the restart) and applies it once.
+//  - pull, list, stats, create, initJob, setReady, waitReady, finish,
+//    checkpoint: idempotent, simply sent again.
+//  - stepDone (async modes) and barrier: sent again; a step reported just
+//    before the connection broke may count twice, a barrier arrival is lost
+//    with a restarted psd's memory. Acceptable for what they drive (a step
+//    counter, a start-up rendezvous).
+// When the shard came back at an older global step than this client had
+// seen (restored from a checkpoint), the connection is marked rolled_back
+// and rollbacks() goes up: TrainingSession then re-reads the step instead of
+// waiting for one the shard may never reach, and a retried sync push for a
+// step the shard has not reached is reported stale (see client.cc).
+//
+// Lives on the client's event-loop thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <capnp/capability.h>
+#include <kj/async-io.h>
+
+#include "shard_connection.h"
+
+namespace ps {
+
+template <typename T>
+struct AsPromise {
+  using type = T;
+};
+template <typename T>
+struct AsPromise<capnp::RemotePromise<T>> {
+  using type = kj::Promise<capnp::Response<T>>;
+};
+
+class Reconnector {
+ public:
+  Reconnector(kj::AsyncIoContext& io, std::vector<kj::Own<ShardConnection>>& shards, HelloParams hello,
+              std::chrono::milliseconds timeout);
+  ~Reconnector();
+
+  // Runs fn(connection, attempt) on shard `index` (attempt 0 first), again
+  // on a new connection when it fails with DISCONNECTED.
+  template <typename Fn>
+  auto call(int index, Fn fn, int attempt = 0) -> typename AsPromise<decltype(fn(kj::instance<ShardConnection&>(), 0))>::type {
+    using P = typename AsPromise<decltype(fn(kj::instance<ShardConnection&>(), 0))>::type;
+    ShardConnection& c = *shards_[index];
+    const uint64_t generation = c.generation;
+    P p = kj::evalNow([&]() -> P { return fn(c, attempt); });
+    if (timeout_.count() <= 0) return p;
+    return p.catch_([this, index, fn = kj::mv(fn), generation, attempt](kj::Exception&& e) mutable -> P {
+      if (e.getType() != kj::Exception::Type::DISCONNECTED || attempt >= kMaxAttempts) return kj::mv(e);
+      return reconnect(index, generation, e).then([this, index, fn = kj::mv(fn), attempt]() mutable {
+        return call(index, kj::mv(fn), attempt + 1);
+      });
+    });
+  }
+
+  // Times a shard was found to have gone back to an older step.
+  uint64_t rollbacks() const { return rollbacks_.load(); }
+
+ private:
+  static constexpr int kMaxAttempts = 4;
+
+  kj::Promise<void> reconnect(int index, uint64_t generation, const kj::Exception& cause);
+
+  struct Pending {
+    uint64_t generation = 0;
+    bool done = true;
+    kj::Maybe<kj::ForkedPromise<void>> fork;
+  };
+
+  kj::AsyncIoContext& io_;
+  std::vector<kj::Own<ShardConnection>>& shards_;
+  HelloParams hello_;
+  std::chrono::milliseconds timeout_;
+  std::vector<Pending> pending_;
+  std::vector<kj::Own<ShardConnection>> retired_;  // broken connections, dropped later
+  std::atomic<uint64_t> rollbacks_{0};
+};
+
+}  // namespace ps

@@ -1,0 +1,170 @@
+// libFuzzer target over psd's request handling: the input is an operation
+// byte, a caller byte and a serialized Cap'n Proto message, read (as psd's
+// RPC layer would) with a tight traversal limit and handed to the Shard
+// handler as its params. Checks, besides the sanitizers' own: a handler that
+// refuses a request (throws) has changed nothing.
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <kj/async-io.h>
+#include <spdlog/spdlog.h>
+
+#include "compute_pool.h"
+#include "ps/errors.h"
+#include "shard.h"
+#include "wire_convert.h"
+
+namespace {
+
+struct Loop {
+  kj::AsyncIoContext io = kj::setupAsyncIo();
+};
+
+Loop& loop() {
+  static Loop* l = new Loop;  // lives for the process: LeakSanitizer sees it reachable
+  return *l;
+}
+
+ps::ComputePool& pool() {
+  static ps::ComputePool* p = new ps::ComputePool(0);  // 0 threads: every update inline, deterministic
+  return *p;
+}
+
+// Everything a refused request must leave as it was.
+struct Digest {
+  uint64_t tensors, bytes, versions, pushes, creates, steps_applied;
+  int64_t step;
+  bool ready, configured, finished;
+  float checksum;
+  bool operator==(const Digest&) const = default;
+};
+
+Digest digest(ps::Shard& shard) {
+  Digest d{};
+  d.tensors = shard.store().count();
+  d.bytes = shard.store().bytes();
+  for (ps::StoredTensor* t : shard.store().all()) {
+    d.versions += t->version();
+    std::vector<float> v(t->size());
+    t->read(v);
+    for (float x : v) d.checksum += x;
+  }
+  d.pushes = shard.counters().pushes;
+  d.creates = shard.counters().creates;
+  d.steps_applied = shard.counters().steps_applied;
+  d.step = shard.job().global_step();
+  d.ready = shard.job().ready();
+  d.configured = shard.job().configured();
+  d.finished = shard.job().finished();
+  return d;
+}
+
+void seed(ps::Shard& shard, bool sync) {
+  capnp::MallocMessageBuilder m;
+  auto params = m.initRoot<ps::wire::Shard::CreateParams>();
+  auto specs = params.initSpecs(3);
+  ps::to_wire(ps::TensorSpec{.name = "w", .shape = {4}, .optimizer = ps::OptimizerConfig::adam(0.1f)}, specs[0]);
+  ps::to_wire(ps::TensorSpec{.name = "v", .shape = {2, 3}, .optimizer = ps::OptimizerConfig::sgd(0.5f)}, specs[1]);
+  ps::to_wire(ps::TensorSpec{.name = "p/part_1", .shape = {5}}, specs[2]);
+  auto part = specs[2].initPart();
+  part.setFullName("p");
+  part.initFullShape(1).set(0, 10);
+  part.setOffset(5);
+  part.setIndex(1);
+  part.setCount(2);
+  capnp::MallocMessageBuilder out;
+  shard.create(params.asReader(), out.initRoot<ps::wire::Shard::CreateResults>());
+  if (sync) {
+    capnp::MallocMessageBuilder j;
+    auto job = j.initRoot<ps::wire::JobConfig>();
+    job.setMode(ps::wire::SyncMode::SYNC);
+    job.setReplicasToAggregate(2);
+    job.setTotalReplicas(3);
+    shard.init_job(job.asReader());
+    shard.job().set_ready();
+    shard.hello({0, true, "fuzz"});
+    shard.hello({1, false, "fuzz"});
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  spdlog::set_level(spdlog::level::off);
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 2 + sizeof(capnp::word)) return 0;
+  const uint8_t op = data[0] % 8;
+  const uint8_t who = data[1];
+  const bool sync = who & 0x80;
+  // Aligned copy, as the RPC layer's buffers are.
+  std::vector<uint64_t> words((size - 2) / sizeof(capnp::word));  // capnp::word is not movable
+  std::memcpy(words.data(), data + 2, words.size() * sizeof(capnp::word));
+
+  ps::ShardOptions options;
+  options.limits.max_tensor_bytes = 1 << 20;
+  options.limits.max_total_bytes = 8 << 20;
+  options.limits.max_tensors = 64;
+  options.inline_bytes = 1 << 30;
+  ps::Shard shard(options, pool(), loop().io.provider->getTimer());
+  seed(shard, sync);
+  ps::Caller caller{static_cast<int>(who & 0x7) - 1, false, "fuzz"};
+
+  capnp::ReaderOptions limits;
+  limits.traversalLimitInWords = 64 * 1024;
+  limits.nestingLimit = 16;
+  const Digest before = digest(shard);
+  bool refused = false;
+  try {
+    capnp::FlatArrayMessageReader reader(
+        kj::arrayPtr(reinterpret_cast<const capnp::word*>(words.data()), words.size()), limits);
+    capnp::MallocMessageBuilder results;
+    kj::Promise<void> pending = kj::READY_NOW;
+    switch (op) {
+      case 0:
+        shard.create(reader.getRoot<ps::wire::Shard::CreateParams>(), results.initRoot<ps::wire::Shard::CreateResults>());
+        break;
+      case 1:
+        pending = shard.pull(caller, reader.getRoot<ps::wire::Shard::PullParams>(),
+                             results.initRoot<ps::wire::Shard::PullResults>());
+        break;
+      case 2:
+      case 3:
+        pending = shard.push(caller, reader.getRoot<ps::wire::Shard::PushParams>(),
+                             results.initRoot<ps::wire::Shard::PushResults>());
+        break;
+      case 4:
+        shard.init_job(reader.getRoot<ps::wire::JobConfig>());
+        break;
+      case 5:
+        shard.step_done(caller, reader.getRoot<ps::wire::Shard::StepDoneParams>().getStep());
+        break;
+      case 6:
+        shard.hello(caller);
+        break;
+      default:
+        shard.list(results.initRoot<ps::wire::Shard::ListResults>());
+        shard.stats(results.initRoot<ps::wire::ShardStats>());
+        break;
+    }
+    // A pull may wait for a step that never comes: run what is ready, then
+    // drop it (as a closed connection would).
+    pending.poll(loop().io.waitScope);
+    if (pending.poll(loop().io.waitScope)) pending.wait(loop().io.waitScope);
+  } catch (const ps::Error&) {
+    refused = true;
+  } catch (const kj::Exception&) {
+    refused = true;
+  }
+  if (refused && !(digest(shard) == before)) {
+    std::fprintf(stderr, "a refused request (op %u) changed the shard's state\n", op);
+    std::abort();
+  }
+  return 0;
+}

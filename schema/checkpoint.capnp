@@ -1,0 +1,51 @@
+# psd's checkpoint files: the metadata records (Cap'n Proto); tensor values
+# and optimizer slots follow as raw little-endian float32 records. The framing
+# (magic, format version, per-record CRC-32C) is in checkpoint/checkpoint_file.h.
+# Not a wire contract: only psd and libpsclient's restore read these files,
+# and a change here bumps kFormatVersion.
+
+@0xb7e3c9a1d2f40586;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("ps::ckpt");
+
+using Ps = import "ps.capnp";
+
+const kFormatVersion :UInt32 = 1;
+
+# A worker's recently applied push request ids (oldest first), so a push
+# retried across a psd restart is still recognised.
+struct RecentRequest {
+  id @0 :UInt64;
+  step @1 :Int64;              # the step answered
+  statuses @2 :Data;           # the PushStatus per gradient, one byte each
+}
+
+struct WorkerRequests {
+  workerIndex @0 :Int32;
+  recent @1 :List(RecentRequest);
+}
+
+struct Header {
+  shardIndex @0 :UInt32;
+  numShards @1 :UInt32;
+  globalStep @2 :Int64;
+  jobConfigured @3 :Bool;
+  job @4 :Ps.JobConfig;
+  ready @5 :Bool;
+  unixSecs @6 :Float64;
+  tensorCount @7 :UInt64;
+  requests @8 :List(WorkerRequests);
+  serverVersion @9 :Text;
+}
+
+# Followed by 1 + numSlots raw records of `elements` floats: values, then slots.
+struct TensorHeader {
+  spec @0 :Ps.TensorSpec;      # name, shape, optimizer, trainable, part, version (init unused)
+  numSlots @1 :UInt32;
+  elements @2 :UInt64;
+}
+
+struct Footer {
+  tensorCount @0 :UInt64;      # must match the header: a file cut between records is caught here
+}

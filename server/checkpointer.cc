@@ -1,0 +1,105 @@
+#include "checkpointer.h"
+
+#include <spdlog/spdlog.h>
+
+#include "ps/errors.h"
+#include "shard.h"
+
+namespace ps {
+
+Checkpointer::Checkpointer(CheckpointOptions options, Shard& shard)
+    : options_(std::move(options)), shard_(shard), writer_([this] { writer_loop(); }) {}
+
+Checkpointer::~Checkpointer() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  writer_.join();
+}
+
+void Checkpointer::writer_loop() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left to write
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    try {
+      *job.path = write_checkpoint(options_.dir, *job.checkpoint);
+      prune_checkpoints(options_.dir, job.checkpoint->shard_index, job.checkpoint->num_shards, options_.keep);
+      job.done->fulfill();
+    } catch (const std::exception& e) {
+      job.done->reject(kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__, kj::str(e.what())));
+    }
+  }
+}
+
+kj::Promise<Checkpointer::Written> Checkpointer::write(std::shared_ptr<ShardCheckpoint> c) {
+  auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
+  auto path = std::make_shared<std::string>();
+  {
+    std::lock_guard lock(mutex_);
+    queue_.push_back({c, path, kj::mv(paf.fulfiller)});
+  }
+  wake_.notify_one();
+  const int64_t step = c->global_step;
+  const double secs = c->unix_secs;
+  return paf.promise.then([this, step, secs, path] {
+    shard_.counters().last_checkpoint_step = step;
+    shard_.counters().last_checkpoint_unix_secs = secs;
+    spdlog::info("checkpoint of step {} written: {}", step, *path);
+    return Written{*path, step};
+  });
+}
+
+kj::Promise<Checkpointer::Written> Checkpointer::checkpoint(int64_t step) {
+  if (options_.dir.empty()) throw RequestError("checkpoint: this psd has no --checkpoint_dir");
+  const uint64_t signature = change_signature();
+  return shard_.snapshot_at_step(step).then([this, signature](std::shared_ptr<ShardCheckpoint> c) {
+    saved_signature_ = signature;
+    return write(kj::mv(c));
+  });
+}
+
+uint64_t Checkpointer::change_signature() const {
+  // Anything that changes what a checkpoint holds changes one of these.
+  auto& c = shard_.counters();
+  return c.pushes * 1000003u + c.creates * 10007u + static_cast<uint64_t>(shard_.job().global_step()) * 101u +
+         (shard_.job().ready() ? 1u : 0u) + (shard_.job().configured() ? 2u : 0u);
+}
+
+kj::Promise<void> Checkpointer::run_periodic(kj::Timer& timer) {
+  const auto delay = static_cast<int64_t>(options_.every_secs * 1000) * kj::MILLISECONDS;
+  return timer.afterDelay(delay).then([this] {
+    if (change_signature() == saved_signature_) return kj::Promise<void>(kj::READY_NOW);
+    return checkpoint(-1).then([](Written) {}, [](kj::Exception&& e) {
+      spdlog::error("periodic checkpoint failed: {}", e.getDescription().cStr());
+    });
+  }).then([this, &timer] { return run_periodic(timer); });
+}
+
+std::string Checkpointer::restore() {
+  const ShardOptions& o = shard_.options();
+  for (const auto& file : list_checkpoints(options_.dir, o.shard_index, o.num_shards)) {
+    try {
+      ShardCheckpoint c = read_checkpoint(file.path);
+      if (c.global_step != file.step) throw CheckpointError("checkpoint " + file.path + " holds step " + std::to_string(c.global_step));
+      shard_.restore(c);
+      saved_signature_ = change_signature();
+      spdlog::info("restored {}: global step {}, {} tensors{}", file.path, c.global_step, c.tensors.size(),
+                   c.ready ? "" : " (model not marked ready)");
+      return file.path;
+    } catch (const Error& e) {
+      spdlog::error("skipping checkpoint {}: {}", file.path, e.what());
+    }
+  }
+  spdlog::info("no checkpoint to restore in {}", shard_checkpoint_dir(options_.dir, o.shard_index, o.num_shards));
+  return "";
+}
+
+}  // namespace ps

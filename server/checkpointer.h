@@ -1,0 +1,87 @@
+// psd's checkpoints: every --checkpoint_secs (when something changed), on
+// SIGTERM, and when the chief asks (the checkpoint RPC); restored at start.
+//
+// The snapshot is taken on the event loop (Shard::snapshot: per-tensor
+// copies), the file is written on a thread of its own (ordinary blocking
+// I/O with fsync), and the result comes back to the loop through a
+// cross-thread fulfiller: the loop never waits for the disk. Writes are
+// serialised; after each, all but the newest --keep_checkpoints files of the
+// shard are removed.
+//
+// Example (server.cc):
+//   Checkpointer ckpt({.dir = "/ckpt", .every_secs = 60, .keep = 3}, shard);
+//   ckpt.restore();                      // before listening
+//   tasks.add(ckpt.run_periodic(timer));
+//   ... ckpt.checkpoint(-1) on shutdown
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <kj/async.h>
+#include <kj/timer.h>
+
+#include "checkpoint_file.h"
+
+namespace ps {
+
+class Shard;
+
+struct CheckpointOptions {
+  std::string dir;        // empty: no checkpoints
+  double every_secs = 0;  // 0: only on SIGTERM and on request
+  uint32_t keep = 3;
+};
+
+class Checkpointer {
+ public:
+  Checkpointer(CheckpointOptions options, Shard& shard);
+  ~Checkpointer();  // finishes the write in progress
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Loads the newest valid checkpoint of this shard into the (empty) shard.
+  // Invalid files are logged (path and what is wrong) and skipped. Returns
+  // the file loaded, or "" if there was none.
+  std::string restore();
+
+  struct Written {
+    std::string path;
+    int64_t step = 0;
+  };
+  // Snapshot at `step` (see Shard::snapshot_at_step; -1: now), then write.
+  kj::Promise<Written> checkpoint(int64_t step = -1);
+
+  // Writes a checkpoint every every_secs when the shard changed; never
+  // resolves (cancel it to stop).
+  kj::Promise<void> run_periodic(kj::Timer& timer);
+
+  const CheckpointOptions& options() const { return options_; }
+
+ private:
+  struct Job {
+    std::shared_ptr<ShardCheckpoint> checkpoint;
+    std::shared_ptr<std::string> path;  // set by the writer (a void fulfiller: GCC 12 misreads strings in kj promises)
+    kj::Own<kj::CrossThreadPromiseFulfiller<void>> done;
+  };
+  kj::Promise<Written> write(std::shared_ptr<ShardCheckpoint> c);
+  void writer_loop();
+  uint64_t change_signature() const;
+
+  CheckpointOptions options_;
+  Shard& shard_;
+  uint64_t saved_signature_ = ~uint64_t{0};
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Job> queue_;
+  bool stopping_ = false;
+  std::thread writer_;
+};
+
+}  // namespace ps

@@ -1,0 +1,116 @@
+// Shard: snapshots for checkpoints, and restoring one at start-up.
+//
+// A snapshot copies each tensor under its lock. Large tensors are copied on
+// their compute strand, behind every update queued before the snapshot and
+// ahead of every update queued after it; small ones are copied on the event
+// loop, where their updates run. Either way the copy holds exactly the
+// updates committed when snapshot() was called, without stopping the world:
+// updates to one tensor wait only while that tensor is copied.
+//
+// A checkpoint "at step S" (the checkpoint RPC in sync mode) is taken from
+// inside the commit that reaches S (step_reached), before the event loop can
+// run anything that commits S + 1, so every shard saves the same step.
+#include <algorithm>
+#include <chrono>
+
+#include <spdlog/spdlog.h>
+
+#include "ps/errors.h"
+#include "shard.h"
+
+namespace ps {
+
+kj::Promise<std::shared_ptr<ShardCheckpoint>> Shard::snapshot() {
+  auto c = std::make_shared<ShardCheckpoint>();
+  c->shard_index = options_.shard_index;
+  c->num_shards = options_.num_shards;
+  c->global_step = job_.global_step();
+  c->job_configured = job_.configured();
+  c->job = job_.config();
+  c->ready = job_.ready();
+  c->unix_secs = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  c->requests = requests_.save();
+  // A sync push counted towards the step in progress is not in the saved
+  // values (the step's sums are not saved): forget its id too, so a worker
+  // retrying it after a restart has it counted again instead of answered.
+  for (auto& [worker, list] : c->requests) {
+    std::erase_if(list, [&](const RecentRequest& r) {
+      return r.step >= c->global_step &&
+             std::find(r.statuses.begin(), r.statuses.end(), static_cast<uint8_t>(wire::PushStatus::ACCUMULATED)) !=
+                 r.statuses.end();
+    });
+  }
+  auto tensors = store_.all();
+  c->tensors.resize(tensors.size());
+  kj::Vector<kj::Promise<void>> copies;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    StoredTensor* t = tensors[i];
+    TensorCheckpoint* out = &c->tensors[i];
+    out->spec = t->spec();
+    out->part = t->part();
+    // `c` is shared with the copy: it outlives the promise if that is dropped.
+    copies.add(run_on(t, [t, out, c] {
+      auto s = t->snapshot();
+      out->values = std::move(s.values);
+      out->slots = std::move(s.slots);
+      out->version = s.version;
+    }));
+  }
+  return kj::joinPromises(copies.releaseAsArray()).then([c] { return c; });
+}
+
+kj::Promise<std::shared_ptr<ShardCheckpoint>> Shard::snapshot_at_step(int64_t step) {
+  const int64_t now = job_.global_step();
+  if (step < 0 || step == now) return snapshot();
+  if (step < now) {
+    if (job_.config().mode == SyncMode::kSync) {
+      throw RequestError("checkpoint: step " + std::to_string(step) + " has passed (the job is at step " +
+                         std::to_string(now) + ")");
+    }
+    return snapshot();
+  }
+  auto paf = kj::newPromiseAndFulfiller<std::shared_ptr<ShardCheckpoint>>();
+  step_snapshots_.emplace(step, kj::mv(paf.fulfiller));
+  return kj::mv(paf.promise);
+}
+
+void Shard::step_reached() {
+  const int64_t now = job_.global_step();
+  while (!step_snapshots_.empty() && step_snapshots_.begin()->first <= now) {
+    auto fulfiller = kj::mv(step_snapshots_.begin()->second);
+    step_snapshots_.erase(step_snapshots_.begin());
+    // snapshot() queues its copies now, inside this commit; only waiting for
+    // them to finish happens later.
+    tasks_.add(snapshot().then(
+        [f = fulfiller.get()](std::shared_ptr<ShardCheckpoint> c) { f->fulfill(kj::mv(c)); },
+        [f = fulfiller.get()](kj::Exception&& e) { f->reject(kj::mv(e)); }).attach(kj::mv(fulfiller)));
+  }
+}
+
+void Shard::restore(const ShardCheckpoint& c) {
+  if (store_.count() != 0) throw Error("restore: the shard already holds tensors");
+  if (c.shard_index != options_.shard_index || c.num_shards != options_.num_shards) {
+    throw Error("restore: the checkpoint is of shard " + std::to_string(c.shard_index) + " of " +
+                std::to_string(c.num_shards) + ", this is shard " + std::to_string(options_.shard_index) + " of " +
+                std::to_string(options_.num_shards));
+  }
+  // Check every tensor before creating any, so a bad file leaves the shard empty.
+  for (const auto& t : c.tensors) {
+    TensorSpec spec = t.spec;
+    spec.slots = t.slots;
+    store_.validate(spec, t.part);
+  }
+  for (const auto& t : c.tensors) {
+    TensorSpec spec = t.spec;
+    spec.init = InitConfig::from_values(t.values);
+    spec.slots = t.slots;
+    spec.version = t.version;
+    store_.create(spec, t.part);
+  }
+  job_.restore(c.job_configured, c.job, c.global_step, c.ready);
+  requests_.load(c.requests);
+  counters_.last_checkpoint_step = c.global_step;
+  counters_.last_checkpoint_unix_secs = c.unix_secs;
+}
+
+}  // namespace ps

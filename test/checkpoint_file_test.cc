@@ -1,0 +1,189 @@
+// Checkpoint files: round trip, every kind of damage detected (never
+// loaded), pruning, and reassembly of split tensors from several shards.
+#include <catch2/catch.hpp>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "checkpoint_file.h"
+#include "psd_process.h"
+
+using namespace ps;
+using ps::test::TempDir;
+
+namespace {
+
+ShardCheckpoint sample(uint32_t shard = 0, uint32_t shards = 1, int64_t step = 7) {
+  ShardCheckpoint c;
+  c.shard_index = shard;
+  c.num_shards = shards;
+  c.global_step = step;
+  c.job_configured = true;
+  c.job = {.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 3, .train_steps = 100};
+  c.ready = true;
+  c.unix_secs = 1234.5;
+  c.requests[1] = {{42, 6, {1, 1}}, {43, 7, {2}}};
+  TensorCheckpoint t;
+  t.spec = {.name = "w", .shape = {2, 3}, .optimizer = OptimizerConfig::adam(0.1f)};
+  t.version = 9;
+  t.values = {1, 2, 3, 4, 5, 6};
+  t.slots = {{0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f}, {6, 5, 4, 3, 2, 1}};
+  c.tensors.push_back(t);
+  TensorCheckpoint b;
+  b.spec = {.name = "b", .shape = {1}, .trainable = false};
+  b.values = {-1};
+  c.tensors.push_back(b);
+  return c;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void spit(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint file round-trips everything it holds") {
+  TempDir dir;
+  const std::string path = write_checkpoint(dir.path(), sample());
+  CHECK(path == dir.path() + "/shard-0-of-1/ckpt-000000000007.psckpt");
+  ShardCheckpoint c = read_checkpoint(path);
+  CHECK(c.global_step == 7);
+  CHECK(c.job.replicas_to_aggregate == 2);
+  CHECK(c.job.train_steps == 100);
+  CHECK(c.ready);
+  CHECK(c.requests.at(1).size() == 2);
+  CHECK(c.requests.at(1)[1].id == 43);
+  CHECK(c.requests.at(1)[0].statuses == std::vector<uint8_t>{1, 1});
+  REQUIRE(c.tensors.size() == 2);
+  CHECK(c.tensors[0].spec.name == "w");
+  CHECK(c.tensors[0].spec.optimizer.kind == OptimizerKind::kAdam);
+  CHECK(c.tensors[0].version == 9);
+  CHECK(c.tensors[0].values == sample().tensors[0].values);
+  CHECK(c.tensors[0].slots == sample().tensors[0].slots);
+  CHECK_FALSE(c.tensors[1].spec.trainable);
+  // No temp file is left behind.
+  CHECK(list_checkpoints(dir.path(), 0, 1).size() == 1);
+  CHECK(access((path + ".tmp").c_str(), F_OK) != 0);
+}
+
+TEST_CASE("damaged checkpoint files are refused with the reason") {
+  TempDir dir;
+  const std::string path = write_checkpoint(dir.path(), sample());
+  const std::string good = slurp(path);
+  auto refused = [&](const std::string& bytes) -> std::string {
+    spit(path, bytes);
+    try {
+      read_checkpoint(path);
+    } catch (const CheckpointError& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  SECTION("any flipped byte") {
+    for (std::size_t i = 0; i < good.size(); i += 7) {
+      std::string bad = good;
+      bad[i] ^= 0x20;
+      const std::string why = refused(bad);
+      INFO("byte " << i << ": " << why);
+      CHECK(why != "accepted");
+      CHECK_THAT(why, Catch::Contains(path));
+    }
+  }
+  SECTION("truncation anywhere") {
+    for (std::size_t n = 0; n < good.size(); n += 5) {
+      const std::string why = refused(good.substr(0, n));
+      INFO("cut at " << n << ": " << why);
+      CHECK(why != "accepted");
+    }
+    CHECK_THAT(refused(good.substr(0, good.size() - 3)), Catch::Contains("truncated"));
+  }
+  SECTION("a wrong magic or a newer format version") {
+    CHECK_THAT(refused("hello world, not a checkpoint at all"), Catch::Contains("bad magic"));
+    std::string newer = good;
+    newer[8] = 2;  // format version (the header checksum catches it first)
+    CHECK(refused(newer) != "accepted");
+  }
+  SECTION("trailing garbage") {
+    CHECK_THAT(refused(good + "xx"), Catch::Contains("trailing"));
+  }
+}
+
+TEST_CASE("pruning keeps the newest files of one shard only") {
+  TempDir dir;
+  for (int64_t step : {1, 5, 3, 12, 8}) write_checkpoint(dir.path(), sample(0, 2, step));
+  write_checkpoint(dir.path(), sample(1, 2, 1));
+  spit(dir.path() + "/shard-0-of-2/ckpt-000000000099.psckpt.tmp", "partial");
+  prune_checkpoints(dir.path(), 0, 2, 3);
+  auto files = list_checkpoints(dir.path(), 0, 2);
+  REQUIRE(files.size() == 3);
+  CHECK(files[0].step == 12);
+  CHECK(files[1].step == 8);
+  CHECK(files[2].step == 5);
+  CHECK(list_checkpoints(dir.path(), 1, 2).size() == 1);
+  CHECK(access((dir.path() + "/shard-0-of-2/ckpt-000000000099.psckpt.tmp").c_str(), F_OK) != 0);
+}
+
+TEST_CASE("load_checkpoint reassembles split tensors from every shard, newest complete valid step") {
+  TempDir dir;
+  // "e" (10 elements) split in parts over 2 shards; "s" whole on shard 1.
+  auto shard_file = [&](uint32_t shard, int64_t step, float base) {
+    ShardCheckpoint c;
+    c.shard_index = shard;
+    c.num_shards = 2;
+    c.global_step = step;
+    TensorCheckpoint part;
+    part.spec = {.name = "e/part_" + std::to_string(shard), .shape = {5}, .optimizer = OptimizerConfig::adam(0.1f)};
+    part.part = PartMeta{"e", {2, 5}, shard * 5u, shard, 2};
+    part.version = 4 + shard;
+    for (int i = 0; i < 5; ++i) part.values.push_back(base + shard * 5 + i);
+    part.slots = {part.values, part.values};
+    for (auto& v : part.slots[1]) v *= 2;
+    c.tensors.push_back(part);
+    if (shard == 1) {
+      TensorCheckpoint s;
+      s.spec = {.name = "s", .shape = {1}};
+      s.values = {base};
+      c.tensors.push_back(s);
+    }
+    return write_checkpoint(dir.path(), c);
+  };
+  shard_file(0, 10, 0);
+  shard_file(1, 10, 0);
+  shard_file(0, 20, 100);
+  const std::string newest_1 = shard_file(1, 20, 100);
+  shard_file(0, 30, 200);  // shard 1 never wrote step 30: incomplete
+
+  RestoredModel m = load_checkpoint(dir.path());
+  CHECK(m.global_step == 20);
+  CHECK(m.num_shards == 2);
+  REQUIRE(m.tensors.size() == 2);
+  const TensorSpec& e = m.tensors[0];
+  CHECK(e.name == "e");
+  CHECK(e.shape == std::vector<uint64_t>{2, 5});
+  CHECK(e.version == 5);
+  for (int i = 0; i < 10; ++i) {
+    CHECK(e.init.values[i] == 100.0f + i);
+    CHECK(e.slots[1][i] == 2 * (100.0f + i));
+  }
+  CHECK(m.tensors[1].name == "s");
+
+  // Damage step 20 on shard 1: step 10 is used instead.
+  std::string bytes = slurp(newest_1);
+  bytes[bytes.size() / 2] ^= 1;
+  spit(newest_1, bytes);
+  m = load_checkpoint(dir.path());
+  CHECK(m.global_step == 10);
+  CHECK(m.tensors[0].init.values[9] == 9.0f);
+
+  TempDir empty;
+  CHECK_THROWS_AS(load_checkpoint(empty.path()), CheckpointError);
+}

@@ -1,0 +1,151 @@
+// Worker failures in sync mode against a real psd: a worker process killed
+// with SIGKILL (the job goes on with the others; a restarted worker rejoins)
+// and a worker that hangs with its connection open (--worker_timeout_secs).
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "ps/client.h"
+#include "ps/training_session.h"
+#include "psd_process.h"
+
+using namespace ps;
+using ps::test::PsdProcess;
+using ps::test::TempDir;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A sync_worker process, stopped by PID when the test is done with it.
+class WorkerProcess {
+ public:
+  WorkerProcess(const PsdProcess& psd, int worker, const std::string& log, int steps) {
+    std::vector<std::string> args = {ps::test::program_path("SYNC_WORKER_BIN"), "--ps_hosts", psd.address(),
+                                     "--worker", std::to_string(worker), "--workers", "3", "--replicas", "3",
+                                     "--steps", std::to_string(steps), "--sleep_ms", "10"};
+    pid_ = fork();
+    if (pid_ == 0) {
+      FILE* f = std::freopen(log.c_str(), "w", stdout);
+      (void)f;
+      dup2(fileno(stdout), fileno(stderr));
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+  }
+  ~WorkerProcess() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  void kill() {
+    ::kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  // Exit status, or -1 if still running after `timeout`.
+  int wait(std::chrono::milliseconds timeout) {
+    for (auto waited = 0ms; waited < timeout; waited += 10ms) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+int64_t wait_for_step(Client& observer, int64_t step, std::chrono::milliseconds timeout) {
+  int64_t now = 0;
+  for (auto waited = 0ms; waited < timeout; waited += 10ms) {
+    now = observer.stats()[0].global_step;
+    if (now >= step) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  return now;
+}
+
+}  // namespace
+
+TEST_CASE("sync: a worker killed mid-training does not stop the job, and a restarted one rejoins") {
+  PsdProcess psd;
+  TempDir logs;
+  const int steps = 70;
+  ClientOptions o;
+  o.ps_hosts = {psd.address()};
+  Client observer(o);
+  auto w0 = std::make_unique<WorkerProcess>(psd, 0, logs.path() + "/w0.log", steps);
+  auto w1 = std::make_unique<WorkerProcess>(psd, 1, logs.path() + "/w1.log", steps);
+  auto w2 = std::make_unique<WorkerProcess>(psd, 2, logs.path() + "/w2.log", steps);
+  REQUIRE(wait_for_step(observer, 10, 10s) >= 10);
+  w2->kill();
+  const uint64_t pushes_before = observer.stats()[0].workers.at(2).pushes;
+  const int64_t at_kill = observer.stats()[0].global_step;
+  // Two workers carry on (each step now averages their two gradients).
+  CHECK(wait_for_step(observer, at_kill + 15, 5s) >= at_kill + 15);
+  w2 = std::make_unique<WorkerProcess>(psd, 2, logs.path() + "/w2b.log", steps);
+  CHECK(w0->wait(20s) == 0);
+  CHECK(w1->wait(5s) == 0);
+  CHECK(w2->wait(5s) == 0);
+  auto st = observer.stats()[0];
+  CHECK(st.global_step == steps);
+  CHECK(st.workers.at(2).pushes > pushes_before);  // the restarted worker contributed again
+  CHECK_THAT(psd.log(), Catch::Contains("worker 2 (127.0.0.1:") && Catch::Contains(") disconnected"));
+}
+
+TEST_CASE("sync: a hung worker (connection open, silent) is not waited for past --worker_timeout_secs") {
+  PsdProcess psd({"--worker_timeout_secs", "1"});
+  const JobConfig job{.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2, .train_steps = 15};
+  std::atomic<bool> release{false};
+  std::atomic<int> failures{0};
+  std::thread hung([&] {
+    try {
+      ClientOptions o;
+      o.ps_hosts = {psd.address()};
+      o.worker_index = 1;
+      Client client(o);
+      TrainingSession session(client, {.job = job});
+      std::vector<float> v(8), g(8, 1.0f);
+      session.add_variable({.name = "v", .shape = {8}}, v, g);
+      session.initialize();
+      session.run_step([] {});
+      while (!release) std::this_thread::sleep_for(10ms);  // hangs, connection open
+    } catch (const std::exception& e) {
+      UNSCOPED_INFO("hung worker: " << e.what());
+      ++failures;
+    }
+  });
+  const auto start = std::chrono::steady_clock::now();
+  {
+    ClientOptions o;
+    o.ps_hosts = {psd.address()};
+    o.worker_index = 0;
+    o.is_chief = true;
+    Client client(o);
+    TrainingSession session(client, {.job = job});
+    std::vector<float> v(8), g(8, 1.0f);
+    session.add_variable({.name = "v", .shape = {8}}, v, g);
+    session.initialize();
+    while (!session.should_stop()) session.run_step([] { std::this_thread::sleep_for(5ms); });
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  release = true;
+  hung.join();
+  CHECK(failures == 0);
+  CHECK(took < 4s);  // about one timeout, not a hang
+  CHECK_THAT(psd.log(), Catch::Contains("worker 1 silent"));
+}

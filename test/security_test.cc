@@ -1,0 +1,112 @@
+// Authentication (--auth_token_file) and per-client limits against a real
+// psd: refused peers get a clear error and nothing else; psd serves on.
+#include <catch2/catch.hpp>
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include <capnp/ez-rpc.h>
+
+#include "ps.capnp.h"
+#include "ps/client.h"
+#include "psd_process.h"
+
+using namespace ps;
+using ps::test::PsdProcess;
+using ps::test::TempDir;
+using namespace std::chrono_literals;
+
+namespace {
+
+ClientOptions options_for(const PsdProcess& psd) {
+  ClientOptions o;
+  o.ps_hosts = {psd.address()};
+  o.connect_timeout = 2s;
+  return o;
+}
+
+std::string token_file(const TempDir& dir, const std::string& token) {
+  const std::string path = dir.path() + "/token";
+  std::ofstream(path) << token << "\n";
+  ::chmod(path.c_str(), 0600);
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("with --auth_token_file, only a hello with the token opens a connection") {
+  TempDir dir;
+  PsdProcess psd({"--auth_token_file", token_file(dir, "s3cret-token")});
+
+  SECTION("no token, or a wrong one: refused, logged with the peer's address") {
+    ClientOptions o = options_for(psd);
+    CHECK_THROWS_WITH(Client(o), Catch::Contains("authentication failed"));
+    o.auth_token = "s3cret-tokeN";
+    CHECK_THROWS_AS(Client(o), ConnectionError);
+    o.auth_token = "s3cret-token-and-more";
+    CHECK_THROWS_AS(Client(o), ConnectionError);
+    CHECK_THAT(psd.log(), Catch::Contains("refused hello from 127.0.0.1:") && Catch::Contains("wrong auth token"));
+  }
+  SECTION("every call before a successful hello is refused") {
+    capnp::EzRpcClient rpc(psd.address());
+    auto shard = rpc.getMain<wire::Shard>();
+    auto& ws = rpc.getWaitScope();
+    CHECK_THROWS_WITH(shard.listRequest().send().wait(ws), Catch::Contains("say hello first"));
+    CHECK_THROWS_WITH(shard.statsRequest().send().wait(ws), Catch::Contains("say hello first"));
+    auto create = shard.createRequest();
+    create.initSpecs(1)[0].setName("x");
+    CHECK_THROWS_WITH(create.send().wait(ws), Catch::Contains("say hello first"));
+    auto hello = shard.helloRequest();
+    hello.setProtocolVersion(wire::K_PROTOCOL_VERSION);
+    hello.setWorkerIndex(-1);
+    hello.setAuthToken(kj::StringPtr("wrong").asBytes());
+    CHECK_THROWS_WITH(hello.send().wait(ws), Catch::Contains("authentication failed"));
+    CHECK_THROWS_WITH(shard.listRequest().send().wait(ws), Catch::Contains("say hello first"));
+  }
+  SECTION("the right token (from a file) works") {
+    ClientOptions o = options_for(psd);
+    o.auth_token_file = dir.path() + "/token";
+    Client client(o);
+    client.create({{.name = "w", .shape = {2}, .init = InitConfig::constant(3)}});
+    CHECK(client.pull("w") == std::vector<float>{3, 3});
+  }
+  CHECK(psd.alive());
+}
+
+TEST_CASE("--max_tensors_per_client is counted per connection") {
+  PsdProcess psd({"--max_tensors_per_client", "2"});
+  Client a(options_for(psd));
+  CHECK_THROWS_WITH(a.create({{.name = "a1", .shape = {1}}, {.name = "a2", .shape = {1}}, {.name = "a3", .shape = {1}}}),
+                    Catch::Contains("at most 2 tensors") && Catch::Contains("--max_tensors_per_client"));
+  a.create({{.name = "a1", .shape = {1}}, {.name = "a2", .shape = {1}}});
+  a.create({{.name = "a1", .shape = {1}}});  // existing: not counted again
+  CHECK_THROWS_AS(a.create({{.name = "a3", .shape = {1}}}), RequestError);
+  Client b(options_for(psd));
+  b.create({{.name = "b1", .shape = {1}}, {.name = "b2", .shape = {1}}});
+  CHECK(b.stats()[0].tensors == 4);
+  CHECK(psd.alive());
+}
+
+TEST_CASE("--max_connections refuses more connections with a clear error and serves on") {
+  PsdProcess psd({"--max_connections", "2"});
+  auto a = std::make_unique<Client>(options_for(psd));
+  Client b(options_for(psd));
+  CHECK_THROWS_WITH(Client(options_for(psd)), Catch::Contains("maximum of 2 connections"));
+  b.create({{.name = "x", .shape = {1}}});
+  a.reset();
+  // The server sees the close a moment later; then a newcomer gets in.
+  std::unique_ptr<Client> c;
+  for (int i = 0; i < 100 && !c; ++i) {
+    try {
+      c = std::make_unique<Client>(options_for(psd));
+    } catch (const ConnectionError&) {
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  REQUIRE(c);
+  c->declare({{.name = "x", .shape = {1}}});
+  CHECK(c->pull("x") == std::vector<float>{0});
+}

@@ -514,9 +514,17 @@ std::future<PushResult> Client::start_push(std::vector<std::string> names, std::
             for (unsigned i = 0; i < batch->parts.size(); ++i) {
               const PartRef& ref = batch->parts[i];
               list[i].setName(ref.part.stored_name);
-              // The gradient goes out straight from the caller's buffer: no copy.
-              auto slice = (*shared_grads)[ref.tensor].subspan(ref.part.offset, ref.part.count);
-              list[i].adoptValues(orphanage.referenceExternalData(as_data(slice)));
+              auto bytes = as_data((*shared_grads)[ref.tensor].subspan(ref.part.offset, ref.part.count));
+              if (reinterpret_cast<uintptr_t>(bytes.begin()) % sizeof(capnp::word) == 0 &&
+                  bytes.size() % sizeof(capnp::word) == 0) {
+                // The gradient goes out straight from the caller's buffer: no copy.
+                list[i].adoptValues(orphanage.referenceExternalData(bytes));
+              } else {
+                // External data is sent in whole words: a buffer not a
+                // multiple of 8 bytes (or not aligned) would be read past
+                // its end (found by AddressSanitizer). Copy those.
+                list[i].setValues(bytes);
+              }
             }
             return req.send().then([&c](capnp::Response<wire::Shard::PushResults>&& reply) {
               BatchReply r;

@@ -29,17 +29,7 @@ class WorkerProcess {
     std::vector<std::string> args = {ps::test::program_path("SYNC_WORKER_BIN"), "--ps_hosts", psd.address(),
                                      "--worker", std::to_string(worker), "--workers", "3", "--replicas", "3",
                                      "--steps", std::to_string(steps), "--sleep_ms", "10"};
-    pid_ = fork();
-    if (pid_ == 0) {
-      FILE* f = std::freopen(log.c_str(), "w", stdout);
-      (void)f;
-      dup2(fileno(stdout), fileno(stderr));
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
+    pid_ = ps::test::spawn_logged(args, log);
   }
   ~WorkerProcess() {
     if (pid_ > 0) {

@@ -31,6 +31,23 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
+pid_t spawn_logged(const std::vector<std::string>& args, const std::string& log) {
+  pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    FILE* f = std::freopen(log.c_str(), "w", stdout);
+    (void)f;
+    dup2(fileno(stdout), fileno(stderr));
+    std::vector<std::string> copy = args;
+    std::vector<char*> argv;
+    for (auto& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
 PsdProcess::PsdProcess(std::vector<std::string> extra_args, int port) {
   std::string tmpl = (std::filesystem::temp_directory_path() / "psd-proc-XXXXXX").string();
   if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
@@ -40,18 +57,7 @@ PsdProcess::PsdProcess(std::vector<std::string> extra_args, int port) {
   std::vector<std::string> args = {program_path("PSD_BIN"), "--port", std::to_string(port), "--port_file", port_file};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
 
-  pid_ = fork();
-  if (pid_ < 0) throw std::runtime_error("fork failed");
-  if (pid_ == 0) {
-    FILE* f = std::freopen(log_.c_str(), "w", stdout);
-    (void)f;
-    dup2(fileno(stdout), fileno(stderr));
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
+  pid_ = spawn_logged(args, log_);
   for (int i = 0; i < 1000; ++i) {  // up to 10 s
     std::ifstream in(port_file);
     if (in >> port_) return;

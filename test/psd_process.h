@@ -49,6 +49,9 @@ class TempDir {
   std::string path_;
 };
 
+// Starts args[0] with args, stdout and stderr into `log`; returns its PID.
+pid_t spawn_logged(const std::vector<std::string>& args, const std::string& log);
+
 // Path of a program built next to the tests (from the environment variable
 // the meson test sets, e.g. PSD_BIN).
 std::string program_path(const char* env_var);

@@ -14,5 +14,8 @@ if { [ "${CI:-}" = "true" ] || [ "${PS_INSTALL_CHROMIUM:-}" = "1" ]; } && ! comm
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q chromium  # with its recommended fonts, for readable screenshots
 fi
+# The accuracy, network-namespace and real-data tests train on Fashion-MNIST
+# (Debian's dataset-fashion-mnist); without it they would only report SKIP.
+scripts/get_data.sh data/fashion-mnist >/dev/null
 BUILD_DIR=${BUILD_DIR:-build}
 meson test -C "$BUILD_DIR" --print-errorlogs --num-processes 2 "$@"

@@ -30,6 +30,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include <capnp/ez-rpc.h>
+
+#include "ps.capnp.h"
 #include "ps/client.h"
 
 namespace {
@@ -150,6 +153,27 @@ struct Psd {
   }
 };
 
+// The same 4 KiB pull as raw Cap'n Proto RPC issued from the calling thread:
+// what libpsclient's hand-over to its event-loop thread costs on top.
+double raw_capnp_pull_seconds(const std::string& address, const std::string& name, int reps) {
+  capnp::EzRpcClient rpc(address);
+  auto shard = rpc.getMain<ps::wire::Shard>();
+  auto& ws = rpc.getWaitScope();
+  auto hello = shard.helloRequest();
+  hello.setProtocolVersion(ps::wire::K_PROTOCOL_VERSION);
+  hello.setWorkerIndex(-1);
+  hello.send().wait(ws);
+  std::vector<double> t;
+  for (int i = 0; i < reps + 2; ++i) {
+    auto t0 = Clock::now();
+    auto req = shard.pullRequest();
+    req.initNames(1).set(0, name);
+    req.send().wait(ws);
+    if (i >= 2) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return median(t);
+}
+
 size_t parse_size(const std::string& s) {
   size_t mult = 1;
   std::string num = s;
@@ -260,6 +284,9 @@ int main(int argc, char** argv) {
                   tcp[i] / m.pull_s);
       if (sizes[i] == 4096) {
         std::printf("           4 KiB pull round trip = %.2fx the plain ping-pong\n", m.pull_s / ping);
+        const double raw = raw_capnp_pull_seconds(opts.ps_hosts[0], name, std::max(reps * 10, 200));
+        std::printf("           raw Cap'n Proto pull from the calling thread: %.1f us (%.2fx ping-pong)\n", raw * 1e6,
+                    raw / ping);
       }
     }
     std::printf("psd over %s, 3 concurrent clients (aggregate):\n", label);

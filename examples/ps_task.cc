@@ -1,12 +1,8 @@
 #include "ps_task.h"
 
-#include <csignal>
-#include <thread>
 
-#include <kj/async-unix.h>
 #include <spdlog/spdlog.h>
 
-#include "malloc_tuning.h"
 #include "ps/errors.h"
 #include "server.h"
 
@@ -45,15 +41,7 @@ int run_ps_task(const ClusterSpec& spec, const PsTaskFlags& f) {
   }
   spdlog::info("ps task {} of {}: serving shard {} on {} (bind {})", spec.task_index(), spec.num_ps(),
                o.shard.shard_index, me, o.bind);
-  tune_malloc_for_large_messages();
-  kj::UnixEventPort::captureSignal(SIGTERM);
-  kj::UnixEventPort::captureSignal(SIGINT);
-  auto io = kj::setupAsyncIo();
-  auto stop = io.unixEventPort.onSignal(SIGTERM)
-                  .exclusiveJoin(io.unixEventPort.onSignal(SIGINT))
-                  .then([](siginfo_t info) { spdlog::info("received signal {}, shutting down", info.si_signo); });
-  PsServer server(o, io);
-  server.run(kj::mv(stop));
+  serve_until_signal(o);
   spdlog::info("ps task {} exited cleanly", spec.task_index());
   return 0;
 }

@@ -4,14 +4,10 @@
 //   psd --ps_hosts=h1:2222,h2:2222 --task_index=1     # shard 1 of the cluster
 //
 // Exits 0 on SIGTERM/SIGINT after finishing the updates in flight.
-#include <csignal>
-#include <thread>
 
 #include <CLI/CLI.hpp>
-#include <kj/async-unix.h>
 #include <spdlog/spdlog.h>
 
-#include "malloc_tuning.h"
 #include "ps/errors.h"
 #include "psd_flags.h"
 #include "server.h"
@@ -25,15 +21,7 @@ int main(int argc, char** argv) {
 
   try {
     ps::finish_psd_flags(options, extra);
-    ps::tune_malloc_for_large_messages();
-    kj::UnixEventPort::captureSignal(SIGTERM);
-    kj::UnixEventPort::captureSignal(SIGINT);
-    auto io = kj::setupAsyncIo();
-    auto stop = io.unixEventPort.onSignal(SIGTERM)
-                    .exclusiveJoin(io.unixEventPort.onSignal(SIGINT))
-                    .then([](siginfo_t info) { spdlog::info("received signal {}, shutting down", info.si_signo); });
-    ps::PsServer server(options, io);
-    server.run(kj::mv(stop));
+    ps::serve_until_signal(options);
   } catch (const ps::Error& e) {
     spdlog::error("{}", e.what());
     return 2;

@@ -7,9 +7,11 @@
 #include <list>
 
 #include <capnp/rpc-twoparty.h>
+#include <kj/async-unix.h>
 #include <spdlog/spdlog.h>
 
 #include "monitoring_http.h"
+#include "malloc_tuning.h"
 #include "ps/errors.h"
 #include "shard_service.h"
 
@@ -220,6 +222,18 @@ void PsServer::run(kj::Promise<void> stop) {
     impl_->checkpointer = nullptr;
   }
   if (!o.unix_socket.empty()) ::unlink(o.unix_socket.c_str());
+}
+
+void serve_until_signal(const ServerOptions& options) {
+  tune_malloc_for_large_messages();
+  kj::UnixEventPort::captureSignal(SIGTERM);
+  kj::UnixEventPort::captureSignal(SIGINT);
+  auto io = kj::setupAsyncIo();
+  auto stop = io.unixEventPort.onSignal(SIGTERM)
+                  .exclusiveJoin(io.unixEventPort.onSignal(SIGINT))
+                  .then([](siginfo_t info) { spdlog::info("received signal {}, shutting down", info.si_signo); });
+  PsServer server(options, io);
+  server.run(kj::mv(stop));
 }
 
 }  // namespace ps

@@ -36,6 +36,11 @@ struct ServerOptions {
   CheckpointOptions checkpoint; // restored at start, written periodically and on stop
 };
 
+// Runs a PsServer on this thread until SIGTERM or SIGINT (or the job is
+// done): what psd and a trainer's in-process ps task both do. Throws
+// ConfigError when it cannot listen.
+void serve_until_signal(const ServerOptions& options);
+
 class PsServer {
  public:
   PsServer(ServerOptions options, kj::AsyncIoContext& io);

@@ -14,6 +14,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "ps/trainer_flags.h"
 #include "ps/tensor_spec.h"
 #include "tensor_store.h"
 
@@ -66,11 +67,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   std::vector<std::size_t> sizes;
-  for (std::size_t start = 0, comma; start <= sizes_flag.size(); start = comma + 1) {
-    comma = sizes_flag.find(',', start);
-    if (comma == std::string::npos) comma = sizes_flag.size();
-    sizes.push_back(parse_count(sizes_flag.substr(start, comma - start)));
-  }
+  for (const std::string& s : ps::split_list(sizes_flag)) sizes.push_back(parse_count(s));
 
   std::printf("%-10s %-6s %12s %12s %10s %14s\n", "floats", "opt", "updates/s", "GB/s touched", "axpy GB/s",
               "of bandwidth");

@@ -34,6 +34,7 @@
 
 #include "ps.capnp.h"
 #include "ps/client.h"
+#include "ps/trainer_flags.h"
 
 namespace {
 
@@ -252,11 +253,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   std::vector<size_t> sizes;
-  for (std::size_t start = 0, comma; start <= sizes_flag.size(); start = comma + 1) {
-    comma = sizes_flag.find(',', start);
-    if (comma == std::string::npos) comma = sizes_flag.size();
-    sizes.push_back(parse_size(sizes_flag.substr(start, comma - start)));
-  }
+  for (const std::string& s : ps::split_list(sizes_flag)) sizes.push_back(parse_size(s));
 
   std::printf("plain loopback TCP (sender and receiver on different cores, 1 MiB writes):\n");
   std::vector<double> tcp(sizes.size());

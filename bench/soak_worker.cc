@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "ps/client.h"
+#include "ps/trainer_flags.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"soak_worker: pull/push a ~1 MB model against psd for a given time"};
@@ -22,12 +23,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     ps::ClientOptions o;
-    for (std::size_t start = 0; start <= hosts.size();) {
-      std::size_t comma = hosts.find(',', start);
-      if (comma == std::string::npos) comma = hosts.size();
-      o.ps_hosts.push_back(hosts.substr(start, comma - start));
-      start = comma + 1;
-    }
+    o.ps_hosts = ps::split_list(hosts);
     ps::Client client(o);
     const uint64_t n = std::max<uint64_t>(1, static_cast<uint64_t>(model_mb * (1 << 20) / 4 / sizeof(float)));
     std::vector<ps::TensorSpec> specs;

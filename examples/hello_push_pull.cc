@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "ps/client.h"
+#include "ps/trainer_flags.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"hello_push_pull: create, push and pull two tensors on psd"};
@@ -19,11 +20,7 @@ int main(int argc, char** argv) {
 
   try {
     ps::ClientOptions options;
-    for (std::size_t start = 0, comma; start <= ps_hosts.size(); start = comma + 1) {
-      comma = ps_hosts.find(',', start);
-      if (comma == std::string::npos) comma = ps_hosts.size();
-      options.ps_hosts.push_back(ps_hosts.substr(start, comma - start));
-    }
+    options.ps_hosts = ps::split_list(ps_hosts);
     ps::Client client(options);
     client.create({
         {.name = "w", .shape = {2, 2}, .optimizer = ps::OptimizerConfig::sgd(lr),

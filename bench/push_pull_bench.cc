@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <barrier>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -212,29 +213,44 @@ Measured measure_one(ps::Client& client, const std::string& name, size_t bytes, 
   return {median(push), median(pull)};
 }
 
-// Aggregate bytes/s of `clients` clients each pushing then pulling its own
-// tensor at once: the median over rounds of (clients * bytes) / round time.
+// Aggregate bytes/s of `clients` clients, each on its own thread pushing
+// (then pulling) its own tensor `ops` times per round, all rounds started
+// together: the median over rounds of round time / (clients * ops), as the
+// time per transfer. Threads live across rounds, so thread start-up is not
+// counted.
 Measured measure_concurrent(std::vector<std::unique_ptr<ps::Client>>& clients, size_t bytes, int reps) {
   const std::string suffix = "_" + std::to_string(bytes);
   const int n = static_cast<int>(clients.size());
+  const int ops = std::clamp<int>(static_cast<int>((4u << 20) / bytes), 1, 32);
   std::vector<std::vector<float>> bufs(n, std::vector<float>(bytes / 4, 0.0f));
+  std::barrier sync(n + 1);
+  std::vector<std::thread> threads;
+  for (int c = 0; c < n; ++c) {
+    threads.emplace_back([&, c] {
+      const std::string name = "c" + std::to_string(c) + suffix;
+      for (int i = 0; i < reps + 2; ++i) {
+        for (int phase = 0; phase < 2; ++phase) {
+          sync.arrive_and_wait();
+          for (int k = 0; k < ops; ++k) {
+            if (phase == 0) clients[c]->push(name, bufs[c]);
+            else clients[c]->pull(name, bufs[c]);
+          }
+          sync.arrive_and_wait();
+        }
+      }
+    });
+  }
   std::vector<double> push, pull;
   for (int i = 0; i < reps + 2; ++i) {
     for (int phase = 0; phase < 2; ++phase) {
       auto t0 = Clock::now();
-      std::vector<std::thread> threads;
-      for (int c = 0; c < n; ++c) {
-        threads.emplace_back([&, c] {
-          const std::string name = "c" + std::to_string(c) + suffix;
-          if (phase == 0) clients[c]->push(name, bufs[c]);
-          else clients[c]->pull(name, bufs[c]);
-        });
-      }
-      for (auto& t : threads) t.join();
+      sync.arrive_and_wait();
+      sync.arrive_and_wait();
       double s = std::chrono::duration<double>(Clock::now() - t0).count();
-      if (i >= 2) (phase == 0 ? push : pull).push_back(s / n);  // per-client-transfer time
+      if (i >= 2) (phase == 0 ? push : pull).push_back(s / (n * ops));
     }
   }
+  for (auto& t : threads) t.join();
   return {median(push), median(pull)};
 }
 
@@ -246,10 +262,14 @@ int main(int argc, char** argv) {
   std::string sizes_flag = "4K,64K,1M,4M,16M,64M";
   int reps = 20;
   bool with_unix = true;
+  std::size_t chunk_kb = ps::kDefaultChunkBytes >> 10;
+  std::size_t request_kb = ps::ClientOptions{}.max_request_bytes >> 10;
   app.add_option("--psd", psd_binary, "psd binary to start")->capture_default_str();
   app.add_option("--sizes", sizes_flag, "payload sizes")->capture_default_str();
   app.add_option("--reps", reps, "repetitions per measurement (median reported)")->capture_default_str();
   app.add_option("--unix", with_unix, "also measure the Unix-domain-socket path")->capture_default_str();
+  app.add_option("--chunk_kb", chunk_kb, "ClientOptions::chunk_bytes, in KiB")->capture_default_str();
+  app.add_option("--request_kb", request_kb, "ClientOptions::max_request_bytes, in KiB")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   std::vector<size_t> sizes;
@@ -268,6 +288,8 @@ int main(int argc, char** argv) {
     const std::string sock = use_unix ? std::filesystem::temp_directory_path() / ("psd-bench-" + std::to_string(getpid()) + ".sock") : "";
     Psd psd(psd_binary, sock);
     ps::ClientOptions opts;
+    opts.chunk_bytes = chunk_kb << 10;
+    opts.max_request_bytes = request_kb << 10;
     opts.ps_hosts = {use_unix ? "unix:" + sock : "127.0.0.1:" + std::to_string(psd.port)};
     std::printf("psd over %s, 1 client (median of %d):\n", label, reps);
     std::printf("  %-8s %10s %8s %7s %10s %8s %7s\n", "size", "push us", "GB/s", "vs TCP", "pull us", "GB/s", "vs TCP");

@@ -10,8 +10,8 @@
 #include <capnp/orphan.h>
 #include <spdlog/spdlog.h>
 
-#include "event_loop_thread.h"
 #include "auth_token.h"
+#include "client_loop.h"
 #include "malloc_tuning.h"
 #include "reconnector.h"
 #include "request_plan.h"
@@ -30,7 +30,7 @@ std::string strip_prefix(std::string s, std::string_view prefix) {
   return s;
 }
 
-// A kj::Exception from the loop thread as the ps::Error a user should see.
+// A kj::Exception from the loop as the ps::Error a user should see.
 std::exception_ptr translate(const kj::Exception& e, const std::string& context) {
   std::string msg = e.getDescription().cStr();
   msg = strip_prefix(msg, "remote exception: ");
@@ -59,7 +59,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
         placement(std::max<int>(1, static_cast<int>(options.ps_hosts.size())), options.placement, options.chunk_bytes) {}
 
   ~Impl() {
-    loop.run_sync([this] {
+    loop.run([this] {
       tasks = nullptr;
       retry = nullptr;
       shards.clear();
@@ -68,12 +68,13 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
 
   void taskFailed(kj::Exception&& e) override { spdlog::error("libpsclient internal task failed: {}", e.getDescription().cStr()); }
 
-  // Runs op() on the loop thread; its result or error reaches the future.
+  // Starts op() with the loop; its result or error reaches the future (the
+  // helper thread runs the loop until then).
   template <typename T, typename Op>
   std::future<T> submit(Op op, std::string context) {
     auto result = std::make_shared<std::promise<T>>();
     auto future = result->get_future();
-    loop.run_sync([&] {
+    loop.run([&] {
       kj::Promise<T> promise = nullptr;
       try {
         promise = op();
@@ -82,20 +83,20 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
         return;
       }
       promise = with_timeout(kj::mv(promise));
-      tasks->add(promise.then([result](T&& value) { result->set_value(std::move(value)); },
-                              [result, context](kj::Exception&& e) { result->set_exception(translate(e, context)); }));
+      tasks->add(loop.kept(promise.then([result](T&& value) { result->set_value(std::move(value)); },
+                              [result, context](kj::Exception&& e) { result->set_exception(translate(e, context)); })));
     });
     return future;
   }
 
-  // Runs op() on the loop thread and waits for its result: one hand-over
-  // each way, where submit() plus future::get() costs three.
+  // Runs op() with the loop and waits for its result: on the calling
+  // thread when no other thread runs the loop (client_loop.h).
   template <typename T, typename Op>
   T call(Op op, const std::string& context) {
     std::exception_ptr error;
     std::optional<T> value;
     try {
-      loop.run_sync([&]() -> kj::Promise<void> {
+      loop.run([&]() -> kj::Promise<void> {
         kj::Promise<T> promise = nullptr;
         try {
           promise = op();
@@ -130,7 +131,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   kj::Promise<T> with_timeout(kj::Promise<T> p) {
     if (options.call_timeout.count() <= 0) return p;
     const auto ms = options.call_timeout.count();
-    return p.exclusiveJoin(loop.io().provider->getTimer().afterDelay(ms * kj::MILLISECONDS).then([ms]() -> kj::Promise<T> {
+    return p.exclusiveJoin(loop.timer().afterDelay(ms * kj::MILLISECONDS).then([ms]() -> kj::Promise<T> {
       return disconnected("no answer from psd within " + std::to_string(ms) + " ms (ClientOptions::call_timeout)");
     }));
   }
@@ -177,9 +178,9 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
           auto errors = kj::heap<std::vector<std::string>>();
           for (std::size_t i = 0; i < options.ps_hosts.size(); ++i) {
             auto hello_deadline = options.connect_timeout + std::chrono::milliseconds(5000);
-            auto p = connect_shard(loop.io(), static_cast<int>(i), options.ps_hosts[i], options.connect_timeout,
+            auto p = connect_shard(loop.port(), static_cast<int>(i), options.ps_hosts[i], options.connect_timeout,
                                    hello_params())
-                         .exclusiveJoin(loop.io().provider->getTimer().afterDelay(hello_deadline.count() * kj::MILLISECONDS)
+                         .exclusiveJoin(loop.timer().afterDelay(hello_deadline.count() * kj::MILLISECONDS)
                                             .then([host = options.ps_hosts[i]]() -> kj::Promise<kj::Own<ShardConnection>> {
                                               return disconnected("psd at " + host + " accepted but did not answer hello");
                                             }));
@@ -193,8 +194,8 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
         "");
     // connect_shard has its own deadline; the call timeout must not cut it short.
     Outcome o = outcome.get();
-    loop.run_sync([this] {
-      retry = kj::heap<Reconnector>(loop.io(), shards, hello_params(), options.reconnect_timeout);
+    loop.run([this] {
+      retry = kj::heap<Reconnector>(loop.port(), shards, hello_params(), options.reconnect_timeout);
     });
     if (!o.errors.empty()) {
       std::string msg = "could not connect to " + std::to_string(o.errors.size()) + " of " +
@@ -304,7 +305,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   std::mutex placement_mutex;
   Placement placement;
   uint64_t max_batch_bytes = 64u << 20;
-  EventLoopThread loop;
+  ClientLoop loop;
   // Loop-thread state.
   std::vector<kj::Own<ShardConnection>> shards;
   kj::Own<Reconnector> retry;
@@ -765,9 +766,9 @@ void Client::finish() {
 }
 
 void Client::report(int64_t step, float loss, float accuracy, float samples_per_sec, float learning_rate) {
-  // run_sync only hands the sends to the loop thread; nobody waits for the
-  // replies. A failed report is logged, never thrown: it must not stop training.
-  impl_->loop.run_sync([&] {
+  // run() only sends; nobody waits for the replies. A failed report is
+  // logged, never thrown: it must not stop training.
+  impl_->loop.run([&] {
     for (auto& s : impl_->shards) {
       auto req = s->shard.reportRequest();
       req.setStep(step);
@@ -775,9 +776,9 @@ void Client::report(int64_t step, float loss, float accuracy, float samples_per_
       req.setAccuracy(accuracy);
       req.setSamplesPerSec(samples_per_sec);
       req.setLearningRate(learning_rate);
-      impl_->tasks->add(req.send().ignoreResult().catch_([address = s->address](kj::Exception&& e) {
+      impl_->tasks->add(impl_->loop.kept(req.send().ignoreResult().catch_([address = s->address](kj::Exception&& e) {
         spdlog::warn("report to {} failed: {}", address, e.getDescription().cStr());
-      }));
+      })));
     }
   });
 }

@@ -4,7 +4,7 @@
 
 namespace ps {
 
-Reconnector::Reconnector(kj::AsyncIoContext& io, std::vector<kj::Own<ShardConnection>>& shards, HelloParams hello,
+Reconnector::Reconnector(kj::UnixEventPort& io, std::vector<kj::Own<ShardConnection>>& shards, HelloParams hello,
                          std::chrono::milliseconds timeout)
     : io_(io), shards_(shards), hello_(std::move(hello)), timeout_(timeout), pending_(shards.size()) {}
 

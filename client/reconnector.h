@@ -24,7 +24,7 @@
 // waiting for one the shard may never reach, and a retried sync push for a
 // step the shard has not reached is reported stale (see client.cc).
 //
-// Lives on the client's event-loop thread.
+// Lives on the client's event loop (client_loop.h).
 #pragma once
 
 #include <atomic>
@@ -51,7 +51,7 @@ struct AsPromise<capnp::RemotePromise<T>> {
 
 class Reconnector {
  public:
-  Reconnector(kj::AsyncIoContext& io, std::vector<kj::Own<ShardConnection>>& shards, HelloParams hello,
+  Reconnector(kj::UnixEventPort& io, std::vector<kj::Own<ShardConnection>>& shards, HelloParams hello,
               std::chrono::milliseconds timeout);
   ~Reconnector();
 
@@ -86,7 +86,7 @@ class Reconnector {
     kj::Maybe<kj::ForkedPromise<void>> fork;
   };
 
-  kj::AsyncIoContext& io_;
+  kj::UnixEventPort& io_;
   std::vector<kj::Own<ShardConnection>>& shards_;
   HelloParams hello_;
   std::chrono::milliseconds timeout_;

@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "socket_stream.h"
 #include "wire_convert.h"
 
 namespace ps {
@@ -14,13 +15,11 @@ kj::Exception disconnected(std::string message) {
 
 namespace {
 
-kj::Promise<kj::Own<kj::AsyncIoStream>> connect_with_retry(kj::AsyncIoContext& io, std::string address,
+kj::Promise<kj::Own<kj::AsyncIoStream>> connect_with_retry(kj::UnixEventPort& io, std::string address,
                                                            kj::TimePoint deadline, kj::Duration delay) {
-  return io.provider->getNetwork()
-      .parseAddress(address)
-      .then([](kj::Own<kj::NetworkAddress> addr) { return addr->connect().attach(kj::mv(addr)); })
+  return kj::evalNow([&] { return connect_socket(io, address); })
       .catch_([&io, address, deadline, delay](kj::Exception&& e) -> kj::Promise<kj::Own<kj::AsyncIoStream>> {
-        auto& timer = io.provider->getTimer();
+        auto& timer = io.getTimer();
         if (timer.now() + delay > deadline) {
           return disconnected("cannot reach psd at " + address + ": " + e.getDescription().cStr());
         }
@@ -75,7 +74,7 @@ kj::Promise<kj::Own<ShardConnection>> hello_on(kj::Own<kj::AsyncIoStream> stream
 // Connect and hello, again with backoff while the peer is not there or
 // hangs up during hello (a psd shutting down, or still starting): a refusal
 // (bad token, wrong version, too many connections) ends it at once.
-kj::Promise<kj::Own<ShardConnection>> connect_and_hello(kj::AsyncIoContext& io, int index, std::string address,
+kj::Promise<kj::Own<ShardConnection>> connect_and_hello(kj::UnixEventPort& io, int index, std::string address,
                                                         kj::TimePoint deadline, kj::Duration delay,
                                                         HelloParams hello) {
   return connect_with_retry(io, address, deadline, delay)
@@ -83,7 +82,7 @@ kj::Promise<kj::Own<ShardConnection>> connect_and_hello(kj::AsyncIoContext& io, 
         return hello_on(kj::mv(stream), index, address, hello);
       })
       .catch_([&io, index, address, deadline, delay, hello](kj::Exception&& e) -> kj::Promise<kj::Own<ShardConnection>> {
-        auto& timer = io.provider->getTimer();
+        auto& timer = io.getTimer();
         if (e.getType() != kj::Exception::Type::DISCONNECTED || timer.now() + delay > deadline) return kj::mv(e);
         return timer.afterDelay(delay).then([&io, index, address, deadline, delay, hello] {
           return connect_and_hello(io, index, address, deadline, std::min(delay * 2, 500 * kj::MILLISECONDS), hello);
@@ -93,9 +92,9 @@ kj::Promise<kj::Own<ShardConnection>> connect_and_hello(kj::AsyncIoContext& io, 
 
 }  // namespace
 
-kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::AsyncIoContext& io, int index, std::string address,
+kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::UnixEventPort& io, int index, std::string address,
                                                     std::chrono::milliseconds timeout, const HelloParams& hello) {
-  auto deadline = io.provider->getTimer().now() + timeout.count() * kj::MILLISECONDS;
+  auto deadline = io.getTimer().now() + timeout.count() * kj::MILLISECONDS;
   return connect_and_hello(io, index, address, deadline, 20 * kj::MILLISECONDS, hello);
 }
 

@@ -7,6 +7,7 @@
 
 #include <capnp/rpc-twoparty.h>
 #include <kj/async-io.h>
+#include <kj/async-unix.h>
 
 #include "ps.capnp.h"
 #include "ps/job.h"
@@ -44,7 +45,7 @@ struct HelloParams {
 // Connects to `address` ("host:port" or "unix:/path"), retrying with backoff
 // until `timeout` has passed, then says hello. Rejects with a DISCONNECTED
 // kj::Exception naming the address and the last error.
-kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::AsyncIoContext& io, int index, std::string address,
+kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::UnixEventPort& io, int index, std::string address,
                                                     std::chrono::milliseconds timeout, const HelloParams& hello);
 
 // A DISCONNECTED exception (a shard unreachable or gone) with this message.

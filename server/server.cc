@@ -14,6 +14,7 @@
 #include "malloc_tuning.h"
 #include "ps/errors.h"
 #include "shard_service.h"
+#include "socket_stream.h"
 
 namespace ps {
 
@@ -75,7 +76,8 @@ struct PsServer::Impl : kj::TaskSet::ErrorHandler {
   void taskFailed(kj::Exception&& e) override { spdlog::warn("connection task failed: {}", e.getDescription().cStr()); }
 
   kj::Promise<void> accept_loop(kj::ConnectionReceiver& listener, std::string kind) {
-    return listener.accept().then([this, &listener, kind](kj::Own<kj::AsyncIoStream>&& stream) {
+    return listener.accept().then([this, &listener, kind](kj::Own<kj::AsyncIoStream>&& accepted) {
+      kj::Own<kj::AsyncIoStream> stream = rewrap(kj::mv(accepted));
       if (connections.size() >= options.max_connections) {
         spdlog::warn("refused a {} connection: already serving {} (--max_connections)", kind, connections.size());
         serve_refusal(kj::mv(stream), kind);
@@ -94,6 +96,16 @@ struct PsServer::Impl : kj::TaskSet::ErrorHandler {
       }
       return accept_loop(listener, kind);
     });
+  }
+
+  // The accepted socket as a ps::SocketStream (common/socket_stream.h):
+  // fewer system calls per message than kj's own stream.
+  kj::Own<kj::AsyncIoStream> rewrap(kj::Own<kj::AsyncIoStream> stream) {
+    KJ_IF_MAYBE(fd, stream->getFd()) {
+      const int copy = ::dup(*fd);
+      if (copy >= 0) return wrap_socket(io.unixEventPort, copy);
+    }
+    return stream;
   }
 
   // Past --max_connections a peer still gets an answer it can show (every

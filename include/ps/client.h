@@ -3,8 +3,11 @@
 // A Client connects to every shard of the job (one connection each), places
 // tensors on them (ps/placement.h) and pulls and pushes tensors, splitting and
 // reassembling the ones larger than the chunk size. All methods are safe to
-// call from several threads at once; network I/O runs on one event-loop
-// thread that the Client owns. Blocking methods and `*_async` methods returning
+// call from several threads at once. A blocking call made while no other
+// call is in flight runs the network I/O on the calling thread (no hand-over
+// to another thread and back); otherwise it joins the thread that is doing
+// I/O, and a helper thread carries async calls to their end. Blocking
+// methods and `*_async` methods returning
 // std::future are both offered; buffers passed to an async call must stay
 // alive (and, for pushes, unchanged) until its future is ready.
 //

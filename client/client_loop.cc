@@ -1,0 +1,89 @@
+#include "client_loop.h"
+
+#include <spdlog/spdlog.h>
+
+namespace ps {
+
+ClientLoop::ClientLoop()
+    : port_(kj::heap<kj::UnixEventPort>()),
+      loop_(kj::heap<kj::EventLoop>(*port_)),
+      executor_(loop_->getExecutor().addRef()),
+      helper_([this] { helper_main(); }) {}
+
+ClientLoop::~ClientLoop() {
+  run([this] {
+    stop_ = true;
+    if (drained_) drained_->fulfill();
+  });
+  wake_helper();
+  helper_.join();
+  executor_ = nullptr;
+  loop_ = nullptr;
+  port_ = nullptr;
+}
+
+bool ClientLoop::enter(std::optional<kj::WaitScope>& scope) {
+  try {
+    scope.emplace(*loop_);
+    return true;
+  } catch (const kj::Exception&) {
+    return false;
+  }
+}
+
+void ClientLoop::leave(std::optional<kj::WaitScope>& scope, std::unique_lock<std::mutex>& drive) {
+  try {
+    // Cap'n Proto queues some writes (a call's Finish, say) behind the
+    // reply: send them now rather than at this client's next call.
+    scope->poll();
+  } catch (const kj::Exception& e) {
+    spdlog::warn("libpsclient: {}", e.getDescription().cStr());
+  }
+  scope.reset();
+  drive.unlock();
+  if (kept_.load() > 0) wake_helper();
+}
+
+void ClientLoop::keep() {
+  if (kept_.fetch_add(1) == 0) wake_helper();
+}
+
+void ClientLoop::release() {
+  if (kept_.fetch_sub(1) == 1 && drained_) {
+    drained_->fulfill();
+    drained_ = nullptr;
+  }
+}
+
+void ClientLoop::wake_helper() {
+  // Taking the mutex orders this with the helper's check of kept_ and
+  // stop_: no lost wake-up.
+  { std::lock_guard lock(helper_mutex_); }
+  helper_cv_.notify_one();
+}
+
+void ClientLoop::helper_main() {
+  for (;;) {
+    {
+      std::unique_lock lock(helper_mutex_);
+      helper_cv_.wait(lock, [this] { return stop_.load() || kept_.load() > 0; });
+    }
+    std::lock_guard drive(drive_);
+    kj::WaitScope scope(*loop_);
+    if (stop_) {
+      scope.poll();
+      return;
+    }
+    while (kept_.load() > 0 && !stop_) {
+      auto paf = kj::newPromiseAndFulfiller<void>();
+      drained_ = kj::mv(paf.fulfiller);
+      // kept_ only drops on the loop, which this thread holds: no race.
+      if (kept_.load() == 0) break;
+      paf.promise.wait(scope);
+    }
+    drained_ = nullptr;
+    scope.poll();
+  }
+}
+
+}  // namespace ps

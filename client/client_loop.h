@@ -1,0 +1,117 @@
+// libpsclient's KJ event loop, run by whichever thread needs it.
+//
+// A blocking call from a thread that finds the loop free runs the loop
+// itself: it builds the request, sends it and waits for the reply on its own
+// thread, with no hand-over to another thread and back (two cross-thread
+// wake-ups, 25-40 us on a VM: more than the rest of a small pull). When
+// another thread is running the loop, the work is handed to that thread
+// through the loop's kj::Executor, as any thread-per-loop design does.
+//
+// Work that goes on after the call that started it returns (an async push
+// in flight, a report) is "kept": a helper thread runs the loop until all
+// kept work is done, then goes back to sleep.
+//
+// Every Cap'n Proto object of the client belongs to the loop; code touching
+// them runs inside run() (or in promise continuations, which the loop runs).
+// The loop is the client's own (kj::UnixEventPort + kj::EventLoop, sockets
+// from common/socket_stream.h) rather than kj::setupAsyncIo()'s, which
+// binds its loop to the thread that made it.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <type_traits>
+
+#include <kj/async-io.h>
+#include <kj/async-unix.h>
+
+namespace ps {
+
+class ClientLoop {
+ public:
+  ClientLoop();
+  ~ClientLoop();  // stops the helper; cancel kept work first
+  ClientLoop(const ClientLoop&) = delete;
+  ClientLoop& operator=(const ClientLoop&) = delete;
+
+  // Runs f() with the loop and waits for it, and for the promise it returns
+  // if any; returns its value or throws its kj::Exception. Must not be
+  // called from inside the loop (a promise continuation).
+  template <typename F>
+  auto run(F&& f) {
+    std::unique_lock drive(drive_, std::try_to_lock);
+    if (drive.owns_lock()) {
+      std::optional<kj::WaitScope> scope;
+      if (enter(scope)) {
+        struct Leave {
+          ClientLoop& self;
+          std::optional<kj::WaitScope>& scope;
+          std::unique_lock<std::mutex>& drive;
+          ~Leave() { self.leave(scope, drive); }
+        } leave{*this, scope, drive};
+        return as_promise(f).wait(*scope);
+      }
+      drive.unlock();  // this thread runs a KJ loop of its own: hand over
+    }
+    // Another thread runs the loop: hand the work over, and have the helper
+    // run the loop until it is done should that thread leave first.
+    keep();
+    return executor_->executeSync([this, &f] {
+      return as_promise(f).attach(kj::defer([this] { release(); }));
+    });
+  }
+
+  // Marks work that outlives the run() that started it; the helper thread
+  // runs the loop until release() has been called as often. keep() from any
+  // thread; release() only from the loop (attach it to the work's promise).
+  void keep();
+  void release();
+  // Ties a promise to keep()/release(): call inside run().
+  template <typename T>
+  kj::Promise<T> kept(kj::Promise<T> p) {
+    keep();
+    return p.attach(kj::defer([this] { release(); }));
+  }
+
+  // Only inside run() or the loop's continuations.
+  kj::UnixEventPort& port() { return *port_; }
+  kj::Timer& timer() { return port_->getTimer(); }
+
+ private:
+  // f()'s result as a promise (f may return void, a value or a promise).
+  template <typename F>
+  static kj::PromiseForResult<F&, void> as_promise(F& f) {
+    if constexpr (std::is_void_v<decltype(f())>) {
+      f();
+      return kj::READY_NOW;
+    } else {
+      return f();
+    }
+  }
+
+  // Enters the loop on this thread; false if the thread has a loop of its own.
+  bool enter(std::optional<kj::WaitScope>& scope);
+  // Sends what the finished work left queued, leaves the loop, and wakes
+  // the helper if kept work remains.
+  void leave(std::optional<kj::WaitScope>& scope, std::unique_lock<std::mutex>& drive);
+  void helper_main();
+  void wake_helper();
+
+  kj::Own<kj::UnixEventPort> port_;
+  kj::Own<kj::EventLoop> loop_;
+  kj::Own<const kj::Executor> executor_;
+
+  std::mutex drive_;              // held by the thread running the loop
+  std::atomic<uint64_t> kept_{0};
+  kj::Own<kj::PromiseFulfiller<void>> drained_;  // the helper's wake-up when kept_ hits 0
+
+  std::mutex helper_mutex_;
+  std::condition_variable helper_cv_;
+  std::atomic<bool> stop_{false};
+  std::thread helper_;
+};
+
+}  // namespace ps

@@ -1,0 +1,307 @@
+#include "socket_stream.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <memory>
+#include <thread>
+
+#include <kj/debug.h>
+#include <kj/vector.h>
+
+namespace ps {
+
+namespace {
+
+constexpr size_t kBufferBytes = 64u << 10;
+
+class SocketStream final : public kj::AsyncIoStream {
+ public:
+  SocketStream(kj::UnixEventPort& port, int fd)
+      : fd_(fd), observer_(port, fd, kj::UnixEventPort::FdObserver::OBSERVE_READ_WRITE) {}
+
+  kj::Promise<size_t> tryRead(void* buffer, size_t min_bytes, size_t max_bytes) override {
+    return read_more(static_cast<kj::byte*>(buffer), min_bytes, max_bytes, 0);
+  }
+
+  kj::Promise<void> write(const void* buffer, size_t size) override {
+    // One write at a time (kj's rule), so one member holds the piece.
+    single_piece_ = kj::arrayPtr(static_cast<const kj::byte*>(buffer), size);
+    return write_more(kj::arrayPtr(&single_piece_, 1), 0);
+  }
+
+  kj::Promise<void> write(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> pieces) override {
+    return write_more(pieces, 0);
+  }
+
+  kj::Promise<void> whenWriteDisconnected() override {
+    if (disconnected_ == nullptr) disconnected_ = observer_.whenWriteDisconnected().fork();
+    return KJ_ASSERT_NONNULL(disconnected_).addBranch();
+  }
+
+  void shutdownWrite() override { ::shutdown(fd_, SHUT_WR); }
+  void abortRead() override { ::shutdown(fd_, SHUT_RD); }
+
+  void getsockopt(int level, int option, void* value, kj::uint* length) override {
+    socklen_t len = *length;
+    KJ_SYSCALL(::getsockopt(fd_, level, option, value, &len));
+    *length = len;
+  }
+  void setsockopt(int level, int option, const void* value, kj::uint length) override {
+    KJ_SYSCALL(::setsockopt(fd_, level, option, value, length));
+  }
+  void getsockname(struct sockaddr* addr, kj::uint* length) override {
+    socklen_t len = *length;
+    KJ_SYSCALL(::getsockname(fd_, addr, &len));
+    *length = len;
+  }
+  void getpeername(struct sockaddr* addr, kj::uint* length) override {
+    socklen_t len = *length;
+    KJ_SYSCALL(::getpeername(fd_, addr, &len));
+    *length = len;
+  }
+  kj::Maybe<int> getFd() const override { return fd_.get(); }
+
+  // For a non-blocking connect(): resolves once the connection is up.
+  kj::Promise<void> connected() {
+    return observer_.whenBecomesWritable().then([this] {
+      int error = 0;
+      socklen_t len = sizeof(error);
+      KJ_SYSCALL(::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &error, &len));
+      if (error != 0) KJ_FAIL_SYSCALL("connect", error);
+    });
+  }
+
+ private:
+  // Copies what the buffer holds, then reads until `got` >= min_bytes.
+  kj::Promise<size_t> read_more(kj::byte* dst, size_t min_bytes, size_t max_bytes, size_t got) {
+    const size_t from_buffer = std::min(max_bytes - got, end_ - pos_);
+    std::memcpy(dst + got, buffer_.begin() + pos_, from_buffer);
+    pos_ += from_buffer;
+    got += from_buffer;
+    while (got < min_bytes) {
+      if (readable_ != nullptr) {
+        // The last read came back short: the socket was empty then, so wait
+        // for more rather than spend a read() to learn it again.
+        auto wait = kj::mv(KJ_ASSERT_NONNULL(readable_));
+        readable_ = nullptr;
+        return wait.then([this, dst, min_bytes, max_bytes, got] { return read_more(dst, min_bytes, max_bytes, got); });
+      }
+      const size_t want = max_bytes - got;
+      const bool direct = want >= kBufferBytes;  // large reads skip the buffer
+      kj::byte* into = direct ? dst + got : buffer_.begin();
+      const size_t ask = direct ? want : kBufferBytes;
+      ssize_t n;
+      do {
+        n = ::read(fd_, into, ask);
+      } while (n < 0 && errno == EINTR);
+      if (n < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK) KJ_FAIL_SYSCALL("read", errno);
+        watch_readable();
+        continue;
+      }
+      if (n == 0) return got;  // end of stream
+      if (static_cast<size_t>(n) < ask) {
+        // Empty now, unless the peer's hang-up came with the data: then the
+        // next read() finds the end, and no later edge would say so.
+        KJ_IF_MAYBE(at_end, observer_.atEndHint()) {
+          if (!*at_end) watch_readable();
+        }
+      }
+      if (direct) {
+        got += n;
+      } else {
+        pos_ = 0;
+        end_ = n;
+        const size_t take = std::min(want, end_);
+        std::memcpy(dst + got, buffer_.begin(), take);
+        pos_ = take;
+        got += take;
+      }
+    }
+    return got;
+  }
+
+  // Registers for the next readability edge at once, so none that comes
+  // after an empty or short read can be missed.
+  void watch_readable() {
+    if (readable_ == nullptr) readable_ = observer_.whenBecomesReadable();
+  }
+
+  kj::Promise<void> write_more(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> pieces, size_t skip) {
+    for (;;) {
+      while (pieces.size() > 0 && skip >= pieces[0].size()) {
+        skip -= pieces[0].size();
+        pieces = pieces.slice(1, pieces.size());
+      }
+      if (pieces.size() == 0) return kj::READY_NOW;
+      iovec iov[64];
+      const size_t count = std::min<size_t>(pieces.size(), 64);
+      for (size_t i = 0; i < count; ++i) {
+        iov[i].iov_base = const_cast<kj::byte*>(pieces[i].begin()) + (i == 0 ? skip : 0);
+        iov[i].iov_len = pieces[i].size() - (i == 0 ? skip : 0);
+      }
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = count;
+      ssize_t n;
+      do {
+        n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);  // a closed peer is an error, not SIGPIPE
+      } while (n < 0 && errno == EINTR);
+      if (n < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK) KJ_FAIL_SYSCALL("sendmsg", errno);
+        return observer_.whenBecomesWritable().then([this, pieces, skip] { return write_more(pieces, skip); });
+      }
+      skip += n;
+    }
+  }
+
+  kj::AutoCloseFd fd_;
+  kj::UnixEventPort::FdObserver observer_;
+  kj::Array<kj::byte> buffer_ = kj::heapArray<kj::byte>(kBufferBytes);
+  size_t pos_ = 0, end_ = 0;
+  kj::Maybe<kj::Promise<void>> readable_;
+  kj::Maybe<kj::ForkedPromise<void>> disconnected_;
+  kj::ArrayPtr<const kj::byte> single_piece_;
+};
+
+struct SocketAddress {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+};
+
+void make_nonblocking(int fd) {
+  int flags;
+  KJ_SYSCALL(flags = fcntl(fd, F_GETFL));
+  KJ_SYSCALL(fcntl(fd, F_SETFL, flags | O_NONBLOCK));
+  KJ_SYSCALL(fcntl(fd, F_SETFD, FD_CLOEXEC));
+}
+
+kj::Promise<kj::Own<kj::AsyncIoStream>> connect_to(kj::UnixEventPort& port, const SocketAddress& addr) {
+  const int family = addr.storage.ss_family;
+  int fd;
+  KJ_SYSCALL(fd = ::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  auto stream = kj::heap<SocketStream>(port, fd);
+  if (family != AF_UNIX) {
+    int one = 1;
+    KJ_SYSCALL(::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)));
+  }
+  int r;
+  do {
+    r = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr.storage), addr.length);
+  } while (r < 0 && errno == EINTR);
+  if (r == 0) return kj::Own<kj::AsyncIoStream>(kj::mv(stream));
+  if (errno != EINPROGRESS) KJ_FAIL_SYSCALL("connect", errno);
+  auto* raw = stream.get();
+  return raw->connected().then([stream = kj::mv(stream)]() mutable { return kj::Own<kj::AsyncIoStream>(kj::mv(stream)); });
+}
+
+// Tries the addresses in order; fails with the last one's error.
+kj::Promise<kj::Own<kj::AsyncIoStream>> connect_any(kj::UnixEventPort& port, kj::Array<SocketAddress> addrs,
+                                                    size_t i) {
+  auto attempt = kj::evalNow([&] { return connect_to(port, addrs[i]); });
+  if (i + 1 >= addrs.size()) return attempt;
+  return attempt.catch_([&port, addrs = kj::mv(addrs), i](kj::Exception&&) mutable {
+    return connect_any(port, kj::mv(addrs), i + 1);
+  });
+}
+
+kj::Array<SocketAddress> resolve(const std::string& host, const std::string& service) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_ADDRCONFIG;
+  addrinfo* list = nullptr;
+  const int r = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &list);
+  if (r != 0) {
+    KJ_FAIL_REQUIRE("cannot resolve host name", host, gai_strerror(r)) { return {}; }
+  }
+  kj::Vector<SocketAddress> out;
+  for (addrinfo* a = list; a != nullptr; a = a->ai_next) {
+    SocketAddress s;
+    std::memcpy(&s.storage, a->ai_addr, a->ai_addrlen);
+    s.length = a->ai_addrlen;
+    out.add(s);
+  }
+  ::freeaddrinfo(list);
+  return out.releaseAsArray();
+}
+
+// The addresses travel as an Own: GCC 12 warns (wrongly) about an
+// uninitialised kj::Array inside kj::ExceptionOr.
+using Addresses = kj::Own<kj::Array<SocketAddress>>;
+
+kj::Promise<Addresses> resolve_off_loop(std::string host, std::string service) {
+  auto paf = kj::newPromiseAndCrossThreadFulfiller<Addresses>();
+  // The fulfiller may outlive the promise (a Client given up on): that is
+  // what a cross-thread fulfiller allows. Held by shared_ptr because
+  // std::thread needs a callable with a noexcept destructor.
+  auto fulfiller = std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<Addresses>>>(
+      kj::mv(paf.fulfiller));
+  std::thread([host = std::move(host), service = std::move(service), fulfiller] {
+    KJ_IF_MAYBE(e, kj::runCatchingExceptions([&] { (*fulfiller)->fulfill(kj::heap(resolve(host, service))); })) {
+      (*fulfiller)->reject(kj::mv(*e));
+    }
+  }).detach();
+  return kj::mv(paf.promise);
+}
+
+}  // namespace
+
+kj::Own<kj::AsyncIoStream> wrap_socket(kj::UnixEventPort& port, int fd) {
+  make_nonblocking(fd);
+  return kj::heap<SocketStream>(port, fd);
+}
+
+kj::Promise<kj::Own<kj::AsyncIoStream>> connect_socket(kj::UnixEventPort& port, const std::string& address) {
+  if (address.rfind("unix:", 0) == 0) {
+    const std::string path = address.substr(5);
+    SocketAddress a;
+    auto* un = reinterpret_cast<sockaddr_un*>(&a.storage);
+    KJ_REQUIRE(path.size() < sizeof(un->sun_path), "Unix socket path too long", path);
+    un->sun_family = AF_UNIX;
+    std::memcpy(un->sun_path, path.c_str(), path.size() + 1);
+    a.length = offsetof(sockaddr_un, sun_path) + path.size() + 1;
+    return connect_to(port, a);
+  }
+  // "host:port" or "[v6addr]:port"
+  const size_t colon = address.rfind(':');
+  KJ_REQUIRE(colon != std::string::npos && colon + 1 < address.size(), "address needs a port (host:port)", address);
+  std::string host = address.substr(0, colon);
+  const std::string service = address.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  SocketAddress a;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&a.storage);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&a.storage);
+  char* end = nullptr;
+  const unsigned long port_number = std::strtoul(service.c_str(), &end, 10);
+  const bool numeric_port = end != nullptr && *end == '\0' && port_number <= 65535;
+  if (numeric_port && ::inet_pton(AF_INET, host.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(static_cast<uint16_t>(port_number));
+    a.length = sizeof(sockaddr_in);
+    return connect_to(port, a);
+  }
+  if (numeric_port && ::inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(static_cast<uint16_t>(port_number));
+    a.length = sizeof(sockaddr_in6);
+    return connect_to(port, a);
+  }
+  return resolve_off_loop(host, service).then([&port](Addresses addrs) {
+    KJ_REQUIRE(addrs->size() > 0, "host name resolved to no address");
+    return connect_any(port, kj::mv(*addrs), 0);
+  });
+}
+
+}  // namespace ps

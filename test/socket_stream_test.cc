@@ -1,0 +1,216 @@
+// ps::SocketStream (common/socket_stream.h): reads through its buffer and
+// around it, writes of many pieces, the end of stream when it comes with
+// the last data, and connect_socket for TCP, host names and Unix sockets.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <kj/async-unix.h>
+#include <kj/debug.h>
+
+#include "socket_stream.h"
+
+namespace {
+
+struct Loop {
+  kj::UnixEventPort port;
+  kj::EventLoop loop{port};
+  kj::WaitScope ws{loop};
+
+  // Waits for p, failing the test (not hanging) after 5 s.
+  template <typename T>
+  T wait(kj::Promise<T> p) {
+    return port.getTimer().timeoutAfter(5 * kj::SECONDS, kj::mv(p)).wait(ws);
+  }
+};
+
+struct Pair {
+  kj::Own<kj::AsyncIoStream> a, b;
+};
+
+Pair socket_pair(Loop& l) {
+  int fds[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  return {ps::wrap_socket(l.port, fds[0]), ps::wrap_socket(l.port, fds[1])};
+}
+
+std::vector<kj::byte> random_bytes(size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::vector<kj::byte> v(n);
+  for (auto& b : v) b = static_cast<kj::byte>(rng());
+  return v;
+}
+
+// A listening socket on 127.0.0.1 with a free port.
+struct Listener {
+  int fd = -1;
+  int port = 0;
+  Listener() {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    socklen_t len = sizeof(addr);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    port = ntohs(addr.sin_port);
+    REQUIRE(::listen(fd, 4) == 0);
+  }
+  ~Listener() { ::close(fd); }
+};
+
+}  // namespace
+
+TEST_CASE("messages of every size arrive whole and in order") {
+  Loop l;
+  auto [a, b] = socket_pair(l);
+  // Small ones share the read buffer; 200 KiB and 1 MiB go around it.
+  const std::vector<size_t> sizes = {8, 1, 100, 4096, 65535, 65536, 200000, 3, 1 << 20, 17};
+  std::vector<std::vector<kj::byte>> sent;
+  for (size_t i = 0; i < sizes.size(); ++i) sent.push_back(random_bytes(sizes[i], static_cast<unsigned>(i)));
+  kj::Vector<kj::ArrayPtr<const kj::byte>> pieces;
+  for (auto& s : sent) pieces.add(kj::arrayPtr(s.data(), s.size()));
+  auto writing = a->write(pieces.asPtr());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::vector<kj::byte> got(sizes[i]);
+    REQUIRE(l.wait(b->read(got.data(), got.size(), got.size())) == sizes[i]);
+    REQUIRE(got == sent[i]);
+  }
+  l.wait(kj::mv(writing));
+}
+
+TEST_CASE("tryRead returns what is there once min bytes have come") {
+  Loop l;
+  auto [a, b] = socket_pair(l);
+  auto data = random_bytes(300, 7);
+  l.wait(a->write(data.data(), data.size()));
+  std::vector<kj::byte> got(1000);
+  const size_t n = l.wait(b->tryRead(got.data(), 10, got.size()));
+  REQUIRE(n == 300);
+  REQUIRE(std::memcmp(got.data(), data.data(), 300) == 0);
+}
+
+TEST_CASE("a write of more pieces than one sendmsg takes, larger than the socket buffer") {
+  Loop l;
+  auto [a, b] = socket_pair(l);
+  std::vector<std::vector<kj::byte>> parts;
+  kj::Vector<kj::ArrayPtr<const kj::byte>> pieces;
+  size_t total = 0;
+  for (unsigned i = 0; i < 300; ++i) {
+    parts.push_back(random_bytes(10000 + i, i));
+    total += parts.back().size();
+  }
+  for (auto& p : parts) pieces.add(kj::arrayPtr(p.data(), p.size()));
+  auto writing = a->write(pieces.asPtr());
+  std::vector<kj::byte> got(total);
+  REQUIRE(l.wait(b->read(got.data(), got.size(), got.size())) == total);
+  l.wait(kj::mv(writing));
+  size_t at = 0;
+  for (auto& p : parts) {
+    REQUIRE(std::memcmp(got.data() + at, p.data(), p.size()) == 0);
+    at += p.size();
+  }
+}
+
+TEST_CASE("the end of stream is seen when it comes together with the last data") {
+  Loop l;
+  auto [a, b] = socket_pair(l);
+  std::vector<kj::byte> got(64);
+  // First a read that comes back short, so the stream learns the socket is
+  // drained; then data and hang-up in one go.
+  l.wait(a->write("hello", 5));
+  REQUIRE(l.wait(b->tryRead(got.data(), 1, got.size())) == 5);
+  auto last = random_bytes(40, 3);
+  l.wait(a->write(last.data(), last.size()));
+  a->shutdownWrite();
+  REQUIRE(l.wait(b->tryRead(got.data(), 1, got.size())) == 40);
+  REQUIRE(l.wait(b->tryRead(got.data(), 1, got.size())) == 0);  // not a hang
+}
+
+TEST_CASE("the end of stream after a quiet spell is seen") {
+  Loop l;
+  auto [a, b] = socket_pair(l);
+  std::vector<kj::byte> got(64);
+  l.wait(a->write("abc", 3));
+  REQUIRE(l.wait(b->tryRead(got.data(), 1, got.size())) == 3);
+  auto reading = b->tryRead(got.data(), 1, got.size());
+  l.wait(l.port.getTimer().afterDelay(20 * kj::MILLISECONDS));
+  a = nullptr;  // closes the socket
+  REQUIRE(l.wait(kj::mv(reading)) == 0);
+}
+
+TEST_CASE("writing to a closed peer is an error, not SIGPIPE") {
+  Loop l;
+  auto [a, b] = socket_pair(l);
+  b = nullptr;
+  auto data = random_bytes(1 << 20, 9);
+  REQUIRE_THROWS_AS(l.wait(a->write(data.data(), data.size())), kj::Exception);
+}
+
+TEST_CASE("connect_socket reaches numeric, named and Unix-socket addresses") {
+  Loop l;
+  SECTION("127.0.0.1") {
+    Listener listener;
+    auto stream = l.wait(ps::connect_socket(l.port, "127.0.0.1:" + std::to_string(listener.port)));
+    int peer = ::accept(listener.fd, nullptr, nullptr);
+    REQUIRE(peer >= 0);
+    REQUIRE(::write(peer, "ok", 2) == 2);
+    char got[2];
+    REQUIRE(l.wait(stream->read(got, 2, 2)) == 2);
+    REQUIRE(std::string(got, 2) == "ok");
+    ::close(peer);
+  }
+  SECTION("localhost (resolved off the loop)") {
+    Listener listener;
+    auto stream = l.wait(ps::connect_socket(l.port, "localhost:" + std::to_string(listener.port)));
+    int peer = ::accept(listener.fd, nullptr, nullptr);
+    REQUIRE(peer >= 0);
+    ::close(peer);
+  }
+  SECTION("unix:/path") {
+    const std::string path = std::filesystem::temp_directory_path() / ("socket-stream-test-" + std::to_string(getpid()));
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un un{};
+    un.sun_family = AF_UNIX;
+    std::strcpy(un.sun_path, path.c_str());
+    ::unlink(path.c_str());
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&un), sizeof(un)) == 0);
+    REQUIRE(::listen(fd, 1) == 0);
+    auto stream = l.wait(ps::connect_socket(l.port, "unix:" + path));
+    int peer = ::accept(fd, nullptr, nullptr);
+    REQUIRE(peer >= 0);
+    l.wait(stream->write("x", 1));
+    char got = 0;
+    REQUIRE(::read(peer, &got, 1) == 1);
+    REQUIRE(got == 'x');
+    ::close(peer);
+    ::close(fd);
+    ::unlink(path.c_str());
+  }
+}
+
+TEST_CASE("connect_socket failures are exceptions naming the cause") {
+  Loop l;
+  int port;
+  {
+    Listener closed;  // a port nobody listens on once this closes
+    port = closed.port;
+  }
+  try {
+    l.wait(ps::connect_socket(l.port, "127.0.0.1:" + std::to_string(port)));
+    FAIL("connected to a closed port");
+  } catch (const kj::Exception& e) {
+    REQUIRE(e.getType() == kj::Exception::Type::DISCONNECTED);
+  }
+  REQUIRE_THROWS_AS(l.wait(ps::connect_socket(l.port, "no-port-here")), kj::Exception);
+  REQUIRE_THROWS_AS(l.wait(ps::connect_socket(l.port, "host.invalid:1234")), kj::Exception);
+}

@@ -3,6 +3,7 @@
 //
 //   build/bench/push_pull_bench                     # starts its own psd
 //   build/bench/push_pull_bench --reps 30 --sizes 4K,64K,1M,4M,16M,64M
+//   build/bench/push_pull_bench --part_kb 4096 --request_kb 8192   # one 4 MiB part per message
 //
 // Plain TCP reference: the same payload written in 1 MiB pieces from one
 // thread to another over a loopback socket (the two pinned to different cores),
@@ -263,12 +264,14 @@ int main(int argc, char** argv) {
   int reps = 20;
   bool with_unix = true;
   std::size_t chunk_kb = ps::kDefaultChunkBytes >> 10;
+  std::size_t part_kb = ps::kDefaultPartBytes >> 10;
   std::size_t request_kb = ps::ClientOptions{}.max_request_bytes >> 10;
   app.add_option("--psd", psd_binary, "psd binary to start")->capture_default_str();
   app.add_option("--sizes", sizes_flag, "payload sizes")->capture_default_str();
   app.add_option("--reps", reps, "repetitions per measurement (median reported)")->capture_default_str();
   app.add_option("--unix", with_unix, "also measure the Unix-domain-socket path")->capture_default_str();
   app.add_option("--chunk_kb", chunk_kb, "ClientOptions::chunk_bytes, in KiB")->capture_default_str();
+  app.add_option("--part_kb", part_kb, "ClientOptions::part_bytes, in KiB")->capture_default_str();
   app.add_option("--request_kb", request_kb, "ClientOptions::max_request_bytes, in KiB")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
@@ -289,6 +292,7 @@ int main(int argc, char** argv) {
     Psd psd(psd_binary, sock);
     ps::ClientOptions opts;
     opts.chunk_bytes = chunk_kb << 10;
+    opts.part_bytes = part_kb << 10;
     opts.max_request_bytes = request_kb << 10;
     opts.ps_hosts = {use_unix ? "unix:" + sock : "127.0.0.1:" + std::to_string(psd.port)};
     std::printf("psd over %s, 1 client (median of %d):\n", label, reps);

@@ -56,7 +56,8 @@ PushStatus from_wire(wire::PushStatus s) {
 struct Client::Impl : kj::TaskSet::ErrorHandler {
   explicit Impl(ClientOptions o)
       : options(std::move(o)),
-        placement(std::max<int>(1, static_cast<int>(options.ps_hosts.size())), options.placement, options.chunk_bytes) {}
+        placement(std::max<int>(1, static_cast<int>(options.ps_hosts.size())), options.placement, options.chunk_bytes,
+                  options.part_bytes) {}
 
   ~Impl() {
     loop.run([this] {
@@ -211,11 +212,11 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     uint64_t smallest = std::numeric_limits<uint64_t>::max();
     for (auto& s : shards) smallest = std::min(smallest, s->max_message_bytes);
     if (smallest <= kMessageSlack + sizeof(float)) throw ConfigError("psd's message size limit is too small");
-    max_batch_bytes = std::min<uint64_t>(smallest - kMessageSlack,
-                                         std::max<uint64_t>(options.max_request_bytes, options.chunk_bytes));
-    if (options.chunk_bytes > max_batch_bytes) {
-      throw ConfigError("chunk size " + std::to_string(options.chunk_bytes) + " bytes exceeds what psd accepts in one message (" +
-                        std::to_string(max_batch_bytes) + "); lower ClientOptions::chunk_bytes or raise psd --max_message_mb");
+    const uint64_t part = std::min(options.part_bytes, options.chunk_bytes);
+    max_batch_bytes = std::min<uint64_t>(smallest - kMessageSlack, std::max<uint64_t>(options.max_request_bytes, part));
+    if (part > max_batch_bytes) {
+      throw ConfigError("part size " + std::to_string(part) + " bytes exceeds what psd accepts in one message (" +
+                        std::to_string(max_batch_bytes) + "); lower ClientOptions::part_bytes or raise psd --max_message_mb");
     }
   }
 

@@ -6,10 +6,11 @@
 
 namespace ps {
 
-Placement::Placement(int num_shards, PlacementPolicy policy, std::size_t chunk_bytes)
-    : num_shards_(num_shards), policy_(policy), chunk_bytes_(chunk_bytes) {
+Placement::Placement(int num_shards, PlacementPolicy policy, std::size_t chunk_bytes, std::size_t part_bytes)
+    : num_shards_(num_shards), policy_(policy), chunk_bytes_(chunk_bytes), part_bytes_(std::min(part_bytes, chunk_bytes)) {
   if (num_shards < 1) throw ConfigError("placement needs at least one shard, got " + std::to_string(num_shards));
   if (chunk_bytes < sizeof(float)) throw ConfigError("chunk size must hold at least one float");
+  if (part_bytes < sizeof(float)) throw ConfigError("part size must hold at least one float");
   shard_bytes_.assign(num_shards, 0);
 }
 
@@ -38,20 +39,29 @@ const PlacedTensor& Placement::add(const TensorSpec& spec) {
   }
   const uint64_t n = spec.num_elements();
   if (n == 0) throw ConfigError("tensor '" + spec.name + "' has no elements: shape " + shape_to_string(spec.shape));
-  const uint64_t per_part = chunk_bytes_ / sizeof(float);
-  const uint64_t num_parts = (n + per_part - 1) / per_part;
+  const uint64_t per_chunk = chunk_bytes_ / sizeof(float);
+  const uint64_t per_part = part_bytes_ / sizeof(float);
+  const uint64_t parts_per_chunk = (per_chunk + per_part - 1) / per_part;
+  const uint64_t num_chunks = (n + per_chunk - 1) / per_chunk;
+  const uint64_t last_chunk = n - (num_chunks - 1) * per_chunk;
+  const uint64_t num_parts = (num_chunks - 1) * parts_per_chunk + (last_chunk + per_part - 1) / per_part;
 
   PlacedTensor placed{spec, {}};
-  for (uint64_t i = 0; i < num_parts; ++i) {
-    Part part;
-    part.index = static_cast<uint32_t>(i);
-    part.num_parts = static_cast<uint32_t>(num_parts);
-    part.offset = i * per_part;
-    part.count = std::min(per_part, n - part.offset);
-    part.stored_name = num_parts == 1 ? spec.name : part_name(spec.name, part.index);
-    part.shard = pick_shard();
-    shard_bytes_[part.shard] += part.count * sizeof(float);
-    placed.parts.push_back(std::move(part));
+  for (uint64_t c = 0; c < num_chunks; ++c) {
+    const int shard = pick_shard();
+    const uint64_t chunk_start = c * per_chunk;
+    const uint64_t chunk_end = std::min(n, chunk_start + per_chunk);
+    for (uint64_t offset = chunk_start; offset < chunk_end; offset += per_part) {
+      Part part;
+      part.index = static_cast<uint32_t>(placed.parts.size());
+      part.num_parts = static_cast<uint32_t>(num_parts);
+      part.offset = offset;
+      part.count = std::min(per_part, chunk_end - offset);
+      part.stored_name = num_parts == 1 ? spec.name : part_name(spec.name, part.index);
+      part.shard = shard;
+      shard_bytes_[shard] += part.count * sizeof(float);
+      placed.parts.push_back(std::move(part));
+    }
   }
   index_[spec.name] = tensors_.size();
   tensors_.push_back(std::move(placed));

@@ -15,6 +15,8 @@
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <unordered_map>
+#include <vector>
 
 #include <kj/debug.h>
 #include <kj/vector.h>
@@ -25,9 +27,9 @@ namespace {
 
 constexpr size_t kBufferBytes = 64u << 10;
 
-class SocketStream final : public kj::AsyncIoStream {
+class SocketStreamImpl final : public SocketStream {
  public:
-  SocketStream(kj::UnixEventPort& port, int fd)
+  SocketStreamImpl(kj::UnixEventPort& port, int fd)
       : fd_(fd), observer_(port, fd, kj::UnixEventPort::FdObserver::OBSERVE_READ_WRITE) {}
 
   kj::Promise<size_t> tryRead(void* buffer, size_t min_bytes, size_t max_bytes) override {
@@ -37,11 +39,23 @@ class SocketStream final : public kj::AsyncIoStream {
   kj::Promise<void> write(const void* buffer, size_t size) override {
     // One write at a time (kj's rule), so one member holds the piece.
     single_piece_ = kj::arrayPtr(static_cast<const kj::byte*>(buffer), size);
-    return write_more(kj::arrayPtr(&single_piece_, 1), 0);
+    return write(kj::arrayPtr(&single_piece_, 1));
   }
 
   kj::Promise<void> write(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> pieces) override {
-    return write_more(pieces, 0);
+    if (holds_.empty()) return write_more(pieces, 0);
+    std::vector<std::shared_ptr<const void>> released;
+    for (const auto& piece : pieces) {
+      auto it = holds_.find(piece.begin());
+      if (it == holds_.end()) continue;
+      released.push_back(std::move(it->second));
+      holds_.erase(it);
+    }
+    return write_more(pieces, 0).attach(kj::mv(released));
+  }
+
+  void hold_until_sent(const void* data, std::shared_ptr<const void> hold) override {
+    holds_.emplace(static_cast<const kj::byte*>(data), std::move(hold));
   }
 
   kj::Promise<void> whenWriteDisconnected() override {
@@ -173,6 +187,7 @@ class SocketStream final : public kj::AsyncIoStream {
   kj::Maybe<kj::Promise<void>> readable_;
   kj::Maybe<kj::ForkedPromise<void>> disconnected_;
   kj::ArrayPtr<const kj::byte> single_piece_;
+  std::unordered_multimap<const kj::byte*, std::shared_ptr<const void>> holds_;
 };
 
 struct SocketAddress {
@@ -191,7 +206,7 @@ kj::Promise<kj::Own<kj::AsyncIoStream>> connect_to(kj::UnixEventPort& port, cons
   const int family = addr.storage.ss_family;
   int fd;
   KJ_SYSCALL(fd = ::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  auto stream = kj::heap<SocketStream>(port, fd);
+  auto stream = kj::heap<SocketStreamImpl>(port, fd);
   if (family != AF_UNIX) {
     int one = 1;
     KJ_SYSCALL(::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)));
@@ -258,9 +273,9 @@ kj::Promise<Addresses> resolve_off_loop(std::string host, std::string service) {
 
 }  // namespace
 
-kj::Own<kj::AsyncIoStream> wrap_socket(kj::UnixEventPort& port, int fd) {
+kj::Own<SocketStream> wrap_socket(kj::UnixEventPort& port, int fd) {
   make_nonblocking(fd);
-  return kj::heap<SocketStream>(port, fd);
+  return kj::heap<SocketStreamImpl>(port, fd);
 }
 
 kj::Promise<kj::Own<kj::AsyncIoStream>> connect_socket(kj::UnixEventPort& port, const std::string& address) {

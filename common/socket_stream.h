@@ -14,6 +14,7 @@
 // loop it owns (client/client_loop.h).
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include <kj/async-io.h>
@@ -21,8 +22,20 @@
 
 namespace ps {
 
+class SocketStream : public kj::AsyncIoStream {
+ public:
+  // Keeps `hold` alive until a write that sends a piece starting at `data`
+  // has completed (or the stream is destroyed). For Cap'n Proto messages
+  // that reference memory outside themselves (Orphanage::
+  // referenceExternalData, which capnp writes as a piece of its own): psd
+  // sends a tensor's values without copying them into the reply, holding
+  // them (a copy-on-write view) until they are on the wire. Holds on the
+  // same address are interchangeable: each such write releases one.
+  virtual void hold_until_sent(const void* data, std::shared_ptr<const void> hold) = 0;
+};
+
 // Takes ownership of `fd` (made non-blocking, closed with the stream).
-kj::Own<kj::AsyncIoStream> wrap_socket(kj::UnixEventPort& port, int fd);
+kj::Own<SocketStream> wrap_socket(kj::UnixEventPort& port, int fd);
 
 // Connects to "host:port", "[v6addr]:port" or "unix:/path", trying every
 // address the name resolves to. Host names are resolved on a short-lived

@@ -1,5 +1,9 @@
 #include "compute_pool.h"
 
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+
 #include <kj/debug.h>
 
 #include "ps/errors.h"
@@ -39,17 +43,43 @@ kj::Promise<void> ComputePool::run(uint64_t key, std::function<void()> fn) {
       return to_kj(std::current_exception());
     }
   }
+  // fn() typically works on memory of the call that asked for it (a
+  // request's gradient, a reply being built). If that call is cancelled (its
+  // client went away) the promise is dropped: a task not started yet is
+  // skipped, one running is waited for, so fn() never outlives that memory.
+  struct Task {
+    std::mutex mutex;
+    std::condition_variable cv;
+    enum { kQueued, kRunning, kDone, kCancelled } state = kQueued;
+  };
+  auto task = std::make_shared<Task>();
   auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
   asio::post(strands_[key % strands_.size()],
-             [fn = std::move(fn), fulfiller = kj::mv(paf.fulfiller)]() mutable {
+             [fn = std::move(fn), fulfiller = kj::mv(paf.fulfiller), task]() mutable {
+               {
+                 std::lock_guard lock(task->mutex);
+                 if (task->state == Task::kCancelled) return;
+                 task->state = Task::kRunning;
+               }
+               std::exception_ptr error;
                try {
                  fn();
-                 fulfiller->fulfill();
                } catch (...) {
-                 fulfiller->reject(to_kj(std::current_exception()));
+                 error = std::current_exception();
                }
+               {
+                 std::lock_guard lock(task->mutex);
+                 task->state = Task::kDone;
+               }
+               task->cv.notify_all();
+               if (error) fulfiller->reject(to_kj(error));
+               else fulfiller->fulfill();
              });
-  return kj::mv(paf.promise);
+  return paf.promise.attach(kj::defer([task] {
+    std::unique_lock lock(task->mutex);
+    if (task->state == Task::kQueued) task->state = Task::kCancelled;
+    task->cv.wait(lock, [&] { return task->state != Task::kRunning; });
+  }));
 }
 
 }  // namespace ps

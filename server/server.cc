@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <fstream>
 #include <list>
 
@@ -30,12 +31,13 @@ void write_port_file(const std::string& path, int port) {
 // One accepted connection: its stream, the two-party network over it and the
 // RPC system serving a ShardServiceImpl as bootstrap.
 struct Connection {
-  Connection(kj::Own<kj::AsyncIoStream> s, Shard& shard, std::string peer, capnp::ReaderOptions reader,
+  Connection(kj::Own<SocketStream> s, Shard& shard, std::string peer, capnp::ReaderOptions reader,
              std::string refusal = "")
       : stream(kj::mv(s)),
         network(*stream, capnp::rpc::twoparty::Side::SERVER, reader),
-        rpc(capnp::makeRpcServer(network, kj::heap<ShardServiceImpl>(shard, std::move(peer), std::move(refusal)))) {}
-  kj::Own<kj::AsyncIoStream> stream;
+        rpc(capnp::makeRpcServer(network, kj::heap<ShardServiceImpl>(shard, std::move(peer), std::move(refusal),
+                                                                     stream.get()))) {}
+  kj::Own<SocketStream> stream;
   capnp::TwoPartyVatNetwork network;
   capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
 };
@@ -77,8 +79,10 @@ struct PsServer::Impl : kj::TaskSet::ErrorHandler {
 
   kj::Promise<void> accept_loop(kj::ConnectionReceiver& listener, std::string kind) {
     return listener.accept().then([this, &listener, kind](kj::Own<kj::AsyncIoStream>&& accepted) {
-      kj::Own<kj::AsyncIoStream> stream = rewrap(kj::mv(accepted));
-      if (connections.size() >= options.max_connections) {
+      kj::Own<SocketStream> stream = rewrap(kj::mv(accepted));
+      if (!stream) {
+        spdlog::warn("dropped a {} connection: cannot take over its socket: {}", kind, strerror(errno));
+      } else if (connections.size() >= options.max_connections) {
         spdlog::warn("refused a {} connection: already serving {} (--max_connections)", kind, connections.size());
         serve_refusal(kj::mv(stream), kind);
       } else {
@@ -99,19 +103,22 @@ struct PsServer::Impl : kj::TaskSet::ErrorHandler {
   }
 
   // The accepted socket as a ps::SocketStream (common/socket_stream.h):
-  // fewer system calls per message than kj's own stream.
-  kj::Own<kj::AsyncIoStream> rewrap(kj::Own<kj::AsyncIoStream> stream) {
+  // fewer system calls per message than kj's own stream, and pull replies
+  // sent from tensor memory. Null (errno set) if the fd cannot be had.
+  kj::Own<SocketStream> rewrap(kj::Own<kj::AsyncIoStream> stream) {
     KJ_IF_MAYBE(fd, stream->getFd()) {
       const int copy = ::dup(*fd);
       if (copy >= 0) return wrap_socket(io.unixEventPort, copy);
+    } else {
+      errno = ENOTSOCK;
     }
-    return stream;
+    return kj::Own<SocketStream>();
   }
 
   // Past --max_connections a peer still gets an answer it can show (every
   // call fails with the reason) instead of a bare hang-up; a few such
   // connections at most, beyond that they are just closed.
-  void serve_refusal(kj::Own<kj::AsyncIoStream> stream, const std::string& kind) {
+  void serve_refusal(kj::Own<SocketStream> stream, const std::string& kind) {
     if (refused.size() >= 16) return;
     std::string peer = peer_name(*stream, kind);
     capnp::ReaderOptions reader;

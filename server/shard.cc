@@ -4,8 +4,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <set>
 
+#include <capnp/orphan.h>
 #include <spdlog/spdlog.h>
 
 #include "ps/errors.h"
@@ -40,10 +42,12 @@ std::optional<PartMeta> part_from_wire(wire::TensorSpec::Reader spec) {
 }
 
 bool all_finite(std::span<const float> v) {
-  // Summing x - x is NaN exactly when some x is NaN or Inf, and vectorises.
-  float acc = 0.0f;
-  for (float x : v) acc += x - x;
-  return acc == 0.0f;
+  // |x| <= FLT_MAX is false exactly for NaN and +-Inf. A compare and an OR
+  // vectorise on plain SSE2 (30 GB/s here); a float sum does not without
+  // -ffast-math, nor does an unsigned max (7 GB/s: slower than the apply).
+  int bad = 0;
+  for (float x : v) bad |= !(std::abs(x) <= std::numeric_limits<float>::max());
+  return bad == 0;
 }
 
 class LogErrors final : public kj::TaskSet::ErrorHandler {
@@ -149,26 +153,50 @@ kj::Promise<void> Shard::pull(const Caller& caller, wire::Shard::PullParams::Rea
   kj::Promise<void> wait = kj::READY_NOW;
   if (job_.config().mode == SyncMode::kSync) wait = job_.wait_for_step(min_step);
   if (job_.config().mode == SyncMode::kBoundedStaleness) wait = job_.wait_for_staleness(min_step);
-  return wait.then([this, tensors = std::move(tensors), results]() mutable {
-    return read_tensors(std::move(tensors), results);
+  return wait.then([this, tensors = std::move(tensors), results, stream = caller.stream]() mutable {
+    return read_tensors(std::move(tensors), results, stream);
   });
 }
 
-kj::Promise<void> Shard::read_tensors(std::vector<StoredTensor*> tensors, wire::Shard::PullResults::Builder results) {
+kj::Promise<void> Shard::read_tensors(std::vector<StoredTensor*> tensors, wire::Shard::PullResults::Builder results,
+                                      SocketStream* stream) {
+  // Tensors from this size up are sent from their own memory (a
+  // copy-on-write view held by the stream until written) rather than copied
+  // into the reply: no memset and memcpy on the event loop before the send.
+  // Each is a message segment of its own; readers refuse messages of 512
+  // segments or more, hence the cap per reply.
+  constexpr uint64_t kSendInPlaceBytes = 64u << 10;
+  constexpr unsigned kMaxInPlacePerReply = 64;
   auto out = results.initTensors(static_cast<unsigned>(tensors.size()));
   results.setStep(job_.global_step());
+  auto orphanage = capnp::Orphanage::getForMessageContaining(results);
   kj::Vector<kj::Promise<void>> copies;
   uint64_t bytes = 0;
+  unsigned in_place = 0;
   for (unsigned i = 0; i < tensors.size(); ++i) {
     StoredTensor* t = tensors[i];
     auto entry = out[i];
     entry.setName(t->spec().name);
-    auto data = entry.initValues(static_cast<unsigned>(t->size() * sizeof(float)));
-    std::span<float> dst(reinterpret_cast<float*>(data.begin()), t->size());
-    bytes += data.size();
-    // Reads go through the tensor's strand, so a pull that starts after a
-    // sync step's commit sees all of that step's updates.
-    copies.add(run_on(t, [t, dst, entry]() mutable { entry.setVersion(t->read(dst)); }));
+    const uint64_t size = t->size() * sizeof(float);
+    bytes += size;
+    const bool send_in_place = stream != nullptr && size >= kSendInPlaceBytes && size % sizeof(capnp::word) == 0 &&
+                               in_place < kMaxInPlacePerReply;
+    in_place += send_in_place;
+    // The view is taken on the tensor's strand, so a pull that starts after
+    // a sync step's commit sees all of that step's updates. It is shared
+    // with the strand's task, which may outlive a cancelled call.
+    auto view = std::make_shared<StoredTensor::View>();
+    copies.add(run_on(t, [t, view] { *view = t->view(); }).then([entry, orphanage, stream, view, send_in_place]() mutable {
+      auto data = kj::arrayPtr(reinterpret_cast<const kj::byte*>(view->values->data()),
+                               view->values->size() * sizeof(float));
+      entry.setVersion(view->version);
+      if (send_in_place) {
+        entry.adoptValues(orphanage.referenceExternalData(data));
+        stream->hold_until_sent(data.begin(), std::move(view->values));
+      } else {
+        entry.setValues(data);
+      }
+    }));
   }
   counters_.pulls += tensors.size();
   counters_.bytes_out += bytes;

@@ -36,6 +36,7 @@
 #include "checkpoint_file.h"
 #include "ps.capnp.h"
 #include "request_log.h"
+#include "socket_stream.h"
 #include "tensor_store.h"
 
 namespace ps {
@@ -44,7 +45,7 @@ struct ShardOptions {
   uint32_t shard_index = 0;
   uint32_t num_shards = 1;
   bool allow_nonfinite = false;            // accept NaN/Inf gradients (refused by default)
-  uint64_t inline_bytes = 1u << 20;        // smaller updates and reads run on the event loop
+  uint64_t inline_bytes = 1024u << 10;   // smaller updates and reads run on the event loop
   uint64_t max_message_bytes = 80u << 20;  // advertised to clients; enforced by the RPC reader
   StoreLimits limits;
   std::string auth_token;                  // non-empty: hello must carry it
@@ -87,6 +88,9 @@ struct Caller {
   int worker_index = -1;
   bool is_chief = false;
   std::string peer;
+  // The caller's connection: pull replies send large tensors straight from
+  // their memory, held here until written (null: always copy).
+  SocketStream* stream = nullptr;
 };
 
 class Shard {
@@ -162,7 +166,8 @@ class Shard {
     bool complete = false;
   };
 
-  kj::Promise<void> read_tensors(std::vector<StoredTensor*> tensors, wire::Shard::PullResults::Builder results);
+  kj::Promise<void> read_tensors(std::vector<StoredTensor*> tensors, wire::Shard::PullResults::Builder results,
+                                 SocketStream* stream);
   kj::Promise<void> run_on(StoredTensor* t, std::function<void()> fn);
   // t->apply(g, scale), timed into apply_latency_; runs on any thread.
   void timed_apply(StoredTensor* t, std::span<const float> g, float scale);

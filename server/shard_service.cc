@@ -10,9 +10,10 @@
 
 namespace ps {
 
-ShardServiceImpl::ShardServiceImpl(Shard& shard, std::string peer, std::string refusal)
+ShardServiceImpl::ShardServiceImpl(Shard& shard, std::string peer, std::string refusal, SocketStream* stream)
     : shard_(shard), refusal_(std::move(refusal)) {
   caller_.peer = std::move(peer);
+  caller_.stream = stream;
   if (refusal_.empty()) ++shard_.counters().connections;
 }
 

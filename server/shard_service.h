@@ -13,7 +13,8 @@ class ShardServiceImpl final : public wire::Shard::Server {
  public:
   // A non-empty `refusal` answers every call with that message (a
   // connection past --max_connections).
-  ShardServiceImpl(Shard& shard, std::string peer, std::string refusal = "");
+  // `stream`: the connection's, when it is a SocketStream (see Caller).
+  ShardServiceImpl(Shard& shard, std::string peer, std::string refusal = "", SocketStream* stream = nullptr);
   ~ShardServiceImpl();
 
   kj::Promise<void> hello(HelloContext context) override;

@@ -17,10 +17,11 @@ StoredTensor::StoredTensor(uint64_t id, TensorSpec spec, std::optional<PartMeta>
         return s;
       }()),
       part_(std::move(part)),
-      optimizer_(make_optimizer(spec.optimizer)) {
-  values_.resize(spec.num_elements());
-  initialize(values_, spec.init, part_ ? part_->full_shape : spec.shape, part_ ? part_->index : 0);
-  slots_ = optimizer_->make_slots(values_.size());
+      optimizer_(make_optimizer(spec.optimizer)),
+      size_(spec.num_elements()),
+      values_(std::make_shared<std::vector<float>>(size_)) {
+  initialize(*values_, spec.init, part_ ? part_->full_shape : spec.shape, part_ ? part_->index : 0);
+  slots_ = optimizer_->make_slots(size_);
   if (!spec.slots.empty()) slots_ = std::move(spec.slots);  // restore (validated by TensorStore)
   version_ = spec.version;
 }
@@ -28,7 +29,7 @@ StoredTensor::StoredTensor(uint64_t id, TensorSpec spec, std::optional<PartMeta>
 StoredTensor::Snapshot StoredTensor::snapshot() const {
   Snapshot s;
   std::shared_lock lock(mutex_);
-  s.values = values_;
+  s.values = *values_;
   s.slots = slots_;
   s.version = version_;
   return s;
@@ -36,13 +37,21 @@ StoredTensor::Snapshot StoredTensor::snapshot() const {
 
 uint64_t StoredTensor::read(std::span<float> out) const {
   std::shared_lock lock(mutex_);
-  std::copy(values_.begin(), values_.end(), out.begin());
+  std::copy(values_->begin(), values_->end(), out.begin());
   return version_;
+}
+
+StoredTensor::View StoredTensor::view() const {
+  std::shared_lock lock(mutex_);
+  return {values_, version_};
 }
 
 void StoredTensor::apply(std::span<const float> grad, float scale) {
   std::unique_lock lock(mutex_);
-  optimizer_->apply(values_, grad, slots_, static_cast<int64_t>(version_), scale);
+  // Views are only taken under the shared lock, so none can appear now; a
+  // count that is stale high (a view being dropped) costs one copy.
+  if (values_.use_count() > 1) values_ = std::make_shared<std::vector<float>>(*values_);
+  optimizer_->apply(*values_, grad, slots_, static_cast<int64_t>(version_), scale);
   ++version_;
 }
 

@@ -26,10 +26,19 @@ class StoredTensor {
   const TensorSpec& spec() const { return spec_; }
   const std::optional<PartMeta>& part() const { return part_; }
   uint64_t id() const { return id_; }
-  std::size_t size() const { return values_.size(); }
+  std::size_t size() const { return size_; }
 
   // Copies the values out under a shared lock; returns the version read.
   uint64_t read(std::span<float> out) const;
+
+  // The values as they are now, without a copy: an update made while a
+  // view is held writes to a fresh copy of the values (copy on write), so
+  // a view never changes. A pull sends a view straight from memory.
+  struct View {
+    std::shared_ptr<const std::vector<float>> values;
+    uint64_t version = 0;
+  };
+  View view() const;
   // Applies scale * grad with the tensor's optimizer under an exclusive lock.
   void apply(std::span<const float> grad, float scale);
   uint64_t version() const;
@@ -49,8 +58,9 @@ class StoredTensor {
   const TensorSpec spec_;  // init values are dropped once used
   const std::optional<PartMeta> part_;
   const std::unique_ptr<Optimizer> optimizer_;
+  const std::size_t size_;
   mutable std::shared_mutex mutex_;
-  std::vector<float> values_;
+  std::shared_ptr<std::vector<float>> values_;  // shared with views (see view())
   std::vector<std::vector<float>> slots_;
   uint64_t version_ = 0;
 };

@@ -124,6 +124,46 @@ TEST_CASE("concurrent pushes from threads sum exactly") {
   CHECK(check.stats()[0].pushes == uint64_t(threads * pushes));
 }
 
+TEST_CASE("pulls racing pushes never see a half-updated tensor") {
+  // psd sends large tensors from their own memory; an update while a reply
+  // is on its way must go to a copy. Every push adds 1 to every element, so
+  // any pulled part must be uniform: a mix would be a torn read.
+  PsdProcess psd;
+  const uint64_t n = GENERATE(uint64_t{1} << 18, uint64_t{1} << 20);  // 1 MiB (applied on the loop), 4 MiB (on the pool)
+  ClientOptions o = options_for({&psd});
+  o.part_bytes = n * sizeof(float);
+  {
+    Client setup(o);
+    setup.create({sgd_tensor("w", {n})});
+  }
+  std::atomic<bool> stop{false};
+  std::thread pusher([&] {
+    Client c(o);
+    c.declare({sgd_tensor("w", {n})});
+    std::vector<float> g(n, -1.0f);
+    for (int i = 0; i < 60 && !stop; ++i) c.push("w", g);
+    stop = true;
+  });
+  Client reader(o);
+  reader.declare({sgd_tensor("w", {n})});
+  std::vector<float> v(n);
+  int pulls = 0, torn = 0;
+  float last = 0.0f;
+  bool monotonic = true;
+  while (!stop || pulls < 5) {
+    reader.pull("w", v);
+    ++pulls;
+    if (std::count(v.begin(), v.end(), v[0]) != static_cast<std::ptrdiff_t>(n)) ++torn;
+    monotonic = monotonic && v[0] >= last;
+    last = v[0];
+  }
+  pusher.join();
+  CHECK(torn == 0);
+  CHECK(monotonic);
+  reader.pull("w", v);
+  CHECK(std::count(v.begin(), v.end(), 60.0f) == static_cast<std::ptrdiff_t>(n));
+}
+
 TEST_CASE("pushes from several processes sum exactly") {
   PsdProcess psd;
   const std::string worker = ps::test::program_path("PUSH_WORKER_BIN");

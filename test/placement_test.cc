@@ -57,6 +57,46 @@ TEST_CASE("tensors over the chunk size are split into parts covering them exactl
   CHECK(parts[0].shard == 1);  // round-robin continues after "x"
 }
 
+TEST_CASE("chunks are stored in parts that share the chunk's shard") {
+  // chunks of 100 floats, parts of 40: 250 floats = [40 40 20] [40 40 20] [40 10]
+  Placement p(3, PlacementPolicy::kRoundRobin, /*chunk_bytes=*/400, /*part_bytes=*/160);
+  const auto& parts = p.add(t("big", {250})).parts;
+  REQUIRE(parts.size() == 8);
+  const std::vector<uint64_t> counts = {40, 40, 20, 40, 40, 20, 40, 10};
+  const std::vector<int> shards = {0, 0, 0, 1, 1, 1, 2, 2};
+  uint64_t next = 0;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    CHECK(parts[i].index == i);
+    CHECK(parts[i].num_parts == 8);
+    CHECK(parts[i].offset == next);
+    CHECK(parts[i].count == counts[i]);
+    CHECK(parts[i].shard == shards[i]);
+    next += parts[i].count;
+  }
+  CHECK(p.shard_bytes(0) == 400);
+  CHECK(p.shard_bytes(2) == 200);
+  // A tensor within one part is not split; one within a chunk stays on one shard.
+  CHECK(p.add(t("small", {40})).parts.size() == 1);
+  const auto& mid = p.add(t("mid", {90})).parts;
+  REQUIRE(mid.size() == 3);
+  CHECK((mid[0].shard == mid[1].shard && mid[1].shard == mid[2].shard));
+}
+
+TEST_CASE("the defaults: 4 MiB chunks over the shards, stored in 1 MiB parts") {
+  Placement p(3, PlacementPolicy::kGreedyBytes);
+  const auto& parts = p.add(t("w", {10u << 18})).parts;  // 10 MiB
+  REQUIRE(parts.size() == 10);
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    CHECK(parts[i].count * sizeof(float) == kDefaultPartBytes);
+    CHECK(parts[i].shard == static_cast<int>(i / 4));
+  }
+  CHECK(p.shard_bytes(0) == kDefaultChunkBytes);
+  CHECK(p.shard_bytes(2) == 2 * kDefaultPartBytes);
+  // Greedy by bytes picks per chunk: the next tensor goes to the lightest shard.
+  CHECK(p.add(t("b", {16})).parts[0].shard == 2);
+  CHECK_THROWS_AS(Placement(1, PlacementPolicy::kRoundRobin, 400, 0), ConfigError);
+}
+
 TEST_CASE("declaring a name twice keeps the first placement or refuses a new shape") {
   Placement p(2, PlacementPolicy::kRoundRobin);
   p.add(t("a", {4}));

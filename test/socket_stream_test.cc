@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -146,6 +147,33 @@ TEST_CASE("the end of stream after a quiet spell is seen") {
   l.wait(l.port.getTimer().afterDelay(20 * kj::MILLISECONDS));
   a = nullptr;  // closes the socket
   REQUIRE(l.wait(kj::mv(reading)) == 0);
+}
+
+TEST_CASE("a hold on sent memory lasts until the write carrying it is done") {
+  Loop l;
+  int fds[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  auto a = ps::wrap_socket(l.port, fds[0]);
+  auto b = ps::wrap_socket(l.port, fds[1]);
+  auto payload = std::make_shared<std::vector<kj::byte>>(random_bytes(3 << 20, 5));  // over the socket buffer
+  std::weak_ptr<std::vector<kj::byte>> watch = payload;
+  a->hold_until_sent(payload->data(), payload);
+  a->hold_until_sent(payload->data(), payload);  // a second reply of the same memory
+  auto* data = payload->data();
+  payload.reset();
+  // A write of other memory releases nothing.
+  l.wait(a->write("header", 6));
+  REQUIRE_FALSE(watch.expired());
+  std::vector<kj::byte> got(6 + (3 << 20));
+  kj::ArrayPtr<const kj::byte> pieces[] = {kj::arrayPtr(data, 3u << 20)};
+  auto writing = a->write(kj::arrayPtr(pieces, 1));
+  REQUIRE(l.wait(b->read(got.data(), got.size(), got.size())) == got.size());
+  l.wait(kj::mv(writing));
+  REQUIRE_FALSE(watch.expired());  // one hold left, for the second reply
+  auto again = a->write(kj::arrayPtr(pieces, 1));
+  REQUIRE(l.wait(b->read(got.data(), 3u << 20, 3u << 20)) == (3u << 20));
+  l.wait(kj::mv(again));
+  REQUIRE(watch.expired());
 }
 
 TEST_CASE("writing to a closed peer is an error, not SIGPIPE") {

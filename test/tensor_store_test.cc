@@ -38,6 +38,28 @@ TEST_CASE("create is idempotent for the same shape and refuses another") {
   CHECK(store.bytes() == 24);
 }
 
+TEST_CASE("a view never changes: updates while it is held go to a copy") {
+  TensorStore store;
+  auto [t, created] = store.create(spec("w", {4}, InitConfig::constant(2.0f)), std::nullopt);
+  REQUIRE(created);
+  StoredTensor::View before = t->view();
+  CHECK(before.version == 0);
+  t->apply(std::vector<float>(4, 0.5f), 1.0f);  // SGD lr 1: 2 - 0.5
+  CHECK(*before.values == std::vector<float>(4, 2.0f));
+  CHECK(read(*t) == std::vector<float>(4, 1.5f));
+  StoredTensor::View after = t->view();
+  CHECK(after.version == 1);
+  CHECK(after.values != before.values);
+  // With no view held the update is in place.
+  const float* storage = after.values->data();
+  before = {};
+  after = {};
+  t->apply(std::vector<float>(4, 0.5f), 1.0f);
+  StoredTensor::View now = t->view();
+  CHECK(now.values->data() == storage);
+  CHECK(*now.values == std::vector<float>(4, 1.0f));
+}
+
 TEST_CASE("bad specs are refused with the tensor's name") {
   TensorStore store(StoreLimits{.max_tensor_bytes = 1024, .max_total_bytes = 2048, .max_tensors = 3});
   CHECK_THROWS_WITH(store.create(spec("", {1}), std::nullopt), Catch::Contains("names"));

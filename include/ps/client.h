@@ -41,7 +41,11 @@ struct ClientOptions {
   // "host:port" or "unix:/path" per shard, in shard order (as --ps_hosts).
   std::vector<std::string> ps_hosts;
   PlacementPolicy placement = PlacementPolicy::kRoundRobin;
+  // Tensors over chunk_bytes are split into chunks spread over the shards;
+  // every tensor is stored and sent in parts of at most part_bytes (the
+  // parts of a chunk share its shard). See ps/placement.h.
   std::size_t chunk_bytes = kDefaultChunkBytes;
+  std::size_t part_bytes = kDefaultPartBytes;
   // How long to keep retrying a shard that is not (yet) listening.
   std::chrono::milliseconds connect_timeout{15000};
   // Longest wait for the answer to a call (0: no limit).
@@ -56,9 +60,10 @@ struct ClientOptions {
   std::string auth_token_file{};
   int worker_index = -1;  // this worker's index in the job; -1 for tools
   bool is_chief = false;  // the one worker that initialises the model (at most one connected)
-  // Largest request sent as one message; bigger requests go as several
-  // pipelined messages, so copying and sending overlap.
-  std::size_t max_request_bytes = 8u << 20;
+  // Largest request sent as one message (whole parts: at least one);
+  // bigger requests go as several pipelined messages, so that copying,
+  // sending and applying overlap.
+  std::size_t max_request_bytes = 1u << 20;
   // Tune glibc (mallopt, process-wide) to keep large freed blocks for reuse:
   // receiving into fresh pages costs ~10x a copy into warm ones.
   bool tune_malloc = true;

@@ -115,17 +115,13 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     return std::move(*value);
   }
 
-  // A future: ready at once when `blocking` (the caller waits anyway).
+  // Blocking (`done` given): the result goes to *done and the future is
+  // empty. Otherwise a future.
   template <typename T, typename Op>
-  std::future<T> run(Op op, std::string context, bool blocking) {
-    if (!blocking) return submit<T>(std::move(op), std::move(context));
-    std::promise<T> p;
-    try {
-      p.set_value(call<T>(std::move(op), context));
-    } catch (...) {
-      p.set_exception(std::current_exception());
-    }
-    return p.get_future();
+  std::future<T> run(Op op, std::string context, T* done) {
+    if (done == nullptr) return submit<T>(std::move(op), std::move(context));
+    *done = call<T>(std::move(op), context);
+    return {};
   }
 
   template <typename T>
@@ -400,11 +396,11 @@ void Client::create(const std::vector<TensorSpec>& specs) {
 
 std::future<PullResult> Client::pull_async(std::vector<std::string> names, std::vector<std::span<float>> out,
                                            int64_t min_step) {
-  return start_pull(std::move(names), std::move(out), min_step, false);
+  return start_pull(std::move(names), std::move(out), min_step, nullptr);
 }
 
 std::future<PullResult> Client::start_pull(std::vector<std::string> names, std::vector<std::span<float>> out,
-                                           int64_t min_step, bool blocking) {
+                                           int64_t min_step, PullResult* done) {
   if (names.size() != out.size()) throw ConfigError("pull: " + std::to_string(names.size()) + " names but " +
                                                     std::to_string(out.size()) + " buffers");
   for (std::size_t i = 0; i < names.size(); ++i) {
@@ -439,12 +435,14 @@ std::future<PullResult> Client::start_pull(std::vector<std::string> names, std::
           return result;
         });
       },
-      "pull: ", blocking);
+      "pull: ", done);
 }
 
 PullResult Client::pull(const std::vector<std::string>& names, const std::vector<std::span<float>>& out,
                         int64_t min_step) {
-  return start_pull(names, out, min_step, true).get();
+  PullResult result;
+  start_pull(names, out, min_step, &result);
+  return result;
 }
 
 uint64_t Client::pull(const std::string& name, std::span<float> out) {
@@ -459,17 +457,17 @@ std::vector<float> Client::pull(const std::string& name) {
 
 std::future<PushResult> Client::push_async(std::vector<std::string> names, std::vector<std::span<const float>> grads,
                                            int64_t step) {
-  return start_push(std::move(names), std::move(grads), step, false);
+  return start_push(std::move(names), std::move(grads), step, nullptr);
 }
 
 std::future<PushResult> Client::push_and_step_async(std::vector<std::string> names,
                                                     std::vector<std::span<const float>> grads, int64_t step,
                                                     int64_t done_step) {
-  return start_push(std::move(names), std::move(grads), step, false, done_step);
+  return start_push(std::move(names), std::move(grads), step, nullptr, done_step);
 }
 
 std::future<PushResult> Client::start_push(std::vector<std::string> names, std::vector<std::span<const float>> grads,
-                                           int64_t step, bool blocking, int64_t done_step) {
+                                           int64_t step, PushResult* done, int64_t done_step) {
   if (names.size() != grads.size()) throw ConfigError("push: " + std::to_string(names.size()) + " names but " +
                                                       std::to_string(grads.size()) + " gradients");
   for (std::size_t i = 0; i < names.size(); ++i) {
@@ -567,12 +565,14 @@ std::future<PushResult> Client::start_push(std::vector<std::string> names, std::
           return std::move(*result);
         });
       },
-      "push: ", blocking);
+      "push: ", done);
 }
 
 PushResult Client::push(const std::vector<std::string>& names, const std::vector<std::span<const float>>& grads,
                         int64_t step) {
-  return start_push(names, grads, step, true).get();
+  PushResult result;
+  start_push(names, grads, step, &result);
+  return result;
 }
 
 PushStatus Client::push(const std::string& name, std::span<const float> grad) {

@@ -202,10 +202,12 @@ class Client {
   Placement placement() const;
 
  private:
+  // With `done`, run to the end and store the result there (no future:
+  // blocking calls skip its synchronisation); without, return a future.
   std::future<PullResult> start_pull(std::vector<std::string> names, std::vector<std::span<float>> out,
-                                     int64_t min_step, bool blocking);
+                                     int64_t min_step, PullResult* done);
   std::future<PushResult> start_push(std::vector<std::string> names, std::vector<std::span<const float>> grads,
-                                     int64_t step, bool blocking, int64_t done_step = -1);
+                                     int64_t step, PushResult* done, int64_t done_step = -1);
 
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -275,6 +275,9 @@ kj::Promise<Addresses> resolve_off_loop(std::string host, std::string service) {
 
 kj::Own<SocketStream> wrap_socket(kj::UnixEventPort& port, int fd) {
   make_nonblocking(fd);
+  // Small replies must not wait for Nagle (refused, harmlessly, on Unix sockets).
+  int one = 1;
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   return kj::heap<SocketStreamImpl>(port, fd);
 }
 

@@ -34,7 +34,7 @@ class SocketStream : public kj::AsyncIoStream {
   virtual void hold_until_sent(const void* data, std::shared_ptr<const void> hold) = 0;
 };
 
-// Takes ownership of `fd` (made non-blocking, closed with the stream).
+// Takes ownership of `fd` (made non-blocking, TCP_NODELAY, closed with the stream).
 kj::Own<SocketStream> wrap_socket(kj::UnixEventPort& port, int fd);
 
 // Connects to "host:port", "[v6addr]:port" or "unix:/path", trying every

@@ -460,6 +460,13 @@ std::future<PushResult> Client::push_async(std::vector<std::string> names, std::
   return start_push(std::move(names), std::move(grads), step, nullptr);
 }
 
+PushResult Client::push_and_step(const std::vector<std::string>& names, const std::vector<std::span<const float>>& grads,
+                                  int64_t step, int64_t done_step) {
+  PushResult result;
+  start_push(names, grads, step, &result, done_step);
+  return result;
+}
+
 std::future<PushResult> Client::push_and_step_async(std::vector<std::string> names,
                                                     std::vector<std::span<const float>> grads, int64_t step,
                                                     int64_t done_step) {

@@ -100,7 +100,7 @@ StepOutcome TrainingSession::push() {
   const int64_t step = options_.job.mode == SyncMode::kBoundedStaleness ? local_step_ : pulled_step_;
   // The step report rides on the push: the shard counts it once the
   // gradients are in, without another round trip.
-  PushResult p = client_.push_and_step_async(names_, grads_, step, local_step_).get();
+  PushResult p = client_.push_and_step(names_, grads_, step, local_step_);
 
   StepOutcome out;
   out.step = pulled_step_;

@@ -185,6 +185,34 @@ TEST_CASE("a stale push is rejected, counted, and changes nothing") {
   CHECK(w == std::vector<float>{-1, -1});
 }
 
+TEST_CASE("a push can report the worker's step: blocking and async alike") {
+  // Async job, 2 shards, "w" on shard 0 only: shard 1 gets the report alone.
+  PsdProcess a, b;
+  const JobConfig job{.mode = SyncMode::kAsync, .total_replicas = 1, .train_steps = 3};
+  Client chief(worker_options({&a, &b}, 0));
+  const TensorSpec spec{.name = "w", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f)};
+  chief.init_job(job);
+  chief.create({spec});
+  chief.set_ready();
+  const std::vector<float> g = {1, 1};
+  PushResult r0 = chief.push_and_step({"w"}, {g}, 0, 0);
+  CHECK(r0.status[0] == PushStatus::kApplied);
+  CHECK(r0.global_step == 1);
+  CHECK_FALSE(r0.stop);
+  PushResult r1 = chief.push_and_step_async({"w"}, {g}, 1, 1).get();
+  CHECK(r1.global_step == 2);
+  PushResult r2 = chief.push_and_step({"w"}, {g}, 2, 2);
+  CHECK(r2.global_step == 3);
+  CHECK(r2.stop);  // train_steps reached, seen on the push itself
+  for (const ShardStats& st : chief.stats()) {
+    REQUIRE(st.workers.size() == 1);
+    CHECK(st.workers[0].step == 3);  // both shards heard the last report: steps 0-2 done
+  }
+  std::vector<float> w(2);
+  chief.pull({"w"}, {std::span<float>(w)});
+  CHECK(w == std::vector<float>{-3, -3});
+}
+
 TEST_CASE("backup workers: one slow worker of four does not slow the job") {
   const int steps = 20;
   // Each run is its own job, so each gets its own psd.

@@ -150,6 +150,8 @@ class Client {
                                      int64_t step = 0);
   // Pushes and, in the same calls, reports local step `done_step` as done on
   // every shard (step_done() without its extra round trips).
+  PushResult push_and_step(const std::vector<std::string>& names, const std::vector<std::span<const float>>& grads,
+                           int64_t step, int64_t done_step);
   std::future<PushResult> push_and_step_async(std::vector<std::string> names,
                                               std::vector<std::span<const float>> grads, int64_t step,
                                               int64_t done_step);

@@ -173,6 +173,9 @@ kj::Promise<void> Shard::read_tensors(std::vector<StoredTensor*> tensors, wire::
   kj::Vector<kj::Promise<void>> copies;
   uint64_t bytes = 0;
   unsigned in_place = 0;
+  // Handed to the stream only once the whole reply is built: a reply that
+  // fails is never written, and must leave nothing held.
+  auto held = std::make_shared<std::vector<std::shared_ptr<const std::vector<float>>>>();
   for (unsigned i = 0; i < tensors.size(); ++i) {
     StoredTensor* t = tensors[i];
     auto entry = out[i];
@@ -186,13 +189,13 @@ kj::Promise<void> Shard::read_tensors(std::vector<StoredTensor*> tensors, wire::
     // a sync step's commit sees all of that step's updates. It is shared
     // with the strand's task, which may outlive a cancelled call.
     auto view = std::make_shared<StoredTensor::View>();
-    copies.add(run_on(t, [t, view] { *view = t->view(); }).then([entry, orphanage, stream, view, send_in_place]() mutable {
+    copies.add(run_on(t, [t, view] { *view = t->view(); }).then([entry, orphanage, held, view, send_in_place]() mutable {
       auto data = kj::arrayPtr(reinterpret_cast<const kj::byte*>(view->values->data()),
                                view->values->size() * sizeof(float));
       entry.setVersion(view->version);
       if (send_in_place) {
         entry.adoptValues(orphanage.referenceExternalData(data));
-        stream->hold_until_sent(data.begin(), std::move(view->values));
+        held->push_back(std::move(view->values));
       } else {
         entry.setValues(data);
       }
@@ -200,7 +203,12 @@ kj::Promise<void> Shard::read_tensors(std::vector<StoredTensor*> tensors, wire::
   }
   counters_.pulls += tensors.size();
   counters_.bytes_out += bytes;
-  return kj::joinPromises(copies.releaseAsArray());
+  return kj::joinPromises(copies.releaseAsArray()).then([stream, held] {
+    for (auto& values : *held) {
+      const float* data = values->data();  // before the move: argument order is unspecified
+      stream->hold_until_sent(data, std::move(values));
+    }
+  });
 }
 
 kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Reader params,

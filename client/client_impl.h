@@ -1,0 +1,311 @@
+// libpsclient's Client internals, shared by client.cc (connection, job
+// coordination, listing) and client_transfer.cc (pull and push): the
+// connections, placement and call plumbing that every request goes through.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <future>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <random>
+
+#include <spdlog/spdlog.h>
+
+#include "client_loop.h"
+#include "ps/client.h"
+#include "reconnector.h"
+#include "request_plan.h"
+#include "shard_connection.h"
+#include "wire_convert.h"
+
+namespace ps {
+
+// Room left in each message for everything that is not tensor data.
+constexpr uint64_t kMessageSlack = 256u << 10;
+
+inline std::string strip_prefix(std::string s, std::string_view prefix) {
+  if (s.rfind(prefix, 0) == 0) s.erase(0, prefix.size());
+  return s;
+}
+
+// A kj::Exception from the loop as the ps::Error a user should see.
+inline std::exception_ptr translate(const kj::Exception& e, const std::string& context) {
+  std::string msg = e.getDescription().cStr();
+  msg = strip_prefix(msg, "remote exception: ");
+  msg = strip_prefix(msg, "std::exception: ");
+  if (e.getType() == kj::Exception::Type::DISCONNECTED || e.getType() == kj::Exception::Type::OVERLOADED) {
+    return std::make_exception_ptr(ConnectionError(context + msg));
+  }
+  return std::make_exception_ptr(RequestError(context + msg));
+}
+
+inline PushStatus from_wire(wire::PushStatus s) {
+  switch (s) {
+    case wire::PushStatus::APPLIED: return PushStatus::kApplied;
+    case wire::PushStatus::ACCUMULATED: return PushStatus::kAccumulated;
+    case wire::PushStatus::STALE: return PushStatus::kStale;
+    case wire::PushStatus::DUPLICATE: return PushStatus::kDuplicate;
+  }
+  return PushStatus::kStale;
+}
+
+struct Client::Impl : kj::TaskSet::ErrorHandler {
+  explicit Impl(ClientOptions o)
+      : options(std::move(o)),
+        placement(std::max<int>(1, static_cast<int>(options.ps_hosts.size())), options.placement, options.chunk_bytes,
+                  options.part_bytes) {}
+
+  ~Impl() {
+    loop.run([this] {
+      tasks = nullptr;
+      retry = nullptr;
+      shards.clear();
+    });
+  }
+
+  void taskFailed(kj::Exception&& e) override { spdlog::error("libpsclient internal task failed: {}", e.getDescription().cStr()); }
+
+  // Starts op() with the loop; its result or error reaches the future (the
+  // helper thread runs the loop until then).
+  template <typename T, typename Op>
+  std::future<T> submit(Op op, std::string context) {
+    auto result = std::make_shared<std::promise<T>>();
+    auto future = result->get_future();
+    loop.run([&] {
+      kj::Promise<T> promise = nullptr;
+      try {
+        promise = op();
+      } catch (...) {
+        result->set_exception(std::current_exception());
+        return;
+      }
+      promise = with_timeout(kj::mv(promise));
+      tasks->add(loop.kept(promise.then([result](T&& value) { result->set_value(std::move(value)); },
+                              [result, context](kj::Exception&& e) { result->set_exception(translate(e, context)); })));
+    });
+    return future;
+  }
+
+  // Runs op() with the loop and waits for its result: on the calling
+  // thread when no other thread runs the loop (client_loop.h).
+  template <typename T, typename Op>
+  T call(Op op, const std::string& context) {
+    std::exception_ptr error;
+    std::optional<T> value;
+    try {
+      loop.run([&]() -> kj::Promise<void> {
+        kj::Promise<T> promise = nullptr;
+        try {
+          promise = op();
+        } catch (...) {
+          error = std::current_exception();
+          return kj::READY_NOW;
+        }
+        return with_timeout(kj::mv(promise)).then([&](T&& v) { value.emplace(std::move(v)); },
+                                                  [&](kj::Exception&& e) { error = translate(e, context); });
+      });
+    } catch (const kj::Exception& e) {
+      error = translate(e, context);
+    }
+    if (error) std::rethrow_exception(error);
+    return std::move(*value);
+  }
+
+  // Blocking (`done` given): the result goes to *done and the future is
+  // empty. Otherwise a future.
+  template <typename T, typename Op>
+  std::future<T> run(Op op, std::string context, T* done) {
+    if (done == nullptr) return submit<T>(std::move(op), std::move(context));
+    *done = call<T>(std::move(op), context);
+    return {};
+  }
+
+  template <typename T>
+  kj::Promise<T> with_timeout(kj::Promise<T> p) {
+    if (options.call_timeout.count() <= 0) return p;
+    const auto ms = options.call_timeout.count();
+    return p.exclusiveJoin(loop.timer().afterDelay(ms * kj::MILLISECONDS).then([ms]() -> kj::Promise<T> {
+      return disconnected("no answer from psd within " + std::to_string(ms) + " ms (ClientOptions::call_timeout)");
+    }));
+  }
+
+  // Sends one request to every shard (make(shard) builds and sends it) and
+  // folds the replies with on_reply(shard index, reply) into a T.
+  template <typename T, typename Make, typename OnReply>
+  std::future<T> on_every_shard(Make make, OnReply on_reply, std::string context) {
+    return submit<T>(
+        [this, make, on_reply] {
+          auto acc = kj::heap<T>();
+          kj::Vector<kj::Promise<void>> calls;
+          for (auto& s : shards) {
+            calls.add(retry->call(s->index, [make](ShardConnection& c, int) { return make(c); })
+                          .then([index = s->index, on_reply, acc = acc.get()](auto&& reply) mutable {
+              on_reply(*acc, index, reply);
+            }));
+          }
+          return kj::joinPromises(calls.releaseAsArray()).then([acc = kj::mv(acc)]() mutable { return std::move(*acc); });
+        },
+        std::move(context));
+  }
+
+  std::vector<ShardBatch> plan(const std::vector<std::string>& names) {
+    std::lock_guard lock(placement_mutex);
+    return plan_batches(placement, names, max_batch_bytes);
+  }
+
+  uint64_t tensor_elements(const std::string& name) {
+    std::lock_guard lock(placement_mutex);
+    return placement.at(name).spec.num_elements();
+  }
+
+  void connect() {
+    if (options.ps_hosts.empty()) throw ConfigError("no ps hosts given (ClientOptions::ps_hosts / --ps_hosts)");
+    struct Outcome {
+      std::vector<std::string> errors;
+    };
+    auto outcome = submit<Outcome>(
+        [this] {
+          tasks = kj::heap<kj::TaskSet>(*this);
+          shards.resize(options.ps_hosts.size());
+          kj::Vector<kj::Promise<void>> all;
+          auto errors = kj::heap<std::vector<std::string>>();
+          for (std::size_t i = 0; i < options.ps_hosts.size(); ++i) {
+            auto hello_deadline = options.connect_timeout + std::chrono::milliseconds(5000);
+            auto p = connect_shard(loop.port(), static_cast<int>(i), options.ps_hosts[i], options.connect_timeout,
+                                   hello_params())
+                         .exclusiveJoin(loop.timer().afterDelay(hello_deadline.count() * kj::MILLISECONDS)
+                                            .then([host = options.ps_hosts[i]]() -> kj::Promise<kj::Own<ShardConnection>> {
+                                              return disconnected("psd at " + host + " accepted but did not answer hello");
+                                            }));
+            all.add(p.then([this, i](kj::Own<ShardConnection> c) { shards[i] = kj::mv(c); },
+                           [e = errors.get()](kj::Exception&& ex) { e->push_back(ex.getDescription().cStr()); }));
+          }
+          return kj::joinPromises(all.releaseAsArray()).then([errors = kj::mv(errors)]() mutable {
+            return Outcome{std::move(*errors)};
+          });
+        },
+        "");
+    // connect_shard has its own deadline; the call timeout must not cut it short.
+    Outcome o = outcome.get();
+    loop.run([this] {
+      retry = kj::heap<Reconnector>(loop.port(), shards, hello_params(), options.reconnect_timeout);
+    });
+    if (!o.errors.empty()) {
+      std::string msg = "could not connect to " + std::to_string(o.errors.size()) + " of " +
+                        std::to_string(options.ps_hosts.size()) + " ps shards: ";
+      for (std::size_t i = 0; i < o.errors.size(); ++i) msg += (i ? "; " : "") + o.errors[i];
+      throw ConnectionError(msg);
+    }
+    {
+      std::lock_guard lock(job_mutex);
+      job = shards[0]->job;
+      job_mode = job.mode;
+    }
+    uint64_t smallest = std::numeric_limits<uint64_t>::max();
+    for (auto& s : shards) smallest = std::min(smallest, s->max_message_bytes);
+    if (smallest <= kMessageSlack + sizeof(float)) throw ConfigError("psd's message size limit is too small");
+    const uint64_t part = std::min(options.part_bytes, options.chunk_bytes);
+    max_batch_bytes = std::min<uint64_t>(smallest - kMessageSlack, std::max<uint64_t>(options.max_request_bytes, part));
+    if (part > max_batch_bytes) {
+      throw ConfigError("part size " + std::to_string(part) + " bytes exceeds what psd accepts in one message (" +
+                        std::to_string(max_batch_bytes) + "); lower ClientOptions::part_bytes or raise psd --max_message_mb");
+    }
+  }
+
+  HelloParams hello_params() const {
+    return {options.worker_index, options.is_chief, options.auth_token};
+  }
+
+  // Push request ids: a random base per Client (a restarted worker does not
+  // reuse its predecessor's ids), then one per message.
+  uint64_t new_request_id() { return next_request_id.fetch_add(1); }
+
+  // A pull in flight: which batches, where their values go, and the step
+  // and versions each batch was read at.
+  struct PullState {
+    std::vector<ShardBatch> batches;
+    std::vector<std::span<float>> out;
+    std::vector<int64_t> steps;
+    std::vector<std::vector<uint64_t>> versions;
+  };
+
+  // Pulls the given batches (waiting for min_step). In sync mode all parts
+  // must come from one global step: batches read at an older step than the
+  // newest are read again at that step, so a worker never trains on a mix.
+  kj::Promise<void> pull_round(PullState& st, std::vector<std::size_t> which, int64_t min_step, int round) {
+    kj::Vector<kj::Promise<void>> calls;
+    for (std::size_t b : which) {
+      const ShardBatch& batch = st.batches[b];
+      calls.add(retry->call(batch.shard, [&st, b, min_step](ShardConnection& c, int attempt) {
+        const ShardBatch& batch = st.batches[b];
+        auto req = c.shard.pullRequest();
+        auto names_out = req.initNames(static_cast<unsigned>(batch.parts.size()));
+        for (unsigned i = 0; i < batch.parts.size(); ++i) names_out.set(i, batch.parts[i].part.stored_name);
+        // A shard back from a restart at an older step may never reach the
+        // step asked for: read what it has (reconnector.h).
+        req.setMinStep(attempt > 0 && c.rolled_back ? std::min(min_step, c.hello_step) : min_step);
+        return req.send().then([&c](capnp::Response<wire::Shard::PullResults>&& reply) {
+          c.last_step = std::max(c.last_step, reply.getStep());
+          return kj::mv(reply);
+        });
+      }).then([&st, b](capnp::Response<wire::Shard::PullResults>&& reply) {
+        const ShardBatch& batch = st.batches[b];
+        auto tensors = reply.getTensors();
+        if (tensors.size() != batch.parts.size()) {
+          throw RequestError("shard answered " + std::to_string(tensors.size()) + " tensors for " +
+                             std::to_string(batch.parts.size()));
+        }
+        st.versions[b].resize(tensors.size());
+        for (unsigned i = 0; i < tensors.size(); ++i) {
+          const PartRef& ref = batch.parts[i];
+          auto data = tensors[i].getValues();
+          if (data.size() != ref.part.count * sizeof(float)) {
+            throw RequestError("'" + ref.part.stored_name + "' came back with " + std::to_string(data.size()) +
+                               " bytes, expected " + std::to_string(ref.part.count * sizeof(float)) +
+                               " (was it created with another shape or chunk size?)");
+          }
+          std::memcpy(st.out[ref.tensor].data() + ref.part.offset, data.begin(), data.size());
+          st.versions[b][i] = tensors[i].getVersion();
+        }
+        st.steps[b] = reply.getStep();
+      }));
+    }
+    return kj::joinPromises(calls.releaseAsArray()).then([this, &st, round]() -> kj::Promise<void> {
+      if (job_mode.load() != SyncMode::kSync || st.steps.empty()) return kj::READY_NOW;
+      const int64_t newest = *std::max_element(st.steps.begin(), st.steps.end());
+      std::vector<std::size_t> behind;
+      for (std::size_t b = 0; b < st.steps.size(); ++b) {
+        if (st.steps[b] < newest) behind.push_back(b);
+      }
+      if (behind.empty()) return kj::READY_NOW;
+      if (round >= 16) throw RequestError("shards kept moving to new steps; could not read one consistent step");
+      return pull_round(st, std::move(behind), newest, round + 1);
+    });
+  }
+
+  void learn_job(wire::JobConfig::Reader job) {
+    JobConfig c = job_from_wire(job);
+    std::lock_guard lock(job_mutex);
+    this->job = c;
+    job_mode = c.mode;
+  }
+
+  ClientOptions options;
+  std::atomic<uint64_t> next_request_id{(std::random_device{}() | (uint64_t{std::random_device{}()} << 32)) << 8 | 1};
+  std::mutex job_mutex;
+  JobConfig job;
+  std::atomic<SyncMode> job_mode{SyncMode::kAsync};
+  std::mutex placement_mutex;
+  Placement placement;
+  uint64_t max_batch_bytes = 64u << 20;
+  ClientLoop loop;
+  // Loop-thread state.
+  std::vector<kj::Own<ShardConnection>> shards;
+  kj::Own<Reconnector> retry;
+  kj::Own<kj::TaskSet> tasks;
+};
+
+}  // namespace ps

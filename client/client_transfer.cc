@@ -1,0 +1,202 @@
+// Client::pull and Client::push: tensors cut into per-shard batches
+// (request_plan.h), sent as pipelined messages, reassembled on the way back.
+#include <capnp/orphan.h>
+
+#include "client_impl.h"
+
+namespace ps {
+
+std::future<PullResult> Client::pull_async(std::vector<std::string> names, std::vector<std::span<float>> out,
+                                           int64_t min_step) {
+  return start_pull(std::move(names), std::move(out), min_step, nullptr);
+}
+
+std::future<PullResult> Client::start_pull(std::vector<std::string> names, std::vector<std::span<float>> out,
+                                           int64_t min_step, PullResult* done) {
+  if (names.size() != out.size()) throw ConfigError("pull: " + std::to_string(names.size()) + " names but " +
+                                                    std::to_string(out.size()) + " buffers");
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const uint64_t n = impl_->tensor_elements(names[i]);
+    if (out[i].size() != n) {
+      throw ConfigError("pull: buffer for '" + names[i] + "' holds " + std::to_string(out[i].size()) + " floats, tensor has " +
+                        std::to_string(n));
+    }
+  }
+  auto batches = impl_->plan(names);
+  return impl_->run<PullResult>(
+      [this, batches = std::move(batches), out = std::move(out), n = names.size(), min_step]() mutable {
+        auto state = kj::heap<Impl::PullState>();
+        state->batches = std::move(batches);
+        state->out = std::move(out);
+        state->steps.assign(state->batches.size(), 0);
+        state->versions.resize(state->batches.size());
+        std::vector<std::size_t> all(state->batches.size());
+        for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+        auto* raw = state.get();
+        return impl_->pull_round(*raw, std::move(all), min_step, 0).then([state = kj::mv(state), n]() mutable {
+          PullResult result;
+          result.versions.assign(n, std::numeric_limits<uint64_t>::max());
+          result.step = state->steps.empty() ? 0 : state->steps[0];
+          for (std::size_t b = 0; b < state->batches.size(); ++b) {
+            result.step = std::min(result.step, state->steps[b]);
+            for (std::size_t i = 0; i < state->batches[b].parts.size(); ++i) {
+              auto& v = result.versions[state->batches[b].parts[i].tensor];
+              v = std::min(v, state->versions[b][i]);
+            }
+          }
+          return result;
+        });
+      },
+      "pull: ", done);
+}
+
+PullResult Client::pull(const std::vector<std::string>& names, const std::vector<std::span<float>>& out,
+                        int64_t min_step) {
+  PullResult result;
+  start_pull(names, out, min_step, &result);
+  return result;
+}
+
+uint64_t Client::pull(const std::string& name, std::span<float> out) {
+  return pull(std::vector<std::string>{name}, std::vector<std::span<float>>{out}).versions.at(0);
+}
+
+std::vector<float> Client::pull(const std::string& name) {
+  std::vector<float> values(impl_->tensor_elements(name));
+  pull(name, values);
+  return values;
+}
+
+std::future<PushResult> Client::push_async(std::vector<std::string> names, std::vector<std::span<const float>> grads,
+                                           int64_t step) {
+  return start_push(std::move(names), std::move(grads), step, nullptr);
+}
+
+PushResult Client::push_and_step(const std::vector<std::string>& names, const std::vector<std::span<const float>>& grads,
+                                  int64_t step, int64_t done_step) {
+  PushResult result;
+  start_push(names, grads, step, &result, done_step);
+  return result;
+}
+
+std::future<PushResult> Client::push_and_step_async(std::vector<std::string> names,
+                                                    std::vector<std::span<const float>> grads, int64_t step,
+                                                    int64_t done_step) {
+  return start_push(std::move(names), std::move(grads), step, nullptr, done_step);
+}
+
+std::future<PushResult> Client::start_push(std::vector<std::string> names, std::vector<std::span<const float>> grads,
+                                           int64_t step, PushResult* done, int64_t done_step) {
+  if (names.size() != grads.size()) throw ConfigError("push: " + std::to_string(names.size()) + " names but " +
+                                                      std::to_string(grads.size()) + " gradients");
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const uint64_t n = impl_->tensor_elements(names[i]);
+    if (grads[i].size() != n) {
+      throw RequestError("push: gradient for '" + names[i] + "' has " + std::to_string(grads[i].size()) +
+                         " floats, tensor has " + std::to_string(n));
+    }
+  }
+  auto batches = impl_->plan(names);
+  return impl_->run<PushResult>(
+      [this, batches = std::move(batches), grads = std::move(grads), n = names.size(), step, done_step]() mutable {
+        auto result = kj::heap<PushResult>();
+        result->status.assign(n, PushStatus::kApplied);
+        result->step = std::numeric_limits<int64_t>::max();
+        kj::Vector<kj::Promise<void>> calls;
+        auto shared_grads = std::make_shared<const std::vector<std::span<const float>>>(std::move(grads));
+        struct BatchReply {
+          std::vector<PushStatus> status;
+          int64_t step = 0;
+          bool stop = false;
+        };
+        // The step report rides on the first message to each shard; shards
+        // that get no gradient get a stepDone of their own.
+        std::vector<bool> reported(impl_->shards.size(), done_step < 0);
+        for (auto& b : batches) {
+          // One id per message, kept across retries: the shard applies it once.
+          const uint64_t id = impl_->new_request_id();
+          auto batch = std::make_shared<const ShardBatch>(std::move(b));
+          const int64_t reports = reported[batch->shard] ? -1 : done_step;
+          reported[batch->shard] = true;
+          auto send = [this, batch, shared_grads, step, id, reports](ShardConnection& c, int attempt) -> kj::Promise<BatchReply> {
+            if (attempt > 0 && c.rolled_back && impl_->job_mode.load() == SyncMode::kSync && step > c.hello_step) {
+              // The shard restarted from a step before this gradient's: it
+              // was computed from parameters the shard no longer has.
+              return BatchReply{std::vector<PushStatus>(batch->parts.size(), PushStatus::kStale), c.hello_step};
+            }
+            auto req = c.shard.pushRequest();
+            req.setStep(step);
+            req.setRequestId(id);
+            req.setDoneStep(reports);
+            auto list = req.initGrads(static_cast<unsigned>(batch->parts.size()));
+            auto orphanage = capnp::Orphanage::getForMessageContaining(static_cast<wire::Shard::PushParams::Builder>(req));
+            for (unsigned i = 0; i < batch->parts.size(); ++i) {
+              const PartRef& ref = batch->parts[i];
+              list[i].setName(ref.part.stored_name);
+              auto bytes = as_data((*shared_grads)[ref.tensor].subspan(ref.part.offset, ref.part.count));
+              if (reinterpret_cast<uintptr_t>(bytes.begin()) % sizeof(capnp::word) == 0 &&
+                  bytes.size() % sizeof(capnp::word) == 0) {
+                // The gradient goes out straight from the caller's buffer: no copy.
+                list[i].adoptValues(orphanage.referenceExternalData(bytes));
+              } else {
+                // External data is sent in whole words: a buffer not a
+                // multiple of 8 bytes (or not aligned) would be read past
+                // its end (found by AddressSanitizer). Copy those.
+                list[i].setValues(bytes);
+              }
+            }
+            return req.send().then([&c](capnp::Response<wire::Shard::PushResults>&& reply) {
+              BatchReply r;
+              for (auto st : reply.getStatus()) r.status.push_back(from_wire(st));
+              r.step = reply.getStep();
+              r.stop = reply.getStop();
+              c.last_step = std::max(c.last_step, r.step);
+              return r;
+            });
+          };
+          calls.add(impl_->retry->call(batch->shard, kj::mv(send)).then([batch, reports, res = result.get()](BatchReply&& reply) {
+            if (reports >= 0) {
+              if (batch->shard == 0) res->global_step = reply.step;
+              res->stop = res->stop || reply.stop;
+            }
+            for (unsigned i = 0; i < reply.status.size() && i < batch->parts.size(); ++i) {
+              auto& slot = res->status[batch->parts[i].tensor];
+              slot = std::max(slot, reply.status[i]);
+            }
+            res->step = std::min(res->step, reply.step);
+          }));
+        }
+        for (std::size_t shard = 0; shard < reported.size(); ++shard) {
+          if (reported[shard]) continue;
+          auto send = [done_step](ShardConnection& c, int) {
+            auto req = c.shard.stepDoneRequest();
+            req.setStep(done_step);
+            return req.send();
+          };
+          calls.add(impl_->retry->call(static_cast<int>(shard), kj::mv(send))
+                        .then([shard, res = result.get()](capnp::Response<wire::Shard::StepDoneResults>&& reply) {
+            if (shard == 0) res->global_step = reply.getGlobalStep();
+            res->stop = res->stop || reply.getStop();
+          }));
+        }
+        return kj::joinPromises(calls.releaseAsArray()).then([result = kj::mv(result)]() mutable {
+          if (result->step == std::numeric_limits<int64_t>::max()) result->step = 0;
+          return std::move(*result);
+        });
+      },
+      "push: ", done);
+}
+
+PushResult Client::push(const std::vector<std::string>& names, const std::vector<std::span<const float>>& grads,
+                        int64_t step) {
+  PushResult result;
+  start_push(names, grads, step, &result);
+  return result;
+}
+
+PushStatus Client::push(const std::string& name, std::span<const float> grad) {
+  return push(std::vector<std::string>{name}, std::vector<std::span<const float>>{grad}).status.at(0);
+}
+
+
+}  // namespace ps

@@ -26,6 +26,7 @@
 #include <type_traits>
 
 #include <kj/async-io.h>
+#include <kj/common.h>
 #include <kj/async-unix.h>
 
 namespace ps {
@@ -46,12 +47,7 @@ class ClientLoop {
     if (drive.owns_lock()) {
       std::optional<kj::WaitScope> scope;
       if (enter(scope)) {
-        struct Leave {
-          ClientLoop& self;
-          std::optional<kj::WaitScope>& scope;
-          std::unique_lock<std::mutex>& drive;
-          ~Leave() { self.leave(scope, drive); }
-        } leave{*this, scope, drive};
+        KJ_DEFER(leave(scope, drive));
         return as_promise(f).wait(*scope);
       }
       drive.unlock();  // this thread runs a KJ loop of its own: hand over

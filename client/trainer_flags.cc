@@ -1,6 +1,9 @@
 #include "ps/trainer_flags.h"
 
 #include <cmath>
+#include <cstdio>
+
+#include <kj/exception.h>
 
 #include "ps/errors.h"
 
@@ -131,6 +134,24 @@ void TrainerFlags::validate() const {
   if (!(connect_timeout_s > 0)) throw ConfigError("--connect_timeout must be > 0");
   if (log_every < 0) throw ConfigError("--log_every must be >= 0");
   (void)optimizer_config();  // throws on an unknown name
+}
+
+int run_trainer_main(const char* program, const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "%s: error: %s\n", program, e.what());
+    return 2;
+  } catch (const ConnectionError& e) {
+    std::fprintf(stderr, "%s: error: %s\n", program, e.what());
+    return 3;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", program, e.what());
+    return 1;
+  } catch (const kj::Exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", program, e.getDescription().cStr());
+    return 1;
+  }
 }
 
 }  // namespace ps

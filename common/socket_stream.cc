@@ -21,6 +21,8 @@
 #include <kj/debug.h>
 #include <kj/vector.h>
 
+#include "host_port.h"
+
 namespace ps {
 
 namespace {
@@ -292,12 +294,10 @@ kj::Promise<kj::Own<kj::AsyncIoStream>> connect_socket(kj::UnixEventPort& port, 
     a.length = offsetof(sockaddr_un, sun_path) + path.size() + 1;
     return connect_to(port, a);
   }
-  // "host:port" or "[v6addr]:port"
-  const size_t colon = address.rfind(':');
-  KJ_REQUIRE(colon != std::string::npos && colon + 1 < address.size(), "address needs a port (host:port)", address);
-  std::string host = address.substr(0, colon);
-  const std::string service = address.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const std::optional<HostPort> parts = split_host_port(address);
+  KJ_REQUIRE(parts.has_value() && !parts->port.empty(), "address needs a port (host:port)", address);
+  const std::string& host = parts->host;
+  const std::string& service = parts->port;
   SocketAddress a;
   auto* v4 = reinterpret_cast<sockaddr_in*>(&a.storage);
   auto* v6 = reinterpret_cast<sockaddr_in6*>(&a.storage);

@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
   ps::PsTaskFlags psf;
   ps::add_ps_task_flags(app, psf);
   CLI11_PARSE(app, argc, argv);
-  try {
+  return ps::run_trainer_main("linreg_trainer", [&] {
     spdlog::set_level(spdlog::level::from_str(psf.log_level));
     f.validate();
     if (examples < 1) throw ps::ConfigError("--examples must be >= 1");
@@ -114,14 +114,5 @@ int main(int argc, char** argv) {
     if (spec.is_ps()) return ps::run_ps_task(spec, psf);
     if (!spec.is_worker()) throw ps::ConfigError("task type '" + spec.job_name() + "' is not supported");
     return run_worker(spec, f, examples);
-  } catch (const ps::ConfigError& e) {
-    std::fprintf(stderr, "linreg_trainer: error: %s\n", e.what());
-    return 2;
-  } catch (const ps::ConnectionError& e) {
-    std::fprintf(stderr, "linreg_trainer: error: %s\n", e.what());
-    return 3;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "linreg_trainer: error: %s\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -391,7 +391,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
 
-  try {
+  return ps::run_trainer_main("mnist_trainer", [&] {
     auto level = spdlog::level::from_str(psf.log_level);
     if (level == spdlog::level::off && psf.log_level != "off") throw ps::ConfigError("unknown --log_level '" + psf.log_level + "'");
     spdlog::set_level(level);
@@ -402,17 +402,5 @@ int main(int argc, char** argv) {
     if (spec.is_ps()) return ps::run_ps_task(spec, psf);
     if (!spec.is_worker()) throw ps::ConfigError("task type '" + spec.job_name() + "' is not supported (ps, worker or chief)");
     return run_worker(spec, f, m);
-  } catch (const ps::ConfigError& e) {
-    std::fprintf(stderr, "mnist_trainer: error: %s\n", e.what());
-    return 2;
-  } catch (const ps::ConnectionError& e) {
-    std::fprintf(stderr, "mnist_trainer: error: %s\n", e.what());
-    return 3;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "mnist_trainer: error: %s\n", e.what());
-    return 1;
-  } catch (const kj::Exception& e) {
-    std::fprintf(stderr, "mnist_trainer: error: %s\n", e.getDescription().cStr());
-    return 1;
-  }
+  });
 }

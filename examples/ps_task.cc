@@ -3,6 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "host_port.h"
 #include "ps/errors.h"
 #include "server.h"
 
@@ -30,9 +31,9 @@ int run_ps_task(const ClusterSpec& spec, const PsTaskFlags& f) {
     o.unix_socket = me.substr(5);
     o.port = 0;
   } else {
-    const auto colon = me.rfind(':');
-    std::string host = me.substr(0, colon);
-    o.port = std::stoi(me.substr(colon + 1));  // ClusterSpec checked it
+    const HostPort parts = *split_host_port(me);  // ClusterSpec checked it
+    const std::string& host = parts.host;
+    o.port = std::stoi(parts.port);
     if (!f.bind.empty()) {
       o.bind = f.bind;
     } else {

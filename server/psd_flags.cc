@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include "auth_token.h"
+#include "host_port.h"
 #include "ps/errors.h"
 
 namespace ps {
@@ -81,10 +82,10 @@ void finish_psd_flags(ServerOptions& o, const PsdFlagValues& x) {
     if (me.rfind("unix:", 0) == 0) {
       o.unix_socket = me.substr(5);
     } else {
-      auto colon = me.rfind(':');
-      if (colon == std::string::npos) throw ConfigError("ps host '" + me + "' has no port (expected host:port)");
+      const auto parts = split_host_port(me);
+      if (!parts) throw ConfigError("ps host '" + me + "' has no port (expected host:port)");
       try {
-        o.port = std::stoi(me.substr(colon + 1));
+        o.port = std::stoi(parts->port);
       } catch (...) {
         throw ConfigError("ps host '" + me + "' has a bad port");
       }

@@ -126,8 +126,10 @@ void Shard::create(wire::Shard::CreateParams::Reader params, wire::Shard::Create
   counters_.creates += specs.size();
 }
 
+bool Shard::runs_inline(const StoredTensor* t) const { return t->size() * sizeof(float) <= options_.inline_bytes; }
+
 kj::Promise<void> Shard::run_on(StoredTensor* t, std::function<void()> fn) {
-  if (t->size() * sizeof(float) <= options_.inline_bytes) {
+  if (runs_inline(t)) {
     fn();
     return kj::READY_NOW;
   }
@@ -185,21 +187,25 @@ kj::Promise<void> Shard::read_tensors(std::vector<StoredTensor*> tensors, wire::
     const bool send_in_place = stream != nullptr && size >= kSendInPlaceBytes && size % sizeof(capnp::word) == 0 &&
                                in_place < kMaxInPlacePerReply;
     in_place += send_in_place;
-    // The view is taken on the tensor's strand, so a pull that starts after
-    // a sync step's commit sees all of that step's updates. It is shared
-    // with the strand's task, which may outlive a cancelled call.
-    auto view = std::make_shared<StoredTensor::View>();
-    copies.add(run_on(t, [t, view] { *view = t->view(); }).then([entry, orphanage, held, view, send_in_place]() mutable {
-      auto data = kj::arrayPtr(reinterpret_cast<const kj::byte*>(view->values->data()),
-                               view->values->size() * sizeof(float));
-      entry.setVersion(view->version);
+    auto fill = [entry, orphanage, held, send_in_place](StoredTensor::View& view) mutable {
+      auto data = kj::arrayPtr(reinterpret_cast<const kj::byte*>(view.values->data()), view.values->size() * sizeof(float));
+      entry.setVersion(view.version);
       if (send_in_place) {
         entry.adoptValues(orphanage.referenceExternalData(data));
-        held->push_back(std::move(view->values));
+        held->push_back(std::move(view.values));
       } else {
         entry.setValues(data);
       }
-    }));
+    };
+    if (runs_inline(t)) {
+      StoredTensor::View view = t->view();
+      fill(view);
+      continue;
+    }
+    // Larger tensors: the view is taken on the tensor's strand, so a pull
+    // that starts after a sync step's commit sees all of that step's updates.
+    auto view = std::make_shared<StoredTensor::View>();
+    copies.add(pool_.run(t->id(), [t, view] { *view = t->view(); }).then([fill, view]() mutable { fill(*view); }));
   }
   counters_.pulls += tensors.size();
   counters_.bytes_out += bytes;

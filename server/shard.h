@@ -45,7 +45,7 @@ struct ShardOptions {
   uint32_t shard_index = 0;
   uint32_t num_shards = 1;
   bool allow_nonfinite = false;            // accept NaN/Inf gradients (refused by default)
-  uint64_t inline_bytes = 1024u << 10;   // smaller updates and reads run on the event loop
+  uint64_t inline_bytes = 1u << 20;        // smaller updates and reads run on the event loop
   uint64_t max_message_bytes = 80u << 20;  // advertised to clients; enforced by the RPC reader
   StoreLimits limits;
   std::string auth_token;                  // non-empty: hello must carry it
@@ -168,6 +168,9 @@ class Shard {
 
   kj::Promise<void> read_tensors(std::vector<StoredTensor*> tensors, wire::Shard::PullResults::Builder results,
                                  SocketStream* stream);
+  // Tensors up to ShardOptions::inline_bytes are worked on in the event
+  // loop; larger ones on the compute pool (run_on decides).
+  bool runs_inline(const StoredTensor* t) const;
   kj::Promise<void> run_on(StoredTensor* t, std::function<void()> fn);
   // t->apply(g, scale), timed into apply_latency_; runs on any thread.
   void timed_apply(StoredTensor* t, std::span<const float> g, float scale);

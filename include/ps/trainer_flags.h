@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -90,5 +91,11 @@ void add_trainer_flags(CLI::App& app, TrainerFlags& flags);
 
 // Splits "a,b,c" (empty parts dropped).
 std::vector<std::string> split_list(const std::string& s, char sep = ',');
+
+// Runs a trainer's body and turns what it throws into one line on stderr
+// ("<program>: error: ...") and an exit code: 2 for a bad configuration
+// (ConfigError), 3 for an unreachable ps (ConnectionError), 1 otherwise.
+//   return ps::run_trainer_main("my_trainer", [&] { ...; return 0; });
+int run_trainer_main(const char* program, const std::function<int()>& body);
 
 }  // namespace ps

@@ -247,10 +247,25 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
         // A shard back from a restart at an older step may never reach the
         // step asked for: read what it has (reconnector.h).
         req.setMinStep(attempt > 0 && c.rolled_back ? std::min(min_step, c.hello_step) : min_step);
-        return req.send().then([&c](capnp::Response<wire::Shard::PullResults>&& reply) {
-          c.last_step = std::max(c.last_step, reply.getStep());
-          return kj::mv(reply);
-        });
+        // Large parts are read from the socket straight into st.out
+        // (landing_stream.h); held until the reply is in.
+        kj::Own<LandingMessageStream::Expectation> expect;
+        if (batch.bytes >= LandingMessageStream::kMinLandingBytes) {
+          std::vector<kj::ArrayPtr<kj::byte>> dest(batch.parts.size());
+          for (unsigned i = 0; i < batch.parts.size(); ++i) {
+            const PartRef& ref = batch.parts[i];
+            auto part = st.out[ref.tensor].subspan(ref.part.offset, ref.part.count);
+            dest[i] = kj::arrayPtr(reinterpret_cast<kj::byte*>(part.data()), part.size_bytes());
+          }
+          expect = c.messages->expect(std::move(dest));
+          req.setTag(expect->tag());
+        }
+        return req.send()
+            .then([&c](capnp::Response<wire::Shard::PullResults>&& reply) {
+              c.last_step = std::max(c.last_step, reply.getStep());
+              return kj::mv(reply);
+            })
+            .attach(kj::mv(expect));
       }).then([&st, b](capnp::Response<wire::Shard::PullResults>&& reply) {
         const ShardBatch& batch = st.batches[b];
         auto tensors = reply.getTensors();
@@ -267,7 +282,8 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
                                " bytes, expected " + std::to_string(ref.part.count * sizeof(float)) +
                                " (was it created with another shape or chunk size?)");
           }
-          std::memcpy(st.out[ref.tensor].data() + ref.part.offset, data.begin(), data.size());
+          float* dest = st.out[ref.tensor].data() + ref.part.offset;
+          if (data.begin() != reinterpret_cast<const kj::byte*>(dest)) std::memcpy(dest, data.begin(), data.size());
           st.versions[b][i] = tensors[i].getVersion();
         }
         st.steps[b] = reply.getStep();

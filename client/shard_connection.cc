@@ -15,10 +15,10 @@ kj::Exception disconnected(std::string message) {
 
 namespace {
 
-kj::Promise<kj::Own<kj::AsyncIoStream>> connect_with_retry(kj::UnixEventPort& io, std::string address,
+kj::Promise<kj::Own<SocketStream>> connect_with_retry(kj::UnixEventPort& io, std::string address,
                                                            kj::TimePoint deadline, kj::Duration delay) {
   return kj::evalNow([&] { return connect_socket(io, address); })
-      .catch_([&io, address, deadline, delay](kj::Exception&& e) -> kj::Promise<kj::Own<kj::AsyncIoStream>> {
+      .catch_([&io, address, deadline, delay](kj::Exception&& e) -> kj::Promise<kj::Own<SocketStream>> {
         auto& timer = io.getTimer();
         if (timer.now() + delay > deadline) {
           return disconnected("cannot reach psd at " + address + ": " + e.getDescription().cStr());
@@ -34,7 +34,7 @@ kj::Promise<kj::Own<kj::AsyncIoStream>> connect_with_retry(kj::UnixEventPort& io
 
 namespace {
 
-kj::Promise<kj::Own<ShardConnection>> hello_on(kj::Own<kj::AsyncIoStream> stream, int index, std::string address,
+kj::Promise<kj::Own<ShardConnection>> hello_on(kj::Own<SocketStream> stream, int index, std::string address,
                                                const HelloParams& hello) {
   auto conn = kj::heap<ShardConnection>();
   conn->index = index;
@@ -42,7 +42,8 @@ kj::Promise<kj::Own<ShardConnection>> hello_on(kj::Own<kj::AsyncIoStream> stream
   conn->stream = kj::mv(stream);
   capnp::ReaderOptions reader;
   reader.traversalLimitInWords = (1ull << 34) / sizeof(capnp::word);  // the client trusts its shards
-  conn->network = kj::heap<capnp::TwoPartyVatNetwork>(*conn->stream, capnp::rpc::twoparty::Side::CLIENT, reader);
+  conn->messages = kj::heap<LandingMessageStream>(*conn->stream);
+  conn->network = kj::heap<capnp::TwoPartyVatNetwork>(*conn->messages, capnp::rpc::twoparty::Side::CLIENT, reader);
   conn->rpc = kj::heap(capnp::makeRpcClient(*conn->network));
   capnp::word scratch[4];
   memset(scratch, 0, sizeof(scratch));
@@ -78,7 +79,7 @@ kj::Promise<kj::Own<ShardConnection>> connect_and_hello(kj::UnixEventPort& io, i
                                                         kj::TimePoint deadline, kj::Duration delay,
                                                         HelloParams hello) {
   return connect_with_retry(io, address, deadline, delay)
-      .then([index, address, hello](kj::Own<kj::AsyncIoStream> stream) {
+      .then([index, address, hello](kj::Own<SocketStream> stream) {
         return hello_on(kj::mv(stream), index, address, hello);
       })
       .catch_([&io, index, address, deadline, delay, hello](kj::Exception&& e) -> kj::Promise<kj::Own<ShardConnection>> {

@@ -28,6 +28,8 @@ namespace ps {
 namespace {
 
 constexpr size_t kBufferBytes = 64u << 10;
+constexpr size_t kLowWaterBytes = 256u << 10;
+constexpr size_t kLowWaterMinBytes = 64u << 10;
 
 class SocketStreamImpl final : public SocketStream {
  public:
@@ -58,6 +60,10 @@ class SocketStreamImpl final : public SocketStream {
 
   void hold_until_sent(const void* data, std::shared_ptr<const void> hold) override {
     holds_.emplace(static_cast<const kj::byte*>(data), std::move(hold));
+  }
+
+  kj::Promise<void> read_exact(size_t bytes, kj::Function<kj::byte*(size_t)> where) override {
+    return read_exact_more(bytes, kj::mv(where), 0);
   }
 
   kj::Promise<void> whenWriteDisconnected() override {
@@ -109,6 +115,7 @@ class SocketStreamImpl final : public SocketStream {
       if (readable_ != nullptr) {
         // The last read came back short: the socket was empty then, so wait
         // for more rather than spend a read() to learn it again.
+        set_low_water(std::min(min_bytes - got, kLowWaterBytes));
         auto wait = kj::mv(KJ_ASSERT_NONNULL(readable_));
         readable_ = nullptr;
         return wait.then([this, dst, min_bytes, max_bytes, got] { return read_more(dst, min_bytes, max_bytes, got); });
@@ -126,7 +133,10 @@ class SocketStreamImpl final : public SocketStream {
         watch_readable();
         continue;
       }
-      if (n == 0) return got;  // end of stream
+      if (n == 0) {  // end of stream
+        set_low_water(1);
+        return got;
+      }
       if (static_cast<size_t>(n) < ask) {
         // Empty now, unless the peer's hang-up came with the data: then the
         // next read() finds the end, and no later edge would say so.
@@ -145,7 +155,56 @@ class SocketStreamImpl final : public SocketStream {
         got += take;
       }
     }
+    set_low_water(1);
     return got;
+  }
+
+  kj::Promise<void> read_exact_more(size_t bytes, kj::Function<kj::byte*(size_t)> where, size_t got) {
+    const size_t from_buffer = std::min(bytes - got, end_ - pos_);
+    if (from_buffer > 0) {
+      std::memcpy(where(got), buffer_.begin() + pos_, from_buffer);
+      pos_ += from_buffer;
+      got += from_buffer;
+    }
+    while (got < bytes) {
+      if (readable_ != nullptr) {
+        // Much still to come: wake when a good part of it is there, not
+        // for every packet (a wake-up costs as much as copying 30 KiB here).
+        set_low_water(std::min(bytes - got, kLowWaterBytes));
+        auto wait = kj::mv(KJ_ASSERT_NONNULL(readable_));
+        readable_ = nullptr;
+        return wait.then([this, bytes, where = kj::mv(where), got]() mutable {
+          return read_exact_more(bytes, kj::mv(where), got);
+        });
+      }
+      const size_t ask = bytes - got;
+      ssize_t n;
+      do {
+        n = ::read(fd_, where(got), ask);
+      } while (n < 0 && errno == EINTR);
+      if (n < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK) KJ_FAIL_SYSCALL("read", errno);
+        watch_readable();
+        continue;
+      }
+      if (n == 0) {
+        return KJ_EXCEPTION(DISCONNECTED, "stream ended inside a message", bytes, got);
+      }
+      if (static_cast<size_t>(n) < ask) {
+        KJ_IF_MAYBE(at_end, observer_.atEndHint()) {
+          if (!*at_end) watch_readable();
+        }
+      }
+      got += n;
+    }
+    set_low_water(1);
+    return kj::READY_NOW;
+  }
+
+  void set_low_water(size_t bytes) {
+    const int value = static_cast<int>(bytes < kLowWaterMinBytes ? 1 : bytes);
+    if (value == low_water_) return;
+    if (::setsockopt(fd_, SOL_SOCKET, SO_RCVLOWAT, &value, sizeof(value)) == 0) low_water_ = value;
   }
 
   // Registers for the next readability edge at once, so none that comes
@@ -187,6 +246,7 @@ class SocketStreamImpl final : public SocketStream {
   kj::Array<kj::byte> buffer_ = kj::heapArray<kj::byte>(kBufferBytes);
   size_t pos_ = 0, end_ = 0;
   kj::Maybe<kj::Promise<void>> readable_;
+  int low_water_ = 1;
   kj::Maybe<kj::ForkedPromise<void>> disconnected_;
   kj::ArrayPtr<const kj::byte> single_piece_;
   std::unordered_multimap<const kj::byte*, std::shared_ptr<const void>> holds_;
@@ -204,7 +264,7 @@ void make_nonblocking(int fd) {
   KJ_SYSCALL(fcntl(fd, F_SETFD, FD_CLOEXEC));
 }
 
-kj::Promise<kj::Own<kj::AsyncIoStream>> connect_to(kj::UnixEventPort& port, const SocketAddress& addr) {
+kj::Promise<kj::Own<SocketStream>> connect_to(kj::UnixEventPort& port, const SocketAddress& addr) {
   const int family = addr.storage.ss_family;
   int fd;
   KJ_SYSCALL(fd = ::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
@@ -217,14 +277,14 @@ kj::Promise<kj::Own<kj::AsyncIoStream>> connect_to(kj::UnixEventPort& port, cons
   do {
     r = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr.storage), addr.length);
   } while (r < 0 && errno == EINTR);
-  if (r == 0) return kj::Own<kj::AsyncIoStream>(kj::mv(stream));
+  if (r == 0) return kj::Own<SocketStream>(kj::mv(stream));
   if (errno != EINPROGRESS) KJ_FAIL_SYSCALL("connect", errno);
   auto* raw = stream.get();
-  return raw->connected().then([stream = kj::mv(stream)]() mutable { return kj::Own<kj::AsyncIoStream>(kj::mv(stream)); });
+  return raw->connected().then([stream = kj::mv(stream)]() mutable { return kj::Own<SocketStream>(kj::mv(stream)); });
 }
 
 // Tries the addresses in order; fails with the last one's error.
-kj::Promise<kj::Own<kj::AsyncIoStream>> connect_any(kj::UnixEventPort& port, kj::Array<SocketAddress> addrs,
+kj::Promise<kj::Own<SocketStream>> connect_any(kj::UnixEventPort& port, kj::Array<SocketAddress> addrs,
                                                     size_t i) {
   auto attempt = kj::evalNow([&] { return connect_to(port, addrs[i]); });
   if (i + 1 >= addrs.size()) return attempt;
@@ -283,7 +343,7 @@ kj::Own<SocketStream> wrap_socket(kj::UnixEventPort& port, int fd) {
   return kj::heap<SocketStreamImpl>(port, fd);
 }
 
-kj::Promise<kj::Own<kj::AsyncIoStream>> connect_socket(kj::UnixEventPort& port, const std::string& address) {
+kj::Promise<kj::Own<SocketStream>> connect_socket(kj::UnixEventPort& port, const std::string& address) {
   if (address.rfind("unix:", 0) == 0) {
     const std::string path = address.substr(5);
     SocketAddress a;

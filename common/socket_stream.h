@@ -32,6 +32,12 @@ class SocketStream : public kj::AsyncIoStream {
   // them (a copy-on-write view) until they are on the wire. Holds on the
   // same address are interchangeable: each such write releases one.
   virtual void hold_until_sent(const void* data, std::shared_ptr<const void> hold) = 0;
+
+  // Reads exactly `bytes` (fails on end of stream first), each piece to
+  // where(offset), which is asked again before every system call: the
+  // memory can be changed between them (a caller that gave up on a reply
+  // whose bytes were going straight into its buffer; client/landing_stream.h).
+  virtual kj::Promise<void> read_exact(size_t bytes, kj::Function<kj::byte*(size_t offset)> where) = 0;
 };
 
 // Takes ownership of `fd` (made non-blocking, TCP_NODELAY, closed with the stream).
@@ -40,6 +46,6 @@ kj::Own<SocketStream> wrap_socket(kj::UnixEventPort& port, int fd);
 // Connects to "host:port", "[v6addr]:port" or "unix:/path", trying every
 // address the name resolves to. Host names are resolved on a short-lived
 // thread, so a slow DNS server does not stall the event loop.
-kj::Promise<kj::Own<kj::AsyncIoStream>> connect_socket(kj::UnixEventPort& port, const std::string& address);
+kj::Promise<kj::Own<SocketStream>> connect_socket(kj::UnixEventPort& port, const std::string& address);
 
 }  // namespace ps

@@ -186,9 +186,13 @@ interface Shard {
   # Idempotent: an existing tensor with the same shape is returned as is
   # (created = false); one with another shape is an error.
 
-  pull @2 (names :List(Text), minStep :Int64) -> (tensors :List(TensorData), step :Int64);
+  pull @2 (names :List(Text), minStep :Int64, tag :UInt64) -> (tensors :List(TensorData), step :Int64, tag :UInt64);
   # Values of the named tensors, all read at one global step `step`
   # (>= minStep: the call waits until the shard reaches minStep).
+  # tag: echoed in the reply, where a client can read it before the
+  # tensors' bytes arrive and receive them straight into their destination
+  # (client/landing_stream.h). Large tensors travel as message segments of
+  # their own, after the segment holding the rest of the reply.
 
   push @3 (grads :List(Gradient), step :Int64, requestId :UInt64, doneStep :Int64 = -1)
        -> (status :List(PushStatus), step :Int64, stop :Bool);

@@ -143,9 +143,37 @@ void Shard::timed_apply(StoredTensor* t, std::span<const float> g, float scale) 
   apply_latency_.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
+namespace {
+
+// Tensors from this size up are sent from their own memory (a copy-on-write
+// view held by the stream until written) rather than copied into the reply:
+// no memset and memcpy on the event loop before the send. Each is a message
+// segment of its own; readers refuse messages of 512 segments or more, hence
+// the cap per reply.
+constexpr uint64_t kSendInPlaceBytes = 64u << 10;
+constexpr unsigned kMaxInPlacePerReply = 64;
+
+}  // namespace
+
+capnp::MessageSize Shard::pull_reply_size(wire::Shard::PullParams::Reader params) const {
+  // Room for everything but the in-place tensors, so all of it lands in the
+  // reply's first segment, ahead of the tensors' own segments: a client then
+  // knows where each tensor goes before its bytes arrive.
+  uint64_t words = 16;
+  for (auto n : params.getNames()) {
+    words += 8 + (n.size() + 8) / sizeof(capnp::word);
+    if (const StoredTensor* t = store_.find(n)) {
+      const uint64_t size = t->size() * sizeof(float);
+      if (size < kSendInPlaceBytes || size % sizeof(capnp::word) != 0) words += (size + 7) / sizeof(capnp::word);
+    }
+  }
+  return {words, 0};
+}
+
 kj::Promise<void> Shard::pull(const Caller& caller, wire::Shard::PullParams::Reader params,
                               wire::Shard::PullResults::Builder results) {
   saw_worker(caller.worker_index);
+  results.setTag(params.getTag());
   auto names = params.getNames();
   std::vector<StoredTensor*> tensors;
   tensors.reserve(names.size());
@@ -162,13 +190,6 @@ kj::Promise<void> Shard::pull(const Caller& caller, wire::Shard::PullParams::Rea
 
 kj::Promise<void> Shard::read_tensors(std::vector<StoredTensor*> tensors, wire::Shard::PullResults::Builder results,
                                       SocketStream* stream) {
-  // Tensors from this size up are sent from their own memory (a
-  // copy-on-write view held by the stream until written) rather than copied
-  // into the reply: no memset and memcpy on the event loop before the send.
-  // Each is a message segment of its own; readers refuse messages of 512
-  // segments or more, hence the cap per reply.
-  constexpr uint64_t kSendInPlaceBytes = 64u << 10;
-  constexpr unsigned kMaxInPlacePerReply = 64;
   auto out = results.initTensors(static_cast<unsigned>(tensors.size()));
   results.setStep(job_.global_step());
   auto orphanage = capnp::Orphanage::getForMessageContaining(results);

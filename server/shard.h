@@ -103,6 +103,9 @@ class Shard {
   void create(wire::Shard::CreateParams::Reader params, wire::Shard::CreateResults::Builder results);
   kj::Promise<void> pull(const Caller& caller, wire::Shard::PullParams::Reader params,
                          wire::Shard::PullResults::Builder results);
+  // A first-segment size for pull's reply that holds all of it but the
+  // tensors sent from their own memory.
+  capnp::MessageSize pull_reply_size(wire::Shard::PullParams::Reader params) const;
   kj::Promise<void> push(const Caller& caller, wire::Shard::PushParams::Reader params,
                          wire::Shard::PushResults::Builder results);
   void list(wire::Shard::ListResults::Builder results) const;

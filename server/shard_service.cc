@@ -97,7 +97,7 @@ kj::Promise<void> ShardServiceImpl::create(CreateContext context) {
 }
 
 kj::Promise<void> ShardServiceImpl::pull(PullContext context) {
-  return guarded(RequestKind::kPull, [&] { return shard_.pull(caller_, context.getParams(), context.getResults()); });
+  return guarded(RequestKind::kPull, [&] { return shard_.pull(caller_, context.getParams(), context.getResults(shard_.pull_reply_size(context.getParams()))); });
 }
 
 kj::Promise<void> ShardServiceImpl::push(PushContext context) {

@@ -7,11 +7,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -241,4 +243,93 @@ TEST_CASE("connect_socket failures are exceptions naming the cause") {
   }
   REQUIRE_THROWS_AS(l.wait(ps::connect_socket(l.port, "no-port-here")), kj::Exception);
   REQUIRE_THROWS_AS(l.wait(ps::connect_socket(l.port, "host.invalid:1234")), kj::Exception);
+}
+
+namespace {
+
+// Both ends of a loopback TCP connection, as SocketStreams.
+struct TcpPair {
+  kj::Own<ps::SocketStream> a, b;
+  int b_fd = -1;
+};
+
+TcpPair tcp_pair(Loop& l) {
+  Listener listener;
+  int client = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(listener.port));
+  REQUIRE(::connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  int server = ::accept(listener.fd, nullptr, nullptr);
+  REQUIRE(server >= 0);
+  return {ps::wrap_socket(l.port, client), ps::wrap_socket(l.port, server), server};
+}
+
+}  // namespace
+
+TEST_CASE("read_exact reads around the buffer into where(offset), then small reads go on as before") {
+  Loop l;
+  // The sender is a plain blocking socket on a thread, sending in pieces
+  // with pauses, so the reader has to wait for more many times.
+  Listener listener;
+  int sender = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(listener.port));
+  REQUIRE(::connect(sender, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  const int receiver_fd = ::accept(listener.fd, nullptr, nullptr);
+  REQUIRE(receiver_fd >= 0);
+  auto receiver = ps::wrap_socket(l.port, receiver_fd);
+  auto head = random_bytes(8, 11), big = random_bytes(3u << 20, 12), tail = random_bytes(10, 13);
+  std::thread writer([&] {
+    auto send_all = [&](const std::vector<kj::byte>& v) {
+      for (size_t at = 0; at < v.size();) {
+        const ssize_t n = ::write(sender, v.data() + at, std::min<size_t>(v.size() - at, 100000));
+        if (n <= 0) return;
+        at += static_cast<size_t>(n);
+        std::this_thread::sleep_for(std::chrono::microseconds(300));
+      }
+    };
+    send_all(head);
+    send_all(big);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    send_all(tail);
+  });
+  std::vector<kj::byte> got_head(8), got_big(big.size()), got_tail(10);
+  l.wait(receiver->read(got_head.data(), 8));
+  size_t asked = 0, last_offset = 0;
+  bool ascending = true;
+  l.wait(receiver->read_exact(big.size(), [&](size_t offset) {
+    ascending = ascending && offset >= last_offset;
+    last_offset = offset;
+    ++asked;
+    return got_big.data() + offset;
+  }));
+  CHECK(got_head == head);
+  CHECK(got_big == big);
+  CHECK(asked > 3);
+  CHECK(ascending);
+  // Waiting for a large remainder raises the socket's low-water mark; it
+  // must be back at 1, or a small message would wait for bytes never sent.
+  int lowat = 0;
+  socklen_t len = sizeof(lowat);
+  REQUIRE(::getsockopt(receiver_fd, SOL_SOCKET, SO_RCVLOWAT, &lowat, &len) == 0);
+  CHECK(lowat == 1);
+  l.wait(receiver->read(got_tail.data(), 10));
+  CHECK(got_tail == tail);
+  writer.join();
+  ::close(sender);
+}
+
+TEST_CASE("read_exact fails when the stream ends first") {
+  Loop l;
+  auto p = tcp_pair(l);
+  auto data = random_bytes(100000, 14);
+  l.wait(p.a->write(data.data(), data.size()));
+  p.a->shutdownWrite();
+  std::vector<kj::byte> got(200000);
+  CHECK_THROWS(l.wait(p.b->read_exact(got.size(), [&](size_t offset) { return got.data() + offset; })));
+  CHECK(std::memcmp(got.data(), data.data(), data.size()) == 0);
 }

@@ -248,9 +248,9 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
         // step asked for: read what it has (reconnector.h).
         req.setMinStep(attempt > 0 && c.rolled_back ? std::min(min_step, c.hello_step) : min_step);
         // Large parts are read from the socket straight into st.out
-        // (landing_stream.h); held until the reply is in.
-        kj::Own<LandingMessageStream::Expectation> expect;
-        if (batch.bytes >= LandingMessageStream::kMinLandingBytes) {
+        // (client_message_stream.h); held until the reply is in.
+        kj::Own<ClientMessageStream::Expectation> expect;
+        if (batch.bytes >= ClientMessageStream::kMinLandingBytes) {
           std::vector<kj::ArrayPtr<kj::byte>> dest(batch.parts.size());
           for (unsigned i = 0; i < batch.parts.size(); ++i) {
             const PartRef& ref = batch.parts[i];

@@ -33,10 +33,10 @@ bool ClientLoop::enter(std::optional<kj::WaitScope>& scope) {
 
 void ClientLoop::leave(std::optional<kj::WaitScope>& scope, std::unique_lock<std::mutex>& drive) {
   try {
-    // Cap'n Proto may queue a write (a call's Finish, say) behind the reply:
-    // send it now rather than at this client's next call. (Checked first: a
-    // poll with nothing queued is still a system call.)
-    if (loop_->isRunnable()) scope->poll();
+    // Cap'n Proto may queue work behind the reply (handing its Finish to
+    // the stream, say): run it now, without asking the kernel for events,
+    // which would cost a system call for nothing most of the time.
+    loop_->run();
   } catch (const kj::Exception& e) {
     spdlog::warn("libpsclient: {}", e.getDescription().cStr());
   }

@@ -42,7 +42,7 @@ kj::Promise<kj::Own<ShardConnection>> hello_on(kj::Own<SocketStream> stream, int
   conn->stream = kj::mv(stream);
   capnp::ReaderOptions reader;
   reader.traversalLimitInWords = (1ull << 34) / sizeof(capnp::word);  // the client trusts its shards
-  conn->messages = kj::heap<LandingMessageStream>(*conn->stream);
+  conn->messages = kj::heap<ClientMessageStream>(*conn->stream);
   conn->network = kj::heap<capnp::TwoPartyVatNetwork>(*conn->messages, capnp::rpc::twoparty::Side::CLIENT, reader);
   conn->rpc = kj::heap(capnp::makeRpcClient(*conn->network));
   capnp::word scratch[4];

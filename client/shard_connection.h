@@ -9,7 +9,7 @@
 #include <kj/async-io.h>
 #include <kj/async-unix.h>
 
-#include "landing_stream.h"
+#include "client_message_stream.h"
 #include "ps.capnp.h"
 #include "ps/job.h"
 
@@ -19,7 +19,7 @@ struct ShardConnection {
   int index = 0;
   std::string address;
   kj::Own<SocketStream> stream;
-  kj::Own<LandingMessageStream> messages;  // pull replies land in the caller's buffers
+  kj::Own<ClientMessageStream> messages;  // pull replies land in the caller's buffers
   kj::Own<capnp::TwoPartyVatNetwork> network;
   kj::Own<capnp::RpcSystem<capnp::rpc::twoparty::VatId>> rpc;
   wire::Shard::Client shard{nullptr};

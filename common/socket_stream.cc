@@ -33,8 +33,12 @@ constexpr size_t kLowWaterMinBytes = 64u << 10;
 
 class SocketStreamImpl final : public SocketStream {
  public:
+  // Reads only: a socket watched for writes too wakes its event loop each
+  // time an acknowledgement frees send space (after every reply), for
+  // nothing unless a write is waiting. Writes that find the socket full
+  // watch a duplicate of it until they are done (when_writable).
   SocketStreamImpl(kj::UnixEventPort& port, int fd)
-      : fd_(fd), observer_(port, fd, kj::UnixEventPort::FdObserver::OBSERVE_READ_WRITE) {}
+      : port_(port), fd_(fd), observer_(port, fd, kj::UnixEventPort::FdObserver::OBSERVE_READ) {}
 
   kj::Promise<size_t> tryRead(void* buffer, size_t min_bytes, size_t max_bytes) override {
     return read_more(static_cast<kj::byte*>(buffer), min_bytes, max_bytes, 0);
@@ -96,7 +100,8 @@ class SocketStreamImpl final : public SocketStream {
 
   // For a non-blocking connect(): resolves once the connection is up.
   kj::Promise<void> connected() {
-    return observer_.whenBecomesWritable().then([this] {
+    return when_writable().then([this] {
+      write_watch_ = nullptr;
       int error = 0;
       socklen_t len = sizeof(error);
       KJ_SYSCALL(::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &error, &len));
@@ -115,7 +120,6 @@ class SocketStreamImpl final : public SocketStream {
       if (readable_ != nullptr) {
         // The last read came back short: the socket was empty then, so wait
         // for more rather than spend a read() to learn it again.
-        set_low_water(std::min(min_bytes - got, kLowWaterBytes));
         auto wait = kj::mv(KJ_ASSERT_NONNULL(readable_));
         readable_ = nullptr;
         return wait.then([this, dst, min_bytes, max_bytes, got] { return read_more(dst, min_bytes, max_bytes, got); });
@@ -219,7 +223,10 @@ class SocketStreamImpl final : public SocketStream {
         skip -= pieces[0].size();
         pieces = pieces.slice(1, pieces.size());
       }
-      if (pieces.size() == 0) return kj::READY_NOW;
+      if (pieces.size() == 0) {
+        write_watch_ = nullptr;
+        return kj::READY_NOW;
+      }
       iovec iov[64];
       const size_t count = std::min<size_t>(pieces.size(), 64);
       for (size_t i = 0; i < count; ++i) {
@@ -235,14 +242,35 @@ class SocketStreamImpl final : public SocketStream {
       } while (n < 0 && errno == EINTR);
       if (n < 0) {
         if (errno != EAGAIN && errno != EWOULDBLOCK) KJ_FAIL_SYSCALL("sendmsg", errno);
-        return observer_.whenBecomesWritable().then([this, pieces, skip] { return write_more(pieces, skip); });
+        return when_writable().then([this, pieces, skip] { return write_more(pieces, skip); });
       }
       skip += n;
     }
   }
 
+  kj::Promise<void> when_writable() {
+    if (write_watch_.get() == nullptr) write_watch_ = kj::heap<WriteWatch>(port_, fd_);
+    return write_watch_->observer.whenBecomesWritable();
+  }
+
+  // epoll accepts a second registration of the same socket under another
+  // descriptor; registering reports at once if it is already writable.
+  struct WriteWatch {
+    WriteWatch(kj::UnixEventPort& port, int fd)
+        : fd(dup_or_throw(fd)), observer(port, this->fd, kj::UnixEventPort::FdObserver::OBSERVE_WRITE) {}
+    static int dup_or_throw(int fd) {
+      int copy;
+      KJ_SYSCALL(copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+      return copy;
+    }
+    kj::AutoCloseFd fd;
+    kj::UnixEventPort::FdObserver observer;
+  };
+
+  kj::UnixEventPort& port_;
   kj::AutoCloseFd fd_;
   kj::UnixEventPort::FdObserver observer_;
+  kj::Own<WriteWatch> write_watch_;
   kj::Array<kj::byte> buffer_ = kj::heapArray<kj::byte>(kBufferBytes);
   size_t pos_ = 0, end_ = 0;
   kj::Maybe<kj::Promise<void>> readable_;

@@ -36,7 +36,7 @@ class SocketStream : public kj::AsyncIoStream {
   // Reads exactly `bytes` (fails on end of stream first), each piece to
   // where(offset), which is asked again before every system call: the
   // memory can be changed between them (a caller that gave up on a reply
-  // whose bytes were going straight into its buffer; client/landing_stream.h).
+  // whose bytes were going straight into its buffer; client/client_message_stream.h).
   virtual kj::Promise<void> read_exact(size_t bytes, kj::Function<kj::byte*(size_t offset)> where) = 0;
 };
 

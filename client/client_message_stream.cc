@@ -1,22 +1,24 @@
-#include "landing_stream.h"
+#include "client_message_stream.h"
 
 #include <sys/mman.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cstring>
 #include <random>
 
 #include <capnp/rpc.capnp.h>
+#include <capnp/serialize.h>
 #include <kj/debug.h>
 
 #include "ps.capnp.h"
 
 namespace ps {
 
-struct LandingMessageStream::Destinations : kj::Refcounted {
+struct ClientMessageStream::Destinations : kj::Refcounted {
   uint64_t tag = 0;
   std::vector<kj::ArrayPtr<kj::byte>> buffers;
-  LandingMessageStream* owner = nullptr;  // null once withdrawn (or the stream is gone)
+  ClientMessageStream* owner = nullptr;  // null once withdrawn (or the stream is gone)
   bool withdrawn() const { return owner == nullptr; }
 };
 
@@ -24,7 +26,7 @@ struct LandingMessageStream::Destinations : kj::Refcounted {
 // first segment is parsed: a tensor whose bytes point into this range is
 // known to be in segment k at offset o before segment k arrives. Reading
 // them (a landing pad in a later segment) finds zeros, a null pointer.
-class LandingMessageStream::Placeholder {
+class ClientMessageStream::Placeholder {
  public:
   ~Placeholder() {
     if (base_ != nullptr) ::munmap(base_, size_);
@@ -47,7 +49,7 @@ class LandingMessageStream::Placeholder {
   size_t size_ = 0;
 };
 
-struct LandingMessageStream::Incoming {
+struct ClientMessageStream::Incoming {
   capnp::ReaderOptions options;
   uint32_t header[2] = {0, 0};
   kj::Array<uint32_t> more_sizes;
@@ -74,7 +76,7 @@ struct LandingMessageStream::Incoming {
   }
 };
 
-class LandingMessageStream::Received final : public capnp::MessageReader {
+class ClientMessageStream::Received final : public capnp::MessageReader {
  public:
   Received(capnp::ReaderOptions options, kj::Own<Incoming> in) : capnp::MessageReader(options), in_(kj::mv(in)) {}
   kj::ArrayPtr<const capnp::word> getSegment(uint id) override {
@@ -91,27 +93,27 @@ constexpr uint32_t kMaxSegments = 512;  // as capnp's own reader
 
 }  // namespace
 
-LandingMessageStream::LandingMessageStream(SocketStream& stream)
-    : stream_(stream), writer_(stream), next_tag_(std::random_device{}() | uint64_t{std::random_device{}()} << 32),
+ClientMessageStream::ClientMessageStream(SocketStream& stream)
+    : stream_(stream), next_tag_(std::random_device{}() | uint64_t{std::random_device{}()} << 32),
       placeholder_(kj::heap<Placeholder>()) {}
 
-LandingMessageStream::~LandingMessageStream() noexcept(false) {
+ClientMessageStream::~ClientMessageStream() noexcept(false) {
   for (auto& [tag, d] : expected_) d->owner = nullptr;
 }
 
-LandingMessageStream::Expectation::Expectation(LandingMessageStream& stream, kj::Own<Destinations> dest)
+ClientMessageStream::Expectation::Expectation(ClientMessageStream& stream, kj::Own<Destinations> dest)
     : stream_(stream), dest_(kj::mv(dest)) {}
 
-LandingMessageStream::Expectation::~Expectation() {
+ClientMessageStream::Expectation::~Expectation() {
   if (dest_->owner != nullptr) {
     dest_->owner->expected_.erase(dest_->tag);
     dest_->owner = nullptr;
   }
 }
 
-uint64_t LandingMessageStream::Expectation::tag() const { return dest_->tag; }
+uint64_t ClientMessageStream::Expectation::tag() const { return dest_->tag; }
 
-kj::Own<LandingMessageStream::Expectation> LandingMessageStream::expect(std::vector<kj::ArrayPtr<kj::byte>> buffers) {
+kj::Own<ClientMessageStream::Expectation> ClientMessageStream::expect(std::vector<kj::ArrayPtr<kj::byte>> buffers) {
   auto d = kj::refcounted<Destinations>();
   // Random start, then consecutive: a reply to something else whose first
   // words happen to read as a pending tag is as good as impossible.
@@ -124,7 +126,7 @@ kj::Own<LandingMessageStream::Expectation> LandingMessageStream::expect(std::vec
   return kj::heap<Expectation>(*this, kj::mv(d));
 }
 
-kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> LandingMessageStream::tryReadMessage(
+kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> ClientMessageStream::tryReadMessage(
     kj::ArrayPtr<kj::AutoCloseFd>, capnp::ReaderOptions options, kj::ArrayPtr<capnp::word>) {
   auto in = kj::heap<Incoming>();
   in->options = options;
@@ -145,7 +147,7 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> LandingMessageStream::tryRead
       });
 }
 
-kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> LandingMessageStream::read_body(kj::Own<Incoming> in) {
+kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> ClientMessageStream::read_body(kj::Own<Incoming> in) {
   const uint32_t count = in->header[0] + 1;
   in->words.resize(count);
   in->words[0] = in->header[1];
@@ -184,7 +186,7 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> LandingMessageStream::read_bo
       .then([this, in = kj::mv(in)]() mutable { return kj::Maybe<capnp::MessageReaderAndFds>(finish(kj::mv(in))); });
 }
 
-void LandingMessageStream::plan_landings(Incoming& in) {
+void ClientMessageStream::plan_landings(Incoming& in) {
   const size_t count = in.words.size();
   std::vector<size_t> start(count, 0);  // word offset of segment k in the placeholder
   size_t later = 0;
@@ -240,7 +242,7 @@ void LandingMessageStream::plan_landings(Incoming& in) {
   }
 }
 
-kj::Promise<void> LandingMessageStream::read_segments(Incoming& in, size_t k) {
+kj::Promise<void> ClientMessageStream::read_segments(Incoming& in, size_t k) {
   const size_t count = in.words.size();
   if (k >= count) return kj::READY_NOW;
   if (in.landings[k].dest.get() != nullptr) {
@@ -259,7 +261,7 @@ kj::Promise<void> LandingMessageStream::read_segments(Incoming& in, size_t k) {
       .then([this, &in, end] { return read_segments(in, end); });
 }
 
-capnp::MessageReaderAndFds LandingMessageStream::finish(kj::Own<Incoming> in) {
+capnp::MessageReaderAndFds ClientMessageStream::finish(kj::Own<Incoming> in) {
   const size_t count = in->words.size();
   in->segments = kj::heapArray<kj::ArrayPtr<const capnp::word>>(count);
   if (in->rest == nullptr && !in->lands) {
@@ -289,18 +291,77 @@ capnp::MessageReaderAndFds LandingMessageStream::finish(kj::Own<Incoming> in) {
   return capnp::MessageReaderAndFds{kj::heap<Received>(options, kj::mv(in)), nullptr};
 }
 
-kj::Promise<void> LandingMessageStream::writeMessage(kj::ArrayPtr<const int> fds,
+namespace {
+
+bool is_finish(kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments) {
+  if (segments.size() != 1 || segments[0].size() > 16) return false;
+  capnp::SegmentArrayMessageReader reader(segments);
+  bool finish = false;
+  auto failure = kj::runCatchingExceptions([&] { finish = reader.getRoot<capnp::rpc::Message>().isFinish(); });
+  return failure == nullptr && finish;
+}
+
+// The segment table of the stream framing: count - 1, then each size,
+// padded to a whole word.
+kj::Array<uint32_t> segment_table(kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments) {
+  auto table = kj::heapArray<uint32_t>((segments.size() + 2) & ~size_t{1});
+  table[0] = static_cast<uint32_t>(segments.size() - 1);
+  for (size_t i = 0; i < segments.size(); ++i) table[i + 1] = static_cast<uint32_t>(segments[i].size());
+  if (segments.size() % 2 == 0) table[table.size() - 1] = 0;
+  return table;
+}
+
+}  // namespace
+
+kj::Promise<void> ClientMessageStream::writeMessage(kj::ArrayPtr<const int>,
                                                      kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments) {
-  return writer_.writeMessage(fds, segments);
+  if (is_finish(segments)) {
+    finishes_.add(capnp::messageToFlatArray(segments));
+    return kj::READY_NOW;
+  }
+  return write_framed(segments);
 }
 
-kj::Promise<void> LandingMessageStream::writeMessages(
+kj::Promise<void> ClientMessageStream::writeMessages(
     kj::ArrayPtr<kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>>> messages) {
-  return writer_.writeMessages(messages);
+  kj::Promise<void> all = kj::READY_NOW;
+  for (auto& m : messages) all = all.then([this, m] { return writeMessage(nullptr, m); });
+  return all;
 }
 
-kj::Maybe<int> LandingMessageStream::getSendBufferSize() { return writer_.getSendBufferSize(); }
+kj::Promise<void> ClientMessageStream::write_framed(kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments) {
+  auto held = kj::mv(finishes_);
+  finishes_ = kj::Vector<kj::Array<capnp::word>>();
+  auto table = segment_table(segments);
+  auto pieces = kj::heapArray<kj::ArrayPtr<const kj::byte>>(held.size() + 1 + segments.size());
+  size_t i = 0;
+  for (auto& f : held) pieces[i++] = f.asBytes();
+  pieces[i++] = table.asBytes();
+  for (auto& s : segments) pieces[i++] = s.asBytes();
+  auto* raw = pieces.begin();
+  return stream_.write(kj::arrayPtr(raw, pieces.size())).attach(kj::mv(pieces), kj::mv(table), kj::mv(held));
+}
 
-kj::Promise<void> LandingMessageStream::end() { return writer_.end(); }
+kj::Maybe<int> ClientMessageStream::getSendBufferSize() {
+  int size = 0;
+  kj::uint len = sizeof(size);
+  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&] { stream_.getsockopt(SOL_SOCKET, SO_SNDBUF, &size, &len); })) {
+    return nullptr;
+  }
+  return size;
+}
+
+kj::Promise<void> ClientMessageStream::end() {
+  kj::Promise<void> flushed = kj::READY_NOW;
+  if (!finishes_.empty()) {
+    auto held = kj::mv(finishes_);
+    finishes_ = kj::Vector<kj::Array<capnp::word>>();
+    auto pieces = kj::heapArray<kj::ArrayPtr<const kj::byte>>(held.size());
+    for (size_t i = 0; i < held.size(); ++i) pieces[i] = held[i].asBytes();
+    auto* raw = pieces.begin();
+    flushed = stream_.write(kj::arrayPtr(raw, pieces.size())).attach(kj::mv(pieces), kj::mv(held));
+  }
+  return flushed.then([this] { stream_.shutdownWrite(); });
+}
 
 }  // namespace ps

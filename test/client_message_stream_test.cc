@@ -1,8 +1,9 @@
-// ps::LandingMessageStream (client/landing_stream.h): pull replies whose
-// large tensors are read straight into registered buffers, and everything
-// else read as Cap'n Proto would. The replies here are built as psd builds
-// them (rpc Return, tensors referenced as segments of their own) and written
-// from another thread, so reads meet the data in pieces as they do in use.
+// ps::ClientMessageStream (client/client_message_stream.h): pull replies whose
+// large tensors are read straight into registered buffers, everything else
+// read as Cap'n Proto would, and Finish messages sent with the next message.
+// The replies here are built as psd builds them (rpc Return, tensors
+// referenced as segments of their own) and written from another thread, so
+// reads meet the data in pieces as they do in use.
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -20,7 +21,7 @@
 #include <catch2/catch.hpp>
 #include <kj/async-unix.h>
 
-#include "landing_stream.h"
+#include "client_message_stream.h"
 #include "ps.capnp.h"
 
 namespace {
@@ -102,11 +103,11 @@ struct Fixture {
   Loop l;
   int fds[2];
   kj::Own<ps::SocketStream> socket;
-  kj::Own<ps::LandingMessageStream> stream;
+  kj::Own<ps::ClientMessageStream> stream;
   Fixture() {
     REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
     socket = ps::wrap_socket(l.port, fds[0]);
-    stream = kj::heap<ps::LandingMessageStream>(*socket);
+    stream = kj::heap<ps::ClientMessageStream>(*socket);
   }
   ~Fixture() { ::close(fds[1]); }
 
@@ -171,7 +172,7 @@ TEST_CASE("a withdrawn pull's bytes stop going to its buffer, even mid-segment")
   Fixture f;
   auto a = random_floats(256 << 10, 5);  // 1 MiB in one segment
   std::vector<float> da(a.size(), 0.0f);
-  auto expect = kj::Maybe<kj::Own<ps::LandingMessageStream::Expectation>>(f.stream->expect({bytes_of(da)}));
+  auto expect = kj::Maybe<kj::Own<ps::ClientMessageStream::Expectation>>(f.stream->expect({bytes_of(da)}));
   Reply reply(KJ_ASSERT_NONNULL(expect)->tag(), {&a});
   auto flat = flatten(reply.message);
   const size_t first = flat.size() - (600u << 10);  // header, first segment and ~400 KiB of values
@@ -257,4 +258,51 @@ TEST_CASE("framing errors: too many segments, end of stream inside a message") {
     auto m = f.l.wait(f.stream->tryReadMessage(nullptr, capnp::ReaderOptions(), nullptr));
     CHECK(m == nullptr);
   }
+}
+
+namespace {
+
+// Bytes waiting on fd, without blocking.
+std::vector<kj::byte> drain(int fd) {
+  std::vector<kj::byte> out(1 << 16);
+  const ssize_t n = ::recv(fd, out.data(), out.size(), MSG_DONTWAIT);
+  out.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a Finish waits for the next message and goes out with it, in order") {
+  Fixture f;
+  capnp::MallocMessageBuilder finish;
+  finish.initRoot<capnp::rpc::Message>().initFinish().setQuestionId(41);
+  f.l.wait(f.stream->writeMessage(nullptr, finish.getSegmentsForOutput()));
+  capnp::MallocMessageBuilder finish2;
+  finish2.initRoot<capnp::rpc::Message>().initFinish().setQuestionId(42);
+  f.l.wait(f.stream->writeMessage(nullptr, finish2.getSegmentsForOutput()));
+  CHECK(drain(f.fds[1]).empty());  // held back
+
+  capnp::MallocMessageBuilder call;
+  call.initRoot<capnp::rpc::Message>().initCall().setQuestionId(43);
+  f.l.wait(f.stream->writeMessage(nullptr, call.getSegmentsForOutput()));
+  auto got = drain(f.fds[1]);
+  std::vector<kj::byte> want;
+  for (auto* m : {&finish, &finish2, &call}) {
+    auto flat = capnp::messageToFlatArray(*m);
+    want.insert(want.end(), flat.asBytes().begin(), flat.asBytes().end());
+  }
+  CHECK(got == want);
+}
+
+TEST_CASE("end() sends a held Finish before ending the stream") {
+  Fixture f;
+  capnp::MallocMessageBuilder finish;
+  finish.initRoot<capnp::rpc::Message>().initFinish().setQuestionId(7);
+  auto flat = capnp::messageToFlatArray(finish);
+  f.l.wait(f.stream->writeMessage(nullptr, finish.getSegmentsForOutput()));
+  f.l.wait(f.stream->end());
+  auto got = drain(f.fds[1]);
+  CHECK(got == std::vector<kj::byte>(flat.asBytes().begin(), flat.asBytes().end()));
+  kj::byte extra;
+  CHECK(::recv(f.fds[1], &extra, 1, MSG_DONTWAIT) == 0);  // end of stream
 }

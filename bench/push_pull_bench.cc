@@ -1,5 +1,5 @@
 // Push/pull benchmark against real psd processes, each result printed next to
-// plain loopback TCP measured in the same run.
+// plain loopback TCP measured in the same run, in turn with it.
 //
 //   build/bench/push_pull_bench                     # starts its own psd
 //   build/bench/push_pull_bench --reps 30 --sizes 4K,64K,1M,4M,16M,64M
@@ -72,8 +72,8 @@ void read_all(int fd, char* p, size_t n) {
   }
 }
 
-// Median seconds for "send `bytes`, receive a 1-byte ack" over loopback TCP.
-double tcp_transfer_seconds(size_t bytes, int reps) {
+// Seconds for each "send `bytes`, receive a 1-byte ack" over loopback TCP.
+std::vector<double> tcp_transfer_samples(size_t bytes, int reps) {
   int listener = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -117,7 +117,7 @@ double tcp_transfer_seconds(size_t bytes, int reps) {
   CPU_ZERO(&all);
   for (unsigned c = 0; c < std::thread::hardware_concurrency(); ++c) CPU_SET(c, &all);
   pthread_setaffinity_np(pthread_self(), sizeof(all), &all);
-  return median(times);
+  return times;
 }
 
 // A psd started by the benchmark, stopped at exit.
@@ -196,10 +196,13 @@ struct Measured {
   double push_s, pull_s;
 };
 
-// Median push and pull latency of one client for a tensor of `bytes`.
-Measured measure_one(ps::Client& client, const std::string& name, size_t bytes, int reps) {
-  std::vector<float> buf(bytes / 4, 0.0f);
+// Push and pull latency samples of one client for a tensor of `bytes`.
+struct Samples {
   std::vector<double> push, pull;
+};
+
+void sample_one(ps::Client& client, const std::string& name, size_t bytes, int reps, Samples& out) {
+  std::vector<float> buf(bytes / 4, 0.0f);
   for (int i = 0; i < reps + 2; ++i) {
     auto t0 = Clock::now();
     client.push(name, buf);
@@ -207,11 +210,16 @@ Measured measure_one(ps::Client& client, const std::string& name, size_t bytes, 
     client.pull(name, buf);
     auto t2 = Clock::now();
     if (i >= 2) {
-      push.push_back(std::chrono::duration<double>(t1 - t0).count());
-      pull.push_back(std::chrono::duration<double>(t2 - t1).count());
+      out.push.push_back(std::chrono::duration<double>(t1 - t0).count());
+      out.pull.push_back(std::chrono::duration<double>(t2 - t1).count());
     }
   }
-  return {median(push), median(pull)};
+}
+
+Measured measure_one(ps::Client& client, const std::string& name, size_t bytes, int reps) {
+  Samples s;
+  sample_one(client, name, bytes, reps, s);
+  return {median(s.push), median(s.pull)};
 }
 
 // Aggregate bytes/s of `clients` clients, each on its own thread pushing
@@ -278,14 +286,11 @@ int main(int argc, char** argv) {
   std::vector<size_t> sizes;
   for (const std::string& s : ps::split_list(sizes_flag)) sizes.push_back(parse_size(s));
 
-  std::printf("plain loopback TCP (sender and receiver on different cores, 1 MiB writes):\n");
-  std::vector<double> tcp(sizes.size());
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    tcp[i] = tcp_transfer_seconds(sizes[i], std::max(reps, 10));
-    std::printf("  %-8s %9.1f us  %6.2f GB/s\n", size_name(sizes[i]).c_str(), tcp[i] * 1e6, sizes[i] / tcp[i] / 1e9);
-  }
-  const double ping = tcp_transfer_seconds(64, 2000);
-  std::printf("  64 B ping-pong round trip: %.1f us\n\n", ping * 1e6);
+  // The machines this runs on change speed from minute to minute (shared
+  // VMs): each size's TCP reference is measured in blocks taken in turn
+  // with psd's, so a ratio compares like with like.
+  constexpr int kBlocks = 3;
+  const int block_reps = std::max(reps / kBlocks, 3);
 
   auto run_path = [&](const char* label, bool use_unix) {
     const std::string sock = use_unix ? std::filesystem::temp_directory_path() / ("psd-bench-" + std::to_string(getpid()) + ".sock") : "";
@@ -295,18 +300,34 @@ int main(int argc, char** argv) {
     opts.part_bytes = part_kb << 10;
     opts.max_request_bytes = request_kb << 10;
     opts.ps_hosts = {use_unix ? "unix:" + sock : "127.0.0.1:" + std::to_string(psd.port)};
-    std::printf("psd over %s, 1 client (median of %d):\n", label, reps);
-    std::printf("  %-8s %10s %8s %7s %10s %8s %7s\n", "size", "push us", "GB/s", "vs TCP", "pull us", "GB/s", "vs TCP");
+    std::printf("psd over %s, 1 client (medians of %d; plain TCP measured in turn with it):\n", label,
+                block_reps * kBlocks);
+    std::printf("  %-8s %9s %8s | %10s %8s %7s | %10s %8s %7s\n", "size", "TCP us", "TCP GB/s", "push us", "GB/s",
+                "vs TCP", "pull us", "GB/s", "vs TCP");
     ps::Client client(opts);
     for (size_t i = 0; i < sizes.size(); ++i) {
       const std::string name = "t" + std::to_string(sizes[i]);
       client.create({{.name = name, .shape = {sizes[i] / 4}, .optimizer = ps::OptimizerConfig::sgd(0.0f)}});
-      Measured m = measure_one(client, name, sizes[i], reps);
-      std::printf("  %-8s %10.1f %8.2f %7.2f %10.1f %8.2f %7.2f\n", size_name(sizes[i]).c_str(), m.push_s * 1e6,
-                  sizes[i] / m.push_s / 1e9, tcp[i] / m.push_s, m.pull_s * 1e6, sizes[i] / m.pull_s / 1e9,
-                  tcp[i] / m.pull_s);
+      std::vector<double> tcp_samples, ping_samples;
+      Samples s;
+      for (int b = 0; b < kBlocks; ++b) {
+        auto t = tcp_transfer_samples(sizes[i], block_reps);
+        tcp_samples.insert(tcp_samples.end(), t.begin(), t.end());
+        if (sizes[i] == 4096) {
+          auto p = tcp_transfer_samples(64, 300);
+          ping_samples.insert(ping_samples.end(), p.begin(), p.end());
+        }
+        sample_one(client, name, sizes[i], block_reps, s);
+      }
+      const double tcp = median(tcp_samples);
+      const Measured m{median(s.push), median(s.pull)};
+      std::printf("  %-8s %9.1f %8.2f | %10.1f %8.2f %7.2f | %10.1f %8.2f %7.2f\n", size_name(sizes[i]).c_str(), tcp * 1e6,
+                  sizes[i] / tcp / 1e9, m.push_s * 1e6, sizes[i] / m.push_s / 1e9, tcp / m.push_s, m.pull_s * 1e6,
+                  sizes[i] / m.pull_s / 1e9, tcp / m.pull_s);
       if (sizes[i] == 4096) {
-        std::printf("           4 KiB pull round trip = %.2fx the plain ping-pong\n", m.pull_s / ping);
+        const double ping = median(ping_samples);
+        std::printf("           plain 64 B ping-pong %.1f us; 4 KiB pull round trip = %.2fx it\n", ping * 1e6,
+                    m.pull_s / ping);
         const double raw = raw_capnp_pull_seconds(opts.ps_hosts[0], name, std::max(reps * 10, 200));
         std::printf("           raw Cap'n Proto pull from the calling thread: %.1f us (%.2fx ping-pong)\n", raw * 1e6,
                     raw / ping);

@@ -101,8 +101,7 @@ ClientMessageStream::~ClientMessageStream() noexcept(false) {
   for (auto& [tag, d] : expected_) d->owner = nullptr;
 }
 
-ClientMessageStream::Expectation::Expectation(ClientMessageStream& stream, kj::Own<Destinations> dest)
-    : stream_(stream), dest_(kj::mv(dest)) {}
+ClientMessageStream::Expectation::Expectation(kj::Own<Destinations> dest) : dest_(kj::mv(dest)) {}
 
 ClientMessageStream::Expectation::~Expectation() {
   if (dest_->owner != nullptr) {
@@ -123,7 +122,7 @@ kj::Own<ClientMessageStream::Expectation> ClientMessageStream::expect(std::vecto
   d->buffers = std::move(buffers);
   d->owner = this;
   expected_.emplace(d->tag, d.get());
-  return kj::heap<Expectation>(*this, kj::mv(d));
+  return kj::heap<Expectation>(kj::mv(d));
 }
 
 kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> ClientMessageStream::tryReadMessage(

@@ -62,13 +62,12 @@ class ClientMessageStream final : public capnp::MessageStream {
   // (empty: that tensor is not landed). Withdrawn when destroyed.
   class Expectation {
    public:
-    Expectation(ClientMessageStream& stream, kj::Own<Destinations> dest);
+    explicit Expectation(kj::Own<Destinations> dest);
     ~Expectation();
     KJ_DISALLOW_COPY(Expectation);
     uint64_t tag() const;
 
    private:
-    ClientMessageStream& stream_;
     kj::Own<Destinations> dest_;
   };
 

@@ -99,6 +99,14 @@ void Client::create(const std::vector<TensorSpec>& specs) {
       .get();
 }
 
+std::vector<std::string> Client::connection_addresses() {
+  std::vector<std::string> out;
+  impl_->loop.run([&] {
+    for (auto& s : impl_->shards) out.push_back(s.get() != nullptr ? s->via : std::string());
+  });
+  return out;
+}
+
 std::vector<TensorInfo> Client::list() {
   struct Collected {
     std::vector<std::pair<int, TensorInfo>> items;

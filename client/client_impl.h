@@ -216,7 +216,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   }
 
   HelloParams hello_params() const {
-    return {options.worker_index, options.is_chief, options.auth_token};
+    return {options.worker_index, options.is_chief, options.auth_token, options.prefer_unix_socket};
   }
 
   // Push request ids: a random base per Client (a restarted worker does not

@@ -17,7 +17,8 @@ namespace ps {
 
 struct ShardConnection {
   int index = 0;
-  std::string address;
+  std::string address;  // as configured (ClientOptions::ps_hosts)
+  std::string via;      // what this connection went to: address, or "unix:PATH" (psd on this host)
   kj::Own<SocketStream> stream;
   kj::Own<ClientMessageStream> messages;  // pull replies land in the caller's buffers
   kj::Own<capnp::TwoPartyVatNetwork> network;
@@ -42,6 +43,7 @@ struct HelloParams {
   int worker_index = -1;
   bool is_chief = false;
   std::string auth_token;
+  bool prefer_unix_socket = true;  // ClientOptions::prefer_unix_socket
 };
 
 // Connects to `address` ("host:port" or "unix:/path"), retrying with backoff

@@ -141,6 +141,8 @@ struct ShardInfo {
   globalStep @4 :Int64;
   job @5 :JobConfig;
   maxMessageBytes @6 :UInt64;
+  unixSocket @7 :Text;         # absolute path of psd's Unix-domain socket; empty: none
+  hostId @8 :Text;             # psd's host (kernel boot id): a client with the same may use unixSocket
 }
 
 struct WorkerState {
@@ -177,10 +179,13 @@ struct ShardStats {
 }
 
 interface Shard {
-  hello @0 (protocolVersion :UInt32, workerIndex :Int32, authToken :Data, isChief :Bool)
+  hello @0 (protocolVersion :UInt32, workerIndex :Int32, authToken :Data, isChief :Bool, probe :Bool)
         -> (info :ShardInfo);
   # workerIndex is -1 for a client that is not a training worker (tools).
   # Refused: a worker index outside the configured job, a second live chief.
+  # probe: only asks for `info` (the token is still checked); the connection
+  # has not said hello after it and may say the real one next, or close (a
+  # client on psd's host goes on over psd's Unix socket instead).
 
   create @1 (specs :List(TensorSpec)) -> (tensors :List(TensorMeta));
   # Idempotent: an existing tensor with the same shape is returned as is

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <list>
 
@@ -67,12 +68,19 @@ std::string peer_name(kj::AsyncIoStream& stream, const std::string& fallback) {
 
 struct PsServer::Impl : kj::TaskSet::ErrorHandler {
   Impl(ServerOptions o, kj::AsyncIoContext& io)
-      : options(std::move(o)), io(io), pool(options.threads), shard(options.shard, pool, io.provider->getTimer()),
+      : options(advertise_unix_socket(std::move(o))), io(io), pool(options.threads),
+        shard(options.shard, pool, io.provider->getTimer()),
         tasks(kj::heap<kj::TaskSet>(*this)) {
     if (!options.checkpoint.dir.empty()) {
       checkpointer = std::make_unique<Checkpointer>(options.checkpoint, shard);
       shard.set_checkpointer(checkpointer.get());
     }
+  }
+
+  // Clients on this host are told the Unix socket's absolute path in hello.
+  static ServerOptions advertise_unix_socket(ServerOptions o) {
+    if (!o.unix_socket.empty()) o.shard.unix_socket = std::filesystem::absolute(o.unix_socket).string();
+    return o;
   }
 
   void taskFailed(kj::Exception&& e) override { spdlog::warn("connection task failed: {}", e.getDescription().cStr()); }

@@ -10,6 +10,7 @@
 #include <capnp/orphan.h>
 #include <spdlog/spdlog.h>
 
+#include "host_id.h"
 #include "ps/errors.h"
 #include "wire_convert.h"
 
@@ -83,6 +84,7 @@ const char* request_kind_name(RequestKind kind) {
     case RequestKind::kBarrier: return "barrier";
     case RequestKind::kFinish: return "finish";
     case RequestKind::kReport: return "report";
+    case RequestKind::kProbe: return "probe";
     case RequestKind::kCount: break;
   }
   return "?";
@@ -493,6 +495,8 @@ void Shard::info(wire::ShardInfo::Builder out) const {
   out.setServerVersion("psd " PS_VERSION);
   out.setGlobalStep(job_.global_step());
   out.setMaxMessageBytes(options_.max_message_bytes);
+  out.setUnixSocket(options_.unix_socket);
+  out.setHostId(host_id());
   job_to_wire(job_.config(), out.initJob());
 }
 

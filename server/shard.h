@@ -49,6 +49,7 @@ struct ShardOptions {
   uint64_t max_message_bytes = 80u << 20;  // advertised to clients; enforced by the RPC reader
   StoreLimits limits;
   std::string auth_token;                  // non-empty: hello must carry it
+  std::string unix_socket;                 // absolute path psd also listens on, told to clients; empty: none
   uint64_t max_tensors_per_client = 0;     // tensors one connection may create; 0 = no limit
   uint32_t worker_timeout_secs = 0;        // sync: a silent worker is not waited for after this; 0 = never
 };
@@ -56,10 +57,11 @@ struct ShardOptions {
 // The RPC methods, for per-kind request counts (ps_requests_total{kind=...}).
 enum class RequestKind : unsigned {
   kHello, kCreate, kPull, kPush, kList, kStats, kInitJob, kSetReady, kWaitReady, kStepDone, kBarrier, kFinish,
-  kReport, kCheckpoint, kCount
+  kReport, kCheckpoint, kProbe, kCount
 };
 constexpr std::size_t kRequestKinds = static_cast<std::size_t>(RequestKind::kCount);
-// The name used as the metric label (the schema's method name).
+// The name used as the metric label (the schema's method name; "probe" for
+// a hello that only asks where psd is).
 const char* request_kind_name(RequestKind kind);
 
 // Counters read by stats() and the metrics endpoint; updated on any thread.

@@ -42,7 +42,9 @@ kj::Promise<void> ShardServiceImpl::guarded(RequestKind kind, F&& handler) {
     if (!refusal_.empty()) throw RequestError(refusal_);
     // Nothing but hello before a successful hello: with --auth_token_file
     // that is what keeps an unauthenticated peer out.
-    if (!said_hello_ && std::strcmp(what, "hello") != 0) throw RequestError(std::string(what) + ": say hello first");
+    if (!said_hello_ && kind != RequestKind::kHello && kind != RequestKind::kProbe) {
+      throw RequestError(std::string(what) + ": say hello first");
+    }
     return handler().catch_([reject](kj::Exception&& e) -> kj::Promise<void> {
       return reject(e.getDescription().cStr());
     });
@@ -55,7 +57,10 @@ kj::Promise<void> ShardServiceImpl::guarded(RequestKind kind, F&& handler) {
 }
 
 kj::Promise<void> ShardServiceImpl::hello(HelloContext context) {
-  return guarded(RequestKind::kHello, [&]() -> kj::Promise<void> {
+  // A malformed request fails in guarded(), which reports it.
+  bool probe = false;
+  (void)kj::runCatchingExceptions([&] { probe = context.getParams().getProbe(); });
+  return guarded(probe ? RequestKind::kProbe : RequestKind::kHello, [&]() -> kj::Promise<void> {
     auto params = context.getParams();
     if (params.getProtocolVersion() != wire::K_PROTOCOL_VERSION) {
       throw RequestError("protocol version mismatch: client speaks " + std::to_string(params.getProtocolVersion()) +
@@ -64,6 +69,11 @@ kj::Promise<void> ShardServiceImpl::hello(HelloContext context) {
     }
     if (said_hello_) throw RequestError("hello: this connection already said hello");
     check_token(params.getAuthToken());
+    if (probe) {
+      shard_.info(context.getResults().initInfo());
+      spdlog::debug("{} asked where this psd is (probe)", caller_.peer);
+      return kj::READY_NOW;
+    }
     Caller caller = caller_;
     caller.worker_index = params.getWorkerIndex();
     caller.is_chief = params.getIsChief();

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <thread>
 
@@ -227,6 +228,55 @@ TEST_CASE("a tensor split over 3 shards round-trips bit-exactly") {
   client.push("emb", g);
   client.pull("emb", out);
   CHECK(std::memcmp(out.data(), expected.data(), n * 4) == 0);
+}
+
+TEST_CASE("a psd on this host is reached over its Unix socket, with the same values as over TCP") {
+  ps::test::TempDir dir;
+  const std::string sock = dir.path() + "/psd.sock";
+  PsdProcess psd({"--unix_socket", sock});
+  Client local(options_for({&psd}));
+  CHECK(local.connection_addresses() == std::vector<std::string>{"unix:" + sock});
+  ClientOptions tcp_options = options_for({&psd});
+  tcp_options.prefer_unix_socket = false;
+  Client tcp(tcp_options);
+  CHECK(tcp.connection_addresses() == std::vector<std::string>{psd.address()});
+
+  const std::size_t n = 3 * (1 << 18) + 5;  // 3 MiB and a bit: four parts
+  std::mt19937 rng(3);
+  std::vector<float> init(n), g(n), expected(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    init[i] = float(int(rng() % 2001) - 1000) / 32.0f;
+    g[i] = float(int(rng() % 2001) - 1000) / 64.0f;
+    expected[i] = init[i] - g[i];
+  }
+  local.create({sgd_tensor("big", {n}, InitConfig::from_values(init))});
+  tcp.create({sgd_tensor("big", {n})});  // declares it here too; the values stay
+  std::vector<float> via_tcp(n), via_unix(n);
+  tcp.pull("big", via_tcp);
+  CHECK(std::memcmp(via_tcp.data(), init.data(), n * 4) == 0);
+  local.push("big", g);
+  tcp.pull("big", via_tcp);
+  local.pull("big", via_unix);
+  CHECK(std::memcmp(via_tcp.data(), expected.data(), n * 4) == 0);
+  CHECK(std::memcmp(via_unix.data(), expected.data(), n * 4) == 0);
+  // The probe that found the socket is not a worker: a chief still gets in.
+  ClientOptions chief = options_for({&psd});
+  chief.is_chief = true;
+  chief.worker_index = 0;
+  Client c(chief);
+  CHECK(c.connection_addresses() == std::vector<std::string>{"unix:" + sock});
+}
+
+TEST_CASE("a Unix socket the client cannot reach leaves it on TCP") {
+  ps::test::TempDir dir;
+  const std::string sock = dir.path() + "/psd.sock";
+  PsdProcess psd({"--unix_socket", sock});
+  std::filesystem::remove(sock);  // psd still advertises it; nobody can connect to it by name
+  Client client(options_for({&psd}));
+  CHECK(client.connection_addresses() == std::vector<std::string>{psd.address()});
+  client.create({sgd_tensor("w", {2}, InitConfig::from_values({1, 2}))});
+  client.push("w", std::vector<float>{1, 1});
+  CHECK(client.pull("w") == std::vector<float>{0, 1});
 }
 
 TEST_CASE("bad requests get clear errors and change nothing") {

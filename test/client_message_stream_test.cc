@@ -22,20 +22,12 @@
 #include <kj/async-unix.h>
 
 #include "client_message_stream.h"
+#include "kj_test_loop.h"
 #include "ps.capnp.h"
 
 namespace {
 
-struct Loop {
-  kj::UnixEventPort port;
-  kj::EventLoop loop{port};
-  kj::WaitScope ws{loop};
-
-  template <typename T>
-  T wait(kj::Promise<T> p) {
-    return port.getTimer().timeoutAfter(5 * kj::SECONDS, kj::mv(p)).wait(ws);
-  }
-};
+using ps::test::Loop;
 
 std::vector<float> random_floats(size_t n, unsigned seed) {
   std::mt19937 rng(seed);

@@ -20,21 +20,12 @@
 #include <kj/async-unix.h>
 #include <kj/debug.h>
 
+#include "kj_test_loop.h"
 #include "socket_stream.h"
 
 namespace {
 
-struct Loop {
-  kj::UnixEventPort port;
-  kj::EventLoop loop{port};
-  kj::WaitScope ws{loop};
-
-  // Waits for p, failing the test (not hanging) after 5 s.
-  template <typename T>
-  T wait(kj::Promise<T> p) {
-    return port.getTimer().timeoutAfter(5 * kj::SECONDS, kj::mv(p)).wait(ws);
-  }
-};
+using ps::test::Loop;
 
 struct Pair {
   kj::Own<kj::AsyncIoStream> a, b;
@@ -247,13 +238,8 @@ TEST_CASE("connect_socket failures are exceptions naming the cause") {
 
 namespace {
 
-// Both ends of a loopback TCP connection, as SocketStreams.
-struct TcpPair {
-  kj::Own<ps::SocketStream> a, b;
-  int b_fd = -1;
-};
-
-TcpPair tcp_pair(Loop& l) {
+// Both ends of a loopback TCP connection: {client fd, server fd}.
+std::pair<int, int> tcp_connection() {
   Listener listener;
   int client = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -263,7 +249,7 @@ TcpPair tcp_pair(Loop& l) {
   REQUIRE(::connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
   int server = ::accept(listener.fd, nullptr, nullptr);
   REQUIRE(server >= 0);
-  return {ps::wrap_socket(l.port, client), ps::wrap_socket(l.port, server), server};
+  return {client, server};
 }
 
 }  // namespace
@@ -272,15 +258,7 @@ TEST_CASE("read_exact reads around the buffer into where(offset), then small rea
   Loop l;
   // The sender is a plain blocking socket on a thread, sending in pieces
   // with pauses, so the reader has to wait for more many times.
-  Listener listener;
-  int sender = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(listener.port));
-  REQUIRE(::connect(sender, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  const int receiver_fd = ::accept(listener.fd, nullptr, nullptr);
-  REQUIRE(receiver_fd >= 0);
+  const auto [sender, receiver_fd] = tcp_connection();
   auto receiver = ps::wrap_socket(l.port, receiver_fd);
   auto head = random_bytes(8, 11), big = random_bytes(3u << 20, 12), tail = random_bytes(10, 13);
   std::thread writer([&] {
@@ -325,11 +303,13 @@ TEST_CASE("read_exact reads around the buffer into where(offset), then small rea
 
 TEST_CASE("read_exact fails when the stream ends first") {
   Loop l;
-  auto p = tcp_pair(l);
+  const auto [client, server] = tcp_connection();
+  auto a = ps::wrap_socket(l.port, client);
+  auto b = ps::wrap_socket(l.port, server);
   auto data = random_bytes(100000, 14);
-  l.wait(p.a->write(data.data(), data.size()));
-  p.a->shutdownWrite();
+  l.wait(a->write(data.data(), data.size()));
+  a->shutdownWrite();
   std::vector<kj::byte> got(200000);
-  CHECK_THROWS(l.wait(p.b->read_exact(got.size(), [&](size_t offset) { return got.data() + offset; })));
+  CHECK_THROWS(l.wait(b->read_exact(got.size(), [&](size_t offset) { return got.data() + offset; })));
   CHECK(std::memcmp(got.data(), data.data(), data.size()) == 0);
 }

@@ -126,7 +126,7 @@ kj::Promise<kj::Own<ShardConnection>> hello_preferring_unix(kj::UnixEventPort& i
       })
       .then([tcp = kj::mv(tcp), hello](LocalAttempt local) mutable -> kj::Promise<kj::Own<ShardConnection>> {
         if (local.conn.get() != nullptr) {
-          spdlog::debug("shard {}: psd at {} is on this host; using {}", local.conn->index, local.conn->address,
+          spdlog::info("shard {}: psd at {} is on this host; using {}", local.conn->index, local.conn->address,
                         local.conn->via);
           return kj::mv(local.conn);
         }

@@ -54,7 +54,7 @@ struct ClientMessageStream::Incoming {
   uint32_t header[2] = {0, 0};
   kj::Array<uint32_t> more_sizes;
   std::vector<size_t> words;  // per segment
-  kj::Array<capnp::word> first;  // segment 0 (or, when nothing lands, all segments)
+  kj::Array<capnp::word> first;  // segment 0 (or all segments, when none can land)
   kj::Array<capnp::word> rest;   // the segments that do not land, in order
   struct Landing {
     kj::Own<Destinations> dest;  // null: read into `rest`
@@ -63,7 +63,6 @@ struct ClientMessageStream::Incoming {
     size_t rest_offset = 0;
   };
   std::vector<Landing> landings;
-  bool lands = false;
   kj::Array<kj::ArrayPtr<const capnp::word>> segments;
 
   kj::byte* sink_for(size_t k) {
@@ -230,14 +229,12 @@ void ClientMessageStream::plan_landings(Incoming& in) {
       }
       in.landings[k].dest = kj::addRef(d);
       in.landings[k].index = i;
-      in.lands = true;
     }
   });
   if (failure != nullptr) {
     // Not a reply this stream understands: read it as capnp would, and let
     // the RPC layer report what is wrong with it.
     for (auto& l : in.landings) l.dest = nullptr;
-    in.lands = false;
   }
 }
 
@@ -263,7 +260,8 @@ kj::Promise<void> ClientMessageStream::read_segments(Incoming& in, size_t k) {
 capnp::MessageReaderAndFds ClientMessageStream::finish(kj::Own<Incoming> in) {
   const size_t count = in->words.size();
   in->segments = kj::heapArray<kj::ArrayPtr<const capnp::word>>(count);
-  if (in->rest == nullptr && !in->lands) {
+  bool lands = false;
+  if (in->first.size() != in->words[0]) {
     // Read in one piece.
     size_t at = 0;
     for (size_t k = 0; k < count; ++k) {
@@ -281,11 +279,12 @@ capnp::MessageReaderAndFds ClientMessageStream::finish(kj::Own<Incoming> in) {
         from = reinterpret_cast<const capnp::word*>(in->sink_for(k));
       } else {
         from = reinterpret_cast<const capnp::word*>(l.dest->buffers[l.index].begin());
+        lands = true;
       }
       in->segments[k] = kj::arrayPtr(from, in->words[k]);
     }
   }
-  if (in->lands) ++landed_messages_;
+  if (lands) ++landed_messages_;
   auto options = in->options;
   return capnp::MessageReaderAndFds{kj::heap<Received>(options, kj::mv(in)), nullptr};
 }
@@ -329,14 +328,17 @@ kj::Promise<void> ClientMessageStream::writeMessages(
 }
 
 kj::Promise<void> ClientMessageStream::write_framed(kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments) {
+  // The Finish messages held back go first, in the same system call.
   auto held = kj::mv(finishes_);
   finishes_ = kj::Vector<kj::Array<capnp::word>>();
-  auto table = segment_table(segments);
-  auto pieces = kj::heapArray<kj::ArrayPtr<const kj::byte>>(held.size() + 1 + segments.size());
+  auto table = segments.size() == 0 ? kj::Array<uint32_t>() : segment_table(segments);
+  auto pieces = kj::heapArray<kj::ArrayPtr<const kj::byte>>(held.size() + (segments.size() == 0 ? 0 : 1 + segments.size()));
   size_t i = 0;
   for (auto& f : held) pieces[i++] = f.asBytes();
-  pieces[i++] = table.asBytes();
-  for (auto& s : segments) pieces[i++] = s.asBytes();
+  if (segments.size() > 0) {
+    pieces[i++] = table.asBytes();
+    for (auto& s : segments) pieces[i++] = s.asBytes();
+  }
   auto* raw = pieces.begin();
   return stream_.write(kj::arrayPtr(raw, pieces.size())).attach(kj::mv(pieces), kj::mv(table), kj::mv(held));
 }
@@ -351,16 +353,7 @@ kj::Maybe<int> ClientMessageStream::getSendBufferSize() {
 }
 
 kj::Promise<void> ClientMessageStream::end() {
-  kj::Promise<void> flushed = kj::READY_NOW;
-  if (!finishes_.empty()) {
-    auto held = kj::mv(finishes_);
-    finishes_ = kj::Vector<kj::Array<capnp::word>>();
-    auto pieces = kj::heapArray<kj::ArrayPtr<const kj::byte>>(held.size());
-    for (size_t i = 0; i < held.size(); ++i) pieces[i] = held[i].asBytes();
-    auto* raw = pieces.begin();
-    flushed = stream_.write(kj::arrayPtr(raw, pieces.size())).attach(kj::mv(pieces), kj::mv(held));
-  }
-  return flushed.then([this] { stream_.shutdownWrite(); });
+  return write_framed(nullptr).then([this] { stream_.shutdownWrite(); });
 }
 
 }  // namespace ps

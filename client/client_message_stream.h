@@ -98,6 +98,7 @@ class ClientMessageStream final : public capnp::MessageStream {
   kj::Promise<void> read_segments(Incoming& in, size_t k);
   capnp::MessageReaderAndFds finish(kj::Own<Incoming> in);
 
+  // Writes the held Finish messages, then the message (none: just those).
   kj::Promise<void> write_framed(kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments);
 
   SocketStream& stream_;

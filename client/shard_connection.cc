@@ -84,53 +84,56 @@ kj::Promise<kj::Own<ShardConnection>> say_hello(kj::Own<ShardConnection> conn, c
   });
 }
 
+// A fresh connection to `via` (for the shard configured as `address`) that
+// says hello.
+kj::Promise<kj::Own<ShardConnection>> hello_via(kj::UnixEventPort& io, int index, std::string address, std::string via,
+                                                const HelloParams& hello) {
+  return kj::evalNow([&] { return connect_socket(io, via); })
+      .then([index, address = std::move(address), via, hello](kj::Own<SocketStream> stream) mutable {
+        return say_hello(open_connection(kj::mv(stream), index, std::move(address), std::move(via)), hello);
+      });
+}
+
+// The outcome of asking psd where it is: a connection that said hello
+// elsewhere, or none (say it on the TCP connection that asked).
+struct Elsewhere {
+  kj::Own<ShardConnection> conn;
+};
+
 // Over TCP to a psd on this host that also listens on a Unix socket: ask it
 // where (a probe hello), then go on over the socket, which moves large
 // tensors faster (README, Measured results). Anything amiss on that way
 // (a socket this process cannot reach: another container, a stale path)
 // leaves the TCP connection to say the real hello.
-// The outcome of trying psd's Unix socket: a connection that said hello
-// there, or none (stay on TCP).
-struct LocalAttempt {
-  kj::Own<ShardConnection> conn;
-};
-
 kj::Promise<kj::Own<ShardConnection>> hello_preferring_unix(kj::UnixEventPort& io, kj::Own<ShardConnection> tcp,
                                                             const HelloParams& hello) {
   auto req = hello_request(*tcp, hello, true);
-  auto* raw = tcp.get();
   return req.send()
-      .then([&io, raw, hello](capnp::Response<wire::Shard::HelloResults>&& reply) -> kj::Promise<LocalAttempt> {
+      .then([&io, index = tcp->index, address = tcp->address,
+             hello](capnp::Response<wire::Shard::HelloResults>&& reply) -> kj::Promise<Elsewhere> {
         auto info = reply.getInfo();
+        auto found = [](kj::Own<ShardConnection> c) { return Elsewhere{kj::mv(c)}; };
         if (!info.hasHostId()) {
           // A psd from before probes took it for the real hello: this
           // connection has said hello (as a tool); a new one says it again.
-          return kj::evalNow([&] { return connect_socket(io, raw->address); }).then([raw, hello](kj::Own<SocketStream> stream) {
-            return say_hello(open_connection(kj::mv(stream), raw->index, raw->address, raw->address), hello)
-                .then([](kj::Own<ShardConnection> c) { return LocalAttempt{kj::mv(c)}; });
-          });
+          return hello_via(io, index, address, address, hello).then(found);
         }
         const std::string path = info.getUnixSocket();
-        if (path.empty() || host_id().empty() || info.getHostId() != host_id().c_str()) return LocalAttempt{};
+        if (path.empty() || host_id().empty() || info.getHostId() != host_id().c_str()) return Elsewhere{};
         const std::string via = "unix:" + path;
-        return kj::evalNow([&] { return connect_socket(io, via); })
-            .then([raw, via, hello](kj::Own<SocketStream> stream) {
-              return say_hello(open_connection(kj::mv(stream), raw->index, raw->address, via), hello);
-            })
-            .then([](kj::Own<ShardConnection> c) { return LocalAttempt{kj::mv(c)}; },
-                  [raw, via](kj::Exception&& e) {
-                    spdlog::info("psd at {} is on this host but {} did not work ({}); staying on TCP", raw->address,
-                                 via, e.getDescription().cStr());
-                    return LocalAttempt{};
-                  });
+        return hello_via(io, index, address, via, hello).then(found, [address, via](kj::Exception&& e) {
+          spdlog::info("psd at {} is on this host but {} did not work ({}); staying on TCP", address, via,
+                       e.getDescription().cStr());
+          return Elsewhere{};
+        });
       })
-      .then([tcp = kj::mv(tcp), hello](LocalAttempt local) mutable -> kj::Promise<kj::Own<ShardConnection>> {
-        if (local.conn.get() != nullptr) {
-          spdlog::info("shard {}: psd at {} is on this host; using {}", local.conn->index, local.conn->address,
-                        local.conn->via);
-          return kj::mv(local.conn);
+      .then([tcp = kj::mv(tcp), hello](Elsewhere other) mutable -> kj::Promise<kj::Own<ShardConnection>> {
+        if (other.conn.get() == nullptr) return say_hello(kj::mv(tcp), hello);
+        if (other.conn->via != other.conn->address) {
+          spdlog::info("shard {}: psd at {} is on this host; using {}", other.conn->index, other.conn->address,
+                       other.conn->via);
         }
-        return say_hello(kj::mv(tcp), hello);
+        return kj::mv(other.conn);
       });
 }
 

@@ -110,6 +110,28 @@ class SocketStreamImpl final : public SocketStream {
   }
 
  private:
+  // One read() into `into`: the bytes read, 0 at the end of the stream, or
+  // -1 when the socket is empty (the next readability edge is then watched).
+  ssize_t read_once(kj::byte* into, size_t ask) {
+    ssize_t n;
+    do {
+      n = ::read(fd_, into, ask);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK) KJ_FAIL_SYSCALL("read", errno);
+      watch_readable();
+      return -1;
+    }
+    if (n > 0 && static_cast<size_t>(n) < ask) {
+      // Empty now, unless the peer's hang-up came with the data: then the
+      // next read() finds the end, and no later edge would say so.
+      KJ_IF_MAYBE(at_end, observer_.atEndHint()) {
+        if (!*at_end) watch_readable();
+      }
+    }
+    return n;
+  }
+
   // Copies what the buffer holds, then reads until `got` >= min_bytes.
   kj::Promise<size_t> read_more(kj::byte* dst, size_t min_bytes, size_t max_bytes, size_t got) {
     const size_t from_buffer = std::min(max_bytes - got, end_ - pos_);
@@ -119,35 +141,19 @@ class SocketStreamImpl final : public SocketStream {
     while (got < min_bytes) {
       if (readable_ != nullptr) {
         // The last read came back short: the socket was empty then, so wait
-        // for more rather than spend a read() to learn it again.
+        // for more rather than spend a read() to learn it again. (At the
+        // normal low-water mark: a read_exact given up on may have left it
+        // raised, and a small message would never wake us.)
+        set_low_water(1);
         auto wait = kj::mv(KJ_ASSERT_NONNULL(readable_));
         readable_ = nullptr;
         return wait.then([this, dst, min_bytes, max_bytes, got] { return read_more(dst, min_bytes, max_bytes, got); });
       }
       const size_t want = max_bytes - got;
       const bool direct = want >= kBufferBytes;  // large reads skip the buffer
-      kj::byte* into = direct ? dst + got : buffer_.begin();
-      const size_t ask = direct ? want : kBufferBytes;
-      ssize_t n;
-      do {
-        n = ::read(fd_, into, ask);
-      } while (n < 0 && errno == EINTR);
-      if (n < 0) {
-        if (errno != EAGAIN && errno != EWOULDBLOCK) KJ_FAIL_SYSCALL("read", errno);
-        watch_readable();
-        continue;
-      }
-      if (n == 0) {  // end of stream
-        set_low_water(1);
-        return got;
-      }
-      if (static_cast<size_t>(n) < ask) {
-        // Empty now, unless the peer's hang-up came with the data: then the
-        // next read() finds the end, and no later edge would say so.
-        KJ_IF_MAYBE(at_end, observer_.atEndHint()) {
-          if (!*at_end) watch_readable();
-        }
-      }
+      const ssize_t n = read_once(direct ? dst + got : buffer_.begin(), direct ? want : kBufferBytes);
+      if (n < 0) continue;
+      if (n == 0) return got;  // end of stream
       if (direct) {
         got += n;
       } else {
@@ -159,7 +165,6 @@ class SocketStreamImpl final : public SocketStream {
         got += take;
       }
     }
-    set_low_water(1);
     return got;
   }
 
@@ -181,24 +186,9 @@ class SocketStreamImpl final : public SocketStream {
           return read_exact_more(bytes, kj::mv(where), got);
         });
       }
-      const size_t ask = bytes - got;
-      ssize_t n;
-      do {
-        n = ::read(fd_, where(got), ask);
-      } while (n < 0 && errno == EINTR);
-      if (n < 0) {
-        if (errno != EAGAIN && errno != EWOULDBLOCK) KJ_FAIL_SYSCALL("read", errno);
-        watch_readable();
-        continue;
-      }
-      if (n == 0) {
-        return KJ_EXCEPTION(DISCONNECTED, "stream ended inside a message", bytes, got);
-      }
-      if (static_cast<size_t>(n) < ask) {
-        KJ_IF_MAYBE(at_end, observer_.atEndHint()) {
-          if (!*at_end) watch_readable();
-        }
-      }
+      const ssize_t n = read_once(where(got), bytes - got);
+      if (n < 0) continue;
+      if (n == 0) return KJ_EXCEPTION(DISCONNECTED, "stream ended inside a message", bytes, got);
       got += n;
     }
     set_low_water(1);

@@ -132,7 +132,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case 1:
         pending = shard.pull(caller, reader.getRoot<ps::wire::Shard::PullParams>(),
-                             results.initRoot<ps::wire::Shard::PullResults>());
+                             [&](capnp::MessageSize) { return results.initRoot<ps::wire::Shard::PullResults>(); });
         break;
       case 2:
       case 3:

@@ -155,31 +155,30 @@ namespace {
 constexpr uint64_t kSendInPlaceBytes = 64u << 10;
 constexpr unsigned kMaxInPlacePerReply = 64;
 
-}  // namespace
-
-capnp::MessageSize Shard::pull_reply_size(wire::Shard::PullParams::Reader params) const {
-  // Room for everything but the in-place tensors, so all of it lands in the
-  // reply's first segment, ahead of the tensors' own segments: a client then
-  // knows where each tensor goes before its bytes arrive.
+// Room in a pull reply for everything but the in-place tensors, so all of
+// it lands in the reply's first segment, ahead of the tensors' own segments:
+// a client then knows where each tensor goes before its bytes arrive.
+capnp::MessageSize pull_reply_size(capnp::List<capnp::Text>::Reader names, const std::vector<StoredTensor*>& tensors) {
   uint64_t words = 16;
-  for (auto n : params.getNames()) {
-    words += 8 + (n.size() + 8) / sizeof(capnp::word);
-    if (const StoredTensor* t = store_.find(n)) {
-      const uint64_t size = t->size() * sizeof(float);
-      if (size < kSendInPlaceBytes || size % sizeof(capnp::word) != 0) words += (size + 7) / sizeof(capnp::word);
-    }
+  for (unsigned i = 0; i < names.size(); ++i) {
+    words += 8 + (names[i].size() + 8) / sizeof(capnp::word);
+    const uint64_t size = tensors[i]->size() * sizeof(float);
+    if (size < kSendInPlaceBytes || size % sizeof(capnp::word) != 0) words += (size + 7) / sizeof(capnp::word);
   }
   return {words, 0};
 }
 
+}  // namespace
+
 kj::Promise<void> Shard::pull(const Caller& caller, wire::Shard::PullParams::Reader params,
-                              wire::Shard::PullResults::Builder results) {
+                              kj::FunctionParam<wire::Shard::PullResults::Builder(capnp::MessageSize)> results_of_size) {
   saw_worker(caller.worker_index);
-  results.setTag(params.getTag());
   auto names = params.getNames();
   std::vector<StoredTensor*> tensors;
   tensors.reserve(names.size());
   for (auto n : names) tensors.push_back(&store_.get(n));
+  auto results = results_of_size(pull_reply_size(names, tensors));
+  results.setTag(params.getTag());
 
   const int64_t min_step = params.getMinStep();
   kj::Promise<void> wait = kj::READY_NOW;

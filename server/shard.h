@@ -103,11 +103,10 @@ class Shard {
   void hello(const Caller& caller);
   void goodbye(const Caller& caller);
   void create(wire::Shard::CreateParams::Reader params, wire::Shard::CreateResults::Builder results);
+  // results_of_size gets the reply, sized to hold all but the tensors sent
+  // from their own memory in its first segment.
   kj::Promise<void> pull(const Caller& caller, wire::Shard::PullParams::Reader params,
-                         wire::Shard::PullResults::Builder results);
-  // A first-segment size for pull's reply that holds all of it but the
-  // tensors sent from their own memory.
-  capnp::MessageSize pull_reply_size(wire::Shard::PullParams::Reader params) const;
+                         kj::FunctionParam<wire::Shard::PullResults::Builder(capnp::MessageSize)> results_of_size);
   kj::Promise<void> push(const Caller& caller, wire::Shard::PushParams::Reader params,
                          wire::Shard::PushResults::Builder results);
   void list(wire::Shard::ListResults::Builder results) const;

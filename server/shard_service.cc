@@ -107,7 +107,7 @@ kj::Promise<void> ShardServiceImpl::create(CreateContext context) {
 }
 
 kj::Promise<void> ShardServiceImpl::pull(PullContext context) {
-  return guarded(RequestKind::kPull, [&] { return shard_.pull(caller_, context.getParams(), context.getResults(shard_.pull_reply_size(context.getParams()))); });
+  return guarded(RequestKind::kPull, [&] { return shard_.pull(caller_, context.getParams(), [&](capnp::MessageSize size) { return context.getResults(size); }); });
 }
 
 kj::Promise<void> ShardServiceImpl::push(PushContext context) {

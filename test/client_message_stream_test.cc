@@ -107,6 +107,15 @@ struct Fixture {
     auto m = l.wait(stream->tryReadMessage(nullptr, capnp::ReaderOptions(), nullptr));
     return kj::mv(KJ_REQUIRE_NONNULL(m).reader);
   }
+
+  // `message` sent from another thread and read by the stream.
+  kj::Own<capnp::MessageReader> receive(capnp::MessageBuilder& message) {
+    auto flat = flatten(message);
+    auto writer = write_from_thread(fds[1], flat);
+    auto m = read();
+    writer.join();
+    return m;
+  }
 };
 
 ps::wire::Shard::PullResults::Reader results_of(capnp::MessageReader& m) {
@@ -123,10 +132,7 @@ TEST_CASE("a pull reply's large tensors are read straight into the registered bu
   std::vector<float> da(a.size(), 0.0f), db(b.size(), 0.0f), dc(c.size(), 0.0f);
   auto expect = f.stream->expect({bytes_of(da), bytes_of(db), bytes_of(dc)});
   Reply reply(expect->tag(), {&a, &b, &c});
-  auto flat = flatten(reply.message);
-  auto writer = write_from_thread(f.fds[1], flat);
-  auto m = f.read();
-  writer.join();
+  auto m = f.receive(reply.message);
 
   auto tensors = results_of(*m).getTensors();
   REQUIRE(tensors.size() == 3);
@@ -148,10 +154,7 @@ TEST_CASE("a reply with no registered tag, or a buffer of another size, is read 
   auto expect = f.stream->expect({bytes_of(wrong)});
   for (uint64_t tag : {expect->tag() + 1, expect->tag()}) {
     Reply reply(tag, {&a});
-    auto flat = flatten(reply.message);
-    auto writer = write_from_thread(f.fds[1], flat);
-    auto m = f.read();
-    writer.join();
+    auto m = f.receive(reply.message);
     auto values = results_of(*m).getTensors()[0].getValues();
     REQUIRE(values.size() == a.size() * sizeof(float));
     CHECK(std::memcmp(values.begin(), a.data(), values.size()) == 0);
@@ -198,10 +201,7 @@ TEST_CASE("a reply laid out otherwise (landing pads after the values) still read
   // up in segments after the values' own, unknown when those arrive.
   Reply reply(expect->tag(), {&a, &b}, 16);
   REQUIRE(reply.message.getSegmentsForOutput().size() > 3);
-  auto flat = flatten(reply.message);
-  auto writer = write_from_thread(f.fds[1], flat);
-  auto m = f.read();
-  writer.join();
+  auto m = f.receive(reply.message);
   auto tensors = results_of(*m).getTensors();
   REQUIRE(tensors.size() == 2);
   CHECK(std::memcmp(tensors[0].getValues().begin(), a.data(), a.size() * sizeof(float)) == 0);

@@ -125,14 +125,14 @@ struct Psd {
   pid_t pid = -1;
   int port = 0;
   std::string dir;
-  Psd(const std::string& binary, const std::string& unix_socket) {
+  Psd(const std::string& binary, const std::string& unix_socket, unsigned busy_poll_us) {
     dir = std::filesystem::temp_directory_path() / ("psd-bench-" + std::to_string(getpid()) + "-" + std::to_string(rand()));
     std::filesystem::create_directories(dir);
     const std::string port_file = dir + "/port";
     pid = fork();
     if (pid == 0) {
       std::vector<std::string> args = {binary, "--port", "0", "--port_file", port_file, "--log_level", "warn",
-                                       "--max_message_mb", "128"};
+                                       "--max_message_mb", "128", "--busy_poll_us", std::to_string(busy_poll_us)};
       if (!unix_socket.empty()) {
         args.push_back("--unix_socket");
         args.push_back(unix_socket);
@@ -274,6 +274,7 @@ int main(int argc, char** argv) {
   std::size_t chunk_kb = ps::kDefaultChunkBytes >> 10;
   std::size_t part_kb = ps::kDefaultPartBytes >> 10;
   std::size_t request_kb = ps::ClientOptions{}.max_request_bytes >> 10;
+  unsigned busy_poll_us = 0;
   app.add_option("--psd", psd_binary, "psd binary to start")->capture_default_str();
   app.add_option("--sizes", sizes_flag, "payload sizes")->capture_default_str();
   app.add_option("--reps", reps, "repetitions per measurement (median reported)")->capture_default_str();
@@ -281,6 +282,9 @@ int main(int argc, char** argv) {
   app.add_option("--chunk_kb", chunk_kb, "ClientOptions::chunk_bytes, in KiB")->capture_default_str();
   app.add_option("--part_kb", part_kb, "ClientOptions::part_bytes, in KiB")->capture_default_str();
   app.add_option("--request_kb", request_kb, "ClientOptions::max_request_bytes, in KiB")->capture_default_str();
+  app.add_option("--busy_poll_us", busy_poll_us,
+                 "psd --busy_poll_us and ClientOptions::busy_poll for every client (0: both sleep at once)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   std::vector<size_t> sizes;
@@ -294,11 +298,12 @@ int main(int argc, char** argv) {
 
   auto run_path = [&](const char* label, bool use_unix) {
     const std::string sock = use_unix ? std::filesystem::temp_directory_path() / ("psd-bench-" + std::to_string(getpid()) + ".sock") : "";
-    Psd psd(psd_binary, sock);
+    Psd psd(psd_binary, sock, busy_poll_us);
     ps::ClientOptions opts;
     opts.chunk_bytes = chunk_kb << 10;
     opts.part_bytes = part_kb << 10;
     opts.max_request_bytes = request_kb << 10;
+    opts.busy_poll = std::chrono::microseconds(busy_poll_us);
     opts.ps_hosts = {use_unix ? "unix:" + sock : "127.0.0.1:" + std::to_string(psd.port)};
     std::printf("psd over %s, 1 client (medians of %d; plain TCP measured in turn with it):\n", label,
                 block_reps * kBlocks);

@@ -56,7 +56,8 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   explicit Impl(ClientOptions o)
       : options(std::move(o)),
         placement(std::max<int>(1, static_cast<int>(options.ps_hosts.size())), options.placement, options.chunk_bytes,
-                  options.part_bytes) {}
+                  options.part_bytes),
+        loop(options.busy_poll) {}
 
   ~Impl() {
     loop.run([this] {

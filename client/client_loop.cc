@@ -4,9 +4,10 @@
 
 namespace ps {
 
-ClientLoop::ClientLoop()
+ClientLoop::ClientLoop(std::chrono::microseconds busy_poll)
     : port_(kj::heap<kj::UnixEventPort>()),
-      loop_(kj::heap<kj::EventLoop>(*port_)),
+      polling_(kj::heap<PollingEventPort>(*port_, busy_poll)),
+      loop_(kj::heap<kj::EventLoop>(*polling_)),
       executor_(loop_->getExecutor().addRef()),
       helper_([this] { helper_main(); }) {}
 
@@ -19,6 +20,7 @@ ClientLoop::~ClientLoop() {
   helper_.join();
   executor_ = nullptr;
   loop_ = nullptr;
+  polling_ = nullptr;
   port_ = nullptr;
 }
 

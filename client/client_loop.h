@@ -29,11 +29,14 @@
 #include <kj/common.h>
 #include <kj/async-unix.h>
 
+#include "busy_poll.h"
+
 namespace ps {
 
 class ClientLoop {
  public:
-  ClientLoop();
+  // busy_poll: how long a wait polls before it sleeps (common/busy_poll.h).
+  explicit ClientLoop(std::chrono::microseconds busy_poll = {});
   ~ClientLoop();  // stops the helper; cancel kept work first
   ClientLoop(const ClientLoop&) = delete;
   ClientLoop& operator=(const ClientLoop&) = delete;
@@ -97,6 +100,7 @@ class ClientLoop {
   void wake_helper();
 
   kj::Own<kj::UnixEventPort> port_;
+  kj::Own<PollingEventPort> polling_;
   kj::Own<kj::EventLoop> loop_;
   kj::Own<const kj::Executor> executor_;
 

@@ -46,6 +46,10 @@ void add_trainer_flags(CLI::App& app, TrainerFlags& f) {
   app.add_option("--seed", f.seed, "random seed (initialisation, shuffling)")->capture_default_str();
   app.add_option("--num_gpus", f.num_gpus, "GPUs per worker (0: CPU)")->capture_default_str();
   app.add_option("--connect_timeout", f.connect_timeout_s, "seconds to wait for the ps tasks")->capture_default_str();
+  app.add_option("--busy_poll_us", f.busy_poll_us,
+                 "poll this many microseconds for each answer before sleeping (lower latency, more CPU; 0: off)")
+      ->capture_default_str()
+      ->check(CLI::Range(0u, 1000000u));
   app.add_option("--log_every", f.log_every, "a progress line every N local steps")->capture_default_str();
 }
 
@@ -78,6 +82,7 @@ ClientOptions TrainerFlags::client_options(const ClusterSpec& spec) const {
   o.worker_index = spec.worker_index();
   o.is_chief = spec.is_chief();
   o.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(connect_timeout_s * 1000));
+  o.busy_poll = std::chrono::microseconds(busy_poll_us);
   if (o.call_timeout.count() > 0 && o.call_timeout < o.connect_timeout) o.call_timeout = o.connect_timeout;
   return o;
 }

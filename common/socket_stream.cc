@@ -21,6 +21,7 @@
 #include <kj/debug.h>
 #include <kj/vector.h>
 
+#include "busy_poll.h"
 #include "host_port.h"
 
 namespace ps {
@@ -37,8 +38,8 @@ class SocketStreamImpl final : public SocketStream {
   // time an acknowledgement frees send space (after every reply), for
   // nothing unless a write is waiting. Writes that find the socket full
   // watch a duplicate of it until they are done (when_writable).
-  SocketStreamImpl(kj::UnixEventPort& port, int fd)
-      : port_(port), fd_(fd), observer_(port, fd, kj::UnixEventPort::FdObserver::OBSERVE_READ) {}
+  SocketStreamImpl(kj::UnixEventPort& port, int fd, BusyPoll* busy_poll = nullptr)
+      : port_(port), fd_(fd), observer_(port, fd, kj::UnixEventPort::FdObserver::OBSERVE_READ), busy_poll_(busy_poll) {}
 
   kj::Promise<size_t> tryRead(void* buffer, size_t min_bytes, size_t max_bytes) override {
     return read_more(static_cast<kj::byte*>(buffer), min_bytes, max_bytes, 0);
@@ -122,6 +123,7 @@ class SocketStreamImpl final : public SocketStream {
       watch_readable();
       return -1;
     }
+    if (n > 0 && busy_poll_ != nullptr) busy_poll_->kick();
     if (n > 0 && static_cast<size_t>(n) < ask) {
       // Empty now, unless the peer's hang-up came with the data: then the
       // next read() finds the end, and no later edge would say so.
@@ -268,6 +270,7 @@ class SocketStreamImpl final : public SocketStream {
   kj::Maybe<kj::ForkedPromise<void>> disconnected_;
   kj::ArrayPtr<const kj::byte> single_piece_;
   std::unordered_multimap<const kj::byte*, std::shared_ptr<const void>> holds_;
+  BusyPoll* busy_poll_;
 };
 
 struct SocketAddress {
@@ -353,12 +356,12 @@ kj::Promise<Addresses> resolve_off_loop(std::string host, std::string service) {
 
 }  // namespace
 
-kj::Own<SocketStream> wrap_socket(kj::UnixEventPort& port, int fd) {
+kj::Own<SocketStream> wrap_socket(kj::UnixEventPort& port, int fd, BusyPoll* busy_poll) {
   make_nonblocking(fd);
   // Small replies must not wait for Nagle (refused, harmlessly, on Unix sockets).
   int one = 1;
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  return kj::heap<SocketStreamImpl>(port, fd);
+  return kj::heap<SocketStreamImpl>(port, fd, busy_poll);
 }
 
 kj::Promise<kj::Own<SocketStream>> connect_socket(kj::UnixEventPort& port, const std::string& address) {

@@ -40,8 +40,11 @@ class SocketStream : public kj::AsyncIoStream {
   virtual kj::Promise<void> read_exact(size_t bytes, kj::Function<kj::byte*(size_t offset)> where) = 0;
 };
 
-// Takes ownership of `fd` (made non-blocking, TCP_NODELAY, closed with the stream).
-kj::Own<SocketStream> wrap_socket(kj::UnixEventPort& port, int fd);
+class BusyPoll;
+
+// Takes ownership of `fd` (made non-blocking, TCP_NODELAY, closed with the
+// stream). With `busy_poll`, each read that brings data kicks it.
+kj::Own<SocketStream> wrap_socket(kj::UnixEventPort& port, int fd, BusyPoll* busy_poll = nullptr);
 
 // Connects to "host:port", "[v6addr]:port" or "unix:/path", trying every
 // address the name resolves to. Host names are resolved on a short-lived

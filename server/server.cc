@@ -17,6 +17,7 @@
 #include "ps/errors.h"
 #include "shard_service.h"
 #include "socket_stream.h"
+#include "busy_poll.h"
 
 namespace ps {
 
@@ -69,6 +70,7 @@ std::string peer_name(kj::AsyncIoStream& stream, const std::string& fallback) {
 struct PsServer::Impl : kj::TaskSet::ErrorHandler {
   Impl(ServerOptions o, kj::AsyncIoContext& io)
       : options(advertise_unix_socket(std::move(o))), io(io), pool(options.threads),
+        busy_poll(io.unixEventPort, std::chrono::microseconds(options.busy_poll_us)),
         shard(options.shard, pool, io.provider->getTimer()),
         tasks(kj::heap<kj::TaskSet>(*this)) {
     if (!options.checkpoint.dir.empty()) {
@@ -116,7 +118,7 @@ struct PsServer::Impl : kj::TaskSet::ErrorHandler {
   kj::Own<SocketStream> rewrap(kj::Own<kj::AsyncIoStream> stream) {
     KJ_IF_MAYBE(fd, stream->getFd()) {
       const int copy = ::dup(*fd);
-      if (copy >= 0) return wrap_socket(io.unixEventPort, copy);
+      if (copy >= 0) return wrap_socket(io.unixEventPort, copy, &busy_poll);
     } else {
       errno = ENOTSOCK;
     }
@@ -143,6 +145,7 @@ struct PsServer::Impl : kj::TaskSet::ErrorHandler {
   ServerOptions options;
   kj::AsyncIoContext& io;
   ComputePool pool;
+  BusyPoll busy_poll;
   Shard shard;
   std::unique_ptr<Checkpointer> checkpointer;
   std::list<Connection> connections;

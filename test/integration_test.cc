@@ -125,6 +125,31 @@ TEST_CASE("concurrent pushes from threads sum exactly") {
   CHECK(check.stats()[0].pushes == uint64_t(threads * pushes));
 }
 
+TEST_CASE("busy polling on both sides changes no result") {
+  PsdProcess psd({"--busy_poll_us", "200"});
+  ClientOptions o = options_for({&psd});
+  o.busy_poll = std::chrono::microseconds(200);
+  const int threads = 3, pushes = 60, n = 300000;  // 1.2 MB: more than one part
+  Client shared(o);
+  shared.create({sgd_tensor("acc", {n}), sgd_tensor("small", {4})});
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      std::vector<float> g(n, float(t + 1));
+      for (int i = 0; i < pushes; i += 3) {
+        std::vector<std::future<PushResult>> inflight;
+        for (int k = 0; k < 3; ++k) inflight.push_back(shared.push_async({"acc"}, {std::span<const float>(g)}));
+        for (auto& f : inflight) f.get();
+        shared.push("small", std::vector<float>{1, 1, 1, 1});
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  auto v = shared.pull("acc");
+  CHECK(std::count(v.begin(), v.end(), -float(pushes * (1 + 2 + 3))) == n);
+  CHECK(shared.pull("small") == std::vector<float>(4, -float(threads * pushes / 3)));
+}
+
 TEST_CASE("pulls racing pushes never see a half-updated tensor") {
   // psd sends large tensors from their own memory; an update while a reply
   // is on its way must go to a copy. Every push adds 1 to every element, so

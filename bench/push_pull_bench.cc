@@ -4,6 +4,7 @@
 //   build/bench/push_pull_bench                     # starts its own psd
 //   build/bench/push_pull_bench --reps 30 --sizes 4K,64K,1M,4M,16M,64M
 //   build/bench/push_pull_bench --part_kb 4096 --request_kb 8192   # one 4 MiB part per message
+//   build/bench/push_pull_bench --busy_poll_us 50 --sizes 4K,64K   # clients poll too (common/busy_poll.h)
 //
 // Plain TCP reference: the same payload written in 1 MiB pieces from one
 // thread to another over a loopback socket (the two pinned to different cores),
@@ -125,14 +126,18 @@ struct Psd {
   pid_t pid = -1;
   int port = 0;
   std::string dir;
-  Psd(const std::string& binary, const std::string& unix_socket, unsigned busy_poll_us) {
+  Psd(const std::string& binary, const std::string& unix_socket, int busy_poll_us) {
     dir = std::filesystem::temp_directory_path() / ("psd-bench-" + std::to_string(getpid()) + "-" + std::to_string(rand()));
     std::filesystem::create_directories(dir);
     const std::string port_file = dir + "/port";
     pid = fork();
     if (pid == 0) {
       std::vector<std::string> args = {binary, "--port", "0", "--port_file", port_file, "--log_level", "warn",
-                                       "--max_message_mb", "128", "--busy_poll_us", std::to_string(busy_poll_us)};
+                                       "--max_message_mb", "128"};
+      if (busy_poll_us >= 0) {
+        args.push_back("--busy_poll_us");
+        args.push_back(std::to_string(busy_poll_us));
+      }
       if (!unix_socket.empty()) {
         args.push_back("--unix_socket");
         args.push_back(unix_socket);
@@ -275,6 +280,7 @@ int main(int argc, char** argv) {
   std::size_t part_kb = ps::kDefaultPartBytes >> 10;
   std::size_t request_kb = ps::ClientOptions{}.max_request_bytes >> 10;
   unsigned busy_poll_us = 0;
+  int psd_busy_poll_us = -1;
   app.add_option("--psd", psd_binary, "psd binary to start")->capture_default_str();
   app.add_option("--sizes", sizes_flag, "payload sizes")->capture_default_str();
   app.add_option("--reps", reps, "repetitions per measurement (median reported)")->capture_default_str();
@@ -282,8 +288,9 @@ int main(int argc, char** argv) {
   app.add_option("--chunk_kb", chunk_kb, "ClientOptions::chunk_bytes, in KiB")->capture_default_str();
   app.add_option("--part_kb", part_kb, "ClientOptions::part_bytes, in KiB")->capture_default_str();
   app.add_option("--request_kb", request_kb, "ClientOptions::max_request_bytes, in KiB")->capture_default_str();
-  app.add_option("--busy_poll_us", busy_poll_us,
-                 "psd --busy_poll_us and ClientOptions::busy_poll for every client (0: both sleep at once)")
+  app.add_option("--busy_poll_us", busy_poll_us, "ClientOptions::busy_poll of every client, in us")
+      ->capture_default_str();
+  app.add_option("--psd_busy_poll_us", psd_busy_poll_us, "psd --busy_poll_us (-1: psd's default)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
@@ -298,7 +305,7 @@ int main(int argc, char** argv) {
 
   auto run_path = [&](const char* label, bool use_unix) {
     const std::string sock = use_unix ? std::filesystem::temp_directory_path() / ("psd-bench-" + std::to_string(getpid()) + ".sock") : "";
-    Psd psd(psd_binary, sock, busy_poll_us);
+    Psd psd(psd_binary, sock, psd_busy_poll_us);
     ps::ClientOptions opts;
     opts.chunk_bytes = chunk_kb << 10;
     opts.part_bytes = part_kb << 10;

@@ -5,7 +5,7 @@
 # test accuracy, and where a worker's step time goes (pull / compute / push).
 #
 #   bench/train_throughput.sh [EPOCHS] [-- extra trainer flags]     (default 5 epochs)
-# Environment: BUILD_DIR (build), WORKERS (3).
+# Environment: BUILD_DIR (build), WORKERS (3), PSD_FLAGS (extra psd flags, e.g. "--busy_poll_us 50").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -32,6 +32,7 @@ row() {  # mode logfile
 for mode in async sync; do
   flags=(--workers "$workers" --quiet --run_dir "$out/$mode")
   [ $mode = sync ] && flags+=(--sync)
+  [ -n "${PSD_FLAGS:-}" ] && flags+=(--psd_flags "$PSD_FLAGS")
   scripts/launch_local.sh "${flags[@]}" -- --epochs "$epochs" --data_dir "$data" --log_every 0 "${extra[@]}" \
     >"$out/$mode.launch" 2>&1 || { echo "$mode run failed:"; tail -5 "$out/$mode.launch"; exit 1; }
 done

@@ -54,8 +54,8 @@ void add_psd_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
   app.add_option("--max_memory_mb", x.max_memory_mb, "total tensor memory of this shard, MiB")->capture_default_str();
   app.add_option("--max_connections", o.max_connections, "connections served at once")->capture_default_str();
   app.add_option("--busy_poll_us", o.busy_poll_us,
-                 "after its last work, poll the sockets this many microseconds before sleeping: lower latency for "
-                 "small tensors, at the price of CPU (0: sleep at once)")
+                 "after its last work, poll the sockets up to this many microseconds before sleeping: lower latency "
+                 "for small tensors, at the price of CPU; adaptive (0: sleep at once)")
       ->capture_default_str()
       ->check(CLI::Range(0u, 1000000u));
   app.add_flag("--allow_nonfinite", o.shard.allow_nonfinite, "accept gradients containing NaN or Inf");

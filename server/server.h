@@ -31,10 +31,11 @@ struct ServerOptions {
   std::string http_port_file;   // write the bound HTTP port here (before port_file is written)
   unsigned threads = 2;         // compute pool size; 0 = apply on the event loop
   uint32_t max_connections = 1024;
-  // After its last work, poll the sockets this long before sleeping
+  // After its last work, poll the sockets up to this long before sleeping
   // (common/busy_poll.h): the next request of a busy worker is then seen
-  // without a wake-up. 0: sleep at once.
-  unsigned busy_poll_us = 0;
+  // without a wake-up. Adaptive: idle spells longer than this turn it off
+  // until requests come close together again. 0: sleep at once.
+  unsigned busy_poll_us = 50;
   bool exit_when_done = true;   // exit once the chief said finish and the workers left
   ShardOptions shard;
   CheckpointOptions checkpoint; // restored at start, written periodically and on stop

@@ -5,11 +5,12 @@
 // by a packet pays for the halt and the wake-up: about 9 us each way, half
 // of a 64-byte TCP ping-pong. A loop that keeps asking the kernel for events
 // (epoll_wait with no timeout, ~1 us) for a short while sees the next
-// message as soon as it lands: a 4 KiB pull went from 48 to 33 us, a 64 KiB
-// one from 65 to 48 us (bench/push_pull_bench --busy_poll_us 50). The price
-// is a core kept busy, which on a machine with fewer cores than busy
-// threads slows everyone; hence off by default (psd --busy_poll_us,
-// ClientOptions::busy_poll), and adaptive, as Linux's guest halt-polling:
+// message as soon as it lands: with both ends polling, a 4 KiB pull went
+// from 48 to 31 us and a 64 KiB push from 65 to 47 us (bench/push_pull_bench
+// --busy_poll_us 50 --psd_busy_poll_us 50). The price is a core kept busy,
+// which on a machine with fewer cores than busy threads slows everyone:
+// psd (one thread) polls by default (--busy_poll_us 50), clients only when
+// asked (ClientOptions::busy_poll). Both adapt, as Linux's guest halt-polling:
 // a wait that polling would have caught (it ended within the budget) doubles
 // the time polled next, one that outlasted the budget halves it, down to
 // not polling at all until waits get short again.

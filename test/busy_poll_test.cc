@@ -29,6 +29,19 @@ struct SocketPair {
   void send_byte() { REQUIRE(::write(fd[1], "x", 1) == 1); }
 };
 
+// Waits on the loop (bounded) for a byte another thread sends after `delay`.
+void wait_for_byte_sent_later(kj::UnixEventPort& port, kj::WaitScope& ws, std::chrono::milliseconds delay) {
+  SocketPair pair;
+  kj::UnixEventPort::FdObserver observer(port, pair.fd[0], kj::UnixEventPort::FdObserver::OBSERVE_READ);
+  auto readable = observer.whenBecomesReadable();
+  std::thread writer([&] {
+    std::this_thread::sleep_for(delay);
+    pair.send_byte();
+  });
+  port.getTimer().timeoutAfter(5 * kj::SECONDS, kj::mv(readable)).wait(ws);
+  writer.join();
+}
+
 }  // namespace
 
 TEST_CASE("the polling budget doubles after short waits and halves, to nothing, after long ones") {
@@ -66,15 +79,7 @@ TEST_CASE("a polling event port sees a socket event while polling, and sleeps wi
     PollingEventPort polling(port, budget);
     kj::EventLoop loop(polling);
     kj::WaitScope ws(loop);
-    SocketPair pair;
-    kj::UnixEventPort::FdObserver observer(port, pair.fd[0], kj::UnixEventPort::FdObserver::OBSERVE_READ);
-    auto readable = observer.whenBecomesReadable();
-    std::thread writer([&] {
-      std::this_thread::sleep_for(2ms);
-      pair.send_byte();
-    });
-    port.getTimer().timeoutAfter(5 * kj::SECONDS, kj::mv(readable)).wait(ws);
-    writer.join();
+    wait_for_byte_sent_later(port, ws, 2ms);
     if (budget.count() == 0) {
       CHECK(polling.polled_waits() == 0);
     } else {
@@ -108,15 +113,7 @@ TEST_CASE("busy polling sees events and cross-thread work, then stops after its 
   CHECK(busy.polling());
 
   // An event that arrives while it polls.
-  SocketPair pair;
-  kj::UnixEventPort::FdObserver observer(port, pair.fd[0], kj::UnixEventPort::FdObserver::OBSERVE_READ);
-  auto readable = observer.whenBecomesReadable();
-  std::thread writer([&] {
-    std::this_thread::sleep_for(1ms);
-    pair.send_byte();
-  });
-  port.getTimer().timeoutAfter(5 * kj::SECONDS, kj::mv(readable)).wait(ws);
-  writer.join();
+  wait_for_byte_sent_later(port, ws, 1ms);
   CHECK(busy.polling());
 
   // Work handed over from another thread while it polls (the wake-up its

@@ -67,4 +67,16 @@ expect "unknown optimizer" 2 "optimizer" -- "$trainer" --local --optimizer adamw
 expect "bad hidden units" 2 "hidden_units" -- "$trainer" --local --hidden_units 100,x --train_steps 1 --data_dir "$src"
 expect "no steps" 2 "train_steps|epochs" -- "$trainer" --local --epochs 0 --data_dir "$src"
 
+# Out-of-range flags are refused by the flag parser itself (CLI11 adds a
+# "Run with --help" line, so not through expect's one-line rule).
+for cmd in "$trainer --local --train_steps 1" "$build/server/psd --port 0"; do
+  timeout 10 $cmd --busy_poll_us -1 >/dev/null 2>"$tmp/err"
+  rc=$?
+  if [ "$rc" = 0 ] || [ "$rc" = 124 ] || ! grep -q "busy_poll_us: Value -1 not in range" "$tmp/err"; then
+    echo "FAIL negative --busy_poll_us ($cmd): exit $rc:"; cat "$tmp/err"; failures=$((failures + 1))
+  else
+    echo "ok   negative --busy_poll_us refused: ${cmd%% *}"
+  fi
+done
+
 [ $failures = 0 ] && echo "all bad-input cases ok" || { echo "$failures case(s) failed"; exit 1; }

@@ -279,7 +279,7 @@ int main(int argc, char** argv) {
   std::size_t chunk_kb = ps::kDefaultChunkBytes >> 10;
   std::size_t part_kb = ps::kDefaultPartBytes >> 10;
   std::size_t request_kb = ps::ClientOptions{}.max_request_bytes >> 10;
-  unsigned busy_poll_us = 0;
+  unsigned busy_poll_us = static_cast<unsigned>(ps::ClientOptions{}.busy_poll.count());
   int psd_busy_poll_us = -1;
   app.add_option("--psd", psd_binary, "psd binary to start")->capture_default_str();
   app.add_option("--sizes", sizes_flag, "payload sizes")->capture_default_str();

@@ -47,7 +47,7 @@ void add_trainer_flags(CLI::App& app, TrainerFlags& f) {
   app.add_option("--num_gpus", f.num_gpus, "GPUs per worker (0: CPU)")->capture_default_str();
   app.add_option("--connect_timeout", f.connect_timeout_s, "seconds to wait for the ps tasks")->capture_default_str();
   app.add_option("--busy_poll_us", f.busy_poll_us,
-                 "poll this many microseconds for each answer before sleeping (lower latency, more CPU; 0: off)")
+                 "poll up to this many microseconds for each answer before sleeping (adaptive, off while CPUs are oversubscribed; 0: never)")
       ->capture_default_str()
       ->check(CLI::Range(0u, 1000000u));
   app.add_option("--log_every", f.log_every, "a progress line every N local steps")->capture_default_str();

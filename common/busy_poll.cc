@@ -1,6 +1,11 @@
 #include "busy_poll.h"
 
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 
 #include <kj/debug.h>
 
@@ -19,9 +24,64 @@ void PollBudget::waited(Clock::duration waited) {
   }
 }
 
+std::optional<std::chrono::nanoseconds> thread_run_delay() {
+  // One descriptor per thread, kept open: a read is then one pread().
+  thread_local struct File {
+    int fd = ::open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+    ~File() {
+      if (fd >= 0) ::close(fd);
+    }
+  } file;
+  if (file.fd < 0) return std::nullopt;
+  char text[128];
+  const ssize_t n = ::pread(file.fd, text, sizeof(text) - 1, 0);
+  if (n <= 0) return std::nullopt;
+  text[n] = '\0';
+  unsigned long long on_cpu = 0, waiting = 0;  // "on-CPU ns, run-queue ns, time slices"
+  if (std::sscanf(text, "%llu %llu", &on_cpu, &waiting) != 2) return std::nullopt;
+  return std::chrono::nanoseconds(waiting);
+}
+
+bool CpuContention::update(Clock::time_point now, std::chrono::nanoseconds run_delay, uint64_t thread) {
+  if (thread == thread_ && last_ != Clock::time_point{} && run_delay >= last_delay_ && now > last_) {
+    const double fraction = std::chrono::duration<double>(run_delay - last_delay_).count() /
+                            std::chrono::duration<double>(now - last_).count();
+    // An average over ~8 windows: one window's blip (another process
+    // running for a moment) is not contention; a sustained share is.
+    waiting_ += (std::min(fraction, 1.0) - waiting_) / 8;
+    if (waiting_ > 1.0 / 16) {
+      if (!off_) {
+        // Off for a while (and while the waiting lasts), longer each time
+        // polling brings the waiting back.
+        off_ = true;
+        off_until_ = now + hold_;
+        hold_ = std::min<Clock::duration>(hold_ * 2, kMaxHold);
+      }
+    } else if (off_) {
+      off_ = now < off_until_;
+    } else if (waiting_ < 1.0 / 64) {
+      hold_ = std::max<Clock::duration>(hold_ / 2, kWindow);  // polled with (almost) no waiting
+    }
+  }
+  last_ = now;
+  last_delay_ = run_delay;
+  thread_ = thread;
+  return off_;
+}
+
+bool CpuContention::contended(Clock::time_point now) {
+  if (now - last_ < kWindow) return off_;
+  const auto delay = thread_run_delay();
+  if (!delay) {
+    last_ = now;
+    return false;
+  }
+  return update(now, *delay, static_cast<uint64_t>(::syscall(SYS_gettid)));
+}
+
 bool PollingEventPort::wait() {
   const auto start = Clock::now();
-  if (budget_.current().count() > 0) {
+  if (budget_.current().count() > 0 && !contention_.contended(start)) {
     const auto deadline = start + budget_.current();
     do {
       const bool woken = inner_.poll();
@@ -63,7 +123,7 @@ kj::Promise<void> BusyPoll::spin() {
       kicked_ = false;
       idle_since_ = now;
     }
-    if (now - idle_since_ >= budget_.current()) {
+    if (now - idle_since_ >= budget_.current() || contention_.contended(now)) {
       spinning_ = false;  // the loop sleeps; idle_since_ stays for the next kick to judge
       return kj::READY_NOW;
     }

@@ -6,14 +6,19 @@
 // of a 64-byte TCP ping-pong. A loop that keeps asking the kernel for events
 // (epoll_wait with no timeout, ~1 us) for a short while sees the next
 // message as soon as it lands: with both ends polling, a 4 KiB pull went
-// from 48 to 31 us and a 64 KiB push from 65 to 47 us (bench/push_pull_bench
-// --busy_poll_us 50 --psd_busy_poll_us 50). The price is a core kept busy,
-// which on a machine with fewer cores than busy threads slows everyone:
-// psd (one thread) polls by default (--busy_poll_us 50), clients only when
-// asked (ClientOptions::busy_poll). Both adapt, as Linux's guest halt-polling:
-// a wait that polling would have caught (it ended within the budget) doubles
-// the time polled next, one that outlasted the budget halves it, down to
-// not polling at all until waits get short again.
+// from 42 to 37 us and a 64 KiB push from 65 to 57 us (bench/push_pull_bench
+// --busy_poll_us 0|50, medians of six runs taken in turn). The price is a
+// core kept busy, which on a machine with fewer cores than busy threads
+// slows everyone. Hence psd (--busy_poll_us) and clients
+// (ClientOptions::busy_poll) poll up to 50 us by default, and both adapt:
+//  - to the waits, as Linux's guest halt-polling: a wait that polling would
+//    have caught (it ended within the budget) doubles the time polled next,
+//    one that outlasted the budget halves it, down to not polling at all
+//    until waits get short again;
+//  - to the machine (CpuContention): while the polling thread has had to
+//    wait for a CPU, no polling. Without this, three polling clients and psd
+//    on two cores ran at 0.3-0.5 of one client; with it, as fast as three
+//    that never poll.
 //
 // Two forms, for the two kinds of loop:
 //  - PollingEventPort wraps a kj::UnixEventPort the caller owns (libpsclient's
@@ -28,6 +33,8 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <optional>
 
 #include <kj/async-unix.h>
 
@@ -48,6 +55,41 @@ class PollBudget {
   Clock::duration now_;
 };
 
+// Whether the thread that polls has lately had to wait for a CPU, i.e. a
+// poll would keep a core from a thread with work to do. The signal is the
+// thread's run-queue delay (/proc/thread-self/schedstat), read at most once
+// per 2 ms window and averaged over ~8 windows, so one process running for a
+// moment is not contention: over 1/16 of the time spent waiting turns
+// polling off for a hold time, and keeps it off while the waiting lasts. The
+// hold doubles (to 128 ms) each time polling brings the waiting back, and
+// halves with each window polled with almost none. Where schedstat is
+// missing: never contended.
+class CpuContention {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static constexpr auto kWindow = std::chrono::milliseconds(2);
+  static constexpr auto kMaxHold = std::chrono::milliseconds(128);
+
+  // True while polling should stay off; reads the thread's delay at most
+  // once per window.
+  bool contended(Clock::time_point now);
+  // The arithmetic, apart for tests: the thread's total run-queue delay so
+  // far (`thread` names whose it is; a change of thread starts afresh).
+  bool update(Clock::time_point now, std::chrono::nanoseconds run_delay, uint64_t thread);
+
+ private:
+  Clock::time_point last_{};
+  std::chrono::nanoseconds last_delay_{0};
+  uint64_t thread_ = 0;
+  double waiting_ = 0;  // recent share of time spent waiting for a CPU
+  bool off_ = false;
+  Clock::time_point off_until_{};
+  Clock::duration hold_ = kWindow;
+};
+
+// This thread's total run-queue delay so far, if the kernel reports it.
+std::optional<std::chrono::nanoseconds> thread_run_delay();
+
 class PollingEventPort final : public kj::EventPort {
  public:
   PollingEventPort(kj::UnixEventPort& inner, std::chrono::microseconds budget) : inner_(inner), budget_(budget) {}
@@ -66,6 +108,7 @@ class PollingEventPort final : public kj::EventPort {
  private:
   kj::UnixEventPort& inner_;
   PollBudget budget_;
+  CpuContention contention_;
   bool runnable_ = false;
   uint64_t polled_waits_ = 0;
 };
@@ -83,6 +126,7 @@ class BusyPoll {
 
   kj::UnixEventPort& port_;
   PollBudget budget_;
+  CpuContention contention_;
   PollBudget::Clock::time_point idle_since_{};
   bool kicked_ = false;
   bool spinning_ = false;

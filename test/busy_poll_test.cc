@@ -1,13 +1,16 @@
-// common/busy_poll.h: the polling budget's arithmetic, and that neither
-// form loses an event or a wake-up from another thread while it polls, nor
-// polls on after its budget.
+// common/busy_poll.h: the polling budget's and the contention check's
+// arithmetic; that neither form loses an event or a wake-up from another
+// thread while it polls, nor polls on after its budget; and that a polling
+// port stands aside while the CPUs are oversubscribed.
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
+#include <vector>
 
 #include <kj/async-unix.h>
 #include <kj/timer.h>
@@ -130,4 +133,95 @@ TEST_CASE("busy polling sees events and cross-thread work, then stops after its 
   // No more work: it stops within its budget (plus scheduling slack).
   port.getTimer().afterDelay(200 * kj::MILLISECONDS).wait(ws);
   CHECK_FALSE(busy.polling());
+}
+
+TEST_CASE("CPU contention turns polling off while it lasts, longer each time polling brings it back") {
+  using Clock = CpuContention::Clock;
+  const uint64_t tid = 42;
+  CpuContention c;
+  Clock::time_point t = Clock::now();
+  std::chrono::nanoseconds delay = 0ns;
+  // One 2 ms window in which the thread waited `share` of the time for a CPU.
+  auto window = [&](double share) {
+    t += 2ms;
+    delay += std::chrono::nanoseconds(static_cast<int64_t>(share * 2e6));
+    return c.update(t, delay, tid);
+  };
+  CHECK_FALSE(c.update(t, delay, tid));  // the first reading only sets the baseline
+
+  // A blip (one window at 30%) among quiet ones is not contention.
+  for (double share : {0.0, 0.02, 0.3, 0.0, 0.0, 0.05, 0.0}) CHECK_FALSE(window(share));
+
+  // Sustained waiting: off within two windows, and off while it lasts.
+  const bool at_once = window(0.5);
+  CHECK((at_once || window(0.5)));
+  for (int i = 0; i < 50; ++i) CHECK(window(0.5));
+  // It ends: on again once the average decays (~16 windows), not before 2.
+  CHECK(window(0.0));
+  CHECK(window(0.0));
+  int off_windows = 2;
+  while (window(0.0) && off_windows < 100) ++off_windows;
+  CHECK(off_windows < 30);
+
+  // Polling brings it back at once, again and again: each time off longer.
+  std::vector<int> off_spells;
+  for (int round = 0; round < 6; ++round) {
+    while (!window(0.5)) {
+    }
+    int n = 1;
+    while (window(0.0)) ++n;
+    off_spells.push_back(n);
+  }
+  CAPTURE(off_spells);
+  CHECK(off_spells.back() > off_spells.front() + 20);  // grew, to the 128 ms cap (64 windows)
+  CHECK(off_spells.back() <= 64 + 2);
+
+  // Another thread's counter (the client's loop is run by whichever thread
+  // calls) says nothing about this one's: a fresh baseline, no verdict.
+  CpuContention d;
+  const Clock::time_point t0 = Clock::now();
+  CHECK_FALSE(d.update(t0, 0ns, 1));
+  CHECK_FALSE(d.update(t0 + 2ms, 50ms, 2));
+}
+
+TEST_CASE("a polling event port stops polling while the CPUs are oversubscribed, and polls again after") {
+  if (!thread_run_delay()) {
+    WARN("SKIPPED: this kernel reports no run-queue delay (/proc/thread-self/schedstat)");
+    return;
+  }
+  kj::UnixEventPort port;
+  PollingEventPort polling(port, 200000us);  // longer than every wait here: only contention stops it
+  kj::EventLoop loop(polling);
+  kj::WaitScope ws(loop);
+
+  // Twice as many spinning threads as cores: this thread waits for a CPU.
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> spinners;
+  for (unsigned i = 0; i < 2 * std::max(1u, std::thread::hardware_concurrency()); ++i) {
+    spinners.emplace_back([&] {
+      while (!stop.load(std::memory_order_relaxed)) {
+      }
+    });
+  }
+  // Bounded: until a run of waits that did not poll, at most 2 s.
+  int quiet_run = 0;
+  const auto deadline = std::chrono::steady_clock::now() + 2s;
+  while (quiet_run < 5 && std::chrono::steady_clock::now() < deadline) {
+    const uint64_t before = polling.polled_waits();
+    wait_for_byte_sent_later(port, ws, 3ms);
+    quiet_run = polling.polled_waits() == before ? quiet_run + 1 : 0;
+  }
+  stop = true;
+  for (auto& s : spinners) s.join();
+  CHECK(quiet_run >= 5);
+
+  // CPUs free again: polling comes back once the hold (at most 128 ms) ends.
+  bool polled_again = false;
+  const auto until = std::chrono::steady_clock::now() + 2s;
+  while (!polled_again && std::chrono::steady_clock::now() < until) {
+    const uint64_t before = polling.polled_waits();
+    wait_for_byte_sent_later(port, ws, 0ms);
+    polled_again = polling.polled_waits() > before;
+  }
+  CHECK(polled_again);
 }

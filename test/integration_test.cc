@@ -125,10 +125,14 @@ TEST_CASE("concurrent pushes from threads sum exactly") {
   CHECK(check.stats()[0].pushes == uint64_t(threads * pushes));
 }
 
-TEST_CASE("busy polling on both sides changes no result") {
-  PsdProcess psd({"--busy_poll_us", "200"});
+TEST_CASE("polling or sleeping, on either side, changes no result") {
+  // Everything else here runs at the defaults (both sides poll): this is
+  // where each side also sleeps at once, and polls long.
+  const auto [psd_us, client_us] = GENERATE(std::pair{0, 0}, std::pair{200, 200}, std::pair{0, 200}, std::pair{200, 0});
+  CAPTURE(psd_us, client_us);
+  PsdProcess psd({"--busy_poll_us", std::to_string(psd_us)});
   ClientOptions o = options_for({&psd});
-  o.busy_poll = std::chrono::microseconds(200);
+  o.busy_poll = std::chrono::microseconds(client_us);
   const int threads = 3, pushes = 60, n = 300000;  // 1.2 MB: more than one part
   Client shared(o);
   shared.create({sgd_tensor("acc", {n}), sgd_tensor("small", {4})});

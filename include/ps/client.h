@@ -72,10 +72,11 @@ struct ClientOptions {
   // While a call waits for its answer, keep asking the kernel for it for up
   // to this long before sleeping: on VMs a sleep and its wake-up cost about
   // 9 us each way, so answers that come within tens of microseconds (small
-  // tensors) arrive sooner, at the price of a core spinning that long. Pays
-  // on hosts with a core to spare per worker; psd --busy_poll_us is the
-  // daemon's side. 0: always sleep.
-  std::chrono::microseconds busy_poll{0};
+  // tensors) arrive sooner. Adaptive: it polls less after long waits, and
+  // not at all while the calling thread has had to wait for a CPU (more
+  // busy threads than cores), where a poll would only slow the others.
+  // psd --busy_poll_us is the daemon's side. 0: always sleep.
+  std::chrono::microseconds busy_poll{50};
   // Tune glibc (mallopt, process-wide) to keep large freed blocks for reuse:
   // receiving into fresh pages costs ~10x a copy into warm ones.
   bool tune_malloc = true;

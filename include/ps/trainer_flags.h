@@ -59,7 +59,7 @@ struct TrainerFlags {
 
   // Connection.
   double connect_timeout_s = 30;
-  unsigned busy_poll_us = 0;      // ClientOptions::busy_poll
+  unsigned busy_poll_us = 50;     // ClientOptions::busy_poll
 
   // Logging.
   int log_every = 100;            // a progress line every N local steps

@@ -45,6 +45,28 @@ void wait_for_byte_sent_later(kj::UnixEventPort& port, kj::WaitScope& ws, std::c
   writer.join();
 }
 
+// Twice as many spinning threads as cores, while it lives: a thread of the
+// test then waits for a CPU most of the time.
+struct CpuHogs {
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> threads;
+  CpuHogs() {
+    for (unsigned i = 0; i < 2 * std::max(1u, std::thread::hardware_concurrency()); ++i) {
+      threads.emplace_back([this] {
+        while (!stop.load(std::memory_order_relaxed)) {
+        }
+      });
+    }
+  }
+  ~CpuHogs() { end(); }
+  void end() {
+    stop = true;
+    for (auto& t : threads) {
+      if (t.joinable()) t.join();
+    }
+  }
+};
+
 }  // namespace
 
 TEST_CASE("the polling budget doubles after short waits and halves, to nothing, after long ones") {
@@ -194,15 +216,7 @@ TEST_CASE("a polling event port stops polling while the CPUs are oversubscribed,
   kj::EventLoop loop(polling);
   kj::WaitScope ws(loop);
 
-  // Twice as many spinning threads as cores: this thread waits for a CPU.
-  std::atomic<bool> stop{false};
-  std::vector<std::thread> spinners;
-  for (unsigned i = 0; i < 2 * std::max(1u, std::thread::hardware_concurrency()); ++i) {
-    spinners.emplace_back([&] {
-      while (!stop.load(std::memory_order_relaxed)) {
-      }
-    });
-  }
+  CpuHogs hogs;
   // Bounded: until a run of waits that did not poll, at most 2 s.
   int quiet_run = 0;
   const auto deadline = std::chrono::steady_clock::now() + 2s;
@@ -211,8 +225,7 @@ TEST_CASE("a polling event port stops polling while the CPUs are oversubscribed,
     wait_for_byte_sent_later(port, ws, 3ms);
     quiet_run = polling.polled_waits() == before ? quiet_run + 1 : 0;
   }
-  stop = true;
-  for (auto& s : spinners) s.join();
+  hogs.end();
   CHECK(quiet_run >= 5);
 
   // CPUs free again: polling comes back once the hold (at most 128 ms) ends.
@@ -224,4 +237,19 @@ TEST_CASE("a polling event port stops polling while the CPUs are oversubscribed,
     polled_again = polling.polled_waits() > before;
   }
   CHECK(polled_again);
+}
+
+TEST_CASE("psd's busy polling stops early while the CPUs are oversubscribed") {
+  if (!thread_run_delay()) {
+    WARN("SKIPPED: this kernel reports no run-queue delay (/proc/thread-self/schedstat)");
+    return;
+  }
+  kj::UnixEventPort port;
+  kj::EventLoop loop(port);
+  kj::WaitScope ws(loop);
+  BusyPoll busy(port, 200000us);  // 200 ms: only contention ends it within the 100 ms below
+  CpuHogs hogs;
+  busy.kick();
+  port.getTimer().afterDelay(100 * kj::MILLISECONDS).wait(ws);
+  CHECK_FALSE(busy.polling());
 }

@@ -4,12 +4,64 @@
 #include <string>
 
 #include "ps/errors.h"
+#include "vector_clones.h"
 
 namespace ps {
 namespace {
 
 // The loops are written plainly so the compiler vectorises them; each reads
 // and writes every array once, which keeps an update at memory speed.
+// Free functions, not the virtual apply()s: GCC cannot clone virtual ones.
+
+PS_VECTOR_CLONES void sgd(float* __restrict w, const float* __restrict g, std::size_t n, float a) {
+  for (std::size_t i = 0; i < n; ++i) w[i] -= a * g[i];
+}
+
+PS_VECTOR_CLONES void momentum(float* __restrict w, float* __restrict acc, const float* __restrict g, std::size_t n,
+                               float lr, float mu, float scale, bool nesterov) {
+  if (nesterov) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const float gi = g[i] * scale;
+      acc[i] = mu * acc[i] + gi;
+      w[i] -= lr * (gi + mu * acc[i]);
+    }
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      acc[i] = mu * acc[i] + g[i] * scale;
+      w[i] -= lr * acc[i];
+    }
+  }
+}
+
+PS_VECTOR_CLONES void adam(float* __restrict w, float* __restrict m, float* __restrict v, const float* __restrict g,
+                           std::size_t n, float lr_t, float b1, float b2, float eps, float scale) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float gi = g[i] * scale;
+    m[i] = b1 * m[i] + (1.0f - b1) * gi;
+    v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+    w[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
+  }
+}
+
+PS_VECTOR_CLONES void adagrad(float* __restrict w, float* __restrict acc, const float* __restrict g, std::size_t n,
+                              float lr, float scale) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float gi = g[i] * scale;
+    acc[i] += gi * gi;
+    w[i] -= lr * gi / std::sqrt(acc[i]);
+  }
+}
+
+PS_VECTOR_CLONES void rmsprop(float* __restrict w, float* __restrict ms, float* __restrict mom,
+                              const float* __restrict g, std::size_t n, float lr, float rho, float mu, float eps,
+                              float scale) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float gi = g[i] * scale;
+    ms[i] = rho * ms[i] + (1.0f - rho) * gi * gi;
+    mom[i] = mu * mom[i] + lr * gi / std::sqrt(ms[i] + eps);
+    w[i] -= mom[i];
+  }
+}
 
 class Sgd final : public Optimizer {
  public:
@@ -17,11 +69,7 @@ class Sgd final : public Optimizer {
   std::vector<std::vector<float>> make_slots(std::size_t) const override { return {}; }
   void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>&, int64_t step,
              float scale) const override {
-    const float a = config_.learning_rate_at(step) * scale;
-    float* __restrict wp = w.data();
-    const float* __restrict gp = g.data();
-    const std::size_t n = w.size();
-    for (std::size_t i = 0; i < n; ++i) wp[i] -= a * gp[i];
+    sgd(w.data(), g.data(), w.size(), config_.learning_rate_at(step) * scale);
   }
 };
 
@@ -32,24 +80,8 @@ class Momentum final : public Optimizer {
   std::vector<std::vector<float>> make_slots(std::size_t n) const override { return {std::vector<float>(n, 0.0f)}; }
   void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots, int64_t step,
              float scale) const override {
-    const float lr = config_.learning_rate_at(step);
-    const float mu = config_.momentum;
-    float* __restrict wp = w.data();
-    float* __restrict acc = slots[0].data();
-    const float* __restrict gp = g.data();
-    const std::size_t n = w.size();
-    if (config_.nesterov) {
-      for (std::size_t i = 0; i < n; ++i) {
-        const float gi = gp[i] * scale;
-        acc[i] = mu * acc[i] + gi;
-        wp[i] -= lr * (gi + mu * acc[i]);
-      }
-    } else {
-      for (std::size_t i = 0; i < n; ++i) {
-        acc[i] = mu * acc[i] + gp[i] * scale;
-        wp[i] -= lr * acc[i];
-      }
-    }
+    momentum(w.data(), slots[0].data(), g.data(), w.size(), config_.learning_rate_at(step), config_.momentum, scale,
+             config_.nesterov);
   }
 };
 
@@ -67,17 +99,7 @@ class Adam final : public Optimizer {
     const float b1 = config_.beta1, b2 = config_.beta2, eps = config_.epsilon;
     const float lr_t = static_cast<float>(config_.learning_rate_at(step) * std::sqrt(1.0 - std::pow(b2, t)) /
                                           (1.0 - std::pow(b1, t)));
-    float* __restrict wp = w.data();
-    float* __restrict m = slots[0].data();
-    float* __restrict v = slots[1].data();
-    const float* __restrict gp = g.data();
-    const std::size_t n = w.size();
-    for (std::size_t i = 0; i < n; ++i) {
-      const float gi = gp[i] * scale;
-      m[i] = b1 * m[i] + (1.0f - b1) * gi;
-      v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-      wp[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
-    }
+    adam(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(), lr_t, b1, b2, eps, scale);
   }
 };
 
@@ -90,16 +112,7 @@ class Adagrad final : public Optimizer {
   }
   void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots, int64_t step,
              float scale) const override {
-    const float lr = config_.learning_rate_at(step);
-    float* __restrict wp = w.data();
-    float* __restrict acc = slots[0].data();
-    const float* __restrict gp = g.data();
-    const std::size_t n = w.size();
-    for (std::size_t i = 0; i < n; ++i) {
-      const float gi = gp[i] * scale;
-      acc[i] += gi * gi;
-      wp[i] -= lr * gi / std::sqrt(acc[i]);
-    }
+    adagrad(w.data(), slots[0].data(), g.data(), w.size(), config_.learning_rate_at(step), scale);
   }
 };
 
@@ -113,19 +126,8 @@ class RmsProp final : public Optimizer {
   }
   void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots, int64_t step,
              float scale) const override {
-    const float lr = config_.learning_rate_at(step);
-    const float rho = config_.decay, mu = config_.momentum, eps = config_.epsilon;
-    float* __restrict wp = w.data();
-    float* __restrict ms = slots[0].data();
-    float* __restrict mom = slots[1].data();
-    const float* __restrict gp = g.data();
-    const std::size_t n = w.size();
-    for (std::size_t i = 0; i < n; ++i) {
-      const float gi = gp[i] * scale;
-      ms[i] = rho * ms[i] + (1.0f - rho) * gi * gi;
-      mom[i] = mu * mom[i] + lr * gi / std::sqrt(ms[i] + eps);
-      wp[i] -= mom[i];
-    }
+    rmsprop(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(), config_.learning_rate_at(step),
+            config_.decay, config_.momentum, config_.epsilon, scale);
   }
 };
 

@@ -146,3 +146,48 @@ TEST_CASE("optimizer configurations that cannot train are refused") {
   CHECK_THROWS_AS(OptimizerConfig::from_name("lbfgs", 0.1f), ps::ConfigError);
   CHECK(OptimizerConfig::from_name("nesterov", 0.1f).nesterov);
 }
+
+TEST_CASE("the vectorised updates equal the plain float32 formula bit for bit") {
+  // psd's loops are built for SSE2 and AVX2 (server/vector_clones.h) and the
+  // CPU picks one: both must give exactly what one float operation after
+  // another gives, so that shards on different CPUs agree (no FMA, which
+  // rounds once where the formula rounds twice).
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  const std::size_t n = 1003;  // a tail after the last full vector
+  std::vector<float> w(n), g(n);
+  for (auto& x : w) x = dist(rng);
+  for (auto& x : g) x = dist(rng);
+
+  auto sgd_config = OptimizerConfig::sgd(0.1f);
+  auto sgd = ps::make_optimizer(sgd_config);
+  std::vector<std::vector<float>> no_slots;
+  std::vector<float> w_sgd = w;
+  sgd->apply(w_sgd, g, no_slots, 0, 0.5f);
+  const float a = 0.1f * 0.5f;
+  // volatile: keep the compiler from fusing the reference into an FMA.
+  for (std::size_t i = 0; i < n; ++i) {
+    volatile float product = a * g[i];
+    CHECK(w_sgd[i] == w[i] - product);
+  }
+
+  auto adam_config = OptimizerConfig::adam(0.01f);
+  auto adam = ps::make_optimizer(adam_config);
+  auto slots = adam->make_slots(n);
+  std::vector<float> w_adam = w;
+  adam->apply(w_adam, g, slots, 0, 1.0f);
+  const float b1 = adam_config.beta1, b2 = adam_config.beta2, eps = adam_config.epsilon;
+  const float lr_t = static_cast<float>(0.01 * std::sqrt(1.0 - std::pow(double(b2), 1.0)) / (1.0 - std::pow(double(b1), 1.0)));
+  int mismatches = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    volatile float m1 = b1 * 0.0f, m2 = (1.0f - b1) * g[i];
+    const float m = m1 + m2;
+    volatile float v1 = b2 * 0.0f, v2 = (1.0f - b2) * g[i];
+    volatile float v3 = v2 * g[i];
+    const float v = v1 + v3;
+    volatile float step = lr_t * m;
+    const float expected = w[i] - step / (std::sqrt(v) + eps);
+    mismatches += slots[0][i] != m || slots[1][i] != v || w_adam[i] != expected;
+  }
+  CHECK(mismatches == 0);
+}

@@ -1,0 +1,14 @@
+// PS_VECTOR_CLONES: compile a hot loop twice, for plain x86-64 (SSE2) and
+// for AVX2, the dynamic loader picking the one the CPU runs (GCC's
+// target_clones, an ifunc). The build stays portable and psd's per-element
+// loops (optimizer updates, the NaN/Inf check) run on 256-bit vectors where
+// the CPU has them: SGD on a 64 KiB tensor 2.5 -> 1.3 us (bench/apply_bench).
+// Without FMA in the list, results are bit-identical to the SSE2 build's:
+// the same IEEE operations, only more of them at a time.
+#pragma once
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define PS_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define PS_VECTOR_CLONES
+#endif

@@ -10,11 +10,16 @@
 // thread to another over a loopback socket (the two pinned to different cores),
 // answered by a 1-byte acknowledgement, so both sides are "send N bytes, get
 // a small answer" as a push is ("small request, get N bytes" for a pull).
+//
+// The three-client table also gives the cores psd and this process kept
+// busy (CPU time / wall time) with one client and with three: whether a
+// result was bound by psd's event loop, by the clients, or by neither.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -201,6 +206,37 @@ struct Measured {
   double push_s, pull_s;
 };
 
+// CPU time of psd (all its threads) and of this process, to tell whether a
+// measurement was bound by CPU: how many cores each kept busy.
+struct CpuClock {
+  pid_t psd;
+  Clock::time_point wall = Clock::now();
+  double psd_s = psd_seconds(psd), self_s = self_seconds();
+
+  static double psd_seconds(pid_t pid) {
+    // schedstat's on-CPU nanoseconds, summed over threads: /proc/PID/stat
+    // counts 10 ms ticks, too coarse for runs of tens of milliseconds.
+    double sum = 0;
+    std::error_code ec;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+      std::ifstream in(task.path() / "schedstat");
+      unsigned long long on_cpu = 0;
+      if (in >> on_cpu) sum += on_cpu * 1e-9;
+    }
+    return sum;
+  }
+  static double self_seconds() {
+    rusage r{};
+    getrusage(RUSAGE_SELF, &r);  // threads that have ended included
+    return r.ru_utime.tv_sec + r.ru_utime.tv_usec * 1e-6 + r.ru_stime.tv_sec + r.ru_stime.tv_usec * 1e-6;
+  }
+  // Cores kept busy since construction: {psd, this process}.
+  std::pair<double, double> cores() const {
+    const double wall_s = std::chrono::duration<double>(Clock::now() - wall).count();
+    return {(psd_seconds(psd) - psd_s) / wall_s, (self_seconds() - self_s) / wall_s};
+  }
+};
+
 // Push and pull latency samples of one client for a tensor of `bytes`.
 struct Samples {
   std::vector<double> push, pull;
@@ -345,8 +381,9 @@ int main(int argc, char** argv) {
                     raw / ping);
       }
     }
-    std::printf("psd over %s, 3 concurrent clients (aggregate):\n", label);
-    std::printf("  %-8s %8s %11s %8s %11s\n", "size", "push GB/s", "vs 1 client", "pull GB/s", "vs 1 client");
+    std::printf("psd over %s, 3 concurrent clients (aggregate), and the cores psd and the clients kept busy:\n", label);
+    std::printf("  %-8s %8s %11s %8s %11s | %-17s | %-17s\n", "size", "push GB/s", "vs 1 client", "pull GB/s",
+                "vs 1 client", "1 client: psd cli", "3 clients: psd cli");
     std::vector<std::unique_ptr<ps::Client>> clients;
     for (int c = 0; c < 3; ++c) clients.push_back(std::make_unique<ps::Client>(opts));
     for (size_t i = 0; i < sizes.size(); ++i) {
@@ -355,10 +392,15 @@ int main(int argc, char** argv) {
         clients[c]->create({{.name = "c" + std::to_string(c) + suffix, .shape = {sizes[i] / 4},
                              .optimizer = ps::OptimizerConfig::sgd(0.0f)}});
       }
+      const CpuClock one_clock{psd.pid};
       Measured one = measure_one(*clients[0], "c0" + suffix, sizes[i], reps / 2 + 1);
+      const auto one_cores = one_clock.cores();
+      const CpuClock all_clock{psd.pid};
       Measured all = measure_concurrent(clients, sizes[i], reps / 2 + 1);
-      std::printf("  %-8s %8.2f %11.2f %8.2f %11.2f\n", size_name(sizes[i]).c_str(), sizes[i] / all.push_s / 1e9,
-                  one.push_s / all.push_s, sizes[i] / all.pull_s / 1e9, one.pull_s / all.pull_s);
+      const auto all_cores = all_clock.cores();
+      std::printf("  %-8s %8.2f %11.2f %8.2f %11.2f | %13.2f %4.2f | %14.2f %4.2f\n", size_name(sizes[i]).c_str(),
+                  sizes[i] / all.push_s / 1e9, one.push_s / all.push_s, sizes[i] / all.pull_s / 1e9,
+                  one.pull_s / all.pull_s, one_cores.first, one_cores.second, all_cores.first, all_cores.second);
     }
     std::printf("\n");
   };

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <barrier>
 #include <chrono>
 #include <cmath>
 #include <random>
@@ -262,14 +263,21 @@ TEST_CASE("bounded staleness keeps every worker within max_staleness of the slow
   std::atomic<int> fast_done{0};
   std::atomic<int> slow_step_when_fast_done{-1};
   std::atomic<int> slow_step{0};
+  // The bound is over connected workers (a worker not yet there holds no
+  // one back): all three connect before any steps, as a launch would have
+  // them; under a sanitizer the slow one's start could otherwise come late.
+  std::barrier all_connected(workers);
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
+      bool arrived = false;
       try {
         Client client(worker_options({&psd}, w));
         TrainingSession session(client, {.job = job});
         std::vector<float> v(16), g(16, 1.0f);
         session.add_variable({.name = "v", .shape = {16}, .optimizer = OptimizerConfig::sgd(0.01f)}, v, g);
         session.initialize();
+        arrived = true;
+        all_connected.arrive_and_wait();
         for (int s = 0; s < steps; ++s) {
           session.run_step([&] { std::this_thread::sleep_for(w == 2 ? 60ms : 1ms); });
           if (w == 2) slow_step = s + 1;
@@ -278,6 +286,7 @@ TEST_CASE("bounded staleness keeps every worker within max_staleness of the slow
       } catch (const std::exception& e) {
         UNSCOPED_INFO("worker " << w << ": " << e.what());
         ++failures;
+        if (!arrived) all_connected.arrive_and_drop();  // the others do not wait for it
       }
     });
   }

@@ -230,8 +230,11 @@ struct CpuClock {
     getrusage(RUSAGE_SELF, &r);  // threads that have ended included
     return r.ru_utime.tv_sec + r.ru_utime.tv_usec * 1e-6 + r.ru_stime.tv_sec + r.ru_stime.tv_usec * 1e-6;
   }
-  // Cores kept busy since construction: {psd, this process}.
-  std::pair<double, double> cores() const {
+  struct Cores {
+    double psd, clients;
+  };
+  // Cores kept busy since construction (the clients: this process).
+  Cores cores() const {
     const double wall_s = std::chrono::duration<double>(Clock::now() - wall).count();
     return {(psd_seconds(psd) - psd_s) / wall_s, (self_seconds() - self_s) / wall_s};
   }
@@ -400,7 +403,7 @@ int main(int argc, char** argv) {
       const auto all_cores = all_clock.cores();
       std::printf("  %-8s %8.2f %11.2f %8.2f %11.2f | %13.2f %4.2f | %14.2f %4.2f\n", size_name(sizes[i]).c_str(),
                   sizes[i] / all.push_s / 1e9, one.push_s / all.push_s, sizes[i] / all.pull_s / 1e9,
-                  one.pull_s / all.pull_s, one_cores.first, one_cores.second, all_cores.first, all_cores.second);
+                  one.pull_s / all.pull_s, one_cores.psd, one_cores.clients, all_cores.psd, all_cores.clients);
     }
     std::printf("\n");
   };

@@ -315,6 +315,7 @@ int main(int argc, char** argv) {
   std::string sizes_flag = "4K,64K,1M,4M,16M,64M";
   int reps = 20;
   bool with_unix = true;
+  bool with_shared = true;
   std::size_t chunk_kb = ps::kDefaultChunkBytes >> 10;
   std::size_t part_kb = ps::kDefaultPartBytes >> 10;
   std::size_t request_kb = ps::ClientOptions{}.max_request_bytes >> 10;
@@ -324,6 +325,9 @@ int main(int argc, char** argv) {
   app.add_option("--sizes", sizes_flag, "payload sizes")->capture_default_str();
   app.add_option("--reps", reps, "repetitions per measurement (median reported)")->capture_default_str();
   app.add_option("--unix", with_unix, "also measure the Unix-domain-socket path")->capture_default_str();
+  app.add_option("--shared_memory", with_shared,
+                 "also measure the same-host path with shared memory (ClientOptions::shared_memory_bytes)")
+      ->capture_default_str();
   app.add_option("--chunk_kb", chunk_kb, "ClientOptions::chunk_bytes, in KiB")->capture_default_str();
   app.add_option("--part_kb", part_kb, "ClientOptions::part_bytes, in KiB")->capture_default_str();
   app.add_option("--request_kb", request_kb, "ClientOptions::max_request_bytes, in KiB")->capture_default_str();
@@ -342,7 +346,7 @@ int main(int argc, char** argv) {
   constexpr int kBlocks = 3;
   const int block_reps = std::max(reps / kBlocks, 3);
 
-  auto run_path = [&](const char* label, bool use_unix) {
+  auto run_path = [&](const char* label, bool use_unix, bool use_shared) {
     const std::string sock = use_unix ? std::filesystem::temp_directory_path() / ("psd-bench-" + std::to_string(getpid()) + ".sock") : "";
     Psd psd(psd_binary, sock, psd_busy_poll_us);
     ps::ClientOptions opts;
@@ -350,6 +354,7 @@ int main(int argc, char** argv) {
     opts.part_bytes = part_kb << 10;
     opts.max_request_bytes = request_kb << 10;
     opts.busy_poll = std::chrono::microseconds(busy_poll_us);
+    if (!use_shared) opts.shared_memory_bytes = 0;
     opts.ps_hosts = {use_unix ? "unix:" + sock : "127.0.0.1:" + std::to_string(psd.port)};
     std::printf("psd over %s, 1 client (medians of %d; plain TCP measured in turn with it):\n", label,
                 block_reps * kBlocks);
@@ -408,8 +413,9 @@ int main(int argc, char** argv) {
     std::printf("\n");
   };
   try {
-    run_path("TCP", false);
-    if (with_unix) run_path("a Unix-domain socket", true);
+    run_path("TCP", false, false);
+    if (with_unix) run_path("a Unix-domain socket", true, false);
+    if (with_shared) run_path("a Unix-domain socket with shared memory", true, true);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "push_pull_bench: %s\n", e.what());
     return 1;

@@ -159,6 +159,9 @@ std::vector<ShardStats> Client::stats() {
                               o.pulls = st.getPulls();
                               o.rejected = st.getRejected();
                               o.stale_gradients = st.getStaleGradients();
+                              o.bytes_in = st.getBytesIn();
+                              o.bytes_out = st.getBytesOut();
+                              o.shared_bytes = st.getSharedBytes();
                               o.global_step = st.getGlobalStep();
                               o.connections = st.getConnections();
                               o.job = job_from_wire(st.getJob());

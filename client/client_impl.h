@@ -42,6 +42,40 @@ inline std::exception_ptr translate(const kj::Exception& e, const std::string& c
   return std::make_exception_ptr(RequestError(context + msg));
 }
 
+// A part this large or larger goes through shared memory when its
+// connection has some (and a block is free); smaller ones ride in the message.
+constexpr uint64_t kMinSharedBytes = 16u << 10;
+
+inline std::optional<uint64_t> take_shared(SharedBlocks& blocks, uint64_t bytes) {
+  if (bytes < kMinSharedBytes) return std::nullopt;
+  return blocks.take(bytes);
+}
+
+inline void set_slice(wire::SharedSlice::Builder slice, const SharedArena& arena, uint64_t offset, uint64_t bytes) {
+  slice.setRegion(arena.id());
+  slice.setOffset(offset);
+  slice.setBytes(bytes);
+}
+
+// `call`, holding `blocks` until it settles. psd is done with them once it
+// has answered, whatever the answer; a call given up before (a timeout)
+// leaves them out of use (shared_arena.h).
+template <typename T>
+kj::Promise<T> until_answered(kj::Promise<T> call, kj::Own<SharedBlocks> blocks) {
+  if (!blocks || blocks->empty()) return call;
+  SharedBlocks* b = blocks.get();
+  return call
+      .then([b](T&& reply) {
+              b->answered();
+              return kj::mv(reply);
+            },
+            [b](kj::Exception&& e) -> T {
+              b->answered();
+              kj::throwFatalException(kj::mv(e));
+            })
+      .attach(kj::mv(blocks));
+}
+
 inline PushStatus from_wire(wire::PushStatus s) {
   switch (s) {
     case wire::PushStatus::APPLIED: return PushStatus::kApplied;
@@ -217,7 +251,8 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   }
 
   HelloParams hello_params() const {
-    return {options.worker_index, options.is_chief, options.auth_token, options.prefer_unix_socket};
+    return {options.worker_index, options.is_chief, options.auth_token, options.prefer_unix_socket,
+            options.shared_memory_bytes};
   }
 
   // Push request ids: a random base per Client (a restarted worker does not
@@ -231,6 +266,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     std::vector<std::span<float>> out;
     std::vector<int64_t> steps;
     std::vector<std::vector<uint64_t>> versions;
+    std::vector<std::vector<bool>> from_shared;  // per batch and part: came through shared memory
   };
 
   // Pulls the given batches (waiting for min_step). In sync mode all parts
@@ -248,12 +284,27 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
         // A shard back from a restart at an older step may never reach the
         // step asked for: read what it has (reconnector.h).
         req.setMinStep(attempt > 0 && c.rolled_back ? std::min(min_step, c.hello_step) : min_step);
-        // Large parts are read from the socket straight into st.out
-        // (client_message_stream.h); held until the reply is in.
+        // Large parts come through shared memory where the connection has
+        // some (copied out when the reply is in), else are read from the
+        // socket straight into st.out (client_message_stream.h); held until
+        // the reply is in.
+        kj::Own<SharedBlocks> blocks;
+        if (c.arena) blocks = kj::heap<SharedBlocks>(c.arena);
+        std::vector<int64_t> shared_at(batch.parts.size(), -1);
+        for (unsigned i = 0; blocks && i < batch.parts.size(); ++i) {
+          if (auto offset = take_shared(*blocks, batch.parts[i].part.count * sizeof(float))) shared_at[i] = *offset;
+        }
+        if (blocks && !blocks->empty()) {
+          auto into = req.initInto(static_cast<unsigned>(batch.parts.size()));
+          for (unsigned i = 0; i < batch.parts.size(); ++i) {
+            if (shared_at[i] >= 0) set_slice(into[i], *c.arena, shared_at[i], batch.parts[i].part.count * sizeof(float));
+          }
+        }
         kj::Own<ClientMessageStream::Expectation> expect;
         if (batch.bytes >= ClientMessageStream::kMinLandingBytes) {
           std::vector<kj::ArrayPtr<kj::byte>> dest(batch.parts.size());
           for (unsigned i = 0; i < batch.parts.size(); ++i) {
+            if (shared_at[i] >= 0) continue;
             const PartRef& ref = batch.parts[i];
             auto part = st.out[ref.tensor].subspan(ref.part.offset, ref.part.count);
             dest[i] = kj::arrayPtr(reinterpret_cast<kj::byte*>(part.data()), part.size_bytes());
@@ -261,11 +312,25 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
           expect = c.messages->expect(std::move(dest));
           req.setTag(expect->tag());
         }
-        return req.send()
-            .then([&c](capnp::Response<wire::Shard::PullResults>&& reply) {
-              c.last_step = std::max(c.last_step, reply.getStep());
-              return kj::mv(reply);
-            })
+        st.from_shared[b].assign(batch.parts.size(), false);
+        auto arena = c.arena;
+        return until_answered(
+                   req.send().then([&c, &st, b, arena, shared_at = std::move(shared_at)](
+                                       capnp::Response<wire::Shard::PullResults>&& reply) {
+                     c.last_step = std::max(c.last_step, reply.getStep());
+                     // Out of shared memory before its blocks are released.
+                     const ShardBatch& batch = st.batches[b];
+                     auto tensors = reply.getTensors();
+                     for (unsigned i = 0; i < batch.parts.size() && i < tensors.size(); ++i) {
+                       if (shared_at[i] < 0 || tensors[i].getValues().size() != 0) continue;
+                       const PartRef& ref = batch.parts[i];
+                       std::memcpy(st.out[ref.tensor].data() + ref.part.offset, arena->at(shared_at[i]),
+                                   ref.part.count * sizeof(float));
+                       st.from_shared[b][i] = true;
+                     }
+                     return kj::mv(reply);
+                   }),
+                   kj::mv(blocks))
             .attach(kj::mv(expect));
       }).then([&st, b](capnp::Response<wire::Shard::PullResults>&& reply) {
         const ShardBatch& batch = st.batches[b];
@@ -278,6 +343,10 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
         for (unsigned i = 0; i < tensors.size(); ++i) {
           const PartRef& ref = batch.parts[i];
           auto data = tensors[i].getValues();
+          if (st.from_shared[b][i]) {
+            st.versions[b][i] = tensors[i].getVersion();
+            continue;
+          }
           if (data.size() != ref.part.count * sizeof(float)) {
             throw RequestError("'" + ref.part.stored_name + "' came back with " + std::to_string(data.size()) +
                                " bytes, expected " + std::to_string(ref.part.count * sizeof(float)) +

@@ -30,6 +30,7 @@ std::future<PullResult> Client::start_pull(std::vector<std::string> names, std::
         state->out = std::move(out);
         state->steps.assign(state->batches.size(), 0);
         state->versions.resize(state->batches.size());
+        state->from_shared.resize(state->batches.size());
         std::vector<std::size_t> all(state->batches.size());
         for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
         auto* raw = state.get();
@@ -130,11 +131,17 @@ std::future<PushResult> Client::start_push(std::vector<std::string> names, std::
             req.setDoneStep(reports);
             auto list = req.initGrads(static_cast<unsigned>(batch->parts.size()));
             auto orphanage = capnp::Orphanage::getForMessageContaining(static_cast<wire::Shard::PushParams::Builder>(req));
+            // Large parts through shared memory where the connection has some.
+            kj::Own<SharedBlocks> blocks;
+            if (c.arena) blocks = kj::heap<SharedBlocks>(c.arena);
             for (unsigned i = 0; i < batch->parts.size(); ++i) {
               const PartRef& ref = batch->parts[i];
               list[i].setName(ref.part.stored_name);
               auto bytes = as_data((*shared_grads)[ref.tensor].subspan(ref.part.offset, ref.part.count));
-              if (reinterpret_cast<uintptr_t>(bytes.begin()) % sizeof(capnp::word) == 0 &&
+              if (auto offset = blocks ? take_shared(*blocks, bytes.size()) : std::nullopt) {
+                std::memcpy(blocks->arena().at(*offset), bytes.begin(), bytes.size());
+                set_slice(list[i].initShared(), blocks->arena(), *offset, bytes.size());
+              } else if (reinterpret_cast<uintptr_t>(bytes.begin()) % sizeof(capnp::word) == 0 &&
                   bytes.size() % sizeof(capnp::word) == 0) {
                 // The gradient goes out straight from the caller's buffer: no copy.
                 list[i].adoptValues(orphanage.referenceExternalData(bytes));
@@ -145,7 +152,8 @@ std::future<PushResult> Client::start_push(std::vector<std::string> names, std::
                 list[i].setValues(bytes);
               }
             }
-            return req.send().then([&c](capnp::Response<wire::Shard::PushResults>&& reply) {
+            auto sent = until_answered(req.send(), kj::mv(blocks));
+            return sent.then([&c](capnp::Response<wire::Shard::PushResults>&& reply) {
               BatchReply r;
               for (auto st : reply.getStatus()) r.status.push_back(from_wire(st));
               r.step = reply.getStep();

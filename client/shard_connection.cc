@@ -69,9 +69,38 @@ capnp::Request<wire::Shard::HelloParams, wire::Shard::HelloResults> hello_reques
   return req;
 }
 
+// Gives psd a shared memory region for this connection; a region psd
+// cannot map leaves the connection as it was (values over the socket).
+kj::Promise<kj::Own<ShardConnection>> share_memory(kj::Own<ShardConnection> conn, uint64_t bytes) {
+  std::shared_ptr<SharedRegion> region;
+  try {
+    region = SharedRegion::create(bytes);
+  } catch (const std::exception& e) {
+    spdlog::info("shard {}: no shared memory ({}); tensors go over {}", conn->index, e.what(), conn->via);
+    return kj::mv(conn);
+  }
+  auto req = conn->shard.attachMemoryRequest();
+  req.setFd(region->fd());
+  req.setBytes(region->size());
+  ShardConnection* c = conn.get();
+  return req.send()
+      .then(
+          [c, region](capnp::Response<wire::Shard::AttachMemoryResults>&& reply) mutable {
+            c->arena = std::make_shared<SharedArena>(std::move(region), reply.getRegion());
+            spdlog::debug("shard {}: {} MiB shared with psd", c->index, c->arena->region().size() >> 20);
+          },
+          [c](kj::Exception&& e) {
+            if (e.getType() == kj::Exception::Type::DISCONNECTED) kj::throwFatalException(kj::mv(e));
+            spdlog::info("shard {}: psd did not take shared memory ({}); tensors go over {}", c->index,
+                         e.getDescription().cStr(), c->via);
+          })
+      .then([conn = kj::mv(conn)]() mutable { return kj::mv(conn); });
+}
+
 kj::Promise<kj::Own<ShardConnection>> say_hello(kj::Own<ShardConnection> conn, const HelloParams& hello) {
   auto req = hello_request(*conn, hello, false);
-  return req.send().then([conn = kj::mv(conn)](capnp::Response<wire::Shard::HelloResults>&& reply) mutable {
+  return req.send().then([conn = kj::mv(conn), shared_bytes = hello.shared_memory_bytes](
+                             capnp::Response<wire::Shard::HelloResults>&& reply) mutable -> kj::Promise<kj::Own<ShardConnection>> {
     auto info = reply.getInfo();
     conn->max_message_bytes = info.getMaxMessageBytes();
     conn->num_shards = info.getNumShards();
@@ -80,6 +109,9 @@ kj::Promise<kj::Own<ShardConnection>> say_hello(kj::Own<ShardConnection> conn, c
     conn->hello_step = conn->last_step = info.getGlobalStep();
     spdlog::debug("connected to {} via {} ({}, shard {}/{})", conn->address, conn->via, info.getServerVersion().cStr(),
                   info.getShardIndex(), info.getNumShards());
+    if (shared_bytes > 0 && info.getSharedMemory() && conn->via.rfind("unix:", 0) == 0) {
+      return share_memory(kj::mv(conn), shared_bytes);
+    }
     return kj::mv(conn);
   });
 }

@@ -11,6 +11,7 @@
 
 #include "client_message_stream.h"
 #include "ps.capnp.h"
+#include "shared_arena.h"
 #include "ps/job.h"
 
 namespace ps {
@@ -36,6 +37,9 @@ struct ShardConnection {
   int64_t hello_step = 0;
   int64_t last_step = 0;
   bool rolled_back = false;
+  // Memory shared with psd (a Unix-socket connection psd let attach one);
+  // null: everything goes over the socket.
+  std::shared_ptr<SharedArena> arena;
 };
 
 // Who this client is, said in every hello.
@@ -44,6 +48,7 @@ struct HelloParams {
   bool is_chief = false;
   std::string auth_token;
   bool prefer_unix_socket = true;  // ClientOptions::prefer_unix_socket
+  uint64_t shared_memory_bytes = 0;  // ClientOptions::shared_memory_bytes
 };
 
 // Connects to `address` ("host:port" or "unix:/path"), retrying with backoff

@@ -109,6 +109,15 @@ struct TensorData {
 struct Gradient {
   name @0 :Text;
   values @1 :Data;             # little-endian float32, same count as the tensor
+  shared @2 :SharedSlice;      # set: the values are here instead (then `values` is empty)
+}
+
+# Bytes in the connection's shared memory region (Shard.attachMemory): a
+# same-host client's way to move tensor values without the socket.
+struct SharedSlice {
+  region @0 :UInt32;           # as attachMemory returned it
+  offset @1 :UInt64;
+  bytes @2 :UInt64;
 }
 
 enum PushStatus {
@@ -143,6 +152,7 @@ struct ShardInfo {
   maxMessageBytes @6 :UInt64;
   unixSocket @7 :Text;         # absolute path of psd's Unix-domain socket; empty: none
   hostId @8 :Text;             # psd's host (kernel boot id): a client with the same may use unixSocket
+  sharedMemory @9 :Bool;       # attachMemory is accepted on unixSocket's connections
 }
 
 struct WorkerState {
@@ -176,6 +186,7 @@ struct ShardStats {
   bytesOut @16 :UInt64;
   lastCheckpointStep @17 :Int64;   # -1: none yet
   lastCheckpointUnixSecs @18 :Float64;
+  sharedBytes @19 :UInt64;      # tensor bytes pushed and pulled through shared memory (also in bytesIn/bytesOut)
 }
 
 interface Shard {
@@ -191,13 +202,17 @@ interface Shard {
   # Idempotent: an existing tensor with the same shape is returned as is
   # (created = false); one with another shape is an error.
 
-  pull @2 (names :List(Text), minStep :Int64, tag :UInt64) -> (tensors :List(TensorData), step :Int64, tag :UInt64);
+  pull @2 (names :List(Text), minStep :Int64, tag :UInt64, into :List(SharedSlice))
+       -> (tensors :List(TensorData), step :Int64, tag :UInt64);
   # Values of the named tensors, all read at one global step `step`
   # (>= minStep: the call waits until the shard reaches minStep).
   # tag: echoed in the reply, where a client can read it before the
   # tensors' bytes arrive and receive them straight into their destination
   # (client/landing_stream.h). Large tensors travel as message segments of
   # their own, after the segment holding the rest of the reply.
+  # into: empty, or one slice per name: a slice of nonzero size gets that
+  # tensor's values written there (before the reply is sent) instead of in
+  # the reply, whose `values` is then empty.
 
   push @3 (grads :List(Gradient), step :Int64, requestId :UInt64, doneStep :Int64 = -1)
        -> (status :List(PushStatus), step :Int64, stop :Bool);
@@ -240,4 +255,11 @@ interface Shard {
   # Writes a checkpoint now. With step >= 0 (sync mode) it is taken exactly
   # at that global step: the call waits for the step and holds the next one
   # until written, so all shards save the same step.
+
+  attachMemory @14 (fd :Int32, bytes :UInt64) -> (region :UInt32);
+  # Over psd's Unix socket only (ShardInfo.sharedMemory): psd maps the
+  # caller's descriptor `fd`, a memfd of `bytes` sealed against shrinking
+  # (common/shared_region.h), opened through /proc with the peer's pid.
+  # Pushes and pulls on this connection may then name slices of it. One
+  # region per connection, unmapped when the connection ends.
 }

@@ -53,6 +53,11 @@ void add_psd_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
   app.add_option("--max_tensor_mb", x.max_tensor_mb, "largest tensor (or part) accepted, MiB")->capture_default_str();
   app.add_option("--max_memory_mb", x.max_memory_mb, "total tensor memory of this shard, MiB")->capture_default_str();
   app.add_option("--max_connections", o.max_connections, "connections served at once")->capture_default_str();
+  app.add_option("--max_shared_memory_mb", x.max_shared_memory_mb,
+                 "largest shared memory region a client on this host may give psd per connection, MiB; tensor values "
+                 "then skip the Unix socket (0: off)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
   app.add_option("--busy_poll_us", o.busy_poll_us,
                  "after its last work, poll the sockets up to this many microseconds before sleeping: lower latency "
                  "for small tensors, at the price of CPU; adaptive (0: sleep at once)")
@@ -123,6 +128,7 @@ void finish_psd_flags(ServerOptions& o, const PsdFlagValues& x) {
   o.shard.max_message_bytes = static_cast<uint64_t>(x.max_message_mb * (1 << 20));
   o.shard.limits.max_tensor_bytes = static_cast<uint64_t>(x.max_tensor_mb * (1 << 20));
   o.shard.limits.max_total_bytes = static_cast<uint64_t>(x.max_memory_mb * (1 << 20));
+  o.shard.max_shared_memory_bytes = static_cast<uint64_t>(x.max_shared_memory_mb) << 20;
   if (!x.auth_token_file.empty()) o.shard.auth_token = read_auth_token(x.auth_token_file);
   if (o.checkpoint.every_secs < 0) throw ConfigError("--checkpoint_secs must be >= 0");
   if (o.checkpoint.keep < 1) throw ConfigError("--keep_checkpoints must be >= 1");

@@ -1,5 +1,6 @@
 #include "server.h"
 
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -34,11 +35,11 @@ void write_port_file(const std::string& path, int port) {
 // RPC system serving a ShardServiceImpl as bootstrap.
 struct Connection {
   Connection(kj::Own<SocketStream> s, Shard& shard, std::string peer, capnp::ReaderOptions reader,
-             std::string refusal = "")
+             std::string refusal = "", pid_t peer_pid = 0)
       : stream(kj::mv(s)),
         network(*stream, capnp::rpc::twoparty::Side::SERVER, reader),
         rpc(capnp::makeRpcServer(network, kj::heap<ShardServiceImpl>(shard, std::move(peer), std::move(refusal),
-                                                                     stream.get()))) {}
+                                                                     stream.get(), peer_pid))) {}
   kj::Own<SocketStream> stream;
   capnp::TwoPartyVatNetwork network;
   capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
@@ -65,6 +66,17 @@ std::string peer_name(kj::AsyncIoStream& stream, const std::string& fallback) {
   return fallback;
 }
 
+// The process at the other end of a Unix-domain connection, as the kernel
+// recorded it at connect (0: unknown).
+pid_t peer_pid(kj::AsyncIoStream& stream) {
+  KJ_IF_MAYBE(fd, stream.getFd()) {
+    struct ucred cred {};
+    socklen_t len = sizeof(cred);
+    if (::getsockopt(*fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) return cred.pid;
+  }
+  return 0;
+}
+
 }  // namespace
 
 struct PsServer::Impl : kj::TaskSet::ErrorHandler {
@@ -89,6 +101,7 @@ struct PsServer::Impl : kj::TaskSet::ErrorHandler {
 
   kj::Promise<void> accept_loop(kj::ConnectionReceiver& listener, std::string kind) {
     return listener.accept().then([this, &listener, kind](kj::Own<kj::AsyncIoStream>&& accepted) {
+      const pid_t pid = kind == "unix" ? peer_pid(*accepted) : 0;
       kj::Own<SocketStream> stream = rewrap(kj::mv(accepted));
       if (!stream) {
         spdlog::warn("dropped a {} connection: cannot take over its socket: {}", kind, strerror(errno));
@@ -100,7 +113,7 @@ struct PsServer::Impl : kj::TaskSet::ErrorHandler {
         capnp::ReaderOptions reader;
         reader.traversalLimitInWords = options.shard.max_message_bytes / sizeof(capnp::word) + 1024;
         reader.nestingLimit = 64;
-        auto it = connections.emplace(connections.end(), kj::mv(stream), shard, peer, reader);
+        auto it = connections.emplace(connections.end(), kj::mv(stream), shard, peer, reader, "", pid);
         tasks->add(it->network.onDisconnect().then([this, it, peer] {
           connections.erase(it);
         }, [this, it, peer](kj::Exception&& e) {

@@ -86,6 +86,7 @@ const char* request_kind_name(RequestKind kind) {
     case RequestKind::kFinish: return "finish";
     case RequestKind::kReport: return "report";
     case RequestKind::kProbe: return "probe";
+    case RequestKind::kAttachMemory: return "attachMemory";
     case RequestKind::kCount: break;
   }
   return "?";
@@ -159,10 +160,12 @@ constexpr unsigned kMaxInPlacePerReply = 64;
 // Room in a pull reply for everything but the in-place tensors, so all of
 // it lands in the reply's first segment, ahead of the tensors' own segments:
 // a client then knows where each tensor goes before its bytes arrive.
-capnp::MessageSize pull_reply_size(capnp::List<capnp::Text>::Reader names, const std::vector<StoredTensor*>& tensors) {
+capnp::MessageSize pull_reply_size(capnp::List<capnp::Text>::Reader names, const std::vector<StoredTensor*>& tensors,
+                                   const std::vector<int64_t>& into) {
   uint64_t words = 16;
   for (unsigned i = 0; i < names.size(); ++i) {
     words += 8 + (names[i].size() + 8) / sizeof(capnp::word);
+    if (into[i] >= 0) continue;
     const uint64_t size = tensors[i]->size() * sizeof(float);
     if (size < kSendInPlaceBytes || size % sizeof(capnp::word) != 0) words += (size + 7) / sizeof(capnp::word);
   }
@@ -178,20 +181,42 @@ kj::Promise<void> Shard::pull(const Caller& caller, wire::Shard::PullParams::Rea
   std::vector<StoredTensor*> tensors;
   tensors.reserve(names.size());
   for (auto n : names) tensors.push_back(&store_.get(n));
-  auto results = results_of_size(pull_reply_size(names, tensors));
+  // Where each tensor goes: -1 in the reply, else an offset in the
+  // connection's shared memory region. All checked before anything is read.
+  std::vector<int64_t> into(tensors.size(), -1);
+  if (params.hasInto()) {
+    auto slices = params.getInto();
+    if (slices.size() != 0 && slices.size() != names.size()) {
+      throw RequestError("pull: " + std::to_string(slices.size()) + " shared slices for " + std::to_string(names.size()) +
+                         " tensors");
+    }
+    for (unsigned i = 0; i < slices.size(); ++i) {
+      if (slices[i].getBytes() == 0) continue;
+      const uint64_t want = tensors[i]->size() * sizeof(float);
+      if (slices[i].getBytes() != want) {
+        throw RequestError("pull: shared slice for '" + tensors[i]->spec().name + "' holds " +
+                           std::to_string(slices[i].getBytes()) + " bytes, the tensor " + std::to_string(want));
+      }
+      shared_slice(caller, slices[i], "pull");
+      into[i] = static_cast<int64_t>(slices[i].getOffset());
+    }
+  }
+  auto results = results_of_size(pull_reply_size(names, tensors, into));
   results.setTag(params.getTag());
 
   const int64_t min_step = params.getMinStep();
   kj::Promise<void> wait = kj::READY_NOW;
   if (job_.config().mode == SyncMode::kSync) wait = job_.wait_for_step(min_step);
   if (job_.config().mode == SyncMode::kBoundedStaleness) wait = job_.wait_for_staleness(min_step);
-  return wait.then([this, tensors = std::move(tensors), results, stream = caller.stream]() mutable {
-    return read_tensors(std::move(tensors), results, stream);
+  return wait.then([this, tensors = std::move(tensors), into = std::move(into), results, stream = caller.stream,
+                    shared = caller.shared]() mutable {
+    return read_tensors(std::move(tensors), results, stream, into, std::move(shared));
   });
 }
 
 kj::Promise<void> Shard::read_tensors(std::vector<StoredTensor*> tensors, wire::Shard::PullResults::Builder results,
-                                      SocketStream* stream) {
+                                      SocketStream* stream, const std::vector<int64_t>& into,
+                                      std::shared_ptr<SharedRegion> shared) {
   auto out = results.initTensors(static_cast<unsigned>(tensors.size()));
   results.setStep(job_.global_step());
   auto orphanage = capnp::Orphanage::getForMessageContaining(results);
@@ -207,6 +232,26 @@ kj::Promise<void> Shard::read_tensors(std::vector<StoredTensor*> tensors, wire::
     entry.setName(t->spec().name);
     const uint64_t size = t->size() * sizeof(float);
     bytes += size;
+    if (into[i] >= 0) {
+      // Into the client's shared memory: copied on the tensor's strand (in
+      // parallel with other tensors' and other clients'), nothing in the reply.
+      std::byte* dest = shared->data() + into[i];
+      counters_.shared_bytes += size;
+      auto copy = [t, dest, size] {
+        StoredTensor::View view = t->view();
+        std::memcpy(dest, view.values->data(), size);
+        return view.version;
+      };
+      if (runs_inline(t)) {
+        entry.setVersion(copy());
+        continue;
+      }
+      auto version = std::make_shared<uint64_t>(0);
+      copies.add(pool_.run(t->id(), [copy, version, shared] { *version = copy(); }).then([entry, version]() mutable {
+        entry.setVersion(*version);
+      }));
+      continue;
+    }
     const bool send_in_place = stream != nullptr && size >= kSendInPlaceBytes && size % sizeof(capnp::word) == 0 &&
                                in_place < kMaxInPlacePerReply;
     in_place += send_in_place;
@@ -269,21 +314,38 @@ kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Rea
   work.reserve(grads.size());
   std::set<StoredTensor*> seen;
   uint64_t bytes = 0;
+  // Gradients that came in shared memory, copied out before they are
+  // checked: the client can still write there, and what is applied must be
+  // what was checked. Kept until the applies are done.
+  auto copied = std::make_shared<std::vector<std::unique_ptr<float[]>>>();
+  uint64_t shared_bytes = 0;
   for (auto g : grads) {
     StoredTensor& t = store_.get(g.getName());
+    const bool in_shared = g.hasShared();
     auto data = g.getValues();
-    if (data.size() != t.size() * sizeof(float)) {
+    const uint64_t got = in_shared ? g.getShared().getBytes() : data.size();
+    if (got != t.size() * sizeof(float)) {
       throw RequestError("push: tensor '" + t.spec().name + "' of shape " + shape_to_string(t.spec().shape) +
                          " expects " + std::to_string(t.size()) + " floats (" + std::to_string(t.size() * 4) +
-                         " bytes), got " + std::to_string(data.size()) + " bytes");
+                         " bytes), got " + std::to_string(got) + " bytes");
     }
     if (!seen.insert(&t).second) throw RequestError("push: tensor '" + t.spec().name + "' appears twice in one request");
-    auto values = as_floats(data);
+    std::span<const float> values;
+    if (in_shared) {
+      if (data.size() != 0) throw RequestError("push: gradient for '" + t.spec().name + "' has both values and a shared slice");
+      const std::byte* src = shared_slice(caller, g.getShared(), "push");
+      copied->push_back(std::unique_ptr<float[]>(new float[t.size()]));
+      std::memcpy(copied->back().get(), src, got);
+      values = std::span<const float>(copied->back().get(), t.size());
+      shared_bytes += got;
+    } else {
+      values = as_floats(data);
+    }
     if (!options_.allow_nonfinite && !all_finite(values)) {
       throw RequestError("push: gradient for '" + t.spec().name + "' contains NaN or Inf (refused; psd --allow_nonfinite accepts it)");
     }
     work.emplace_back(&t, values);
-    bytes += data.size();
+    bytes += got;
   }
   const bool sync = job.mode == SyncMode::kSync;
   if (sync) {
@@ -309,6 +371,7 @@ kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Rea
   }
   counters_.pushes += work.size();
   counters_.bytes_in += bytes;
+  counters_.shared_bytes += shared_bytes;
   results.setStep(job_.global_step());
   auto status = results.initStatus(static_cast<unsigned>(work.size()));
 
@@ -352,7 +415,23 @@ kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Rea
   remember();
   if (sync && complete_tensors_ > 0 && complete_tensors_ >= trainable_count()) commit_sync_step();
   report_done();
-  return kj::joinPromises(pending.releaseAsArray());
+  return kj::joinPromises(pending.releaseAsArray()).attach(kj::mv(copied));
+}
+
+const std::byte* Shard::shared_slice(const Caller& caller, wire::SharedSlice::Reader slice, const char* what) const {
+  if (!caller.shared) {
+    throw RequestError(std::string(what) + ": this connection has no shared memory region (attachMemory first)");
+  }
+  if (slice.getRegion() != caller.shared_id) {
+    throw RequestError(std::string(what) + ": no shared memory region " + std::to_string(slice.getRegion()) +
+                       " on this connection");
+  }
+  if (!caller.shared->contains(slice.getOffset(), slice.getBytes())) {
+    throw RequestError(std::string(what) + ": shared slice of " + std::to_string(slice.getBytes()) + " bytes at " +
+                       std::to_string(slice.getOffset()) + " lies outside the region of " +
+                       std::to_string(caller.shared->size()) + " bytes");
+  }
+  return caller.shared->data() + slice.getOffset();
 }
 
 wire::PushStatus Shard::offer_sync(StoredTensor* t, int worker, std::span<const float> g,
@@ -469,6 +548,7 @@ void Shard::stats(wire::ShardStats::Builder out) const {
   out.setFinished(job_.finished());
   out.setBytesIn(counters_.bytes_in);
   out.setBytesOut(counters_.bytes_out);
+  out.setSharedBytes(counters_.shared_bytes);
   out.setLastCheckpointStep(counters_.last_checkpoint_step);
   out.setLastCheckpointUnixSecs(counters_.last_checkpoint_unix_secs);
   auto workers = out.initWorkers(static_cast<unsigned>(job_.workers().size()));
@@ -497,6 +577,7 @@ void Shard::info(wire::ShardInfo::Builder out) const {
   out.setMaxMessageBytes(options_.max_message_bytes);
   out.setUnixSocket(options_.unix_socket);
   out.setHostId(host_id());
+  out.setSharedMemory(!options_.unix_socket.empty() && options_.max_shared_memory_bytes > 0);
   job_to_wire(job_.config(), out.initJob());
 }
 

@@ -36,6 +36,7 @@
 #include "checkpoint_file.h"
 #include "ps.capnp.h"
 #include "request_log.h"
+#include "shared_region.h"
 #include "socket_stream.h"
 #include "tensor_store.h"
 
@@ -52,12 +53,13 @@ struct ShardOptions {
   std::string unix_socket;                 // absolute path psd also listens on, told to clients; empty: none
   uint64_t max_tensors_per_client = 0;     // tensors one connection may create; 0 = no limit
   uint32_t worker_timeout_secs = 0;        // sync: a silent worker is not waited for after this; 0 = never
+  uint64_t max_shared_memory_bytes = 1ull << 30;  // largest region a Unix-socket client may attach; 0: none
 };
 
 // The RPC methods, for per-kind request counts (ps_requests_total{kind=...}).
 enum class RequestKind : unsigned {
   kHello, kCreate, kPull, kPush, kList, kStats, kInitJob, kSetReady, kWaitReady, kStepDone, kBarrier, kFinish,
-  kReport, kCheckpoint, kProbe, kCount
+  kReport, kCheckpoint, kProbe, kAttachMemory, kCount
 };
 constexpr std::size_t kRequestKinds = static_cast<std::size_t>(RequestKind::kCount);
 // The name used as the metric label (the schema's method name; "probe" for
@@ -76,6 +78,7 @@ struct ShardCounters {
   std::atomic<uint64_t> stale{0};
   std::atomic<uint64_t> bytes_in{0};
   std::atomic<uint64_t> bytes_out{0};
+  std::atomic<uint64_t> shared_bytes{0};        // of bytes_in and bytes_out, through shared memory
   std::atomic<uint64_t> steps_applied{0};
   std::atomic<uint32_t> connections{0};
   std::atomic<uint64_t> duplicate_requests{0};   // retried pushes answered without applying
@@ -93,6 +96,13 @@ struct Caller {
   // The caller's connection: pull replies send large tensors straight from
   // their memory, held here until written (null: always copy).
   SocketStream* stream = nullptr;
+  // The peer process, for a connection on psd's Unix socket (0: other).
+  pid_t peer_pid = 0;
+  // Its shared memory region (attachMemory), if any. Held by every copy in
+  // flight, so a connection that ends mid-copy leaves the mapping in place
+  // until the copy is done.
+  std::shared_ptr<SharedRegion> shared;
+  uint32_t shared_id = 0;
 };
 
 class Shard {
@@ -170,8 +180,13 @@ class Shard {
     bool complete = false;
   };
 
+  // into[i] >= 0: tensor i goes to that offset of `shared` instead of the reply.
   kj::Promise<void> read_tensors(std::vector<StoredTensor*> tensors, wire::Shard::PullResults::Builder results,
-                                 SocketStream* stream);
+                                 SocketStream* stream, const std::vector<int64_t>& into,
+                                 std::shared_ptr<SharedRegion> shared);
+  // The bytes a slice names in the caller's region; throws RequestError
+  // (naming `what`) for a slice that is not there.
+  const std::byte* shared_slice(const Caller& caller, wire::SharedSlice::Reader slice, const char* what) const;
   // Tensors up to ShardOptions::inline_bytes are worked on in the event
   // loop; larger ones on the compute pool (run_on decides).
   bool runs_inline(const StoredTensor* t) const;

@@ -10,10 +10,12 @@
 
 namespace ps {
 
-ShardServiceImpl::ShardServiceImpl(Shard& shard, std::string peer, std::string refusal, SocketStream* stream)
+ShardServiceImpl::ShardServiceImpl(Shard& shard, std::string peer, std::string refusal, SocketStream* stream,
+                                   pid_t peer_pid)
     : shard_(shard), refusal_(std::move(refusal)) {
   caller_.peer = std::move(peer);
   caller_.stream = stream;
+  caller_.peer_pid = peer_pid;
   if (refusal_.empty()) ++shard_.counters().connections;
 }
 
@@ -222,6 +224,26 @@ kj::Promise<void> ShardServiceImpl::checkpoint(CheckpointContext context) {
       context.getResults().setPath(w.path);
       context.getResults().setStep(w.step);
     });
+  });
+}
+
+kj::Promise<void> ShardServiceImpl::attachMemory(AttachMemoryContext context) {
+  return guarded(RequestKind::kAttachMemory, [&]() -> kj::Promise<void> {
+    const uint64_t limit = shard_.options().max_shared_memory_bytes;
+    if (limit == 0) throw RequestError("attachMemory: this psd shares no memory (--max_shared_memory_mb 0)");
+    if (caller_.peer_pid <= 0) throw RequestError("attachMemory: only over psd's Unix socket (a client on psd's host)");
+    if (caller_.shared) throw RequestError("attachMemory: this connection already has a shared memory region");
+    auto params = context.getParams();
+    std::shared_ptr<SharedRegion> region = SharedRegion::open_peer(caller_.peer_pid, params.getFd(), limit);
+    if (region->size() != params.getBytes()) {
+      throw RequestError("attachMemory: the region has " + std::to_string(region->size()) + " bytes, not " +
+                         std::to_string(params.getBytes()));
+    }
+    caller_.shared = std::move(region);
+    caller_.shared_id = 1;
+    context.getResults().setRegion(caller_.shared_id);
+    spdlog::debug("{} shares {} MiB of memory with psd", caller_.peer, caller_.shared->size() >> 20);
+    return kj::READY_NOW;
   });
 }
 

@@ -14,7 +14,9 @@ class ShardServiceImpl final : public wire::Shard::Server {
   // A non-empty `refusal` answers every call with that message (a
   // connection past --max_connections).
   // `stream`: the connection's, when it is a SocketStream (see Caller).
-  ShardServiceImpl(Shard& shard, std::string peer, std::string refusal = "", SocketStream* stream = nullptr);
+  // `peer_pid`: the peer process on psd's Unix socket (0: a TCP peer), for attachMemory.
+  ShardServiceImpl(Shard& shard, std::string peer, std::string refusal = "", SocketStream* stream = nullptr,
+                   pid_t peer_pid = 0);
   ~ShardServiceImpl();
 
   kj::Promise<void> hello(HelloContext context) override;
@@ -31,6 +33,7 @@ class ShardServiceImpl final : public wire::Shard::Server {
   kj::Promise<void> finish(FinishContext context) override;
   kj::Promise<void> report(ReportContext context) override;
   kj::Promise<void> checkpoint(CheckpointContext context) override;
+  kj::Promise<void> attachMemory(AttachMemoryContext context) override;
 
  private:
   // Runs a handler; a ps::Error becomes an RPC error carrying its message.

@@ -69,6 +69,13 @@ struct ClientOptions {
   // address: large pulls move about 1.7x faster. connection_addresses()
   // says which way each shard went.
   bool prefer_unix_socket = true;
+  // Over that Unix socket, tensor values of 16 KiB and more travel through
+  // memory shared with psd instead of the socket: one copy on each side,
+  // in user space, and psd's copies run on its compute threads. This is the
+  // size of the region given to each such psd (address space; memory is
+  // taken only as transfers use it). 0: none, everything over the socket.
+  // psd --max_shared_memory_mb caps it (psd says no: the socket is used).
+  std::size_t shared_memory_bytes = 256u << 20;
   // While a call waits for its answer, keep asking the kernel for it for up
   // to this long before sleeping: on VMs a sleep and its wake-up cost about
   // 9 us each way, so answers that come within tens of microseconds (small
@@ -102,6 +109,8 @@ struct ShardStats {
   int shard = 0;
   std::string address;
   uint64_t tensors = 0, bytes = 0, pushes = 0, pulls = 0, rejected = 0, stale_gradients = 0;
+  uint64_t bytes_in = 0, bytes_out = 0;  // tensor bytes pushed to and pulled from the shard
+  uint64_t shared_bytes = 0;             // of those, through shared memory (ClientOptions::shared_memory_bytes)
   int64_t global_step = 0;
   uint32_t connections = 0;
   JobConfig job{};

@@ -1,0 +1,78 @@
+#include "shared_region.h"
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ps/errors.h"
+
+namespace ps {
+
+namespace {
+
+std::string os_error(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+std::byte* map(int fd, uint64_t bytes) {
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  return p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
+}
+
+}  // namespace
+
+std::unique_ptr<SharedRegion> SharedRegion::create(uint64_t bytes) {
+  if (bytes == 0) throw ConfigError("shared memory region of 0 bytes");
+  const int fd = ::memfd_create("psclient", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) throw Error(os_error("memfd_create"));
+  // No F_SEAL_WRITE: both sides write. No F_SEAL_GROW needed for safety,
+  // but a fixed size is what psd maps.
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
+      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    const std::string msg = os_error("shared memory region");
+    ::close(fd);
+    throw Error(msg);
+  }
+  std::byte* data = map(fd, bytes);
+  if (data == nullptr) {
+    const std::string msg = os_error("mmap of shared memory region");
+    ::close(fd);
+    throw Error(msg);
+  }
+  return std::unique_ptr<SharedRegion>(new SharedRegion(fd, data, bytes));
+}
+
+std::unique_ptr<SharedRegion> SharedRegion::open_peer(pid_t pid, int peer_fd, uint64_t max_bytes) {
+  if (pid <= 0 || peer_fd < 0) throw RequestError("attachMemory: no such descriptor");
+  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(peer_fd);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) throw RequestError("attachMemory: " + os_error("cannot open " + path));
+  auto refuse = [fd](const std::string& why) {
+    ::close(fd);
+    return RequestError("attachMemory: " + why);
+  };
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw refuse("descriptor is not a memory file");
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  // Only a memfd has seals; without SHRINK the client could cut the file
+  // under psd's mapping.
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) throw refuse("region must be a memfd sealed with F_SEAL_SHRINK");
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size == 0 || size > max_bytes) {
+    throw refuse("region of " + std::to_string(size) + " bytes (psd maps 1 to " + std::to_string(max_bytes) +
+                 ", --max_shared_memory_mb)");
+  }
+  std::byte* data = map(fd, size);
+  if (data == nullptr) throw refuse(os_error("mmap"));
+  return std::unique_ptr<SharedRegion>(new SharedRegion(fd, data, size));
+}
+
+SharedRegion::~SharedRegion() {
+  ::munmap(data_, size_);
+  ::close(fd_);
+}
+
+}  // namespace ps

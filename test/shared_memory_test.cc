@@ -1,0 +1,278 @@
+// The same-host path through shared memory (ClientOptions::
+// shared_memory_bytes, psd --max_shared_memory_mb) against real psd
+// processes: values bit-exact, exact sums under concurrency, and every bad
+// slice or region refused with the tensor unchanged.
+#include <catch2/catch.hpp>
+
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include <capnp/ez-rpc.h>
+
+#include "ps.capnp.h"
+#include "ps/client.h"
+#include "psd_process.h"
+#include "shared_region.h"
+
+using namespace ps;
+using ps::test::PsdProcess;
+
+namespace {
+
+// A psd with a Unix socket, and clients that reach it through it.
+struct LocalPsd {
+  explicit LocalPsd(std::vector<std::string> extra = {}) : sock(dir.path() + "/psd.sock"), psd(args(extra)) {}
+  std::vector<std::string> args(std::vector<std::string> extra) {
+    extra.insert(extra.begin(), {"--unix_socket", sock});
+    return extra;
+  }
+  ClientOptions options(std::size_t shared_bytes = ClientOptions{}.shared_memory_bytes) const {
+    ClientOptions o;
+    o.ps_hosts = {psd.address()};
+    o.shared_memory_bytes = shared_bytes;
+    return o;
+  }
+  uint64_t shared_bytes() const { return Client(options(0)).stats().at(0).shared_bytes; }
+  ps::test::TempDir dir;
+  std::string sock;
+  PsdProcess psd;
+};
+
+TensorSpec sgd_tensor(std::string name, std::vector<uint64_t> shape, InitConfig init = {}) {
+  return TensorSpec{.name = std::move(name), .shape = std::move(shape), .optimizer = OptimizerConfig::sgd(1.0f),
+                    .init = std::move(init)};
+}
+
+// A raw Cap'n Proto connection over psd's Unix socket, with a region of its
+// own: sends what libpsclient never would.
+struct RawLocal {
+  explicit RawLocal(const std::string& address) : rpc(address), shard(rpc.getMain<wire::Shard>()) {
+    auto req = shard.helloRequest();
+    req.setProtocolVersion(wire::K_PROTOCOL_VERSION);
+    req.setWorkerIndex(-1);
+    req.send().wait(ws());
+  }
+  kj::WaitScope& ws() { return rpc.getWaitScope(); }
+  uint32_t attach(const SharedRegion& r) {
+    auto req = shard.attachMemoryRequest();
+    req.setFd(r.fd());
+    req.setBytes(r.size());
+    return req.send().wait(ws()).getRegion();
+  }
+  void push(const std::string& name, uint32_t region, uint64_t offset, uint64_t bytes) {
+    auto req = shard.pushRequest();
+    auto g = req.initGrads(1);
+    g[0].setName(name);
+    auto s = g[0].initShared();
+    s.setRegion(region);
+    s.setOffset(offset);
+    s.setBytes(bytes);
+    req.send().wait(ws());
+  }
+  void pull(const std::string& name, uint32_t region, uint64_t offset, uint64_t bytes, unsigned slices = 1) {
+    auto req = shard.pullRequest();
+    req.initNames(1).set(0, name);
+    auto into = req.initInto(slices);
+    for (unsigned i = 0; i < slices; ++i) {
+      into[i].setRegion(region);
+      into[i].setOffset(offset);
+      into[i].setBytes(bytes);
+    }
+    req.send().wait(ws());
+  }
+  capnp::EzRpcClient rpc;
+  wire::Shard::Client shard;
+};
+
+}  // namespace
+
+TEST_CASE("a client on psd's host moves large tensors through shared memory, bit-exactly") {
+  LocalPsd local;
+  Client client(local.options());
+  REQUIRE(client.connection_addresses() == std::vector<std::string>{"unix:" + local.sock});
+  // Three parts of 1 MiB through shared memory and a last one of 20 bytes
+  // in the message, in one batch.
+  const std::size_t n = 3 * (1 << 18) + 5;
+  std::mt19937 rng(5);
+  std::vector<float> init(n), g(n), expected(n), out(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    init[i] = float(int(rng() % 2001) - 1000) / 32.0f;
+    g[i] = float(int(rng() % 2001) - 1000) / 64.0f;
+    expected[i] = init[i] - g[i];
+  }
+  client.create({sgd_tensor("big", {n}, InitConfig::from_values(init))});
+  client.pull("big", out);
+  CHECK(std::memcmp(out.data(), init.data(), n * 4) == 0);
+  const uint64_t part_bytes = 3u << 20;
+  CHECK(local.shared_bytes() == part_bytes);
+  client.push("big", g);
+  CHECK(local.shared_bytes() == 2 * part_bytes);
+  client.pull("big", out);
+  CHECK(std::memcmp(out.data(), expected.data(), n * 4) == 0);
+  CHECK(local.shared_bytes() == 3 * part_bytes);
+
+  // A client without shared memory sees the same values over the socket.
+  Client plain(local.options(0));
+  plain.declare({sgd_tensor("big", {n})});
+  std::vector<float> via_socket(n);
+  plain.pull("big", via_socket);
+  CHECK(std::memcmp(via_socket.data(), expected.data(), n * 4) == 0);
+  CHECK(local.shared_bytes() == 3 * part_bytes);
+
+  // Many tensors in one call, some small enough to stay in the message.
+  const std::vector<std::string> names = {"t0", "t1", "t2", "t3", "t4", "t5"};
+  std::vector<std::vector<float>> values;
+  for (int t = 0; t < 6; ++t) {
+    values.emplace_back(std::size_t(1000) << t, float(t + 1));
+    client.create({sgd_tensor(names[t], {values.back().size()}, InitConfig::constant(100.0f))});
+  }
+  std::vector<std::span<const float>> grads(values.begin(), values.end());
+  client.push(names, grads);
+  std::vector<std::vector<float>> got;
+  for (auto& v : values) got.emplace_back(v.size(), -1.0f);
+  std::vector<std::span<float>> outs(got.begin(), got.end());
+  client.pull(names, outs);
+  for (int t = 0; t < 6; ++t) {
+    INFO("tensor " << t);
+    CHECK(std::count(got[t].begin(), got[t].end(), 100.0f - float(t + 1)) == std::ptrdiff_t(got[t].size()));
+  }
+}
+
+TEST_CASE("pushes through shared memory from threads and processes sum exactly") {
+  LocalPsd local;
+  const int threads = 3, pushes = 60;
+  const std::size_t n = 64 << 10;  // 256 KiB: every push through shared memory
+  Client(local.options()).create({sgd_tensor("acc", {n})});
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      Client c(local.options());
+      c.declare({sgd_tensor("acc", {n})});
+      std::vector<float> g(n, float(t + 1));
+      for (int i = 0; i < pushes; i += 4) {
+        // Four in flight at once: four blocks of the region in use together.
+        std::vector<std::future<PushResult>> inflight;
+        for (int k = 0; k < 4; ++k) inflight.push_back(c.push_async({"acc"}, {std::span<const float>(g)}));
+        for (auto& f : inflight) f.get();
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  // And from processes (push_worker: a 16 KiB tensor, just at the threshold).
+  const std::string worker = ps::test::program_path("PUSH_WORKER_BIN");
+  std::vector<pid_t> pids;
+  for (int p = 0; p < 2; ++p) {
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      const std::string value = std::to_string(p + 1);
+      execl(worker.c_str(), worker.c_str(), "--ps_hosts", local.psd.address().c_str(), "--pushes", "100", "--value",
+            value.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+  Client check(local.options());
+  check.declare({sgd_tensor("acc", {n}), sgd_tensor("shared", {4096})});
+  auto acc = check.pull("acc");
+  CHECK(std::count(acc.begin(), acc.end(), -float(pushes * (1 + 2 + 3))) == std::ptrdiff_t(n));
+  auto shared = check.pull("shared");
+  CHECK(std::count(shared.begin(), shared.end(), -300.0f) == 4096);
+  // Every push and both pulls went through shared memory.
+  CHECK(local.shared_bytes() == threads * pushes * n * 4 + 200 * 4096 * 4 + n * 4 + 4096 * 4);
+}
+
+TEST_CASE("bad shared memory requests get clear errors and change nothing") {
+  LocalPsd local({"--max_shared_memory_mb", "4"});
+  Client client(local.options(1 << 20));
+  client.create({sgd_tensor("w", {8192}, InitConfig::constant(1.0f))});  // 32 KiB
+  const std::vector<float> original(8192, 1.0f);
+  const uint64_t bytes = 8192 * 4;
+  const uint64_t before = local.shared_bytes();
+  auto region = SharedRegion::create(1 << 20);
+  auto* floats = reinterpret_cast<float*>(region->data());
+  std::fill(floats, floats + 8192, 0.5f);
+  RawLocal raw("unix:" + local.sock);
+
+  SECTION("slices before any region is attached") {
+    CHECK_THROWS_WITH(raw.push("w", 1, 0, bytes), Catch::Contains("attachMemory first"));
+    CHECK_THROWS_WITH(raw.pull("w", 1, 0, bytes), Catch::Contains("attachMemory first"));
+  }
+  SECTION("slices that do not fit the region or the tensor") {
+    const uint32_t id = raw.attach(*region);
+    CHECK_THROWS_WITH(raw.push("w", id, (1 << 20) - 4096, bytes), Catch::Contains("lies outside the region"));
+    CHECK_THROWS_WITH(raw.push("w", id, ~uint64_t{0} - 8, bytes), Catch::Contains("lies outside the region"));
+    CHECK_THROWS_WITH(raw.push("w", id, 0, bytes - 4), Catch::Contains("expects 8192 floats"));
+    CHECK_THROWS_WITH(raw.push("w", id + 6, 0, bytes), Catch::Contains("no shared memory region"));
+    CHECK_THROWS_WITH(raw.pull("w", id, (1 << 20) - 4096, bytes), Catch::Contains("lies outside the region"));
+    CHECK_THROWS_WITH(raw.pull("w", id, 0, bytes + 4), Catch::Contains("holds 32772 bytes"));
+    CHECK_THROWS_WITH(raw.pull("w", id, 0, bytes, 2), Catch::Contains("2 shared slices for 1 tensors"));
+    floats[17] = NAN;
+    CHECK_THROWS_WITH(raw.push("w", id, 0, bytes), Catch::Contains("NaN or Inf"));
+    floats[17] = 0.5f;
+    CHECK_THROWS_WITH(raw.attach(*region), Catch::Contains("already has a shared memory region"));
+    // A good slice still works on this connection afterwards.
+    raw.push("w", id, 0, bytes);
+    raw.pull("w", id, 4096, bytes);
+    CHECK(std::count(floats + 1024, floats + 1024 + 8192, 0.5f) == 8192);
+    CHECK(client.pull("w") == std::vector<float>(8192, 0.5f));
+    client.push("w", std::vector<float>(8192, -0.5f));  // back to the original
+  }
+  SECTION("regions psd will not map") {
+    auto too_big = SharedRegion::create(8 << 20);
+    CHECK_THROWS_WITH(raw.attach(*too_big), Catch::Contains("--max_shared_memory_mb"));
+    const int plain = memfd_create("unsealed", MFD_CLOEXEC);
+    REQUIRE(plain >= 0);
+    REQUIRE(ftruncate(plain, 1 << 20) == 0);
+    auto req = raw.shard.attachMemoryRequest();
+    req.setFd(plain);
+    req.setBytes(1 << 20);
+    CHECK_THROWS_WITH(req.send().wait(raw.ws()), Catch::Contains("sealed with F_SEAL_SHRINK"));
+    close(plain);
+    auto wrong_size = raw.shard.attachMemoryRequest();
+    wrong_size.setFd(region->fd());
+    wrong_size.setBytes(4096);
+    CHECK_THROWS_WITH(wrong_size.send().wait(raw.ws()), Catch::Contains("not 4096"));
+  }
+  SECTION("over TCP") {
+    RawLocal tcp(local.psd.address());
+    CHECK_THROWS_WITH(tcp.attach(*region), Catch::Contains("only over psd's Unix socket"));
+  }
+  CHECK(client.pull("w") == original);
+  CHECK(local.psd.alive());
+  CHECK(local.shared_bytes() >= before);
+}
+
+TEST_CASE("a psd that shares no memory leaves a local client on its Unix socket") {
+  LocalPsd local({"--max_shared_memory_mb", "0"});
+  Client client(local.options());
+  CHECK(client.connection_addresses() == std::vector<std::string>{"unix:" + local.sock});
+  client.create({sgd_tensor("w", {1 << 16}, InitConfig::constant(2.0f))});
+  client.push("w", std::vector<float>(1 << 16, 1.0f));
+  auto v = client.pull("w");
+  CHECK(std::count(v.begin(), v.end(), 1.0f) == 1 << 16);
+  CHECK(local.shared_bytes() == 0);
+}
+
+TEST_CASE("a region larger than psd allows leaves the client on the socket") {
+  LocalPsd local({"--max_shared_memory_mb", "1"});
+  Client client(local.options(2 << 20));
+  client.create({sgd_tensor("w", {1 << 16}, InitConfig::constant(2.0f))});
+  client.push("w", std::vector<float>(1 << 16, 1.0f));
+  auto v = client.pull("w");
+  CHECK(std::count(v.begin(), v.end(), 1.0f) == 1 << 16);
+  CHECK(local.shared_bytes() == 0);
+  CHECK(local.psd.alive());
+}

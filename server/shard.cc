@@ -52,6 +52,18 @@ PS_VECTOR_CLONES bool all_finite(std::span<const float> v) {
   return bad == 0;
 }
 
+// Copies and checks in one pass: a gradient from shared memory is read
+// once, and what is checked is exactly what is applied.
+PS_VECTOR_CLONES bool copy_all_finite(float* __restrict dst, const float* __restrict src, std::size_t n) {
+  int bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = src[i];
+    dst[i] = x;
+    bad |= !(std::abs(x) <= std::numeric_limits<float>::max());
+  }
+  return bad == 0;
+}
+
 class LogErrors final : public kj::TaskSet::ErrorHandler {
  public:
   void taskFailed(kj::Exception&& e) override { spdlog::error("update task failed: {}", e.getDescription().cStr()); }
@@ -331,17 +343,19 @@ kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Rea
     }
     if (!seen.insert(&t).second) throw RequestError("push: tensor '" + t.spec().name + "' appears twice in one request");
     std::span<const float> values;
+    bool finite = true;
     if (in_shared) {
       if (data.size() != 0) throw RequestError("push: gradient for '" + t.spec().name + "' has both values and a shared slice");
-      const std::byte* src = shared_slice(caller, g.getShared(), "push");
+      const auto* src = reinterpret_cast<const float*>(shared_slice(caller, g.getShared(), "push"));
       copied->push_back(std::unique_ptr<float[]>(new float[t.size()]));
-      std::memcpy(copied->back().get(), src, got);
+      finite = copy_all_finite(copied->back().get(), src, t.size());
       values = std::span<const float>(copied->back().get(), t.size());
       shared_bytes += got;
     } else {
       values = as_floats(data);
+      finite = options_.allow_nonfinite || all_finite(values);
     }
-    if (!options_.allow_nonfinite && !all_finite(values)) {
+    if (!options_.allow_nonfinite && !finite) {
       throw RequestError("push: gradient for '" + t.spec().name + "' contains NaN or Inf (refused; psd --allow_nonfinite accepts it)");
     }
     work.emplace_back(&t, values);

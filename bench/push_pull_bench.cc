@@ -260,47 +260,54 @@ void sample_one(ps::Client& client, const std::string& name, size_t bytes, int r
   }
 }
 
-Measured measure_one(ps::Client& client, const std::string& name, size_t bytes, int reps) {
-  Samples s;
-  sample_one(client, name, bytes, reps, s);
-  return {median(s.push), median(s.pull)};
-}
-
-// Aggregate bytes/s of `clients` clients, each on its own thread pushing
-// (then pulling) its own tensor `ops` times per round, all rounds started
-// together: the median over rounds of round time / (clients * ops), as the
-// time per transfer. Threads live across rounds, so thread start-up is not
-// counted.
-Measured measure_concurrent(std::vector<std::unique_ptr<ps::Client>>& clients, size_t bytes, int reps) {
+// Aggregate throughput of `clients` clients, each on its own thread moving
+// its own tensor back to back for a window of time (pushes, then pulls),
+// all windows started together: per window, the sum of each client's
+// bytes / its own time to its last completed transfer (as iperf sums
+// streams); the median over windows, as the time per transfer. A client
+// that the scheduler runs late (three client threads and psd share two
+// cores) then costs the aggregate only its share, not everyone's wait for
+// it at a barrier after every transfer. Threads live across windows, so
+// thread start-up is not counted. The one-client figures it is compared
+// with come from this too, with one client.
+Measured measure_concurrent(std::vector<ps::Client*> clients, size_t bytes, int windows) {
   const std::string suffix = "_" + std::to_string(bytes);
   const int n = static_cast<int>(clients.size());
-  const int ops = std::clamp<int>(static_cast<int>((4u << 20) / bytes), 1, 32);
+  constexpr double kWindowSeconds = 0.15;
+  constexpr int kMinTransfers = 3;
   std::vector<std::vector<float>> bufs(n, std::vector<float>(bytes / 4, 0.0f));
+  std::vector<double> rate(n);  // this window's bytes/s per client
   std::barrier sync(n + 1);
   std::vector<std::thread> threads;
   for (int c = 0; c < n; ++c) {
     threads.emplace_back([&, c] {
       const std::string name = "c" + std::to_string(c) + suffix;
-      for (int i = 0; i < reps + 2; ++i) {
+      for (int i = 0; i < windows + 1; ++i) {
         for (int phase = 0; phase < 2; ++phase) {
           sync.arrive_and_wait();
-          for (int k = 0; k < ops; ++k) {
+          const auto t0 = Clock::now();
+          double elapsed = 0;
+          int done = 0;
+          while (done < kMinTransfers || elapsed < kWindowSeconds) {
             if (phase == 0) clients[c]->push(name, bufs[c]);
             else clients[c]->pull(name, bufs[c]);
+            ++done;
+            elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
           }
+          rate[c] = static_cast<double>(done) * static_cast<double>(bytes) / elapsed;
           sync.arrive_and_wait();
         }
       }
     });
   }
   std::vector<double> push, pull;
-  for (int i = 0; i < reps + 2; ++i) {
+  for (int i = 0; i < windows + 1; ++i) {
     for (int phase = 0; phase < 2; ++phase) {
-      auto t0 = Clock::now();
       sync.arrive_and_wait();
       sync.arrive_and_wait();
-      double s = std::chrono::duration<double>(Clock::now() - t0).count();
-      if (i >= 2) (phase == 0 ? push : pull).push_back(s / (n * ops));
+      double total = 0;
+      for (double r : rate) total += r;
+      if (i >= 1) (phase == 0 ? push : pull).push_back(static_cast<double>(bytes) / total);  // first window: warm-up
     }
   }
   for (auto& t : threads) t.join();
@@ -400,11 +407,12 @@ int main(int argc, char** argv) {
         clients[c]->create({{.name = "c" + std::to_string(c) + suffix, .shape = {sizes[i] / 4},
                              .optimizer = ps::OptimizerConfig::sgd(0.0f)}});
       }
+      const int windows = std::max(reps / 4, 3);
       const CpuClock one_clock{psd.pid};
-      Measured one = measure_one(*clients[0], "c0" + suffix, sizes[i], reps / 2 + 1);
+      Measured one = measure_concurrent({clients[0].get()}, sizes[i], windows);
       const auto one_cores = one_clock.cores();
       const CpuClock all_clock{psd.pid};
-      Measured all = measure_concurrent(clients, sizes[i], reps / 2 + 1);
+      Measured all = measure_concurrent({clients[0].get(), clients[1].get(), clients[2].get()}, sizes[i], windows);
       const auto all_cores = all_clock.cores();
       std::printf("  %-8s %8.2f %11.2f %8.2f %11.2f | %13.2f %4.2f | %14.2f %4.2f\n", size_name(sizes[i]).c_str(),
                   sizes[i] / all.push_s / 1e9, one.push_s / all.push_s, sizes[i] / all.pull_s / 1e9,

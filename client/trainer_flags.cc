@@ -50,6 +50,10 @@ void add_trainer_flags(CLI::App& app, TrainerFlags& f) {
                  "poll up to this many microseconds for each answer before sleeping (adaptive, off while CPUs are oversubscribed; 0: never)")
       ->capture_default_str()
       ->check(CLI::Range(0u, 1000000u));
+  app.add_option("--shared_memory_mb", f.shared_memory_mb,
+                 "memory shared with each psd on this host, MiB: tensors move through it instead of the Unix socket (0: off)")
+      ->capture_default_str()
+      ->check(CLI::Range(0u, 1u << 20));
   app.add_option("--log_every", f.log_every, "a progress line every N local steps")->capture_default_str();
 }
 
@@ -83,6 +87,7 @@ ClientOptions TrainerFlags::client_options(const ClusterSpec& spec) const {
   o.is_chief = spec.is_chief();
   o.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(connect_timeout_s * 1000));
   o.busy_poll = std::chrono::microseconds(busy_poll_us);
+  o.shared_memory_bytes = std::size_t{shared_memory_mb} << 20;
   if (o.call_timeout.count() > 0 && o.call_timeout < o.connect_timeout) o.call_timeout = o.connect_timeout;
   return o;
 }

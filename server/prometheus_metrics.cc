@@ -103,6 +103,9 @@ std::string prometheus_text(const Shard& shard, double now_unix_secs) {
   e.counter("ps_tensors_created_total", "Tensors in create requests (existing ones included).", c.creates);
   e.counter("ps_received_bytes_total", "Gradient payload bytes received by pushes.", c.bytes_in);
   e.counter("ps_sent_bytes_total", "Tensor payload bytes sent by pulls.", c.bytes_out);
+  e.counter("ps_shared_memory_bytes_total",
+            "Of the bytes received and sent, those moved through memory shared with a client on this host.",
+            c.shared_bytes);
   e.counter("ps_stale_gradients_total", "Sync mode: gradients dropped as stale (backup workers' included).", c.stale);
   e.counter("ps_sync_steps_applied_total", "Sync mode: aggregated steps applied.", c.steps_applied);
   e.counter("ps_staleness_waits_total", "Bounded staleness: pulls that had to wait for the slowest worker.",

@@ -86,6 +86,7 @@ TEST_CASE("/metrics is valid Prometheus text and counts a training run") {
   CHECK(prom.value("ps_tensors_pulled_total") == 2 * n);
   CHECK(prom.value("ps_received_bytes_total") == n * 20 * 4);
   CHECK(prom.value("ps_sent_bytes_total") == n * 20 * 4);
+  CHECK(prom.value("ps_shared_memory_bytes_total") == 0);  // TCP clients, and 80-byte tensors
   CHECK(prom.value("ps_stale_gradients_total") == 0);
   CHECK(prom.value("ps_global_step") == 0);  // async, and nobody called stepDone
   CHECK(prom.value("ps_connected_workers") == workers);

@@ -78,5 +78,15 @@ for cmd in "$trainer --local --train_steps 1" "$build/server/psd --port 0"; do
     echo "ok   negative --busy_poll_us refused: ${cmd%% *}"
   fi
 done
+for pair in "$trainer --local --train_steps 1|--shared_memory_mb" "$build/server/psd --port 0|--max_shared_memory_mb"; do
+  cmd=${pair%|*} flag=${pair#*|}
+  timeout 10 $cmd $flag -1 >/dev/null 2>"$tmp/err"
+  rc=$?
+  if [ "$rc" = 0 ] || [ "$rc" = 124 ] || ! grep -q -- "$flag: Value -1 not in range" "$tmp/err"; then
+    echo "FAIL negative $flag ($cmd): exit $rc:"; cat "$tmp/err"; failures=$((failures + 1))
+  else
+    echo "ok   negative $flag refused: ${cmd%% *}"
+  fi
+done
 
 [ $failures = 0 ] && echo "all bad-input cases ok" || { echo "$failures case(s) failed"; exit 1; }

@@ -66,15 +66,16 @@ struct ClientOptions {
   std::size_t max_request_bytes = 1u << 20;
   // A psd on this machine that also listens on a Unix-domain socket (psd
   // --unix_socket) is reached through it even when ps_hosts names its TCP
-  // address: large pulls move about 1.7x faster. connection_addresses()
-  // says which way each shard went.
+  // address (large pulls move 2-3.7x faster than over TCP, with the shared
+  // memory below; README, Measured results). connection_addresses() says
+  // which way each shard went.
   bool prefer_unix_socket = true;
   // Over that Unix socket, tensor values of 16 KiB and more travel through
   // memory shared with psd instead of the socket: one copy on each side,
-  // in user space, and psd's copies run on its compute threads. This is the
-  // size of the region given to each such psd (address space; memory is
-  // taken only as transfers use it). 0: none, everything over the socket.
-  // psd --max_shared_memory_mb caps it (psd says no: the socket is used).
+  // in user space, no kernel copies. This is the size of the region given
+  // to each such psd (address space; memory is taken only as transfers use
+  // it). 0: none, everything over the socket. psd --max_shared_memory_mb
+  // caps it (psd says no: the socket is used).
   std::size_t shared_memory_bytes = 256u << 20;
   // While a call waits for its answer, keep asking the kernel for it for up
   // to this long before sleeping: on VMs a sleep and its wake-up cost about

@@ -60,6 +60,7 @@ struct TrainerFlags {
   // Connection.
   double connect_timeout_s = 30;
   unsigned busy_poll_us = 50;     // ClientOptions::busy_poll
+  unsigned shared_memory_mb = static_cast<unsigned>(ClientOptions{}.shared_memory_bytes >> 20);  // ClientOptions::shared_memory_bytes
 
   // Logging.
   int log_every = 100;            // a progress line every N local steps

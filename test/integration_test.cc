@@ -1,7 +1,6 @@
 // libpsclient against real psd processes on loopback ports.
 #include <catch2/catch.hpp>
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -196,25 +195,7 @@ TEST_CASE("pulls racing pushes never see a half-updated tensor") {
 
 TEST_CASE("pushes from several processes sum exactly") {
   PsdProcess psd;
-  const std::string worker = ps::test::program_path("PUSH_WORKER_BIN");
-  std::vector<pid_t> pids;
-  for (int p = 0; p < 3; ++p) {
-    pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      std::string value = std::to_string(p + 1);
-      execl(worker.c_str(), worker.c_str(), "--ps_hosts", psd.address().c_str(), "--pushes", "200", "--value",
-            value.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    pids.push_back(pid);
-  }
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
-  }
+  CHECK(ps::test::run_push_workers(psd.address(), 3, 200) == 3);
   Client c(options_for({&psd}));
   c.declare({sgd_tensor("shared", {4096})});
   auto v = c.pull("shared");

@@ -20,6 +20,28 @@ std::string program_path(const char* env_var) {
   return p;
 }
 
+int run_push_workers(const std::string& address, int count, int pushes) {
+  const std::string worker = program_path("PUSH_WORKER_BIN");
+  std::vector<pid_t> pids;
+  for (int p = 0; p < count; ++p) {
+    const std::string value = std::to_string(p + 1), n = std::to_string(pushes);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      execl(worker.c_str(), worker.c_str(), "--ps_hosts", address.c_str(), "--pushes", n.c_str(), "--value",
+            value.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    if (pid > 0) pids.push_back(pid);
+  }
+  int ok = 0;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ok += WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  return ok;
+}
+
 TempDir::TempDir() {
   std::string tmpl = (std::filesystem::temp_directory_path() / "psd-test-XXXXXX").string();
   if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");

@@ -52,6 +52,11 @@ class TempDir {
 // Starts args[0] with args, stdout and stderr into `log`; returns its PID.
 pid_t spawn_logged(const std::vector<std::string>& args, const std::string& log);
 
+// Runs `count` push_worker processes (PUSH_WORKER_BIN) against `address`
+// at once, worker p pushing `pushes` gradients of value p + 1 to its
+// 4096-float tensor "shared"; returns how many exited with status 0.
+int run_push_workers(const std::string& address, int count, int pushes);
+
 // Path of a program built next to the tests (from the environment variable
 // the meson test sets, e.g. PSD_BIN).
 std::string program_path(const char* env_var);

@@ -5,7 +5,6 @@
 #include <catch2/catch.hpp>
 
 #include <sys/mman.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -165,25 +164,7 @@ TEST_CASE("pushes through shared memory from threads and processes sum exactly")
   }
   for (auto& w : workers) w.join();
   // And from processes (push_worker: a 16 KiB tensor, just at the threshold).
-  const std::string worker = ps::test::program_path("PUSH_WORKER_BIN");
-  std::vector<pid_t> pids;
-  for (int p = 0; p < 2; ++p) {
-    pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      const std::string value = std::to_string(p + 1);
-      execl(worker.c_str(), worker.c_str(), "--ps_hosts", local.psd.address().c_str(), "--pushes", "100", "--value",
-            value.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    pids.push_back(pid);
-  }
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
-  }
+  CHECK(ps::test::run_push_workers(local.psd.address(), 2, 100) == 2);
   Client check(local.options());
   check.declare({sgd_tensor("acc", {n}), sgd_tensor("shared", {4096})});
   auto acc = check.pull("acc");

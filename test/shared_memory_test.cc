@@ -4,7 +4,9 @@
 // slice or region refused with the tensor unchanged.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -173,6 +175,42 @@ TEST_CASE("pushes through shared memory from threads and processes sum exactly")
   CHECK(std::count(shared.begin(), shared.end(), -300.0f) == 4096);
   // Every push and both pulls went through shared memory.
   CHECK(local.shared_bytes() == threads * pushes * n * 4 + 200 * 4096 * 4 + n * 4 + 4096 * 4);
+}
+
+TEST_CASE("psd serves on when clients sharing memory with it are killed mid-transfer") {
+  LocalPsd local;
+  const std::string worker = ps::test::program_path("PUSH_WORKER_BIN");
+  std::vector<pid_t> pids;
+  for (int p = 0; p < 3; ++p) {
+    pids.push_back(ps::test::spawn_logged({worker, "--ps_hosts", local.psd.address(), "--pushes", "100000000",
+                                           "--value", "1"},
+                                          local.dir.path() + "/worker" + std::to_string(p) + ".log"));
+  }
+  // Until every worker is pushing, so the kills land mid-stream.
+  Client watcher(local.options(0));
+  for (int i = 0; i < 200 && watcher.stats().at(0).shared_bytes < 3 * 100 * 4096 * 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE(watcher.stats().at(0).shared_bytes >= 3 * 100 * 4096 * 4);
+  for (pid_t pid : pids) kill(pid, SIGKILL);
+  for (pid_t pid : pids) waitpid(pid, nullptr, 0);
+  REQUIRE(local.psd.alive());
+  // Every push was applied whole or not at all.
+  watcher.declare({sgd_tensor("shared", {4096})});
+  auto v = watcher.pull("shared");
+  CHECK(v[0] < 0.0f);
+  CHECK(std::count(v.begin(), v.end(), v[0]) == 4096);
+  // And a new client shares memory with it as before.
+  Client fresh(local.options());
+  fresh.create({sgd_tensor("after", {1 << 18}, InitConfig::constant(3.0f))});
+  fresh.push("after", std::vector<float>(1 << 18, 1.0f));
+  auto after = fresh.pull("after");
+  CHECK(std::count(after.begin(), after.end(), 2.0f) == 1 << 18);
+  // The killed workers' connections end (the watcher and this one stay).
+  for (int i = 0; i < 100 && fresh.stats().at(0).connections != 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK(fresh.stats().at(0).connections == 2);
 }
 
 TEST_CASE("bad shared memory requests get clear errors and change nothing") {

@@ -87,7 +87,10 @@ kj::Promise<kj::Own<ShardConnection>> share_memory(kj::Own<ShardConnection> conn
       .then(
           [c, region](capnp::Response<wire::Shard::AttachMemoryResults>&& reply) mutable {
             c->arena = std::make_shared<SharedArena>(std::move(region), reply.getRegion());
-            spdlog::debug("shard {}: {} MiB shared with psd", c->index, c->arena->region().size() >> 20);
+            // Reached through TCP first, the switch to the socket says it (hello_preferring_unix).
+            const auto level = c->via == c->address ? spdlog::level::info : spdlog::level::debug;
+            spdlog::log(level, "shard {}: {} MiB of memory shared with psd at {}", c->index,
+                        c->arena->region().size() >> 20, c->via);
           },
           [c](kj::Exception&& e) {
             if (e.getType() == kj::Exception::Type::DISCONNECTED) kj::throwFatalException(kj::mv(e));
@@ -162,8 +165,10 @@ kj::Promise<kj::Own<ShardConnection>> hello_preferring_unix(kj::UnixEventPort& i
       .then([tcp = kj::mv(tcp), hello](Elsewhere other) mutable -> kj::Promise<kj::Own<ShardConnection>> {
         if (other.conn.get() == nullptr) return say_hello(kj::mv(tcp), hello);
         if (other.conn->via != other.conn->address) {
-          spdlog::info("shard {}: psd at {} is on this host; using {}", other.conn->index, other.conn->address,
-                       other.conn->via);
+          const auto& arena = other.conn->arena;
+          spdlog::info("shard {}: psd at {} is on this host; using {}{}", other.conn->index, other.conn->address,
+                       other.conn->via,
+                       arena ? fmt::format(" and {} MiB of shared memory", arena->region().size() >> 20) : "");
         }
         return kj::mv(other.conn);
       });

@@ -313,9 +313,8 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
           req.setTag(expect->tag());
         }
         st.from_shared[b].assign(batch.parts.size(), false);
-        auto arena = c.arena;
         return until_answered(
-                   req.send().then([&c, &st, b, arena, shared_at = std::move(shared_at)](
+                   req.send().then([&c, &st, b, shared_at = std::move(shared_at)](
                                        capnp::Response<wire::Shard::PullResults>&& reply) {
                      c.last_step = std::max(c.last_step, reply.getStep());
                      // Out of shared memory before its blocks are released.
@@ -324,7 +323,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
                      for (unsigned i = 0; i < batch.parts.size() && i < tensors.size(); ++i) {
                        if (shared_at[i] < 0 || tensors[i].getValues().size() != 0) continue;
                        const PartRef& ref = batch.parts[i];
-                       std::memcpy(st.out[ref.tensor].data() + ref.part.offset, arena->at(shared_at[i]),
+                       std::memcpy(st.out[ref.tensor].data() + ref.part.offset, c.arena->at(shared_at[i]),
                                    ref.part.count * sizeof(float));
                        st.from_shared[b][i] = true;
                      }

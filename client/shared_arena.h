@@ -14,9 +14,9 @@
 //
 // Single-threaded: lives on the client's event loop with its connection.
 //
-//   SharedArena arena(SharedRegion::create(256u << 20), region_id);
-//   auto blocks = kj::heap<SharedBlocks>(arena.shared_from_this());
-//   if (auto off = blocks->take(bytes)) std::memcpy(arena.at(*off), src, bytes);
+//   auto arena = std::make_shared<SharedArena>(SharedRegion::create(256u << 20), region_id);
+//   auto blocks = kj::heap<SharedBlocks>(arena);
+//   if (auto off = blocks->take(bytes)) std::memcpy(arena->at(*off), src, bytes);
 //   ... send, then blocks->answered() when psd's reply (or error) is in ...
 #pragma once
 
@@ -30,7 +30,7 @@
 
 namespace ps {
 
-class SharedArena : public std::enable_shared_from_this<SharedArena> {
+class SharedArena {
  public:
   // Blocks start at multiples of this (a cache line).
   static constexpr uint64_t kAlign = 64;

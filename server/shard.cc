@@ -244,33 +244,18 @@ kj::Promise<void> Shard::read_tensors(std::vector<StoredTensor*> tensors, wire::
     entry.setName(t->spec().name);
     const uint64_t size = t->size() * sizeof(float);
     bytes += size;
-    if (into[i] >= 0) {
-      // Into the client's shared memory: copied on the tensor's strand (in
-      // parallel with other tensors' and other clients'), nothing in the reply.
-      std::byte* dest = shared->data() + into[i];
-      counters_.shared_bytes += size;
-      auto copy = [t, dest, size] {
-        StoredTensor::View view = t->view();
-        std::memcpy(dest, view.values->data(), size);
-        return view.version;
-      };
-      if (runs_inline(t)) {
-        entry.setVersion(copy());
-        continue;
-      }
-      auto version = std::make_shared<uint64_t>(0);
-      copies.add(pool_.run(t->id(), [copy, version, shared] { *version = copy(); }).then([entry, version]() mutable {
-        entry.setVersion(*version);
-      }));
-      continue;
-    }
-    const bool send_in_place = stream != nullptr && size >= kSendInPlaceBytes && size % sizeof(capnp::word) == 0 &&
-                               in_place < kMaxInPlacePerReply;
+    // Into the client's shared memory (nothing in the reply), or in the reply.
+    std::byte* dest = into[i] >= 0 ? shared->data() + into[i] : nullptr;
+    if (dest) counters_.shared_bytes += size;
+    const bool send_in_place = !dest && stream != nullptr && size >= kSendInPlaceBytes &&
+                               size % sizeof(capnp::word) == 0 && in_place < kMaxInPlacePerReply;
     in_place += send_in_place;
-    auto fill = [entry, orphanage, held, send_in_place](StoredTensor::View& view) mutable {
+    auto fill = [entry, orphanage, held, send_in_place, dest, shared](StoredTensor::View& view) mutable {
       auto data = kj::arrayPtr(reinterpret_cast<const kj::byte*>(view.values->data()), view.values->size() * sizeof(float));
       entry.setVersion(view.version);
-      if (send_in_place) {
+      if (dest) {
+        std::memcpy(dest, data.begin(), data.size());
+      } else if (send_in_place) {
         entry.adoptValues(orphanage.referenceExternalData(data));
         held->push_back(std::move(view.values));
       } else {
@@ -343,7 +328,7 @@ kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Rea
     }
     if (!seen.insert(&t).second) throw RequestError("push: tensor '" + t.spec().name + "' appears twice in one request");
     std::span<const float> values;
-    bool finite = true;
+    bool finite;
     if (in_shared) {
       if (data.size() != 0) throw RequestError("push: gradient for '" + t.spec().name + "' has both values and a shared slice");
       const auto* src = reinterpret_cast<const float*>(shared_slice(caller, g.getShared(), "push"));

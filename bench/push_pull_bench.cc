@@ -11,9 +11,13 @@
 // answered by a 1-byte acknowledgement, so both sides are "send N bytes, get
 // a small answer" as a push is ("small request, get N bytes" for a pull).
 //
-// The three-client table also gives the cores psd and this process kept
-// busy (CPU time / wall time) with one client and with three: whether a
-// result was bound by psd's event loop, by the clients, or by neither.
+// Three clients at once are compared with one client and with three plain
+// TCP streams at once (each its own sender and receiver thread), measured
+// the same way just before them: what the machine's loopback does with
+// three concurrent transfers. That table also gives the cores psd and this
+// process kept busy (CPU time / wall time) with one client and with three:
+// whether a result was bound by psd's event loop, by the clients, or by
+// neither.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -260,58 +264,128 @@ void sample_one(ps::Client& client, const std::string& name, size_t bytes, int r
   }
 }
 
-// Aggregate throughput of `clients` clients, each on its own thread moving
-// its own tensor back to back for a window of time (pushes, then pulls),
-// all windows started together: per window, the sum of each client's
-// bytes / its own time to its last completed transfer (as iperf sums
-// streams); the median over windows, as the time per transfer. A client
-// that the scheduler runs late (three client threads and psd share two
-// cores) then costs the aggregate only its share, not everyone's wait for
-// it at a barrier after every transfer. Threads live across windows, so
-// thread start-up is not counted. The one-client figures it is compared
-// with come from this too, with one client.
-Measured measure_concurrent(std::vector<ps::Client*> clients, size_t bytes, int windows) {
-  const std::string suffix = "_" + std::to_string(bytes);
-  const int n = static_cast<int>(clients.size());
-  constexpr double kWindowSeconds = 0.15;
-  constexpr int kMinTransfers = 3;
-  std::vector<std::vector<float>> bufs(n, std::vector<float>(bytes / 4, 0.0f));
-  std::vector<double> rate(n);  // this window's bytes/s per client
+// Aggregate throughput of `n` streams, each on its own thread doing
+// transfer(stream, phase) back to back, all started together: per window
+// of `window_s`, the bytes all streams moved inside it (a transfer still
+// under way at its end counted by the part of its time inside) over its
+// length, as iperf measures parallel streams; the median over windows, as
+// the time per transfer, for each phase. A stream the scheduler runs late
+// (three client threads and psd share two cores) moves less in the window,
+// and that counts against the aggregate. Threads live across windows, so
+// thread start-up is not counted.
+template <typename Transfer>
+std::vector<double> windowed_seconds(int n, int phases, int windows, double window_s, Transfer transfer) {
+  std::vector<double> moved(n);  // transfers inside this window, per stream
+  Clock::time_point start;
+  const auto window = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(window_s));
   std::barrier sync(n + 1);
   std::vector<std::thread> threads;
   for (int c = 0; c < n; ++c) {
     threads.emplace_back([&, c] {
-      const std::string name = "c" + std::to_string(c) + suffix;
       for (int i = 0; i < windows + 1; ++i) {
-        for (int phase = 0; phase < 2; ++phase) {
+        for (int phase = 0; phase < phases; ++phase) {
           sync.arrive_and_wait();
-          const auto t0 = Clock::now();
-          double elapsed = 0;
-          int done = 0;
-          while (done < kMinTransfers || elapsed < kWindowSeconds) {
-            if (phase == 0) clients[c]->push(name, bufs[c]);
-            else clients[c]->pull(name, bufs[c]);
-            ++done;
-            elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+          const auto deadline = start + window;
+          double k = 0;
+          for (;;) {
+            const auto t0 = Clock::now();
+            transfer(c, phase);
+            const auto t1 = Clock::now();
+            if (t1 <= deadline) {
+              ++k;
+              continue;
+            }
+            if (t0 < deadline) k += std::chrono::duration<double>(deadline - t0) / (t1 - t0);
+            break;
           }
-          rate[c] = static_cast<double>(done) * static_cast<double>(bytes) / elapsed;
+          moved[c] = k;
           sync.arrive_and_wait();
         }
       }
     });
   }
-  std::vector<double> push, pull;
+  std::vector<std::vector<double>> seconds(phases);
   for (int i = 0; i < windows + 1; ++i) {
-    for (int phase = 0; phase < 2; ++phase) {
+    for (int phase = 0; phase < phases; ++phase) {
+      start = Clock::now();  // seen by the streams once the barrier lets them go
       sync.arrive_and_wait();
       sync.arrive_and_wait();
-      double total = 0;
-      for (double r : rate) total += r;
-      if (i >= 1) (phase == 0 ? push : pull).push_back(static_cast<double>(bytes) / total);  // first window: warm-up
+      double transfers = 0;
+      for (double m : moved) transfers += m;
+      if (i >= 1) seconds[phase].push_back(window_s / transfers);  // first window: warm-up
     }
   }
   for (auto& t : threads) t.join();
-  return {median(push), median(pull)};
+  std::vector<double> out;
+  for (auto& s : seconds) out.push_back(median(s));
+  return out;
+}
+
+// psd clients, each pushing (then pulling) its own tensor of `bytes`.
+Measured measure_concurrent(std::vector<ps::Client*> clients, size_t bytes, int windows, double window_s) {
+  const std::string suffix = "_" + std::to_string(bytes);
+  const int n = static_cast<int>(clients.size());
+  std::vector<std::vector<float>> bufs(n, std::vector<float>(bytes / 4, 0.0f));
+  std::vector<std::string> names;
+  for (int c = 0; c < n; ++c) names.push_back("c" + std::to_string(c) + suffix);
+  auto s = windowed_seconds(n, 2, windows, window_s, [&](int c, int phase) {
+    if (phase == 0) clients[c]->push(names[c], bufs[c]);
+    else clients[c]->pull(names[c], bufs[c]);
+  });
+  return {s[0], s[1]};
+}
+
+// The physical limit for `n` concurrent clients: n plain loopback TCP
+// streams, each its own sender and receiver thread ("send `bytes`, get a
+// 1-byte ack", as in tcp_transfer_samples), measured as measure_concurrent
+// measures clients. Not pinned: 2n threads share the cores, as n clients
+// and psd do.
+double tcp_concurrent_seconds(int n, size_t bytes, int windows, double window_s) {
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  listen(listener, n);
+  std::vector<int> senders(n), receivers(n);
+  int one = 1;
+  for (int i = 0; i < n; ++i) {
+    senders[i] = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(senders[i], reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) throw std::runtime_error("connect failed");
+    receivers[i] = accept(listener, nullptr, nullptr);
+    setsockopt(senders[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    setsockopt(receivers[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  }
+  close(listener);
+  std::vector<std::thread> receiving;
+  for (int i = 0; i < n; ++i) {
+    receiving.emplace_back([fd = receivers[i], bytes] {
+      std::vector<char> buf(bytes);
+      const char ack = 1;
+      try {
+        for (;;) {
+          read_all(fd, buf.data(), bytes);
+          write_all(fd, &ack, 1);
+        }
+      } catch (const std::runtime_error&) {  // the sender closed: done
+      }
+    });
+  }
+  std::vector<std::vector<char>> bufs(n, std::vector<char>(bytes, 'x'));
+  auto s = windowed_seconds(n, 1, windows, window_s, [&](int i, int) {
+    write_all(senders[i], bufs[i].data(), bytes);
+    char ack;
+    read_all(senders[i], &ack, 1);
+  });
+  for (int fd : senders) shutdown(fd, SHUT_WR);
+  for (auto& t : receiving) t.join();
+  for (int i = 0; i < n; ++i) {
+    close(senders[i]);
+    close(receivers[i]);
+  }
+  return s[0];
 }
 
 }  // namespace
@@ -396,9 +470,10 @@ int main(int argc, char** argv) {
                     raw / ping);
       }
     }
-    std::printf("psd over %s, 3 concurrent clients (aggregate), and the cores psd and the clients kept busy:\n", label);
-    std::printf("  %-8s %8s %11s %8s %11s | %-17s | %-17s\n", "size", "push GB/s", "vs 1 client", "pull GB/s",
-                "vs 1 client", "1 client: psd cli", "3 clients: psd cli");
+    std::printf("psd over %s, 3 concurrent clients (aggregate) against 3 plain TCP streams, and the cores psd and "
+                "the clients kept busy:\n", label);
+    std::printf("  %-8s %-14s | %-26s | %-26s | %-17s | %-17s\n", "size", "TCP 1 / 3 GB/s", "push GB/s vs 1 cl vs 3 TCP",
+                "pull GB/s vs 1 cl vs 3 TCP", "1 client: psd cli", "3 clients: psd cli");
     std::vector<std::unique_ptr<ps::Client>> clients;
     for (int c = 0; c < 3; ++c) clients.push_back(std::make_unique<ps::Client>(opts));
     for (size_t i = 0; i < sizes.size(); ++i) {
@@ -408,15 +483,26 @@ int main(int argc, char** argv) {
                              .optimizer = ps::OptimizerConfig::sgd(0.0f)}});
       }
       const int windows = std::max(reps / 4, 3);
+      // Windows long enough for each of three clients to do several
+      // transfers in one.
+      constexpr double kMinWindow = 0.15;
+      constexpr double kTransfersPerWindow = 24;
+      // Each plain TCP figure just before psd's with as many streams.
+      const double tcp_one = tcp_concurrent_seconds(1, sizes[i], windows, kMinWindow);
+      const double tcp_all =
+          tcp_concurrent_seconds(3, sizes[i], windows, std::max(kMinWindow, kTransfersPerWindow * tcp_one));
       const CpuClock one_clock{psd.pid};
-      Measured one = measure_concurrent({clients[0].get()}, sizes[i], windows);
+      Measured one = measure_concurrent({clients[0].get()}, sizes[i], windows, kMinWindow);
       const auto one_cores = one_clock.cores();
       const CpuClock all_clock{psd.pid};
-      Measured all = measure_concurrent({clients[0].get(), clients[1].get(), clients[2].get()}, sizes[i], windows);
+      Measured all = measure_concurrent({clients[0].get(), clients[1].get(), clients[2].get()}, sizes[i], windows,
+                                        std::max(kMinWindow, kTransfersPerWindow * std::max(one.push_s, one.pull_s)));
       const auto all_cores = all_clock.cores();
-      std::printf("  %-8s %8.2f %11.2f %8.2f %11.2f | %13.2f %4.2f | %14.2f %4.2f\n", size_name(sizes[i]).c_str(),
-                  sizes[i] / all.push_s / 1e9, one.push_s / all.push_s, sizes[i] / all.pull_s / 1e9,
-                  one.pull_s / all.pull_s, one_cores.psd, one_cores.clients, all_cores.psd, all_cores.clients);
+      const double gb = sizes[i] / 1e9;
+      std::printf("  %-8s %6.2f %7.2f | %8.2f %8.2f %8.2f | %8.2f %8.2f %8.2f | %13.2f %4.2f | %14.2f %4.2f\n",
+                  size_name(sizes[i]).c_str(), gb / tcp_one, gb / tcp_all, gb / all.push_s, one.push_s / all.push_s,
+                  tcp_all / all.push_s, gb / all.pull_s, one.pull_s / all.pull_s, tcp_all / all.pull_s, one_cores.psd,
+                  one_cores.clients, all_cores.psd, all_cores.clients);
     }
     std::printf("\n");
   };

@@ -11,6 +11,7 @@
 #include <capnp/serialize.h>
 #include <kj/debug.h>
 
+#include "message_framing.h"
 #include "ps.capnp.h"
 
 namespace ps {
@@ -85,12 +86,6 @@ class ClientMessageStream::Received final : public capnp::MessageReader {
  private:
   kj::Own<Incoming> in_;
 };
-
-namespace {
-
-constexpr uint32_t kMaxSegments = 512;  // as capnp's own reader
-
-}  // namespace
 
 ClientMessageStream::ClientMessageStream(SocketStream& stream)
     : stream_(stream), next_tag_(std::random_device{}() | uint64_t{std::random_device{}()} << 32),
@@ -297,16 +292,6 @@ bool is_finish(kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments) {
   bool finish = false;
   auto failure = kj::runCatchingExceptions([&] { finish = reader.getRoot<capnp::rpc::Message>().isFinish(); });
   return failure == nullptr && finish;
-}
-
-// The segment table of the stream framing: count - 1, then each size,
-// padded to a whole word.
-kj::Array<uint32_t> segment_table(kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments) {
-  auto table = kj::heapArray<uint32_t>((segments.size() + 2) & ~size_t{1});
-  table[0] = static_cast<uint32_t>(segments.size() - 1);
-  for (size_t i = 0; i < segments.size(); ++i) table[i + 1] = static_cast<uint32_t>(segments[i].size());
-  if (segments.size() % 2 == 0) table[table.size() - 1] = 0;
-  return table;
 }
 
 }  // namespace

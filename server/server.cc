@@ -17,6 +17,7 @@
 #include "malloc_tuning.h"
 #include "ps/errors.h"
 #include "shard_service.h"
+#include "buffered_message_stream.h"
 #include "socket_stream.h"
 #include "busy_poll.h"
 
@@ -31,16 +32,19 @@ void write_port_file(const std::string& path, int port) {
   std::rename(tmp.c_str(), path.c_str());
 }
 
-// One accepted connection: its stream, the two-party network over it and the
-// RPC system serving a ShardServiceImpl as bootstrap.
+// One accepted connection: its stream, the messages read from it in place
+// (common/buffered_message_stream.h), the two-party network over them and
+// the RPC system serving a ShardServiceImpl as bootstrap.
 struct Connection {
   Connection(kj::Own<SocketStream> s, Shard& shard, std::string peer, capnp::ReaderOptions reader,
              std::string refusal = "", pid_t peer_pid = 0)
       : stream(kj::mv(s)),
-        network(*stream, capnp::rpc::twoparty::Side::SERVER, reader),
+        messages(*stream),
+        network(messages, capnp::rpc::twoparty::Side::SERVER, reader),
         rpc(capnp::makeRpcServer(network, kj::heap<ShardServiceImpl>(shard, std::move(peer), std::move(refusal),
                                                                      stream.get(), peer_pid))) {}
   kj::Own<SocketStream> stream;
+  BufferedMessageStream messages;
   capnp::TwoPartyVatNetwork network;
   capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
 };

@@ -1,0 +1,187 @@
+#include "buffered_message_stream.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include <kj/debug.h>
+
+#include "message_framing.h"
+
+namespace ps {
+
+struct BufferedMessageStream::Buffer : kj::Refcounted {
+  kj::Array<capnp::word> words = kj::heapArray<capnp::word>(kBufferBytes / sizeof(capnp::word));
+  kj::byte* bytes() { return reinterpret_cast<kj::byte*>(words.begin()); }
+};
+
+// A message in place in a buffer (held), or in memory of its own.
+class BufferedMessageStream::Reader final : public capnp::MessageReader {
+ public:
+  Reader(capnp::ReaderOptions options, kj::Array<kj::ArrayPtr<const capnp::word>> segments, kj::Own<Buffer> held,
+         kj::Array<capnp::word> own)
+      : capnp::MessageReader(options), segments_(kj::mv(segments)), held_(kj::mv(held)), own_(kj::mv(own)) {}
+
+  kj::ArrayPtr<const capnp::word> getSegment(uint id) override {
+    return id < segments_.size() ? segments_[id] : nullptr;
+  }
+
+ private:
+  kj::Array<kj::ArrayPtr<const capnp::word>> segments_;
+  kj::Own<Buffer> held_;
+  kj::Array<capnp::word> own_;
+};
+
+namespace {
+
+// The segments of a message whose first segment starts at `at`.
+kj::Array<kj::ArrayPtr<const capnp::word>> segments_at(const capnp::word* at, const uint32_t* sizes, uint32_t count) {
+  auto segments = kj::heapArray<kj::ArrayPtr<const capnp::word>>(count);
+  for (uint32_t k = 0; k < count; ++k) {
+    segments[k] = kj::arrayPtr(at, sizes[k]);
+    at += sizes[k];
+  }
+  return segments;
+}
+
+}  // namespace
+
+BufferedMessageStream::BufferedMessageStream(SocketStream& stream)
+    : stream_(stream), buffer_(kj::refcounted<Buffer>()) {}
+
+BufferedMessageStream::~BufferedMessageStream() = default;
+
+void BufferedMessageStream::make_room() {
+  if (pos_ == end_ && !buffer_->isShared()) {
+    pos_ = end_ = 0;
+    return;
+  }
+  if (kBufferBytes - pos_ >= kMaxBufferedBytes) return;
+  const size_t unread = end_ - pos_;  // < kMaxBufferedBytes, as pos_ > kBufferBytes - kMaxBufferedBytes
+  if (buffer_->isShared()) {
+    // Messages in use point into this one: leave it to them.
+    auto fresh = kj::refcounted<Buffer>();
+    std::memcpy(fresh->bytes(), buffer_->bytes() + pos_, unread);
+    buffer_ = kj::mv(fresh);
+    ++buffers_taken_;
+  } else {
+    std::memmove(buffer_->bytes(), buffer_->bytes() + pos_, unread);
+  }
+  pos_ = 0;
+  end_ = unread;
+}
+
+kj::Promise<bool> BufferedMessageStream::fill(size_t bytes) {
+  if (end_ - pos_ >= bytes) return true;
+  KJ_ASSERT(pos_ + bytes <= kBufferBytes);
+  return stream_.tryRead(buffer_->bytes() + end_, pos_ + bytes - end_, kBufferBytes - end_)
+      .then([this, bytes](size_t n) -> bool {
+        end_ += n;
+        if (end_ - pos_ >= bytes) return true;
+        // tryRead stops short only at the end of the stream.
+        if (end_ == pos_) return false;
+        kj::throwFatalException(KJ_EXCEPTION(DISCONNECTED, "premature EOF inside a message"));
+      });
+}
+
+kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::tryReadMessage(
+    kj::ArrayPtr<kj::AutoCloseFd>, capnp::ReaderOptions options, kj::ArrayPtr<capnp::word>) {
+  make_room();
+  return fill(sizeof(capnp::word)).then([this, options](bool any) -> kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> {
+    if (!any) return kj::Maybe<capnp::MessageReaderAndFds>(nullptr);
+    return read_after_header(options);
+  });
+}
+
+kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::read_after_header(
+    capnp::ReaderOptions options) {
+  uint32_t first[2];
+  std::memcpy(first, buffer_->bytes() + pos_, sizeof(first));
+  const uint64_t count = uint64_t{first[0]} + 1;
+  KJ_REQUIRE(count <= kMaxSegments, "message has too many segments", count);
+  const size_t table_bytes = segment_table_bytes(static_cast<uint32_t>(count));
+  return fill(table_bytes).then([this, options, table_bytes](bool) -> kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> {
+    const auto* table = reinterpret_cast<const uint32_t*>(buffer_->bytes() + pos_);
+    const uint32_t count = table[0] + 1;
+    uint64_t total_words = 0;
+    for (uint32_t k = 0; k < count; ++k) total_words += table[1 + k];
+    KJ_REQUIRE(total_words <= options.traversalLimitInWords,
+               "message is too large; see capnp::ReaderOptions (psd --max_message_mb)", total_words);
+    const uint64_t message_bytes = table_bytes + total_words * sizeof(capnp::word);
+    if (message_bytes > kMaxBufferedBytes) return read_large(options, count, table_bytes, total_words);
+    return fill(message_bytes).then([this, options, count, table_bytes, message_bytes](bool) {
+      const kj::byte* start = buffer_->bytes() + pos_;
+      auto segments = segments_at(reinterpret_cast<const capnp::word*>(start + table_bytes),
+                                  reinterpret_cast<const uint32_t*>(start) + 1, count);
+      pos_ += message_bytes;
+      return kj::Maybe<capnp::MessageReaderAndFds>(capnp::MessageReaderAndFds{
+          kj::heap<Reader>(options, kj::mv(segments), kj::addRef(*buffer_), nullptr), nullptr});
+    });
+  });
+}
+
+kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::read_large(capnp::ReaderOptions options,
+                                                                                     uint32_t count, size_t table_bytes,
+                                                                                     size_t total_words) {
+  auto own = kj::heapArray<capnp::word>(total_words);
+  auto segments = segments_at(own.begin(), reinterpret_cast<const uint32_t*>(buffer_->bytes() + pos_) + 1, count);
+  const size_t body = total_words * sizeof(capnp::word);
+  const size_t take = std::min(end_ - pos_ - table_bytes, body);
+  auto* dst = reinterpret_cast<kj::byte*>(own.begin());
+  std::memcpy(dst, buffer_->bytes() + pos_ + table_bytes, take);
+  pos_ += table_bytes + take;
+  if (pos_ == end_) {
+    // All of the buffer was this message's: the next one starts on a whole
+    // word, as capnp's readers need.
+    pos_ = end_ = (pos_ + sizeof(capnp::word) - 1) & ~(sizeof(capnp::word) - 1);
+  }
+  auto reader = kj::heap<Reader>(options, kj::mv(segments), kj::Own<Buffer>(), kj::mv(own));
+  auto done = [reader = kj::mv(reader)]() mutable {
+    return kj::Maybe<capnp::MessageReaderAndFds>(capnp::MessageReaderAndFds{kj::mv(reader), nullptr});
+  };
+  if (take == body) return done();
+  // Straight into the message's memory, waking for large pieces rather
+  // than for every packet.
+  return stream_.read_exact(body - take, [dst = dst + take](size_t offset) { return dst + offset; }).then(kj::mv(done));
+}
+
+kj::Promise<void> BufferedMessageStream::writeMessage(kj::ArrayPtr<const int>,
+                                                      kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments) {
+  kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> one[] = {segments};
+  return writeMessages(kj::arrayPtr(one, 1));
+}
+
+kj::Promise<void> BufferedMessageStream::writeMessages(
+    kj::ArrayPtr<kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>>> messages) {
+  // All of them in one gather write, each segment a piece of its own.
+  size_t count = 0;
+  for (auto& m : messages) count += 1 + m.size();
+  auto tables = kj::heapArrayBuilder<kj::Array<uint32_t>>(messages.size());
+  auto pieces = kj::heapArrayBuilder<kj::ArrayPtr<const kj::byte>>(count);
+  for (auto& m : messages) {
+    KJ_REQUIRE(m.size() > 0, "a message has at least one segment");
+    tables.add(segment_table(m));
+    pieces.add(tables.back().asBytes());
+    for (auto& s : m) pieces.add(s.asBytes());
+  }
+  auto all = pieces.finish();
+  auto* raw = all.begin();
+  return stream_.write(kj::arrayPtr(raw, all.size())).attach(kj::mv(all), tables.finish());
+}
+
+kj::Maybe<int> BufferedMessageStream::getSendBufferSize() {
+  int size = 0;
+  kj::uint len = sizeof(size);
+  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&] { stream_.getsockopt(SOL_SOCKET, SO_SNDBUF, &size, &len); })) {
+    return nullptr;
+  }
+  return size;
+}
+
+kj::Promise<void> BufferedMessageStream::end() {
+  stream_.shutdownWrite();
+  return kj::READY_NOW;
+}
+
+}  // namespace ps

@@ -9,9 +9,14 @@
 // whole message, and the reader's segments point into the buffer, which
 // stays alive (reference counted) while any message in it is. A buffer
 // whose room runs out while messages in it are still in use is left to them
-// and a new one taken. Larger messages get memory of their own, filled by
-// reads straight into it (SocketStream reads of 64 KiB and more bypass its
-// own buffer), so a 1 MiB part is still copied once, by the kernel.
+// and another taken: a spare from before once its messages are gone, so
+// in steady use no memory is allocated. With nothing unread, reading starts
+// again at the front of a buffer no message uses, where the pages are warm
+// (the RPC layer keeps each message until it has the next, so small
+// messages alternate between the fronts of two buffers).
+// Larger messages get memory of their own, filled by reads straight into it
+// (SocketStream reads of 64 KiB and more bypass its own buffer), so a 1 MiB
+// part is still copied once, by the kernel.
 //
 // Writes frame the segments as capnp does and hand them to the socket in
 // one gather write, each segment a piece of its own (so SocketStream's
@@ -28,6 +33,7 @@
 
 #include <capnp/serialize-async.h>
 #include <kj/refcount.h>
+#include <kj/vector.h>
 
 #include "socket_stream.h"
 
@@ -38,11 +44,14 @@ class BufferedMessageStream final : public capnp::MessageStream {
   // Messages up to this size (framing included) are read into the buffer.
   static constexpr size_t kMaxBufferedBytes = 128u << 10;
   static constexpr size_t kBufferBytes = 2 * kMaxBufferedBytes;
+  // Bytes asked of the socket at once: a message carrying a 64 KiB tensor.
+  static constexpr size_t kReadAheadBytes = 80u << 10;
 
   explicit BufferedMessageStream(SocketStream& stream);
   ~BufferedMessageStream();
 
-  // Buffers taken so far (for tests: a full one still in use was replaced).
+  // Buffers allocated so far (for tests: a full one still in use was
+  // replaced, and no spare was free).
   uint64_t buffers_taken() const { return buffers_taken_; }
 
   // capnp::MessageStream
@@ -70,10 +79,13 @@ class BufferedMessageStream final : public capnp::MessageStream {
   kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> read_large(capnp::ReaderOptions options, uint32_t count,
                                                                 size_t table_bytes, size_t total_words);
 
+  static constexpr size_t kMaxSpares = 2;
+
   SocketStream& stream_;
   kj::Own<Buffer> buffer_;
+  kj::Vector<kj::Own<Buffer>> spares_;  // full buffers kept for reuse once no message uses them
   size_t pos_ = 0, end_ = 0;  // unread bytes: [pos_, end_) of buffer_
-  uint64_t buffers_taken_ = 1;
+  uint64_t buffers_taken_ = 2;
 };
 
 }  // namespace ps

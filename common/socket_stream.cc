@@ -28,11 +28,7 @@ namespace ps {
 
 namespace {
 
-// Room for a whole message carrying a 64 KiB tensor (and the start of the
-// next): one read() takes it in, where a 64 KiB buffer took two.
-constexpr size_t kBufferBytes = 128u << 10;
-// Reads of this much or more go straight into the caller's memory.
-constexpr size_t kDirectBytes = 64u << 10;
+constexpr size_t kBufferBytes = 64u << 10;
 constexpr size_t kLowWaterBytes = 256u << 10;
 constexpr size_t kLowWaterMinBytes = 64u << 10;
 
@@ -156,7 +152,7 @@ class SocketStreamImpl final : public SocketStream {
         return wait.then([this, dst, min_bytes, max_bytes, got] { return read_more(dst, min_bytes, max_bytes, got); });
       }
       const size_t want = max_bytes - got;
-      const bool direct = want >= kDirectBytes;  // large reads skip the buffer
+      const bool direct = want >= kBufferBytes;  // large reads skip the buffer
       const ssize_t n = read_once(direct ? dst + got : buffer_.begin(), direct ? want : kBufferBytes);
       if (n < 0) continue;
       if (n == 0) return got;  // end of stream

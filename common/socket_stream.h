@@ -5,11 +5,10 @@
 // kj 0.9 reads a message in three or four read() calls (first word, segment
 // table, segments) plus one that finds the socket empty; on the VMs psd runs
 // on a system call costs 2-4 us, so for a small pull that is a good part of
-// the round trip. This stream reads into a 128 KiB buffer, so a small message
+// the round trip. This stream reads into a 64 KiB buffer, so a small message
 // takes one read(), and skips the read that would find the socket empty
-// when the previous one came back short; a message carrying a 64 KiB
-// tensor fits too. Reads of 64 KiB and more go straight into the caller's
-// memory (a large tensor is not copied twice).
+// when the previous one came back short. Reads larger than the buffer go
+// straight into the caller's memory (a large tensor is not copied twice).
 //
 // It needs only a kj::UnixEventPort, so libpsclient can run it on an event
 // loop it owns (client/client_loop.h).

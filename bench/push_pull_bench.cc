@@ -5,6 +5,7 @@
 //   build/bench/push_pull_bench --reps 30 --sizes 4K,64K,1M,4M,16M,64M
 //   build/bench/push_pull_bench --part_kb 4096 --request_kb 8192   # one 4 MiB part per message
 //   build/bench/push_pull_bench --busy_poll_us 50 --sizes 4K,64K   # clients poll too (common/busy_poll.h)
+//   build/bench/push_pull_bench --psd old/psd --ab_psd build/server/psd --sizes 64K   # A/B two psd builds
 //
 // Plain TCP reference: the same payload written in 1 MiB pieces from one
 // thread to another over a loopback socket (the two pinned to different cores),
@@ -388,6 +389,46 @@ double tcp_concurrent_seconds(int n, size_t bytes, int windows, double window_s)
   return s[0];
 }
 
+// psd build A against build B: one client each over TCP, push and pull
+// latency in blocks of 100 calls taken in turn (A, B, A, B, ...), so a
+// machine whose speed drifts compares like with like; per size the median
+// of the blocks' medians and the number of blocks B won.
+int run_ab(const std::string& a, const std::string& b, const std::vector<size_t>& sizes, ps::ClientOptions opts,
+           int blocks, int psd_busy_poll_us) {
+  constexpr int kCalls = 100;
+  Psd psd_a(a, "", psd_busy_poll_us), psd_b(b, "", psd_busy_poll_us);
+  opts.shared_memory_bytes = 0;
+  opts.ps_hosts = {"127.0.0.1:" + std::to_string(psd_a.port)};
+  ps::Client client_a(opts);
+  opts.ps_hosts = {"127.0.0.1:" + std::to_string(psd_b.port)};
+  ps::Client client_b(opts);
+  ps::Client* clients[2] = {&client_a, &client_b};
+  std::printf("A = %s, B = %s: one client each over TCP, medians of %d blocks of %d calls taken in turn\n", a.c_str(),
+              b.c_str(), blocks, kCalls);
+  std::printf("  %-8s %10s %10s %9s | %10s %10s %9s\n", "size", "push A us", "push B us", "B faster", "pull A us",
+              "pull B us", "B faster");
+  for (size_t bytes : sizes) {
+    const std::string name = "ab" + std::to_string(bytes);
+    for (auto* c : clients) c->create({{.name = name, .shape = {bytes / 4}, .optimizer = ps::OptimizerConfig::sgd(0.0f)}});
+    std::vector<float> buf(bytes / 4, 0.0f);
+    std::vector<double> push[2], pull[2];
+    int push_wins = 0, pull_wins = 0;
+    for (int blk = 0; blk < blocks; ++blk) {
+      for (int side = 0; side < 2; ++side) {
+        Samples s;
+        sample_one(*clients[side], name, bytes, kCalls, s);
+        push[side].push_back(median(s.push));
+        pull[side].push_back(median(s.pull));
+      }
+      push_wins += push[1].back() < push[0].back();
+      pull_wins += pull[1].back() < pull[0].back();
+    }
+    std::printf("  %-8s %10.1f %10.1f %6d/%-2d | %10.1f %10.1f %6d/%-2d\n", size_name(bytes).c_str(), median(push[0]) * 1e6,
+                median(push[1]) * 1e6, push_wins, blocks, median(pull[0]) * 1e6, median(pull[1]) * 1e6, pull_wins, blocks);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -416,10 +457,27 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--psd_busy_poll_us", psd_busy_poll_us, "psd --busy_poll_us (-1: psd's default)")
       ->capture_default_str();
+  std::string ab_psd;
+  app.add_option("--ab_psd", ab_psd,
+                 "instead of the tables: one client's push and pull latency against --psd (A) and this psd binary "
+                 "(B), --reps blocks of 100 calls each taken in turn");
   CLI11_PARSE(app, argc, argv);
 
   std::vector<size_t> sizes;
   for (const std::string& s : ps::split_list(sizes_flag)) sizes.push_back(parse_size(s));
+  if (!ab_psd.empty()) {
+    ps::ClientOptions opts;
+    opts.chunk_bytes = chunk_kb << 10;
+    opts.part_bytes = part_kb << 10;
+    opts.max_request_bytes = request_kb << 10;
+    opts.busy_poll = std::chrono::microseconds(busy_poll_us);
+    try {
+      return run_ab(psd_binary, ab_psd, sizes, opts, reps, psd_busy_poll_us);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "push_pull_bench: %s\n", e.what());
+      return 1;
+    }
+  }
 
   // The machines this runs on change speed from minute to minute (shared
   // VMs): each size's TCP reference is measured in blocks taken in turn

@@ -83,16 +83,24 @@ void read_all(int fd, char* p, size_t n) {
   }
 }
 
-// Seconds for each "send `bytes`, receive a 1-byte ack" over loopback TCP.
-std::vector<double> tcp_transfer_samples(size_t bytes, int reps) {
-  int listener = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
+// A socket listening on a free loopback port, whose address goes to `addr`.
+int loopback_listener(sockaddr_in& addr, int backlog) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  addr.sin_port = 0;
   socklen_t len = sizeof(addr);
-  getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
-  listen(listener, 1);
+  if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || listen(listener, backlog) != 0) {
+    throw std::runtime_error("cannot listen on a loopback port");
+  }
+  return listener;
+}
+
+// Seconds for each "send `bytes`, receive a 1-byte ack" over loopback TCP.
+std::vector<double> tcp_transfer_samples(size_t bytes, int reps) {
+  sockaddr_in addr{};
+  const int listener = loopback_listener(addr, 1);
   const int total = reps + 2;
   std::thread receiver([&] {
     pin_to_core(1);
@@ -342,14 +350,8 @@ Measured measure_concurrent(std::vector<ps::Client*> clients, size_t bytes, int 
 // measures clients. Not pinned: 2n threads share the cores, as n clients
 // and psd do.
 double tcp_concurrent_seconds(int n, size_t bytes, int windows, double window_s) {
-  int listener = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
-  listen(listener, n);
+  const int listener = loopback_listener(addr, n);
   std::vector<int> senders(n), receivers(n);
   int one = 1;
   for (int i = 0; i < n; ++i) {

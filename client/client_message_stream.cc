@@ -328,14 +328,7 @@ kj::Promise<void> ClientMessageStream::write_framed(kj::ArrayPtr<const kj::Array
   return stream_.write(kj::arrayPtr(raw, pieces.size())).attach(kj::mv(pieces), kj::mv(table), kj::mv(held));
 }
 
-kj::Maybe<int> ClientMessageStream::getSendBufferSize() {
-  int size = 0;
-  kj::uint len = sizeof(size);
-  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&] { stream_.getsockopt(SOL_SOCKET, SO_SNDBUF, &size, &len); })) {
-    return nullptr;
-  }
-  return size;
-}
+kj::Maybe<int> ClientMessageStream::getSendBufferSize() { return send_buffer_size(stream_); }
 
 kj::Promise<void> ClientMessageStream::end() {
   return write_framed(nullptr).then([this] { stream_.shutdownWrite(); });

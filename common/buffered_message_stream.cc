@@ -208,14 +208,7 @@ kj::Promise<void> BufferedMessageStream::writeMessages(
   return stream_.write(kj::arrayPtr(raw, all.size())).attach(kj::mv(all), tables.finish());
 }
 
-kj::Maybe<int> BufferedMessageStream::getSendBufferSize() {
-  int size = 0;
-  kj::uint len = sizeof(size);
-  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&] { stream_.getsockopt(SOL_SOCKET, SO_SNDBUF, &size, &len); })) {
-    return nullptr;
-  }
-  return size;
-}
+kj::Maybe<int> BufferedMessageStream::getSendBufferSize() { return send_buffer_size(stream_); }
 
 kj::Promise<void> BufferedMessageStream::end() {
   stream_.shutdownWrite();

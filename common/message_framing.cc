@@ -1,5 +1,9 @@
 #include "message_framing.h"
 
+#include <sys/socket.h>
+
+#include <kj/exception.h>
+
 namespace ps {
 
 kj::Array<uint32_t> segment_table(kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments) {
@@ -8,6 +12,15 @@ kj::Array<uint32_t> segment_table(kj::ArrayPtr<const kj::ArrayPtr<const capnp::w
   for (size_t i = 0; i < segments.size(); ++i) table[i + 1] = static_cast<uint32_t>(segments[i].size());
   if (segments.size() % 2 == 0) table[table.size() - 1] = 0;
   return table;
+}
+
+kj::Maybe<int> send_buffer_size(SocketStream& stream) {
+  int size = 0;
+  kj::uint len = sizeof(size);
+  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&] { stream.getsockopt(SOL_SOCKET, SO_SNDBUF, &size, &len); })) {
+    return nullptr;
+  }
+  return size;
 }
 
 }  // namespace ps

@@ -6,6 +6,9 @@
 
 #include <capnp/common.h>
 #include <kj/array.h>
+#include <kj/common.h>
+
+#include "socket_stream.h"
 
 namespace ps {
 
@@ -18,5 +21,9 @@ kj::Array<uint32_t> segment_table(kj::ArrayPtr<const kj::ArrayPtr<const capnp::w
 
 // Bytes of the segment table of a message with `count` segments.
 constexpr size_t segment_table_bytes(uint32_t count) { return ((size_t{count} + 2) & ~size_t{1}) * sizeof(uint32_t); }
+
+// The socket's send buffer size (capnp::MessageStream::getSendBufferSize:
+// the RPC layer's flow-control hint); null if it cannot be had.
+kj::Maybe<int> send_buffer_size(SocketStream& stream);
 
 }  // namespace ps

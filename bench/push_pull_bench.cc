@@ -48,6 +48,7 @@
 #include "ps.capnp.h"
 #include "ps/client.h"
 #include "ps/trainer_flags.h"
+#include "socket_stream.h"
 
 namespace {
 
@@ -83,6 +84,19 @@ void read_all(int fd, char* p, size_t n) {
   }
 }
 
+// The plain TCP reference's sockets: by default the fixed send buffer that
+// psd's and libpsclient's same-host connections get (socket_stream.h), so
+// the reference is plain TCP at its best here; 0 leaves Linux's autotuning.
+int tcp_send_buffer_bytes = ps::same_host_send_buffer_bytes();
+
+void set_tcp_options(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (tcp_send_buffer_bytes <= 0) return;
+  const int value = tcp_send_buffer_bytes / 2;  // the kernel doubles it
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &value, sizeof(value));
+}
+
 // A socket listening on a free loopback port, whose address goes to `addr`.
 int loopback_listener(sockaddr_in& addr, int backlog) {
   const int listener = socket(AF_INET, SOCK_STREAM, 0);
@@ -105,8 +119,7 @@ std::vector<double> tcp_transfer_samples(size_t bytes, int reps) {
   std::thread receiver([&] {
     pin_to_core(1);
     int fd = accept(listener, nullptr, nullptr);
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    set_tcp_options(fd);
     std::vector<char> buf(bytes);
     char ack = 1;
     for (int i = 0; i < total; ++i) {
@@ -118,8 +131,7 @@ std::vector<double> tcp_transfer_samples(size_t bytes, int reps) {
   pin_to_core(0);
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  set_tcp_options(fd);
   std::vector<char> buf(bytes, 'x');
   std::vector<double> times;
   for (int i = 0; i < total; ++i) {
@@ -353,13 +365,12 @@ double tcp_concurrent_seconds(int n, size_t bytes, int windows, double window_s)
   sockaddr_in addr{};
   const int listener = loopback_listener(addr, n);
   std::vector<int> senders(n), receivers(n);
-  int one = 1;
   for (int i = 0; i < n; ++i) {
     senders[i] = socket(AF_INET, SOCK_STREAM, 0);
     if (connect(senders[i], reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) throw std::runtime_error("connect failed");
     receivers[i] = accept(listener, nullptr, nullptr);
-    setsockopt(senders[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    setsockopt(receivers[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    set_tcp_options(senders[i]);
+    set_tcp_options(receivers[i]);
   }
   close(listener);
   std::vector<std::thread> receiving;
@@ -459,11 +470,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--psd_busy_poll_us", psd_busy_poll_us, "psd --busy_poll_us (-1: psd's default)")
       ->capture_default_str();
+  int tcp_send_buffer_kb = tcp_send_buffer_bytes >> 10;
+  app.add_option("--tcp_send_buffer_kb", tcp_send_buffer_kb,
+                 "SO_SNDBUF of the plain TCP reference's sockets, in KiB (default: what psd's same-host connections "
+                 "get; 0: Linux's autotuning)")
+      ->capture_default_str();
   std::string ab_psd;
   app.add_option("--ab_psd", ab_psd,
                  "instead of the tables: one client's push and pull latency against --psd (A) and this psd binary "
                  "(B), --reps blocks of 100 calls each taken in turn");
   CLI11_PARSE(app, argc, argv);
+  tcp_send_buffer_bytes = tcp_send_buffer_kb << 10;
 
   std::vector<size_t> sizes;
   for (const std::string& s : ps::split_list(sizes_flag)) sizes.push_back(parse_size(s));

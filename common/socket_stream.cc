@@ -11,7 +11,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -278,6 +280,39 @@ struct SocketAddress {
   socklen_t length = 0;
 };
 
+bool same_ip(const sockaddr_storage& a, const sockaddr_storage& b) {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    return reinterpret_cast<const sockaddr_in&>(a).sin_addr.s_addr == reinterpret_cast<const sockaddr_in&>(b).sin_addr.s_addr;
+  }
+  if (a.ss_family == AF_INET6) {
+    return std::memcmp(&reinterpret_cast<const sockaddr_in6&>(a).sin6_addr,
+                       &reinterpret_cast<const sockaddr_in6&>(b).sin6_addr, sizeof(in6_addr)) == 0;
+  }
+  return false;
+}
+
+bool is_loopback(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) return (ntohl(reinterpret_cast<const sockaddr_in&>(a).sin_addr.s_addr) >> 24) == 127;
+  if (a.ss_family == AF_INET6) {
+    const in6_addr& v6 = reinterpret_cast<const sockaddr_in6&>(a).sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
+  }
+  return false;
+}
+
+// See same_host_connection in the header: why one host's connections get a
+// fixed send buffer.
+void fit_send_buffer_to_host(int fd) {
+  sockaddr_storage local{}, peer{};
+  socklen_t local_len = sizeof(local), peer_len = sizeof(peer);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0) return;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) return;
+  if (!same_host_connection(local, peer) || same_host_send_buffer_bytes() == 0) return;
+  const int value = same_host_send_buffer_bytes() / 2;  // the kernel doubles it (room for its bookkeeping)
+  (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &value, sizeof(value));
+}
+
 void make_nonblocking(int fd) {
   int flags;
   KJ_SYSCALL(flags = fcntl(fd, F_GETFL));
@@ -298,10 +333,16 @@ kj::Promise<kj::Own<SocketStream>> connect_to(kj::UnixEventPort& port, const Soc
   do {
     r = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr.storage), addr.length);
   } while (r < 0 && errno == EINTR);
-  if (r == 0) return kj::Own<SocketStream>(kj::mv(stream));
+  if (r == 0) {
+    fit_send_buffer_to_host(fd);
+    return kj::Own<SocketStream>(kj::mv(stream));
+  }
   if (errno != EINPROGRESS) KJ_FAIL_SYSCALL("connect", errno);
   auto* raw = stream.get();
-  return raw->connected().then([stream = kj::mv(stream)]() mutable { return kj::Own<SocketStream>(kj::mv(stream)); });
+  return raw->connected().then([stream = kj::mv(stream), fd]() mutable {
+    fit_send_buffer_to_host(fd);
+    return kj::Own<SocketStream>(kj::mv(stream));
+  });
 }
 
 // Tries the addresses in order; fails with the last one's error.
@@ -356,11 +397,30 @@ kj::Promise<Addresses> resolve_off_loop(std::string host, std::string service) {
 
 }  // namespace
 
+bool same_host_connection(const sockaddr_storage& local, const sockaddr_storage& peer) {
+  return is_loopback(peer) || same_ip(local, peer);
+}
+
+int same_host_send_buffer_bytes() {
+  static const int bytes = [] {
+    if (const char* kb = std::getenv("PS_SAME_HOST_SEND_BUFFER_KB")) {
+      int value = -1;
+      const char* end = kb + std::strlen(kb);
+      const auto [at, error] = std::from_chars(kb, end, value);
+      if (error == std::errc() && at == end && value >= 0 && value <= (64 << 10)) return value << 10;
+    }
+    const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return static_cast<int>(l2 > 0 ? std::clamp<long>(l2 / 2, 256 << 10, 1 << 20) : 512 << 10);
+  }();
+  return bytes;
+}
+
 kj::Own<SocketStream> wrap_socket(kj::UnixEventPort& port, int fd, BusyPoll* busy_poll) {
   make_nonblocking(fd);
   // Small replies must not wait for Nagle (refused, harmlessly, on Unix sockets).
   int one = 1;
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  fit_send_buffer_to_host(fd);
   return kj::heap<SocketStreamImpl>(port, fd, busy_poll);
 }
 

@@ -213,8 +213,11 @@ void PsServer::run(kj::Promise<void> stop) {
                  o.bind, http->getPort());
   }
   if (!o.port_file.empty()) write_port_file(o.port_file, port);
-  spdlog::info("psd shard {}/{} listening on {}:{}{} ({} compute threads)", o.shard.shard_index, o.shard.num_shards,
-               o.bind, port, o.unix_socket.empty() ? "" : " and unix:" + o.unix_socket, o.threads);
+  const int send_buffer_kb = same_host_send_buffer_bytes() >> 10;
+  spdlog::info("psd shard {}/{} listening on {}:{}{} ({} compute threads, same-host TCP send buffer {})",
+               o.shard.shard_index, o.shard.num_shards, o.bind, port,
+               o.unix_socket.empty() ? "" : " and unix:" + o.unix_socket, o.threads,
+               send_buffer_kb > 0 ? std::to_string(send_buffer_kb) + " KiB" : "autotuned");
 
   auto serving = impl_->accept_loop(*tcp, "tcp");
   if (impl_->checkpointer && o.checkpoint.every_secs > 0) {

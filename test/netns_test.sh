@@ -65,6 +65,30 @@ for i in 2 1 0; do
     >"$run/w$i.log" 2>&1 &
   pids+=($!)
 done
+# Connections between hosts keep Linux's send-buffer autotuning; only those
+# within one host get the fixed buffer (common/socket_stream.h: half the
+# L2 cache, 256 KiB-1 MiB, as net.core.wmem_max allows). psd's side of the
+# three workers' connections, sampled while they train.
+l2=$(getconf LEVEL2_CACHE_SIZE 2>/dev/null); l2=${l2:-0}
+[ "$l2" -gt 0 ] 2>/dev/null || l2=$((1 << 20))
+half=$(( l2 / 2 ))
+fixed=$(( half < 262144 ? 262144 : (half > 1048576 ? 1048576 : half) ))
+wmem_max=$(cat /proc/sys/net/core/wmem_max)
+fixed=$(( 2 * (fixed / 2 < wmem_max ? fixed / 2 : wmem_max) ))
+send_buffers=""
+for _ in $(seq 300); do
+  send_buffers=$(ip netns exec "$tag-ps" ss -tmnH state established "( sport = :2222 )" 2>/dev/null |
+                 grep -o 'tb[0-9]*' | sed 's/^tb//')
+  [ "$(echo "$send_buffers" | grep -c .)" -ge 3 ] && break
+  sleep 0.1
+done
+[ "$(echo "$send_buffers" | grep -c .)" -ge 3 ] ||
+  { echo "FAIL: fewer than 3 worker connections seen at the ps: '$send_buffers'"; exit 1; }
+if echo "$send_buffers" | grep -qx "$fixed"; then
+  echo "FAIL: a connection between hosts got the same-host send buffer ($fixed): $(echo $send_buffers)"; exit 1
+fi
+echo "send buffers of psd's connections to the workers (autotuned, same-host size $fixed): $(echo $send_buffers)"
+
 failed=0
 for p in "${pids[@]}"; do
   # Each process must end by itself (the ps once the chief finished the job).

@@ -2,13 +2,18 @@
 // around it, writes of many pieces, the end of stream when it comes with
 // the last data, and connect_socket for TCP, host names and Unix sockets.
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <optional>
 #include <filesystem>
 #include <memory>
 #include <random>
@@ -48,11 +53,11 @@ std::vector<kj::byte> random_bytes(size_t n, unsigned seed) {
 struct Listener {
   int fd = -1;
   int port = 0;
-  Listener() {
+  explicit Listener(in_addr_t host = htonl(INADDR_LOOPBACK)) {
     fd = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_addr.s_addr = host;
     REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
     socklen_t len = sizeof(addr);
     ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
@@ -312,4 +317,136 @@ TEST_CASE("read_exact fails when the stream ends first") {
   std::vector<kj::byte> got(200000);
   CHECK_THROWS(l.wait(b->read_exact(got.size(), [&](size_t offset) { return got.data() + offset; })));
   CHECK(std::memcmp(got.data(), data.data(), data.size()) == 0);
+}
+
+namespace {
+
+sockaddr_storage address(const char* text) {
+  sockaddr_storage s{};
+  if (std::strchr(text, ':') != nullptr) {
+    auto& a = reinterpret_cast<sockaddr_in6&>(s);
+    a.sin6_family = AF_INET6;
+    REQUIRE(::inet_pton(AF_INET6, text, &a.sin6_addr) == 1);
+  } else {
+    auto& a = reinterpret_cast<sockaddr_in&>(s);
+    a.sin_family = AF_INET;
+    REQUIRE(::inet_pton(AF_INET, text, &a.sin_addr) == 1);
+  }
+  return s;
+}
+
+int send_buffer(int fd) {
+  int size = 0;
+  socklen_t len = sizeof(size);
+  REQUIRE(::getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, &len) == 0);
+  return size;
+}
+
+// What SO_SNDBUF reads back after the stream asked for `bytes`: Linux
+// halves the request's bookkeeping share away, caps the half at
+// net.core.wmem_max and doubles it again.
+int granted_send_buffer(int bytes) {
+  long wmem_max = 0;
+  std::ifstream("/proc/sys/net/core/wmem_max") >> wmem_max;
+  REQUIRE(wmem_max > 0);
+  return static_cast<int>(2 * std::min<long>(bytes / 2, wmem_max));
+}
+
+// An IPv4 address of this host other than loopback, if it has one.
+std::optional<in_addr_t> own_address() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return std::nullopt;
+  std::optional<in_addr_t> found;
+  for (ifaddrs* i = list; i != nullptr && !found; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    const in_addr_t a = reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr;
+    if ((ntohl(a) >> 24) != 127) found = a;
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+}  // namespace
+
+TEST_CASE("which TCP connections stay on this host") {
+  CHECK(ps::same_host_connection(address("127.0.0.1"), address("127.0.0.1")));
+  CHECK(ps::same_host_connection(address("10.1.2.3"), address("127.4.5.6")));
+  CHECK(ps::same_host_connection(address("::1"), address("::1")));
+  CHECK(ps::same_host_connection(address("::ffff:127.0.0.1"), address("::ffff:127.0.0.1")));
+  CHECK(ps::same_host_connection(address("10.1.2.3"), address("10.1.2.3")));  // the host's own address
+  CHECK(ps::same_host_connection(address("fd00::7"), address("fd00::7")));
+  CHECK_FALSE(ps::same_host_connection(address("10.1.2.3"), address("10.1.2.4")));
+  CHECK_FALSE(ps::same_host_connection(address("fd00::7"), address("fd00::8")));
+  CHECK_FALSE(ps::same_host_connection(address("::ffff:10.1.2.3"), address("::ffff:10.1.2.4")));
+  CHECK_FALSE(ps::same_host_connection(address("10.1.2.3"), address("::ffff:10.1.2.3")));  // families differ
+  sockaddr_storage unix_socket{};
+  unix_socket.ss_family = AF_UNIX;
+  CHECK_FALSE(ps::same_host_connection(unix_socket, unix_socket));
+}
+
+TEST_CASE("a TCP connection within this host gets the fixed send buffer at both ends") {
+  const int bytes = ps::same_host_send_buffer_bytes();
+  CHECK(bytes >= (256 << 10));
+  CHECK(bytes <= (1 << 20));
+  const int granted = granted_send_buffer(bytes);
+  Loop l;
+  auto check_connection_to = [&](in_addr_t host) {
+    Listener listener(host);
+    char text[INET_ADDRSTRLEN];
+    ::inet_ntop(AF_INET, &host, text, sizeof(text));
+    INFO("connection to " << text);
+    auto client = l.wait(ps::connect_socket(l.port, std::string(text) + ":" + std::to_string(listener.port)));
+    const int accepted = ::accept(listener.fd, nullptr, nullptr);
+    REQUIRE(accepted >= 0);
+    // Before psd wraps it, an accepted socket has the kernel's default
+    // (autotuned) buffer, not the fixed one.
+    CHECK(send_buffer(accepted) != granted);
+    auto server = ps::wrap_socket(l.port, accepted);
+    CHECK(send_buffer(KJ_ASSERT_NONNULL(client->getFd())) == granted);
+    CHECK(send_buffer(accepted) == granted);
+  };
+  SECTION("over loopback") { check_connection_to(htonl(INADDR_LOOPBACK)); }
+  SECTION("to the host's own address") {
+    const auto own = own_address();
+    if (!own) {
+      WARN("SKIPPED: this host has no IPv4 address besides loopback");
+      return;
+    }
+    check_connection_to(*own);
+  }
+}
+
+// Run by the case below in a process of its own (the value is read once):
+// the buffer the environment asked for, EXPECTED_SEND_BUFFER bytes.
+TEST_CASE("send buffer from the environment", "[.send_buffer_env]") {
+  const char* expected_text = std::getenv("EXPECTED_SEND_BUFFER");
+  REQUIRE(expected_text != nullptr);
+  const int expected = std::stoi(expected_text);
+  CHECK(ps::same_host_send_buffer_bytes() == expected);
+  Loop l;
+  Listener listener;
+  auto client = l.wait(ps::connect_socket(l.port, "127.0.0.1:" + std::to_string(listener.port)));
+  const int accepted = ::accept(listener.fd, nullptr, nullptr);
+  REQUIRE(accepted >= 0);
+  const int untouched = send_buffer(accepted);  // the kernel's own, before wrap_socket
+  auto server = ps::wrap_socket(l.port, accepted);
+  const int want = expected > 0 ? granted_send_buffer(expected) : untouched;
+  CHECK(send_buffer(KJ_ASSERT_NONNULL(client->getFd())) == want);
+  CHECK(send_buffer(accepted) == want);
+}
+
+TEST_CASE("PS_SAME_HOST_SEND_BUFFER_KB sets the same-host send buffer; 0 leaves autotuning; junk is ignored") {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  REQUIRE(n > 0);
+  self[n] = '\0';
+  const int fallback = ps::same_host_send_buffer_bytes();  // this process has no override
+  const std::pair<const char*, int> cases[] = {
+      {"512", 512 << 10}, {"0", 0}, {"12x", fallback}, {"-4", fallback}, {"99999999", fallback}, {"", fallback}};
+  for (const auto& [value, expected] : cases) {
+    INFO("PS_SAME_HOST_SEND_BUFFER_KB='" << value << "'");
+    const std::string command = std::string("PS_SAME_HOST_SEND_BUFFER_KB='") + value + "' EXPECTED_SEND_BUFFER=" +
+                                std::to_string(expected) + " '" + self + "' '[.send_buffer_env]' > /dev/null 2>&1";
+    CHECK(std::system(command.c_str()) == 0);
+  }
 }

@@ -92,9 +92,7 @@ int tcp_send_buffer_bytes = ps::same_host_send_buffer_bytes();
 void set_tcp_options(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  if (tcp_send_buffer_bytes <= 0) return;
-  const int value = tcp_send_buffer_bytes / 2;  // the kernel doubles it
-  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &value, sizeof(value));
+  if (tcp_send_buffer_bytes > 0) ps::set_send_buffer(fd, tcp_send_buffer_bytes);
 }
 
 // A socket listening on a free loopback port, whose address goes to `addr`.

@@ -308,9 +308,8 @@ void fit_send_buffer_to_host(int fd) {
   socklen_t local_len = sizeof(local), peer_len = sizeof(peer);
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0) return;
   if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) return;
-  if (!same_host_connection(local, peer) || same_host_send_buffer_bytes() == 0) return;
-  const int value = same_host_send_buffer_bytes() / 2;  // the kernel doubles it (room for its bookkeeping)
-  (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &value, sizeof(value));
+  const int bytes = same_host_send_buffer_bytes();
+  if (bytes > 0 && same_host_connection(local, peer)) set_send_buffer(fd, bytes);
 }
 
 void make_nonblocking(int fd) {
@@ -399,6 +398,11 @@ kj::Promise<Addresses> resolve_off_loop(std::string host, std::string service) {
 
 bool same_host_connection(const sockaddr_storage& local, const sockaddr_storage& peer) {
   return is_loopback(peer) || same_ip(local, peer);
+}
+
+void set_send_buffer(int fd, int bytes) {
+  const int value = bytes / 2;  // the kernel doubles it (room for its bookkeeping)
+  (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &value, sizeof(value));
 }
 
 int same_host_send_buffer_bytes() {

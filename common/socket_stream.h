@@ -64,6 +64,10 @@ bool same_host_connection(const sockaddr_storage& local, const sockaddr_storage&
 // is not a whole number of KiB up to 65536 is ignored). Read once.
 int same_host_send_buffer_bytes();
 
+// Fixes `fd`'s send buffer so that SO_SNDBUF reads back `bytes` (Linux
+// doubles what it is given; net.core.wmem_max may cap it lower).
+void set_send_buffer(int fd, int bytes);
+
 // Takes ownership of `fd` (made non-blocking, TCP_NODELAY, the send buffer
 // above, closed with the stream). With `busy_poll`, each read that brings
 // data kicks it.

@@ -66,15 +66,15 @@ for i in 2 1 0; do
   pids+=($!)
 done
 # Connections between hosts keep Linux's send-buffer autotuning; only those
-# within one host get the fixed buffer (common/socket_stream.h: half the
-# L2 cache, 256 KiB-1 MiB, as net.core.wmem_max allows). psd's side of the
-# three workers' connections, sampled while they train.
-l2=$(getconf LEVEL2_CACHE_SIZE 2>/dev/null); l2=${l2:-0}
-[ "$l2" -gt 0 ] 2>/dev/null || l2=$((1 << 20))
-half=$(( l2 / 2 ))
-fixed=$(( half < 262144 ? 262144 : (half > 1048576 ? 1048576 : half) ))
+# within one host get the fixed buffer (common/socket_stream.h), whose size
+# the ps's start-up line gives (as net.core.wmem_max allows it). psd's side
+# of the three workers' connections, sampled while they train.
+# (The line comes just after the port file: wait for it, boundedly.)
+for _ in $(seq 50); do grep -q "same-host TCP send buffer" "$run/ps.log" && break; sleep 0.1; done
+fixed_kb=$(sed -n 's/.*same-host TCP send buffer \([0-9]*\) KiB.*/\1/p' "$run/ps.log")
+[ -n "$fixed_kb" ] || { echo "FAIL: no same-host send buffer size in the ps's log"; cat "$run/ps.log"; exit 1; }
 wmem_max=$(cat /proc/sys/net/core/wmem_max)
-fixed=$(( 2 * (fixed / 2 < wmem_max ? fixed / 2 : wmem_max) ))
+fixed=$(( 2 * (fixed_kb * 512 < wmem_max ? fixed_kb * 512 : wmem_max) ))
 send_buffers=""
 for _ in $(seq 300); do
   send_buffers=$(ip netns exec "$tag-ps" ss -tmnH state established "( sport = :2222 )" 2>/dev/null |

@@ -118,8 +118,8 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
         return;
       }
       promise = with_timeout(kj::mv(promise));
-      tasks->add(loop.kept(promise.then([result](T&& value) { result->set_value(std::move(value)); },
-                              [result, context](kj::Exception&& e) { result->set_exception(translate(e, context)); })));
+      tasks->add(loop.kept(kj::mv(promise)).then([result](T&& value) { result->set_value(std::move(value)); },
+                              [result, context](kj::Exception&& e) { result->set_exception(translate(e, context)); }));
     });
     return future;
   }

@@ -47,6 +47,17 @@ void ClientLoop::leave(std::optional<kj::WaitScope>& scope, std::unique_lock<std
   if (kept_.load() > 0) wake_helper();
 }
 
+std::unique_lock<std::mutex> ClientLoop::take_loop() {
+  std::unique_lock drive(drive_, std::try_to_lock);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
+  while (!drive.owns_lock() && helper_driving_.load() && kept_.load() == 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+    drive.try_lock();
+  }
+  return drive;
+}
+
 void ClientLoop::keep() {
   if (kept_.fetch_add(1) == 0) wake_helper();
 }
@@ -71,6 +82,10 @@ void ClientLoop::helper_main() {
       std::unique_lock lock(helper_mutex_);
       helper_cv_.wait(lock, [this] { return stop_.load() || kept_.load() > 0; });
     }
+    // Set from before drive_ is taken until after it is let go: a caller
+    // that finds drive_ taken and the flag down knows another caller has it.
+    helper_driving_ = true;
+    KJ_DEFER(helper_driving_ = false);
     std::lock_guard drive(drive_);
     kj::WaitScope scope(*loop_);
     if (stop_) {

@@ -46,7 +46,7 @@ class ClientLoop {
   // called from inside the loop (a promise continuation).
   template <typename F>
   auto run(F&& f) {
-    std::unique_lock drive(drive_, std::try_to_lock);
+    std::unique_lock drive = take_loop();
     if (drive.owns_lock()) {
       std::optional<kj::WaitScope> scope;
       if (enter(scope)) {
@@ -69,6 +69,9 @@ class ClientLoop {
   void keep();
   void release();
   // Ties a promise to keep()/release(): call inside run().
+  // Tell whoever waits for the work's result in a continuation of kept(p),
+  // not inside p: kj drops p (and so calls release()) before running the
+  // continuation, and the waiter's next call finds no kept work (take_loop()).
   template <typename T>
   kj::Promise<T> kept(kj::Promise<T> p) {
     keep();
@@ -91,6 +94,13 @@ class ClientLoop {
     }
   }
 
+  // The loop's lock if this thread may run the loop now. Right after kept
+  // work ends the helper still holds the loop for a moment (it polls once
+  // before sleeping); a call handed over then would keep the helper on the
+  // loop, and the caller's next call would find it busy again, and so on:
+  // two cross-thread wake-ups per call, for good. So while the helper holds
+  // the loop with no kept work left, wait (briefly) for it to let go.
+  std::unique_lock<std::mutex> take_loop();
   // Enters the loop on this thread; false if the thread has a loop of its own.
   bool enter(std::optional<kj::WaitScope>& scope);
   // Sends what the finished work left queued, leaves the loop, and wakes
@@ -105,6 +115,7 @@ class ClientLoop {
   kj::Own<const kj::Executor> executor_;
 
   std::mutex drive_;              // held by the thread running the loop
+  std::atomic<bool> helper_driving_{false};  // the helper holds drive_ (or is about to, or just did)
   std::atomic<uint64_t> kept_{0};
   kj::Own<kj::PromiseFulfiller<void>> drained_;  // the helper's wake-up when kept_ hits 0
 

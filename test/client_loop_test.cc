@@ -4,6 +4,7 @@
 // own is served too.
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <thread>
 #include <vector>
 
@@ -76,4 +77,74 @@ TEST_CASE("a thread running a KJ loop of its own is served by hand-over") {
   kj::WaitScope scope(own);
   REQUIRE(loop.run([] { return 42; }) == 42);
   REQUIRE(loop.run([&] { return loop.timer().afterDelay(1 * kj::MILLISECONDS).then([] { return 43; }); }) == 43);
+}
+
+// A future set by kept work wakes its waiter while the helper still holds
+// the loop; the waiter's next blocking call used to hand itself over, which
+// kept the helper on the loop, so every later call was handed over too (two
+// cross-thread wake-ups each). A blocking call after an async one must come
+// back to the calling thread.
+TEST_CASE("a call right after kept work ends runs on the calling thread") {
+  ps::ClientLoop loop;
+  struct Log : kj::TaskSet::ErrorHandler {
+    void taskFailed(kj::Exception&&) override {}
+  } log;
+  kj::Own<kj::TaskSet> tasks;
+  loop.run([&] { tasks = kj::heap<kj::TaskSet>(log); });
+  const auto me = std::this_thread::get_id();
+  int here = 0;
+  const int rounds = 200;
+  for (int i = 0; i < rounds; ++i) {
+    std::promise<void> done;
+    auto future = done.get_future();
+    loop.run([&] {
+      // The helper is slow to let go of the loop (a busy machine): it
+      // stays on it a moment after waking this thread.
+      tasks->add(loop.kept(loop.timer().afterDelay(10 * kj::MICROSECONDS)).then([&] {
+        done.set_value();
+        std::this_thread::sleep_for(200us);
+      }));
+    });
+    future.wait();
+    // As a trainer does: several blocking calls after each async one.
+    int local = 0;
+    for (int j = 0; j < 5; ++j) local += loop.run([] { return std::this_thread::get_id(); }) == me;
+    here += local == 5;
+  }
+  loop.run([&] { tasks = nullptr; });
+  INFO(here << " of " << rounds << " rounds ran all their blocking calls on the calling thread");
+  REQUIRE(here >= rounds * 95 / 100);
+}
+
+// Calls made while the helper carries kept work are handed over to it; once
+// that work is done, the next calls must come back to the calling thread,
+// not keep the helper on the loop for each other.
+TEST_CASE("calls handed over while kept work runs come back once it ends") {
+  ps::ClientLoop loop;
+  struct Log : kj::TaskSet::ErrorHandler {
+    void taskFailed(kj::Exception&&) override {}
+  } log;
+  kj::Own<kj::TaskSet> tasks;
+  std::atomic<bool> fired{false};
+  loop.run([&] {
+    tasks = kj::heap<kj::TaskSet>(log);
+    tasks->add(loop.kept(loop.timer().afterDelay(20 * kj::MILLISECONDS)).then([&] { fired = true; }));
+  });
+  const auto me = std::this_thread::get_id();
+  int handed_over = 0, after = 0, after_here = 0;
+  const auto end = std::chrono::steady_clock::now() + 5s;
+  while (after < 2000 && std::chrono::steady_clock::now() < end) {
+    const bool was_fired = fired;
+    const bool here = loop.run([] { return std::this_thread::get_id(); }) == me;
+    handed_over += !here;
+    if (was_fired) {
+      ++after;
+      after_here += here;
+    }
+  }
+  loop.run([&] { tasks = nullptr; });
+  INFO(handed_over << " calls handed over; after the kept work: " << after_here << " of " << after << " here");
+  CHECK(handed_over > 0);  // the helper held the loop for the timer
+  REQUIRE(after == 2000);
+  REQUIRE(after_here >= after - 5);
 }

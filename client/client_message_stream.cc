@@ -19,6 +19,7 @@ namespace ps {
 struct ClientMessageStream::Destinations : kj::Refcounted {
   uint64_t tag = 0;
   std::vector<kj::ArrayPtr<kj::byte>> buffers;
+  bool landable = false;  // a buffer large enough to land in
   ClientMessageStream* owner = nullptr;  // null once withdrawn (or the stream is gone)
   bool withdrawn() const { return owner == nullptr; }
 };
@@ -98,8 +99,9 @@ ClientMessageStream::~ClientMessageStream() noexcept(false) {
 ClientMessageStream::Expectation::Expectation(kj::Own<Destinations> dest) : dest_(kj::mv(dest)) {}
 
 ClientMessageStream::Expectation::~Expectation() {
-  if (dest_->owner != nullptr) {
-    dest_->owner->expected_.erase(dest_->tag);
+  if (auto* owner = dest_->owner) {
+    owner->expected_.erase(dest_->tag);
+    if (dest_->landable && --owner->landable_ == 0) owner->stream_.limit_read_ahead(SIZE_MAX);
     dest_->owner = nullptr;
   }
 }
@@ -114,8 +116,13 @@ kj::Own<ClientMessageStream::Expectation> ClientMessageStream::expect(std::vecto
     d->tag = next_tag_++;
   } while (d->tag == 0 || expected_.count(d->tag) != 0);
   d->buffers = std::move(buffers);
+  // psd sends only these as segments of their own: a smaller tensor comes
+  // in the first segment, read whole (limiting read-ahead would cost it a
+  // system call).
+  for (const auto& b : d->buffers) d->landable = d->landable || b.size() >= wire::K_PULL_SEGMENT_BYTES;
   d->owner = this;
   expected_.emplace(d->tag, d.get());
+  if (d->landable && landable_++ == 0) stream_.limit_read_ahead(kLandingReadAhead);
   return kj::heap<Expectation>(kj::mv(d));
 }
 

@@ -52,6 +52,11 @@ class ClientMessageStream final : public capnp::MessageStream {
  public:
   // Segments smaller than this are read with the rest of their message.
   static constexpr size_t kMinLandingBytes = 16u << 10;
+  // While a pull that can land is pending, the socket is read this far
+  // ahead only (SocketStream::limit_read_ahead): enough for a reply's
+  // segment table and first segment, so that its tensors stay in the socket
+  // and are read straight into their buffers rather than copied there.
+  static constexpr size_t kLandingReadAhead = 4u << 10;
 
   explicit ClientMessageStream(SocketStream& stream);
   ~ClientMessageStream() noexcept(false);
@@ -104,6 +109,7 @@ class ClientMessageStream final : public capnp::MessageStream {
   SocketStream& stream_;
   kj::Vector<kj::Array<capnp::word>> finishes_;  // Finish messages waiting for the next write, framed
   std::unordered_map<uint64_t, Destinations*> expected_;
+  size_t landable_ = 0;  // of expected_, those with a buffer psd sends as a segment of its own
   uint64_t next_tag_;
   uint64_t landed_messages_ = 0;
   kj::Own<Placeholder> placeholder_;

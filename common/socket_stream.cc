@@ -73,6 +73,8 @@ class SocketStreamImpl final : public SocketStream {
     return read_exact_more(bytes, kj::mv(where), 0);
   }
 
+  void limit_read_ahead(size_t bytes) override { read_ahead_ = std::clamp<size_t>(bytes, 1, kBufferBytes); }
+
   kj::Promise<void> whenWriteDisconnected() override {
     if (disconnected_ == nullptr) disconnected_ = observer_.whenWriteDisconnected().fork();
     return KJ_ASSERT_NONNULL(disconnected_).addBranch();
@@ -115,11 +117,15 @@ class SocketStreamImpl final : public SocketStream {
  private:
   // One read() into `into`: the bytes read, 0 at the end of the stream, or
   // -1 when the socket is empty (the next readability edge is then watched).
-  ssize_t read_once(kj::byte* into, size_t ask) {
+  // With `then` > 0, bytes after the first `ask` go to the start of the
+  // buffer (which must be empty), up to `then` of them.
+  ssize_t read_once(kj::byte* into, size_t ask, size_t then = 0) {
     ssize_t n;
+    iovec iov[2] = {{into, ask}, {buffer_.begin(), then}};
     do {
-      n = ::read(fd_, into, ask);
+      n = then == 0 ? ::read(fd_, into, ask) : ::readv(fd_, iov, 2);
     } while (n < 0 && errno == EINTR);
+    ask += then;
     if (n < 0) {
       if (errno != EAGAIN && errno != EWOULDBLOCK) KJ_FAIL_SYSCALL("read", errno);
       watch_readable();
@@ -154,8 +160,8 @@ class SocketStreamImpl final : public SocketStream {
         return wait.then([this, dst, min_bytes, max_bytes, got] { return read_more(dst, min_bytes, max_bytes, got); });
       }
       const size_t want = max_bytes - got;
-      const bool direct = want >= kBufferBytes;  // large reads skip the buffer
-      const ssize_t n = read_once(direct ? dst + got : buffer_.begin(), direct ? want : kBufferBytes);
+      const bool direct = want >= read_ahead_;  // large reads skip the buffer
+      const ssize_t n = read_once(direct ? dst + got : buffer_.begin(), direct ? want : read_ahead_);
       if (n < 0) continue;
       if (n == 0) return got;  // end of stream
       if (direct) {
@@ -190,10 +196,19 @@ class SocketStreamImpl final : public SocketStream {
           return read_exact_more(bytes, kj::mv(where), got);
         });
       }
-      const ssize_t n = read_once(where(got), bytes - got);
+      // The buffer is empty here: what follows the bytes asked for (the
+      // next message) goes into it in the same system call, and a read that
+      // comes back short says the socket is empty, so the next message
+      // read waits instead of spending a read() to learn that.
+      const size_t want = bytes - got;
+      const ssize_t n = read_once(where(got), want, read_ahead_);
       if (n < 0) continue;
       if (n == 0) return KJ_EXCEPTION(DISCONNECTED, "stream ended inside a message", bytes, got);
-      got += n;
+      if (static_cast<size_t>(n) > want) {
+        pos_ = 0;
+        end_ = static_cast<size_t>(n) - want;
+      }
+      got += std::min(static_cast<size_t>(n), want);
     }
     set_low_water(1);
     return kj::READY_NOW;
@@ -267,6 +282,7 @@ class SocketStreamImpl final : public SocketStream {
   kj::Own<WriteWatch> write_watch_;
   kj::Array<kj::byte> buffer_ = kj::heapArray<kj::byte>(kBufferBytes);
   size_t pos_ = 0, end_ = 0;
+  size_t read_ahead_ = kBufferBytes;  // what a read into the buffer asks the kernel for (limit_read_ahead)
   kj::Maybe<kj::Promise<void>> readable_;
   int low_water_ = 1;
   kj::Maybe<kj::ForkedPromise<void>> disconnected_;

@@ -18,6 +18,11 @@ $Cxx.namespace("ps::wire");
 
 const kProtocolVersion :UInt32 = 1;
 
+const kPullSegmentBytes :UInt32 = 65536;
+# In a pull reply, psd sends each tensor of at least this many bytes (a
+# whole number of words) as a message segment of its own; smaller ones are
+# in the first segment with the rest of the reply (Shard.pull).
+
 enum OptimizerKind {
   sgd @0;
   momentum @1;
@@ -208,8 +213,9 @@ interface Shard {
   # (>= minStep: the call waits until the shard reaches minStep).
   # tag: echoed in the reply, where a client can read it before the
   # tensors' bytes arrive and receive them straight into their destination
-  # (client/landing_stream.h). Large tensors travel as message segments of
-  # their own, after the segment holding the rest of the reply.
+  # (client/client_message_stream.h). Tensors of kPullSegmentBytes and more
+  # travel as message segments of their own, after the segment holding the
+  # rest of the reply.
   # into: empty, or one slice per name: a slice of nonzero size gets that
   # tensor's values written there (before the reply is sent) instead of in
   # the reply, whose `values` is then empty.

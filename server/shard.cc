@@ -166,7 +166,7 @@ namespace {
 // no memset and memcpy on the event loop before the send. Each is a message
 // segment of its own; readers refuse messages of 512 segments or more, hence
 // the cap per reply.
-constexpr uint64_t kSendInPlaceBytes = 64u << 10;
+constexpr uint64_t kSendInPlaceBytes = wire::K_PULL_SEGMENT_BYTES;
 constexpr unsigned kMaxInPlacePerReply = 64;
 
 // Room in a pull reply for everything but the in-place tensors, so all of

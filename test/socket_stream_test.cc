@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -304,6 +305,68 @@ TEST_CASE("read_exact reads around the buffer into where(offset), then small rea
   CHECK(got_tail == tail);
   writer.join();
   ::close(sender);
+}
+
+// Bytes still in the socket (not yet read by the stream), via FIONREAD.
+int unread(int fd) {
+  int n = -1;
+  REQUIRE(::ioctl(fd, FIONREAD, &n) == 0);
+  return n;
+}
+
+TEST_CASE("read_exact takes what follows in the same read; the stream hands it out next") {
+  Loop l;
+  int fds[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  auto receiver = ps::wrap_socket(l.port, fds[1]);
+  auto head = random_bytes(8, 21), big = random_bytes(100000, 22), next = random_bytes(1000, 23);
+  std::vector<kj::byte> all = head;
+  all.insert(all.end(), big.begin(), big.end());
+  all.insert(all.end(), next.begin(), next.end());
+  REQUIRE(::write(fds[0], all.data(), all.size()) == static_cast<ssize_t>(all.size()));
+  std::vector<kj::byte> got_head(8), got_big(big.size()), got_next(next.size());
+  receiver->limit_read_ahead(8);  // the header alone: the rest stays in the socket
+  l.wait(receiver->read(got_head.data(), 8));
+  CHECK(unread(fds[1]) == static_cast<int>(big.size() + next.size()));
+  receiver->limit_read_ahead(SIZE_MAX);
+  l.wait(receiver->read_exact(big.size(), [&](size_t offset) { return got_big.data() + offset; }));
+  // The next message came out of the socket with the last of `big`.
+  CHECK(unread(fds[1]) == 0);
+  l.wait(receiver->read(got_next.data(), next.size()));
+  CHECK(got_head == head);
+  CHECK(got_big == big);
+  CHECK(got_next == next);
+  ::close(fds[0]);
+}
+
+TEST_CASE("limit_read_ahead keeps the bytes after a small read in the socket") {
+  Loop l;
+  int fds[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  auto receiver = ps::wrap_socket(l.port, fds[1]);
+  auto data = random_bytes(200000, 31);
+  std::thread writer([&] {
+    for (size_t at = 0; at < data.size();) {
+      const ssize_t n = ::write(fds[0], data.data() + at, data.size() - at);
+      if (n <= 0) return;
+      at += static_cast<size_t>(n);
+    }
+  });
+  while (unread(fds[1]) < 150000) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::vector<kj::byte> got(data.size());
+  const int before = unread(fds[1]);
+  // Unlimited, a small read takes 64 KiB out of the socket.
+  l.wait(receiver->read(got.data(), 16));
+  CHECK(unread(fds[1]) == before - 65536);
+  // Limited, it takes what is left in the buffer and then no more than the limit.
+  receiver->limit_read_ahead(4096);
+  l.wait(receiver->read(got.data() + 16, 65536 - 16 + 100));  // 100 bytes past the buffer
+  CHECK(unread(fds[1]) <= before - 65536 - 100);
+  CHECK(unread(fds[1]) >= before - 65536 - 4096);
+  l.wait(receiver->read(got.data() + 65636, data.size() - 65636));
+  CHECK(got == data);
+  writer.join();
+  ::close(fds[0]);
 }
 
 TEST_CASE("read_exact fails when the stream ends first") {

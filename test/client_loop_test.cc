@@ -16,6 +16,21 @@
 
 using namespace std::chrono_literals;
 
+// A TaskSet for kept work, made and dropped on the loop.
+struct KeptTasks {
+  struct Log : kj::TaskSet::ErrorHandler {
+    void taskFailed(kj::Exception&&) override {}
+  } log;
+  ps::ClientLoop& loop;
+  kj::Own<kj::TaskSet> set;
+  explicit KeptTasks(ps::ClientLoop& l) : loop(l) {
+    loop.run([&] { set = kj::heap<kj::TaskSet>(log); });
+  }
+  ~KeptTasks() {
+    loop.run([&] { set = nullptr; });
+  }
+};
+
 TEST_CASE("run returns values, promises' values and errors") {
   ps::ClientLoop loop;
   REQUIRE(loop.run([] { return 7; }) == 7);
@@ -56,18 +71,13 @@ TEST_CASE("many threads at once: every piece of work runs exactly once") {
 TEST_CASE("kept work finishes with no further calls (the helper runs it)") {
   ps::ClientLoop loop;
   std::atomic<bool> fired{false};
-  kj::Own<kj::TaskSet> tasks;
-  struct Log : kj::TaskSet::ErrorHandler {
-    void taskFailed(kj::Exception&&) override {}
-  } log;
+  KeptTasks tasks(loop);
   loop.run([&] {
-    tasks = kj::heap<kj::TaskSet>(log);
-    tasks->add(loop.kept(loop.timer().afterDelay(30 * kj::MILLISECONDS).then([&] { fired = true; })));
+    tasks.set->add(loop.kept(loop.timer().afterDelay(30 * kj::MILLISECONDS).then([&] { fired = true; })));
   });
   REQUIRE_FALSE(fired);
   for (int i = 0; i < 200 && !fired; ++i) std::this_thread::sleep_for(10ms);
   REQUIRE(fired);
-  loop.run([&] { tasks = nullptr; });
 }
 
 TEST_CASE("a thread running a KJ loop of its own is served by hand-over") {
@@ -86,11 +96,7 @@ TEST_CASE("a thread running a KJ loop of its own is served by hand-over") {
 // back to the calling thread.
 TEST_CASE("a call right after kept work ends runs on the calling thread") {
   ps::ClientLoop loop;
-  struct Log : kj::TaskSet::ErrorHandler {
-    void taskFailed(kj::Exception&&) override {}
-  } log;
-  kj::Own<kj::TaskSet> tasks;
-  loop.run([&] { tasks = kj::heap<kj::TaskSet>(log); });
+  KeptTasks tasks(loop);
   const auto me = std::this_thread::get_id();
   int here = 0;
   const int rounds = 200;
@@ -100,7 +106,7 @@ TEST_CASE("a call right after kept work ends runs on the calling thread") {
     loop.run([&] {
       // The helper is slow to let go of the loop (a busy machine): it
       // stays on it a moment after waking this thread.
-      tasks->add(loop.kept(loop.timer().afterDelay(10 * kj::MICROSECONDS)).then([&] {
+      tasks.set->add(loop.kept(loop.timer().afterDelay(10 * kj::MICROSECONDS)).then([&] {
         done.set_value();
         std::this_thread::sleep_for(200us);
       }));
@@ -111,7 +117,6 @@ TEST_CASE("a call right after kept work ends runs on the calling thread") {
     for (int j = 0; j < 5; ++j) local += loop.run([] { return std::this_thread::get_id(); }) == me;
     here += local == 5;
   }
-  loop.run([&] { tasks = nullptr; });
   INFO(here << " of " << rounds << " rounds ran all their blocking calls on the calling thread");
   REQUIRE(here >= rounds * 95 / 100);
 }
@@ -121,14 +126,10 @@ TEST_CASE("a call right after kept work ends runs on the calling thread") {
 // not keep the helper on the loop for each other.
 TEST_CASE("calls handed over while kept work runs come back once it ends") {
   ps::ClientLoop loop;
-  struct Log : kj::TaskSet::ErrorHandler {
-    void taskFailed(kj::Exception&&) override {}
-  } log;
-  kj::Own<kj::TaskSet> tasks;
+  KeptTasks tasks(loop);
   std::atomic<bool> fired{false};
   loop.run([&] {
-    tasks = kj::heap<kj::TaskSet>(log);
-    tasks->add(loop.kept(loop.timer().afterDelay(20 * kj::MILLISECONDS)).then([&] { fired = true; }));
+    tasks.set->add(loop.kept(loop.timer().afterDelay(20 * kj::MILLISECONDS)).then([&] { fired = true; }));
   });
   const auto me = std::this_thread::get_id();
   int handed_over = 0, after = 0, after_here = 0;
@@ -142,7 +143,6 @@ TEST_CASE("calls handed over while kept work runs come back once it ends") {
       after_here += here;
     }
   }
-  loop.run([&] { tasks = nullptr; });
   INFO(handed_over << " calls handed over; after the kept work: " << after_here << " of " << after << " here");
   CHECK(handed_over > 0);  // the helper held the loop for the timer
   REQUIRE(after == 2000);

@@ -19,7 +19,7 @@ namespace ps {
 struct ClientMessageStream::Destinations : kj::Refcounted {
   uint64_t tag = 0;
   std::vector<kj::ArrayPtr<kj::byte>> buffers;
-  bool landable = false;  // a buffer large enough to land in
+  bool landable = false;  // a buffer for a tensor psd sends as a segment of its own
   ClientMessageStream* owner = nullptr;  // null once withdrawn (or the stream is gone)
   bool withdrawn() const { return owner == nullptr; }
 };

@@ -41,11 +41,12 @@ class SocketStream : public kj::AsyncIoStream {
   // whose bytes were going straight into its buffer; client/client_message_stream.h).
   virtual kj::Promise<void> read_exact(size_t bytes, kj::Function<kj::byte*(size_t offset)> where) = 0;
 
-  // Reads take up to 64 KiB beyond what they were asked for into a buffer
-  // of the stream's own (one system call for several small messages);
-  // this lowers that, up to the next call. A reader that expects bytes it
-  // will ask to have put elsewhere (read_exact) keeps them in the socket so,
-  // instead of copying them out of the buffer.
+  // Small reads ask the kernel for 64 KiB, into a buffer of the stream's
+  // own (one system call for several small messages); this lowers that to
+  // `bytes` until the next call (SIZE_MAX: back to 64 KiB). A reader that
+  // expects bytes it will have read_exact put elsewhere lowers it, so that
+  // they stay in the socket instead of being read into the buffer and
+  // copied out of it.
   virtual void limit_read_ahead(size_t bytes) = 0;
 };
 

@@ -118,7 +118,9 @@ TEST_CASE("a call right after kept work ends runs on the calling thread") {
     here += local == 5;
   }
   INFO(here << " of " << rounds << " rounds ran all their blocking calls on the calling thread");
-  REQUIRE(here >= rounds * 95 / 100);
+  // Handed over, every round hands over (0 of 200); a loaded machine may
+  // keep the helper off a core past the wait now and then.
+  REQUIRE(here >= rounds / 2);
 }
 
 // Calls made while the helper carries kept work are handed over to it; once
@@ -146,5 +148,7 @@ TEST_CASE("calls handed over while kept work runs come back once it ends") {
   INFO(handed_over << " calls handed over; after the kept work: " << after_here << " of " << after << " here");
   CHECK(handed_over > 0);  // the helper held the loop for the timer
   REQUIRE(after == 2000);
-  REQUIRE(after_here >= after - 5);
+  // Handing over at the helper's last moment made chains of hand-overs:
+  // 1872-1880 of 2000 here; with the wait, one in a long preemption at most.
+  REQUIRE(after_here >= after * 97 / 100);
 }

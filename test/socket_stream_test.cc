@@ -314,16 +314,32 @@ int unread(int fd) {
   return n;
 }
 
+// A Unix socket pair whose first end already holds `bytes` for the second
+// to read: written whole before any read, so what the reader takes out is
+// not refilled behind its back.
+int filled_socket_pair(int fds[2], const std::vector<kj::byte>& bytes) {
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, fds) == 0);
+  const int room = 1 << 20;  // the kernel caps it at net.core.wmem_max (doubled): plenty for these tests
+  ::setsockopt(fds[0], SOL_SOCKET, SO_SNDBUF, &room, sizeof(room));
+  size_t at = 0;
+  while (at < bytes.size()) {
+    const ssize_t n = ::write(fds[0], bytes.data() + at, bytes.size() - at);
+    if (n <= 0) break;
+    at += static_cast<size_t>(n);
+  }
+  REQUIRE(at == bytes.size());
+  return static_cast<int>(at);
+}
+
 TEST_CASE("read_exact takes what follows in the same read; the stream hands it out next") {
   Loop l;
-  int fds[2];
-  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
-  auto receiver = ps::wrap_socket(l.port, fds[1]);
   auto head = random_bytes(8, 21), big = random_bytes(100000, 22), next = random_bytes(1000, 23);
   std::vector<kj::byte> all = head;
   all.insert(all.end(), big.begin(), big.end());
   all.insert(all.end(), next.begin(), next.end());
-  REQUIRE(::write(fds[0], all.data(), all.size()) == static_cast<ssize_t>(all.size()));
+  int fds[2];
+  filled_socket_pair(fds, all);
+  auto receiver = ps::wrap_socket(l.port, fds[1]);
   std::vector<kj::byte> got_head(8), got_big(big.size()), got_next(next.size());
   receiver->limit_read_ahead(8);  // the header alone: the rest stays in the socket
   l.wait(receiver->read(got_head.data(), 8));
@@ -341,20 +357,11 @@ TEST_CASE("read_exact takes what follows in the same read; the stream hands it o
 
 TEST_CASE("limit_read_ahead keeps the bytes after a small read in the socket") {
   Loop l;
-  int fds[2];
-  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
-  auto receiver = ps::wrap_socket(l.port, fds[1]);
   auto data = random_bytes(200000, 31);
-  std::thread writer([&] {
-    for (size_t at = 0; at < data.size();) {
-      const ssize_t n = ::write(fds[0], data.data() + at, data.size() - at);
-      if (n <= 0) return;
-      at += static_cast<size_t>(n);
-    }
-  });
-  while (unread(fds[1]) < 150000) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  int fds[2];
+  const int before = filled_socket_pair(fds, data);
+  auto receiver = ps::wrap_socket(l.port, fds[1]);
   std::vector<kj::byte> got(data.size());
-  const int before = unread(fds[1]);
   // Unlimited, a small read takes 64 KiB out of the socket.
   l.wait(receiver->read(got.data(), 16));
   CHECK(unread(fds[1]) == before - 65536);
@@ -365,7 +372,6 @@ TEST_CASE("limit_read_ahead keeps the bytes after a small read in the socket") {
   CHECK(unread(fds[1]) >= before - 65536 - 4096);
   l.wait(receiver->read(got.data() + 65636, data.size() - 65636));
   CHECK(got == data);
-  writer.join();
   ::close(fds[0]);
 }
 

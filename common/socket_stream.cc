@@ -120,19 +120,19 @@ class SocketStreamImpl final : public SocketStream {
   // With `then` > 0, bytes after the first `ask` go to the start of the
   // buffer (which must be empty), up to `then` of them.
   ssize_t read_once(kj::byte* into, size_t ask, size_t then = 0) {
+    const iovec iov[2] = {{into, ask}, {buffer_.begin(), then}};
+    const size_t total = ask + then;
     ssize_t n;
-    iovec iov[2] = {{into, ask}, {buffer_.begin(), then}};
     do {
       n = then == 0 ? ::read(fd_, into, ask) : ::readv(fd_, iov, 2);
     } while (n < 0 && errno == EINTR);
-    ask += then;
     if (n < 0) {
       if (errno != EAGAIN && errno != EWOULDBLOCK) KJ_FAIL_SYSCALL("read", errno);
       watch_readable();
       return -1;
     }
     if (n > 0 && busy_poll_ != nullptr) busy_poll_->kick();
-    if (n > 0 && static_cast<size_t>(n) < ask) {
+    if (n > 0 && static_cast<size_t>(n) < total) {
       // Empty now, unless the peer's hang-up came with the data: then the
       // next read() finds the end, and no later edge would say so.
       KJ_IF_MAYBE(at_end, observer_.atEndHint()) {

@@ -377,9 +377,7 @@ kj::Array<SocketAddress> resolve(const std::string& host, const std::string& ser
   hints.ai_flags = AI_ADDRCONFIG;
   addrinfo* list = nullptr;
   const int r = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &list);
-  if (r != 0) {
-    KJ_FAIL_REQUIRE("cannot resolve host name", host, gai_strerror(r)) { return {}; }
-  }
+  if (r != 0) KJ_FAIL_REQUIRE("cannot resolve host name", host, gai_strerror(r));
   kj::Vector<SocketAddress> out;
   for (addrinfo* a = list; a != nullptr; a = a->ai_next) {
     SocketAddress s;

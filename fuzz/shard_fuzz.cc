@@ -86,8 +86,8 @@ void seed(ps::Shard& shard, bool sync) {
     job.setTotalReplicas(3);
     shard.init_job(job.asReader());
     shard.job().set_ready();
-    shard.hello({0, true, "fuzz"});
-    shard.hello({1, false, "fuzz"});
+    shard.hello({.worker_index = 0, .is_chief = true, .peer = "fuzz"});
+    shard.hello({.worker_index = 1, .is_chief = false, .peer = "fuzz"});
   }
 }
 
@@ -114,7 +114,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.inline_bytes = 1 << 30;
   ps::Shard shard(options, pool(), loop().io.provider->getTimer());
   seed(shard, sync);
-  ps::Caller caller{static_cast<int>(who & 0x7) - 1, false, "fuzz"};
+  ps::Caller caller{.worker_index = static_cast<int>(who & 0x7) - 1, .is_chief = false, .peer = "fuzz"};
 
   capnp::ReaderOptions limits;
   limits.traversalLimitInWords = 64 * 1024;

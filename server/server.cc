@@ -83,7 +83,7 @@ pid_t peer_pid(kj::AsyncIoStream& stream) {
 
 }  // namespace
 
-struct PsServer::Impl : kj::TaskSet::ErrorHandler {
+struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
   Impl(ServerOptions o, kj::AsyncIoContext& io)
       : options(advertise_unix_socket(std::move(o))), io(io), pool(options.threads),
         busy_poll(io.unixEventPort, std::chrono::microseconds(options.busy_poll_us)),

@@ -186,6 +186,15 @@ capnp::MessageSize pull_reply_size(capnp::List<capnp::Text>::Reader names, const
 
 }  // namespace
 
+// A step a request names, checked before psd counts with it (a step from a
+// client could otherwise overflow the differences taken between steps).
+int64_t Shard::checked_step(int64_t step, const char* what) {
+  if (step < 0 || step > kMaxStep) {
+    throw RequestError(std::string(what) + ": step " + std::to_string(step) + " is out of range [0, 2^62]");
+  }
+  return step;
+}
+
 kj::Promise<void> Shard::pull(const Caller& caller, wire::Shard::PullParams::Reader params,
                               kj::FunctionParam<wire::Shard::PullResults::Builder(capnp::MessageSize)> results_of_size) {
   saw_worker(caller.worker_index);
@@ -216,7 +225,8 @@ kj::Promise<void> Shard::pull(const Caller& caller, wire::Shard::PullParams::Rea
   auto results = results_of_size(pull_reply_size(names, tensors, into));
   results.setTag(params.getTag());
 
-  const int64_t min_step = params.getMinStep();
+  // Any negative minStep asks for no step: the same as 0.
+  const int64_t min_step = checked_step(std::max<int64_t>(params.getMinStep(), 0), "pull");
   kj::Promise<void> wait = kj::READY_NOW;
   if (job_.config().mode == SyncMode::kSync) wait = job_.wait_for_step(min_step);
   if (job_.config().mode == SyncMode::kBoundedStaleness) wait = job_.wait_for_staleness(min_step);
@@ -285,7 +295,8 @@ kj::Promise<void> Shard::read_tensors(std::vector<StoredTensor*> tensors, wire::
 kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Reader params,
                               wire::Shard::PushResults::Builder results) {
   auto grads = params.getGrads();
-  const int64_t step = params.getStep();
+  const int64_t step = checked_step(params.getStep(), "push");
+  if (params.getDoneStep() >= 0) checked_step(params.getDoneStep(), "push (doneStep)");
   const JobConfig& job = job_.config();
   job_.check_worker(caller.worker_index);
   if (params.getDoneStep() >= 0 && caller.worker_index < 0) {
@@ -494,6 +505,7 @@ uint64_t Shard::trainable_count() const {
 
 std::pair<int64_t, bool> Shard::step_done(const Caller& caller, int64_t step) {
   if (caller.worker_index < 0) throw RequestError("stepDone: only workers report steps (say hello with a worker index)");
+  checked_step(step, "stepDone");
   job_.check_worker(caller.worker_index);
   saw_worker(caller.worker_index);
   WorkerRecord& w = job_.worker(caller.worker_index);

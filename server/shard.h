@@ -172,6 +172,8 @@ class Shard {
   double last_checkpoint_unix_secs() const { return counters_.last_checkpoint_unix_secs; }
 
  private:
+  // `step` if within [0, kMaxStep]; else throws RequestError naming `what`.
+  static int64_t checked_step(int64_t step, const char* what);
   // Per-tensor sums for the current sync step.
   struct SyncSlot {
     std::vector<float> sum;        // written on the tensor's strand

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -334,6 +335,39 @@ TEST_CASE("bad requests get clear errors and change nothing") {
     Client fresh(o);
     fresh.declare({sgd_tensor("w", {4})});
     CHECK(fresh.pull("w") == original);
+  }
+  SECTION("steps out of range (found by fuzz/shard_fuzz: psd took differences of them)") {
+    RawClient raw(psd);
+    const auto grad = float_bytes({1, 1, 1, 1});
+    for (int64_t step : {int64_t{-1}, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()}) {
+      auto req = raw.shard.pushRequest();
+      req.setStep(step);
+      auto g = req.initGrads(1);
+      g[0].setName("w");
+      g[0].setValues(kj::arrayPtr(grad.data(), grad.size()));
+      CHECK_THROWS_WITH(req.send().wait(raw.ws()), Catch::Contains("out of range"));
+    }
+    // A worker's step reports likewise; a negative minStep asks for no step.
+    capnp::EzRpcClient rpc(psd.address());
+    auto shard = rpc.getMain<wire::Shard>();
+    auto hello = shard.helloRequest();
+    hello.setProtocolVersion(wire::K_PROTOCOL_VERSION);
+    hello.setWorkerIndex(0);
+    hello.send().wait(rpc.getWaitScope());
+    auto done = shard.stepDoneRequest();
+    done.setStep(std::numeric_limits<int64_t>::max());
+    CHECK_THROWS_WITH(done.send().wait(rpc.getWaitScope()), Catch::Contains("stepDone: step"));
+    auto push = shard.pushRequest();
+    push.setDoneStep(std::numeric_limits<int64_t>::max());
+    auto g = push.initGrads(1);
+    g[0].setName("w");
+    g[0].setValues(kj::arrayPtr(grad.data(), grad.size()));
+    CHECK_THROWS_WITH(push.send().wait(rpc.getWaitScope()), Catch::Contains("doneStep"));
+    auto pull = shard.pullRequest();
+    pull.setMinStep(std::numeric_limits<int64_t>::min());
+    pull.initNames(1).set(0, "w");
+    auto got = pull.send().wait(rpc.getWaitScope()).getTensors()[0].getValues();
+    CHECK(std::vector<uint8_t>(got.begin(), got.end()) == float_bytes(original));
   }
   SECTION("garbage bytes on the socket") {
     auto io = kj::setupAsyncIo();

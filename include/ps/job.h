@@ -13,6 +13,11 @@ enum class SyncMode {
   kBoundedStaleness,  // async, but no worker more than max_staleness steps ahead of the slowest
 };
 
+// The largest step psd takes in a request (pushes, pulls' minStep, step
+// reports, a job's start step): far beyond any run, and small enough that
+// the differences psd takes between steps cannot overflow.
+inline constexpr int64_t kMaxStep = int64_t{1} << 62;
+
 struct JobConfig {
   SyncMode mode = SyncMode::kAsync;
   uint32_t replicas_to_aggregate = 0;  // sync: gradients averaged per step (< total_replicas: backup workers)

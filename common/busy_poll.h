@@ -90,9 +90,16 @@ class CpuContention {
 // This thread's total run-queue delay so far, if the kernel reports it.
 std::optional<std::chrono::nanoseconds> thread_run_delay();
 
+// Whether polling stops while CpuContention says the machine is busy:
+// always in use; tests of the polling itself ignore it, so that a loaded
+// test machine does not turn polling off under them.
+enum class OnContention { kStopPolling, kIgnore };
+
 class PollingEventPort final : public kj::EventPort {
  public:
-  PollingEventPort(kj::UnixEventPort& inner, std::chrono::microseconds budget) : inner_(inner), budget_(budget) {}
+  PollingEventPort(kj::UnixEventPort& inner, std::chrono::microseconds budget,
+                   OnContention on_contention = OnContention::kStopPolling)
+      : inner_(inner), budget_(budget), watch_contention_(on_contention == OnContention::kStopPolling) {}
 
   bool wait() override;
   bool poll() override { return inner_.poll(); }
@@ -109,13 +116,16 @@ class PollingEventPort final : public kj::EventPort {
   kj::UnixEventPort& inner_;
   PollBudget budget_;
   CpuContention contention_;
+  const bool watch_contention_;
   bool runnable_ = false;
   uint64_t polled_waits_ = 0;
 };
 
 class BusyPoll {
  public:
-  BusyPoll(kj::UnixEventPort& port, std::chrono::microseconds budget) : port_(port), budget_(budget) {}
+  BusyPoll(kj::UnixEventPort& port, std::chrono::microseconds budget,
+           OnContention on_contention = OnContention::kStopPolling)
+      : port_(port), budget_(budget), watch_contention_(on_contention == OnContention::kStopPolling) {}
   // On the loop's thread, on new work: once the loop runs out of work, it
   // polls for a while before sleeping.
   void kick();
@@ -127,6 +137,7 @@ class BusyPoll {
   kj::UnixEventPort& port_;
   PollBudget budget_;
   CpuContention contention_;
+  const bool watch_contention_;
   PollBudget::Clock::time_point idle_since_{};
   bool kicked_ = false;
   bool spinning_ = false;

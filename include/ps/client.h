@@ -165,7 +165,8 @@ class Client {
   std::future<PullResult> pull_async(std::vector<std::string> names, std::vector<std::span<float>> out,
                                      int64_t min_step = 0);
 
-  // Sends gradients; `step` is the global step the parameters were pulled at.
+  // Sends gradients; `step` is the global step the parameters were pulled at
+  // (0 to kMaxStep, include/ps/job.h; psd refuses others).
   PushResult push(const std::vector<std::string>& names, const std::vector<std::span<const float>>& grads,
                   int64_t step = 0);
   PushStatus push(const std::string& name, std::span<const float> grad);

@@ -366,7 +366,8 @@ TEST_CASE("bad requests get clear errors and change nothing") {
     auto pull = shard.pullRequest();
     pull.setMinStep(std::numeric_limits<int64_t>::min());
     pull.initNames(1).set(0, "w");
-    auto got = pull.send().wait(rpc.getWaitScope()).getTensors()[0].getValues();
+    auto reply = pull.send().wait(rpc.getWaitScope());  // holds the values read below
+    auto got = reply.getTensors()[0].getValues();
     CHECK(std::vector<uint8_t>(got.begin(), got.end()) == float_bytes(original));
   }
   SECTION("garbage bytes on the socket") {

@@ -12,6 +12,8 @@
 // run anything that commits S + 1, so every shard saves the same step.
 #include <algorithm>
 #include <chrono>
+#include <set>
+#include <string_view>
 
 #include <spdlog/spdlog.h>
 
@@ -94,18 +96,26 @@ void Shard::restore(const ShardCheckpoint& c) {
                 std::to_string(c.num_shards) + ", this is shard " + std::to_string(options_.shard_index) + " of " +
                 std::to_string(options_.num_shards));
   }
-  // Check every tensor before creating any, so a bad file leaves the shard empty.
+  // Check every tensor before creating any, so a bad file leaves the shard
+  // empty (and psd goes on to an older checkpoint).
+  std::set<std::string_view> names;
   for (const auto& t : c.tensors) {
     TensorSpec spec = t.spec;
     spec.slots = t.slots;
     store_.validate(spec, t.part);
+    if (!names.insert(t.spec.name).second) throw Error("restore: tensor '" + t.spec.name + "' appears twice");
   }
-  for (const auto& t : c.tensors) {
-    TensorSpec spec = t.spec;
-    spec.init = InitConfig::from_values(t.values);
-    spec.slots = t.slots;
-    spec.version = t.version;
-    store_.create(spec, t.part);
+  try {
+    for (const auto& t : c.tensors) {
+      TensorSpec spec = t.spec;
+      spec.init = InitConfig::from_values(t.values);
+      spec.slots = t.slots;
+      spec.version = t.version;
+      store_.create(spec, t.part);
+    }
+  } catch (...) {
+    store_.clear();  // e.g. past the shard's memory limit with all of them
+    throw;
   }
   job_.restore(c.job_configured, c.job, c.global_step, c.ready);
   requests_.load(c.requests);

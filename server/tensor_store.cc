@@ -1,6 +1,7 @@
 #include "tensor_store.h"
 
 #include <cmath>
+#include <cstdint>
 
 #include "initializer.h"
 #include "ps/errors.h"
@@ -104,9 +105,16 @@ void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<Pa
     }
   }
   if (part) {
+    // A logical shape whose element count overflows holds no part (its
+    // initializer's fans would wrap too).
     uint64_t full = 1;
-    for (uint64_t d : part->full_shape) full *= d;
-    if (part->count == 0 || part->index >= part->count || part->offset + n > full) {
+    bool overflow = false;
+    for (uint64_t d : part->full_shape) {
+      if (d != 0 && full > UINT64_MAX / d) overflow = true;
+      else full *= d;
+    }
+    if (overflow || part->count == 0 || part->index >= part->count || part->offset > full ||
+        n > full - part->offset) {
       throw RequestError("create: part " + std::to_string(part->index) + " of '" + part->full_name +
                          "' does not fit its tensor");
     }
@@ -166,6 +174,12 @@ std::size_t TensorStore::count() const {
 uint64_t TensorStore::bytes() const {
   std::lock_guard lock(mutex_);
   return bytes_;
+}
+
+void TensorStore::clear() {
+  std::lock_guard lock(mutex_);
+  tensors_.clear();
+  bytes_ = 0;
 }
 
 }  // namespace ps

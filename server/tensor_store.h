@@ -89,6 +89,9 @@ class TensorStore {
   std::vector<StoredTensor*> all() const;             // in name order
   std::size_t count() const;
   uint64_t bytes() const;
+  // Drops every tensor: for a restore that failed part way, before anything
+  // can hold a pointer to one.
+  void clear();
 
  private:
   void validate_locked(const TensorSpec& spec, const std::optional<PartMeta>& part) const;

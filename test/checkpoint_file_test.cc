@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <limits>
 
 #include "checkpoint_file.h"
 #include "psd_process.h"
@@ -114,6 +115,14 @@ TEST_CASE("damaged checkpoint files are refused with the reason") {
   }
   SECTION("trailing garbage") {
     CHECK_THAT(refused(good + "xx"), Catch::Contains("trailing"));
+  }
+  SECTION("a global step psd could not count from") {
+    for (int64_t step : {int64_t{-1}, std::numeric_limits<int64_t>::max()}) {
+      ShardCheckpoint c = sample();
+      c.global_step = step;
+      spit(path, slurp(write_checkpoint(dir.path(), c)));
+      CHECK_THAT(refused(slurp(path)), Catch::Contains("out of range"));
+    }
   }
 }
 

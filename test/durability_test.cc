@@ -125,6 +125,46 @@ TEST_CASE("a damaged newest checkpoint is reported and skipped; the next older o
   CHECK(c.pull("x") == std::vector<float>{-1, -1, -1, -1});
 }
 
+TEST_CASE("a newest checkpoint that reads back but cannot be restored leaves nothing behind; the older one is restored") {
+  TempDir dir;
+  int port = 0;
+  {
+    PsdProcess psd(ckpt_args(dir));
+    port = psd.port();
+    Client c(options_for({&psd}, 0));
+    c.create({{.name = "x", .shape = {4}, .optimizer = OptimizerConfig::sgd(1.0f)},
+              {.name = "y", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f)}});
+    c.push("x", std::vector<float>{1, 1, 1, 1});
+    c.step_done(0);
+    CHECK(c.checkpoint().step == 1);
+    c.step_done(1);
+    CHECK(c.checkpoint().step == 2);
+    psd.kill();
+  }
+  auto files = list_checkpoints(dir.path(), 0, 1);
+  REQUIRE(files.size() == 2);
+  // The newest file, rewritten with a checksum-valid but impossible content:
+  // "x" twice, with two shapes (found by fuzz/checkpoint_fuzz: psd restored
+  // the tensors before the second "x", then could not restore the older file
+  // over them).
+  ShardCheckpoint bad = read_checkpoint(files[0].path);
+  TensorCheckpoint twice = bad.tensors.at(0);
+  REQUIRE(twice.spec.name == "x");
+  twice.spec.shape = {2};
+  twice.values = {7, 7};
+  bad.tensors.push_back(twice);
+  REQUIRE(write_checkpoint(dir.path(), bad) == files[0].path);
+
+  PsdProcess psd(ckpt_args(dir), port);
+  CHECK_THAT(psd.log(), Catch::Contains("skipping checkpoint " + files[0].path) && Catch::Contains("appears twice"));
+  Client c(options_for({&psd}));
+  CHECK(c.stats()[0].global_step == 1);
+  CHECK(c.stats()[0].tensors == 2);
+  c.declare({{.name = "x", .shape = {4}}, {.name = "y", .shape = {2}}});
+  CHECK(c.pull("x") == std::vector<float>{-1, -1, -1, -1});
+  CHECK(c.pull("y") == std::vector<float>{0, 0});
+}
+
 TEST_CASE("a push retried with the same request id is applied once") {
   PsdProcess psd;
   Client c(options_for({&psd}));

@@ -87,6 +87,12 @@ TEST_CASE("a part must fit its logical tensor") {
   CHECK(store.create(spec("big/part_1", {2}), part).second);
   PartMeta other{"big", {10}, 6, 1, 2};
   CHECK_THROWS_WITH(store.create(spec("big/part_1", {2}), other), Catch::Contains("part layout"));
+  // Offsets and shapes whose arithmetic overflows fit nothing.
+  const uint64_t huge = uint64_t{1} << 32;
+  CHECK_THROWS_WITH(store.create(spec("wrap/part_0", {2}), PartMeta{"wrap", {huge, huge, 2}, 0, 0, 2}),
+                    Catch::Contains("does not fit"));
+  CHECK_THROWS_WITH(store.create(spec("wrap/part_1", {2}), PartMeta{"wrap", {10}, UINT64_MAX, 1, 2}),
+                    Catch::Contains("does not fit"));
 }
 
 TEST_CASE("initializers produce the documented distributions") {

@@ -135,8 +135,8 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> ClientMessageStream::tryReadM
       .then([this, in = kj::mv(in)](size_t n) mutable -> kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> {
         if (n == 0) return kj::Maybe<capnp::MessageReaderAndFds>(nullptr);
         // Plain KJ_REQUIREs, not their recovery-block form: exceptions are
-        // on, so a recovery block's return value is made and then leaked
-        // when the check throws (found by fuzz/message_stream_fuzz).
+        // on, so a recovery block's return value is made and then, built
+        // with clang, leaked when the check throws (fuzz/message_stream_fuzz).
         KJ_REQUIRE(n == sizeof(in->header), "premature EOF");
         const uint32_t count = in->header[0] + 1;
         KJ_REQUIRE(count > 0 && count <= kMaxSegments, "message has too many segments", count);

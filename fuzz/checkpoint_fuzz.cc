@@ -14,29 +14,9 @@
 
 #include <spdlog/spdlog.h>
 
-#include <kj/async-io.h>
-
 #include "checkpoint_file.h"
-#include "compute_pool.h"
 #include "shard.h"
-
-namespace {
-
-struct Loop {
-  kj::AsyncIoContext io = kj::setupAsyncIo();
-};
-
-Loop& loop() {
-  static Loop* l = new Loop;  // lives for the process: LeakSanitizer sees it reachable
-  return *l;
-}
-
-ps::ComputePool& pool() {
-  static ps::ComputePool* p = new ps::ComputePool(0);  // every update inline
-  return *p;
-}
-
-}  // namespace
+#include "shard_env.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   spdlog::set_level(spdlog::level::off);
@@ -63,7 +43,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.limits.max_tensor_bytes = 1 << 20;
   options.limits.max_total_bytes = 8 << 20;
   options.limits.max_tensors = 64;
-  ps::Shard shard(options, pool(), loop().io.provider->getTimer());
+  ps::Shard shard(options, ps::fuzz::pool(), ps::fuzz::timer());
   try {
     shard.restore(c);
     if (shard.store().count() != c.tensors.size()) __builtin_trap();

@@ -10,29 +10,14 @@
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>
-#include <kj/async-io.h>
 #include <spdlog/spdlog.h>
 
-#include "compute_pool.h"
 #include "ps/errors.h"
 #include "shard.h"
+#include "shard_env.h"
 #include "wire_convert.h"
 
 namespace {
-
-struct Loop {
-  kj::AsyncIoContext io = kj::setupAsyncIo();
-};
-
-Loop& loop() {
-  static Loop* l = new Loop;  // lives for the process: LeakSanitizer sees it reachable
-  return *l;
-}
-
-ps::ComputePool& pool() {
-  static ps::ComputePool* p = new ps::ComputePool(0);  // 0 threads: every update inline, deterministic
-  return *p;
-}
 
 // Everything a refused request must leave as it was.
 struct Digest {
@@ -112,7 +97,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.limits.max_total_bytes = 8 << 20;
   options.limits.max_tensors = 64;
   options.inline_bytes = 1 << 30;
-  ps::Shard shard(options, pool(), loop().io.provider->getTimer());
+  ps::Shard shard(options, ps::fuzz::pool(), ps::fuzz::timer());
   seed(shard, sync);
   ps::Caller caller{.worker_index = static_cast<int>(who & 0x7) - 1, .is_chief = false, .peer = "fuzz"};
 
@@ -155,8 +140,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     // A pull may wait for a step that never comes: run what is ready, then
     // drop it (as a closed connection would).
-    pending.poll(loop().io.waitScope);
-    if (pending.poll(loop().io.waitScope)) pending.wait(loop().io.waitScope);
+    pending.poll(ps::fuzz::io().waitScope);
+    if (pending.poll(ps::fuzz::io().waitScope)) pending.wait(ps::fuzz::io().waitScope);
   } catch (const ps::Error&) {
     refused = true;
   } catch (const kj::Exception&) {

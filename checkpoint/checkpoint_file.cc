@@ -338,7 +338,7 @@ ShardCheckpoint read_checkpoint(const std::string& path) {
     c.shard_index = h.getShardIndex();
     c.num_shards = h.getNumShards();
     c.global_step = h.getGlobalStep();
-    if (c.global_step < 0 || c.global_step > kMaxStep) {
+    if (!step_in_range(c.global_step)) {
       in.fail("global step " + std::to_string(c.global_step) + " is out of range [0, 2^62]");
     }
     c.job_configured = h.getJobConfigured();

@@ -70,6 +70,7 @@ bool CpuContention::update(Clock::time_point now, std::chrono::nanoseconds run_d
 }
 
 bool CpuContention::contended(Clock::time_point now) {
+  if (ignore_) return false;
   if (now - last_ < kWindow) return off_;
   const auto delay = thread_run_delay();
   if (!delay) {
@@ -81,7 +82,7 @@ bool CpuContention::contended(Clock::time_point now) {
 
 bool PollingEventPort::wait() {
   const auto start = Clock::now();
-  if (budget_.current().count() > 0 && !(watch_contention_ && contention_.contended(start))) {
+  if (budget_.current().count() > 0 && !contention_.contended(start)) {
     const auto deadline = start + budget_.current();
     do {
       const bool woken = inner_.poll();
@@ -123,7 +124,7 @@ kj::Promise<void> BusyPoll::spin() {
       kicked_ = false;
       idle_since_ = now;
     }
-    if (now - idle_since_ >= budget_.current() || (watch_contention_ && contention_.contended(now))) {
+    if (now - idle_since_ >= budget_.current() || contention_.contended(now)) {
       spinning_ = false;  // the loop sleeps; idle_since_ stays for the next kick to judge
       return kj::READY_NOW;
     }

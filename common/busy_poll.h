@@ -55,6 +55,11 @@ class PollBudget {
   Clock::duration now_;
 };
 
+// Whether polling stops while CpuContention says the machine is busy:
+// always in use; tests of the polling itself ignore it, so that a loaded
+// test machine does not turn polling off under them.
+enum class OnContention { kStopPolling, kIgnore };
+
 // Whether the thread that polls has lately had to wait for a CPU, i.e. a
 // poll would keep a core from a thread with work to do. The signal is the
 // thread's run-queue delay (/proc/thread-self/schedstat), read at most once
@@ -70,14 +75,17 @@ class CpuContention {
   static constexpr auto kWindow = std::chrono::milliseconds(2);
   static constexpr auto kMaxHold = std::chrono::milliseconds(128);
 
+  explicit CpuContention(OnContention on = OnContention::kStopPolling) : ignore_(on == OnContention::kIgnore) {}
+
   // True while polling should stay off; reads the thread's delay at most
-  // once per window.
+  // once per window. Never, with OnContention::kIgnore.
   bool contended(Clock::time_point now);
   // The arithmetic, apart for tests: the thread's total run-queue delay so
   // far (`thread` names whose it is; a change of thread starts afresh).
   bool update(Clock::time_point now, std::chrono::nanoseconds run_delay, uint64_t thread);
 
  private:
+  const bool ignore_;
   Clock::time_point last_{};
   std::chrono::nanoseconds last_delay_{0};
   uint64_t thread_ = 0;
@@ -90,16 +98,11 @@ class CpuContention {
 // This thread's total run-queue delay so far, if the kernel reports it.
 std::optional<std::chrono::nanoseconds> thread_run_delay();
 
-// Whether polling stops while CpuContention says the machine is busy:
-// always in use; tests of the polling itself ignore it, so that a loaded
-// test machine does not turn polling off under them.
-enum class OnContention { kStopPolling, kIgnore };
-
 class PollingEventPort final : public kj::EventPort {
  public:
   PollingEventPort(kj::UnixEventPort& inner, std::chrono::microseconds budget,
                    OnContention on_contention = OnContention::kStopPolling)
-      : inner_(inner), budget_(budget), watch_contention_(on_contention == OnContention::kStopPolling) {}
+      : inner_(inner), budget_(budget), contention_(on_contention) {}
 
   bool wait() override;
   bool poll() override { return inner_.poll(); }
@@ -116,7 +119,6 @@ class PollingEventPort final : public kj::EventPort {
   kj::UnixEventPort& inner_;
   PollBudget budget_;
   CpuContention contention_;
-  const bool watch_contention_;
   bool runnable_ = false;
   uint64_t polled_waits_ = 0;
 };
@@ -125,7 +127,7 @@ class BusyPoll {
  public:
   BusyPoll(kj::UnixEventPort& port, std::chrono::microseconds budget,
            OnContention on_contention = OnContention::kStopPolling)
-      : port_(port), budget_(budget), watch_contention_(on_contention == OnContention::kStopPolling) {}
+      : port_(port), budget_(budget), contention_(on_contention) {}
   // On the loop's thread, on new work: once the loop runs out of work, it
   // polls for a while before sleeping.
   void kick();
@@ -137,7 +139,6 @@ class BusyPoll {
   kj::UnixEventPort& port_;
   PollBudget budget_;
   CpuContention contention_;
-  const bool watch_contention_;
   PollBudget::Clock::time_point idle_since_{};
   bool kicked_ = false;
   bool spinning_ = false;

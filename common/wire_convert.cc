@@ -123,7 +123,7 @@ JobConfig job_from_wire(wire::JobConfig::Reader in) {
   c.max_staleness = in.getMaxStaleness();
   c.train_steps = in.getTrainSteps();
   c.start_step = in.getStartStep();
-  if (c.start_step < 0 || c.start_step > kMaxStep) {
+  if (!step_in_range(c.start_step)) {
     throw RequestError("job start step " + std::to_string(c.start_step) + " is out of range [0, 2^62]");
   }
   return c;

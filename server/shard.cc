@@ -189,7 +189,7 @@ capnp::MessageSize pull_reply_size(capnp::List<capnp::Text>::Reader names, const
 // A step a request names, checked before psd counts with it (a step from a
 // client could otherwise overflow the differences taken between steps).
 int64_t Shard::checked_step(int64_t step, const char* what) {
-  if (step < 0 || step > kMaxStep) {
+  if (!step_in_range(step)) {
     throw RequestError(std::string(what) + ": step " + std::to_string(step) + " is out of range [0, 2^62]");
   }
   return step;
@@ -296,10 +296,11 @@ kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Rea
                               wire::Shard::PushResults::Builder results) {
   auto grads = params.getGrads();
   const int64_t step = checked_step(params.getStep(), "push");
-  if (params.getDoneStep() >= 0) checked_step(params.getDoneStep(), "push (doneStep)");
+  const int64_t done_step = params.getDoneStep();  // < 0: no step report
+  if (done_step >= 0) checked_step(done_step, "push (doneStep)");
   const JobConfig& job = job_.config();
   job_.check_worker(caller.worker_index);
-  if (params.getDoneStep() >= 0 && caller.worker_index < 0) {
+  if (done_step >= 0 && caller.worker_index < 0) {
     throw RequestError("push: only workers report steps (say hello with a worker index)");
   }
   saw_worker(caller.worker_index);
@@ -385,7 +386,6 @@ kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Rea
   results.setStep(job_.global_step());
   auto status = results.initStatus(static_cast<unsigned>(work.size()));
 
-  const int64_t done_step = params.getDoneStep();
   auto report_done = [&] {
     if (done_step < 0) return;
     auto [global, stop] = step_done(caller, done_step);

@@ -17,6 +17,7 @@ enum class SyncMode {
 // reports, a job's start step): far beyond any run, and small enough that
 // the differences psd takes between steps cannot overflow.
 inline constexpr int64_t kMaxStep = int64_t{1} << 62;
+inline constexpr bool step_in_range(int64_t step) { return step >= 0 && step <= kMaxStep; }
 
 struct JobConfig {
   SyncMode mode = SyncMode::kAsync;

@@ -227,9 +227,11 @@ kj::Promise<void> Shard::pull(const Caller& caller, wire::Shard::PullParams::Rea
 
   // Any negative minStep asks for no step: the same as 0.
   const int64_t min_step = checked_step(std::max<int64_t>(params.getMinStep(), 0), "pull");
-  kj::Promise<void> wait = kj::READY_NOW;
-  if (job_.config().mode == SyncMode::kSync) wait = job_.wait_for_step(min_step);
-  if (job_.config().mode == SyncMode::kBoundedStaleness) wait = job_.wait_for_staleness(min_step);
+  // Async pulls read at once: each promise stage the reply waits for costs
+  // an allocation and a loop turn on psd's one network thread.
+  if (job_.config().mode == SyncMode::kAsync) return read_tensors(std::move(tensors), results, caller.stream, into, caller.shared);
+  kj::Promise<void> wait = job_.config().mode == SyncMode::kSync ? job_.wait_for_step(min_step)
+                                                                 : job_.wait_for_staleness(min_step);
   return wait.then([this, tensors = std::move(tensors), into = std::move(into), results, stream = caller.stream,
                     shared = caller.shared]() mutable {
     return read_tensors(std::move(tensors), results, stream, into, std::move(shared));
@@ -284,12 +286,17 @@ kj::Promise<void> Shard::read_tensors(std::vector<StoredTensor*> tensors, wire::
   }
   counters_.pulls += tensors.size();
   counters_.bytes_out += bytes;
-  return kj::joinPromises(copies.releaseAsArray()).then([stream, held] {
+  auto hand_over = [stream, held] {
     for (auto& values : *held) {
       const float* data = values->data();  // before the move: argument order is unspecified
       stream->hold_until_sent(data, std::move(values));
     }
-  });
+  };
+  if (copies.empty()) {
+    hand_over();
+    return kj::READY_NOW;
+  }
+  return kj::joinPromises(copies.releaseAsArray()).then(kj::mv(hand_over));
 }
 
 kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Reader params,

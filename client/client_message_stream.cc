@@ -20,6 +20,8 @@ struct ClientMessageStream::Destinations : kj::Refcounted {
   uint64_t tag = 0;
   std::vector<kj::ArrayPtr<kj::byte>> buffers;
   bool landable = false;  // a buffer for a tensor psd sends as a segment of its own
+  size_t first_landable = 0;  // the index of the first such buffer
+  uint64_t shape = 0;         // a hash of the buffers' sizes: pulls alike get replies laid out alike
   ClientMessageStream* owner = nullptr;  // null once withdrawn (or the stream is gone)
   bool withdrawn() const { return owner == nullptr; }
 };
@@ -100,6 +102,7 @@ ClientMessageStream::Expectation::Expectation(kj::Own<Destinations> dest) : dest
 
 ClientMessageStream::Expectation::~Expectation() {
   if (auto* owner = dest_->owner) {
+    if (dest_->landable) owner->stream_.release(dest_->buffers[dest_->first_landable]);
     owner->expected_.erase(dest_->tag);
     if (dest_->landable && --owner->landable_ == 0) owner->stream_.limit_read_ahead(SIZE_MAX);
     dest_->owner = nullptr;
@@ -119,10 +122,28 @@ kj::Own<ClientMessageStream::Expectation> ClientMessageStream::expect(std::vecto
   // psd sends only these as segments of their own: a smaller tensor comes
   // in the first segment, read whole (limiting read-ahead would cost it a
   // system call).
-  for (const auto& b : d->buffers) d->landable = d->landable || b.size() >= wire::K_PULL_SEGMENT_BYTES;
+  d->shape = 14695981039346656037ull;  // FNV-1a over the sizes
+  for (size_t i = 0; i < d->buffers.size(); ++i) {
+    const size_t size = d->buffers[i].size();
+    if (!d->landable && size >= wire::K_PULL_SEGMENT_BYTES) {
+      d->landable = true;
+      d->first_landable = i;
+    }
+    d->shape = (d->shape ^ size) * 1099511628211ull;
+  }
   d->owner = this;
   expected_.emplace(d->tag, d.get());
-  if (d->landable && landable_++ == 0) stream_.limit_read_ahead(kLandingReadAhead);
+  if (d->landable) {
+    if (landable_++ == 0) {
+      stream_.limit_read_ahead(kLandingReadAhead);
+      // The only pull that can land: if one like it was answered before,
+      // its reply's first tensor most likely starts where that one's did.
+      auto known = prefix_bytes_.find(d->shape);
+      if (known != prefix_bytes_.end()) stream_.land_next_read(known->second, d->buffers[d->first_landable]);
+    } else {
+      stream_.land_next_read(0, nullptr);  // which reply comes first is anyone's guess
+    }
+  }
   return kj::heap<Expectation>(kj::mv(d));
 }
 
@@ -285,6 +306,15 @@ capnp::MessageReaderAndFds ClientMessageStream::finish(kj::Own<Incoming> in) {
     }
   }
   if (lands) ++landed_messages_;
+  if (count > 1) {
+    // Learn where the first tensor starts in replies like this one.
+    const auto& l = in->landings[1];
+    if (l.dest.get() != nullptr && !l.dest->withdrawn() && l.index == l.dest->first_landable) {
+      if (prefix_bytes_.size() >= kMaxKnownShapes) prefix_bytes_.clear();
+      prefix_bytes_[l.dest->shape] = sizeof(in->header) + in->more_sizes.size() * sizeof(uint32_t) +
+                                     in->words[0] * sizeof(capnp::word);
+    }
+  }
   auto options = in->options;
   return capnp::MessageReaderAndFds{kj::heap<Received>(options, kj::mv(in)), nullptr};
 }

@@ -14,6 +14,15 @@
 // Messages it does not recognise, and tensors it cannot place (unaligned
 // buffers, odd layouts), are read as Cap'n Proto would.
 //
+// Where the only pull pending that can land is like one answered before
+// (its buffers of the same sizes), the reply most likely has the same
+// first segment: the stream has the socket's next read put that many bytes
+// in its buffer and the rest straight into the first tensor's buffer
+// (SocketStream::land_next_read), so a 64 KiB pull is one read() rather
+// than two (the first segment, then the tensor). A wrong guess costs a
+// copy, never a wrong byte: until its reply is in, a pull's buffers are
+// scratch memory, and a pull that fails may leave anything in them.
+//
 // Finish messages wait for the next message. Cap'n Proto sends a Finish
 // when a call's reply has been used; this stream holds it back and sends it
 // in one system call with the next message: one system call instead of two
@@ -109,6 +118,11 @@ class ClientMessageStream final : public capnp::MessageStream {
   SocketStream& stream_;
   kj::Vector<kj::Array<capnp::word>> finishes_;  // Finish messages waiting for the next write, framed
   std::unordered_map<uint64_t, Destinations*> expected_;
+  // Bytes before the first tensor in the last landed reply to a pull of
+  // each shape (Destinations::shape): where the next such reply's tensor
+  // is guessed to start (SocketStream::land_next_read).
+  static constexpr size_t kMaxKnownShapes = 1024;
+  std::unordered_map<uint64_t, size_t> prefix_bytes_;
   size_t landable_ = 0;  // of expected_, those with a buffer psd sends as a segment of its own
   uint64_t next_tag_;
   uint64_t landed_messages_ = 0;

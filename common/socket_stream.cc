@@ -75,6 +75,21 @@ class SocketStreamImpl final : public SocketStream {
 
   void limit_read_ahead(size_t bytes) override { read_ahead_ = std::clamp<size_t>(bytes, 1, kBufferBytes); }
 
+  void land_next_read(size_t before, kj::ArrayPtr<kj::byte> dest) override {
+    // The buffer must hold `before` and what a read asks for after dest.
+    if (dest.size() == 0 || before == 0 || before > kBufferBytes / 2) dest = nullptr;
+    landing_ = dest;
+    landing_before_ = before;
+  }
+
+  void release(kj::ArrayPtr<const kj::byte> region) override {
+    auto inside = [&](const kj::byte* p) { return p >= region.begin() && p < region.end(); };
+    if (landing_.size() > 0 && inside(landing_.begin())) landing_ = nullptr;
+    if (parked_size_ > 0 && inside(parked_)) evacuate();
+  }
+
+  uint64_t read_calls() const override { return read_calls_; }
+
   kj::Promise<void> whenWriteDisconnected() override {
     if (disconnected_ == nullptr) disconnected_ = observer_.whenWriteDisconnected().fork();
     return KJ_ASSERT_NONNULL(disconnected_).addBranch();
@@ -121,10 +136,16 @@ class SocketStreamImpl final : public SocketStream {
   // buffer (which must be empty), up to `then` of them.
   ssize_t read_once(kj::byte* into, size_t ask, size_t then = 0) {
     const iovec iov[2] = {{into, ask}, {buffer_.begin(), then}};
-    const size_t total = ask + then;
+    return read_once(iov, then == 0 ? 1 : 2);
+  }
+
+  ssize_t read_once(const iovec* iov, int count) {
+    size_t total = 0;
+    for (int i = 0; i < count; ++i) total += iov[i].iov_len;
     ssize_t n;
     do {
-      n = then == 0 ? ::read(fd_, into, ask) : ::readv(fd_, iov, 2);
+      ++read_calls_;
+      n = count == 1 ? ::read(fd_, iov[0].iov_base, iov[0].iov_len) : ::readv(fd_, iov, count);
     } while (n < 0 && errno == EINTR);
     if (n < 0) {
       if (errno != EAGAIN && errno != EWOULDBLOCK) KJ_FAIL_SYSCALL("read", errno);
@@ -142,12 +163,87 @@ class SocketStreamImpl final : public SocketStream {
     return n;
   }
 
+  // Hands out up to `max` bytes already read, in stream order: the buffer
+  // up to the parked bytes, the parked bytes (land_next_read), the rest of
+  // the buffer. Each piece goes to to(offset into the `max`); parked bytes
+  // that are already there stay put.
+  template <typename To>
+  size_t take_read(size_t max, To&& to) {
+    size_t done = 0;
+    while (done < max) {
+      const size_t limit = parked_size_ > 0 ? split_ : end_;
+      if (pos_ < limit) {
+        const size_t n = std::min(max - done, limit - pos_);
+        kj::byte* dst = to(done);
+        keep_parked(dst, n, 0);
+        std::memcpy(dst, buffer_.begin() + pos_, n);
+        pos_ += n;
+        done += n;
+      } else if (parked_size_ > 0) {
+        const size_t n = std::min(max - done, parked_size_);
+        kj::byte* dst = to(done);
+        if (dst != parked_) {
+          keep_parked(dst, n, n);
+          std::memmove(dst, parked_, n);  // a wrong guess: the two may overlap
+        }
+        parked_ += n;
+        parked_size_ -= n;
+        done += n;
+        if (parked_size_ == 0) evacuated_ = nullptr;
+      } else {
+        break;
+      }
+    }
+    return done;
+  }
+
+  // After a wrong guess a piece's destination can be where parked bytes
+  // still wait (they were read into the memory the guess named): those past
+  // the first `skip` move out before [dst, dst + n) is written.
+  void keep_parked(const kj::byte* dst, size_t n, size_t skip) {
+    const kj::byte* lo = parked_ + skip;
+    const kj::byte* hi = parked_ + parked_size_;
+    if (lo < hi && dst < hi && dst + n > lo) evacuate();
+  }
+
+  void evacuate() {
+    auto copy = kj::heapArray<kj::byte>(parked_, parked_size_);
+    parked_ = copy.begin();
+    evacuated_ = kj::mv(copy);
+  }
+
+  // One read into the empty buffer, through the landing if one is set: -1
+  // when the socket is empty, else the bytes read (0: end of stream).
+  ssize_t fill_buffer() {
+    pos_ = end_ = 0;
+    if (landing_.size() == 0) {
+      const ssize_t n = read_once(buffer_.begin(), read_ahead_);
+      if (n > 0) end_ = static_cast<size_t>(n);
+      return n;
+    }
+    const size_t before = landing_before_;
+    const iovec iov[3] = {{buffer_.begin(), before},
+                          {landing_.begin(), landing_.size()},
+                          {buffer_.begin() + before, std::min(read_ahead_, kBufferBytes - before)}};
+    const ssize_t n = read_once(iov, 3);
+    if (n < 0) return n;  // the landing waits for the next read
+    auto dest = landing_;
+    landing_ = nullptr;
+    const size_t got = static_cast<size_t>(n);
+    if (got <= before) {
+      end_ = got;
+    } else {
+      split_ = before;
+      parked_ = dest.begin();
+      parked_size_ = std::min(got - before, dest.size());
+      end_ = got - parked_size_;
+    }
+    return n;
+  }
+
   // Copies what the buffer holds, then reads until `got` >= min_bytes.
   kj::Promise<size_t> read_more(kj::byte* dst, size_t min_bytes, size_t max_bytes, size_t got) {
-    const size_t from_buffer = std::min(max_bytes - got, end_ - pos_);
-    std::memcpy(dst + got, buffer_.begin() + pos_, from_buffer);
-    pos_ += from_buffer;
-    got += from_buffer;
+    got += take_read(max_bytes - got, [&](size_t at) { return dst + got + at; });
     while (got < min_bytes) {
       if (readable_ != nullptr) {
         // The last read came back short: the socket was empty then, so wait
@@ -160,31 +256,21 @@ class SocketStreamImpl final : public SocketStream {
         return wait.then([this, dst, min_bytes, max_bytes, got] { return read_more(dst, min_bytes, max_bytes, got); });
       }
       const size_t want = max_bytes - got;
-      const bool direct = want >= read_ahead_;  // large reads skip the buffer
-      const ssize_t n = read_once(direct ? dst + got : buffer_.begin(), direct ? want : read_ahead_);
+      const bool direct = want >= read_ahead_ && landing_.size() == 0;  // large reads skip the buffer
+      const ssize_t n = direct ? read_once(dst + got, want) : fill_buffer();
       if (n < 0) continue;
       if (n == 0) return got;  // end of stream
       if (direct) {
         got += n;
       } else {
-        pos_ = 0;
-        end_ = n;
-        const size_t take = std::min(want, end_);
-        std::memcpy(dst + got, buffer_.begin(), take);
-        pos_ = take;
-        got += take;
+        got += take_read(want, [&](size_t at) { return dst + got + at; });
       }
     }
     return got;
   }
 
   kj::Promise<void> read_exact_more(size_t bytes, kj::Function<kj::byte*(size_t)> where, size_t got) {
-    const size_t from_buffer = std::min(bytes - got, end_ - pos_);
-    if (from_buffer > 0) {
-      std::memcpy(where(got), buffer_.begin() + pos_, from_buffer);
-      pos_ += from_buffer;
-      got += from_buffer;
-    }
+    got += take_read(bytes - got, [&](size_t at) { return where(got + at); });
     while (got < bytes) {
       if (readable_ != nullptr) {
         // Much still to come: wake when a good part of it is there, not
@@ -282,6 +368,16 @@ class SocketStreamImpl final : public SocketStream {
   kj::Own<WriteWatch> write_watch_;
   kj::Array<kj::byte> buffer_ = kj::heapArray<kj::byte>(kBufferBytes);
   size_t pos_ = 0, end_ = 0;
+  // land_next_read: where the next buffer read puts its middle part, and
+  // what such a read left there, not yet taken: parked_size_ bytes at
+  // parked_, which come after buffer_[.., split_) and before the rest.
+  kj::ArrayPtr<kj::byte> landing_;
+  size_t landing_before_ = 0;
+  kj::byte* parked_ = nullptr;
+  size_t parked_size_ = 0;
+  size_t split_ = 0;
+  kj::Array<kj::byte> evacuated_;  // parked bytes moved out of memory that was released
+  uint64_t read_calls_ = 0;
   size_t read_ahead_ = kBufferBytes;  // what a read into the buffer asks the kernel for (limit_read_ahead)
   kj::Maybe<kj::Promise<void>> readable_;
   int low_water_ = 1;

@@ -48,6 +48,26 @@ class SocketStream : public kj::AsyncIoStream {
   // they stay in the socket instead of being read into the buffer and
   // copied out of it.
   virtual void limit_read_ahead(size_t bytes) = 0;
+
+  // The next read into the stream's buffer (one that finds it empty) puts
+  // its first `before` bytes there, the next dest.size() straight into
+  // `dest`, and what follows back into the buffer, in one system call. For
+  // a reader that can tell where a large piece of the next message starts
+  // (client/client_message_stream.h: a pull reply's tensor after its first
+  // segment): read_exact into `dest` then finds those bytes in place
+  // instead of spending a second read() on them. If the guess was wrong the
+  // bytes are still handed out in stream order, copied from `dest` to
+  // wherever the reads ask for them, so `dest` is scratch memory until they
+  // are taken. One read uses it; {0, nullptr} withdraws it.
+  virtual void land_next_read(size_t before, kj::ArrayPtr<kj::byte> dest) = 0;
+
+  // Before `region` stops being the stream's to write: bytes read into it
+  // and not yet taken move to memory of the stream's own, and a landing
+  // into it is withdrawn.
+  virtual void release(kj::ArrayPtr<const kj::byte> region) = 0;
+
+  // read()/readv() calls made so far (for tests and benchmarks).
+  virtual uint64_t read_calls() const = 0;
 };
 
 class BusyPoll;

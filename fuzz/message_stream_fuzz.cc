@@ -10,6 +10,8 @@
 //   2: the shape of a pull reply as psd builds it (tensor sizes, which ones
 //      travel as segments of their own), answering the pending pull, then
 //      byte flips and a cut applied to its bytes, then raw bytes after it.
+// Modes 1 and 2 may also guess where a reply's tensor starts
+// (SocketStream::land_next_read), rightly or not.
 // Every message read is traversed whole. Checks, besides the sanitizers':
 // an unmutated reply (mode 2 with no flips and no cut) lands every tensor
 // bit-exactly in its buffer; the landing buffers are exact-size heap
@@ -148,6 +150,14 @@ void fuzz_client_stream(Loop& l, int fd, int peer, FuzzedDataProvider& in, bool 
     places.push_back(kj::arrayPtr(reinterpret_cast<kj::byte*>(buffers.back().data()), n * sizeof(float)));
   }
   auto expect = stream.expect(places);
+  // A guess where the reply's first large tensor starts (libpsclient
+  // guesses from the last reply alike; SocketStream::land_next_read),
+  // right or wrong: every byte must still end up where it belongs.
+  kj::ArrayPtr<kj::byte> landing;
+  if (in.ConsumeBool()) {
+    landing = places[in.ConsumeIntegralInRange<size_t>(0, places.size() - 1)];
+    socket->land_next_read(in.ConsumeIntegralInRange<size_t>(0, 4096), landing);
+  }
 
   std::vector<uint8_t> bytes;
   bool intact = false;
@@ -169,6 +179,7 @@ void fuzz_client_stream(Loop& l, int fd, int peer, FuzzedDataProvider& in, bool 
   drain(l, stream, &messages);
   socket->abortRead();
   writer.join();
+  socket->release(landing);  // before the buffers go
 
   if (intact) {
     // The reply is the first message; its values read back exactly as sent,

@@ -147,6 +147,35 @@ TEST_CASE("a pull reply's large tensors are read straight into the registered bu
   CHECK(f.stream->landed_messages() == 1);
 }
 
+TEST_CASE("a reply like one before is read in one system call, its tensor straight into place") {
+  Fixture f;
+  auto small = random_floats(100, 11);
+  std::vector<float> got_small(small.size());
+  std::vector<uint64_t> calls;
+  std::vector<std::vector<float>> sent;
+  for (unsigned round = 0; round < 3; ++round) {
+    sent.push_back(random_floats(16 << 10, 12 + round));  // 64 KiB: a segment of its own
+    std::vector<float> dest(sent.back().size(), 0.0f);
+    auto expect = f.stream->expect({bytes_of(got_small), bytes_of(dest)});
+    Reply reply(expect->tag(), {&small, &sent.back()});
+    auto flat = flatten(reply.message);
+    // All of it in the socket before the stream reads (a Unix socket holds 64 KiB and more).
+    REQUIRE(::write(f.fds[1], flat.begin(), flat.size()) == static_cast<ssize_t>(flat.size()));
+    const uint64_t before = f.socket->read_calls();
+    auto m = f.read();
+    calls.push_back(f.socket->read_calls() - before);
+    auto tensors = results_of(*m).getTensors();
+    REQUIRE(tensors.size() == 2);
+    CHECK(tensors[1].getValues().begin() == bytes_of(dest).begin());
+    CHECK(dest == sent.back());
+    CHECK(std::memcmp(tensors[0].getValues().begin(), small.data(), small.size() * sizeof(float)) == 0);
+  }
+  // The first round learns where the tensor starts (the first segment, then
+  // the tensor: two reads); the next ones read both at once.
+  CHECK(calls == std::vector<uint64_t>{2, 1, 1});
+  CHECK(f.stream->landed_messages() == 3);
+}
+
 TEST_CASE("a reply with no registered tag, or a buffer of another size, is read as Cap'n Proto would") {
   Fixture f;
   auto a = random_floats(64 << 10, 4);

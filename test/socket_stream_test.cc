@@ -375,6 +375,110 @@ TEST_CASE("limit_read_ahead keeps the bytes after a small read in the socket") {
   ::close(fds[0]);
 }
 
+TEST_CASE("land_next_read puts the middle of one read straight into its destination") {
+  Loop l;
+  auto head = random_bytes(200, 41), body = random_bytes(100000, 42), next = random_bytes(1000, 43);
+  std::vector<kj::byte> all = head;
+  all.insert(all.end(), body.begin(), body.end());
+  all.insert(all.end(), next.begin(), next.end());
+  int fds[2];
+  filled_socket_pair(fds, all);
+  auto receiver = ps::wrap_socket(l.port, fds[1]);
+  receiver->limit_read_ahead(4096);
+  std::vector<kj::byte> got_head(head.size()), dest(body.size()), got_next(next.size());
+  receiver->land_next_read(head.size(), kj::arrayPtr(dest.data(), dest.size()));
+  l.wait(receiver->read(got_head.data(), 8));
+  // One read took the head, the body (into dest) and what follows.
+  CHECK(unread(fds[1]) == 0);
+  CHECK(dest == body);
+  l.wait(receiver->read(got_head.data() + 8, head.size() - 8));
+  std::fill(dest.begin() + 5000, dest.end(), kj::byte{0});  // bytes in place are not copied again...
+  std::vector<kj::byte> expect = body;
+  std::fill(expect.begin() + 5000, expect.end(), kj::byte{0});
+  l.wait(receiver->read_exact(dest.size(), [&](size_t offset) { return dest.data() + offset; }));
+  CHECK(dest == expect);  // ...so what was written there since stays
+  l.wait(receiver->read(got_next.data(), next.size()));
+  CHECK(got_head == head);
+  CHECK(got_next == next);
+  ::close(fds[0]);
+}
+
+TEST_CASE("a wrong land_next_read guess still hands out every byte in stream order") {
+  Loop l;
+  auto head = random_bytes(200, 51), body = random_bytes(70000, 52), next = random_bytes(3000, 53);
+  std::vector<kj::byte> all = head;
+  all.insert(all.end(), body.begin(), body.end());
+  all.insert(all.end(), next.begin(), next.end());
+  int fds[2];
+  filled_socket_pair(fds, all);
+  auto receiver = ps::wrap_socket(l.port, fds[1]);
+  receiver->limit_read_ahead(4096);
+  std::vector<kj::byte> got_head(head.size()), dest(body.size()), got_next(next.size());
+  size_t guess = 0;
+  bool into_dest = true;
+  SECTION("the head is longer than guessed") { guess = 120; }
+  SECTION("the head is shorter than guessed") { guess = 333; }
+  SECTION("the guessed destination is not where the body goes") {
+    guess = head.size();
+    into_dest = false;
+  }
+  SECTION("a destination larger than what follows") {
+    guess = head.size();
+    dest.resize(body.size() + next.size() + 5000);
+  }
+  receiver->land_next_read(guess, kj::arrayPtr(dest.data(), dest.size()));
+  l.wait(receiver->read(got_head.data(), head.size()));
+  std::vector<kj::byte> other(body.size());
+  kj::byte* target = into_dest ? dest.data() : other.data();
+  l.wait(receiver->read_exact(body.size(), [&](size_t offset) { return target + offset; }));
+  l.wait(receiver->read(got_next.data(), next.size()));
+  CHECK(got_head == head);
+  CHECK(std::vector<kj::byte>(target, target + body.size()) == body);
+  CHECK(got_next == next);
+  ::close(fds[0]);
+}
+
+TEST_CASE("release moves bytes parked in a destination out of it") {
+  Loop l;
+  auto head = random_bytes(64, 61), body = random_bytes(50000, 62);
+  std::vector<kj::byte> all = head;
+  all.insert(all.end(), body.begin(), body.end());
+  int fds[2];
+  filled_socket_pair(fds, all);
+  auto receiver = ps::wrap_socket(l.port, fds[1]);
+  std::vector<kj::byte> got_head(head.size()), dest(body.size()), got_body(body.size());
+  receiver->land_next_read(head.size(), kj::arrayPtr(dest.data(), dest.size()));
+  l.wait(receiver->read(got_head.data(), head.size()));
+  CHECK(dest == body);
+  receiver->release(kj::arrayPtr(dest.data(), dest.size()));  // its owner gave up: the memory is no longer the stream's
+  std::fill(dest.begin(), dest.end(), kj::byte{0});
+  l.wait(receiver->read(got_body.data(), body.size()));
+  CHECK(got_head == head);
+  CHECK(got_body == body);
+  ::close(fds[0]);
+}
+
+TEST_CASE("a landing set while the socket is empty is used by the read that finds data") {
+  Loop l;
+  int fds[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, fds) == 0);
+  auto receiver = ps::wrap_socket(l.port, fds[1]);
+  auto head = random_bytes(100, 71), body = random_bytes(20000, 72);
+  std::vector<kj::byte> got_head(head.size()), dest(body.size());
+  receiver->land_next_read(head.size(), kj::arrayPtr(dest.data(), dest.size()));
+  auto reading = receiver->read(got_head.data(), head.size());
+  l.ws.poll();  // finds the socket empty and waits
+  std::vector<kj::byte> all = head;
+  all.insert(all.end(), body.begin(), body.end());
+  REQUIRE(::write(fds[0], all.data(), all.size()) == static_cast<ssize_t>(all.size()));
+  l.wait(kj::mv(reading));
+  CHECK(got_head == head);
+  CHECK(dest == body);
+  l.wait(receiver->read_exact(dest.size(), [&](size_t offset) { return dest.data() + offset; }));
+  CHECK(dest == body);
+  ::close(fds[0]);
+}
+
 TEST_CASE("read_exact fails when the stream ends first") {
   Loop l;
   const auto [client, server] = tcp_connection();

@@ -157,7 +157,10 @@ class Client {
   void declare(const std::vector<TensorSpec>& specs);
 
   // Reads tensors into caller buffers (each of the tensor's element count).
-  // Waits until the shards reach `min_step` (sync mode).
+  // Waits until the shards reach `min_step` (sync mode). Values are read
+  // from the socket straight into the buffers: keep them alive and
+  // untouched until the pull returns (or its future is ready); a pull that
+  // fails leaves their contents unspecified.
   PullResult pull(const std::vector<std::string>& names, const std::vector<std::span<float>>& out,
                   int64_t min_step = 0);
   uint64_t pull(const std::string& name, std::span<float> out);

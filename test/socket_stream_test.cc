@@ -314,6 +314,14 @@ int unread(int fd) {
   return n;
 }
 
+// The pieces one after another, as the peer sends them.
+template <typename... Pieces>
+std::vector<kj::byte> joined(const Pieces&... pieces) {
+  std::vector<kj::byte> all;
+  (all.insert(all.end(), pieces.begin(), pieces.end()), ...);
+  return all;
+}
+
 // A Unix socket pair whose first end already holds `bytes` for the second
 // to read: written whole before any read, so what the reader takes out is
 // not refilled behind its back.
@@ -334,9 +342,7 @@ int filled_socket_pair(int fds[2], const std::vector<kj::byte>& bytes) {
 TEST_CASE("read_exact takes what follows in the same read; the stream hands it out next") {
   Loop l;
   auto head = random_bytes(8, 21), big = random_bytes(100000, 22), next = random_bytes(1000, 23);
-  std::vector<kj::byte> all = head;
-  all.insert(all.end(), big.begin(), big.end());
-  all.insert(all.end(), next.begin(), next.end());
+  const auto all = joined(head, big, next);
   int fds[2];
   filled_socket_pair(fds, all);
   auto receiver = ps::wrap_socket(l.port, fds[1]);
@@ -378,9 +384,7 @@ TEST_CASE("limit_read_ahead keeps the bytes after a small read in the socket") {
 TEST_CASE("land_next_read puts the middle of one read straight into its destination") {
   Loop l;
   auto head = random_bytes(200, 41), body = random_bytes(100000, 42), next = random_bytes(1000, 43);
-  std::vector<kj::byte> all = head;
-  all.insert(all.end(), body.begin(), body.end());
-  all.insert(all.end(), next.begin(), next.end());
+  const auto all = joined(head, body, next);
   int fds[2];
   filled_socket_pair(fds, all);
   auto receiver = ps::wrap_socket(l.port, fds[1]);
@@ -406,9 +410,7 @@ TEST_CASE("land_next_read puts the middle of one read straight into its destinat
 TEST_CASE("a wrong land_next_read guess still hands out every byte in stream order") {
   Loop l;
   auto head = random_bytes(200, 51), body = random_bytes(70000, 52), next = random_bytes(3000, 53);
-  std::vector<kj::byte> all = head;
-  all.insert(all.end(), body.begin(), body.end());
-  all.insert(all.end(), next.begin(), next.end());
+  const auto all = joined(head, body, next);
   int fds[2];
   filled_socket_pair(fds, all);
   auto receiver = ps::wrap_socket(l.port, fds[1]);
@@ -441,8 +443,7 @@ TEST_CASE("a wrong land_next_read guess still hands out every byte in stream ord
 TEST_CASE("release moves bytes parked in a destination out of it") {
   Loop l;
   auto head = random_bytes(64, 61), body = random_bytes(50000, 62);
-  std::vector<kj::byte> all = head;
-  all.insert(all.end(), body.begin(), body.end());
+  const auto all = joined(head, body);
   int fds[2];
   filled_socket_pair(fds, all);
   auto receiver = ps::wrap_socket(l.port, fds[1]);
@@ -468,8 +469,7 @@ TEST_CASE("a landing set while the socket is empty is used by the read that find
   receiver->land_next_read(head.size(), kj::arrayPtr(dest.data(), dest.size()));
   auto reading = receiver->read(got_head.data(), head.size());
   l.ws.poll();  // finds the socket empty and waits
-  std::vector<kj::byte> all = head;
-  all.insert(all.end(), body.begin(), body.end());
+  const auto all = joined(head, body);
   REQUIRE(::write(fds[0], all.data(), all.size()) == static_cast<ssize_t>(all.size()));
   l.wait(kj::mv(reading));
   CHECK(got_head == head);

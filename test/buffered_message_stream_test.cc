@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <random>
@@ -96,10 +97,17 @@ std::thread write_in_pieces(int& fd, std::vector<uint8_t> bytes, unsigned seed, 
 }
 
 // Writes each message whole, then waits for the reader to catch up.
-std::thread write_one_by_one(int fd, const std::vector<Message>& messages) {
-  return std::thread([fd, &messages] {
-    for (auto& m : messages) {
-      auto b = m.flat.asBytes();
+// With `read`, message i is written only once the reader has counted i
+// messages read (bounded wait), so no two are ever in the socket together,
+// however late a loaded machine runs the reader.
+std::thread write_one_by_one(int fd, const std::vector<Message>& messages, const std::atomic<size_t>* read = nullptr) {
+  return std::thread([fd, &messages, read] {
+    for (size_t i = 0; i < messages.size(); ++i) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (read != nullptr && read->load() < i && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+      auto b = messages[i].flat.asBytes();
       size_t done = 0;
       while (done < b.size()) {
         const ssize_t n = ::write(fd, b.begin() + done, b.size() - done);
@@ -366,7 +374,8 @@ TEST_CASE("small messages read one at a time reuse the fronts of two buffers") {
   Pair pair;
   auto socket = pair.reading_end(loop);
   BufferedMessageStream messages(*socket);
-  auto writer = write_one_by_one(pair.fds[1], sent);
+  std::atomic<size_t> read{0};
+  auto writer = write_one_by_one(pair.fds[1], sent, &read);
   std::set<const capnp::word*> starts;
   kj::Own<capnp::MessageReader> previous;
   for (auto& m : sent) {
@@ -374,6 +383,7 @@ TEST_CASE("small messages read one at a time reuse the fronts of two buffers") {
     check_same(*reader, m);
     starts.insert(reader->getSegment(0).begin());
     previous = kj::mv(reader);
+    ++read;
   }
   writer.join();
   CHECK(starts.size() == 2);

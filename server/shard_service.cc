@@ -108,7 +108,16 @@ kj::Promise<void> ShardServiceImpl::create(CreateContext context) {
   });
 }
 
+// Calls that wait (a pull for a later step, waitReady, barrier) end when
+// their caller gives up or goes away: Cap'n Proto 0.9 otherwise keeps the
+// call running, and with it this connection's service object, so psd would
+// count a dead worker as connected until the wait ended by itself (a step
+// that may never come, or up to an hour). Their waits and reads can stop
+// at any point (ComputePool drops a task not yet started, waits for one
+// running). Pushes are never cancelled: one cut short between its tensors'
+// updates would be half applied, and its retry answered as done.
 kj::Promise<void> ShardServiceImpl::pull(PullContext context) {
+  context.allowCancellation();
   return guarded(RequestKind::kPull, [&] { return shard_.pull(caller_, context.getParams(), [&](capnp::MessageSize size) { return context.getResults(size); }); });
 }
 
@@ -152,6 +161,7 @@ kj::Promise<void> ShardServiceImpl::setReady(SetReadyContext) {
 }
 
 kj::Promise<void> ShardServiceImpl::waitReady(WaitReadyContext context) {
+  context.allowCancellation();  // see pull()
   return guarded(RequestKind::kWaitReady, [&]() -> kj::Promise<void> {
     const uint32_t ms = std::min<uint32_t>(context.getParams().getTimeoutMs(), 3'600'000);
     return shard_.job().wait_ready(ms * kj::MILLISECONDS).then([this, context](bool ready) mutable {
@@ -174,6 +184,7 @@ kj::Promise<void> ShardServiceImpl::stepDone(StepDoneContext context) {
 }
 
 kj::Promise<void> ShardServiceImpl::barrier(BarrierContext context) {
+  context.allowCancellation();  // see pull()
   return guarded(RequestKind::kBarrier, [&]() -> kj::Promise<void> {
     auto p = context.getParams();
     const uint32_t ms = std::min<uint32_t>(p.getTimeoutMs(), 3'600'000);

@@ -139,3 +139,57 @@ TEST_CASE("sync: a hung worker (connection open, silent) is not waited for past 
   CHECK(took < 4s);  // about one timeout, not a hang
   CHECK_THAT(psd.log(), Catch::Contains("worker 1 silent"));
 }
+
+TEST_CASE("a worker killed while psd holds its call waiting is let go at once, not when the wait ends") {
+  PsdProcess psd;
+  ClientOptions o;
+  o.ps_hosts = {psd.address()};
+  for (const char* call : {"barrier", "waitReady", "sync pull"}) {
+    INFO(call);
+    const std::string what = call;
+    // The worker is a child process, forked before this process has a
+    // client of its own, killed once its call waits in psd.
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      try {
+        ClientOptions w = o;
+        w.worker_index = 1;
+        Client worker(w);
+        if (what == "barrier") {
+          worker.barrier("b", 2, 600s);
+        } else if (what == "waitReady") {
+          worker.wait_ready(600s);  // no chief: never ready
+        } else {
+          // A sync job at step 0: a pull for step 5 waits for steps nobody takes.
+          worker.create({{.name = "v", .shape = {4}}});
+          worker.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2});
+          std::vector<float> v(4);
+          worker.pull({"v"}, {std::span<float>(v)}, 5);
+        }
+      } catch (...) {
+      }
+      ::_exit(0);
+    }
+    Client observer(o);
+    auto connected = [&] {
+      auto st = observer.stats()[0];
+      return st.connections == 2 && (what != "sync pull" || st.job.mode == SyncMode::kSync);
+    };
+    bool seen = false;
+    for (auto waited = 0ms; waited < 10s && !(seen = connected()); waited += 10ms) std::this_thread::sleep_for(10ms);
+    REQUIRE(seen);
+    std::this_thread::sleep_for(300ms);  // the call is in psd, waiting
+    ::kill(child, SIGKILL);
+    ::waitpid(child, nullptr, 0);
+    // psd sees the connection close and forgets the worker at once.
+    uint32_t connections = 0;
+    for (auto waited = 0ms; waited < 3s; waited += 10ms) {
+      connections = observer.stats()[0].connections;
+      if (connections == 1) break;
+      std::this_thread::sleep_for(10ms);
+    }
+    CHECK(connections == 1);
+  }
+  CHECK_THAT(psd.log(), Catch::Contains("worker 1 (") && Catch::Contains(") disconnected"));
+}

@@ -48,7 +48,9 @@ struct ClientOptions {
   std::size_t part_bytes = kDefaultPartBytes;
   // How long to keep retrying a shard that is not (yet) listening.
   std::chrono::milliseconds connect_timeout{15000};
-  // Longest wait for the answer to a call (0: no limit).
+  // Longest wait for the answer to a call (0: no limit). Set below
+  // connect_timeout, the Client raises it to connect_timeout + 10 s: a call
+  // may have to wait for a connection first.
   std::chrono::milliseconds call_timeout{300000};
   // When a connection breaks (psd killed, restarted), how long to keep
   // reconnecting before a call fails; 0: fail at once. Retried pushes are

@@ -6,6 +6,7 @@
 //   build/bench/push_pull_bench --part_kb 4096 --request_kb 8192   # one 4 MiB part per message
 //   build/bench/push_pull_bench --busy_poll_us 50 --sizes 4K,64K   # clients poll too (common/busy_poll.h)
 //   build/bench/push_pull_bench --psd old/psd --ab_psd build/server/psd --sizes 64K   # A/B two psd builds
+//   build/bench/push_pull_bench --psd_cpus 1 --client_cpus 0   # psd and the clients on cores of their own
 //
 // Plain TCP reference: the same payload written in 1 MiB pieces from one
 // thread to another over a loopback socket (the two pinned to different cores),
@@ -23,6 +24,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -57,6 +59,22 @@ using Clock = std::chrono::steady_clock;
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// --client_cpus / --psd_cpus: where this process's client threads and psd
+// run (empty: anywhere). The plain TCP reference pins its own threads and
+// hands the calling thread back to client_cpus.
+cpu_set_t client_cpus;
+std::vector<int> psd_cpus;
+
+cpu_set_t cpu_set_of(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) CPU_SET(c, &set);
+  if (cpus.empty()) {
+    for (unsigned c = 0; c < std::thread::hardware_concurrency(); ++c) CPU_SET(c, &set);
+  }
+  return set;
 }
 
 void pin_to_core(int core) {
@@ -142,10 +160,7 @@ std::vector<double> tcp_transfer_samples(size_t bytes, int reps) {
   close(fd);
   receiver.join();
   close(listener);
-  cpu_set_t all;
-  CPU_ZERO(&all);
-  for (unsigned c = 0; c < std::thread::hardware_concurrency(); ++c) CPU_SET(c, &all);
-  pthread_setaffinity_np(pthread_self(), sizeof(all), &all);
+  pthread_setaffinity_np(pthread_self(), sizeof(client_cpus), &client_cpus);
   return times;
 }
 
@@ -173,6 +188,8 @@ struct Psd {
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
+      const cpu_set_t cpus = cpu_set_of(psd_cpus);
+      sched_setaffinity(0, sizeof(cpus), &cpus);
       execv(argv[0], argv.data());
       _exit(127);
     }
@@ -473,12 +490,22 @@ int main(int argc, char** argv) {
                  "SO_SNDBUF of the plain TCP reference's sockets, in KiB (default: what psd's same-host connections "
                  "get; 0: Linux's autotuning)")
       ->capture_default_str();
+  std::string client_cpus_flag, psd_cpus_flag;
+  app.add_option("--client_cpus", client_cpus_flag,
+                 "CPUs for this process's client threads, e.g. 0 (default: any); with --psd_cpus, keeps the "
+                 "scheduler from putting psd's thread and a client on one core");
+  app.add_option("--psd_cpus", psd_cpus_flag, "CPUs for the psd it starts, e.g. 1 (default: any)");
   std::string ab_psd;
   app.add_option("--ab_psd", ab_psd,
                  "instead of the tables: one client's push and pull latency against --psd (A) and this psd binary "
                  "(B), --reps blocks of 100 calls each taken in turn");
   CLI11_PARSE(app, argc, argv);
   tcp_send_buffer_bytes = tcp_send_buffer_kb << 10;
+  std::vector<int> cpus;
+  for (const std::string& c : ps::split_list(client_cpus_flag)) cpus.push_back(std::stoi(c));
+  client_cpus = cpu_set_of(cpus);
+  pthread_setaffinity_np(pthread_self(), sizeof(client_cpus), &client_cpus);
+  for (const std::string& c : ps::split_list(psd_cpus_flag)) psd_cpus.push_back(std::stoi(c));
 
   std::vector<size_t> sizes;
   for (const std::string& s : ps::split_list(sizes_flag)) sizes.push_back(parse_size(s));

@@ -193,3 +193,48 @@ TEST_CASE("a worker killed while psd holds its call waiting is let go at once, n
   }
   CHECK_THAT(psd.log(), Catch::Contains("worker 1 (") && Catch::Contains(") disconnected"));
 }
+
+TEST_CASE("sync: a worker killed while its pull waits for the next step does not hold that step back") {
+  PsdProcess psd;
+  ClientOptions o;
+  o.ps_hosts = {psd.address()};
+  const JobConfig job{.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2};
+  // Worker 1, forked before this process has a client: waits for the
+  // chief, then pulls for step 1, which waits for step 0's gradients.
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    try {
+      ClientOptions w = o;
+      w.worker_index = 1;
+      Client worker(w);
+      worker.wait_ready(10s);
+      worker.declare({{.name = "v", .shape = {4}}});
+      std::vector<float> v(4);
+      worker.pull({"v"}, {std::span<float>(v)}, 1);
+    } catch (...) {
+    }
+    ::_exit(0);
+  }
+  ClientOptions c = o;
+  c.worker_index = 0;
+  c.is_chief = true;
+  Client chief(c);
+  chief.create({{.name = "v", .shape = {4}}});
+  chief.init_job(job);
+  chief.set_ready();
+  bool waiting = false;
+  for (auto waited = 0ms; waited < 10s && !waiting; waited += 10ms) {
+    auto st = chief.stats()[0];
+    waiting = st.connections == 2 && st.workers.size() == 2;
+    std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE(waiting);
+  std::this_thread::sleep_for(300ms);  // worker 1's pull is in psd, waiting for step 1
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  // Worker 1 is gone: step 0 completes with the chief's gradient alone.
+  std::vector<float> g(4, 1.0f);
+  chief.push({"v"}, {std::span<const float>(g)}, 0);
+  CHECK(wait_for_step(chief, 1, 3s) == 1);
+}

@@ -134,6 +134,7 @@ kj::Promise<void> JobState::wait_for_staleness(int64_t step) {
   if (config_.mode != SyncMode::kBoundedStaleness) return kj::READY_NOW;
   if (step - slowest_live_step() <= static_cast<int64_t>(config_.max_staleness)) return kj::READY_NOW;
   ++staleness_waits_;
+  sweep_abandoned();
   auto paf = kj::newPromiseAndFulfiller<void>();
   staleness_waiters_.emplace(step, kj::mv(paf.fulfiller));
   return kj::mv(paf.promise);
@@ -156,8 +157,31 @@ void JobState::advance_step() {
   recheck_staleness_waiters();
 }
 
+size_t JobState::held_waits() const {
+  size_t n = step_waiters_.size() + staleness_waiters_.size() + ready_waiters_.size();
+  for (const auto& [name, b] : barriers_) n += b.waiting.size();
+  return n;
+}
+
+// A wait whose call was cancelled (its caller gave up or went away;
+// shard_service.cc) stays listed until its step, readiness or barrier
+// comes, which may be never: once the lists have doubled since the last
+// sweep they are swept of those, so a client that keeps asking and giving
+// up cannot grow them without bound. A barrier keeps its arrivals.
+void JobState::sweep_abandoned() {
+  if (held_waits() < next_sweep_) return;
+  auto abandoned = [](auto& fulfiller) { return !fulfiller->isWaiting(); };
+  for (auto* waiters : {&step_waiters_, &staleness_waiters_}) {
+    for (auto it = waiters->begin(); it != waiters->end();) it = abandoned(it->second) ? waiters->erase(it) : std::next(it);
+  }
+  std::erase_if(ready_waiters_, abandoned);
+  for (auto& [name, b] : barriers_) std::erase_if(b.waiting, abandoned);
+  next_sweep_ = std::max(kFirstSweep, 2 * held_waits());
+}
+
 kj::Promise<void> JobState::wait_for_step(int64_t step) {
   if (step <= global_step_) return kj::READY_NOW;
+  sweep_abandoned();
   auto paf = kj::newPromiseAndFulfiller<void>();
   step_waiters_.emplace(step, kj::mv(paf.fulfiller));
   return kj::mv(paf.promise);
@@ -172,6 +196,7 @@ void JobState::set_ready() {
 
 kj::Promise<bool> JobState::wait_ready(kj::Duration timeout) {
   if (ready_) return true;
+  sweep_abandoned();
   auto paf = kj::newPromiseAndFulfiller<bool>();
   ready_waiters_.push_back(kj::mv(paf.fulfiller));
   return paf.promise.exclusiveJoin(timer_.afterDelay(timeout).then([] { return false; }));
@@ -187,6 +212,7 @@ kj::Promise<uint32_t> JobState::barrier(const std::string& name, uint32_t count,
     barriers_.erase(name);
     return arrived;
   }
+  sweep_abandoned();
   auto paf = kj::newPromiseAndFulfiller<uint32_t>();
   b.waiting.push_back(kj::mv(paf.fulfiller));
   return paf.promise.exclusiveJoin(timer_.afterDelay(timeout).then([name, count]() -> kj::Promise<uint32_t> {

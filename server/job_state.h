@@ -99,6 +99,10 @@ class JobState {
   // Called once the job is finished and no worker is connected any more.
   void on_done(std::function<void()> callback) { on_done_ = std::move(callback); }
 
+  // Waits held for pulls, waitReady and barriers, abandoned ones included
+  // until swept (for tests).
+  size_t held_waits() const;
+
  private:
   void recheck_staleness_waiters();
   void maybe_done();
@@ -119,6 +123,9 @@ class JobState {
     std::vector<kj::Own<kj::PromiseFulfiller<uint32_t>>> waiting;
   };
   std::map<std::string, Barrier> barriers_;
+  size_t next_sweep_ = kFirstSweep;  // held_waits() at which abandoned ones are swept
+  static constexpr size_t kFirstSweep = 64;
+  void sweep_abandoned();
   uint64_t staleness_waits_ = 0;
   int64_t max_staleness_seen_ = 0;
   std::function<void()> on_done_;

@@ -1,0 +1,36 @@
+// ps::JobState (server/job_state.h): waits whose callers gave up (psd
+// cancels a waiting pull, waitReady or barrier when its caller goes away)
+// are swept from its lists; the ones still wanted are kept and released.
+#include <catch2/catch.hpp>
+
+#include <kj/async.h>
+#include <kj/timer.h>
+
+#include "job_state.h"
+
+TEST_CASE("waits whose callers gave up do not pile up; the others are kept") {
+  kj::EventLoop loop;
+  kj::WaitScope ws(loop);
+  kj::TimerImpl timer(kj::origin<kj::TimePoint>());
+  ps::JobState job(timer);
+
+  auto kept_step = job.wait_for_step(1);
+  auto kept_ready = job.wait_ready(10 * kj::SECONDS);
+  // Each dropped at once, as a cancelled call drops it.
+  for (int i = 0; i < 1000; ++i) {
+    (void)job.wait_for_step(2 + i % 7);
+    (void)job.wait_ready(10 * kj::SECONDS);
+    (void)job.barrier("b", 2000, 10 * kj::SECONDS);
+  }
+  CHECK(job.held_waits() < 200);
+
+  // A barrier keeps its arrivals: 1000 so far, 1000 more complete it.
+  for (int i = 0; i < 999; ++i) (void)job.barrier("b", 2000, 10 * kj::SECONDS);
+  CHECK(job.barrier("b", 2000, 10 * kj::SECONDS).wait(ws) == 2000);
+
+  job.advance_step();
+  CHECK(kept_step.poll(ws));
+  job.set_ready();
+  REQUIRE(kept_ready.poll(ws));
+  CHECK(kept_ready.wait(ws));
+}

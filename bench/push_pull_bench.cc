@@ -78,9 +78,7 @@ cpu_set_t cpu_set_of(const std::vector<int>& cpus) {
 }
 
 void pin_to_core(int core) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(core % std::max(1u, std::thread::hardware_concurrency()), &set);
+  const cpu_set_t set = cpu_set_of({static_cast<int>(core % std::max(1u, std::thread::hardware_concurrency()))});
   pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
 }
 

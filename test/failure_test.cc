@@ -69,6 +69,26 @@ int64_t wait_for_step(Client& observer, int64_t step, std::chrono::milliseconds 
   return now;
 }
 
+// Worker 1 as a child process running `call` with its own Client, forked
+// before this process has a client (its threads would not be in the
+// child); the test kills it by PID.
+template <typename Call>
+pid_t fork_worker(const ClientOptions& o, Call call) {
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    try {
+      ClientOptions w = o;
+      w.worker_index = 1;
+      Client worker(w);
+      call(worker);
+    } catch (...) {
+    }
+    ::_exit(0);
+  }
+  return child;
+}
+
 }  // namespace
 
 TEST_CASE("sync: a worker killed mid-training does not stop the job, and a restarted one rejoins") {
@@ -147,30 +167,20 @@ TEST_CASE("a worker killed while psd holds its call waiting is let go at once, n
   for (const char* call : {"barrier", "waitReady", "sync pull"}) {
     INFO(call);
     const std::string what = call;
-    // The worker is a child process, forked before this process has a
-    // client of its own, killed once its call waits in psd.
-    const pid_t child = ::fork();
-    REQUIRE(child >= 0);
-    if (child == 0) {
-      try {
-        ClientOptions w = o;
-        w.worker_index = 1;
-        Client worker(w);
-        if (what == "barrier") {
-          worker.barrier("b", 2, 600s);
-        } else if (what == "waitReady") {
-          worker.wait_ready(600s);  // no chief: never ready
-        } else {
-          // A sync job at step 0: a pull for step 5 waits for steps nobody takes.
-          worker.create({{.name = "v", .shape = {4}}});
-          worker.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2});
-          std::vector<float> v(4);
-          worker.pull({"v"}, {std::span<float>(v)}, 5);
-        }
-      } catch (...) {
+    // Killed once its call waits in psd.
+    const pid_t child = fork_worker(o, [&](Client& worker) {
+      if (what == "barrier") {
+        worker.barrier("b", 2, 600s);
+      } else if (what == "waitReady") {
+        worker.wait_ready(600s);  // no chief: never ready
+      } else {
+        // A sync job at step 0: a pull for step 5 waits for steps nobody takes.
+        worker.create({{.name = "v", .shape = {4}}});
+        worker.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2});
+        std::vector<float> v(4);
+        worker.pull({"v"}, {std::span<float>(v)}, 5);
       }
-      ::_exit(0);
-    }
+    });
     Client observer(o);
     auto connected = [&] {
       auto st = observer.stats()[0];
@@ -199,23 +209,14 @@ TEST_CASE("sync: a worker killed while its pull waits for the next step does not
   ClientOptions o;
   o.ps_hosts = {psd.address()};
   const JobConfig job{.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2};
-  // Worker 1, forked before this process has a client: waits for the
-  // chief, then pulls for step 1, which waits for step 0's gradients.
-  const pid_t child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    try {
-      ClientOptions w = o;
-      w.worker_index = 1;
-      Client worker(w);
-      worker.wait_ready(10s);
-      worker.declare({{.name = "v", .shape = {4}}});
-      std::vector<float> v(4);
-      worker.pull({"v"}, {std::span<float>(v)}, 1);
-    } catch (...) {
-    }
-    ::_exit(0);
-  }
+  // Worker 1 waits for the chief, then pulls for step 1, which waits for
+  // step 0's gradients.
+  const pid_t child = fork_worker(o, [](Client& worker) {
+    worker.wait_ready(10s);
+    worker.declare({{.name = "v", .shape = {4}}});
+    std::vector<float> v(4);
+    worker.pull({"v"}, {std::span<float>(v)}, 1);
+  });
   ClientOptions c = o;
   c.worker_index = 0;
   c.is_chief = true;

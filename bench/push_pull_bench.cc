@@ -7,6 +7,7 @@
 //   build/bench/push_pull_bench --busy_poll_us 50 --sizes 4K,64K   # clients poll too (common/busy_poll.h)
 //   build/bench/push_pull_bench --psd old/psd --ab_psd build/server/psd --sizes 64K   # A/B two psd builds
 //   build/bench/push_pull_bench --psd_cpus 1 --client_cpus 0   # psd and the clients on cores of their own
+//   build/bench/push_pull_bench --psd_flags "--nice -10"      # psd not preempted by the clients (root)
 //
 // Plain TCP reference: the same payload written in 1 MiB pieces from one
 // thread to another over a loopback socket (the two pinned to different cores),
@@ -39,6 +40,7 @@
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -66,6 +68,8 @@ double median(std::vector<double> v) {
 // hands the calling thread back to client_cpus.
 cpu_set_t client_cpus;
 std::vector<int> psd_cpus;
+// --psd_flags: more flags for every psd the benchmark starts.
+std::vector<std::string> psd_extra_flags;
 
 cpu_set_t cpu_set_of(const std::vector<int>& cpus) {
   cpu_set_t set;
@@ -183,6 +187,7 @@ struct Psd {
         args.push_back("--unix_socket");
         args.push_back(unix_socket);
       }
+      args.insert(args.end(), psd_extra_flags.begin(), psd_extra_flags.end());
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -493,6 +498,8 @@ int main(int argc, char** argv) {
                  "CPUs for this process's client threads, e.g. 0 (default: any); with --psd_cpus, keeps the "
                  "scheduler from putting psd's thread and a client on one core");
   app.add_option("--psd_cpus", psd_cpus_flag, "CPUs for the psd it starts, e.g. 1 (default: any)");
+  std::string psd_flags;
+  app.add_option("--psd_flags", psd_flags, "more flags for each psd it starts, split at spaces, e.g. \"--nice -10\"");
   std::string ab_psd;
   app.add_option("--ab_psd", ab_psd,
                  "instead of the tables: one client's push and pull latency against --psd (A) and this psd binary "
@@ -504,6 +511,8 @@ int main(int argc, char** argv) {
   client_cpus = cpu_set_of(cpus);
   pthread_setaffinity_np(pthread_self(), sizeof(client_cpus), &client_cpus);
   for (const std::string& c : ps::split_list(psd_cpus_flag)) psd_cpus.push_back(std::stoi(c));
+  std::istringstream flag_words(psd_flags);
+  for (std::string word; flag_words >> word;) psd_extra_flags.push_back(word);
 
   std::vector<size_t> sizes;
   for (const std::string& s : ps::split_list(sizes_flag)) sizes.push_back(parse_size(s));

@@ -6,6 +6,7 @@
 
 #include "auth_token.h"
 #include "host_port.h"
+#include "process_priority.h"
 #include "ps/errors.h"
 
 namespace ps {
@@ -63,6 +64,9 @@ void add_psd_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
                  "for small tensors, at the price of CPU; adaptive (0: sleep at once)")
       ->capture_default_str()
       ->check(CLI::Range(0u, 1000000u));
+  app.add_option("--nice", x.nice,
+                 "scheduling priority of psd's threads, as nice(1) (-20..19): below 0 keeps workers on this host "
+                 "from preempting psd (needs root or CAP_SYS_NICE); unset: as started");
   app.add_flag("--allow_nonfinite", o.shard.allow_nonfinite, "accept gradients containing NaN or Inf");
   add_durability_flags(app, o, x);
   app.add_option("--exit_when_done", o.exit_when_done,
@@ -133,6 +137,11 @@ void finish_psd_flags(ServerOptions& o, const PsdFlagValues& x) {
   if (o.checkpoint.every_secs < 0) throw ConfigError("--checkpoint_secs must be >= 0");
   if (o.checkpoint.keep < 1) throw ConfigError("--keep_checkpoints must be >= 1");
   if (o.checkpoint.every_secs > 0 && o.checkpoint.dir.empty()) throw ConfigError("--checkpoint_secs needs --checkpoint_dir");
+  // Last, once every other flag is known good; before psd starts its threads.
+  if (x.nice) {
+    set_process_nice(*x.nice);
+    spdlog::info("psd threads at nice {}", *x.nice);
+  }
 }
 
 }  // namespace ps

@@ -1,7 +1,8 @@
-// psd's command-line flags, shared by the psd program and by trainers that
-// run a shard in-process (--job_name=ps).
+// psd's command-line flags (the psd program; a trainer run with --job_name=ps
+// has its own, examples/ps_task.cc).
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -20,6 +21,7 @@ struct PsdFlagValues {
   int max_shared_memory_mb = 1024;
   std::string http_port = "0";  // 0: no HTTP; "any": a free port
   std::string auth_token_file;
+  std::optional<int> nice;  // unset: the priority psd was started with
 };
 
 // Registers the flags; their values land in `options` (and in `extra`, kept
@@ -27,7 +29,7 @@ struct PsdFlagValues {
 void add_psd_flags(CLI::App& app, ServerOptions& options, PsdFlagValues& extra);
 
 // Derives shard index/count and port from --ps_hosts/--task_index when given,
-// applies --log_level and the size limits. Throws ConfigError.
+// applies --log_level, --nice and the size limits. Throws ConfigError.
 void finish_psd_flags(ServerOptions& options, const PsdFlagValues& extra);
 
 }  // namespace ps

@@ -1,0 +1,131 @@
+// psd --nice: every thread of psd at the asked priority; a value out of
+// range, or one psd may not take, refused with a clear error at start.
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <linux/capability.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "psd_process.h"
+
+using ps::test::PsdProcess;
+using ps::test::program_path;
+using ps::test::TempDir;
+
+namespace {
+
+// The nice value of each thread of `pid` (field 19 of its stat line,
+// counted after the command name, which may hold spaces).
+std::vector<int> thread_nice_values(pid_t pid) {
+  std::vector<int> values;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
+    std::ifstream in(task.path() / "stat");
+    std::string line;
+    std::getline(in, line);
+    std::istringstream rest(line.substr(line.rfind(')') + 1));
+    std::string field;
+    for (int i = 3; i <= 19 && rest >> field; ++i) {
+    }
+    values.push_back(std::stoi(field));
+  }
+  return values;
+}
+
+struct Exit {
+  int status = -1;  // exit status, or -1: killed or still running after 10 s
+  std::string log;
+};
+
+// Runs psd with `args` in a child that first calls `prepare` (returning
+// false: the child exits 99), waits up to 10 s for it to end.
+template <typename Prepare>
+Exit run_psd(const std::vector<std::string>& args, Prepare prepare) {
+  TempDir dir;
+  const std::string log = dir.path() + "/psd.log";
+  const std::string psd = program_path("PSD_BIN");
+  std::vector<std::string> all = {psd, "--port", "0"};
+  all.insert(all.end(), args.begin(), args.end());
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || !prepare()) _exit(99);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(psd.c_str(), argv.data());
+    _exit(127);
+  }
+  Exit out;
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (WIFEXITED(status)) out.status = WEXITSTATUS(status);
+  std::ifstream in(log);
+  out.log.assign(std::istreambuf_iterator<char>(in), {});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("psd --nice sets the priority of every one of its threads") {
+  const int nice = std::min(19, getpriority(PRIO_PROCESS, 0) + 7);  // raising needs no privilege
+  PsdProcess psd({"--nice", std::to_string(nice), "--threads", "2"});
+  const auto values = thread_nice_values(psd.pid());
+  REQUIRE(values.size() >= 3);  // the network thread and two compute threads
+  for (int v : values) CHECK(v == nice);
+  CHECK(psd.stop() == 0);
+}
+
+TEST_CASE("psd refuses a --nice out of range, before it listens") {
+  for (const char* bad : {"20", "-21"}) {
+    const Exit e = run_psd({"--nice", bad}, [] { return true; });
+    CHECK(e.status == 2);
+    CHECK_THAT(e.log, Catch::Contains("--nice must be in -20..19"));
+    CHECK_THAT(e.log, !Catch::Contains("listening"));
+  }
+}
+
+TEST_CASE("psd refuses a --nice it is not permitted to take, with the reason") {
+  const int current = getpriority(PRIO_PROCESS, 0);
+  if (current == -20) {
+    WARN("this test already runs at nice -20: nothing below it to refuse");
+    return;
+  }
+  // Below the current value needs CAP_SYS_NICE or RLIMIT_NICE: the child
+  // gives up both (root: the capability leaves the bounding set, so exec
+  // does not bring it back).
+  const Exit e = run_psd({"--nice", "-20"}, [] {
+    const rlimit none{0, 0};
+    if (setrlimit(RLIMIT_NICE, &none) != 0) return false;
+    if (geteuid() == 0 && prctl(PR_CAPBSET_DROP, CAP_SYS_NICE, 0, 0, 0) != 0) return false;
+    return true;
+  });
+  if (e.status == 99) {
+    WARN("could not drop CAP_SYS_NICE here (no CAP_SETPCAP?): not checked");
+    return;
+  }
+  CHECK(e.status == 2);
+  CHECK_THAT(e.log, Catch::Contains("--nice -20: Permission denied"));
+  CHECK_THAT(e.log, Catch::Contains("CAP_SYS_NICE"));
+  CHECK_THAT(e.log, !Catch::Contains("listening"));
+}

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "host_port.h"
+#include "process_priority.h"
 #include "ps/errors.h"
 #include "server.h"
 
@@ -17,6 +18,9 @@ void add_ps_task_flags(CLI::App& app, PsTaskFlags& f) {
       ->capture_default_str();
   app.add_option("--port_file", f.port_file, "ps task: write the bound port here once listening");
   app.add_option("--log_level", f.log_level, "trace, debug, info, warn, error")->capture_default_str();
+  app.add_option("--nice", f.nice,
+                 "ps task: scheduling priority of its threads, as psd --nice (-20..19; below 0 needs root or "
+                 "CAP_SYS_NICE); unset: as started");
 }
 
 int run_ps_task(const ClusterSpec& spec, const PsTaskFlags& f) {
@@ -40,8 +44,9 @@ int run_ps_task(const ClusterSpec& spec, const PsTaskFlags& f) {
       o.bind = (host == "127.0.0.1" || host == "localhost") ? "127.0.0.1" : "0.0.0.0";
     }
   }
-  spdlog::info("ps task {} of {}: serving shard {} on {} (bind {})", spec.task_index(), spec.num_ps(),
-               o.shard.shard_index, me, o.bind);
+  if (f.nice) set_process_nice(*f.nice);  // before serve_until_signal starts the shard's threads
+  spdlog::info("ps task {} of {}: serving shard {} on {} (bind {}{})", spec.task_index(), spec.num_ps(),
+               o.shard.shard_index, me, o.bind, f.nice ? ", nice " + std::to_string(*f.nice) : std::string());
   serve_until_signal(o);
   spdlog::info("ps task {} exited cleanly", spec.task_index());
   return 0;

@@ -9,6 +9,7 @@
 //   if (spec.is_ps()) return ps::run_ps_task(spec, ps_flags);
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -23,10 +24,11 @@ struct PsTaskFlags {
   bool exit_when_done = true;
   std::string port_file;
   std::string log_level = "info";
+  std::optional<int> nice;   // unset: the priority the task was started with
 };
 
 // psd's flags that matter for an in-process shard: --bind, --threads,
-// --exit_when_done, --port_file, --log_level.
+// --exit_when_done, --port_file, --log_level, --nice.
 void add_ps_task_flags(CLI::App& app, PsTaskFlags& flags);
 
 // Serves shard spec.task_index() of spec.num_ps() on this task's port.

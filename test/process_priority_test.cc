@@ -2,9 +2,12 @@
 // range, or one psd may not take, refused with a clear error at start.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +23,7 @@
 
 using ps::test::PsdProcess;
 using ps::test::program_path;
+using ps::test::spawn_logged;
 using ps::test::TempDir;
 
 namespace {
@@ -39,6 +43,19 @@ std::vector<int> thread_nice_values(pid_t pid) {
     values.push_back(std::stoi(field));
   }
   return values;
+}
+
+// A loopback port free a moment ago (a spec cannot say "any port").
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  close(fd);
+  return ntohs(addr.sin_port);
 }
 
 struct Exit {
@@ -128,4 +145,29 @@ TEST_CASE("psd refuses a --nice it is not permitted to take, with the reason") {
   CHECK_THAT(e.log, Catch::Contains("--nice -20: Permission denied"));
   CHECK_THAT(e.log, Catch::Contains("CAP_SYS_NICE"));
   CHECK_THAT(e.log, !Catch::Contains("listening"));
+}
+
+TEST_CASE("a trainer's ps task (--job_name ps) takes --nice as psd does") {
+  TempDir dir;
+  const std::string port_file = dir.path() + "/port", log = dir.path() + "/ps.log";
+  const int nice = std::min(19, getpriority(PRIO_PROCESS, 0) + 5);
+  const pid_t pid = spawn_logged({program_path("MNIST_TRAINER_BIN"), "--job_name", "ps", "--task_index", "0",
+                                  "--ps_hosts", "127.0.0.1:" + std::to_string(free_port()), "--worker_hosts", "127.0.0.1:1", "--port_file",
+                                  port_file, "--nice", std::to_string(nice), "--threads", "2"},
+                                 log);
+  bool listening = false;
+  for (int i = 0; i < 500 && !listening; ++i) {
+    listening = std::filesystem::exists(port_file) && std::filesystem::file_size(port_file) > 0;
+    if (!listening) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::vector<int> values;
+  if (listening) values = thread_nice_values(pid);
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  std::ifstream in(log);
+  INFO(std::string(std::istreambuf_iterator<char>(in), {}));
+  REQUIRE(listening);
+  REQUIRE(values.size() >= 3);
+  for (int v : values) CHECK(v == nice);
 }

@@ -63,6 +63,8 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); pr
 expect "unreachable ps" 3 "mnist_trainer: error: .*(connect|reach)" -- \
   "$trainer" --job_name worker --task_index 0 --ps_hosts "127.0.0.1:$port" --worker_hosts 127.0.0.1:2223 \
   --connect_timeout 2 --data_dir "${DATA_DIR:-$src}" --train_steps 1
+expect "ps task --nice out of range" 2 "mnist_trainer: error: --nice must be in -20..19" -- \
+  "$trainer" --job_name ps --task_index 0 --ps_hosts "127.0.0.1:$port" --worker_hosts 127.0.0.1:2223 --nice 25
 expect "unknown optimizer" 2 "optimizer" -- "$trainer" --local --optimizer adamw --train_steps 1
 expect "bad hidden units" 2 "hidden_units" -- "$trainer" --local --hidden_units 100,x --train_steps 1 --data_dir "$src"
 expect "no steps" 2 "train_steps|epochs" -- "$trainer" --local --epochs 0 --data_dir "$src"

@@ -171,6 +171,8 @@ size_t JobState::held_waits() const {
 void JobState::sweep_abandoned() {
   if (held_waits() < next_sweep_) return;
   auto abandoned = [](auto& fulfiller) { return !fulfiller->isWaiting(); };
+  // (Not std::erase_if on the maps: it hands out const entries, and
+  // isWaiting() is not const.)
   for (auto* waiters : {&step_waiters_, &staleness_waiters_}) {
     for (auto it = waiters->begin(); it != waiters->end();) it = abandoned(it->second) ? waiters->erase(it) : std::next(it);
   }

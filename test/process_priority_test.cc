@@ -3,7 +3,6 @@
 #include <catch2/catch.hpp>
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -63,28 +62,14 @@ struct Exit {
   std::string log;
 };
 
-// Runs psd with `args` in a child that first calls `prepare` (returning
-// false: the child exits 99), waits up to 10 s for it to end.
-template <typename Prepare>
-Exit run_psd(const std::vector<std::string>& args, Prepare prepare) {
+// Runs psd with `args` in a child that first calls `prepare`
+// (spawn_logged: false makes it exit 99), waits up to 10 s for it to end.
+Exit run_psd(const std::vector<std::string>& args, const std::function<bool()>& prepare = {}) {
   TempDir dir;
   const std::string log = dir.path() + "/psd.log";
-  const std::string psd = program_path("PSD_BIN");
-  std::vector<std::string> all = {psd, "--port", "0"};
+  std::vector<std::string> all = {program_path("PSD_BIN"), "--port", "0"};
   all.insert(all.end(), args.begin(), args.end());
-  const pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0 || !prepare()) _exit(99);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(psd.c_str(), argv.data());
-    _exit(127);
-  }
+  const pid_t pid = spawn_logged(all, log, prepare);
   Exit out;
   int status = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -115,7 +100,7 @@ TEST_CASE("psd --nice sets the priority of every one of its threads") {
 
 TEST_CASE("psd refuses a --nice out of range, before it listens") {
   for (const char* bad : {"20", "-21"}) {
-    const Exit e = run_psd({"--nice", bad}, [] { return true; });
+    const Exit e = run_psd({"--nice", bad});
     CHECK(e.status == 2);
     CHECK_THAT(e.log, Catch::Contains("--nice must be in -20..19"));
     CHECK_THAT(e.log, !Catch::Contains("listening"));

@@ -53,10 +53,11 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
-pid_t spawn_logged(const std::vector<std::string>& args, const std::string& log) {
+pid_t spawn_logged(const std::vector<std::string>& args, const std::string& log, const std::function<bool()>& prepare) {
   pid_t pid = fork();
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {
+    if (prepare && !prepare()) _exit(99);
     FILE* f = std::freopen(log.c_str(), "w", stdout);
     (void)f;
     dup2(fileno(stdout), fileno(stderr));

@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -50,7 +51,10 @@ class TempDir {
 };
 
 // Starts args[0] with args, stdout and stderr into `log`; returns its PID.
-pid_t spawn_logged(const std::vector<std::string>& args, const std::string& log);
+// `prepare`, if given, runs in the child first (limits, capabilities); if
+// it returns false the child exits 99 without starting the program.
+pid_t spawn_logged(const std::vector<std::string>& args, const std::string& log,
+                   const std::function<bool()>& prepare = {});
 
 // Runs `count` push_worker processes (PUSH_WORKER_BIN) against `address`
 // at once, worker p pushing `pushes` gradients of value p + 1 to its

@@ -339,6 +339,23 @@ int filled_socket_pair(int fds[2], const std::vector<kj::byte>& bytes) {
   return static_cast<int>(at);
 }
 
+// A head, a body and what comes next, all waiting in a socket, read through
+// a stream that reads ahead 4 KiB (as while a landable pull is pending):
+// the set-up of the land_next_read tests. Parts' seeds: seed, +1, +2.
+struct LandingCase {
+  LandingCase(Loop& l, size_t head_size, size_t body_size, size_t next_size, unsigned seed)
+      : head(random_bytes(head_size, seed)), body(random_bytes(body_size, seed + 1)),
+        next(random_bytes(next_size, seed + 2)) {
+    filled_socket_pair(fds, joined(head, body, next));
+    receiver = ps::wrap_socket(l.port, fds[1]);
+    receiver->limit_read_ahead(4096);
+  }
+  ~LandingCase() { ::close(fds[0]); }
+  std::vector<kj::byte> head, body, next;
+  int fds[2];
+  kj::Own<ps::SocketStream> receiver;
+};
+
 TEST_CASE("read_exact takes what follows in the same read; the stream hands it out next") {
   Loop l;
   auto head = random_bytes(8, 21), big = random_bytes(100000, 22), next = random_bytes(1000, 23);
@@ -383,12 +400,8 @@ TEST_CASE("limit_read_ahead keeps the bytes after a small read in the socket") {
 
 TEST_CASE("land_next_read puts the middle of one read straight into its destination") {
   Loop l;
-  auto head = random_bytes(200, 41), body = random_bytes(100000, 42), next = random_bytes(1000, 43);
-  const auto all = joined(head, body, next);
-  int fds[2];
-  filled_socket_pair(fds, all);
-  auto receiver = ps::wrap_socket(l.port, fds[1]);
-  receiver->limit_read_ahead(4096);
+  LandingCase c(l, 200, 100000, 1000, 41);
+  auto& [head, body, next, fds, receiver] = c;
   std::vector<kj::byte> got_head(head.size()), dest(body.size()), got_next(next.size());
   receiver->land_next_read(head.size(), kj::arrayPtr(dest.data(), dest.size()));
   l.wait(receiver->read(got_head.data(), 8));
@@ -404,17 +417,12 @@ TEST_CASE("land_next_read puts the middle of one read straight into its destinat
   l.wait(receiver->read(got_next.data(), next.size()));
   CHECK(got_head == head);
   CHECK(got_next == next);
-  ::close(fds[0]);
 }
 
 TEST_CASE("a wrong land_next_read guess still hands out every byte in stream order") {
   Loop l;
-  auto head = random_bytes(200, 51), body = random_bytes(70000, 52), next = random_bytes(3000, 53);
-  const auto all = joined(head, body, next);
-  int fds[2];
-  filled_socket_pair(fds, all);
-  auto receiver = ps::wrap_socket(l.port, fds[1]);
-  receiver->limit_read_ahead(4096);
+  LandingCase c(l, 200, 70000, 3000, 51);
+  auto& [head, body, next, fds, receiver] = c;
   std::vector<kj::byte> got_head(head.size()), dest(body.size()), got_next(next.size());
   size_t guess = 0;
   bool into_dest = true;
@@ -437,7 +445,6 @@ TEST_CASE("a wrong land_next_read guess still hands out every byte in stream ord
   CHECK(got_head == head);
   CHECK(std::vector<kj::byte>(target, target + body.size()) == body);
   CHECK(got_next == next);
-  ::close(fds[0]);
 }
 
 TEST_CASE("release moves bytes parked in a destination out of it") {

@@ -34,6 +34,21 @@ constexpr size_t kBufferBytes = 64u << 10;
 constexpr size_t kLowWaterBytes = 256u << 10;
 constexpr size_t kLowWaterMinBytes = 64u << 10;
 
+// How far a read may raise the low-water mark on a same-host connection
+// whose send buffers are fixed at `send_buffer` bytes (SO_SNDBUF read
+// back; both ends fix theirs alike). Over loopback a segment is up to 64
+// KiB, so a peer whose buffer holds little more than the mark can have all
+// it may send in flight and still fall short of it: then no wake-up comes
+// until the delayed acknowledgement (tens of ms). With 256 KiB buffers a
+// 256 KiB mark made one client's 16-64 MiB pulls 2-3x slower than a 128
+// KiB one; 128 KiB buffers stalled even at 64 KiB (push_pull_bench with
+// PS_SAME_HOST_SEND_BUFFER_KB=128|256, 2026-11-24). So half the buffer
+// (256 KiB at most, as elsewhere), and no raised mark under 256 KiB.
+size_t low_water_cap(int send_buffer) {
+  if (send_buffer < (256 << 10)) return 0;
+  return std::min(static_cast<size_t>(send_buffer) / 2, kLowWaterBytes);
+}
+
 class SocketStreamImpl final : public SocketStream {
  public:
   // Reads only: a socket watched for writes too wakes its event loop each
@@ -89,6 +104,9 @@ class SocketStreamImpl final : public SocketStream {
   }
 
   uint64_t read_calls() const override { return read_calls_; }
+
+  // Same-host connections: see low_water_cap.
+  void set_low_water_cap(size_t bytes) { low_water_cap_ = bytes; }
 
   kj::Promise<void> whenWriteDisconnected() override {
     if (disconnected_ == nullptr) disconnected_ = observer_.whenWriteDisconnected().fork();
@@ -275,7 +293,7 @@ class SocketStreamImpl final : public SocketStream {
       if (readable_ != nullptr) {
         // Much still to come: wake when a good part of it is there, not
         // for every packet (a wake-up costs as much as copying 30 KiB here).
-        set_low_water(std::min(bytes - got, kLowWaterBytes));
+        set_low_water(std::min(bytes - got, low_water_cap_));
         auto wait = kj::mv(KJ_ASSERT_NONNULL(readable_));
         readable_ = nullptr;
         return wait.then([this, bytes, where = kj::mv(where), got]() mutable {
@@ -381,6 +399,7 @@ class SocketStreamImpl final : public SocketStream {
   size_t read_ahead_ = kBufferBytes;  // what a read into the buffer asks the kernel for (limit_read_ahead)
   kj::Maybe<kj::Promise<void>> readable_;
   int low_water_ = 1;
+  size_t low_water_cap_ = kLowWaterBytes;  // the most set_low_water is asked for (set_low_water_cap)
   kj::Maybe<kj::ForkedPromise<void>> disconnected_;
   kj::ArrayPtr<const kj::byte> single_piece_;
   std::unordered_multimap<const kj::byte*, std::shared_ptr<const void>> holds_;
@@ -415,13 +434,18 @@ bool is_loopback(const sockaddr_storage& a) {
 
 // See same_host_connection in the header: why one host's connections get a
 // fixed send buffer.
-void fit_send_buffer_to_host(int fd) {
+// Fixed there, the stream's low-water mark is held to fit it.
+void fit_send_buffer_to_host(int fd, SocketStreamImpl& stream) {
   sockaddr_storage local{}, peer{};
   socklen_t local_len = sizeof(local), peer_len = sizeof(peer);
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0) return;
   if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) return;
   const int bytes = same_host_send_buffer_bytes();
-  if (bytes > 0 && same_host_connection(local, peer)) set_send_buffer(fd, bytes);
+  if (bytes <= 0 || !same_host_connection(local, peer)) return;
+  set_send_buffer(fd, bytes);
+  int granted = 0;
+  socklen_t len = sizeof(granted);
+  if (::getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &granted, &len) == 0) stream.set_low_water_cap(low_water_cap(granted));
 }
 
 void make_nonblocking(int fd) {
@@ -445,13 +469,13 @@ kj::Promise<kj::Own<SocketStream>> connect_to(kj::UnixEventPort& port, const Soc
     r = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr.storage), addr.length);
   } while (r < 0 && errno == EINTR);
   if (r == 0) {
-    fit_send_buffer_to_host(fd);
+    fit_send_buffer_to_host(fd, *stream);
     return kj::Own<SocketStream>(kj::mv(stream));
   }
   if (errno != EINPROGRESS) KJ_FAIL_SYSCALL("connect", errno);
   auto* raw = stream.get();
   return raw->connected().then([stream = kj::mv(stream), fd]() mutable {
-    fit_send_buffer_to_host(fd);
+    fit_send_buffer_to_host(fd, *stream);
     return kj::Own<SocketStream>(kj::mv(stream));
   });
 }
@@ -534,8 +558,9 @@ kj::Own<SocketStream> wrap_socket(kj::UnixEventPort& port, int fd, BusyPoll* bus
   // Small replies must not wait for Nagle (refused, harmlessly, on Unix sockets).
   int one = 1;
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  fit_send_buffer_to_host(fd);
-  return kj::heap<SocketStreamImpl>(port, fd, busy_poll);
+  auto stream = kj::heap<SocketStreamImpl>(port, fd, busy_poll);
+  fit_send_buffer_to_host(fd, *stream);
+  return stream;
 }
 
 kj::Promise<kj::Own<SocketStream>> connect_socket(kj::UnixEventPort& port, const std::string& address) {

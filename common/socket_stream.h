@@ -83,7 +83,10 @@ class BusyPoll;
 // (`PS_SAME_HOST_SEND_BUFFER_KB=0|512|1024|1536 push_pull_bench`), likely
 // because the second copy then finds the bytes still in the cache (no
 // PMU there to count misses). Connections to other hosts keep autotuning:
-// a fixed buffer would cap them at buffer / round-trip time.
+// a fixed buffer would cap them at buffer / round-trip time. On a fixed
+// buffer, a read waiting for a large remainder raises the socket's
+// low-water mark to at most half of it (none under 256 KiB): a mark the
+// peer's buffer can barely fill waits for the delayed acknowledgement.
 bool same_host_connection(const sockaddr_storage& local, const sockaddr_storage& peer);
 
 // Half the L2 cache as glibc reports it, held to 256 KiB-1 MiB (512 KiB

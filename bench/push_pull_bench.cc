@@ -27,6 +27,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -166,7 +167,8 @@ std::vector<double> tcp_transfer_samples(size_t bytes, int reps) {
   return times;
 }
 
-// A psd started by the benchmark, stopped at exit.
+// A psd started by the benchmark, stopped at exit, and by the kernel if the
+// benchmark dies first (Ctrl-C, an uncaught exception): no daemons left.
 struct Psd {
   pid_t pid = -1;
   int port = 0;
@@ -175,8 +177,11 @@ struct Psd {
     dir = std::filesystem::temp_directory_path() / ("psd-bench-" + std::to_string(getpid()) + "-" + std::to_string(rand()));
     std::filesystem::create_directories(dir);
     const std::string port_file = dir + "/port";
+    const pid_t parent = getpid();
     pid = fork();
     if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != parent) _exit(0);  // died before the line above
       std::vector<std::string> args = {binary, "--port", "0", "--port_file", port_file, "--log_level", "warn",
                                        "--max_message_mb", "128"};
       if (busy_poll_us >= 0) {

@@ -433,8 +433,7 @@ bool is_loopback(const sockaddr_storage& a) {
 }
 
 // See same_host_connection in the header: why one host's connections get a
-// fixed send buffer.
-// Fixed there, the stream's low-water mark is held to fit it.
+// fixed send buffer, and `stream`'s low-water mark a cap to fit it.
 void fit_send_buffer_to_host(int fd, SocketStreamImpl& stream) {
   sockaddr_storage local{}, peer{};
   socklen_t local_len = sizeof(local), peer_len = sizeof(peer);

@@ -20,7 +20,7 @@
 // three concurrent transfers. That table also gives the cores psd and this
 // process kept busy (CPU time / wall time) with one client and with three:
 // whether a result was bound by psd's event loop, by the clients, or by
-// neither.
+// neither; and the cores the whole machine left idle meanwhile.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -261,6 +261,22 @@ struct CpuClock {
   Clock::time_point wall = Clock::now();
   double psd_s = psd_seconds(psd), self_s = self_seconds();
 
+  // The whole machine's idle and softirq time (/proc/stat, in USER_HZ
+  // ticks). Idle is time no thread ran: with psd's loop the bottleneck,
+  // cores the clients left unused. Softirq is the kernel's loopback work,
+  // mostly run inside psd's and the clients' own time, so it overlaps theirs.
+  struct MachineTicks {
+    double idle = 0, softirq = 0;
+  };
+  static MachineTicks machine() {
+    std::ifstream in("/proc/stat");
+    std::string cpu;
+    unsigned long long user, nice, system, idle, iowait, irq, softirq;
+    if (!(in >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq)) return {};
+    return {static_cast<double>(idle + iowait), static_cast<double>(softirq)};
+  }
+  MachineTicks machine_ticks = machine();
+
   static double psd_seconds(pid_t pid) {
     // schedstat's on-CPU nanoseconds, summed over threads: /proc/PID/stat
     // counts 10 ms ticks, too coarse for runs of tens of milliseconds.
@@ -279,12 +295,15 @@ struct CpuClock {
     return r.ru_utime.tv_sec + r.ru_utime.tv_usec * 1e-6 + r.ru_stime.tv_sec + r.ru_stime.tv_usec * 1e-6;
   }
   struct Cores {
-    double psd, clients;
+    double psd, clients, idle, softirq;
   };
   // Cores kept busy since construction (the clients: this process).
   Cores cores() const {
     const double wall_s = std::chrono::duration<double>(Clock::now() - wall).count();
-    return {(psd_seconds(psd) - psd_s) / wall_s, (self_seconds() - self_s) / wall_s};
+    const MachineTicks now = machine();
+    const double tick_s = 1.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
+    return {(psd_seconds(psd) - psd_s) / wall_s, (self_seconds() - self_s) / wall_s,
+            (now.idle - machine_ticks.idle) * tick_s / wall_s, (now.softirq - machine_ticks.softirq) * tick_s / wall_s};
   }
 };
 
@@ -585,9 +604,10 @@ int main(int argc, char** argv) {
       }
     }
     std::printf("psd over %s, 3 concurrent clients (aggregate) against 3 plain TCP streams, and the cores psd and "
-                "the clients kept busy:\n", label);
-    std::printf("  %-8s %-14s | %-26s | %-26s | %-17s | %-17s\n", "size", "TCP 1 / 3 GB/s", "push GB/s vs 1 cl vs 3 TCP",
-                "pull GB/s vs 1 cl vs 3 TCP", "1 client: psd cli", "3 clients: psd cli");
+                "the clients kept busy, and the machine's idle and softirq cores:\n", label);
+    std::printf("  %-8s %-14s | %-26s | %-26s | %-17s | %-18s | %-9s | %-9s\n", "size", "TCP 1 / 3 GB/s",
+                "push GB/s vs 1 cl vs 3 TCP", "pull GB/s vs 1 cl vs 3 TCP", "1 client: psd cli", "3 clients: psd cli",
+                "idle 1 / 3", "sirq 1 / 3");
     std::vector<std::unique_ptr<ps::Client>> clients;
     for (int c = 0; c < 3; ++c) clients.push_back(std::make_unique<ps::Client>(opts));
     for (size_t i = 0; i < sizes.size(); ++i) {
@@ -613,10 +633,12 @@ int main(int argc, char** argv) {
                                         std::max(kMinWindow, kTransfersPerWindow * std::max(one.push_s, one.pull_s)));
       const auto all_cores = all_clock.cores();
       const double gb = sizes[i] / 1e9;
-      std::printf("  %-8s %6.2f %7.2f | %8.2f %8.2f %8.2f | %8.2f %8.2f %8.2f | %13.2f %4.2f | %14.2f %4.2f\n",
+      std::printf("  %-8s %6.2f %7.2f | %8.2f %8.2f %8.2f | %8.2f %8.2f %8.2f | %13.2f %4.2f | %14.2f %4.2f"
+                  " | %4.2f %4.2f | %4.2f %4.2f\n",
                   size_name(sizes[i]).c_str(), gb / tcp_one, gb / tcp_all, gb / all.push_s, one.push_s / all.push_s,
                   tcp_all / all.push_s, gb / all.pull_s, one.pull_s / all.pull_s, tcp_all / all.pull_s, one_cores.psd,
-                  one_cores.clients, all_cores.psd, all_cores.clients);
+                  one_cores.clients, all_cores.psd, all_cores.clients, one_cores.idle, all_cores.idle,
+                  one_cores.softirq, all_cores.softirq);
     }
     std::printf("\n");
   };

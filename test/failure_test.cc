@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -238,4 +239,50 @@ TEST_CASE("sync: a worker killed while its pull waits for the next step does not
   std::vector<float> g(4, 1.0f);
   chief.push({"v"}, {std::span<const float>(g)}, 0);
   CHECK(wait_for_step(chief, 1, 3s) == 1);
+}
+
+TEST_CASE("a psd a test starts dies with the test process (a crashed test leaves no daemon listening)") {
+  // This process adopts the orphaned psd for the while, so the test can
+  // watch for its end and reap it.
+  REQUIRE(prctl(PR_SET_CHILD_SUBREAPER, 1) == 0);
+  TempDir dir;
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  const std::string psd_bin = ps::test::program_path("PSD_BIN");
+  // The "test process": a fork that starts psd as every test does, then is
+  // killed as a crash would kill it.
+  const pid_t test_process = fork();
+  REQUIRE(test_process >= 0);
+  if (test_process == 0) {
+    close(fds[0]);
+    pid_t psd = -1;
+    try {
+      psd = ps::test::spawn_logged({psd_bin, "--port", "0"}, dir.path() + "/psd.log");
+    } catch (...) {
+    }
+    (void)!write(fds[1], &psd, sizeof psd);
+    pause();
+    _exit(0);
+  }
+  close(fds[1]);
+  pid_t psd = -1;
+  const bool got = read(fds[0], &psd, sizeof psd) == static_cast<ssize_t>(sizeof psd);
+  close(fds[0]);
+  REQUIRE(got);
+  REQUIRE(psd > 0);
+  std::this_thread::sleep_for(200ms);  // psd running, its parent alive
+  CHECK(::kill(psd, 0) == 0);
+  ::kill(test_process, SIGKILL);
+  waitpid(test_process, nullptr, 0);
+  bool gone = false;
+  for (auto waited = 0ms; waited < 5000ms && !gone; waited += 10ms) {
+    gone = waitpid(psd, nullptr, WNOHANG) == psd;
+    if (!gone) std::this_thread::sleep_for(10ms);
+  }
+  if (!gone) {  // the failure case: stop the psd this test started
+    ::kill(psd, SIGKILL);
+    waitpid(psd, nullptr, 0);
+  }
+  prctl(PR_SET_CHILD_SUBREAPER, 0);
+  CHECK(gone);
 }

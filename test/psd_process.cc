@@ -1,6 +1,7 @@
 #include "psd_process.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,13 +21,37 @@ std::string program_path(const char* env_var) {
   return p;
 }
 
+namespace {
+
+// The thread about to fork, for die_with_parent: the death signal follows
+// the thread that forked, not the process.
+struct Forker {
+  pid_t parent = getpid();
+  bool main_thread = gettid() == getpid();
+};
+
+// In a child: SIGKILL when the test process dies (a crash, a Ctrl-C, an
+// aborted run), so no psd or worker outlives it. Only for children forked
+// from the main thread, which lives as long as the process: a helper
+// thread (one that starts psd late, say) may end long before its child
+// should.
+void die_with_parent(const Forker& forker) {
+  if (!forker.main_thread) return;
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != forker.parent) _exit(98);  // died before the signal was set
+}
+
+}  // namespace
+
 int run_push_workers(const std::string& address, int count, int pushes) {
   const std::string worker = program_path("PUSH_WORKER_BIN");
   std::vector<pid_t> pids;
   for (int p = 0; p < count; ++p) {
     const std::string value = std::to_string(p + 1), n = std::to_string(pushes);
+    const Forker forker;
     const pid_t pid = fork();
     if (pid == 0) {
+      die_with_parent(forker);
       execl(worker.c_str(), worker.c_str(), "--ps_hosts", address.c_str(), "--pushes", n.c_str(), "--value",
             value.c_str(), static_cast<char*>(nullptr));
       _exit(127);
@@ -54,9 +79,11 @@ TempDir::~TempDir() {
 }
 
 pid_t spawn_logged(const std::vector<std::string>& args, const std::string& log, const std::function<bool()>& prepare) {
+  const Forker forker;
   pid_t pid = fork();
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {
+    die_with_parent(forker);
     if (prepare && !prepare()) _exit(99);
     FILE* f = std::freopen(log.c_str(), "w", stdout);
     (void)f;

@@ -51,6 +51,8 @@ class TempDir {
 };
 
 // Starts args[0] with args, stdout and stderr into `log`; returns its PID.
+// Started from the main thread, the child is killed if the test process
+// dies first (PR_SET_PDEATHSIG), so a crashed test leaves no psd behind.
 // `prepare`, if given, runs in the child first (limits, capabilities); if
 // it returns false the child exits 99 without starting the program.
 pid_t spawn_logged(const std::vector<std::string>& args, const std::string& log,

@@ -243,7 +243,18 @@ TEST_CASE("sync: a worker killed while its pull waits for the next step does not
 
 TEST_CASE("a psd a test starts dies with the test process (a crashed test leaves no daemon listening)") {
   // This process adopts the orphaned psd for the while, so the test can
-  // watch for its end and reap it.
+  // watch for its end and reap it. Undone, and the forked "test process"
+  // stopped, however the case ends (a failed REQUIRE included).
+  struct Cleanup {
+    pid_t test_process = -1;
+    ~Cleanup() {
+      if (test_process > 0) {
+        ::kill(test_process, SIGKILL);
+        waitpid(test_process, nullptr, 0);
+      }
+      prctl(PR_SET_CHILD_SUBREAPER, 0);
+    }
+  } cleanup;
   REQUIRE(prctl(PR_SET_CHILD_SUBREAPER, 1) == 0);
   TempDir dir;
   int fds[2];
@@ -253,6 +264,7 @@ TEST_CASE("a psd a test starts dies with the test process (a crashed test leaves
   // killed as a crash would kill it.
   const pid_t test_process = fork();
   REQUIRE(test_process >= 0);
+  if (test_process > 0) cleanup.test_process = test_process;
   if (test_process == 0) {
     close(fds[0]);
     pid_t psd = -1;
@@ -274,6 +286,7 @@ TEST_CASE("a psd a test starts dies with the test process (a crashed test leaves
   CHECK(::kill(psd, 0) == 0);
   ::kill(test_process, SIGKILL);
   waitpid(test_process, nullptr, 0);
+  cleanup.test_process = -1;
   bool gone = false;
   for (auto waited = 0ms; waited < 5000ms && !gone; waited += 10ms) {
     gone = waitpid(psd, nullptr, WNOHANG) == psd;
@@ -283,6 +296,5 @@ TEST_CASE("a psd a test starts dies with the test process (a crashed test leaves
     ::kill(psd, SIGKILL);
     waitpid(psd, nullptr, 0);
   }
-  prctl(PR_SET_CHILD_SUBREAPER, 0);
   CHECK(gone);
 }

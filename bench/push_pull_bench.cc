@@ -8,6 +8,7 @@
 //   build/bench/push_pull_bench --psd old/psd --ab_psd build/server/psd --sizes 64K   # A/B two psd builds
 //   build/bench/push_pull_bench --psd_cpus 1 --client_cpus 0   # psd and the clients on cores of their own
 //   build/bench/push_pull_bench --psd_flags "--nice -10"      # psd not preempted by the clients (root)
+//   build/bench/push_pull_bench --psds 3 --chunk_kb 1024     # three psds as shards, tensors spread in 1 MiB chunks
 //
 // Plain TCP reference: the same payload written in 1 MiB pieces from one
 // thread to another over a loopback socket (the two pinned to different cores),
@@ -173,7 +174,9 @@ struct Psd {
   pid_t pid = -1;
   int port = 0;
   std::string dir;
-  Psd(const std::string& binary, const std::string& unix_socket, int busy_poll_us) {
+  // With num_shards > 1, shard shard_index of a job of that many.
+  Psd(const std::string& binary, const std::string& unix_socket, int busy_poll_us, int shard_index = 0,
+      int num_shards = 1) {
     dir = std::filesystem::temp_directory_path() / ("psd-bench-" + std::to_string(getpid()) + "-" + std::to_string(rand()));
     std::filesystem::create_directories(dir);
     const std::string port_file = dir + "/port";
@@ -187,6 +190,12 @@ struct Psd {
       if (busy_poll_us >= 0) {
         args.push_back("--busy_poll_us");
         args.push_back(std::to_string(busy_poll_us));
+      }
+      if (num_shards > 1) {
+        for (const std::string& a : {std::string("--shard_index"), std::to_string(shard_index),
+                                     std::string("--num_shards"), std::to_string(num_shards)}) {
+          args.push_back(a);
+        }
       }
       if (!unix_socket.empty()) {
         args.push_back("--unix_socket");
@@ -254,12 +263,12 @@ struct Measured {
   double push_s, pull_s;
 };
 
-// CPU time of psd (all its threads) and of this process, to tell whether a
-// measurement was bound by CPU: how many cores each kept busy.
+// CPU time of the psds (all their threads, summed) and of this process, to
+// tell whether a measurement was bound by CPU: how many cores each kept busy.
 struct CpuClock {
-  pid_t psd;
+  std::vector<pid_t> psds;
   Clock::time_point wall = Clock::now();
-  double psd_s = psd_seconds(psd), self_s = self_seconds();
+  double psd_s = psd_seconds(psds), self_s = self_seconds();
 
   // The whole machine's idle and softirq time (/proc/stat, in USER_HZ
   // ticks). Idle is time no thread ran: with psd's loop the bottleneck,
@@ -277,15 +286,17 @@ struct CpuClock {
   }
   MachineTicks machine_ticks = machine();
 
-  static double psd_seconds(pid_t pid) {
+  static double psd_seconds(const std::vector<pid_t>& pids) {
     // schedstat's on-CPU nanoseconds, summed over threads: /proc/PID/stat
     // counts 10 ms ticks, too coarse for runs of tens of milliseconds.
     double sum = 0;
-    std::error_code ec;
-    for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
-      std::ifstream in(task.path() / "schedstat");
-      unsigned long long on_cpu = 0;
-      if (in >> on_cpu) sum += on_cpu * 1e-9;
+    for (const pid_t pid : pids) {
+      std::error_code ec;
+      for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+        std::ifstream in(task.path() / "schedstat");
+        unsigned long long on_cpu = 0;
+        if (in >> on_cpu) sum += on_cpu * 1e-9;
+      }
     }
     return sum;
   }
@@ -302,7 +313,7 @@ struct CpuClock {
     const double wall_s = std::chrono::duration<double>(Clock::now() - wall).count();
     const MachineTicks now = machine();
     const double tick_s = 1.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
-    return {(psd_seconds(psd) - psd_s) / wall_s, (self_seconds() - self_s) / wall_s,
+    return {(psd_seconds(psds) - psd_s) / wall_s, (self_seconds() - self_s) / wall_s,
             (now.idle - machine_ticks.idle) * tick_s / wall_s, (now.softirq - machine_ticks.softirq) * tick_s / wall_s};
   }
 };
@@ -524,6 +535,12 @@ int main(int argc, char** argv) {
   app.add_option("--psd_cpus", psd_cpus_flag, "CPUs for the psd it starts, e.g. 1 (default: any)");
   std::string psd_flags;
   app.add_option("--psd_flags", psd_flags, "more flags for each psd it starts, split at spaces, e.g. \"--nice -10\"");
+  int num_psds = 1;
+  app.add_option("--psds", num_psds,
+                 "psds to start for each path, as the shards of one job (tensors placed round-robin; with --chunk_kb "
+                 "smaller than a tensor, its chunks spread over them): one psd per core on a host with cores to spare")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
   std::string ab_psd;
   app.add_option("--ab_psd", ab_psd,
                  "instead of the tables: one client's push and pull latency against --psd (A) and this psd binary "
@@ -561,16 +578,25 @@ int main(int argc, char** argv) {
   const int block_reps = std::max(reps / kBlocks, 3);
 
   auto run_path = [&](const char* label, bool use_unix, bool use_shared) {
-    const std::string sock = use_unix ? std::filesystem::temp_directory_path() / ("psd-bench-" + std::to_string(getpid()) + ".sock") : "";
-    Psd psd(psd_binary, sock, psd_busy_poll_us);
     ps::ClientOptions opts;
+    std::vector<std::unique_ptr<Psd>> psds;
+    std::vector<pid_t> psd_pids;
+    for (int k = 0; k < num_psds; ++k) {
+      const std::string sock =
+          use_unix ? std::filesystem::temp_directory_path() /
+                         ("psd-bench-" + std::to_string(getpid()) + "-" + std::to_string(k) + ".sock")
+                   : "";
+      psds.push_back(std::make_unique<Psd>(psd_binary, sock, psd_busy_poll_us, k, num_psds));
+      psd_pids.push_back(psds.back()->pid);
+      opts.ps_hosts.push_back(use_unix ? "unix:" + sock : "127.0.0.1:" + std::to_string(psds.back()->port));
+    }
     opts.chunk_bytes = chunk_kb << 10;
     opts.part_bytes = part_kb << 10;
     opts.max_request_bytes = request_kb << 10;
     opts.busy_poll = std::chrono::microseconds(busy_poll_us);
     if (!use_shared) opts.shared_memory_bytes = 0;
-    opts.ps_hosts = {use_unix ? "unix:" + sock : "127.0.0.1:" + std::to_string(psd.port)};
-    std::printf("psd over %s, 1 client (medians of %d; plain TCP measured in turn with it):\n", label,
+    const std::string who = num_psds == 1 ? "psd" : std::to_string(num_psds) + " psds";
+    std::printf("%s over %s, 1 client (medians of %d; plain TCP measured in turn with it):\n", who.c_str(), label,
                 block_reps * kBlocks);
     std::printf("  %-8s %9s %8s | %10s %8s %7s | %10s %8s %7s\n", "size", "TCP us", "TCP GB/s", "push us", "GB/s",
                 "vs TCP", "pull us", "GB/s", "vs TCP");
@@ -598,13 +624,15 @@ int main(int argc, char** argv) {
         const double ping = median(ping_samples);
         std::printf("           plain 64 B ping-pong %.1f us; 4 KiB pull round trip = %.2fx it\n", ping * 1e6,
                     m.pull_s / ping);
-        const double raw = raw_capnp_pull_seconds(opts.ps_hosts[0], name, std::max(reps * 10, 200));
-        std::printf("           raw Cap'n Proto pull from the calling thread: %.1f us (%.2fx ping-pong)\n", raw * 1e6,
-                    raw / ping);
+        if (num_psds == 1) {  // (with more, the tensor may be on another)
+          const double raw = raw_capnp_pull_seconds(opts.ps_hosts[0], name, std::max(reps * 10, 200));
+          std::printf("           raw Cap'n Proto pull from the calling thread: %.1f us (%.2fx ping-pong)\n",
+                      raw * 1e6, raw / ping);
+        }
       }
     }
-    std::printf("psd over %s, 3 concurrent clients (aggregate) against 3 plain TCP streams, and the cores psd and "
-                "the clients kept busy, and the machine's idle and softirq cores:\n", label);
+    std::printf("%s over %s, 3 concurrent clients (aggregate) against 3 plain TCP streams, and the cores psd and "
+                "the clients kept busy, and the machine's idle and softirq cores:\n", who.c_str(), label);
     std::printf("  %-8s %-14s | %-26s | %-26s | %-17s | %-18s | %-9s | %-9s\n", "size", "TCP 1 / 3 GB/s",
                 "push GB/s vs 1 cl vs 3 TCP", "pull GB/s vs 1 cl vs 3 TCP", "1 client: psd cli", "3 clients: psd cli",
                 "idle 1 / 3", "sirq 1 / 3");
@@ -625,10 +653,10 @@ int main(int argc, char** argv) {
       const double tcp_one = tcp_concurrent_seconds(1, sizes[i], windows, kMinWindow);
       const double tcp_all =
           tcp_concurrent_seconds(3, sizes[i], windows, std::max(kMinWindow, kTransfersPerWindow * tcp_one));
-      const CpuClock one_clock{psd.pid};
+      const CpuClock one_clock{psd_pids};
       Measured one = measure_concurrent({clients[0].get()}, sizes[i], windows, kMinWindow);
       const auto one_cores = one_clock.cores();
-      const CpuClock all_clock{psd.pid};
+      const CpuClock all_clock{psd_pids};
       Measured all = measure_concurrent({clients[0].get(), clients[1].get(), clients[2].get()}, sizes[i], windows,
                                         std::max(kMinWindow, kTransfersPerWindow * std::max(one.push_s, one.pull_s)));
       const auto all_cores = all_clock.cores();

@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
   app.add_option("--op", op, "push or pull")->check(CLI::IsMember({"push", "pull"}))->capture_default_str();
   app.add_option("--spread", spread,
                  "all: every client talks to every psd (tensors placed and chunked as usual); one_psd_each: client i "
-                 "talks only to psd i mod N, a single-shard job of its own")
+                 "talks only to psd i mod N, a single-shard job of its own (psds started without --shard_index)")
       ->check(CLI::IsMember({"all", "one_psd_each"}))
       ->capture_default_str();
   app.add_option("--chunk_kb", chunk_kb, "ClientOptions::chunk_bytes, in KiB")->capture_default_str();

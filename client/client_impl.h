@@ -234,6 +234,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
       for (std::size_t i = 0; i < o.errors.size(); ++i) msg += (i ? "; " : "") + o.errors[i];
       throw ConnectionError(msg);
     }
+    check_shard_order();
     {
       std::lock_guard lock(job_mutex);
       job = shards[0]->job;
@@ -247,6 +248,25 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     if (part > max_batch_bytes) {
       throw ConfigError("part size " + std::to_string(part) + " bytes exceeds what psd accepts in one message (" +
                         std::to_string(max_batch_bytes) + "); lower ClientOptions::part_bytes or raise psd --max_message_mb");
+    }
+  }
+
+  // Placement sends tensor parts by position in ps_hosts, so a worker that
+  // lists the psds in another order than they were started with would put
+  // the same tensor on another psd than its peers do, and train a model
+  // nobody else sees. A psd that knows its place (started with
+  // --shard_index/--num_shards, or --ps_hosts/--task_index) says it at
+  // hello; one started with neither (shard 0 of 1) cannot tell.
+  void check_shard_order() const {
+    const std::size_t n = shards.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      const ShardConnection& s = *shards[i];
+      if (s.num_shards <= 1 && s.shard_index == 0) continue;
+      if (s.num_shards == n && s.shard_index == i) continue;
+      throw ConfigError("ps hosts out of order: psd at " + s.address + " is shard " + std::to_string(s.shard_index) +
+                        " of " + std::to_string(s.num_shards) + " (its --shard_index/--num_shards or --task_index), " +
+                        "but ps_hosts lists " + std::to_string(n) + " hosts with it at position " + std::to_string(i) +
+                        "; every worker must list the ps hosts in the order the psds were given them");
     }
   }
 

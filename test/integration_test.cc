@@ -243,6 +243,38 @@ TEST_CASE("a tensor split over 3 shards round-trips bit-exactly") {
   CHECK(std::memcmp(out.data(), expected.data(), n * 4) == 0);
 }
 
+TEST_CASE("a client listing the ps hosts in another order than the psds were started with is refused") {
+  PsdProcess a({"--shard_index", "0", "--num_shards", "2"}), b({"--shard_index", "1", "--num_shards", "2"});
+  {
+    Client client(options_for({&a, &b}));  // the order they were started with
+    client.create({sgd_tensor("w", {4}, InitConfig::constant(1.0f)), sgd_tensor("v", {4}, InitConfig::constant(2.0f))});
+  }
+  auto refused = [](ClientOptions o, const std::string& why) {
+    CAPTURE(why);
+    try {
+      Client client(std::move(o));
+      FAIL("the client was not refused");
+    } catch (const ConfigError& e) {
+      CHECK_THAT(std::string(e.what()), Catch::Contains("ps hosts out of order") && Catch::Contains(why));
+    }
+  };
+  refused(options_for({&b, &a}), "is shard 1 of 2");
+  refused(options_for({&b}), "lists 1 hosts with it at position 0");
+  PsdProcess standalone;
+  refused(options_for({&a, &b, &standalone}), "lists 3 hosts");
+  // Nothing was created or changed by the refused clients.
+  Client client(options_for({&a, &b}));
+  CHECK(client.stats()[0].tensors + client.stats()[1].tensors == 2);
+  client.create({sgd_tensor("w", {4}, InitConfig::constant(9.0f)), sgd_tensor("v", {4}, InitConfig::constant(9.0f))});
+  CHECK(client.pull("w") == std::vector<float>{1, 1, 1, 1});
+  CHECK(client.pull("v") == std::vector<float>{2, 2, 2, 2});
+
+  // psds started without a place (neither --shard_index nor --task_index)
+  // cannot tell: any order is taken, as before.
+  PsdProcess c, d;
+  CHECK_NOTHROW(Client(options_for({&d, &c})));
+}
+
 TEST_CASE("a psd on this host is reached over its Unix socket, with the same values as over TCP") {
   ps::test::TempDir dir;
   const std::string sock = dir.path() + "/psd.sock";

@@ -38,7 +38,11 @@
 namespace ps {
 
 struct ClientOptions {
-  // "host:port" or "unix:/path" per shard, in shard order (as --ps_hosts).
+  // "host:port" or "unix:/path" per shard, in shard order (as --ps_hosts):
+  // the same list on every worker. Where a psd knows its shard index and
+  // count (psd --shard_index/--num_shards) and this list puts it elsewhere,
+  // the constructor throws ConfigError ("ps hosts out of order") before
+  // anything is created.
   std::vector<std::string> ps_hosts;
   PlacementPolicy placement = PlacementPolicy::kRoundRobin;
   // Tensors over chunk_bytes are split into chunks spread over the shards;

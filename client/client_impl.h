@@ -251,22 +251,11 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     }
   }
 
-  // Placement sends tensor parts by position in ps_hosts, so a worker that
-  // lists the psds in another order than they were started with would put
-  // the same tensor on another psd than its peers do, and train a model
-  // nobody else sees. A psd that knows its place (started with
-  // --shard_index/--num_shards, or --ps_hosts/--task_index) says it at
-  // hello; one started with neither (shard 0 of 1) cannot tell.
+  // See shard_order_problem (shard_connection.h).
   void check_shard_order() const {
-    const std::size_t n = shards.size();
-    for (std::size_t i = 0; i < n; ++i) {
-      const ShardConnection& s = *shards[i];
-      if (s.num_shards <= 1 && s.shard_index == 0) continue;
-      if (s.num_shards == n && s.shard_index == i) continue;
-      throw ConfigError("ps hosts out of order: psd at " + s.address + " is shard " + std::to_string(s.shard_index) +
-                        " of " + std::to_string(s.num_shards) + " (its --shard_index/--num_shards or --task_index), " +
-                        "but ps_hosts lists " + std::to_string(n) + " hosts with it at position " + std::to_string(i) +
-                        "; every worker must list the ps hosts in the order the psds were given them");
+    for (std::size_t i = 0; i < shards.size(); ++i) {
+      const std::string problem = shard_order_problem(*shards[i], i, shards.size());
+      if (!problem.empty()) throw ConfigError(problem);
     }
   }
 

@@ -26,6 +26,13 @@ kj::Promise<void> Reconnector::reconnect(int index, uint64_t generation, const k
           .then(
               [this, index](kj::Own<ShardConnection> fresh) {
                 kj::Own<ShardConnection>& slot = shards_[index];
+                // A psd restarted with other flags: its tensors are not this
+                // shard's. Every call that needs it fails with why.
+                const std::string problem = shard_order_problem(*fresh, static_cast<std::size_t>(index), shards_.size());
+                if (!problem.empty()) {
+                  pending_[index].done = true;
+                  kj::throwFatalException(kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__, kj::str(problem)));
+                }
                 fresh->generation = slot->generation + 1;
                 fresh->rolled_back = fresh->hello_step < slot->last_step;
                 if (fresh->rolled_back) {

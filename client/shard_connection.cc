@@ -197,6 +197,15 @@ kj::Promise<kj::Own<ShardConnection>> connect_and_hello(kj::UnixEventPort& io, i
 
 }  // namespace
 
+std::string shard_order_problem(const ShardConnection& c, std::size_t index, std::size_t count) {
+  if (c.num_shards <= 1 && c.shard_index == 0) return "";
+  if (c.num_shards == count && c.shard_index == index) return "";
+  return "ps hosts out of order: psd at " + c.address + " is shard " + std::to_string(c.shard_index) + " of " +
+         std::to_string(c.num_shards) + " (its --shard_index/--num_shards or --task_index), but ps_hosts lists " +
+         std::to_string(count) + " hosts with it at position " + std::to_string(index) +
+         "; every worker must list the ps hosts in the order the psds were given them";
+}
+
 kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::UnixEventPort& io, int index, std::string address,
                                                     std::chrono::milliseconds timeout, const HelloParams& hello) {
   auto deadline = io.getTimer().now() + timeout.count() * kj::MILLISECONDS;

@@ -51,6 +51,15 @@ struct HelloParams {
   uint64_t shared_memory_bytes = 0;  // ClientOptions::shared_memory_bytes
 };
 
+// Placement sends tensor parts by position in ps_hosts, so a worker that
+// lists the psds in another order than they were started with would put
+// the same tensor on another psd than its peers do, and train a model
+// nobody else sees. A psd that knows its place (started with
+// --shard_index/--num_shards, or --ps_hosts/--task_index) says it at
+// hello; one started with neither (shard 0 of 1) cannot tell. Empty when
+// `c` may be shard `index` of `count`, else why not.
+std::string shard_order_problem(const ShardConnection& c, std::size_t index, std::size_t count);
+
 // Connects to `address` ("host:port" or "unix:/path"), retrying with backoff
 // until `timeout` has passed, then says hello. Rejects with a DISCONNECTED
 // kj::Exception naming the address and the last error.

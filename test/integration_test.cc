@@ -243,7 +243,7 @@ TEST_CASE("a tensor split over 3 shards round-trips bit-exactly") {
   CHECK(std::memcmp(out.data(), expected.data(), n * 4) == 0);
 }
 
-TEST_CASE("a client listing the ps hosts in another order than the psds were started with is refused") {
+TEST_CASE("ps hosts listed in another order than the psds were started with, or a shard back as another, are refused") {
   PsdProcess a({"--shard_index", "0", "--num_shards", "2"}), b({"--shard_index", "1", "--num_shards", "2"});
   {
     Client client(options_for({&a, &b}));  // the order they were started with
@@ -273,6 +273,14 @@ TEST_CASE("a client listing the ps hosts in another order than the psds were sta
   // cannot tell: any order is taken, as before.
   PsdProcess c, d;
   CHECK_NOTHROW(Client(options_for({&d, &c})));
+
+  // A shard that comes back as another one (restarted with other flags) is
+  // not taken either: calls that need it fail and say why.
+  const int port = b.port();
+  b.kill();
+  PsdProcess wrong({"--shard_index", "0", "--num_shards", "2"}, port);
+  CHECK_THROWS_WITH(client.pull("v"), Catch::Contains("ps hosts out of order") && Catch::Contains("is shard 0 of 2"));
+  CHECK(client.pull("w") == std::vector<float>{1, 1, 1, 1});  // shard 0 is still served
 }
 
 TEST_CASE("a psd on this host is reached over its Unix socket, with the same values as over TCP") {

@@ -192,10 +192,7 @@ struct Psd {
         args.push_back(std::to_string(busy_poll_us));
       }
       if (num_shards > 1) {
-        for (const std::string& a : {std::string("--shard_index"), std::to_string(shard_index),
-                                     std::string("--num_shards"), std::to_string(num_shards)}) {
-          args.push_back(a);
-        }
+        args.insert(args.end(), {"--shard_index", std::to_string(shard_index), "--num_shards", std::to_string(num_shards)});
       }
       if (!unix_socket.empty()) {
         args.push_back("--unix_socket");

@@ -3,8 +3,34 @@
 #include <capnp/orphan.h>
 
 #include "client_impl.h"
+#include "finite.h"
 
 namespace ps {
+
+namespace {
+
+// psd refuses a gradient with NaN or Inf, and the request it came in,
+// whole; but a push that goes out as several requests (a tensor over
+// several shards, or more than ClientOptions::max_request_bytes) would then
+// have its other requests applied. Such a push is checked here first, so
+// that one refused is refused whole, with psd's own message. Only the parts
+// bound for shards that refuse them (psd without --allow_nonfinite) count.
+void refuse_nonfinite_split_push(const std::vector<ShardBatch>& batches, const std::vector<std::string>& names,
+                                 const std::vector<std::span<const float>>& grads,
+                                 const std::vector<kj::Own<ShardConnection>>& shards) {
+  if (batches.size() < 2) return;
+  for (const ShardBatch& batch : batches) {
+    const ShardConnection* shard = shards[batch.shard].get();
+    if (shard != nullptr && shard->allows_nonfinite) continue;
+    for (const PartRef& ref : batch.parts) {
+      if (all_finite(grads[ref.tensor].subspan(ref.part.offset, ref.part.count))) continue;
+      throw RequestError("push: gradient for '" + names[ref.tensor] +
+                         "' contains NaN or Inf (refused; psd --allow_nonfinite accepts it)");
+    }
+  }
+}
+
+}  // namespace
 
 std::future<PullResult> Client::pull_async(std::vector<std::string> names, std::vector<std::span<float>> out,
                                            int64_t min_step) {
@@ -98,8 +124,11 @@ std::future<PushResult> Client::start_push(std::vector<std::string> names, std::
     }
   }
   auto batches = impl_->plan(names);
+  const std::size_t n = names.size();
   return impl_->run<PushResult>(
-      [this, batches = std::move(batches), grads = std::move(grads), n = names.size(), step, done_step]() mutable {
+      [this, batches = std::move(batches), names = std::move(names), grads = std::move(grads), n, step,
+       done_step]() mutable {
+        if (impl_->options.check_split_pushes) refuse_nonfinite_split_push(batches, names, grads, impl_->shards);
         auto result = kj::heap<PushResult>();
         result->status.assign(n, PushStatus::kApplied);
         result->step = std::numeric_limits<int64_t>::max();

@@ -106,6 +106,7 @@ kj::Promise<kj::Own<ShardConnection>> say_hello(kj::Own<ShardConnection> conn, c
                              capnp::Response<wire::Shard::HelloResults>&& reply) mutable -> kj::Promise<kj::Own<ShardConnection>> {
     auto info = reply.getInfo();
     conn->max_message_bytes = info.getMaxMessageBytes();
+    conn->allows_nonfinite = info.getAllowsNonfinite();
     conn->num_shards = info.getNumShards();
     conn->shard_index = info.getShardIndex();
     conn->job = job_from_wire(info.getJob());

@@ -26,6 +26,7 @@ struct ShardConnection {
   kj::Own<capnp::RpcSystem<capnp::rpc::twoparty::VatId>> rpc;
   wire::Shard::Client shard{nullptr};
   uint64_t max_message_bytes = 0;
+  bool allows_nonfinite = false;  // psd --allow_nonfinite (ShardInfo.allowsNonfinite)
   uint32_t num_shards = 0;
   uint32_t shard_index = 0;
   JobConfig job;  // as the shard knew it at hello

@@ -158,6 +158,7 @@ struct ShardInfo {
   unixSocket @7 :Text;         # absolute path of psd's Unix-domain socket; empty: none
   hostId @8 :Text;             # psd's host (kernel boot id): a client with the same may use unixSocket
   sharedMemory @9 :Bool;       # attachMemory is accepted on unixSocket's connections
+  allowsNonfinite @10 :Bool;   # psd --allow_nonfinite: gradients with NaN/Inf are applied, not refused
 }
 
 struct WorkerState {

@@ -10,9 +10,9 @@
 #include <capnp/orphan.h>
 #include <spdlog/spdlog.h>
 
+#include "finite.h"
 #include "host_id.h"
 #include "ps/errors.h"
-#include "vector_clones.h"
 #include "wire_convert.h"
 
 namespace ps {
@@ -41,27 +41,6 @@ std::optional<PartMeta> part_from_wire(wire::TensorSpec::Reader spec) {
   if (!spec.hasPart()) return std::nullopt;
   auto p = spec.getPart();
   return PartMeta{p.getFullName(), shape_from_wire(p.getFullShape()), p.getOffset(), p.getIndex(), p.getCount()};
-}
-
-PS_VECTOR_CLONES bool all_finite(std::span<const float> v) {
-  // |x| <= FLT_MAX is false exactly for NaN and +-Inf. A compare and an OR
-  // vectorise (30 GB/s here on SSE2); a float sum does not without
-  // -ffast-math, nor does an unsigned max (7 GB/s: slower than the apply).
-  int bad = 0;
-  for (float x : v) bad |= !(std::abs(x) <= std::numeric_limits<float>::max());
-  return bad == 0;
-}
-
-// Copies and checks in one pass: a gradient from shared memory is read
-// once, and what is checked is exactly what is applied.
-PS_VECTOR_CLONES bool copy_all_finite(float* __restrict dst, const float* __restrict src, std::size_t n) {
-  int bad = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const float x = src[i];
-    dst[i] = x;
-    bad |= !(std::abs(x) <= std::numeric_limits<float>::max());
-  }
-  return bad == 0;
 }
 
 class LogErrors final : public kj::TaskSet::ErrorHandler {
@@ -596,6 +575,7 @@ void Shard::info(wire::ShardInfo::Builder out) const {
   out.setUnixSocket(options_.unix_socket);
   out.setHostId(host_id());
   out.setSharedMemory(!options_.unix_socket.empty() && options_.max_shared_memory_bytes > 0);
+  out.setAllowsNonfinite(options_.allow_nonfinite);
   job_to_wire(job_.config(), out.initJob());
 }
 

@@ -243,6 +243,71 @@ TEST_CASE("a tensor split over 3 shards round-trips bit-exactly") {
   CHECK(std::memcmp(out.data(), expected.data(), n * 4) == 0);
 }
 
+TEST_CASE("a NaN or Inf anywhere in a push that goes out as several requests refuses all of it") {
+  // psd checks each request whole; the client checks a push it splits.
+  const std::size_t n = 100'003;  // 7 parts of 64 KiB over 3 shards
+  std::vector<float> init(n);
+  for (std::size_t i = 0; i < n; ++i) init[i] = float(i % 977) / 8.0f;
+  std::vector<float> out(n);
+
+  SECTION("parts over three shards, and a batch of tensors") {
+    PsdProcess a, b, c;
+    ClientOptions o = options_for({&a, &b, &c});
+    o.chunk_bytes = 64 << 10;
+    Client client(o);
+    client.create({sgd_tensor("emb", {n}, InitConfig::from_values(init)),
+                   sgd_tensor("w", {2}, InitConfig::from_values({1, 2}))});
+    for (std::size_t bad : {n - 1, std::size_t{0}, std::size_t{40'000}}) {
+      std::vector<float> g(n, 0.5f);
+      g[bad] = bad == 0 ? INFINITY : NAN;
+      CHECK_THROWS_WITH(client.push("emb", g), Catch::Contains("gradient for 'emb' contains NaN or Inf"));
+      CHECK_THROWS_WITH(client.push({"w", "emb"}, {std::vector<float>{1, 1}, g}), Catch::Contains("NaN or Inf"));
+      client.pull("emb", out);
+      CHECK(std::memcmp(out.data(), init.data(), n * 4) == 0);
+      CHECK(client.pull("w") == std::vector<float>{1, 2});
+    }
+    std::vector<float> g(n, 0.5f);  // a clean one still goes through
+    client.push("emb", g);
+    client.pull("emb", out);
+    CHECK(out[n - 1] == init[n - 1] - 0.5f);
+  }
+  SECTION("one shard, more than one request's worth") {
+    PsdProcess psd;
+    ClientOptions o = options_for({&psd});
+    o.chunk_bytes = 64 << 10;
+    o.max_request_bytes = 128 << 10;
+    Client client(o);
+    client.create({sgd_tensor("emb", {n}, InitConfig::from_values(init))});
+    std::vector<float> g(n, 0.5f);
+    g[n - 2] = -INFINITY;
+    CHECK_THROWS_WITH(client.push("emb", g), Catch::Contains("NaN or Inf"));
+    client.pull("emb", out);
+    CHECK(std::memcmp(out.data(), init.data(), n * 4) == 0);
+    // Without the client's check, psd refuses only the request with the
+    // bad value: what the check is for.
+    o.check_split_pushes = false;
+    Client unchecked(o);
+    unchecked.declare({sgd_tensor("emb", {n})});
+    CHECK_THROWS_WITH(unchecked.push("emb", g), Catch::Contains("NaN or Inf"));
+    unchecked.pull("emb", out);
+    CHECK(out[0] == init[0] - 0.5f);
+    CHECK(out[n - 2] == init[n - 2]);
+  }
+  SECTION("psds that accept them (--allow_nonfinite) get them") {
+    PsdProcess a({"--allow_nonfinite"}), b({"--allow_nonfinite"});
+    ClientOptions o = options_for({&a, &b});
+    o.chunk_bytes = 64 << 10;
+    Client client(o);
+    client.create({sgd_tensor("emb", {n}, InitConfig::from_values(init))});
+    std::vector<float> g(n, 0.0f);
+    g[n - 1] = NAN;
+    client.push("emb", g);
+    client.pull("emb", out);
+    CHECK(std::isnan(out[n - 1]));
+    CHECK(std::memcmp(out.data(), init.data(), (n - 1) * 4) == 0);
+  }
+}
+
 TEST_CASE("ps hosts listed in another order than the psds were started with, or a shard back as another, are refused") {
   PsdProcess a({"--shard_index", "0", "--num_shards", "2"}), b({"--shard_index", "1", "--num_shards", "2"});
   {

@@ -148,7 +148,7 @@ TEST_CASE("optimizer configurations that cannot train are refused") {
 }
 
 TEST_CASE("the vectorised updates equal the plain float32 formula bit for bit") {
-  // psd's loops are built for SSE2 and AVX2 (server/vector_clones.h) and the
+  // psd's loops are built for SSE2 and AVX2 (common/vector_clones.h) and the
   // CPU picks one: both must give exactly what one float operation after
   // another gives, so that shards on different CPUs agree (no FMA, which
   // rounds once where the formula rounds twice).

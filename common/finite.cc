@@ -1,0 +1,29 @@
+#include "finite.h"
+
+#include <cmath>
+#include <limits>
+
+#include "vector_clones.h"
+
+namespace ps {
+
+PS_VECTOR_CLONES bool all_finite(std::span<const float> v) {
+  // |x| <= FLT_MAX is false exactly for NaN and +-Inf. A compare and an OR
+  // vectorise (30 GB/s here on SSE2); a float sum does not without
+  // -ffast-math, nor does an unsigned max (7 GB/s: slower than the apply).
+  int bad = 0;
+  for (float x : v) bad |= !(std::abs(x) <= std::numeric_limits<float>::max());
+  return bad == 0;
+}
+
+PS_VECTOR_CLONES bool copy_all_finite(float* __restrict dst, const float* __restrict src, std::size_t n) {
+  int bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = src[i];
+    dst[i] = x;
+    bad |= !(std::abs(x) <= std::numeric_limits<float>::max());
+  }
+  return bad == 0;
+}
+
+}  // namespace ps

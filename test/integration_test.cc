@@ -262,6 +262,7 @@ TEST_CASE("a NaN or Inf anywhere in a push that goes out as several requests ref
       g[bad] = bad == 0 ? INFINITY : NAN;
       CHECK_THROWS_WITH(client.push("emb", g), Catch::Contains("gradient for 'emb' contains NaN or Inf"));
       CHECK_THROWS_WITH(client.push({"w", "emb"}, {std::vector<float>{1, 1}, g}), Catch::Contains("NaN or Inf"));
+      CHECK_THROWS_WITH(client.push_async({"emb"}, {g}).get(), Catch::Contains("NaN or Inf"));
       client.pull("emb", out);
       CHECK(std::memcmp(out.data(), init.data(), n * 4) == 0);
       CHECK(client.pull("w") == std::vector<float>{1, 2});

@@ -40,6 +40,42 @@ void Client::declare(const std::vector<TensorSpec>& specs) {
   for (const auto& s : specs) impl_->placement.add(s);
 }
 
+namespace {
+
+// One create request: `batch`'s parts of `specs`, each cut to its part.
+kj::Promise<void> send_create(ShardConnection& c, const ShardBatch& batch, const std::vector<TensorSpec>& specs,
+                              bool validate_only) {
+  auto req = c.shard.createRequest();
+  req.setValidateOnly(validate_only);
+  auto out = req.initSpecs(static_cast<unsigned>(batch.parts.size()));
+  for (unsigned i = 0; i < batch.parts.size(); ++i) {
+    const TensorSpec& full = specs[batch.parts[i].tensor];
+    const Part& part = batch.parts[i].part;
+    TensorSpec piece = full;
+    piece.name = part.stored_name;
+    if (part.num_parts > 1) piece.shape = {part.count};
+    // Values and restored slots are cut to the part.
+    auto cut = [&](const std::vector<float>& v) {
+      return std::vector<float>(v.begin() + part.offset, v.begin() + part.offset + part.count);
+    };
+    if (full.init.kind == InitKind::kValues) piece.init.values = cut(full.init.values);
+    for (std::size_t k = 0; k < full.slots.size(); ++k) piece.slots[k] = cut(full.slots[k]);
+    to_wire(piece, out[i]);
+    if (part.num_parts > 1) {
+      auto p = out[i].initPart();
+      p.setFullName(full.name);
+      auto fs = p.initFullShape(static_cast<unsigned>(full.shape.size()));
+      for (unsigned d = 0; d < full.shape.size(); ++d) fs.set(d, full.shape[d]);
+      p.setOffset(part.offset);
+      p.setIndex(part.index);
+      p.setCount(part.num_parts);
+    }
+  }
+  return req.send().ignoreResult();
+}
+
+}  // namespace
+
 void Client::create(const std::vector<TensorSpec>& specs) {
   for (const auto& full : specs) {
     if (full.init.kind == InitKind::kValues && full.init.values.size() != full.num_elements()) {
@@ -61,39 +97,20 @@ void Client::create(const std::vector<TensorSpec>& specs) {
   struct Done {};
   impl_->submit<Done>(
             [this, batches = std::move(batches), shared_specs]() {
-              kj::Vector<kj::Promise<void>> calls;
-              for (const auto& b : batches) {
-                calls.add(impl_->retry->call(b.shard, [b, shared_specs](ShardConnection& c, int) {
-                  const auto& specs = *shared_specs;
-                  auto req = c.shard.createRequest();
-                  auto out = req.initSpecs(static_cast<unsigned>(b.parts.size()));
-                  for (unsigned i = 0; i < b.parts.size(); ++i) {
-                    const TensorSpec& full = specs[b.parts[i].tensor];
-                    const Part& part = b.parts[i].part;
-                    TensorSpec piece = full;
-                    piece.name = part.stored_name;
-                    if (part.num_parts > 1) piece.shape = {part.count};
-                    // Values and restored slots are cut to the part.
-                    auto cut = [&](const std::vector<float>& v) {
-                      return std::vector<float>(v.begin() + part.offset, v.begin() + part.offset + part.count);
-                    };
-                    if (full.init.kind == InitKind::kValues) piece.init.values = cut(full.init.values);
-                    for (std::size_t k = 0; k < full.slots.size(); ++k) piece.slots[k] = cut(full.slots[k]);
-                    to_wire(piece, out[i]);
-                    if (part.num_parts > 1) {
-                      auto p = out[i].initPart();
-                      p.setFullName(full.name);
-                      auto fs = p.initFullShape(static_cast<unsigned>(full.shape.size()));
-                      for (unsigned d = 0; d < full.shape.size(); ++d) fs.set(d, full.shape[d]);
-                      p.setOffset(part.offset);
-                      p.setIndex(part.index);
-                      p.setCount(part.num_parts);
-                    }
-                  }
-                  return req.send().ignoreResult();
-                }));
-              }
-              return kj::joinPromises(calls.releaseAsArray()).then([] { return Done{}; });
+              // Every request sent with validate_only, or every one for real.
+              auto round = [this, batches, shared_specs](bool validate_only) {
+                kj::Vector<kj::Promise<void>> calls;
+                for (const auto& b : batches) {
+                  calls.add(impl_->retry->call(b.shard, [b, shared_specs, validate_only](ShardConnection& c, int) {
+                    return send_create(c, b, *shared_specs, validate_only);
+                  }));
+                }
+                return kj::joinPromises(calls.releaseAsArray());
+              };
+              // Over several requests, every shard checks its share before
+              // any creates, so that one refusal creates nothing anywhere.
+              if (batches.size() < 2) return round(false).then([] { return Done{}; });
+              return round(true).then([round]() mutable { return round(false); }).then([] { return Done{}; });
             },
             "create: ")
       .get();

@@ -106,12 +106,17 @@ void Shard::create(wire::Shard::CreateParams::Reader params, wire::Shard::Create
   // Validate everything first, so a bad spec in a batch creates nothing.
   std::vector<std::pair<TensorSpec, std::optional<PartMeta>>> parsed;
   std::set<std::string> names;
+  TensorStore::Pending pending;
   for (auto s : specs) {
     parsed.emplace_back(from_wire(s), part_from_wire(s));
     if (!names.insert(parsed.back().first.name).second) {
       throw RequestError("create: tensor '" + parsed.back().first.name + "' appears twice in one request");
     }
-    store_.validate(parsed.back().first, parsed.back().second);
+    store_.validate(parsed.back().first, parsed.back().second, &pending);
+  }
+  if (params.getValidateOnly()) {
+    results.initTensors(0);
+    return;
   }
   auto out = results.initTensors(specs.size());
   for (unsigned i = 0; i < parsed.size(); ++i) {

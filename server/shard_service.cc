@@ -103,7 +103,7 @@ kj::Promise<void> ShardServiceImpl::create(CreateContext context) {
       }
     }
     shard_.create(context.getParams(), context.getResults());
-    tensors_created_ += fresh;
+    if (!context.getParams().getValidateOnly()) tensors_created_ += fresh;
     return kj::READY_NOW;
   });
 }

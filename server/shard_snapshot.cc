@@ -99,10 +99,11 @@ void Shard::restore(const ShardCheckpoint& c) {
   // Check every tensor before creating any, so a bad file leaves the shard
   // empty (and psd goes on to an older checkpoint).
   std::set<std::string_view> names;
+  TensorStore::Pending pending;
   for (const auto& t : c.tensors) {
     TensorSpec spec = t.spec;
     spec.slots = t.slots;
-    store_.validate(spec, t.part);
+    store_.validate(spec, t.part, &pending);
     if (!names.insert(t.spec.name).second) throw Error("restore: tensor '" + t.spec.name + "' appears twice");
   }
   try {

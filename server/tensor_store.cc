@@ -61,12 +61,13 @@ uint64_t StoredTensor::version() const {
   return version_;
 }
 
-void TensorStore::validate(const TensorSpec& spec, const std::optional<PartMeta>& part) const {
+void TensorStore::validate(const TensorSpec& spec, const std::optional<PartMeta>& part, Pending* pending) const {
   std::lock_guard lock(mutex_);
-  validate_locked(spec, part);
+  validate_locked(spec, part, pending);
 }
 
-void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<PartMeta>& part) const {
+void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<PartMeta>& part,
+                                  Pending* pending) const {
   const std::string& name = spec.name;
   if (name.empty() || name.size() > 512) throw RequestError("create: tensor names must have 1 to 512 characters");
   if (spec.shape.size() > 16) throw RequestError("create: tensor '" + name + "' has more than 16 dimensions");
@@ -128,16 +129,23 @@ void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<Pa
     if (t.part() != part) throw RequestError("create: tensor '" + name + "' exists with another part layout");
     return;
   }
-  if (tensors_.size() >= limits_.max_tensors) throw RequestError("create: this shard holds its maximum number of tensors");
-  if (bytes_ + n * sizeof(float) > limits_.max_total_bytes) {
+  const Pending before = pending != nullptr ? *pending : Pending{};
+  if (tensors_.size() + before.tensors >= limits_.max_tensors) {
+    throw RequestError("create: this shard holds its maximum number of tensors");
+  }
+  if (bytes_ + before.bytes + n * sizeof(float) > limits_.max_total_bytes) {
     throw RequestError("create: tensor '" + name + "' would take this shard over its memory limit of " +
                        std::to_string(limits_.max_total_bytes) + " bytes");
+  }
+  if (pending != nullptr) {
+    pending->bytes += n * sizeof(float);
+    ++pending->tensors;
   }
 }
 
 std::pair<StoredTensor*, bool> TensorStore::create(const TensorSpec& spec, const std::optional<PartMeta>& part) {
   std::lock_guard lock(mutex_);
-  validate_locked(spec, part);
+  validate_locked(spec, part, nullptr);
   if (auto it = tensors_.find(spec.name); it != tensors_.end()) return {it->second.get(), false};
   auto tensor = std::make_unique<StoredTensor>(next_id_++, spec, part);
   StoredTensor* raw = tensor.get();

@@ -81,8 +81,18 @@ class TensorStore {
   // part layout, an invalid spec, or a limit exceeded.
   std::pair<StoredTensor*, bool> create(const TensorSpec& spec, const std::optional<PartMeta>& part);
 
-  // Checks what create() would check, without creating anything.
-  void validate(const TensorSpec& spec, const std::optional<PartMeta>& part) const;
+  // New tensors of one request, counted against the shard's limits as if
+  // already created (validate below).
+  struct Pending {
+    uint64_t bytes = 0;
+    std::size_t tensors = 0;
+  };
+
+  // Checks what create() would check, without creating anything. With
+  // `pending`, the limits also count the tensors validated into it before
+  // (a request's earlier specs), and this one, if new, is added to it: each
+  // spec of a request can fit alone while all of them do not.
+  void validate(const TensorSpec& spec, const std::optional<PartMeta>& part, Pending* pending = nullptr) const;
 
   StoredTensor* find(const std::string& name) const;
   StoredTensor& get(const std::string& name) const;  // throws RequestError naming the tensor
@@ -94,7 +104,7 @@ class TensorStore {
   void clear();
 
  private:
-  void validate_locked(const TensorSpec& spec, const std::optional<PartMeta>& part) const;
+  void validate_locked(const TensorSpec& spec, const std::optional<PartMeta>& part, Pending* pending) const;
 
   const StoreLimits limits_;
   mutable std::mutex mutex_;

@@ -309,6 +309,42 @@ TEST_CASE("a NaN or Inf anywhere in a push that goes out as several requests ref
   }
 }
 
+TEST_CASE("a create refused anywhere creates nothing anywhere") {
+  auto names_on = [](Client& c) {
+    std::vector<std::string> out;
+    for (const auto& t : c.list()) out.push_back(t.name);
+    return out;
+  };
+  SECTION("a shape clash on one shard of two") {
+    PsdProcess a, b;
+    Client one(options_for({&a, &b}));
+    one.create({sgd_tensor("p", {2}), sgd_tensor("q", {2})});
+    Client two(options_for({&a, &b}));
+    // x goes to shard 0, q (with another shape) to shard 1, which refuses it.
+    CHECK_THROWS_WITH(two.create({sgd_tensor("x", {3}), sgd_tensor("q", {5})}), Catch::Contains("exists with shape [2]"));
+    CHECK(names_on(one) == std::vector<std::string>{"p", "q"});
+  }
+  SECTION("tensors that fit psd's memory limit one by one, not together, in one request") {
+    PsdProcess psd({"--max_memory_mb", "1"});
+    ClientOptions o = options_for({&psd});
+    o.max_request_bytes = 4 << 20;
+    Client client(o);
+    CHECK_THROWS_WITH(client.create({sgd_tensor("u", {150'000}), sgd_tensor("v", {150'000})}),
+                      Catch::Contains("memory limit"));
+    CHECK(names_on(client).empty());
+    client.create({sgd_tensor("u", {150'000})});  // each alone fits
+    CHECK(names_on(client) == std::vector<std::string>{"u"});
+  }
+  SECTION("the checking round does not count against --max_tensors_per_client") {
+    PsdProcess psd({"--max_tensors_per_client", "2"});
+    ClientOptions o = options_for({&psd});
+    o.max_request_bytes = 64 << 10;
+    Client client(o);
+    client.create({sgd_tensor("u", {12'000}), sgd_tensor("v", {12'000})});  // two requests
+    CHECK(names_on(client) == std::vector<std::string>{"u", "v"});
+  }
+}
+
 TEST_CASE("ps hosts listed in another order than the psds were started with, or a shard back as another, are refused") {
   PsdProcess a({"--shard_index", "0", "--num_shards", "2"}), b({"--shard_index", "1", "--num_shards", "2"});
   {

@@ -167,6 +167,8 @@ class Client {
 
   // Places the tensors (in order) and creates them on their shards.
   // Idempotent: existing tensors of the same shape are kept as they are.
+  // Over several requests, every shard first checks its share (nothing is
+  // created if one refuses), which costs one more round trip.
   void create(const std::vector<TensorSpec>& specs);
   // Places without creating: for workers that wait for the chief's init.
   void declare(const std::vector<TensorSpec>& specs);

@@ -236,15 +236,6 @@ bool parse_shard_dir(const std::string& name, uint32_t* index, uint32_t* count) 
   return true;
 }
 
-void part_to_wire(const PartMeta& p, wire::PartInfo::Builder out) {
-  out.setFullName(p.full_name);
-  auto fs = out.initFullShape(static_cast<unsigned>(p.full_shape.size()));
-  for (unsigned i = 0; i < p.full_shape.size(); ++i) fs.set(i, p.full_shape[i]);
-  out.setOffset(p.offset);
-  out.setIndex(p.index);
-  out.setCount(p.count);
-}
-
 }  // namespace
 
 std::string shard_checkpoint_dir(const std::string& dir, uint32_t shard_index, uint32_t num_shards) {

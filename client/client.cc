@@ -62,13 +62,7 @@ kj::Promise<void> send_create(ShardConnection& c, const ShardBatch& batch, const
     for (std::size_t k = 0; k < full.slots.size(); ++k) piece.slots[k] = cut(full.slots[k]);
     to_wire(piece, out[i]);
     if (part.num_parts > 1) {
-      auto p = out[i].initPart();
-      p.setFullName(full.name);
-      auto fs = p.initFullShape(static_cast<unsigned>(full.shape.size()));
-      for (unsigned d = 0; d < full.shape.size(); ++d) fs.set(d, full.shape[d]);
-      p.setOffset(part.offset);
-      p.setIndex(part.index);
-      p.setCount(part.num_parts);
+      part_to_wire(PartMeta{full.name, full.shape, part.offset, part.index, part.num_parts}, out[i].initPart());
     }
   }
   return req.send().ignoreResult();

@@ -138,4 +138,13 @@ void job_to_wire(const JobConfig& c, wire::JobConfig::Builder out) {
   out.setStartStep(c.start_step);
 }
 
+void part_to_wire(const PartMeta& p, wire::PartInfo::Builder out) {
+  out.setFullName(p.full_name);
+  auto fs = out.initFullShape(static_cast<unsigned>(p.full_shape.size()));
+  for (unsigned i = 0; i < p.full_shape.size(); ++i) fs.set(i, p.full_shape[i]);
+  out.setOffset(p.offset);
+  out.setIndex(p.index);
+  out.setCount(p.count);
+}
+
 }  // namespace ps

@@ -8,6 +8,7 @@
 
 #include <capnp/blob.h>
 
+#include "part_meta.h"
 #include "ps.capnp.h"
 #include "ps/job.h"
 #include "ps/tensor_spec.h"
@@ -28,6 +29,9 @@ JobConfig job_from_wire(wire::JobConfig::Reader in);  // throws RequestError
 void job_to_wire(const JobConfig& c, wire::JobConfig::Builder out);
 
 std::vector<uint64_t> shape_from_wire(capnp::List<uint64_t>::Reader in);
+
+// Where a stored part sits in its logical tensor (TensorSpec.part).
+void part_to_wire(const PartMeta& p, wire::PartInfo::Builder out);
 
 // Float32 views of Data blobs (the wire format is little-endian float32,
 // which is the host format on every platform psd builds for).

@@ -26,15 +26,7 @@ void to_wire_meta(const StoredTensor& t, bool created, wire::TensorMeta::Builder
   out.setOptimizer(static_cast<wire::OptimizerKind>(t.spec().optimizer.kind));
   out.setTrainable(t.spec().trainable);
   out.setCreated(created);
-  if (const auto& p = t.part()) {
-    auto w = out.initPart();
-    w.setFullName(p->full_name);
-    auto fs = w.initFullShape(static_cast<unsigned>(p->full_shape.size()));
-    for (unsigned i = 0; i < p->full_shape.size(); ++i) fs.set(i, p->full_shape[i]);
-    w.setOffset(p->offset);
-    w.setIndex(p->index);
-    w.setCount(p->count);
-  }
+  if (const auto& p = t.part()) part_to_wire(*p, out.initPart());
 }
 
 std::optional<PartMeta> part_from_wire(wire::TensorSpec::Reader spec) {

@@ -88,23 +88,25 @@ void Client::create(const std::vector<TensorSpec>& specs) {
   for (const auto& s : specs) names.push_back(s.name);
   auto batches = impl_->plan(names);
   auto shared_specs = std::make_shared<const std::vector<TensorSpec>>(specs);
+  // Over several requests, every shard checks its share before any
+  // creates, so that one refusal creates nothing anywhere.
+  const bool check_first = batches.size() > 1;
+  // Every request sent with validate_only, or every one for real.
+  auto round = [this, batches = std::move(batches), shared_specs](bool validate_only) {
+    kj::Vector<kj::Promise<void>> calls;
+    for (const auto& b : batches) {
+      calls.add(impl_->retry->call(b.shard, [b, shared_specs, validate_only](ShardConnection& c, int) {
+        return send_create(c, b, *shared_specs, validate_only);
+      }));
+    }
+    return kj::joinPromises(calls.releaseAsArray());
+  };
   struct Done {};
   impl_->submit<Done>(
-            [this, batches = std::move(batches), shared_specs]() {
-              // Every request sent with validate_only, or every one for real.
-              auto round = [this, batches, shared_specs](bool validate_only) {
-                kj::Vector<kj::Promise<void>> calls;
-                for (const auto& b : batches) {
-                  calls.add(impl_->retry->call(b.shard, [b, shared_specs, validate_only](ShardConnection& c, int) {
-                    return send_create(c, b, *shared_specs, validate_only);
-                  }));
-                }
-                return kj::joinPromises(calls.releaseAsArray());
-              };
-              // Over several requests, every shard checks its share before
-              // any creates, so that one refusal creates nothing anywhere.
-              if (batches.size() < 2) return round(false).then([] { return Done{}; });
-              return round(true).then([round]() mutable { return round(false); }).then([] { return Done{}; });
+            [round = std::move(round), check_first]() mutable {
+              if (!check_first) return round(false).then([] { return Done{}; });
+              auto checked = round(true);  // sent; the second round outlives this call, so round moves into it
+              return checked.then([round = kj::mv(round)]() mutable { return round(false); }).then([] { return Done{}; });
             },
             "create: ")
       .get();

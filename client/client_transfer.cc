@@ -124,13 +124,12 @@ std::future<PushResult> Client::start_push(std::vector<std::string> names, std::
     }
   }
   auto batches = impl_->plan(names);
-  const std::size_t n = names.size();
   return impl_->run<PushResult>(
-      [this, batches = std::move(batches), names = std::move(names), grads = std::move(grads), n, step,
+      [this, batches = std::move(batches), names = std::move(names), grads = std::move(grads), step,
        done_step]() mutable {
         if (impl_->options.check_split_pushes) refuse_nonfinite_split_push(batches, names, grads, impl_->shards);
         auto result = kj::heap<PushResult>();
-        result->status.assign(n, PushStatus::kApplied);
+        result->status.assign(names.size(), PushStatus::kApplied);
         result->step = std::numeric_limits<int64_t>::max();
         kj::Vector<kj::Promise<void>> calls;
         auto shared_grads = std::make_shared<const std::vector<std::span<const float>>>(std::move(grads));

@@ -10,6 +10,7 @@
 
 #include "auth_token.h"
 #include "client_impl.h"
+#include "finite.h"
 #include "malloc_tuning.h"
 
 namespace ps {
@@ -42,24 +43,38 @@ void Client::declare(const std::vector<TensorSpec>& specs) {
 
 namespace {
 
+// A create request's two forms: a check of everything the shard will get
+// (values left out: the client checked them), then the real requests.
+enum class CreateRound { kValidate, kCreate };
+
 // One create request: `batch`'s parts of `specs`, each cut to its part.
 kj::Promise<void> send_create(ShardConnection& c, const ShardBatch& batch, const std::vector<TensorSpec>& specs,
-                              bool validate_only) {
+                              CreateRound round) {
+  const bool validate = round == CreateRound::kValidate;
   auto req = c.shard.createRequest();
-  req.setValidateOnly(validate_only);
+  req.setValidateOnly(validate);
+  req.setValuesLeftOut(validate);
   auto out = req.initSpecs(static_cast<unsigned>(batch.parts.size()));
   for (unsigned i = 0; i < batch.parts.size(); ++i) {
     const TensorSpec& full = specs[batch.parts[i].tensor];
     const Part& part = batch.parts[i].part;
-    TensorSpec piece = full;
-    piece.name = part.stored_name;
-    if (part.num_parts > 1) piece.shape = {part.count};
-    // Values and restored slots are cut to the part.
+    // All of the spec but its values (positional, every member named: a
+    // member added to TensorSpec warns here until it is passed on).
+    TensorSpec piece{part.stored_name,
+                     part.num_parts > 1 ? std::vector<uint64_t>{part.count} : full.shape,
+                     full.optimizer,
+                     InitConfig{full.init.kind, full.init.a, full.init.b, full.init.seed, {}},
+                     full.trainable,
+                     {},
+                     full.version};
+    // Values and restored slots are cut to the part; left out when
+    // validating, the slots' number kept.
     auto cut = [&](const std::vector<float>& v) {
+      if (validate) return std::vector<float>();
       return std::vector<float>(v.begin() + part.offset, v.begin() + part.offset + part.count);
     };
     if (full.init.kind == InitKind::kValues) piece.init.values = cut(full.init.values);
-    for (std::size_t k = 0; k < full.slots.size(); ++k) piece.slots[k] = cut(full.slots[k]);
+    for (const auto& slot : full.slots) piece.slots.push_back(cut(slot));
     to_wire(piece, out[i]);
     if (part.num_parts > 1) {
       part_to_wire(PartMeta{full.name, full.shape, part.offset, part.index, part.num_parts}, out[i].initPart());
@@ -68,45 +83,68 @@ kj::Promise<void> send_create(ShardConnection& c, const ShardBatch& batch, const
   return req.send().ignoreResult();
 }
 
+// What psd would refuse in values that its check round does not see.
+void check_create_values(const TensorSpec& full) {
+  if (full.init.kind == InitKind::kValues && full.init.values.size() != full.num_elements()) {
+    throw ConfigError("tensor '" + full.name + "' has " + std::to_string(full.num_elements()) + " elements but " +
+                      std::to_string(full.init.values.size()) + " initial values");
+  }
+  if (!all_finite(full.init.values)) {
+    throw RequestError("create: tensor '" + full.name + "' has a NaN or Inf initial value");
+  }
+  for (const auto& slot : full.slots) {
+    if (slot.size() != full.num_elements()) {
+      throw ConfigError("tensor '" + full.name + "' has " + std::to_string(full.num_elements()) +
+                        " elements but a restored optimizer slot of " + std::to_string(slot.size()));
+    }
+    if (!all_finite(slot)) throw RequestError("create: tensor '" + full.name + "' has a NaN or Inf restored slot value");
+  }
+}
+
+// Every shard's parts in one batch: what the check round sends.
+std::vector<ShardBatch> one_batch_per_shard(const std::vector<ShardBatch>& batches) {
+  std::map<int, ShardBatch> merged;
+  for (const ShardBatch& b : batches) {
+    ShardBatch& m = merged[b.shard];
+    m.shard = b.shard;
+    m.parts.insert(m.parts.end(), b.parts.begin(), b.parts.end());
+    m.bytes += b.bytes;
+  }
+  std::vector<ShardBatch> out;
+  for (auto& [shard, b] : merged) out.push_back(std::move(b));
+  return out;
+}
+
 }  // namespace
 
 void Client::create(const std::vector<TensorSpec>& specs) {
-  for (const auto& full : specs) {
-    if (full.init.kind == InitKind::kValues && full.init.values.size() != full.num_elements()) {
-      throw ConfigError("tensor '" + full.name + "' has " + std::to_string(full.num_elements()) + " elements but " +
-                        std::to_string(full.init.values.size()) + " initial values");
-    }
-    for (const auto& slot : full.slots) {
-      if (slot.size() != full.num_elements()) {
-        throw ConfigError("tensor '" + full.name + "' has " + std::to_string(full.num_elements()) +
-                          " elements but a restored optimizer slot of " + std::to_string(slot.size()));
-      }
-    }
-  }
+  for (const auto& full : specs) check_create_values(full);
   declare(specs);
   std::vector<std::string> names;
   for (const auto& s : specs) names.push_back(s.name);
   auto batches = impl_->plan(names);
   auto shared_specs = std::make_shared<const std::vector<TensorSpec>>(specs);
-  // Over several requests, every shard checks its share before any
-  // creates, so that one refusal creates nothing anywhere.
-  const bool check_first = batches.size() > 1;
-  // Every request sent with validate_only, or every one for real.
-  auto round = [this, batches = std::move(batches), shared_specs](bool validate_only) {
+  // Over several requests, every shard first checks all it will get, in
+  // one request, before any creates: one refusal creates nothing anywhere,
+  // and a shard's limits count every new tensor of the call.
+  auto checks = batches.size() > 1 ? one_batch_per_shard(batches) : std::vector<ShardBatch>();
+  auto round = [this, shared_specs](const std::vector<ShardBatch>& requests, CreateRound kind) {
     kj::Vector<kj::Promise<void>> calls;
-    for (const auto& b : batches) {
-      calls.add(impl_->retry->call(b.shard, [b, shared_specs, validate_only](ShardConnection& c, int) {
-        return send_create(c, b, *shared_specs, validate_only);
+    for (const auto& b : requests) {
+      calls.add(impl_->retry->call(b.shard, [b, shared_specs, kind](ShardConnection& c, int) {
+        return send_create(c, b, *shared_specs, kind);
       }));
     }
     return kj::joinPromises(calls.releaseAsArray());
   };
   struct Done {};
   impl_->submit<Done>(
-            [round = std::move(round), check_first]() mutable {
-              if (!check_first) return round(false).then([] { return Done{}; });
-              auto checked = round(true);  // sent; the second round outlives this call, so round moves into it
-              return checked.then([round = kj::mv(round)]() mutable { return round(false); }).then([] { return Done{}; });
+            [round, batches = std::move(batches), checks = std::move(checks)]() mutable {
+              auto checked = checks.empty() ? kj::Promise<void>(kj::READY_NOW) : round(checks, CreateRound::kValidate);
+              // The second round outlives this call: what it sends moves into it.
+              return checked
+                  .then([round, batches = std::move(batches)]() mutable { return round(batches, CreateRound::kCreate); })
+                  .then([] { return Done{}; });
             },
             "create: ")
       .get();

@@ -204,12 +204,19 @@ interface Shard {
   # has not said hello after it and may say the real one next, or close (a
   # client on psd's host goes on over psd's Unix socket instead).
 
-  create @1 (specs :List(TensorSpec), validateOnly :Bool) -> (tensors :List(TensorMeta));
+  create @1 (specs :List(TensorSpec), validateOnly :Bool, valuesLeftOut :Bool)
+         -> (tensors :List(TensorMeta));
   # Idempotent: an existing tensor with the same shape is returned as is
   # (created = false); one with another shape is an error.
   # validateOnly: check everything a create would, create nothing, and
   # return no tensors. A client creating over several shards (or in several
-  # requests) asks each first, so that one refusal creates nothing anywhere.
+  # requests) asks each shard first, all its specs in one request, so that
+  # one refusal creates nothing anywhere and the shard's limits count
+  # everything it is about to create.
+  # valuesLeftOut (with validateOnly only): the specs carry no initial
+  # values, and restored slots as empty lists (their number still counts);
+  # the client checked their lengths and that they are finite. Keeps the
+  # check of a large restore one small message.
 
   pull @2 (names :List(Text), minStep :Int64, tag :UInt64, into :List(SharedSlice))
        -> (tensors :List(TensorData), step :Int64, tag :UInt64);

@@ -95,6 +95,10 @@ void Shard::init_job(wire::JobConfig::Reader config) { job_.configure(job_from_w
 
 void Shard::create(wire::Shard::CreateParams::Reader params, wire::Shard::CreateResults::Builder results) {
   auto specs = params.getSpecs();
+  if (params.getValuesLeftOut() && !params.getValidateOnly()) {
+    throw RequestError("create: values may be left out only when validating");
+  }
+  const auto values = params.getValuesLeftOut() ? TensorStore::Values::kLeftOut : TensorStore::Values::kGiven;
   // Validate everything first, so a bad spec in a batch creates nothing.
   std::vector<std::pair<TensorSpec, std::optional<PartMeta>>> parsed;
   std::set<std::string> names;
@@ -104,7 +108,7 @@ void Shard::create(wire::Shard::CreateParams::Reader params, wire::Shard::Create
     if (!names.insert(parsed.back().first.name).second) {
       throw RequestError("create: tensor '" + parsed.back().first.name + "' appears twice in one request");
     }
-    store_.validate(parsed.back().first, parsed.back().second, &pending);
+    store_.validate(parsed.back().first, parsed.back().second, &pending, values);
   }
   if (params.getValidateOnly()) {
     results.initTensors(0);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "finite.h"
 #include "initializer.h"
 #include "ps/errors.h"
 
@@ -61,13 +62,14 @@ uint64_t StoredTensor::version() const {
   return version_;
 }
 
-void TensorStore::validate(const TensorSpec& spec, const std::optional<PartMeta>& part, Pending* pending) const {
+void TensorStore::validate(const TensorSpec& spec, const std::optional<PartMeta>& part, Pending* pending,
+                           Values values) const {
   std::lock_guard lock(mutex_);
-  validate_locked(spec, part, pending);
+  validate_locked(spec, part, pending, values);
 }
 
-void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<PartMeta>& part,
-                                  Pending* pending) const {
+void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<PartMeta>& part, Pending* pending,
+                                  Values values) const {
   const std::string& name = spec.name;
   if (name.empty() || name.size() > 512) throw RequestError("create: tensor names must have 1 to 512 characters");
   if (spec.shape.size() > 16) throw RequestError("create: tensor '" + name + "' has more than 16 dimensions");
@@ -82,26 +84,25 @@ void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<Pa
                        " is over this shard's limit of " + std::to_string(limits_.max_tensor_bytes) + " bytes");
   }
   validate_optimizer(spec.optimizer);
-  if (spec.init.kind == InitKind::kValues && spec.init.values.size() != n) {
+  const bool given = values == Values::kGiven;
+  if (given && spec.init.kind == InitKind::kValues && spec.init.values.size() != n) {
     throw RequestError("create: tensor '" + name + "' has " + std::to_string(n) + " elements but " +
                        std::to_string(spec.init.values.size()) + " initial values");
   }
-  for (float v : spec.init.values) {
-    if (!std::isfinite(v)) throw RequestError("create: tensor '" + name + "' has a NaN or Inf initial value");
-  }
+  if (!all_finite(spec.init.values)) throw RequestError("create: tensor '" + name + "' has a NaN or Inf initial value");
   if (!spec.slots.empty()) {
     const std::size_t want = make_optimizer(spec.optimizer)->make_slots(0).size();
     if (spec.slots.size() != want) {
       throw RequestError("create: tensor '" + name + "' is restored with " + std::to_string(spec.slots.size()) +
                          " optimizer slots; its optimizer has " + std::to_string(want));
     }
-    for (const auto& slot : spec.slots) {
-      if (slot.size() != n) {
+    for (std::size_t k = 0; given && k < spec.slots.size(); ++k) {
+      if (spec.slots[k].size() != n) {
         throw RequestError("create: tensor '" + name + "' has " + std::to_string(n) + " elements but a restored slot of " +
-                           std::to_string(slot.size()));
+                           std::to_string(spec.slots[k].size()));
       }
-      for (float v : slot) {
-        if (!std::isfinite(v)) throw RequestError("create: tensor '" + name + "' has a NaN or Inf restored slot value");
+      if (!all_finite(spec.slots[k])) {
+        throw RequestError("create: tensor '" + name + "' has a NaN or Inf restored slot value");
       }
     }
   }
@@ -145,7 +146,7 @@ void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<Pa
 
 std::pair<StoredTensor*, bool> TensorStore::create(const TensorSpec& spec, const std::optional<PartMeta>& part) {
   std::lock_guard lock(mutex_);
-  validate_locked(spec, part, nullptr);
+  validate_locked(spec, part, nullptr, Values::kGiven);
   if (auto it = tensors_.find(spec.name); it != tensors_.end()) return {it->second.get(), false};
   auto tensor = std::make_unique<StoredTensor>(next_id_++, spec, part);
   StoredTensor* raw = tensor.get();

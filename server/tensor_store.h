@@ -88,11 +88,18 @@ class TensorStore {
     std::size_t tensors = 0;
   };
 
+  // Whether a spec to validate carries its initial values and restored
+  // slots, or leaves them out (their lengths and finiteness checked by the
+  // client; the number of slots still counts): wire::Shard create's
+  // valuesLeftOut.
+  enum class Values { kGiven, kLeftOut };
+
   // Checks what create() would check, without creating anything. With
   // `pending`, the limits also count the tensors validated into it before
   // (a request's earlier specs), and this one, if new, is added to it: each
   // spec of a request can fit alone while all of them do not.
-  void validate(const TensorSpec& spec, const std::optional<PartMeta>& part, Pending* pending = nullptr) const;
+  void validate(const TensorSpec& spec, const std::optional<PartMeta>& part, Pending* pending = nullptr,
+                Values values = Values::kGiven) const;
 
   StoredTensor* find(const std::string& name) const;
   StoredTensor& get(const std::string& name) const;  // throws RequestError naming the tensor
@@ -104,7 +111,8 @@ class TensorStore {
   void clear();
 
  private:
-  void validate_locked(const TensorSpec& spec, const std::optional<PartMeta>& part, Pending* pending) const;
+  void validate_locked(const TensorSpec& spec, const std::optional<PartMeta>& part, Pending* pending,
+                       Values values) const;
 
   const StoreLimits limits_;
   mutable std::mutex mutex_;

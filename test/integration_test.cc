@@ -335,6 +335,41 @@ TEST_CASE("a create refused anywhere creates nothing anywhere") {
     client.create({sgd_tensor("u", {150'000})});  // each alone fits
     CHECK(names_on(client) == std::vector<std::string>{"u"});
   }
+  SECTION("tensors that fit psd's memory limit one by one, not together, over several requests to one shard") {
+    PsdProcess psd({"--max_memory_mb", "1"});
+    Client client(options_for({&psd}));  // 1 MiB requests: one tensor each
+    CHECK_THROWS_WITH(client.create({sgd_tensor("u", {150'000}), sgd_tensor("v", {150'000})}),
+                      Catch::Contains("memory limit"));
+    CHECK(names_on(client).empty());
+  }
+  SECTION("values the checking round leaves out are checked by the client") {
+    PsdProcess psd;
+    ClientOptions o = options_for({&psd});
+    o.max_request_bytes = 64 << 10;
+    Client client(o);
+    std::vector<float> good(12'000, 0.5f), bad(12'000, 0.5f);
+    bad.back() = NAN;
+    auto valued = [](std::string name, std::vector<float> v) {
+      const uint64_t n = v.size();
+      return sgd_tensor(std::move(name), {n}, InitConfig::from_values(std::move(v)));
+    };
+    CHECK_THROWS_WITH(client.create({valued("u", good), valued("v", bad)}), Catch::Contains("NaN or Inf initial value"));
+    TensorSpec restored = valued("r", good);
+    restored.optimizer = OptimizerConfig::adam(0.1f);
+    restored.slots = {good, bad};
+    CHECK_THROWS_WITH(client.create({valued("u", good), restored}), Catch::Contains("NaN or Inf restored slot"));
+    restored.slots = {good};  // Adam keeps two
+    CHECK_THROWS_WITH(client.create({valued("u", good), restored}), Catch::Contains("restored with 1 optimizer slots"));
+    CHECK(names_on(client).empty());
+    // And what passes arrives whole, values and slots, after the check.
+    std::vector<float> ramp(12'000);
+    for (std::size_t i = 0; i < ramp.size(); ++i) ramp[i] = static_cast<float>(i);
+    restored.slots = {ramp, good};
+    client.create({valued("u", ramp), restored});
+    CHECK(names_on(client) == std::vector<std::string>{"r", "u"});
+    CHECK(client.pull("u") == ramp);
+    CHECK(client.pull("r") == good);
+  }
   SECTION("the checking round does not count against --max_tensors_per_client") {
     PsdProcess psd({"--max_tensors_per_client", "2"});
     ClientOptions o = options_for({&psd});
@@ -465,6 +500,24 @@ TEST_CASE("bad requests get clear errors and change nothing") {
     std::vector<float> gw = {1, 1, 1, 1}, gv = {NAN, 0};
     CHECK_THROWS_AS(client.push({"w", "v"}, {gw, gv}), RequestError);
     CHECK(client.pull("v") == std::vector<float>{0, 0});
+  }
+  SECTION("a create that leaves its values out, for real") {
+    RawClient raw(psd);
+    auto request = [&](bool validate_only) {
+      auto req = raw.shard.createRequest();
+      req.setValidateOnly(validate_only);
+      req.setValuesLeftOut(true);
+      auto spec = req.initSpecs(1)[0];
+      spec.setName("x");
+      spec.initShape(1).set(0, 3);
+      spec.initInit().setKind(wire::InitKind::VALUES);
+      return req;
+    };
+    CHECK_THROWS_WITH(request(false).send().wait(raw.ws()), Catch::Contains("left out only when validating"));
+    CHECK(request(true).send().wait(raw.ws()).getTensors().size() == 0);
+    auto pull = raw.shard.pullRequest();
+    pull.initNames(1).set(0, "x");
+    CHECK_THROWS_WITH(pull.send().wait(raw.ws()), Catch::Contains("unknown tensor 'x'"));
   }
   SECTION("create with another shape") {
     Client other(o);

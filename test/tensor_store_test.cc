@@ -80,6 +80,29 @@ TEST_CASE("bad specs are refused with the tensor's name") {
   CHECK_THROWS_WITH(store.create(spec("e", {1}), std::nullopt), Catch::Contains("maximum number"));
 }
 
+TEST_CASE("a check with values left out counts the limits and the slots, not the values") {
+  TensorStore store(StoreLimits{.max_tensor_bytes = 1024, .max_total_bytes = 1024, .max_tensors = 8});
+  using Values = TensorStore::Values;
+  auto given = spec("v", {3}, InitConfig::from_values({}));
+  CHECK_THROWS_WITH(store.validate(given, std::nullopt), Catch::Contains("0 initial values"));
+  CHECK_NOTHROW(store.validate(given, std::nullopt, nullptr, Values::kLeftOut));
+  // Restored slots: their number still counts, their lengths do not.
+  auto restored = spec("m", {3});
+  restored.optimizer = OptimizerConfig::adam(0.1f);
+  restored.slots = {{}, {}};
+  CHECK_THROWS_WITH(store.validate(restored, std::nullopt), Catch::Contains("a restored slot of 0"));
+  CHECK_NOTHROW(store.validate(restored, std::nullopt, nullptr, Values::kLeftOut));
+  restored.slots = {{}};
+  CHECK_THROWS_WITH(store.validate(restored, std::nullopt, nullptr, Values::kLeftOut),
+                    Catch::Contains("restored with 1 optimizer slots"));
+  // Limits count everything checked into one Pending.
+  TensorStore::Pending pending;
+  store.validate(spec("a", {150}, InitConfig::from_values({})), std::nullopt, &pending, Values::kLeftOut);
+  CHECK_THROWS_WITH(store.validate(spec("b", {150}), std::nullopt, &pending, Values::kLeftOut),
+                    Catch::Contains("memory limit"));
+  CHECK(store.count() == 0);
+}
+
 TEST_CASE("a part must fit its logical tensor") {
   TensorStore store;
   PartMeta part{"big", {10}, 8, 1, 2};

@@ -167,8 +167,11 @@ class Client {
 
   // Places the tensors (in order) and creates them on their shards.
   // Idempotent: existing tensors of the same shape are kept as they are.
-  // Over several requests, every shard first checks its share (nothing is
-  // created if one refuses), which costs one more round trip.
+  // Over several requests, every shard first checks its whole share in one
+  // request, without the values (nothing is created if one refuses, limits
+  // included), which costs one more round trip. Initial values and restored
+  // slots of the wrong length throw ConfigError, NaN/Inf in them
+  // RequestError, before anything is sent.
   void create(const std::vector<TensorSpec>& specs);
   // Places without creating: for workers that wait for the chief's init.
   void declare(const std::vector<TensorSpec>& specs);

@@ -258,7 +258,9 @@ interface Shard {
 
   barrier @10 (name :Text, count :UInt32, timeoutMs :UInt32) -> (arrived :UInt32);
   # Returns when `count` callers have entered barrier `name` (generation by
-  # generation), or fails at the timeout.
+  # generation), or fails at the timeout. Only callers still waiting count:
+  # one that timed out or went away is not there. Every caller of one
+  # generation asks for the same count; another count is refused.
 
   finish @11 ();
   # The job is over: psd exits once its workers have disconnected (when

@@ -78,9 +78,13 @@ void JobState::disconnect(int worker_index, bool is_chief) {
   maybe_done();
 }
 
-uint32_t JobState::lost_workers() const {
+uint32_t JobState::lost_workers(const std::vector<int>& except) const {
+  const uint32_t total = config_.total_replicas > 0 ? config_.total_replicas : config_.replicas_to_aggregate;
   uint32_t n = 0;
-  for (const auto& [i, w] : workers_) n += w.lost();
+  for (const auto& [i, w] : workers_) {
+    if (!w.lost() || (total > 0 && static_cast<uint32_t>(i) >= total)) continue;
+    n += std::find(except.begin(), except.end(), i) == except.end();
+  }
   return n;
 }
 
@@ -167,7 +171,8 @@ size_t JobState::held_waits() const {
 // shard_service.cc) stays listed until its step, readiness or barrier
 // comes, which may be never: once the lists have doubled since the last
 // sweep they are swept of those, so a client that keeps asking and giving
-// up cannot grow them without bound. A barrier keeps its arrivals.
+// up cannot grow them without bound. (An abandoned barrier wait is no
+// arrival any more either: see barrier().)
 void JobState::sweep_abandoned() {
   if (held_waits() < next_sweep_) return;
   auto abandoned = [](auto& fulfiller) { return !fulfiller->isWaiting(); };
@@ -178,6 +183,7 @@ void JobState::sweep_abandoned() {
   }
   std::erase_if(ready_waiters_, abandoned);
   for (auto& [name, b] : barriers_) std::erase_if(b.waiting, abandoned);
+  std::erase_if(barriers_, [](const auto& entry) { return entry.second.waiting.empty(); });
   next_sweep_ = std::max(kFirstSweep, 2 * held_waits());
 }
 
@@ -207,9 +213,17 @@ kj::Promise<bool> JobState::wait_ready(kj::Duration timeout) {
 kj::Promise<uint32_t> JobState::barrier(const std::string& name, uint32_t count, kj::Duration timeout) {
   if (count == 0) throw RequestError("barrier '" + name + "': count must be >= 1");
   Barrier& b = barriers_[name];
-  ++b.arrived;
-  if (b.arrived >= count) {
-    const uint32_t arrived = b.arrived;
+  // A caller that timed out or went away (its call cancelled) is not there
+  // any more: it does not count, or a worker that retries after a broken
+  // connection would count twice.
+  std::erase_if(b.waiting, [](auto& f) { return !f->isWaiting(); });
+  if (!b.waiting.empty() && count != b.count) {
+    throw RequestError("barrier '" + name + "': " + std::to_string(b.waiting.size()) + " caller(s) wait for " +
+                       std::to_string(b.count) + ", this call asks for " + std::to_string(count));
+  }
+  b.count = count;
+  const auto arrived = static_cast<uint32_t>(b.waiting.size() + 1);
+  if (arrived >= count) {
     for (auto& f : b.waiting) f->fulfill(kj::cp(arrived));
     barriers_.erase(name);
     return arrived;

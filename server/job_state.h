@@ -57,9 +57,11 @@ class JobState {
   const std::map<int, WorkerRecord>& workers() const { return workers_; }
   WorkerRecord& worker(int worker_index) { return workers_[worker_index]; }
   int live_workers() const;
-  // Workers that said hello once and are gone (or hung): sync steps stop
-  // waiting for them.
-  uint32_t lost_workers() const;
+  // Workers of the job that said hello once and are gone (or hung): sync
+  // steps stop waiting for them. Not counted: `except` (workers whose
+  // gradient the step already holds: it still counts), and indices outside
+  // the job (a client that said hello with one before the job was set up).
+  uint32_t lost_workers(const std::vector<int>& except = {}) const;
   // Called (on the loop) when a worker disconnects or is marked hung.
   void on_worker_lost(std::function<void()> callback) { on_worker_lost_ = std::move(callback); }
   // A request from this worker: it is alive (clears `hung`).
@@ -119,7 +121,7 @@ class JobState {
   std::multimap<int64_t, kj::Own<kj::PromiseFulfiller<void>>> staleness_waiters_;
   std::vector<kj::Own<kj::PromiseFulfiller<bool>>> ready_waiters_;
   struct Barrier {
-    uint32_t arrived = 0;
+    uint32_t count = 0;  // callers it waits for: every caller must ask the same
     std::vector<kj::Own<kj::PromiseFulfiller<uint32_t>>> waiting;
   };
   std::map<std::string, Barrier> barriers_;

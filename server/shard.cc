@@ -357,7 +357,10 @@ kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Rea
   WorkerRecord* worker = caller.worker_index >= 0 ? &job_.worker(caller.worker_index) : nullptr;
   if (worker) {
     worker->pushes += work.size();
-    if (job.mode != SyncMode::kSync) worker->step = std::max(worker->step, step);
+    if (job.mode != SyncMode::kSync && step > worker->step) {
+      worker->step = step;
+      job_.worker_progressed();  // the slowest worker moving on releases bounded-staleness pulls
+    }
   }
   if (job.mode == SyncMode::kBoundedStaleness && worker) job_.record_staleness(step - job_.slowest_live_step());
   if (worker) {
@@ -455,7 +458,7 @@ wire::PushStatus Shard::offer_sync(StoredTensor* t, int worker, std::span<const 
       for (std::size_t i = 0; i < n; ++i) sp[i] += gp[i];
     }
   }));
-  if (slot.count >= replicas_needed()) {
+  if (slot.count >= replicas_needed(slot)) {
     slot.complete = true;
     ++complete_tensors_;
   }

@@ -145,8 +145,6 @@ class Shard {
   Checkpointer* checkpointer() const { return checkpointer_; }
 
   // --- Worker failures (shard_recovery.cc) ---
-  // Gradients a sync step waits for, given the workers that have left.
-  uint32_t replicas_needed() const;
   // Completes the current sync step if the workers left have all contributed.
   void recheck_sync_step();
   // A worker made a request (liveness for worker_timeout).
@@ -181,6 +179,9 @@ class Shard {
     std::vector<int> contributors;
     bool complete = false;
   };
+  // Gradients a sync step waits for in `slot`, given the workers that have
+  // left (shard_recovery.cc).
+  uint32_t replicas_needed(const SyncSlot& slot) const;
 
   // into[i] >= 0: tensor i goes to that offset of `shared` instead of the reply.
   kj::Promise<void> read_tensors(std::vector<StoredTensor*> tensors, wire::Shard::PullResults::Builder results,

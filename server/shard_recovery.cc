@@ -13,28 +13,30 @@
 
 namespace ps {
 
-uint32_t Shard::replicas_needed() const {
+uint32_t Shard::replicas_needed(const SyncSlot& slot) const {
   const JobConfig& job = job_.config();
   const uint32_t wanted = job.replicas_to_aggregate;
   const uint32_t total = job.total_replicas > 0 ? job.total_replicas : wanted;
-  const uint32_t lost = job_.lost_workers();
   // Workers never seen yet are presumed on their way (start-up); only the
-  // ones that were here and left are not waited for.
+  // ones that were here and left are not waited for. One that left after
+  // its gradient arrived still gave it: the step waits for the others.
+  const uint32_t lost = job_.lost_workers(slot.contributors);
   const uint32_t available = total > lost ? total - lost : 0;
   return std::max<uint32_t>(1, std::min(wanted, available));
 }
 
 void Shard::recheck_sync_step() {
   if (job_.config().mode != SyncMode::kSync) return;
-  const uint32_t needed = replicas_needed();
+  uint32_t fewest = job_.config().replicas_to_aggregate;
   for (auto& [t, slot] : sync_) {
-    if (!slot.complete && slot.count > 0 && slot.count >= needed) {
+    if (!slot.complete && slot.count > 0 && slot.count >= replicas_needed(slot)) {
       slot.complete = true;
       ++complete_tensors_;
     }
+    if (slot.count > 0) fewest = std::min(fewest, slot.count);
   }
   if (complete_tensors_ > 0 && complete_tensors_ >= trainable_count()) {
-    spdlog::info("sync step {} completed with {} of {} replicas (workers lost: {})", job_.global_step(), needed,
+    spdlog::info("sync step {} completed with {} of {} replicas (workers lost: {})", job_.global_step(), fewest,
                  job_.config().replicas_to_aggregate, job_.lost_workers());
     commit_sync_step();
   }

@@ -108,14 +108,16 @@ kj::Promise<void> ShardServiceImpl::create(CreateContext context) {
   });
 }
 
-// Calls that wait (a pull for a later step, waitReady, barrier) end when
-// their caller gives up or goes away: Cap'n Proto 0.9 otherwise keeps the
-// call running, and with it this connection's service object, so psd would
-// count a dead worker as connected until the wait ended by itself (a step
-// that may never come, or up to an hour). Their waits and reads can stop
-// at any point (ComputePool drops a task not yet started, waits for one
-// running). Pushes are never cancelled: one cut short between its tensors'
-// updates would be half applied, and its retry answered as done.
+// Calls that wait (a pull for a later step, waitReady, barrier, a
+// checkpoint at a later step) end when their caller gives up or goes away:
+// Cap'n Proto 0.9 otherwise keeps the call running, and with it this
+// connection's service object, so psd would count a dead worker as
+// connected until the wait ended by itself (a step that may never come, or
+// up to an hour). Their waits and reads can stop at any point (ComputePool
+// drops a task not yet started, waits for one running; a checkpoint already
+// handed to the writer thread is still written). Pushes are never
+// cancelled: one cut short between its tensors' updates would be half
+// applied, and its retry answered as done.
 kj::Promise<void> ShardServiceImpl::pull(PullContext context) {
   context.allowCancellation();
   return guarded(RequestKind::kPull, [&] { return shard_.pull(caller_, context.getParams(), [&](capnp::MessageSize size) { return context.getResults(size); }); });
@@ -228,6 +230,7 @@ void ShardServiceImpl::check_token(capnp::Data::Reader token) const {
 }
 
 kj::Promise<void> ShardServiceImpl::checkpoint(CheckpointContext context) {
+  context.allowCancellation();  // see pull()
   return guarded(RequestKind::kCheckpoint, [&]() -> kj::Promise<void> {
     Checkpointer* c = shard_.checkpointer();
     if (!c) throw RequestError("checkpoint: this psd has no --checkpoint_dir");

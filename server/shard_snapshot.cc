@@ -71,6 +71,12 @@ kj::Promise<std::shared_ptr<ShardCheckpoint>> Shard::snapshot_at_step(int64_t st
     }
     return snapshot();
   }
+  // Callers that went away (the call is cancelled) leave their waits here:
+  // dropped with each new one, so a client asking for far steps and giving
+  // up cannot grow the list.
+  for (auto it = step_snapshots_.begin(); it != step_snapshots_.end();) {
+    it = it->second->isWaiting() ? std::next(it) : step_snapshots_.erase(it);
+  }
   auto paf = kj::newPromiseAndFulfiller<std::shared_ptr<ShardCheckpoint>>();
   step_snapshots_.emplace(step, kj::mv(paf.fulfiller));
   return kj::mv(paf.promise);
@@ -81,6 +87,7 @@ void Shard::step_reached() {
   while (!step_snapshots_.empty() && step_snapshots_.begin()->first <= now) {
     auto fulfiller = kj::mv(step_snapshots_.begin()->second);
     step_snapshots_.erase(step_snapshots_.begin());
+    if (!fulfiller->isWaiting()) continue;  // its caller went away
     // snapshot() queues its copies now, inside this commit; only waiting for
     // them to finish happens later.
     tasks_.add(snapshot().then(

@@ -162,10 +162,11 @@ TEST_CASE("sync: a hung worker (connection open, silent) is not waited for past 
 }
 
 TEST_CASE("a worker killed while psd holds its call waiting is let go at once, not when the wait ends") {
-  PsdProcess psd;
+  TempDir dir;
+  PsdProcess psd({"--checkpoint_dir", dir.path()});
   ClientOptions o;
   o.ps_hosts = {psd.address()};
-  for (const char* call : {"barrier", "waitReady", "sync pull"}) {
+  for (const char* call : {"barrier", "waitReady", "sync pull", "checkpoint at a later step"}) {
     INFO(call);
     const std::string what = call;
     // Killed once its call waits in psd.
@@ -175,17 +176,20 @@ TEST_CASE("a worker killed while psd holds its call waiting is let go at once, n
       } else if (what == "waitReady") {
         worker.wait_ready(600s);  // no chief: never ready
       } else {
-        // A sync job at step 0: a pull for step 5 waits for steps nobody takes.
+        // A sync job at step 0: a pull for step 5, or a checkpoint at step
+        // 100, waits for steps nobody takes.
         worker.create({{.name = "v", .shape = {4}}});
         worker.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2});
         std::vector<float> v(4);
-        worker.pull({"v"}, {std::span<float>(v)}, 5);
+        if (what == "sync pull") worker.pull({"v"}, {std::span<float>(v)}, 5);
+        else worker.checkpoint(100);
       }
     });
     Client observer(o);
     auto connected = [&] {
       auto st = observer.stats()[0];
-      return st.connections == 2 && (what != "sync pull" || st.job.mode == SyncMode::kSync);
+      const bool sync_job = what == "sync pull" || what == "checkpoint at a later step";
+      return st.connections == 2 && (!sync_job || st.job.mode == SyncMode::kSync);
     };
     bool seen = false;
     for (auto waited = 0ms; waited < 10s && !(seen = connected()); waited += 10ms) std::this_thread::sleep_for(10ms);
@@ -203,6 +207,53 @@ TEST_CASE("a worker killed while psd holds its call waiting is let go at once, n
     CHECK(connections == 1);
   }
   CHECK_THAT(psd.log(), Catch::Contains("worker 1 (") && Catch::Contains(") disconnected"));
+}
+
+TEST_CASE("sync: a worker that dies after giving its gradient still counts it, and the step waits for the others") {
+  PsdProcess psd;
+  ClientOptions o;
+  o.ps_hosts = {psd.address()};
+  const TensorSpec v{.name = "v", .shape = {1}, .optimizer = OptimizerConfig::sgd(1.0f)};
+  // Worker 1 gives its gradient for step 0 (1), then waits to be killed.
+  const pid_t child = fork_worker(o, [&](Client& worker) {
+    worker.wait_ready(10s);
+    worker.declare({v});
+    worker.push({"v"}, {std::vector<float>{1}}, 0);
+    std::this_thread::sleep_for(60s);
+  });
+  ClientOptions c = o;
+  c.worker_index = 0;
+  c.is_chief = true;
+  Client chief(c);
+  chief.create({v});
+  chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 3, .total_replicas = 3});
+  chief.set_ready();
+  ClientOptions w2 = o;
+  w2.worker_index = 2;
+  Client worker2(w2);
+  worker2.declare({v});
+  bool pushed = false;
+  for (auto waited = 0ms; waited < 10s && !pushed; waited += 10ms) {
+    for (const auto& w : chief.stats()[0].workers) pushed = pushed || (w.worker_index == 1 && w.pushes >= 1);
+    std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE(pushed);
+  CHECK(chief.push({"v"}, {std::vector<float>{2}}, 0).status[0] == PushStatus::kAccumulated);
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  uint32_t connections = 0;
+  for (auto waited = 0ms; waited < 3s && (connections = chief.stats()[0].connections) != 2; waited += 10ms) {
+    std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE(connections == 2);
+  // Three replicas wanted, three gave or will give: worker 1's gradient
+  // counts, and the step waits for worker 2's (before, worker 1 was also
+  // counted as lost: the step closed with two and worker 2's came stale).
+  CHECK(chief.stats()[0].global_step == 0);
+  CHECK(worker2.push({"v"}, {std::vector<float>{4}}, 0).status[0] != PushStatus::kStale);
+  std::vector<float> value(1);
+  CHECK(worker2.pull({"v"}, {std::span<float>(value)}, 1).step == 1);
+  CHECK(value[0] == Approx(-7.0 / 3.0));
 }
 
 TEST_CASE("sync: a worker killed while its pull waits for the next step does not hold that step back") {

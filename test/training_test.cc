@@ -372,6 +372,55 @@ TEST_CASE("barrier releases everyone together, and times out cleanly") {
   CHECK(passed == 3);
   Client lone(worker_options({&psd}, -1));
   CHECK_THROWS_WITH(lone.barrier("never", 2, 200ms), Catch::Contains("timed out"));
+  // A caller that timed out is not there any more: it does not count
+  // (it did, and the same caller then passed a barrier of two alone).
+  CHECK_THROWS_WITH(lone.barrier("never", 2, 200ms), Catch::Contains("timed out"));
+  // Callers of one barrier agree on its count; one that does not is refused
+  // instead of releasing the others early.
+  std::atomic<uint32_t> arrived{0};
+  std::thread waiter([&] {
+    Client c(worker_options({&psd}, -1));
+    arrived = c.barrier("x", 2, 5s);
+  });
+  for (int i = 0; i < 500 && lone.stats()[0].connections < 2; ++i) std::this_thread::sleep_for(10ms);
+  std::this_thread::sleep_for(200ms);  // the waiter's call is in psd
+  CHECK_THROWS_WITH(lone.barrier("x", 1, 1s), Catch::Contains("1 caller(s) wait for 2, this call asks for 1"));
+  CHECK(arrived == 0);
+  CHECK(lone.barrier("x", 2, 5s) == 2);
+  waiter.join();
+  CHECK(arrived == 2);
+}
+
+TEST_CASE("a worker index outside the job, seen before the job was set up, does not lower the replicas a sync step waits for") {
+  PsdProcess psd;
+  { Client stray(worker_options({&psd}, 7)); }  // says hello and leaves
+  Client chief(worker_options({&psd}, 0));
+  chief.create({{.name = "v", .shape = {1}, .optimizer = OptimizerConfig::sgd(1.0f)}});
+  chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2});
+  chief.set_ready();
+  Client worker(worker_options({&psd}, 1));
+  worker.declare({{.name = "v", .shape = {1}}});
+  CHECK(chief.push({"v"}, {std::vector<float>{2}}, 0).status[0] == PushStatus::kAccumulated);
+  CHECK(chief.stats()[0].global_step == 0);  // waits for worker 1 (stepped alone before)
+  CHECK(worker.push({"v"}, {std::vector<float>{4}}, 0).status[0] != PushStatus::kStale);
+  std::vector<float> v(1);
+  CHECK(worker.pull({"v"}, {std::span<float>(v)}, 1).step == 1);
+  CHECK(v[0] == -3.0f);
+}
+
+TEST_CASE("bounded staleness: a push that moves the slowest worker on releases the pulls waiting for it") {
+  PsdProcess psd;
+  Client w0(worker_options({&psd}, 0)), w1(worker_options({&psd}, 1));
+  w0.create({{.name = "v", .shape = {4}}});
+  w0.init_job({.mode = SyncMode::kBoundedStaleness, .total_replicas = 2, .max_staleness = 0});
+  w0.set_ready();
+  w1.declare({{.name = "v", .shape = {4}}});
+  std::vector<float> g(4, 0.0f), v(4);
+  w0.push({"v"}, {std::span<const float>(g)}, 1);
+  auto pulled = w0.pull_async({"v"}, {std::span<float>(v)}, 1);
+  CHECK(pulled.wait_for(300ms) == std::future_status::timeout);  // worker 1 is at step 0
+  w1.push({"v"}, {std::span<const float>(g)}, 1);  // no step report: the push alone
+  CHECK(pulled.wait_for(5s) == std::future_status::ready);
 }
 
 TEST_CASE("psd exits by itself once the chief ends the job and the workers leave") {

@@ -231,6 +231,8 @@ class Client {
   StepDone step_done(int64_t local_step);
   std::future<StepDone> step_done_async(int64_t local_step);
   // Waits until `count` callers entered barrier `name` (held on shard 0).
+  // Only callers still waiting count (one that timed out or died does not);
+  // all of them must pass the same count, another throws RequestError.
   uint32_t barrier(const std::string& name, uint32_t count, std::chrono::milliseconds timeout);
   // Chief: the job is over; the shards exit once their workers disconnect.
   void finish();

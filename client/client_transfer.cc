@@ -15,10 +15,14 @@ namespace {
 // have its other requests applied. Such a push is checked here first, so
 // that one refused is refused whole, with psd's own message. Only the parts
 // bound for shards that refuse them (psd without --allow_nonfinite) count.
+// A push that reports a step (done_step >= 0) also sends a stepDone to each
+// shard it has no gradient for: those count as requests too, or a refused
+// push would still have its step counted there.
 void refuse_nonfinite_split_push(const std::vector<ShardBatch>& batches, const std::vector<std::string>& names,
                                  const std::vector<std::span<const float>>& grads,
-                                 const std::vector<kj::Own<ShardConnection>>& shards) {
-  if (batches.size() < 2) return;
+                                 const std::vector<kj::Own<ShardConnection>>& shards, int64_t done_step) {
+  const bool step_reports_elsewhere = done_step >= 0 && shards.size() > 1;
+  if (batches.size() < 2 && !step_reports_elsewhere) return;
   for (const ShardBatch& batch : batches) {
     const ShardConnection* shard = shards[batch.shard].get();
     if (shard != nullptr && shard->allows_nonfinite) continue;
@@ -127,7 +131,7 @@ std::future<PushResult> Client::start_push(std::vector<std::string> names, std::
   return impl_->run<PushResult>(
       [this, batches = std::move(batches), names = std::move(names), grads = std::move(grads), step,
        done_step]() mutable {
-        if (impl_->options.check_split_pushes) refuse_nonfinite_split_push(batches, names, grads, impl_->shards);
+        if (impl_->options.check_split_pushes) refuse_nonfinite_split_push(batches, names, grads, impl_->shards, done_step);
         auto result = kj::heap<PushResult>();
         result->status.assign(names.size(), PushStatus::kApplied);
         result->step = std::numeric_limits<int64_t>::max();

@@ -307,6 +307,18 @@ TEST_CASE("a NaN or Inf anywhere in a push that goes out as several requests ref
     CHECK(std::isnan(out[n - 1]));
     CHECK(std::memcmp(out.data(), init.data(), (n - 1) * 4) == 0);
   }
+  SECTION("a push that reports a step to the shards it has no gradient for") {
+    PsdProcess a, b;
+    ClientOptions o = options_for({&a, &b});
+    o.worker_index = 0;
+    Client client(o);
+    client.create({sgd_tensor("a", {4})});  // on shard 0 alone
+    const std::vector<float> bad = {1, 2, NAN, 4};
+    CHECK_THROWS_WITH(client.push_and_step({"a"}, {std::span<const float>(bad)}, 0, 0), Catch::Contains("NaN or Inf"));
+    // Shard 1 got no stepDone either: its global step did not move.
+    for (const auto& st : client.stats()) CHECK(st.global_step == 0);
+    CHECK(client.pull("a") == std::vector<float>(4, 0.0f));
+  }
 }
 
 TEST_CASE("a create refused anywhere creates nothing anywhere") {

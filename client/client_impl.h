@@ -76,6 +76,39 @@ kj::Promise<T> until_answered(kj::Promise<T> call, kj::Own<SharedBlocks> blocks)
       .attach(kj::mv(blocks));
 }
 
+// A request that goes out from the caller's memory (a push's gradient,
+// sent without a copy) and whose call is given up before psd answers
+// (call_timeout, or the Client closing): its message may still be going
+// out, or waiting its turn, and the caller, once it has its error, may
+// reuse or free that memory. The connection is cut then
+// (SocketStream::abort): the rest is never sent, psd drops the truncated
+// message, and the next call reconnects.
+template <typename T>
+kj::Promise<T> cut_if_abandoned(kj::Promise<T> call, std::weak_ptr<SocketStream*> stream) {
+  struct Guard {
+    explicit Guard(std::weak_ptr<SocketStream*> s) : stream(std::move(s)) {}
+    Guard(const Guard&) = delete;
+    ~Guard() {
+      if (answered) return;
+      if (auto s = stream.lock()) (*s)->abort();
+    }
+    std::weak_ptr<SocketStream*> stream;
+    bool answered = false;
+  };
+  auto guard = kj::heap<Guard>(std::move(stream));
+  Guard* g = guard.get();
+  return call
+      .then([g](T&& reply) {
+              g->answered = true;
+              return kj::mv(reply);
+            },
+            [g](kj::Exception&& e) -> T {
+              g->answered = true;
+              kj::throwFatalException(kj::mv(e));
+            })
+      .attach(kj::mv(guard));
+}
+
 inline PushStatus from_wire(wire::PushStatus s) {
   switch (s) {
     case wire::PushStatus::APPLIED: return PushStatus::kApplied;

@@ -166,6 +166,7 @@ std::future<PushResult> Client::start_push(std::vector<std::string> names, std::
             // Large parts through shared memory where the connection has some.
             kj::Own<SharedBlocks> blocks;
             if (c.arena) blocks = kj::heap<SharedBlocks>(c.arena);
+            bool from_caller = false;  // some values go out from the caller's buffer
             for (unsigned i = 0; i < batch->parts.size(); ++i) {
               const PartRef& ref = batch->parts[i];
               list[i].setName(ref.part.stored_name);
@@ -177,6 +178,7 @@ std::future<PushResult> Client::start_push(std::vector<std::string> names, std::
                   bytes.size() % sizeof(capnp::word) == 0) {
                 // The gradient goes out straight from the caller's buffer: no copy.
                 list[i].adoptValues(orphanage.referenceExternalData(bytes));
+                from_caller = true;
               } else {
                 // External data is sent in whole words: a buffer not a
                 // multiple of 8 bytes (or not aligned) would be read past
@@ -185,6 +187,7 @@ std::future<PushResult> Client::start_push(std::vector<std::string> names, std::
               }
             }
             auto sent = until_answered(req.send(), kj::mv(blocks));
+            if (from_caller && c.stream) sent = cut_if_abandoned(kj::mv(sent), c.stream->handle());
             return sent.then([&c](capnp::Response<wire::Shard::PushResults>&& reply) {
               BatchReply r;
               for (auto st : reply.getStatus()) r.status.push_back(from_wire(st));

@@ -114,6 +114,12 @@ class SocketStreamImpl final : public SocketStream {
   }
 
   void shutdownWrite() override { ::shutdown(fd_, SHUT_WR); }
+
+  void abort() override {
+    if (aborted_) return;
+    aborted_ = true;
+    ::shutdown(fd_, SHUT_RDWR);  // a write waiting for room wakes, and fails in write_more
+  }
   void abortRead() override { ::shutdown(fd_, SHUT_RD); }
 
   void getsockopt(int level, int option, void* value, kj::uint* length) override {
@@ -331,6 +337,7 @@ class SocketStreamImpl final : public SocketStream {
   }
 
   kj::Promise<void> write_more(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> pieces, size_t skip) {
+    if (aborted_) return KJ_EXCEPTION(DISCONNECTED, "connection cut: a call gave up while its request was being sent");
     for (;;) {
       while (pieces.size() > 0 && skip >= pieces[0].size()) {
         skip -= pieces[0].size();
@@ -404,6 +411,7 @@ class SocketStreamImpl final : public SocketStream {
   kj::ArrayPtr<const kj::byte> single_piece_;
   std::unordered_multimap<const kj::byte*, std::shared_ptr<const void>> holds_;
   BusyPoll* busy_poll_;
+  bool aborted_ = false;  // abort(): no byte more is written
 };
 
 struct SocketAddress {

@@ -68,6 +68,21 @@ class SocketStream : public kj::AsyncIoStream {
 
   // read()/readv() calls made so far (for tests and benchmarks).
   virtual uint64_t read_calls() const = 0;
+
+  // Cuts the connection: a write under way or to come fails (DISCONNECTED)
+  // without reading another byte of its pieces, and reads see the end of
+  // the stream. For a caller that gives up on a request going out from
+  // memory that is not the stream's (libpsclient sends a push's gradient
+  // from the caller's buffer): once it has its error, the caller may reuse
+  // or free that memory, and the rest of the message must not be sent from
+  // it. The peer sees a truncated message and drops it.
+  virtual void abort() = 0;
+
+  // For a holder that may outlive the stream: empty once it is destroyed.
+  std::weak_ptr<SocketStream*> handle() const { return self_; }
+
+ private:
+  std::shared_ptr<SocketStream*> self_ = std::make_shared<SocketStream*>(this);
 };
 
 class BusyPoll;

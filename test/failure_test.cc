@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -348,4 +349,49 @@ TEST_CASE("a psd a test starts dies with the test process (a crashed test leaves
     waitpid(psd, nullptr, 0);
   }
   CHECK(gone);
+}
+
+TEST_CASE("a push given up at call_timeout sends nothing more from the caller's buffer, and the next call reconnects") {
+  PsdProcess psd;
+  ClientOptions o;
+  o.ps_hosts = {psd.address()};
+  o.prefer_unix_socket = false;  // TCP: the gradient goes out from the caller's buffer
+  o.connect_timeout = 300ms;
+  o.call_timeout = 1500ms;
+  o.reconnect_timeout = 5s;
+  Client client(o);
+  const std::size_t n = 4u << 20;  // 16 MiB: more than the sockets hold while psd is stopped
+  client.create({{.name = "w", .shape = {n}, .optimizer = OptimizerConfig::sgd(1.0f)}});
+  std::vector<float> g(n, 1.0f);
+  for (const bool async : {false, true}) {
+    INFO((async ? "push_async" : "push"));
+    ::kill(psd.pid(), SIGSTOP);
+    struct Resume {
+      pid_t pid;
+      ~Resume() { ::kill(pid, SIGCONT); }
+    } resume{psd.pid()};
+    auto push = [&] {
+      const std::vector<std::string> names = {"w"};
+      const std::vector<std::span<const float>> grads = {g};
+      return async ? client.push_async(names, grads).get() : client.push(names, grads);
+    };
+    CHECK_THROWS_WITH(push(), Catch::Contains("no answer from psd"));
+    // The call is over: its caller reuses the buffer. Nothing of this may
+    // reach psd (before, the rest of the push went out from it).
+    std::fill(g.begin(), g.end(), 1000.0f);
+    ::kill(psd.pid(), SIGCONT);
+    std::this_thread::sleep_for(200ms);
+    std::vector<float> w(n);
+    client.pull("w", w);
+    CHECK(std::count(w.begin(), w.end(), -1000.0f) == 0);
+    std::fill(g.begin(), g.end(), 1.0f);
+  }
+  // The connection was cut; the next calls reconnect and work.
+  std::vector<float> before(n), after(n);
+  client.pull("w", before);
+  const std::vector<float> half(n, 0.5f);
+  client.push("w", half);
+  client.pull("w", after);
+  CHECK(after[0] == before[0] - 0.5f);
+  CHECK(after[n - 1] == before[n - 1] - 0.5f);
 }

@@ -241,13 +241,8 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
           kj::Vector<kj::Promise<void>> all;
           auto errors = kj::heap<std::vector<std::string>>();
           for (std::size_t i = 0; i < options.ps_hosts.size(); ++i) {
-            auto hello_deadline = options.connect_timeout + std::chrono::milliseconds(5000);
             auto p = connect_shard(loop.port(), static_cast<int>(i), options.ps_hosts[i], options.connect_timeout,
-                                   hello_params())
-                         .exclusiveJoin(loop.timer().afterDelay(hello_deadline.count() * kj::MILLISECONDS)
-                                            .then([host = options.ps_hosts[i]]() -> kj::Promise<kj::Own<ShardConnection>> {
-                                              return disconnected("psd at " + host + " accepted but did not answer hello");
-                                            }));
+                                   hello_params());
             all.add(p.then([this, i](kj::Own<ShardConnection> c) { shards[i] = kj::mv(c); },
                            [e = errors.get()](kj::Exception&& ex) { e->push_back(ex.getDescription().cStr()); }));
           }

@@ -210,7 +210,13 @@ std::string shard_order_problem(const ShardConnection& c, std::size_t index, std
 kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::UnixEventPort& io, int index, std::string address,
                                                     std::chrono::milliseconds timeout, const HelloParams& hello) {
   auto deadline = io.getTimer().now() + timeout.count() * kj::MILLISECONDS;
-  return connect_and_hello(io, index, address, deadline, 20 * kj::MILLISECONDS, hello);
+  // The retries above end at the deadline; a peer that accepts and never
+  // answers hello (a stopped psd, something else on the port) would not:
+  // it gets kHelloGrace more.
+  return connect_and_hello(io, index, address, deadline, 20 * kj::MILLISECONDS, hello)
+      .exclusiveJoin(io.getTimer().atTime(deadline + kHelloGrace).then([address]() -> kj::Promise<kj::Own<ShardConnection>> {
+        return disconnected("psd at " + address + " accepted the connection but did not answer hello");
+      }));
 }
 
 }  // namespace ps

@@ -63,7 +63,9 @@ std::string shard_order_problem(const ShardConnection& c, std::size_t index, std
 
 // Connects to `address` ("host:port" or "unix:/path"), retrying with backoff
 // until `timeout` has passed, then says hello. Rejects with a DISCONNECTED
-// kj::Exception naming the address and the last error.
+// kj::Exception naming the address and the last error, at the latest
+// kHelloGrace after `timeout` (a peer that accepts and never answers).
+constexpr kj::Duration kHelloGrace = 5 * kj::SECONDS;
 kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::UnixEventPort& io, int index, std::string address,
                                                     std::chrono::milliseconds timeout, const HelloParams& hello);
 

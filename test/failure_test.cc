@@ -3,7 +3,10 @@
 // and a worker that hangs with its connection open (--worker_timeout_secs).
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -394,4 +397,62 @@ TEST_CASE("a push given up at call_timeout sends nothing more from the caller's 
   client.pull("w", after);
   CHECK(after[0] == before[0] - 0.5f);
   CHECK(after[n - 1] == before[n - 1] - 0.5f);
+}
+
+namespace {
+
+// Listens on 127.0.0.1:port (0: any free one), accepts (the kernel does)
+// and never answers: a stopped psd, or something else on its port.
+struct SilentListener {
+  explicit SilentListener(int port = 0) {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    REQUIRE(::listen(fd, 16) == 0);
+    socklen_t len = sizeof(addr);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  }
+  ~SilentListener() { ::close(fd); }
+  int fd = -1;
+  std::string address;
+};
+
+}  // namespace
+
+TEST_CASE("a peer that accepts and never answers hello fails a connect or reconnect in bounded time") {
+  using Clock = std::chrono::steady_clock;
+  SECTION("connect") {
+    SilentListener silent;
+    ClientOptions o;
+    o.ps_hosts = {silent.address};
+    o.connect_timeout = 500ms;
+    const auto start = Clock::now();
+    CHECK_THROWS_WITH(Client(o), Catch::Contains("did not answer hello"));
+    CHECK(Clock::now() - start < 10s);
+  }
+  SECTION("reconnect, after psd died and something silent took its port") {
+    PsdProcess psd;
+    ClientOptions o;
+    o.ps_hosts = {psd.address()};
+    o.prefer_unix_socket = false;
+    o.connect_timeout = 500ms;
+    o.reconnect_timeout = 1s;
+    o.call_timeout = 30s;
+    Client client(o);
+    client.create({{.name = "w", .shape = {4}}});
+    const int port = psd.port();
+    psd.kill();
+    SilentListener silent(port);
+    const auto start = Clock::now();
+    // Before, the reconnection waited for hello for good: the call failed
+    // only at call_timeout (forever with none).
+    CHECK_THROWS_WITH(client.pull("w"), Catch::Contains("did not answer hello"));
+    CHECK(Clock::now() - start < 15s);
+  }
 }

@@ -121,8 +121,23 @@ void Client::create(const std::vector<TensorSpec>& specs) {
   for (const auto& full : specs) check_create_values(full);
   declare(specs);
   std::vector<std::string> names;
-  for (const auto& s : specs) names.push_back(s.name);
-  auto batches = impl_->plan(names);
+  // Each part's request carries its initial values and restored slots (or
+  // nothing but the spec): batches are cut by what they really carry.
+  std::vector<uint32_t> copies;
+  for (const auto& s : specs) {
+    names.push_back(s.name);
+    copies.push_back((s.init.kind == InitKind::kValues ? 1 : 0) + static_cast<uint32_t>(s.slots.size()));
+  }
+  auto batches = impl_->plan(names, copies);
+  for (const ShardBatch& b : batches) {
+    if (b.bytes <= impl_->max_payload_bytes) continue;
+    // One part alone, with its values and slots, is over psd's limit.
+    const std::string& name = names[b.parts.front().tensor];
+    throw ConfigError("create: a part of '" + name + "' with its initial values and restored optimizer slots takes " +
+                      std::to_string(b.bytes) + " bytes, more than psd accepts in one message (" +
+                      std::to_string(impl_->max_payload_bytes) +
+                      "); raise psd --max_message_mb or lower ClientOptions::part_bytes");
+  }
   auto shared_specs = std::make_shared<const std::vector<TensorSpec>>(specs);
   // Over several requests, every shard first checks all it will get, in
   // one request, before any creates: one refusal creates nothing anywhere,

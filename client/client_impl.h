@@ -223,6 +223,10 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     std::lock_guard lock(placement_mutex);
     return plan_batches(placement, names, max_batch_bytes);
   }
+  std::vector<ShardBatch> plan(const std::vector<std::string>& names, const std::vector<uint32_t>& copies) {
+    std::lock_guard lock(placement_mutex);
+    return plan_batches(placement, names, max_batch_bytes, copies);
+  }
 
   uint64_t tensor_elements(const std::string& name) {
     std::lock_guard lock(placement_mutex);
@@ -272,7 +276,8 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     for (auto& s : shards) smallest = std::min(smallest, s->max_message_bytes);
     if (smallest <= kMessageSlack + sizeof(float)) throw ConfigError("psd's message size limit is too small");
     const uint64_t part = std::min(options.part_bytes, options.chunk_bytes);
-    max_batch_bytes = std::min<uint64_t>(smallest - kMessageSlack, std::max<uint64_t>(options.max_request_bytes, part));
+    max_payload_bytes = smallest - kMessageSlack;
+    max_batch_bytes = std::min<uint64_t>(max_payload_bytes, std::max<uint64_t>(options.max_request_bytes, part));
     if (part > max_batch_bytes) {
       throw ConfigError("part size " + std::to_string(part) + " bytes exceeds what psd accepts in one message (" +
                         std::to_string(max_batch_bytes) + "); lower ClientOptions::part_bytes or raise psd --max_message_mb");
@@ -423,6 +428,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   std::mutex placement_mutex;
   Placement placement;
   uint64_t max_batch_bytes = 64u << 20;
+  uint64_t max_payload_bytes = 64u << 20;  // the most a request may carry to every shard
   ClientLoop loop;
   // Loop-thread state.
   std::vector<kj::Own<ShardConnection>> shards;

@@ -7,14 +7,14 @@
 namespace ps {
 
 std::vector<ShardBatch> plan_batches(const Placement& placement, const std::vector<std::string>& names,
-                                     uint64_t max_batch_bytes) {
+                                     uint64_t max_batch_bytes, const std::vector<uint32_t>& copies) {
   std::vector<std::vector<ShardBatch>> per_shard(placement.num_shards());
   std::set<std::string> seen;
   for (std::size_t t = 0; t < names.size(); ++t) {
     if (!seen.insert(names[t]).second) throw ConfigError("tensor '" + names[t] + "' named twice in one request");
     for (const Part& part : placement.parts_of(names[t])) {
       auto& batches = per_shard[part.shard];
-      const uint64_t bytes = part.count * sizeof(float);
+      const uint64_t bytes = part.count * sizeof(float) * (copies.empty() ? 1 : copies[t]) + kPartOverheadBytes;
       if (batches.empty() || (batches.back().bytes + bytes > max_batch_bytes && !batches.back().parts.empty())) {
         batches.push_back(ShardBatch{part.shard, {}, 0});
       }

@@ -22,8 +22,15 @@ struct ShardBatch {
   uint64_t bytes = 0;
 };
 
+// What a part costs in a message besides its values (name, shape, list
+// entries), so that many small tensors do not add up past the limit.
+constexpr uint64_t kPartOverheadBytes = 256;
+
 // Throws ConfigError for an undeclared name or a name given twice.
+// `copies[t]`: how many arrays of its part's size a request carries for
+// names[t] (a create: initial values and restored optimizer slots, or none
+// at all); empty: one each (a push or pull).
 std::vector<ShardBatch> plan_batches(const Placement& placement, const std::vector<std::string>& names,
-                                     uint64_t max_batch_bytes);
+                                     uint64_t max_batch_bytes, const std::vector<uint32_t>& copies = {});
 
 }  // namespace ps

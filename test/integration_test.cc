@@ -382,6 +382,26 @@ TEST_CASE("a create refused anywhere creates nothing anywhere") {
     CHECK(client.pull("u") == ramp);
     CHECK(client.pull("r") == good);
   }
+  SECTION("restored tensors: requests are cut by their values and slots, and a part too big for psd is refused first") {
+    PsdProcess psd({"--max_message_mb", "2"});
+    Client client(options_for({&psd}));
+    auto restored = [](std::string name, std::size_t n, float x) {
+      TensorSpec t = sgd_tensor(std::move(name), {n}, InitConfig::from_values(std::vector<float>(n, x)));
+      t.optimizer = OptimizerConfig::adam(0.1f);
+      t.slots = {std::vector<float>(n, 0.5f), std::vector<float>(n, 0.25f)};
+      return t;
+    };
+    // 1.2 MB each with values and slots: together (they were one request,
+    // by their values alone) over psd's 2 MiB, so psd dropped the connection.
+    client.create({restored("a", 100'000, 1.0f), restored("b", 100'000, 2.0f)});
+    CHECK(client.pull("a") == std::vector<float>(100'000, 1.0f));
+    CHECK(client.pull("b") == std::vector<float>(100'000, 2.0f));
+    // A 1 MiB part with two slots cannot go in one message of 2 MiB: refused
+    // before anything is sent (before: "Broken pipe", the small one created).
+    CHECK_THROWS_WITH(client.create({restored("small", 1000, 1.0f), restored("big", 1 << 20, 1.0f)}),
+                      Catch::Contains("more than psd accepts in one message"));
+    CHECK(names_on(client) == std::vector<std::string>{"a", "b"});
+  }
   SECTION("the checking round does not count against --max_tensors_per_client") {
     PsdProcess psd({"--max_tensors_per_client", "2"});
     ClientOptions o = options_for({&psd});

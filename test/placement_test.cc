@@ -127,4 +127,14 @@ TEST_CASE("requests are grouped per shard and cut under the message limit") {
   CHECK(small.size() == 3);  // one part per message
   CHECK_THROWS_AS(plan_batches(p, {"a", "a"}, 800), ConfigError);
   CHECK_THROWS_AS(plan_batches(p, {"c"}, 800), ConfigError);
+  // A create carries what it restores: values and two slots make a's parts
+  // three times their size; b with no values costs only its spec.
+  auto create = plan_batches(p, {"a", "b"}, /*max_batch_bytes=*/1500, {3, 0});
+  for (const auto& b : create) {
+    uint64_t bytes = 0;
+    for (const auto& ref : b.parts) bytes += ref.part.count * 4 * (ref.tensor == 0 ? 3 : 0) + kPartOverheadBytes;
+    CHECK(b.bytes == bytes);
+    CHECK((b.bytes <= 1500 || b.parts.size() == 1));
+  }
+  CHECK(create.size() == 4);  // a part of a with its copies takes 1456 bytes: none has company
 }

@@ -115,11 +115,45 @@ std::vector<ShardBatch> one_batch_per_shard(const std::vector<ShardBatch>& batch
   return out;
 }
 
+// A create's declarations, taken back unless kept (the create succeeded):
+// a shape psd refused stays declarable, and the next tensors land where they
+// do on workers that never declared it. Not when others were declared
+// meanwhile (another thread's): theirs stand, and so do these.
+class Declarations {
+ public:
+  Declarations(Placement& placement, std::mutex& mutex, const std::vector<TensorSpec>& specs)
+      : placement_(placement), mutex_(mutex) {
+    std::lock_guard lock(mutex_);
+    before_ = placement_.mark();
+    try {
+      for (const auto& s : specs) placement_.add(s);
+    } catch (...) {
+      placement_.rollback(before_);
+      throw;
+    }
+    declared_ = placement_.tensors().size();
+  }
+  Declarations(const Declarations&) = delete;
+  ~Declarations() {
+    if (kept_) return;
+    std::lock_guard lock(mutex_);
+    if (placement_.tensors().size() == declared_) placement_.rollback(before_);
+  }
+  void keep() { kept_ = true; }
+
+ private:
+  Placement& placement_;
+  std::mutex& mutex_;
+  Placement::Mark before_;
+  std::size_t declared_ = 0;
+  bool kept_ = false;
+};
+
 }  // namespace
 
 void Client::create(const std::vector<TensorSpec>& specs) {
   for (const auto& full : specs) check_create_values(full);
-  declare(specs);
+  Declarations declarations(impl_->placement, impl_->placement_mutex, specs);
   std::vector<std::string> names;
   // Each part's request carries its initial values and restored slots (or
   // nothing but the spec): batches are cut by what they really carry.
@@ -163,6 +197,7 @@ void Client::create(const std::vector<TensorSpec>& specs) {
             },
             "create: ")
       .get();
+  declarations.keep();
 }
 
 std::vector<std::string> Client::connection_addresses() {

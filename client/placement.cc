@@ -47,6 +47,8 @@ const PlacedTensor& Placement::add(const TensorSpec& spec) {
   const uint64_t num_parts = (num_chunks - 1) * parts_per_chunk + (last_chunk + per_part - 1) / per_part;
 
   PlacedTensor placed{spec, {}};
+  placed.spec.init.values = {};  // the create sent them; kept, a restore would hold the model twice
+  placed.spec.slots = {};
   for (uint64_t c = 0; c < num_chunks; ++c) {
     const int shard = pick_shard();
     const uint64_t chunk_start = c * per_chunk;
@@ -66,6 +68,13 @@ const PlacedTensor& Placement::add(const TensorSpec& spec) {
   index_[spec.name] = tensors_.size();
   tensors_.push_back(std::move(placed));
   return tensors_.back();
+}
+
+void Placement::rollback(const Mark& m) {
+  for (std::size_t i = m.tensors; i < tensors_.size(); ++i) index_.erase(tensors_[i].spec.name);
+  tensors_.resize(std::min(m.tensors, tensors_.size()));
+  next_round_robin_ = m.next_round_robin;
+  shard_bytes_ = m.shard_bytes;
 }
 
 const PlacedTensor& Placement::at(const std::string& name) const {

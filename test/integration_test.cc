@@ -402,6 +402,21 @@ TEST_CASE("a create refused anywhere creates nothing anywhere") {
                       Catch::Contains("more than psd accepts in one message"));
     CHECK(names_on(client) == std::vector<std::string>{"a", "b"});
   }
+  SECTION("the client forgets what it declared for a refused create") {
+    PsdProcess a, b;
+    Client other(options_for({&a, &b}));
+    other.create({sgd_tensor("x", {8}, InitConfig::constant(2))});
+    Client client(options_for({&a, &b}));
+    CHECK_THROWS_WITH(client.create({sgd_tensor("x", {4})}), Catch::Contains("exists with shape [8]"));
+    // x is declarable as psd has it, and the next tensor lands where it
+    // does for a client that never declared the refused one.
+    client.declare({sgd_tensor("x", {8})});
+    CHECK(client.pull("x") == std::vector<float>(8, 2.0f));
+    client.declare({sgd_tensor("y", {2})});
+    Client fresh(options_for({&a, &b}));
+    fresh.declare({sgd_tensor("x", {8}), sgd_tensor("y", {2})});
+    CHECK(client.placement().at("y").parts[0].shard == fresh.placement().at("y").parts[0].shard);
+  }
   SECTION("the checking round does not count against --max_tensors_per_client") {
     PsdProcess psd({"--max_tensors_per_client", "2"});
     ClientOptions o = options_for({&psd});

@@ -138,3 +138,21 @@ TEST_CASE("requests are grouped per shard and cut under the message limit") {
   }
   CHECK(create.size() == 4);  // a part of a with its copies takes 1456 bytes: none has company
 }
+
+TEST_CASE("a placement rolled back to a mark places the next tensors as if the later ones never came") {
+  Placement p(3, PlacementPolicy::kRoundRobin, /*chunk_bytes=*/400);
+  p.add(t("a", {10}));
+  const auto mark = p.mark();
+  p.add(t("b", {250}));  // three chunks: the round robin moves on three
+  p.add(t("c", {10}));
+  p.rollback(mark);
+  CHECK_FALSE(p.contains("b"));
+  CHECK_FALSE(p.contains("c"));
+  CHECK(p.tensors().size() == 1);
+  for (int s = 0; s < 3; ++s) CHECK(p.shard_bytes(s) == (s == 0 ? 40u : 0u));
+  p.add(t("b", {20}));  // another shape is fine now
+  Placement fresh(3, PlacementPolicy::kRoundRobin, 400);
+  fresh.add(t("a", {10}));
+  fresh.add(t("b", {20}));
+  CHECK(p.at("b").parts[0].shard == fresh.at("b").parts[0].shard);
+}

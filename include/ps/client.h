@@ -176,6 +176,9 @@ class Client {
   // included), which costs one more round trip. Initial values and restored
   // slots of the wrong length throw ConfigError, NaN/Inf in them
   // RequestError, before anything is sent.
+  // A create that fails leaves the placement as it was (unless another
+  // thread declared tensors meanwhile): the refused shape can be declared
+  // as psd has it, and later tensors are placed as on other workers.
   void create(const std::vector<TensorSpec>& specs);
   // Places without creating: for workers that wait for the chief's init.
   void declare(const std::vector<TensorSpec>& specs);

@@ -48,7 +48,7 @@ struct Part {
 };
 
 struct PlacedTensor {
-  TensorSpec spec;
+  TensorSpec spec;  // as declared, without initial values and restored slots (not kept)
   std::vector<Part> parts;
 };
 
@@ -74,6 +74,18 @@ class Placement {
   // Name under which part `index` of `name` is stored, as TF names
   // partitioned variables: "name/part_3".
   static std::string part_name(const std::string& name, uint32_t index);
+
+  // Where the placement stands: rollback(mark()) later takes back every
+  // tensor added since, and the shard choices they moved on (a create that
+  // psd refused must leave the next tensors placed as on the workers that
+  // never declared it).
+  struct Mark {
+    std::size_t tensors = 0;
+    int next_round_robin = 0;
+    std::vector<uint64_t> shard_bytes;
+  };
+  Mark mark() const { return {tensors_.size(), next_round_robin_, shard_bytes_}; }
+  void rollback(const Mark& m);
 
  private:
   int pick_shard();

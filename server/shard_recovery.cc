@@ -6,6 +6,7 @@
 // averaged over their own number. A worker that comes back (reconnects, or
 // speaks again) counts again from its next push.
 #include <algorithm>
+#include <map>
 
 #include <spdlog/spdlog.h>
 
@@ -46,14 +47,21 @@ void Shard::saw_worker(int worker_index) { job_.saw_worker(worker_index); }
 
 void Shard::check_worker_timeouts() {
   if (options_.worker_timeout_secs == 0 || job_.config().mode != SyncMode::kSync) return;
-  std::vector<int> waiting;
+  // A worker that gave its gradient for every tensor waits for the step:
+  // silent, not hung. One that gave some and fell silent (stuck in the
+  // middle of its push) is hung like one that gave none.
+  std::map<int, uint64_t> given;
   bool pending = false;
   for (const auto& [t, slot] : sync_) {
     pending = pending || slot.count > 0;
-    waiting.insert(waiting.end(), slot.contributors.begin(), slot.contributors.end());
+    for (int w : slot.contributors) ++given[w];
   }
   // Only a step that has started can be held up by a silent worker.
   if (!pending) return;
+  std::vector<int> waiting;
+  for (const auto& [w, tensors] : given) {
+    if (tensors >= trainable_count()) waiting.push_back(w);
+  }
   job_.mark_hung(options_.worker_timeout_secs * kj::SECONDS, waiting);
 }
 

@@ -165,6 +165,36 @@ TEST_CASE("sync: a hung worker (connection open, silent) is not waited for past 
   CHECK_THAT(psd.log(), Catch::Contains("worker 1 silent"));
 }
 
+TEST_CASE("sync: a worker that stalls half way through its push is not waited for past --worker_timeout_secs") {
+  PsdProcess psd({"--worker_timeout_secs", "1"});
+  ClientOptions o;
+  o.ps_hosts = {psd.address()};
+  o.worker_index = 0;
+  o.is_chief = true;
+  Client chief(o);
+  const TensorSpec a{.name = "a", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f)};
+  const TensorSpec b{.name = "b", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f)};
+  chief.create({a, b});
+  chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2});
+  chief.set_ready();
+  ClientOptions w = o;
+  w.worker_index = 1;
+  w.is_chief = false;
+  Client stalled(w);
+  stalled.declare({a, b});
+  const std::vector<float> one(2, 1.0f), three(2, 3.0f);
+  stalled.push("a", three);  // a only; then silent with its connection open
+  const auto start = std::chrono::steady_clock::now();
+  chief.push({"a", "b"}, {std::span<const float>(one), std::span<const float>(one)}, 0);
+  // Before, having given a gradient counted as waiting for the step: the
+  // step waited for b from worker 1 for good.
+  CHECK(wait_for_step(chief, 1, 6s) == 1);
+  CHECK(std::chrono::steady_clock::now() - start < 5s);
+  CHECK(chief.pull("a") == std::vector<float>(2, -2.0f));  // (1 + 3) / 2: worker 1's a still counts
+  CHECK(chief.pull("b") == std::vector<float>(2, -1.0f));  // the chief's alone
+  CHECK_THAT(psd.log(), Catch::Contains("worker 1 silent"));
+}
+
 TEST_CASE("a worker killed while psd holds its call waiting is let go at once, not when the wait ends") {
   TempDir dir;
   PsdProcess psd({"--checkpoint_dir", dir.path()});

@@ -331,7 +331,7 @@ bool Client::wait_ready(std::chrono::milliseconds timeout) {
             r.all = r.all && reply.getReady();
             if (reply.getReady()) impl_->learn_job(reply.getJob());
           },
-          "waitReady: ")
+          "waitReady: ", std::chrono::milliseconds(ms))
       .get()
       .all;
 }
@@ -387,7 +387,7 @@ uint32_t Client::barrier(const std::string& name, uint32_t count, std::chrono::m
               return req.send();
             }).then([](capnp::Response<wire::Shard::BarrierResults>&& r) { return Arrived{r.getArrived()}; });
           },
-          "barrier: ")
+          "barrier: ", std::chrono::milliseconds(ms))
       .get()
       .n;
 }

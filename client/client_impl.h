@@ -137,9 +137,10 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   void taskFailed(kj::Exception&& e) override { spdlog::error("libpsclient internal task failed: {}", e.getDescription().cStr()); }
 
   // Starts op() with the loop; its result or error reaches the future (the
-  // helper thread runs the loop until then).
+  // helper thread runs the loop until then). `waits`: how long psd may
+  // rightly hold the call (waitReady, barrier), on top of call_timeout.
   template <typename T, typename Op>
-  std::future<T> submit(Op op, std::string context) {
+  std::future<T> submit(Op op, std::string context, std::chrono::milliseconds waits = {}) {
     auto result = std::make_shared<std::promise<T>>();
     auto future = result->get_future();
     loop.run([&] {
@@ -150,7 +151,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
         result->set_exception(std::current_exception());
         return;
       }
-      promise = with_timeout(kj::mv(promise));
+      promise = with_timeout(kj::mv(promise), waits);
       tasks->add(loop.kept(kj::mv(promise)).then([result](T&& value) { result->set_value(std::move(value)); },
                               [result, context](kj::Exception&& e) { result->set_exception(translate(e, context)); }));
     });
@@ -192,9 +193,9 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   }
 
   template <typename T>
-  kj::Promise<T> with_timeout(kj::Promise<T> p) {
+  kj::Promise<T> with_timeout(kj::Promise<T> p, std::chrono::milliseconds waits = {}) {
     if (options.call_timeout.count() <= 0) return p;
-    const auto ms = options.call_timeout.count();
+    const auto ms = (options.call_timeout + waits).count();
     return p.exclusiveJoin(loop.timer().afterDelay(ms * kj::MILLISECONDS).then([ms]() -> kj::Promise<T> {
       return disconnected("no answer from psd within " + std::to_string(ms) + " ms (ClientOptions::call_timeout)");
     }));
@@ -203,7 +204,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   // Sends one request to every shard (make(shard) builds and sends it) and
   // folds the replies with on_reply(shard index, reply) into a T.
   template <typename T, typename Make, typename OnReply>
-  std::future<T> on_every_shard(Make make, OnReply on_reply, std::string context) {
+  std::future<T> on_every_shard(Make make, OnReply on_reply, std::string context, std::chrono::milliseconds waits = {}) {
     return submit<T>(
         [this, make, on_reply] {
           auto acc = kj::heap<T>();
@@ -216,7 +217,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
           }
           return kj::joinPromises(calls.releaseAsArray()).then([acc = kj::mv(acc)]() mutable { return std::move(*acc); });
         },
-        std::move(context));
+        std::move(context), waits);
   }
 
   std::vector<ShardBatch> plan(const std::vector<std::string>& names) {

@@ -391,6 +391,18 @@ TEST_CASE("barrier releases everyone together, and times out cleanly") {
   CHECK(arrived == 2);
 }
 
+TEST_CASE("waitReady and barrier may wait longer than call_timeout: they end as asked, not as a lost psd") {
+  PsdProcess psd;
+  ClientOptions o = worker_options({&psd}, 1);
+  o.connect_timeout = 300ms;
+  o.call_timeout = 800ms;
+  Client client(o);
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_FALSE(client.wait_ready(1500ms));  // no chief: never ready
+  CHECK(std::chrono::steady_clock::now() - start >= 1400ms);
+  CHECK_THROWS_WITH(client.barrier("alone", 2, 1500ms), Catch::Contains("timed out waiting for 2"));
+}
+
 TEST_CASE("a worker index outside the job, seen before the job was set up, does not lower the replicas a sync step waits for") {
   PsdProcess psd;
   { Client stray(worker_options({&psd}, 7)); }  // says hello and leaves

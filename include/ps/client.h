@@ -54,7 +54,8 @@ struct ClientOptions {
   std::chrono::milliseconds connect_timeout{15000};
   // Longest wait for the answer to a call (0: no limit). Set below
   // connect_timeout, the Client raises it to connect_timeout + 10 s: a call
-  // may have to wait for a connection first. A push given up this way
+  // may have to wait for a connection first. wait_ready and barrier get
+  // their own timeout on top. A push given up this way
   // while its gradient was still going out cuts that connection (the next
   // call reconnects): once the call has failed, nothing more is read from
   // the caller's buffer.

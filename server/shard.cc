@@ -300,6 +300,12 @@ kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Rea
       results.setStep(seen->step);
       auto status = results.initStatus(static_cast<unsigned>(seen->statuses.size()));
       for (unsigned i = 0; i < seen->statuses.size(); ++i) status.set(i, static_cast<wire::PushStatus>(seen->statuses[i]));
+      if (done_step >= 0) {
+        // Its step report counted the first time; the answer is the job's
+        // now (as stepDone's would be), stop included.
+        results.setStep(job_.global_step());
+        results.setStop(job_.stop_reached());
+      }
       return kj::READY_NOW;
     }
   }

@@ -516,6 +516,38 @@ TEST_CASE("a Unix socket the client cannot reach leaves it on TCP") {
   CHECK(client.pull("w") == std::vector<float>{0, 1});
 }
 
+TEST_CASE("a retried push that reports a step is answered with the job's step and stop, not applied again") {
+  PsdProcess psd;
+  ClientOptions o = options_for({&psd});
+  o.worker_index = 0;
+  o.is_chief = true;
+  Client chief(o);
+  chief.create({sgd_tensor("w", {2})});
+  chief.init_job({.mode = SyncMode::kAsync, .train_steps = 1});
+  chief.set_ready();
+  capnp::EzRpcClient rpc(psd.address());
+  auto shard = rpc.getMain<wire::Shard>();
+  auto hello = shard.helloRequest();
+  hello.setProtocolVersion(wire::K_PROTOCOL_VERSION);
+  hello.setWorkerIndex(1);
+  hello.send().wait(rpc.getWaitScope());
+  const auto grad = float_bytes({1, 1});
+  auto send = [&] {
+    auto req = shard.pushRequest();
+    req.setRequestId(42);
+    req.setDoneStep(0);
+    auto g = req.initGrads(1);
+    g[0].setName("w");
+    g[0].setValues(kj::arrayPtr(grad.data(), grad.size()));
+    auto reply = req.send().wait(rpc.getWaitScope());
+    return std::pair<int64_t, bool>(reply.getStep(), reply.getStop());
+  };
+  CHECK(send() == std::pair<int64_t, bool>(1, true));  // the job reached train_steps with this report
+  CHECK(send() == std::pair<int64_t, bool>(1, true));  // a retry (its reply lost) learns it too
+  CHECK(chief.pull("w") == std::vector<float>{-1, -1});  // applied once
+  CHECK(chief.stats()[0].global_step == 1);
+}
+
 TEST_CASE("bad requests get clear errors and change nothing") {
   PsdProcess psd({"--max_message_mb", "1"});
   ClientOptions o = options_for({&psd});

@@ -1,5 +1,8 @@
 #include "ps/training_session.h"
 
+#include <algorithm>
+#include <map>
+
 #include <spdlog/spdlog.h>
 
 #include "ps/checkpoint.h"
@@ -42,8 +45,37 @@ void TrainingSession::initialize() {
                    std::chrono::duration_cast<std::chrono::seconds>(waited).count());
     }
     options_.job = client_.job();
+    check_declared_as_created();
   }
   initialized_ = true;
+}
+
+void TrainingSession::check_declared_as_created() {
+  // psd checks only each part's length: a worker that declared [3, 2] for
+  // the chief's [2, 3], or its variables in another order (other shards),
+  // would otherwise train on values it reads wrong, or fail at its first push.
+  std::map<std::string, TensorInfo> created;
+  for (auto& t : client_.list()) created.emplace(t.name, std::move(t));
+  const Placement placement = client_.placement();
+  for (const TensorSpec& declared : specs_) {
+    auto it = created.find(declared.name);
+    const std::string here = "worker " + std::to_string(client_.options().worker_index) + ": variable '" + declared.name + "'";
+    if (it == created.end()) {
+      throw ConfigError(here + " was not created by the chief: every worker must declare the same variables");
+    }
+    if (it->second.shape != declared.shape) {
+      throw ConfigError(here + " is declared with shape " + shape_to_string(declared.shape) + ", the chief created " +
+                        shape_to_string(it->second.shape) + ": every worker must declare the same model");
+    }
+    std::vector<int> shards;
+    for (const Part& p : placement.at(declared.name).parts) shards.push_back(p.shard);
+    std::sort(shards.begin(), shards.end());
+    shards.erase(std::unique(shards.begin(), shards.end()), shards.end());
+    if (shards != it->second.shards) {
+      throw ConfigError(here + " is placed on other shards here than where the chief created it: every worker must "
+                        "declare the variables in the same order, with the same placement and chunk size");
+    }
+  }
 }
 
 std::vector<TensorSpec> TrainingSession::restored_specs() {

@@ -391,6 +391,33 @@ TEST_CASE("barrier releases everyone together, and times out cleanly") {
   CHECK(arrived == 2);
 }
 
+TEST_CASE("a worker that declares another model than the chief created is stopped at initialize") {
+  PsdProcess ps0, ps1;
+  Client chief(worker_options({&ps0, &ps1}, 0));
+  TrainingSession chief_session(chief, {});
+  std::vector<float> a(6), ga(6), b(4), gb(4);
+  chief_session.add_variable({.name = "a", .shape = {2, 3}}, a, ga);
+  chief_session.add_variable({.name = "b", .shape = {4}}, b, gb);
+  chief_session.initialize();
+  auto initialize = [&](std::vector<std::pair<std::string, std::vector<uint64_t>>> vars) {
+    Client client(worker_options({&ps0, &ps1}, 1));
+    TrainingSession session(client, {});
+    std::vector<std::vector<float>> buffers;
+    for (auto& [name, shape] : vars) {
+      const TensorSpec spec{.name = name, .shape = shape};
+      buffers.emplace_back(spec.num_elements());
+      buffers.emplace_back(spec.num_elements());
+      session.add_variable(spec, buffers[buffers.size() - 2], buffers.back());
+    }
+    session.initialize();
+  };
+  // Same element count, parts of the same length: psd alone cannot tell.
+  CHECK_THROWS_WITH(initialize({{"a", {3, 2}}, {"b", {4}}}), Catch::Contains("declared with shape [3, 2], the chief created [2, 3]"));
+  CHECK_THROWS_WITH(initialize({{"b", {4}}, {"a", {2, 3}}}), Catch::Contains("placed on other shards"));
+  CHECK_THROWS_WITH(initialize({{"a", {2, 3}}, {"b", {4}}, {"c", {1}}}), Catch::Contains("was not created by the chief"));
+  CHECK_NOTHROW(initialize({{"a", {2, 3}}, {"b", {4}}}));
+}
+
 TEST_CASE("waitReady and barrier may wait longer than call_timeout: they end as asked, not as a lost psd") {
   PsdProcess psd;
   ClientOptions o = worker_options({&psd}, 1);

@@ -61,7 +61,8 @@ class TrainingSession {
 
   // Chief: configures the job, creates and initialises the variables, marks
   // the model ready. Others: wait for that (logging while they wait) and
-  // throw ConnectionError after ready_timeout.
+  // throw ConnectionError after ready_timeout; then check that they declared
+  // what the chief created (names, shapes, shards), or throw ConfigError.
   void initialize();
 
   // Reads the variables for the next step, waiting as the mode requires
@@ -87,6 +88,9 @@ class TrainingSession {
  private:
   // Chief with restore_from: the variables as the checkpoint holds them.
   std::vector<TensorSpec> restored_specs();
+  // Another worker: the variables as declared here are those the chief
+  // created, with the same shapes, on the same shards; throws ConfigError.
+  void check_declared_as_created();
 
   Client& client_;
   SessionOptions options_;

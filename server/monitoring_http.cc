@@ -1,3 +1,4 @@
+#include "accept_retry.h"
 #include "monitoring_http.h"
 
 #include <chrono>
@@ -121,7 +122,15 @@ struct MonitoringHttp::Impl final : public kj::HttpService {
 
   // What HttpServer::listenHttp does, plus the 431 fallback above.
   kj::Promise<void> accept_loop(kj::ConnectionReceiver& listener) {
-    return listener.accept().then([this, &listener](kj::Own<kj::AsyncIoStream> stream) {
+    // evalNow: a failing accept() throws at once (see server.cc).
+    return kj::evalNow([&] { return listener.accept(); }).then([this, &listener](kj::Own<kj::AsyncIoStream> stream) {
+      if (open_connections >= kMaxConnections) {
+        // Dropped at once: idle visitors must not take every descriptor
+        // psd has (its workers' connections need them).
+        spdlog::warn("http: refused a connection: {} open (the most psd serves)", open_connections);
+        return accept_loop(listener);
+      }
+      ++open_connections;
       auto tracked = kj::heap<AnswerTrackingStream>(kj::mv(stream));
       AnswerTrackingStream& conn = *tracked;
       connections.add(server.listenHttpCleanDrain(conn)
@@ -132,8 +141,11 @@ struct MonitoringHttp::Impl final : public kj::HttpService {
                               return drain_then_close(conn);
                             });
                           })
-                          .attach(kj::mv(tracked)));
+                          .attach(kj::mv(tracked), kj::defer([this] { --open_connections; })));
       return accept_loop(listener);
+    }, [this, &listener](kj::Exception&& e) {
+      log_accept_failure("http", e);  // accept_retry.h
+      return timer.afterDelay(kAcceptRetry).then([this, &listener] { return accept_loop(listener); });
     });
   }
 
@@ -194,6 +206,9 @@ struct MonitoringHttp::Impl final : public kj::HttpService {
 
   Shard& shard;
   kj::Timer& timer;
+  // HTTP connections open now, and the most served at once.
+  static constexpr int kMaxConnections = 64;
+  int open_connections = 0;
   ProgressHistory history;
   Headers headers;
   BadRequestHandler bad_request_handler;

@@ -1,3 +1,4 @@
+#include "accept_retry.h"
 #include "server.h"
 
 #include <sys/socket.h>
@@ -104,7 +105,9 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
   void taskFailed(kj::Exception&& e) override { spdlog::warn("connection task failed: {}", e.getDescription().cStr()); }
 
   kj::Promise<void> accept_loop(kj::ConnectionReceiver& listener, std::string kind) {
-    return listener.accept().then([this, &listener, kind](kj::Own<kj::AsyncIoStream>&& accepted) {
+    // evalNow: kj's accept() throws at once when accept4() fails with the
+    // socket ready (EMFILE), rather than rejecting.
+    return kj::evalNow([&] { return listener.accept(); }).then([this, &listener, kind](kj::Own<kj::AsyncIoStream>&& accepted) {
       const pid_t pid = kind == "unix" ? peer_pid(*accepted) : 0;
       kj::Own<SocketStream> stream = rewrap(kj::mv(accepted));
       if (!stream) {
@@ -126,6 +129,11 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
         }));
       }
       return accept_loop(listener, kind);
+    }, [this, &listener, kind](kj::Exception&& e) {
+      log_accept_failure(kind, e);  // accept_retry.h
+      return io.provider->getTimer().afterDelay(kAcceptRetry).then([this, &listener, kind] {
+        return accept_loop(listener, kind);
+      });
     });
   }
 

@@ -202,6 +202,17 @@ kj::Promise<void> Shard::pull(const Caller& caller, wire::Shard::PullParams::Rea
       into[i] = static_cast<int64_t>(slices[i].getOffset());
     }
   }
+  // A reply over the message limit would be built in full and then not
+  // sent (a small request naming one tensor many times asks for gigabytes):
+  // refused before anything is read.
+  uint64_t reply_bytes = 0;
+  for (unsigned i = 0; i < tensors.size(); ++i) {
+    reply_bytes += 64 + names[i].size() + (into[i] >= 0 ? 0 : tensors[i]->size() * sizeof(float));
+  }
+  if (reply_bytes > options_.max_message_bytes) {
+    throw RequestError("pull: the reply would hold " + std::to_string(reply_bytes) + " bytes, over this psd's message " +
+                       "limit of " + std::to_string(options_.max_message_bytes) + " (--max_message_mb); pull fewer tensors at once");
+  }
   auto results = results_of_size(pull_reply_size(names, tensors, into));
   results.setTag(params.getTag());
 

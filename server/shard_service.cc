@@ -17,6 +17,13 @@ ShardServiceImpl::ShardServiceImpl(Shard& shard, std::string peer, std::string r
   caller_.stream = stream;
   caller_.peer_pid = peer_pid;
   if (refusal_.empty()) ++shard_.counters().connections;
+  if (stream != nullptr && refusal_.empty()) {
+    hello_deadline_ = shard_.job().timer().afterDelay(kHelloDeadline).then([this] {
+      if (said_hello_) return;
+      spdlog::info("closing the connection from {}: no hello within {} s", caller_.peer, kHelloDeadline / kj::SECONDS);
+      caller_.stream->abort();
+    }).eagerlyEvaluate(nullptr);
+  }
 }
 
 ShardServiceImpl::~ShardServiceImpl() {

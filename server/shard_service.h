@@ -19,6 +19,11 @@ class ShardServiceImpl final : public wire::Shard::Server {
                    pid_t peer_pid = 0);
   ~ShardServiceImpl();
 
+  // A connection that has not said hello this long after it was accepted is
+  // closed: each holds one of --max_connections' places, and a peer that
+  // says nothing (or has no token) must not be able to keep them all.
+  static constexpr kj::Duration kHelloDeadline = 10 * kj::SECONDS;
+
   kj::Promise<void> hello(HelloContext context) override;
   kj::Promise<void> create(CreateContext context) override;
   kj::Promise<void> pull(PullContext context) override;
@@ -48,6 +53,7 @@ class ShardServiceImpl final : public wire::Shard::Server {
   Shard& shard_;
   Caller caller_;
   bool said_hello_ = false;
+  kj::Promise<void> hello_deadline_ = nullptr;
   std::string refusal_;
   uint64_t tensors_created_ = 0;  // by this connection (--max_tensors_per_client)
 };

@@ -602,6 +602,15 @@ TEST_CASE("bad requests get clear errors and change nothing") {
     Client other(o);
     CHECK_THROWS_WITH(other.create({sgd_tensor("w", {2, 2})}), Catch::Contains("exists with shape [4]"));
   }
+  SECTION("a pull whose reply would be over the size limit") {
+    client.create({sgd_tensor("big", {150'000})});  // parts of 256 KiB
+    RawClient raw(psd);
+    auto req = raw.shard.pullRequest();
+    auto names = req.initNames(5);
+    for (unsigned i = 0; i < 5; ++i) names.set(i, "big/part_0");
+    CHECK_THROWS_WITH(req.send().wait(raw.ws()), Catch::Contains("over this psd's message limit"));
+    CHECK(client.pull("w") == original);
+  }
   SECTION("a message over the size limit") {
     RawClient raw(psd);
     std::vector<uint8_t> big(2 << 20, 0);

@@ -2,14 +2,21 @@
 // psd: refused peers get a clear error and nothing else; psd serves on.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <memory>
 #include <fstream>
 #include <thread>
 
 #include <capnp/ez-rpc.h>
 
+#include "http_test_util.h"
 #include "ps.capnp.h"
 #include "ps/client.h"
 #include "psd_process.h"
@@ -109,4 +116,86 @@ TEST_CASE("--max_connections refuses more connections with a clear error and ser
   REQUIRE(c);
   c->declare({{.name = "x", .shape = {1}}});
   CHECK(c->pull("x") == std::vector<float>{0});
+}
+
+namespace {
+
+// A TCP connection to 127.0.0.1:port that sends nothing.
+struct IdleConnection {
+  explicit IdleConnection(int port) {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    connected = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  }
+  ~IdleConnection() { ::close(fd); }
+  int fd = -1;
+  bool connected = false;
+};
+
+}  // namespace
+
+TEST_CASE("connections that never say hello do not keep --max_connections' places") {
+  PsdProcess psd({"--max_connections", "2"});
+  IdleConnection idle1(psd.port()), idle2(psd.port());
+  REQUIRE((idle1.connected && idle2.connected));
+  std::this_thread::sleep_for(200ms);
+  CHECK_THROWS_WITH(Client(options_for(psd)), Catch::Contains("maximum of 2 connections"));
+  // Closed after ShardServiceImpl::kHelloDeadline (10 s): then a worker gets in.
+  std::unique_ptr<Client> c;
+  for (int i = 0; i < 150 && !c; ++i) {
+    try {
+      c = std::make_unique<Client>(options_for(psd));
+    } catch (const ConnectionError&) {
+      std::this_thread::sleep_for(100ms);
+    }
+  }
+  REQUIRE(c);
+  CHECK_THAT(psd.log(), Catch::Contains("no hello within 10 s"));
+}
+
+TEST_CASE("psd out of file descriptors serves on: a failed accept is retried, not the end") {
+  TempDir dir;
+  // psd inherits this process's descriptor limit while it starts.
+  rlimit saved{};
+  ::getrlimit(RLIMIT_NOFILE, &saved);
+  rlimit low = saved;
+  low.rlim_cur = 64;
+  ::setrlimit(RLIMIT_NOFILE, &low);
+  std::unique_ptr<PsdProcess> psd;
+  try {
+    psd = std::make_unique<PsdProcess>(
+        std::vector<std::string>{"--http_port", "any", "--http_port_file", dir.path() + "/http_port"});
+  } catch (...) {
+    ::setrlimit(RLIMIT_NOFILE, &saved);
+    throw;
+  }
+  ::setrlimit(RLIMIT_NOFILE, &saved);
+  Client client(options_for(*psd));
+  client.create({{.name = "x", .shape = {1}, .init = InitConfig::constant(5)}});
+  const int http_port = ps::test::read_port_file(dir.path() + "/http_port");
+  {
+    // More idle connections than psd has descriptors: its accepts fail.
+    std::vector<std::unique_ptr<IdleConnection>> idle;
+    for (int i = 0; i < 60; ++i) idle.push_back(std::make_unique<IdleConnection>(http_port));
+    for (int i = 0; i < 20; ++i) idle.push_back(std::make_unique<IdleConnection>(psd->port()));
+    std::this_thread::sleep_for(500ms);
+    CHECK(psd->alive());
+  }
+  CHECK_THAT(psd->log(), Catch::Contains("accepting a") && Catch::Contains("Too many open files"));
+  // The idle ones gone, psd serves old and new clients.
+  CHECK(client.pull("x") == std::vector<float>{5});
+  std::unique_ptr<Client> fresh;
+  for (int i = 0; i < 100 && !fresh; ++i) {
+    try {
+      fresh = std::make_unique<Client>(options_for(*psd));
+    } catch (const ConnectionError&) {
+      std::this_thread::sleep_for(50ms);
+    }
+  }
+  REQUIRE(fresh);
+  fresh->declare({{.name = "x", .shape = {1}}});
+  CHECK(fresh->pull("x") == std::vector<float>{5});
 }

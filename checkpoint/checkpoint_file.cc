@@ -144,7 +144,7 @@ class FileReader {
     if (!checksum_matches(mask_crc(crc32c(&len, sizeof(len))), len_crc)) {
       fail(std::string("length checksum mismatch in ") + what);
     }
-    if (len + sizeof(data_crc) > remaining_) fail(std::string("truncated in ") + what);
+    if (len > remaining_ || remaining_ - len < sizeof(data_crc)) fail(std::string("truncated in ") + what);
     if (len % sizeof(typename Vec::value_type) != 0) fail(std::string("odd record length in ") + what);
     out.resize(len / sizeof(typename Vec::value_type));
     read(out.data(), len, what);
@@ -403,9 +403,13 @@ std::vector<CheckpointFile> list_all_checkpoints(const std::string& dir) {
   return out;
 }
 
-void prune_checkpoints(const std::string& dir, uint32_t shard_index, uint32_t num_shards, uint32_t keep) {
-  auto files = list_checkpoints(dir, shard_index, num_shards);
-  for (std::size_t i = std::max<std::size_t>(keep, 1); i < files.size(); ++i) ::unlink(files[i].path.c_str());
+void prune_checkpoints(const std::string& dir, uint32_t shard_index, uint32_t num_shards, uint32_t keep,
+                       int64_t written) {
+  std::size_t kept = 0;
+  for (const auto& file : list_checkpoints(dir, shard_index, num_shards)) {  // newest first
+    if (file.step > written) continue;
+    if (kept++ >= std::max<uint32_t>(keep, 1)) ::unlink(file.path.c_str());
+  }
   const std::string sdir = shard_checkpoint_dir(dir, shard_index, num_shards);
   for (const auto& name : dir_entries(sdir)) {
     if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) ::unlink((sdir + "/" + name).c_str());

@@ -84,7 +84,12 @@ std::vector<CheckpointFile> list_checkpoints(const std::string& dir, uint32_t sh
 // Every shard's files under `dir`, any shard count.
 std::vector<CheckpointFile> list_all_checkpoints(const std::string& dir);
 
-// Removes all but the newest `keep` files of the shard (and stray .tmp files).
-void prune_checkpoints(const std::string& dir, uint32_t shard_index, uint32_t num_shards, uint32_t keep);
+// Removes all but the newest `keep` files of the shard (and stray .tmp
+// files). With `written` (the step of the file just written): the newest
+// `keep` up to that step, and none newer than it: files from further on
+// were not written by this run (a psd that restored an older checkpoint
+// because it could not take those), and must not push its own out.
+void prune_checkpoints(const std::string& dir, uint32_t shard_index, uint32_t num_shards, uint32_t keep,
+                       int64_t written = INT64_MAX);
 
 }  // namespace ps

@@ -38,10 +38,12 @@ std::vector<TensorSpec> reassemble(const std::vector<ShardCheckpoint>& shards) {
       } else if (!t.part) {
         throw CheckpointError("checkpoint: tensor '" + name + "' is stored twice");
       }
+      // Offsets come from the file: checked without overflow, slots too.
       const uint64_t offset = t.part ? t.part->offset : 0;
-      if (offset + t.values.size() > spec.init.values.size() || t.slots.size() != spec.slots.size()) {
-        throw CheckpointError("checkpoint: a part of '" + name + "' does not fit the tensor");
-      }
+      const uint64_t size = spec.init.values.size();
+      bool fits = offset <= size && t.values.size() <= size - offset && t.slots.size() == spec.slots.size();
+      for (const auto& slot : t.slots) fits = fits && slot.size() == t.values.size();
+      if (!fits) throw CheckpointError("checkpoint: a part of '" + name + "' does not fit the tensor");
       std::memcpy(spec.init.values.data() + offset, t.values.data(), t.values.size() * sizeof(float));
       for (std::size_t s = 0; s < t.slots.size(); ++s) {
         std::memcpy(spec.slots[s].data() + offset, t.slots[s].data(), t.slots[s].size() * sizeof(float));

@@ -1,7 +1,10 @@
 #include "checkpointer.h"
 
+#include <cstdio>
+
 #include <spdlog/spdlog.h>
 
+#include "ps/checkpoint.h"
 #include "ps/errors.h"
 #include "shard.h"
 
@@ -31,7 +34,8 @@ void Checkpointer::writer_loop() {
     }
     try {
       *job.path = write_checkpoint(options_.dir, *job.checkpoint);
-      prune_checkpoints(options_.dir, job.checkpoint->shard_index, job.checkpoint->num_shards, options_.keep);
+      prune_checkpoints(options_.dir, job.checkpoint->shard_index, job.checkpoint->num_shards, options_.keep,
+                        job.checkpoint->global_step);
       job.done->fulfill();
     } catch (const std::exception& e) {
       job.done->reject(kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__, kj::str(e.what())));
@@ -94,7 +98,14 @@ std::string Checkpointer::restore() {
       spdlog::info("restored {}: global step {}, {} tensors{}", file.path, c.global_step, c.tensors.size(),
                    c.ready ? "" : " (model not marked ready)");
       return file.path;
-    } catch (const Error& e) {
+    } catch (const CheckpointError& e) {
+      // Unreadable (truncated, corrupted, another format): set aside, so
+      // that its newer step does not keep this run's checkpoints from being
+      // the newest (pruning would take them instead).
+      const std::string aside = file.path + ".unreadable";
+      std::rename(file.path.c_str(), aside.c_str());
+      spdlog::error("skipping checkpoint {}: {} (moved to {})", file.path, e.what(), aside);
+    } catch (const std::exception& e) {
       spdlog::error("skipping checkpoint {}: {}", file.path, e.what());
     }
   }

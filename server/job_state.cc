@@ -18,7 +18,11 @@ void JobState::configure(const JobConfig& config) {
                        " exceeds the job's " + std::to_string(config.total_replicas) + " workers");
   }
   if (configured_) {
-    if (!(config == config_)) {
+    // start_step only says where a new job begins: a chief restarted with
+    // restore_from names the newest checkpoint's step, and the job goes on.
+    JobConfig same = config;
+    same.start_step = config_.start_step;
+    if (!(same == config_)) {
       throw RequestError("initJob: the job is already configured as " + to_string(config_) + ", not " + to_string(config));
     }
     return;

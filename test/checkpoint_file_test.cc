@@ -6,10 +6,12 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <limits>
 
 #include "checkpoint_file.h"
+#include "ps/summary_writer.h"  // crc32c, mask_crc: the record checksums
 #include "psd_process.h"
 
 using namespace ps;
@@ -195,4 +197,48 @@ TEST_CASE("load_checkpoint reassembles split tensors from every shard, newest co
 
   TempDir empty;
   CHECK_THROWS_AS(load_checkpoint(empty.path()), CheckpointError);
+}
+
+TEST_CASE("pruning after a write keeps the file just written, and leaves files of later steps alone") {
+  TempDir dir;
+  // Steps 4-6 from an earlier run (psd restored step 3: say it could not
+  // read them); this run writes 4 again, then 5.
+  for (int64_t step : {1, 2, 3, 4, 5, 6}) write_checkpoint(dir.path(), sample(0, 1, step));
+  write_checkpoint(dir.path(), sample(0, 1, 4));
+  prune_checkpoints(dir.path(), 0, 1, 1, /*written=*/4);
+  std::vector<int64_t> steps;
+  for (const auto& f : list_checkpoints(dir.path(), 0, 1)) steps.push_back(f.step);
+  CHECK(steps == std::vector<int64_t>{6, 5, 4});  // 4 kept (before: only 5 and 6), older ones pruned
+}
+
+TEST_CASE("record lengths and part offsets from the file are checked without overflow") {
+  TempDir dir;
+  SECTION("a record length of nearly 2^64 (its checksum right)") {
+    const std::string path = write_checkpoint(dir.path(), sample(0, 1, 2));
+    std::ifstream in(path, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), {});
+    in.close();
+    std::size_t at = 16;  // after the header: skip two records, patch the third's length
+    for (int r = 0; r < 2; ++r) {
+      uint64_t len = 0;
+      std::memcpy(&len, &bytes[at], 8);
+      at += 8 + 4 + len + 4;
+    }
+    const uint64_t huge = ~uint64_t{0} - 3;  // + its 4-byte checksum wraps to 0
+    const uint32_t crc = mask_crc(crc32c(&huge, 8));
+    std::memcpy(&bytes[at], &huge, 8);
+    std::memcpy(&bytes[at + 8], &crc, 4);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+    CHECK_THROWS_AS(read_checkpoint(path), CheckpointError);  // before: std::length_error, psd aborted
+  }
+  SECTION("a part offset that wraps past the end of the tensor") {
+    ShardCheckpoint c = sample(0, 1, 5);
+    TensorCheckpoint t;
+    t.spec = {.name = "w/part_0", .shape = {5}};
+    t.values.assign(5, 7.0f);
+    t.part = PartMeta{"w", {8}, ~uint64_t{0}, 0, 1};  // offset + 5 wraps to 4
+    c.tensors = {t};
+    write_checkpoint(dir.path(), c);
+    CHECK_THROWS_WITH(load_checkpoint(dir.path()), Catch::Contains("does not fit"));  // before: a write before the buffer
+  }
 }

@@ -123,6 +123,19 @@ TEST_CASE("a damaged newest checkpoint is reported and skipped; the next older o
   CHECK(c.stats()[0].last_checkpoint_step == 1);
   c.declare({{.name = "x", .shape = {4}}});
   CHECK(c.pull("x") == std::vector<float>{-1, -1, -1, -1});
+  // The unreadable file is set aside: this run's next checkpoint (step 2
+  // again) is the newest and is kept (before, the damaged step 2 stayed
+  // the newest by name, and pruning could remove this run's own files).
+  CHECK(std::filesystem::exists(files[0].path + ".unreadable"));
+  Client worker(options_for({&psd}, 0));
+  worker.declare({{.name = "x", .shape = {4}}});
+  worker.push("x", std::vector<float>{1, 1, 1, 1});
+  worker.step_done(1);
+  CHECK(worker.checkpoint().step == 2);
+  auto now = list_checkpoints(dir.path(), 0, 1);
+  REQUIRE(!now.empty());
+  CHECK(now[0].step == 2);
+  CHECK_NOTHROW(read_checkpoint(now[0].path));
 }
 
 TEST_CASE("a newest checkpoint that reads back but cannot be restored leaves nothing behind; the older one is restored") {

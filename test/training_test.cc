@@ -345,6 +345,10 @@ TEST_CASE("bad job input: a second chief, a worker outside the job, another job 
   CHECK_THROWS_WITH(Client(worker_options({&psd}, 0)), Catch::Contains("second chief"));
   CHECK_THROWS_WITH(Client(worker_options({&psd}, 7)), Catch::Contains("outside the job's 2 workers"));
   CHECK_THROWS_WITH(chief.init_job({.mode = SyncMode::kAsync}), Catch::Contains("already configured"));
+  // A chief restarted with restore_from names the newest checkpoint's step
+  // as where a job starts: the running job goes on, at its own step.
+  CHECK_NOTHROW(chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2, .start_step = 7}));
+  CHECK(chief.stats()[0].global_step == 0);
   CHECK_THROWS_WITH(chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 3, .total_replicas = 2}),
                     Catch::Contains("exceeds"));
   Client worker(worker_options({&psd}, 1));

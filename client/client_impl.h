@@ -314,7 +314,8 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
 
   // Pulls the given batches (waiting for min_step). In sync mode all parts
   // must come from one global step: batches read at an older step than the
-  // newest are read again at that step, so a worker never trains on a mix.
+  // newest are read again at that step, so a worker never trains on a mix
+  // (but for a shard that came back from a checkpoint behind the others).
   kj::Promise<void> pull_round(PullState& st, std::vector<std::size_t> which, int64_t min_step, int round) {
     kj::Vector<kj::Promise<void>> calls;
     for (std::size_t b : which) {
@@ -406,7 +407,11 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
       const int64_t newest = *std::max_element(st.steps.begin(), st.steps.end());
       std::vector<std::size_t> behind;
       for (std::size_t b = 0; b < st.steps.size(); ++b) {
-        if (st.steps[b] < newest) behind.push_back(b);
+        // A shard restarted from an older checkpoint cannot reach the
+        // others' step until training, at its step, brings it there
+        // (pushes for its step are stale elsewhere): waiting for it would
+        // wait for good. Its values are read as they are.
+        if (st.steps[b] < newest && !shards[st.batches[b].shard]->rolled_back) behind.push_back(b);
       }
       if (behind.empty()) return kj::READY_NOW;
       if (round >= 16) throw RequestError("shards kept moving to new steps; could not read one consistent step");

@@ -360,3 +360,46 @@ TEST_CASE("a checkpoint at one sync step on 2 shards restores into 3 shards and 
   for (const auto& t : client.list()) shards.insert(t.shards.begin(), t.shards.end());
   CHECK(shards.size() == 3);  // placed for the new job's shards
 }
+
+TEST_CASE("sync, 2 shards: one restarted from an older checkpoint is caught up by training, not waited for") {
+  TempDir dir;
+  auto args = [&](int i) {
+    return std::vector<std::string>{"--checkpoint_dir", dir.path(), "--shard_index", std::to_string(i), "--num_shards", "2"};
+  };
+  auto s0 = std::make_unique<PsdProcess>(args(0));
+  PsdProcess s1(args(1));
+  const int port0 = s0->port();
+  ClientOptions o;
+  o.ps_hosts = {s0->address(), s1.address()};
+  o.worker_index = 0;
+  o.is_chief = true;
+  o.reconnect_timeout = 10s;
+  o.call_timeout = 20s;
+  o.connect_timeout = 5s;
+  Client client(o);
+  TrainingSession session(client, {.job = {.mode = SyncMode::kSync, .replicas_to_aggregate = 1, .total_replicas = 1,
+                                           .train_steps = 10}});
+  std::vector<std::vector<float>> w(4, std::vector<float>(4)), g(4, std::vector<float>(4, 1.0f));
+  for (int i = 0; i < 4; ++i) {
+    std::string name = "w";
+    name += std::to_string(i);
+    session.add_variable({.name = name, .shape = {4}, .optimizer = OptimizerConfig::sgd(0.1f)}, w[i], g[i]);
+  }
+  session.initialize();
+  for (int s = 0; s < 2; ++s) session.run_step([] {});
+  REQUIRE(client.checkpoint().step == 2);
+  for (int s = 0; s < 3; ++s) session.run_step([] {});
+  s0->kill();
+  s0 = std::make_unique<PsdProcess>(args(0), port0);  // back at step 2; shard 1 is at 5
+  const auto start = std::chrono::steady_clock::now();
+  int steps = 0;
+  while (!session.should_stop() && steps < 50) {
+    session.run_step([] {});
+    ++steps;
+  }
+  // Before, the first pull re-read shard 0 waiting for step 5, which only
+  // pushes at step 5 could bring: call_timeout on every step.
+  CHECK(session.should_stop());
+  CHECK(std::chrono::steady_clock::now() - start < 15s);
+  for (const auto& st : client.stats()) CHECK(st.global_step == 10);
+}

@@ -122,8 +122,18 @@ kj::Promise<bool> BufferedMessageStream::fill(size_t bytes) {
       });
 }
 
+void BufferedMessageStream::hold_reads_while(std::function<bool()> full, kj::Timer& timer, kj::Duration poll) {
+  full_ = std::move(full);
+  timer_ = &timer;
+  poll_ = poll;
+}
+
 kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::tryReadMessage(
-    kj::ArrayPtr<kj::AutoCloseFd>, capnp::ReaderOptions options, kj::ArrayPtr<capnp::word>) {
+    kj::ArrayPtr<kj::AutoCloseFd> fds, capnp::ReaderOptions options, kj::ArrayPtr<capnp::word> scratch) {
+  if (full_ && full_()) {
+    ++reads_held_;
+    return timer_->afterDelay(poll_).then([this, fds, options, scratch] { return tryReadMessage(fds, options, scratch); });
+  }
   make_room();
   return fill(sizeof(capnp::word)).then([this, options](bool any) -> kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> {
     if (!any) return kj::Maybe<capnp::MessageReaderAndFds>(nullptr);

@@ -30,9 +30,11 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 
 #include <capnp/serialize-async.h>
 #include <kj/refcount.h>
+#include <kj/timer.h>
 #include <kj/vector.h>
 
 #include "socket_stream.h"
@@ -53,6 +55,14 @@ class BufferedMessageStream final : public capnp::MessageStream {
   // Buffers allocated so far (for tests: a full one still in use was
   // replaced, and no spare was free).
   uint64_t buffers_taken() const { return buffers_taken_; }
+
+  // Backpressure: while full() says so, the next message is not read, and
+  // full() is asked again every `poll`. psd's connections say full while
+  // their replies not yet written pass a limit: a peer that sends requests
+  // and never reads the answers would otherwise have psd queue them all.
+  void hold_reads_while(std::function<bool()> full, kj::Timer& timer,
+                        kj::Duration poll = 1 * kj::MILLISECONDS);
+  uint64_t reads_held() const { return reads_held_; }  // times a read waited (for tests)
 
   // capnp::MessageStream
   kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> tryReadMessage(kj::ArrayPtr<kj::AutoCloseFd> fdSpace,
@@ -86,6 +96,10 @@ class BufferedMessageStream final : public capnp::MessageStream {
   kj::Vector<kj::Own<Buffer>> spares_;  // full buffers kept for reuse once no message uses them
   size_t pos_ = 0, end_ = 0;  // unread bytes: [pos_, end_) of buffer_
   uint64_t buffers_taken_ = 2;
+  std::function<bool()> full_;
+  kj::Timer* timer_ = nullptr;
+  kj::Duration poll_ = 1 * kj::MILLISECONDS;
+  uint64_t reads_held_ = 0;
 };
 
 }  // namespace ps

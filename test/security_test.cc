@@ -15,6 +15,8 @@
 #include <thread>
 
 #include <capnp/ez-rpc.h>
+#include <capnp/rpc-twoparty.h>
+#include <kj/async-io.h>
 
 #include "http_test_util.h"
 #include "ps.capnp.h"
@@ -198,4 +200,72 @@ TEST_CASE("psd out of file descriptors serves on: a failed accept is retried, no
   REQUIRE(fresh);
   fresh->declare({{.name = "x", .shape = {1}}});
   CHECK(fresh->pull("x") == std::vector<float>{5});
+}
+
+namespace {
+
+// A connection whose reading can be stopped: a peer that sends requests and
+// never reads the replies.
+class StallingStream final : public kj::AsyncIoStream {
+ public:
+  explicit StallingStream(kj::Own<kj::AsyncIoStream> inner) : inner_(kj::mv(inner)) {}
+  bool stalled = false;
+  kj::Promise<size_t> tryRead(void* buffer, size_t min_bytes, size_t max_bytes) override {
+    if (stalled) return kj::Promise<size_t>(kj::NEVER_DONE);
+    return inner_->tryRead(buffer, min_bytes, max_bytes);
+  }
+  kj::Promise<void> write(const void* buffer, size_t size) override { return inner_->write(buffer, size); }
+  kj::Promise<void> write(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> pieces) override { return inner_->write(pieces); }
+  kj::Promise<void> whenWriteDisconnected() override { return inner_->whenWriteDisconnected(); }
+  void shutdownWrite() override { inner_->shutdownWrite(); }
+
+ private:
+  kj::Own<kj::AsyncIoStream> inner_;
+};
+
+uint64_t rss_bytes(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("a client that sends requests and never reads the replies does not grow psd's memory without bound") {
+  PsdProcess psd;
+  {
+    Client setup(options_for(psd));
+    setup.create({{.name = "t", .shape = {15000}}});  // 60 KB, copied into each reply
+  }
+  auto io = kj::setupAsyncIo();
+  auto addr = io.provider->getNetwork().parseAddress(psd.address()).wait(io.waitScope);
+  auto stream = kj::heap<StallingStream>(addr->connect().wait(io.waitScope));
+  capnp::TwoPartyClient rpc(*stream);
+  auto shard = rpc.bootstrap().castAs<wire::Shard>();
+  auto hello = shard.helloRequest();
+  hello.setProtocolVersion(wire::K_PROTOCOL_VERSION);
+  hello.setWorkerIndex(-1);
+  hello.send().wait(io.waitScope);
+  stream->stalled = true;
+  kj::Vector<kj::Promise<void>> pulls;  // kept: a dropped call is cancelled
+  for (int i = 0; i < 20000; ++i) {
+    auto req = shard.pullRequest();
+    req.initNames(1).set(0, "t");
+    pulls.add(req.send().ignoreResult());
+  }
+  io.provider->getTimer().afterDelay(3 * kj::SECONDS).wait(io.waitScope);  // psd serves what it will
+  // 20,000 replies of 60 KB are 1.2 GB; psd stops reading past 64 MiB queued.
+  CHECK(rss_bytes(psd.pid()) < (300u << 20));
+  // And serves others meanwhile.
+  std::vector<float> got;
+  std::thread other([&] {
+    Client c(options_for(psd));
+    c.declare({{.name = "t", .shape = {15000}}});
+    got = c.pull("t");
+  });
+  other.join();
+  CHECK(got.size() == 15000);
 }

@@ -201,7 +201,12 @@ void make_dirs(const std::string& path) {
     pos = path.find('/', pos + 1);
     std::string prefix = path.substr(0, pos);
     if (prefix.empty()) continue;
-    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+    if (::mkdir(prefix.c_str(), 0755) == 0) {
+      // A new directory's entry lives in its parent: synced too, or a power
+      // cut could lose the first checkpoint written below it.
+      const auto slash = prefix.find_last_of('/');
+      fsync_dir(slash == std::string::npos ? "." : slash == 0 ? "/" : prefix.substr(0, slash));
+    } else if (errno != EEXIST) {
       throw Error("checkpoint: cannot create directory " + prefix + ": " + errno_text());
     }
   }

@@ -127,13 +127,16 @@ void SummaryHook::begin() { last_t_ = std::chrono::steady_clock::now(); }
 
 void SummaryHook::after_step(const StepInfo& s) {
   loss_sum_ += s.loss;
-  acc_sum_ += s.accuracy;
+  if (s.accuracy >= 0) {  // -1: this step measured none
+    acc_sum_ += s.accuracy;
+    ++acc_n_;
+  }
   ++n_;
   if (s.local_step % every_n_ != 0) return;
   const double dt = std::max(seconds_since(last_t_), 1e-9);
   const double steps_per_s = static_cast<double>(s.global_step - last_global_) / dt;
   writer_.add_scalar("loss", static_cast<float>(loss_sum_ / n_), s.global_step);
-  if (s.accuracy >= 0) writer_.add_scalar("accuracy/train", static_cast<float>(acc_sum_ / n_), s.global_step);
+  if (acc_n_ > 0) writer_.add_scalar("accuracy/train", static_cast<float>(acc_sum_ / acc_n_), s.global_step);
   writer_.add_scalar("learning_rate", s.learning_rate, s.global_step);
   if (last_global_ > 0) {
     writer_.add_scalar("global_step/sec", static_cast<float>(steps_per_s), s.global_step);
@@ -143,7 +146,7 @@ void SummaryHook::after_step(const StepInfo& s) {
   last_t_ = std::chrono::steady_clock::now();
   last_global_ = s.global_step;
   loss_sum_ = acc_sum_ = 0;
-  n_ = 0;
+  n_ = acc_n_ = 0;
 }
 
 void SummaryHook::end(const StepInfo&) { writer_.flush(); }

@@ -13,6 +13,7 @@
 
 #include "idx_fixture.h"
 #include "ps/errors.h"
+#include "ps/hooks.h"
 
 TEST_CASE("crc32c known vectors and masking") {
   CHECK(ps::crc32c("123456789", 9) == 0xE3069283u);
@@ -149,7 +150,11 @@ TEST_CASE("event file: name, framing, crcs, fields") {
   const double wall = as_double(first.nums.find(1)->second);
   CHECK(wall >= start - 1);
   CHECK(wall <= start + 60);
-  CHECK(name.find("." + std::to_string(static_cast<long long>(wall)) + ".") != std::string::npos);
+  // (Not "." + to_string(...): GCC 12 warns -Wrestrict on it, wrongly.)
+  std::string stamp = std::to_string(static_cast<long long>(wall));
+  stamp.insert(stamp.begin(), '.');
+  stamp.push_back('.');
+  CHECK(name.find(stamp) != std::string::npos);
 
   struct Want {
     const char* tag;
@@ -182,4 +187,27 @@ TEST_CASE("two writers in one second get two files; bad logdir") {
   CHECK(a.path() != b.path());
   CHECK_THROWS_AS(ps::SummaryWriter("/proc/version/x"), ps::ConfigError);
   CHECK_THROWS_WITH(ps::SummaryWriter("/proc/version/x"), Catch::Contains("cannot create"));
+}
+
+TEST_CASE("SummaryHook averages accuracy over the steps that measured it") {
+  ps_test::TempDir t;
+  std::string path;
+  {
+    ps::SummaryWriter w(t / "run");
+    path = w.path();
+    ps::SummaryHook hook(w, 2);
+    hook.begin();
+    hook.after_step({.local_step = 1, .global_step = 1, .loss = 1.0, .accuracy = -1});  // measured none
+    hook.after_step({.local_step = 2, .global_step = 2, .loss = 3.0, .accuracy = 0.8});
+  }
+  std::map<std::string, float> written;
+  auto recs = read_records(path);
+  for (std::size_t i = 1; i < recs.size(); ++i) {
+    Msg ev = decode(recs[i]);
+    if (ev.bytes.count(5) == 0) continue;
+    Msg value = decode(decode(ev.bytes.find(5)->second).bytes.find(1)->second);
+    written[value.bytes.find(1)->second] = as_float(value.nums.find(2)->second);
+  }
+  CHECK(written.at("loss") == 2.0f);
+  CHECK(written.at("accuracy/train") == Approx(0.8f));  // before: (0.8 - 1) / 2
 }

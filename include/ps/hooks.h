@@ -121,8 +121,8 @@ class SummaryHook : public TrainingHook {
   int every_n_;
   std::chrono::steady_clock::time_point last_t_;
   int64_t last_global_ = 0;
-  double loss_sum_ = 0, acc_sum_ = 0;
-  int n_ = 0;
+  double loss_sum_ = 0, acc_sum_ = 0;  // over the steps since the last summary (acc: those that measured it)
+  int n_ = 0, acc_n_ = 0;
 };
 
 // Requests a stop once the global step (or, with `local`, this worker's

@@ -93,6 +93,15 @@ void Shard::goodbye(const Caller& caller) { job_.disconnect(caller.worker_index,
 
 void Shard::init_job(wire::JobConfig::Reader config) { job_.configure(job_from_wire(config)); }
 
+void Shard::set_ready() {
+  if (job_.configured() && job_.config().mode == SyncMode::kSync && trainable_count() == 0) {
+    throw RequestError("setReady: this shard holds no trainable tensor, and in sync mode a shard's global step moves "
+                       "only with its gradients: it would stay at step " + std::to_string(job_.global_step()) +
+                       " for good (more ps shards than variable parts? use fewer ps hosts, or a smaller chunk size)");
+  }
+  job_.set_ready();
+}
+
 void Shard::create(wire::Shard::CreateParams::Reader params, wire::Shard::CreateResults::Builder results) {
   auto specs = params.getSpecs();
   if (params.getValuesLeftOut() && !params.getValidateOnly()) {

@@ -123,6 +123,10 @@ class Shard {
   void stats(wire::ShardStats::Builder out) const;
   void info(wire::ShardInfo::Builder out) const;
   void init_job(wire::JobConfig::Reader config);
+  // The chief has created the model. Refused in sync mode on a shard with no
+  // trainable tensor: its global step would never move (steps complete by
+  // their gradients), so checkpoints at a step there would wait for good.
+  void set_ready();
   // Returns (global step, stop).
   std::pair<int64_t, bool> step_done(const Caller& caller, int64_t step);
   // Keeps a worker's progress report (the report RPC) for metrics and the status page.

@@ -164,7 +164,7 @@ kj::Promise<void> ShardServiceImpl::setReady(SetReadyContext) {
   return guarded(RequestKind::kSetReady, [&]() -> kj::Promise<void> {
     require_hello("setReady");
     if (!caller_.is_chief) throw RequestError("setReady: only the chief marks the model ready");
-    shard_.job().set_ready();
+    shard_.set_ready();
     return kj::READY_NOW;
   });
 }

@@ -422,6 +422,17 @@ TEST_CASE("a worker that declares another model than the chief created is stoppe
   CHECK_NOTHROW(initialize({{"a", {2, 3}}, {"b", {4}}}));
 }
 
+TEST_CASE("sync mode with a shard that holds no trainable tensor is refused at setReady, not left to hang") {
+  PsdProcess ps0, ps1;
+  Client chief(worker_options({&ps0, &ps1}, 0));
+  TrainingSession session(chief, {.job = {.mode = SyncMode::kSync, .replicas_to_aggregate = 1, .total_replicas = 1}});
+  std::vector<float> v(4), g(4);
+  session.add_variable({.name = "only", .shape = {4}}, v, g);  // on shard 0; shard 1 holds nothing
+  // Before, shard 1 stayed at step 0 for good: a checkpoint at a step waited
+  // there forever, and the shards' checkpoints never formed one step.
+  CHECK_THROWS_WITH(session.initialize(), Catch::Contains("holds no trainable tensor"));
+}
+
 TEST_CASE("waitReady and barrier may wait longer than call_timeout: they end as asked, not as a lost psd") {
   PsdProcess psd;
   ClientOptions o = worker_options({&psd}, 1);

@@ -23,7 +23,9 @@ std::vector<std::string> split_list(const std::string& s, char sep) {
 
 void add_trainer_flags(CLI::App& app, TrainerFlags& f) {
   app.add_option("--job_name", f.job_name, "ps or worker (chief: worker 0); empty: from TF_CONFIG or Slurm");
-  app.add_option("--task_index", f.task_index, "index of this task within its job")->capture_default_str();
+  app.add_option("--task_index", f.task_index, "index of this task within its job")
+      ->capture_default_str()
+      ->each([&f](const std::string&) { f.task_index_given = true; });
   app.add_option("--ps_hosts", f.ps_hosts, "comma-separated host:port list of the ps tasks");
   app.add_option("--worker_hosts", f.worker_hosts, "comma-separated host:port list of the workers");
   app.add_option("--slurm_num_ps", f.slurm_num_ps, "under Slurm: the first N tasks are ps")->capture_default_str();
@@ -61,7 +63,9 @@ ClusterSpec TrainerFlags::cluster_spec() const {
   if (!ps_hosts.empty() || !worker_hosts.empty()) {
     if (ps_hosts.empty()) throw ConfigError("--worker_hosts given without --ps_hosts");
     if (job_name.empty()) throw ConfigError("--job_name is required with --ps_hosts (ps or worker)");
-    return ClusterSpec::from_flags(ps_hosts, worker_hosts.empty() ? "127.0.0.1:0" : worker_hosts, job_name,
+    // Without --worker_hosts: one worker (workers do not listen; its address
+    // is a placeholder).
+    return ClusterSpec::from_flags(ps_hosts, worker_hosts.empty() ? "127.0.0.1:1" : worker_hosts, job_name,
                                    task_index);
   }
   const auto env = ClusterSpec::current_environment();
@@ -76,6 +80,10 @@ ClusterSpec TrainerFlags::cluster_spec() const {
   ClusterSpec spec = ClusterSpec::from_environment(env, slurm_num_ps, port_base);
   if (!job_name.empty() && job_name != spec.job_name() && !(job_name == "worker" && spec.is_worker())) {
     throw ConfigError("--job_name=" + job_name + " contradicts the environment's task type '" + spec.job_name() + "'");
+  }
+  if (task_index_given && task_index != spec.task_index()) {
+    throw ConfigError("--task_index=" + std::to_string(task_index) + " contradicts the environment's task index " +
+                      std::to_string(spec.task_index()));
   }
   return spec;
 }

@@ -72,8 +72,10 @@ mkdir -p "$run_dir" || die "cannot create $run_dir"
 
 pids=()
 names=()
+timer_pid=""  # --timeout's sleep: waited on with the processes, so it ends the wait
 cleanup() {
   local pid
+  [ -n "$timer_pid" ] && kill "$timer_pid" 2>/dev/null
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
   for _ in $(seq 50); do
     local alive=0
@@ -149,9 +151,11 @@ start_worker() {
   local cmd=("$trainer" --job_name worker --task_index "$i" --ps_hosts "$ps_list" --worker_hosts "$worker_list"
              "${mode_flags[@]}" "${data_flags[@]}" "${trainer_flags[@]}")
   if [ "$i" = 0 ] && [ "$quiet" = 0 ]; then
-    # The chief: its output on the terminal too (progress bar on stderr when a tty).
+    # The chief: its output on the terminal too (progress bar on stderr when a
+    # tty), and both streams in its log (its error lines with them).
     if [ -t 2 ]; then
-      "${cmd[@]}" > >(tee "$run_dir/worker$i.log") &
+      : >"$run_dir/worker$i.log"
+      "${cmd[@]}" > >(tee -a "$run_dir/worker$i.log") 2> >(tee -a "$run_dir/worker$i.log" >&2) &
     else
       "${cmd[@]}" > >(tee "$run_dir/worker$i.log") 2>&1 &
     fi
@@ -168,6 +172,12 @@ declare -A status
 remaining=${#pids[@]}
 start=$SECONDS
 failed=""
+# `wait -n` returns only when a process ends: a sleep beside them ends it
+# at the timeout even when none does (a hung job).
+if [ "$timeout" != 0 ]; then
+  sleep "$timeout" &
+  timer_pid=$!
+fi
 while [ "$remaining" -gt 0 ]; do
   if [ "$timeout" != 0 ] && [ $((SECONDS - start)) -ge "$timeout" ]; then
     failed="timeout after ${timeout}s"
@@ -176,9 +186,14 @@ while [ "$remaining" -gt 0 ]; do
   done_pid=""
   live=()
   for k in "${!pids[@]}"; do [ -z "${status[$k]:-}" ] && live+=("${pids[$k]}"); done
-  wait -n -p done_pid "${live[@]}" 2>/dev/null
+  wait -n -p done_pid "${live[@]}" ${timer_pid:+"$timer_pid"} 2>/dev/null
   rc=$?
   if [ -z "$done_pid" ]; then sleep 0.1; continue; fi
+  if [ "$done_pid" = "$timer_pid" ]; then
+    timer_pid=""
+    failed="timeout after ${timeout}s"
+    break
+  fi
   for k in "${!pids[@]}"; do
     if [ "${pids[$k]}" = "$done_pid" ]; then
       status[$k]=$rc
@@ -226,6 +241,7 @@ if [ -n "$failed" ]; then
   cleanup
   exit 1
 fi
+[ -n "$timer_pid" ] && kill "$timer_pid" 2>/dev/null
 wait 2>/dev/null  # the tee of the chief's output
 echo "launch_local: job done; logs in $run_dir" >&2
 exit 0

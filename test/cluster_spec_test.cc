@@ -66,6 +66,8 @@ TEST_CASE("from_flags: bad input") {
   CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:65536", "w:1", "worker", 0), "1..65535");
   CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:22x", "w:1", "worker", 0), "1..65535");
   CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:", "w:1", "worker", 0), "1..65535");
+  // "h:02" would be another address than "h:2" to the duplicate check.
+  CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:1", "w:2,w:02", "worker", 0), "no leading zeros");
   CHECK_CONFIG_ERROR(ClusterSpec::from_flags(":2222", "w:1", "worker", 0), "empty host");
   CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:1,,q:1", "w:1", "worker", 0), "empty entry");
   CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:1", "w:1,", "worker", 0), "empty entry");

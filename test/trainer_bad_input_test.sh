@@ -49,6 +49,12 @@ fi
 # Cluster.
 expect "no cluster" 2 "no cluster" -- env -u TF_CONFIG -u SLURM_PROCID "$trainer" --train_steps 1
 expect "malformed TF_CONFIG" 2 "TF_CONFIG" -- env TF_CONFIG='{"cluster": {"worker": ["a:1"' "$trainer" --train_steps 1
+# --ps_hosts alone means one worker: past the cluster flags, to the data.
+expect "--ps_hosts without --worker_hosts" 2 "mnist_trainer: error: .*(No such file|not found|cannot open|missing)" -- \
+  "$trainer" --job_name worker --task_index 0 --ps_hosts 127.0.0.1:2 --data_dir "$tmp/nonexistent"
+expect "--task_index against TF_CONFIG" 2 "task_index=1 contradicts the environment's task index 0" -- \
+  env TF_CONFIG='{"cluster":{"worker":["127.0.0.1:1","127.0.0.1:3"],"ps":["127.0.0.1:2"]},"task":{"type":"worker","index":0}}' \
+  "$trainer" --task_index 1 --train_steps 1
 expect "TF_CONFIG task outside" 2 "TF_CONFIG|index" -- \
   env TF_CONFIG='{"cluster":{"worker":["127.0.0.1:1"],"ps":["127.0.0.1:2"]},"task":{"type":"worker","index":3}}' \
   "$trainer" --train_steps 1
@@ -82,5 +88,18 @@ for pair in "$trainer --local --train_steps 1|--busy_poll_us" "$build/server/psd
     echo "ok   negative $flag refused: ${cmd%% *}"
   fi
 done
+
+# launch_local.sh --timeout ends a job that runs on (before, it waited for
+# some process to end before it looked at the clock: a hung job hung it).
+start=$SECONDS
+BUILD_DIR="$build" timeout 60 "$(dirname "$0")/../scripts/launch_local.sh" --quiet --workers 2 --timeout 2 \
+  --run_dir "$tmp/run" --trainer "$build/examples/linreg_trainer" -- --train_steps 100000000 --log_every 0 \
+  >/dev/null 2>"$tmp/err"
+rc=$?
+if [ "$rc" = 1 ] && grep -q "timeout after 2s" "$tmp/err" && [ $((SECONDS - start)) -lt 20 ]; then
+  echo "ok   launch_local --timeout 2 ended a job that ran on ($((SECONDS - start)) s)"
+else
+  echo "FAIL launch_local --timeout: exit $rc after $((SECONDS - start)) s:"; cat "$tmp/err"; failures=$((failures + 1))
+fi
 
 [ $failures = 0 ] && echo "all bad-input cases ok" || { echo "$failures case(s) failed"; exit 1; }

@@ -54,8 +54,9 @@ void check_address(std::string_view addr, bool allow_unix, const std::string& wh
     fail(what + ": '" + a + "': IPv6 hosts must be written [addr]:port");
   }
   long long p = 0;
-  if (!parse_int(port, p) || p < 1 || p > 65535)
-    fail(what + ": '" + a + "': port must be a number in 1..65535");
+  // No leading zeros: "h:02" would pass as another address than "h:2".
+  if (!parse_int(port, p) || p < 1 || p > 65535 || port.front() == '0')
+    fail(what + ": '" + a + "': port must be a number in 1..65535 (no leading zeros)");
 }
 
 std::vector<std::string> split_hosts(std::string_view list, bool allow_unix,

@@ -35,6 +35,7 @@ struct TrainerFlags {
   // Cluster. All empty: from the environment (TF_CONFIG, then Slurm).
   std::string job_name;
   int task_index = 0;
+  bool task_index_given = false;  // on the command line: must match TF_CONFIG's or Slurm's
   std::string ps_hosts;
   std::string worker_hosts;
   int slurm_num_ps = 1;

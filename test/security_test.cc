@@ -37,6 +37,19 @@ ClientOptions options_for(const PsdProcess& psd) {
   return o;
 }
 
+// A client, once psd lets one in: psd sees a closed connection (freeing a
+// place) a moment after the peer closes it. Null after `tries`.
+std::unique_ptr<Client> client_when_let_in(const PsdProcess& psd, int tries, std::chrono::milliseconds pause) {
+  for (int i = 0; i < tries; ++i) {
+    try {
+      return std::make_unique<Client>(options_for(psd));
+    } catch (const ConnectionError&) {
+      std::this_thread::sleep_for(pause);
+    }
+  }
+  return nullptr;
+}
+
 std::string token_file(const TempDir& dir, const std::string& token) {
   const std::string path = dir.path() + "/token";
   std::ofstream(path) << token << "\n";
@@ -106,15 +119,7 @@ TEST_CASE("--max_connections refuses more connections with a clear error and ser
   CHECK_THROWS_WITH(Client(options_for(psd)), Catch::Contains("maximum of 2 connections"));
   b.create({{.name = "x", .shape = {1}}});
   a.reset();
-  // The server sees the close a moment later; then a newcomer gets in.
-  std::unique_ptr<Client> c;
-  for (int i = 0; i < 100 && !c; ++i) {
-    try {
-      c = std::make_unique<Client>(options_for(psd));
-    } catch (const ConnectionError&) {
-      std::this_thread::sleep_for(20ms);
-    }
-  }
+  auto c = client_when_let_in(psd, 100, 20ms);
   REQUIRE(c);
   c->declare({{.name = "x", .shape = {1}}});
   CHECK(c->pull("x") == std::vector<float>{0});
@@ -146,14 +151,7 @@ TEST_CASE("connections that never say hello do not keep --max_connections' place
   std::this_thread::sleep_for(200ms);
   CHECK_THROWS_WITH(Client(options_for(psd)), Catch::Contains("maximum of 2 connections"));
   // Closed after ShardServiceImpl::kHelloDeadline (10 s): then a worker gets in.
-  std::unique_ptr<Client> c;
-  for (int i = 0; i < 150 && !c; ++i) {
-    try {
-      c = std::make_unique<Client>(options_for(psd));
-    } catch (const ConnectionError&) {
-      std::this_thread::sleep_for(100ms);
-    }
-  }
+  auto c = client_when_let_in(psd, 150, 100ms);
   REQUIRE(c);
   CHECK_THAT(psd.log(), Catch::Contains("no hello within 10 s"));
 }
@@ -189,14 +187,7 @@ TEST_CASE("psd out of file descriptors serves on: a failed accept is retried, no
   CHECK_THAT(psd->log(), Catch::Contains("accepting a") && Catch::Contains("Too many open files"));
   // The idle ones gone, psd serves old and new clients.
   CHECK(client.pull("x") == std::vector<float>{5});
-  std::unique_ptr<Client> fresh;
-  for (int i = 0; i < 100 && !fresh; ++i) {
-    try {
-      fresh = std::make_unique<Client>(options_for(*psd));
-    } catch (const ConnectionError&) {
-      std::this_thread::sleep_for(50ms);
-    }
-  }
+  auto fresh = client_when_let_in(*psd, 100, 50ms);
   REQUIRE(fresh);
   fresh->declare({{.name = "x", .shape = {1}}});
   CHECK(fresh->pull("x") == std::vector<float>{5});

@@ -268,7 +268,8 @@ TEST_CASE("sync: a worker that dies after giving its gradient still counts it, a
   worker2.declare({v});
   bool pushed = false;
   for (auto waited = 0ms; waited < 10s && !pushed; waited += 10ms) {
-    for (const auto& w : chief.stats()[0].workers) pushed = pushed || (w.worker_index == 1 && w.pushes >= 1);
+    const auto stats = chief.stats();  // (a range over stats()[0].workers would outlive the vector)
+    for (const auto& w : stats[0].workers) pushed = pushed || (w.worker_index == 1 && w.pushes >= 1);
     std::this_thread::sleep_for(10ms);
   }
   REQUIRE(pushed);

@@ -57,23 +57,31 @@ inline void set_slice(wire::SharedSlice::Builder slice, const SharedArena& arena
   slice.setBytes(bytes);
 }
 
+// `call`, telling `watch` (any type with `answered()`) once psd has
+// answered, whatever the answer, and holding it until then. A call given up
+// before (a timeout, the Client closing) destroys `watch` unanswered.
+template <typename T, typename Watch>
+kj::Promise<T> tell_when_answered(kj::Promise<T> call, kj::Own<Watch> watch) {
+  Watch* w = watch.get();
+  return call
+      .then([w](T&& reply) {
+              w->answered();
+              return kj::mv(reply);
+            },
+            [w](kj::Exception&& e) -> T {
+              w->answered();
+              kj::throwFatalException(kj::mv(e));
+            })
+      .attach(kj::mv(watch));
+}
+
 // `call`, holding `blocks` until it settles. psd is done with them once it
-// has answered, whatever the answer; a call given up before (a timeout)
-// leaves them out of use (shared_arena.h).
+// has answered; a call given up before leaves them out of use
+// (shared_arena.h).
 template <typename T>
 kj::Promise<T> until_answered(kj::Promise<T> call, kj::Own<SharedBlocks> blocks) {
   if (!blocks || blocks->empty()) return call;
-  SharedBlocks* b = blocks.get();
-  return call
-      .then([b](T&& reply) {
-              b->answered();
-              return kj::mv(reply);
-            },
-            [b](kj::Exception&& e) -> T {
-              b->answered();
-              kj::throwFatalException(kj::mv(e));
-            })
-      .attach(kj::mv(blocks));
+  return tell_when_answered(kj::mv(call), kj::mv(blocks));
 }
 
 // A request that goes out from the caller's memory (a push's gradient,
@@ -89,24 +97,14 @@ kj::Promise<T> cut_if_abandoned(kj::Promise<T> call, std::weak_ptr<SocketStream*
     explicit Guard(std::weak_ptr<SocketStream*> s) : stream(std::move(s)) {}
     Guard(const Guard&) = delete;
     ~Guard() {
-      if (answered) return;
+      if (was_answered) return;
       if (auto s = stream.lock()) (*s)->abort();
     }
+    void answered() { was_answered = true; }
     std::weak_ptr<SocketStream*> stream;
-    bool answered = false;
+    bool was_answered = false;
   };
-  auto guard = kj::heap<Guard>(std::move(stream));
-  Guard* g = guard.get();
-  return call
-      .then([g](T&& reply) {
-              g->answered = true;
-              return kj::mv(reply);
-            },
-            [g](kj::Exception&& e) -> T {
-              g->answered = true;
-              kj::throwFatalException(kj::mv(e));
-            })
-      .attach(kj::mv(guard));
+  return tell_when_answered(kj::mv(call), kj::heap<Guard>(std::move(stream)));
 }
 
 inline PushStatus from_wire(wire::PushStatus s) {
@@ -220,11 +218,8 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
         std::move(context), waits);
   }
 
-  std::vector<ShardBatch> plan(const std::vector<std::string>& names) {
-    std::lock_guard lock(placement_mutex);
-    return plan_batches(placement, names, max_batch_bytes);
-  }
-  std::vector<ShardBatch> plan(const std::vector<std::string>& names, const std::vector<uint32_t>& copies) {
+  // `copies`: as plan_batches takes them (empty: one array per part).
+  std::vector<ShardBatch> plan(const std::vector<std::string>& names, const std::vector<uint32_t>& copies = {}) {
     std::lock_guard lock(placement_mutex);
     return plan_batches(placement, names, max_batch_bytes, copies);
   }

@@ -158,19 +158,29 @@ namespace {
 constexpr uint64_t kSendInPlaceBytes = wire::K_PULL_SEGMENT_BYTES;
 constexpr unsigned kMaxInPlacePerReply = 64;
 
-// Room in a pull reply for everything but the in-place tensors, so all of
-// it lands in the reply's first segment, ahead of the tensors' own segments:
-// a client then knows where each tensor goes before its bytes arrive.
-capnp::MessageSize pull_reply_size(capnp::List<capnp::Text>::Reader names, const std::vector<StoredTensor*>& tensors,
-                                   const std::vector<int64_t>& into) {
+// What a pull reply will take: `first_segment`, room for everything but
+// the in-place tensors, so all of it lands in the reply's first segment,
+// ahead of the tensors' own segments (a client then knows where each tensor
+// goes before its bytes arrive); `bytes`, about the whole reply, checked
+// against the message limit.
+struct PullReplySize {
+  capnp::MessageSize first_segment;
+  uint64_t bytes;
+};
+
+PullReplySize pull_reply_size(capnp::List<capnp::Text>::Reader names, const std::vector<StoredTensor*>& tensors,
+                              const std::vector<int64_t>& into) {
   uint64_t words = 16;
+  uint64_t bytes = 0;
   for (unsigned i = 0; i < names.size(); ++i) {
     words += 8 + (names[i].size() + 8) / sizeof(capnp::word);
+    bytes += 64 + names[i].size();
     if (into[i] >= 0) continue;
     const uint64_t size = tensors[i]->size() * sizeof(float);
+    bytes += size;
     if (size < kSendInPlaceBytes || size % sizeof(capnp::word) != 0) words += (size + 7) / sizeof(capnp::word);
   }
-  return {words, 0};
+  return {{words, 0}, bytes};
 }
 
 }  // namespace
@@ -214,15 +224,12 @@ kj::Promise<void> Shard::pull(const Caller& caller, wire::Shard::PullParams::Rea
   // A reply over the message limit would be built in full and then not
   // sent (a small request naming one tensor many times asks for gigabytes):
   // refused before anything is read.
-  uint64_t reply_bytes = 0;
-  for (unsigned i = 0; i < tensors.size(); ++i) {
-    reply_bytes += 64 + names[i].size() + (into[i] >= 0 ? 0 : tensors[i]->size() * sizeof(float));
-  }
-  if (reply_bytes > options_.max_message_bytes) {
-    throw RequestError("pull: the reply would hold " + std::to_string(reply_bytes) + " bytes, over this psd's message " +
+  const PullReplySize size = pull_reply_size(names, tensors, into);
+  if (size.bytes > options_.max_message_bytes) {
+    throw RequestError("pull: the reply would hold " + std::to_string(size.bytes) + " bytes, over this psd's message " +
                        "limit of " + std::to_string(options_.max_message_bytes) + " (--max_message_mb); pull fewer tensors at once");
   }
-  auto results = results_of_size(pull_reply_size(names, tensors, into));
+  auto results = results_of_size(size.first_segment);
   results.setTag(params.getTag());
 
   // Any negative minStep asks for no step: the same as 0.

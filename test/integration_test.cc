@@ -34,12 +34,14 @@ TensorSpec sgd_tensor(std::string name, std::vector<uint64_t> shape, InitConfig 
   return TensorSpec{.name = std::move(name), .shape = std::move(shape), .optimizer = OptimizerConfig::sgd(lr), .init = std::move(init)};
 }
 
-// A raw Cap'n Proto connection, to send what libpsclient would refuse to.
+// A raw Cap'n Proto connection, to send what libpsclient would refuse to;
+// a client (worker index -1) unless told a worker's index.
 struct RawClient {
-  explicit RawClient(const PsdProcess& psd) : rpc(psd.address()), shard(rpc.getMain<wire::Shard>()) {
+  explicit RawClient(const PsdProcess& psd, int32_t worker_index = -1)
+      : rpc(psd.address()), shard(rpc.getMain<wire::Shard>()) {
     auto req = shard.helloRequest();
     req.setProtocolVersion(wire::K_PROTOCOL_VERSION);
-    req.setWorkerIndex(-1);
+    req.setWorkerIndex(worker_index);
     req.send().wait(ws());
   }
   capnp::EzRpcClient rpc;
@@ -525,21 +527,16 @@ TEST_CASE("a retried push that reports a step is answered with the job's step an
   chief.create({sgd_tensor("w", {2})});
   chief.init_job({.mode = SyncMode::kAsync, .train_steps = 1});
   chief.set_ready();
-  capnp::EzRpcClient rpc(psd.address());
-  auto shard = rpc.getMain<wire::Shard>();
-  auto hello = shard.helloRequest();
-  hello.setProtocolVersion(wire::K_PROTOCOL_VERSION);
-  hello.setWorkerIndex(1);
-  hello.send().wait(rpc.getWaitScope());
+  RawClient worker(psd, 1);
   const auto grad = float_bytes({1, 1});
   auto send = [&] {
-    auto req = shard.pushRequest();
+    auto req = worker.shard.pushRequest();
     req.setRequestId(42);
     req.setDoneStep(0);
     auto g = req.initGrads(1);
     g[0].setName("w");
     g[0].setValues(kj::arrayPtr(grad.data(), grad.size()));
-    auto reply = req.send().wait(rpc.getWaitScope());
+    auto reply = req.send().wait(worker.ws());
     return std::pair<int64_t, bool>(reply.getStep(), reply.getStop());
   };
   CHECK(send() == std::pair<int64_t, bool>(1, true));  // the job reached train_steps with this report
@@ -633,25 +630,20 @@ TEST_CASE("bad requests get clear errors and change nothing") {
       CHECK_THROWS_WITH(req.send().wait(raw.ws()), Catch::Contains("out of range"));
     }
     // A worker's step reports likewise; a negative minStep asks for no step.
-    capnp::EzRpcClient rpc(psd.address());
-    auto shard = rpc.getMain<wire::Shard>();
-    auto hello = shard.helloRequest();
-    hello.setProtocolVersion(wire::K_PROTOCOL_VERSION);
-    hello.setWorkerIndex(0);
-    hello.send().wait(rpc.getWaitScope());
-    auto done = shard.stepDoneRequest();
+    RawClient worker(psd, 0);
+    auto done = worker.shard.stepDoneRequest();
     done.setStep(std::numeric_limits<int64_t>::max());
-    CHECK_THROWS_WITH(done.send().wait(rpc.getWaitScope()), Catch::Contains("stepDone: step"));
-    auto push = shard.pushRequest();
+    CHECK_THROWS_WITH(done.send().wait(worker.ws()), Catch::Contains("stepDone: step"));
+    auto push = worker.shard.pushRequest();
     push.setDoneStep(std::numeric_limits<int64_t>::max());
     auto g = push.initGrads(1);
     g[0].setName("w");
     g[0].setValues(kj::arrayPtr(grad.data(), grad.size()));
-    CHECK_THROWS_WITH(push.send().wait(rpc.getWaitScope()), Catch::Contains("doneStep"));
-    auto pull = shard.pullRequest();
+    CHECK_THROWS_WITH(push.send().wait(worker.ws()), Catch::Contains("doneStep"));
+    auto pull = worker.shard.pullRequest();
     pull.setMinStep(std::numeric_limits<int64_t>::min());
     pull.initNames(1).set(0, "w");
-    auto reply = pull.send().wait(rpc.getWaitScope());  // holds the values read below
+    auto reply = pull.send().wait(worker.ws());  // holds the values read below
     auto got = reply.getTensors()[0].getValues();
     CHECK(std::vector<uint8_t>(got.begin(), got.end()) == float_bytes(original));
   }

@@ -91,7 +91,10 @@ on_signal() {
   cleanup
   exit 130
 }
-trap on_signal INT TERM
+# A hang-up (the terminal closed, `kill -HUP`) stops the job too, and so does
+# the script ending any other way: no psd or worker outlives it.
+trap on_signal INT TERM HUP
+trap cleanup EXIT
 
 # --- ps tasks ---
 ps_hosts=()

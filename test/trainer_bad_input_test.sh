@@ -102,4 +102,43 @@ else
   echo "FAIL launch_local --timeout: exit $rc after $((SECONDS - start)) s:"; cat "$tmp/err"; failures=$((failures + 1))
 fi
 
+# A hang-up of launch_local.sh (its terminal closed) stops its processes
+# too (before, only INT and TERM did: psd and the workers ran on).
+BUILD_DIR="$build" "$(dirname "$0")/../scripts/launch_local.sh" --quiet --workers 2 --run_dir "$tmp/hup" \
+  --trainer "$build/examples/linreg_trainer" -- --train_steps 100000000 --log_every 0 >/dev/null 2>"$tmp/hup.err" &
+launcher=$!
+children_of() {  # from /proc: procps may not be installed
+  local f rest ppid
+  for f in /proc/[0-9]*/stat; do
+    rest=$(cat "$f" 2>/dev/null) || continue
+    rest=${rest##*) }  # past the command name: state, parent, ...
+    read -r _ ppid _ <<<"$rest"
+    [ "$ppid" = "$1" ] && { f=${f#/proc/}; echo -n "${f%/stat} "; }
+  done
+}
+children=""
+for _ in $(seq 100); do  # the ps and both workers started
+  children=$(children_of "$launcher")
+  [ "$(echo $children | wc -w)" -ge 3 ] && [ -s "$tmp/hup/ps0.port" ] && break
+  sleep 0.1
+done
+kill -HUP "$launcher"
+for _ in $(seq 100); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
+left=""
+for _ in $(seq 30); do
+  left=""
+  for p in $children; do kill -0 "$p" 2>/dev/null && left+="$p "; done
+  [ -z "$left" ] && break
+  sleep 0.1
+done
+if [ -n "$children" ] && [ -z "$left" ] && ! kill -0 "$launcher" 2>/dev/null; then
+  echo "ok   launch_local stopped its $(echo $children | wc -w) processes on SIGHUP"
+else
+  echo "FAIL launch_local on SIGHUP: children '$children', still running '$left':"; cat "$tmp/hup.err"
+  failures=$((failures + 1))
+  for p in $left; do kill -KILL "$p" 2>/dev/null; done
+fi
+kill -KILL "$launcher" 2>/dev/null
+wait "$launcher" 2>/dev/null
+
 [ $failures = 0 ] && echo "all bad-input cases ok" || { echo "$failures case(s) failed"; exit 1; }

@@ -290,7 +290,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
 
   HelloParams hello_params() const {
     return {options.worker_index, options.is_chief, options.auth_token, options.prefer_unix_socket,
-            options.shared_memory_bytes};
+            options.shared_memory_bytes, options.dead_peer_timeout};
   }
 
   // Push request ids: a random base per Client (a restarted worker does not

@@ -36,7 +36,9 @@ kj::Promise<kj::Own<SocketStream>> connect_with_retry(kj::UnixEventPort& io, std
 namespace {
 
 // The Cap'n Proto plumbing over a connected stream; nothing said yet.
-kj::Own<ShardConnection> open_connection(kj::Own<SocketStream> stream, int index, std::string address, std::string via) {
+kj::Own<ShardConnection> open_connection(kj::Own<SocketStream> stream, int index, std::string address, std::string via,
+                                         const HelloParams& hello) {
+  stream->detect_dead_peer(hello.dead_peer);
   auto conn = kj::heap<ShardConnection>();
   conn->index = index;
   conn->address = std::move(address);
@@ -126,7 +128,7 @@ kj::Promise<kj::Own<ShardConnection>> hello_via(kj::UnixEventPort& io, int index
                                                 const HelloParams& hello) {
   return kj::evalNow([&] { return connect_socket(io, via); })
       .then([index, address = std::move(address), via, hello](kj::Own<SocketStream> stream) mutable {
-        return say_hello(open_connection(kj::mv(stream), index, std::move(address), std::move(via)), hello);
+        return say_hello(open_connection(kj::mv(stream), index, std::move(address), std::move(via), hello), hello);
       });
 }
 
@@ -183,7 +185,7 @@ kj::Promise<kj::Own<ShardConnection>> connect_and_hello(kj::UnixEventPort& io, i
                                                         HelloParams hello) {
   return connect_with_retry(io, address, deadline, delay)
       .then([&io, index, address, hello](kj::Own<SocketStream> stream) {
-        auto conn = open_connection(kj::mv(stream), index, address, address);
+        auto conn = open_connection(kj::mv(stream), index, address, address, hello);
         if (!hello.prefer_unix_socket || address.rfind("unix:", 0) == 0) return say_hello(kj::mv(conn), hello);
         return hello_preferring_unix(io, kj::mv(conn), hello);
       })
@@ -210,12 +212,16 @@ std::string shard_order_problem(const ShardConnection& c, std::size_t index, std
 kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::UnixEventPort& io, int index, std::string address,
                                                     std::chrono::milliseconds timeout, const HelloParams& hello) {
   auto deadline = io.getTimer().now() + timeout.count() * kj::MILLISECONDS;
-  // The retries above end at the deadline; a peer that accepts and never
-  // answers hello (a stopped psd, something else on the port) would not:
-  // it gets kHelloGrace more.
+  // The retries above end at the deadline; an attempt under way would not:
+  // a peer that accepts and never answers hello (a stopped psd, something
+  // else on the port), or a host that drops the connection request (gone
+  // from the network: the kernel retries it for minutes). It gets
+  // kHelloGrace more.
+  const auto waited = (timeout.count() * kj::MILLISECONDS + kHelloGrace) / kj::MILLISECONDS;
   return connect_and_hello(io, index, address, deadline, 20 * kj::MILLISECONDS, hello)
-      .exclusiveJoin(io.getTimer().atTime(deadline + kHelloGrace).then([address]() -> kj::Promise<kj::Own<ShardConnection>> {
-        return disconnected("psd at " + address + " accepted the connection but did not answer hello");
+      .exclusiveJoin(io.getTimer().atTime(deadline + kHelloGrace).then([address, waited]() -> kj::Promise<kj::Own<ShardConnection>> {
+        return disconnected(fmt::format("psd at {} did not answer hello within {:.1f} s (the connection was not "
+                                        "accepted, or psd said nothing)", address, waited / 1000.0));
       }));
 }
 

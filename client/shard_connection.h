@@ -43,13 +43,14 @@ struct ShardConnection {
   std::shared_ptr<SharedArena> arena;
 };
 
-// Who this client is, said in every hello.
+// Who this client is, said in every hello, and how its connections are made.
 struct HelloParams {
   int worker_index = -1;
   bool is_chief = false;
   std::string auth_token;
   bool prefer_unix_socket = true;  // ClientOptions::prefer_unix_socket
   uint64_t shared_memory_bytes = 0;  // ClientOptions::shared_memory_bytes
+  std::chrono::milliseconds dead_peer{0};  // ClientOptions::dead_peer_timeout
 };
 
 // Placement sends tensor parts by position in ps_hosts, so a worker that

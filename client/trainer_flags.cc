@@ -56,6 +56,11 @@ void add_trainer_flags(CLI::App& app, TrainerFlags& f) {
                  "memory shared with each psd on this host, MiB: tensors move through it instead of the Unix socket (0: off)")
       ->capture_default_str()
       ->check(CLI::Range(0u, 1u << 20));
+  app.add_option("--dead_peer_secs", f.dead_peer_secs,
+                 "a ps host silent this long while probed (powered off or cut off: no FIN) is taken for gone, and "
+                 "reconnected to (0: never)")
+      ->capture_default_str()
+      ->check(CLI::Range(0u, 86400u));
   app.add_option("--log_every", f.log_every, "a progress line every N local steps")->capture_default_str();
 }
 
@@ -96,6 +101,7 @@ ClientOptions TrainerFlags::client_options(const ClusterSpec& spec) const {
   o.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(connect_timeout_s * 1000));
   o.busy_poll = std::chrono::microseconds(busy_poll_us);
   o.shared_memory_bytes = std::size_t{shared_memory_mb} << 20;
+  o.dead_peer_timeout = std::chrono::seconds(dead_peer_secs);
   if (o.call_timeout.count() > 0 && o.call_timeout < o.connect_timeout) o.call_timeout = o.connect_timeout;
   return o;
 }

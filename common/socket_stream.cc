@@ -44,6 +44,8 @@ constexpr size_t kLowWaterMinBytes = 64u << 10;
 // KiB one; 128 KiB buffers stalled even at 64 KiB (push_pull_bench with
 // PS_SAME_HOST_SEND_BUFFER_KB=128|256, 2026-11-24). So half the buffer
 // (256 KiB at most, as elsewhere), and no raised mark under 256 KiB.
+void detect_dead_peer(int fd, std::chrono::milliseconds after);
+
 size_t low_water_cap(int send_buffer) {
   if (send_buffer < (256 << 10)) return 0;
   return std::min(static_cast<size_t>(send_buffer) / 2, kLowWaterBytes);
@@ -121,6 +123,8 @@ class SocketStreamImpl final : public SocketStream {
     ::shutdown(fd_, SHUT_RDWR);  // a write waiting for room wakes, and fails in write_more
   }
   void abortRead() override { ::shutdown(fd_, SHUT_RD); }
+
+  void detect_dead_peer(std::chrono::milliseconds after) override { ps::detect_dead_peer(fd_, after); }
 
   void getsockopt(int level, int option, void* value, kj::uint* length) override {
     socklen_t len = *length;
@@ -438,6 +442,26 @@ bool is_loopback(const sockaddr_storage& a) {
     return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
   }
   return false;
+}
+
+// Idle half the time, then three probes over the other half; data unacknowledged
+// for the whole time ends the connection too. Best effort: options this
+// kernel lacks are left as they are.
+void detect_dead_peer(int fd, std::chrono::milliseconds after) {
+  sockaddr_storage local{};
+  socklen_t len = sizeof(local);
+  if (after.count() <= 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) return;
+  if (local.ss_family != AF_INET && local.ss_family != AF_INET6) return;
+  const auto secs = std::max<int64_t>(2, std::chrono::ceil<std::chrono::seconds>(after).count());
+  const int one = 1, count = 3;
+  const int idle = static_cast<int>(std::min<int64_t>(secs / 2, 32767));
+  const int interval = static_cast<int>(std::clamp<int64_t>((secs - idle) / count, 1, 32767));
+  const auto user_ms = static_cast<unsigned>(std::min<int64_t>(after.count(), UINT_MAX));
+  (void)::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof(user_ms));
 }
 
 // See same_host_connection in the header: why one host's connections get a

@@ -16,6 +16,7 @@
 
 #include <sys/socket.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -77,6 +78,16 @@ class SocketStream : public kj::AsyncIoStream {
   // or free that memory, and the rest of the message must not be sent from
   // it. The peer sees a truncated message and drops it.
   virtual void abort() = 0;
+
+  // A TCP peer whose host vanishes (powered off, cut off by the network)
+  // sends no FIN or RST: without this the connection looks open for hours
+  // (Linux's keepalive starts after two idle hours, if asked for), and psd
+  // would wait on that worker, a client on that psd. With this, the kernel
+  // probes an idle connection and gives up on unacknowledged data, so
+  // reads and writes fail about `after` past the peer's last sign of life
+  // (keepalive and TCP_USER_TIMEOUT). No effect on Unix sockets, nor
+  // with `after` = 0.
+  virtual void detect_dead_peer(std::chrono::milliseconds after) = 0;
 
   // For a holder that may outlive the stream: empty once it is destroyed.
   std::weak_ptr<SocketStream*> handle() const { return self_; }

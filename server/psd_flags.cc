@@ -67,6 +67,11 @@ void add_psd_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
   app.add_option("--nice", x.nice,
                  "scheduling priority of psd's threads, as nice(1) (-20..19): below 0 keeps workers on this host "
                  "from preempting psd (needs root or CAP_SYS_NICE); unset: as started");
+  app.add_option("--dead_peer_secs", o.dead_peer_secs,
+                 "a TCP peer silent this long while probed (a host powered off or cut off, which sends no FIN) is "
+                 "taken for gone, as if its connection closed (0: never)")
+      ->capture_default_str()
+      ->check(CLI::Range(0u, 86400u));
   app.add_flag("--allow_nonfinite", o.shard.allow_nonfinite, "accept gradients containing NaN or Inf");
   add_durability_flags(app, o, x);
   app.add_option("--exit_when_done", o.exit_when_done,

@@ -154,7 +154,11 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
   kj::Own<SocketStream> rewrap(kj::Own<kj::AsyncIoStream> stream) {
     KJ_IF_MAYBE(fd, stream->getFd()) {
       const int copy = ::dup(*fd);
-      if (copy >= 0) return wrap_socket(io.unixEventPort, copy, &busy_poll);
+      if (copy >= 0) {
+        auto wrapped = wrap_socket(io.unixEventPort, copy, &busy_poll);
+        wrapped->detect_dead_peer(std::chrono::seconds(options.dead_peer_secs));
+        return wrapped;
+      }
     } else {
       errno = ENOTSOCK;
     }

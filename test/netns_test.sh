@@ -10,13 +10,13 @@ build=$(cd "$1" && pwd)
 cd "$(dirname "$0")/.."
 trainer="$build/examples/mnist_trainer"
 skip() { echo "SKIP: $*"; exit 77; }
-[ "$(id -u)" = 0 ] || skip "needs root to create network namespaces"
-command -v ip >/dev/null || skip "ip (iproute2) not installed: scripts/setup.sh installs it"
+source test/netns_lib.sh
+why=$(netns_can_run)
+[ -z "$why" ] || skip "$why"
 data=/usr/share/datasets/fashion-mnist
 [ -e "$data/train-images-idx3-ubyte.gz" ] || skip "no Fashion-MNIST in $data (scripts/get_data.sh)"
 
-tag="pt$$"              # unique per run; interface names stay under 15 characters
-sw="$tag-sw"
+tag="pt$$"              # unique per run
 nodes=(ps w0 w1 w2)
 declare -A addr=([ps]=10.200.0.10 [w0]=10.200.0.11 [w1]=10.200.0.12 [w2]=10.200.0.13)
 pids=()
@@ -26,27 +26,14 @@ cleanup() {
   sleep 0.5
   for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
   wait 2>/dev/null
-  for n in "${nodes[@]}"; do ip netns del "$tag-$n" 2>/dev/null; done
-  ip netns del "$sw" 2>/dev/null
+  netns_down "$tag" "${nodes[@]}"
   rm -rf "$run"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-ip netns add "$sw" 2>"$run/err" || skip "cannot create network namespaces here: $(cat "$run/err")"
-ip -n "$sw" link add br0 type bridge && ip -n "$sw" link set br0 up || { echo "FAIL: bridge"; exit 1; }
-for n in "${nodes[@]}"; do
-  ns="$tag-$n"
-  ip netns add "$ns" || { echo "FAIL: netns add $ns"; exit 1; }
-  # veth pair: one end in the node's namespace (eth0), the other on the bridge.
-  ip link add "$tag$n" netns "$ns" type veth peer name "$n" netns "$sw" || { echo "FAIL: veth for $n"; exit 1; }
-  ip -n "$ns" link set "$tag$n" name eth0
-  ip -n "$ns" addr add "${addr[$n]}/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  ip -n "$ns" link set lo up
-  ip -n "$sw" link set "$n" master br0
-  ip -n "$sw" link set "$n" up
-done
+netns_up "$tag" ps="${addr[ps]}" w0="${addr[w0]}" w1="${addr[w1]}" w2="${addr[w2]}" ||
+  { echo "FAIL: could not create the namespaces"; exit 1; }
 
 ps_hosts="${addr[ps]}:2222"
 worker_hosts="${addr[w0]}:2222,${addr[w1]}:2222,${addr[w2]}:2222"

@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -714,5 +715,53 @@ TEST_CASE("PS_SAME_HOST_SEND_BUFFER_KB holds the low-water mark of large reads t
                                 " EXPECTED_LOW_WATER=" + std::to_string(expected_for(kb)) + " '" + self +
                                 "' '[.low_water_env]' > /dev/null 2>&1";
     CHECK(std::system(command.c_str()) == 0);
+  }
+}
+
+namespace {
+int int_option(int fd, int level, int option) {
+  int value = -1;
+  socklen_t len = sizeof(value);
+  REQUIRE(::getsockopt(fd, level, option, &value, &len) == 0);
+  return value;
+}
+}  // namespace
+
+TEST_CASE("detect_dead_peer: keepalive probes and a user timeout on TCP, on both ends; nothing on Unix sockets") {
+  Loop l;
+  Listener listener;
+  auto client = l.wait(ps::connect_socket(l.port, "127.0.0.1:" + std::to_string(listener.port)));
+  const int accepted = ::accept(listener.fd, nullptr, nullptr);
+  REQUIRE(accepted >= 0);
+  auto server = ps::wrap_socket(l.port, accepted);
+  const int client_fd = KJ_ASSERT_NONNULL(client->getFd());
+  CHECK(int_option(client_fd, SOL_SOCKET, SO_KEEPALIVE) == 0);  // the kernel's default, until asked
+  client->detect_dead_peer(std::chrono::seconds(30));
+  server->detect_dead_peer(std::chrono::milliseconds(2500));
+  // 30 s: idle 15 s, then 3 probes 5 s apart; data unacknowledged for 30 s ends it too.
+  CHECK(int_option(client_fd, SOL_SOCKET, SO_KEEPALIVE) == 1);
+  CHECK(int_option(client_fd, IPPROTO_TCP, TCP_KEEPIDLE) == 15);
+  CHECK(int_option(client_fd, IPPROTO_TCP, TCP_KEEPINTVL) == 5);
+  CHECK(int_option(client_fd, IPPROTO_TCP, TCP_KEEPCNT) == 3);
+  CHECK(int_option(client_fd, IPPROTO_TCP, TCP_USER_TIMEOUT) == 30000);
+  // Rounded up to whole seconds for the probes (the kernel counts in
+  // seconds), exact for the user timeout.
+  CHECK(int_option(accepted, SOL_SOCKET, SO_KEEPALIVE) == 1);
+  CHECK(int_option(accepted, IPPROTO_TCP, TCP_KEEPIDLE) == 1);
+  CHECK(int_option(accepted, IPPROTO_TCP, TCP_KEEPINTVL) == 1);
+  CHECK(int_option(accepted, IPPROTO_TCP, TCP_USER_TIMEOUT) == 2500);
+
+  SECTION("0 leaves the kernel's defaults") {
+    auto other = l.wait(ps::connect_socket(l.port, "127.0.0.1:" + std::to_string(listener.port)));
+    other->detect_dead_peer(std::chrono::milliseconds(0));
+    CHECK(int_option(KJ_ASSERT_NONNULL(other->getFd()), SOL_SOCKET, SO_KEEPALIVE) == 0);
+  }
+  SECTION("Unix sockets are left alone, without an error") {
+    int fds[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+    auto unix_end = ps::wrap_socket(l.port, fds[0]);
+    ::close(fds[1]);
+    CHECK_NOTHROW(unix_end->detect_dead_peer(std::chrono::seconds(30)));
+    CHECK(int_option(fds[0], SOL_SOCKET, SO_KEEPALIVE) == 0);
   }
 }

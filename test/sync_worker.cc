@@ -14,13 +14,14 @@
 int main(int argc, char** argv) {
   CLI::App app{"sync_worker"};
   std::string hosts;
-  int worker = 0, workers = 3, replicas = 3, steps = 50, sleep_ms = 20;
+  int worker = 0, workers = 3, replicas = 3, steps = 50, sleep_ms = 20, dead_peer_secs = 30;
   app.add_option("--ps_hosts", hosts)->required();
   app.add_option("--worker", worker);
   app.add_option("--workers", workers);
   app.add_option("--replicas", replicas);
   app.add_option("--steps", steps);
   app.add_option("--sleep_ms", sleep_ms);
+  app.add_option("--dead_peer_secs", dead_peer_secs);
   CLI11_PARSE(app, argc, argv);
   try {
     ps::ClientOptions o;
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
     o.worker_index = worker;
     o.is_chief = worker == 0;
     o.reconnect_timeout = std::chrono::milliseconds(10000);
+    o.dead_peer_timeout = std::chrono::seconds(dead_peer_secs);
     ps::Client client(o);
     ps::TrainingSession session(client, {.job = {.mode = ps::SyncMode::kSync,
                                                  .replicas_to_aggregate = uint32_t(replicas),

@@ -64,6 +64,13 @@ struct ClientOptions {
   // reconnecting before a call fails; 0: fail at once. Retried pushes are
   // applied once (request ids). See "Durability and failures" in README.md.
   std::chrono::milliseconds reconnect_timeout{30000};
+  // A psd whose host vanishes (powered off, cut off by the network: no FIN
+  // reaches here) is taken for gone this long after its last sign of life:
+  // the connection fails, as if psd had closed it, and is reconnected as
+  // above (TCP keepalive probes and TCP_USER_TIMEOUT). 0: Linux's defaults
+  // (a call then waits for call_timeout). psd --dead_peer_secs is the
+  // daemon's side, for workers that vanish.
+  std::chrono::milliseconds dead_peer_timeout{30000};
   // Shared secret for psds started with --auth_token_file: the token itself,
   // or a file holding it (read at construction). Sent in clear text.
   std::string auth_token{};

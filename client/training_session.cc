@@ -93,9 +93,19 @@ std::vector<TensorSpec> TrainingSession::restored_specs() {
     }
     TensorSpec spec = declared;  // the optimizer as declared now (a new learning rate is fine)
     spec.init = it->init;
-    // Slots only mean something to the optimizer that made them.
-    if (declared.optimizer.kind == it->optimizer.kind) spec.slots = it->slots;
+    // Slots only mean something to the optimizer that made them. The update
+    // count goes on (the learning-rate schedule counts it), except into
+    // Adam from another optimizer: its bias correction counts from fresh
+    // moments, and a count of thousands on zero moments made its first
+    // steps 3-6x the learning rate. Its schedule starts again with it.
     spec.version = it->version;
+    if (declared.optimizer.kind == it->optimizer.kind) {
+      spec.slots = it->slots;
+    } else if (declared.optimizer.kind == OptimizerKind::kAdam) {
+      spec.version = 0;
+      spdlog::warn("restore: variable '{}' was trained with another optimizer; Adam starts afresh on it (update "
+                   "count 0: its learning-rate schedule starts again too)", declared.name);
+    }
     specs.push_back(std::move(spec));
   }
   spdlog::info("chief: restoring {} variables from step {} of {} ({} shards)", specs.size(), m.global_step,

@@ -5,16 +5,20 @@
 #pragma once
 
 #include <cstddef>
+#include <limits>
 #include <span>
 
 namespace ps {
 
-// True when no value is NaN or +-Inf.
-bool all_finite(std::span<const float> v);
+// True when every |x| <= limit: no NaN or +-Inf, whatever the limit (at
+// most FLT_MAX). psd lowers it for sync mode, whose sum of several
+// gradients must not overflow.
+bool all_finite(std::span<const float> v, float limit = std::numeric_limits<float>::max());
 
-// Copies src to dst and says whether every value was finite, in one pass
-// (a gradient psd reads out of shared memory: what is checked is exactly
-// what is applied).
-bool copy_all_finite(float* __restrict dst, const float* __restrict src, std::size_t n);
+// Copies src to dst and says whether every value was within `limit` as
+// above, in one pass (a gradient psd reads out of shared memory: what is
+// checked is exactly what is applied).
+bool copy_all_finite(float* __restrict dst, const float* __restrict src, std::size_t n,
+                     float limit = std::numeric_limits<float>::max());
 
 }  // namespace ps

@@ -99,7 +99,8 @@ float OptimizerConfig::learning_rate_at(int64_t global_step) const {
     }
     case LrSchedule::kPiecewise: {
       int passed = 0;
-      for (int64_t b : boundaries) passed += global_step >= b ? 1 : 0;
+      // As tf.train.piecewise_constant: the old rate holds at the boundary itself.
+      for (int64_t b : boundaries) passed += global_step > b ? 1 : 0;
       return static_cast<float>(learning_rate * std::pow(static_cast<double>(decay_rate), passed));
     }
   }

@@ -2,12 +2,41 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 
 #include "ps/errors.h"
 
 namespace ps {
+
+void validate_initializer(const InitConfig& init, const std::string& name) {
+  const auto refuse = [&](const std::string& why) {
+    return RequestError("create: tensor '" + name + "': initializer " + why);
+  };
+  const double a = init.a, b = init.b, most = std::numeric_limits<float>::max();
+  switch (init.kind) {
+    case InitKind::kConstant:
+      if (!std::isfinite(init.a)) throw refuse("constant must be finite");
+      return;
+    case InitKind::kUniform:
+      if (!std::isfinite(init.a) || !std::isfinite(init.b) || a > b || b - a > most) {
+        throw refuse("uniform needs finite low <= high, got [" + std::to_string(a) + ", " + std::to_string(b) + "]");
+      }
+      return;
+    case InitKind::kNormal:
+    case InitKind::kTruncatedNormal:
+      // Far enough out that no draw (a float normal stays within about 6
+      // sigma; a truncated one within 2) reaches Inf.
+      if (!std::isfinite(init.a) || !std::isfinite(init.b) || !(b > 0) || std::fabs(a) + 16 * b > most) {
+        throw refuse("normal needs a finite mean and a stddev > 0 (not so large that values overflow), got mean " +
+                     std::to_string(a) + ", stddev " + std::to_string(b));
+      }
+      return;
+    default:
+      return;  // zeros, Glorot: no parameters; values: checked by the store
+  }
+}
 
 void initialize(std::span<float> out, const InitConfig& init, const std::vector<uint64_t>& full_shape,
                 uint32_t part_index) {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "ps/tensor_spec.h"
@@ -14,5 +15,10 @@ namespace ps {
 // Throws RequestError for a `values` initializer of the wrong length.
 void initialize(std::span<float> out, const InitConfig& init, const std::vector<uint64_t>& full_shape,
                 uint32_t part_index);
+
+// Throws RequestError (naming tensor `name`) for parameters that would fill
+// the tensor with NaN or Inf, or break a distribution's preconditions
+// (uniform low > high, a normal's stddev <= 0).
+void validate_initializer(const InitConfig& init, const std::string& name);
 
 }  // namespace ps

@@ -1,6 +1,7 @@
 #include "optimizer.h"
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "ps/errors.h"
@@ -143,10 +144,20 @@ void validate_optimizer(const OptimizerConfig& c) {
   require(std::isfinite(c.momentum) && c.momentum >= 0 && c.momentum < 1, "momentum must be in [0, 1)");
   require(c.beta1 >= 0 && c.beta1 < 1 && c.beta2 >= 0 && c.beta2 < 1, "Adam's beta1 and beta2 must be in [0, 1)");
   require(std::isfinite(c.epsilon) && c.epsilon >= 0, "epsilon must be finite and >= 0");
+  // Both divide by sqrt(v) + eps (sqrt(ms + eps)): 0 / 0 where a gradient is 0.
+  require(c.epsilon > 0 || (c.kind != OptimizerKind::kAdam && c.kind != OptimizerKind::kRmsProp),
+          "Adam's and RMSProp's epsilon must be > 0 (0 makes NaN weights where a gradient is 0)");
   require(std::isfinite(c.initial_accumulator) && c.initial_accumulator > 0, "Adagrad's initial accumulator must be > 0");
   require(c.decay >= 0 && c.decay < 1, "RMSProp's decay must be in [0, 1)");
   require(std::isfinite(c.decay_rate) && c.decay_rate > 0, "decay rate must be finite and > 0");
   require(c.schedule != LrSchedule::kExponentialDecay || c.decay_steps > 0, "decay steps must be > 0");
+  require(c.schedule != LrSchedule::kExponentialDecay || c.decay_rate <= 1,
+          "exponential decay's decay rate must be <= 1 (above, the learning rate grows without bound)");
+  if (c.schedule == LrSchedule::kPiecewise) {
+    const double last = c.learning_rate * std::pow(static_cast<double>(c.decay_rate), c.boundaries.size());
+    require(std::isfinite(last) && last <= std::numeric_limits<float>::max(),
+            "the piecewise learning rate overflows after " + std::to_string(c.boundaries.size()) + " boundaries");
+  }
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config) {

@@ -348,6 +348,11 @@ kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Rea
   // what was checked. Kept until the applies are done.
   auto copied = std::make_shared<std::vector<std::unique_ptr<float[]>>>();
   uint64_t shared_bytes = 0;
+  // Sync mode sums a step's gradients before it divides: each value within
+  // FLT_MAX / replicas keeps the sum finite (3e38 from two workers, whose
+  // average is finite, summed to Inf and was applied).
+  const uint32_t summed = job.mode == SyncMode::kSync ? std::max<uint32_t>(job.replicas_to_aggregate, 1) : 1;
+  const float limit = std::numeric_limits<float>::max() / static_cast<float>(summed);
   for (auto g : grads) {
     StoredTensor& t = store_.get(g.getName());
     const bool in_shared = g.hasShared();
@@ -365,14 +370,19 @@ kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Rea
       if (data.size() != 0) throw RequestError("push: gradient for '" + t.spec().name + "' has both values and a shared slice");
       const auto* src = reinterpret_cast<const float*>(shared_slice(caller, g.getShared(), "push"));
       copied->push_back(std::unique_ptr<float[]>(new float[t.size()]));
-      finite = copy_all_finite(copied->back().get(), src, t.size());
+      finite = copy_all_finite(copied->back().get(), src, t.size(), limit);
       values = std::span<const float>(copied->back().get(), t.size());
       shared_bytes += got;
     } else {
       values = as_floats(data);
-      finite = options_.allow_nonfinite || all_finite(values);
+      finite = options_.allow_nonfinite || all_finite(values, limit);
     }
     if (!options_.allow_nonfinite && !finite) {
+      if (summed > 1 && all_finite(values)) {
+        throw RequestError(fmt::format("push: gradient for '{}' holds a value over {:g} in magnitude: the sum of {} "
+                                       "workers' gradients, which sync mode averages, would overflow (refused)",
+                                       t.spec().name, limit, summed));
+      }
       throw RequestError("push: gradient for '" + t.spec().name + "' contains NaN or Inf (refused; psd --allow_nonfinite accepts it)");
     }
     work.emplace_back(&t, values);

@@ -6,6 +6,7 @@
 #include "finite.h"
 #include "initializer.h"
 #include "ps/errors.h"
+#include "ps/job.h"
 
 namespace ps {
 
@@ -84,6 +85,13 @@ void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<Pa
                        " is over this shard's limit of " + std::to_string(limits_.max_tensor_bytes) + " bytes");
   }
   validate_optimizer(spec.optimizer);
+  validate_initializer(spec.init, name);
+  // The update count feeds the schedule and Adam's bias correction as a
+  // step: past kMaxStep (a crafted restore) they turn NaN.
+  if (spec.version > static_cast<uint64_t>(kMaxStep)) {
+    throw RequestError("create: tensor '" + name + "' is restored with " + std::to_string(spec.version) +
+                       " updates applied, over the largest step (2^62)");
+  }
   const bool given = values == Values::kGiven;
   if (given && spec.init.kind == InitKind::kValues && spec.init.values.size() != n) {
     throw RequestError("create: tensor '" + name + "' has " + std::to_string(n) + " elements but " +

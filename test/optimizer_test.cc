@@ -34,7 +34,7 @@ struct Reference {
     }
     if (c.schedule == ps::LrSchedule::kPiecewise) {
       int k = 0;
-      for (auto b : c.boundaries) k += step >= b;
+      for (auto b : c.boundaries) k += step > b;
       return base * std::pow(double(c.decay_rate), k);
     }
     return base;
@@ -130,8 +130,11 @@ TEST_CASE("learning-rate schedules match tf.train semantics") {
   p.schedule = ps::LrSchedule::kPiecewise;
   p.decay_rate = 0.1f;
   p.boundaries = {2, 5};
+  // tf.train.piecewise_constant: a boundary's step still has the old rate.
   CHECK(p.learning_rate_at(1) == Approx(0.01));
-  CHECK(p.learning_rate_at(2) == Approx(0.001));
+  CHECK(p.learning_rate_at(2) == Approx(0.01));
+  CHECK(p.learning_rate_at(3) == Approx(0.001));
+  CHECK(p.learning_rate_at(5) == Approx(0.001));
   CHECK(p.learning_rate_at(6) == Approx(0.0001));
   check_matches(p);
 }
@@ -144,6 +147,24 @@ TEST_CASE("optimizer configurations that cannot train are refused") {
   auto bad_beta = OptimizerConfig::adam(0.1f, 1.0f);
   CHECK_THROWS_AS(ps::make_optimizer(bad_beta), ps::RequestError);
   CHECK_THROWS_AS(OptimizerConfig::from_name("lbfgs", 0.1f), ps::ConfigError);
+  // epsilon 0 divides 0 by 0 where a gradient is 0 (NaN weights from finite gradients).
+  CHECK_THROWS_WITH(ps::make_optimizer(OptimizerConfig::adam(0.1f, 0.9f, 0.999f, 0.0f)), Catch::Contains("epsilon"));
+  CHECK_THROWS_WITH(ps::make_optimizer(OptimizerConfig::rmsprop(0.1f, 0.9f, 0.0f, 0.0f)), Catch::Contains("epsilon"));
+  CHECK_NOTHROW(ps::make_optimizer(OptimizerConfig::with_momentum(0.1f, 0.9f, false)));  // no epsilon there
+  // A rate above 1 grows the learning rate without bound (Inf after a few
+  // dozen decay periods); a piecewise one is refused only where it overflows.
+  auto growing = OptimizerConfig::sgd(0.1f);
+  growing.schedule = ps::LrSchedule::kExponentialDecay;
+  growing.decay_steps = 1;
+  growing.decay_rate = 10.0f;
+  CHECK_THROWS_WITH(ps::make_optimizer(growing), Catch::Contains("decay rate"));
+  auto warmup = OptimizerConfig::sgd(0.1f);
+  warmup.schedule = ps::LrSchedule::kPiecewise;
+  warmup.decay_rate = 10.0f;
+  warmup.boundaries = {10, 20};
+  CHECK_NOTHROW(ps::make_optimizer(warmup));
+  warmup.boundaries.assign(40, 5);
+  CHECK_THROWS_WITH(ps::make_optimizer(warmup), Catch::Contains("overflows"));
   CHECK(OptimizerConfig::from_name("nesterov", 0.1f).nesterov);
 }
 

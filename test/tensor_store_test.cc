@@ -1,9 +1,11 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
 
 #include "initializer.h"
 #include "ps/errors.h"
+#include "ps/job.h"
 #include "tensor_store.h"
 
 using namespace ps;
@@ -72,6 +74,26 @@ TEST_CASE("bad specs are refused with the tensor's name") {
   auto bad = spec("o", {1});
   bad.optimizer.learning_rate = -1;
   CHECK_THROWS_AS(store.create(bad, std::nullopt), RequestError);
+  // Initializers that would fill the tensor with NaN/Inf, or break their
+  // distribution's preconditions (found in review: all were created).
+  const float inf = std::numeric_limits<float>::infinity();
+  const InitConfig bad_inits[] = {InitConfig::constant(NAN),          InitConfig::constant(inf),
+                                  InitConfig::uniform(0, inf, 1),     InitConfig::uniform(1, -1, 1),
+                                  InitConfig::uniform(-3e38f, 3e38f, 1), InitConfig::normal(0, inf, 1),
+                                  InitConfig::normal(NAN, 1, 1),      InitConfig::normal(0, 0, 1),
+                                  InitConfig::truncated_normal(0, -1, 1), InitConfig::normal(3e38f, 1e37f, 1)};
+  for (const auto& init : bad_inits) {
+    INFO("initializer a=" << init.a << " b=" << init.b);
+    CHECK_THROWS_WITH(store.create(spec("i", {2}, init), std::nullopt), Catch::Contains("'i': initializer"));
+  }
+  // An update count past the largest step (a crafted restore) made Adam's
+  // bias correction NaN.
+  auto counted = spec("c", {1});
+  counted.optimizer = OptimizerConfig::adam(0.1f);
+  counted.version = uint64_t{1} << 63;
+  CHECK_THROWS_WITH(store.create(counted, std::nullopt), Catch::Contains("updates applied"));
+  counted.version = ps::kMaxStep;
+  CHECK_NOTHROW(store.validate(counted, std::nullopt));
   CHECK(store.count() == 0);
   store.create(spec("a", {256}), std::nullopt);
   store.create(spec("b", {200}), std::nullopt);

@@ -186,6 +186,30 @@ TEST_CASE("a stale push is rejected, counted, and changes nothing") {
   CHECK(w == std::vector<float>{-1, -1});
 }
 
+TEST_CASE("sync mode refuses gradient values whose sum over the replicas would overflow; their average is applied") {
+  PsdProcess psd;
+  const JobConfig job{.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2};
+  Client chief(worker_options({&psd}, 0));
+  Client other(worker_options({&psd}, 1));
+  const TensorSpec spec{.name = "w", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f)};
+  chief.init_job(job);
+  chief.create({spec});
+  chief.set_ready();
+  other.declare({spec});
+  REQUIRE(other.wait_ready(1s));
+  // 3e38 from each of two workers averages to 3e38 but summed to Inf, which
+  // was applied: each value must stay within FLT_MAX / 2 here.
+  const std::vector<float> huge = {3e38f, 0};
+  CHECK_THROWS_WITH(chief.push({"w"}, {huge}, 0), Catch::Contains("would overflow") && Catch::Contains("2 workers"));
+  const std::vector<float> large = {1.5e38f, -1.5e38f};
+  CHECK(chief.push({"w"}, {large}, 0).status[0] == PushStatus::kAccumulated);
+  CHECK(other.push({"w"}, {large}, 0).status[0] == PushStatus::kAccumulated);
+  std::vector<float> w(2);
+  CHECK(chief.pull({"w"}, {std::span<float>(w)}, 1).step == 1);
+  CHECK(w == std::vector<float>{-1.5e38f, 1.5e38f});
+  CHECK(chief.stats()[0].rejected == 1);
+}
+
 TEST_CASE("a push can report the worker's step: blocking and async alike") {
   // Async job, 2 shards, "w" on shard 0 only: shard 1 gets the report alone.
   PsdProcess a, b;

@@ -38,7 +38,7 @@ struct OptimizerConfig {
   float decay_rate = 1.0f;     // exponential / piecewise
   int64_t decay_steps = 1;     // exponential
   bool staircase = false;      // exponential: integer division of step / decay_steps
-  std::vector<int64_t> boundaries;  // piecewise: steps at which lr *= decay_rate
+  std::vector<int64_t> boundaries;  // piecewise: lr *= decay_rate for steps past each (tf.train.piecewise_constant)
 
   static OptimizerConfig sgd(float lr);
   static OptimizerConfig with_momentum(float lr, float momentum, bool nesterov = false);

@@ -117,8 +117,10 @@ std::vector<ShardBatch> one_batch_per_shard(const std::vector<ShardBatch>& batch
 
 // A create's declarations, taken back unless kept (the create succeeded):
 // a shape psd refused stays declarable, and the next tensors land where they
-// do on workers that never declared it. Not when others were declared
-// meanwhile (another thread's): theirs stand, and so do these.
+// do on workers that never declared it. Not when anything was declared
+// meanwhile (another thread's create, even of the same names): theirs
+// stand, and so do these (a failed create took back a tensor that another
+// thread's create of it had just succeeded with, found in review).
 class Declarations {
  public:
   Declarations(Placement& placement, std::mutex& mutex, const std::vector<TensorSpec>& specs)
@@ -131,13 +133,13 @@ class Declarations {
       placement_.rollback(before_);
       throw;
     }
-    declared_ = placement_.tensors().size();
+    declared_ = placement_.adds();
   }
   Declarations(const Declarations&) = delete;
   ~Declarations() {
     if (kept_) return;
     std::lock_guard lock(mutex_);
-    if (placement_.tensors().size() == declared_) placement_.rollback(before_);
+    if (placement_.adds() == declared_) placement_.rollback(before_);
   }
   void keep() { kept_ = true; }
 
@@ -145,7 +147,7 @@ class Declarations {
   Placement& placement_;
   std::mutex& mutex_;
   Placement::Mark before_;
-  std::size_t declared_ = 0;
+  uint64_t declared_ = 0;  // placement_.adds() after ours
   bool kept_ = false;
 };
 

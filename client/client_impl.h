@@ -36,6 +36,8 @@ inline std::exception_ptr translate(const kj::Exception& e, const std::string& c
   std::string msg = e.getDescription().cStr();
   msg = strip_prefix(msg, "remote exception: ");
   msg = strip_prefix(msg, "std::exception: ");
+  // psd's messages name their request already ("initJob: initJob: ..." before).
+  msg = strip_prefix(msg, context);
   if (e.getType() == kj::Exception::Type::DISCONNECTED || e.getType() == kj::Exception::Type::OVERLOADED) {
     return std::make_exception_ptr(ConnectionError(context + msg));
   }
@@ -150,11 +152,38 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
         return;
       }
       promise = with_timeout(kj::mv(promise), waits);
-      tasks->add(loop.kept(kj::mv(promise)).then([result](T&& value) { result->set_value(std::move(value)); },
-                              [result, context](kj::Exception&& e) { result->set_exception(translate(e, context)); }));
+      auto settle = kj::heap<Settle<T>>(result, context);
+      Settle<T>* s = settle.get();
+      tasks->add(loop.kept(kj::mv(promise))
+                     .then([s](T&& value) { s->value(std::move(value)); },
+                           [s](kj::Exception&& e) { s->error(translate(e, s->context)); })
+                     .attach(kj::mv(settle)));
     });
     return future;
   }
+
+  // A future's promise, settled whatever becomes of its call: one the
+  // Client drops unanswered (destroyed with the call in flight) gets a
+  // ConnectionError, not std::future_error's "Broken promise".
+  template <typename T>
+  struct Settle {
+    Settle(std::shared_ptr<std::promise<T>> r, std::string c) : result(std::move(r)), context(std::move(c)) {}
+    Settle(const Settle&) = delete;
+    ~Settle() {
+      if (!settled) error(std::make_exception_ptr(ConnectionError(context + "the Client was destroyed with this call in flight")));
+    }
+    void value(T&& v) {
+      settled = true;
+      result->set_value(std::move(v));
+    }
+    void error(std::exception_ptr e) {
+      settled = true;
+      result->set_exception(std::move(e));
+    }
+    std::shared_ptr<std::promise<T>> result;
+    std::string context;
+    bool settled = false;
+  };
 
   // Runs op() with the loop and waits for its result: on the calling
   // thread when no other thread runs the loop (client_loop.h).
@@ -194,7 +223,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   kj::Promise<T> with_timeout(kj::Promise<T> p, std::chrono::milliseconds waits = {}) {
     if (options.call_timeout.count() <= 0) return p;
     const auto ms = (options.call_timeout + waits).count();
-    return p.exclusiveJoin(loop.timer().afterDelay(ms * kj::MILLISECONDS).then([ms]() -> kj::Promise<T> {
+    return p.exclusiveJoin(loop.after(ms * kj::MILLISECONDS).then([ms]() -> kj::Promise<T> {
       return disconnected("no answer from psd within " + std::to_string(ms) + " ms (ClientOptions::call_timeout)");
     }));
   }

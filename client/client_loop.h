@@ -28,10 +28,18 @@
 #include <kj/async-io.h>
 #include <kj/common.h>
 #include <kj/async-unix.h>
+#include <kj/time.h>
 
 #include "busy_poll.h"
 
 namespace ps {
+
+// kj's timer reads the clock only when its loop polls or waits, and this
+// loop sleeps between calls (no thread runs it then): timer().now() and
+// afterDelay() at the start of a call can lie as far in the past as the
+// client was idle (a call after 5 idle minutes timed out in 1 ms, found in
+// review). Deadlines are taken from the clock the loop's port reads.
+inline kj::TimePoint clock_now() { return kj::systemPreciseMonotonicClock().now(); }
 
 class ClientLoop {
  public:
@@ -81,6 +89,8 @@ class ClientLoop {
   // Only inside run() or the loop's continuations.
   kj::UnixEventPort& port() { return *port_; }
   kj::Timer& timer() { return port_->getTimer(); }
+  // `delay` from now on the clock itself (see clock_now).
+  kj::Promise<void> after(kj::Duration delay) { return timer().atTime(clock_now() + delay); }
 
  private:
   // f()'s result as a promise (f may return void, a value or a promise).

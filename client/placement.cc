@@ -28,6 +28,7 @@ int Placement::pick_shard() {
 }
 
 const PlacedTensor& Placement::add(const TensorSpec& spec) {
+  ++adds_;
   if (spec.name.empty()) throw ConfigError("tensor name must not be empty");
   if (auto it = index_.find(spec.name); it != index_.end()) {
     const PlacedTensor& existing = tensors_[it->second];

@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "client_loop.h"
 #include "host_id.h"
 #include "socket_stream.h"
 #include "wire_convert.h"
@@ -20,12 +21,12 @@ kj::Promise<kj::Own<SocketStream>> connect_with_retry(kj::UnixEventPort& io, std
                                                            kj::TimePoint deadline, kj::Duration delay) {
   return kj::evalNow([&] { return connect_socket(io, address); })
       .catch_([&io, address, deadline, delay](kj::Exception&& e) -> kj::Promise<kj::Own<SocketStream>> {
-        auto& timer = io.getTimer();
-        if (timer.now() + delay > deadline) {
+        const kj::TimePoint now = clock_now();
+        if (now + delay > deadline) {
           return disconnected("cannot reach psd at " + address + ": " + e.getDescription().cStr());
         }
         spdlog::debug("psd at {} not reachable yet ({}); retrying", address, e.getDescription().cStr());
-        return timer.afterDelay(delay).then([&io, address, deadline, delay] {
+        return io.getTimer().atTime(now + delay).then([&io, address, deadline, delay] {
           return connect_with_retry(io, address, deadline, std::min(delay * 2, 500 * kj::MILLISECONDS));
         });
       });
@@ -190,9 +191,9 @@ kj::Promise<kj::Own<ShardConnection>> connect_and_hello(kj::UnixEventPort& io, i
         return hello_preferring_unix(io, kj::mv(conn), hello);
       })
       .catch_([&io, index, address, deadline, delay, hello](kj::Exception&& e) -> kj::Promise<kj::Own<ShardConnection>> {
-        auto& timer = io.getTimer();
-        if (e.getType() != kj::Exception::Type::DISCONNECTED || timer.now() + delay > deadline) return kj::mv(e);
-        return timer.afterDelay(delay).then([&io, index, address, deadline, delay, hello] {
+        const kj::TimePoint now = clock_now();
+        if (e.getType() != kj::Exception::Type::DISCONNECTED || now + delay > deadline) return kj::mv(e);
+        return io.getTimer().atTime(now + delay).then([&io, index, address, deadline, delay, hello] {
           return connect_and_hello(io, index, address, deadline, std::min(delay * 2, 500 * kj::MILLISECONDS), hello);
         });
       });
@@ -211,7 +212,7 @@ std::string shard_order_problem(const ShardConnection& c, std::size_t index, std
 
 kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::UnixEventPort& io, int index, std::string address,
                                                     std::chrono::milliseconds timeout, const HelloParams& hello) {
-  auto deadline = io.getTimer().now() + timeout.count() * kj::MILLISECONDS;
+  auto deadline = clock_now() + timeout.count() * kj::MILLISECONDS;
   // The retries above end at the deadline; an attempt under way would not:
   // a peer that accepts and never answers hello (a stopped psd, something
   // else on the port), or a host that drops the connection request (gone

@@ -487,3 +487,59 @@ TEST_CASE("a peer that accepts and never answers hello fails a connect or reconn
     CHECK(Clock::now() - start < 15s);
   }
 }
+
+TEST_CASE("a call after the Client sat idle longer than call_timeout gets its whole call_timeout") {
+  // kj's timer reads the clock only when the loop runs, and nothing runs the
+  // Client's loop between calls: the first call after 1.5 s idle timed out
+  // in 1 ms against a call_timeout of 1 s (found in review).
+  PsdProcess psd;
+  ClientOptions o;
+  o.ps_hosts = {psd.address()};
+  o.connect_timeout = 300ms;
+  o.call_timeout = 1000ms;
+  Client client(o);
+  client.create({{.name = "w", .shape = {4}, .optimizer = OptimizerConfig::sgd(1.0f)}});
+  for (const bool async : {false, true}) {
+    INFO((async ? "pull_async" : "pull"));
+    std::this_thread::sleep_for(1500ms);
+    std::vector<float> w(4);
+    if (async) {
+      CHECK_NOTHROW(client.pull_async({"w"}, {std::span<float>(w)}).get());
+    } else {
+      CHECK_NOTHROW(client.pull("w", w));
+    }
+  }
+  // And the timeout still fires for a psd that does not answer.
+  ::kill(psd.pid(), SIGSTOP);
+  struct Resume {
+    pid_t pid;
+    ~Resume() { ::kill(pid, SIGCONT); }
+  } resume{psd.pid()};
+  std::this_thread::sleep_for(1500ms);
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(client.pull("w"), Catch::Contains("no answer from psd within 1000 ms"));
+  const auto took = std::chrono::steady_clock::now() - start;
+  CHECK(took >= 900ms);
+  CHECK(took < 5s);
+}
+
+TEST_CASE("futures of calls in flight when the Client is destroyed fail with ConnectionError") {
+  PsdProcess psd;
+  ClientOptions o;
+  o.ps_hosts = {psd.address()};
+  o.connect_timeout = 300ms;
+  std::vector<float> g(4, 1.0f), w(4);
+  std::future<PushResult> push;
+  std::future<PullResult> pull;
+  {
+    Client client(o);
+    client.create({{.name = "w", .shape = {4}, .optimizer = OptimizerConfig::sgd(1.0f)}});
+    ::kill(psd.pid(), SIGSTOP);  // nothing is answered
+    push = client.push_async({"w"}, {std::span<const float>(g)});
+    pull = client.pull_async({"w"}, {std::span<float>(w)});
+  }
+  ::kill(psd.pid(), SIGCONT);
+  // Before: std::future_error ("Broken promise"), not a ps::Error.
+  CHECK_THROWS_AS(push.get(), ConnectionError);
+  CHECK_THROWS_WITH(pull.get(), Catch::Contains("destroyed with this call in flight"));
+}

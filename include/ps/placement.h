@@ -86,6 +86,10 @@ class Placement {
   };
   Mark mark() const { return {tensors_.size(), next_round_robin_, shard_bytes_}; }
   void rollback(const Mark& m);
+  // add() calls so far, a name added again included: whether anyone
+  // declared anything since (a rollback would take back a tensor that
+  // another declaration relies on, even one that only repeated it).
+  uint64_t adds() const { return adds_; }
 
  private:
   int pick_shard();
@@ -98,6 +102,7 @@ class Placement {
   std::vector<uint64_t> shard_bytes_;
   std::vector<PlacedTensor> tensors_;
   std::map<std::string, std::size_t> index_;
+  uint64_t adds_ = 0;
 };
 
 }  // namespace ps

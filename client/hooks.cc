@@ -87,19 +87,26 @@ void LoggingHook::draw_bar(const StepInfo& s, double now) {
 }
 
 void LoggingHook::after_step(const StepInfo& s) {
-  if (first_global_ < 0) first_global_ = s.global_step - 1;
+  if (first_global_ < 0) {
+    // A worker may join a job at any step (a restarted chief): its rates
+    // count from there, not from 0.
+    first_global_ = s.global_step - 1;
+    last_global_ = first_global_;
+  }
   const double now = seconds_since(start_);
   if (o_.every_n > 0 && s.local_step % o_.every_n == 0) {
     const double dt = std::max(now - last_line_t_, 1e-9);
     const double local_rate = static_cast<double>(s.local_step - last_local_) * s.batch_size / dt;
     const double job_rate = static_cast<double>(s.global_step - last_global_) * s.examples_per_global_step / dt;
+    // A step that went back (a ps restored from a checkpoint) has no rate.
+    const std::string job = s.global_step >= last_global_ ? format_rate(job_rate) : "n/a, step went back";
     clear_bar();
     std::string steps = s.train_steps > 0 ? fmt::format("{}/{}", s.global_step, s.train_steps)
                                           : fmt::format("{}", s.global_step);
     std::string acc = s.accuracy >= 0 ? fmt::format(" | acc {:.3f}", s.accuracy) : "";
     std::fprintf(o_.stream, "worker %d | epoch %.2f | global step %s | local step %lld | loss %.4f%s | %s samples/s (job %s)%s\n",
                  o_.worker, s.epoch, steps.c_str(), static_cast<long long>(s.local_step), s.loss, acc.c_str(),
-                 format_rate(local_rate).c_str(), format_rate(job_rate).c_str(),
+                 format_rate(local_rate).c_str(), job.c_str(),
                  s.stale_steps ? fmt::format(" | stale {}", s.stale_steps).c_str() : "");
     std::fflush(o_.stream);
     last_line_t_ = now;
@@ -132,13 +139,16 @@ void SummaryHook::after_step(const StepInfo& s) {
     ++acc_n_;
   }
   ++n_;
+  // Rates count from the step before this worker's first (a restarted
+  // chief joins a job far from step 0).
+  if (last_global_ < 0) last_global_ = s.global_step - 1;
   if (s.local_step % every_n_ != 0) return;
   const double dt = std::max(seconds_since(last_t_), 1e-9);
   const double steps_per_s = static_cast<double>(s.global_step - last_global_) / dt;
   writer_.add_scalar("loss", static_cast<float>(loss_sum_ / n_), s.global_step);
   if (acc_n_ > 0) writer_.add_scalar("accuracy/train", static_cast<float>(acc_sum_ / acc_n_), s.global_step);
   writer_.add_scalar("learning_rate", s.learning_rate, s.global_step);
-  if (last_global_ > 0) {
+  if (s.global_step > last_global_) {  // not after a ps went back to a checkpoint's step
     writer_.add_scalar("global_step/sec", static_cast<float>(steps_per_s), s.global_step);
     writer_.add_scalar("samples/sec", static_cast<float>(steps_per_s * s.examples_per_global_step), s.global_step);
   }

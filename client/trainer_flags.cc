@@ -111,6 +111,11 @@ int TrainerFlags::replicas(const ClusterSpec& spec) const {
 }
 
 JobConfig TrainerFlags::job_config(const ClusterSpec& spec, int64_t steps) const {
+  validate();  // every trainer gets here: one that never called validate() ran with --batch_size 0
+  if (sync_replicas && replicas_to_aggregate > spec.num_workers()) {
+    throw ConfigError("--replicas_to_aggregate=" + std::to_string(replicas_to_aggregate) + " is more than the " +
+                      std::to_string(spec.num_workers()) + " workers");
+  }
   JobConfig c;
   c.total_replicas = static_cast<uint32_t>(spec.num_workers());
   c.train_steps = steps;
@@ -130,9 +135,17 @@ int64_t TrainerFlags::examples_per_global_step(const ClusterSpec& spec) const {
 
 int64_t TrainerFlags::global_steps(const ClusterSpec& spec, int64_t examples) const {
   if (train_steps > 0) return train_steps;
-  if (epochs <= 0) throw ConfigError("give --train_steps or --epochs (both are 0)");
-  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(epochs * static_cast<double>(examples) /
-                                                             static_cast<double>(examples_per_global_step(spec)))));
+  return steps_for_epochs(epochs, examples, examples_per_global_step(spec));
+}
+
+int64_t steps_for_epochs(double epochs, int64_t examples, int64_t examples_per_step) {
+  if (!(epochs > 0)) throw ConfigError("give --train_steps or --epochs (both are 0)");
+  // In double first: a cast of NaN, Inf or 1e300 to int64 is undefined (it trained 1 step).
+  const double steps = std::ceil(epochs * static_cast<double>(examples) / static_cast<double>(examples_per_step));
+  if (!(steps <= static_cast<double>(kMaxStep))) {
+    throw ConfigError("--epochs " + std::to_string(epochs) + " is more global steps than a job can count (2^62)");
+  }
+  return std::max<int64_t>(1, static_cast<int64_t>(steps));
 }
 
 OptimizerConfig TrainerFlags::optimizer_config(int64_t steps_per_epoch) const {
@@ -148,8 +161,8 @@ OptimizerConfig TrainerFlags::optimizer_config(int64_t steps_per_epoch) const {
 void TrainerFlags::validate() const {
   if (batch_size < 1) throw ConfigError("--batch_size must be >= 1 (got " + std::to_string(batch_size) + ")");
   if (!(learning_rate > 0) || !std::isfinite(learning_rate)) throw ConfigError("--learning_rate must be > 0");
-  if (train_steps < 0) throw ConfigError("--train_steps must be >= 0");
-  if (epochs < 0) throw ConfigError("--epochs must be >= 0");
+  if (train_steps < 0 || train_steps > kMaxStep) throw ConfigError("--train_steps must be in 0..2^62");
+  if (!(epochs >= 0) || !std::isfinite(epochs)) throw ConfigError("--epochs must be a finite number >= 0");
   if (replicas_to_aggregate < 0) throw ConfigError("--replicas_to_aggregate must be >= 0");
   if (max_staleness < 0) throw ConfigError("--max_staleness must be >= 0");
   if (sync_replicas && max_staleness > 0) throw ConfigError("--sync_replicas and --max_staleness exclude each other");

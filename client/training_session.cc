@@ -152,7 +152,11 @@ StepOutcome TrainingSession::push() {
   if (options_.job.mode == SyncMode::kSync) {
     // A reply at an older step than pulled: a shard restarted behind us.
     next_sync_step_ = p.step < pulled_step_ ? p.step : pulled_step_ + 1;
-    global_step_ = std::max(global_step_, p.step);
+    // The step this gradient went into closes with it or with the others'
+    // (lost workers are not waited for): every worker reports it reached,
+    // not only the one whose push closed it (the others said one step less,
+    // 99 of 100 at the end).
+    global_step_ = std::max(p.step, next_sync_step_);
     stop_ = options_.job.train_steps > 0 && next_sync_step_ >= options_.job.train_steps;
   } else {
     global_step_ = p.global_step;

@@ -3,13 +3,18 @@
 namespace ps {
 
 std::string to_string(const JobConfig& c) {
+  std::string s;
   switch (c.mode) {
-    case SyncMode::kAsync: return "async";
+    case SyncMode::kAsync: s = "async"; break;
     case SyncMode::kSync:
-      return "sync (aggregate " + std::to_string(c.replicas_to_aggregate) + " of " + std::to_string(c.total_replicas) + ")";
-    case SyncMode::kBoundedStaleness: return "bounded staleness " + std::to_string(c.max_staleness);
+      s = "sync (aggregate " + std::to_string(c.replicas_to_aggregate) + " of " + std::to_string(c.total_replicas) + ")";
+      break;
+    case SyncMode::kBoundedStaleness: s = "bounded staleness " + std::to_string(c.max_staleness); break;
   }
-  return "?";
+  // Two jobs that differ only here read alike without them ("async, not async").
+  if (c.mode != SyncMode::kSync && c.total_replicas > 0) s += ", " + std::to_string(c.total_replicas) + " workers";
+  if (c.train_steps > 0) s += ", stop at step " + std::to_string(c.train_steps);
+  return s;
 }
 
 }  // namespace ps

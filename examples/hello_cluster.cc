@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   ps::add_ps_task_flags(app, psf);
   CLI11_PARSE(app, argc, argv);
   try {
-    spdlog::set_level(spdlog::level::from_str(psf.log_level));
+    ps::apply_log_level(psf);
     const ps::ClusterSpec spec = f.cluster_spec();
     if (spec.is_ps()) return ps::run_ps_task(spec, psf);
     ps::Client client(f.client_options(spec));

@@ -33,9 +33,11 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, int examp
     ys[i] = 2.0f * xs[i] + 10.0f + noise(rng);
   }
 
-  ps::Client client(f.client_options(spec));
+  // The flags are checked before anything connects.
   const int64_t steps = f.global_steps(spec, examples * static_cast<int64_t>(spec.num_workers()));
-  ps::TrainingSession session(client, {.job = f.job_config(spec, steps)});
+  const ps::JobConfig job = f.job_config(spec, steps);
+  ps::Client client(f.client_options(spec));
+  ps::TrainingSession session(client, {.job = job});
   std::vector<float> w(1), b(1), gw(1), gb(1);
   session.add_variable({.name = "linreg/weight", .shape = {1}, .optimizer = f.optimizer_config(), .init = ps::InitConfig::zeros(), .trainable = true}, w, gw);
   session.add_variable({.name = "linreg/bias", .shape = {1}, .optimizer = f.optimizer_config(), .init = ps::InitConfig::zeros(), .trainable = true}, b, gb);
@@ -107,7 +109,7 @@ int main(int argc, char** argv) {
   ps::add_ps_task_flags(app, psf);
   CLI11_PARSE(app, argc, argv);
   return ps::run_trainer_main("linreg_trainer", [&] {
-    spdlog::set_level(spdlog::level::from_str(psf.log_level));
+    ps::apply_log_level(psf);
     f.validate();
     if (examples < 1) throw ps::ConfigError("--examples must be >= 1");
     const ps::ClusterSpec spec = f.cluster_spec();

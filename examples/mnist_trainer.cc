@@ -97,6 +97,11 @@ Evaluation evaluate(ps::Towers& towers, const ps::MnistData& data) {
   return e;
 }
 
+// "n/a" with --validation_size 0 (an accuracy of 0 would look like a result).
+std::string validation_accuracy(const Evaluation& e, const ps::MnistData& data) {
+  return data.validation.size > 0 ? fmt::format("{:.4f}", e.validation.accuracy()) : "n/a";
+}
+
 // The chief's periodic evaluation: a line, summaries, the first time the
 // test accuracy reaches the target.
 struct Evaluator {
@@ -106,20 +111,26 @@ struct Evaluator {
   ps::LoggingHook* log;
   double target;
   Clock::time_point start;
-  std::optional<double> time_to_target;
-  std::optional<int64_t> step_at_target;
+  std::optional<double> time_to_target{};
+  std::optional<int64_t> step_at_target{};
+  // The last step evaluated: the final evaluation often falls on the step
+  // of a periodic one, whose line and summaries are not written twice.
+  std::optional<std::pair<int64_t, Evaluation>> last{};
 
   Evaluation run(int64_t global_step, double epoch) {
+    if (last && last->first == global_step) return last->second;
     Evaluation e = evaluate(towers, data);
+    last.emplace(global_step, e);
     const double t = seconds(start, Clock::now());
     if (!time_to_target && target > 0 && e.test.accuracy() >= target) {
       time_to_target = t;
       step_at_target = global_step;
     }
     if (log) log->clear_bar();
-    std::printf("eval  | epoch %.2f | global step %lld | validation accuracy %.4f | test accuracy %.4f | test "
+    std::printf("eval  | epoch %.2f | global step %lld | validation accuracy %s | test accuracy %.4f | test "
                 "cross-entropy %.4f | %.1f s\n",
-                epoch, static_cast<long long>(global_step), e.validation.accuracy(), e.test.accuracy(), e.test.loss, t);
+                epoch, static_cast<long long>(global_step), validation_accuracy(e, data).c_str(), e.test.accuracy(),
+                e.test.loss, t);
     std::fflush(stdout);
     if (summaries) {
       summaries->add_scalar("accuracy/test", static_cast<float>(e.test.accuracy()), global_step);
@@ -136,8 +147,8 @@ struct Evaluator {
 
 void print_result(const char* mode, const Evaluation& e, int64_t global_steps, double epochs, double secs,
                   double samples, const Evaluator& ev) {
-  std::printf("\n== %s: test accuracy %.4f, test cross-entropy %.4f, validation accuracy %.4f\n", mode,
-              e.test.accuracy(), e.test.loss, e.validation.accuracy());
+  std::printf("\n== %s: test accuracy %.4f, test cross-entropy %.4f, validation accuracy %s\n", mode,
+              e.test.accuracy(), e.test.loss, validation_accuracy(e, ev.data).c_str());
   std::printf("== %lld global steps, %.2f epochs in %s: %s samples/s", static_cast<long long>(global_steps), epochs,
               ps::format_duration(secs).c_str(), ps::format_rate(samples / secs).c_str());
   if (ev.time_to_target) {
@@ -164,9 +175,7 @@ int run_local(const ps::TrainerFlags& f, const MnistFlags& m) {
   ps::init_params(shape, towers.host_params(), f.seed);
   towers.upload_params();
   ps::DataShard shard(data.train, 0, 1, f.seed);
-  const int64_t steps = f.train_steps > 0
-                            ? f.train_steps
-                            : static_cast<int64_t>(std::ceil(f.epochs * data.train.size / f.batch_size));
+  const int64_t steps = f.train_steps > 0 ? f.train_steps : ps::steps_for_epochs(f.epochs, data.train.size, f.batch_size);
   if (steps <= 0) throw ps::ConfigError("give --train_steps or --epochs (both are 0)");
   const ps::OptimizerConfig oc = f.optimizer_config(std::max<int64_t>(1, data.train.size / f.batch_size));
   // SGD runs in the engine (apply_sgd); other rules as psd applies them.
@@ -187,7 +196,7 @@ int run_local(const ps::TrainerFlags& f, const MnistFlags& m) {
   auto& log = hooks.add<ps::LoggingHook>(ps::LoggingHook::Options{.every_n = f.log_every, .worker = 0});
   if (summaries) hooks.add<ps::SummaryHook>(*summaries, m.summary_every);
   const auto start = Clock::now();
-  Evaluator ev{.towers = towers, .data = data, .summaries = summaries.get(), .log = &log, .target = m.target_accuracy, .start = start, .time_to_target = {}, .step_at_target = {}};
+  Evaluator ev{.towers = towers, .data = data, .summaries = summaries.get(), .log = &log, .target = m.target_accuracy, .start = start};
   const int every = eval_interval(m, data.train.size, f.batch_size);
   hooks.add<ps::EveryNStepsHook>(every, [&](const ps::StepInfo& s) {
     ev.run(s.global_step, s.epoch);
@@ -217,11 +226,7 @@ int run_local(const ps::TrainerFlags& f, const MnistFlags& m) {
   }
   const double secs = seconds(start, Clock::now());
   hooks.end(info);
-  Evaluation e = evaluate(towers, data);
-  if (summaries) {
-    summaries->add_scalar("accuracy/test", static_cast<float>(e.test.accuracy()), info.global_step);
-    summaries->flush();
-  }
+  Evaluation e = ev.run(info.global_step, info.epoch);
   print_result("local", e, info.global_step, info.epoch, secs, static_cast<double>(info.global_step) * f.batch_size, ev);
   return 0;
 }
@@ -275,10 +280,15 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
   auto& log = hooks.add<ps::LoggingHook>(ps::LoggingHook::Options{.every_n = f.log_every, .worker = worker});
   if (summaries) hooks.add<ps::SummaryHook>(*summaries, m.summary_every);
   const auto start = Clock::now();
-  Evaluator ev{.towers = towers, .data = data, .summaries = summaries.get(), .log = &log, .target = m.target_accuracy, .start = start, .time_to_target = {}, .step_at_target = {}};
+  Evaluator ev{.towers = towers, .data = data, .summaries = summaries.get(), .log = &log, .target = m.target_accuracy, .start = start};
+  int64_t pulled_step = 0;
   if (chief) {
     const int every = eval_interval(m, data.train.size, static_cast<int64_t>(f.batch_size) * spec.num_workers());
-    hooks.add<ps::EveryNStepsHook>(every, [&](const ps::StepInfo& s) { ev.run(s.global_step, s.epoch); });
+    // The parameters evaluated are those pulled for the step, not yet
+    // updated by it: labelled with the step they were pulled at.
+    hooks.add<ps::EveryNStepsHook>(every, [&](const ps::StepInfo&) {
+      ev.run(pulled_step, static_cast<double>(pulled_step) * per_global / data.train.size);
+    });
   }
   // psd's status page and /metrics show each worker's loss and speed.
   hooks.add<ps::ReportHook>(client, f.log_every > 0 ? f.log_every : 100);
@@ -295,7 +305,7 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
     const auto t0 = Clock::now();
     ps::Batch b = shard.next_batch(f.batch_size);
     const auto t1 = Clock::now();
-    session.pull();
+    pulled_step = session.pull();
     const auto t2 = Clock::now();
     if (session.should_stop()) break;  // the job ended while this worker waited for its step
     towers.upload_params();
@@ -392,9 +402,7 @@ int main(int argc, char** argv) {
   }
 
   return ps::run_trainer_main("mnist_trainer", [&] {
-    auto level = spdlog::level::from_str(psf.log_level);
-    if (level == spdlog::level::off && psf.log_level != "off") throw ps::ConfigError("unknown --log_level '" + psf.log_level + "'");
-    spdlog::set_level(level);
+    ps::apply_log_level(psf);
     f.validate();
     if (m.validation_size < 0) throw ps::ConfigError("--validation_size must be >= 0");
     if (m.local) return run_local(f, m);

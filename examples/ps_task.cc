@@ -23,6 +23,12 @@ void add_ps_task_flags(CLI::App& app, PsTaskFlags& f) {
                  "CAP_SYS_NICE); unset: as started");
 }
 
+void apply_log_level(const PsTaskFlags& f) {
+  const auto level = spdlog::level::from_str(f.log_level);
+  if (level == spdlog::level::off && f.log_level != "off") throw ConfigError("unknown --log_level '" + f.log_level + "'");
+  spdlog::set_level(level);
+}
+
 int run_ps_task(const ClusterSpec& spec, const PsTaskFlags& f) {
   ServerOptions o;
   o.shard.shard_index = static_cast<uint32_t>(spec.task_index());

@@ -31,6 +31,10 @@ struct PsTaskFlags {
 // --exit_when_done, --port_file, --log_level, --nice.
 void add_ps_task_flags(CLI::App& app, PsTaskFlags& flags);
 
+// Sets spdlog's level from --log_level; ConfigError for a name it does not
+// know (spdlog alone would turn logging off).
+void apply_log_level(const PsTaskFlags& flags);
+
 // Serves shard spec.task_index() of spec.num_ps() on this task's port.
 // Returns the exit code (0 after a clean stop); throws ConfigError.
 int run_ps_task(const ClusterSpec& spec, const PsTaskFlags& flags);

@@ -8,7 +8,11 @@ Otherwise, or with --builtin, uses the small decoder below, which checks the
 TFRecord framing and both masked CRC32Cs and decodes the few Event fields
 SummaryWriter writes.
 
-Usage: scripts/check_events.py [--builtin] LOGDIR_OR_FILE
+With --unique (built-in decoder), also fails (exit 1) when a tag is written
+twice for one step, or for a step before one it was written for: what a
+chart would show as a zigzag.
+
+Usage: scripts/check_events.py [--builtin] [--unique] LOGDIR_OR_FILE
 """
 import os
 import struct
@@ -124,9 +128,20 @@ def event_files(target):
     return found
 
 
+def repeats(path):
+    """(tag, step) pairs written again, or out of order, in one file."""
+    last, bad = {}, []
+    for tag, step, _, _ in builtin_scalars(path):
+        if tag in last and step <= last[tag]:
+            bad.append((tag, step))
+        last[tag] = step
+    return bad
+
+
 def main(argv):
-    builtin = "--builtin" in argv
-    args = [a for a in argv if a != "--builtin"]
+    unique = "--unique" in argv
+    builtin = "--builtin" in argv or unique
+    args = [a for a in argv if a not in ("--builtin", "--unique")]
     if len(args) != 1:
         raise SystemExit(__doc__)
     accumulator = None
@@ -146,6 +161,11 @@ def main(argv):
         else:
             for tag, step, wall, value in builtin_scalars(path):
                 print(f"{tag}\tstep={step}\tvalue={value:.6g}\twall_time={wall:.3f}")
+        if unique:
+            bad = repeats(path)
+            if bad:
+                raise SystemExit(f"{path}: written again or out of order: " +
+                                 ", ".join(f"{t} at step {s}" for t, s in bad))
 
 
 if __name__ == "__main__":

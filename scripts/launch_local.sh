@@ -47,7 +47,7 @@ while [ $# -gt 0 ]; do
     --unix) unix=1; shift ;;
     --psd_flags) psd_flags=${2?}; shift 2 ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 0 ;;  # the comment block above
     *) die "unknown option '$1' (trainer flags go after --)" ;;
   esac
 done

@@ -37,8 +37,7 @@ void JobState::configure(const JobConfig& config) {
   configured_ = true;
   // A job restored from a checkpoint (ps/checkpoint.h) goes on from its step.
   if (global_step_ == 0 && config_.start_step > 0) global_step_ = config_.start_step;
-  spdlog::info("job configured: {}{}", to_string(config_),
-               config_.train_steps > 0 ? ", stop at step " + std::to_string(config_.train_steps) : "");
+  spdlog::info("job configured: {}", to_string(config_));
 }
 
 void JobState::check_worker(int worker_index) const {

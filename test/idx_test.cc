@@ -1,5 +1,11 @@
 // IDX reading: plain and gzipped files written here, and every bad-file case.
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
 
 #include <catch2/catch.hpp>
 
@@ -77,6 +83,46 @@ TEST_CASE("IDX: bad files") {
   CHECK_CONFIG_ERROR(ps::read_idx_labels(t / "lbcut.gz"), "data ends after 2");
 }
 
+TEST_CASE("IDX: a tiny gzip file that declares a huge data set fails without reserving room for it") {
+  TempDir t;
+  write_file(t / "huge.gz", gzip(idx_images(0xFFFFFFFF, 4096, 4096, {1, 2, 3})));
+  write_file(t / "huge-labels.gz", gzip(idx_labels({1}, 0x801, 0xFFFFFFFF)));
+  // In a child with 128 MiB of address space to spare: a reserve sized by
+  // the header (1 GiB of pixels, 256 MiB of labels before) fails there with
+  // std::bad_alloc instead of the clear error.
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    long pages = 0;
+    std::ifstream("/proc/self/statm") >> pages;
+    const rlim_t limit = static_cast<rlim_t>(pages) * ::sysconf(_SC_PAGESIZE) + (128u << 20);
+    const rlimit rl{limit, limit};
+    if (::setrlimit(RLIMIT_AS, &rl) != 0) ::_exit(64);
+    int code = 0;
+    try {
+      ps::read_idx_images(t / "huge.gz");
+      code |= 1;
+    } catch (const ps::ConfigError& e) {
+      if (std::strstr(e.what(), "data ends after 0 of them") == nullptr) code |= 2;
+    } catch (...) {
+      code |= 4;
+    }
+    try {
+      ps::read_idx_labels(t / "huge-labels.gz");
+      code |= 8;
+    } catch (const ps::ConfigError& e) {
+      if (std::strstr(e.what(), "data ends after 1") == nullptr) code |= 16;
+    } catch (...) {
+      code |= 32;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);  // 4 / 32: out of memory (bad_alloc)
+}
+
 TEST_CASE("MnistData::load: plain and gz, validation split") {
   for (bool gz : {false, true}) {
     TempDir t;
@@ -114,6 +160,10 @@ TEST_CASE("MnistData::load: bad directories") {
   CHECK_CONFIG_ERROR(ps::MnistData::load(t.path),
                      "count mismatch: " + t.path + "/t10k-images-idx3-ubyte has 7 images but " +
                          t.path + "/t10k-labels-idx1-ubyte has 3 labels");
+  // A test set without images: an accuracy of 0 would pass for a result.
+  write_file(t / "t10k-labels-idx1-ubyte", idx_labels({}));
+  write_file(t / "t10k-images-idx3-ubyte", idx_images(0, 2, 2, {}));
+  CHECK_CONFIG_ERROR(ps::MnistData::load(t.path), "t10k-images-idx3-ubyte holds no images");
   // Image size mismatch between train and test.
   write_file(t / "t10k-labels-idx1-ubyte", idx_labels({1}));
   write_file(t / "t10k-images-idx3-ubyte", idx_images(1, 1, 4, {1, 2, 3, 4}));

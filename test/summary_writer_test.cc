@@ -4,12 +4,14 @@
 
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "idx_fixture.h"
 #include "ps/errors.h"
@@ -210,4 +212,37 @@ TEST_CASE("SummaryHook averages accuracy over the steps that measured it") {
   }
   CHECK(written.at("loss") == 2.0f);
   CHECK(written.at("accuracy/train") == Approx(0.8f));  // before: (0.8 - 1) / 2
+}
+
+TEST_CASE("SummaryHook's rates count from the step a worker joined at, and skip a step that went back") {
+  ps_test::TempDir t;
+  std::string path;
+  {
+    ps::SummaryWriter w(t / "run");
+    path = w.path();
+    ps::SummaryHook hook(w, 2);
+    hook.begin();
+    // A chief restarted into a job at step 994.
+    hook.after_step({.local_step = 1, .global_step = 995, .loss = 1.0, .examples_per_global_step = 10});
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    hook.after_step({.local_step = 2, .global_step = 996, .loss = 1.0, .examples_per_global_step = 10});
+    // The ps restored an older checkpoint: the step goes back.
+    hook.after_step({.local_step = 3, .global_step = 500, .loss = 1.0, .examples_per_global_step = 10});
+    hook.after_step({.local_step = 4, .global_step = 501, .loss = 1.0, .examples_per_global_step = 10});
+  }
+  std::vector<std::pair<int64_t, float>> rates;
+  auto recs = read_records(path);
+  for (std::size_t i = 1; i < recs.size(); ++i) {
+    Msg ev = decode(recs[i]);
+    if (ev.bytes.count(5) == 0) continue;
+    Msg value = decode(decode(ev.bytes.find(5)->second).bytes.find(1)->second);
+    if (value.bytes.find(1)->second == "global_step/sec") {
+      rates.emplace_back(static_cast<int64_t>(ev.nums.find(2)->second), as_float(value.nums.find(2)->second));
+    }
+  }
+  REQUIRE(rates.size() == 1);  // none at step 501: before, a negative rate
+  CHECK(rates[0].first == 996);
+  // 2 steps in >= 50 ms: at most 40/s. Counted from step 0 it was 996 steps.
+  CHECK(rates[0].second > 0);
+  CHECK(rates[0].second <= 40);
 }

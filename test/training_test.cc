@@ -210,6 +210,37 @@ TEST_CASE("sync mode refuses gradient values whose sum over the replicas would o
   CHECK(chief.stats()[0].rejected == 1);
 }
 
+TEST_CASE("sync: every worker reports the step its push went into, the last one included") {
+  // Before, only the worker whose push closed a step said so; the other
+  // reported the step before (one of two workers ended at "99 global steps"
+  // of 100).
+  PsdProcess psd;
+  const JobConfig job{.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2, .train_steps = 20};
+  int64_t final_step[2] = {0, 0};
+  int off_by_one[2] = {0, 0};  // Catch's assertions are for the test's own thread
+  auto worker = [&](int i) {
+    Client client(worker_options({&psd}, i));
+    TrainingSession session(client, {.job = job});
+    std::vector<float> w(2), g(2, 1.0f);
+    session.add_variable({.name = "w", .shape = {2}, .optimizer = OptimizerConfig::sgd(0.01f)}, w, g);
+    session.initialize();
+    while (!session.should_stop()) {
+      session.pull();
+      if (session.should_stop()) break;  // the job ended while this worker waited
+      const StepOutcome out = session.push();
+      off_by_one[i] += out.global_step != out.step + 1;
+    }
+    final_step[i] = session.global_step();
+  };
+  std::thread other(worker, 1);
+  worker(0);
+  other.join();
+  CHECK(off_by_one[0] == 0);
+  CHECK(off_by_one[1] == 0);
+  CHECK(final_step[0] == 20);
+  CHECK(final_step[1] == 20);
+}
+
 TEST_CASE("a push can report the worker's step: blocking and async alike") {
   // Async job, 2 shards, "w" on shard 0 only: shard 1 gets the report alone.
   PsdProcess a, b;
@@ -369,6 +400,11 @@ TEST_CASE("bad job input: a second chief, a worker outside the job, another job 
   CHECK_THROWS_WITH(Client(worker_options({&psd}, 0)), Catch::Contains("second chief"));
   CHECK_THROWS_WITH(Client(worker_options({&psd}, 7)), Catch::Contains("outside the job's 2 workers"));
   CHECK_THROWS_WITH(chief.init_job({.mode = SyncMode::kAsync}), Catch::Contains("already configured"));
+  // Another stop step reads as one, named once (it read "initJob: initJob: ... as sync (...), not sync (...)").
+  CHECK_THROWS_WITH(
+      chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2, .train_steps = 60}),
+      Catch::StartsWith("initJob: the job is already configured as sync (aggregate 2 of 2), not sync (aggregate 2 of "
+                        "2), stop at step 60"));
   // A chief restarted with restore_from names the newest checkpoint's step
   // as where a job starts: the running job goes on, at its own step.
   CHECK_NOTHROW(chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2, .start_step = 7}));

@@ -70,6 +70,8 @@ MnistData MnistData::load(const std::string& dir, int64_t validation_size) {
   };
   same_count(train_im, train_lb, paths[0], paths[1]);
   same_count(test_im, test_lb, paths[2], paths[3]);
+  // An empty test set would report an accuracy of 0 as a result.
+  if (test_im.count == 0) throw ConfigError(paths[2] + " holds no images: there is nothing to test on");
   if (train_im.rows != test_im.rows || train_im.cols != test_im.cols)
     throw ConfigError("image size mismatch: " + paths[0] + " is " + std::to_string(train_im.rows) +
                       "x" + std::to_string(train_im.cols) + " but " + paths[2] + " is " +

@@ -85,6 +85,14 @@ class IdxReader {
   std::optional<kj::GzipInputStream> gzip_;
 };
 
+// Deflate expands at most about 1032:1; what a file may hold decides how
+// much to reserve before the data is seen.
+constexpr int64_t kMaxDeflateRatio = 1032;
+int64_t most_bytes_in(const IdxReader& r) {
+  if (r.file_size() <= 0) return 0;
+  return r.gzipped() ? r.file_size() * kMaxDeflateRatio : r.file_size();
+}
+
 }  // namespace
 
 IdxImages read_idx_images(const std::string& path) {
@@ -107,9 +115,10 @@ IdxImages read_idx_images(const std::string& path) {
   out.count = count;
   out.rows = static_cast<int>(rows);
   out.cols = static_cast<int>(cols);
-  // A plain file was checked against its size; for gzip, trust the header up
-  // to 1 GiB of floats and grow beyond that as the data really arrives.
-  out.pixels.reserve(static_cast<size_t>(std::min<int64_t>(bytes, int64_t(1) << 28)));
+  // A plain file was checked against its size; gzip cannot hold more than
+  // kMaxDeflateRatio times its own size (a 32-byte file declaring 2^32
+  // images reserved 1 GiB), and the rest grows as the data really arrives.
+  out.pixels.reserve(static_cast<size_t>(std::min(bytes, most_bytes_in(r))));
   std::vector<unsigned char> chunk(1 << 16);
   int64_t done = 0;
   while (done < bytes) {
@@ -135,7 +144,7 @@ std::vector<int32_t> read_idx_labels(const std::string& path, int num_classes) {
     throw ConfigError(path + ": truncated: header says " + std::to_string(count) +
                       " labels but the file has " + std::to_string(r.file_size()) + " bytes");
   std::vector<int32_t> out;
-  out.reserve(std::min<uint32_t>(count, 1u << 26));
+  out.reserve(static_cast<size_t>(std::min<int64_t>(count, most_bytes_in(r))));
   std::vector<unsigned char> chunk(1 << 16);
   while (out.size() < count) {
     const size_t want = std::min<size_t>(count - out.size(), chunk.size());

@@ -21,8 +21,9 @@ int main(int argc, char** argv) {
   try {
     ps::ClusterSpec spec = flags.cluster_spec();  // flags, else TF_CONFIG, else Slurm
     if (spec.is_ps()) throw ps::ConfigError("run psd for ps tasks");
+    const ps::JobConfig job = flags.job_config(spec, flags.train_steps);  // checks the flags (ConfigError)
     ps::Client client(flags.client_options(spec));
-    ps::TrainingSession session(client, {.job = flags.job_config(spec, flags.train_steps)});
+    ps::TrainingSession session(client, {.job = job});
     std::vector<float> w(1), b(1), gw(1), gb(1);
     session.add_variable({.name = "w", .shape = {1}, .optimizer = flags.optimizer_config(),
                           .init = ps::InitConfig::zeros(), .trainable = true}, w, gw);

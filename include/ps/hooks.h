@@ -120,7 +120,7 @@ class SummaryHook : public TrainingHook {
   SummaryWriter& writer_;
   int every_n_;
   std::chrono::steady_clock::time_point last_t_;
-  int64_t last_global_ = 0;
+  int64_t last_global_ = -1;  // -1: before the first step
   double loss_sum_ = 0, acc_sum_ = 0;  // over the steps since the last summary (acc: those that measured it)
   int n_ = 0, acc_n_ = 0;
 };

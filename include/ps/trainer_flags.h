@@ -75,7 +75,9 @@ struct TrainerFlags {
   // Replicas aggregated per sync step: --replicas_to_aggregate or all workers.
   int replicas(const ClusterSpec& spec) const;
   // The job: async, sync (--sync_replicas) or bounded staleness
-  // (--max_staleness > 0), stopping at `train_steps` global steps.
+  // (--max_staleness > 0), stopping at `train_steps` global steps. Checks the
+  // flags first (validate(), and --replicas_to_aggregate against the
+  // workers): throws ConfigError.
   JobConfig job_config(const ClusterSpec& spec, int64_t train_steps) const;
   // Global steps for --train_steps, or --epochs over `examples` training
   // examples (a sync step consumes replicas x batch examples, an async step
@@ -89,6 +91,11 @@ struct TrainerFlags {
   // Checks ranges (batch size, learning rate, ...); throws ConfigError.
   void validate() const;
 };
+
+// Global steps for `epochs` passes over `examples` examples, `examples_per_step`
+// a step (at least 1). Throws ConfigError for epochs that are not > 0, or
+// so many that the step count passes kMaxStep.
+int64_t steps_for_epochs(double epochs, int64_t examples, int64_t examples_per_step);
 
 // Registers the flags on `app`; values land in `flags`.
 void add_trainer_flags(CLI::App& app, TrainerFlags& flags);

@@ -65,8 +65,13 @@ kj::Promise<Checkpointer::Written> Checkpointer::checkpoint(int64_t step) {
   if (options_.dir.empty()) throw RequestError("checkpoint: this psd has no --checkpoint_dir");
   const uint64_t signature = change_signature();
   return shard_.snapshot_at_step(step).then([this, signature](std::shared_ptr<ShardCheckpoint> c) {
-    saved_signature_ = signature;
-    return write(kj::mv(c));
+    // Saved only once written: a failed write (disk full, a bad directory)
+    // is tried again at the next period even if nothing changes (before, an
+    // idle job's state was never saved).
+    return write(kj::mv(c)).then([this, signature](Written w) {
+      saved_signature_ = signature;
+      return w;
+    });
   });
 }
 

@@ -96,6 +96,30 @@ TEST_CASE("psd writes a checkpoint on SIGTERM and restores it on restart, optimi
   CHECK(w == reference);  // bit for bit: values, both Adam moments and the step
 }
 
+TEST_CASE("a periodic checkpoint that failed is written at a later period, though nothing changed since") {
+  TempDir dir;
+  const std::string shard_dir = shard_checkpoint_dir(dir.path(), 0, 1);
+  std::ofstream(shard_dir) << "a file where the shard's directory goes: every write fails";
+  PsdProcess psd(ckpt_args(dir, 0.2));
+  Client c(options_for({&psd}));
+  c.create({{.name = "w", .shape = {4}, .optimizer = OptimizerConfig::sgd(1.0f)}});
+  c.push("w", std::vector<float>{1, 2, 3, 4});
+  auto log_has = [&](const std::string& text) {
+    for (int i = 0; i < 100; ++i) {
+      if (psd.log().find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(50ms);
+    }
+    return false;
+  };
+  REQUIRE(log_has("periodic checkpoint failed"));
+  std::filesystem::remove(shard_dir);  // the disk is fine again; the job sits idle
+  // Before, the failed write counted as saved, and an idle job never was.
+  REQUIRE(log_has("checkpoint of step 0 written"));
+  auto files = list_checkpoints(dir.path(), 0, 1);
+  REQUIRE(files.size() == 1);
+  CHECK(read_checkpoint(files[0].path).tensors.at(0).values == std::vector<float>{-1, -2, -3, -4});
+}
+
 TEST_CASE("a damaged newest checkpoint is reported and skipped; the next older one is restored") {
   TempDir dir;
   int port = 0;

@@ -82,9 +82,11 @@ kj::Promise<kj::Own<ShardConnection>> share_memory(kj::Own<ShardConnection> conn
     spdlog::info("shard {}: no shared memory ({}); tensors go over {}", conn->index, e.what(), conn->via);
     return kj::mv(conn);
   }
+  const SharedRegion::Token token = region->stamp_token();
   auto req = conn->shard.attachMemoryRequest();
   req.setFd(region->fd());
   req.setBytes(region->size());
+  req.setToken(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(token.data()), token.size()));
   ShardConnection* c = conn.get();
   return req.send()
       .then(

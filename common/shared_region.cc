@@ -1,7 +1,9 @@
 #include "shared_region.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <random>
 #include <string>
 
 #include <fcntl.h>
@@ -45,7 +47,19 @@ std::unique_ptr<SharedRegion> SharedRegion::create(uint64_t bytes) {
   return std::unique_ptr<SharedRegion>(new SharedRegion(fd, data, bytes));
 }
 
-std::unique_ptr<SharedRegion> SharedRegion::open_peer(pid_t pid, int peer_fd, uint64_t max_bytes) {
+SharedRegion::Token SharedRegion::stamp_token() {
+  Token token;
+  std::random_device random;  // the kernel's entropy: not guessable by another process
+  for (std::size_t i = 0; i < token.size(); i += sizeof(unsigned)) {
+    const unsigned r = random();
+    std::memcpy(token.data() + i, &r, std::min(sizeof(unsigned), token.size() - i));
+  }
+  std::memcpy(data_, token.data(), std::min<uint64_t>(token.size(), size_));
+  return token;
+}
+
+std::unique_ptr<SharedRegion> SharedRegion::open_peer(pid_t pid, int peer_fd, uint64_t max_bytes,
+                                                      std::span<const std::byte> token) {
   if (pid <= 0 || peer_fd < 0) throw RequestError("attachMemory: no such descriptor");
   const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(peer_fd);
   const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
@@ -65,9 +79,18 @@ std::unique_ptr<SharedRegion> SharedRegion::open_peer(pid_t pid, int peer_fd, ui
     throw refuse("region of " + std::to_string(size) + " bytes (psd maps 1 to " + std::to_string(max_bytes) +
                  ", --max_shared_memory_mb)");
   }
+  if (token.size() != kTokenBytes) {
+    throw refuse("a token of " + std::to_string(kTokenBytes) + " bytes must come with the region");
+  }
+  if (size < kTokenBytes) throw refuse("region of " + std::to_string(size) + " bytes, smaller than its token");
   std::byte* data = map(fd, size);
   if (data == nullptr) throw refuse(os_error("mmap"));
-  return std::unique_ptr<SharedRegion>(new SharedRegion(fd, data, size));
+  auto region = std::unique_ptr<SharedRegion>(new SharedRegion(fd, data, size));
+  if (std::memcmp(region->data(), token.data(), kTokenBytes) != 0) {
+    throw RequestError("attachMemory: the region does not hold the token sent with it: not the caller's memory "
+                       "(its pid reused by another process?)");
+  }
+  return region;
 }
 
 SharedRegion::~SharedRegion() {

@@ -11,17 +11,27 @@
 // the kernel lets it open that process's descriptors (same user). The file
 // has no name, so nothing is left behind however either side ends.
 //
+// A pid can be reused: the process that connected may be gone, its socket
+// held by another, and the pid now a stranger's with a memfd at that fd
+// number. So the client also writes a random token at the region's start
+// and sends it with attachMemory, and psd maps only a region that holds it
+// (only the region's owner can know it); the bytes are the arena's again
+// once attached.
+//
 // Pages are only allocated where written: a large region costs address
 // space, and memory only for what transfers have used.
 //
 //   auto region = SharedRegion::create(256u << 20);          // client
-//   ... attachMemory(fd = region->fd(), bytes = region->size()) ...
-//   auto mapped = SharedRegion::open_peer(pid, fd, limit);    // psd
+//   auto token = region->stamp_token();
+//   ... attachMemory(fd = region->fd(), bytes = region->size(), token) ...
+//   auto mapped = SharedRegion::open_peer(pid, fd, limit, token);  // psd
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <sys/types.h>
 
 namespace ps {
@@ -31,10 +41,17 @@ class SharedRegion {
   // A new sealed memfd of `bytes`, mapped here. Throws ps::Error.
   static std::unique_ptr<SharedRegion> create(uint64_t bytes);
 
+  static constexpr std::size_t kTokenBytes = 16;
+  using Token = std::array<std::byte, kTokenBytes>;
+
   // Maps descriptor `fd` of process `pid`. Refused (ps::RequestError, with
   // the reason): a descriptor that cannot be opened, is not a memfd sealed
-  // against shrinking, or is larger than `max_bytes`.
-  static std::unique_ptr<SharedRegion> open_peer(pid_t pid, int fd, uint64_t max_bytes);
+  // against shrinking, is larger than `max_bytes`, or does not start with
+  // `token`.
+  static std::unique_ptr<SharedRegion> open_peer(pid_t pid, int fd, uint64_t max_bytes, std::span<const std::byte> token);
+
+  // Writes a new random token at the region's start and returns it.
+  Token stamp_token();
 
   ~SharedRegion();
   SharedRegion(const SharedRegion&) = delete;

@@ -275,10 +275,12 @@ interface Shard {
   # at that global step: the call waits for the step and holds the next one
   # until written, so all shards save the same step.
 
-  attachMemory @14 (fd :Int32, bytes :UInt64) -> (region :UInt32);
+  attachMemory @14 (fd :Int32, bytes :UInt64, token :Data) -> (region :UInt32);
   # Over psd's Unix socket only (ShardInfo.sharedMemory): psd maps the
   # caller's descriptor `fd`, a memfd of `bytes` sealed against shrinking
-  # (common/shared_region.h), opened through /proc with the peer's pid.
+  # (common/shared_region.h), opened through /proc with the peer's pid,
+  # whose first 16 bytes must be `token` (random, written there by the
+  # caller: a reused pid cannot hand psd a stranger's memory).
   # Pushes and pulls on this connection may then name slices of it. One
   # region per connection, unmapped when the connection ends.
 }

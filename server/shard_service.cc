@@ -255,7 +255,9 @@ kj::Promise<void> ShardServiceImpl::attachMemory(AttachMemoryContext context) {
     if (caller_.peer_pid <= 0) throw RequestError("attachMemory: only over psd's Unix socket (a client on psd's host)");
     if (caller_.shared) throw RequestError("attachMemory: this connection already has a shared memory region");
     auto params = context.getParams();
-    std::shared_ptr<SharedRegion> region = SharedRegion::open_peer(caller_.peer_pid, params.getFd(), limit);
+    const auto token = params.getToken();
+    std::shared_ptr<SharedRegion> region = SharedRegion::open_peer(
+        caller_.peer_pid, params.getFd(), limit, std::as_bytes(std::span(token.begin(), token.size())));
     if (region->size() != params.getBytes()) {
       throw RequestError("attachMemory: the region has " + std::to_string(region->size()) + " bytes, not " +
                          std::to_string(params.getBytes()));

@@ -78,31 +78,42 @@ TEST_CASE("a region is a sealed memfd that a second mapping sees") {
   CHECK(region->size() == 1 << 20);
   // Sealed: it cannot shrink under a peer's mapping.
   CHECK(ftruncate(region->fd(), 4096) != 0);
-  auto peer = SharedRegion::open_peer(getpid(), region->fd(), 1 << 20);
+  const auto token = region->stamp_token();
+  auto peer = SharedRegion::open_peer(getpid(), region->fd(), 1 << 20, token);
   std::memcpy(region->data() + 4096, "psd", 4);
   CHECK(std::memcmp(peer->data() + 4096, "psd", 4) == 0);
   CHECK(peer->contains(0, 1 << 20));
   CHECK_FALSE(peer->contains(1, 1 << 20));
   CHECK_FALSE(peer->contains(~uint64_t{0}, 2));  // no wrap-around
-  CHECK_THROWS_WITH(SharedRegion::open_peer(getpid(), region->fd(), 1 << 19), Catch::Contains("--max_shared_memory_mb"));
+  CHECK_THROWS_WITH(SharedRegion::open_peer(getpid(), region->fd(), 1 << 19, token), Catch::Contains("--max_shared_memory_mb"));
+  // Only the region that holds the token sent with it (not a stranger's
+  // behind a reused pid), and only with a whole token.
+  SharedRegion::Token other = token;
+  other[3] ^= std::byte{1};
+  CHECK_THROWS_WITH(SharedRegion::open_peer(getpid(), region->fd(), 1 << 20, other), Catch::Contains("does not hold the token"));
+  CHECK_THROWS_WITH(SharedRegion::open_peer(getpid(), region->fd(), 1 << 20, std::span(token).first(8)),
+                    Catch::Contains("a token of 16 bytes"));
+  // A new token each time.
+  CHECK(region->stamp_token() != token);
 }
 
 TEST_CASE("psd refuses descriptors that are not sealed memory files") {
+  const SharedRegion::Token kAnyToken{};  // refused before it is looked at
   SECTION("an unsealed memfd") {
     const int fd = memfd_create("plain", MFD_CLOEXEC);
     REQUIRE(fd >= 0);
     REQUIRE(ftruncate(fd, 4096) == 0);
-    CHECK_THROWS_WITH(SharedRegion::open_peer(getpid(), fd, 1 << 20), Catch::Contains("sealed"));
+    CHECK_THROWS_WITH(SharedRegion::open_peer(getpid(), fd, 1 << 20, kAnyToken), Catch::Contains("sealed"));
     close(fd);
   }
   SECTION("a pipe") {
     int fds[2];
     REQUIRE(pipe(fds) == 0);
-    CHECK_THROWS_AS(SharedRegion::open_peer(getpid(), fds[1], 1 << 20), RequestError);
+    CHECK_THROWS_AS(SharedRegion::open_peer(getpid(), fds[1], 1 << 20, kAnyToken), RequestError);
     close(fds[0]);
     close(fds[1]);
   }
   SECTION("a descriptor that is not open") {
-    CHECK_THROWS_WITH(SharedRegion::open_peer(getpid(), 1 << 20, 1 << 20), Catch::Contains("cannot open"));
+    CHECK_THROWS_WITH(SharedRegion::open_peer(getpid(), 1 << 20, 1 << 20, kAnyToken), Catch::Contains("cannot open"));
   }
 }

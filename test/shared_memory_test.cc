@@ -60,10 +60,12 @@ struct RawLocal {
     req.send().wait(ws());
   }
   kj::WaitScope& ws() { return rpc.getWaitScope(); }
-  uint32_t attach(const SharedRegion& r) {
+  uint32_t attach(SharedRegion& r) {
+    const auto token = r.stamp_token();
     auto req = shard.attachMemoryRequest();
     req.setFd(r.fd());
     req.setBytes(r.size());
+    req.setToken(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(token.data()), token.size()));
     return req.send().wait(ws()).getRegion();
   }
   void push(const std::string& name, uint32_t region, uint64_t offset, uint64_t bytes) {
@@ -231,6 +233,7 @@ TEST_CASE("bad shared memory requests get clear errors and change nothing") {
   }
   SECTION("slices that do not fit the region or the tensor") {
     const uint32_t id = raw.attach(*region);
+    std::fill(floats, floats + 4, 0.5f);  // where attach() put its token
     CHECK_THROWS_WITH(raw.push("w", id, (1 << 20) - 4096, bytes), Catch::Contains("lies outside the region"));
     CHECK_THROWS_WITH(raw.push("w", id, ~uint64_t{0} - 8, bytes), Catch::Contains("lies outside the region"));
     CHECK_THROWS_WITH(raw.push("w", id, 0, bytes - 4), Catch::Contains("expects 8192 floats"));
@@ -241,7 +244,7 @@ TEST_CASE("bad shared memory requests get clear errors and change nothing") {
     floats[17] = NAN;
     CHECK_THROWS_WITH(raw.push("w", id, 0, bytes), Catch::Contains("NaN or Inf"));
     floats[17] = 0.5f;
-    CHECK_THROWS_WITH(raw.attach(*region), Catch::Contains("already has a shared memory region"));
+    CHECK_THROWS_WITH(raw.attach(*SharedRegion::create(1 << 20)), Catch::Contains("already has a shared memory region"));
     // A good slice still works on this connection afterwards.
     raw.push("w", id, 0, bytes);
     raw.pull("w", id, 4096, bytes);
@@ -263,7 +266,24 @@ TEST_CASE("bad shared memory requests get clear errors and change nothing") {
     auto wrong_size = raw.shard.attachMemoryRequest();
     wrong_size.setFd(region->fd());
     wrong_size.setBytes(4096);
+    const auto token = region->stamp_token();
+    wrong_size.setToken(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(token.data()), token.size()));
     CHECK_THROWS_WITH(wrong_size.send().wait(raw.ws()), Catch::Contains("not 4096"));
+    // A region that does not hold the token sent with it: another process's
+    // memory, reached through a reused pid.
+    auto stranger = SharedRegion::create(1 << 20);
+    stranger->stamp_token();
+    for (const bool sent : {true, false}) {
+      INFO((sent ? "another token" : "no token"));
+      auto req = raw.shard.attachMemoryRequest();
+      req.setFd(stranger->fd());
+      req.setBytes(stranger->size());
+      if (sent) {
+        const std::array<capnp::byte, SharedRegion::kTokenBytes> guess{};
+        req.setToken(kj::arrayPtr(guess.data(), guess.size()));
+      }
+      CHECK_THROWS_WITH(req.send().wait(raw.ws()), Catch::Contains(sent ? "does not hold the token" : "token of 16 bytes"));
+    }
   }
   SECTION("over TCP") {
     RawLocal tcp(local.psd.address());

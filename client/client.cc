@@ -47,13 +47,24 @@ namespace {
 // (values left out: the client checked them), then the real requests.
 enum class CreateRound { kValidate, kCreate };
 
+// What a create's earlier checks found new on a shard (create's
+// pendingTensors / pendingBytes).
+struct CreatePending {
+  uint64_t tensors = 0;
+  uint64_t bytes = 0;
+};
+
 // One create request: `batch`'s parts of `specs`, each cut to its part.
-kj::Promise<void> send_create(ShardConnection& c, const ShardBatch& batch, const std::vector<TensorSpec>& specs,
-                              CreateRound round) {
+kj::Promise<CreatePending> send_create(ShardConnection& c, const ShardBatch& batch, const std::vector<TensorSpec>& specs,
+                                       CreateRound round, CreatePending pending = {}) {
   const bool validate = round == CreateRound::kValidate;
   auto req = c.shard.createRequest();
   req.setValidateOnly(validate);
   req.setValuesLeftOut(validate);
+  if (validate) {
+    req.setPendingTensors(pending.tensors);
+    req.setPendingBytes(pending.bytes);
+  }
   auto out = req.initSpecs(static_cast<unsigned>(batch.parts.size()));
   for (unsigned i = 0; i < batch.parts.size(); ++i) {
     const TensorSpec& full = specs[batch.parts[i].tensor];
@@ -80,7 +91,9 @@ kj::Promise<void> send_create(ShardConnection& c, const ShardBatch& batch, const
       part_to_wire(PartMeta{full.name, full.shape, part.offset, part.index, part.num_parts}, out[i].initPart());
     }
   }
-  return req.send().ignoreResult();
+  return req.send().then([](capnp::Response<wire::Shard::CreateResults>&& reply) {
+    return CreatePending{reply.getPendingTensors(), reply.getPendingBytes()};
+  });
 }
 
 // What psd would refuse in values that its check round does not see.
@@ -101,18 +114,23 @@ void check_create_values(const TensorSpec& full) {
   }
 }
 
-// Every shard's parts in one batch: what the check round sends.
-std::vector<ShardBatch> one_batch_per_shard(const std::vector<ShardBatch>& batches) {
-  std::map<int, ShardBatch> merged;
-  for (const ShardBatch& b : batches) {
-    ShardBatch& m = merged[b.shard];
-    m.shard = b.shard;
-    m.parts.insert(m.parts.end(), b.parts.begin(), b.parts.end());
-    m.bytes += b.bytes;
-  }
-  std::vector<ShardBatch> out;
-  for (auto& [shard, b] : merged) out.push_back(std::move(b));
-  return out;
+// One shard's check requests (`checks`, all for one shard), one after
+// another, each told what those before found new: the shard's limits count
+// the whole call, in requests that each fit its message limit (one request
+// per shard broke the connection past it).
+kj::Promise<void> check_in_turn(Reconnector& retry, std::shared_ptr<const std::vector<ShardBatch>> checks,
+                                std::shared_ptr<const std::vector<TensorSpec>> specs, std::size_t i,
+                                CreatePending pending) {
+  if (i == checks->size()) return kj::READY_NOW;
+  const ShardBatch* batch = &(*checks)[i];
+  return retry
+      .call(batch->shard,
+            [batch, specs, pending](ShardConnection& c, int) {
+              return send_create(c, *batch, *specs, CreateRound::kValidate, pending);
+            })
+      .then([&retry, checks, specs, i](CreatePending found) {
+        return check_in_turn(retry, checks, specs, i + 1, found);
+      });
 }
 
 // A create's declarations, taken back unless kept (the create succeeded):
@@ -175,26 +193,36 @@ void Client::create(const std::vector<TensorSpec>& specs) {
                       "); raise psd --max_message_mb or lower ClientOptions::part_bytes");
   }
   auto shared_specs = std::make_shared<const std::vector<TensorSpec>>(specs);
-  // Over several requests, every shard first checks all it will get, in
-  // one request, before any creates: one refusal creates nothing anywhere,
-  // and a shard's limits count every new tensor of the call.
-  auto checks = batches.size() > 1 ? one_batch_per_shard(batches) : std::vector<ShardBatch>();
-  auto round = [this, shared_specs](const std::vector<ShardBatch>& requests, CreateRound kind) {
+  // Over several requests, every shard first checks all it will get,
+  // values left out, before any creates: one refusal creates nothing
+  // anywhere, and a shard's limits count every new tensor of the call.
+  std::map<int, std::shared_ptr<std::vector<ShardBatch>>> checks;
+  if (batches.size() > 1) {
+    for (ShardBatch& b : impl_->plan(names, std::vector<uint32_t>(names.size(), 0))) {
+      auto& list = checks[b.shard];
+      if (!list) list = std::make_shared<std::vector<ShardBatch>>();
+      list->push_back(std::move(b));
+    }
+  }
+  auto create_round = [this, shared_specs](const std::vector<ShardBatch>& requests) {
     kj::Vector<kj::Promise<void>> calls;
     for (const auto& b : requests) {
-      calls.add(impl_->retry->call(b.shard, [b, shared_specs, kind](ShardConnection& c, int) {
-        return send_create(c, b, *shared_specs, kind);
+      calls.add(impl_->retry->call(b.shard, [b, shared_specs](ShardConnection& c, int) {
+        return send_create(c, b, *shared_specs, CreateRound::kCreate).ignoreResult();
       }));
     }
     return kj::joinPromises(calls.releaseAsArray());
   };
   struct Done {};
   impl_->submit<Done>(
-            [round, batches = std::move(batches), checks = std::move(checks)]() mutable {
-              auto checked = checks.empty() ? kj::Promise<void>(kj::READY_NOW) : round(checks, CreateRound::kValidate);
+            [this, shared_specs, create_round, batches = std::move(batches), checks = std::move(checks)]() mutable {
+              kj::Vector<kj::Promise<void>> shards_checked;
+              for (auto& [shard, list] : checks) {
+                shards_checked.add(check_in_turn(*impl_->retry, list, shared_specs, 0, CreatePending{}));
+              }
               // The second round outlives this call: what it sends moves into it.
-              return checked
-                  .then([round, batches = std::move(batches)]() mutable { return round(batches, CreateRound::kCreate); })
+              return kj::joinPromises(shards_checked.releaseAsArray())
+                  .then([create_round, batches = std::move(batches)]() mutable { return create_round(batches); })
                   .then([] { return Done{}; });
             },
             "create: ")
@@ -372,6 +400,8 @@ Client::Checkpoint Client::checkpoint(int64_t step) {
 }
 
 uint64_t Client::rollbacks() const { return impl_->retry ? impl_->retry->rollbacks() : 0; }
+
+int64_t Client::recorded_step() const { return impl_->recorded_step; }
 
 uint32_t Client::barrier(const std::string& name, uint32_t count, std::chrono::milliseconds timeout) {
   struct Arrived {

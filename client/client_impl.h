@@ -297,6 +297,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
       job = shards[0]->job;
       job_mode = job.mode;
     }
+    for (auto& s : shards) recorded_step = std::max(recorded_step, s->worker_step);
     uint64_t smallest = std::numeric_limits<uint64_t>::max();
     for (auto& s : shards) smallest = std::min(smallest, s->max_message_bytes);
     if (smallest <= kMessageSlack + sizeof(float)) throw ConfigError("psd's message size limit is too small");
@@ -459,6 +460,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   Placement placement;
   uint64_t max_batch_bytes = 64u << 20;
   uint64_t max_payload_bytes = 64u << 20;  // the most a request may carry to every shard
+  int64_t recorded_step = -1;  // Client::recorded_step(), from the first hellos
   ClientLoop loop;
   // Loop-thread state.
   std::vector<kj::Own<ShardConnection>> shards;

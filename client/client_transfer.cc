@@ -47,8 +47,8 @@ std::future<PullResult> Client::start_pull(std::vector<std::string> names, std::
                                                     std::to_string(out.size()) + " buffers");
   for (std::size_t i = 0; i < names.size(); ++i) {
     const uint64_t n = impl_->tensor_elements(names[i]);
-    if (out[i].size() != n) {
-      throw ConfigError("pull: buffer for '" + names[i] + "' holds " + std::to_string(out[i].size()) + " floats, tensor has " +
+    if (out[i].size() != n) {  // a wrong size is a RequestError, as for a push
+      throw RequestError("pull: buffer for '" + names[i] + "' holds " + std::to_string(out[i].size()) + " floats, tensor has " +
                         std::to_string(n));
     }
   }

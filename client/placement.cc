@@ -27,6 +27,13 @@ int Placement::pick_shard() {
   return static_cast<int>(std::min_element(shard_bytes_.begin(), shard_bytes_.end()) - shard_bytes_.begin());
 }
 
+bool Placement::is_part_name(const std::string& name) {
+  const auto slash = name.rfind("/part_");
+  if (slash == std::string::npos || slash + 6 == name.size()) return false;
+  return std::all_of(name.begin() + static_cast<std::ptrdiff_t>(slash + 6), name.end(),
+                     [](char c) { return c >= '0' && c <= '9'; });
+}
+
 const PlacedTensor& Placement::add(const TensorSpec& spec) {
   ++adds_;
   if (spec.name.empty()) throw ConfigError("tensor name must not be empty");
@@ -38,14 +45,35 @@ const PlacedTensor& Placement::add(const TensorSpec& spec) {
     }
     return existing;
   }
+  if (is_part_name(spec.name)) {
+    // psd stores split tensors' parts under such names: "w/part_5" next to
+    // a split "w" clashed on some shard counts only (a model that trained
+    // could not be restored into another).
+    throw ConfigError("tensor '" + spec.name + "': names ending in /part_<number> are kept for the parts of split tensors");
+  }
   const uint64_t n = spec.num_elements();
   if (n == 0) throw ConfigError("tensor '" + spec.name + "' has no elements: shape " + shape_to_string(spec.shape));
+  // Counts past these wrapped: a shape of 2^64-1 elements was placed in 0
+  // parts and its create "succeeded".
+  if (n > kMaxElements) {
+    throw ConfigError("tensor '" + spec.name + "' of shape " + shape_to_string(spec.shape) + " has more than 2^61 elements");
+  }
   const uint64_t per_chunk = chunk_bytes_ / sizeof(float);
   const uint64_t per_part = part_bytes_ / sizeof(float);
   const uint64_t parts_per_chunk = (per_chunk + per_part - 1) / per_part;
-  const uint64_t num_chunks = (n + per_chunk - 1) / per_chunk;
+  const uint64_t num_chunks = n / per_chunk + (n % per_chunk != 0);
   const uint64_t last_chunk = n - (num_chunks - 1) * per_chunk;
   const uint64_t num_parts = (num_chunks - 1) * parts_per_chunk + (last_chunk + per_part - 1) / per_part;
+  if (num_parts > kMaxParts) {
+    throw ConfigError("tensor '" + spec.name + "' of shape " + shape_to_string(spec.shape) + " would be cut into " +
+                      std::to_string(num_parts) + " parts of " + std::to_string(part_bytes_) +
+                      " bytes, more than 2^24 (raise ClientOptions::part_bytes)");
+  }
+  if (num_parts > 1 && part_name(spec.name, static_cast<uint32_t>(num_parts - 1)).size() > kMaxNameBytes) {
+    throw ConfigError("tensor '" + spec.name.substr(0, 40) + "...': split in " + std::to_string(num_parts) +
+                      " parts, its parts' names (\"/part_<i>\" added) pass psd's " + std::to_string(kMaxNameBytes) +
+                      " characters: shorten it");
+  }
 
   PlacedTensor placed{spec, {}};
   placed.spec.init.values = {};  // the create sent them; kept, a restore would hold the model twice

@@ -12,9 +12,14 @@ std::vector<ShardBatch> plan_batches(const Placement& placement, const std::vect
   std::set<std::string> seen;
   for (std::size_t t = 0; t < names.size(); ++t) {
     if (!seen.insert(names[t]).second) throw ConfigError("tensor '" + names[t] + "' named twice in one request");
-    for (const Part& part : placement.parts_of(names[t])) {
+    const PlacedTensor& tensor = placement.at(names[t]);
+    // Names and the shape ride with every part (long names overran the
+    // limit: 4000 one-float tensors with 500-character names).
+    const uint64_t described = kPartOverheadBytes + 2 * tensor.spec.name.size() + 8 * tensor.spec.shape.size();
+    for (const Part& part : tensor.parts) {
       auto& batches = per_shard[part.shard];
-      const uint64_t bytes = part.count * sizeof(float) * (copies.empty() ? 1 : copies[t]) + kPartOverheadBytes;
+      const uint64_t bytes = part.count * sizeof(float) * (copies.empty() ? 1 : copies[t]) + described +
+                             part.stored_name.size();
       if (batches.empty() || (batches.back().bytes + bytes > max_batch_bytes && !batches.back().parts.empty())) {
         batches.push_back(ShardBatch{part.shard, {}, 0});
       }

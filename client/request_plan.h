@@ -22,8 +22,9 @@ struct ShardBatch {
   uint64_t bytes = 0;
 };
 
-// What a part costs in a message besides its values (name, shape, list
-// entries), so that many small tensors do not add up past the limit.
+// What a part costs in a message besides its values, its names and its
+// shape (list entries, the spec's other fields), so that many small
+// tensors do not add up past the limit.
 constexpr uint64_t kPartOverheadBytes = 256;
 
 // Throws ConfigError for an undeclared name or a name given twice.

@@ -111,6 +111,7 @@ kj::Promise<kj::Own<ShardConnection>> say_hello(kj::Own<ShardConnection> conn, c
                              capnp::Response<wire::Shard::HelloResults>&& reply) mutable -> kj::Promise<kj::Own<ShardConnection>> {
     auto info = reply.getInfo();
     conn->max_message_bytes = info.getMaxMessageBytes();
+    conn->worker_step = info.getWorkerStep();
     conn->allows_nonfinite = info.getAllowsNonfinite();
     conn->num_shards = info.getNumShards();
     conn->shard_index = info.getShardIndex();

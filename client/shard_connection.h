@@ -30,6 +30,7 @@ struct ShardConnection {
   uint32_t num_shards = 0;
   uint32_t shard_index = 0;
   JobConfig job;  // as the shard knew it at hello
+  int64_t worker_step = -1;  // ShardInfo.workerStep at hello
   // Reconnection (reconnector.h): which connection to this shard this is,
   // the global step the shard had at hello, the newest step any reply on
   // this connection carried, and whether the shard came back at a step older

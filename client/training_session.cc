@@ -47,6 +47,10 @@ void TrainingSession::initialize() {
     options_.job = client_.job();
     check_declared_as_created();
   }
+  // Bounded staleness measures every worker by its own step count: a
+  // restarted worker going on from 0 was ignored until it passed its old
+  // count, and the others ran that far past max_staleness meanwhile.
+  if (options_.job.mode == SyncMode::kBoundedStaleness) local_step_ = std::max(local_step_, client_.recorded_step());
   initialized_ = true;
 }
 

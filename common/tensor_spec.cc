@@ -8,8 +8,14 @@ namespace ps {
 
 uint64_t TensorSpec::num_elements() const {
   uint64_t n = 1;
-  for (uint64_t d : shape) n *= d;
-  return shape.empty() ? 1 : n;
+  for (uint64_t d : shape) {
+    if (d != 0 && n > UINT64_MAX / d) return UINT64_MAX;  // a 0 elsewhere still makes it empty
+    n *= d;
+  }
+  for (uint64_t d : shape) {
+    if (d == 0) return 0;
+  }
+  return n;
 }
 
 void glorot_fans(const std::vector<uint64_t>& shape, uint64_t* fan_in, uint64_t* fan_out) {

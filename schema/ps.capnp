@@ -159,6 +159,8 @@ struct ShardInfo {
   hostId @8 :Text;             # psd's host (kernel boot id): a client with the same may use unixSocket
   sharedMemory @9 :Bool;       # attachMemory is accepted on unixSocket's connections
   allowsNonfinite @10 :Bool;   # psd --allow_nonfinite: gradients with NaN/Inf are applied, not refused
+  workerStep @11 :Int64 = -1;  # hello: the step psd recorded for the worker saying it (-1: none), where
+                               # a restarted worker goes on (bounded staleness counts steps per worker)
 }
 
 struct WorkerState {
@@ -204,8 +206,9 @@ interface Shard {
   # has not said hello after it and may say the real one next, or close (a
   # client on psd's host goes on over psd's Unix socket instead).
 
-  create @1 (specs :List(TensorSpec), validateOnly :Bool, valuesLeftOut :Bool)
-         -> (tensors :List(TensorMeta));
+  create @1 (specs :List(TensorSpec), validateOnly :Bool, valuesLeftOut :Bool,
+             pendingTensors :UInt64, pendingBytes :UInt64)
+         -> (tensors :List(TensorMeta), pendingTensors :UInt64, pendingBytes :UInt64);
   # Idempotent: an existing tensor with the same shape is returned as is
   # (created = false); one with another shape is an error.
   # validateOnly: check everything a create would, create nothing, and
@@ -217,6 +220,11 @@ interface Shard {
   # values, and restored slots as empty lists (their number still counts);
   # the client checked their lengths and that they are finite. Keeps the
   # check of a large restore one small message.
+  # pendingTensors/pendingBytes (with validateOnly only): what earlier
+  # check requests of the same create found new on this shard, counted
+  # against its limits with this request's; the reply gives the total for
+  # the next one. A shard's share too large for one message is checked in
+  # several requests, one after another, and still as a whole.
 
   pull @2 (names :List(Text), minStep :Int64, tag :UInt64, into :List(SharedSlice))
        -> (tensors :List(TensorData), step :Int64, tag :UInt64);

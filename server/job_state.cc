@@ -49,6 +49,13 @@ void JobState::check_worker(int worker_index) const {
   }
 }
 
+int64_t JobState::recorded_step(int worker_index) const {
+  auto it = workers_.find(worker_index);
+  if (worker_index < 0 || it == workers_.end()) return -1;
+  const WorkerRecord& w = it->second;
+  return w.pushes > 0 || w.step > 0 ? w.step : -1;
+}
+
 void JobState::connect(int worker_index, bool is_chief, const std::string& peer) {
   check_worker(worker_index);
   if (is_chief) {

@@ -74,6 +74,9 @@ class JobState {
   // Start-up restore from a checkpoint: before any connection.
   void restore(bool configured, const JobConfig& config, int64_t global_step, bool ready);
 
+  // A worker's recorded step (WorkerRecord::step: the steps it reported
+  // done, or the step it last pushed at); -1 when it has none.
+  int64_t recorded_step(int worker_index) const;
   // The smallest step among connected workers (bounded staleness).
   int64_t slowest_live_step() const;
   // Resolves once `step - slowest_live_step() <= max_staleness`.

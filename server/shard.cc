@@ -107,11 +107,16 @@ void Shard::create(wire::Shard::CreateParams::Reader params, wire::Shard::Create
   if (params.getValuesLeftOut() && !params.getValidateOnly()) {
     throw RequestError("create: values may be left out only when validating");
   }
+  if ((params.getPendingTensors() != 0 || params.getPendingBytes() != 0) && !params.getValidateOnly()) {
+    throw RequestError("create: pending tensors are counted only when validating");
+  }
   const auto values = params.getValuesLeftOut() ? TensorStore::Values::kLeftOut : TensorStore::Values::kGiven;
   // Validate everything first, so a bad spec in a batch creates nothing.
   std::vector<std::pair<TensorSpec, std::optional<PartMeta>>> parsed;
   std::set<std::string> names;
-  TensorStore::Pending pending;
+  // With what the same create's earlier checks found new here (a value too
+  // large only makes this check fail: the caller's own loss).
+  TensorStore::Pending pending{params.getPendingBytes(), static_cast<std::size_t>(params.getPendingTensors())};
   for (auto s : specs) {
     parsed.emplace_back(from_wire(s), part_from_wire(s));
     if (!names.insert(parsed.back().first.name).second) {
@@ -121,6 +126,8 @@ void Shard::create(wire::Shard::CreateParams::Reader params, wire::Shard::Create
   }
   if (params.getValidateOnly()) {
     results.initTensors(0);
+    results.setPendingTensors(pending.tensors);
+    results.setPendingBytes(pending.bytes);
     return;
   }
   auto out = results.initTensors(specs.size());

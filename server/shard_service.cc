@@ -89,7 +89,9 @@ kj::Promise<void> ShardServiceImpl::hello(HelloContext context) {
     shard_.hello(caller);  // throws for a bad index or a second chief
     caller_ = caller;
     said_hello_ = true;
-    shard_.info(context.getResults().initInfo());
+    auto info = context.getResults().initInfo();
+    shard_.info(info);
+    info.setWorkerStep(shard_.job().recorded_step(caller_.worker_index));
     spdlog::info("{} connected{}{}", caller_.peer,
                  caller_.worker_index >= 0 ? fmt::format(" as worker {}", caller_.worker_index) : "",
                  caller_.is_chief ? " (chief)" : "");
@@ -232,7 +234,7 @@ void ShardServiceImpl::check_token(capnp::Data::Reader token) const {
   if (diff != 0) {
     spdlog::warn("refused hello from {}: {} auth token", caller_.peer, token.size() == 0 ? "no" : "wrong");
     throw RequestError("hello: authentication failed (psd was started with --auth_token_file; set "
-                       "ClientOptions::auth_token or --auth_token_file)");
+                       "ClientOptions::auth_token or auth_token_file, or a trainer's --auth_token_file)");
   }
 }
 

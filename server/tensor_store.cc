@@ -72,7 +72,9 @@ void TensorStore::validate(const TensorSpec& spec, const std::optional<PartMeta>
 void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<PartMeta>& part, Pending* pending,
                                   Values values) const {
   const std::string& name = spec.name;
-  if (name.empty() || name.size() > 512) throw RequestError("create: tensor names must have 1 to 512 characters");
+  if (name.empty() || name.size() > kMaxNameBytes) {
+    throw RequestError("create: tensor names must have 1 to " + std::to_string(kMaxNameBytes) + " characters");
+  }
   if (spec.shape.size() > 16) throw RequestError("create: tensor '" + name + "' has more than 16 dimensions");
   uint64_t n = 1;
   for (uint64_t d : spec.shape) {
@@ -138,11 +140,12 @@ void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<Pa
     if (t.part() != part) throw RequestError("create: tensor '" + name + "' exists with another part layout");
     return;
   }
+  // Pending counts can come from a client (create's pendingTensors): no sums that could wrap.
   const Pending before = pending != nullptr ? *pending : Pending{};
-  if (tensors_.size() + before.tensors >= limits_.max_tensors) {
+  if (before.tensors >= limits_.max_tensors || tensors_.size() >= limits_.max_tensors - before.tensors) {
     throw RequestError("create: this shard holds its maximum number of tensors");
   }
-  if (bytes_ + before.bytes + n * sizeof(float) > limits_.max_total_bytes) {
+  if (before.bytes > limits_.max_total_bytes || bytes_ + n * sizeof(float) > limits_.max_total_bytes - before.bytes) {
     throw RequestError("create: tensor '" + name + "' would take this shard over its memory limit of " +
                        std::to_string(limits_.max_total_bytes) + " bytes");
   }

@@ -419,6 +419,44 @@ TEST_CASE("a create refused anywhere creates nothing anywhere") {
     fresh.declare({sgd_tensor("x", {8}), sgd_tensor("y", {2})});
     CHECK(client.placement().at("y").parts[0].shard == fresh.placement().at("y").parts[0].shard);
   }
+  SECTION("a shard's share too large for one check request is checked in several, and still as a whole") {
+    // 2 x 3072 parts of 4 KiB: the check of one shard's share passed psd's
+    // 1 MiB message limit (the connection broke, the create retried for
+    // good). Each tensor fits --max_memory_mb alone, not both together.
+    PsdProcess psd({"--max_message_mb", "1", "--max_memory_mb", "20"});
+    ClientOptions o = options_for({&psd});
+    o.part_bytes = 4096;
+    o.chunk_bytes = 16 << 20;
+    Client client(o);
+    CHECK_THROWS_WITH(client.create({sgd_tensor("a", {3u << 20}), sgd_tensor("b", {3u << 20})}),
+                      Catch::Contains("memory limit"));
+    CHECK(names_on(client).empty());
+    client.create({sgd_tensor("a", {3u << 20})});
+    CHECK(names_on(client) == std::vector<std::string>{"a"});
+    CHECK(client.pull("a") == std::vector<float>(3u << 20, 0.0f));
+  }
+  SECTION("long names are counted in a request's size") {
+    // 4000 one-float tensors with 500-character names went as requests
+    // over a 2 MiB limit (a broken connection), and their pull's reply too.
+    PsdProcess psd({"--max_message_mb", "2"});
+    ClientOptions o = options_for({&psd});
+    o.max_request_bytes = 2 << 20;
+    Client client(o);
+    std::vector<TensorSpec> specs;
+    std::vector<std::string> names;
+    for (int i = 0; i < 4000; ++i) {
+      std::string name = std::to_string(i);
+      name.insert(0, 500 - name.size(), 'n');
+      names.push_back(name);
+      specs.push_back(sgd_tensor(name, {1}, InitConfig::constant(static_cast<float>(i))));
+    }
+    client.create(specs);
+    std::vector<std::vector<float>> values(4000, std::vector<float>(1));
+    std::vector<std::span<float>> out(values.begin(), values.end());
+    client.pull(names, out);
+    CHECK(values[3999][0] == 3999.0f);
+    CHECK(psd.alive());
+  }
   SECTION("the checking round does not count against --max_tensors_per_client") {
     PsdProcess psd({"--max_tensors_per_client", "2"});
     ClientOptions o = options_for({&psd});
@@ -707,6 +745,16 @@ TEST_CASE("bad requests get clear errors and change nothing") {
   }
   CHECK(client.pull("w") == original);
   CHECK(psd.alive());
+}
+
+TEST_CASE("a buffer or gradient of the wrong size is a RequestError, for pulls and pushes alike") {
+  PsdProcess psd;
+  Client client(options_for({&psd}));
+  client.create({sgd_tensor("w", {4})});
+  std::vector<float> three(3);
+  CHECK_THROWS_AS(client.pull({"w"}, {std::span<float>(three)}), RequestError);  // was ConfigError
+  CHECK_THROWS_AS(client.push("w", three), RequestError);
+  CHECK(client.pull("w") == std::vector<float>(4, 0.0f));
 }
 
 TEST_CASE("push_and_step that psd would refuse is refused before anything is sent") {

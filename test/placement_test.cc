@@ -132,11 +132,55 @@ TEST_CASE("requests are grouped per shard and cut under the message limit") {
   auto create = plan_batches(p, {"a", "b"}, /*max_batch_bytes=*/1500, {3, 0});
   for (const auto& b : create) {
     uint64_t bytes = 0;
-    for (const auto& ref : b.parts) bytes += ref.part.count * 4 * (ref.tensor == 0 ? 3 : 0) + kPartOverheadBytes;
+    for (const auto& ref : b.parts) {
+      // The values it carries, and its names (the tensor's twice, the
+      // part's) and shape beside the fixed cost.
+      bytes += ref.part.count * 4 * (ref.tensor == 0 ? 3 : 0) + kPartOverheadBytes + 2 * 1 + 8 * 1 +
+               ref.part.stored_name.size();
+    }
     CHECK(b.bytes == bytes);
     CHECK((b.bytes <= 1500 || b.parts.size() == 1));
   }
   CHECK(create.size() == 4);  // a part of a with its copies takes 1456 bytes: none has company
+}
+
+TEST_CASE("a request's size counts the names it carries") {
+  Placement p(1, PlacementPolicy::kRoundRobin);
+  const std::string long_name(500, 'n');
+  std::vector<std::string> names;
+  for (int i = 0; i < 40; ++i) {
+    names.push_back(long_name + std::to_string(i));
+    p.add(t(names.back(), {1}));
+  }
+  // 40 one-float tensors with 500-character names: with 256 bytes a part
+  // counted for all but the values, they went as one request of ~40 KB
+  // counted as ~10 KB (4000 of them broke a 2 MiB message limit).
+  for (const auto& b : plan_batches(p, names, /*max_batch_bytes=*/16 << 10)) {
+    uint64_t names_bytes = 0;
+    for (const auto& ref : b.parts) names_bytes += 2 * names[ref.tensor].size() + ref.part.stored_name.size();
+    CHECK(names_bytes <= (16u << 10));
+  }
+}
+
+TEST_CASE("shapes whose counts would wrap, and names that clash with parts or run long, are refused") {
+  Placement p(2, PlacementPolicy::kRoundRobin);
+  // Before: 2^64-1 elements were placed in 0 parts, and a create "succeeded".
+  CHECK(t("x", {~uint64_t{0}}).num_elements() == ~uint64_t{0});
+  CHECK(t("x", {3, uint64_t{1} << 63}).num_elements() == ~uint64_t{0});  // saturates, no wrap to a small count
+  CHECK(t("x", {uint64_t{1} << 63, 0}).num_elements() == 0);
+  CHECK_THROWS_WITH(p.add(t("x", {~uint64_t{0}})), Catch::Contains("more than 2^61 elements"));
+  CHECK_THROWS_WITH(p.add(t("x", {uint64_t{1} << 32, uint64_t{1} << 32})), Catch::Contains("more than 2^61 elements"));
+  // 2^50 floats in 1 MiB parts: 2^32 parts, refused before anything is allocated.
+  CHECK_THROWS_WITH(p.add(t("x", {uint64_t{1} << 50})), Catch::Contains("parts") && Catch::Contains("part_bytes"));
+  // Names psd stores split tensors' parts under.
+  CHECK_THROWS_WITH(p.add(t("w/part_5", {4})), Catch::Contains("kept for the parts"));
+  CHECK_NOTHROW(p.add(t("w/part_", {4})));
+  CHECK_NOTHROW(p.add(t("w/part_5x", {4})));
+  CHECK_NOTHROW(p.add(t("w/partition_5", {4})));
+  // A name that fits psd's 512 characters alone, but not with "/part_<i>".
+  CHECK_NOTHROW(p.add(t(std::string(512, 'a'), {4})));
+  CHECK_THROWS_WITH(p.add(t(std::string(505, 'b'), {3u << 20})), Catch::Contains("shorten it"));
+  CHECK(p.tensors().size() == 4);
 }
 
 TEST_CASE("a placement rolled back to a mark places the next tensors as if the later ones never came") {

@@ -269,6 +269,39 @@ TEST_CASE("a push can report the worker's step: blocking and async alike") {
   CHECK(w == std::vector<float>{-3, -3});
 }
 
+TEST_CASE("bounded staleness: a restarted worker goes on from the step psd recorded for it") {
+  // Before, it counted from 0 again: psd ignored its steps until it passed
+  // its old count, and the others ran that far past max_staleness.
+  PsdProcess psd;
+  const JobConfig job{.mode = SyncMode::kBoundedStaleness, .total_replicas = 2, .max_staleness = 2};
+  const TensorSpec spec{.name = "w", .shape = {2}, .optimizer = OptimizerConfig::sgd(0.01f)};
+  std::vector<float> v(2), g(2, 1.0f);
+  Client chief_client(worker_options({&psd}, 0));
+  TrainingSession chief(chief_client, {.job = job});
+  chief.add_variable(spec, v, g);
+  chief.initialize();
+  CHECK(chief_client.recorded_step() == -1);
+  {
+    Client client(worker_options({&psd}, 1));
+    TrainingSession worker(client, {.job = job});
+    worker.add_variable(spec, v, g);
+    worker.initialize();
+    CHECK(worker.local_step() == 0);
+    for (int s = 0; s < 5; ++s) {
+      chief.run_step([] {});
+      worker.run_step([] {});
+    }
+  }
+  Client client(worker_options({&psd}, 1));  // worker 1 restarted
+  CHECK(client.recorded_step() == 5);        // steps 0-4 done
+  TrainingSession worker(client, {.job = job});
+  worker.add_variable(spec, v, g);
+  worker.initialize();
+  CHECK(worker.local_step() == 5);
+  worker.run_step([] {});
+  CHECK(chief_client.stats()[0].workers.at(1).step == 6);
+}
+
 TEST_CASE("backup workers: one slow worker of four does not slow the job") {
   const int steps = 20;
   // Each run is its own job, so each gets its own psd.

@@ -268,6 +268,11 @@ class Client {
   // How many times a shard was found, on reconnection, at an older global
   // step than this client had seen (it restarted from a checkpoint).
   uint64_t rollbacks() const;
+  // The step psd had recorded for this worker index when this Client
+  // connected (the most any shard had; after push_and_step(..., done_step),
+  // done_step + 1: the steps done), -1 if none: where a restarted worker
+  // goes on (TrainingSession does, in bounded staleness).
+  int64_t recorded_step() const;
 
   int num_shards() const;
   const ClientOptions& options() const;

@@ -72,8 +72,13 @@ class Placement {
   uint64_t shard_bytes(int shard) const { return shard_bytes_.at(shard); }
 
   // Name under which part `index` of `name` is stored, as TF names
-  // partitioned variables: "name/part_3".
+  // partitioned variables: "name/part_3". add() refuses such names.
   static std::string part_name(const std::string& name, uint32_t index);
+  static bool is_part_name(const std::string& name);
+
+  // Beyond these, counts would wrap; add() refuses such tensors.
+  static constexpr uint64_t kMaxElements = uint64_t{1} << 61;
+  static constexpr uint64_t kMaxParts = uint64_t{1} << 24;
 
   // Where the placement stands: rollback(mark()) later takes back every
   // tensor added since, and the shard choices they moved on (a create that

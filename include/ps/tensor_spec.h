@@ -75,6 +75,9 @@ struct InitConfig {
   static InitConfig from_values(std::vector<float> v) { return {InitKind::kValues, 0, 0, 0, std::move(v)}; }
 };
 
+// Longest name psd stores, a split tensor's "/part_<i>" suffix included.
+inline constexpr std::size_t kMaxNameBytes = 512;
+
 struct TensorSpec {
   // Every member has a default initialiser: designated initialisers that
   // leave some out stay free of -Wmissing-field-initializers.
@@ -89,6 +92,7 @@ struct TensorSpec {
   std::vector<std::vector<float>> slots{};
   uint64_t version = 0;
 
+  // UINT64_MAX for a shape whose count overflows (Placement refuses it).
   uint64_t num_elements() const;
   uint64_t num_bytes() const { return num_elements() * sizeof(float); }
 };

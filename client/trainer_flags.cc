@@ -61,6 +61,8 @@ void add_trainer_flags(CLI::App& app, TrainerFlags& f) {
                  "reconnected to (0: never)")
       ->capture_default_str()
       ->check(CLI::Range(0u, 86400u));
+  app.add_option("--auth_token_file", f.auth_token_file,
+                 "file holding the token of psds started with --auth_token_file (sent in clear text)");
   app.add_option("--log_every", f.log_every, "a progress line every N local steps")->capture_default_str();
 }
 
@@ -102,6 +104,7 @@ ClientOptions TrainerFlags::client_options(const ClusterSpec& spec) const {
   o.busy_poll = std::chrono::microseconds(busy_poll_us);
   o.shared_memory_bytes = std::size_t{shared_memory_mb} << 20;
   o.dead_peer_timeout = std::chrono::seconds(dead_peer_secs);
+  o.auth_token_file = auth_token_file;
   if (o.call_timeout.count() > 0 && o.call_timeout < o.connect_timeout) o.call_timeout = o.connect_timeout;
   return o;
 }

@@ -240,8 +240,8 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
   const ps::MlpShape shape = make_shape(m, data);
   ps::Towers towers = make_towers(shape, f, spec.local_gpu());
   ps::DataShard shard(data.train, spec.worker_index(), spec.num_workers(), f.seed);
-  const int64_t steps = f.global_steps(spec, data.train.size);
-  const int64_t per_global = f.examples_per_global_step(spec);
+  int64_t steps = f.global_steps(spec, data.train.size);
+  int64_t per_global = f.examples_per_global_step(spec);
   const ps::JobConfig job = f.job_config(spec, steps);
   const ps::OptimizerConfig oc = f.optimizer_config(std::max<int64_t>(1, data.train.size / per_global));
   const bool chief = spec.is_chief();
@@ -262,6 +262,11 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
     session.add_variable(ts, params.subspan(t.offset, t.count), grads.subspan(t.offset, t.count));
   }
   session.initialize();
+  // The chief's job decides: a worker started with other mode flags trains
+  // in the job's mode, and counts its progress and epochs by it too.
+  if (session.job().train_steps > 0) steps = session.job().train_steps;
+  per_global = static_cast<int64_t>(f.batch_size) *
+               (session.job().mode == ps::SyncMode::kSync ? std::max<int64_t>(1, session.job().replicas_to_aggregate) : 1);
   if (chief) {
     std::printf("worker %d (chief): %s, %s lr %g, batch %d, %s, %lld global steps (%.2f epochs of %lld examples), "
                 "%d workers, %d ps\n",

@@ -141,6 +141,9 @@ def repeats(path):
 def main(argv):
     unique = "--unique" in argv
     builtin = "--builtin" in argv or unique
+    if "-h" in argv or "--help" in argv:
+        print(__doc__)
+        return
     args = [a for a in argv if a not in ("--builtin", "--unique")]
     if len(args) != 1:
         raise SystemExit(__doc__)

@@ -103,6 +103,25 @@ for pair in "$trainer --local --train_steps 1|--busy_poll_us" "$build/server/psd
   fi
 done
 
+# A psd that wants a token: a trainer without it is told how to give it,
+# and one with --auth_token_file trains (before, trainers had no such flag).
+printf 'trainer-test-token-%s\n' "$$" >"$tmp/token"
+chmod 600 "$tmp/token"
+"$build/server/psd" --port 0 --port_file "$tmp/auth.port" --auth_token_file "$tmp/token" >"$tmp/auth.log" 2>&1 &
+auth_psd=$!
+for _ in $(seq 100); do [ -s "$tmp/auth.port" ] && break; sleep 0.05; done
+auth_hosts="127.0.0.1:$(cat "$tmp/auth.port")"
+expect "no token for a psd that wants one" 3 "authentication failed.*--auth_token_file" -- \
+  "$build/examples/linreg_trainer" --job_name worker --task_index 0 --ps_hosts "$auth_hosts" --train_steps 20
+if timeout 60 "$build/examples/linreg_trainer" --job_name worker --task_index 0 --ps_hosts "$auth_hosts" \
+     --train_steps 200 --log_every 0 --auth_token_file "$tmp/token" >"$tmp/out" 2>&1; then
+  echo "ok   a trainer with --auth_token_file trains against psd --auth_token_file"
+else
+  echo "FAIL trainer --auth_token_file:"; cat "$tmp/out"; failures=$((failures + 1))
+fi
+kill "$auth_psd" 2>/dev/null
+wait "$auth_psd" 2>/dev/null
+
 # launch_local.sh --help shows every option (it cut the last ones off).
 help=$("$(dirname "$0")/../scripts/launch_local.sh" --help)
 if grep -q -- "--quiet" <<<"$help" && grep -q "Environment:" <<<"$help"; then

@@ -15,7 +15,8 @@
 // --worker_hosts --sync_replicas --replicas_to_aggregate --train_steps
 // --batch_size --learning_rate --optimizer --data_dir --logdir (--log_dir)
 // --seed --num_gpus; and --max_staleness (bounded staleness), --epochs,
-// --slurm_num_ps / --port_base (Slurm), --connect_timeout, --dead_peer_secs.
+// --slurm_num_ps / --port_base (Slurm), --connect_timeout, --dead_peer_secs,
+// --auth_token_file.
 #pragma once
 
 #include <cstdint>
@@ -63,6 +64,7 @@ struct TrainerFlags {
   unsigned busy_poll_us = 50;     // ClientOptions::busy_poll
   unsigned shared_memory_mb = static_cast<unsigned>(ClientOptions{}.shared_memory_bytes >> 20);  // ClientOptions::shared_memory_bytes
   unsigned dead_peer_secs = 30;   // ClientOptions::dead_peer_timeout
+  std::string auth_token_file;    // ClientOptions::auth_token_file (psd --auth_token_file)
 
   // Logging.
   int log_every = 100;            // a progress line every N local steps

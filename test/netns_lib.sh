@@ -47,3 +47,16 @@ netns_down() {
 }
 
 netns_cut() { ip -n "$1-sw" link set "$2" down; }
+
+# netns_teardown TAG RUN_DIR NODE ...: ends the processes in the caller's
+# `pids` array (TERM, then KILL half a second later), deletes the
+# namespaces and RUN_DIR. For an EXIT trap.
+netns_teardown() {
+  local tag=$1 run=$2 p; shift 2
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  sleep 0.5
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  netns_down "$tag" "$@"
+  rm -rf "$run"
+}

@@ -21,15 +21,7 @@ nodes=(ps w0 w1 w2)
 declare -A addr=([ps]=10.200.0.10 [w0]=10.200.0.11 [w1]=10.200.0.12 [w2]=10.200.0.13)
 pids=()
 run=$(mktemp -d)
-cleanup() {
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
-  sleep 0.5
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  netns_down "$tag" "${nodes[@]}"
-  rm -rf "$run"
-}
-trap cleanup EXIT
+trap 'netns_teardown "$tag" "$run" "${nodes[@]}"' EXIT
 trap 'exit 130' INT TERM
 
 netns_up "$tag" ps="${addr[ps]}" w0="${addr[w0]}" w1="${addr[w1]}" w2="${addr[w2]}" ||

@@ -124,6 +124,25 @@ std::vector<std::string> read_records(const std::string& path) {
   return out;
 }
 
+// A file's scalars, in the order written: what a hook test reads back.
+struct Scalar {
+  std::string tag;
+  int64_t step;
+  float value;
+};
+std::vector<Scalar> read_scalars(const std::string& path) {
+  std::vector<Scalar> out;
+  auto recs = read_records(path);
+  for (std::size_t i = 1; i < recs.size(); ++i) {
+    Msg ev = decode(recs[i]);
+    if (ev.bytes.count(5) == 0) continue;
+    Msg value = decode(decode(ev.bytes.find(5)->second).bytes.find(1)->second);
+    out.push_back({value.bytes.find(1)->second, static_cast<int64_t>(ev.nums.find(2)->second),
+                   as_float(value.nums.find(2)->second)});
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("event file: name, framing, crcs, fields") {
@@ -203,13 +222,7 @@ TEST_CASE("SummaryHook averages accuracy over the steps that measured it") {
     hook.after_step({.local_step = 2, .global_step = 2, .loss = 3.0, .accuracy = 0.8});
   }
   std::map<std::string, float> written;
-  auto recs = read_records(path);
-  for (std::size_t i = 1; i < recs.size(); ++i) {
-    Msg ev = decode(recs[i]);
-    if (ev.bytes.count(5) == 0) continue;
-    Msg value = decode(decode(ev.bytes.find(5)->second).bytes.find(1)->second);
-    written[value.bytes.find(1)->second] = as_float(value.nums.find(2)->second);
-  }
+  for (const Scalar& s : read_scalars(path)) written[s.tag] = s.value;
   CHECK(written.at("loss") == 2.0f);
   CHECK(written.at("accuracy/train") == Approx(0.8f));  // before: (0.8 - 1) / 2
 }
@@ -231,14 +244,8 @@ TEST_CASE("SummaryHook's rates count from the step a worker joined at, and skip 
     hook.after_step({.local_step = 4, .global_step = 501, .loss = 1.0, .examples_per_global_step = 10});
   }
   std::vector<std::pair<int64_t, float>> rates;
-  auto recs = read_records(path);
-  for (std::size_t i = 1; i < recs.size(); ++i) {
-    Msg ev = decode(recs[i]);
-    if (ev.bytes.count(5) == 0) continue;
-    Msg value = decode(decode(ev.bytes.find(5)->second).bytes.find(1)->second);
-    if (value.bytes.find(1)->second == "global_step/sec") {
-      rates.emplace_back(static_cast<int64_t>(ev.nums.find(2)->second), as_float(value.nums.find(2)->second));
-    }
+  for (const Scalar& s : read_scalars(path)) {
+    if (s.tag == "global_step/sec") rates.emplace_back(s.step, s.value);
   }
   REQUIRE(rates.size() == 1);  // none at step 501: before, a negative rate
   CHECK(rates[0].first == 996);

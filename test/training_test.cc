@@ -78,6 +78,20 @@ double relative_difference(std::span<const float> a, std::span<const double> b) 
   return std::sqrt(diff / norm);
 }
 
+// A sync job of two workers on one SGD tensor "w" [2], lr 1, ready to push.
+struct TwoSyncWorkers {
+  explicit TwoSyncWorkers(const PsdProcess& psd) : chief(worker_options({&psd}, 0)), other(worker_options({&psd}, 1)) {
+    const TensorSpec spec{.name = "w", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f)};
+    chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2});
+    chief.create({spec});
+    chief.set_ready();
+    other.declare({spec});
+    REQUIRE(other.wait_ready(1s));
+  }
+  Client chief;
+  Client other;
+};
+
 }  // namespace
 
 TEST_CASE("sync mode equals a single-process loop averaging the replicas' gradients") {
@@ -148,15 +162,9 @@ TEST_CASE("sync mode equals a single-process loop averaging the replicas' gradie
 
 TEST_CASE("a stale push is rejected, counted, and changes nothing") {
   PsdProcess psd;
-  const JobConfig job{.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2};
-  Client chief(worker_options({&psd}, 0));
-  Client other(worker_options({&psd}, 1));
-  const TensorSpec spec{.name = "w", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f)};
-  chief.init_job(job);
-  chief.create({spec});
-  chief.set_ready();
-  other.declare({spec});
-  REQUIRE(other.wait_ready(1s));
+  TwoSyncWorkers workers(psd);
+  Client& chief = workers.chief;
+  Client& other = workers.other;
 
   const std::vector<float> g = {1, 1};
   // Step 0: both contribute, the average is applied, the step advances.
@@ -188,15 +196,9 @@ TEST_CASE("a stale push is rejected, counted, and changes nothing") {
 
 TEST_CASE("sync mode refuses gradient values whose sum over the replicas would overflow; their average is applied") {
   PsdProcess psd;
-  const JobConfig job{.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2};
-  Client chief(worker_options({&psd}, 0));
-  Client other(worker_options({&psd}, 1));
-  const TensorSpec spec{.name = "w", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f)};
-  chief.init_job(job);
-  chief.create({spec});
-  chief.set_ready();
-  other.declare({spec});
-  REQUIRE(other.wait_ready(1s));
+  TwoSyncWorkers workers(psd);
+  Client& chief = workers.chief;
+  Client& other = workers.other;
   // 3e38 from each of two workers averages to 3e38 but summed to Inf, which
   // was applied: each value must stay within FLT_MAX / 2 here.
   const std::vector<float> huge = {3e38f, 0};

@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "client_loop.h"
+#include "finite.h"
 #include "ps/client.h"
 #include "reconnector.h"
 #include "request_plan.h"
@@ -442,6 +443,14 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
       if (round >= 16) throw RequestError("shards kept moving to new steps; could not read one consistent step");
       return pull_round(st, std::move(behind), newest, round + 1);
     });
+  }
+
+  // How many gradients psd sums per step before it divides (sync mode's
+  // replicas_to_aggregate; 1 otherwise): it bounds the values it accepts.
+  // Known from initJob's or waitReady's reply, which a sync push needs first.
+  uint32_t summed_per_step() {
+    std::lock_guard lock(job_mutex);
+    return gradients_summed_per_step(job);
   }
 
   void learn_job(wire::JobConfig::Reader job) {

@@ -15,21 +15,24 @@ namespace {
 // have its other requests applied. Such a push is checked here first, so
 // that one refused is refused whole, with psd's own message. Only the parts
 // bound for shards that refuse them (psd without --allow_nonfinite) count.
+// In sync mode psd also refuses values over FLT_MAX / replicas_to_aggregate
+// (their sum would overflow): `summed` is that divisor, 1 otherwise.
 // A push that reports a step (done_step >= 0) also sends a stepDone to each
 // shard it has no gradient for: those count as requests too, or a refused
 // push would still have its step counted there.
 void refuse_nonfinite_split_push(const std::vector<ShardBatch>& batches, const std::vector<std::string>& names,
                                  const std::vector<std::span<const float>>& grads,
-                                 const std::vector<kj::Own<ShardConnection>>& shards, int64_t done_step) {
+                                 const std::vector<kj::Own<ShardConnection>>& shards, int64_t done_step,
+                                 uint32_t summed) {
   const bool step_reports_elsewhere = done_step >= 0 && shards.size() > 1;
   if (batches.size() < 2 && !step_reports_elsewhere) return;
+  const float limit = gradient_limit(summed);
   for (const ShardBatch& batch : batches) {
     const ShardConnection* shard = shards[batch.shard].get();
     if (shard != nullptr && shard->allows_nonfinite) continue;
     for (const PartRef& ref : batch.parts) {
-      if (all_finite(grads[ref.tensor].subspan(ref.part.offset, ref.part.count))) continue;
-      throw RequestError("push: gradient for '" + names[ref.tensor] +
-                         "' contains NaN or Inf (refused; psd --allow_nonfinite accepts it)");
+      const auto part = grads[ref.tensor].subspan(ref.part.offset, ref.part.count);
+      if (!all_finite(part, limit)) throw RequestError(gradient_refusal(names[ref.tensor], part, summed));
     }
   }
 }
@@ -137,10 +140,13 @@ std::future<PushResult> Client::start_push(std::vector<std::string> names, std::
     }
   }
   auto batches = impl_->plan(names);
+  const uint32_t summed = impl_->summed_per_step();
   return impl_->run<PushResult>(
-      [this, batches = std::move(batches), names = std::move(names), grads = std::move(grads), step,
-       done_step]() mutable {
-        if (impl_->options.check_split_pushes) refuse_nonfinite_split_push(batches, names, grads, impl_->shards, done_step);
+      [this, batches = std::move(batches), names = std::move(names), grads = std::move(grads), step, done_step,
+       summed]() mutable {
+        if (impl_->options.check_split_pushes) {
+          refuse_nonfinite_split_push(batches, names, grads, impl_->shards, done_step, summed);
+        }
         auto result = kj::heap<PushResult>();
         result->status.assign(names.size(), PushStatus::kApplied);
         result->step = std::numeric_limits<int64_t>::max();

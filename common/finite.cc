@@ -1,6 +1,8 @@
 #include "finite.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "vector_clones.h"
@@ -24,6 +26,25 @@ PS_VECTOR_CLONES bool copy_all_finite(float* __restrict dst, const float* __rest
     bad |= !(std::abs(x) <= limit);
   }
   return bad == 0;
+}
+
+uint32_t gradients_summed_per_step(const JobConfig& job) {
+  return job.mode == SyncMode::kSync ? std::max<uint32_t>(job.replicas_to_aggregate, 1) : 1;
+}
+
+float gradient_limit(uint32_t summed) {
+  return std::numeric_limits<float>::max() / static_cast<float>(std::max<uint32_t>(summed, 1));
+}
+
+std::string gradient_refusal(std::string_view tensor, std::span<const float> values, uint32_t summed) {
+  const std::string name = "push: gradient for '" + std::string(tensor) + "'";
+  if (summed > 1 && all_finite(values)) {
+    char limit[32];
+    std::snprintf(limit, sizeof limit, "%g", static_cast<double>(gradient_limit(summed)));
+    return name + " holds a value over " + limit + " in magnitude: the sum of " + std::to_string(summed) +
+           " workers' gradients, which sync mode averages, would overflow (refused)";
+  }
+  return name + " contains NaN or Inf (refused; psd --allow_nonfinite accepts it)";
 }
 
 }  // namespace ps

@@ -5,8 +5,13 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <span>
+#include <string>
+#include <string_view>
+
+#include "ps/job.h"
 
 namespace ps {
 
@@ -20,5 +25,19 @@ bool all_finite(std::span<const float> v, float limit = std::numeric_limits<floa
 // checked is exactly what is applied).
 bool copy_all_finite(float* __restrict dst, const float* __restrict src, std::size_t n,
                      float limit = std::numeric_limits<float>::max());
+
+// How many gradients psd sums per step before it divides: sync mode's
+// replicas_to_aggregate, 1 in the other modes (each push applied alone).
+uint32_t gradients_summed_per_step(const JobConfig& job);
+
+// The largest magnitude psd accepts in a gradient of which `summed` are
+// added up: within FLT_MAX / summed their sum stays finite (two workers'
+// 3e38, whose average is finite, summed to Inf and was applied).
+float gradient_limit(uint32_t summed);
+
+// psd's refusal of a push whose gradient for `tensor` failed
+// all_finite(values, gradient_limit(summed)): one text for psd and for the
+// client's own check of pushes it splits, which must refuse alike.
+std::string gradient_refusal(std::string_view tensor, std::span<const float> values, uint32_t summed);
 
 }  // namespace ps

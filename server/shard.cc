@@ -355,11 +355,8 @@ kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Rea
   // what was checked. Kept until the applies are done.
   auto copied = std::make_shared<std::vector<std::unique_ptr<float[]>>>();
   uint64_t shared_bytes = 0;
-  // Sync mode sums a step's gradients before it divides: each value within
-  // FLT_MAX / replicas keeps the sum finite (3e38 from two workers, whose
-  // average is finite, summed to Inf and was applied).
-  const uint32_t summed = job.mode == SyncMode::kSync ? std::max<uint32_t>(job.replicas_to_aggregate, 1) : 1;
-  const float limit = std::numeric_limits<float>::max() / static_cast<float>(summed);
+  const uint32_t summed = gradients_summed_per_step(job);
+  const float limit = gradient_limit(summed);
   for (auto g : grads) {
     StoredTensor& t = store_.get(g.getName());
     const bool in_shared = g.hasShared();
@@ -384,14 +381,7 @@ kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Rea
       values = as_floats(data);
       finite = options_.allow_nonfinite || all_finite(values, limit);
     }
-    if (!options_.allow_nonfinite && !finite) {
-      if (summed > 1 && all_finite(values)) {
-        throw RequestError(fmt::format("push: gradient for '{}' holds a value over {:g} in magnitude: the sum of {} "
-                                       "workers' gradients, which sync mode averages, would overflow (refused)",
-                                       t.spec().name, limit, summed));
-      }
-      throw RequestError("push: gradient for '" + t.spec().name + "' contains NaN or Inf (refused; psd --allow_nonfinite accepts it)");
-    }
+    if (!options_.allow_nonfinite && !finite) throw RequestError(gradient_refusal(t.spec().name, values, summed));
     work.emplace_back(&t, values);
     bytes += got;
   }

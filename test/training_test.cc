@@ -3,6 +3,7 @@
 // initialisation, barriers and the end of a job.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <chrono>
@@ -210,6 +211,37 @@ TEST_CASE("sync mode refuses gradient values whose sum over the replicas would o
   CHECK(chief.pull({"w"}, {std::span<float>(w)}, 1).step == 1);
   CHECK(w == std::vector<float>{-1.5e38f, 1.5e38f});
   CHECK(chief.stats()[0].rejected == 1);
+}
+
+TEST_CASE("sync mode: a split push with one value too large for the replicas' sum is refused whole") {
+  // psd refuses only the request holding the value; the client checks a
+  // push it splits over shards first, or the other parts were accumulated
+  // (and the worker's clean push for that step then counted as a duplicate).
+  PsdProcess ps0, ps1;
+  const std::size_t n = 40'000;  // three parts of 64 KiB over two shards
+  const TensorSpec spec{.name = "emb", .shape = {n}, .optimizer = OptimizerConfig::sgd(1.0f)};
+  auto options = [&](int worker) {
+    ClientOptions o = worker_options({&ps0, &ps1}, worker);
+    o.chunk_bytes = 64 << 10;
+    return o;
+  };
+  Client chief(options(0));
+  Client other(options(1));
+  chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2});
+  chief.create({spec});
+  chief.set_ready();
+  other.declare({spec});
+  REQUIRE(other.wait_ready(1s));
+
+  std::vector<float> bad(n, 7.0f);
+  bad[n - 1] = 3e38f;  // finite, but two of them sum to Inf
+  CHECK_THROWS_WITH(chief.push({"emb"}, {bad}, 0), Catch::Contains("would overflow") && Catch::Contains("2 workers"));
+  const std::vector<float> g(n, 0.5f);
+  CHECK(chief.push({"emb"}, {g}, 0).status[0] == PushStatus::kAccumulated);
+  CHECK(other.push({"emb"}, {g}, 0).status[0] == PushStatus::kAccumulated);
+  std::vector<float> w(n);
+  CHECK(chief.pull({"emb"}, {std::span<float>(w)}, 1).step == 1);
+  CHECK(std::count(w.begin(), w.end(), -0.5f) == static_cast<std::ptrdiff_t>(n));
 }
 
 TEST_CASE("sync: every worker reports the step its push went into, the last one included") {

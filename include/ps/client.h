@@ -83,8 +83,10 @@ struct ClientOptions {
   std::size_t max_request_bytes = 1u << 20;
   // A push that goes out as several requests (more than max_request_bytes,
   // tensors over several shards, or push_and_step reporting the step to
-  // shards it has no gradient for) is checked for NaN/Inf here before any
-  // of it is sent, since psd can only refuse the request a bad value is in
+  // shards it has no gradient for) is checked for NaN/Inf (and in sync mode
+  // for values over FLT_MAX / replicas_to_aggregate, whose sum would
+  // overflow) here before any of it is sent, since psd can only refuse the
+  // request a bad value is in
   // and would apply the others. The check reads the gradients once more:
   // for pushes of 16-64 MiB, 8-23% less throughput on a 2-core machine
   // (README, "Push/pull against plain TCP"). A trainer that checks its

@@ -1,5 +1,6 @@
 // Shape, layout, parameter init, the validating wrappers of MlpEngine and the
 // engine factories.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <random>
@@ -7,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include "engine_impl.h"
 #include "ps/errors.h"
@@ -209,7 +211,38 @@ int cuda_device_count() {
 #endif
 }
 
+namespace {
+
+// A CPU engine preallocates its buffers for its largest batch: one too large
+// for the machine is refused before anything is allocated, naming the batch
+// (a trainer with --batch_size 2e9 ended in "std::bad_alloc", and one just
+// under the memory could be killed by the OOM killer instead). Counts the
+// batch the caller holds, the activations of every layer for
+// max(max_batch, eval_batch) rows and the two gradient buffers of the widest
+// hidden layer, as cpu_engine.cc allocates them.
+void check_fits_in_memory(const MlpShape& shape, const EngineOptions& options) {
+  const double batch = std::max(options.max_batch, 1);
+  const double rows = std::max({options.max_batch, options.eval_batch, 1});
+  double floats = batch * shape.inputs;
+  for (int l = 0; l < shape.num_layers(); ++l) floats += rows * shape.layer_out(l);
+  int widest_hidden = 0;
+  for (int h : shape.hidden) widest_hidden = std::max(widest_hidden, h);
+  floats += 2 * batch * widest_hidden;
+  const double need = floats * sizeof(float);
+  const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  if (have > 0 && need > have) {
+    constexpr double kGiB = 1024.0 * 1024 * 1024;
+    throw ConfigError(fmt::format("MLP {}: a batch of {} examples (evaluation in batches of {}) needs {:.1f} GiB "
+                                  "for the batch and its activations, more than this machine's {:.1f} GiB of "
+                                  "memory: lower the batch size",
+                                  shape.to_string(), options.max_batch, options.eval_batch, need / kGiB, have / kGiB));
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<MlpEngine> make_cpu_engine(const MlpShape& shape, const EngineOptions& options) {
+  check_fits_in_memory(shape, options);
 #if PS_HAVE_CPU_AVX2
   // PS_CPU_BASELINE=1 forces the baseline build (tests, comparisons).
   const char* baseline = std::getenv("PS_CPU_BASELINE");

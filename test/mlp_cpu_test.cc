@@ -3,6 +3,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <limits>
+
 #include "mlp_engine_checks.h"
 #include "mlp_reference.h"
 #include "ps/errors.h"
@@ -106,6 +108,22 @@ TEST_CASE("CPU towers average to the single-engine gradient", "[mlp][cpu][towers
 }
 
 TEST_CASE("CPU engine refuses bad input", "[mlp][cpu]") { check_bad_input(kCpu); }
+
+TEST_CASE("CPU engine refuses a batch larger than the machine's memory before allocating it", "[mlp][cpu]") {
+  // 2^31-1 rows of 784 inputs and their activations: about 9 TB.
+  const ps::MlpShape shape = make_shape(784, {100}, 10, ps::Activation::kRelu);
+  ps::EngineOptions huge;
+  huge.max_batch = std::numeric_limits<int>::max();
+  CHECK_THROWS_AS(ps::make_cpu_engine(shape, huge), ps::ConfigError);
+  CHECK_THROWS_WITH(ps::make_cpu_engine(shape, huge),
+                    Catch::Contains("a batch of 2147483647 examples") && Catch::Contains("lower the batch size"));
+  ps::EngineOptions huge_eval;
+  huge_eval.eval_batch = std::numeric_limits<int>::max();
+  CHECK_THROWS_WITH(ps::make_cpu_engine(shape, huge_eval), Catch::Contains("evaluation in batches of 2147483647"));
+  ps::EngineOptions usual;
+  usual.max_batch = 1024;
+  CHECK(ps::make_cpu_engine(shape, usual)->max_batch() == 1024);
+}
 
 TEST_CASE("engine factories", "[mlp]") {
   const ps::MlpShape shape = make_shape(10, {4}, 3, ps::Activation::kRelu);

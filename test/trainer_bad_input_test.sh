@@ -84,6 +84,9 @@ expect "ps task --nice out of range" 2 "mnist_trainer: error: --nice must be in 
 expect "unknown optimizer" 2 "optimizer" -- "$trainer" --local --optimizer adamw --train_steps 1
 expect "bad hidden units" 2 "hidden_units" -- "$trainer" --local --hidden_units 100,x --train_steps 1 --data_dir "$data"
 expect "no steps" 2 "train_steps|epochs" -- "$trainer" --local --epochs 0 --data_dir "$data"
+# Found in review: a batch larger than memory ended in "std::bad_alloc".
+expect "batch larger than memory" 2 "mnist_trainer: error: .*batch of 2000000000 examples.*lower the batch size" -- \
+  "$trainer" --local --batch_size 2000000000 --train_steps 1 --data_dir "$data"
 # Found in review: NaN/Inf epochs trained 1 step (a cast of NaN to int64) or
 # blamed the wrong flag; an unknown log level silently turned logging off;
 # more replicas than workers failed at psd (exit 1).

@@ -367,10 +367,13 @@ bool Client::wait_ready(std::chrono::milliseconds timeout) {
 }
 
 std::future<Client::StepDone> Client::step_done_async(int64_t local_step) {
+  // One id for the call, kept across retries: each shard counts it once.
+  const uint64_t id = impl_->new_request_id();
   return impl_->on_every_shard<StepDone>(
-      [local_step](ShardConnection& s) {
+      [local_step, id](ShardConnection& s) {
         auto req = s.shard.stepDoneRequest();
         req.setStep(local_step);
+        req.setRequestId(id);
         return req.send();
       },
       [](StepDone& d, int shard, capnp::Response<wire::Shard::StepDoneResults>& reply) {

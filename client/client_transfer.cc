@@ -226,9 +226,11 @@ std::future<PushResult> Client::start_push(std::vector<std::string> names, std::
         }
         for (std::size_t shard = 0; shard < reported.size(); ++shard) {
           if (reported[shard]) continue;
-          auto send = [done_step](ShardConnection& c, int) {
+          const uint64_t id = impl_->new_request_id();  // kept across retries, as a push's
+          auto send = [done_step, id](ShardConnection& c, int) {
             auto req = c.shard.stepDoneRequest();
             req.setStep(done_step);
+            req.setRequestId(id);
             return req.send();
           };
           calls.add(impl_->retry->call(static_cast<int>(shard), kj::mv(send))

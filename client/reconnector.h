@@ -14,10 +14,10 @@
 //    (or lost it with the restart) and applies it once.
 //  - pull, list, stats, create, initJob, setReady, waitReady, finish,
 //    checkpoint: idempotent, simply sent again.
-//  - stepDone (async modes) and barrier: sent again; a step reported just
-//    before the connection broke may count twice, a barrier arrival is lost
-//    with a restarted psd's memory. Acceptable for what they drive (a step
-//    counter, a start-up rendezvous).
+//  - stepDone: sent again with the same request id, counted once, as a
+//    push (a psd restarted from a checkpoint without it counts it then).
+//  - barrier: sent again; an arrival is lost with a restarted psd's memory.
+//    Acceptable for what it drives (a start-up rendezvous).
 // When the shard came back at an older global step than this client had
 // seen (restored from a checkpoint), the connection is marked rolled_back
 // and rollbacks() goes up: TrainingSession then re-reads the step instead of

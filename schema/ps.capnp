@@ -260,9 +260,12 @@ interface Shard {
   waitReady @8 (timeoutMs :UInt32) -> (ready :Bool, step :Int64, job :JobConfig);
   # Returns once the chief called setReady, or with ready = false at the timeout.
 
-  stepDone @9 (step :Int64) -> (globalStep :Int64, stop :Bool);
+  stepDone @9 (step :Int64, requestId :UInt64) -> (globalStep :Int64, stop :Bool);
   # A worker finished its local step `step`. Async and bounded-staleness
   # modes count the global step with these; stop = the job reached trainSteps.
+  # requestId (nonzero, unique per worker, from the same numbering as push's):
+  # a report sent again after a lost reply is answered with the job's step
+  # and stop, not counted twice. 0: no id, every report counts.
 
   barrier @10 (name :Text, count :UInt32, timeoutMs :UInt32) -> (arrived :UInt32);
   # Returns when `count` callers have entered barrier `name` (generation by

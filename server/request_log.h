@@ -1,11 +1,12 @@
-// The push request ids a shard has recently applied, per worker, with the
-// answer it gave: a push retried after a lost reply (or a psd restart; the
-// log is saved with checkpoints) is answered again instead of applied twice.
+// The push and stepDone request ids a shard has recently applied, per
+// worker, with the answer it gave: a request retried after a lost reply (or
+// a psd restart; the log is saved with checkpoints) is answered again
+// instead of applied, or counted, twice.
 //
 // Ids are chosen by the client (nonzero, unique per worker; libpsclient
-// numbers its pushes from a random base). The window is bounded: an id older
-// than the last `per_worker` pushes of that worker is no longer recognised,
-// which is far beyond any retry the client makes.
+// numbers its requests from a random base). The window is bounded: an id
+// older than the last `per_worker` requests of that worker is no longer
+// recognised, which is far beyond any retry the client makes.
 #pragma once
 
 #include <cstdint>

@@ -548,6 +548,16 @@ std::pair<int64_t, bool> Shard::step_done(const Caller& caller, int64_t step) {
   return {job_.global_step(), job_.stop_reached()};
 }
 
+std::pair<int64_t, bool> Shard::step_done_request(const Caller& caller, int64_t step, uint64_t request_id) {
+  if (request_id != 0 && caller.worker_index >= 0 && requests_.find(caller.worker_index, request_id) != nullptr) {
+    ++counters_.duplicate_requests;
+    return {job_.global_step(), job_.stop_reached()};
+  }
+  auto answer = step_done(caller, step);
+  if (request_id != 0) requests_.record(caller.worker_index, RecentRequest{request_id, answer.first, {}});
+  return answer;
+}
+
 void Shard::report(const Caller& caller, wire::Shard::ReportParams::Reader params) {
   if (caller.worker_index < 0) throw RequestError("report: only workers report progress (say hello with a worker index)");
   job_.check_worker(caller.worker_index);

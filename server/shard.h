@@ -81,7 +81,7 @@ struct ShardCounters {
   std::atomic<uint64_t> shared_bytes{0};        // of bytes_in and bytes_out, through shared memory
   std::atomic<uint64_t> steps_applied{0};
   std::atomic<uint32_t> connections{0};
-  std::atomic<uint64_t> duplicate_requests{0};   // retried pushes answered without applying
+  std::atomic<uint64_t> duplicate_requests{0};   // retried pushes and step reports answered, not applied again
   std::atomic<int64_t> last_checkpoint_step{-1};
   std::atomic<double> last_checkpoint_unix_secs{0};
 };
@@ -129,6 +129,9 @@ class Shard {
   void set_ready();
   // Returns (global step, stop).
   std::pair<int64_t, bool> step_done(const Caller& caller, int64_t step);
+  // The stepDone RPC: step_done once per request id (nonzero), so that a
+  // report retried after a lost reply does not move an async job's step twice.
+  std::pair<int64_t, bool> step_done_request(const Caller& caller, int64_t step, uint64_t request_id);
   // Keeps a worker's progress report (the report RPC) for metrics and the status page.
   void report(const Caller& caller, wire::Shard::ReportParams::Reader params);
   // Called by whoever writes a checkpoint, once it is durable.

@@ -187,7 +187,8 @@ kj::Promise<void> ShardServiceImpl::waitReady(WaitReadyContext context) {
 kj::Promise<void> ShardServiceImpl::stepDone(StepDoneContext context) {
   return guarded(RequestKind::kStepDone, [&]() -> kj::Promise<void> {
     require_hello("stepDone");
-    auto [step, stop] = shard_.step_done(caller_, context.getParams().getStep());
+    auto params = context.getParams();
+    auto [step, stop] = shard_.step_done_request(caller_, params.getStep(), params.getRequestId());
     context.getResults().setGlobalStep(step);
     context.getResults().setStop(stop);
     return kj::READY_NOW;

@@ -625,6 +625,37 @@ TEST_CASE("a retried push that reports a step is answered with the job's step an
   CHECK(chief.stats()[0].global_step == 1);
 }
 
+TEST_CASE("a stepDone sent again with its request id counts once; reports without an id all count") {
+  // Before, a step report retried after a lost reply moved an async job's
+  // global step twice.
+  PsdProcess psd;
+  ClientOptions o = options_for({&psd});
+  o.worker_index = 0;
+  o.is_chief = true;
+  Client chief(o);
+  chief.create({sgd_tensor("w", {2})});
+  chief.init_job({.mode = SyncMode::kAsync, .train_steps = 3});
+  chief.set_ready();
+  RawClient worker(psd, 1);
+  auto report = [&](int64_t step, uint64_t id) {
+    auto req = worker.shard.stepDoneRequest();
+    req.setStep(step);
+    req.setRequestId(id);
+    auto reply = req.send().wait(worker.ws());
+    return std::pair<int64_t, bool>(reply.getGlobalStep(), reply.getStop());
+  };
+  CHECK(report(0, 7) == std::pair<int64_t, bool>(1, false));
+  CHECK(report(0, 7) == std::pair<int64_t, bool>(1, false));  // the retry: answered, not counted
+  CHECK(report(1, 8) == std::pair<int64_t, bool>(2, false));
+  CHECK(report(2, 0) == std::pair<int64_t, bool>(3, true));  // no id (an older client) counts...
+  CHECK(report(2, 0) == std::pair<int64_t, bool>(4, true));  // ...every time, as before
+  CHECK(report(1, 8) == std::pair<int64_t, bool>(4, true));  // a late retry learns the job's step now
+  CHECK(chief.stats()[0].global_step == 4);
+  // The client numbers its reports: two calls are two steps.
+  CHECK(chief.step_done(0).global_step == 5);
+  CHECK(chief.step_done(1).global_step == 6);
+}
+
 TEST_CASE("bad requests get clear errors and change nothing") {
   PsdProcess psd({"--max_message_mb", "1"});
   ClientOptions o = options_for({&psd});

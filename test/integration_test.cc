@@ -63,6 +63,24 @@ std::vector<uint8_t> float_bytes(const std::vector<float>& v) {
   return b;
 }
 
+// An async job on one psd with an SGD tensor "w" of two zeros: its chief,
+// and a raw connection as worker 1 to send step reports by hand.
+struct AsyncJobWithRawWorker {
+  AsyncJobWithRawWorker(const PsdProcess& psd, int64_t train_steps) : chief(chief_options(psd)), worker(psd, 1) {
+    chief.create({sgd_tensor("w", {2})});
+    chief.init_job({.mode = SyncMode::kAsync, .train_steps = train_steps});
+    chief.set_ready();
+  }
+  static ClientOptions chief_options(const PsdProcess& psd) {
+    ClientOptions o = options_for({&psd});
+    o.worker_index = 0;
+    o.is_chief = true;
+    return o;
+  }
+  Client chief;
+  RawClient worker;
+};
+
 }  // namespace
 
 TEST_CASE("push then pull gives exactly the SGD result") {
@@ -600,14 +618,9 @@ TEST_CASE("a Unix socket the client cannot reach leaves it on TCP") {
 
 TEST_CASE("a retried push that reports a step is answered with the job's step and stop, not applied again") {
   PsdProcess psd;
-  ClientOptions o = options_for({&psd});
-  o.worker_index = 0;
-  o.is_chief = true;
-  Client chief(o);
-  chief.create({sgd_tensor("w", {2})});
-  chief.init_job({.mode = SyncMode::kAsync, .train_steps = 1});
-  chief.set_ready();
-  RawClient worker(psd, 1);
+  AsyncJobWithRawWorker job(psd, 1);
+  Client& chief = job.chief;
+  RawClient& worker = job.worker;
   const auto grad = float_bytes({1, 1});
   auto send = [&] {
     auto req = worker.shard.pushRequest();
@@ -629,14 +642,9 @@ TEST_CASE("a stepDone sent again with its request id counts once; reports withou
   // Before, a step report retried after a lost reply moved an async job's
   // global step twice.
   PsdProcess psd;
-  ClientOptions o = options_for({&psd});
-  o.worker_index = 0;
-  o.is_chief = true;
-  Client chief(o);
-  chief.create({sgd_tensor("w", {2})});
-  chief.init_job({.mode = SyncMode::kAsync, .train_steps = 3});
-  chief.set_ready();
-  RawClient worker(psd, 1);
+  AsyncJobWithRawWorker job(psd, 3);
+  Client& chief = job.chief;
+  RawClient& worker = job.worker;
   auto report = [&](int64_t step, uint64_t id) {
     auto req = worker.shard.stepDoneRequest();
     req.setStep(step);

@@ -34,12 +34,23 @@ kj::Promise<void> Reconnector::reconnect(int index, uint64_t generation, const k
                   kj::throwFatalException(kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__, kj::str(problem)));
                 }
                 fresh->generation = slot->generation + 1;
-                fresh->rolled_back = fresh->hello_step < slot->last_step;
-                if (fresh->rolled_back) {
-                  ++rollbacks_;
+                // A new process holds only what its checkpoint had, even at
+                // the step last seen: a gradient this client sent after
+                // that checkpoint is gone, and a step waiting for it never
+                // comes. An older psd (id 0) says so only by its step.
+                const bool new_process =
+                    fresh->instance_id != 0 && slot->instance_id != 0 && fresh->instance_id != slot->instance_id;
+                const bool back = fresh->hello_step < slot->last_step;
+                fresh->rolled_back = new_process || back;
+                if (fresh->rolled_back) ++rollbacks_;
+                if (back) {
                   spdlog::warn("shard {} is back at global step {} (this client had seen step {}): it restarted "
                                "from a checkpoint",
                                index, fresh->hello_step, slot->last_step);
+                } else if (new_process) {
+                  spdlog::warn("shard {} restarted (a new psd, at global step {}): what this client sent it after "
+                               "its last checkpoint may be lost; going on from that step",
+                               index, fresh->hello_step);
                 } else {
                   spdlog::info("reconnected to shard {} ({}) at global step {}", index, fresh->address,
                                fresh->hello_step);

@@ -19,10 +19,13 @@
 //  - barrier: sent again; an arrival is lost with a restarted psd's memory.
 //    Acceptable for what it drives (a start-up rendezvous).
 // When the shard came back at an older global step than this client had
-// seen (restored from a checkpoint), the connection is marked rolled_back
-// and rollbacks() goes up: TrainingSession then re-reads the step instead of
-// waiting for one the shard may never reach, and a retried sync push for a
-// step the shard has not reached is reported stale (see client.cc).
+// seen (restored from a checkpoint), or is another psd process than before
+// (ShardInfo.instanceId: restarted, so what this client sent after its last
+// checkpoint may be lost, even where the step is the one last seen), the
+// connection is marked rolled_back and rollbacks() goes up: a retried pull
+// reads the step the shard has instead of waiting for one it may never
+// reach, TrainingSession goes on from there, and a retried sync push for a
+// step the shard has not reached is reported stale (see client_transfer.cc).
 //
 // Lives on the client's event loop (client_loop.h).
 #pragma once

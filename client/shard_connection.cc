@@ -117,6 +117,7 @@ kj::Promise<kj::Own<ShardConnection>> say_hello(kj::Own<ShardConnection> conn, c
     conn->shard_index = info.getShardIndex();
     conn->job = job_from_wire(info.getJob());
     conn->hello_step = conn->last_step = info.getGlobalStep();
+    conn->instance_id = info.getInstanceId();
     spdlog::debug("connected to {} via {} ({}, shard {}/{})", conn->address, conn->via, info.getServerVersion().cStr(),
                   info.getShardIndex(), info.getNumShards());
     if (shared_bytes > 0 && info.getSharedMemory() && conn->via.rfind("unix:", 0) == 0) {

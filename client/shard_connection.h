@@ -32,10 +32,12 @@ struct ShardConnection {
   JobConfig job;  // as the shard knew it at hello
   int64_t worker_step = -1;  // ShardInfo.workerStep at hello
   // Reconnection (reconnector.h): which connection to this shard this is,
-  // the global step the shard had at hello, the newest step any reply on
-  // this connection carried, and whether the shard came back at a step older
-  // than the previous connection had seen (restarted from a checkpoint).
+  // which psd process answered it, the global step the shard had at hello,
+  // the newest step any reply on this connection carried, and whether the
+  // shard may have lost what this client sent or saw before (it restarted:
+  // another process, or one back at an older step than seen).
   uint64_t generation = 0;
+  uint64_t instance_id = 0;  // ShardInfo.instanceId: another one on reconnection means psd restarted
   int64_t hello_step = 0;
   int64_t last_step = 0;
   bool rolled_back = false;

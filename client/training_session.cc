@@ -120,11 +120,11 @@ std::vector<TensorSpec> TrainingSession::restored_specs() {
 int64_t TrainingSession::pull() {
   if (!initialized_) throw ConfigError("pull() before initialize()");
   if (const uint64_t r = client_.rollbacks(); r != seen_rollbacks_) {
-    // A shard restarted from a checkpoint: the step this session waits for
-    // may never come. Start again from whatever step the shards are at.
+    // A shard restarted: the step this session waits for may never come.
+    // Start again from whatever step the shards are at.
     seen_rollbacks_ = r;
     next_sync_step_ = 0;
-    spdlog::warn("a ps shard restarted from a checkpoint; going on from the step it restored");
+    spdlog::warn("a ps shard restarted; going on from the step it is at");
   }
   int64_t min_step = 0;
   switch (options_.job.mode) {

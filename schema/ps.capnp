@@ -161,6 +161,9 @@ struct ShardInfo {
   allowsNonfinite @10 :Bool;   # psd --allow_nonfinite: gradients with NaN/Inf are applied, not refused
   workerStep @11 :Int64 = -1;  # hello: the step psd recorded for the worker saying it (-1: none), where
                                # a restarted worker goes on (bounded staleness counts steps per worker)
+  instanceId @12 :UInt64;      # drawn at random when psd starts (0: an older psd). A client that
+                               # reconnects to another instance knows psd restarted: what it sent
+                               # since psd's last checkpoint may be lost, even at the same global step
 }
 
 struct WorkerState {

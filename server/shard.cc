@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <set>
 
 #include <capnp/orphan.h>
@@ -50,6 +51,13 @@ std::vector<double> apply_latency_bounds() {
 // Staleness, steps: 0 is the healthy case, tens means a straggler.
 std::vector<double> staleness_bounds() { return {0, 1, 2, 3, 5, 10, 20, 50, 100, 1000}; }
 
+// Never 0: that means "an older psd, no id" to clients.
+uint64_t draw_instance_id() {
+  std::random_device rd;
+  const uint64_t id = uint64_t{rd()} << 32 | rd();
+  return id != 0 ? id : 1;
+}
+
 }  // namespace
 
 const char* request_kind_name(RequestKind kind) {
@@ -77,6 +85,7 @@ const char* request_kind_name(RequestKind kind) {
 
 Shard::Shard(ShardOptions options, ComputePool& pool, kj::Timer& timer)
     : options_(std::move(options)),
+      instance_id_(draw_instance_id()),
       pool_(pool),
       store_(options_.limits),
       job_(timer),
@@ -628,6 +637,7 @@ void Shard::info(wire::ShardInfo::Builder out) const {
   out.setMaxMessageBytes(options_.max_message_bytes);
   out.setUnixSocket(options_.unix_socket);
   out.setHostId(host_id());
+  out.setInstanceId(instance_id_);
   out.setSharedMemory(!options_.unix_socket.empty() && options_.max_shared_memory_bytes > 0);
   out.setAllowsNonfinite(options_.allow_nonfinite);
   job_to_wire(job_.config(), out.initJob());

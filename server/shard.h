@@ -209,6 +209,8 @@ class Shard {
   void step_reached();  // fires snapshots waiting for the new global step
 
   ShardOptions options_;
+  // Tells clients that reconnect whether this is the psd they lost (ShardInfo.instanceId).
+  const uint64_t instance_id_;
   ComputePool& pool_;
   TensorStore store_;
   ShardCounters counters_;

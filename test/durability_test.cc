@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <set>
 #include <thread>
 
@@ -310,6 +311,44 @@ TEST_CASE("psd SIGKILLed mid-training (sync) and restarted: workers reconnect an
   // checkpoint's steps plus those trained after the restart).
   observer.declare({{.name = "v", .shape = {64}}});
   CHECK(observer.pull("v")[0] == Approx(-0.01f * steps).epsilon(1e-5));
+}
+
+TEST_CASE("a sync worker waiting for the next step when psd restarts without its gradient gets the restored step") {
+  // The chief's gradient for step 0 reached psd after the checkpoint and
+  // died with it; step 1, which the chief waits for, needs it again. The
+  // step psd came back at was the one the chief had last seen, so nothing
+  // looked rolled back: the pull waited for a step psd could not reach, and
+  // psd for the gradient, until call_timeout.
+  TempDir dir;
+  auto psd = std::make_unique<PsdProcess>(ckpt_args(dir));
+  const int port = psd->port();
+  auto worker = [&](int w) {
+    ClientOptions o = options_for({psd.get()}, w);
+    o.call_timeout = 15s;
+    return o;
+  };
+  Client chief(worker(0)), other(worker(1));
+  const TensorSpec spec{.name = "v", .shape = {4}, .optimizer = OptimizerConfig::sgd(1.0f)};
+  chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2});
+  chief.create({spec});
+  chief.set_ready();
+  other.declare({spec});
+  REQUIRE(other.wait_ready(5s));
+  REQUIRE(chief.checkpoint().step == 0);
+  const std::vector<float> g0(4, 1.0f), g1(4, 3.0f);
+  REQUIRE(chief.push({"v"}, {g0}, 0).status == std::vector{PushStatus::kAccumulated});
+  std::vector<float> v(4);
+  auto waiting = chief.pull_async({"v"}, {v}, 1);
+  REQUIRE(waiting.wait_for(100ms) == std::future_status::timeout);  // step 1 needs the other's gradient
+  psd->kill();
+  psd = std::make_unique<PsdProcess>(ckpt_args(dir), port);  // step 0, without the chief's gradient
+  CHECK(waiting.get().step == 0);
+  CHECK(chief.rollbacks() == 1);
+  // Both give step 0's gradient to the restarted psd: the step closes once.
+  CHECK(chief.push({"v"}, {g0}, 0).status == std::vector{PushStatus::kAccumulated});
+  CHECK(other.push({"v"}, {g1}, 0).status == std::vector{PushStatus::kAccumulated});
+  CHECK(chief.pull({"v"}, {v}, 1).step == 1);
+  CHECK(v == std::vector<float>(4, -2.0f));  // -(1 + 3) / 2
 }
 
 TEST_CASE("a checkpoint at one sync step on 2 shards restores into 3 shards and trains on identically") {

@@ -267,8 +267,10 @@ class Client {
   // step >= 0 in sync mode: all shards save exactly that global step (each
   // waits for it; a step already passed is an error). step < 0: now.
   Checkpoint checkpoint(int64_t step = -1);
-  // How many times a shard was found, on reconnection, at an older global
-  // step than this client had seen (it restarted from a checkpoint).
+  // How many times a shard was found, on reconnection, to have restarted
+  // (another psd process, or back at an older global step than this client
+  // had seen): it may have lost what this client sent it since its last
+  // checkpoint, so pulls under way read the step it has.
   uint64_t rollbacks() const;
   // The step psd had recorded for this worker index when this Client
   // connected (the most any shard had; after push_and_step(..., done_step),

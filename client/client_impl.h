@@ -10,13 +10,13 @@
 #include <limits>
 #include <mutex>
 #include <optional>
-#include <random>
 
 #include <spdlog/spdlog.h>
 
 #include "client_loop.h"
 #include "finite.h"
 #include "ps/client.h"
+#include "random_bits.h"
 #include "reconnector.h"
 #include "request_plan.h"
 #include "shard_connection.h"
@@ -461,7 +461,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   }
 
   ClientOptions options;
-  std::atomic<uint64_t> next_request_id{(std::random_device{}() | (uint64_t{std::random_device{}()} << 32)) << 8 | 1};
+  std::atomic<uint64_t> next_request_id{random_u64() << 8 | 1};
   std::mutex job_mutex;
   JobConfig job;
   std::atomic<SyncMode> job_mode{SyncMode::kAsync};

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <random>
 
 #include <capnp/rpc.capnp.h>
 #include <capnp/serialize.h>
@@ -13,6 +12,7 @@
 
 #include "message_framing.h"
 #include "ps.capnp.h"
+#include "random_bits.h"
 
 namespace ps {
 
@@ -91,7 +91,7 @@ class ClientMessageStream::Received final : public capnp::MessageReader {
 };
 
 ClientMessageStream::ClientMessageStream(SocketStream& stream)
-    : stream_(stream), next_tag_(std::random_device{}() | uint64_t{std::random_device{}()} << 32),
+    : stream_(stream), next_tag_(random_u64()),
       placeholder_(kj::heap<Placeholder>()) {}
 
 ClientMessageStream::~ClientMessageStream() noexcept(false) {

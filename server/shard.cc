@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <random>
 #include <set>
 
 #include <capnp/orphan.h>
@@ -13,6 +12,7 @@
 
 #include "finite.h"
 #include "host_id.h"
+#include "random_bits.h"
 #include "ps/errors.h"
 #include "wire_convert.h"
 
@@ -53,8 +53,7 @@ std::vector<double> staleness_bounds() { return {0, 1, 2, 3, 5, 10, 20, 50, 100,
 
 // Never 0: that means "an older psd, no id" to clients.
 uint64_t draw_instance_id() {
-  std::random_device rd;
-  const uint64_t id = uint64_t{rd()} << 32 | rd();
+  const uint64_t id = random_u64();
   return id != 0 ? id : 1;
 }
 

@@ -16,7 +16,7 @@
 
 #include "ps/trainer_flags.h"
 #include "ps/tensor_spec.h"
-#include "tensor_store.h"
+#include "server/tensor_store.h"
 
 namespace {
 

@@ -23,7 +23,7 @@
 #include "ps_config.h"
 
 #if PS_HAVE_CUDA
-#include "cuda_check.h"
+#include "kernels/cuda_check.h"
 #endif
 
 namespace {

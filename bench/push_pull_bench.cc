@@ -51,10 +51,10 @@
 
 #include <capnp/ez-rpc.h>
 
-#include "ps.capnp.h"
+#include "schema/ps.capnp.h"
 #include "ps/client.h"
 #include "ps/trainer_flags.h"
-#include "socket_stream.h"
+#include "common/net/socket_stream.h"
 
 namespace {
 

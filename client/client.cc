@@ -8,10 +8,10 @@
 
 #include <spdlog/spdlog.h>
 
-#include "auth_token.h"
-#include "client_impl.h"
-#include "finite.h"
-#include "malloc_tuning.h"
+#include "common/auth_token.h"
+#include "client/client_impl.h"
+#include "common/finite.h"
+#include "common/malloc_tuning.h"
 
 namespace ps {
 

@@ -13,14 +13,14 @@
 
 #include <spdlog/spdlog.h>
 
-#include "client_loop.h"
-#include "finite.h"
+#include "common/net/client_loop.h"
+#include "common/finite.h"
 #include "ps/client.h"
-#include "random_bits.h"
-#include "reconnector.h"
-#include "request_plan.h"
-#include "shard_connection.h"
-#include "wire_convert.h"
+#include "common/random_bits.h"
+#include "client/reconnector.h"
+#include "client/request_plan.h"
+#include "client/shard_connection.h"
+#include "common/wire_convert.h"
 
 namespace ps {
 

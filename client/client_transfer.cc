@@ -2,8 +2,8 @@
 // (request_plan.h), sent as pipelined messages, reassembled on the way back.
 #include <capnp/orphan.h>
 
-#include "client_impl.h"
-#include "finite.h"
+#include "client/client_impl.h"
+#include "common/finite.h"
 
 namespace ps {
 

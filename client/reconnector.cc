@@ -1,4 +1,4 @@
-#include "reconnector.h"
+#include "client/reconnector.h"
 
 #include <spdlog/spdlog.h>
 

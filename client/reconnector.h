@@ -39,7 +39,7 @@
 #include <capnp/capability.h>
 #include <kj/async-io.h>
 
-#include "shard_connection.h"
+#include "client/shard_connection.h"
 
 namespace ps {
 

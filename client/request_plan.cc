@@ -1,4 +1,4 @@
-#include "request_plan.h"
+#include "client/request_plan.h"
 
 #include <set>
 

@@ -1,13 +1,13 @@
-#include "shard_connection.h"
+#include "client/shard_connection.h"
 
 #include <algorithm>
 
 #include <spdlog/spdlog.h>
 
-#include "client_loop.h"
-#include "host_id.h"
-#include "socket_stream.h"
-#include "wire_convert.h"
+#include "common/net/client_loop.h"
+#include "common/net/host_id.h"
+#include "common/net/socket_stream.h"
+#include "common/wire_convert.h"
 
 namespace ps {
 

@@ -9,9 +9,9 @@
 #include <kj/async-io.h>
 #include <kj/async-unix.h>
 
-#include "client_message_stream.h"
-#include "ps.capnp.h"
-#include "shared_arena.h"
+#include "common/net/client_message_stream.h"
+#include "schema/ps.capnp.h"
+#include "common/net/shared_arena.h"
 #include "ps/job.h"
 
 namespace ps {

@@ -1,4 +1,4 @@
-#include "auth_token.h"
+#include "common/auth_token.h"
 
 #include <sys/stat.h>
 

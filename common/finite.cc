@@ -1,11 +1,11 @@
-#include "finite.h"
+#include "common/finite.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 
-#include "vector_clones.h"
+#include "common/vector_clones.h"
 
 namespace ps {
 

@@ -1,4 +1,4 @@
-#include "malloc_tuning.h"
+#include "common/malloc_tuning.h"
 
 #include <malloc.h>
 

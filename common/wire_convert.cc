@@ -1,4 +1,4 @@
-#include "wire_convert.h"
+#include "common/wire_convert.h"
 
 #include <cstring>
 

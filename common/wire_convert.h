@@ -8,8 +8,8 @@
 
 #include <capnp/blob.h>
 
-#include "part_meta.h"
-#include "ps.capnp.h"
+#include "common/part_meta.h"
+#include "schema/ps.capnp.h"
 #include "ps/job.h"
 #include "ps/tensor_spec.h"
 

@@ -14,7 +14,7 @@
 #include "ps/errors.h"
 #include "ps/trainer_flags.h"
 #include "ps/training_session.h"
-#include "ps_task.h"
+#include "server/ps_task.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"hello_cluster: w and b on the ps, arithmetic on the workers"};
@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
   try {
     ps::apply_log_level(psf);
     const ps::ClusterSpec spec = f.cluster_spec();
-    if (spec.is_ps()) return ps::run_ps_task(spec, psf);
+    if (spec.is_ps()) return ps::run_ps_task(spec.task_index(), spec.num_ps(), spec.self_address(), psf);
     ps::Client client(f.client_options(spec));
     ps::TrainingSession session(client, {.job = f.job_config(spec, 0)});
     std::vector<float> w(2), b(2), unused_w(2), unused_b(2);

@@ -18,7 +18,7 @@
 #include "ps/summary_writer.h"
 #include "ps/trainer_flags.h"
 #include "ps/training_session.h"
-#include "ps_task.h"
+#include "server/ps_task.h"
 
 namespace {
 
@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
     f.validate();
     if (examples < 1) throw ps::ConfigError("--examples must be >= 1");
     const ps::ClusterSpec spec = f.cluster_spec();
-    if (spec.is_ps()) return ps::run_ps_task(spec, psf);
+    if (spec.is_ps()) return ps::run_ps_task(spec.task_index(), spec.num_ps(), spec.self_address(), psf);
     if (!spec.is_worker()) throw ps::ConfigError("task type '" + spec.job_name() + "' is not supported");
     return run_worker(spec, f, examples);
   });

@@ -21,7 +21,7 @@
 #include <kj/exception.h>
 #include <spdlog/spdlog.h>
 
-#include "optimizer.h"  // psd's update rules, for --local with a non-SGD optimizer
+#include "server/optimizer.h"  // psd's update rules, for --local with a non-SGD optimizer
 #include "ps/client.h"
 #include "ps/errors.h"
 #include "ps/hooks.h"
@@ -30,7 +30,7 @@
 #include "ps/summary_writer.h"
 #include "ps/trainer_flags.h"
 #include "ps/training_session.h"
-#include "ps_task.h"
+#include "server/ps_task.h"
 
 namespace {
 
@@ -412,7 +412,7 @@ int main(int argc, char** argv) {
     if (m.validation_size < 0) throw ps::ConfigError("--validation_size must be >= 0");
     if (m.local) return run_local(f, m);
     const ps::ClusterSpec spec = f.cluster_spec();
-    if (spec.is_ps()) return ps::run_ps_task(spec, psf);
+    if (spec.is_ps()) return ps::run_ps_task(spec.task_index(), spec.num_ps(), spec.self_address(), psf);
     if (!spec.is_worker()) throw ps::ConfigError("task type '" + spec.job_name() + "' is not supported (ps, worker or chief)");
     return run_worker(spec, f, m);
   });

@@ -14,9 +14,9 @@
 
 #include <spdlog/spdlog.h>
 
-#include "checkpoint_file.h"
-#include "shard.h"
-#include "shard_env.h"
+#include "common/checkpoint/checkpoint_file.h"
+#include "server/shard.h"
+#include "fuzz/shard_env.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   spdlog::set_level(spdlog::level::off);

@@ -33,10 +33,10 @@
 #include <kj/async-unix.h>
 #include <kj/debug.h>
 
-#include "buffered_message_stream.h"
-#include "client_message_stream.h"
-#include "ps.capnp.h"
-#include "socket_stream.h"
+#include "common/net/buffered_message_stream.h"
+#include "common/net/client_message_stream.h"
+#include "schema/ps.capnp.h"
+#include "common/net/socket_stream.h"
 
 namespace {
 

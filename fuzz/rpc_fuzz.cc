@@ -27,12 +27,12 @@
 #include <kj/async-io.h>
 #include <spdlog/spdlog.h>
 
-#include "buffered_message_stream.h"
-#include "ps.capnp.h"
-#include "shard.h"
-#include "shard_env.h"
-#include "shard_service.h"
-#include "socket_stream.h"
+#include "common/net/buffered_message_stream.h"
+#include "schema/ps.capnp.h"
+#include "server/shard.h"
+#include "fuzz/shard_env.h"
+#include "server/shard_service.h"
+#include "common/net/socket_stream.h"
 
 namespace {
 

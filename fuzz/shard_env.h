@@ -8,7 +8,7 @@
 
 #include <kj/async-io.h>
 
-#include "compute_pool.h"
+#include "server/compute_pool.h"
 
 namespace ps::fuzz {
 

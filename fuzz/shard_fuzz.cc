@@ -13,9 +13,9 @@
 #include <spdlog/spdlog.h>
 
 #include "ps/errors.h"
-#include "shard.h"
-#include "shard_env.h"
-#include "wire_convert.h"
+#include "server/shard.h"
+#include "fuzz/shard_env.h"
+#include "common/wire_convert.h"
 
 namespace {
 

@@ -2,8 +2,8 @@
 // with the bias-gradient reduction).
 #include <algorithm>
 
-#include "cuda_check.h"
-#include "mlp_kernels.h"
+#include "kernels/cuda_check.h"
+#include "kernels/mlp_kernels.h"
 
 namespace ps::kernels {
 namespace {

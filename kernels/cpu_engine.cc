@@ -16,7 +16,7 @@
 #include <Eigen/Core>
 #include <fmt/format.h>
 
-#include "engine_impl.h"
+#include "kernels/engine_impl.h"
 #include "ps/mlp.h"
 
 namespace ps::detail {

@@ -18,9 +18,9 @@
 
 #include <fmt/format.h>
 
-#include "cuda_check.h"
-#include "engine_impl.h"
-#include "mlp_kernels.h"
+#include "kernels/cuda_check.h"
+#include "kernels/engine_impl.h"
+#include "kernels/mlp_kernels.h"
 #include "ps/mlp.h"
 
 namespace ps::detail {

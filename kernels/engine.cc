@@ -10,7 +10,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
-#include "engine_impl.h"
+#include "kernels/engine_impl.h"
 #include "ps/errors.h"
 #include "ps/mlp.h"
 #include "ps_config.h"

@@ -1,8 +1,8 @@
 // Plain SGD on the flat parameter vector.
 #include <algorithm>
 
-#include "cuda_check.h"
-#include "mlp_kernels.h"
+#include "kernels/cuda_check.h"
+#include "kernels/mlp_kernels.h"
 
 namespace ps::kernels {
 namespace {

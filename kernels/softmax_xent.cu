@@ -3,8 +3,8 @@
 #include <cfloat>
 #include <climits>
 
-#include "cuda_check.h"
-#include "mlp_kernels.h"
+#include "kernels/cuda_check.h"
+#include "kernels/mlp_kernels.h"
 
 namespace ps::kernels {
 namespace {

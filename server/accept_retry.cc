@@ -1,4 +1,4 @@
-#include "accept_retry.h"
+#include "server/accept_retry.h"
 
 #include <chrono>
 

@@ -1,4 +1,4 @@
-#include "checkpointer.h"
+#include "server/checkpointer.h"
 
 #include <cstdio>
 
@@ -6,7 +6,7 @@
 
 #include "ps/checkpoint.h"
 #include "ps/errors.h"
-#include "shard.h"
+#include "server/shard.h"
 
 namespace ps {
 

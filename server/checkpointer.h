@@ -26,7 +26,7 @@
 #include <kj/async.h>
 #include <kj/timer.h>
 
-#include "checkpoint_file.h"
+#include "common/checkpoint/checkpoint_file.h"
 
 namespace ps {
 

@@ -1,4 +1,4 @@
-#include "compute_pool.h"
+#include "server/compute_pool.h"
 
 #include <condition_variable>
 #include <memory>

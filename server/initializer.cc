@@ -1,4 +1,4 @@
-#include "initializer.h"
+#include "server/initializer.h"
 
 #include <algorithm>
 #include <cmath>

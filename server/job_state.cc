@@ -1,4 +1,4 @@
-#include "job_state.h"
+#include "server/job_state.h"
 
 #include <algorithm>
 #include <limits>

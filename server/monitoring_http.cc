@@ -1,5 +1,5 @@
-#include "accept_retry.h"
-#include "monitoring_http.h"
+#include "server/accept_retry.h"
+#include "server/monitoring_http.h"
 
 #include <chrono>
 #include <string>
@@ -7,10 +7,10 @@
 #include <kj/compat/http.h>
 #include <spdlog/spdlog.h>
 
-#include "progress_history.h"
-#include "prometheus_metrics.h"
-#include "status_html.h"  // generated from server/www/status.html
-#include "status_json.h"
+#include "server/progress_history.h"
+#include "server/prometheus_metrics.h"
+#include "server/status_html.h"  // generated from server/www/status.html
+#include "server/status_json.h"
 
 namespace ps {
 namespace {

@@ -17,7 +17,7 @@
 #include <kj/async-io.h>
 #include <kj/timer.h>
 
-#include "shard.h"
+#include "server/shard.h"
 
 namespace ps {
 

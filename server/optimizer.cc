@@ -1,11 +1,11 @@
-#include "optimizer.h"
+#include "server/optimizer.h"
 
 #include <cmath>
 #include <limits>
 #include <string>
 
 #include "ps/errors.h"
-#include "vector_clones.h"
+#include "common/vector_clones.h"
 
 namespace ps {
 namespace {

@@ -1,4 +1,4 @@
-#include "process_priority.h"
+#include "server/process_priority.h"
 
 #include <dirent.h>
 #include <sys/resource.h>

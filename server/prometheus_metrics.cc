@@ -1,4 +1,4 @@
-#include "prometheus_metrics.h"
+#include "server/prometheus_metrics.h"
 
 #include <cmath>
 

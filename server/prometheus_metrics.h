@@ -14,7 +14,7 @@
 
 #include <string>
 
-#include "shard.h"
+#include "server/shard.h"
 
 namespace ps {
 

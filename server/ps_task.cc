@@ -1,12 +1,12 @@
-#include "ps_task.h"
+#include "server/ps_task.h"
 
 
 #include <spdlog/spdlog.h>
 
-#include "host_port.h"
-#include "process_priority.h"
+#include "common/net/host_port.h"
+#include "server/process_priority.h"
 #include "ps/errors.h"
-#include "server.h"
+#include "server/server.h"
 
 namespace ps {
 
@@ -29,19 +29,20 @@ void apply_log_level(const PsTaskFlags& f) {
   spdlog::set_level(level);
 }
 
-int run_ps_task(const ClusterSpec& spec, const PsTaskFlags& f) {
+int run_ps_task(int task_index, int num_ps, const std::string& me, const PsTaskFlags& f) {
   ServerOptions o;
-  o.shard.shard_index = static_cast<uint32_t>(spec.task_index());
-  o.shard.num_shards = static_cast<uint32_t>(spec.num_ps());
+  o.shard.shard_index = static_cast<uint32_t>(task_index);
+  o.shard.num_shards = static_cast<uint32_t>(num_ps);
   o.threads = f.threads ? f.threads : std::max(1u, std::thread::hardware_concurrency());
   o.exit_when_done = f.exit_when_done;
   o.port_file = f.port_file;
-  const std::string& me = spec.self_address();
   if (me.rfind("unix:", 0) == 0) {
     o.unix_socket = me.substr(5);
     o.port = 0;
   } else {
-    const HostPort parts = *split_host_port(me);  // ClusterSpec checked it
+    const std::optional<HostPort> split = split_host_port(me);
+    if (!split) throw ConfigError("ps task address '" + me + "' is not host:port");
+    const HostPort& parts = *split;
     const std::string& host = parts.host;
     o.port = std::stoi(parts.port);
     if (!f.bind.empty()) {
@@ -51,10 +52,10 @@ int run_ps_task(const ClusterSpec& spec, const PsTaskFlags& f) {
     }
   }
   if (f.nice) set_process_nice(*f.nice);  // before serve_until_signal starts the shard's threads
-  spdlog::info("ps task {} of {}: serving shard {} on {} (bind {}{})", spec.task_index(), spec.num_ps(),
+  spdlog::info("ps task {} of {}: serving shard {} on {} (bind {}{})", task_index, num_ps,
                o.shard.shard_index, me, o.bind, f.nice ? ", nice " + std::to_string(*f.nice) : std::string());
   serve_until_signal(o);
-  spdlog::info("ps task {} exited cleanly", spec.task_index());
+  spdlog::info("ps task {} exited cleanly", task_index);
   return 0;
 }
 

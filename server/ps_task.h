@@ -6,7 +6,7 @@
 //   ps::PsTaskFlags ps_flags;
 //   ps::add_ps_task_flags(app, ps_flags);
 //   ...
-//   if (spec.is_ps()) return ps::run_ps_task(spec, ps_flags);
+//   if (spec.is_ps()) return ps::run_ps_task(spec.task_index(), spec.num_ps(), spec.self_address(), ps_flags);
 #pragma once
 
 #include <optional>
@@ -14,7 +14,6 @@
 
 #include <CLI/CLI.hpp>
 
-#include "ps/cluster_spec.h"
 
 namespace ps {
 
@@ -35,8 +34,9 @@ void add_ps_task_flags(CLI::App& app, PsTaskFlags& flags);
 // know (spdlog alone would turn logging off).
 void apply_log_level(const PsTaskFlags& flags);
 
-// Serves shard spec.task_index() of spec.num_ps() on this task's port.
-// Returns the exit code (0 after a clean stop); throws ConfigError.
-int run_ps_task(const ClusterSpec& spec, const PsTaskFlags& flags);
+// Serves shard `task_index` of `num_ps` on `self_address` ("host:port" as a
+// ClusterSpec checked it, or "unix:/path"). Returns the exit code (0 after a
+// clean stop); throws ConfigError.
+int run_ps_task(int task_index, int num_ps, const std::string& self_address, const PsTaskFlags& flags);
 
 }  // namespace ps

@@ -1,12 +1,12 @@
-#include "psd_flags.h"
+#include "server/psd_flags.h"
 
 #include <thread>
 
 #include <spdlog/spdlog.h>
 
-#include "auth_token.h"
-#include "host_port.h"
-#include "process_priority.h"
+#include "common/auth_token.h"
+#include "common/net/host_port.h"
+#include "server/process_priority.h"
 #include "ps/errors.h"
 
 namespace ps {

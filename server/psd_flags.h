@@ -7,7 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "server.h"
+#include "server/server.h"
 
 namespace ps {
 

@@ -9,8 +9,8 @@
 #include <spdlog/spdlog.h>
 
 #include "ps/errors.h"
-#include "psd_flags.h"
-#include "server.h"
+#include "server/psd_flags.h"
+#include "server/server.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"psd: parameter-server shard daemon (psd/libpsclient " PS_VERSION ")"};

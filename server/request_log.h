@@ -14,7 +14,7 @@
 #include <map>
 #include <vector>
 
-#include "checkpoint_file.h"
+#include "common/checkpoint/checkpoint_file.h"
 
 namespace ps {
 

@@ -1,5 +1,5 @@
-#include "accept_retry.h"
-#include "server.h"
+#include "server/accept_retry.h"
+#include "server/server.h"
 
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -14,13 +14,13 @@
 #include <kj/async-unix.h>
 #include <spdlog/spdlog.h>
 
-#include "monitoring_http.h"
-#include "malloc_tuning.h"
+#include "server/monitoring_http.h"
+#include "common/malloc_tuning.h"
 #include "ps/errors.h"
-#include "shard_service.h"
-#include "buffered_message_stream.h"
-#include "socket_stream.h"
-#include "busy_poll.h"
+#include "server/shard_service.h"
+#include "common/net/buffered_message_stream.h"
+#include "common/net/socket_stream.h"
+#include "common/net/busy_poll.h"
 
 namespace ps {
 

@@ -17,8 +17,8 @@
 
 #include <kj/async-io.h>
 
-#include "checkpointer.h"
-#include "shard.h"
+#include "server/checkpointer.h"
+#include "server/shard.h"
 
 namespace ps {
 

@@ -1,4 +1,4 @@
-#include "shard.h"
+#include "server/shard.h"
 
 #include <algorithm>
 #include <chrono>
@@ -10,11 +10,11 @@
 #include <capnp/orphan.h>
 #include <spdlog/spdlog.h>
 
-#include "finite.h"
-#include "host_id.h"
-#include "random_bits.h"
+#include "common/finite.h"
+#include "common/net/host_id.h"
+#include "common/random_bits.h"
 #include "ps/errors.h"
-#include "wire_convert.h"
+#include "common/wire_convert.h"
 
 namespace ps {
 namespace {

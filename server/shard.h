@@ -30,15 +30,15 @@
 #include <kj/async.h>
 #include <kj/timer.h>
 
-#include "compute_pool.h"
-#include "histogram.h"
-#include "job_state.h"
-#include "checkpoint_file.h"
-#include "ps.capnp.h"
-#include "request_log.h"
-#include "shared_region.h"
-#include "socket_stream.h"
-#include "tensor_store.h"
+#include "server/compute_pool.h"
+#include "server/histogram.h"
+#include "server/job_state.h"
+#include "common/checkpoint/checkpoint_file.h"
+#include "schema/ps.capnp.h"
+#include "server/request_log.h"
+#include "common/net/shared_region.h"
+#include "common/net/socket_stream.h"
+#include "server/tensor_store.h"
 
 namespace ps {
 

@@ -10,7 +10,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "shard.h"
+#include "server/shard.h"
 
 namespace ps {
 

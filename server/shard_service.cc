@@ -1,12 +1,12 @@
-#include "shard_service.h"
+#include "server/shard_service.h"
 
 #include <cstring>
 
 #include <spdlog/spdlog.h>
 
-#include "checkpointer.h"
+#include "server/checkpointer.h"
 #include "ps/errors.h"
-#include "wire_convert.h"
+#include "common/wire_convert.h"
 
 namespace ps {
 

@@ -4,8 +4,8 @@
 
 #include <string>
 
-#include "ps.capnp.h"
-#include "shard.h"
+#include "schema/ps.capnp.h"
+#include "server/shard.h"
 
 namespace ps {
 

@@ -18,7 +18,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ps/errors.h"
-#include "shard.h"
+#include "server/shard.h"
 
 namespace ps {
 

@@ -1,4 +1,4 @@
-#include "status_json.h"
+#include "server/status_json.h"
 
 #include <cmath>
 #include <limits>

@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "progress_history.h"
-#include "shard.h"
+#include "server/progress_history.h"
+#include "server/shard.h"
 
 namespace ps {
 

@@ -1,10 +1,10 @@
-#include "tensor_store.h"
+#include "server/tensor_store.h"
 
 #include <cmath>
 #include <cstdint>
 
-#include "finite.h"
-#include "initializer.h"
+#include "common/finite.h"
+#include "server/initializer.h"
 #include "ps/errors.h"
 #include "ps/job.h"
 

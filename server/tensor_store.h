@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "optimizer.h"
-#include "part_meta.h"
+#include "server/optimizer.h"
+#include "common/part_meta.h"
 #include "ps/tensor_spec.h"
 
 namespace ps {

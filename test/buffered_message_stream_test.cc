@@ -20,8 +20,8 @@
 #include <capnp/serialize.h>
 #include <catch2/catch.hpp>
 
-#include "buffered_message_stream.h"
-#include "kj_test_loop.h"
+#include "common/net/buffered_message_stream.h"
+#include "test/kj_test_loop.h"
 
 namespace {
 

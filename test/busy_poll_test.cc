@@ -15,7 +15,7 @@
 #include <kj/async-unix.h>
 #include <kj/timer.h>
 
-#include "busy_poll.h"
+#include "common/net/busy_poll.h"
 
 using namespace ps;
 using namespace std::chrono_literals;

@@ -10,9 +10,9 @@
 #include <fstream>
 #include <limits>
 
-#include "checkpoint_file.h"
+#include "common/checkpoint/checkpoint_file.h"
 #include "ps/summary_writer.h"  // crc32c, mask_crc: the record checksums
-#include "psd_process.h"
+#include "test/psd_process.h"
 
 using namespace ps;
 using ps::test::TempDir;

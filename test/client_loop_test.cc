@@ -12,7 +12,7 @@
 #include <kj/async-unix.h>
 #include <kj/debug.h>
 
-#include "client_loop.h"
+#include "common/net/client_loop.h"
 
 using namespace std::chrono_literals;
 

@@ -21,9 +21,9 @@
 #include <catch2/catch.hpp>
 #include <kj/async-unix.h>
 
-#include "client_message_stream.h"
-#include "kj_test_loop.h"
-#include "ps.capnp.h"
+#include "common/net/client_message_stream.h"
+#include "test/kj_test_loop.h"
+#include "schema/ps.capnp.h"
 
 namespace {
 

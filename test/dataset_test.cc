@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <set>
 
-#include "idx_fixture.h"
+#include "test/idx_fixture.h"
 #include "ps/errors.h"
 #include "ps/mnist.h"
 

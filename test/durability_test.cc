@@ -14,12 +14,12 @@
 
 #include <capnp/ez-rpc.h>
 
-#include "checkpoint_file.h"
-#include "ps.capnp.h"
+#include "common/checkpoint/checkpoint_file.h"
+#include "schema/ps.capnp.h"
 #include "ps/checkpoint.h"
 #include "ps/client.h"
 #include "ps/training_session.h"
-#include "psd_process.h"
+#include "test/psd_process.h"
 
 using namespace ps;
 using ps::test::PsdProcess;

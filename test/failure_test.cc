@@ -18,7 +18,7 @@
 
 #include "ps/client.h"
 #include "ps/training_session.h"
-#include "psd_process.h"
+#include "test/psd_process.h"
 
 using namespace ps;
 using ps::test::PsdProcess;

@@ -7,7 +7,7 @@
 #include <limits>
 #include <vector>
 
-#include "finite.h"
+#include "common/finite.h"
 
 using namespace ps;
 

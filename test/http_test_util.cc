@@ -1,4 +1,4 @@
-#include "http_test_util.h"
+#include "test/http_test_util.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

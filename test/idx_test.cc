@@ -9,7 +9,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "idx_fixture.h"
+#include "test/idx_fixture.h"
 #include "ps/errors.h"
 #include "ps/mnist.h"
 

@@ -15,9 +15,9 @@
 #include <capnp/ez-rpc.h>
 #include <kj/async-io.h>
 
-#include "ps.capnp.h"
+#include "schema/ps.capnp.h"
 #include "ps/client.h"
-#include "psd_process.h"
+#include "test/psd_process.h"
 
 using namespace ps;
 using ps::test::PsdProcess;

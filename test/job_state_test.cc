@@ -7,7 +7,7 @@
 #include <kj/async.h>
 #include <kj/timer.h>
 
-#include "job_state.h"
+#include "server/job_state.h"
 
 TEST_CASE("waits whose callers gave up do not pile up; the others are kept") {
   kj::EventLoop loop;

@@ -5,8 +5,8 @@
 
 #include <limits>
 
-#include "mlp_engine_checks.h"
-#include "mlp_reference.h"
+#include "test/mlp_engine_checks.h"
+#include "test/mlp_reference.h"
 #include "ps/errors.h"
 #include "ps/mlp.h"
 

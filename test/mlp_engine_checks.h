@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "mlp_reference.h"
+#include "test/mlp_reference.h"
 #include "ps/errors.h"
 #include "ps/mlp.h"
 

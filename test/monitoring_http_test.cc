@@ -7,11 +7,11 @@
 
 #include <capnp/ez-rpc.h>
 
-#include "http_test_util.h"
-#include "prometheus_text_parser.h"
-#include "ps.capnp.h"
+#include "test/http_test_util.h"
+#include "test/prometheus_text_parser.h"
+#include "schema/ps.capnp.h"
 #include "ps/client.h"
-#include "psd_process.h"
+#include "test/psd_process.h"
 
 using namespace ps;
 using ps::test::PromText;

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <random>
 
-#include "optimizer.h"
+#include "server/optimizer.h"
 #include "ps/errors.h"
 
 using ps::OptimizerConfig;

@@ -4,7 +4,7 @@
 
 #include "ps/errors.h"
 #include "ps/placement.h"
-#include "request_plan.h"
+#include "client/request_plan.h"
 
 using namespace ps;
 

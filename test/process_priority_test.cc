@@ -18,7 +18,7 @@
 #include <sstream>
 #include <thread>
 
-#include "psd_process.h"
+#include "test/psd_process.h"
 
 using ps::test::PsdProcess;
 using ps::test::program_path;

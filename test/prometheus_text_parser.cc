@@ -1,4 +1,4 @@
-#include "prometheus_text_parser.h"
+#include "test/prometheus_text_parser.h"
 
 #include <cmath>
 #include <cstdlib>

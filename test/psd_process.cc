@@ -1,4 +1,4 @@
-#include "psd_process.h"
+#include "test/psd_process.h"
 
 #include <signal.h>
 #include <sys/prctl.h>

@@ -18,10 +18,10 @@
 #include <capnp/rpc-twoparty.h>
 #include <kj/async-io.h>
 
-#include "http_test_util.h"
-#include "ps.capnp.h"
+#include "test/http_test_util.h"
+#include "schema/ps.capnp.h"
 #include "ps/client.h"
-#include "psd_process.h"
+#include "test/psd_process.h"
 
 using namespace ps;
 using ps::test::PsdProcess;

@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "ps/errors.h"
-#include "shared_arena.h"
+#include "common/net/shared_arena.h"
 
 using namespace ps;
 

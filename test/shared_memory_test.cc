@@ -16,10 +16,10 @@
 
 #include <capnp/ez-rpc.h>
 
-#include "ps.capnp.h"
+#include "schema/ps.capnp.h"
 #include "ps/client.h"
-#include "psd_process.h"
-#include "shared_region.h"
+#include "test/psd_process.h"
+#include "common/net/shared_region.h"
 
 using namespace ps;
 using ps::test::PsdProcess;

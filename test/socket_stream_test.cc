@@ -27,8 +27,8 @@
 #include <kj/async-unix.h>
 #include <kj/debug.h>
 
-#include "kj_test_loop.h"
-#include "socket_stream.h"
+#include "test/kj_test_loop.h"
+#include "common/net/socket_stream.h"
 
 namespace {
 

@@ -19,9 +19,9 @@
 #include <sstream>
 #include <thread>
 
-#include "http_test_util.h"
+#include "test/http_test_util.h"
 #include "ps/client.h"
-#include "psd_process.h"
+#include "test/psd_process.h"
 
 using namespace ps;
 using ps::test::PsdProcess;

@@ -13,7 +13,7 @@
 #include <sstream>
 #include <thread>
 
-#include "idx_fixture.h"
+#include "test/idx_fixture.h"
 #include "ps/errors.h"
 #include "ps/hooks.h"
 

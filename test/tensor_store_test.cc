@@ -3,10 +3,10 @@
 #include <cmath>
 #include <limits>
 
-#include "initializer.h"
+#include "server/initializer.h"
 #include "ps/errors.h"
 #include "ps/job.h"
-#include "tensor_store.h"
+#include "server/tensor_store.h"
 
 using namespace ps;
 

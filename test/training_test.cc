@@ -11,10 +11,10 @@
 #include <random>
 #include <thread>
 
-#include "optimizer.h"
+#include "server/optimizer.h"
 #include "ps/client.h"
 #include "ps/training_session.h"
-#include "psd_process.h"
+#include "test/psd_process.h"
 
 using namespace ps;
 using ps::test::PsdProcess;

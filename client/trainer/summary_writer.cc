@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -17,18 +16,6 @@ namespace {
 
 constexpr size_t kFlushBytes = 64 * 1024;
 constexpr auto kFlushInterval = std::chrono::seconds(10);
-
-// Reflected CRC-32C table (polynomial 0x82F63B78).
-constexpr std::array<uint32_t, 256> make_table() {
-  std::array<uint32_t, 256> t{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-    t[i] = c;
-  }
-  return t;
-}
-constexpr std::array<uint32_t, 256> kTable = make_table();
 
 // --- the few protobuf encodings we need ---
 void put_varint(std::string& out, uint64_t v) {
@@ -78,13 +65,6 @@ std::string hostname() {
 }
 
 }  // namespace
-
-uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  crc = ~crc;
-  for (size_t i = 0; i < n; ++i) crc = kTable[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
-  return ~crc;
-}
 
 SummaryWriter::SummaryWriter(std::string logdir) {
   std::error_code ec;

@@ -1,4 +1,4 @@
-#include "checkpoint_file.h"
+#include "common/checkpoint/checkpoint_file.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -14,9 +14,9 @@
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 
-#include "checkpoint.capnp.h"
-#include "ps/summary_writer.h"
-#include "wire_convert.h"
+#include "schema/checkpoint.capnp.h"
+#include "ps/crc32c.h"
+#include "common/wire_convert.h"
 
 namespace ps {
 namespace {

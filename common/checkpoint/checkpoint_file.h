@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "part_meta.h"
+#include "common/part_meta.h"
 #include "ps/checkpoint.h"
 #include "ps/errors.h"
 #include "ps/job.h"

@@ -7,7 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "checkpoint_file.h"
+#include "common/checkpoint/checkpoint_file.h"
 #include "ps/checkpoint.h"
 
 namespace ps {

@@ -1,4 +1,4 @@
-#include "buffered_message_stream.h"
+#include "common/net/buffered_message_stream.h"
 
 #include <sys/socket.h>
 
@@ -7,7 +7,7 @@
 
 #include <kj/debug.h>
 
-#include "message_framing.h"
+#include "common/net/message_framing.h"
 
 namespace ps {
 

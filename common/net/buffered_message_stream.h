@@ -37,7 +37,7 @@
 #include <kj/timer.h>
 #include <kj/vector.h>
 
-#include "socket_stream.h"
+#include "common/net/socket_stream.h"
 
 namespace ps {
 

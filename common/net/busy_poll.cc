@@ -1,4 +1,4 @@
-#include "busy_poll.h"
+#include "common/net/busy_poll.h"
 
 #include <fcntl.h>
 #include <sys/syscall.h>

@@ -1,4 +1,4 @@
-#include "client_loop.h"
+#include "common/net/client_loop.h"
 
 #include <spdlog/spdlog.h>
 

@@ -30,7 +30,7 @@
 #include <kj/async-unix.h>
 #include <kj/time.h>
 
-#include "busy_poll.h"
+#include "common/net/busy_poll.h"
 
 namespace ps {
 

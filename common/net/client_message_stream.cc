@@ -1,4 +1,4 @@
-#include "client_message_stream.h"
+#include "common/net/client_message_stream.h"
 
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -10,9 +10,9 @@
 #include <capnp/serialize.h>
 #include <kj/debug.h>
 
-#include "message_framing.h"
-#include "ps.capnp.h"
-#include "random_bits.h"
+#include "common/net/message_framing.h"
+#include "schema/ps.capnp.h"
+#include "common/random_bits.h"
 
 namespace ps {
 

@@ -53,7 +53,7 @@
 #include <kj/refcount.h>
 #include <kj/vector.h>
 
-#include "socket_stream.h"
+#include "common/net/socket_stream.h"
 
 namespace ps {
 

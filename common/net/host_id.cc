@@ -1,4 +1,4 @@
-#include "host_id.h"
+#include "common/net/host_id.h"
 
 #include <fstream>
 

@@ -1,6 +1,6 @@
 // "host:port" as psd, libpsclient and the trainers write addresses: split at
 // the last colon, "[v6addr]:port" losing its brackets. Validation with
-// user-facing messages is ClusterSpec's (util/cluster_spec.cc).
+// user-facing messages is ClusterSpec's (client/trainer/cluster_spec.cc).
 #pragma once
 
 #include <optional>

@@ -1,4 +1,4 @@
-#include "message_framing.h"
+#include "common/net/message_framing.h"
 
 #include <sys/socket.h>
 

@@ -8,7 +8,7 @@
 #include <kj/array.h>
 #include <kj/common.h>
 
-#include "socket_stream.h"
+#include "common/net/socket_stream.h"
 
 namespace ps {
 

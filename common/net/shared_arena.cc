@@ -1,4 +1,4 @@
-#include "shared_arena.h"
+#include "common/net/shared_arena.h"
 
 namespace ps {
 

@@ -26,7 +26,7 @@
 #include <optional>
 #include <vector>
 
-#include "shared_region.h"
+#include "common/net/shared_region.h"
 
 namespace ps {
 

@@ -1,4 +1,4 @@
-#include "shared_region.h"
+#include "common/net/shared_region.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -1,4 +1,4 @@
-#include "socket_stream.h"
+#include "common/net/socket_stream.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -23,8 +23,8 @@
 #include <kj/debug.h>
 #include <kj/vector.h>
 
-#include "busy_poll.h"
-#include "host_port.h"
+#include "common/net/busy_poll.h"
+#include "common/net/host_port.h"
 
 namespace ps {
 

@@ -27,16 +27,9 @@
 #include <string>
 #include <string_view>
 
-namespace ps {
+#include "ps/crc32c.h"
 
-// CRC-32C (Castagnoli), as TFRecord uses. crc32c("123456789") == 0xE3069283.
-// Pass a previous result as `crc` to extend it over more data.
-uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
-inline uint32_t mask_crc(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; }
-inline uint32_t unmask_crc(uint32_t masked) {
-  uint32_t rot = masked - 0xa282ead8u;
-  return (rot >> 17) | (rot << 15);
-}
+namespace ps {
 
 class SummaryWriter {
  public:

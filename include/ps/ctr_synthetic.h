@@ -41,8 +41,8 @@ struct CtrSyntheticOptions {
   double zipf_exponent = 1.1;
   double missing_rate = 0.02;      // of each field of each example
   double bias = -0.8;              // a click rate near 0.25, as Criteo's
-  double weight_scale = 0.4;       // std dev of a rank-1 value's weight
-  double weight_decay = 0.25;      // rank r: std dev weight_scale * r^-weight_decay
+  double weight_scale = 0.6;       // std dev of a rank-1 value's weight
+  double weight_decay = 0.5;       // rank r: std dev weight_scale * r^-weight_decay
   double dense_weight_scale = 0.2;
   std::vector<FieldCross> crosses{{0, 1}, {2, 3}, {4, 5}};  // planted interactions
   double cross_weight_scale = 0.4;

@@ -172,6 +172,29 @@ TEST_CASE("Feature ids: fixed hashes, distinct per field, missing and crosses ap
   CHECK(dense[11] == 0.0f);  // missing
 }
 
+TEST_CASE("make_ctr_batch lays the features of B examples side by side", "[ctr][features]") {
+  std::vector<ps::CtrExample> ex(2);
+  REQUIRE(ps::parse_ctr_line(kGood, ex[0], nullptr));
+  REQUIRE(ps::parse_ctr_line(make_line("0", {"3"}, {"", "ab"}), ex[1], nullptr));
+  const auto crosses = ps::default_ctr_crosses();
+  ps::CtrBatch batch;
+  ps::make_ctr_batch(ex, crosses, batch);
+  REQUIRE(batch.size == 2);
+  CHECK(batch.labels == std::vector<float>{1, 0});
+  REQUIRE(batch.dense.size() == 2 * 13);
+  REQUIRE(batch.ids.size() == 2 * 26);
+  REQUIRE(batch.wide_ids.size() == 2 * 39);
+  CHECK(batch.dense[13] == Approx(std::log(4.0)));
+  CHECK(batch.ids[26 + 1] == ps::ctr_hash_feature(1, 0xab));
+  CHECK(batch.ids[26 + 0] == ps::ctr_hash_feature(0, ps::kCtrMissing));
+  std::vector<uint64_t> wide;
+  ps::ctr_wide_ids(ex[1], crosses, wide);
+  CHECK(std::equal(wide.begin(), wide.end(), batch.wide_ids.begin() + 39));
+  ps::make_ctr_batch(std::span<const ps::CtrExample>(ex).first(1), crosses, batch);  // buffers shrink
+  CHECK(batch.size == 1);
+  CHECK(batch.ids.size() == 26);
+}
+
 TEST_CASE("Zipf sampler matches k^-s / H(n, s)", "[ctr][zipf]") {
   for (const auto& [n, s] : std::vector<std::pair<int64_t, double>>{{20, 1.0}, {20, 1.1}, {50, 2.5}, {7, 0.5}, {1, 1.1}}) {
     const ps::detail::ZipfSampler zipf(n, s);

@@ -1,4 +1,5 @@
 // Feature ids and dense transforms of CTR examples (contract in ps/ctr_data.h).
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -67,6 +68,24 @@ void ctr_wide_ids(const CtrExample& e, std::span<const FieldCross> crosses, std:
   ids.resize(kCtrCategorical + crosses.size());
   ctr_categorical_ids(e, std::span<uint64_t>(ids).first(kCtrCategorical));
   for (size_t c = 0; c < crosses.size(); ++c) ids[kCtrCategorical + c] = ctr_cross_id(crosses[c].a, crosses[c].b, e);
+}
+
+void make_ctr_batch(std::span<const CtrExample> examples, std::span<const FieldCross> crosses, CtrBatch& batch) {
+  const size_t n = examples.size(), wide = kCtrCategorical + crosses.size();
+  batch.size = static_cast<int64_t>(n);
+  batch.labels.resize(n);
+  batch.dense.resize(n * kCtrDense);
+  batch.ids.resize(n * kCtrCategorical);
+  batch.wide_ids.resize(n * wide);
+  std::vector<uint64_t> w;
+  for (size_t i = 0; i < n; ++i) {
+    const CtrExample& e = examples[i];
+    batch.labels[i] = e.label;
+    ctr_dense_features(e, std::span<float>(batch.dense).subspan(i * kCtrDense, kCtrDense));
+    ctr_categorical_ids(e, std::span<uint64_t>(batch.ids).subspan(i * kCtrCategorical, kCtrCategorical));
+    ctr_wide_ids(e, crosses, w);
+    std::copy(w.begin(), w.end(), batch.wide_ids.begin() + static_cast<std::ptrdiff_t>(i * wide));
+  }
 }
 
 }  // namespace ps

@@ -31,6 +31,9 @@
 //     ps::ctr_dense_features(e, dense);
 //     ps::ctr_wide_ids(e, crosses, wide);              // 26 single ids, then one per cross
 //   }
+//   // or a whole batch at once:
+//   ps::CtrBatch batch;
+//   ps::make_ctr_batch(examples, crosses, batch);       // labels (B), dense (B, 13), ids (B, 26), ...
 #pragma once
 
 #include <array>
@@ -104,5 +107,16 @@ void ctr_categorical_ids(const CtrExample& e, std::span<uint64_t> ids);
 void ctr_dense_features(const CtrExample& e, std::span<float> out);
 // ids = the 26 single-field ids, then one id per cross (replaces its contents).
 void ctr_wide_ids(const CtrExample& e, std::span<const FieldCross> crosses, std::vector<uint64_t>& ids);
+
+// The features of B examples side by side, as a trainer's step takes them.
+struct CtrBatch {
+  int64_t size = 0;               // B
+  std::vector<float> labels;      // (B)
+  std::vector<float> dense;       // (B, 13) ctr_dense_features
+  std::vector<uint64_t> ids;      // (B, 26) ctr_categorical_ids: the deep part's bags, one id each
+  std::vector<uint64_t> wide_ids; // (B, 26 + crosses) ctr_wide_ids
+};
+// Fills `batch` (buffers reused) from the examples.
+void make_ctr_batch(std::span<const CtrExample> examples, std::span<const FieldCross> crosses, CtrBatch& batch);
 
 }  // namespace ps

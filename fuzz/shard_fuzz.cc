@@ -14,6 +14,7 @@
 
 #include "ps/errors.h"
 #include "server/shard.h"
+#include "server/shard_wire.h"
 #include "fuzz/shard_env.h"
 #include "common/wire_convert.h"
 
@@ -61,8 +62,8 @@ void seed(ps::Shard& shard, bool sync) {
   part.setOffset(5);
   part.setIndex(1);
   part.setCount(2);
-  capnp::MallocMessageBuilder out;
-  shard.create(params.asReader(), out.initRoot<ps::wire::Shard::CreateResults>());
+  ps::CreateReply reply;
+  shard.create(ps::create_from_wire(params.asReader()), reply);
   if (sync) {
     capnp::MallocMessageBuilder j;
     auto job = j.initRoot<ps::wire::JobConfig>();
@@ -110,20 +111,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     capnp::FlatArrayMessageReader reader(
         kj::arrayPtr(reinterpret_cast<const capnp::word*>(words.data()), words.size()), limits);
     capnp::MallocMessageBuilder results;
+    kj::Own<ps::WirePullReply> pull_reply;  // outlives `pending`
     kj::Promise<void> pending = kj::READY_NOW;
     switch (op) {
-      case 0:
-        shard.create(reader.getRoot<ps::wire::Shard::CreateParams>(), results.initRoot<ps::wire::Shard::CreateResults>());
+      case 0: {
+        const ps::CreateRequest request = ps::create_from_wire(reader.getRoot<ps::wire::Shard::CreateParams>());
+        ps::CreateReply reply;
+        shard.create(request, reply);
+        ps::create_to_wire(request, reply, results.initRoot<ps::wire::Shard::CreateResults>());
         break;
+      }
       case 1:
-        pending = shard.pull(caller, reader.getRoot<ps::wire::Shard::PullParams>(),
-                             [&](capnp::MessageSize) { return results.initRoot<ps::wire::Shard::PullResults>(); });
+        pull_reply = kj::heap<ps::WirePullReply>(
+            [&](capnp::MessageSize) { return results.initRoot<ps::wire::Shard::PullResults>(); }, 0, nullptr);
+        pending = shard.pull(caller, ps::pull_from_wire(reader.getRoot<ps::wire::Shard::PullParams>()), *pull_reply);
         break;
       case 2:
-      case 3:
-        pending = shard.push(caller, reader.getRoot<ps::wire::Shard::PushParams>(),
-                             results.initRoot<ps::wire::Shard::PushResults>());
+      case 3: {
+        ps::PushReply reply;
+        pending = shard.push(caller, ps::push_from_wire(reader.getRoot<ps::wire::Shard::PushParams>()), reply);
+        ps::push_to_wire(reply, results.initRoot<ps::wire::Shard::PushResults>());
         break;
+      }
       case 4:
         shard.init_job(reader.getRoot<ps::wire::JobConfig>());
         break;
@@ -134,7 +143,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         shard.hello(caller);
         break;
       default:
-        shard.list(results.initRoot<ps::wire::Shard::ListResults>());
+        for (ps::StoredTensor* t : shard.list()) ps::to_wire_meta(*t, false, results.initRoot<ps::wire::TensorMeta>());
         shard.stats(results.initRoot<ps::wire::ShardStats>());
         break;
     }

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include "server/checkpointer.h"
+#include "server/shard_wire.h"
 #include "ps/errors.h"
 #include "common/wire_convert.h"
 
@@ -12,16 +13,15 @@ namespace ps {
 
 ShardServiceImpl::ShardServiceImpl(Shard& shard, std::string peer, std::string refusal, SocketStream* stream,
                                    pid_t peer_pid)
-    : shard_(shard), refusal_(std::move(refusal)) {
+    : shard_(shard), stream_(stream), refusal_(std::move(refusal)) {
   caller_.peer = std::move(peer);
-  caller_.stream = stream;
   caller_.peer_pid = peer_pid;
   if (refusal_.empty()) ++shard_.counters().connections;
   if (stream != nullptr && refusal_.empty()) {
     hello_deadline_ = shard_.job().timer().afterDelay(kHelloDeadline).then([this] {
       if (said_hello_) return;
       spdlog::info("closing the connection from {}: no hello within {} s", caller_.peer, kHelloDeadline / kj::SECONDS);
-      caller_.stream->abort();
+      stream_->abort();
     }).eagerlyEvaluate(nullptr);
   }
 }
@@ -111,8 +111,11 @@ kj::Promise<void> ShardServiceImpl::create(CreateContext context) {
                            std::to_string(fresh) + " more");
       }
     }
-    shard_.create(context.getParams(), context.getResults());
-    if (!context.getParams().getValidateOnly()) tensors_created_ += fresh;
+    const CreateRequest request = create_from_wire(context.getParams());
+    CreateReply reply;
+    shard_.create(request, reply);
+    create_to_wire(request, reply, context.getResults());
+    if (!request.validate_only) tensors_created_ += fresh;
     return kj::READY_NOW;
   });
 }
@@ -129,19 +132,29 @@ kj::Promise<void> ShardServiceImpl::create(CreateContext context) {
 // applied, and its retry answered as done.
 kj::Promise<void> ShardServiceImpl::pull(PullContext context) {
   context.allowCancellation();
-  return guarded(RequestKind::kPull, [&] { return shard_.pull(caller_, context.getParams(), [&](capnp::MessageSize size) { return context.getResults(size); }); });
+  return guarded(RequestKind::kPull, [&] {
+    auto params = context.getParams();
+    auto reply = kj::heap<WirePullReply>(
+        [context](capnp::MessageSize size) mutable { return context.getResults(size); }, params.getTag(), stream_);
+    return shard_.pull(caller_, pull_from_wire(params), *reply).attach(kj::mv(reply));
+  });
 }
 
 kj::Promise<void> ShardServiceImpl::push(PushContext context) {
   return guarded(RequestKind::kPush, [&] {
     require_hello("push");
-    return shard_.push(caller_, context.getParams(), context.getResults());
+    PushReply reply;
+    kj::Promise<void> applied = shard_.push(caller_, push_from_wire(context.getParams()), reply);
+    push_to_wire(reply, context.getResults());
+    return applied;
   });
 }
 
 kj::Promise<void> ShardServiceImpl::list(ListContext context) {
   return guarded(RequestKind::kList, [&]() -> kj::Promise<void> {
-    shard_.list(context.getResults());
+    auto all = shard_.list();
+    auto out = context.getResults().initTensors(static_cast<unsigned>(all.size()));
+    for (unsigned i = 0; i < all.size(); ++i) to_wire_meta(*all[i], false, out[i]);
     return kj::READY_NOW;
   });
 }

@@ -70,7 +70,7 @@ void seed(ps::Shard& shard, bool sync) {
     job.setMode(ps::wire::SyncMode::SYNC);
     job.setReplicasToAggregate(2);
     job.setTotalReplicas(3);
-    shard.init_job(job.asReader());
+    shard.init_job(ps::job_from_wire(job.asReader()));
     shard.job().set_ready();
     shard.hello({.worker_index = 0, .is_chief = true, .peer = "fuzz"});
     shard.hello({.worker_index = 1, .is_chief = false, .peer = "fuzz"});
@@ -134,7 +134,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 4:
-        shard.init_job(reader.getRoot<ps::wire::JobConfig>());
+        shard.init_job(ps::job_from_wire(reader.getRoot<ps::wire::JobConfig>()));
         break;
       case 5:
         shard.step_done(caller, reader.getRoot<ps::wire::Shard::StepDoneParams>().getStep());
@@ -144,7 +144,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       default:
         for (ps::StoredTensor* t : shard.list()) ps::to_wire_meta(*t, false, results.initRoot<ps::wire::TensorMeta>());
-        shard.stats(results.initRoot<ps::wire::ShardStats>());
+        ps::stats_to_wire(shard, results.initRoot<ps::wire::ShardStats>());
         break;
     }
     // A pull may wait for a step that never comes: run what is ready, then

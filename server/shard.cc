@@ -10,10 +10,8 @@
 #include <spdlog/spdlog.h>
 
 #include "common/finite.h"
-#include "common/net/host_id.h"
 #include "common/random_bits.h"
 #include "ps/errors.h"
-#include "common/wire_convert.h"
 
 namespace ps {
 namespace {
@@ -81,7 +79,7 @@ void Shard::hello(const Caller& caller) { job_.connect(caller.worker_index, call
 
 void Shard::goodbye(const Caller& caller) { job_.disconnect(caller.worker_index, caller.is_chief); }
 
-void Shard::init_job(wire::JobConfig::Reader config) { job_.configure(job_from_wire(config)); }
+void Shard::init_job(const JobConfig& config) { job_.configure(config); }
 
 void Shard::set_ready() {
   if (job_.configured() && job_.config().mode == SyncMode::kSync && trainable_count() == 0) {
@@ -198,15 +196,9 @@ std::pair<int64_t, bool> Shard::step_done_request(const Caller& caller, int64_t 
   return answer;
 }
 
-void Shard::report(const Caller& caller, wire::Shard::ReportParams::Reader params) {
+void Shard::report(const Caller& caller, WorkerReport r) {
   if (caller.worker_index < 0) throw RequestError("report: only workers report progress (say hello with a worker index)");
   job_.check_worker(caller.worker_index);
-  WorkerReport r;
-  r.step = params.getStep();
-  r.loss = params.getLoss();  // NaN kept: a diverging loss is worth seeing
-  r.accuracy = params.getAccuracy();
-  r.samples_per_sec = params.getSamplesPerSec();
-  r.learning_rate = params.getLearningRate();
   r.unix_secs = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   job_.worker(caller.worker_index).report = r;
 }
@@ -214,58 +206,6 @@ void Shard::report(const Caller& caller, wire::Shard::ReportParams::Reader param
 void Shard::note_checkpoint(int64_t step, double unix_secs) {
   counters_.last_checkpoint_step = step;
   counters_.last_checkpoint_unix_secs = unix_secs;
-}
-
-void Shard::stats(wire::ShardStats::Builder out) const {
-  out.setTensors(store_.count());
-  out.setBytes(store_.bytes());
-  out.setPushes(counters_.pushes);
-  out.setPulls(counters_.pulls);
-  out.setRejected(counters_.rejected);
-  out.setStaleGradients(counters_.stale);
-  out.setGlobalStep(job_.global_step());
-  out.setConnections(counters_.connections);
-  job_to_wire(job_.config(), out.initJob());
-  out.setReady(job_.ready());
-  out.setStalenessWaits(job_.staleness_waits());
-  out.setMaxStaleness(job_.max_staleness_seen());
-  out.setStepsApplied(counters_.steps_applied);
-  out.setFinished(job_.finished());
-  out.setBytesIn(counters_.bytes_in);
-  out.setBytesOut(counters_.bytes_out);
-  out.setSharedBytes(counters_.shared_bytes);
-  out.setLastCheckpointStep(counters_.last_checkpoint_step);
-  out.setLastCheckpointUnixSecs(counters_.last_checkpoint_unix_secs);
-  auto workers = out.initWorkers(static_cast<unsigned>(job_.workers().size()));
-  unsigned i = 0;
-  for (const auto& [index, w] : job_.workers()) {
-    workers[i].setWorkerIndex(index);
-    workers[i].setStep(w.step);
-    workers[i].setConnected(w.connections > 0);
-    workers[i].setPushes(w.pushes);
-    workers[i].setStale(w.stale);
-    workers[i].setPeer(w.peer);
-    if (w.report) {
-      workers[i].setLoss(w.report->loss);
-      workers[i].setSamplesPerSec(w.report->samples_per_sec);
-    }
-    ++i;
-  }
-}
-
-void Shard::info(wire::ShardInfo::Builder out) const {
-  out.setProtocolVersion(wire::K_PROTOCOL_VERSION);
-  out.setShardIndex(options_.shard_index);
-  out.setNumShards(options_.num_shards);
-  out.setServerVersion("psd " PS_VERSION);
-  out.setGlobalStep(job_.global_step());
-  out.setMaxMessageBytes(options_.max_message_bytes);
-  out.setUnixSocket(options_.unix_socket);
-  out.setHostId(host_id());
-  out.setInstanceId(instance_id_);
-  out.setSharedMemory(!options_.unix_socket.empty() && options_.max_shared_memory_bytes > 0);
-  out.setAllowsNonfinite(options_.allow_nonfinite);
-  job_to_wire(job_.config(), out.initJob());
 }
 
 }  // namespace ps

@@ -29,12 +29,12 @@
 
 #include <kj/async.h>
 #include <kj/timer.h>
+#include <kj/vector.h>
 
 #include "server/compute_pool.h"
 #include "server/histogram.h"
 #include "server/job_state.h"
 #include "common/checkpoint/checkpoint_file.h"
-#include "schema/ps.capnp.h"
 #include "server/request_log.h"
 #include "common/net/shared_region.h"
 #include "server/shard_requests.h"
@@ -92,13 +92,13 @@ class Checkpointer;
 struct Caller {
   int worker_index = -1;
   bool is_chief = false;
-  std::string peer;
+  std::string peer{};
   // The peer process, for a connection on psd's Unix socket (0: other).
   pid_t peer_pid = 0;
   // Its shared memory region (attachMemory), if any. Held by every copy in
   // flight, so a connection that ends mid-copy leaves the mapping in place
   // until the copy is done.
-  std::shared_ptr<SharedRegion> shared;
+  std::shared_ptr<SharedRegion> shared{};
   uint32_t shared_id = 0;
 };
 
@@ -122,9 +122,9 @@ class Shard {
   // the updates are applied (the gradients' memory must stay valid until then).
   kj::Promise<void> push(const Caller& caller, const PushRequest& request, PushReply& reply);
   std::vector<StoredTensor*> list() const { return store_.all(); }  // in name order
-  void stats(wire::ShardStats::Builder out) const;
-  void info(wire::ShardInfo::Builder out) const;
-  void init_job(wire::JobConfig::Reader config);
+  // The job's configuration, from the chief (initJob): idempotent for the
+  // same one; another is refused (JobState::configure).
+  void init_job(const JobConfig& config);
   // The chief has created the model. Refused in sync mode on a shard with no
   // trainable tensor: its global step would never move (steps complete by
   // their gradients), so checkpoints at a step there would wait for good.
@@ -135,7 +135,8 @@ class Shard {
   // report retried after a lost reply does not move an async job's step twice.
   std::pair<int64_t, bool> step_done_request(const Caller& caller, int64_t step, uint64_t request_id);
   // Keeps a worker's progress report (the report RPC) for metrics and the status page.
-  void report(const Caller& caller, wire::Shard::ReportParams::Reader params);
+  // (`report.unix_secs` is set here, to when psd received it.)
+  void report(const Caller& caller, WorkerReport report);
   // Called by whoever writes a checkpoint, once it is durable.
   void note_checkpoint(int64_t step, double unix_secs);
 
@@ -166,6 +167,7 @@ class Shard {
   JobState& job() { return job_; }
   const JobState& job() const { return job_; }
   const ShardOptions& options() const { return options_; }
+  uint64_t instance_id() const { return instance_id_; }
   TensorStore& store() { return store_; }
   const TensorStore& store() const { return store_; }
   ShardCounters& counters() { return counters_; }

@@ -30,10 +30,10 @@ class StoredTensor;
 
 struct CreateRequest {
   struct Tensor {
-    TensorSpec spec;
-    std::optional<PartMeta> part;  // set: a part of a tensor split over shards
+    TensorSpec spec{};
+    std::optional<PartMeta> part{};  // set: a part of a tensor split over shards
   };
-  std::vector<Tensor> tensors;
+  std::vector<Tensor> tensors{};
   bool validate_only = false;    // check against the store's limits, create nothing
   bool values_left_out = false;  // validating only: the specs carry no initial values
   // Validating only: what earlier checks of the same create found new here.
@@ -46,7 +46,7 @@ struct CreateReply {
     const StoredTensor* tensor = nullptr;
     bool created = false;  // false: it existed already (the same spec)
   };
-  std::vector<Tensor> tensors;  // in request order; empty when validating
+  std::vector<Tensor> tensors{};  // in request order; empty when validating
   // Validating: the pending counts with this request's new tensors added.
   uint64_t pending_tensors = 0;
   uint64_t pending_bytes = 0;
@@ -61,14 +61,14 @@ struct SharedSliceRef {
 
 // One tensor's gradient.
 struct PushGradient {
-  std::string_view name;
-  std::span<const float> values;   // empty when `shared` is set
+  std::string_view name{};
+  std::span<const float> values{};   // empty when `shared` is set
   uint64_t bytes = 0;              // what the request carried (a count not a multiple of 4 is refused)
-  std::optional<SharedSliceRef> shared;  // set: the values are there instead
+  std::optional<SharedSliceRef> shared{};  // set: the values are there instead
 };
 
 struct PushRequest {
-  std::vector<PushGradient> grads;
+  std::vector<PushGradient> grads{};
   int64_t step = 0;          // the global step the worker's parameters were pulled at (sync mode)
   uint64_t request_id = 0;   // nonzero: a retry with the same id is answered again, not applied twice
   int64_t done_step = -1;    // >= 0: also reports that local step as done (stepDone)
@@ -79,17 +79,17 @@ struct PushRequest {
 enum class GradientStatus : uint8_t { kApplied = 0, kAccumulated = 1, kStale = 2, kDuplicate = 3 };
 
 struct PushReply {
-  std::vector<GradientStatus> status;  // per gradient, in request order
+  std::vector<GradientStatus> status{};  // per gradient, in request order
   int64_t step = 0;   // the global step; with done_step >= 0 the one after counting it
   bool stop = false;  // with done_step >= 0: the job reached train_steps
 };
 
 struct PullRequest {
-  std::vector<std::string_view> names;
+  std::vector<std::string_view> names{};
   int64_t min_step = 0;  // read at a global step >= this (waits); negative: the same as 0
   // Empty, or one slice per name: a slice of nonzero size gets that
   // tensor's values instead of the reply.
-  std::vector<SharedSliceRef> into;
+  std::vector<SharedSliceRef> into{};
 };
 
 // Where a pull's values go: the face's reply, which it lays out and sends.
@@ -100,7 +100,7 @@ struct PullRequest {
 class PullReply {
  public:
   struct Tensor {
-    std::string_view name;
+    std::string_view name{};
     uint64_t bytes = 0;      // its values' size
     bool in_shared = false;  // written to the caller's shared memory, not to the reply
   };

@@ -79,7 +79,7 @@ kj::Promise<void> ShardServiceImpl::hello(HelloContext context) {
     if (said_hello_) throw RequestError("hello: this connection already said hello");
     check_token(params.getAuthToken());
     if (probe) {
-      shard_.info(context.getResults().initInfo());
+      info_to_wire(shard_, context.getResults().initInfo());
       spdlog::debug("{} asked where this psd is (probe)", caller_.peer);
       return kj::READY_NOW;
     }
@@ -90,7 +90,7 @@ kj::Promise<void> ShardServiceImpl::hello(HelloContext context) {
     caller_ = caller;
     said_hello_ = true;
     auto info = context.getResults().initInfo();
-    shard_.info(info);
+    info_to_wire(shard_, info);
     info.setWorkerStep(shard_.job().recorded_step(caller_.worker_index));
     spdlog::info("{} connected{}{}", caller_.peer,
                  caller_.worker_index >= 0 ? fmt::format(" as worker {}", caller_.worker_index) : "",
@@ -161,7 +161,7 @@ kj::Promise<void> ShardServiceImpl::list(ListContext context) {
 
 kj::Promise<void> ShardServiceImpl::stats(StatsContext context) {
   return guarded(RequestKind::kStats, [&]() -> kj::Promise<void> {
-    shard_.stats(context.getResults().initStats());
+    stats_to_wire(shard_, context.getResults().initStats());
     return kj::READY_NOW;
   });
 }
@@ -169,8 +169,8 @@ kj::Promise<void> ShardServiceImpl::stats(StatsContext context) {
 kj::Promise<void> ShardServiceImpl::initJob(InitJobContext context) {
   return guarded(RequestKind::kInitJob, [&]() -> kj::Promise<void> {
     require_hello("initJob");
-    shard_.init_job(context.getParams().getConfig());
-    shard_.info(context.getResults().initInfo());
+    shard_.init_job(job_from_wire(context.getParams().getConfig()));
+    info_to_wire(shard_, context.getResults().initInfo());
     return kj::READY_NOW;
   });
 }
@@ -230,7 +230,13 @@ kj::Promise<void> ShardServiceImpl::finish(FinishContext) {
 kj::Promise<void> ShardServiceImpl::report(ReportContext context) {
   return guarded(RequestKind::kReport, [&]() -> kj::Promise<void> {
     require_hello("report");
-    shard_.report(caller_, context.getParams());
+    auto params = context.getParams();
+    // NaN loss kept: a diverging loss is worth seeing.
+    shard_.report(caller_, WorkerReport{.step = params.getStep(),
+                                        .loss = params.getLoss(),
+                                        .accuracy = params.getAccuracy(),
+                                        .samples_per_sec = params.getSamplesPerSec(),
+                                        .learning_rate = params.getLearningRate()});
     return kj::READY_NOW;
   });
 }

@@ -4,7 +4,9 @@
 
 #include <capnp/orphan.h>
 
+#include "common/net/host_id.h"
 #include "common/wire_convert.h"
+#include "server/shard.h"
 
 namespace ps {
 namespace {
@@ -108,6 +110,63 @@ PullRequest pull_from_wire(wire::Shard::PullParams::Reader params) {
     for (auto s : into) request.into.push_back(slice_from_wire(s));
   }
   return request;
+}
+
+void stats_to_wire(const Shard& shard, wire::ShardStats::Builder out) {
+  const TensorStore& store = shard.store();
+  const ShardCounters& counters = shard.counters();
+  const JobState& job = shard.job();
+  out.setTensors(store.count());
+  out.setBytes(store.bytes());
+  out.setPushes(counters.pushes);
+  out.setPulls(counters.pulls);
+  out.setRejected(counters.rejected);
+  out.setStaleGradients(counters.stale);
+  out.setGlobalStep(job.global_step());
+  out.setConnections(counters.connections);
+  job_to_wire(job.config(), out.initJob());
+  out.setReady(job.ready());
+  out.setStalenessWaits(job.staleness_waits());
+  out.setMaxStaleness(job.max_staleness_seen());
+  out.setStepsApplied(counters.steps_applied);
+  out.setFinished(job.finished());
+  out.setBytesIn(counters.bytes_in);
+  out.setBytesOut(counters.bytes_out);
+  out.setSharedBytes(counters.shared_bytes);
+  out.setLastCheckpointStep(counters.last_checkpoint_step);
+  out.setLastCheckpointUnixSecs(counters.last_checkpoint_unix_secs);
+  auto workers = out.initWorkers(static_cast<unsigned>(job.workers().size()));
+  unsigned i = 0;
+  for (const auto& [index, w] : job.workers()) {
+    workers[i].setWorkerIndex(index);
+    workers[i].setStep(w.step);
+    workers[i].setConnected(w.connections > 0);
+    workers[i].setPushes(w.pushes);
+    workers[i].setStale(w.stale);
+    workers[i].setPeer(w.peer);
+    if (w.report) {
+      workers[i].setLoss(w.report->loss);
+      workers[i].setSamplesPerSec(w.report->samples_per_sec);
+    }
+    ++i;
+  }
+}
+
+void info_to_wire(const Shard& shard, wire::ShardInfo::Builder out) {
+  const ShardOptions& options = shard.options();
+  const JobState& job = shard.job();
+  out.setProtocolVersion(wire::K_PROTOCOL_VERSION);
+  out.setShardIndex(options.shard_index);
+  out.setNumShards(options.num_shards);
+  out.setServerVersion("psd " PS_VERSION);
+  out.setGlobalStep(job.global_step());
+  out.setMaxMessageBytes(options.max_message_bytes);
+  out.setUnixSocket(options.unix_socket);
+  out.setHostId(host_id());
+  out.setInstanceId(shard.instance_id());
+  out.setSharedMemory(!options.unix_socket.empty() && options.max_shared_memory_bytes > 0);
+  out.setAllowsNonfinite(options.allow_nonfinite);
+  job_to_wire(job.config(), out.initJob());
 }
 
 void WirePullReply::start(std::span<const Tensor> tensors) {

@@ -17,6 +17,12 @@
 
 namespace ps {
 
+class Shard;
+
+// What stats and hello/initJob answer about the shard.
+void stats_to_wire(const Shard& shard, wire::ShardStats::Builder out);
+void info_to_wire(const Shard& shard, wire::ShardInfo::Builder out);
+
 CreateRequest create_from_wire(wire::Shard::CreateParams::Reader params);
 void create_to_wire(const CreateRequest& request, const CreateReply& reply,
                     wire::Shard::CreateResults::Builder results);

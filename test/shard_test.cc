@@ -100,8 +100,8 @@ struct Fixture {
   }
 
   void sync_job(uint32_t replicas, uint32_t total) {
-    shard.job().configure(ps::JobConfig{.mode = ps::SyncMode::kSync, .replicas_to_aggregate = replicas,
-                                        .total_replicas = total});
+    shard.init_job(ps::JobConfig{.mode = ps::SyncMode::kSync, .replicas_to_aggregate = replicas,
+                                 .total_replicas = total});
     shard.set_ready();
   }
 
@@ -375,7 +375,7 @@ TEST_CASE("every push refusal names the problem and changes nothing") {
 TEST_CASE("push refusals by the job's rules: ready, worker range, sync's steps and sums") {
   Fixture s;
   s.create_sgd("w", {1, 2}, 0.5f);
-  s.shard.job().configure(ps::JobConfig{.mode = ps::SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 3});
+  s.shard.init_job(ps::JobConfig{.mode = ps::SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 3});
   refused(s, [&] { s.push(s.chief, {{"w", {1, 1}}}); }, "the chief has not finished initialising the model");
   s.shard.set_ready();
   refused(s, [&] { s.push({.worker_index = 3}, {{"w", {1, 1}}}); }, "worker index 3 is outside the job's 3 workers");
@@ -440,4 +440,27 @@ TEST_CASE("every create refusal names the problem and creates nothing") {
     f.shard.create(r, reply);
   }, "pending tensors are counted only when validating");
   CHECK(f.shard.store().find("a") == nullptr);
+}
+
+TEST_CASE("initJob and report take plain types; their refusals change nothing") {
+  Fixture f;
+  f.create_sgd("w", {1}, 1.0f);
+  const ps::JobConfig sync{.mode = ps::SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 3};
+  refused(f, [&] { f.shard.init_job({.mode = ps::SyncMode::kSync, .replicas_to_aggregate = 0}); },
+          "sync mode needs replicas_to_aggregate >= 1");
+  CHECK_FALSE(f.shard.job().configured());
+  f.shard.init_job(sync);
+  f.shard.init_job(sync);  // the same again: idempotent
+  refused(f, [&] { f.shard.init_job({.mode = ps::SyncMode::kAsync}); }, "the job is already configured");
+  CHECK(f.shard.job().config() == sync);
+
+  refused(f, [&] { f.shard.report(f.anon, {.step = 3}); }, "only workers report progress");
+  refused(f, [&] { f.shard.report({.worker_index = 5}, {.step = 3}); }, "outside the job's 3 workers");
+  f.shard.report(f.w1, {.step = 3, .loss = NAN, .accuracy = 0.5f});
+  const auto& r = f.shard.job().worker(1).report;
+  REQUIRE(r.has_value());
+  CHECK(r->step == 3);
+  CHECK(std::isnan(r->loss));
+  CHECK(r->accuracy == 0.5f);
+  CHECK(r->unix_secs > 0);
 }

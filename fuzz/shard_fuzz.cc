@@ -77,6 +77,18 @@ void seed(ps::Shard& shard, bool sync) {
   }
 }
 
+// A pull's reply in a message of its own, copied (no stream).
+class MessagePullReply final : public ps::WirePullReply {
+ public:
+  explicit MessagePullReply(capnp::MessageBuilder& message) : WirePullReply(0, nullptr), message_(message) {}
+
+ private:
+  ps::wire::Shard::PullResults::Builder results(capnp::MessageSize) override {
+    return message_.initRoot<ps::wire::Shard::PullResults>();
+  }
+  capnp::MessageBuilder& message_;
+};
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -111,7 +123,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     capnp::FlatArrayMessageReader reader(
         kj::arrayPtr(reinterpret_cast<const capnp::word*>(words.data()), words.size()), limits);
     capnp::MallocMessageBuilder results;
-    kj::Own<ps::WirePullReply> pull_reply;  // outlives `pending`
+    kj::Own<MessagePullReply> pull_reply;  // outlives `pending`
     kj::Promise<void> pending = kj::READY_NOW;
     switch (op) {
       case 0: {
@@ -122,8 +134,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 1:
-        pull_reply = kj::heap<ps::WirePullReply>(
-            [&](capnp::MessageSize) { return results.initRoot<ps::wire::Shard::PullResults>(); }, 0, nullptr);
+        pull_reply = kj::heap<MessagePullReply>(results);
         pending = shard.pull(caller, ps::pull_from_wire(reader.getRoot<ps::wire::Shard::PullParams>()), *pull_reply);
         break;
       case 2:

@@ -10,6 +10,21 @@
 #include "common/wire_convert.h"
 
 namespace ps {
+namespace {
+
+// A pull's reply in its call's results.
+class ContextPullReply final : public WirePullReply {
+ public:
+  using Context = capnp::CallContext<wire::Shard::PullParams, wire::Shard::PullResults>;
+  ContextPullReply(Context context, uint64_t tag, SocketStream* stream)
+      : WirePullReply(tag, stream), context_(kj::mv(context)) {}
+
+ private:
+  wire::Shard::PullResults::Builder results(capnp::MessageSize size) override { return context_.getResults(size); }
+  Context context_;
+};
+
+}  // namespace
 
 ShardServiceImpl::ShardServiceImpl(Shard& shard, std::string peer, std::string refusal, SocketStream* stream,
                                    pid_t peer_pid)
@@ -134,8 +149,7 @@ kj::Promise<void> ShardServiceImpl::pull(PullContext context) {
   context.allowCancellation();
   return guarded(RequestKind::kPull, [&] {
     auto params = context.getParams();
-    auto reply = kj::heap<WirePullReply>(
-        [context](capnp::MessageSize size) mutable { return context.getResults(size); }, params.getTag(), stream_);
+    auto reply = kj::heap<ContextPullReply>(context, params.getTag(), stream_);
     return shard_.pull(caller_, pull_from_wire(params), *reply).attach(kj::mv(reply));
   });
 }

@@ -169,20 +169,28 @@ void info_to_wire(const Shard& shard, wire::ShardInfo::Builder out) {
   job_to_wire(job.config(), out.initJob());
 }
 
+namespace {
+
+// A reply tensor of this size that may go in place (the cap aside).
+bool fits_in_place(uint64_t bytes) { return bytes >= kSendInPlaceBytes && bytes % sizeof(capnp::word) == 0; }
+
+}  // namespace
+
 void WirePullReply::start(std::span<const Tensor> tensors) {
   uint64_t words = 16;
-  in_place_.assign(tensors.size(), false);
   unsigned in_place = 0;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
     words += 8 + (t.name.size() + 8) / sizeof(capnp::word);
     if (t.in_shared) continue;
-    const bool whole_words = t.bytes % sizeof(capnp::word) == 0;
-    if (t.bytes < kSendInPlaceBytes || !whole_words) words += (t.bytes + 7) / sizeof(capnp::word);
-    in_place_[i] = stream_ != nullptr && t.bytes >= kSendInPlaceBytes && whole_words && in_place < kMaxInPlacePerReply;
-    in_place += in_place_[i];
+    if (!fits_in_place(t.bytes)) {
+      words += (t.bytes + 7) / sizeof(capnp::word);
+    } else if (in_place++ == kMaxInPlacePerReply) {
+      in_place_before_ = i;  // the first tensor past the cap, and every later one, is copied
+    }
   }
-  results_ = results_of_size_(capnp::MessageSize{words, 0});
+  if (stream_ == nullptr) in_place_before_ = 0;
+  results_ = results(capnp::MessageSize{words, 0});
   results_.setTag(tag_);
   entries_ = results_.initTensors(static_cast<unsigned>(tensors.size()));
   for (unsigned i = 0; i < tensors.size(); ++i) {
@@ -194,7 +202,7 @@ void WirePullReply::value(std::size_t i, uint64_t version, std::shared_ptr<const
   auto entry = entries_[static_cast<unsigned>(i)];
   entry.setVersion(version);
   auto data = kj::arrayPtr(reinterpret_cast<const kj::byte*>(values->data()), values->size() * sizeof(float));
-  if (in_place_[i]) {
+  if (i < in_place_before_ && fits_in_place(data.size())) {
     entry.adoptValues(capnp::Orphanage::getForMessageContaining(results_).referenceExternalData(data));
     held_.push_back(std::move(values));
   } else {

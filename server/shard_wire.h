@@ -5,10 +5,9 @@
 // Cap'n Proto data: a malformed message throws kj::Exception from here.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <vector>
-
-#include <kj/function.h>
 
 #include "common/net/socket_stream.h"
 #include "schema/ps.capnp.h"
@@ -40,12 +39,9 @@ PullRequest pull_from_wire(wire::Shard::PullParams::Reader params);
 // and more are sent from their snapshot's memory, which the stream holds
 // until written; they go to it only at done(), so a reply that fails is
 // never written and holds nothing. Without one, values are copied.
-class WirePullReply final : public PullReply {
+class WirePullReply : public PullReply {
  public:
-  using ResultsOfSize = kj::Function<wire::Shard::PullResults::Builder(capnp::MessageSize)>;
-  WirePullReply(ResultsOfSize results_of_size, uint64_t tag, SocketStream* stream)
-      : results_of_size_(kj::mv(results_of_size)), tag_(tag), stream_(stream) {}
-  ~WirePullReply() noexcept override = default;  // kj::Function's is noexcept(false)
+  WirePullReply(uint64_t tag, SocketStream* stream) : tag_(tag), stream_(stream) {}
 
   void start(std::span<const Tensor> tensors) override;
   void step(int64_t global_step) override { results_.setStep(global_step); }
@@ -53,13 +49,17 @@ class WirePullReply final : public PullReply {
   void in_shared(std::size_t i, uint64_t version) override { entries_[static_cast<unsigned>(i)].setVersion(version); }
   void done() override;
 
+ protected:
+  // The reply message's root, its first segment at least `size` (the call
+  // context's getResults, or the fuzzer's own message).
+  virtual wire::Shard::PullResults::Builder results(capnp::MessageSize size) = 0;
+
  private:
-  ResultsOfSize results_of_size_;
   uint64_t tag_;
   SocketStream* stream_;
   wire::Shard::PullResults::Builder results_ = nullptr;
   capnp::List<wire::TensorData>::Builder entries_ = nullptr;
-  std::vector<bool> in_place_;
+  std::size_t in_place_before_ = SIZE_MAX;  // tensors from this index on are copied (no stream, or the cap)
   std::vector<std::shared_ptr<const std::vector<float>>> held_;
 };
 

@@ -464,3 +464,38 @@ TEST_CASE("initJob and report take plain types; their refusals change nothing") 
   CHECK(r->accuracy == 0.5f);
   CHECK(r->unix_secs > 0);
 }
+
+TEST_CASE("gradients and values through the caller's shared memory, and its refusals") {
+  Fixture f;
+  f.create_sgd("w", {1, 2, 3, 4}, 0.5f);
+  ps::Caller c{.worker_index = 1, .peer = "w1", .shared = ps::SharedRegion::create(4096), .shared_id = 1};
+  auto* floats = reinterpret_cast<float*>(c.shared->data());
+  const std::vector<float> g{2, 2, -2, 4};
+  std::copy(g.begin(), g.end(), floats + 16);  // at byte 64
+  auto shared_push = [&](ps::SharedSliceRef slice) {
+    ps::PushRequest r;
+    r.grads.push_back({"w", {}, 0, slice});
+    return f.push_request(c, r);
+  };
+  CHECK(shared_push({1, 64, 16}).status == std::vector<GradientStatus>{GradientStatus::kApplied});
+  const std::vector<float> after = sgd({1, 2, 3, 4}, {2, 2, -2, 4}, 0.5);
+  CHECK(f.values("w") == after);
+  CHECK(f.shard.counters().shared_bytes == 16);
+
+  // Pulled into the region at byte 256: nothing in the reply.
+  CollectedPull reply;
+  f.io.wait(f.shard.pull(c, {.names = {"w"}, .into = {{1, 256, 16}}}, reply));
+  CHECK(reply.shared[0]);
+  CHECK(reply.values[0].empty());
+  CHECK(reply.versions[0] == 1);
+  CHECK(std::vector<float>(floats + 64, floats + 68) == after);
+
+  refused(f, [&] { shared_push({2, 64, 16}); }, "push: no shared memory region 2 on this connection");
+  refused(f, [&] { shared_push({1, 4088, 16}); }, "shared slice of 16 bytes at 4088 lies outside the region of 4096 bytes");
+  floats[17] = NAN;
+  refused(f, [&] { shared_push({1, 64, 16}); }, "contains NaN or Inf");
+  refused(f, [&] {
+    CollectedPull r;
+    f.io.wait(f.shard.pull(c, {.names = {"w"}, .into = {{1, 4090, 16}}}, r));
+  }, "pull: shared slice of 16 bytes at 4090 lies outside the region");
+}

@@ -342,108 +342,14 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   // must come from one global step: batches read at an older step than the
   // newest are read again at that step, so a worker never trains on a mix
   // (but for a shard that came back from a checkpoint behind the others).
-  kj::Promise<void> pull_round(PullState& st, std::vector<std::size_t> which, int64_t min_step, int round) {
-    kj::Vector<kj::Promise<void>> calls;
-    for (std::size_t b : which) {
-      const ShardBatch& batch = st.batches[b];
-      calls.add(retry->call(batch.shard, [&st, b, min_step](ShardConnection& c, int attempt) {
-        const ShardBatch& batch = st.batches[b];
-        auto req = c.shard.pullRequest();
-        auto names_out = req.initNames(static_cast<unsigned>(batch.parts.size()));
-        for (unsigned i = 0; i < batch.parts.size(); ++i) names_out.set(i, batch.parts[i].part.stored_name);
-        // A shard back from a restart at an older step may never reach the
-        // step asked for: read what it has (reconnector.h).
-        req.setMinStep(attempt > 0 && c.rolled_back ? std::min(min_step, c.hello_step) : min_step);
-        // Large parts come through shared memory where the connection has
-        // some (copied out when the reply is in), else are read from the
-        // socket straight into st.out (client_message_stream.h); held until
-        // the reply is in.
-        kj::Own<SharedBlocks> blocks;
-        if (c.arena) blocks = kj::heap<SharedBlocks>(c.arena);
-        std::vector<int64_t> shared_at(batch.parts.size(), -1);
-        for (unsigned i = 0; blocks && i < batch.parts.size(); ++i) {
-          if (auto offset = take_shared(*blocks, batch.parts[i].part.count * sizeof(float))) shared_at[i] = *offset;
-        }
-        if (blocks && !blocks->empty()) {
-          auto into = req.initInto(static_cast<unsigned>(batch.parts.size()));
-          for (unsigned i = 0; i < batch.parts.size(); ++i) {
-            if (shared_at[i] >= 0) set_slice(into[i], *c.arena, shared_at[i], batch.parts[i].part.count * sizeof(float));
-          }
-        }
-        kj::Own<ClientMessageStream::Expectation> expect;
-        if (batch.bytes >= ClientMessageStream::kMinLandingBytes) {
-          std::vector<kj::ArrayPtr<kj::byte>> dest(batch.parts.size());
-          for (unsigned i = 0; i < batch.parts.size(); ++i) {
-            if (shared_at[i] >= 0) continue;
-            const PartRef& ref = batch.parts[i];
-            auto part = st.out[ref.tensor].subspan(ref.part.offset, ref.part.count);
-            dest[i] = kj::arrayPtr(reinterpret_cast<kj::byte*>(part.data()), part.size_bytes());
-          }
-          expect = c.messages->expect(std::move(dest));
-          req.setTag(expect->tag());
-        }
-        st.from_shared[b].assign(batch.parts.size(), false);
-        return until_answered(
-                   req.send().then([&c, &st, b, shared_at = std::move(shared_at)](
-                                       capnp::Response<wire::Shard::PullResults>&& reply) {
-                     c.last_step = std::max(c.last_step, reply.getStep());
-                     // Out of shared memory before its blocks are released.
-                     const ShardBatch& batch = st.batches[b];
-                     auto tensors = reply.getTensors();
-                     for (unsigned i = 0; i < batch.parts.size() && i < tensors.size(); ++i) {
-                       if (shared_at[i] < 0 || tensors[i].getValues().size() != 0) continue;
-                       const PartRef& ref = batch.parts[i];
-                       std::memcpy(st.out[ref.tensor].data() + ref.part.offset, c.arena->at(shared_at[i]),
-                                   ref.part.count * sizeof(float));
-                       st.from_shared[b][i] = true;
-                     }
-                     return kj::mv(reply);
-                   }),
-                   kj::mv(blocks))
-            .attach(kj::mv(expect));
-      }).then([&st, b](capnp::Response<wire::Shard::PullResults>&& reply) {
-        const ShardBatch& batch = st.batches[b];
-        auto tensors = reply.getTensors();
-        if (tensors.size() != batch.parts.size()) {
-          throw RequestError("shard answered " + std::to_string(tensors.size()) + " tensors for " +
-                             std::to_string(batch.parts.size()));
-        }
-        st.versions[b].resize(tensors.size());
-        for (unsigned i = 0; i < tensors.size(); ++i) {
-          const PartRef& ref = batch.parts[i];
-          auto data = tensors[i].getValues();
-          if (st.from_shared[b][i]) {
-            st.versions[b][i] = tensors[i].getVersion();
-            continue;
-          }
-          if (data.size() != ref.part.count * sizeof(float)) {
-            throw RequestError("'" + ref.part.stored_name + "' came back with " + std::to_string(data.size()) +
-                               " bytes, expected " + std::to_string(ref.part.count * sizeof(float)) +
-                               " (was it created with another shape or chunk size?)");
-          }
-          float* dest = st.out[ref.tensor].data() + ref.part.offset;
-          if (data.begin() != reinterpret_cast<const kj::byte*>(dest)) std::memcpy(dest, data.begin(), data.size());
-          st.versions[b][i] = tensors[i].getVersion();
-        }
-        st.steps[b] = reply.getStep();
-      }));
-    }
-    return kj::joinPromises(calls.releaseAsArray()).then([this, &st, round]() -> kj::Promise<void> {
-      if (job_mode.load() != SyncMode::kSync || st.steps.empty()) return kj::READY_NOW;
-      const int64_t newest = *std::max_element(st.steps.begin(), st.steps.end());
-      std::vector<std::size_t> behind;
-      for (std::size_t b = 0; b < st.steps.size(); ++b) {
-        // A shard restarted from an older checkpoint cannot reach the
-        // others' step until training, at its step, brings it there
-        // (pushes for its step are stale elsewhere): waiting for it would
-        // wait for good. Its values are read as they are.
-        if (st.steps[b] < newest && !shards[st.batches[b].shard]->rolled_back) behind.push_back(b);
-      }
-      if (behind.empty()) return kj::READY_NOW;
-      if (round >= 16) throw RequestError("shards kept moving to new steps; could not read one consistent step");
-      return pull_round(st, std::move(behind), newest, round + 1);
-    });
-  }
+  // In client_transfer.cc, next to push's round.
+  kj::Promise<void> pull_round(PullState& st, std::vector<std::size_t> which, int64_t min_step, int round);
+
+  // Pushes the batches of `tensors` gradients (`grads` must stay valid until
+  // the promise settles); done_step >= 0 reports that step to every shard.
+  // In client_transfer.cc, next to pull's round.
+  kj::Promise<PushResult> push_round(std::vector<ShardBatch> batches, std::vector<std::span<const float>> grads,
+                                     std::size_t tensors, int64_t step, int64_t done_step);
 
   // How many gradients psd sums per step before it divides (sync mode's
   // replicas_to_aggregate; 1 otherwise): it bounds the values it accepts.

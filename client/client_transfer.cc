@@ -1,5 +1,7 @@
-// Client::pull and Client::push: tensors cut into per-shard batches
-// (request_plan.h), sent as pipelined messages, reassembled on the way back.
+// Client::pull and Client::push, the data path's two directions side by
+// side: tensors cut into per-shard batches (request_plan.h), one request
+// per batch built and sent as pipelined messages, the replies reassembled
+// into the caller's buffers and results.
 #include <capnp/orphan.h>
 
 #include "client/client_impl.h"
@@ -7,37 +9,112 @@
 
 namespace ps {
 
-namespace {
+// --- pull ---
 
-// psd refuses a gradient with NaN or Inf, and the request it came in,
-// whole; but a push that goes out as several requests (a tensor over
-// several shards, or more than ClientOptions::max_request_bytes) would then
-// have its other requests applied. Such a push is checked here first, so
-// that one refused is refused whole, with psd's own message. Only the parts
-// bound for shards that refuse them (psd without --allow_nonfinite) count.
-// In sync mode psd also refuses values over FLT_MAX / replicas_to_aggregate
-// (their sum would overflow): `summed` is that divisor, 1 otherwise.
-// A push that reports a step (done_step >= 0) also sends a stepDone to each
-// shard it has no gradient for: those count as requests too, or a refused
-// push would still have its step counted there.
-void refuse_nonfinite_split_push(const std::vector<ShardBatch>& batches, const std::vector<std::string>& names,
-                                 const std::vector<std::span<const float>>& grads,
-                                 const std::vector<kj::Own<ShardConnection>>& shards, int64_t done_step,
-                                 uint32_t summed) {
-  const bool step_reports_elsewhere = done_step >= 0 && shards.size() > 1;
-  if (batches.size() < 2 && !step_reports_elsewhere) return;
-  const float limit = gradient_limit(summed);
-  for (const ShardBatch& batch : batches) {
-    const ShardConnection* shard = shards[batch.shard].get();
-    if (shard != nullptr && shard->allows_nonfinite) continue;
-    for (const PartRef& ref : batch.parts) {
-      const auto part = grads[ref.tensor].subspan(ref.part.offset, ref.part.count);
-      if (!all_finite(part, limit)) throw RequestError(gradient_refusal(names[ref.tensor], part, summed));
-    }
+// Each batch: its request (names, the step to wait for, where large parts
+// land), the call, then its reply taken apart into the caller's buffers.
+kj::Promise<void> Client::Impl::pull_round(PullState& st, std::vector<std::size_t> which, int64_t min_step, int round) {
+  kj::Vector<kj::Promise<void>> calls;
+  for (std::size_t b : which) {
+    const ShardBatch& batch = st.batches[b];
+    calls.add(retry->call(batch.shard, [&st, b, min_step](ShardConnection& c, int attempt) {
+      const ShardBatch& batch = st.batches[b];
+      auto req = c.shard.pullRequest();
+      auto names_out = req.initNames(static_cast<unsigned>(batch.parts.size()));
+      for (unsigned i = 0; i < batch.parts.size(); ++i) names_out.set(i, batch.parts[i].part.stored_name);
+      // A shard back from a restart at an older step may never reach the
+      // step asked for: read what it has (reconnector.h).
+      req.setMinStep(attempt > 0 && c.rolled_back ? std::min(min_step, c.hello_step) : min_step);
+      // Large parts come through shared memory where the connection has
+      // some (copied out when the reply is in), else are read from the
+      // socket straight into st.out (client_message_stream.h); held until
+      // the reply is in.
+      kj::Own<SharedBlocks> blocks;
+      if (c.arena) blocks = kj::heap<SharedBlocks>(c.arena);
+      std::vector<int64_t> shared_at(batch.parts.size(), -1);
+      for (unsigned i = 0; blocks && i < batch.parts.size(); ++i) {
+        if (auto offset = take_shared(*blocks, batch.parts[i].part.count * sizeof(float))) shared_at[i] = *offset;
+      }
+      if (blocks && !blocks->empty()) {
+        auto into = req.initInto(static_cast<unsigned>(batch.parts.size()));
+        for (unsigned i = 0; i < batch.parts.size(); ++i) {
+          if (shared_at[i] >= 0) set_slice(into[i], *c.arena, shared_at[i], batch.parts[i].part.count * sizeof(float));
+        }
+      }
+      kj::Own<ClientMessageStream::Expectation> expect;
+      if (batch.bytes >= ClientMessageStream::kMinLandingBytes) {
+        std::vector<kj::ArrayPtr<kj::byte>> dest(batch.parts.size());
+        for (unsigned i = 0; i < batch.parts.size(); ++i) {
+          if (shared_at[i] >= 0) continue;
+          const PartRef& ref = batch.parts[i];
+          auto part = st.out[ref.tensor].subspan(ref.part.offset, ref.part.count);
+          dest[i] = kj::arrayPtr(reinterpret_cast<kj::byte*>(part.data()), part.size_bytes());
+        }
+        expect = c.messages->expect(std::move(dest));
+        req.setTag(expect->tag());
+      }
+      st.from_shared[b].assign(batch.parts.size(), false);
+      return until_answered(
+                 req.send().then([&c, &st, b, shared_at = std::move(shared_at)](
+                                     capnp::Response<wire::Shard::PullResults>&& reply) {
+                   c.last_step = std::max(c.last_step, reply.getStep());
+                   // Out of shared memory before its blocks are released.
+                   const ShardBatch& batch = st.batches[b];
+                   auto tensors = reply.getTensors();
+                   for (unsigned i = 0; i < batch.parts.size() && i < tensors.size(); ++i) {
+                     if (shared_at[i] < 0 || tensors[i].getValues().size() != 0) continue;
+                     const PartRef& ref = batch.parts[i];
+                     std::memcpy(st.out[ref.tensor].data() + ref.part.offset, c.arena->at(shared_at[i]),
+                                 ref.part.count * sizeof(float));
+                     st.from_shared[b][i] = true;
+                   }
+                   return kj::mv(reply);
+                 }),
+                 kj::mv(blocks))
+          .attach(kj::mv(expect));
+    }).then([&st, b](capnp::Response<wire::Shard::PullResults>&& reply) {
+      const ShardBatch& batch = st.batches[b];
+      auto tensors = reply.getTensors();
+      if (tensors.size() != batch.parts.size()) {
+        throw RequestError("shard answered " + std::to_string(tensors.size()) + " tensors for " +
+                           std::to_string(batch.parts.size()));
+      }
+      st.versions[b].resize(tensors.size());
+      for (unsigned i = 0; i < tensors.size(); ++i) {
+        const PartRef& ref = batch.parts[i];
+        auto data = tensors[i].getValues();
+        if (st.from_shared[b][i]) {
+          st.versions[b][i] = tensors[i].getVersion();
+          continue;
+        }
+        if (data.size() != ref.part.count * sizeof(float)) {
+          throw RequestError("'" + ref.part.stored_name + "' came back with " + std::to_string(data.size()) +
+                             " bytes, expected " + std::to_string(ref.part.count * sizeof(float)) +
+                             " (was it created with another shape or chunk size?)");
+        }
+        float* dest = st.out[ref.tensor].data() + ref.part.offset;
+        if (data.begin() != reinterpret_cast<const kj::byte*>(dest)) std::memcpy(dest, data.begin(), data.size());
+        st.versions[b][i] = tensors[i].getVersion();
+      }
+      st.steps[b] = reply.getStep();
+    }));
   }
+  return kj::joinPromises(calls.releaseAsArray()).then([this, &st, round]() -> kj::Promise<void> {
+    if (job_mode.load() != SyncMode::kSync || st.steps.empty()) return kj::READY_NOW;
+    const int64_t newest = *std::max_element(st.steps.begin(), st.steps.end());
+    std::vector<std::size_t> behind;
+    for (std::size_t b = 0; b < st.steps.size(); ++b) {
+      // A shard restarted from an older checkpoint cannot reach the
+      // others' step until training, at its step, brings it there
+      // (pushes for its step are stale elsewhere): waiting for it would
+      // wait for good. Its values are read as they are.
+      if (st.steps[b] < newest && !shards[st.batches[b].shard]->rolled_back) behind.push_back(b);
+    }
+    if (behind.empty()) return kj::READY_NOW;
+    if (round >= 16) throw RequestError("shards kept moving to new steps; could not read one consistent step");
+    return pull_round(st, std::move(behind), newest, round + 1);
+  });
 }
-
-}  // namespace
 
 std::future<PullResult> Client::pull_async(std::vector<std::string> names, std::vector<std::span<float>> out,
                                            int64_t min_step) {
@@ -101,6 +178,144 @@ std::vector<float> Client::pull(const std::string& name) {
   return values;
 }
 
+// --- push ---
+
+namespace {
+
+// psd refuses a gradient with NaN or Inf, and the request it came in,
+// whole; but a push that goes out as several requests (a tensor over
+// several shards, or more than ClientOptions::max_request_bytes) would then
+// have its other requests applied. Such a push is checked here first, so
+// that one refused is refused whole, with psd's own message. Only the parts
+// bound for shards that refuse them (psd without --allow_nonfinite) count.
+// In sync mode psd also refuses values over FLT_MAX / replicas_to_aggregate
+// (their sum would overflow): `summed` is that divisor, 1 otherwise.
+// A push that reports a step (done_step >= 0) also sends a stepDone to each
+// shard it has no gradient for: those count as requests too, or a refused
+// push would still have its step counted there.
+void refuse_nonfinite_split_push(const std::vector<ShardBatch>& batches, const std::vector<std::string>& names,
+                                 const std::vector<std::span<const float>>& grads,
+                                 const std::vector<kj::Own<ShardConnection>>& shards, int64_t done_step,
+                                 uint32_t summed) {
+  const bool step_reports_elsewhere = done_step >= 0 && shards.size() > 1;
+  if (batches.size() < 2 && !step_reports_elsewhere) return;
+  const float limit = gradient_limit(summed);
+  for (const ShardBatch& batch : batches) {
+    const ShardConnection* shard = shards[batch.shard].get();
+    if (shard != nullptr && shard->allows_nonfinite) continue;
+    for (const PartRef& ref : batch.parts) {
+      const auto part = grads[ref.tensor].subspan(ref.part.offset, ref.part.count);
+      if (!all_finite(part, limit)) throw RequestError(gradient_refusal(names[ref.tensor], part, summed));
+    }
+  }
+}
+
+}  // namespace
+
+// Each batch: its request (gradients from the caller's memory or shared
+// memory, the step, the request id, the step report on the first message
+// to each shard), the call, then its reply folded into the result.
+kj::Promise<PushResult> Client::Impl::push_round(std::vector<ShardBatch> batches,
+                                                 std::vector<std::span<const float>> grads, std::size_t tensors,
+                                                 int64_t step, int64_t done_step) {
+  auto result = kj::heap<PushResult>();
+  result->status.assign(tensors, PushStatus::kApplied);
+  result->step = std::numeric_limits<int64_t>::max();
+  kj::Vector<kj::Promise<void>> calls;
+  auto shared_grads = std::make_shared<const std::vector<std::span<const float>>>(std::move(grads));
+  struct BatchReply {
+    std::vector<PushStatus> status;
+    int64_t step = 0;
+    bool stop = false;
+  };
+  // The step report rides on the first message to each shard; shards
+  // that get no gradient get a stepDone of their own.
+  std::vector<bool> reported(shards.size(), done_step < 0);
+  for (auto& b : batches) {
+    // One id per message, kept across retries: the shard applies it once.
+    const uint64_t id = new_request_id();
+    auto batch = std::make_shared<const ShardBatch>(std::move(b));
+    const int64_t reports = reported[batch->shard] ? -1 : done_step;
+    reported[batch->shard] = true;
+    auto send = [this, batch, shared_grads, step, id, reports](ShardConnection& c, int attempt) -> kj::Promise<BatchReply> {
+      if (attempt > 0 && c.rolled_back && job_mode.load() == SyncMode::kSync && step > c.hello_step) {
+        // The shard restarted from a step before this gradient's: it
+        // was computed from parameters the shard no longer has.
+        return BatchReply{std::vector<PushStatus>(batch->parts.size(), PushStatus::kStale), c.hello_step};
+      }
+      auto req = c.shard.pushRequest();
+      req.setStep(step);
+      req.setRequestId(id);
+      req.setDoneStep(reports);
+      auto list = req.initGrads(static_cast<unsigned>(batch->parts.size()));
+      auto orphanage = capnp::Orphanage::getForMessageContaining(static_cast<wire::Shard::PushParams::Builder>(req));
+      // Large parts through shared memory where the connection has some.
+      kj::Own<SharedBlocks> blocks;
+      if (c.arena) blocks = kj::heap<SharedBlocks>(c.arena);
+      bool from_caller = false;  // some values go out from the caller's buffer
+      for (unsigned i = 0; i < batch->parts.size(); ++i) {
+        const PartRef& ref = batch->parts[i];
+        list[i].setName(ref.part.stored_name);
+        auto bytes = as_data((*shared_grads)[ref.tensor].subspan(ref.part.offset, ref.part.count));
+        if (auto offset = blocks ? take_shared(*blocks, bytes.size()) : std::nullopt) {
+          std::memcpy(blocks->arena().at(*offset), bytes.begin(), bytes.size());
+          set_slice(list[i].initShared(), blocks->arena(), *offset, bytes.size());
+        } else if (reinterpret_cast<uintptr_t>(bytes.begin()) % sizeof(capnp::word) == 0 &&
+            bytes.size() % sizeof(capnp::word) == 0) {
+          // The gradient goes out straight from the caller's buffer: no copy.
+          list[i].adoptValues(orphanage.referenceExternalData(bytes));
+          from_caller = true;
+        } else {
+          // External data is sent in whole words: a buffer not a
+          // multiple of 8 bytes (or not aligned) would be read past
+          // its end (found by AddressSanitizer). Copy those.
+          list[i].setValues(bytes);
+        }
+      }
+      auto sent = until_answered(req.send(), kj::mv(blocks));
+      if (from_caller && c.stream) sent = cut_if_abandoned(kj::mv(sent), c.stream->handle());
+      return sent.then([&c](capnp::Response<wire::Shard::PushResults>&& reply) {
+        BatchReply r;
+        for (auto st : reply.getStatus()) r.status.push_back(from_wire(st));
+        r.step = reply.getStep();
+        r.stop = reply.getStop();
+        c.last_step = std::max(c.last_step, r.step);
+        return r;
+      });
+    };
+    calls.add(retry->call(batch->shard, kj::mv(send)).then([batch, reports, res = result.get()](BatchReply&& reply) {
+      if (reports >= 0) {
+        if (batch->shard == 0) res->global_step = reply.step;
+        res->stop = res->stop || reply.stop;
+      }
+      for (unsigned i = 0; i < reply.status.size() && i < batch->parts.size(); ++i) {
+        auto& slot = res->status[batch->parts[i].tensor];
+        slot = std::max(slot, reply.status[i]);
+      }
+      res->step = std::min(res->step, reply.step);
+    }));
+  }
+  for (std::size_t shard = 0; shard < reported.size(); ++shard) {
+    if (reported[shard]) continue;
+    const uint64_t id = new_request_id();  // kept across retries, as a push's
+    auto send = [done_step, id](ShardConnection& c, int) {
+      auto req = c.shard.stepDoneRequest();
+      req.setStep(done_step);
+      req.setRequestId(id);
+      return req.send();
+    };
+    calls.add(retry->call(static_cast<int>(shard), kj::mv(send))
+                  .then([shard, res = result.get()](capnp::Response<wire::Shard::StepDoneResults>&& reply) {
+      if (shard == 0) res->global_step = reply.getGlobalStep();
+      res->stop = res->stop || reply.getStop();
+    }));
+  }
+  return kj::joinPromises(calls.releaseAsArray()).then([result = kj::mv(result)]() mutable {
+    if (result->step == std::numeric_limits<int64_t>::max()) result->step = 0;
+    return std::move(*result);
+  });
+}
+
 std::future<PushResult> Client::push_async(std::vector<std::string> names, std::vector<std::span<const float>> grads,
                                            int64_t step) {
   return start_push(std::move(names), std::move(grads), step, nullptr);
@@ -147,102 +362,7 @@ std::future<PushResult> Client::start_push(std::vector<std::string> names, std::
         if (impl_->options.check_split_pushes) {
           refuse_nonfinite_split_push(batches, names, grads, impl_->shards, done_step, summed);
         }
-        auto result = kj::heap<PushResult>();
-        result->status.assign(names.size(), PushStatus::kApplied);
-        result->step = std::numeric_limits<int64_t>::max();
-        kj::Vector<kj::Promise<void>> calls;
-        auto shared_grads = std::make_shared<const std::vector<std::span<const float>>>(std::move(grads));
-        struct BatchReply {
-          std::vector<PushStatus> status;
-          int64_t step = 0;
-          bool stop = false;
-        };
-        // The step report rides on the first message to each shard; shards
-        // that get no gradient get a stepDone of their own.
-        std::vector<bool> reported(impl_->shards.size(), done_step < 0);
-        for (auto& b : batches) {
-          // One id per message, kept across retries: the shard applies it once.
-          const uint64_t id = impl_->new_request_id();
-          auto batch = std::make_shared<const ShardBatch>(std::move(b));
-          const int64_t reports = reported[batch->shard] ? -1 : done_step;
-          reported[batch->shard] = true;
-          auto send = [this, batch, shared_grads, step, id, reports](ShardConnection& c, int attempt) -> kj::Promise<BatchReply> {
-            if (attempt > 0 && c.rolled_back && impl_->job_mode.load() == SyncMode::kSync && step > c.hello_step) {
-              // The shard restarted from a step before this gradient's: it
-              // was computed from parameters the shard no longer has.
-              return BatchReply{std::vector<PushStatus>(batch->parts.size(), PushStatus::kStale), c.hello_step};
-            }
-            auto req = c.shard.pushRequest();
-            req.setStep(step);
-            req.setRequestId(id);
-            req.setDoneStep(reports);
-            auto list = req.initGrads(static_cast<unsigned>(batch->parts.size()));
-            auto orphanage = capnp::Orphanage::getForMessageContaining(static_cast<wire::Shard::PushParams::Builder>(req));
-            // Large parts through shared memory where the connection has some.
-            kj::Own<SharedBlocks> blocks;
-            if (c.arena) blocks = kj::heap<SharedBlocks>(c.arena);
-            bool from_caller = false;  // some values go out from the caller's buffer
-            for (unsigned i = 0; i < batch->parts.size(); ++i) {
-              const PartRef& ref = batch->parts[i];
-              list[i].setName(ref.part.stored_name);
-              auto bytes = as_data((*shared_grads)[ref.tensor].subspan(ref.part.offset, ref.part.count));
-              if (auto offset = blocks ? take_shared(*blocks, bytes.size()) : std::nullopt) {
-                std::memcpy(blocks->arena().at(*offset), bytes.begin(), bytes.size());
-                set_slice(list[i].initShared(), blocks->arena(), *offset, bytes.size());
-              } else if (reinterpret_cast<uintptr_t>(bytes.begin()) % sizeof(capnp::word) == 0 &&
-                  bytes.size() % sizeof(capnp::word) == 0) {
-                // The gradient goes out straight from the caller's buffer: no copy.
-                list[i].adoptValues(orphanage.referenceExternalData(bytes));
-                from_caller = true;
-              } else {
-                // External data is sent in whole words: a buffer not a
-                // multiple of 8 bytes (or not aligned) would be read past
-                // its end (found by AddressSanitizer). Copy those.
-                list[i].setValues(bytes);
-              }
-            }
-            auto sent = until_answered(req.send(), kj::mv(blocks));
-            if (from_caller && c.stream) sent = cut_if_abandoned(kj::mv(sent), c.stream->handle());
-            return sent.then([&c](capnp::Response<wire::Shard::PushResults>&& reply) {
-              BatchReply r;
-              for (auto st : reply.getStatus()) r.status.push_back(from_wire(st));
-              r.step = reply.getStep();
-              r.stop = reply.getStop();
-              c.last_step = std::max(c.last_step, r.step);
-              return r;
-            });
-          };
-          calls.add(impl_->retry->call(batch->shard, kj::mv(send)).then([batch, reports, res = result.get()](BatchReply&& reply) {
-            if (reports >= 0) {
-              if (batch->shard == 0) res->global_step = reply.step;
-              res->stop = res->stop || reply.stop;
-            }
-            for (unsigned i = 0; i < reply.status.size() && i < batch->parts.size(); ++i) {
-              auto& slot = res->status[batch->parts[i].tensor];
-              slot = std::max(slot, reply.status[i]);
-            }
-            res->step = std::min(res->step, reply.step);
-          }));
-        }
-        for (std::size_t shard = 0; shard < reported.size(); ++shard) {
-          if (reported[shard]) continue;
-          const uint64_t id = impl_->new_request_id();  // kept across retries, as a push's
-          auto send = [done_step, id](ShardConnection& c, int) {
-            auto req = c.shard.stepDoneRequest();
-            req.setStep(done_step);
-            req.setRequestId(id);
-            return req.send();
-          };
-          calls.add(impl_->retry->call(static_cast<int>(shard), kj::mv(send))
-                        .then([shard, res = result.get()](capnp::Response<wire::Shard::StepDoneResults>&& reply) {
-            if (shard == 0) res->global_step = reply.getGlobalStep();
-            res->stop = res->stop || reply.getStop();
-          }));
-        }
-        return kj::joinPromises(calls.releaseAsArray()).then([result = kj::mv(result)]() mutable {
-          if (result->step == std::numeric_limits<int64_t>::max()) result->step = 0;
-          return std::move(*result);
-        });
+        return impl_->push_round(std::move(batches), std::move(grads), names.size(), step, done_step);
       },
       "push: ", done);
 }

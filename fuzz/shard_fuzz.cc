@@ -14,6 +14,7 @@
 
 #include "ps/errors.h"
 #include "server/shard.h"
+#include "server/shard_wire.h"
 #include "fuzz/shard_env.h"
 #include "common/wire_convert.h"
 
@@ -61,20 +62,32 @@ void seed(ps::Shard& shard, bool sync) {
   part.setOffset(5);
   part.setIndex(1);
   part.setCount(2);
-  capnp::MallocMessageBuilder out;
-  shard.create(params.asReader(), out.initRoot<ps::wire::Shard::CreateResults>());
+  ps::CreateReply reply;
+  shard.create(ps::create_from_wire(params.asReader()), reply);
   if (sync) {
     capnp::MallocMessageBuilder j;
     auto job = j.initRoot<ps::wire::JobConfig>();
     job.setMode(ps::wire::SyncMode::SYNC);
     job.setReplicasToAggregate(2);
     job.setTotalReplicas(3);
-    shard.init_job(job.asReader());
+    shard.init_job(ps::job_from_wire(job.asReader()));
     shard.job().set_ready();
     shard.hello({.worker_index = 0, .is_chief = true, .peer = "fuzz"});
     shard.hello({.worker_index = 1, .is_chief = false, .peer = "fuzz"});
   }
 }
+
+// A pull's reply in a message of its own, copied (no stream).
+class MessagePullReply final : public ps::WirePullReply {
+ public:
+  explicit MessagePullReply(capnp::MessageBuilder& message) : WirePullReply(0, nullptr), message_(message) {}
+
+ private:
+  ps::wire::Shard::PullResults::Builder results(capnp::MessageSize) override {
+    return message_.initRoot<ps::wire::Shard::PullResults>();
+  }
+  capnp::MessageBuilder& message_;
+};
 
 }  // namespace
 
@@ -110,22 +123,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     capnp::FlatArrayMessageReader reader(
         kj::arrayPtr(reinterpret_cast<const capnp::word*>(words.data()), words.size()), limits);
     capnp::MallocMessageBuilder results;
+    kj::Own<MessagePullReply> pull_reply;  // outlives `pending`
     kj::Promise<void> pending = kj::READY_NOW;
     switch (op) {
-      case 0:
-        shard.create(reader.getRoot<ps::wire::Shard::CreateParams>(), results.initRoot<ps::wire::Shard::CreateResults>());
+      case 0: {
+        const ps::CreateRequest request = ps::create_from_wire(reader.getRoot<ps::wire::Shard::CreateParams>());
+        ps::CreateReply reply;
+        shard.create(request, reply);
+        ps::create_to_wire(request, reply, results.initRoot<ps::wire::Shard::CreateResults>());
         break;
+      }
       case 1:
-        pending = shard.pull(caller, reader.getRoot<ps::wire::Shard::PullParams>(),
-                             [&](capnp::MessageSize) { return results.initRoot<ps::wire::Shard::PullResults>(); });
+        pull_reply = kj::heap<MessagePullReply>(results);
+        pending = shard.pull(caller, ps::pull_from_wire(reader.getRoot<ps::wire::Shard::PullParams>()), *pull_reply);
         break;
       case 2:
-      case 3:
-        pending = shard.push(caller, reader.getRoot<ps::wire::Shard::PushParams>(),
-                             results.initRoot<ps::wire::Shard::PushResults>());
+      case 3: {
+        ps::PushReply reply;
+        pending = shard.push(caller, ps::push_from_wire(reader.getRoot<ps::wire::Shard::PushParams>()), reply);
+        ps::push_to_wire(reply, results.initRoot<ps::wire::Shard::PushResults>());
         break;
+      }
       case 4:
-        shard.init_job(reader.getRoot<ps::wire::JobConfig>());
+        shard.init_job(ps::job_from_wire(reader.getRoot<ps::wire::JobConfig>()));
         break;
       case 5:
         shard.step_done(caller, reader.getRoot<ps::wire::Shard::StepDoneParams>().getStep());
@@ -134,8 +154,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         shard.hello(caller);
         break;
       default:
-        shard.list(results.initRoot<ps::wire::Shard::ListResults>());
-        shard.stats(results.initRoot<ps::wire::ShardStats>());
+        for (ps::StoredTensor* t : shard.list()) ps::to_wire_meta(*t, false, results.initRoot<ps::wire::TensorMeta>());
+        ps::stats_to_wire(shard, results.initRoot<ps::wire::ShardStats>());
         break;
     }
     // A pull may wait for a step that never comes: run what is ready, then

@@ -29,15 +29,15 @@
 
 #include <kj/async.h>
 #include <kj/timer.h>
+#include <kj/vector.h>
 
 #include "server/compute_pool.h"
 #include "server/histogram.h"
 #include "server/job_state.h"
 #include "common/checkpoint/checkpoint_file.h"
-#include "schema/ps.capnp.h"
 #include "server/request_log.h"
 #include "common/net/shared_region.h"
-#include "common/net/socket_stream.h"
+#include "server/shard_requests.h"
 #include "server/tensor_store.h"
 
 namespace ps {
@@ -92,16 +92,13 @@ class Checkpointer;
 struct Caller {
   int worker_index = -1;
   bool is_chief = false;
-  std::string peer;
-  // The caller's connection: pull replies send large tensors straight from
-  // their memory, held here until written (null: always copy).
-  SocketStream* stream = nullptr;
+  std::string peer{};
   // The peer process, for a connection on psd's Unix socket (0: other).
   pid_t peer_pid = 0;
   // Its shared memory region (attachMemory), if any. Held by every copy in
   // flight, so a connection that ends mid-copy leaves the mapping in place
   // until the copy is done.
-  std::shared_ptr<SharedRegion> shared;
+  std::shared_ptr<SharedRegion> shared{};
   uint32_t shared_id = 0;
 };
 
@@ -112,17 +109,22 @@ class Shard {
   // Each throws RequestError (nothing changed) for bad input.
   void hello(const Caller& caller);
   void goodbye(const Caller& caller);
-  void create(wire::Shard::CreateParams::Reader params, wire::Shard::CreateResults::Builder results);
-  // results_of_size gets the reply, sized to hold all but the tensors sent
-  // from their own memory in its first segment.
-  kj::Promise<void> pull(const Caller& caller, wire::Shard::PullParams::Reader params,
-                         kj::FunctionParam<wire::Shard::PullResults::Builder(capnp::MessageSize)> results_of_size);
-  kj::Promise<void> push(const Caller& caller, wire::Shard::PushParams::Reader params,
-                         wire::Shard::PushResults::Builder results);
-  void list(wire::Shard::ListResults::Builder results) const;
-  void stats(wire::ShardStats::Builder out) const;
-  void info(wire::ShardInfo::Builder out) const;
-  void init_job(wire::JobConfig::Reader config);
+  // Creates every tensor of the request or, for any bad spec, none.
+  void create(const CreateRequest& request, CreateReply& reply);
+  // The data path (shard_pull.cc, shard_push.cc), in plain types
+  // (shard_requests.h). Each checks the whole request first and throws
+  // RequestError, having changed nothing, for anything wrong with it.
+  // pull: the named tensors' values at one global step >= min_step, into
+  // `reply` (which must outlive the promise); the promise settles once all
+  // are in.
+  kj::Promise<void> pull(const Caller& caller, const PullRequest& request, PullReply& reply);
+  // push: `reply` is complete when push returns; the promise settles when
+  // the updates are applied (the gradients' memory must stay valid until then).
+  kj::Promise<void> push(const Caller& caller, const PushRequest& request, PushReply& reply);
+  std::vector<StoredTensor*> list() const { return store_.all(); }  // in name order
+  // The job's configuration, from the chief (initJob): idempotent for the
+  // same one; another is refused (JobState::configure).
+  void init_job(const JobConfig& config);
   // The chief has created the model. Refused in sync mode on a shard with no
   // trainable tensor: its global step would never move (steps complete by
   // their gradients), so checkpoints at a step there would wait for good.
@@ -133,7 +135,8 @@ class Shard {
   // report retried after a lost reply does not move an async job's step twice.
   std::pair<int64_t, bool> step_done_request(const Caller& caller, int64_t step, uint64_t request_id);
   // Keeps a worker's progress report (the report RPC) for metrics and the status page.
-  void report(const Caller& caller, wire::Shard::ReportParams::Reader params);
+  // (`report.unix_secs` is set here, to when psd received it.)
+  void report(const Caller& caller, WorkerReport report);
   // Called by whoever writes a checkpoint, once it is durable.
   void note_checkpoint(int64_t step, double unix_secs);
 
@@ -164,6 +167,7 @@ class Shard {
   JobState& job() { return job_; }
   const JobState& job() const { return job_; }
   const ShardOptions& options() const { return options_; }
+  uint64_t instance_id() const { return instance_id_; }
   TensorStore& store() { return store_; }
   const TensorStore& store() const { return store_; }
   ShardCounters& counters() { return counters_; }
@@ -190,20 +194,52 @@ class Shard {
   // left (shard_recovery.cc).
   uint32_t replicas_needed(const SyncSlot& slot) const;
 
-  // into[i] >= 0: tensor i goes to that offset of `shared` instead of the reply.
-  kj::Promise<void> read_tensors(std::vector<StoredTensor*> tensors, wire::Shard::PullResults::Builder results,
-                                 SocketStream* stream, const std::vector<int64_t>& into,
-                                 std::shared_ptr<SharedRegion> shared);
+  // --- pull's steps (shard_pull.cc) ---
+  struct PullPlan {
+    std::vector<StoredTensor*> tensors;
+    std::vector<int64_t> into;  // per tensor: -1 into the reply, else an offset in the caller's region
+    int64_t min_step = 0;
+  };
+  // Check: every name, slice and the reply's size; throws RequestError.
+  PullPlan check_pull(const Caller& caller, const PullRequest& request) const;
+  // Reads the tensors into `reply` (route: the wait for the step comes first).
+  kj::Promise<void> read_tensors(std::vector<StoredTensor*> tensors, const std::vector<int64_t>& into,
+                                 std::shared_ptr<SharedRegion> shared, PullReply& reply);
+
+  // --- push's steps (shard_push.cc) ---
+  struct PushWork {
+    std::vector<std::pair<StoredTensor*, std::span<const float>>> grads;
+    // Gradients that came in shared memory, copied out (kept until applied).
+    std::shared_ptr<std::vector<std::unique_ptr<float[]>>> copied;
+    uint64_t bytes = 0;
+    uint64_t shared_bytes = 0;
+  };
+  // Check: the steps and the caller; throws RequestError.
+  void check_push_caller(const Caller& caller, const PushRequest& request);
+  // A retry of a push already applied (its reply was lost): answers it
+  // again into `reply` and returns true.
+  bool answer_retry(const Caller& caller, const PushRequest& request, PushReply& reply);
+  // Check: every gradient (name, size, finite values) and the step; throws RequestError.
+  PushWork check_push(const Caller& caller, const PushRequest& request) const;
+  // Record: the worker's progress, staleness and the counters.
+  void record_push_arrival(const Caller& caller, int64_t step, const PushWork& work);
+  // Route: async applies now; sync sums into the step's slots (or finds the
+  // gradients stale). Sets reply.status; the applies and sums go to `pending`.
+  void route_push(const Caller& caller, int64_t step, const PushWork& work, PushReply& reply,
+                  kj::Vector<kj::Promise<void>>& pending);
+  // Record: the request log's answer for a retry, then the step report.
+  void record_push_answer(const Caller& caller, const PushRequest& request, PushReply& reply);
+
   // The bytes a slice names in the caller's region; throws RequestError
   // (naming `what`) for a slice that is not there.
-  const std::byte* shared_slice(const Caller& caller, wire::SharedSlice::Reader slice, const char* what) const;
+  const std::byte* shared_slice(const Caller& caller, const SharedSliceRef& slice, const char* what) const;
   // Tensors up to ShardOptions::inline_bytes are worked on in the event
   // loop; larger ones on the compute pool (run_on decides).
   bool runs_inline(const StoredTensor* t) const;
   kj::Promise<void> run_on(StoredTensor* t, std::function<void()> fn);
   // t->apply(g, scale), timed into apply_latency_; runs on any thread.
   void timed_apply(StoredTensor* t, std::span<const float> g, float scale);
-  wire::PushStatus offer_sync(StoredTensor* t, int worker, std::span<const float> g, kj::Vector<kj::Promise<void>>& work);
+  GradientStatus offer_sync(StoredTensor* t, int worker, std::span<const float> g, kj::Vector<kj::Promise<void>>& work);
   void commit_sync_step();
   uint64_t trainable_count() const;
   void step_reached();  // fires snapshots waiting for the new global step

@@ -5,23 +5,38 @@
 #include <spdlog/spdlog.h>
 
 #include "server/checkpointer.h"
+#include "server/shard_wire.h"
 #include "ps/errors.h"
 #include "common/wire_convert.h"
 
 namespace ps {
+namespace {
+
+// A pull's reply in its call's results.
+class ContextPullReply final : public WirePullReply {
+ public:
+  using Context = capnp::CallContext<wire::Shard::PullParams, wire::Shard::PullResults>;
+  ContextPullReply(Context context, uint64_t tag, SocketStream* stream)
+      : WirePullReply(tag, stream), context_(kj::mv(context)) {}
+
+ private:
+  wire::Shard::PullResults::Builder results(capnp::MessageSize size) override { return context_.getResults(size); }
+  Context context_;
+};
+
+}  // namespace
 
 ShardServiceImpl::ShardServiceImpl(Shard& shard, std::string peer, std::string refusal, SocketStream* stream,
                                    pid_t peer_pid)
-    : shard_(shard), refusal_(std::move(refusal)) {
+    : shard_(shard), stream_(stream), refusal_(std::move(refusal)) {
   caller_.peer = std::move(peer);
-  caller_.stream = stream;
   caller_.peer_pid = peer_pid;
   if (refusal_.empty()) ++shard_.counters().connections;
   if (stream != nullptr && refusal_.empty()) {
     hello_deadline_ = shard_.job().timer().afterDelay(kHelloDeadline).then([this] {
       if (said_hello_) return;
       spdlog::info("closing the connection from {}: no hello within {} s", caller_.peer, kHelloDeadline / kj::SECONDS);
-      caller_.stream->abort();
+      stream_->abort();
     }).eagerlyEvaluate(nullptr);
   }
 }
@@ -79,7 +94,7 @@ kj::Promise<void> ShardServiceImpl::hello(HelloContext context) {
     if (said_hello_) throw RequestError("hello: this connection already said hello");
     check_token(params.getAuthToken());
     if (probe) {
-      shard_.info(context.getResults().initInfo());
+      info_to_wire(shard_, context.getResults().initInfo());
       spdlog::debug("{} asked where this psd is (probe)", caller_.peer);
       return kj::READY_NOW;
     }
@@ -90,7 +105,7 @@ kj::Promise<void> ShardServiceImpl::hello(HelloContext context) {
     caller_ = caller;
     said_hello_ = true;
     auto info = context.getResults().initInfo();
-    shard_.info(info);
+    info_to_wire(shard_, info);
     info.setWorkerStep(shard_.job().recorded_step(caller_.worker_index));
     spdlog::info("{} connected{}{}", caller_.peer,
                  caller_.worker_index >= 0 ? fmt::format(" as worker {}", caller_.worker_index) : "",
@@ -111,8 +126,11 @@ kj::Promise<void> ShardServiceImpl::create(CreateContext context) {
                            std::to_string(fresh) + " more");
       }
     }
-    shard_.create(context.getParams(), context.getResults());
-    if (!context.getParams().getValidateOnly()) tensors_created_ += fresh;
+    const CreateRequest request = create_from_wire(context.getParams());
+    CreateReply reply;
+    shard_.create(request, reply);
+    create_to_wire(request, reply, context.getResults());
+    if (!request.validate_only) tensors_created_ += fresh;
     return kj::READY_NOW;
   });
 }
@@ -129,26 +147,35 @@ kj::Promise<void> ShardServiceImpl::create(CreateContext context) {
 // applied, and its retry answered as done.
 kj::Promise<void> ShardServiceImpl::pull(PullContext context) {
   context.allowCancellation();
-  return guarded(RequestKind::kPull, [&] { return shard_.pull(caller_, context.getParams(), [&](capnp::MessageSize size) { return context.getResults(size); }); });
+  return guarded(RequestKind::kPull, [&] {
+    auto params = context.getParams();
+    auto reply = kj::heap<ContextPullReply>(context, params.getTag(), stream_);
+    return shard_.pull(caller_, pull_from_wire(params), *reply).attach(kj::mv(reply));
+  });
 }
 
 kj::Promise<void> ShardServiceImpl::push(PushContext context) {
   return guarded(RequestKind::kPush, [&] {
     require_hello("push");
-    return shard_.push(caller_, context.getParams(), context.getResults());
+    PushReply reply;
+    kj::Promise<void> applied = shard_.push(caller_, push_from_wire(context.getParams()), reply);
+    push_to_wire(reply, context.getResults());
+    return applied;
   });
 }
 
 kj::Promise<void> ShardServiceImpl::list(ListContext context) {
   return guarded(RequestKind::kList, [&]() -> kj::Promise<void> {
-    shard_.list(context.getResults());
+    auto all = shard_.list();
+    auto out = context.getResults().initTensors(static_cast<unsigned>(all.size()));
+    for (unsigned i = 0; i < all.size(); ++i) to_wire_meta(*all[i], false, out[i]);
     return kj::READY_NOW;
   });
 }
 
 kj::Promise<void> ShardServiceImpl::stats(StatsContext context) {
   return guarded(RequestKind::kStats, [&]() -> kj::Promise<void> {
-    shard_.stats(context.getResults().initStats());
+    stats_to_wire(shard_, context.getResults().initStats());
     return kj::READY_NOW;
   });
 }
@@ -156,8 +183,8 @@ kj::Promise<void> ShardServiceImpl::stats(StatsContext context) {
 kj::Promise<void> ShardServiceImpl::initJob(InitJobContext context) {
   return guarded(RequestKind::kInitJob, [&]() -> kj::Promise<void> {
     require_hello("initJob");
-    shard_.init_job(context.getParams().getConfig());
-    shard_.info(context.getResults().initInfo());
+    shard_.init_job(job_from_wire(context.getParams().getConfig()));
+    info_to_wire(shard_, context.getResults().initInfo());
     return kj::READY_NOW;
   });
 }
@@ -217,7 +244,13 @@ kj::Promise<void> ShardServiceImpl::finish(FinishContext) {
 kj::Promise<void> ShardServiceImpl::report(ReportContext context) {
   return guarded(RequestKind::kReport, [&]() -> kj::Promise<void> {
     require_hello("report");
-    shard_.report(caller_, context.getParams());
+    auto params = context.getParams();
+    // NaN loss kept: a diverging loss is worth seeing.
+    shard_.report(caller_, WorkerReport{.step = params.getStep(),
+                                        .loss = params.getLoss(),
+                                        .accuracy = params.getAccuracy(),
+                                        .samples_per_sec = params.getSamplesPerSec(),
+                                        .learning_rate = params.getLearningRate()});
     return kj::READY_NOW;
   });
 }

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "common/net/socket_stream.h"
 #include "schema/ps.capnp.h"
 #include "server/shard.h"
 
@@ -13,7 +14,8 @@ class ShardServiceImpl final : public wire::Shard::Server {
  public:
   // A non-empty `refusal` answers every call with that message (a
   // connection past --max_connections).
-  // `stream`: the connection's, when it is a SocketStream (see Caller).
+  // `stream`: the connection's, when it is a SocketStream: pull replies then
+  // send large tensors straight from their memory, held until written.
   // `peer_pid`: the peer process on psd's Unix socket (0: a TCP peer), for attachMemory.
   ShardServiceImpl(Shard& shard, std::string peer, std::string refusal = "", SocketStream* stream = nullptr,
                    pid_t peer_pid = 0);
@@ -51,6 +53,7 @@ class ShardServiceImpl final : public wire::Shard::Server {
   void check_token(capnp::Data::Reader token) const;
 
   Shard& shard_;
+  SocketStream* stream_;  // null: replies are always copied
   Caller caller_;
   bool said_hello_ = false;
   kj::Promise<void> hello_deadline_ = nullptr;

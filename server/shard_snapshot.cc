@@ -38,7 +38,7 @@ kj::Promise<std::shared_ptr<ShardCheckpoint>> Shard::snapshot() {
   for (auto& [worker, list] : c->requests) {
     std::erase_if(list, [&](const RecentRequest& r) {
       return r.step >= c->global_step &&
-             std::find(r.statuses.begin(), r.statuses.end(), static_cast<uint8_t>(wire::PushStatus::ACCUMULATED)) !=
+             std::find(r.statuses.begin(), r.statuses.end(), static_cast<uint8_t>(GradientStatus::kAccumulated)) !=
                  r.statuses.end();
     });
   }

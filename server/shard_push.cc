@@ -1,0 +1,222 @@
+// Shard::push: check (the whole request, before anything changes), record
+// the arrival, route (async: apply now; sync: sum into the step, commit it
+// once every trainable tensor has its gradients), record the answer.
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include <spdlog/spdlog.h>
+
+#include "common/finite.h"
+#include "ps/errors.h"
+#include "server/shard.h"
+
+namespace ps {
+
+kj::Promise<void> Shard::push(const Caller& caller, const PushRequest& request, PushReply& reply) {
+  check_push_caller(caller, request);
+  saw_worker(caller.worker_index);
+  if (answer_retry(caller, request, reply)) return kj::READY_NOW;
+  PushWork work = check_push(caller, request);
+  record_push_arrival(caller, request.step, work);
+  reply.step = job_.global_step();
+  kj::Vector<kj::Promise<void>> pending;
+  route_push(caller, request.step, work, reply, pending);
+  record_push_answer(caller, request, reply);
+  return kj::joinPromises(pending.releaseAsArray()).attach(kj::mv(work.copied));
+}
+
+void Shard::check_push_caller(const Caller& caller, const PushRequest& request) {
+  checked_step(request.step, "push");
+  if (request.done_step >= 0) checked_step(request.done_step, "push (doneStep)");
+  job_.check_worker(caller.worker_index);
+  if (request.done_step >= 0 && caller.worker_index < 0) {
+    throw RequestError("push: only workers report steps (say hello with a worker index)");
+  }
+}
+
+bool Shard::answer_retry(const Caller& caller, const PushRequest& request, PushReply& reply) {
+  if (request.request_id == 0) return false;
+  const RecentRequest* seen = requests_.find(caller.worker_index, request.request_id);
+  if (seen == nullptr) return false;
+  ++counters_.duplicate_requests;
+  reply.step = seen->step;
+  reply.status.clear();
+  for (uint8_t s : seen->statuses) reply.status.push_back(static_cast<GradientStatus>(s));
+  if (request.done_step >= 0) {
+    // Its step report counted the first time; the answer is the job's now
+    // (as stepDone's would be), stop included.
+    reply.step = job_.global_step();
+    reply.stop = job_.stop_reached();
+  }
+  return true;
+}
+
+Shard::PushWork Shard::check_push(const Caller& caller, const PushRequest& request) const {
+  if (job_.configured() && !job_.ready()) {
+    throw RequestError("push: the chief has not finished initialising the model (waitReady first)");
+  }
+  PushWork work;
+  work.grads.reserve(request.grads.size());
+  // Gradients that came in shared memory, copied out before they are
+  // checked: the client can still write there, and what is applied must be
+  // what was checked.
+  work.copied = std::make_shared<std::vector<std::unique_ptr<float[]>>>();
+  std::set<StoredTensor*> seen;
+  const uint32_t summed = gradients_summed_per_step(job_.config());
+  const float limit = gradient_limit(summed);
+  for (const PushGradient& g : request.grads) {
+    StoredTensor& t = store_.get(std::string(g.name));
+    const uint64_t got = g.shared ? g.shared->bytes : g.bytes;
+    if (got != t.size() * sizeof(float)) {
+      throw RequestError("push: tensor '" + t.spec().name + "' of shape " + shape_to_string(t.spec().shape) +
+                         " expects " + std::to_string(t.size()) + " floats (" + std::to_string(t.size() * 4) +
+                         " bytes), got " + std::to_string(got) + " bytes");
+    }
+    if (!seen.insert(&t).second) throw RequestError("push: tensor '" + t.spec().name + "' appears twice in one request");
+    std::span<const float> values;
+    bool finite;
+    if (g.shared) {
+      if (g.bytes != 0) throw RequestError("push: gradient for '" + t.spec().name + "' has both values and a shared slice");
+      const auto* src = reinterpret_cast<const float*>(shared_slice(caller, *g.shared, "push"));
+      work.copied->push_back(std::unique_ptr<float[]>(new float[t.size()]));
+      finite = copy_all_finite(work.copied->back().get(), src, t.size(), limit);
+      values = std::span<const float>(work.copied->back().get(), t.size());
+      work.shared_bytes += got;
+    } else {
+      values = g.values;
+      finite = options_.allow_nonfinite || all_finite(values, limit);
+    }
+    if (!options_.allow_nonfinite && !finite) throw RequestError(gradient_refusal(t.spec().name, values, summed));
+    work.grads.emplace_back(&t, values);
+    work.bytes += got;
+  }
+  if (job_.config().mode == SyncMode::kSync) {
+    if (caller.worker_index < 0) throw RequestError("push: sync mode needs a worker index (say hello as a worker)");
+    if (request.step > job_.global_step()) {
+      throw RequestError("push: gradient for step " + std::to_string(request.step) + ", but the job is at step " +
+                         std::to_string(job_.global_step()) + " (a push carries the step its parameters were pulled at)");
+    }
+  }
+  return work;
+}
+
+void Shard::record_push_arrival(const Caller& caller, int64_t step, const PushWork& work) {
+  const SyncMode mode = job_.config().mode;
+  if (caller.worker_index >= 0) {
+    WorkerRecord& worker = job_.worker(caller.worker_index);
+    worker.pushes += work.grads.size();
+    if (mode != SyncMode::kSync && step > worker.step) {
+      worker.step = step;
+      job_.worker_progressed();  // the slowest worker moving on releases bounded-staleness pulls
+    }
+    if (mode == SyncMode::kBoundedStaleness) job_.record_staleness(step - job_.slowest_live_step());
+    // Sync: how many steps old the gradient is (stale ones included).
+    // Otherwise there is no common step to be behind: how far this worker
+    // runs ahead of the slowest connected one.
+    const int64_t staleness = mode == SyncMode::kSync ? job_.global_step() - step : step - job_.slowest_live_step();
+    push_staleness_.observe(static_cast<double>(std::max<int64_t>(0, staleness)));
+  }
+  counters_.pushes += work.grads.size();
+  counters_.bytes_in += work.bytes;
+  counters_.shared_bytes += work.shared_bytes;
+}
+
+void Shard::route_push(const Caller& caller, int64_t step, const PushWork& work, PushReply& reply,
+                       kj::Vector<kj::Promise<void>>& pending) {
+  const bool sync = job_.config().mode == SyncMode::kSync;
+  WorkerRecord* worker = caller.worker_index >= 0 ? &job_.worker(caller.worker_index) : nullptr;
+  reply.status.assign(work.grads.size(), GradientStatus::kApplied);
+  if (sync && step < job_.global_step()) {
+    // For a step already done: dropped whole.
+    std::fill(reply.status.begin(), reply.status.end(), GradientStatus::kStale);
+    counters_.stale += work.grads.size();
+    if (worker) worker->stale += work.grads.size();
+    return;
+  }
+  for (std::size_t i = 0; i < work.grads.size(); ++i) {
+    // Not a structured binding: clang before 16 cannot capture those.
+    StoredTensor* t = work.grads[i].first;
+    std::span<const float> g = work.grads[i].second;
+    if (sync && t->spec().trainable) {
+      const GradientStatus s = offer_sync(t, caller.worker_index, g, pending);
+      if (s == GradientStatus::kStale && worker) ++worker->stale;
+      reply.status[i] = s;
+    } else {
+      pending.add(run_on(t, [this, t, g] { timed_apply(t, g, 1.0f); }));
+    }
+  }
+}
+
+void Shard::record_push_answer(const Caller& caller, const PushRequest& request, PushReply& reply) {
+  // Logged before a commit moves the step: a retry is answered as the first time.
+  if (request.request_id != 0) {
+    RecentRequest r{request.request_id, job_.global_step(), {}};
+    r.statuses.reserve(reply.status.size());
+    for (GradientStatus s : reply.status) r.statuses.push_back(static_cast<uint8_t>(s));
+    requests_.record(caller.worker_index, std::move(r));
+  }
+  if (job_.config().mode == SyncMode::kSync && complete_tensors_ > 0 && complete_tensors_ >= trainable_count()) {
+    commit_sync_step();
+  }
+  if (request.done_step >= 0) {
+    auto [global, stop] = step_done(caller, request.done_step);
+    reply.step = global;
+    reply.stop = stop;
+  }
+}
+
+GradientStatus Shard::offer_sync(StoredTensor* t, int worker, std::span<const float> g,
+                                 kj::Vector<kj::Promise<void>>& pending) {
+  SyncSlot& slot = sync_[t];
+  if (slot.complete) {
+    ++counters_.stale;  // a backup worker's gradient, after enough arrived
+    return GradientStatus::kStale;
+  }
+  if (std::find(slot.contributors.begin(), slot.contributors.end(), worker) != slot.contributors.end()) {
+    return GradientStatus::kDuplicate;
+  }
+  slot.contributors.push_back(worker);
+  if (slot.sum.size() != t->size()) slot.sum.resize(t->size());  // once per tensor; reused every step
+  const bool first = slot.count++ == 0;
+  float* sum = slot.sum.data();
+  pending.add(run_on(t, [sum, g, first] {
+    if (first) {
+      std::memcpy(sum, g.data(), g.size_bytes());
+    } else {
+      const std::size_t n = g.size();
+      const float* __restrict gp = g.data();
+      float* __restrict sp = sum;
+      for (std::size_t i = 0; i < n; ++i) sp[i] += gp[i];
+    }
+  }));
+  if (slot.count >= replicas_needed(slot)) {
+    slot.complete = true;
+    ++complete_tensors_;
+  }
+  return GradientStatus::kAccumulated;
+}
+
+void Shard::commit_sync_step() {
+  for (auto& [t, slot] : sync_) {
+    if (!slot.complete) continue;
+    StoredTensor* tensor = t;
+    // The average of what arrived: replicas_to_aggregate gradients, or
+    // fewer when workers have left (shard_recovery.cc).
+    const float scale = 1.0f / static_cast<float>(slot.count);
+    std::span<const float> sum(slot.sum);
+    // Queued on the tensor's strand behind this step's sums and ahead of the
+    // next step's, and ahead of every read that starts after this point.
+    tasks_.add(run_on(tensor, [this, tensor, sum, scale] { timed_apply(tensor, sum, scale); }));
+    slot.count = 0;
+    slot.contributors.clear();
+    slot.complete = false;
+  }
+  complete_tensors_ = 0;
+  ++counters_.steps_applied;
+  job_.advance_step();
+  spdlog::debug("sync step {} committed", job_.global_step());
+  step_reached();
+}
+
+}  // namespace ps

@@ -12,6 +12,8 @@
 namespace ps {
 
 struct BufferedMessageStream::Buffer : kj::Refcounted {
+  explicit Buffer(MemoryBudget::Reservation r = {}) : reservation(kj::mv(r)) {}
+  MemoryBudget::Reservation reservation;  // given back after `words` is freed
   kj::Array<capnp::word> words = kj::heapArray<capnp::word>(kBufferBytes / sizeof(capnp::word));
   kj::byte* bytes() { return reinterpret_cast<kj::byte*>(words.begin()); }
 };
@@ -20,14 +22,19 @@ struct BufferedMessageStream::Buffer : kj::Refcounted {
 class BufferedMessageStream::Reader final : public capnp::MessageReader {
  public:
   Reader(capnp::ReaderOptions options, kj::Array<kj::ArrayPtr<const capnp::word>> segments, kj::Own<Buffer> held,
-         kj::Array<capnp::word> own)
-      : capnp::MessageReader(options), segments_(kj::mv(segments)), held_(kj::mv(held)), own_(kj::mv(own)) {}
+         kj::Array<capnp::word> own, MemoryBudget::Reservation reservation = {})
+      : capnp::MessageReader(options),
+        reservation_(kj::mv(reservation)),
+        segments_(kj::mv(segments)),
+        held_(kj::mv(held)),
+        own_(kj::mv(own)) {}
 
   kj::ArrayPtr<const capnp::word> getSegment(uint id) override {
     return id < segments_.size() ? segments_[id] : nullptr;
   }
 
  private:
+  MemoryBudget::Reservation reservation_;  // for own_; given back after it is freed
   kj::Array<kj::ArrayPtr<const capnp::word>> segments_;
   kj::Own<Buffer> held_;
   kj::Array<capnp::word> own_;
@@ -47,11 +54,17 @@ kj::Array<kj::ArrayPtr<const capnp::word>> segments_at(const capnp::word* at, co
 
 }  // namespace
 
-BufferedMessageStream::BufferedMessageStream(SocketStream& stream)
-    : stream_(stream), buffer_(kj::refcounted<Buffer>()) {
+BufferedMessageStream::BufferedMessageStream(SocketStream& stream, MemoryBudget* budget)
+    : stream_(stream), budget_(budget) {
+  // Counted even past the budget: the connection is there already (psd
+  // checks the budget before it accepts one).
+  auto reserve = [budget] {
+    return budget ? budget->reserve_anyway(MemoryUse::kReceiving, kBufferBytes) : MemoryBudget::Reservation();
+  };
+  buffer_ = kj::refcounted<Buffer>(reserve());
   // The RPC layer keeps each message until it has the next: with a second
   // buffer, small messages alternate between the fronts of the two.
-  spares_.add(kj::refcounted<Buffer>());
+  spares_.add(kj::refcounted<Buffer>(reserve()));
 }
 
 BufferedMessageStream::~BufferedMessageStream() = default;
@@ -95,7 +108,15 @@ void BufferedMessageStream::make_room() {
     }
   }
   if (next.get() == nullptr) {
-    next = kj::refcounted<Buffer>();
+    MemoryBudget::Reservation r;
+    if (budget_ != nullptr) {
+      r = budget_->try_reserve(MemoryUse::kReceiving, kBufferBytes);
+      if (!r) {
+        kj::throwFatalException(KJ_EXCEPTION(OVERLOADED, "psd is out of memory for requests held in progress",
+                                             budget_->describe().c_str()));
+      }
+    }
+    next = kj::refcounted<Buffer>(kj::mv(r));
     ++buffers_taken_;
   }
   std::memcpy(next->bytes(), buffer_->bytes() + pos_, unread);
@@ -122,6 +143,11 @@ kj::Promise<bool> BufferedMessageStream::fill(size_t bytes) {
       });
 }
 
+void BufferedMessageStream::yield_every(unsigned messages, kj::Timer& timer) {
+  yield_every_ = messages;
+  yield_timer_ = &timer;
+}
+
 void BufferedMessageStream::hold_reads_while(std::function<bool()> full, kj::Timer& timer, kj::Duration poll) {
   full_ = std::move(full);
   timer_ = &timer;
@@ -132,7 +158,17 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::tryRea
     kj::ArrayPtr<kj::AutoCloseFd> fds, capnp::ReaderOptions options, kj::ArrayPtr<capnp::word> scratch) {
   if (full_ && full_()) {
     ++reads_held_;
+    read_in_a_row_ = 0;
     return timer_->afterDelay(poll_).then([this, fds, options, scratch] { return tryReadMessage(fds, options, scratch); });
+  }
+  if (yield_every_ > 0 && ++read_in_a_row_ > yield_every_) {
+    // A zero delay still waits for the loop to look at its sockets and
+    // timers, which it does once nothing else is queued.
+    read_in_a_row_ = 0;
+    return yield_timer_->afterDelay(0 * kj::NANOSECONDS).then([this, fds, options, scratch] {
+      read_in_a_row_ = 1;
+      return tryReadMessage(fds, options, scratch);
+    });
   }
   make_room();
   return fill(sizeof(capnp::word)).then([this, options](bool any) -> kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> {
@@ -156,6 +192,9 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::read_a
     KJ_REQUIRE(total_words <= options.traversalLimitInWords,
                "message is too large; see capnp::ReaderOptions (psd --max_message_mb)", total_words);
     const uint64_t message_bytes = table_bytes + total_words * sizeof(capnp::word);
+    KJ_REQUIRE(message_bytes <= max_message_bytes_,
+               "message is too large for this connection (a peer that has not said hello may send small ones only)",
+               message_bytes, max_message_bytes_);
     if (message_bytes > kMaxBufferedBytes) return read_large(options, count, table_bytes, total_words);
     return fill(message_bytes).then([this, options, count, table_bytes, message_bytes](bool) {
       const kj::byte* start = buffer_->bytes() + pos_;
@@ -171,6 +210,14 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::read_a
 kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::read_large(capnp::ReaderOptions options,
                                                                                      uint32_t count, size_t table_bytes,
                                                                                      size_t total_words) {
+  MemoryBudget::Reservation reservation;
+  if (budget_ != nullptr) {
+    reservation = budget_->try_reserve(MemoryUse::kReceiving, total_words * sizeof(capnp::word));
+    if (!reservation) {
+      kj::throwFatalException(KJ_EXCEPTION(OVERLOADED, "psd is out of memory for this request",
+                                           total_words * sizeof(capnp::word), budget_->describe().c_str()));
+    }
+  }
   auto own = kj::heapArray<capnp::word>(total_words);
   auto segments = segments_at(own.begin(), reinterpret_cast<const uint32_t*>(buffer_->bytes() + pos_) + 1, count);
   const size_t body = total_words * sizeof(capnp::word);
@@ -183,7 +230,7 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::read_l
     // word, as capnp's readers need.
     pos_ = end_ = (pos_ + sizeof(capnp::word) - 1) & ~(sizeof(capnp::word) - 1);
   }
-  auto reader = kj::heap<Reader>(options, kj::mv(segments), kj::Own<Buffer>(), kj::mv(own));
+  auto reader = kj::heap<Reader>(options, kj::mv(segments), kj::Own<Buffer>(), kj::mv(own), kj::mv(reservation));
   auto done = [reader = kj::mv(reader)]() mutable {
     return kj::Maybe<capnp::MessageReaderAndFds>(capnp::MessageReaderAndFds{kj::mv(reader), nullptr});
   };

@@ -37,6 +37,7 @@
 #include <kj/timer.h>
 #include <kj/vector.h>
 
+#include "common/memory_budget.h"
 #include "common/net/socket_stream.h"
 
 namespace ps {
@@ -49,7 +50,10 @@ class BufferedMessageStream final : public capnp::MessageStream {
   // Bytes asked of the socket at once: a message carrying a 64 KiB tensor.
   static constexpr size_t kReadAheadBytes = 80u << 10;
 
-  explicit BufferedMessageStream(SocketStream& stream);
+  // With a `budget`, the buffers and every message's memory are counted
+  // against it; a message that does not fit ends the connection with an
+  // error saying so (the budget must outlive the messages read).
+  explicit BufferedMessageStream(SocketStream& stream, MemoryBudget* budget = nullptr);
   ~BufferedMessageStream();
 
   // Buffers allocated so far (for tests: a full one still in use was
@@ -63,6 +67,17 @@ class BufferedMessageStream final : public capnp::MessageStream {
   void hold_reads_while(std::function<bool()> full, kj::Timer& timer,
                         kj::Duration poll = 1 * kj::MILLISECONDS);
   uint64_t reads_held() const { return reads_held_; }  // times a read waited (for tests)
+
+  // Largest message accepted from now on (framing included); a larger one
+  // ends the connection with an error naming the limit. psd lets a peer
+  // that has not said hello send only small messages.
+  void set_max_message_bytes(uint64_t bytes) { max_message_bytes_ = bytes; }
+
+  // Fairness: after `messages` messages read in a row, the next read waits
+  // for the event loop's next look at the sockets and timers, so that one
+  // peer whose requests are always ready cannot keep the loop from serving
+  // the others (or firing its timers).
+  void yield_every(unsigned messages, kj::Timer& timer);
 
   // capnp::MessageStream
   kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> tryReadMessage(kj::ArrayPtr<kj::AutoCloseFd> fdSpace,
@@ -100,6 +115,11 @@ class BufferedMessageStream final : public capnp::MessageStream {
   kj::Timer* timer_ = nullptr;
   kj::Duration poll_ = 1 * kj::MILLISECONDS;
   uint64_t reads_held_ = 0;
+  MemoryBudget* budget_ = nullptr;
+  uint64_t max_message_bytes_ = UINT64_MAX;
+  unsigned yield_every_ = 0;
+  unsigned read_in_a_row_ = 0;
+  kj::Timer* yield_timer_ = nullptr;
 };
 
 }  // namespace ps

@@ -98,7 +98,7 @@ MemoryBudget::Reservation MemoryBudget::reserve_anyway(MemoryUse use, uint64_t b
 
 std::string MemoryBudget::describe() const {
   auto mib = [](uint64_t b) { return std::to_string(b >> 20) + " MiB"; };
-  return mib(used()) + " of its " + mib(limit_) + " in use (" + mib(used(MemoryUse::kTensors)) + " tensors, " +
+  return mib(used()) + " of its " + mib(limit_) + " budget in use (" + mib(used(MemoryUse::kTensors)) + " tensors, " +
          mib(used(MemoryUse::kReceiving)) + " requests, " + mib(used(MemoryUse::kReplies)) + " replies, " +
          mib(used(MemoryUse::kSnapshots)) + " snapshots; psd --max_memory_mb)";
 }

@@ -8,7 +8,7 @@ ConnectionPlaces::ConnectionPlaces(uint32_t max_connections, uint32_t per_peer)
     : max_connections_(max_connections), per_peer_(per_peer) {}
 
 uint32_t ConnectionPlaces::reserved(uint32_t declared_workers) const {
-  const uint64_t for_job = 2 * (uint64_t{declared_workers} + 1);
+  const uint64_t for_job = declared_workers > 0 ? 2 * (uint64_t{declared_workers} + 1) : 0;
   return static_cast<uint32_t>(std::min<uint64_t>(std::max<uint64_t>(max_connections_ / 4, for_job), max_connections_));
 }
 

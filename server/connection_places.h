@@ -3,8 +3,8 @@
 //  - places are kept for the job: anonymous connections (those that said
 //    hello as neither a worker nor the chief: tools, probes) may hold at most
 //    --max_connections minus the reserved places, where reserved is a quarter
-//    of --max_connections or two per declared worker (initJob's
-//    totalReplicas) and the chief, whichever is more;
+//    of --max_connections or, once initJob declared the job's workers
+//    (totalReplicas), two per worker and two for the chief, whichever is more;
 //  - one peer address may hold at most --max_connections_per_peer
 //    connections that are not (yet) a worker's or the chief's: connections
 //    before hello and anonymous ones. A worker's connection stops counting

@@ -1,11 +1,14 @@
 // Rate-limits psd's log lines about one peer: a flood of refused calls from
-// one address writes one line per interval (with a count of the lines left
-// out since the last), not one per call. Peers are told apart by host, not
-// port, so reconnecting does not reset the count. Event-loop thread only.
+// one address writes a few lines per interval (the next one with a count of
+// the lines left out), not one per call. Peers are told apart by host, not
+// port, so reconnecting does not reset the count; each kind of line has its
+// own count, so a flood of one kind does not hide the others. Event-loop
+// thread only.
 //
 //   LogLimiter limiter(std::chrono::seconds(10));
 //   uint64_t suppressed = 0;
-//   if (limiter.allow(peer, &suppressed)) spdlog::info("refused ... from {}{}", peer, LogLimiter::note(suppressed));
+//   if (limiter.allow(peer, "refused", &suppressed))
+//     spdlog::info("refused ... from {}{}", peer, LogLimiter::note(suppressed));
 #pragma once
 
 #include <chrono>
@@ -24,9 +27,9 @@ class LogLimiter {
   explicit LogLimiter(Clock::duration interval = std::chrono::seconds(10), unsigned per_interval = 5,
                       std::size_t max_peers = 4096);
 
-  // Whether a line about `peer` ("host:port", "[v6]:port" or a name) may be
-  // written now; if so, `*suppressed` is the number left out before it.
-  bool allow(std::string_view peer, uint64_t* suppressed, Clock::time_point now = Clock::now());
+  // Whether a line of `kind` about `peer` ("host:port", "[v6]:port" or a
+  // name) may be written now; if so, `*suppressed` is the number left out before it.
+  bool allow(std::string_view peer, std::string_view kind, uint64_t* suppressed, Clock::time_point now = Clock::now());
 
   // " (N similar lines about this peer left out)", or "" for 0.
   static std::string note(uint64_t suppressed);

@@ -154,12 +154,9 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
       const bool local = kind == "unix";
       std::string host(LogLimiter::host_of(peer));
       std::optional<std::string> why = places.refuse_connection(host, local);
-      if (!why && budget.available() < 2 * BufferedMessageStream::kBufferBytes) {
-        why = "psd has no memory left for another connection: " + budget.describe() + "; try again later";
-      }
       if (why) {
         uint64_t suppressed = 0;
-        if (log_limiter.allow(peer, &suppressed)) {
+        if (log_limiter.allow(peer, "refused connection", &suppressed)) {
           spdlog::warn("refused a {} connection from {}: {}{}", kind, peer, *why, LogLimiter::note(suppressed));
         }
         serve_refusal(kj::mv(stream), std::move(peer), std::move(*why));
@@ -200,7 +197,7 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
         drop(it);
       }, [this, it, peer](kj::Exception&& e) {
         uint64_t suppressed = 0;
-        if (log_limiter.allow(peer, &suppressed)) {
+        if (log_limiter.allow(peer, "ended", &suppressed)) {
           spdlog::info("connection {} ended: {}{}", peer, e.getDescription().cStr(), LogLimiter::note(suppressed));
         }
         drop(it);

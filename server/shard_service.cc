@@ -21,7 +21,7 @@ ShardServiceImpl::ShardServiceImpl(Shard& shard, std::string peer, std::string r
     hello_deadline_ = shard_.job().timer().afterDelay(rules_.hello_deadline).then([this] {
       if (said_hello_) return;
       std::string note;
-      if (may_log(&note)) {
+      if (may_log("no hello", &note)) {
         spdlog::info("closing the connection from {}: no hello within {:g} s{}", caller_.peer,
                      static_cast<double>(rules_.hello_deadline / kj::MILLISECONDS) / 1000, note);
       }
@@ -30,9 +30,9 @@ ShardServiceImpl::ShardServiceImpl(Shard& shard, std::string peer, std::string r
   }
 }
 
-bool ShardServiceImpl::may_log(std::string* note) {
+bool ShardServiceImpl::may_log(const char* kind, std::string* note) {
   uint64_t suppressed = 0;
-  if (rules_.log != nullptr && !rules_.log->allow(caller_.peer, &suppressed)) return false;
+  if (rules_.log != nullptr && !rules_.log->allow(caller_.peer, kind, &suppressed)) return false;
   *note = LogLimiter::note(suppressed);
   return true;
 }
@@ -40,10 +40,12 @@ bool ShardServiceImpl::may_log(std::string* note) {
 void ShardServiceImpl::note_refused(const char* what, const char* message) {
   ++shard_.counters().rejected;
   std::string note;
-  if (may_log(&note)) spdlog::info("refused {} from {}: {}{}", what, caller_.peer, message, note);
+  if (may_log("refused", &note)) spdlog::info("refused {} from {}: {}{}", what, caller_.peer, message, note);
   if (rules_.max_refused_in_a_row > 0 && ++refused_in_a_row_ == rules_.max_refused_in_a_row &&
       caller_.stream != nullptr) {
-    spdlog::warn("closing the connection from {}: {} calls refused in a row", caller_.peer, refused_in_a_row_);
+    if (may_log("cut off", &note)) {
+      spdlog::warn("closing the connection from {}: {} calls refused in a row{}", caller_.peer, refused_in_a_row_, note);
+    }
     caller_.stream->abort();
   }
 }
@@ -132,9 +134,13 @@ kj::Promise<void> ShardServiceImpl::hello(HelloContext context) {
     auto info = context.getResults().initInfo();
     shard_.info(info);
     info.setWorkerStep(shard_.job().recorded_step(caller_.worker_index));
-    spdlog::info("{} connected{}{}", caller_.peer,
-                 caller_.worker_index >= 0 ? fmt::format(" as worker {}", caller_.worker_index) : "",
-                 caller_.is_chief ? " (chief)" : "");
+    // Workers and the chief always; anonymous peers (who may be many) a few per interval.
+    std::string note;
+    if (caller_.worker_index >= 0 || caller_.is_chief || may_log("connected", &note)) {
+      spdlog::info("{} connected{}{}{}", caller_.peer,
+                   caller_.worker_index >= 0 ? fmt::format(" as worker {}", caller_.worker_index) : "",
+                   caller_.is_chief ? " (chief)" : "", note);
+    }
     return kj::READY_NOW;
   });
 }
@@ -274,7 +280,7 @@ void ShardServiceImpl::check_token(capnp::Data::Reader token) const {
   }
   if (diff != 0) {
     std::string note;
-    if (const_cast<ShardServiceImpl*>(this)->may_log(&note)) {
+    if (const_cast<ShardServiceImpl*>(this)->may_log("token", &note)) {
       spdlog::warn("refused hello from {}: {} auth token{}", caller_.peer, token.size() == 0 ? "no" : "wrong", note);
     }
     throw RequestError("hello: authentication failed (psd was started with --auth_token_file; set "

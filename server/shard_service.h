@@ -61,8 +61,8 @@ class ShardServiceImpl final : public wire::Shard::Server {
   void require_hello(const char* what) const;
   // Logs a refused call (rate-limited) and cuts the peer off after a run of them.
   void note_refused(const char* what, const char* message);
-  // Whether a line about this peer may be logged now; `note` gets the count left out.
-  bool may_log(std::string* note);
+  // Whether a line of `kind` about this peer may be logged now; `note` gets the count left out.
+  bool may_log(const char* kind, std::string* note);
 
   // Checks the hello's token (constant time); throws RequestError.
   void check_token(capnp::Data::Reader token) const;

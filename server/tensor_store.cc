@@ -163,7 +163,7 @@ void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<Pa
     const uint64_t free = budget_->available();
     if (before.bytes > free || need > free - before.bytes) {
       throw RequestError("create: tensor '" + name + "' (" + std::to_string(need >> 20) + " MiB with its optimizer's " +
-                         "slots) does not fit psd's memory budget: " + budget_->describe());
+                         "slots) would take psd over its memory limit: " + budget_->describe());
     }
   }
   if (pending != nullptr) {
@@ -180,7 +180,7 @@ std::pair<StoredTensor*, bool> TensorStore::create(const TensorSpec& spec, const
   if (budget_ != nullptr) {
     const uint64_t need = footprint(spec, spec.num_elements());
     if (!reserved_.try_resize(reserved_.bytes() + need)) {
-      throw RequestError("create: tensor '" + spec.name + "' does not fit psd's memory budget: " + budget_->describe());
+      throw RequestError("create: tensor '" + spec.name + "' would take psd over its memory limit: " + budget_->describe());
     }
   }
   auto tensor = std::make_unique<StoredTensor>(next_id_++, spec, part);

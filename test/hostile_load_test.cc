@@ -263,7 +263,7 @@ TEST_CASE("a tensor counts against psd's memory budget with its optimizer's slot
   // 100 MiB of values fit 256 MiB, but Adam keeps two slots as large: 300 MiB.
   const uint64_t n = 100 * kMiB / 4;
   CHECK_THROWS_WITH(client.create({{.name = "big", .shape = {n}, .optimizer = OptimizerConfig::adam(1e-3f)}}),
-                    Catch::Contains("memory budget") && Catch::Contains("--max_memory_mb"));
+                    Catch::Contains("memory limit") && Catch::Contains("--max_memory_mb"));
   // Refused: nothing stored; what fits is still served.
   client.create({{.name = "fits", .shape = {10 * kMiB / 4}, .optimizer = OptimizerConfig::adam(1e-3f)}});
   CHECK(client.list().size() == 1);

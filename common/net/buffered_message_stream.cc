@@ -55,16 +55,12 @@ kj::Array<kj::ArrayPtr<const capnp::word>> segments_at(const capnp::word* at, co
 }  // namespace
 
 BufferedMessageStream::BufferedMessageStream(SocketStream& stream, MemoryBudget* budget)
-    : stream_(stream), budget_(budget) {
-  // Counted even past the budget: the connection is there already (psd
-  // checks the budget before it accepts one).
-  auto reserve = [budget] {
-    return budget ? budget->reserve_anyway(MemoryUse::kReceiving, kBufferBytes) : MemoryBudget::Reservation();
-  };
-  buffer_ = kj::refcounted<Buffer>(reserve());
+    : stream_(stream), buffer_(kj::refcounted<Buffer>()), budget_(budget) {
   // The RPC layer keeps each message until it has the next: with a second
-  // buffer, small messages alternate between the fronts of the two.
-  spares_.add(kj::refcounted<Buffer>(reserve()));
+  // buffer, small messages alternate between the fronts of the two. These
+  // two are a connection's fixed cost (bounded by the number of
+  // connections), not counted; buffers taken beyond them are.
+  spares_.add(kj::refcounted<Buffer>());
 }
 
 BufferedMessageStream::~BufferedMessageStream() = default;

@@ -50,8 +50,9 @@ class BufferedMessageStream final : public capnp::MessageStream {
   // Bytes asked of the socket at once: a message carrying a 64 KiB tensor.
   static constexpr size_t kReadAheadBytes = 80u << 10;
 
-  // With a `budget`, the buffers and every message's memory are counted
-  // against it; a message that does not fit ends the connection with an
+  // With a `budget`, every large message's memory, and each buffer taken
+  // beyond the first two (while messages held in them are in use), are
+  // counted against it; one that does not fit ends the connection with an
   // error saying so (the budget must outlive the messages read).
   explicit BufferedMessageStream(SocketStream& stream, MemoryBudget* budget = nullptr);
   ~BufferedMessageStream();

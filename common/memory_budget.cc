@@ -103,6 +103,11 @@ std::string MemoryBudget::describe() const {
          mib(used(MemoryUse::kSnapshots)) + " snapshots; psd --max_memory_mb)";
 }
 
+uint64_t malloc_free_bytes() {
+  const struct mallinfo2 info = ::mallinfo2();
+  return info.fordblks;
+}
+
 void trim_freed_memory() { ::malloc_trim(0); }
 
 }  // namespace ps

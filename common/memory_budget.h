@@ -95,6 +95,8 @@ class MemoryBudget {
   std::atomic<uint64_t> freed_{0};
 };
 
+// Memory malloc holds free (glibc's mallinfo2: freed blocks kept for reuse).
+uint64_t malloc_free_bytes();
 // Hands memory malloc keeps after large frees back to the kernel (glibc's
 // malloc_trim): psd's malloc tuning keeps freed blocks for reuse, so after an
 // attack ends its resident size would otherwise stay at the peak.

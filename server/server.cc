@@ -233,14 +233,19 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
     connections.erase(it);
   }
 
-  // Every second: hands memory back to the kernel once a good deal of what
-  // was counted has been given back (after an attack, or a large checkpoint),
-  // and counts queued replies of connections that are not reading.
+  // Every second: counts the queued replies of connections that are not
+  // reading, and hands memory malloc keeps free back to the kernel: once
+  // things calm down after a good deal was given back (an attack ended, a
+  // large checkpoint was written), or at once if malloc keeps far more free
+  // than is in use. Not on every free: a busy psd reuses that memory, warm.
   kj::Promise<void> housekeeping(kj::Timer& timer) {
     return timer.afterDelay(1 * kj::SECONDS).then([this, &timer] {
       for (auto& c : connections) c.account_replies();
-      freed_since_trim += budget.take_freed();
-      if (freed_since_trim >= kTrimAfterFreedBytes) {
+      const uint64_t freed = budget.take_freed();
+      freed_since_trim += freed;
+      const bool calm = freed < kCalmFreedBytes && freed_since_trim >= kTrimAfterFreedBytes;
+      if (calm || (freed_since_trim >= kTrimAfterFreedBytes &&
+                   malloc_free_bytes() > std::max<uint64_t>(kTrimAnywayFreeBytes, 4 * budget.used()))) {
         trim_freed_memory();
         freed_since_trim = 0;
       }
@@ -272,6 +277,8 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
   // Requests read from one connection before the loop serves the others.
   static constexpr unsigned kMessagesPerTurn = 16;
   static constexpr uint64_t kTrimAfterFreedBytes = 64u << 20;
+  static constexpr uint64_t kCalmFreedBytes = 4u << 20;         // given back in a second: calm
+  static constexpr uint64_t kTrimAnywayFreeBytes = 1ull << 30;
 
   ServerOptions options;
   kj::AsyncIoContext& io;

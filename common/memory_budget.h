@@ -77,6 +77,8 @@ class MemoryBudget {
     return u >= limit_ ? 0 : limit_ - u;
   }
   uint64_t refusals() const { return refusals_.load(std::memory_order_relaxed); }
+  // Counts a refusal decided without reserving (a check ahead of the reservation).
+  void count_refusal() { refusals_.fetch_add(1, std::memory_order_relaxed); }
   // Bytes given back since the last call (for deciding when to hand freed
   // memory back to the kernel: see trim_freed_memory()).
   uint64_t take_freed() { return freed_.exchange(0, std::memory_order_relaxed); }

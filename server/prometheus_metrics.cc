@@ -124,7 +124,7 @@ std::string prometheus_text(const Shard& shard, double now_unix_secs) {
       e.sample("ps_memory_used_bytes", fmt::format("use=\"{}\"", memory_use_name(static_cast<MemoryUse>(u))),
                budget->used(static_cast<MemoryUse>(u)));
     }
-    e.counter("ps_memory_refusals_total", "Requests, connections and snapshots refused for lack of memory budget.",
+    e.counter("ps_memory_refusals_total", "Requests, tensors and snapshots refused for lack of memory budget.",
               budget->refusals());
   }
   e.gauge("ps_job_ready", "1 once the chief has initialised the model.", job.ready() ? 1 : 0);

@@ -162,6 +162,7 @@ void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<Pa
     const uint64_t need = footprint(spec, n);
     const uint64_t free = budget_->available();
     if (before.bytes > free || need > free - before.bytes) {
+      budget_->count_refusal();
       throw RequestError("create: tensor '" + name + "' (" + std::to_string(need >> 20) + " MiB with its optimizer's " +
                          "slots) would take psd over its memory limit: " + budget_->describe());
     }

@@ -192,6 +192,7 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
       places.opened(host, local);
       it->messages.set_max_message_bytes(kMaxMessageBeforeHello);
       it->messages.yield_every(kMessagesPerTurn, io.provider->getTimer());
+      it->messages.limit_unfinished_calls(kMaxUnfinishedCalls, kBytesPerUnfinishedCall);
       it->hold_reads_past_queued(options.shard.max_message_bytes, budget, io.provider->getTimer());
       tasks->add(it->network.onDisconnect().then([this, it] {
         drop(it);
@@ -276,6 +277,10 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
   static constexpr uint64_t kMaxMessageBeforeHello = 64u << 10;
   // Requests read from one connection before the loop serves the others.
   static constexpr unsigned kMessagesPerTurn = 16;
+  // Calls a peer may have in flight (answered or not, without its Finish),
+  // and what capnp holds for each (its answer entry and promises).
+  static constexpr uint32_t kMaxUnfinishedCalls = 16384;
+  static constexpr uint64_t kBytesPerUnfinishedCall = 1024;
   static constexpr uint64_t kTrimAfterFreedBytes = 64u << 20;
   static constexpr uint64_t kCalmFreedBytes = 4u << 20;         // given back in a second: calm
   static constexpr uint64_t kTrimAnywayFreeBytes = 1ull << 30;

@@ -367,6 +367,28 @@ TEST_CASE("replies a peer never reads count at their real size") {
   CHECK(client.list().empty());
 }
 
+TEST_CASE("a peer that never finishes its calls is cut off before psd holds too many of their answers") {
+  PsdProcess psd({"--max_memory_mb", "64"});
+  RawConnection peer(psd.port());
+  REQUIRE_FALSE(peer.say_hello());
+  // capnp keeps each answer until the caller's Finish; this peer reads the
+  // replies but sends no Finish.
+  std::vector<char> calls;
+  for (uint32_t id = 2; id < 20002; ++id) {
+    auto m = list_message(id);
+    calls.insert(calls.end(), m.begin(), m.end());
+  }
+  std::thread sender([&] { peer.send(calls.data(), calls.size(), Clock::now() + 3s); });
+  const auto why = peer.await_return(20001, 5000ms);
+  sender.join();
+  // Cut off before the last was answered: the abort says why, unless the
+  // connection's reset got there first.
+  REQUIRE(why);
+  CHECK((why->find("too many calls in flight") != std::string::npos || *why == "closed"));
+  Client client(options_for(psd));
+  CHECK(client.list().empty());
+}
+
 TEST_CASE("pipelined checkpoint requests hold one snapshot at a time") {
   TempDir dir;
   PsdProcess psd({"--checkpoint_dir", dir.path(), "--max_memory_mb", "512"});
@@ -424,20 +446,24 @@ TEST_CASE("a flooding peer does not starve others, the hello deadline stays on t
     if (idle.closed_by_peer(6000ms)) idle_closed_after = Clock::now() - opened;
   });
   // The legitimate client's calls while the flood goes on.
-  auto worst = Clock::duration::zero();
-  int calls = 0;
+  std::vector<Clock::duration> took;
   const auto until = Clock::now() + 3s;
   while (Clock::now() < until) {
     const auto t0 = Clock::now();
     CHECK(client.pull("w").size() == 16);
-    worst = std::max(worst, Clock::now() - t0);
-    ++calls;
+    took.push_back(Clock::now() - t0);
   }
+  std::sort(took.begin(), took.end());
   watch.join();
   stop = true;
   for (auto& t : flooders) t.join();
-  INFO(calls << " pulls, the slowest took " << std::chrono::duration<double>(worst).count() << " s");
-  CHECK(worst < 500ms);
+  // Served all along: many pulls, nine in ten of them fast (single slow
+  // turns remain, e.g. when a flooder with thousands of calls in flight is
+  // torn down).
+  INFO(took.size() << " pulls, 90th percentile " << std::chrono::duration<double>(took[took.size() * 9 / 10]).count()
+                   << " s, slowest " << std::chrono::duration<double>(took.back()).count() << " s");
+  CHECK(took.size() >= 200);
+  CHECK(took[took.size() * 9 / 10] < 50ms);
   // Closed at its 2 s deadline, not seconds late.
   INFO("idle connection closed after " << std::chrono::duration<double>(idle_closed_after).count() << " s");
   CHECK(idle_closed_after < 3500ms);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include <capnp/rpc.capnp.h>
 #include <kj/debug.h>
 
 #include "common/net/message_framing.h"
@@ -139,6 +140,34 @@ kj::Promise<bool> BufferedMessageStream::fill(size_t bytes) {
       });
 }
 
+void BufferedMessageStream::limit_unfinished_calls(uint32_t max_unfinished, uint64_t bytes_each) {
+  max_unfinished_ = max_unfinished;
+  bytes_per_call_ = bytes_each;
+  if (budget_ != nullptr) calls_ = budget_->reserve_anyway(MemoryUse::kReceiving, 0);
+}
+
+kj::Maybe<capnp::MessageReaderAndFds> BufferedMessageStream::deliver(kj::Own<capnp::MessageReader> message) {
+  if (max_unfinished_ > 0) {
+    // A malformed message is the RPC layer's to report.
+    capnp::rpc::Message::Which which = capnp::rpc::Message::UNIMPLEMENTED;
+    (void)kj::runCatchingExceptions([&] { which = message->getRoot<capnp::rpc::Message>().which(); });
+    if (which == capnp::rpc::Message::CALL) {
+      ++unfinished_;
+      KJ_REQUIRE(unfinished_ <= max_unfinished_,
+                 "too many calls in flight on this connection: the peer sends no Finish for the answers it has",
+                 max_unfinished_);
+      if (budget_ != nullptr && !calls_.try_resize(charged_calls() * bytes_per_call_)) {
+        kj::throwFatalException(KJ_EXCEPTION(OVERLOADED, "psd is out of memory for calls in flight on this connection",
+                                             unfinished_, budget_->describe().c_str()));
+      }
+    } else if (which == capnp::rpc::Message::FINISH && unfinished_ > 0) {
+      --unfinished_;
+      calls_.try_resize(charged_calls() * bytes_per_call_);
+    }
+  }
+  return capnp::MessageReaderAndFds{kj::mv(message), nullptr};
+}
+
 void BufferedMessageStream::yield_every(unsigned messages, kj::Timer& timer) {
   yield_every_ = messages;
   yield_timer_ = &timer;
@@ -197,8 +226,7 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::read_a
       auto segments = segments_at(reinterpret_cast<const capnp::word*>(start + table_bytes),
                                   reinterpret_cast<const uint32_t*>(start) + 1, count);
       pos_ += message_bytes;
-      return kj::Maybe<capnp::MessageReaderAndFds>(capnp::MessageReaderAndFds{
-          kj::heap<Reader>(options, kj::mv(segments), kj::addRef(*buffer_), nullptr), nullptr});
+      return deliver(kj::heap<Reader>(options, kj::mv(segments), kj::addRef(*buffer_), nullptr));
     });
   });
 }
@@ -227,9 +255,7 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::read_l
     pos_ = end_ = (pos_ + sizeof(capnp::word) - 1) & ~(sizeof(capnp::word) - 1);
   }
   auto reader = kj::heap<Reader>(options, kj::mv(segments), kj::Own<Buffer>(), kj::mv(own), kj::mv(reservation));
-  auto done = [reader = kj::mv(reader)]() mutable {
-    return kj::Maybe<capnp::MessageReaderAndFds>(capnp::MessageReaderAndFds{kj::mv(reader), nullptr});
-  };
+  auto done = [this, reader = kj::mv(reader)]() mutable { return deliver(kj::mv(reader)); };
   if (take == body) return done();
   // Straight into the message's memory. (Not read_exact's raised
   // SO_RCVLOWAT: data left waiting in the socket holds back the window, and

@@ -74,6 +74,16 @@ class BufferedMessageStream final : public capnp::MessageStream {
   // that has not said hello send only small messages.
   void set_max_message_bytes(uint64_t bytes) { max_message_bytes_ = bytes; }
 
+  // Calls in flight: capnp keeps every call's answer until the peer sends
+  // its Finish, so a peer that never does makes the server hold them all.
+  // With this set, calls read minus Finishes read count against the budget
+  // at `bytes_each` (all but the first kFreeCalls, so that a client's few
+  // calls are never refused while others fill the budget), and past
+  // `max_unfinished` (or the budget) the connection ends with an error saying so.
+  void limit_unfinished_calls(uint32_t max_unfinished, uint64_t bytes_each);
+  uint64_t unfinished_calls() const { return unfinished_; }
+  static constexpr uint64_t kFreeCalls = 64;
+
   // Fairness: after `messages` messages read in a row, the next read waits
   // for the event loop's next look at the sockets and timers, so that one
   // peer whose requests are always ready cannot keep the loop from serving
@@ -102,6 +112,9 @@ class BufferedMessageStream final : public capnp::MessageStream {
   // unread bytes fits, the unread bytes moved there if need be.
   void make_room();
   kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> read_after_header(capnp::ReaderOptions options);
+  uint64_t charged_calls() const { return unfinished_ > kFreeCalls ? unfinished_ - kFreeCalls : 0; }
+  // Counts a Call or Finish (limit_unfinished_calls) and hands the message on.
+  kj::Maybe<capnp::MessageReaderAndFds> deliver(kj::Own<capnp::MessageReader> message);
   kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> read_large(capnp::ReaderOptions options, uint32_t count,
                                                                 size_t table_bytes, size_t total_words);
 
@@ -118,6 +131,10 @@ class BufferedMessageStream final : public capnp::MessageStream {
   uint64_t reads_held_ = 0;
   MemoryBudget* budget_ = nullptr;
   uint64_t max_message_bytes_ = UINT64_MAX;
+  uint32_t max_unfinished_ = 0;  // 0: not counted
+  uint64_t bytes_per_call_ = 0;
+  uint64_t unfinished_ = 0;
+  MemoryBudget::Reservation calls_;
   unsigned yield_every_ = 0;
   unsigned read_in_a_row_ = 0;
   kj::Timer* yield_timer_ = nullptr;

@@ -109,8 +109,9 @@ void BufferedMessageStream::make_room() {
     if (budget_ != nullptr) {
       r = budget_->try_reserve(MemoryUse::kReceiving, kBufferBytes);
       if (!r) {
-        kj::throwFatalException(KJ_EXCEPTION(OVERLOADED, "psd is out of memory for requests held in progress",
-                                             budget_->describe().c_str()));
+        kj::throwFatalException(kj::Exception(kj::Exception::Type::OVERLOADED, __FILE__, __LINE__,
+                                              kj::str("psd is out of memory for requests held in progress: ",
+                                                      budget_->describe().c_str())));
       }
     }
     next = kj::refcounted<Buffer>(kj::mv(r));
@@ -157,8 +158,10 @@ kj::Maybe<capnp::MessageReaderAndFds> BufferedMessageStream::deliver(kj::Own<cap
                  "too many calls in flight on this connection: the peer sends no Finish for the answers it has",
                  max_unfinished_);
       if (budget_ != nullptr && !calls_.try_resize(charged_calls() * bytes_per_call_)) {
-        kj::throwFatalException(KJ_EXCEPTION(OVERLOADED, "psd is out of memory for calls in flight on this connection",
-                                             unfinished_, budget_->describe().c_str()));
+        kj::throwFatalException(kj::Exception(
+            kj::Exception::Type::OVERLOADED, __FILE__, __LINE__,
+            kj::str("psd is out of memory for the ", unfinished_, " calls in flight on this connection: ",
+                    budget_->describe().c_str())));
       }
     } else if (which == capnp::rpc::Message::FINISH && unfinished_ > 0) {
       --unfinished_;
@@ -238,8 +241,10 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::read_l
   if (budget_ != nullptr) {
     reservation = budget_->try_reserve(MemoryUse::kReceiving, total_words * sizeof(capnp::word));
     if (!reservation) {
-      kj::throwFatalException(KJ_EXCEPTION(OVERLOADED, "psd is out of memory for this request",
-                                           total_words * sizeof(capnp::word), budget_->describe().c_str()));
+      kj::throwFatalException(kj::Exception(
+          kj::Exception::Type::OVERLOADED, __FILE__, __LINE__,
+          kj::str("psd is out of memory for this request of ", (total_words * sizeof(capnp::word)) >> 20,
+                  " MiB: ", budget_->describe().c_str())));
     }
   }
   auto own = kj::heapArray<capnp::word>(total_words);

@@ -462,7 +462,7 @@ TEST_CASE("a flooding peer does not starve others, the hello deadline stays on t
   // torn down).
   INFO(took.size() << " pulls, 90th percentile " << std::chrono::duration<double>(took[took.size() * 9 / 10]).count()
                    << " s, slowest " << std::chrono::duration<double>(took.back()).count() << " s");
-  CHECK(took.size() >= 200);
+  CHECK(took.size() >= 100);
   CHECK(took[took.size() * 9 / 10] < 50ms);
   // Closed at its 2 s deadline, not seconds late.
   INFO("idle connection closed after " << std::chrono::duration<double>(idle_closed_after).count() << " s");

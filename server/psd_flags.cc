@@ -66,6 +66,11 @@ void add_psd_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
                  "close a connection that has not said hello this long after it was accepted")
       ->capture_default_str()
       ->check(CLI::Range(0.1, 3600.0));
+  app.add_option("--request_timeout_secs", x.request_timeout_secs,
+                 "close a connection whose request larger than 128 KiB has not arrived within this many seconds plus "
+                 "one per MiB")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 86400.0));
   app.add_option("--max_shared_memory_mb", x.max_shared_memory_mb,
                  "largest shared memory region a client on this host may give psd per connection, MiB; tensor values "
                  "then skip the Unix socket (0: off)")
@@ -151,6 +156,7 @@ void finish_psd_flags(ServerOptions& o, const PsdFlagValues& x) {
   o.shard.limits.max_tensor_bytes = static_cast<uint64_t>(x.max_tensor_mb * (1 << 20));
   o.max_memory_bytes = static_cast<uint64_t>(x.max_memory_mb * (1 << 20));
   o.hello_deadline_ms = static_cast<unsigned>(x.hello_timeout_secs * 1000);
+  o.request_timeout_ms = static_cast<unsigned>(x.request_timeout_secs * 1000);
   o.shard.max_shared_memory_bytes = static_cast<uint64_t>(x.max_shared_memory_mb) << 20;
   if (!x.auth_token_file.empty()) o.shard.auth_token = read_auth_token(x.auth_token_file);
   if (o.checkpoint.every_secs < 0) throw ConfigError("--checkpoint_secs must be >= 0");

@@ -193,6 +193,8 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
       it->messages.set_max_message_bytes(kMaxMessageBeforeHello);
       it->messages.yield_every(kMessagesPerTurn, io.provider->getTimer());
       it->messages.limit_unfinished_calls(kMaxUnfinishedCalls, kBytesPerUnfinishedCall);
+      it->messages.limit_message_time(options.request_timeout_ms * kj::MILLISECONDS, kMinRequestBytesPerSec,
+                                      io.provider->getTimer());
       it->hold_reads_past_queued(options.shard.max_message_bytes, budget, io.provider->getTimer());
       tasks->add(it->network.onDisconnect().then([this, it] {
         drop(it);
@@ -281,6 +283,8 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
   // and what capnp holds for each (its answer entry and promises).
   static constexpr uint32_t kMaxUnfinishedCalls = 16384;
   static constexpr uint64_t kBytesPerUnfinishedCall = 1024;
+  // A large request gets --request_timeout_secs plus a second per this many bytes.
+  static constexpr uint64_t kMinRequestBytesPerSec = 1u << 20;
   static constexpr uint64_t kTrimAfterFreedBytes = 64u << 20;
   static constexpr uint64_t kCalmFreedBytes = 4u << 20;         // given back in a second: calm
   static constexpr uint64_t kTrimAnywayFreeBytes = 1ull << 30;

@@ -40,6 +40,9 @@ struct ServerOptions {
   uint64_t max_memory_bytes = 0;
   // A connection that has not said hello this long after it was accepted is closed.
   unsigned hello_deadline_ms = 10000;
+  // A request larger than 128 KiB must arrive within this plus a second per
+  // MiB, else its connection is closed (its memory would be held meanwhile).
+  unsigned request_timeout_ms = 30000;
   // After its last work, poll the sockets up to this long before sleeping
   // (common/busy_poll.h): the next request of a busy worker is then seen
   // without a wake-up. Adaptive: idle spells longer than this turn it off

@@ -346,6 +346,22 @@ TEST_CASE("requests being received after hello count against the budget; the mem
   CHECK(after < base + 24 * kMiB);
 }
 
+TEST_CASE("a large request that stops arriving does not hold its memory for good") {
+  PsdProcess psd({"--request_timeout_secs", "1"});
+  RawConnection peer(psd.port());
+  REQUIRE_FALSE(peer.say_hello());
+  // 384 KiB of a 512 KiB request, then nothing: allowed 1 s plus 0.5 s (a second per MiB).
+  std::vector<char> part(384 << 10);
+  peer.send(header_of(512 << 10));
+  REQUIRE(peer.send(part.data(), part.size(), Clock::now() + 2s) == part.size());
+  const auto sent = Clock::now();
+  CHECK(peer.closed_by_peer(4000ms));
+  const auto after = Clock::now() - sent;
+  INFO("closed after " << std::chrono::duration<double>(after).count() << " s");
+  CHECK(after > 1s);
+  CHECK(after < 3s);
+}
+
 TEST_CASE("replies a peer never reads count at their real size") {
   PsdProcess psd({"--max_memory_mb", "64"});
   RawConnection peer(psd.port());

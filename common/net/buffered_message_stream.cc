@@ -171,6 +171,12 @@ kj::Maybe<capnp::MessageReaderAndFds> BufferedMessageStream::deliver(kj::Own<cap
   return capnp::MessageReaderAndFds{kj::mv(message), nullptr};
 }
 
+void BufferedMessageStream::limit_message_time(kj::Duration base, uint64_t bytes_per_sec, kj::Timer& timer) {
+  message_timer_ = &timer;
+  message_base_ = base;
+  message_bytes_per_sec_ = std::max<uint64_t>(bytes_per_sec, 1);
+}
+
 void BufferedMessageStream::yield_every(unsigned messages, kj::Timer& timer) {
   yield_every_ = messages;
   yield_timer_ = &timer;
@@ -265,7 +271,16 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::read_l
   // Straight into the message's memory. (Not read_exact's raised
   // SO_RCVLOWAT: data left waiting in the socket holds back the window, and
   // a 4 MiB push of four pipelined parts took 1.4 ms instead of 0.76.)
-  return stream_.read(dst + take, body - take).then(kj::mv(done));
+  auto rest = stream_.read(dst + take, body - take).then(kj::mv(done));
+  if (message_timer_ == nullptr) return rest;
+  const kj::Duration allowed = message_base_ + (body * 1000 / message_bytes_per_sec_) * kj::MILLISECONDS;
+  return rest.exclusiveJoin(message_timer_->afterDelay(allowed).then(
+      [allowed, body]() -> kj::Maybe<capnp::MessageReaderAndFds> {
+        kj::throwFatalException(kj::Exception(
+            kj::Exception::Type::DISCONNECTED, __FILE__, __LINE__,
+            kj::str("a request of ", body >> 10, " KiB did not arrive within ", allowed / kj::MILLISECONDS,
+                    " ms; the connection is closed")));
+      }));
 }
 
 kj::Promise<void> BufferedMessageStream::writeMessage(kj::ArrayPtr<const int>,

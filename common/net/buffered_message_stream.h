@@ -84,6 +84,12 @@ class BufferedMessageStream final : public capnp::MessageStream {
   uint64_t unfinished_calls() const { return unfinished_; }
   static constexpr uint64_t kFreeCalls = 64;
 
+  // A large message (one read into memory of its own) must arrive within
+  // `base` plus one second per `bytes_per_sec`, else the connection ends:
+  // a peer that sends most of a large request and stops would hold its
+  // memory for as long as the connection lasts.
+  void limit_message_time(kj::Duration base, uint64_t bytes_per_sec, kj::Timer& timer);
+
   // Fairness: after `messages` messages read in a row, the next read waits
   // for the event loop's next look at the sockets and timers, so that one
   // peer whose requests are always ready cannot keep the loop from serving
@@ -135,6 +141,9 @@ class BufferedMessageStream final : public capnp::MessageStream {
   uint64_t bytes_per_call_ = 0;
   uint64_t unfinished_ = 0;
   MemoryBudget::Reservation calls_;
+  kj::Timer* message_timer_ = nullptr;
+  kj::Duration message_base_ = 0 * kj::SECONDS;
+  uint64_t message_bytes_per_sec_ = 1;
   unsigned yield_every_ = 0;
   unsigned read_in_a_row_ = 0;
   kj::Timer* yield_timer_ = nullptr;

@@ -10,8 +10,8 @@
 
 namespace ps {
 
-Checkpointer::Checkpointer(CheckpointOptions options, Shard& shard)
-    : options_(std::move(options)), shard_(shard), writer_([this] { writer_loop(); }) {}
+Checkpointer::Checkpointer(CheckpointOptions options, Shard& shard, MemoryBudget* budget)
+    : options_(std::move(options)), shard_(shard), budget_(budget), writer_([this] { writer_loop(); }) {}
 
 Checkpointer::~Checkpointer() {
   {
@@ -63,6 +63,26 @@ kj::Promise<Checkpointer::Written> Checkpointer::write(std::shared_ptr<ShardChec
 
 kj::Promise<Checkpointer::Written> Checkpointer::checkpoint(int64_t step) {
   if (options_.dir.empty()) throw RequestError("checkpoint: this psd has no --checkpoint_dir");
+  if (step >= 0 && step > shard_.job().global_step()) return kj::evalNow([this, step] { return take(step, false); });
+  kj::Promise<void> before = kj::READY_NOW;
+  KJ_IF_MAYBE(p, previous_now_) { before = p->addBranch(); }
+  auto mine = before.then([this, step] { return take(step, true); }).fork();
+  previous_now_ = mine.addBranch().ignoreResult().catch_([](kj::Exception&&) {}).eagerlyEvaluate(nullptr).fork();
+  return mine.addBranch();
+}
+
+kj::Promise<Checkpointer::Written> Checkpointer::take(int64_t step, bool anyway) {
+  MemoryBudget::Reservation reservation;
+  if (budget_ != nullptr) {
+    uint64_t bytes = 0;
+    for (const StoredTensor* t : shard_.store().all()) bytes += t->size() * sizeof(float) * (1 + t->num_slots());
+    reservation = anyway ? budget_->reserve_anyway(MemoryUse::kSnapshots, bytes)
+                         : budget_->try_reserve(MemoryUse::kSnapshots, bytes);
+    if (!reservation) {
+      throw RequestError("checkpoint: no memory for a snapshot of " + std::to_string(bytes >> 20) + " MiB now: " +
+                         budget_->describe());
+    }
+  }
   const uint64_t signature = change_signature();
   return shard_.snapshot_at_step(step).then([this, signature](std::shared_ptr<ShardCheckpoint> c) {
     // Saved only once written: a failed write (disk full, a bad directory)
@@ -72,7 +92,7 @@ kj::Promise<Checkpointer::Written> Checkpointer::checkpoint(int64_t step) {
       saved_signature_ = signature;
       return w;
     });
-  });
+  }).attach(kj::mv(reservation));
 }
 
 uint64_t Checkpointer::change_signature() const {

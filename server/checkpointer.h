@@ -27,6 +27,7 @@
 #include <kj/timer.h>
 
 #include "common/checkpoint/checkpoint_file.h"
+#include "common/memory_budget.h"
 
 namespace ps {
 
@@ -40,7 +41,9 @@ struct CheckpointOptions {
 
 class Checkpointer {
  public:
-  Checkpointer(CheckpointOptions options, Shard& shard);
+  // With a `budget`, each snapshot counts against it until written; one that
+  // does not fit is refused (the budget must outlive the checkpointer).
+  Checkpointer(CheckpointOptions options, Shard& shard, MemoryBudget* budget = nullptr);
   ~Checkpointer();  // finishes the write in progress
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
@@ -55,6 +58,11 @@ class Checkpointer {
     int64_t step = 0;
   };
   // Snapshot at `step` (see Shard::snapshot_at_step; -1: now), then write.
+  // Snapshots taken now (step -1 or a step reached) are taken one at a
+  // time: each waits until the one before it is written, so pipelined
+  // requests hold one copy of the shard, not one each. Each snapshot counts
+  // against the memory budget until written; one for a later step is
+  // refused when it does not fit.
   kj::Promise<Written> checkpoint(int64_t step = -1);
 
   // Writes a checkpoint every every_secs when the shard changed; never
@@ -70,11 +78,18 @@ class Checkpointer {
     kj::Own<kj::CrossThreadPromiseFulfiller<void>> done;
   };
   kj::Promise<Written> write(std::shared_ptr<ShardCheckpoint> c);
+  // Reserves the snapshot's memory, snapshots at `step` and writes it.
+  // `anyway`: counted even past the budget (the one snapshot taken now at a
+  // time, so that a shard whose tensors fill most of the budget can still be
+  // saved); otherwise refused when it does not fit.
+  kj::Promise<Written> take(int64_t step, bool anyway);
   void writer_loop();
   uint64_t change_signature() const;
 
   CheckpointOptions options_;
   Shard& shard_;
+  MemoryBudget* budget_;
+  kj::Maybe<kj::ForkedPromise<void>> previous_now_;  // the last snapshot taken now, until written
   uint64_t saved_signature_ = ~uint64_t{0};
 
   std::mutex mutex_;

@@ -117,6 +117,16 @@ std::string prometheus_text(const Shard& shard, double now_unix_secs) {
   e.gauge("ps_tensors", "Tensors (or tensor parts) stored.", static_cast<double>(shard.store().count()));
   e.gauge("ps_tensor_bytes", "Bytes of tensor values stored (optimizer slots not counted).",
           static_cast<double>(shard.store().bytes()));
+  if (const MemoryBudget* budget = shard.memory_budget()) {
+    e.gauge("ps_memory_budget_bytes", "psd's memory budget (--max_memory_mb).", static_cast<double>(budget->limit()));
+    e.family("ps_memory_used_bytes", "gauge", "Memory counted against the budget, by use.");
+    for (unsigned u = 0; u < static_cast<unsigned>(MemoryUse::kCount); ++u) {
+      e.sample("ps_memory_used_bytes", fmt::format("use=\"{}\"", memory_use_name(static_cast<MemoryUse>(u))),
+               budget->used(static_cast<MemoryUse>(u)));
+    }
+    e.counter("ps_memory_refusals_total", "Requests, tensors and snapshots refused for lack of memory budget.",
+              budget->refusals());
+  }
   e.gauge("ps_job_ready", "1 once the chief has initialised the model.", job.ready() ? 1 : 0);
 
   const auto& workers = job.workers();

@@ -52,8 +52,25 @@ void add_psd_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
   app.add_option("--log_level", x.log_level, "trace, debug, info, warn, error")->capture_default_str();
   app.add_option("--max_message_mb", x.max_message_mb, "largest request accepted, MiB")->capture_default_str();
   app.add_option("--max_tensor_mb", x.max_tensor_mb, "largest tensor (or part) accepted, MiB")->capture_default_str();
-  app.add_option("--max_memory_mb", x.max_memory_mb, "total tensor memory of this shard, MiB")->capture_default_str();
+  app.add_option("--max_memory_mb", x.max_memory_mb,
+                 "memory budget of this psd, MiB: stored tensors with their optimizer slots, requests being received "
+                 "or held, queued replies and checkpoint snapshots count against it; what would pass it is refused "
+                 "(0: 3/4 of this machine's memory)")
+      ->capture_default_str();
   app.add_option("--max_connections", o.max_connections, "connections served at once")->capture_default_str();
+  app.add_option("--max_connections_per_peer", o.max_connections_per_peer,
+                 "connections from one address served at once that are not (yet) a worker's or the chief's: before "
+                 "hello, or anonymous (0: no cap)")
+      ->capture_default_str();
+  app.add_option("--hello_timeout_secs", x.hello_timeout_secs,
+                 "close a connection that has not said hello this long after it was accepted")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
+  app.add_option("--request_timeout_secs", x.request_timeout_secs,
+                 "close a connection whose request larger than 128 KiB has not arrived within this many seconds plus "
+                 "one per MiB")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 86400.0));
   app.add_option("--max_shared_memory_mb", x.max_shared_memory_mb,
                  "largest shared memory region a client on this host may give psd per connection, MiB; tensor values "
                  "then skip the Unix socket (0: off)")
@@ -133,10 +150,13 @@ void finish_psd_flags(ServerOptions& o, const PsdFlagValues& x) {
     if (p > 0) o.http_port = static_cast<uint16_t>(p);
   }
   if (!o.http_port_file.empty() && !o.http_port) throw ConfigError("--http_port_file needs --http_port");
-  if (x.max_message_mb <= 0 || x.max_tensor_mb <= 0 || x.max_memory_mb <= 0) throw ConfigError("size limits must be > 0");
+  if (x.max_message_mb <= 0 || x.max_tensor_mb <= 0) throw ConfigError("size limits must be > 0");
+  if (x.max_memory_mb < 0) throw ConfigError("--max_memory_mb must be >= 0 (0: 3/4 of this machine's memory)");
   o.shard.max_message_bytes = static_cast<uint64_t>(x.max_message_mb * (1 << 20));
   o.shard.limits.max_tensor_bytes = static_cast<uint64_t>(x.max_tensor_mb * (1 << 20));
-  o.shard.limits.max_total_bytes = static_cast<uint64_t>(x.max_memory_mb * (1 << 20));
+  o.max_memory_bytes = static_cast<uint64_t>(x.max_memory_mb * (1 << 20));
+  o.hello_deadline_ms = static_cast<unsigned>(x.hello_timeout_secs * 1000);
+  o.request_timeout_ms = static_cast<unsigned>(x.request_timeout_secs * 1000);
   o.shard.max_shared_memory_bytes = static_cast<uint64_t>(x.max_shared_memory_mb) << 20;
   if (!x.auth_token_file.empty()) o.shard.auth_token = read_auth_token(x.auth_token_file);
   if (o.checkpoint.every_secs < 0) throw ConfigError("--checkpoint_secs must be >= 0");

@@ -17,7 +17,9 @@ struct PsdFlagValues {
   std::string log_level = "info";
   double max_message_mb = 80;
   double max_tensor_mb = 4096;
-  double max_memory_mb = 1 << 20;
+  double max_memory_mb = 0;  // 0: MemoryBudget::default_limit()
+  double hello_timeout_secs = 10;
+  double request_timeout_secs = 30;
   int max_shared_memory_mb = 1024;
   std::string http_port = "0";  // 0: no HTTP; "any": a free port
   std::string auth_token_file;

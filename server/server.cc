@@ -14,8 +14,11 @@
 #include <kj/async-unix.h>
 #include <spdlog/spdlog.h>
 
+#include "server/connection_places.h"
+#include "server/log_limiter.h"
 #include "server/monitoring_http.h"
 #include "common/malloc_tuning.h"
+#include "common/memory_budget.h"
 #include "ps/errors.h"
 #include "server/shard_service.h"
 #include "common/net/buffered_message_stream.h"
@@ -38,24 +41,44 @@ void write_port_file(const std::string& path, int port) {
 // the RPC system serving a ShardServiceImpl as bootstrap.
 struct Connection {
   Connection(kj::Own<SocketStream> s, Shard& shard, std::string peer, capnp::ReaderOptions reader,
-             std::string refusal = "", pid_t peer_pid = 0)
+             MemoryBudget* budget, ConnectionRules rules, std::string refusal = "", pid_t peer_pid = 0)
       : stream(kj::mv(s)),
-        messages(*stream),
+        messages(*stream, budget),
         network(messages, capnp::rpc::twoparty::Side::SERVER, reader),
         rpc(capnp::makeRpcServer(network, kj::heap<ShardServiceImpl>(shard, std::move(peer), std::move(refusal),
-                                                                     stream.get(), peer_pid))) {}
+                                                                     stream.get(), peer_pid, std::move(rules)))),
+        replies(budget ? budget->reserve_anyway(MemoryUse::kReplies, 0) : MemoryBudget::Reservation()) {}
   kj::Own<SocketStream> stream;
   BufferedMessageStream messages;
   capnp::TwoPartyVatNetwork network;
   capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
+  // Its replies not yet written, by the memory they hold.
+  MemoryBudget::Reservation replies;
+  std::string host;  // the peer's address, for the per-address cap
+  bool local = false;  // a Unix-socket peer
+  ConnectionPlaces::Standing standing = ConnectionPlaces::Standing::kBeforeHello;
+
+  // Each queued reply holds a message builder whose first segment is capnp's
+  // suggested size (8 KiB) however little it carries.
+  static constexpr uint64_t kReplyOverheadBytes = 8u << 10;
+  uint64_t queued_reply_bytes() {
+    return network.getCurrentQueueSize() + network.getCurrentQueueCount() * kReplyOverheadBytes;
+  }
+  // Counts the replies queued now against the budget.
+  void account_replies() { replies.resize_anyway(queued_reply_bytes()); }
 
   // A peer that sends requests and does not read the replies: past this
-  // much queued for it (or one largest message), psd reads no more of its
-  // requests until the queue drains. Before, psd queued every reply (a
-  // client stalled after 20,000 pulls of 60 KB: 1.2 GB).
-  void hold_reads_past_queued(uint64_t max_message_bytes, kj::Timer& timer) {
+  // much queued for it (or one largest message), or with any queued while
+  // psd's memory budget is spent, psd reads no more of its requests until
+  // the queue drains. Before, psd queued every reply (a client stalled
+  // after 20,000 pulls of 60 KB: 1.2 GB).
+  void hold_reads_past_queued(uint64_t max_message_bytes, MemoryBudget& budget, kj::Timer& timer) {
     const uint64_t limit = std::max<uint64_t>(kMaxQueuedReplyBytes, max_message_bytes);
-    messages.hold_reads_while([this, limit] { return network.getCurrentQueueSize() > limit; }, timer);
+    messages.hold_reads_while([this, limit, &budget] {
+      const uint64_t queued = queued_reply_bytes();
+      replies.resize_anyway(queued);
+      return queued > limit || (queued > 0 && budget.available() == 0);
+    }, timer);
   }
   static constexpr uint64_t kMaxQueuedReplyBytes = 64u << 20;
 };
@@ -98,10 +121,13 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
   Impl(ServerOptions o, kj::AsyncIoContext& io)
       : options(advertise_unix_socket(std::move(o))), io(io), pool(options.threads),
         busy_poll(io.unixEventPort, std::chrono::microseconds(options.busy_poll_us)),
-        shard(options.shard, pool, io.provider->getTimer()),
+        budget(options.max_memory_bytes),
+        places(options.max_connections, options.max_connections_per_peer),
+        shard(options.shard, pool, io.provider->getTimer(), &budget),
         tasks(kj::heap<kj::TaskSet>(*this)) {
+    spdlog::info("psd memory budget: {} MiB (--max_memory_mb)", budget.limit() >> 20);
     if (!options.checkpoint.dir.empty()) {
-      checkpointer = std::make_unique<Checkpointer>(options.checkpoint, shard);
+      checkpointer = std::make_unique<Checkpointer>(options.checkpoint, shard, &budget);
       shard.set_checkpointer(checkpointer.get());
     }
   }
@@ -122,23 +148,63 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
       kj::Own<SocketStream> stream = rewrap(kj::mv(accepted));
       if (!stream) {
         spdlog::warn("dropped a {} connection: cannot take over its socket: {}", kind, strerror(errno));
-      } else if (connections.size() >= options.max_connections) {
-        spdlog::warn("refused a {} connection: already serving {} (--max_connections)", kind, connections.size());
-        serve_refusal(kj::mv(stream), kind);
-      } else {
-        std::string peer = peer_name(*stream, kind);
-        capnp::ReaderOptions reader;
-        reader.traversalLimitInWords = options.shard.max_message_bytes / sizeof(capnp::word) + 1024;
-        reader.nestingLimit = 64;
-        auto it = connections.emplace(connections.end(), kj::mv(stream), shard, peer, reader, "", pid);
-        it->hold_reads_past_queued(options.shard.max_message_bytes, io.provider->getTimer());
-        tasks->add(it->network.onDisconnect().then([this, it, peer] {
-          connections.erase(it);
-        }, [this, it, peer](kj::Exception&& e) {
-          spdlog::info("connection {} ended: {}", peer, e.getDescription().cStr());
-          connections.erase(it);
-        }));
+        return accept_loop(listener, kind);
       }
+      std::string peer = peer_name(*stream, kind);
+      const bool local = kind == "unix";
+      std::string host(LogLimiter::host_of(peer));
+      std::optional<std::string> why = places.refuse_connection(host, local);
+      if (why) {
+        uint64_t suppressed = 0;
+        if (log_limiter.allow(peer, "refused connection", &suppressed)) {
+          spdlog::warn("refused a {} connection from {}: {}{}", kind, peer, *why, LogLimiter::note(suppressed));
+        }
+        serve_refusal(kj::mv(stream), std::move(peer), std::move(*why));
+        return accept_loop(listener, kind);
+      }
+      capnp::ReaderOptions reader;
+      reader.traversalLimitInWords = options.shard.max_message_bytes / sizeof(capnp::word) + 1024;
+      reader.nestingLimit = 64;
+      // The connection, once it is in the list (a hello can only come after this returns).
+      auto self = std::make_shared<Connection*>(nullptr);
+      ConnectionRules rules;
+      rules.hello_deadline = options.hello_deadline_ms * kj::MILLISECONDS;
+      rules.log = &log_limiter;
+      rules.admit_hello = [this](const Caller& caller) {
+        if (caller.worker_index >= 0 || caller.is_chief) return;
+        const JobState& job = shard.job();
+        if (auto no = places.refuse_anonymous_hello(job.configured() ? job.config().total_replicas : 0)) {
+          throw RequestError(*no);
+        }
+      };
+      rules.on_hello = [this, self](const Caller& caller) {
+        Connection& c = **self;
+        c.standing = caller.worker_index >= 0 || caller.is_chief ? ConnectionPlaces::Standing::kMember
+                                                                 : ConnectionPlaces::Standing::kAnonymous;
+        places.said_hello(c.host, c.local, c.standing);
+        c.messages.set_max_message_bytes(UINT64_MAX);  // the reader's traversal limit still applies
+      };
+      auto it = connections.emplace(connections.end(), kj::mv(stream), shard, peer, reader, &budget, std::move(rules),
+                                    "", pid);
+      *self = &*it;
+      it->host = host;
+      it->local = local;
+      places.opened(host, local);
+      it->messages.set_max_message_bytes(kMaxMessageBeforeHello);
+      it->messages.yield_every(kMessagesPerTurn, io.provider->getTimer());
+      it->messages.limit_unfinished_calls(kMaxUnfinishedCalls, kBytesPerUnfinishedCall);
+      it->messages.limit_message_time(options.request_timeout_ms * kj::MILLISECONDS, kMinRequestBytesPerSec,
+                                      io.provider->getTimer());
+      it->hold_reads_past_queued(options.shard.max_message_bytes, budget, io.provider->getTimer());
+      tasks->add(it->network.onDisconnect().then([this, it] {
+        drop(it);
+      }, [this, it, peer](kj::Exception&& e) {
+        uint64_t suppressed = 0;
+        if (log_limiter.allow(peer, "ended", &suppressed)) {
+          spdlog::info("connection {} ended: {}{}", peer, e.getDescription().cStr(), LogLimiter::note(suppressed));
+        }
+        drop(it);
+      }));
       return accept_loop(listener, kind);
     }, [this, &listener, kind](kj::Exception&& e) {
       log_accept_failure(kind, e);  // accept_retry.h
@@ -165,27 +231,72 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
     return kj::Own<SocketStream>();
   }
 
-  // Past --max_connections a peer still gets an answer it can show (every
+  void drop(std::list<Connection>::iterator it) {
+    places.closed(it->host, it->local, it->standing);
+    connections.erase(it);
+  }
+
+  // Every second: counts the queued replies of connections that are not
+  // reading, and hands memory malloc keeps free back to the kernel: once
+  // things calm down after a good deal was given back (an attack ended, a
+  // large checkpoint was written), or at once if malloc keeps far more free
+  // than is in use. Not on every free: a busy psd reuses that memory, warm.
+  kj::Promise<void> housekeeping(kj::Timer& timer) {
+    return timer.afterDelay(1 * kj::SECONDS).then([this, &timer] {
+      for (auto& c : connections) c.account_replies();
+      const uint64_t freed = budget.take_freed();
+      freed_since_trim += freed;
+      const bool calm = freed < kCalmFreedBytes && freed_since_trim >= kTrimAfterFreedBytes;
+      if (calm || (freed_since_trim >= kTrimAfterFreedBytes &&
+                   malloc_free_bytes() > std::max<uint64_t>(kTrimAnywayFreeBytes, 4 * budget.used()))) {
+        trim_freed_memory();
+        freed_since_trim = 0;
+      }
+      return housekeeping(timer);
+    });
+  }
+
+  // Past the connection rules a peer still gets an answer it can show (every
   // call fails with the reason) instead of a bare hang-up; a few such
   // connections at most, beyond that they are just closed.
-  void serve_refusal(kj::Own<SocketStream> stream, const std::string& kind) {
+  void serve_refusal(kj::Own<SocketStream> stream, std::string peer, std::string why) {
     if (refused.size() >= 16) return;
-    std::string peer = peer_name(*stream, kind);
     capnp::ReaderOptions reader;
     reader.traversalLimitInWords = 64 * 1024;
-    std::string why = fmt::format("psd is serving its maximum of {} connections (--max_connections); try again later",
-                                  options.max_connections);
-    auto it = refused.emplace(refused.end(), kj::mv(stream), shard, std::move(peer), reader, std::move(why));
+    ConnectionRules rules;
+    rules.hello_deadline = 0 * kj::SECONDS;  // closed after a few seconds anyway (below)
+    auto it = refused.emplace(refused.end(), kj::mv(stream), shard, std::move(peer), reader, nullptr, std::move(rules),
+                              std::move(why));
+    it->messages.set_max_message_bytes(kMaxMessageBeforeHello);
     auto drop = [this, it] { refused.erase(it); };
     // (Copies of `drop`: a promise given an lvalue lambda keeps a reference to it.)
     tasks->add(it->network.onDisconnect().then([drop] { drop(); }, [drop](kj::Exception&&) { drop(); })
                    .exclusiveJoin(io.provider->getTimer().afterDelay(5 * kj::SECONDS).then([drop] { drop(); })));
   }
 
+  // A peer that has not said hello may send only messages this large (a
+  // hello carries a token and a few numbers).
+  static constexpr uint64_t kMaxMessageBeforeHello = 64u << 10;
+  // Requests read from one connection before the loop serves the others.
+  static constexpr unsigned kMessagesPerTurn = 16;
+  // Calls a peer may have in flight (answered or not, without its Finish),
+  // and what capnp holds for each (its answer entry and promises).
+  static constexpr uint32_t kMaxUnfinishedCalls = 16384;
+  static constexpr uint64_t kBytesPerUnfinishedCall = 1024;
+  // A large request gets --request_timeout_secs plus a second per this many bytes.
+  static constexpr uint64_t kMinRequestBytesPerSec = 1u << 20;
+  static constexpr uint64_t kTrimAfterFreedBytes = 64u << 20;
+  static constexpr uint64_t kCalmFreedBytes = 4u << 20;         // given back in a second: calm
+  static constexpr uint64_t kTrimAnywayFreeBytes = 1ull << 30;
+
   ServerOptions options;
   kj::AsyncIoContext& io;
   ComputePool pool;
   BusyPoll busy_poll;
+  MemoryBudget budget;  // before everything that counts against it
+  LogLimiter log_limiter;
+  ConnectionPlaces places;
+  uint64_t freed_since_trim = 0;
   Shard shard;
   std::unique_ptr<Checkpointer> checkpointer;
   std::list<Connection> connections;
@@ -242,7 +353,7 @@ void PsServer::run(kj::Promise<void> stop) {
                o.unix_socket.empty() ? "" : " and unix:" + o.unix_socket, o.threads,
                send_buffer_kb > 0 ? std::to_string(send_buffer_kb) + " KiB" : "autotuned");
 
-  auto serving = impl_->accept_loop(*tcp, "tcp");
+  auto serving = impl_->accept_loop(*tcp, "tcp").exclusiveJoin(impl_->housekeeping(io.provider->getTimer()));
   if (impl_->checkpointer && o.checkpoint.every_secs > 0) {
     serving = serving.exclusiveJoin(impl_->checkpointer->run_periodic(io.provider->getTimer()));
   }

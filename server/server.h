@@ -31,6 +31,18 @@ struct ServerOptions {
   std::string http_port_file;   // write the bound HTTP port here (before port_file is written)
   unsigned threads = 2;         // compute pool size; 0 = apply on the event loop
   uint32_t max_connections = 1024;
+  // Connections from one address that are not a worker's or the chief's
+  // (before hello, or anonymous) served at once; 0: no cap
+  // (server/connection_places.h).
+  uint32_t max_connections_per_peer = 64;
+  // Everything a peer can make psd hold counts against this
+  // (common/memory_budget.h); 0: 3/4 of the machine's memory.
+  uint64_t max_memory_bytes = 0;
+  // A connection that has not said hello this long after it was accepted is closed.
+  unsigned hello_deadline_ms = 10000;
+  // A request larger than 128 KiB must arrive within this plus a second per
+  // MiB, else its connection is closed (its memory would be held meanwhile).
+  unsigned request_timeout_ms = 30000;
   // After its last work, poll the sockets up to this long before sleeping
   // (common/busy_poll.h): the next request of a busy worker is then seen
   // without a wake-up. Adaptive: idle spells longer than this turn it off

@@ -62,11 +62,12 @@ const char* request_kind_name(RequestKind kind) {
   return "?";
 }
 
-Shard::Shard(ShardOptions options, ComputePool& pool, kj::Timer& timer)
+Shard::Shard(ShardOptions options, ComputePool& pool, kj::Timer& timer, MemoryBudget* budget)
     : options_(std::move(options)),
       instance_id_(draw_instance_id()),
       pool_(pool),
-      store_(options_.limits),
+      budget_(budget),
+      store_(options_.limits, budget),
       job_(timer),
       apply_latency_(apply_latency_bounds()),
       push_staleness_(staleness_bounds()),

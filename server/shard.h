@@ -31,6 +31,7 @@
 #include <kj/timer.h>
 #include <kj/vector.h>
 
+#include "common/memory_budget.h"
 #include "server/compute_pool.h"
 #include "server/histogram.h"
 #include "server/job_state.h"
@@ -104,7 +105,8 @@ struct Caller {
 
 class Shard {
  public:
-  Shard(ShardOptions options, ComputePool& pool, kj::Timer& timer);
+  // `budget` (may be null: no budget) counts the tensors stored; it must outlive the shard.
+  Shard(ShardOptions options, ComputePool& pool, kj::Timer& timer, MemoryBudget* budget = nullptr);
 
   // Each throws RequestError (nothing changed) for bad input.
   void hello(const Caller& caller);
@@ -170,6 +172,8 @@ class Shard {
   uint64_t instance_id() const { return instance_id_; }
   TensorStore& store() { return store_; }
   const TensorStore& store() const { return store_; }
+  // The memory budget psd counts against (null: none), for metrics.
+  const MemoryBudget* memory_budget() const { return budget_; }
   ShardCounters& counters() { return counters_; }
   const ShardCounters& counters() const { return counters_; }
   // Seconds spent in an optimizer apply, per tensor (async pushes and sync commits).
@@ -248,6 +252,7 @@ class Shard {
   // Tells clients that reconnect whether this is the psd they lost (ShardInfo.instanceId).
   const uint64_t instance_id_;
   ComputePool& pool_;
+  MemoryBudget* budget_;
   TensorStore store_;
   ShardCounters counters_;
   JobState job_;

@@ -27,17 +27,41 @@ class ContextPullReply final : public WirePullReply {
 }  // namespace
 
 ShardServiceImpl::ShardServiceImpl(Shard& shard, std::string peer, std::string refusal, SocketStream* stream,
-                                   pid_t peer_pid)
-    : shard_(shard), stream_(stream), refusal_(std::move(refusal)) {
+                                   pid_t peer_pid, ConnectionRules rules)
+    : shard_(shard), stream_(stream), refusal_(std::move(refusal)), rules_(std::move(rules)) {
   caller_.peer = std::move(peer);
   caller_.peer_pid = peer_pid;
   if (refusal_.empty()) ++shard_.counters().connections;
-  if (stream != nullptr && refusal_.empty()) {
-    hello_deadline_ = shard_.job().timer().afterDelay(kHelloDeadline).then([this] {
+  if (stream != nullptr && refusal_.empty() && rules_.hello_deadline > 0 * kj::SECONDS) {
+    hello_deadline_ = shard_.job().timer().afterDelay(rules_.hello_deadline).then([this] {
       if (said_hello_) return;
-      spdlog::info("closing the connection from {}: no hello within {} s", caller_.peer, kHelloDeadline / kj::SECONDS);
+      std::string note;
+      if (may_log("no hello", &note)) {
+        spdlog::info("closing the connection from {}: no hello within {:g} s{}", caller_.peer,
+                     static_cast<double>(rules_.hello_deadline / kj::MILLISECONDS) / 1000, note);
+      }
       stream_->abort();
     }).eagerlyEvaluate(nullptr);
+  }
+}
+
+bool ShardServiceImpl::may_log(const char* kind, std::string* note) {
+  uint64_t suppressed = 0;
+  if (rules_.log != nullptr && !rules_.log->allow(caller_.peer, kind, &suppressed)) return false;
+  *note = LogLimiter::note(suppressed);
+  return true;
+}
+
+void ShardServiceImpl::note_refused(const char* what, const char* message) {
+  ++shard_.counters().rejected;
+  std::string note;
+  if (may_log("refused", &note)) spdlog::info("refused {} from {}: {}{}", what, caller_.peer, message, note);
+  if (rules_.max_refused_in_a_row > 0 && ++refused_in_a_row_ == rules_.max_refused_in_a_row &&
+      stream_ != nullptr) {
+    if (may_log("cut off", &note)) {
+      spdlog::warn("closing the connection from {}: {} calls refused in a row{}", caller_.peer, refused_in_a_row_, note);
+    }
+    stream_->abort();
   }
 }
 
@@ -58,8 +82,7 @@ kj::Promise<void> ShardServiceImpl::guarded(RequestKind kind, F&& handler) {
   ++shard_.counters().requests[static_cast<std::size_t>(kind)];
   const char* what = request_kind_name(kind);
   auto reject = [this, what](const char* message) {
-    ++shard_.counters().rejected;
-    spdlog::info("refused {} from {}: {}", what, caller_.peer, message);
+    note_refused(what, message);
     return kj::Promise<void>(kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__, kj::str(message)));
   };
   try {
@@ -69,7 +92,10 @@ kj::Promise<void> ShardServiceImpl::guarded(RequestKind kind, F&& handler) {
     if (!said_hello_ && kind != RequestKind::kHello && kind != RequestKind::kProbe) {
       throw RequestError(std::string(what) + ": say hello first");
     }
-    return handler().catch_([reject](kj::Exception&& e) -> kj::Promise<void> {
+    return handler().then([this]() -> kj::Promise<void> {
+      refused_in_a_row_ = 0;
+      return kj::READY_NOW;
+    }, [reject](kj::Exception&& e) -> kj::Promise<void> {
       return reject(e.getDescription().cStr());
     });
   } catch (const Error& e) {
@@ -101,15 +127,35 @@ kj::Promise<void> ShardServiceImpl::hello(HelloContext context) {
     Caller caller = caller_;
     caller.worker_index = params.getWorkerIndex();
     caller.is_chief = params.getIsChief();
+    shard_.job().check_worker(caller.worker_index);  // a bad index is refused before the place rules
+    if (rules_.admit_hello) {
+      try {
+        rules_.admit_hello(caller);
+      } catch (const RequestError&) {
+        // No place for it: closed once the refusal has gone out, so that it
+        // does not keep a place until the hello deadline.
+        if (stream_ != nullptr) {
+          hello_deadline_ = shard_.job().timer().afterDelay(200 * kj::MILLISECONDS).then([this] {
+            stream_->abort();
+          }).eagerlyEvaluate(nullptr);
+        }
+        throw;
+      }
+    }
     shard_.hello(caller);  // throws for a bad index or a second chief
     caller_ = caller;
     said_hello_ = true;
+    if (rules_.on_hello) rules_.on_hello(caller_);
     auto info = context.getResults().initInfo();
     info_to_wire(shard_, info);
     info.setWorkerStep(shard_.job().recorded_step(caller_.worker_index));
-    spdlog::info("{} connected{}{}", caller_.peer,
-                 caller_.worker_index >= 0 ? fmt::format(" as worker {}", caller_.worker_index) : "",
-                 caller_.is_chief ? " (chief)" : "");
+    // Workers and the chief always; anonymous peers (who may be many) a few per interval.
+    std::string note;
+    if (caller_.worker_index >= 0 || caller_.is_chief || may_log("connected", &note)) {
+      spdlog::info("{} connected{}{}{}", caller_.peer,
+                   caller_.worker_index >= 0 ? fmt::format(" as worker {}", caller_.worker_index) : "",
+                   caller_.is_chief ? " (chief)" : "", note);
+    }
     return kj::READY_NOW;
   });
 }
@@ -266,7 +312,10 @@ void ShardServiceImpl::check_token(capnp::Data::Reader token) const {
     diff |= static_cast<unsigned char>(got ^ static_cast<unsigned char>(want[i]));
   }
   if (diff != 0) {
-    spdlog::warn("refused hello from {}: {} auth token", caller_.peer, token.size() == 0 ? "no" : "wrong");
+    std::string note;
+    if (const_cast<ShardServiceImpl*>(this)->may_log("token", &note)) {
+      spdlog::warn("refused hello from {}: {} auth token{}", caller_.peer, token.size() == 0 ? "no" : "wrong", note);
+    }
     throw RequestError("hello: authentication failed (psd was started with --auth_token_file; set "
                        "ClientOptions::auth_token or auth_token_file, or a trainer's --auth_token_file)");
   }

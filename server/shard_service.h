@@ -2,13 +2,31 @@
 // each knows its peer (for logs) and, after hello, its worker index.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "common/net/socket_stream.h"
 #include "schema/ps.capnp.h"
+#include "server/log_limiter.h"
 #include "server/shard.h"
 
 namespace ps {
+
+// What the server that runs a connection decides for it (server.cc).
+struct ConnectionRules {
+  // A connection that has not said hello this long after it was accepted is
+  // closed: each holds one of --max_connections' places, and a peer that
+  // says nothing (or has no token) must not be able to keep them all.
+  kj::Duration hello_deadline = 10 * kj::SECONDS;
+  // A peer whose calls are refused this many times in a row is cut off
+  // (0: never): a flood of bad calls costs psd work and log, and serves no one.
+  uint32_t max_refused_in_a_row = 100;
+  LogLimiter* log = nullptr;  // rate-limits the lines about this peer; null: every line
+  // Before a hello is accepted (its token checked): throws RequestError to
+  // refuse it, nothing changed. After it was accepted: on_hello.
+  std::function<void(const Caller&)> admit_hello;
+  std::function<void(const Caller&)> on_hello;
+};
 
 class ShardServiceImpl final : public wire::Shard::Server {
  public:
@@ -18,13 +36,8 @@ class ShardServiceImpl final : public wire::Shard::Server {
   // send large tensors straight from their memory, held until written.
   // `peer_pid`: the peer process on psd's Unix socket (0: a TCP peer), for attachMemory.
   ShardServiceImpl(Shard& shard, std::string peer, std::string refusal = "", SocketStream* stream = nullptr,
-                   pid_t peer_pid = 0);
+                   pid_t peer_pid = 0, ConnectionRules rules = {});
   ~ShardServiceImpl();
-
-  // A connection that has not said hello this long after it was accepted is
-  // closed: each holds one of --max_connections' places, and a peer that
-  // says nothing (or has no token) must not be able to keep them all.
-  static constexpr kj::Duration kHelloDeadline = 10 * kj::SECONDS;
 
   kj::Promise<void> hello(HelloContext context) override;
   kj::Promise<void> create(CreateContext context) override;
@@ -48,6 +61,10 @@ class ShardServiceImpl final : public wire::Shard::Server {
   kj::Promise<void> guarded(RequestKind kind, F&& handler);
 
   void require_hello(const char* what) const;
+  // Logs a refused call (rate-limited) and cuts the peer off after a run of them.
+  void note_refused(const char* what, const char* message);
+  // Whether a line of `kind` about this peer may be logged now; `note` gets the count left out.
+  bool may_log(const char* kind, std::string* note);
 
   // Checks the hello's token (constant time); throws RequestError.
   void check_token(capnp::Data::Reader token) const;
@@ -59,6 +76,8 @@ class ShardServiceImpl final : public wire::Shard::Server {
   kj::Promise<void> hello_deadline_ = nullptr;
   std::string refusal_;
   uint64_t tensors_created_ = 0;  // by this connection (--max_tensors_per_client)
+  ConnectionRules rules_;
+  uint32_t refused_in_a_row_ = 0;
 };
 
 }  // namespace ps

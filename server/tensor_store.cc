@@ -63,6 +63,15 @@ uint64_t StoredTensor::version() const {
   return version_;
 }
 
+TensorStore::TensorStore(StoreLimits limits, MemoryBudget* budget)
+    : limits_(limits),
+      budget_(budget),
+      reserved_(budget ? budget->reserve_anyway(MemoryUse::kTensors, 0) : MemoryBudget::Reservation()) {}
+
+uint64_t TensorStore::footprint(const TensorSpec& spec, uint64_t n) {
+  return n * sizeof(float) * (1 + make_optimizer(spec.optimizer)->make_slots(0).size());
+}
+
 void TensorStore::validate(const TensorSpec& spec, const std::optional<PartMeta>& part, Pending* pending,
                            Values values) const {
   std::lock_guard lock(mutex_);
@@ -149,8 +158,18 @@ void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<Pa
     throw RequestError("create: tensor '" + name + "' would take this shard over its memory limit of " +
                        std::to_string(limits_.max_total_bytes) + " bytes");
   }
+  if (budget_ != nullptr) {
+    const uint64_t need = footprint(spec, n);
+    const uint64_t free = budget_->available();
+    if (before.bytes > free || need > free - before.bytes) {
+      budget_->count_refusal();
+      throw RequestError("create: tensor '" + name + "' (" + std::to_string(need >> 20) + " MiB with its optimizer's " +
+                         "slots) would take psd over its memory limit: " + budget_->describe());
+    }
+  }
   if (pending != nullptr) {
-    pending->bytes += n * sizeof(float);
+    // With a budget, what the tensor will hold, slots included (the budget's measure).
+    pending->bytes += budget_ != nullptr ? footprint(spec, n) : n * sizeof(float);
     ++pending->tensors;
   }
 }
@@ -159,6 +178,12 @@ std::pair<StoredTensor*, bool> TensorStore::create(const TensorSpec& spec, const
   std::lock_guard lock(mutex_);
   validate_locked(spec, part, nullptr, Values::kGiven);
   if (auto it = tensors_.find(spec.name); it != tensors_.end()) return {it->second.get(), false};
+  if (budget_ != nullptr) {
+    const uint64_t need = footprint(spec, spec.num_elements());
+    if (!reserved_.try_resize(reserved_.bytes() + need)) {
+      throw RequestError("create: tensor '" + spec.name + "' would take psd over its memory limit: " + budget_->describe());
+    }
+  }
   auto tensor = std::make_unique<StoredTensor>(next_id_++, spec, part);
   StoredTensor* raw = tensor.get();
   bytes_ += raw->size() * sizeof(float);
@@ -200,6 +225,7 @@ void TensorStore::clear() {
   std::lock_guard lock(mutex_);
   tensors_.clear();
   bytes_ = 0;
+  reserved_.resize_anyway(0);
 }
 
 }  // namespace ps

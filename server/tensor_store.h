@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/memory_budget.h"
 #include "server/optimizer.h"
 #include "common/part_meta.h"
 #include "ps/tensor_spec.h"
@@ -73,7 +74,9 @@ struct StoreLimits {
 
 class TensorStore {
  public:
-  explicit TensorStore(StoreLimits limits = {}) : limits_(limits) {}
+  // With a `budget`, each tensor's values and optimizer slots count against
+  // it, and a create that does not fit is refused (the budget must outlive the store).
+  explicit TensorStore(StoreLimits limits = {}, MemoryBudget* budget = nullptr);
 
   // Creates the tensor, or returns the existing one (second = false) when one
   // with the same shape exists. A spec carrying slots / version (a restore)
@@ -82,7 +85,8 @@ class TensorStore {
   std::pair<StoredTensor*, bool> create(const TensorSpec& spec, const std::optional<PartMeta>& part);
 
   // New tensors of one request, counted against the shard's limits as if
-  // already created (validate below).
+  // already created (validate below). With a memory budget, `bytes` counts
+  // each tensor's values and optimizer slots; without, its values.
   struct Pending {
     uint64_t bytes = 0;
     std::size_t tensors = 0;
@@ -114,8 +118,13 @@ class TensorStore {
   void validate_locked(const TensorSpec& spec, const std::optional<PartMeta>& part, Pending* pending,
                        Values values) const;
 
+  // Bytes a tensor of `n` elements holds with its optimizer's slots.
+  static uint64_t footprint(const TensorSpec& spec, uint64_t n);
+
   const StoreLimits limits_;
+  MemoryBudget* const budget_;
   mutable std::mutex mutex_;
+  MemoryBudget::Reservation reserved_;  // every tensor's footprint
   std::map<std::string, std::unique_ptr<StoredTensor>, std::less<>> tensors_;
   uint64_t bytes_ = 0;
   uint64_t next_id_ = 0;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include <capnp/rpc.capnp.h>
 #include <kj/debug.h>
 
 #include "common/net/message_framing.h"
@@ -12,6 +13,8 @@
 namespace ps {
 
 struct BufferedMessageStream::Buffer : kj::Refcounted {
+  explicit Buffer(MemoryBudget::Reservation r = {}) : reservation(kj::mv(r)) {}
+  MemoryBudget::Reservation reservation;  // given back after `words` is freed
   kj::Array<capnp::word> words = kj::heapArray<capnp::word>(kBufferBytes / sizeof(capnp::word));
   kj::byte* bytes() { return reinterpret_cast<kj::byte*>(words.begin()); }
 };
@@ -20,14 +23,19 @@ struct BufferedMessageStream::Buffer : kj::Refcounted {
 class BufferedMessageStream::Reader final : public capnp::MessageReader {
  public:
   Reader(capnp::ReaderOptions options, kj::Array<kj::ArrayPtr<const capnp::word>> segments, kj::Own<Buffer> held,
-         kj::Array<capnp::word> own)
-      : capnp::MessageReader(options), segments_(kj::mv(segments)), held_(kj::mv(held)), own_(kj::mv(own)) {}
+         kj::Array<capnp::word> own, MemoryBudget::Reservation reservation = {})
+      : capnp::MessageReader(options),
+        reservation_(kj::mv(reservation)),
+        segments_(kj::mv(segments)),
+        held_(kj::mv(held)),
+        own_(kj::mv(own)) {}
 
   kj::ArrayPtr<const capnp::word> getSegment(uint id) override {
     return id < segments_.size() ? segments_[id] : nullptr;
   }
 
  private:
+  MemoryBudget::Reservation reservation_;  // for own_; given back after it is freed
   kj::Array<kj::ArrayPtr<const capnp::word>> segments_;
   kj::Own<Buffer> held_;
   kj::Array<capnp::word> own_;
@@ -47,10 +55,12 @@ kj::Array<kj::ArrayPtr<const capnp::word>> segments_at(const capnp::word* at, co
 
 }  // namespace
 
-BufferedMessageStream::BufferedMessageStream(SocketStream& stream)
-    : stream_(stream), buffer_(kj::refcounted<Buffer>()) {
+BufferedMessageStream::BufferedMessageStream(SocketStream& stream, MemoryBudget* budget)
+    : stream_(stream), buffer_(kj::refcounted<Buffer>()), budget_(budget) {
   // The RPC layer keeps each message until it has the next: with a second
-  // buffer, small messages alternate between the fronts of the two.
+  // buffer, small messages alternate between the fronts of the two. These
+  // two are a connection's fixed cost (bounded by the number of
+  // connections), not counted; buffers taken beyond them are.
   spares_.add(kj::refcounted<Buffer>());
 }
 
@@ -95,7 +105,16 @@ void BufferedMessageStream::make_room() {
     }
   }
   if (next.get() == nullptr) {
-    next = kj::refcounted<Buffer>();
+    MemoryBudget::Reservation r;
+    if (budget_ != nullptr) {
+      r = budget_->try_reserve(MemoryUse::kReceiving, kBufferBytes);
+      if (!r) {
+        kj::throwFatalException(kj::Exception(kj::Exception::Type::OVERLOADED, __FILE__, __LINE__,
+                                              kj::str("psd is out of memory for requests held in progress: ",
+                                                      budget_->describe().c_str())));
+      }
+    }
+    next = kj::refcounted<Buffer>(kj::mv(r));
     ++buffers_taken_;
   }
   std::memcpy(next->bytes(), buffer_->bytes() + pos_, unread);
@@ -122,6 +141,47 @@ kj::Promise<bool> BufferedMessageStream::fill(size_t bytes) {
       });
 }
 
+void BufferedMessageStream::limit_unfinished_calls(uint32_t max_unfinished, uint64_t bytes_each) {
+  max_unfinished_ = max_unfinished;
+  bytes_per_call_ = bytes_each;
+  if (budget_ != nullptr) calls_ = budget_->reserve_anyway(MemoryUse::kReceiving, 0);
+}
+
+kj::Maybe<capnp::MessageReaderAndFds> BufferedMessageStream::deliver(kj::Own<capnp::MessageReader> message) {
+  if (max_unfinished_ > 0) {
+    // A malformed message is the RPC layer's to report.
+    capnp::rpc::Message::Which which = capnp::rpc::Message::UNIMPLEMENTED;
+    (void)kj::runCatchingExceptions([&] { which = message->getRoot<capnp::rpc::Message>().which(); });
+    if (which == capnp::rpc::Message::CALL) {
+      ++unfinished_;
+      KJ_REQUIRE(unfinished_ <= max_unfinished_,
+                 "too many calls in flight on this connection: the peer sends no Finish for the answers it has",
+                 max_unfinished_);
+      if (budget_ != nullptr && !calls_.try_resize(charged_calls() * bytes_per_call_)) {
+        kj::throwFatalException(kj::Exception(
+            kj::Exception::Type::OVERLOADED, __FILE__, __LINE__,
+            kj::str("psd is out of memory for the ", unfinished_, " calls in flight on this connection: ",
+                    budget_->describe().c_str())));
+      }
+    } else if (which == capnp::rpc::Message::FINISH && unfinished_ > 0) {
+      --unfinished_;
+      calls_.try_resize(charged_calls() * bytes_per_call_);
+    }
+  }
+  return capnp::MessageReaderAndFds{kj::mv(message), nullptr};
+}
+
+void BufferedMessageStream::limit_message_time(kj::Duration base, uint64_t bytes_per_sec, kj::Timer& timer) {
+  message_timer_ = &timer;
+  message_base_ = base;
+  message_bytes_per_sec_ = std::max<uint64_t>(bytes_per_sec, 1);
+}
+
+void BufferedMessageStream::yield_every(unsigned messages, kj::Timer& timer) {
+  yield_every_ = messages;
+  yield_timer_ = &timer;
+}
+
 void BufferedMessageStream::hold_reads_while(std::function<bool()> full, kj::Timer& timer, kj::Duration poll) {
   full_ = std::move(full);
   timer_ = &timer;
@@ -132,7 +192,17 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::tryRea
     kj::ArrayPtr<kj::AutoCloseFd> fds, capnp::ReaderOptions options, kj::ArrayPtr<capnp::word> scratch) {
   if (full_ && full_()) {
     ++reads_held_;
+    read_in_a_row_ = 0;
     return timer_->afterDelay(poll_).then([this, fds, options, scratch] { return tryReadMessage(fds, options, scratch); });
+  }
+  if (yield_every_ > 0 && ++read_in_a_row_ > yield_every_) {
+    // A zero delay still waits for the loop to look at its sockets and
+    // timers, which it does once nothing else is queued.
+    read_in_a_row_ = 0;
+    return yield_timer_->afterDelay(0 * kj::NANOSECONDS).then([this, fds, options, scratch] {
+      read_in_a_row_ = 1;
+      return tryReadMessage(fds, options, scratch);
+    });
   }
   make_room();
   return fill(sizeof(capnp::word)).then([this, options](bool any) -> kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> {
@@ -156,14 +226,16 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::read_a
     KJ_REQUIRE(total_words <= options.traversalLimitInWords,
                "message is too large; see capnp::ReaderOptions (psd --max_message_mb)", total_words);
     const uint64_t message_bytes = table_bytes + total_words * sizeof(capnp::word);
+    KJ_REQUIRE(message_bytes <= max_message_bytes_,
+               "message is too large for this connection (a peer that has not said hello may send small ones only)",
+               message_bytes, max_message_bytes_);
     if (message_bytes > kMaxBufferedBytes) return read_large(options, count, table_bytes, total_words);
     return fill(message_bytes).then([this, options, count, table_bytes, message_bytes](bool) {
       const kj::byte* start = buffer_->bytes() + pos_;
       auto segments = segments_at(reinterpret_cast<const capnp::word*>(start + table_bytes),
                                   reinterpret_cast<const uint32_t*>(start) + 1, count);
       pos_ += message_bytes;
-      return kj::Maybe<capnp::MessageReaderAndFds>(capnp::MessageReaderAndFds{
-          kj::heap<Reader>(options, kj::mv(segments), kj::addRef(*buffer_), nullptr), nullptr});
+      return deliver(kj::heap<Reader>(options, kj::mv(segments), kj::addRef(*buffer_), nullptr));
     });
   });
 }
@@ -171,6 +243,16 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::read_a
 kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::read_large(capnp::ReaderOptions options,
                                                                                      uint32_t count, size_t table_bytes,
                                                                                      size_t total_words) {
+  MemoryBudget::Reservation reservation;
+  if (budget_ != nullptr) {
+    reservation = budget_->try_reserve(MemoryUse::kReceiving, total_words * sizeof(capnp::word));
+    if (!reservation) {
+      kj::throwFatalException(kj::Exception(
+          kj::Exception::Type::OVERLOADED, __FILE__, __LINE__,
+          kj::str("psd is out of memory for this request of ", (total_words * sizeof(capnp::word)) >> 20,
+                  " MiB: ", budget_->describe().c_str())));
+    }
+  }
   auto own = kj::heapArray<capnp::word>(total_words);
   auto segments = segments_at(own.begin(), reinterpret_cast<const uint32_t*>(buffer_->bytes() + pos_) + 1, count);
   const size_t body = total_words * sizeof(capnp::word);
@@ -183,15 +265,22 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::read_l
     // word, as capnp's readers need.
     pos_ = end_ = (pos_ + sizeof(capnp::word) - 1) & ~(sizeof(capnp::word) - 1);
   }
-  auto reader = kj::heap<Reader>(options, kj::mv(segments), kj::Own<Buffer>(), kj::mv(own));
-  auto done = [reader = kj::mv(reader)]() mutable {
-    return kj::Maybe<capnp::MessageReaderAndFds>(capnp::MessageReaderAndFds{kj::mv(reader), nullptr});
-  };
+  auto reader = kj::heap<Reader>(options, kj::mv(segments), kj::Own<Buffer>(), kj::mv(own), kj::mv(reservation));
+  auto done = [this, reader = kj::mv(reader)]() mutable { return deliver(kj::mv(reader)); };
   if (take == body) return done();
   // Straight into the message's memory. (Not read_exact's raised
   // SO_RCVLOWAT: data left waiting in the socket holds back the window, and
   // a 4 MiB push of four pipelined parts took 1.4 ms instead of 0.76.)
-  return stream_.read(dst + take, body - take).then(kj::mv(done));
+  auto rest = stream_.read(dst + take, body - take).then(kj::mv(done));
+  if (message_timer_ == nullptr) return rest;
+  const kj::Duration allowed = message_base_ + (body * 1000 / message_bytes_per_sec_) * kj::MILLISECONDS;
+  return rest.exclusiveJoin(message_timer_->afterDelay(allowed).then(
+      [allowed, body]() -> kj::Maybe<capnp::MessageReaderAndFds> {
+        kj::throwFatalException(kj::Exception(
+            kj::Exception::Type::DISCONNECTED, __FILE__, __LINE__,
+            kj::str("a request of ", body >> 10, " KiB did not arrive within ", allowed / kj::MILLISECONDS,
+                    " ms; the connection is closed")));
+      }));
 }
 
 kj::Promise<void> BufferedMessageStream::writeMessage(kj::ArrayPtr<const int>,

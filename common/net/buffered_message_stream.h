@@ -37,6 +37,7 @@
 #include <kj/timer.h>
 #include <kj/vector.h>
 
+#include "common/memory_budget.h"
 #include "common/net/socket_stream.h"
 
 namespace ps {
@@ -49,7 +50,11 @@ class BufferedMessageStream final : public capnp::MessageStream {
   // Bytes asked of the socket at once: a message carrying a 64 KiB tensor.
   static constexpr size_t kReadAheadBytes = 80u << 10;
 
-  explicit BufferedMessageStream(SocketStream& stream);
+  // With a `budget`, every large message's memory, and each buffer taken
+  // beyond the first two (while messages held in them are in use), are
+  // counted against it; one that does not fit ends the connection with an
+  // error saying so (the budget must outlive the messages read).
+  explicit BufferedMessageStream(SocketStream& stream, MemoryBudget* budget = nullptr);
   ~BufferedMessageStream();
 
   // Buffers allocated so far (for tests: a full one still in use was
@@ -63,6 +68,33 @@ class BufferedMessageStream final : public capnp::MessageStream {
   void hold_reads_while(std::function<bool()> full, kj::Timer& timer,
                         kj::Duration poll = 1 * kj::MILLISECONDS);
   uint64_t reads_held() const { return reads_held_; }  // times a read waited (for tests)
+
+  // Largest message accepted from now on (framing included); a larger one
+  // ends the connection with an error naming the limit. psd lets a peer
+  // that has not said hello send only small messages.
+  void set_max_message_bytes(uint64_t bytes) { max_message_bytes_ = bytes; }
+
+  // Calls in flight: capnp keeps every call's answer until the peer sends
+  // its Finish, so a peer that never does makes the server hold them all.
+  // With this set, calls read minus Finishes read count against the budget
+  // at `bytes_each` (all but the first kFreeCalls, so that a client's few
+  // calls are never refused while others fill the budget), and past
+  // `max_unfinished` (or the budget) the connection ends with an error saying so.
+  void limit_unfinished_calls(uint32_t max_unfinished, uint64_t bytes_each);
+  uint64_t unfinished_calls() const { return unfinished_; }
+  static constexpr uint64_t kFreeCalls = 64;
+
+  // A large message (one read into memory of its own) must arrive within
+  // `base` plus one second per `bytes_per_sec`, else the connection ends:
+  // a peer that sends most of a large request and stops would hold its
+  // memory for as long as the connection lasts.
+  void limit_message_time(kj::Duration base, uint64_t bytes_per_sec, kj::Timer& timer);
+
+  // Fairness: after `messages` messages read in a row, the next read waits
+  // for the event loop's next look at the sockets and timers, so that one
+  // peer whose requests are always ready cannot keep the loop from serving
+  // the others (or firing its timers).
+  void yield_every(unsigned messages, kj::Timer& timer);
 
   // capnp::MessageStream
   kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> tryReadMessage(kj::ArrayPtr<kj::AutoCloseFd> fdSpace,
@@ -86,6 +118,9 @@ class BufferedMessageStream final : public capnp::MessageStream {
   // unread bytes fits, the unread bytes moved there if need be.
   void make_room();
   kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> read_after_header(capnp::ReaderOptions options);
+  uint64_t charged_calls() const { return unfinished_ > kFreeCalls ? unfinished_ - kFreeCalls : 0; }
+  // Counts a Call or Finish (limit_unfinished_calls) and hands the message on.
+  kj::Maybe<capnp::MessageReaderAndFds> deliver(kj::Own<capnp::MessageReader> message);
   kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> read_large(capnp::ReaderOptions options, uint32_t count,
                                                                 size_t table_bytes, size_t total_words);
 
@@ -100,6 +135,18 @@ class BufferedMessageStream final : public capnp::MessageStream {
   kj::Timer* timer_ = nullptr;
   kj::Duration poll_ = 1 * kj::MILLISECONDS;
   uint64_t reads_held_ = 0;
+  MemoryBudget* budget_ = nullptr;
+  uint64_t max_message_bytes_ = UINT64_MAX;
+  uint32_t max_unfinished_ = 0;  // 0: not counted
+  uint64_t bytes_per_call_ = 0;
+  uint64_t unfinished_ = 0;
+  MemoryBudget::Reservation calls_;
+  kj::Timer* message_timer_ = nullptr;
+  kj::Duration message_base_ = 0 * kj::SECONDS;
+  uint64_t message_bytes_per_sec_ = 1;
+  unsigned yield_every_ = 0;
+  unsigned read_in_a_row_ = 0;
+  kj::Timer* yield_timer_ = nullptr;
 };
 
 }  // namespace ps

@@ -48,6 +48,7 @@ def parse_flags(argv):
     p.add_argument("--batch_size", type=int, default=100)
     p.add_argument("--learning_rate", type=float, default=0.001)
     p.add_argument("--optimizer", default="adam", help="sgd, momentum, nesterov, adam, adagrad, rmsprop")
+    p.add_argument("--lr_decay", type=float, default=1.0, help="learning rate x this per epoch (on the ps)")
     p.add_argument("--scale_lr", type=int, default=1, help="sync: learning rate x sqrt(replicas aggregated)")
     p.add_argument("--data_dir", default="data/fashion-mnist", help="the four (Fashion-)MNIST IDX files")
     p.add_argument("--validation_size", type=int, default=5000, help="training examples held out")
@@ -139,13 +140,18 @@ def run_worker(spec, f):
     client = psclient.Client(spec.ps_hosts, worker_index=worker, is_chief=chief, connect_timeout=f.connect_timeout)
     session = psclient.TrainingSession(client, mode=mode, replicas_to_aggregate=replicas if f.sync_replicas else 0,
                                        total_replicas=workers, max_staleness=f.max_staleness, train_steps=steps)
+    optimizer = psclient.optimizer(f.optimizer, lr)
+    if f.lr_decay != 1.0:  # exponential decay on psd, by the global step: x lr_decay per epoch
+        optimizer.schedule = psclient.LrSchedule.EXPONENTIAL_DECAY
+        optimizer.decay_rate = f.lr_decay
+        optimizer.decay_steps = max(1, len(train_x) // (f.batch_size * replicas))
     model = Mlp().to(device)
     # Pulls land in the parameters themselves (on the CPU) or in pinned host
     # copies moved to the GPU; pushes read host gradient buffers.
     host = []
     for i, (name, p) in enumerate(model.named_parameters()):
         init = psclient.glorot_uniform(f.seed + i) if p.dim() == 2 else psclient.zeros()
-        spec_i = psclient.TensorSpec(name, tuple(p.shape), optimizer=psclient.optimizer(f.optimizer, lr), init=init)
+        spec_i = psclient.TensorSpec(name, tuple(p.shape), optimizer=optimizer, init=init)
         values = p if device.type == "cpu" else torch.empty(p.shape, pin_memory=True)
         grads = torch.zeros(p.shape, pin_memory=device.type == "cuda")
         session.add_variable(spec_i, values, grads)

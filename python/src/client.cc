@@ -202,7 +202,7 @@ void bind_client(py::module_& m) {
              "async, no worker more than max_staleness steps ahead of the slowest");
 
   py::class_<ps::JobConfig>(m, "JobConfig", "How a job trains; chosen by the chief (Client.init_job, TrainingSession).")
-      .def(py::init([](py::handle mode, uint32_t replicas_to_aggregate, uint32_t total_replicas,
+      .def(py::init([](py::object mode, uint32_t replicas_to_aggregate, uint32_t total_replicas,
                        uint32_t max_staleness, int64_t train_steps, int64_t start_step) {
              return ps::JobConfig{to_mode(mode), replicas_to_aggregate, total_replicas, max_staleness, train_steps,
                                   start_step};
@@ -293,7 +293,7 @@ void bind_client(py::module_& m) {
 
 Safe to use from several threads. Timeouts are in seconds. ps_hosts: a list
 of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
-      .def(py::init([](py::handle ps_hosts, int worker_index, bool is_chief, std::optional<std::string> auth_token,
+      .def(py::init([](py::object ps_hosts, int worker_index, bool is_chief, std::optional<std::string> auth_token,
                        std::optional<std::string> auth_token_file, double connect_timeout, double call_timeout,
                        double reconnect_timeout, double dead_peer_timeout, const std::string& placement,
                        std::size_t chunk_bytes, std::size_t part_bytes, std::size_t max_request_bytes,
@@ -368,7 +368,7 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
 
       .def(
           "pull",
-          [](PyClient& self, py::handle tensors, py::handle out, int64_t min_step) -> py::object {
+          [](PyClient& self, py::object tensors, py::object out, int64_t min_step) -> py::object {
             auto c = self.shared_client();
             Request r = gather(self, "pull", tensors, out, true);
             const auto spans = r.out();
@@ -383,7 +383,7 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
           py::arg("tensors"), py::arg("out") = py::none(), py::kw_only(), py::arg("min_step") = 0, kPullDoc)
       .def(
           "pull_async",
-          [](PyClient& self, py::handle tensors, py::handle out, int64_t min_step) {
+          [](PyClient& self, py::object tensors, py::object out, int64_t min_step) {
             auto c = self.shared_client();
             Request r = gather(self, "pull_async", tensors, out, true);
             std::future<ps::PullResult> future;
@@ -403,7 +403,7 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
           "it is done.")
       .def(
           "push",
-          [](PyClient& self, py::handle tensors, py::handle grad, int64_t step) {
+          [](PyClient& self, py::object tensors, py::object grad, int64_t step) {
             auto c = self.shared_client();
             Request r = gather(self, "push", tensors, grad, false);
             const auto spans = r.in();
@@ -413,7 +413,7 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
           py::arg("tensors"), py::arg("grad") = py::none(), py::kw_only(), py::arg("step") = 0, kPushDoc)
       .def(
           "push_async",
-          [](PyClient& self, py::handle tensors, py::handle grad, int64_t step) {
+          [](PyClient& self, py::object tensors, py::object grad, int64_t step) {
             auto c = self.shared_client();
             Request r = gather(self, "push_async", tensors, grad, false);
             std::future<ps::PushResult> future;
@@ -429,7 +429,7 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
           "unchanged until it is done.")
       .def(
           "push_and_step",
-          [](PyClient& self, py::handle tensors, py::handle grad, int64_t step, int64_t done_step) {
+          [](PyClient& self, py::object tensors, py::object grad, int64_t step, int64_t done_step) {
             auto c = self.shared_client();
             Request r = gather(self, "push_and_step", tensors, grad, false);
             const auto spans = r.in();
@@ -441,7 +441,7 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
           "trips). Needs a worker_index.")
       .def(
           "push_and_step_async",
-          [](PyClient& self, py::handle tensors, py::handle grad, int64_t step, int64_t done_step) {
+          [](PyClient& self, py::object tensors, py::object grad, int64_t step, int64_t done_step) {
             auto c = self.shared_client();
             Request r = gather(self, "push_and_step_async", tensors, grad, false);
             std::future<ps::PushResult> future;

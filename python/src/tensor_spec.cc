@@ -120,7 +120,7 @@ void bind_tensor_spec(py::module_& m) {
   m.def("glorot_normal", &ps::InitConfig::glorot_normal, py::arg("seed") = 0, "Glorot (Xavier) normal.");
   m.def(
       "from_values",
-      [](py::handle values) {
+      [](py::object values) {
         FloatBuffer b = FloatBuffer::acquire(values, false, "from_values: values");
         return ps::InitConfig::from_values(std::vector<float>(b.span().begin(), b.span().end()));
       },
@@ -130,7 +130,7 @@ void bind_tensor_spec(py::module_& m) {
                              "What a tensor is: name, shape, optimizer and initializer.\n\n"
                              "    psclient.TensorSpec('w', (784, 100), optimizer=psclient.adam(1e-3),\n"
                              "                        init=psclient.glorot_uniform(42))")
-      .def(py::init([](std::string name, py::handle shape, const ps::OptimizerConfig& optimizer,
+      .def(py::init([](std::string name, py::object shape, const ps::OptimizerConfig& optimizer,
                        const ps::InitConfig& init, bool trainable) {
              ps::TensorSpec s;
              s.name = std::move(name);
@@ -145,7 +145,7 @@ void bind_tensor_spec(py::module_& m) {
       .def_readwrite("name", &ps::TensorSpec::name)
       .def_property(
           "shape", [](const ps::TensorSpec& s) { return py::tuple(py::cast(s.shape)); },
-          [](ps::TensorSpec& s, py::handle shape) { s.shape = to_shape(shape); })
+          [](ps::TensorSpec& s, py::object shape) { s.shape = to_shape(shape); })
       .def_readwrite("optimizer", &ps::TensorSpec::optimizer)
       .def_readwrite("init", &ps::TensorSpec::init)
       .def_readwrite("trainable", &ps::TensorSpec::trainable)

@@ -79,7 +79,7 @@ add_variable are held by the session and must keep their storage.)")
            "(max_staleness). restore_from: chief only, a checkpoint directory to start from.")
       .def(
           "add_variable",
-          [](PySession& self, const ps::TensorSpec& spec, py::handle values, py::handle grads) {
+          [](PySession& self, const ps::TensorSpec& spec, py::object values, py::object grads) {
             FloatBuffer v = FloatBuffer::acquire(values, true, "add_variable: values for '" + spec.name + "'");
             FloatBuffer g = FloatBuffer::acquire(grads, false, "add_variable: grads for '" + spec.name + "'");
             for (const FloatBuffer* b : {&v, &g}) {

@@ -33,8 +33,9 @@ def test_three_workers_reach_085(psd, python_env, tmp_path, mode):
         args = [sys.executable, str(EXAMPLE), "--ps_hosts", psd.address, "--worker_hosts", worker_hosts,
                 "--job_name", "worker", "--task_index", str(i), "--epochs", "5", "--data_dir", data,
                 "--log_every", "0", "--device", "cpu"]
-        if mode == "sync":
-            args.append("--sync_replicas")
+        # Adam (the default optimizer), 1e-3 in sync mode (x sqrt(3) for the 3 replicas averaged); async with
+        # constant 1e-3 or 2e-3 ends anywhere in 0.82-0.86 (the last updates' noise), so it decays here.
+        args += ["--sync_replicas"] if mode == "sync" else ["--learning_rate", "0.002", "--lr_decay", "0.7"]
         procs.append(subprocess.Popen(args, env=python_env, stdout=log, stderr=subprocess.STDOUT))
         logs.append(log)
     try:

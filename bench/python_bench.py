@@ -78,7 +78,8 @@ def bench_calls(args):
     exe = BUILD / "bench" / "push_pull_bench"
     if exe.exists():
         print(f"\nC++ client ({exe} --sizes 4K,4M,64M --reps {args.reps}):", flush=True)
-        subprocess.run([str(exe), "--sizes", "4K,4M,64M", "--reps", str(args.reps)], check=False)
+        subprocess.run([str(exe), "--sizes", "4K,4M,64M", "--reps", str(args.reps)], check=False,
+                       timeout=args.cpp_timeout)
 
 
 # --- torch.distributed.rpc parameter server, as PyTorch's tutorial builds it ---
@@ -155,8 +156,10 @@ def bench_training(args):
     # psclient: the example, 1 ps + 3 workers, async, SGD 0.1.
     total = steps_per_worker * 3
     run = tempfile.mkdtemp(prefix="pybench_run_")
-    for name, trainer in (("psclient torch_mnist.py", "examples/python/torch_mnist.py"),
-                          ("C++ mnist_trainer", str(BUILD / "examples" / "mnist_trainer"))):
+    trainers = [("psclient torch_mnist.py", "examples/python/torch_mnist.py")]
+    if (BUILD / "examples" / "mnist_trainer").exists():
+        trainers.append(("C++ mnist_trainer", str(BUILD / "examples" / "mnist_trainer")))
+    for name, trainer in trainers:
         out = subprocess.run(["scripts/launch_local.sh", "--quiet", "--trainer", trainer, "--run_dir",
                               os.path.join(run, name.split()[0]), "--", "--train_steps", str(total),
                               "--optimizer", "sgd", "--learning_rate", "0.1", "--batch_size", "100",
@@ -191,6 +194,7 @@ def main():
     p.add_argument("what", choices=["calls", "training"])
     p.add_argument("--reps", type=int, default=200, help="calls: repetitions per size (64 MiB: a tenth)")
     p.add_argument("--steps", type=int, default=300, help="training: steps per worker")
+    p.add_argument("--cpp_timeout", type=float, default=600, help="calls: seconds allowed to push_pull_bench")
     args = p.parse_args()
     bench_calls(args) if args.what == "calls" else bench_training(args)
 

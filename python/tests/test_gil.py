@@ -9,7 +9,9 @@ import psclient
 
 
 def test_other_thread_runs_while_a_sync_pull_waits(psd):
-    with psclient.Client([psd.address], worker_index=0, is_chief=True) as chief:
+    # A pull holding the GIL would stop this thread until the pull's call timeout: 8 s, so that such a
+    # failure shows as a failed assertion, not a hang.
+    with psclient.Client([psd.address], worker_index=0, is_chief=True, connect_timeout=2, call_timeout=8) as chief:
         chief.init_job(psclient.JobConfig(mode="sync", replicas_to_aggregate=1, total_replicas=1))
         chief.create([psclient.TensorSpec("w", 1024, optimizer=psclient.sgd(1.0))])
         chief.set_ready()

@@ -16,14 +16,15 @@
 #   --ps_mode M        psd (default: the standalone daemon on a free port) or
 #                      trainer (the trainer itself with --job_name=ps, on --port_base ports)
 #   --port_base P      first port for --ps_mode trainer and the workers' nominal ports (default 22220)
-#   --trainer PATH     default build/examples/mnist_trainer
+#   --trainer PATH     default build/examples/mnist_trainer; a .py trainer (examples/python/torch_mnist.py)
+#                      runs with /usr/bin/python3 and PYTHONPATH=$BUILD_DIR/python
 #   --run_dir DIR      default runs/<timestamp>
 #   --psd_flags "F"    extra flags for every ps task (e.g. "--threads 1")
 #   --unix             workers reach psd over Unix-domain sockets in the run directory (psd mode)
 #   --timeout S        stop everything after S seconds (default 0: none)
 #   --quiet            do not follow the chief on the terminal
 # Environment: BUILD_DIR (default build), DATA_DIR (default data/fashion-mnist,
-# made by scripts/get_data.sh when missing; mnist_trainer only).
+# made by scripts/get_data.sh when missing; mnist_trainer and torch_mnist only).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -55,12 +56,19 @@ trainer_flags=("$@")
 [[ "$workers" =~ ^[1-9][0-9]*$ ]] || die "--workers must be a positive integer"
 [[ "$num_ps" =~ ^[1-9][0-9]*$ ]] || die "--ps must be a positive integer"
 [[ "$ps_mode" == psd || "$ps_mode" == trainer ]] || die "--ps_mode must be psd or trainer"
-[ -x "$trainer" ] || die "$trainer not found: build first (scripts/setup.sh)"
+trainer_cmd=("$trainer")
+if [[ "$trainer" == *.py ]]; then
+  [ -f "$trainer" ] || die "$trainer not found"
+  trainer_cmd=(/usr/bin/python3 "$trainer")
+  export PYTHONPATH="$BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}" PSD_BIN="$BUILD_DIR/server/psd"
+else
+  [ -x "$trainer" ] || die "$trainer not found: build first (scripts/setup.sh)"
+fi
 psd="$BUILD_DIR/server/psd"
 [ "$ps_mode" = trainer ] || [ -x "$psd" ] || die "$psd not found: build first (scripts/setup.sh)"
 
 data_flags=()
-if [[ "$(basename "$trainer")" == mnist_trainer* ]] && ! printf '%s\n' "${trainer_flags[@]}" | grep -q -- '--data_dir'; then
+if [[ "$(basename "$trainer")" == mnist_trainer* || "$(basename "$trainer")" == torch_mnist* ]] && ! printf '%s\n' "${trainer_flags[@]}" | grep -q -- '--data_dir'; then
   data_dir=${DATA_DIR:-data/fashion-mnist}
   [ -e "$data_dir/train-images-idx3-ubyte.gz" ] || [ -e "$data_dir/train-images-idx3-ubyte" ] ||
     scripts/get_data.sh "$data_dir" >/dev/null || die "no data in $data_dir (scripts/get_data.sh failed)"
@@ -113,7 +121,7 @@ for ((i = 0; i < num_ps; i++)); do
     whosts=""
     for ((j = 0; j < workers; j++)); do whosts+="${whosts:+,}127.0.0.1:$((port_base + num_ps + j))"; done
     # shellcheck disable=SC2086
-    "$trainer" --job_name ps --task_index "$i" --ps_hosts "$hosts" --worker_hosts "$whosts" \
+    "${trainer_cmd[@]}" --job_name ps --task_index "$i" --ps_hosts "$hosts" --worker_hosts "$whosts" \
       --port_file "$port_file" $psd_flags >"$run_dir/ps$i.log" 2>&1 &
   fi
   pids+=($!)
@@ -151,7 +159,7 @@ echo "launch_local: $trainer ${mode_flags[*]} ${data_flags[*]} ${trainer_flags[*
 # --- workers (the chief last, so the others are already waiting for it) ---
 start_worker() {
   local i=$1
-  local cmd=("$trainer" --job_name worker --task_index "$i" --ps_hosts "$ps_list" --worker_hosts "$worker_list"
+  local cmd=("${trainer_cmd[@]}" --job_name worker --task_index "$i" --ps_hosts "$ps_list" --worker_hosts "$worker_list"
              "${mode_flags[@]}" "${data_flags[@]}" "${trainer_flags[@]}")
   if [ "$i" = 0 ] && [ "$quiet" = 0 ]; then
     # The chief: its output on the terminal too (progress bar on stderr when a

@@ -14,6 +14,17 @@ if { [ "${CI:-}" = "true" ] || [ "${PS_INSTALL_CHROMIUM:-}" = "1" ]; } && ! comm
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q chromium  # with its recommended fonts, for readable screenshots
 fi
+# The Python module's PyTorch tests (python/tests) report SKIP without Debian's
+# python3-torch, which pulls in about 640 MB: CI installs it, elsewhere
+# PS_INSTALL_TORCH=1 does.
+if { [ "${CI:-}" = "true" ] || [ "${PS_INSTALL_TORCH:-}" = "1" ]; } && ! dpkg-query -W -f='${Status}' python3-torch 2>/dev/null | grep -q "install ok installed"; then
+  echo "test: installing python3-torch for the Python module's PyTorch tests"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends python3-torch
+fi
 # The accuracy, network-namespace and real-data tests train on Fashion-MNIST
 # (Debian's dataset-fashion-mnist); without it they would only report SKIP.
 scripts/get_data.sh data/fashion-mnist >/dev/null

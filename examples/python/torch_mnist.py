@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""torch_mnist: the 784-100-10 Fashion-MNIST MLP in PyTorch, its parameters on psd.
+
+Between-graph replication as examples/mnist_trainer (same flags): every step
+pulls the parameters into the module's own tensors in place, runs forward and
+backward in PyTorch (CUDA when there is a GPU, else CPU) and pushes the
+gradients; psd applies the optimizer. The same program runs every role.
+
+    torch_mnist.py --job_name=ps     --task_index=0 --ps_hosts=127.0.0.1:2222 --worker_hosts=...  # execs psd
+    torch_mnist.py --job_name=worker --task_index=0 --ps_hosts=127.0.0.1:2222 \\
+                   --worker_hosts=127.0.0.1:2230,127.0.0.1:2231 [--sync_replicas] --epochs=5
+    scripts/launch_local.sh --trainer examples/python/torch_mnist.py [--sync]   # 1 ps + 3 workers
+
+Without --ps_hosts/--worker_hosts the cluster comes from TF_CONFIG or Slurm.
+Needs the psclient module (PYTHONPATH=build/python, or pip install ./python).
+"""
+
+import argparse
+import gzip
+import math
+import os
+import pathlib
+import shutil
+import sys
+import time
+
+import numpy as np
+import torch
+
+import psclient
+
+SOURCE_DIR = pathlib.Path(__file__).resolve().parents[2]
+
+
+def parse_flags(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ps_hosts", default="", help="comma-separated host:port of the ps tasks")
+    p.add_argument("--worker_hosts", default="", help="comma-separated host:port of the workers (chief first)")
+    p.add_argument("--job_name", default="", help="ps, worker or chief")
+    p.add_argument("--task_index", type=int, default=0)
+    p.add_argument("--num_ps", type=int, default=1, help="Slurm: the first N tasks are ps")
+    p.add_argument("--port_base", type=int, default=2222, help="Slurm: task ports start here")
+    p.add_argument("--sync_replicas", action="store_true", help="average the workers' gradients per step")
+    p.add_argument("--replicas_to_aggregate", type=int, default=0, help="sync: gradients per step (0: every worker)")
+    p.add_argument("--max_staleness", type=int, default=0, help="> 0: bounded staleness (async otherwise)")
+    p.add_argument("--train_steps", type=int, default=0, help="global steps; 0: from --epochs")
+    p.add_argument("--epochs", type=float, default=5)
+    p.add_argument("--batch_size", type=int, default=100)
+    p.add_argument("--learning_rate", type=float, default=0.001)
+    p.add_argument("--optimizer", default="adam", help="sgd, momentum, nesterov, adam, adagrad, rmsprop")
+    p.add_argument("--lr_decay", type=float, default=1.0, help="learning rate x this per epoch (on the ps)")
+    p.add_argument("--scale_lr", type=int, default=1, help="sync: learning rate x sqrt(replicas aggregated)")
+    p.add_argument("--data_dir", default="data/fashion-mnist", help="the four (Fashion-)MNIST IDX files")
+    p.add_argument("--validation_size", type=int, default=5000, help="training examples held out")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--log_every", type=int, default=100, help="a progress line every N local steps")
+    p.add_argument("--logdir", default="", help="chief: TensorBoard summaries here")
+    p.add_argument("--threads", type=int, default=1, help="PyTorch CPU threads per worker")
+    p.add_argument("--device", default="auto", help="auto (CUDA when there is a GPU), cpu or cuda")
+    p.add_argument("--connect_timeout", type=float, default=30)
+    p.add_argument("--port_file", default="", help="ps: psd writes its port here")
+    p.add_argument("--psd", default="", help="ps: the psd binary (default: $PSD_BIN, build/server/psd, psd on PATH)")
+    return p.parse_known_args(argv)
+
+
+def cluster_spec(f):
+    if f.ps_hosts or f.worker_hosts:
+        return psclient.ClusterSpec.from_flags(f.ps_hosts, f.worker_hosts, f.job_name or "worker", f.task_index)
+    return psclient.ClusterSpec.from_environment(num_ps=f.num_ps, port_base=f.port_base)
+
+
+def exec_psd(spec, f, psd_flags):
+    """--job_name=ps: this process becomes psd, shard task_index of the ps hosts."""
+    psd = f.psd or os.environ.get("PSD_BIN") or str(SOURCE_DIR / "build" / "server" / "psd")
+    if not os.access(psd, os.X_OK):
+        psd = shutil.which("psd") or psd
+    args = [psd, "--ps_hosts", ",".join(spec.ps_hosts), "--task_index", str(spec.task_index)]
+    if f.port_file:
+        args += ["--port_file", f.port_file]
+    sys.stdout.flush()
+    os.execv(psd, args + psd_flags)
+
+
+def read_idx(path):
+    """An IDX file (plain or gzipped) as a NumPy array."""
+    if not os.path.exists(path) and os.path.exists(path + ".gz"):
+        path += ".gz"
+    with open(path, "rb") as f:
+        raw = f.read()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    ndim = raw[3]
+    shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim))
+    return np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def load_data(data_dir, validation_size):
+    def images(name):
+        x = read_idx(os.path.join(data_dir, name))
+        return torch.from_numpy(x.reshape(len(x), -1).astype(np.float32) / 255.0)
+
+    def labels(name):
+        return torch.from_numpy(read_idx(os.path.join(data_dir, name)).astype(np.int64))
+
+    train_x, train_y = images("train-images-idx3-ubyte"), labels("train-labels-idx1-ubyte")
+    n = len(train_x) - validation_size
+    return train_x[:n], train_y[:n], images("t10k-images-idx3-ubyte"), labels("t10k-labels-idx1-ubyte")
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden = torch.nn.Linear(784, 100)
+        self.out = torch.nn.Linear(100, 10)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.hidden(x)))
+
+
+def evaluate(model, x, y, device):
+    with torch.no_grad():
+        logits = model(x.to(device))
+        loss = torch.nn.functional.cross_entropy(logits, y.to(device)).item()
+        return (logits.argmax(1).cpu() == y).float().mean().item(), loss
+
+
+def run_worker(spec, f):
+    torch.set_num_threads(f.threads)
+    torch.manual_seed(f.seed)
+    device = torch.device("cuda" if f.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if f.device == "auto" else f.device))
+    train_x, train_y, test_x, test_y = load_data(f.data_dir, f.validation_size)
+    workers, worker, chief = spec.num_workers, spec.worker_index, spec.is_chief
+
+    replicas = (f.replicas_to_aggregate or workers) if f.sync_replicas else 1
+    lr = f.learning_rate * (math.sqrt(replicas) if f.sync_replicas and f.scale_lr else 1)
+    steps = f.train_steps or max(1, math.ceil(f.epochs * len(train_x) / (f.batch_size * replicas)))
+    mode = "sync" if f.sync_replicas else ("bounded_staleness" if f.max_staleness > 0 else "async")
+
+    client = psclient.Client(spec.ps_hosts, worker_index=worker, is_chief=chief, connect_timeout=f.connect_timeout)
+    session = psclient.TrainingSession(client, mode=mode, replicas_to_aggregate=replicas if f.sync_replicas else 0,
+                                       total_replicas=workers, max_staleness=f.max_staleness, train_steps=steps)
+    optimizer = psclient.optimizer(f.optimizer, lr)
+    if f.lr_decay != 1.0:  # exponential decay on psd, by the global step: x lr_decay per epoch
+        optimizer.schedule = psclient.LrSchedule.EXPONENTIAL_DECAY
+        optimizer.decay_rate = f.lr_decay
+        optimizer.decay_steps = max(1, len(train_x) // (f.batch_size * replicas))
+    model = Mlp().to(device)
+    # Pulls land in the parameters themselves (on the CPU) or in pinned host
+    # copies moved to the GPU; pushes read host gradient buffers.
+    host = []
+    for i, (name, p) in enumerate(model.named_parameters()):
+        init = psclient.glorot_uniform(f.seed + i) if p.dim() == 2 else psclient.zeros()
+        spec_i = psclient.TensorSpec(name, tuple(p.shape), optimizer=optimizer, init=init)
+        values = p if device.type == "cpu" else torch.empty(p.shape, pin_memory=True)
+        grads = torch.zeros(p.shape, pin_memory=device.type == "cuda")
+        session.add_variable(spec_i, values, grads)
+        host.append((p, values, grads))
+    session.initialize()
+    steps = session.job.train_steps or steps
+    per_global = f.batch_size * (session.job.replicas_to_aggregate if session.job.mode == psclient.SyncMode.SYNC else 1)
+    if chief:
+        print(f"worker {worker} (chief): 784-100-10 on {device}, {f.optimizer} lr {lr:g}, batch {f.batch_size}, "
+              f"{mode}, {steps} global steps ({steps * per_global / len(train_x):.2f} epochs of {len(train_x)} "
+              f"examples), {workers} workers, {spec.num_ps} ps", flush=True)
+    summaries = psclient.SummaryWriter(f.logdir) if chief and f.logdir else None
+
+    # This worker's share of the training set, reshuffled every pass.
+    lo, hi = worker * len(train_x) // workers, (worker + 1) * len(train_x) // workers
+    rng = np.random.default_rng(f.seed + worker)
+    order, pos = rng.permutation(np.arange(lo, hi)), 0
+    start = time.monotonic()
+    loss = acc = 0.0
+    while not session.should_stop:
+        if pos + f.batch_size > len(order):
+            order, pos = rng.permutation(np.arange(lo, hi)), 0
+        idx = torch.from_numpy(order[pos:pos + f.batch_size])
+        pos += f.batch_size
+        session.pull()
+        if session.should_stop:
+            break  # the job ended while this worker waited for its step
+        with torch.no_grad():
+            for p, values, grads in host:
+                if values is not p:
+                    p.copy_(values, non_blocking=True)
+        x, y = train_x[idx].to(device, non_blocking=True), train_y[idx].to(device, non_blocking=True)
+        logits = model(x)
+        batch_loss = torch.nn.functional.cross_entropy(logits, y)
+        model.zero_grad(set_to_none=False)
+        batch_loss.backward()
+        with torch.no_grad():
+            for p, values, grads in host:
+                grads.copy_(p.grad)
+        outcome = session.push()
+        loss, acc = batch_loss.item(), (logits.argmax(1) == y).float().mean().item()
+        local = session.local_step
+        if f.log_every and local % f.log_every == 0:
+            rate = local * f.batch_size / (time.monotonic() - start)
+            epoch = outcome.global_step * per_global / len(train_x)
+            print(f"worker {worker} | local step {local} | global step {outcome.global_step} | epoch {epoch:.2f} | "
+                  f"loss {loss:.4f} | batch accuracy {acc:.3f} | {rate:.0f} samples/s", flush=True)
+            session.report(loss, acc, rate, lr)
+            if summaries:
+                summaries.add_scalar("loss", loss, outcome.global_step)
+    secs = time.monotonic() - start
+    print(f"worker {worker}: done after {session.local_step} local steps in {secs:.1f} s "
+          f"({session.local_step * f.batch_size / secs:.0f} samples/s on this worker, {session.stale_steps} stale)",
+          flush=True)
+
+    # Everyone meets once more so that the chief reads the final parameters.
+    try:
+        client.barrier("torch_mnist/end", workers, timeout=60)
+    except psclient.Error as e:
+        print(f"worker {worker}: end barrier: {e} (going on)", file=sys.stderr)
+    if chief:
+        final = client.pull({name: values for (name, _), (_, values, _) in zip(model.named_parameters(), host)})
+        with torch.no_grad():
+            for p, values, _ in host:
+                if values is not p:
+                    p.copy_(values)
+        accuracy, test_loss = evaluate(model, test_x, test_y, device)
+        global_step = max(final.step, session.global_step)
+        samples = global_step * per_global
+        print(f"\n== {mode}: test accuracy {accuracy:.4f}, test cross-entropy {test_loss:.4f}")
+        print(f"== {global_step} global steps, {samples / len(train_x):.2f} epochs in {secs:.1f} s: "
+              f"{samples / secs:.0f} samples/s", flush=True)
+        if summaries:
+            summaries.add_scalar("accuracy/test", accuracy, global_step)
+            summaries.flush()
+        session.end()  # the ps tasks exit once every worker has disconnected
+    client.close()
+    return 0
+
+
+def main(argv):
+    f, rest = parse_flags(argv)
+    try:
+        spec = cluster_spec(f)
+        if spec.is_ps:
+            exec_psd(spec, f, rest)
+        if rest:
+            raise SystemExit(f"torch_mnist: unknown flags {' '.join(rest)}")
+        if not spec.is_worker:
+            raise SystemExit(f"torch_mnist: nothing to do for {spec}")
+        return run_worker(spec, f)
+    except psclient.Error as e:
+        print(f"torch_mnist: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

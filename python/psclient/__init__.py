@@ -1,0 +1,65 @@
+"""psclient: the client of the psd parameter server, for NumPy and PyTorch trainers.
+
+    import numpy as np
+    import psclient
+
+    with psclient.Client(["127.0.0.1:2222"]) as client:
+        client.create([psclient.TensorSpec("w", (2, 2), optimizer=psclient.sgd(0.1))])
+        w = np.zeros((2, 2), np.float32)
+        client.pull("w", w)                              # in place: w == 0
+        client.push("w", np.ones((2, 2), np.float32))    # on psd: w -= 0.1 * grad
+        client.pull({"w": w})                            # w == -0.1
+
+Arrays are any C-contiguous float32 buffer: NumPy arrays, PyTorch CPU tensors
+(module parameters included), anything with the buffer protocol or
+__dlpack__. Calls that wait on the network release the GIL. *_async calls
+return a concurrent.futures.Future (asyncio.wrap_future works on it).
+
+Errors: psclient.Error, with ConnectionError, RequestError and ConfigError
+under it; arrays of the wrong dtype, layout or size raise ValueError before
+anything is sent. See docs/python.md.
+"""
+
+from ._psclient import (
+    Checkpoint,
+    Client,
+    ClusterSpec,
+    ConfigError,
+    ConnectionError,
+    Error,
+    InitConfig,
+    InitKind,
+    JobConfig,
+    LrSchedule,
+    OptimizerConfig,
+    OptimizerKind,
+    PullResult,
+    PushResult,
+    PushStatus,
+    RequestError,
+    ShardStats,
+    StepDone,
+    StepOutcome,
+    SummaryWriter,
+    SyncMode,
+    TensorInfo,
+    TensorSpec,
+    TrainingSession,
+    WorkerStats,
+    adagrad,
+    adam,
+    constant,
+    from_values,
+    glorot_normal,
+    glorot_uniform,
+    momentum,
+    normal,
+    optimizer,
+    rmsprop,
+    sgd,
+    truncated_normal,
+    uniform,
+    zeros,
+)
+
+__all__ = [name for name in dir() if not name.startswith("_")]

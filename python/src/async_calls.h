@@ -1,0 +1,109 @@
+// Carries libpsclient's std::futures to Python: each *_async call returns a
+// concurrent.futures.Future (so asyncio.wrap_future and
+// concurrent.futures.wait work), which one thread per Client completes as
+// the calls end, in the order they were made (a call that ends early is
+// reported once those before it are). The arrays lent to a call are held
+// until then.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <pybind11/pybind11.h>
+
+#include "python/src/errors.h"
+#include "python/src/float_buffer.h"
+
+namespace psclient_py {
+
+namespace py = pybind11;
+
+class AsyncCall {
+ public:
+  virtual ~AsyncCall() = default;  // GIL held
+  virtual void wait() = 0;          // GIL released: until the C++ call ends
+  virtual void complete() = 0;      // GIL held: sets the Python future
+};
+
+// A new concurrent.futures.Future, already marked running (it cannot be
+// cancelled: the request may be on the wire). GIL held.
+py::object new_python_future();
+
+template <class T>
+class FutureCall : public AsyncCall {
+ public:
+  using Convert = std::function<py::object(T&&)>;
+  FutureCall(std::future<T> future, py::object python_future, std::vector<FloatBuffer> buffers, Convert convert)
+      : future_(std::move(future)),
+        python_future_(std::move(python_future)),
+        buffers_(std::move(buffers)),
+        convert_(std::move(convert)) {}
+
+  void wait() override {
+    try {
+      value_.emplace(future_.get());
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+  }
+
+  void complete() override {
+    py::object outcome;
+    bool ok = !error_;
+    try {
+      outcome = ok ? convert_(std::move(*value_)) : exception_object(error_);
+    } catch (py::error_already_set& e) {
+      ok = false;
+      outcome = e.value();
+    }
+    buffers_.clear();  // the arrays are the caller's again before anyone hears of the result
+    python_future_.attr(ok ? "set_result" : "set_exception")(outcome);
+  }
+
+ private:
+  std::future<T> future_;
+  py::object python_future_;
+  std::vector<FloatBuffer> buffers_;
+  Convert convert_;
+  std::optional<T> value_;
+  std::exception_ptr error_;
+};
+
+class AsyncCalls {
+ public:
+  AsyncCalls() = default;
+  ~AsyncCalls();  // stop()
+  AsyncCalls(const AsyncCalls&) = delete;
+  AsyncCalls& operator=(const AsyncCalls&) = delete;
+
+  // GIL held. Starts the completing thread on first use.
+  void add(std::unique_ptr<AsyncCall> call);
+  // Waits (GIL released) for every call added so far to be completed, and
+  // ends the thread. GIL held on entry. add() may be called again later.
+  void stop();
+
+ private:
+  // Shared with the thread, which may outlive this object (detached when
+  // the last reference to the Client goes in one of its own callbacks).
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::unique_ptr<AsyncCall>> queue;
+    bool stopping = false;
+  };
+  static void run(std::shared_ptr<State> state);
+
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+  std::thread thread_;
+};
+
+}  // namespace psclient_py

@@ -1,0 +1,49 @@
+// psclient.Client: a ps::Client with what Python adds to it: closing (also
+// at interpreter exit), the async calls' completer, and the shapes of the
+// tensors it placed, so that arrays of the wrong size are refused before
+// anything is sent and pull(name) can make an array of the right shape.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <pybind11/pybind11.h>
+
+#include "ps/client.h"
+#include "python/src/async_calls.h"
+
+namespace psclient_py {
+
+namespace py = pybind11;
+
+class PyClient {
+ public:
+  explicit PyClient(ps::ClientOptions options);  // connects; call with the GIL released
+  ~PyClient();                                    // close(); GIL held
+  PyClient(const PyClient&) = delete;
+  PyClient& operator=(const PyClient&) = delete;
+
+  // The connection; ValueError once closed. Shared with TrainingSessions,
+  // which keep it open until they go.
+  ps::Client& client();
+  std::shared_ptr<ps::Client> shared_client();
+  // Completes pending async calls, then closes the connections. Idempotent.
+  void close();
+  bool closed() const { return client_ == nullptr; }
+
+  // The shape of `name` as created or declared on this Client (also by a
+  // TrainingSession); nullptr if it is neither.
+  const std::vector<uint64_t>* shape_of(const std::string& name);
+
+  AsyncCalls& async_calls() { return async_calls_; }
+
+ private:
+  std::shared_ptr<ps::Client> client_;
+  std::map<std::string, std::vector<uint64_t>> shapes_;
+  AsyncCalls async_calls_;
+};
+
+}  // namespace psclient_py

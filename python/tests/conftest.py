@@ -1,0 +1,98 @@
+"""Real psd processes on 127.0.0.1 for the tests: a free port each (psd --port 0
+--port_file), stopped by PID (SIGTERM, then SIGKILL) at the end of the test."""
+
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+SOURCE_DIR = pathlib.Path(os.environ.get("PS_SOURCE_DIR", pathlib.Path(__file__).resolve().parents[2]))
+
+
+def psd_bin():
+    path = os.environ.get("PSD_BIN") or str(SOURCE_DIR / "build" / "server" / "psd")
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"psd not found at {path}: build it, or set PSD_BIN (meson test sets it)")
+    return path
+
+
+class Psd:
+    """One psd process listening on a free loopback port."""
+
+    def __init__(self, *args):
+        self.dir = tempfile.TemporaryDirectory(prefix="psd_py_")
+        port_file = os.path.join(self.dir.name, "port")
+        self.log_path = os.path.join(self.dir.name, "psd.log")
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen([psd_bin(), "--port", "0", "--port_file", port_file, *args],
+                                         stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                with open(port_file) as f:
+                    self.port = int(f.read())
+                    break
+            except (FileNotFoundError, ValueError):
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"psd exited with {self.proc.returncode}: {self.log()}")
+            time.sleep(0.02)
+        else:
+            self.stop()
+            raise RuntimeError(f"psd did not listen within 15 s: {self.log()}")
+        self.address = f"127.0.0.1:{self.port}"
+
+    def log(self):
+        with open(self.log_path) as f:
+            return f.read()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.dir.cleanup()
+
+
+@pytest.fixture
+def start_psd():
+    """start_psd(*psd_flags) -> Psd; every psd started is stopped at the end."""
+    started = []
+
+    def start(*args):
+        p = Psd(*args)
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        p.stop()
+
+
+@pytest.fixture
+def psd(start_psd):
+    return start_psd()
+
+
+@pytest.fixture
+def python_env():
+    """Environment for child Python processes: this interpreter's psclient."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """With PS_SKIP_AS_77 set, a run whose tests all skipped exits 77: meson test reports SKIP, not OK."""
+    if not os.environ.get("PS_SKIP_AS_77") or exitstatus != 0:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and reporter.stats.get("skipped") and not reporter.stats.get("passed"):
+        session.exitstatus = 77

@@ -13,6 +13,7 @@
 #include "common/finite.h"
 #include "common/net/host_id.h"
 #include "common/random_bits.h"
+#include "common/tensor_name.h"
 #include "ps/errors.h"
 #include "common/wire_convert.h"
 
@@ -33,7 +34,7 @@ void to_wire_meta(const StoredTensor& t, bool created, wire::TensorMeta::Builder
 std::optional<PartMeta> part_from_wire(wire::TensorSpec::Reader spec) {
   if (!spec.hasPart()) return std::nullopt;
   auto p = spec.getPart();
-  return PartMeta{p.getFullName(), shape_from_wire(p.getFullShape()), p.getOffset(), p.getIndex(), p.getCount()};
+  return PartMeta{std::string(p.getFullName().begin(), p.getFullName().size()), shape_from_wire(p.getFullShape()), p.getOffset(), p.getIndex(), p.getCount()};
 }
 
 class LogErrors final : public kj::TaskSet::ErrorHandler {
@@ -102,12 +103,16 @@ void Shard::goodbye(const Caller& caller) { job_.disconnect(caller.worker_index,
 void Shard::init_job(wire::JobConfig::Reader config) { job_.configure(job_from_wire(config)); }
 
 void Shard::set_ready() {
+  check_can_be_ready();
+  job_.set_ready();
+}
+
+void Shard::check_can_be_ready() const {
   if (job_.configured() && job_.config().mode == SyncMode::kSync && trainable_count() == 0) {
     throw RequestError("setReady: this shard holds no trainable tensor, and in sync mode a shard's global step moves "
                        "only with its gradients: it would stay at step " + std::to_string(job_.global_step()) +
                        " for good (more ps shards than variable parts? use fewer ps hosts, or a smaller chunk size)");
   }
-  job_.set_ready();
 }
 
 void Shard::create(wire::Shard::CreateParams::Reader params, wire::Shard::CreateResults::Builder results) {
@@ -150,7 +155,13 @@ bool Shard::runs_inline(const StoredTensor* t) const { return t->size() * sizeof
 
 kj::Promise<void> Shard::run_on(StoredTensor* t, std::function<void()> fn) {
   if (runs_inline(t)) {
-    fn();
+    // A failure (an update refused) fails this promise, as on the pool: the
+    // request's other tensors still go ahead.
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      return kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__, kj::str(e.what()));
+    }
     return kj::READY_NOW;
   }
   return pool_.run(t->id(), std::move(fn));
@@ -159,8 +170,12 @@ kj::Promise<void> Shard::run_on(StoredTensor* t, std::function<void()> fn) {
 void Shard::timed_apply(StoredTensor* t, std::span<const float> g, float scale) {
   // steady_clock::now() is a vDSO call (~20 ns): negligible next to an apply.
   const auto start = std::chrono::steady_clock::now();
-  t->apply(g, scale);
+  const bool applied = t->apply(g, scale, !options_.allow_nonfinite);
   apply_latency_.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  if (!applied) {
+    ++counters_.rejected;
+    throw RequestError(nonfinite_update_refusal(t->spec()));
+  }
 }
 
 namespace {
@@ -215,7 +230,7 @@ kj::Promise<void> Shard::pull(const Caller& caller, wire::Shard::PullParams::Rea
   auto names = params.getNames();
   std::vector<StoredTensor*> tensors;
   tensors.reserve(names.size());
-  for (auto n : names) tensors.push_back(&store_.get(n));
+  for (auto n : names) tensors.push_back(&store_.get(name_from_wire(n, "pull: tensor")));
   // Where each tensor goes: -1 in the reply, else an offset in the
   // connection's shared memory region. All checked before anything is read.
   std::vector<int64_t> into(tensors.size(), -1);
@@ -366,7 +381,7 @@ kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Rea
   const uint32_t summed = gradients_summed_per_step(job);
   const float limit = gradient_limit(summed);
   for (auto g : grads) {
-    StoredTensor& t = store_.get(g.getName());
+    StoredTensor& t = store_.get(name_from_wire(g.getName(), "push: tensor"));
     const bool in_shared = g.hasShared();
     auto data = g.getValues();
     const uint64_t got = in_shared ? g.getShared().getBytes() : data.size();

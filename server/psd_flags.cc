@@ -23,6 +23,9 @@ void add_durability_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
   app.add_option("--keep_checkpoints", o.checkpoint.keep, "checkpoint files kept per shard")->capture_default_str();
   app.add_option("--auth_token_file", x.auth_token_file,
                  "require clients to present the token in this file (in clear text on the wire: use on trusted networks)");
+  app.add_option("--http_auth_token_file", x.http_auth_token_file,
+                 "HTTP: require \"Authorization: Bearer <token>\" with the token in this file on every path but "
+                 "/healthz (default: --auth_token_file's token, when given)");
   app.add_option("--max_tensors_per_client", o.shard.max_tensors_per_client,
                  "tensors one connection may create (0: no limit)")->capture_default_str();
   app.add_option("--worker_timeout_secs", o.shard.worker_timeout_secs,
@@ -139,6 +142,7 @@ void finish_psd_flags(ServerOptions& o, const PsdFlagValues& x) {
   o.shard.limits.max_total_bytes = static_cast<uint64_t>(x.max_memory_mb * (1 << 20));
   o.shard.max_shared_memory_bytes = static_cast<uint64_t>(x.max_shared_memory_mb) << 20;
   if (!x.auth_token_file.empty()) o.shard.auth_token = read_auth_token(x.auth_token_file);
+  if (!x.http_auth_token_file.empty()) o.http_auth_token = read_auth_token(x.http_auth_token_file);
   if (o.checkpoint.every_secs < 0) throw ConfigError("--checkpoint_secs must be >= 0");
   if (o.checkpoint.keep < 1) throw ConfigError("--keep_checkpoints must be >= 1");
   if (o.checkpoint.every_secs > 0 && o.checkpoint.dir.empty()) throw ConfigError("--checkpoint_secs needs --checkpoint_dir");

@@ -3,8 +3,13 @@
 // with a clear error, stores nothing non-finite, and serves on.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -349,4 +354,130 @@ TEST_CASE("a checkpoint marked ready that setReady would refuse is not restored"
   CHECK_THAT(psd.log(), Catch::Contains("holds no trainable tensor"));
   Client client(options_for(psd));
   CHECK(client.stats()[0].tensors == 0);
+}
+
+// --- 6. the HTTP side ---
+
+namespace {
+
+// A TCP connection to 127.0.0.1:port driven byte by byte.
+struct RawTcp {
+  explicit RawTcp(int port) {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    connected = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  }
+  ~RawTcp() { ::close(fd); }
+  void send(const std::string& bytes) { (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL); }
+  // Reads until the peer closes (true) or `timeout` passes (false).
+  bool read_until_closed(std::chrono::milliseconds timeout, std::string* got = nullptr) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    char buf[4096];
+    while (std::chrono::steady_clock::now() < until) {
+      pollfd p{fd, POLLIN, 0};
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(1, left.count()))) <= 0) continue;
+      const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) return true;
+      if (got) got->append(buf, static_cast<std::size_t>(n));
+    }
+    return false;
+  }
+  int fd = -1;
+  bool connected = false;
+};
+
+std::string get(const std::string& path, const std::string& extra_headers = "") {
+  return "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n" + extra_headers + "\r\n";
+}
+
+std::string write_token(const TempDir& dir, const std::string& name, const std::string& token) {
+  const std::string path = dir.path() + "/" + name;
+  std::ofstream(path) << token << "\n";
+  ::chmod(path.c_str(), 0600);
+  return path;
+}
+
+struct HttpPsd {
+  explicit HttpPsd(std::vector<std::string> extra = {}) : psd(args(std::move(extra))) {
+    port = ps::test::read_port_file(dir.path() + "/http_port");
+  }
+  std::vector<std::string> args(std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"--http_port", "any", "--http_port_file", dir.path() + "/http_port"});
+    return extra;
+  }
+  TempDir dir;
+  PsdProcess psd;
+  int port = 0;
+};
+
+}  // namespace
+
+TEST_CASE("HTTP: with --auth_token_file the pages need the bearer token; /healthz stays open") {
+  TempDir tokens;
+  HttpPsd h({"--auth_token_file", write_token(tokens, "token", "rpc-secret")});
+  for (const std::string path : {"/", "/status.json", "/metrics", "/nothing"}) {
+    INFO(path);
+    auto none = ps::test::http_exchange(h.port, get(path));
+    CHECK(none.status == 401);
+    CHECK(none.headers["www-authenticate"] == "Bearer realm=\"psd\"");
+    CHECK(none.body.find("tensor") == std::string::npos);
+    CHECK(ps::test::http_exchange(h.port, get(path, "Authorization: Bearer rpc-secreT\r\n")).status == 401);
+    CHECK(ps::test::http_exchange(h.port, get(path, "Authorization: Bearer rpc-secret-more\r\n")).status == 401);
+    CHECK(ps::test::http_exchange(h.port, get(path, "Authorization: Basic cnBjLXNlY3JldA==\r\n")).status == 401);
+  }
+  CHECK(ps::test::http_exchange(h.port, get("/metrics", "Authorization: Bearer rpc-secret\r\n")).status == 200);
+  CHECK(ps::test::http_exchange(h.port, get("/status.json", "Authorization: bearer rpc-secret\r\n")).status == 200);
+  CHECK(ps::test::http_exchange(h.port, get("/healthz")).status == 200);
+}
+
+TEST_CASE("HTTP: a token of its own (--http_auth_token_file), apart from the RPC one") {
+  TempDir tokens;
+  HttpPsd h({"--auth_token_file", write_token(tokens, "rpc", "rpc-secret"), "--http_auth_token_file",
+             write_token(tokens, "http", "scrape-secret")});
+  CHECK(ps::test::http_exchange(h.port, get("/metrics", "Authorization: Bearer rpc-secret\r\n")).status == 401);
+  CHECK(ps::test::http_exchange(h.port, get("/metrics", "Authorization: Bearer scrape-secret\r\n")).status == 200);
+  // Only HTTP: without --auth_token_file the RPC stays open, the pages not.
+  HttpPsd only_http({"--http_auth_token_file", write_token(tokens, "http2", "scrape-secret")});
+  CHECK(ps::test::http_exchange(only_http.port, get("/")).status == 401);
+  Client client(options_for(only_http.psd));
+  CHECK(client.stats().size() == 1);
+}
+
+TEST_CASE("HTTP: a request with Connection: close is answered and its connection closed") {
+  HttpPsd h;
+  RawTcp conn(h.port);
+  REQUIRE(conn.connected);
+  conn.send(get("/healthz", "Connection: close\r\n"));
+  std::string answer;
+  CHECK(conn.read_until_closed(2s, &answer));  // well within the 3 s request deadline
+  CHECK_THAT(answer, Catch::StartsWith("HTTP/1.1 200") && Catch::Contains("ok\n"));
+  // Keep-alive otherwise: a second request on the same connection is served.
+  RawTcp keep(h.port);
+  keep.send(get("/healthz"));
+  std::string first;
+  CHECK_FALSE(keep.read_until_closed(300ms, &first));
+  CHECK_THAT(first, Catch::StartsWith("HTTP/1.1 200"));
+}
+
+TEST_CASE("HTTP: slow connections do not deny the page to others") {
+  HttpPsd h;
+  // More slow peers than psd's 64 places, each holding a request half sent.
+  std::vector<std::unique_ptr<RawTcp>> slow;
+  for (int i = 0; i < 80; ++i) {
+    slow.push_back(std::make_unique<RawTcp>(h.port));
+    slow.back()->send("GET /status.json HTTP/1.1\r\nHost: x");
+  }
+  std::this_thread::sleep_for(200ms);
+  int served = 0;
+  for (int i = 0; i < 20; ++i) served += ps::test::http_exchange(h.port, get("/healthz"), 2000).status == 200;
+  CHECK(served == 20);
+  // And a slow peer is dropped once the request deadline has passed.
+  RawTcp late(h.port);
+  late.send("GET / HTTP/1.1\r\n");
+  CHECK(late.read_until_closed(6s));
+  CHECK(h.psd.alive());
 }

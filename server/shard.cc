@@ -107,14 +107,6 @@ void Shard::set_ready() {
   job_.set_ready();
 }
 
-void Shard::check_can_be_ready() const {
-  if (job_.configured() && job_.config().mode == SyncMode::kSync && trainable_count() == 0) {
-    throw RequestError("setReady: this shard holds no trainable tensor, and in sync mode a shard's global step moves "
-                       "only with its gradients: it would stay at step " + std::to_string(job_.global_step()) +
-                       " for good (more ps shards than variable parts? use fewer ps hosts, or a smaller chunk size)");
-  }
-}
-
 void Shard::create(wire::Shard::CreateParams::Reader params, wire::Shard::CreateResults::Builder results) {
   auto specs = params.getSpecs();
   if (params.getValuesLeftOut() && !params.getValidateOnly()) {
@@ -409,6 +401,7 @@ kj::Promise<void> Shard::push(const Caller& caller, wire::Shard::PushParams::Rea
     bytes += got;
   }
   const bool sync = job.mode == SyncMode::kSync;
+  if (!sync) refuse_nonfinite_updates(work);
   if (sync) {
     if (caller.worker_index < 0) throw RequestError("push: sync mode needs a worker index (say hello as a worker)");
     if (step > job_.global_step()) {

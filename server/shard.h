@@ -211,6 +211,11 @@ class Shard {
   // The bytes a slice names in the caller's region; throws RequestError
   // (naming `what`) for a slice that is not there.
   const std::byte* shared_slice(const Caller& caller, wire::SharedSlice::Reader slice, const char* what) const;
+  // An async push whose update of a tensor applied on the event loop would
+  // leave a value NaN or Inf is refused before any of it is applied (the
+  // check of larger tensors runs on their strand, as they are applied:
+  // StoredTensor::apply). Throws RequestError (shard_checks.cc).
+  void refuse_nonfinite_updates(const std::vector<std::pair<StoredTensor*, std::span<const float>>>& work) const;
   // Tensors up to ShardOptions::inline_bytes are worked on in the event
   // loop; larger ones on the compute pool (run_on decides).
   bool runs_inline(const StoredTensor* t) const;

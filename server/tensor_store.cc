@@ -63,6 +63,11 @@ bool StoredTensor::apply(std::span<const float> grad, float scale, bool require_
   return true;
 }
 
+bool StoredTensor::update_finite(std::span<const float> grad, float scale) const {
+  std::shared_lock lock(mutex_);
+  return optimizer_->result_finite(*values_, grad, slots_, static_cast<int64_t>(version_), scale);
+}
+
 uint64_t StoredTensor::version() const {
   std::shared_lock lock(mutex_);
   return version_;

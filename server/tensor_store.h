@@ -45,6 +45,8 @@ class StoredTensor {
   // changed (version included).
   bool apply(std::span<const float> grad, float scale, bool require_finite = true);
   uint64_t version() const;
+  // Whether apply(grad, scale) would be accepted now (Optimizer::result_finite).
+  bool update_finite(std::span<const float> grad, float scale) const;
 
   // A consistent copy of values, slots and version (for checkpoints), taken
   // under the shared lock: updates wait only for the copy.

@@ -196,6 +196,12 @@ TEST_CASE("an update that would overflow is refused and changes nothing (SGD at 
   CHECK(c.pull("w") == std::vector<float>{-3e38f, -3e38f});
   CHECK_THROWS_WITH(c.push("w", std::vector<float>{1, 1}), Catch::Contains("not applied") && Catch::Contains("NaN or Inf"));
   CHECK(c.pull("w") == std::vector<float>{-3e38f, -3e38f});
+  // A push of several tensors is refused whole: its other tensor unchanged.
+  c.create({{.name = "v", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f), .init = InitConfig::constant(5)}});
+  const std::vector<float> one{1, 1};
+  CHECK_THROWS_WITH(c.push({"v", "w"}, {std::span<const float>(one), std::span<const float>(one)}, 0),
+                    Catch::Contains("not applied"));
+  CHECK(c.pull("v") == std::vector<float>{5, 5});
   // A gradient the other way is still applied.
   c.push("w", std::vector<float>{-1, -1});
   CHECK(c.pull("w") == std::vector<float>{0, 0});

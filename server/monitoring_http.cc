@@ -193,7 +193,9 @@ struct MonitoringHttp::Impl final : public kj::HttpService, public kj::HttpServe
         timer(timer),
         token(std::move(bearer_token)),
         server(timer, *headers.table, kj::HttpServer::HttpServiceFactory([this](kj::AsyncIoStream& stream) {
-                 return kj::Own<kj::HttpService>(kj::heap<ConnService>(*this, static_cast<AnswerTrackingStream&>(stream)));
+                 // The stream is the AnswerTrackingStream accept_loop hands to the server.
+                 auto& tracked = static_cast<AnswerTrackingStream&>(stream);
+                 return kj::Own<kj::HttpService>(kj::heap<ConnService>(*this, tracked));
                }), settings()),
         connections(log_http_errors) {}
 

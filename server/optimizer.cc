@@ -195,7 +195,8 @@ class Adagrad final : public Optimizer {
   }
   bool result_finite(std::span<const float> w, std::span<const float> g, const std::vector<std::vector<float>>& slots,
                      int64_t step, float scale) const override {
-    return adagrad_ok(w.data(), slots[0].data(), g.data(), w.size(), config_.learning_rate_at(step), scale, kResultLimit);
+    return adagrad_ok(w.data(), slots[0].data(), g.data(), w.size(), config_.learning_rate_at(step), scale,
+                      kResultLimit);
   }
 };
 

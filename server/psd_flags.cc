@@ -75,7 +75,8 @@ void add_psd_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
                  "taken for gone, as if its connection closed (0: never)")
       ->capture_default_str()
       ->check(CLI::Range(0u, 86400u));
-  app.add_flag("--allow_nonfinite", o.shard.allow_nonfinite, "accept gradients containing NaN or Inf");
+  app.add_flag("--allow_nonfinite", o.shard.allow_nonfinite,
+               "accept gradients containing NaN or Inf, and updates that make NaN or Inf (docs/hardening.md)");
   add_durability_flags(app, o, x);
   app.add_option("--exit_when_done", o.exit_when_done,
                  "exit once the chief reports the job finished and every worker has disconnected")

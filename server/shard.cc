@@ -34,7 +34,8 @@ void to_wire_meta(const StoredTensor& t, bool created, wire::TensorMeta::Builder
 std::optional<PartMeta> part_from_wire(wire::TensorSpec::Reader spec) {
   if (!spec.hasPart()) return std::nullopt;
   auto p = spec.getPart();
-  return PartMeta{std::string(p.getFullName().begin(), p.getFullName().size()), shape_from_wire(p.getFullShape()), p.getOffset(), p.getIndex(), p.getCount()};
+  return PartMeta{std::string(p.getFullName().begin(), p.getFullName().size()),  // every byte: the store checks them
+                  shape_from_wire(p.getFullShape()), p.getOffset(), p.getIndex(), p.getCount()};
 }
 
 class LogErrors final : public kj::TaskSet::ErrorHandler {

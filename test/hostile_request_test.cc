@@ -194,7 +194,8 @@ TEST_CASE("an update that would overflow is refused and changes nothing (SGD at 
   c.create({{.name = "w", .shape = {2}, .optimizer = OptimizerConfig::sgd(3e38f), .init = InitConfig::constant(0)}});
   c.push("w", std::vector<float>{1, 1});
   CHECK(c.pull("w") == std::vector<float>{-3e38f, -3e38f});
-  CHECK_THROWS_WITH(c.push("w", std::vector<float>{1, 1}), Catch::Contains("not applied") && Catch::Contains("NaN or Inf"));
+  CHECK_THROWS_WITH(c.push("w", std::vector<float>{1, 1}),
+                    Catch::Contains("not applied") && Catch::Contains("NaN or Inf"));
   CHECK(c.pull("w") == std::vector<float>{-3e38f, -3e38f});
   // A push of several tensors is refused whole: its other tensor unchanged.
   c.create({{.name = "v", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f), .init = InitConfig::constant(5)}});
@@ -206,6 +207,26 @@ TEST_CASE("an update that would overflow is refused and changes nothing (SGD at 
   c.push("w", std::vector<float>{-1, -1});
   CHECK(c.pull("w") == std::vector<float>{0, 0});
   CHECK(psd.alive());
+}
+
+TEST_CASE("sync mode: a step whose averaged update would overflow leaves the tensor as it was") {
+  PsdProcess psd;
+  ClientOptions o = options_for(psd);
+  o.worker_index = 0;
+  o.is_chief = true;
+  Client c(o);
+  c.create({{.name = "w", .shape = {2}, .optimizer = OptimizerConfig::sgd(3e38f), .init = InitConfig::constant(0)}});
+  c.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 1, .total_replicas = 1});
+  c.set_ready();
+  const std::vector<float> one{1, 1};
+  c.push({"w"}, {std::span<const float>(one)}, 0);  // step 0: -3e38
+  std::vector<float> w(2);
+  c.pull({"w"}, {std::span<float>(w)}, 1);
+  CHECK(w == std::vector<float>{-3e38f, -3e38f});
+  c.push({"w"}, {std::span<const float>(one)}, 1);  // step 1: -6e38 would be -Inf
+  c.pull({"w"}, {std::span<float>(w)}, 2);
+  CHECK(w == std::vector<float>{-3e38f, -3e38f});
+  CHECK_THAT(psd.log(), Catch::Contains("update of tensor 'w' not applied"));
 }
 
 TEST_CASE("Adam with a learning rate that overflows its first step stores nothing non-finite") {
@@ -227,7 +248,9 @@ TensorCheckpoint tensor(const std::string& name, std::vector<float> values) {
   return t;
 }
 
-std::vector<std::string> ckpt_args(const TempDir& dir) { return {"--checkpoint_dir", dir.path(), "--checkpoint_secs", "0"}; }
+std::vector<std::string> ckpt_args(const TempDir& dir) {
+  return {"--checkpoint_dir", dir.path(), "--checkpoint_secs", "0"};
+}
 
 }  // namespace
 

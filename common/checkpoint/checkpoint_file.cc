@@ -384,7 +384,8 @@ ShardCheckpoint read_checkpoint(const std::string& path) {
       tc.version = t.getSpec().getVersion();
       if (t.getSpec().hasPart()) {
         auto p = t.getSpec().getPart();
-        tc.part = PartMeta{std::string(p.getFullName().begin(), p.getFullName().size()), shape_from_wire(p.getFullShape()), p.getOffset(), p.getIndex(), p.getCount()};
+        tc.part = PartMeta{std::string(p.getFullName().begin(), p.getFullName().size()),
+                           shape_from_wire(p.getFullShape()), p.getOffset(), p.getIndex(), p.getCount()};
       }
       const uint64_t elements = t.getElements();
       if (elements != tc.spec.num_elements()) in.fail("tensor '" + tc.spec.name + "' has a size that does not match its shape");

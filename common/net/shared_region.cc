@@ -82,7 +82,9 @@ std::unique_ptr<SharedRegion> SharedRegion::open_peer(pid_t pid, int peer_fd, ui
   // A hugetlbfs memfd can fault when the huge page pool runs dry: only
   // ordinary shared memory (tmpfs) is mapped.
   struct statfs fs {};
-  if (::fstatfs(fd, &fs) != 0 || fs.f_type != TMPFS_MAGIC) throw refuse("region must be an ordinary memfd (not hugetlbfs)");
+  if (::fstatfs(fd, &fs) != 0 || fs.f_type != TMPFS_MAGIC) {
+    throw refuse("region must be an ordinary memfd (not hugetlbfs)");
+  }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw refuse("descriptor is not a memory file");
   const auto size = static_cast<uint64_t>(st.st_size);

@@ -1,5 +1,6 @@
 #include "server/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -245,6 +246,27 @@ void validate_optimizer(const OptimizerConfig& c) {
     const double last = c.learning_rate * std::pow(static_cast<double>(c.decay_rate), c.boundaries.size());
     require(std::isfinite(last) && last <= std::numeric_limits<float>::max(),
             "the piecewise learning rate overflows after " + std::to_string(c.boundaries.size()) + " boundaries");
+  }
+}
+
+void validate_slots(const OptimizerConfig& c, const std::vector<std::vector<float>>& slots) {
+  auto all = [](const std::vector<float>& s, auto ok) { return std::all_of(s.begin(), s.end(), ok); };
+  switch (c.kind) {
+    case OptimizerKind::kAdam:
+      if (slots.size() == 2) require(all(slots[1], [](float x) { return x >= 0; }), "Adam's restored v must be >= 0");
+      return;
+    case OptimizerKind::kAdagrad:
+      if (slots.size() == 1) {
+        require(all(slots[0], [](float x) { return x > 0; }), "Adagrad's restored accumulator must be > 0");
+      }
+      return;
+    case OptimizerKind::kRmsProp:
+      if (slots.size() == 2) {
+        require(all(slots[0], [](float x) { return x >= 0; }), "RMSProp's restored mean square must be >= 0");
+      }
+      return;
+    default:
+      return;
   }
 }
 

@@ -63,6 +63,12 @@ class Optimizer {
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config);
 
+// Throws RequestError when restored slots hold values the optimizer can
+// never produce and would divide by the root of: a negative second moment
+// (Adam's v, RMSProp's mean square) or an Adagrad accumulator <= 0. Their
+// updates would be NaN (and refused) for good.
+void validate_slots(const OptimizerConfig& config, const std::vector<std::vector<float>>& slots);
+
 // psd's refusal of an update that result_finite() turned down.
 std::string nonfinite_update_refusal(const TensorSpec& tensor);
 

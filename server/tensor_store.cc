@@ -124,6 +124,13 @@ void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<Pa
         throw RequestError("create: tensor '" + name + "' has a NaN or Inf restored slot value");
       }
     }
+    if (given) {
+      try {
+        validate_slots(spec.optimizer, spec.slots);
+      } catch (const RequestError& e) {
+        throw RequestError("create: tensor '" + name + "': " + e.what());
+      }
+    }
   }
   if (part) {
     // A logical shape whose element count overflows holds no part (its

@@ -239,6 +239,18 @@ TEST_CASE("Adam with a learning rate that overflows its first step stores nothin
   CHECK(c.pull("a") == std::vector<float>{1, 1, 1});
 }
 
+TEST_CASE("restored optimizer slots the optimizer could never hold are refused") {
+  PsdProcess psd;
+  Client c(options_for(psd));
+  TensorSpec spec{.name = "a", .shape = {2}, .optimizer = OptimizerConfig::adagrad(0.1f),
+                  .init = InitConfig::from_values({1, 1})};
+  spec.slots = {{0.5f, -0.5f}};  // an accumulator of squares cannot be negative: sqrt(-0.5) is NaN
+  CHECK_THROWS_WITH(c.create({spec}), Catch::Contains("accumulator must be > 0"));
+  spec.slots = {{0.5f, 0.25f}};
+  c.create({spec});
+  CHECK(c.pull("a") == std::vector<float>{1, 1});
+}
+
 namespace {
 
 TensorCheckpoint tensor(const std::string& name, std::vector<float> values) {

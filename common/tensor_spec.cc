@@ -24,8 +24,10 @@ void glorot_fans(const std::vector<uint64_t>& shape, uint64_t* fan_in, uint64_t*
   } else if (shape.size() == 1) {
     *fan_in = *fan_out = shape[0];
   } else {
-    uint64_t in = 1;
-    for (std::size_t i = 0; i + 1 < shape.size(); ++i) in *= shape[i];
+    uint64_t in = 1;  // saturates at UINT64_MAX rather than wrapping
+    for (std::size_t i = 0; i + 1 < shape.size(); ++i) {
+      in = shape[i] != 0 && in > UINT64_MAX / shape[i] ? UINT64_MAX : in * shape[i];
+    }
     *fan_in = in;
     *fan_out = shape.back();
   }

@@ -99,7 +99,7 @@ void to_wire(const TensorSpec& s, wire::TensorSpec::Builder out) {
 
 TensorSpec from_wire(wire::TensorSpec::Reader in) {
   TensorSpec s;
-  s.name = in.getName();
+  s.name = std::string(in.getName().begin(), in.getName().size());  // every byte: checked by the store
   s.shape = shape_from_wire(in.getShape());
   s.optimizer = from_wire(in.getOptimizer());
   s.init = from_wire(in.getInit());

@@ -17,6 +17,7 @@
 #include "common/checkpoint/checkpoint_file.h"
 #include "server/shard.h"
 #include "fuzz/shard_env.h"
+#include "fuzz/shard_invariants.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   spdlog::set_level(spdlog::level::off);
@@ -36,7 +37,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   // A file that reads back is restored into a shard as psd restores it at
-  // start: it holds every tensor, or refuses the file and holds none.
+  // start: it holds every tensor but those named as left out, or refuses
+  // the file and holds none; what it holds passes the live requests' checks
+  // (shard_invariants.h), and so does its job.
   ps::ShardOptions options;
   options.shard_index = c.shard_index;
   options.num_shards = c.num_shards;
@@ -45,8 +48,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.limits.max_tensors = 64;
   ps::Shard shard(options, ps::fuzz::pool(), ps::fuzz::timer());
   try {
-    shard.restore(c);
-    if (shard.store().count() != c.tensors.size()) __builtin_trap();
+    const auto skipped = shard.restore(c);
+    if (shard.store().count() + skipped.size() != c.tensors.size()) __builtin_trap();
+    if (shard.job().configured()) ps::validate_job_config(shard.job().config());
+    ps::fuzz::check_shard_invariants(shard);
   } catch (const ps::Error&) {
     if (shard.store().count() != 0) __builtin_trap();
   }

@@ -2,7 +2,10 @@
 // byte, a caller byte and a serialized Cap'n Proto message, read (as psd's
 // RPC layer would) with a tight traversal limit and handed to the Shard
 // handler as its params. Checks, besides the sanitizers' own: a handler that
-// refuses a request (throws) has changed nothing.
+// refuses a request (throws) has changed nothing, and whatever the request,
+// the shard stores no NaN or Inf and no name with a control character
+// (shard_invariants.h; a tensor with SGD at learning rate 1e38 is there to
+// be pushed past FLT_MAX).
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +19,7 @@
 #include "server/shard.h"
 #include "server/shard_wire.h"
 #include "fuzz/shard_env.h"
+#include "fuzz/shard_invariants.h"
 #include "common/wire_convert.h"
 
 namespace {
@@ -52,7 +56,7 @@ Digest digest(ps::Shard& shard) {
 void seed(ps::Shard& shard, bool sync) {
   capnp::MallocMessageBuilder m;
   auto params = m.initRoot<ps::wire::Shard::CreateParams>();
-  auto specs = params.initSpecs(3);
+  auto specs = params.initSpecs(4);
   ps::to_wire(ps::TensorSpec{.name = "w", .shape = {4}, .optimizer = ps::OptimizerConfig::adam(0.1f)}, specs[0]);
   ps::to_wire(ps::TensorSpec{.name = "v", .shape = {2, 3}, .optimizer = ps::OptimizerConfig::sgd(0.5f)}, specs[1]);
   ps::to_wire(ps::TensorSpec{.name = "p/part_1", .shape = {5}}, specs[2]);
@@ -62,6 +66,8 @@ void seed(ps::Shard& shard, bool sync) {
   part.setOffset(5);
   part.setIndex(1);
   part.setCount(2);
+  ps::to_wire(ps::TensorSpec{.name = "big", .shape = {2}, .optimizer = ps::OptimizerConfig::sgd(1e38f),
+                             .init = ps::InitConfig::constant(3e38f)}, specs[3]);
   ps::CreateReply reply;
   shard.create(ps::create_from_wire(params.asReader()), reply);
   if (sync) {
@@ -171,5 +177,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::fprintf(stderr, "a refused request (op %u) changed the shard's state\n", op);
     std::abort();
   }
+  ps::fuzz::check_shard_invariants(shard);
   return 0;
 }

@@ -33,7 +33,13 @@ void Checkpointer::writer_loop() {
       queue_.pop_front();
     }
     try {
-      *job.path = write_checkpoint(options_.dir, *job.checkpoint);
+      bool kept_fuller = false;
+      *job.path = write_checkpoint(options_.dir, *job.checkpoint, &kept_fuller);
+      if (kept_fuller) {
+        spdlog::warn("checkpoint of step {} has {} tensors, fewer than the file of that step already there: that file "
+                     "is kept, this one written to {}", job.checkpoint->global_step, job.checkpoint->tensors.size(),
+                     *job.path);
+      }
       prune_checkpoints(options_.dir, job.checkpoint->shard_index, job.checkpoint->num_shards, options_.keep,
                         job.checkpoint->global_step);
       job.done->fulfill();
@@ -118,10 +124,14 @@ std::string Checkpointer::restore() {
     try {
       ShardCheckpoint c = read_checkpoint(file.path);
       if (c.global_step != file.step) throw CheckpointError("checkpoint " + file.path + " holds step " + std::to_string(c.global_step));
-      shard_.restore(c);
+      const std::vector<SkippedTensor> skipped = shard_.restore(c);
       saved_signature_ = change_signature();
-      spdlog::info("restored {}: global step {}, {} tensors{}", file.path, c.global_step, c.tensors.size(),
-                   c.ready ? "" : " (model not marked ready)");
+      for (const auto& s : skipped) {
+        spdlog::error("restore of {}: left out tensor '{}': {}", file.path, s.name, s.reason);
+      }
+      spdlog::info("restored {}: global step {}, {} of {} tensors{}{}", file.path, c.global_step,
+                   c.tensors.size() - skipped.size(), c.tensors.size(), c.ready ? "" : " (model not marked ready)",
+                   skipped.empty() ? "" : " (the file is kept: later checkpoints of this step do not replace it)");
       return file.path;
     } catch (const CheckpointError& e) {
       // Unreadable (truncated, corrupted, another format): set aside, so

@@ -10,7 +10,31 @@
 
 namespace ps {
 
-void validate_initializer(const InitConfig& init, const std::string& name) {
+namespace {
+
+// Glorot's bound of the uniform (limit) and its truncated normal's stddev.
+double glorot_uniform_limit(const std::vector<uint64_t>& shape) { return std::sqrt(6.0 / glorot_fan_sum(shape)); }
+double glorot_normal_stddev(const std::vector<uint64_t>& shape) {
+  return std::sqrt(2.0 / glorot_fan_sum(shape)) / 0.87962566103423978;
+}
+
+// A scale usable as a float distribution parameter.
+bool usable_scale(double x) {
+  return std::isfinite(x) && x > 0 && x <= std::numeric_limits<float>::max() &&
+         static_cast<float>(x) >= std::numeric_limits<float>::min();
+}
+
+}  // namespace
+
+double glorot_fan_sum(const std::vector<uint64_t>& shape) {
+  if (shape.empty()) return 2.0;
+  if (shape.size() == 1) return 2.0 * static_cast<double>(shape[0]);
+  double fan_in = 1;
+  for (std::size_t i = 0; i + 1 < shape.size(); ++i) fan_in *= static_cast<double>(shape[i]);
+  return fan_in + static_cast<double>(shape.back());
+}
+
+void validate_initializer(const InitConfig& init, const std::string& name, const std::vector<uint64_t>& full_shape) {
   const auto refuse = [&](const std::string& why) {
     return RequestError("create: tensor '" + name + "': initializer " + why);
   };
@@ -33,16 +57,24 @@ void validate_initializer(const InitConfig& init, const std::string& name) {
                      std::to_string(a) + ", stddev " + std::to_string(b));
       }
       return;
+    case InitKind::kGlorotUniform:
+    case InitKind::kGlorotNormal: {
+      const double scale = init.kind == InitKind::kGlorotUniform ? glorot_uniform_limit(full_shape)
+                                                                 : glorot_normal_stddev(full_shape);
+      if (!usable_scale(scale)) {
+        throw refuse("Glorot's scale for shape " + shape_to_string(full_shape) + " is " + std::to_string(scale) +
+                     ", not a float > 0 (fan_in + fan_out = " + std::to_string(glorot_fan_sum(full_shape)) + ")");
+      }
+      return;
+    }
     default:
-      return;  // zeros, Glorot: no parameters; values: checked by the store
+      return;  // zeros: no parameters; values: checked by the store
   }
 }
 
 void initialize(std::span<float> out, const InitConfig& init, const std::vector<uint64_t>& full_shape,
                 uint32_t part_index) {
   std::mt19937_64 rng(init.seed * 0x9E3779B97F4A7C15ull + part_index);
-  uint64_t fan_in = 1, fan_out = 1;
-  glorot_fans(full_shape, &fan_in, &fan_out);
   switch (init.kind) {
     case InitKind::kZeros:
       std::fill(out.begin(), out.end(), 0.0f);
@@ -71,14 +103,14 @@ void initialize(std::span<float> out, const InitConfig& init, const std::vector<
       return;
     }
     case InitKind::kGlorotUniform: {
-      const float limit = std::sqrt(6.0f / static_cast<float>(fan_in + fan_out));
+      const auto limit = static_cast<float>(glorot_uniform_limit(full_shape));
       std::uniform_real_distribution<float> d(-limit, limit);
       for (float& x : out) x = d(rng);
       return;
     }
     case InitKind::kGlorotNormal: {
       // TF's glorot_normal is a truncated normal with this stddev.
-      const float stddev = std::sqrt(2.0f / static_cast<float>(fan_in + fan_out)) / 0.87962566103423978f;
+      const auto stddev = static_cast<float>(glorot_normal_stddev(full_shape));
       std::normal_distribution<float> d(0.0f, 1.0f);
       for (float& x : out) {
         float z;

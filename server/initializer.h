@@ -18,7 +18,13 @@ void initialize(std::span<float> out, const InitConfig& init, const std::vector<
 
 // Throws RequestError (naming tensor `name`) for parameters that would fill
 // the tensor with NaN or Inf, or break a distribution's preconditions
-// (uniform low > high, a normal's stddev <= 0).
-void validate_initializer(const InitConfig& init, const std::string& name);
+// (uniform low > high, a normal's stddev <= 0, a Glorot scale that is not
+// a finite float > 0 for `full_shape`).
+void validate_initializer(const InitConfig& init, const std::string& name, const std::vector<uint64_t>& full_shape);
+
+// fan_in + fan_out of Glorot initialisation (ps::glorot_fans), counted in
+// double: their sum in 64-bit integers wraps for the largest shapes (to 0
+// for [2^64 - 1, 1], which made the scale Inf and the values NaN).
+double glorot_fan_sum(const std::vector<uint64_t>& full_shape);
 
 }  // namespace ps

@@ -9,7 +9,7 @@
 
 namespace ps {
 
-void JobState::configure(const JobConfig& config) {
+void validate_job_config(const JobConfig& config) {
   if (config.mode == SyncMode::kSync && config.replicas_to_aggregate == 0) {
     throw RequestError("initJob: sync mode needs replicas_to_aggregate >= 1");
   }
@@ -17,6 +17,13 @@ void JobState::configure(const JobConfig& config) {
     throw RequestError("initJob: replicas_to_aggregate " + std::to_string(config.replicas_to_aggregate) +
                        " exceeds the job's " + std::to_string(config.total_replicas) + " workers");
   }
+  if (!step_in_range(config.start_step)) {
+    throw RequestError("initJob: start step " + std::to_string(config.start_step) + " is out of range [0, 2^62]");
+  }
+}
+
+void JobState::configure(const JobConfig& config) {
+  validate_job_config(config);
   if (configured_) {
     // start_step only says where a new job begins: a chief restarted with
     // restore_from names the newest checkpoint's step, and the job goes on.

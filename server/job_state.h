@@ -40,6 +40,10 @@ struct WorkerRecord {
   bool lost() const { return connections == 0 || hung; }
 };
 
+// The checks a job configuration must pass, wherever it comes from: the
+// chief's initJob and a checkpoint being restored. Throws RequestError.
+void validate_job_config(const JobConfig& config);
+
 class JobState {
  public:
   explicit JobState(kj::Timer& timer) : timer_(timer) {}

@@ -1,7 +1,15 @@
 #include "server/accept_retry.h"
 #include "server/monitoring_http.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <strings.h>
+#include <sys/socket.h>
+
+#include <algorithm>
 #include <chrono>
+#include <list>
+#include <map>
 #include <string>
 
 #include <kj/compat/http.h>
@@ -32,7 +40,16 @@ class AnswerTrackingStream final : public kj::AsyncIoStream {
 
   uint64_t unanswered_bytes() const { return unanswered_; }
 
+  // After the answer to a request that asked for "Connection: close": the
+  // peer sees the end of the stream now, and KJ's next read finds it too
+  // (KJ 0.9 only adds the header, then waits for another request).
+  void end_after_answer() {
+    ended_ = true;
+    inner_->shutdownWrite();
+  }
+
   kj::Promise<size_t> tryRead(void* buffer, size_t min_bytes, size_t max_bytes) override {
+    if (ended_) return size_t{0};
     return inner_->tryRead(buffer, min_bytes, max_bytes).then([this](size_t n) {
       unanswered_ += n;
       return n;
@@ -61,6 +78,7 @@ class AnswerTrackingStream final : public kj::AsyncIoStream {
  private:
   kj::Own<kj::AsyncIoStream> inner_;
   uint64_t unanswered_ = 0;
+  bool ended_ = false;
 };
 
 // More unanswered input than this when KJ lets go of a connection: an oversized head.
@@ -102,51 +120,157 @@ struct Headers {
   kj::HttpHeaderTable::Builder builder;
   kj::HttpHeaderId allow = builder.add("Allow");
   kj::HttpHeaderId cache_control = builder.add("Cache-Control");
+  kj::HttpHeaderId authorization = builder.add("Authorization");
+  kj::HttpHeaderId www_authenticate = builder.add("WWW-Authenticate");
   kj::Own<kj::HttpHeaderTable> table = builder.build();
 };
 
+// Whether a Connection header's comma-separated options include "close".
+bool asks_to_close(kj::Maybe<kj::StringPtr> header) {
+  KJ_IF_MAYBE(value, header) {
+    std::string v(value->cStr());
+    std::size_t start = 0;
+    while (start <= v.size()) {
+      std::size_t end = v.find(',', start);
+      if (end == std::string::npos) end = v.size();
+      std::string token = v.substr(start, end - start);
+      const auto first = token.find_first_not_of(" \t"), last = token.find_last_not_of(" \t");
+      token = first == std::string::npos ? "" : token.substr(first, last - first + 1);
+      if (token.size() == 5 && strncasecmp(token.c_str(), "close", 5) == 0) return true;
+      start = end + 1;
+    }
+  }
+  return false;
+}
+
+// Compares all of `want` whatever `got` holds (no early exit on a mismatch).
+bool same_secret(kj::StringPtr got, const std::string& want) {
+  unsigned char diff = got.size() == want.size() ? 0 : 1;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const unsigned char g = i < got.size() ? static_cast<unsigned char>(got[i]) : 0;
+    diff |= static_cast<unsigned char>(g ^ static_cast<unsigned char>(want[i]));
+  }
+  return diff == 0;
+}
+
+std::string peer_host(kj::AsyncIoStream& stream) {
+  sockaddr_storage addr{};
+  uint len = sizeof(addr);
+  try {
+    stream.getpeername(reinterpret_cast<sockaddr*>(&addr), &len);
+  } catch (...) {
+    return "?";
+  }
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (addr.ss_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&addr)->sin_addr, text, sizeof(text));
+  } else if (addr.ss_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr, text, sizeof(text));
+  }
+  return text;
+}
+
 }  // namespace
 
-struct MonitoringHttp::Impl final : public kj::HttpService {
-  Impl(Shard& shard, kj::Timer& timer)
+struct MonitoringHttp::Impl final : public kj::HttpService, public kj::HttpServerCallbacks {
+  // The service as one connection sees it: Impl's, and the connection
+  // ended once a request that asked for it is answered.
+  struct ConnService final : public kj::HttpService {
+    ConnService(Impl& impl, AnswerTrackingStream& stream) : impl(impl), stream(stream) {}
+    kj::Promise<void> request(kj::HttpMethod method, kj::StringPtr url, const kj::HttpHeaders& headers,
+                              kj::AsyncInputStream& body, Response& response) override {
+      const bool close = asks_to_close(headers.get(kj::HttpHeaderId::CONNECTION));
+      return impl.request(method, url, headers, body, response).then([this, close] {
+        if (close) stream.end_after_answer();
+      });
+    }
+    Impl& impl;
+    AnswerTrackingStream& stream;
+  };
+
+  Impl(Shard& shard, kj::Timer& timer, std::string bearer_token)
       : shard(shard),
         timer(timer),
-        server(timer, *headers.table, *this, settings()),
+        token(std::move(bearer_token)),
+        server(timer, *headers.table, kj::HttpServer::HttpServiceFactory([this](kj::AsyncIoStream& stream) {
+                 // The stream is the AnswerTrackingStream accept_loop hands to the server.
+                 auto& tracked = static_cast<AnswerTrackingStream&>(stream);
+                 return kj::Own<kj::HttpService>(kj::heap<ConnService>(*this, tracked));
+               }), settings()),
         connections(log_http_errors) {}
 
   kj::HttpServerSettings settings() {
     kj::HttpServerSettings s;
     s.errorHandler = bad_request_handler;
+    s.callbacks = *this;
+    // A request arrives whole within this, or its connection is closed: a
+    // peer sending a byte now and then holds a place only that long.
+    s.headerTimeout = kRequestDeadline;
+    s.pipelineTimeout = kRequestDeadline;
     return s;
+  }
+
+  // One open HTTP connection; cancelling it closes it.
+  struct Conn {
+    explicit Conn(kj::Own<AnswerTrackingStream> s) : stream(kj::mv(s)), peer(peer_host(*stream)) {}
+    kj::Own<AnswerTrackingStream> stream;
+    std::string peer;
+    kj::Canceler canceler;
+    bool evicted = false;
+  };
+
+  // Closes the oldest connection of the peer address holding the most, to
+  // make room for a new one: a flood from one address only displaces
+  // itself, and a newcomer is always served.
+  void evict_one() {
+    std::map<std::string, int> per_peer;
+    for (Conn* c : open) per_peer[c->peer] += !c->evicted;
+    Conn* victim = nullptr;
+    for (Conn* c : open) {  // oldest first
+      if (c->evicted) continue;
+      if (victim == nullptr || per_peer[c->peer] > per_peer[victim->peer]) victim = c;
+    }
+    if (victim == nullptr) return;
+    spdlog::info("http: {} connections open (the most psd serves): closing the oldest of {} ({} open)", open.size(),
+                 victim->peer, per_peer[victim->peer]);
+    victim->evicted = true;
+    victim->canceler.cancel("closed for a newer connection");
   }
 
   // What HttpServer::listenHttp does, plus the 431 fallback above.
   kj::Promise<void> accept_loop(kj::ConnectionReceiver& listener) {
     // evalNow: a failing accept() throws at once (see server.cc).
     return kj::evalNow([&] { return listener.accept(); }).then([this, &listener](kj::Own<kj::AsyncIoStream> stream) {
-      if (open_connections >= kMaxConnections) {
-        // Dropped at once: idle visitors must not take every descriptor
-        // psd has (its workers' connections need them).
-        spdlog::warn("http: refused a connection: {} open (the most psd serves)", open_connections);
-        return accept_loop(listener);
-      }
-      ++open_connections;
-      auto tracked = kj::heap<AnswerTrackingStream>(kj::mv(stream));
-      AnswerTrackingStream& conn = *tracked;
-      connections.add(server.listenHttpCleanDrain(conn)
-                          .then([this, &conn](bool) -> kj::Promise<void> {
-                            if (conn.unanswered_bytes() < kOversizedHeadBytes) return kj::READY_NOW;
-                            spdlog::info("http: refused a request with a head over 128 KiB (431)");
-                            return conn.write(kHeadTooLarge.begin(), kHeadTooLarge.size()).then([this, &conn] {
-                              return drain_then_close(conn);
-                            });
-                          })
-                          .attach(kj::mv(tracked), kj::defer([this] { --open_connections; })));
+      const auto live = std::count_if(open.begin(), open.end(), [](const Conn* c) { return !c->evicted; });
+      if (live >= kMaxConnections) evict_one();
+      auto conn = kj::heap<Conn>(kj::heap<AnswerTrackingStream>(kj::mv(stream)));
+      Conn* c = conn.get();
+      open.push_back(c);
+      auto it = std::prev(open.end());
+      AnswerTrackingStream& stream_ref = *c->stream;
+      auto served = server.listenHttpCleanDrain(stream_ref).then([this, &stream_ref](bool) -> kj::Promise<void> {
+        if (stream_ref.unanswered_bytes() < kOversizedHeadBytes) return kj::READY_NOW;
+        spdlog::info("http: refused a request with a head over 128 KiB (431)");
+        return stream_ref.write(kHeadTooLarge.begin(), kHeadTooLarge.size()).then([this, &stream_ref] {
+          return drain_then_close(stream_ref);
+        });
+      });
+      // The wrapped promise goes before `conn` (attachments outlive it).
+      connections.add(c->canceler.wrap(kj::mv(served)).attach(kj::defer([this, it] { open.erase(it); }), kj::mv(conn)));
       return accept_loop(listener);
     }, [this, &listener](kj::Exception&& e) {
       log_accept_failure("http", e);  // accept_retry.h
       return timer.afterDelay(kAcceptRetry).then([this, &listener] { return accept_loop(listener); });
     });
+  }
+
+  // kj::HttpServerCallbacks: asked as each response starts. Closes after
+  // it when the request said "Connection: close", and sheds keep-alive
+  // connections when half the places are taken.
+  bool shouldClose() override {
+    const bool close = close_this_response || open.size() > static_cast<std::size_t>(kMaxConnections / 2);
+    close_this_response = false;
+    return close;
   }
 
   // Closing with unread input makes the kernel send a reset, which can
@@ -166,8 +290,9 @@ struct MonitoringHttp::Impl final : public kj::HttpService {
     });
   }
 
-  kj::Promise<void> request(kj::HttpMethod method, kj::StringPtr url, const kj::HttpHeaders&,
+  kj::Promise<void> request(kj::HttpMethod method, kj::StringPtr url, const kj::HttpHeaders& request_headers,
                             kj::AsyncInputStream&, Response& response) override {
+    close_this_response = asks_to_close(request_headers.get(kj::HttpHeaderId::CONNECTION));
     if (method != kj::HttpMethod::GET && method != kj::HttpMethod::HEAD) {
       kj::HttpHeaders h(*headers.table);
       h.set(headers.allow, "GET, HEAD");
@@ -175,6 +300,16 @@ struct MonitoringHttp::Impl final : public kj::HttpService {
     }
     std::string path(url.cStr());
     path = path.substr(0, path.find_first_of("?#"));
+    if (path != "/healthz" && !authorized(request_headers)) {
+      kj::HttpHeaders h(*headers.table);
+      h.set(headers.www_authenticate, "Bearer realm=\"psd\"");
+      h.set(kj::HttpHeaderId::CONTENT_TYPE, "text/plain; charset=utf-8");
+      constexpr kj::StringPtr body = "psd wants \"Authorization: Bearer <token>\" (its --http_auth_token_file, or "
+                                     "else --auth_token_file)\n"_kj;
+      auto out = response.send(401, "Unauthorized", h, body.size());
+      auto written = out->write(body.begin(), body.size());
+      return written.attach(kj::mv(out));
+    }
     if (path == "/metrics") return send(response, kPrometheusContentType, prometheus_text(shard, unix_now()));
     if (path == "/healthz") return send(response, "text/plain; charset=utf-8", "ok\n");
     if (path == "/status.json") {
@@ -186,6 +321,17 @@ struct MonitoringHttp::Impl final : public kj::HttpService {
     }
     return send(response, "text/plain; charset=utf-8", "not found: try /, /metrics, /healthz or /status.json\n", 404,
                 "Not Found");
+  }
+
+  bool authorized(const kj::HttpHeaders& h) const {
+    if (token.empty()) return true;
+    KJ_IF_MAYBE(value, h.get(headers.authorization)) {
+      constexpr kj::StringPtr kBearer = "Bearer "_kj;
+      if (value->size() >= kBearer.size() && strncasecmp(value->cStr(), kBearer.cStr(), kBearer.size()) == 0) {
+        return same_secret(value->slice(kBearer.size()), token);
+      }
+    }
+    return false;
   }
 
   kj::Promise<void> send(Response& response, const char* content_type, std::string body, unsigned status = 200,
@@ -206,9 +352,9 @@ struct MonitoringHttp::Impl final : public kj::HttpService {
 
   Shard& shard;
   kj::Timer& timer;
-  // HTTP connections open now, and the most served at once.
-  static constexpr int kMaxConnections = 64;
-  int open_connections = 0;
+  const std::string token;  // empty: no authentication
+  std::list<Conn*> open;    // oldest first
+  bool close_this_response = false;
   ProgressHistory history;
   Headers headers;
   BadRequestHandler bad_request_handler;
@@ -216,7 +362,8 @@ struct MonitoringHttp::Impl final : public kj::HttpService {
   kj::TaskSet connections;  // last: cancelled first, while the server still exists
 };
 
-MonitoringHttp::MonitoringHttp(Shard& shard, kj::Timer& timer) : impl_(std::make_unique<Impl>(shard, timer)) {}
+MonitoringHttp::MonitoringHttp(Shard& shard, kj::Timer& timer, std::string bearer_token)
+    : impl_(std::make_unique<Impl>(shard, timer, std::move(bearer_token))) {}
 MonitoringHttp::~MonitoringHttp() = default;
 
 kj::Promise<void> MonitoringHttp::serve(kj::ConnectionReceiver& listener) {

@@ -7,12 +7,21 @@
 // GET and HEAD only (405 otherwise), 404 for other paths; malformed requests
 // get KJ's 400 and oversized headers a 431, and the daemon serves on.
 //
+// With a token, every path but /healthz needs "Authorization: Bearer
+// <token>" (401 otherwise): the pages show tensor names, the job and the
+// workers' addresses. A request with "Connection: close" is answered and
+// its connection closed. Slow peers cannot keep the page from others: a
+// request must arrive whole within kRequestDeadline of the connection (or
+// of its first byte, when pipelined), and when kMaxConnections are open a
+// new one closes the oldest connection of the peer address holding most.
+//
 // Example (inside PsServer::run):
-//   MonitoringHttp http(shard, io.provider->getTimer());
+//   MonitoringHttp http(shard, io.provider->getTimer(), /*bearer_token=*/"");
 //   auto serving = http.serve(*listener);   // never resolves; drop to stop
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include <kj/async-io.h>
 #include <kj/timer.h>
@@ -23,7 +32,11 @@ namespace ps {
 
 class MonitoringHttp {
  public:
-  MonitoringHttp(Shard& shard, kj::Timer& timer);
+  // `bearer_token` empty: no authentication.
+  MonitoringHttp(Shard& shard, kj::Timer& timer, std::string bearer_token);
+
+  static constexpr kj::Duration kRequestDeadline = 3 * kj::SECONDS;
+  static constexpr int kMaxConnections = 64;
   ~MonitoringHttp();
   MonitoringHttp(const MonitoringHttp&) = delete;
   MonitoringHttp& operator=(const MonitoringHttp&) = delete;

@@ -1,5 +1,6 @@
 #include "server/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -64,6 +65,65 @@ PS_VECTOR_CLONES void rmsprop(float* __restrict w, float* __restrict ms, float* 
   }
 }
 
+// The check passes: the same arithmetic as the update above, read only,
+// flagging any result over `lim` in magnitude (or NaN: the compare fails).
+
+inline int over(float x, float lim) { return !(std::fabs(x) <= lim); }
+
+PS_VECTOR_CLONES bool sgd_ok(const float* __restrict w, const float* __restrict g, std::size_t n, float a, float lim) {
+  int bad = 0;
+  for (std::size_t i = 0; i < n; ++i) bad |= over(w[i] - a * g[i], lim);
+  return bad == 0;
+}
+
+PS_VECTOR_CLONES bool momentum_ok(const float* __restrict w, const float* __restrict acc, const float* __restrict g,
+                                  std::size_t n, float lr, float mu, float scale, bool nesterov, float lim) {
+  int bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float gi = g[i] * scale;
+    const float a = mu * acc[i] + gi;
+    bad |= over(a, lim) | over(nesterov ? w[i] - lr * (gi + mu * a) : w[i] - lr * a, lim);
+  }
+  return bad == 0;
+}
+
+PS_VECTOR_CLONES bool adam_ok(const float* __restrict w, const float* __restrict m, const float* __restrict v,
+                              const float* __restrict g, std::size_t n, float lr_t, float b1, float b2, float eps,
+                              float scale, float lim) {
+  int bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float gi = g[i] * scale;
+    const float mi = b1 * m[i] + (1.0f - b1) * gi;
+    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+    bad |= over(mi, lim) | over(vi, lim) | over(w[i] - lr_t * mi / (std::sqrt(vi) + eps), lim);
+  }
+  return bad == 0;
+}
+
+PS_VECTOR_CLONES bool adagrad_ok(const float* __restrict w, const float* __restrict acc, const float* __restrict g,
+                                 std::size_t n, float lr, float scale, float lim) {
+  int bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float gi = g[i] * scale;
+    const float a = acc[i] + gi * gi;
+    bad |= over(a, lim) | over(w[i] - lr * gi / std::sqrt(a), lim);
+  }
+  return bad == 0;
+}
+
+PS_VECTOR_CLONES bool rmsprop_ok(const float* __restrict w, const float* __restrict ms, const float* __restrict mom,
+                                 const float* __restrict g, std::size_t n, float lr, float rho, float mu, float eps,
+                                 float scale, float lim) {
+  int bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float gi = g[i] * scale;
+    const float s = rho * ms[i] + (1.0f - rho) * gi * gi;
+    const float mo = mu * mom[i] + lr * gi / std::sqrt(s + eps);
+    bad |= over(s, lim) | over(mo, lim) | over(w[i] - mo, lim);
+  }
+  return bad == 0;
+}
+
 class Sgd final : public Optimizer {
  public:
   using Optimizer::Optimizer;
@@ -71,6 +131,10 @@ class Sgd final : public Optimizer {
   void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>&, int64_t step,
              float scale) const override {
     sgd(w.data(), g.data(), w.size(), config_.learning_rate_at(step) * scale);
+  }
+  bool result_finite(std::span<const float> w, std::span<const float> g, const std::vector<std::vector<float>>&,
+                     int64_t step, float scale) const override {
+    return sgd_ok(w.data(), g.data(), w.size(), config_.learning_rate_at(step) * scale, kResultLimit);
   }
 };
 
@@ -84,6 +148,11 @@ class Momentum final : public Optimizer {
     momentum(w.data(), slots[0].data(), g.data(), w.size(), config_.learning_rate_at(step), config_.momentum, scale,
              config_.nesterov);
   }
+  bool result_finite(std::span<const float> w, std::span<const float> g, const std::vector<std::vector<float>>& slots,
+                     int64_t step, float scale) const override {
+    return momentum_ok(w.data(), slots[0].data(), g.data(), w.size(), config_.learning_rate_at(step), config_.momentum,
+                       scale, config_.nesterov, kResultLimit);
+  }
 };
 
 // m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
@@ -96,11 +165,21 @@ class Adam final : public Optimizer {
   }
   void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots, int64_t step,
              float scale) const override {
+    adam(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(), lr_t(step), config_.beta1, config_.beta2,
+         config_.epsilon, scale);
+  }
+  bool result_finite(std::span<const float> w, std::span<const float> g, const std::vector<std::vector<float>>& slots,
+                     int64_t step, float scale) const override {
+    return adam_ok(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(), lr_t(step), config_.beta1,
+                   config_.beta2, config_.epsilon, scale, kResultLimit);
+  }
+
+ private:
+  float lr_t(int64_t step) const {
     const double t = static_cast<double>(step + 1);
-    const float b1 = config_.beta1, b2 = config_.beta2, eps = config_.epsilon;
-    const float lr_t = static_cast<float>(config_.learning_rate_at(step) * std::sqrt(1.0 - std::pow(b2, t)) /
-                                          (1.0 - std::pow(b1, t)));
-    adam(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(), lr_t, b1, b2, eps, scale);
+    const float b1 = config_.beta1, b2 = config_.beta2;
+    return static_cast<float>(config_.learning_rate_at(step) * std::sqrt(1.0 - std::pow(b2, t)) /
+                              (1.0 - std::pow(b1, t)));
   }
 };
 
@@ -114,6 +193,11 @@ class Adagrad final : public Optimizer {
   void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots, int64_t step,
              float scale) const override {
     adagrad(w.data(), slots[0].data(), g.data(), w.size(), config_.learning_rate_at(step), scale);
+  }
+  bool result_finite(std::span<const float> w, std::span<const float> g, const std::vector<std::vector<float>>& slots,
+                     int64_t step, float scale) const override {
+    return adagrad_ok(w.data(), slots[0].data(), g.data(), w.size(), config_.learning_rate_at(step), scale,
+                      kResultLimit);
   }
 };
 
@@ -129,6 +213,11 @@ class RmsProp final : public Optimizer {
              float scale) const override {
     rmsprop(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(), config_.learning_rate_at(step),
             config_.decay, config_.momentum, config_.epsilon, scale);
+  }
+  bool result_finite(std::span<const float> w, std::span<const float> g, const std::vector<std::vector<float>>& slots,
+                     int64_t step, float scale) const override {
+    return rmsprop_ok(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(), config_.learning_rate_at(step),
+                      config_.decay, config_.momentum, config_.epsilon, scale, kResultLimit);
   }
 };
 
@@ -158,6 +247,33 @@ void validate_optimizer(const OptimizerConfig& c) {
     require(std::isfinite(last) && last <= std::numeric_limits<float>::max(),
             "the piecewise learning rate overflows after " + std::to_string(c.boundaries.size()) + " boundaries");
   }
+}
+
+void validate_slots(const OptimizerConfig& c, const std::vector<std::vector<float>>& slots) {
+  auto all = [](const std::vector<float>& s, auto ok) { return std::all_of(s.begin(), s.end(), ok); };
+  switch (c.kind) {
+    case OptimizerKind::kAdam:
+      if (slots.size() == 2) require(all(slots[1], [](float x) { return x >= 0; }), "Adam's restored v must be >= 0");
+      return;
+    case OptimizerKind::kAdagrad:
+      if (slots.size() == 1) {
+        require(all(slots[0], [](float x) { return x > 0; }), "Adagrad's restored accumulator must be > 0");
+      }
+      return;
+    case OptimizerKind::kRmsProp:
+      if (slots.size() == 2) {
+        require(all(slots[0], [](float x) { return x >= 0; }), "RMSProp's restored mean square must be >= 0");
+      }
+      return;
+    default:
+      return;
+  }
+}
+
+std::string nonfinite_update_refusal(const TensorSpec& t) {
+  return "update of tensor '" + t.name + "' not applied: with learning rate " +
+         std::to_string(t.optimizer.learning_rate) + " it would make a value or optimizer slot NaN or Inf " +
+         "(over 3.4e38); the tensor is unchanged (lower the learning rate, or clip the gradients)";
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config) {

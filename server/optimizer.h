@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "ps/tensor_spec.h"
@@ -34,6 +35,26 @@ class Optimizer {
   virtual void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots,
                      int64_t step, float scale) const = 0;
 
+  // Whether apply() with the same arguments would leave every weight and
+  // slot value within kResultLimit (no NaN, no Inf); changes nothing.
+  virtual bool result_finite(std::span<const float> w, std::span<const float> g,
+                             const std::vector<std::vector<float>>& slots, int64_t step, float scale) const = 0;
+
+  // apply() only when result_finite(): false (nothing changed) otherwise.
+  // This is what keeps a finite gradient with an extreme hyper-parameter
+  // (SGD at learning rate 3e38) from storing Inf.
+  bool apply_if_finite(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots,
+                       int64_t step, float scale) const {
+    if (!result_finite(w, g, slots, step, scale)) return false;
+    apply(w, g, slots, step, scale);
+    return true;
+  }
+
+  // The largest magnitude result_finite() lets a value reach: a little
+  // under FLT_MAX, so that the check pass and the applying pass, should the
+  // compiler contract them differently (FMA), cannot disagree about Inf.
+  static constexpr float kResultLimit = 3.4e38f;
+
   const OptimizerConfig& config() const { return config_; }
 
  protected:
@@ -41,6 +62,15 @@ class Optimizer {
 };
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config);
+
+// Throws RequestError when restored slots hold values the optimizer can
+// never produce and would divide by the root of: a negative second moment
+// (Adam's v, RMSProp's mean square) or an Adagrad accumulator <= 0. Their
+// updates would be NaN (and refused) for good.
+void validate_slots(const OptimizerConfig& config, const std::vector<std::vector<float>>& slots);
+
+// psd's refusal of an update that result_finite() turned down.
+std::string nonfinite_update_refusal(const TensorSpec& tensor);
 
 // Throws RequestError when a configuration cannot train (negative or
 // non-finite learning rate, beta outside [0, 1), ...).

@@ -23,6 +23,9 @@ void add_durability_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
   app.add_option("--keep_checkpoints", o.checkpoint.keep, "checkpoint files kept per shard")->capture_default_str();
   app.add_option("--auth_token_file", x.auth_token_file,
                  "require clients to present the token in this file (in clear text on the wire: use on trusted networks)");
+  app.add_option("--http_auth_token_file", x.http_auth_token_file,
+                 "HTTP: require \"Authorization: Bearer <token>\" with the token in this file on every path but "
+                 "/healthz (default: --auth_token_file's token, when given)");
   app.add_option("--max_tensors_per_client", o.shard.max_tensors_per_client,
                  "tensors one connection may create (0: no limit)")->capture_default_str();
   app.add_option("--worker_timeout_secs", o.shard.worker_timeout_secs,
@@ -89,7 +92,8 @@ void add_psd_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
                  "taken for gone, as if its connection closed (0: never)")
       ->capture_default_str()
       ->check(CLI::Range(0u, 86400u));
-  app.add_flag("--allow_nonfinite", o.shard.allow_nonfinite, "accept gradients containing NaN or Inf");
+  app.add_flag("--allow_nonfinite", o.shard.allow_nonfinite,
+               "accept gradients containing NaN or Inf, and updates that make NaN or Inf (docs/hardening.md)");
   add_durability_flags(app, o, x);
   app.add_option("--exit_when_done", o.exit_when_done,
                  "exit once the chief reports the job finished and every worker has disconnected")
@@ -159,6 +163,7 @@ void finish_psd_flags(ServerOptions& o, const PsdFlagValues& x) {
   o.request_timeout_ms = static_cast<unsigned>(x.request_timeout_secs * 1000);
   o.shard.max_shared_memory_bytes = static_cast<uint64_t>(x.max_shared_memory_mb) << 20;
   if (!x.auth_token_file.empty()) o.shard.auth_token = read_auth_token(x.auth_token_file);
+  if (!x.http_auth_token_file.empty()) o.http_auth_token = read_auth_token(x.http_auth_token_file);
   if (o.checkpoint.every_secs < 0) throw ConfigError("--checkpoint_secs must be >= 0");
   if (o.checkpoint.keep < 1) throw ConfigError("--keep_checkpoints must be >= 1");
   if (o.checkpoint.every_secs > 0 && o.checkpoint.dir.empty()) throw ConfigError("--checkpoint_secs needs --checkpoint_dir");

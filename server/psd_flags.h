@@ -23,6 +23,7 @@ struct PsdFlagValues {
   int max_shared_memory_mb = 1024;
   std::string http_port = "0";  // 0: no HTTP; "any": a free port
   std::string auth_token_file;
+  std::string http_auth_token_file;
   std::optional<int> nice;  // unset: the priority psd was started with
 };
 

@@ -361,7 +361,8 @@ void PsServer::run(kj::Promise<void> stop) {
   if (local) serving = serving.exclusiveJoin(impl_->accept_loop(*local, "unix"));
   if (http) {
     // Same event loop as the RPC: the handlers read the shard without locks.
-    impl_->http = std::make_unique<MonitoringHttp>(impl_->shard, io.provider->getTimer());
+    impl_->http = std::make_unique<MonitoringHttp>(impl_->shard, io.provider->getTimer(),
+                                                  o.http_auth_token.empty() ? o.shard.auth_token : o.http_auth_token);
     serving = serving.exclusiveJoin(impl_->http->serve(*http));
   }
   if (o.exit_when_done) {

@@ -29,6 +29,9 @@ struct ServerOptions {
   std::string port_file;        // write the bound TCP port here once listening
   std::optional<uint16_t> http_port;  // serve /metrics, /healthz and the status page; 0 picks a free port
   std::string http_port_file;   // write the bound HTTP port here (before port_file is written)
+  // Non-empty: every HTTP path but /healthz needs "Authorization: Bearer
+  // <token>". Empty: shard.auth_token's (the RPC token) if any.
+  std::string http_auth_token;
   unsigned threads = 2;         // compute pool size; 0 = apply on the event loop
   uint32_t max_connections = 1024;
   // Connections from one address that are not a worker's or the chief's

@@ -11,6 +11,7 @@
 
 #include "common/finite.h"
 #include "common/random_bits.h"
+#include "common/tensor_name.h"
 #include "ps/errors.h"
 
 namespace ps {
@@ -83,11 +84,7 @@ void Shard::goodbye(const Caller& caller) { job_.disconnect(caller.worker_index,
 void Shard::init_job(const JobConfig& config) { job_.configure(config); }
 
 void Shard::set_ready() {
-  if (job_.configured() && job_.config().mode == SyncMode::kSync && trainable_count() == 0) {
-    throw RequestError("setReady: this shard holds no trainable tensor, and in sync mode a shard's global step moves "
-                       "only with its gradients: it would stay at step " + std::to_string(job_.global_step()) +
-                       " for good (more ps shards than variable parts? use fewer ps hosts, or a smaller chunk size)");
-  }
+  check_can_be_ready();
   job_.set_ready();
 }
 
@@ -128,7 +125,13 @@ bool Shard::runs_inline(const StoredTensor* t) const { return t->size() * sizeof
 
 kj::Promise<void> Shard::run_on(StoredTensor* t, std::function<void()> fn) {
   if (runs_inline(t)) {
-    fn();
+    // A failure (an update refused) fails this promise, as on the pool: the
+    // request's other tensors still go ahead.
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      return kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__, kj::str(e.what()));
+    }
     return kj::READY_NOW;
   }
   return pool_.run(t->id(), std::move(fn));
@@ -137,8 +140,12 @@ kj::Promise<void> Shard::run_on(StoredTensor* t, std::function<void()> fn) {
 void Shard::timed_apply(StoredTensor* t, std::span<const float> g, float scale) {
   // steady_clock::now() is a vDSO call (~20 ns): negligible next to an apply.
   const auto start = std::chrono::steady_clock::now();
-  t->apply(g, scale);
+  const bool applied = t->apply(g, scale, !options_.allow_nonfinite);
   apply_latency_.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  if (!applied) {
+    ++counters_.rejected;
+    throw RequestError(nonfinite_update_refusal(t->spec()));
+  }
 }
 
 // A step a request names, checked before psd counts with it (a step from a

@@ -89,6 +89,12 @@ struct ShardCounters {
 
 class Checkpointer;
 
+// A tensor of a checkpoint that a restore left out, and why.
+struct SkippedTensor {
+  std::string name;
+  std::string reason;
+};
+
 // Who is calling: set per connection by hello.
 struct Caller {
   int worker_index = -1;
@@ -131,6 +137,9 @@ class Shard {
   // trainable tensor: its global step would never move (steps complete by
   // their gradients), so checkpoints at a step there would wait for good.
   void set_ready();
+  // set_ready's check on the job and tensors as they are now (a restore
+  // runs it too). Throws RequestError.
+  void check_can_be_ready() const;
   // Returns (global step, stop).
   std::pair<int64_t, bool> step_done(const Caller& caller, int64_t step);
   // The stepDone RPC: step_done once per request id (nonzero), so that a
@@ -151,8 +160,13 @@ class Shard {
   // moment it gets there (before any later commit). step < 0: now. A sync
   // step already passed is an error; other modes take the first step >= it.
   kj::Promise<std::shared_ptr<ShardCheckpoint>> snapshot_at_step(int64_t step);
-  // Loads a checkpoint into an empty shard (at start-up). Throws ps::Error.
-  void restore(const ShardCheckpoint& c);
+  // Loads a checkpoint into an empty shard (at start-up), running the
+  // checks of the live requests on it. Throws ps::Error (the shard left
+  // empty) for a file of another shard, a job initJob would refuse, or a
+  // ready flag setReady would refuse; a tensor create would refuse is left
+  // out, and returned with the reason (also kept: restore_skipped()).
+  std::vector<SkippedTensor> restore(const ShardCheckpoint& c);
+  const std::vector<SkippedTensor>& restore_skipped() const { return restore_skipped_; }
   void set_checkpointer(Checkpointer* c) { checkpointer_ = c; }
   Checkpointer* checkpointer() const { return checkpointer_; }
 
@@ -237,6 +251,11 @@ class Shard {
   // The bytes a slice names in the caller's region; throws RequestError
   // (naming `what`) for a slice that is not there.
   const std::byte* shared_slice(const Caller& caller, const SharedSliceRef& slice, const char* what) const;
+  // An async push whose update of a tensor applied on the event loop would
+  // leave a value NaN or Inf is refused before any of it is applied (the
+  // check of larger tensors runs on their strand, as they are applied:
+  // StoredTensor::apply). Throws RequestError (shard_checks.cc).
+  void refuse_nonfinite_updates(const std::vector<std::pair<StoredTensor*, std::span<const float>>>& work) const;
   // Tensors up to ShardOptions::inline_bytes are worked on in the event
   // loop; larger ones on the compute pool (run_on decides).
   bool runs_inline(const StoredTensor* t) const;
@@ -262,6 +281,7 @@ class Shard {
   Histogram push_staleness_;
   RequestLog requests_;
   Checkpointer* checkpointer_ = nullptr;
+  std::vector<SkippedTensor> restore_skipped_;
   std::multimap<int64_t, kj::Own<kj::PromiseFulfiller<std::shared_ptr<ShardCheckpoint>>>> step_snapshots_;
   kj::TaskSet tasks_;  // sync-step applies nobody waits for
 };

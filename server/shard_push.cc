@@ -91,6 +91,7 @@ Shard::PushWork Shard::check_push(const Caller& caller, const PushRequest& reque
     work.grads.emplace_back(&t, values);
     work.bytes += got;
   }
+  if (job_.config().mode != SyncMode::kSync) refuse_nonfinite_updates(work.grads);
   if (job_.config().mode == SyncMode::kSync) {
     if (caller.worker_index < 0) throw RequestError("push: sync mode needs a worker index (say hello as a worker)");
     if (request.step > job_.global_step()) {

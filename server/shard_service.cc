@@ -6,6 +6,7 @@
 
 #include "server/checkpointer.h"
 #include "server/shard_wire.h"
+#include "common/tensor_name.h"
 #include "ps/errors.h"
 #include "common/wire_convert.h"
 
@@ -165,7 +166,9 @@ kj::Promise<void> ShardServiceImpl::create(CreateContext context) {
     const uint64_t limit = shard_.options().max_tensors_per_client;
     uint64_t fresh = 0;
     if (limit > 0) {
-      for (auto spec : context.getParams().getSpecs()) fresh += shard_.store().find(spec.getName()) == nullptr;
+      for (auto spec : context.getParams().getSpecs()) {
+        fresh += shard_.store().find(std::string(spec.getName().begin(), spec.getName().size())) == nullptr;
+      }
       if (tensors_created_ + fresh > limit) {
         throw RequestError("create: this connection may create at most " + std::to_string(limit) + " tensors (psd " +
                            "--max_tensors_per_client); it created " + std::to_string(tensors_created_) + " and asked for " +
@@ -273,15 +276,23 @@ kj::Promise<void> ShardServiceImpl::barrier(BarrierContext context) {
   return guarded(RequestKind::kBarrier, [&]() -> kj::Promise<void> {
     auto p = context.getParams();
     const uint32_t ms = std::min<uint32_t>(p.getTimeoutMs(), 3'600'000);
-    return shard_.job().barrier(p.getName(), p.getCount(), ms * kj::MILLISECONDS).then([context](uint32_t n) mutable {
-      context.getResults().setArrived(n);
-    });
+    return shard_.job()
+        .barrier(name_from_wire(p.getName(), "barrier"), p.getCount(), ms * kj::MILLISECONDS)
+        .then([context](uint32_t n) mutable { context.getResults().setArrived(n); });
   });
 }
 
 kj::Promise<void> ShardServiceImpl::finish(FinishContext) {
   return guarded(RequestKind::kFinish, [&]() -> kj::Promise<void> {
     require_hello("finish");
+    // Ending the job makes every shard exit: only the job's chief decides
+    // that (an operator stops one psd with SIGTERM).
+    if (!caller_.is_chief) {
+      const std::string as =
+          caller_.worker_index >= 0 ? "worker " + std::to_string(caller_.worker_index) : std::string("no worker");
+      throw RequestError("finish: only the chief ends the job (this connection said hello as " + as +
+                         ", not as the chief)");
+    }
     shard_.job().finish();
     return kj::READY_NOW;
   });

@@ -96,39 +96,58 @@ void Shard::step_reached() {
   }
 }
 
-void Shard::restore(const ShardCheckpoint& c) {
+std::vector<SkippedTensor> Shard::restore(const ShardCheckpoint& c) {
   if (store_.count() != 0) throw Error("restore: the shard already holds tensors");
   if (c.shard_index != options_.shard_index || c.num_shards != options_.num_shards) {
     throw Error("restore: the checkpoint is of shard " + std::to_string(c.shard_index) + " of " +
                 std::to_string(c.num_shards) + ", this is shard " + std::to_string(options_.shard_index) + " of " +
                 std::to_string(options_.num_shards));
   }
-  // Check every tensor before creating any, so a bad file leaves the shard
-  // empty (and psd goes on to an older checkpoint).
+  // A file is content a client could have sent: it passes the checks the
+  // live requests do (initJob's, create's, setReady's), through the same
+  // functions. A job that initJob would refuse refuses the file; a tensor
+  // that create would refuse is left out and named, and the rest restored.
+  if (c.job_configured) validate_job_config(c.job);
+  // A name twice: which one is meant cannot be told, so the file is refused.
   std::set<std::string_view> names;
-  TensorStore::Pending pending;
   for (const auto& t : c.tensors) {
-    TensorSpec spec = t.spec;
-    spec.slots = t.slots;
-    store_.validate(spec, t.part, &pending);
     if (!names.insert(t.spec.name).second) throw Error("restore: tensor '" + t.spec.name + "' appears twice");
   }
-  try {
-    for (const auto& t : c.tensors) {
+  std::vector<SkippedTensor> skipped;
+  std::vector<const TensorCheckpoint*> good;
+  TensorStore::Pending pending;
+  for (const auto& t : c.tensors) {
+    try {
       TensorSpec spec = t.spec;
       spec.init = InitConfig::from_values(t.values);
       spec.slots = t.slots;
       spec.version = t.version;
-      store_.create(spec, t.part);
+      store_.validate(spec, t.part, &pending);
+      good.push_back(&t);
+    } catch (const Error& e) {
+      skipped.push_back({t.spec.name, e.what()});
     }
+  }
+  try {
+    for (const TensorCheckpoint* t : good) {
+      TensorSpec spec = t->spec;
+      spec.init = InitConfig::from_values(t->values);
+      spec.slots = t->slots;
+      spec.version = t->version;
+      store_.create(spec, t->part);
+    }
+    job_.restore(c.job_configured, c.job, c.global_step, c.ready);
+    if (c.ready) check_can_be_ready();
   } catch (...) {
-    store_.clear();  // e.g. past the shard's memory limit with all of them
+    store_.clear();  // nothing can hold a pointer to a tensor yet
+    job_.restore(false, JobConfig{}, 0, false);
     throw;
   }
-  job_.restore(c.job_configured, c.job, c.global_step, c.ready);
   requests_.load(c.requests);
   counters_.last_checkpoint_step = c.global_step;
   counters_.last_checkpoint_unix_secs = c.unix_secs;
+  restore_skipped_ = skipped;
+  return skipped;
 }
 
 }  // namespace ps

@@ -1,5 +1,7 @@
 #include "server/shard_wire.h"
 
+#include "common/tensor_name.h"
+
 #include <optional>
 
 #include <capnp/orphan.h>
@@ -22,10 +24,19 @@ static_assert(same_number(wire::PushStatus::APPLIED, GradientStatus::kApplied) &
 
 std::string_view text_view(capnp::Text::Reader t) { return {t.cStr(), t.size()}; }
 
+// A tensor name as sent, every byte of it (not up to a NUL), after
+// check_name: the view points into the message.
+std::string_view name_view(capnp::Text::Reader t, const char* what) {
+  const std::string_view name = text_view(t);
+  check_name(name, what);
+  return name;
+}
+
 std::optional<PartMeta> part_from_wire(wire::TensorSpec::Reader spec) {
   if (!spec.hasPart()) return std::nullopt;
   auto p = spec.getPart();
-  return PartMeta{p.getFullName(), shape_from_wire(p.getFullShape()), p.getOffset(), p.getIndex(), p.getCount()};
+  return PartMeta{std::string(text_view(p.getFullName())),  // every byte: the store checks them
+                  shape_from_wire(p.getFullShape()), p.getOffset(), p.getIndex(), p.getCount()};
 }
 
 SharedSliceRef slice_from_wire(wire::SharedSlice::Reader s) { return {s.getRegion(), s.getOffset(), s.getBytes()}; }
@@ -83,7 +94,7 @@ PushRequest push_from_wire(wire::Shard::PushParams::Reader params) {
   for (auto g : grads) {
     auto data = g.getValues();
     PushGradient& out = request.grads.emplace_back();
-    out.name = text_view(g.getName());
+    out.name = name_view(g.getName(), "push: tensor");
     out.values = as_floats(data);
     out.bytes = data.size();
     if (g.hasShared()) out.shared = slice_from_wire(g.getShared());
@@ -102,7 +113,7 @@ PullRequest pull_from_wire(wire::Shard::PullParams::Reader params) {
   PullRequest request;
   auto names = params.getNames();
   request.names.reserve(names.size());
-  for (auto n : names) request.names.push_back(text_view(n));
+  for (auto n : names) request.names.push_back(name_view(n, "pull: tensor"));
   request.min_step = params.getMinStep();
   if (params.hasInto()) {
     auto into = params.getInto();

@@ -93,6 +93,13 @@ std::string status_json(const Shard& shard, const ProgressHistory& history, doub
                    c.connections.load(), number(now_unix_secs));
   o += fmt::format("\"last_checkpoint_step\":{},\"last_checkpoint_unix_secs\":{},", shard.last_checkpoint_step(),
                    number(shard.last_checkpoint_unix_secs()));
+  // Tensors the restore at start-up left out (bad values, a spec create refuses).
+  o += "\"restore_skipped\":[";
+  for (std::size_t i = 0; i < shard.restore_skipped().size(); ++i) {
+    const SkippedTensor& s = shard.restore_skipped()[i];
+    o += fmt::format("{}{{\"name\":{},\"reason\":{}}}", i ? "," : "", quote(s.name), quote(s.reason));
+  }
+  o += "],";
 
   o += "\"tensors\":[";
   bool first = true;

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "common/finite.h"
+#include "common/tensor_name.h"
 #include "server/initializer.h"
 #include "ps/errors.h"
 #include "ps/job.h"
@@ -49,13 +50,22 @@ StoredTensor::View StoredTensor::view() const {
   return {values_, version_};
 }
 
-void StoredTensor::apply(std::span<const float> grad, float scale) {
+bool StoredTensor::apply(std::span<const float> grad, float scale, bool require_finite) {
   std::unique_lock lock(mutex_);
+  if (require_finite && !optimizer_->result_finite(*values_, grad, slots_, static_cast<int64_t>(version_), scale)) {
+    return false;
+  }
   // Views are only taken under the shared lock, so none can appear now; a
   // count that is stale high (a view being dropped) costs one copy.
   if (values_.use_count() > 1) values_ = std::make_shared<std::vector<float>>(*values_);
   optimizer_->apply(*values_, grad, slots_, static_cast<int64_t>(version_), scale);
   ++version_;
+  return true;
+}
+
+bool StoredTensor::update_finite(std::span<const float> grad, float scale) const {
+  std::shared_lock lock(mutex_);
+  return optimizer_->result_finite(*values_, grad, slots_, static_cast<int64_t>(version_), scale);
 }
 
 uint64_t StoredTensor::version() const {
@@ -81,9 +91,8 @@ void TensorStore::validate(const TensorSpec& spec, const std::optional<PartMeta>
 void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<PartMeta>& part, Pending* pending,
                                   Values values) const {
   const std::string& name = spec.name;
-  if (name.empty() || name.size() > kMaxNameBytes) {
-    throw RequestError("create: tensor names must have 1 to " + std::to_string(kMaxNameBytes) + " characters");
-  }
+  check_name(name, "create: tensor");
+  if (part) check_name(part->full_name, "create: split tensor");
   if (spec.shape.size() > 16) throw RequestError("create: tensor '" + name + "' has more than 16 dimensions");
   uint64_t n = 1;
   for (uint64_t d : spec.shape) {
@@ -96,7 +105,7 @@ void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<Pa
                        " is over this shard's limit of " + std::to_string(limits_.max_tensor_bytes) + " bytes");
   }
   validate_optimizer(spec.optimizer);
-  validate_initializer(spec.init, name);
+  validate_initializer(spec.init, name, part ? part->full_shape : spec.shape);
   // The update count feeds the schedule and Adam's bias correction as a
   // step: past kMaxStep (a crafted restore) they turn NaN.
   if (spec.version > static_cast<uint64_t>(kMaxStep)) {
@@ -122,6 +131,13 @@ void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<Pa
       }
       if (!all_finite(spec.slots[k])) {
         throw RequestError("create: tensor '" + name + "' has a NaN or Inf restored slot value");
+      }
+    }
+    if (given) {
+      try {
+        validate_slots(spec.optimizer, spec.slots);
+      } catch (const RequestError& e) {
+        throw RequestError("create: tensor '" + name + "': " + e.what());
       }
     }
   }

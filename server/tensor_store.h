@@ -40,9 +40,14 @@ class StoredTensor {
     uint64_t version = 0;
   };
   View view() const;
-  // Applies scale * grad with the tensor's optimizer under an exclusive lock.
-  void apply(std::span<const float> grad, float scale);
+  // Applies scale * grad with the tensor's optimizer under an exclusive
+  // lock. With `require_finite`, an update that would leave a value or slot
+  // NaN or Inf (Optimizer::result_finite) is not applied: false, nothing
+  // changed (version included).
+  bool apply(std::span<const float> grad, float scale, bool require_finite = true);
   uint64_t version() const;
+  // Whether apply(grad, scale) would be accepted now (Optimizer::result_finite).
+  bool update_finite(std::span<const float> grad, float scale) const;
 
   // A consistent copy of values, slots and version (for checkpoints), taken
   // under the shared lock: updates wait only for the copy.

@@ -220,10 +220,11 @@ TEST_CASE("bad HTTP input gets a 4xx and psd serves on") {
 TEST_CASE("/status.json stays valid JSON text whatever bytes a tensor name holds") {
   MonitoredPsd m;
   Client client(worker_options(m.psd, 0));
-  const std::string name = std::string("a\"b\\c\nd") + "\xff\xfe" + "<e>\x7f" + "\xc3\xa9";  // é is kept
+  // (Control characters are refused in names: docs/hardening.md.)
+  const std::string name = std::string("a\"b\\cd") + "\xff\xfe" + "<e>" + "\xc3\xa9";  // é is kept
   client.create({TensorSpec{.name = name, .shape = {1}}});
   auto answer = ps::test::http_get(m.http_port, "/status.json");
   REQUIRE(answer.status == 200);
-  CHECK_THAT(answer.body, Catch::Contains(R"("a\"b\\c\u000ad\ufffd\ufffd<e>\u007f)" "\xc3\xa9\""));
+  CHECK_THAT(answer.body, Catch::Contains(R"("a\"b\\cd\ufffd\ufffd<e>)" "\xc3\xa9\""));
   CHECK(answer.body.find('\xff') == std::string::npos);  // JSON text is UTF-8
 }

@@ -212,3 +212,30 @@ TEST_CASE("the vectorised updates equal the plain float32 formula bit for bit") 
   }
   CHECK(mismatches == 0);
 }
+
+TEST_CASE("an update that would overflow is found before it is applied, and apply_if_finite changes nothing") {
+  const std::vector<OptimizerConfig> configs = {
+      OptimizerConfig::sgd(3e38f),     OptimizerConfig::with_momentum(3e38f, 0.9f),
+      OptimizerConfig::with_momentum(1.5e38f, 0.9f, true),  // steps lr * (g + 0.9 acc)
+      OptimizerConfig::adam(3e38f),    OptimizerConfig::adagrad(3e38f),
+      OptimizerConfig::rmsprop(3e38f, 0.9f, 0.5f)};
+  for (const auto& config : configs) {
+    INFO("optimizer kind " << static_cast<int>(config.kind));
+    auto opt = ps::make_optimizer(config);
+    const std::vector<float> g{1.0f, 1.0f, 1.0f};
+    // From 0 one step of about lr stays finite: the check agrees with apply.
+    std::vector<float> w(3, 0.0f);
+    auto slots = opt->make_slots(w.size());
+    REQUIRE(opt->result_finite(w, g, slots, 0, 1.0f));
+    REQUIRE(opt->apply_if_finite(w, g, slots, 0, 1.0f));
+    for (float x : w) CHECK((std::isfinite(x) && x < -1e37f));
+    // From -3e38 the same step would pass -FLT_MAX: refused, nothing changed.
+    std::fill(w.begin(), w.end(), -3e38f);
+    const std::vector<float> w_before = w;
+    const auto slots_before = slots;
+    CHECK_FALSE(opt->result_finite(w, g, slots, 1, 1.0f));
+    CHECK_FALSE(opt->apply_if_finite(w, g, slots, 1, 1.0f));
+    CHECK(w == w_before);
+    CHECK(slots == slots_before);
+  }
+}

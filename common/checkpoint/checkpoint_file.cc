@@ -247,7 +247,22 @@ std::string shard_checkpoint_dir(const std::string& dir, uint32_t shard_index, u
   return dir + "/shard-" + std::to_string(shard_index) + "-of-" + std::to_string(num_shards);
 }
 
-std::string write_checkpoint(const std::string& dir, const ShardCheckpoint& c) {
+std::optional<uint64_t> checkpoint_tensor_count(const std::string& path) {
+  try {
+    FileReader in(path);
+    in.header();
+    MessageRecord rec;
+    rec.read(in, "the checkpoint header");
+    return rec.reader->getRoot<ckpt::Header>().getTensorCount();
+  } catch (const std::exception&) {
+    return std::nullopt;
+  } catch (const kj::Exception&) {
+    return std::nullopt;
+  }
+}
+
+std::string write_checkpoint(const std::string& dir, const ShardCheckpoint& c, bool* kept_fuller) {
+  if (kept_fuller != nullptr) *kept_fuller = false;
   const std::string sdir = shard_checkpoint_dir(dir, c.shard_index, c.num_shards);
   make_dirs(sdir);
   const std::string path = sdir + "/" + step_name(c.global_step);
@@ -313,6 +328,16 @@ std::string write_checkpoint(const std::string& dir, const ShardCheckpoint& c) {
       out.message(m);
     }
     out.finish();
+    // A file of the same step with more tensors (a restore left some out)
+    // stays: this one goes beside it, under a name no restore reads.
+    const std::optional<uint64_t> there = checkpoint_tensor_count(path);
+    if (there && *there > c.tensors.size()) {
+      const std::string aside = path + ".incomplete";
+      if (::rename(tmp.c_str(), aside.c_str()) != 0) throw Error("checkpoint: rename " + tmp + ": " + errno_text());
+      if (kept_fuller != nullptr) *kept_fuller = true;
+      fsync_dir(sdir);
+      return aside;
+    }
     if (::rename(tmp.c_str(), path.c_str()) != 0) throw Error("checkpoint: rename " + tmp + ": " + errno_text());
   } catch (...) {
     ::unlink(tmp.c_str());
@@ -359,7 +384,8 @@ ShardCheckpoint read_checkpoint(const std::string& path) {
       tc.version = t.getSpec().getVersion();
       if (t.getSpec().hasPart()) {
         auto p = t.getSpec().getPart();
-        tc.part = PartMeta{p.getFullName(), shape_from_wire(p.getFullShape()), p.getOffset(), p.getIndex(), p.getCount()};
+        tc.part = PartMeta{std::string(p.getFullName().begin(), p.getFullName().size()),
+                           shape_from_wire(p.getFullShape()), p.getOffset(), p.getIndex(), p.getCount()};
       }
       const uint64_t elements = t.getElements();
       if (elements != tc.spec.num_elements()) in.fail("tensor '" + tc.spec.name + "' has a size that does not match its shape");

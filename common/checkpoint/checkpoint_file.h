@@ -72,8 +72,16 @@ struct CheckpointFile {
 
 std::string shard_checkpoint_dir(const std::string& dir, uint32_t shard_index, uint32_t num_shards);
 
-// Writes atomically; returns the final path. Throws ps::Error on I/O errors.
-std::string write_checkpoint(const std::string& dir, const ShardCheckpoint& c);
+// Writes atomically; returns the final path. Never replaces a valid file of
+// the same step that holds more tensors (a restore that left bad tensors
+// out must not lose the good file's copy of them): the new file then goes
+// to "<path>.incomplete", which no restore reads, that path is returned and
+// *kept_fuller (if given) set. Throws ps::Error on I/O errors.
+std::string write_checkpoint(const std::string& dir, const ShardCheckpoint& c, bool* kept_fuller = nullptr);
+
+// The tensor count in a checkpoint's header (the header checked, the rest
+// not read); nullopt when there is no such file or its header is invalid.
+std::optional<uint64_t> checkpoint_tensor_count(const std::string& path);
 
 // Reads and checks a whole file. Throws CheckpointError (or ps::Error when
 // the file cannot be opened).

@@ -8,7 +8,9 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "ps/errors.h"
@@ -68,12 +70,23 @@ std::unique_ptr<SharedRegion> SharedRegion::open_peer(pid_t pid, int peer_fd, ui
     ::close(fd);
     return RequestError("attachMemory: " + why);
   };
+  // Seals before size: once F_SEAL_SHRINK is on, the size taken after it
+  // can never shrink under psd's mapping, so no access inside [0, size)
+  // can fault (SIGBUS). Taken the other way round, a client can shrink and
+  // seal the file between the two calls.
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  constexpr int kRequired = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  if (seals < 0 || (seals & kRequired) != kRequired) {
+    throw refuse("region must be a memfd sealed with F_SEAL_SHRINK, F_SEAL_GROW and F_SEAL_SEAL");
+  }
+  // A hugetlbfs memfd can fault when the huge page pool runs dry: only
+  // ordinary shared memory (tmpfs) is mapped.
+  struct statfs fs {};
+  if (::fstatfs(fd, &fs) != 0 || fs.f_type != TMPFS_MAGIC) {
+    throw refuse("region must be an ordinary memfd (not hugetlbfs)");
+  }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw refuse("descriptor is not a memory file");
-  const int seals = ::fcntl(fd, F_GET_SEALS);
-  // Only a memfd has seals; without SHRINK the client could cut the file
-  // under psd's mapping.
-  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) throw refuse("region must be a memfd sealed with F_SEAL_SHRINK");
   const auto size = static_cast<uint64_t>(st.st_size);
   if (size == 0 || size > max_bytes) {
     throw refuse("region of " + std::to_string(size) + " bytes (psd maps 1 to " + std::to_string(max_bytes) +

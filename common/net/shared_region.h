@@ -45,9 +45,12 @@ class SharedRegion {
   using Token = std::array<std::byte, kTokenBytes>;
 
   // Maps descriptor `fd` of process `pid`. Refused (ps::RequestError, with
-  // the reason): a descriptor that cannot be opened, is not a memfd sealed
-  // against shrinking, is larger than `max_bytes`, or does not start with
-  // `token`.
+  // the reason): a descriptor that cannot be opened, is not an ordinary
+  // (tmpfs) memfd sealed with F_SEAL_SHRINK, F_SEAL_GROW and F_SEAL_SEAL, is
+  // larger than `max_bytes`, or does not start with `token`.
+  // Contract: the seals are read before the size, so the file can never be
+  // shorter than the mapping and no read or write inside [0, size()) can
+  // raise SIGBUS, whatever the owner does with its descriptor afterwards.
   static std::unique_ptr<SharedRegion> open_peer(pid_t pid, int fd, uint64_t max_bytes, std::span<const std::byte> token);
 
   // Writes a new random token at the region's start and returns it.

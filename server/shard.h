@@ -113,6 +113,11 @@ class Shard {
  public:
   // `budget` (may be null: no budget) counts the tensors stored; it must outlive the shard.
   Shard(ShardOptions options, ComputePool& pool, kj::Timer& timer, MemoryBudget* budget = nullptr);
+  // Expired once this Shard is being destroyed. A connection's service
+  // object can outlive the Shard at shutdown (calls still waiting are
+  // destroyed with the event loop, after the server), so it checks this
+  // before telling the Shard it is gone.
+  std::weak_ptr<void> lifetime() const { return lifetime_; }
 
   // Each throws RequestError (nothing changed) for bad input.
   void hello(const Caller& caller);
@@ -284,6 +289,8 @@ class Shard {
   std::vector<SkippedTensor> restore_skipped_;
   std::multimap<int64_t, kj::Own<kj::PromiseFulfiller<std::shared_ptr<ShardCheckpoint>>>> step_snapshots_;
   kj::TaskSet tasks_;  // sync-step applies nobody waits for
+  // Expires first when the Shard goes (the last member): see lifetime().
+  std::shared_ptr<char> lifetime_ = std::make_shared<char>();
 };
 
 

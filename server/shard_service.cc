@@ -29,7 +29,7 @@ class ContextPullReply final : public WirePullReply {
 
 ShardServiceImpl::ShardServiceImpl(Shard& shard, std::string peer, std::string refusal, SocketStream* stream,
                                    pid_t peer_pid, ConnectionRules rules)
-    : shard_(shard), stream_(stream), refusal_(std::move(refusal)), rules_(std::move(rules)) {
+    : shard_(shard), shard_alive_(shard.lifetime()), stream_(stream), refusal_(std::move(refusal)), rules_(std::move(rules)) {
   caller_.peer = std::move(peer);
   caller_.peer_pid = peer_pid;
   if (refusal_.empty()) ++shard_.counters().connections;
@@ -67,6 +67,7 @@ void ShardServiceImpl::note_refused(const char* what, const char* message) {
 }
 
 ShardServiceImpl::~ShardServiceImpl() {
+  if (shard_alive_.expired()) return;  // psd is exiting: its Shard is gone
   if (refusal_.empty()) --shard_.counters().connections;
   if (said_hello_) {
     if (caller_.worker_index >= 0) spdlog::info("worker {} ({}) disconnected", caller_.worker_index, caller_.peer);

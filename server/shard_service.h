@@ -70,6 +70,7 @@ class ShardServiceImpl final : public wire::Shard::Server {
   void check_token(capnp::Data::Reader token) const;
 
   Shard& shard_;
+  std::weak_ptr<void> shard_alive_;  // Shard::lifetime()
   SocketStream* stream_;  // null: replies are always copied
   Caller caller_;
   bool said_hello_ = false;

@@ -243,6 +243,27 @@ TEST_CASE("a worker killed while psd holds its call waiting is let go at once, n
   CHECK_THAT(psd.log(), Catch::Contains("worker 1 (") && Catch::Contains(") disconnected"));
 }
 
+TEST_CASE("psd stopped with SIGTERM while a worker's call waits in it exits cleanly") {
+  // The waiting call's service object is destroyed with the event loop,
+  // after the Shard: it must not tell the Shard the worker left.
+  PsdProcess psd;
+  ClientOptions o;
+  o.ps_hosts = {psd.address()};
+  const pid_t child = fork_worker(o, [](Client& worker) { worker.wait_ready(600s); });  // no chief: never ready
+  {
+    Client observer(o);
+    bool seen = false;
+    for (auto waited = 0ms; waited < 10s && !(seen = observer.stats()[0].connections == 2); waited += 10ms) {
+      std::this_thread::sleep_for(10ms);
+    }
+    REQUIRE(seen);
+  }
+  std::this_thread::sleep_for(200ms);  // the call is in psd, waiting
+  CHECK(psd.stop() == 0);
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+}
+
 TEST_CASE("sync: a worker that dies after giving its gradient still counts it, and the step waits for the others") {
   PsdProcess psd;
   ClientOptions o;

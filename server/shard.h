@@ -39,6 +39,8 @@
 #include "common/net/shared_region.h"
 #include "common/net/socket_stream.h"
 #include "server/tensor_store.h"
+#include "common/embedding_wire.h"
+#include "server/embedding/table_requests.h"
 
 namespace ps {
 
@@ -59,7 +61,7 @@ struct ShardOptions {
 // The RPC methods, for per-kind request counts (ps_requests_total{kind=...}).
 enum class RequestKind : unsigned {
   kHello, kCreate, kPull, kPush, kList, kStats, kInitJob, kSetReady, kWaitReady, kStepDone, kBarrier, kFinish,
-  kReport, kCheckpoint, kProbe, kAttachMemory, kCount
+  kReport, kCheckpoint, kProbe, kAttachMemory, kCreateTables, kPullRows, kPushRows, kListTables, kCount
 };
 constexpr std::size_t kRequestKinds = static_cast<std::size_t>(RequestKind::kCount);
 // The name used as the metric label (the schema's method name; "probe" for
@@ -87,6 +89,7 @@ struct ShardCounters {
 };
 
 class Checkpointer;
+struct ShardTables;
 
 // Who is calling: set per connection by hello.
 struct Caller {
@@ -108,6 +111,7 @@ struct Caller {
 class Shard {
  public:
   Shard(ShardOptions options, ComputePool& pool, kj::Timer& timer);
+  ~Shard();
 
   // Each throws RequestError (nothing changed) for bad input.
   void hello(const Caller& caller);
@@ -134,6 +138,16 @@ class Shard {
   std::pair<int64_t, bool> step_done_request(const Caller& caller, int64_t step, uint64_t request_id);
   // Keeps a worker's progress report (the report RPC) for metrics and the status page.
   void report(const Caller& caller, wire::Shard::ReportParams::Reader params);
+  // --- Embedding tables (shard_tables.cc) ---
+  // Creates this shard's part of each table, all checked first; existing
+  // tables of the same kind are reported (created = false).
+  std::vector<TableReport> create_tables(const std::vector<ShardTableSpec>& specs, bool validate_only);
+  // Reads rows into the buffer `out` gives (after waiting for min_step in
+  // sync and bounded-staleness modes, as pull).
+  kj::Promise<void> pull_rows(const Caller& caller, PullRowsRequest request, RowsOut out);
+  // Applies (async), accumulates (sync) or drops (stale) a push of rows.
+  PushRowsReply push_rows(const Caller& caller, const PushRowsRequest& request);
+  std::vector<TableReport> list_tables() const;
   // Called by whoever writes a checkpoint, once it is durable.
   void note_checkpoint(int64_t step, double unix_secs);
 
@@ -206,6 +220,12 @@ class Shard {
   wire::PushStatus offer_sync(StoredTensor* t, int worker, std::span<const float> g, kj::Vector<kj::Promise<void>>& work);
   void commit_sync_step();
   uint64_t trainable_count() const;
+  // Tables' part of sync steps (shard_tables.cc).
+  void commit_table_step();
+  void recheck_table_sync();
+  uint32_t table_replicas_needed(const std::vector<int>& contributors) const;
+  uint64_t table_count() const;
+  void check_memory(uint64_t extra, const std::string& what) const;
   void step_reached();  // fires snapshots waiting for the new global step
 
   ShardOptions options_;
@@ -223,6 +243,7 @@ class Shard {
   Checkpointer* checkpointer_ = nullptr;
   std::multimap<int64_t, kj::Own<kj::PromiseFulfiller<std::shared_ptr<ShardCheckpoint>>>> step_snapshots_;
   kj::TaskSet tasks_;  // sync-step applies nobody waits for
+  std::unique_ptr<ShardTables> tables_;
 };
 
 

@@ -237,4 +237,51 @@ std::vector<Client::TableInfo> Client::list_tables() {
   return out;
 }
 
+void Client::restore_rows(const std::string& table, std::span<const int64_t> ids, std::span<const float> values,
+                          const std::vector<std::vector<float>>& slots, uint64_t version) {
+  const TableSpec spec = table_spec(table, "restore_rows");
+  const uint32_t dim = spec.dim;
+  if (values.size() != ids.size() * dim) {
+    throw ConfigError("restore_rows: table '" + table + "': " + std::to_string(ids.size()) + " ids need " +
+                      std::to_string(ids.size() * dim) + " values, got " + std::to_string(values.size()));
+  }
+  for (const auto& s : slots) {
+    if (s.size() != values.size()) throw ConfigError("restore_rows: a slot of table '" + table + "' has the wrong size");
+  }
+  check_ids(spec, ids, "restore_rows");
+  // Values and slots travel together: a request's ids get 1 + slots rows each.
+  const uint32_t per = ids_per_request(impl_->max_batch_bytes / (1 + slots.size()), dim);
+  auto plan = std::make_shared<const RowPlan>(plan_rows(as_unsigned(ids), placement_of(spec, num_shards()), per, false));
+  if (plan->has_duplicates) throw ConfigError("restore_rows: table '" + table + "': an id is given twice");
+  // Each component in plan order (shard by shard).
+  auto parts = std::make_shared<std::vector<std::vector<float>>>(1 + slots.size());
+  for (std::size_t k = 0; k < parts->size(); ++k) {
+    (*parts)[k].resize(values.size());
+    gather_gradients(*plan, k == 0 ? values.data() : slots[k - 1].data(), dim, (*parts)[k].data());
+  }
+  impl_->submit<Nothing>(
+            [this, plan, parts, table, dim, version]() {
+              kj::Vector<kj::Promise<void>> calls;
+              for (const RowRequest& r : plan->requests) {
+                auto send = [plan, parts, r, table, dim, version](ShardConnection& c, int) {
+                  auto req = c.shard.restoreRowsRequest();
+                  req.setTable(table);
+                  req.setIds(kj::arrayPtr(plan->ids.data() + r.first, r.count));
+                  auto slice = [&](const std::vector<float>& v) {
+                    return as_data(std::span<const float>(v.data() + std::size_t(r.first) * dim, std::size_t(r.count) * dim));
+                  };
+                  req.setValues(slice((*parts)[0]));
+                  auto list = req.initSlots(static_cast<unsigned>(parts->size() - 1));
+                  for (unsigned k = 1; k < parts->size(); ++k) list.set(k - 1, slice((*parts)[k]));
+                  req.setVersion(version);
+                  return req.send().ignoreResult();
+                };
+                calls.add(impl_->retry->call(static_cast<int>(r.shard), kj::mv(send)));
+              }
+              return kj::joinPromises(calls.releaseAsArray()).then([plan, parts] { return Nothing{}; });
+            },
+            "restoreRows: ")
+      .get();
+}
+
 }  // namespace ps

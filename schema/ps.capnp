@@ -386,4 +386,9 @@ interface Shard {
   # every shard its part, empty where it has no ids there).
 
   listTables @18 () -> (tables :List(TableMeta));
+
+  restoreRows @19 (table :Text, ids :List(UInt64), values :Data, slots :List(Data), version :UInt64) -> ();
+  # Sets rows of a table (values, and each optimizer slot: ids.size() * dim
+  # float32 each): a checkpoint restored into another shard count. The
+  # table's update count becomes at least `version`.
 }

@@ -83,6 +83,7 @@ const char* request_kind_name(RequestKind kind) {
     case RequestKind::kPullRows: return "pullRows";
     case RequestKind::kPushRows: return "pushRows";
     case RequestKind::kListTables: return "listTables";
+    case RequestKind::kRestoreRows: return "restoreRows";
     case RequestKind::kCount: break;
   }
   return "?";

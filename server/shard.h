@@ -61,7 +61,7 @@ struct ShardOptions {
 // The RPC methods, for per-kind request counts (ps_requests_total{kind=...}).
 enum class RequestKind : unsigned {
   kHello, kCreate, kPull, kPush, kList, kStats, kInitJob, kSetReady, kWaitReady, kStepDone, kBarrier, kFinish,
-  kReport, kCheckpoint, kProbe, kAttachMemory, kCreateTables, kPullRows, kPushRows, kListTables, kCount
+  kReport, kCheckpoint, kProbe, kAttachMemory, kCreateTables, kPullRows, kPushRows, kListTables, kRestoreRows, kCount
 };
 constexpr std::size_t kRequestKinds = static_cast<std::size_t>(RequestKind::kCount);
 // The name used as the metric label (the schema's method name; "probe" for
@@ -148,6 +148,11 @@ class Shard {
   // Applies (async), accumulates (sync) or drops (stale) a push of rows.
   PushRowsReply push_rows(const Caller& caller, const PushRowsRequest& request);
   std::vector<TableReport> list_tables() const;
+  // Sets rows (values and optimizer slots) of a table, as a restore into
+  // another shard count does; the table's update count becomes at least
+  // `version`. Checked whole first (ids, lengths, NaN/Inf, row limit).
+  void restore_rows(std::string_view table, std::span<const uint64_t> ids, std::span<const float> values,
+                    const std::vector<std::span<const float>>& slots, uint64_t version);
   // Called by whoever writes a checkpoint, once it is durable.
   void note_checkpoint(int64_t step, double unix_secs);
 
@@ -224,6 +229,8 @@ class Shard {
   void commit_table_step();
   void recheck_table_sync();
   uint32_t table_replicas_needed(const std::vector<int>& contributors) const;
+  void snapshot_tables(ShardCheckpoint& c) const;
+  void restore_tables(const ShardCheckpoint& c);
   uint64_t table_count() const;
   void check_memory(uint64_t extra, const std::string& what) const;
   void step_reached();  // fires snapshots waiting for the new global step

@@ -345,4 +345,21 @@ kj::Promise<void> ShardServiceImpl::listTables(ListTablesContext context) {
   });
 }
 
+kj::Promise<void> ShardServiceImpl::restoreRows(RestoreRowsContext context) {
+  return guarded(RequestKind::kRestoreRows, [&]() -> kj::Promise<void> {
+    require_hello("restoreRows");
+    auto params = context.getParams();
+    auto whole = [](capnp::Data::Reader d) {
+      if (d.size() % sizeof(float) != 0) throw RequestError("restoreRows: values are not a whole number of float32s");
+      return as_floats(d);
+    };
+    std::vector<std::span<const float>> slots;
+    for (auto s : params.getSlots()) slots.push_back(whole(s));
+    shard_.restore_rows(std::string_view(params.getTable().cStr(), params.getTable().size()),
+                        ids_in_place(params.getIds(), "restoreRows"), whole(params.getValues()), slots,
+                        params.getVersion());
+    return kj::READY_NOW;
+  });
+}
+
 }  // namespace ps

@@ -44,6 +44,7 @@ class ShardServiceImpl final : public wire::Shard::Server {
   kj::Promise<void> pullRows(PullRowsContext context) override;
   kj::Promise<void> pushRows(PushRowsContext context) override;
   kj::Promise<void> listTables(ListTablesContext context) override;
+  kj::Promise<void> restoreRows(RestoreRowsContext context) override;
 
  private:
   // Runs a handler; a ps::Error becomes an RPC error carrying its message.

@@ -58,6 +58,7 @@ kj::Promise<std::shared_ptr<ShardCheckpoint>> Shard::snapshot() {
       out->version = s.version;
     }));
   }
+  snapshot_tables(*c);  // on the event loop, where tables change: as of now
   return kj::joinPromises(copies.releaseAsArray()).then([c] { return c; });
 }
 
@@ -125,6 +126,7 @@ void Shard::restore(const ShardCheckpoint& c) {
     store_.clear();  // e.g. past the shard's memory limit with all of them
     throw;
   }
+  restore_tables(c);
   job_.restore(c.job_configured, c.job, c.global_step, c.ready);
   requests_.load(c.requests);
   counters_.last_checkpoint_step = c.global_step;

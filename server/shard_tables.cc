@@ -308,4 +308,69 @@ void Shard::recheck_table_sync() {
   }
 }
 
+void Shard::snapshot_tables(ShardCheckpoint& c) const {
+  for (const auto& [name, t] : tables_->tables) {
+    TableCheckpoint tc;
+    tc.spec = t.table->spec();
+    tc.shard_index = t.table->shard();
+    tc.num_shards = t.table->shards();
+    tc.version = t.table->version();
+    const uint32_t dim = t.table->dim();
+    const uint64_t rows = t.table->rows();
+    tc.ids.reserve(rows);
+    tc.values.reserve(rows * dim);
+    tc.slots.resize(t.table->optimizer().num_slots());
+    for (auto& s : tc.slots) s.reserve(rows * dim);
+    t.table->for_each_row([&](uint64_t id, const float* w, std::span<const float* const> slots) {
+      tc.ids.push_back(id);
+      tc.values.insert(tc.values.end(), w, w + dim);
+      for (std::size_t k = 0; k < slots.size(); ++k) tc.slots[k].insert(tc.slots[k].end(), slots[k], slots[k] + dim);
+    });
+    c.tables.push_back(std::move(tc));
+  }
+}
+
+void Shard::restore_tables(const ShardCheckpoint& c) {
+  std::vector<ShardTableSpec> specs;
+  for (const auto& t : c.tables) specs.push_back({t.spec, t.shard_index, t.num_shards});
+  create_tables(specs, false);
+  for (const auto& t : c.tables) {
+    std::vector<std::span<const float>> slots;
+    for (const auto& s : t.slots) slots.emplace_back(s);
+    restore_rows(t.spec.name, t.ids, t.values, slots, t.version);
+  }
+}
+
+void Shard::restore_rows(std::string_view table, std::span<const uint64_t> ids, std::span<const float> values,
+                         const std::vector<std::span<const float>>& slots, uint64_t version) {
+  ShardTable& t = tables_->get(table, "restoreRows");
+  const uint32_t dim = t.table->dim();
+  const std::string name(table);
+  if (values.size() != ids.size() * dim) {
+    throw RequestError("restoreRows: table '" + name + "' has dim " + std::to_string(dim) + ": " +
+                       std::to_string(ids.size()) + " ids need " + std::to_string(ids.size() * dim) + " floats, got " +
+                       std::to_string(values.size()));
+  }
+  if (slots.size() != t.table->optimizer().num_slots()) {
+    throw RequestError("restoreRows: table '" + name + "' has " + std::to_string(t.table->optimizer().num_slots()) +
+                       " optimizer slots, got " + std::to_string(slots.size()));
+  }
+  if (!all_finite(values)) throw RequestError("restoreRows: table '" + name + "' has a NaN or Inf value");
+  for (const auto& s : slots) {
+    if (s.size() != values.size()) throw RequestError("restoreRows: a slot of table '" + name + "' has the wrong size");
+    if (!all_finite(s)) throw RequestError("restoreRows: table '" + name + "' has a NaN or Inf slot value");
+  }
+  const uint64_t fresh = t.table->check(ids, "restoreRows");
+  if (fresh > 0) {
+    check_memory(fresh * EmbeddingTable::bytes_per_dynamic_row(t.table->spec()),
+                 "restoreRows: " + std::to_string(fresh) + " new rows of table '" + name + "'");
+  }
+  std::vector<const float*> slot_rows(slots.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    for (std::size_t k = 0; k < slots.size(); ++k) slot_rows[k] = slots[k].data() + i * dim;
+    t.table->put_row(ids[i], values.data() + i * dim, slot_rows);
+  }
+  t.table->set_version(std::max(t.table->version(), version));
+}
+
 }  // namespace ps

@@ -15,7 +15,9 @@
 #include <capnp/ez-rpc.h>
 
 #include "common/embedding_placement.h"
+#include "common/checkpoint/checkpoint_file.h"
 #include "common/embedding_wire.h"
+#include "ps/checkpoint.h"
 #include "ps/client.h"
 #include "schema/ps.capnp.h"
 #include "test/psd_process.h"
@@ -322,4 +324,75 @@ TEST_CASE("sync mode: a step's rows are averaged over the replicas, stale and re
   CHECK(rows == std::vector<float>{-1, -1, -3, -3, -3, -3});
   CHECK(other.push_rows("emb", std::vector<int64_t>{1}, std::vector<float>{1, 1}, 0) == PushStatus::kStale);
   CHECK(pull_rows(chief, "emb", {1}, 2) == std::vector<float>{-3, -3});
+}
+
+TEST_CASE("checkpoints keep tables' rows and slots; a restart restores them, and a restore into another shard "
+          "count moves rows to their new shards") {
+  ps::test::TempDir dir;
+  auto args = [&](int shard, int shards) {
+    return std::vector<std::string>{"--checkpoint_dir", dir.path(), "--checkpoint_secs", "0", "--shard_index",
+                                    std::to_string(shard), "--num_shards", std::to_string(shards)};
+  };
+  const std::vector<TableSpec> specs = {
+      TableSpec{.name = "fixed", .dim = 2, .rows = 10, .placement = TablePlacement::kDiv,
+                .optimizer = RowOptimizerConfig::adagrad(0.5f), .init = InitConfig::uniform(-1, 1, 3)},
+      TableSpec{.name = "dyn", .dim = 2, .dynamic = true, .placement = TablePlacement::kHash,
+                .optimizer = RowOptimizerConfig::ftrl(0.5f, 0.01f, 0.1f)}};
+  const std::vector<int64_t> all = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  const std::vector<int64_t> dyn_ids = {5, -7, 1000000007, 42};
+  auto train = [&](Client& c) {
+    c.push_rows("fixed", std::vector<int64_t>{1, 8, 8}, std::vector<float>{1, 2, 3, 4, 5, 6});
+    c.push_rows("dyn", dyn_ids, std::vector<float>{1, -1, 2, -2, 0.5f, 3, -4, 1});
+  };
+  auto read = [&](Client& c) {
+    auto rows = pull_rows(c, "fixed", all, 2);
+    auto d = pull_rows(c, "dyn", dyn_ids, 2);
+    rows.insert(rows.end(), d.begin(), d.end());
+    return rows;
+  };
+  std::vector<float> saved, after_one_more;
+  {
+    PsdProcess a(args(0, 2)), b(args(1, 2));
+    Client client(options_for({&a, &b}));
+    client.create_tables(specs);
+    train(client);
+    saved = read(client);
+    auto ckpt = client.checkpoint();
+    REQUIRE(ckpt.paths.size() == 2);
+    uint64_t dyn_rows = 0;
+    for (const auto& path : ckpt.paths) {
+      for (const auto& t : read_checkpoint(path).tables) {
+        if (t.spec.name == "dyn") dyn_rows += t.ids.size();  // only the rows that exist
+        if (t.spec.name == "fixed") CHECK(t.slots.size() == 1);
+      }
+    }
+    CHECK(dyn_rows == dyn_ids.size());
+    train(client);
+    after_one_more = read(client);
+    a.kill();
+    b.kill();
+  }
+  SECTION("a restarted psd restores its own tables") {
+    PsdProcess a(args(0, 2)), b(args(1, 2));
+    Client client(options_for({&a, &b}));
+    client.declare_tables(specs);
+    CHECK(read(client) == saved);
+    train(client);  // the same update from the same rows and slots
+    CHECK(read(client) == after_one_more);
+  }
+  SECTION("restored into three shards") {
+    PsdProcess x({"--shard_index", "0", "--num_shards", "3"}), y({"--shard_index", "1", "--num_shards", "3"}),
+        z({"--shard_index", "2", "--num_shards", "3"});
+    Client client(options_for({&x, &y, &z}, 0));  // the chief
+    RestoredModel m = restore_from_checkpoint(client, dir.path());
+    REQUIRE(m.tables.size() == 2);
+    CHECK(read(client) == saved);
+    train(client);
+    CHECK(read(client) == after_one_more);
+    for (const auto& t : client.list_tables()) {
+      if (t.name != "fixed") continue;
+      RowPlacement place(TablePlacement::kDiv, 10, 3);
+      for (uint32_t s = 0; s < 3; ++s) CHECK(t.rows_per_shard[s] == place.rows_on(s));
+    }
+  }
 }

@@ -258,6 +258,11 @@ class Client {
     std::vector<uint64_t> rows_per_shard;
   };
   std::vector<TableInfo> list_tables();
+  // Sets rows of a table (values and optimizer slots, laid out as pull_rows'
+  // output), each on the shard this client places it: restore_from_checkpoint
+  // moves a checkpoint's rows to a job with another shard count this way.
+  void restore_rows(const std::string& table, std::span<const int64_t> ids, std::span<const float> values,
+                    const std::vector<std::vector<float>>& slots, uint64_t version);
 
   std::vector<TensorInfo> list();
   std::vector<ShardStats> stats();

@@ -236,11 +236,11 @@ int main(int argc, char** argv) {
   const double tcp = tcp_bytes_per_second(batch * dim * sizeof(float), reps);
   // Client-side: dedup, split by shard and reassembly of one batch (3 shards' placement).
   std::vector<double> tplan;
+  std::vector<float> rows_in(batch * dim, 1.0f);  // the replies' rows, as the client holds them
   for (const auto& ids : uniform) {
     auto t0 = Clock::now();
     auto plan = ps::plan_rows(std::span<const uint64_t>(reinterpret_cast<const uint64_t*>(ids.data()), ids.size()),
                               ps::RowPlacement(ps::TablePlacement::kMod, rows, 3), 8192, false);
-    std::vector<float> rows_in(plan.ids.size() * dim);
     ps::scatter_rows(plan, rows_in.data(), dim, out.data());
     tplan.push_back(seconds_since(t0));
   }

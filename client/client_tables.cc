@@ -104,7 +104,8 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
                                                         ids_per_request(impl_->max_batch_bytes, dim), false));
   return impl_->run<int64_t>(
       [this, plan, table, dim, min_step, out]() {
-        auto rows = std::make_shared<std::vector<float>>(plan->ids.size() * dim);  // in plan order
+        // In plan order; every float is written by a reply before it is read (no zeroing pass).
+        auto rows = std::shared_ptr<float[]>(new float[std::max<std::size_t>(1, plan->ids.size() * dim)]);
         auto step = std::make_shared<int64_t>(std::numeric_limits<int64_t>::max());
         kj::Vector<kj::Promise<void>> calls;
         for (const RowRequest& r : plan->requests) {
@@ -124,12 +125,12 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
                                  std::to_string(data.size()) + " bytes of table '" + table + "' for " +
                                  std::to_string(r.count) + " rows, expected " + std::to_string(want));
             }
-            std::memcpy(rows->data() + std::size_t(r.first) * dim, data.begin(), want);
+            std::memcpy(rows.get() + std::size_t(r.first) * dim, data.begin(), want);
             *step = std::min(*step, reply.getStep());
           }));
         }
         return kj::joinPromises(calls.releaseAsArray()).then([plan, rows, step, dim, out] {
-          scatter_rows(*plan, rows->data(), dim, out.data());
+          scatter_rows(*plan, rows.get(), dim, out.data());
           return *step == std::numeric_limits<int64_t>::max() ? int64_t{0} : *step;
         });
       },

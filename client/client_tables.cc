@@ -72,6 +72,12 @@ namespace {
 
 }  // namespace
 
+// Row requests are cut at ClientOptions::max_request_bytes (not at the
+// dense part size: a row is never split).
+uint64_t Client::row_request_bytes() const {
+  return std::min<uint64_t>(impl_->options.max_request_bytes, impl_->max_payload_bytes);
+}
+
 TableSpec Client::table_spec(const std::string& table, const char* what) const {
   std::lock_guard lock(impl_->placement_mutex);
   auto it = impl_->tables.find(table);
@@ -101,7 +107,7 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
   }
   check_ids(spec, ids, "pull_rows");
   auto plan = std::make_shared<const RowPlan>(plan_rows(as_unsigned(ids), placement_of(spec, num_shards()),
-                                                        ids_per_request(impl_->max_batch_bytes, dim), false));
+                                                        ids_per_request(row_request_bytes(), dim), false));
   return impl_->run<int64_t>(
       [this, plan, table, dim, min_step, out]() {
         // In plan order; every float is written by a reply before it is read (no zeroing pass).
@@ -163,8 +169,16 @@ std::future<PushStatus> Client::start_push_rows(const std::string& table, std::s
   }
   check_ids(spec, ids, "push_rows");
   const bool sync = impl_->job_mode.load() == SyncMode::kSync;
-  auto plan = std::make_shared<const RowPlan>(plan_rows(as_unsigned(ids), placement_of(spec, num_shards()),
-                                                        ids_per_request(impl_->max_batch_bytes, dim), sync));
+  // Sync mode counts one push per worker, table and step on each shard: its
+  // part for a shard goes as one message, however large.
+  auto plan = std::make_shared<const RowPlan>(
+      plan_rows(as_unsigned(ids), placement_of(spec, num_shards()),
+                ids_per_request(sync ? impl_->max_payload_bytes : row_request_bytes(), dim), sync));
+  if (sync && plan->requests.size() > static_cast<std::size_t>(num_shards())) {
+    throw ConfigError("push_rows: in sync mode each shard's part of a push goes as one message, and table '" + table +
+                      "' gets more than psd accepts in one (" + std::to_string(impl_->max_payload_bytes) +
+                      " bytes); raise psd --max_message_mb or push fewer ids per step (nothing was sent)");
+  }
   // psd refuses NaN/Inf per request; split over several, only a check here
   // keeps a bad gradient from being half applied.
   const uint32_t summed = impl_->summed_per_step();
@@ -251,7 +265,7 @@ void Client::restore_rows(const std::string& table, std::span<const int64_t> ids
   }
   check_ids(spec, ids, "restore_rows");
   // Values and slots travel together: a request's ids get 1 + slots rows each.
-  const uint32_t per = ids_per_request(impl_->max_batch_bytes / (1 + slots.size()), dim);
+  const uint32_t per = ids_per_request(row_request_bytes() / (1 + slots.size()), dim);
   auto plan = std::make_shared<const RowPlan>(plan_rows(as_unsigned(ids), placement_of(spec, num_shards()), per, false));
   if (plan->has_duplicates) throw ConfigError("restore_rows: table '" + table + "': an id is given twice");
   // Each component in plan order (shard by shard).

@@ -230,6 +230,9 @@ class Shard {
   void recheck_table_sync();
   uint32_t table_replicas_needed(const std::vector<int>& contributors) const;
   void snapshot_tables(ShardCheckpoint& c) const;
+  // Sync: per worker, the tables it gave this step's gradient for; `pending`
+  // set if any table has one (check_worker_timeouts).
+  void count_table_contributions(std::map<int, uint64_t>& given, bool& pending) const;
   void restore_tables(const ShardCheckpoint& c);
   uint64_t table_count() const;
   void check_memory(uint64_t extra, const std::string& what) const;

@@ -57,6 +57,7 @@ void Shard::check_worker_timeouts() {
     pending = pending || slot.count > 0;
     for (int w : slot.contributors) ++given[w];
   }
+  count_table_contributions(given, pending);
   // Only a step that has started can be held up by a silent worker.
   if (!pending) return;
   std::vector<int> waiting;

@@ -373,4 +373,11 @@ void Shard::restore_rows(std::string_view table, std::span<const uint64_t> ids, 
   t.table->set_version(std::max(t.table->version(), version));
 }
 
+void Shard::count_table_contributions(std::map<int, uint64_t>& given, bool& pending) const {
+  for (const auto& [name, t] : tables_->tables) {
+    pending = pending || t.sync.count > 0;
+    for (int w : t.sync.contributors) ++given[w];
+  }
+}
+
 }  // namespace ps

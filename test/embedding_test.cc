@@ -304,9 +304,11 @@ TEST_CASE("a retried push of rows (the same request id) is applied once") {
 
 TEST_CASE("sync mode: a step's rows are averaged over the replicas, stale and repeated pushes dropped") {
   PsdProcess ps0, ps1;
-  Client chief(options_for({&ps0, &ps1}, 0));
-  Client other(options_for({&ps0, &ps1}, 1));
-  const TableSpec spec = fixed("emb", 6, 2, 1.0f);
+  ClientOptions o0 = options_for({&ps0, &ps1}, 0), o1 = options_for({&ps0, &ps1}, 1);
+  o0.max_request_bytes = o1.max_request_bytes = 64;  // 4 ids a request outside sync mode
+  Client chief(o0);
+  Client other(o1);
+  const TableSpec spec = fixed("emb", 20, 2, 1.0f);
   chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2});
   chief.create_tables({spec});
   chief.set_ready();
@@ -324,6 +326,14 @@ TEST_CASE("sync mode: a step's rows are averaged over the replicas, stale and re
   CHECK(rows == std::vector<float>{-1, -1, -3, -3, -3, -3});
   CHECK(other.push_rows("emb", std::vector<int64_t>{1}, std::vector<float>{1, 1}, 0) == PushStatus::kStale);
   CHECK(pull_rows(chief, "emb", {1}, 2) == std::vector<float>{-3, -3});
+  // Step 1: six rows of shard 0 from one worker (more than one request's
+  // worth outside sync mode) all count, averaged over both workers.
+  const std::vector<int64_t> even = {0, 2, 4, 6, 8, 10};
+  CHECK(chief.push_rows("emb", even, std::vector<float>(12, 2.0f), 1) == PushStatus::kAccumulated);
+  CHECK(other.push_rows("emb", std::vector<int64_t>{0}, std::vector<float>{2, 2}, 1) == PushStatus::kAccumulated);
+  std::vector<float> after(12);
+  CHECK(chief.pull_rows("emb", even, after, 2) == 2);
+  CHECK(after == std::vector<float>{-3, -3, -4, -4, -1, -1, -1, -1, -1, -1, -1, -1});
 }
 
 TEST_CASE("checkpoints keep tables' rows and slots; a restart restores them, and a restore into another shard "

@@ -332,6 +332,7 @@ class Client {
                                      int64_t step, PushResult* done, int64_t done_step = -1);
 
   TableSpec table_spec(const std::string& table, const char* what) const;
+  uint64_t row_request_bytes() const;
   std::future<int64_t> start_pull_rows(const std::string& table, std::span<const int64_t> ids, std::span<float> out,
                                        int64_t min_step, int64_t* done);
   std::future<PushStatus> start_push_rows(const std::string& table, std::span<const int64_t> ids,

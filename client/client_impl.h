@@ -8,6 +8,7 @@
 #include <cstring>
 #include <future>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <optional>
 
@@ -373,6 +374,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   std::atomic<SyncMode> job_mode{SyncMode::kAsync};
   std::mutex placement_mutex;
   Placement placement;
+  std::map<std::string, TableSpec> tables;  // embedding tables declared (under placement_mutex)
   uint64_t max_batch_bytes = 64u << 20;
   uint64_t max_payload_bytes = 64u << 20;  // the most a request may carry to every shard
   int64_t recorded_step = -1;  // Client::recorded_step(), from the first hellos

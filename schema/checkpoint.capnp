@@ -37,6 +37,7 @@ struct Header {
   tensorCount @7 :UInt64;
   requests @8 :List(WorkerRequests);
   serverVersion @9 :Text;
+  tableCount @10 :UInt64;      # embedding tables, after the tensors (0 in files without tables)
 }
 
 # Followed by 1 + numSlots raw records of `elements` floats: values, then slots.
@@ -46,6 +47,18 @@ struct TensorHeader {
   elements @2 :UInt64;
 }
 
+# An embedding table's rows on this shard (a dynamic table: only the rows
+# that exist). Followed by 2 + numSlots raw records: the rows' ids (uint64),
+# their values, then each slot (rows * dim float32 each, in the ids' order).
+struct TableHeader {
+  spec @0 :Ps.TableSpec;       # with the shard index and count it was placed for
+  numSlots @1 :UInt32;
+  rows @2 :UInt64;
+  version @3 :UInt64;
+  evictions @4 :UInt64;
+}
+
 struct Footer {
   tensorCount @0 :UInt64;      # must match the header: a file cut between records is caught here
+  tableCount @1 :UInt64;
 }

@@ -198,6 +198,75 @@ struct ShardStats {
   lastCheckpointStep @17 :Int64;   # -1: none yet
   lastCheckpointUnixSecs @18 :Float64;
   sharedBytes @19 :UInt64;      # tensor bytes pushed and pulled through shared memory (also in bytesIn/bytesOut)
+  tables @20 :List(TableStats); # embedding tables held here
+}
+
+# --- Embedding tables (include/ps/embedding.h) ---
+
+enum RowOptimizerKind {
+  sgd @0;
+  adagrad @1;
+  lazyAdam @2;
+  ftrl @3;
+}
+
+struct RowOptimizerSpec {
+  kind @0 :RowOptimizerKind = sgd;
+  learningRate @1 :Float32 = 0.01;
+  initialAccumulator @2 :Float32 = 0.1;  # Adagrad, FTRL
+  beta1 @3 :Float32 = 0.9;               # LazyAdam
+  beta2 @4 :Float32 = 0.999;
+  epsilon @5 :Float32 = 1e-7;
+  l1 @6 :Float32;                        # FTRL
+  l2 @7 :Float32;
+  lrPower @8 :Float32 = -0.5;
+}
+
+enum TablePlacement {
+  mod @0;    # shard = id % shards (fixed tables)
+  div @1;    # contiguous ranges (fixed tables)
+  hash @2;   # a 64-bit mix of the id % shards (dynamic tables)
+}
+
+enum RowLimitPolicy {
+  refuse @0;
+  evictLru @1;
+}
+
+struct TableSpec {
+  name @0 :Text;
+  dim @1 :UInt32;
+  rows @2 :UInt64;             # fixed tables: ids in [0, rows)
+  dynamic @3 :Bool;
+  placement @4 :TablePlacement;
+  rowLimit @5 :UInt64;         # dynamic: most rows on one shard (0: none)
+  onLimit @6 :RowLimitPolicy;
+  optimizer @7 :RowOptimizerSpec;
+  init @8 :Initializer;
+  shardIndex @9 :UInt32;       # the client's placement: this shard's index
+  numShards @10 :UInt32;       # ... among this many (common/embedding_placement.h)
+}
+
+struct TableMeta {
+  name @0 :Text;
+  dim @1 :UInt32;
+  rows @2 :UInt64;             # fixed tables: all rows of the table
+  dynamic @3 :Bool;
+  rowsHere @4 :UInt64;         # rows this shard holds
+  bytes @5 :UInt64;            # memory of this shard's rows, slots and index
+  version @6 :UInt64;          # updates applied here
+  created @7 :Bool;            # createTables: true if this request created it
+  evictions @8 :UInt64;
+  optimizer @9 :RowOptimizerKind;
+}
+
+struct TableStats {
+  name @0 :Text;
+  rows @1 :UInt64;
+  bytes @2 :UInt64;
+  rowsPulled @3 :UInt64;
+  rowsPushed @4 :UInt64;
+  evictions @5 :UInt64;
 }
 
 interface Shard {
@@ -297,4 +366,29 @@ interface Shard {
   # caller: a reused pid cannot hand psd a stranger's memory).
   # Pushes and pulls on this connection may then name slices of it. One
   # region per connection, unmapped when the connection ends.
+
+  createTables @15 (tables :List(TableSpec), validateOnly :Bool) -> (tables :List(TableMeta));
+  # Creates this shard's part of each table (all checked before any is
+  # created). Idempotent: an existing table of the same kind, dim, rows and
+  # optimizer is returned as is (created = false); another is an error.
+  # A table whose rows would take psd past --max_memory_mb is refused.
+
+  pullRows @16 (table :Text, ids :List(UInt64), minStep :Int64) -> (rows :Data, step :Int64);
+  # The rows of `ids` (each this shard's), in order: ids.size() * dim
+  # little-endian float32. A dynamic table creates the missing ones.
+  # minStep as pull's. The ids travel as one packed list.
+
+  pushRows @17 (table :Text, ids :List(UInt64), grads :Data, step :Int64, requestId :UInt64,
+                doneStep :Int64 = -1) -> (status :PushStatus, step :Int64, stop :Bool);
+  # Gradients of the rows of `ids`: ids.size() * dim float32, summed per
+  # repeated id. step, requestId and doneStep as push's: in sync mode a
+  # table counts towards a step like a trainable tensor (a worker sends
+  # every shard its part, empty where it has no ids there).
+
+  listTables @18 () -> (tables :List(TableMeta));
+
+  restoreRows @19 (table :Text, ids :List(UInt64), values :Data, slots :List(Data), version :UInt64) -> ();
+  # Sets rows of a table (values, and each optimizer slot: ids.size() * dim
+  # float32 each): a checkpoint restored into another shard count. The
+  # table's update count becomes at least `version`.
 }

@@ -129,6 +129,31 @@ std::string prometheus_text(const Shard& shard, double now_unix_secs) {
   }
   e.gauge("ps_job_ready", "1 once the chief has initialised the model.", job.ready() ? 1 : 0);
 
+  // Embedding tables, labelled by table.
+  const std::vector<TableReport> tables = shard.list_tables();
+  struct TableField {
+    const char* name;
+    const char* type;
+    const char* help;
+    uint64_t (*get)(const TableReport&);
+  };
+  const TableField table_fields[] = {
+      {"ps_table_rows", "gauge", "Rows of each embedding table held on this shard.",
+       [](const TableReport& t) { return t.rows_here; }},
+      {"ps_table_bytes", "gauge", "Memory of each embedding table on this shard: rows, optimizer slots and index.",
+       [](const TableReport& t) { return t.bytes; }},
+      {"ps_table_rows_pulled_total", "counter", "Rows read by pullRows, per table.",
+       [](const TableReport& t) { return t.rows_pulled; }},
+      {"ps_table_rows_pushed_total", "counter", "Row gradients received by pushRows, per table.",
+       [](const TableReport& t) { return t.rows_pushed; }},
+      {"ps_table_evictions_total", "counter", "Rows evicted from a dynamic table at its row limit (evict-LRU).",
+       [](const TableReport& t) { return t.evictions; }},
+  };
+  for (const auto& f : table_fields) {
+    e.family(f.name, f.type, f.help);
+    for (const auto& t : tables) e.sample(f.name, fmt::format("table=\"{}\"", escape_label(t.spec.name)), f.get(t));
+  }
+
   const auto& workers = job.workers();
   e.family("ps_worker_step", "gauge", "Each worker's last step (stepDone, or the step of its last push).");
   for (const auto& [i, w] : workers) e.sample("ps_worker_step", worker_label(i), w.step);

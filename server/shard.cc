@@ -1,5 +1,7 @@
 #include "server/shard.h"
 
+#include "server/shard_tables.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -58,6 +60,11 @@ const char* request_kind_name(RequestKind kind) {
     case RequestKind::kReport: return "report";
     case RequestKind::kProbe: return "probe";
     case RequestKind::kAttachMemory: return "attachMemory";
+    case RequestKind::kCreateTables: return "createTables";
+    case RequestKind::kPullRows: return "pullRows";
+    case RequestKind::kPushRows: return "pushRows";
+    case RequestKind::kListTables: return "listTables";
+    case RequestKind::kRestoreRows: return "restoreRows";
     case RequestKind::kCount: break;
   }
   return "?";
@@ -72,7 +79,9 @@ Shard::Shard(ShardOptions options, ComputePool& pool, kj::Timer& timer, MemoryBu
       job_(timer),
       apply_latency_(apply_latency_bounds()),
       push_staleness_(staleness_bounds()),
-      tasks_(log_errors) {
+      tasks_(log_errors),
+      tables_(std::make_unique<ShardTables>()) {
+  if (budget_ != nullptr) tables_->reserved = budget_->reserve_anyway(MemoryUse::kTensors, 0);
   // A worker that leaves may be the one a sync step is waiting for.
   job_.on_worker_lost([this] { recheck_sync_step(); });
 }
@@ -176,7 +185,7 @@ const std::byte* Shard::shared_slice(const Caller& caller, const SharedSliceRef&
 uint64_t Shard::trainable_count() const {
   uint64_t n = 0;
   for (StoredTensor* t : store_.all()) n += t->spec().trainable;
-  return n;
+  return n + table_count();
 }
 
 std::pair<int64_t, bool> Shard::step_done(const Caller& caller, int64_t step) {

@@ -40,6 +40,8 @@
 #include "common/net/shared_region.h"
 #include "server/shard_requests.h"
 #include "server/tensor_store.h"
+#include "common/embedding_wire.h"
+#include "server/table_requests.h"
 
 namespace ps {
 
@@ -60,7 +62,7 @@ struct ShardOptions {
 // The RPC methods, for per-kind request counts (ps_requests_total{kind=...}).
 enum class RequestKind : unsigned {
   kHello, kCreate, kPull, kPush, kList, kStats, kInitJob, kSetReady, kWaitReady, kStepDone, kBarrier, kFinish,
-  kReport, kCheckpoint, kProbe, kAttachMemory, kCount
+  kReport, kCheckpoint, kProbe, kAttachMemory, kCreateTables, kPullRows, kPushRows, kListTables, kRestoreRows, kCount
 };
 constexpr std::size_t kRequestKinds = static_cast<std::size_t>(RequestKind::kCount);
 // The name used as the metric label (the schema's method name; "probe" for
@@ -88,6 +90,7 @@ struct ShardCounters {
 };
 
 class Checkpointer;
+struct ShardTables;
 
 // A tensor of a checkpoint that a restore left out, and why.
 struct SkippedTensor {
@@ -113,6 +116,7 @@ class Shard {
  public:
   // `budget` (may be null: no budget) counts the tensors stored; it must outlive the shard.
   Shard(ShardOptions options, ComputePool& pool, kj::Timer& timer, MemoryBudget* budget = nullptr);
+  ~Shard();
   // Expired once this Shard is being destroyed. A connection's service
   // object can outlive the Shard at shutdown (calls still waiting are
   // destroyed with the event loop, after the server), so it checks this
@@ -153,6 +157,21 @@ class Shard {
   // Keeps a worker's progress report (the report RPC) for metrics and the status page.
   // (`report.unix_secs` is set here, to when psd received it.)
   void report(const Caller& caller, WorkerReport report);
+  // --- Embedding tables (shard_tables.cc) ---
+  // Creates this shard's part of each table, all checked first; existing
+  // tables of the same kind are reported (created = false).
+  std::vector<TableReport> create_tables(const std::vector<ShardTableSpec>& specs, bool validate_only);
+  // Reads rows into the buffer `out` gives (after waiting for min_step in
+  // sync and bounded-staleness modes, as pull).
+  kj::Promise<void> pull_rows(const Caller& caller, PullRowsRequest request, RowsOut out);
+  // Applies (async), accumulates (sync) or drops (stale) a push of rows.
+  PushRowsReply push_rows(const Caller& caller, const PushRowsRequest& request);
+  std::vector<TableReport> list_tables() const;
+  // Sets rows (values and optimizer slots) of a table, as a restore into
+  // another shard count does; the table's update count becomes at least
+  // `version`. Checked whole first (ids, lengths, NaN/Inf, row limit).
+  void restore_rows(std::string_view table, std::span<const uint64_t> ids, std::span<const float> values,
+                    const std::vector<std::span<const float>>& slots, uint64_t version);
   // Called by whoever writes a checkpoint, once it is durable.
   void note_checkpoint(int64_t step, double unix_secs);
 
@@ -270,6 +289,17 @@ class Shard {
   GradientStatus offer_sync(StoredTensor* t, int worker, std::span<const float> g, kj::Vector<kj::Promise<void>>& work);
   void commit_sync_step();
   uint64_t trainable_count() const;
+  // Tables' part of sync steps (shard_tables.cc).
+  void commit_table_step();
+  void recheck_table_sync();
+  uint32_t table_replicas_needed(const std::vector<int>& contributors) const;
+  void snapshot_tables(ShardCheckpoint& c) const;
+  // Sync: per worker, the tables it gave this step's gradient for; `pending`
+  // set if any table has one (check_worker_timeouts).
+  void count_table_contributions(std::map<int, uint64_t>& given, bool& pending) const;
+  void restore_tables(const ShardCheckpoint& c);
+  uint64_t table_count() const;
+  void check_memory(uint64_t extra, const std::string& what) const;
   void step_reached();  // fires snapshots waiting for the new global step
 
   ShardOptions options_;
@@ -289,6 +319,7 @@ class Shard {
   std::vector<SkippedTensor> restore_skipped_;
   std::multimap<int64_t, kj::Own<kj::PromiseFulfiller<std::shared_ptr<ShardCheckpoint>>>> step_snapshots_;
   kj::TaskSet tasks_;  // sync-step applies nobody waits for
+  std::unique_ptr<ShardTables> tables_;
   // Expires first when the Shard goes (the last member): see lifetime().
   std::shared_ptr<char> lifetime_ = std::make_shared<char>();
 };

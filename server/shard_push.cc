@@ -213,6 +213,7 @@ void Shard::commit_sync_step() {
     slot.contributors.clear();
     slot.complete = false;
   }
+  commit_table_step();
   complete_tensors_ = 0;
   ++counters_.steps_applied;
   job_.advance_step();

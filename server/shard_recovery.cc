@@ -29,6 +29,7 @@ uint32_t Shard::replicas_needed(const SyncSlot& slot) const {
 void Shard::recheck_sync_step() {
   if (job_.config().mode != SyncMode::kSync) return;
   uint32_t fewest = job_.config().replicas_to_aggregate;
+  recheck_table_sync();
   for (auto& [t, slot] : sync_) {
     if (!slot.complete && slot.count > 0 && slot.count >= replicas_needed(slot)) {
       slot.complete = true;
@@ -56,6 +57,7 @@ void Shard::check_worker_timeouts() {
     pending = pending || slot.count > 0;
     for (int w : slot.contributors) ++given[w];
   }
+  count_table_contributions(given, pending);
   // Only a step that has started can be held up by a silent worker.
   if (!pending) return;
   std::vector<int> waiting;

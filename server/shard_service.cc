@@ -367,4 +367,93 @@ kj::Promise<void> ShardServiceImpl::attachMemory(AttachMemoryContext context) {
   });
 }
 
+// --- Embedding tables: Cap'n Proto in, plain values to the shard, Cap'n Proto out ---
+
+namespace {
+
+void table_to_wire(const TableReport& r, wire::TableMeta::Builder out) {
+  out.setName(r.spec.name);
+  out.setDim(r.spec.dim);
+  out.setRows(r.spec.rows);
+  out.setDynamic(r.spec.dynamic);
+  out.setRowsHere(r.rows_here);
+  out.setBytes(r.bytes);
+  out.setVersion(r.version);
+  out.setCreated(r.created);
+  out.setEvictions(r.evictions);
+  out.setOptimizer(static_cast<wire::RowOptimizerKind>(r.spec.optimizer.kind));
+}
+
+}  // namespace
+
+kj::Promise<void> ShardServiceImpl::createTables(CreateTablesContext context) {
+  return guarded(RequestKind::kCreateTables, [&]() -> kj::Promise<void> {
+    auto params = context.getParams();
+    std::vector<ShardTableSpec> specs;
+    for (auto t : params.getTables()) specs.push_back(from_wire(t));
+    auto made = shard_.create_tables(specs, params.getValidateOnly());
+    auto out = context.getResults().initTables(static_cast<unsigned>(made.size()));
+    for (unsigned i = 0; i < made.size(); ++i) table_to_wire(made[i], out[i]);
+    return kj::READY_NOW;
+  });
+}
+
+kj::Promise<void> ShardServiceImpl::pullRows(PullRowsContext context) {
+  context.allowCancellation();  // see pull()
+  return guarded(RequestKind::kPullRows, [&]() -> kj::Promise<void> {
+    auto params = context.getParams();
+    PullRowsRequest request{std::string_view(params.getTable().cStr(), params.getTable().size()),
+                            ids_in_place(params.getIds(), "pullRows"), params.getMinStep()};
+    // The reply is sized for the rows up front: one segment, no copy after the gather.
+    return shard_.pull_rows(caller_, request, [context](std::size_t floats, int64_t step) mutable -> float* {
+      auto results = context.getResults(capnp::MessageSize{floats / 2 + 16, 0});
+      results.setStep(step);
+      return reinterpret_cast<float*>(results.initRows(static_cast<unsigned>(floats * sizeof(float))).begin());
+    });
+  });
+}
+
+kj::Promise<void> ShardServiceImpl::pushRows(PushRowsContext context) {
+  return guarded(RequestKind::kPushRows, [&]() -> kj::Promise<void> {
+    auto params = context.getParams();
+    auto grads = params.getGrads();
+    if (grads.size() % sizeof(float) != 0) throw RequestError("pushRows: gradients are not a whole number of float32s");
+    PushRowsRequest request{std::string_view(params.getTable().cStr(), params.getTable().size()),
+                            ids_in_place(params.getIds(), "pushRows"), as_floats(grads), params.getStep(),
+                            params.getRequestId(), params.getDoneStep()};
+    PushRowsReply reply = shard_.push_rows(caller_, request);
+    auto results = context.getResults();
+    results.setStatus(static_cast<wire::PushStatus>(reply.status));
+    results.setStep(reply.step);
+    results.setStop(reply.stop);
+    return kj::READY_NOW;
+  });
+}
+
+kj::Promise<void> ShardServiceImpl::listTables(ListTablesContext context) {
+  return guarded(RequestKind::kListTables, [&]() -> kj::Promise<void> {
+    auto tables = shard_.list_tables();
+    auto out = context.getResults().initTables(static_cast<unsigned>(tables.size()));
+    for (unsigned i = 0; i < tables.size(); ++i) table_to_wire(tables[i], out[i]);
+    return kj::READY_NOW;
+  });
+}
+
+kj::Promise<void> ShardServiceImpl::restoreRows(RestoreRowsContext context) {
+  return guarded(RequestKind::kRestoreRows, [&]() -> kj::Promise<void> {
+    require_hello("restoreRows");
+    auto params = context.getParams();
+    auto whole = [](capnp::Data::Reader d) {
+      if (d.size() % sizeof(float) != 0) throw RequestError("restoreRows: values are not a whole number of float32s");
+      return as_floats(d);
+    };
+    std::vector<std::span<const float>> slots;
+    for (auto s : params.getSlots()) slots.push_back(whole(s));
+    shard_.restore_rows(std::string_view(params.getTable().cStr(), params.getTable().size()),
+                        ids_in_place(params.getIds(), "restoreRows"), whole(params.getValues()), slots,
+                        params.getVersion());
+    return kj::READY_NOW;
+  });
+}
+
 }  // namespace ps

@@ -54,6 +54,12 @@ class ShardServiceImpl final : public wire::Shard::Server {
   kj::Promise<void> report(ReportContext context) override;
   kj::Promise<void> checkpoint(CheckpointContext context) override;
   kj::Promise<void> attachMemory(AttachMemoryContext context) override;
+  // Embedding tables: requests turned into plain values (server/table_requests.h).
+  kj::Promise<void> createTables(CreateTablesContext context) override;
+  kj::Promise<void> pullRows(PullRowsContext context) override;
+  kj::Promise<void> pushRows(PushRowsContext context) override;
+  kj::Promise<void> listTables(ListTablesContext context) override;
+  kj::Promise<void> restoreRows(RestoreRowsContext context) override;
 
  private:
   // Runs a handler; a ps::Error becomes an RPC error carrying its message.

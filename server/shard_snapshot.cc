@@ -58,6 +58,7 @@ kj::Promise<std::shared_ptr<ShardCheckpoint>> Shard::snapshot() {
       out->version = s.version;
     }));
   }
+  snapshot_tables(*c);  // on the event loop, where tables change: as of now
   return kj::joinPromises(copies.releaseAsArray()).then([c] { return c; });
 }
 
@@ -136,6 +137,7 @@ std::vector<SkippedTensor> Shard::restore(const ShardCheckpoint& c) {
       spec.version = t->version;
       store_.create(spec, t->part);
     }
+    restore_tables(c);
     job_.restore(c.job_configured, c.job, c.global_step, c.ready);
     if (c.ready) check_can_be_ready();
   } catch (...) {

@@ -146,6 +146,16 @@ void stats_to_wire(const Shard& shard, wire::ShardStats::Builder out) {
   out.setSharedBytes(counters.shared_bytes);
   out.setLastCheckpointStep(counters.last_checkpoint_step);
   out.setLastCheckpointUnixSecs(counters.last_checkpoint_unix_secs);
+  const std::vector<TableReport> tables = shard.list_tables();
+  auto table_stats = out.initTables(static_cast<unsigned>(tables.size()));
+  for (unsigned i = 0; i < tables.size(); ++i) {
+    table_stats[i].setName(tables[i].spec.name);
+    table_stats[i].setRows(tables[i].rows_here);
+    table_stats[i].setBytes(tables[i].bytes);
+    table_stats[i].setRowsPulled(tables[i].rows_pulled);
+    table_stats[i].setRowsPushed(tables[i].rows_pushed);
+    table_stats[i].setEvictions(tables[i].evictions);
+  }
   auto workers = out.initWorkers(static_cast<unsigned>(job.workers().size()));
   unsigned i = 0;
   for (const auto& [index, w] : job.workers()) {

@@ -113,6 +113,15 @@ std::string status_json(const Shard& shard, const ProgressHistory& history, doub
                      quote(t->spec().name), shape, t->size() * sizeof(float), t->version(), t->spec().trainable);
     first = false;
   }
+  o += "],\"tables\":[";
+  first = true;
+  for (const TableReport& t : shard.list_tables()) {
+    o += fmt::format("{}{{\"name\":{},\"dim\":{},\"dynamic\":{},\"rows\":{},\"bytes\":{},\"version\":{},"
+                     "\"rows_pulled\":{},\"rows_pushed\":{},\"evictions\":{}}}",
+                     first ? "" : ",", quote(t.spec.name), t.spec.dim, t.spec.dynamic, t.rows_here, t.bytes, t.version,
+                     t.rows_pulled, t.rows_pushed, t.evictions);
+    first = false;
+  }
   o += "],\"workers\":[";
   first = true;
   for (const auto& [i, w] : job.workers()) {

@@ -228,3 +228,34 @@ TEST_CASE("/status.json stays valid JSON text whatever bytes a tensor name holds
   CHECK_THAT(answer.body, Catch::Contains(R"("a\"b\\cd\ufffd\ufffd<e>)" "\xc3\xa9\""));
   CHECK(answer.body.find('\xff') == std::string::npos);  // JSON text is UTF-8
 }
+
+TEST_CASE("/metrics and /status.json show each embedding table's rows, bytes, traffic and evictions") {
+  MonitoredPsd m;
+  Client client(worker_options(m.psd, -1));
+  client.create_tables({TableSpec{.name = "fixed", .dim = 4, .rows = 10},
+                        TableSpec{.name = "dyn", .dim = 2, .dynamic = true, .placement = TablePlacement::kHash,
+                                  .row_limit = 3, .on_limit = OnRowLimit::kEvictLru}});
+  std::vector<float> out(5 * 4);
+  client.pull_rows("fixed", std::vector<int64_t>{1, 2, 3, 4, 5}, out);
+  client.push_rows("fixed", std::vector<int64_t>{1, 2}, std::vector<float>(8, 1.0f));
+  client.push_rows("dyn", std::vector<int64_t>{10, 11, 12}, std::vector<float>(6, 1.0f));
+  client.push_rows("dyn", std::vector<int64_t>{13, 14}, std::vector<float>(4, 1.0f));  // 10 and 11 evicted
+  auto answer = ps::test::http_get(m.http_port, "/metrics");
+  REQUIRE(answer.status == 200);
+  INFO(answer.body);
+  PromText prom(answer.body);
+  const std::map<std::string, std::string> f = {{"table", "fixed"}}, d = {{"table", "dyn"}};
+  CHECK(prom.value("ps_table_rows", f) == 10);
+  CHECK(prom.value("ps_table_rows", d) == 3);
+  CHECK(prom.value("ps_table_bytes", f) >= 10 * 4 * 4);
+  CHECK(prom.value("ps_table_rows_pulled_total", f) == 5);
+  CHECK(prom.value("ps_table_rows_pushed_total", f) == 2);
+  CHECK(prom.value("ps_table_rows_pushed_total", d) == 5);
+  CHECK(prom.value("ps_table_evictions_total", d) == 2);
+  CHECK(prom.value("ps_table_evictions_total", f) == 0);
+  CHECK(prom.value("ps_requests_total", {{"kind", "pullRows"}}) == 1);
+  auto status = ps::test::http_get(m.http_port, "/status.json");
+  REQUIRE(status.status == 200);
+  CHECK(status.body.find("\"tables\":[{\"name\":\"dyn\",\"dim\":2,\"dynamic\":true,\"rows\":3,") != std::string::npos);
+  CHECK(status.body.find("\"rows_pulled\":5,\"rows_pushed\":2,\"evictions\":0}") != std::string::npos);
+}

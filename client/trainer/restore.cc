@@ -12,6 +12,12 @@ RestoredModel restore_from_checkpoint(Client& client, const std::string& dir, co
     client.init_job(config);
   }
   client.create(m.tensors);  // placed for this job's shards; values, slots and versions travel along
+  if (!m.tables.empty()) {
+    std::vector<TableSpec> specs;
+    for (const auto& t : m.tables) specs.push_back(t.spec);
+    client.create_tables(specs);
+    for (const auto& t : m.tables) client.restore_rows(t.spec.name, t.ids, t.values, t.slots, t.version);
+  }
   client.set_ready();
   return m;
 }

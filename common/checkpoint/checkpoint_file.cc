@@ -1,5 +1,7 @@
 #include "common/checkpoint/checkpoint_file.h"
 
+#include "common/embedding_wire.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -289,6 +291,7 @@ std::string write_checkpoint(const std::string& dir, const ShardCheckpoint& c, b
       h.setReady(c.ready);
       h.setUnixSecs(c.unix_secs);
       h.setTensorCount(c.tensors.size());
+      h.setTableCount(c.tables.size());
       h.setServerVersion("psd");
       auto reqs = h.initRequests(static_cast<unsigned>(c.requests.size()));
       unsigned i = 0;
@@ -322,9 +325,28 @@ std::string write_checkpoint(const std::string& dir, const ShardCheckpoint& c, b
         out.record(s.data(), s.size() * sizeof(float));
       }
     }
+    for (const auto& t : c.tables) {
+      capnp::MallocMessageBuilder m;
+      auto h = m.initRoot<ckpt::TableHeader>();
+      to_wire(t.spec, t.shard_index, t.num_shards, h.initSpec());
+      h.setNumSlots(static_cast<uint32_t>(t.slots.size()));
+      h.setRows(t.ids.size());
+      h.setVersion(t.version);
+      out.message(m);
+      const std::size_t floats = t.ids.size() * t.spec.dim;
+      if (t.values.size() != floats) throw Error("checkpoint: rows of table '" + t.spec.name + "' have the wrong size");
+      out.record(t.ids.data(), t.ids.size() * sizeof(uint64_t));
+      out.record(t.values.data(), floats * sizeof(float));
+      for (const auto& s : t.slots) {
+        if (s.size() != floats) throw Error("checkpoint: slot of table '" + t.spec.name + "' has the wrong size");
+        out.record(s.data(), s.size() * sizeof(float));
+      }
+    }
     {
       capnp::MallocMessageBuilder m;
-      m.initRoot<ckpt::Footer>().setTensorCount(c.tensors.size());
+      auto f = m.initRoot<ckpt::Footer>();
+      f.setTensorCount(c.tensors.size());
+      f.setTableCount(c.tables.size());
       out.message(m);
     }
     out.finish();
@@ -399,10 +421,38 @@ ShardCheckpoint read_checkpoint(const std::string& path) {
       }
       c.tensors.push_back(std::move(tc));
     }
+    const uint64_t tables = h.getTableCount();
+    for (uint64_t i = 0; i < tables; ++i) {
+      if (in.at_end()) in.fail("truncated: " + std::to_string(i) + " of " + std::to_string(tables) + " tables");
+      MessageRecord th;
+      th.read(in, "a table header");
+      auto t = th.reader->getRoot<ckpt::TableHeader>();
+      TableCheckpoint tc;
+      ShardTableSpec placed = from_wire(t.getSpec());
+      tc.spec = placed.spec;
+      tc.shard_index = placed.shard_index;
+      tc.num_shards = placed.num_shards;
+      tc.version = t.getVersion();
+      if (t.getNumSlots() > 4) in.fail("table '" + tc.spec.name + "' claims " + std::to_string(t.getNumSlots()) + " slots");
+      in.record(tc.ids, "table ids");
+      if (tc.ids.size() != t.getRows()) in.fail("table '" + tc.spec.name + "' has the wrong number of ids");
+      const uint64_t floats = tc.ids.size() * uint64_t(tc.spec.dim);
+      in.record(tc.values, "table rows");
+      if (tc.values.size() != floats) in.fail("table '" + tc.spec.name + "' has the wrong number of values");
+      tc.slots.resize(t.getNumSlots());
+      for (auto& s : tc.slots) {
+        in.record(s, "table slots");
+        if (s.size() != floats) in.fail("a slot of table '" + tc.spec.name + "' has the wrong size");
+      }
+      c.tables.push_back(std::move(tc));
+    }
     MessageRecord foot;
     if (in.at_end()) in.fail("truncated before the footer");
     foot.read(in, "the footer");
-    if (foot.reader->getRoot<ckpt::Footer>().getTensorCount() != count) in.fail("footer and header disagree");
+    if (foot.reader->getRoot<ckpt::Footer>().getTensorCount() != count ||
+        foot.reader->getRoot<ckpt::Footer>().getTableCount() != tables) {
+      in.fail("footer and header disagree");
+    }
     if (!in.at_end()) in.fail("trailing bytes after the footer");
   } catch (const kj::Exception& e) {
     in.fail(std::string("malformed record: ") + e.getDescription().cStr());

@@ -9,8 +9,9 @@
 //   records: uint64 length | uint32 masked crc32c(length) | data | uint32 masked crc32c(data)
 // (TFRecord's framing). The records are: a ckpt::Header (Cap'n Proto, see
 // schema/checkpoint.capnp); per tensor a ckpt::TensorHeader and 1 + numSlots
-// raw float32 records (values, then slots); a ckpt::Footer repeating the
-// tensor count, so a file cut between records is caught too.
+// raw float32 records (values, then slots); per embedding table a
+// ckpt::TableHeader and its ids, values and slots; a ckpt::Footer repeating
+// the counts, so a file cut between records is caught too.
 //
 // Writing: to "<name>.tmp", fsync, rename over the final name, fsync the
 // directory: a crash leaves either the old set of files or the new one.
@@ -30,6 +31,7 @@
 
 #include "common/part_meta.h"
 #include "ps/checkpoint.h"
+#include "ps/embedding.h"
 #include "ps/errors.h"
 #include "ps/job.h"
 #include "ps/tensor_spec.h"
@@ -42,6 +44,17 @@ struct TensorCheckpoint {
   uint64_t version = 0;
   std::vector<float> values;
   std::vector<std::vector<float>> slots;
+};
+
+// One shard's rows of an embedding table (ps/embedding.h).
+struct TableCheckpoint {
+  TableSpec spec;
+  uint32_t shard_index = 0;  // where the client placed this part
+  uint32_t num_shards = 1;
+  uint64_t version = 0;
+  std::vector<uint64_t> ids;
+  std::vector<float> values;               // ids.size() * dim
+  std::vector<std::vector<float>> slots;   // each ids.size() * dim
 };
 
 // A push request id a shard has applied, and its answer.
@@ -61,6 +74,7 @@ struct ShardCheckpoint {
   double unix_secs = 0;
   std::map<int, std::vector<RecentRequest>> requests;  // by worker index, oldest first
   std::vector<TensorCheckpoint> tensors;
+  std::vector<TableCheckpoint> tables;
 };
 
 struct CheckpointFile {

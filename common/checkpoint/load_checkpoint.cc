@@ -67,6 +67,39 @@ std::vector<TensorSpec> reassemble(const std::vector<ShardCheckpoint>& shards) {
   return out;
 }
 
+// Every shard's rows of each table, in one RestoredTable per table.
+std::vector<RestoredTable> merge_tables(const std::vector<ShardCheckpoint>& shards) {
+  std::map<std::string, RestoredTable> merged;
+  std::vector<std::string> order;
+  for (const auto& shard : shards) {
+    for (const auto& t : shard.tables) {
+      auto [it, fresh] = merged.try_emplace(t.spec.name);
+      RestoredTable& r = it->second;
+      if (fresh) {
+        order.push_back(t.spec.name);
+        r.spec = t.spec;
+        r.slots.resize(t.slots.size());
+      } else if (r.spec.dim != t.spec.dim || r.slots.size() != t.slots.size()) {
+        throw CheckpointError("checkpoint: shards disagree on table '" + t.spec.name + "'");
+      }
+      r.version = std::max(r.version, t.version);
+      r.ids.insert(r.ids.end(), t.ids.begin(), t.ids.end());
+      r.values.insert(r.values.end(), t.values.begin(), t.values.end());
+      for (std::size_t k = 0; k < t.slots.size(); ++k) r.slots[k].insert(r.slots[k].end(), t.slots[k].begin(), t.slots[k].end());
+    }
+  }
+  std::vector<RestoredTable> out;
+  for (const auto& name : order) {
+    RestoredTable& r = merged[name];
+    if (!r.spec.dynamic && r.ids.size() != r.spec.rows) {
+      throw CheckpointError("checkpoint: the shards hold " + std::to_string(r.ids.size()) + " of the " +
+                            std::to_string(r.spec.rows) + " rows of table '" + name + "'");
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 }  // namespace
 
 RestoredModel load_checkpoint(const std::string& dir) {
@@ -92,6 +125,7 @@ RestoredModel load_checkpoint(const std::string& dir) {
         if (shards.back().global_step != key.second) throw CheckpointError("checkpoint " + path + " holds another step");
       }
       m.tensors = reassemble(shards);
+      m.tables = merge_tables(shards);
     } catch (const Error& e) {
       spdlog::warn("skipping checkpoint step {} of {} shards: {}", key.second, key.first, e.what());
       problems += std::string("; ") + e.what();

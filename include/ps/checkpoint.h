@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "ps/embedding.h"
 #include "ps/errors.h"
 #include "ps/job.h"
 #include "ps/tensor_spec.h"
@@ -36,6 +37,16 @@ class CheckpointError : public Error {
   using Error::Error;
 };
 
+// An embedding table's rows from all shards of a checkpoint (a dynamic
+// table: the rows that existed).
+struct RestoredTable {
+  TableSpec spec;
+  uint64_t version = 0;                   // most updates any shard had applied
+  std::vector<int64_t> ids;
+  std::vector<float> values;              // ids.size() * dim, row i at values[i * dim]
+  std::vector<std::vector<float>> slots;  // the optimizer's slots, laid out as values
+};
+
 struct RestoredModel {
   int64_t global_step = 0;        // the step the checkpoint was taken at
   bool job_configured = false;
@@ -44,6 +55,7 @@ struct RestoredModel {
   std::vector<std::string> files; // the files read, shard by shard
   // Whole logical tensors: init = their values, slots and version set.
   std::vector<TensorSpec> tensors;
+  std::vector<RestoredTable> tables;
 };
 
 // Reads the newest step for which every shard of the checkpoint under `dir`
@@ -54,7 +66,8 @@ RestoredModel load_checkpoint(const std::string& dir);
 class Client;
 // Chief, for a new job: load_checkpoint(dir), then on every shard of
 // `client`: initJob (the saved job configuration, or `job` when given, with
-// start_step = the checkpoint's step), create all its tensors, setReady.
+// start_step = the checkpoint's step), create all its tensors and tables
+// (rows moved to the shards this job places them on), setReady.
 RestoredModel restore_from_checkpoint(Client& client, const std::string& dir, const JobConfig* job = nullptr);
 
 }  // namespace ps

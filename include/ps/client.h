@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "ps/embedding.h"
 #include "ps/errors.h"
 #include "ps/job.h"
 #include "ps/placement.h"
@@ -224,6 +225,45 @@ class Client {
                                               std::vector<std::span<const float>> grads, int64_t step,
                                               int64_t done_step);
 
+  // --- Embedding tables (ps/embedding.h) ---
+  // Creates each table's part on every shard (all shards check all tables
+  // first: one refusal creates nothing). Idempotent for the same specs.
+  void create_tables(const std::vector<TableSpec>& tables);
+  // Knows the tables without creating them: for workers that wait for the chief.
+  void declare_tables(const std::vector<TableSpec>& tables);
+  // Reads the rows of `ids` into out (ids.size() * dim floats, row i at
+  // out[i * dim]), each distinct id fetched once, from all its shards at
+  // once. A dynamic table creates rows it has not seen. Returns the global
+  // step the rows were read at (waits for min_step, as pull).
+  int64_t pull_rows(const std::string& table, std::span<const int64_t> ids, std::span<float> out,
+                    int64_t min_step = 0);
+  std::future<int64_t> pull_rows_async(std::string table, std::span<const int64_t> ids, std::span<float> out,
+                                       int64_t min_step = 0);
+  // Sends the gradients of the rows of `ids` (ids.size() * dim floats); the
+  // gradients of a repeated id are summed first. `step` as push's: in sync
+  // mode the step the rows were pulled at (every shard gets its part, empty
+  // or not, so the step completes everywhere). Returns the worst status over
+  // the shards. NaN/Inf or a wrong length is refused before anything is sent.
+  PushStatus push_rows(const std::string& table, std::span<const int64_t> ids, std::span<const float> grads,
+                       int64_t step = 0);
+  std::future<PushStatus> push_rows_async(std::string table, std::span<const int64_t> ids,
+                                          std::span<const float> grads, int64_t step = 0);
+  struct TableInfo {
+    std::string name;
+    uint32_t dim = 0;
+    uint64_t rows = 0;        // fixed: the table's rows; dynamic: rows held, summed over shards
+    bool dynamic = false;
+    uint64_t bytes = 0;       // memory on all shards
+    uint64_t evictions = 0;
+    std::vector<uint64_t> rows_per_shard;
+  };
+  std::vector<TableInfo> list_tables();
+  // Sets rows of a table (values and optimizer slots, laid out as pull_rows'
+  // output), each on the shard this client places it: restore_from_checkpoint
+  // moves a checkpoint's rows to a job with another shard count this way.
+  void restore_rows(const std::string& table, std::span<const int64_t> ids, std::span<const float> values,
+                    const std::vector<std::vector<float>>& slots, uint64_t version);
+
   std::vector<TensorInfo> list();
   std::vector<ShardStats> stats();
   // Per shard, where its connection goes now: the ps_hosts entry, or
@@ -290,6 +330,13 @@ class Client {
                                      int64_t min_step, PullResult* done);
   std::future<PushResult> start_push(std::vector<std::string> names, std::vector<std::span<const float>> grads,
                                      int64_t step, PushResult* done, int64_t done_step = -1);
+
+  TableSpec table_spec(const std::string& table, const char* what) const;
+  uint64_t row_request_bytes() const;
+  std::future<int64_t> start_pull_rows(const std::string& table, std::span<const int64_t> ids, std::span<float> out,
+                                       int64_t min_step, int64_t* done);
+  std::future<PushStatus> start_push_rows(const std::string& table, std::span<const int64_t> ids,
+                                          std::span<const float> grads, int64_t step, PushStatus* done);
 
   struct Impl;
   std::unique_ptr<Impl> impl_;

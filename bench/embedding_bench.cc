@@ -1,0 +1,332 @@
+// Embedding-table pull and push rates against a real psd, each printed next
+// to what the machine itself does in the same run: gathering and
+// scatter-adding the same random rows in memory on one core (the physical
+// limit of a shard's work), and plain loopback TCP bytes/s.
+//
+//   build/bench/embedding_bench                            # 10^7 x 32 fixed SGD table, 65,536-id batches
+//   build/bench/embedding_bench --rows 5000000 --dim 64
+//   build/bench/embedding_bench --clients 3 --dynamic_rows 1000000
+//
+// Ids are uniform over the rows, or skewed (id = rows * u^3: a hot head, so
+// a batch has many repeated ids, which the client sends once). Reported:
+// medians over --reps batches, rows/s and payload GB/s (rows * dim * 4 bytes),
+// client-side dedup + split + reassembly time of one batch, and psd's RSS
+// against the table's raw bytes.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "client/row_plan.h"
+#include "ps/client.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// A psd started by the benchmark, stopped at exit (and by the kernel if the
+// benchmark dies first).
+struct Psd {
+  pid_t pid = -1;
+  int port = 0;
+  std::string dir;
+  explicit Psd(const std::string& binary) {
+    dir = std::filesystem::temp_directory_path() / ("psd-emb-bench-" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir);
+    const std::string port_file = dir + "/port";
+    const pid_t parent = getpid();
+    pid = fork();
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != parent) _exit(0);
+      std::vector<std::string> args = {binary, "--port", "0", "--port_file", port_file, "--log_level", "warn",
+                                       "--max_message_mb", "128", "--max_memory_mb", "16384"};
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    for (int i = 0; i < 1000 && port == 0; ++i) {
+      std::ifstream in(port_file);
+      if (!(in >> port)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (port == 0) throw std::runtime_error("psd did not start (is --psd right?)");
+  }
+  ~Psd() {
+    kill(pid, SIGTERM);
+    waitpid(pid, nullptr, 0);
+    std::filesystem::remove_all(dir);
+  }
+  uint64_t rss_bytes() const {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+    std::string key;
+    uint64_t kb = 0;
+    while (in >> key) {
+      if (key == "VmRSS:") {
+        in >> kb;
+        break;
+      }
+    }
+    return kb * 1024;
+  }
+};
+
+std::vector<std::vector<int64_t>> make_batches(uint64_t rows, std::size_t batch, int count, bool skewed, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(0, 1);
+  std::vector<std::vector<int64_t>> out(count, std::vector<int64_t>(batch));
+  for (auto& b : out) {
+    for (auto& id : b) {
+      const double x = u(rng);
+      id = static_cast<int64_t>(std::min<double>(double(rows) * (skewed ? x * x * x : x), double(rows - 1)));
+    }
+  }
+  return out;
+}
+
+// In memory, one core: out[i] = table[ids[i]], and table[ids[i]] += g[i].
+__attribute__((noinline)) void gather(const float* table, const int64_t* ids, std::size_t n, uint32_t dim, float* out) {
+  for (std::size_t i = 0; i < n; ++i) std::memcpy(out + i * dim, table + std::size_t(ids[i]) * dim, dim * sizeof(float));
+}
+__attribute__((noinline)) void scatter_add(float* table, const int64_t* ids, std::size_t n, uint32_t dim, const float* g) {
+  for (std::size_t i = 0; i < n; ++i) {
+    float* __restrict row = table + std::size_t(ids[i]) * dim;
+    const float* __restrict gi = g + i * dim;
+    for (uint32_t j = 0; j < dim; ++j) row[j] -= 0.01f * gi[j];
+  }
+}
+
+void write_all(int fd, const char* p, std::size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w <= 0) throw std::runtime_error("write failed");
+    p += w;
+    n -= std::size_t(w);
+  }
+}
+void read_all(int fd, char* p, std::size_t n) {
+  while (n > 0) {
+    const ssize_t r = ::read(fd, p, n);
+    if (r <= 0) throw std::runtime_error("read failed");
+    p += r;
+    n -= std::size_t(r);
+  }
+}
+
+// Plain loopback TCP: median bytes/s of "send `bytes`, get a 1-byte ack".
+double tcp_bytes_per_second(std::size_t bytes, int reps) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (bind(listener, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || listen(listener, 1) != 0) {
+    throw std::runtime_error("cannot listen on loopback");
+  }
+  std::thread receiver([&] {
+    const int fd = accept(listener, nullptr, nullptr);
+    std::vector<char> buf(bytes);
+    char ack = 1;
+    for (int i = 0; i < reps + 2; ++i) {
+      read_all(fd, buf.data(), bytes);
+      write_all(fd, &ack, 1);
+    }
+    close(fd);
+  });
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) throw std::runtime_error("connect failed");
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  std::vector<char> buf(bytes, 'x');
+  std::vector<double> t;
+  for (int i = 0; i < reps + 2; ++i) {
+    const auto t0 = Clock::now();
+    write_all(fd, buf.data(), bytes);
+    char ack;
+    read_all(fd, &ack, 1);
+    if (i >= 2) t.push_back(seconds_since(t0));
+  }
+  close(fd);
+  receiver.join();
+  close(listener);
+  return double(bytes) / median(t);
+}
+
+struct Rate {
+  double rows_per_s = 0;
+  double gb_per_s = 0;
+};
+
+Rate rate(std::size_t rows, uint32_t dim, double secs) {
+  return {double(rows) / secs, double(rows) * dim * sizeof(float) / secs / 1e9};
+}
+
+void print(const char* what, Rate r, double reference_rows_per_s) {
+  std::printf("  %-34s %8.2f M rows/s  %6.2f GB/s  (%.2f of in-memory)\n", what, r.rows_per_s / 1e6, r.gb_per_s,
+              r.rows_per_s / reference_rows_per_s);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Embedding-table pull/push rates against psd, with in-memory and TCP references"};
+  std::string psd_binary = (std::filesystem::path(argv[0]).parent_path() / "../server/psd").string();
+  uint64_t rows = 10'000'000;
+  uint32_t dim = 32;
+  std::size_t batch = 65536;
+  int reps = 11;
+  int clients = 1;
+  uint64_t dynamic_rows = 0;
+  std::size_t request_kb = 1024;
+  app.add_option("--psd", psd_binary, "psd binary to start")->capture_default_str();
+  app.add_option("--rows", rows, "rows of the fixed table")->capture_default_str();
+  app.add_option("--dim", dim, "floats per row")->capture_default_str();
+  app.add_option("--batch", batch, "ids per pull or push")->capture_default_str();
+  app.add_option("--reps", reps, "batches per measurement (median reported)")->capture_default_str();
+  app.add_option("--clients", clients, "clients pulling and pushing at once (each its own connection)")
+      ->capture_default_str();
+  app.add_option("--dynamic_rows", dynamic_rows, "also a dynamic table filled with this many rows (0: none)")
+      ->capture_default_str();
+  app.add_option("--request_kb", request_kb, "ClientOptions::max_request_bytes, KiB")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  // The machine: in-memory gather / scatter-add on one core, loopback TCP.
+  std::vector<float> table(rows * dim, 0.5f);
+  auto uniform = make_batches(rows, batch, reps, false, 1);
+  auto skewed = make_batches(rows, batch, reps, true, 2);
+  std::vector<float> out(batch * dim), grads(batch * dim, 0.25f);
+  std::vector<double> tg, ts;
+  for (const auto& ids : uniform) {
+    auto t0 = Clock::now();
+    gather(table.data(), ids.data(), batch, dim, out.data());
+    tg.push_back(seconds_since(t0));
+    t0 = Clock::now();
+    scatter_add(table.data(), ids.data(), batch, dim, grads.data());
+    ts.push_back(seconds_since(t0));
+  }
+  table.clear();
+  table.shrink_to_fit();
+  const Rate mem_gather = rate(batch, dim, median(tg)), mem_scatter = rate(batch, dim, median(ts));
+  const double tcp = tcp_bytes_per_second(batch * dim * sizeof(float), reps);
+  // Client-side: dedup, split by shard and reassembly of one batch (3 shards' placement).
+  std::vector<double> tplan;
+  std::vector<float> rows_in(batch * dim, 1.0f);  // the replies' rows, as the client holds them
+  for (const auto& ids : uniform) {
+    auto t0 = Clock::now();
+    auto plan = ps::plan_rows(std::span<const uint64_t>(reinterpret_cast<const uint64_t*>(ids.data()), ids.size()),
+                              ps::RowPlacement(ps::TablePlacement::kMod, rows, 3), 8192, false);
+    ps::scatter_rows(plan, rows_in.data(), dim, out.data());
+    tplan.push_back(seconds_since(t0));
+  }
+
+  std::printf("embedding_bench: fixed table %llu x %u (SGD), batches of %zu ids, %d client(s), median of %d\n",
+              (unsigned long long)rows, dim, batch, clients, reps);
+  std::printf("  in-memory gather, one core        %8.2f M rows/s  %6.2f GB/s\n", mem_gather.rows_per_s / 1e6,
+              mem_gather.gb_per_s);
+  std::printf("  in-memory scatter-add, one core   %8.2f M rows/s  %6.2f GB/s\n", mem_scatter.rows_per_s / 1e6,
+              mem_scatter.gb_per_s);
+  std::printf("  loopback TCP, %5.1f MB messages              %6.2f GB/s\n", batch * dim * 4 / 1e6, tcp / 1e9);
+  std::printf("  client dedup+split+reassembly     %8.3f ms per batch\n", median(tplan) * 1e3);
+
+  Psd psd(psd_binary);
+  const std::string address = "127.0.0.1:" + std::to_string(psd.port);
+  ps::ClientOptions o;
+  o.ps_hosts = {address};
+  o.max_request_bytes = request_kb << 10;
+  std::vector<std::unique_ptr<ps::Client>> cs;
+  for (int c = 0; c < clients; ++c) cs.push_back(std::make_unique<ps::Client>(o));
+  const ps::TableSpec spec{.name = "fixed", .dim = dim, .rows = rows, .optimizer = ps::RowOptimizerConfig::sgd(0.01f)};
+  const uint64_t rss0 = psd.rss_bytes();
+  cs[0]->create_tables({spec});
+  for (auto& c : cs) c->declare_tables({spec});
+  // Touch every row once so RSS counts the whole table.
+  {
+    std::vector<int64_t> ids(batch);
+    std::vector<float> g(batch * dim, 0.0f);
+    for (uint64_t first = 0; first < rows; first += batch) {
+      const std::size_t n = std::min<uint64_t>(batch, rows - first);
+      for (std::size_t i = 0; i < n; ++i) ids[i] = int64_t(first + i);
+      cs[0]->push_rows("fixed", std::span<const int64_t>(ids.data(), n), std::span<const float>(g.data(), n * dim));
+    }
+  }
+  const uint64_t raw = rows * dim * sizeof(float);
+  std::printf("  psd RSS for the table             %8.1f MB for %.1f MB raw (%.3fx)\n", (psd.rss_bytes() - rss0) / 1e6,
+              raw / 1e6, double(psd.rss_bytes() - rss0) / double(raw));
+
+  // Each client runs its batches; the rate counts every client's rows over the wall time.
+  auto measure = [&](const std::string& table, const std::vector<std::vector<int64_t>>& batches, bool push) {
+    std::vector<std::vector<double>> times(clients);
+    std::vector<std::thread> threads;
+    const auto t0 = Clock::now();
+    for (int c = 0; c < clients; ++c) {
+      threads.emplace_back([&, c] {
+        std::vector<float> buf(batch * dim, 0.001f);
+        for (const auto& ids : batches) {
+          const auto s = Clock::now();
+          if (push) cs[c]->push_rows(table, ids, buf);
+          else cs[c]->pull_rows(table, ids, buf);
+          times[c].push_back(seconds_since(s));
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    if (clients == 1) return rate(batch, dim, median(times[0]));
+    return rate(batch * batches.size() * clients, dim, seconds_since(t0));
+  };
+  print("pull, uniform ids", measure("fixed", uniform, false), mem_gather.rows_per_s);
+  print("pull, skewed ids (rows * u^3)", measure("fixed", skewed, false), mem_gather.rows_per_s);
+  print("push (SGD), uniform ids", measure("fixed", uniform, true), mem_scatter.rows_per_s);
+  print("push (SGD), skewed ids", measure("fixed", skewed, true), mem_scatter.rows_per_s);
+
+  if (dynamic_rows > 0) {
+    const ps::TableSpec dyn{.name = "dyn", .dim = dim, .dynamic = true, .placement = ps::TablePlacement::kHash,
+                            .optimizer = ps::RowOptimizerConfig::sgd(0.01f)};
+    const uint64_t before = psd.rss_bytes();
+    cs[0]->create_tables({dyn});
+    for (auto& c : cs) c->declare_tables({dyn});
+    std::vector<int64_t> ids(batch);
+    std::vector<float> buf(batch * dim);
+    for (uint64_t first = 0; first < dynamic_rows; first += batch) {
+      const std::size_t n = std::min<uint64_t>(batch, dynamic_rows - first);
+      for (std::size_t i = 0; i < n; ++i) ids[i] = int64_t((first + i) * 2654435761ull);
+      cs[0]->pull_rows("dyn", std::span<const int64_t>(ids.data(), n), std::span<float>(buf.data(), n * dim));
+    }
+    const uint64_t draw = dynamic_rows * dim * sizeof(float);
+    std::printf("  dynamic table: %llu rows, psd RSS %8.1f MB for %.1f MB raw (%.3fx)\n",
+                (unsigned long long)dynamic_rows, (psd.rss_bytes() - before) / 1e6, draw / 1e6,
+                double(psd.rss_bytes() - before) / double(draw));
+    auto dyn_batches = make_batches(dynamic_rows, batch, reps, false, 3);
+    for (auto& b : dyn_batches) {
+      for (auto& id : b) id = int64_t(uint64_t(id) * 2654435761ull);
+    }
+    print("dynamic pull, uniform ids", measure("dyn", dyn_batches, false), mem_gather.rows_per_s);
+    print("dynamic push (SGD), uniform ids", measure("dyn", dyn_batches, true), mem_scatter.rows_per_s);
+  }
+  return 0;
+}

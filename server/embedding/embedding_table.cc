@@ -1,0 +1,392 @@
+#include "server/embedding/embedding_table.h"
+
+#include <cmath>
+#include <cstring>
+#include <unordered_set>
+
+#include "ps/errors.h"
+
+namespace ps {
+namespace {
+
+// A uniform float in [0, 1) from (seed, id, j): a row's random start does not
+// depend on the shard or on the order rows are created in.
+float unit_uniform(uint64_t seed, uint64_t id, uint64_t j) {
+  const uint64_t h = mix_id(mix_id(seed ^ 0x9e3779b97f4a7c15ull) ^ (mix_id(id) + j * 0xd1b54a32d192ed03ull));
+  return static_cast<float>(h >> 40) * (1.0f / 16777216.0f);
+}
+
+float unit_normal(uint64_t seed, uint64_t id, uint64_t j) {
+  const double u1 = (static_cast<double>(unit_uniform(seed, id, 2 * j)) * 16777216.0 + 1.0) / 16777217.0;
+  const double u2 = unit_uniform(seed, id, 2 * j + 1);
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+}
+
+std::string quoted(const TableSpec& s) { return "table '" + s.name + "'"; }
+
+}  // namespace
+
+void EmbeddingTable::validate(const TableSpec& s) {
+  if (s.name.empty() || s.name.size() > kMaxNameBytes) {
+    throw RequestError("createTables: a table name must have 1 to " + std::to_string(kMaxNameBytes) + " bytes");
+  }
+  if (s.dim == 0 || s.dim > kMaxDim) {
+    throw RequestError("createTables: " + quoted(s) + " has dim " + std::to_string(s.dim) + "; it must be in [1, " +
+                       std::to_string(kMaxDim) + "]");
+  }
+  if (!s.dynamic && s.rows == 0) throw RequestError("createTables: " + quoted(s) + " is fixed but has 0 rows");
+  if (s.dynamic && s.rows != 0) throw RequestError("createTables: " + quoted(s) + " is dynamic: give no row count");
+  if (s.dynamic && s.placement != TablePlacement::kHash) {
+    throw RequestError("createTables: " + quoted(s) + " is dynamic: its ids are placed by hash, not 'mod' or 'div'");
+  }
+  if (!s.dynamic && (s.row_limit != 0 || s.on_limit != OnRowLimit::kRefuse)) {
+    throw RequestError("createTables: " + quoted(s) + " is fixed: a row limit is for dynamic tables");
+  }
+  switch (s.init.kind) {
+    case InitKind::kZeros: case InitKind::kConstant: break;
+    case InitKind::kUniform:
+      if (!(s.init.a <= s.init.b)) throw RequestError("createTables: " + quoted(s) + ": uniform low is above high");
+      break;
+    case InitKind::kNormal: case InitKind::kTruncatedNormal:
+      if (!(s.init.b > 0)) throw RequestError("createTables: " + quoted(s) + ": a normal's stddev must be > 0");
+      break;
+    default:
+      throw RequestError("createTables: " + quoted(s) + ": rows start as zeros, constant, uniform, normal or "
+                         "truncated normal");
+  }
+  if (!std::isfinite(s.init.a) || !std::isfinite(s.init.b)) {
+    throw RequestError("createTables: " + quoted(s) + ": initializer parameters must be finite");
+  }
+  RowOptimizer::make(s.optimizer, s.name);
+}
+
+uint64_t EmbeddingTable::initial_bytes(const TableSpec& s, uint32_t shard, uint32_t shards) {
+  if (s.dynamic) return 0;
+  const uint64_t rows = RowPlacement(s.placement, s.rows, shards).rows_on(shard);
+  const uint64_t comps = 1 + RowOptimizer::make(s.optimizer, s.name)->num_slots();
+  const uint64_t per_row = comps * s.dim * sizeof(float);
+  return rows > UINT64_MAX / per_row ? UINT64_MAX : rows * per_row;
+}
+
+uint64_t EmbeddingTable::bytes_per_dynamic_row(const TableSpec& s) {
+  const uint64_t comps = 1 + RowOptimizer::make(s.optimizer, s.name)->num_slots();
+  // Values and slots, the slot's id, and about two index entries (load <= 1/2).
+  return comps * s.dim * sizeof(float) + sizeof(uint64_t) + 2 * (sizeof(uint64_t) + sizeof(uint32_t)) +
+         (s.on_limit == OnRowLimit::kEvictLru ? 2 * sizeof(uint32_t) : 0);
+}
+
+EmbeddingTable::EmbeddingTable(TableSpec spec, uint32_t shard, uint32_t shards)
+    : spec_(std::move(spec)),
+      shard_(shard),
+      placement_(spec_.dynamic ? TablePlacement::kHash : spec_.placement, spec_.rows, shards),
+      optimizer_(RowOptimizer::make(spec_.optimizer, spec_.name)) {
+  spec_.init.values.clear();
+  if (spec_.dynamic) {
+    slabs_.resize(components());
+    keys_.assign(1024, 0);
+    values_.assign(1024, kEmpty);
+    return;
+  }
+  fixed_rows_ = placement_.rows_on(shard_);
+  const std::size_t n = fixed_rows_ * spec_.dim;
+  for (uint32_t c = 0; c < components(); ++c) {
+    // Written in full below (no value-initialisation pass).
+    arrays_.push_back(std::unique_ptr<float[]>(new float[n]));
+    if (c > 0) std::fill_n(arrays_.back().get(), n, optimizer_->slot_init(c - 1));
+  }
+  if (spec_.init.kind == InitKind::kZeros || spec_.init.kind == InitKind::kConstant) {
+    std::fill_n(arrays_[0].get(), n, spec_.init.kind == InitKind::kZeros ? 0.0f : spec_.init.a);
+  } else {
+    for (uint64_t r = 0; r < fixed_rows_; ++r) init_row(r, placement_.global_id(shard_, r));
+  }
+}
+
+EmbeddingTable::~EmbeddingTable() = default;
+
+uint64_t EmbeddingTable::rows() const { return spec_.dynamic ? live_rows_ : fixed_rows_; }
+
+uint64_t EmbeddingTable::bytes() const {
+  const uint64_t row_bytes = uint64_t(components()) * spec_.dim * sizeof(float);
+  if (!spec_.dynamic) return fixed_rows_ * row_bytes + mark_.size() * sizeof(uint32_t);
+  uint64_t slabs = 0;
+  for (const auto& c : slabs_) slabs += c.size();
+  return slabs * kSlabRows * row_bytes + slot_ids_.capacity() * sizeof(uint64_t) +
+         keys_.size() * (sizeof(uint64_t) + sizeof(uint32_t)) + mark_.size() * sizeof(uint32_t) +
+         (lru_prev_.capacity() + lru_next_.capacity()) * sizeof(uint32_t);
+}
+
+float* EmbeddingTable::row(uint32_t component, uint64_t slot) const {
+  if (!spec_.dynamic) return arrays_[component].get() + slot * spec_.dim;
+  return slabs_[component][slot / kSlabRows].get() + (slot % kSlabRows) * spec_.dim;
+}
+
+void EmbeddingTable::init_row(uint64_t slot, uint64_t id) {
+  float* w = row(0, slot);
+  const InitConfig& in = spec_.init;
+  for (uint32_t j = 0; j < spec_.dim; ++j) {
+    switch (in.kind) {
+      case InitKind::kConstant: w[j] = in.a; break;
+      case InitKind::kUniform: w[j] = in.a + (in.b - in.a) * unit_uniform(in.seed, id, j); break;
+      case InitKind::kNormal: w[j] = in.a + in.b * unit_normal(in.seed, id, j); break;
+      case InitKind::kTruncatedNormal: {
+        // Redrawn beyond two standard deviations, as TF's truncated_normal.
+        float z = unit_normal(in.seed, id, j);
+        for (uint64_t k = 1; std::fabs(z) > 2.0f; ++k) z = unit_normal(in.seed, id, j + k * spec_.dim);
+        w[j] = in.a + in.b * z;
+        break;
+      }
+      default: w[j] = 0.0f;
+    }
+  }
+  for (uint32_t c = 1; c < components(); ++c) std::fill_n(row(c, slot), spec_.dim, optimizer_->slot_init(c - 1));
+}
+
+uint32_t EmbeddingTable::find(uint64_t id) const {
+  const uint64_t mask = keys_.size() - 1;
+  for (uint64_t i = mix_id(id ^ 0x5bd1e995u) & mask;; i = (i + 1) & mask) {
+    if (values_[i] == kEmpty) return kEmpty;
+    if (keys_[i] == id) return values_[i];
+  }
+}
+
+void EmbeddingTable::grow_index() {
+  std::vector<uint64_t> keys(keys_.size() * 2, 0);
+  std::vector<uint32_t> values(keys_.size() * 2, kEmpty);
+  const uint64_t mask = keys.size() - 1;
+  for (std::size_t k = 0; k < keys_.size(); ++k) {
+    if (values_[k] == kEmpty) continue;
+    uint64_t i = mix_id(keys_[k] ^ 0x5bd1e995u) & mask;
+    while (values[i] != kEmpty) i = (i + 1) & mask;
+    keys[i] = keys_[k];
+    values[i] = values_[k];
+  }
+  keys_.swap(keys);
+  values_.swap(values);
+}
+
+// Backward-shift deletion: later entries of the probe run move up, so no
+// tombstones are needed.
+void EmbeddingTable::erase_from_index(uint64_t id) {
+  const uint64_t mask = keys_.size() - 1;
+  uint64_t i = mix_id(id ^ 0x5bd1e995u) & mask;
+  while (keys_[i] != id || values_[i] == kEmpty) {
+    if (values_[i] == kEmpty) return;
+    i = (i + 1) & mask;
+  }
+  values_[i] = kEmpty;
+  --index_used_;
+  for (uint64_t j = (i + 1) & mask; values_[j] != kEmpty; j = (j + 1) & mask) {
+    const uint64_t home = mix_id(keys_[j] ^ 0x5bd1e995u) & mask;
+    // Entry j may move to the hole at i if its home is not in (i, j].
+    const bool stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+    if (stays) continue;
+    keys_[i] = keys_[j];
+    values_[i] = values_[j];
+    values_[j] = kEmpty;
+    i = j;
+  }
+}
+
+uint32_t EmbeddingTable::take_free_slot() {
+  if (!free_slots_.empty()) {
+    const uint32_t s = free_slots_.back();
+    free_slots_.pop_back();
+    return s;
+  }
+  const uint64_t s = slot_ids_.size();
+  if (s >= kEmpty - 1) throw RequestError(quoted(spec_) + " holds the most rows one shard can (2^32 - 2)");
+  if (s % kSlabRows == 0) {
+    for (auto& c : slabs_) c.push_back(std::unique_ptr<float[]>(new float[std::size_t(kSlabRows) * spec_.dim]));
+  }
+  slot_ids_.push_back(0);
+  if (spec_.on_limit == OnRowLimit::kEvictLru) {
+    lru_prev_.push_back(kEmpty);
+    lru_next_.push_back(kEmpty);
+  }
+  return static_cast<uint32_t>(s);
+}
+
+void EmbeddingTable::lru_unlink(uint32_t s) {
+  const uint32_t p = lru_prev_[s], n = lru_next_[s];
+  (p == kEmpty ? lru_head_ : lru_next_[p]) = n;
+  (n == kEmpty ? lru_tail_ : lru_prev_[n]) = p;
+  lru_prev_[s] = lru_next_[s] = kEmpty;
+}
+
+void EmbeddingTable::lru_push_front(uint32_t s) {
+  lru_prev_[s] = kEmpty;
+  lru_next_[s] = lru_head_;
+  if (lru_head_ != kEmpty) lru_prev_[lru_head_] = s;
+  lru_head_ = s;
+  if (lru_tail_ == kEmpty) lru_tail_ = s;
+}
+
+void EmbeddingTable::touch(uint32_t s) {
+  if (spec_.on_limit != OnRowLimit::kEvictLru || lru_head_ == s) return;
+  lru_unlink(s);
+  lru_push_front(s);
+}
+
+void EmbeddingTable::evict_one() {
+  const uint32_t victim = lru_tail_;
+  lru_unlink(victim);
+  erase_from_index(slot_ids_[victim]);
+  free_slots_.push_back(victim);
+  --live_rows_;
+  ++evictions_;
+}
+
+uint32_t EmbeddingTable::find_or_insert(uint64_t id) {
+  uint32_t s = find(id);
+  if (s != kEmpty) {
+    touch(s);
+    return s;
+  }
+  if (spec_.row_limit != 0 && live_rows_ >= spec_.row_limit) {
+    if (spec_.on_limit != OnRowLimit::kEvictLru) {
+      throw RequestError(quoted(spec_) + " is at its limit of " + std::to_string(spec_.row_limit) + " rows");
+    }
+    evict_one();
+  }
+  if ((index_used_ + 1) * 2 > keys_.size()) grow_index();
+  s = take_free_slot();
+  slot_ids_[s] = id;
+  init_row(s, id);
+  const uint64_t mask = keys_.size() - 1;
+  uint64_t i = mix_id(id ^ 0x5bd1e995u) & mask;
+  while (values_[i] != kEmpty) i = (i + 1) & mask;
+  keys_[i] = id;
+  values_[i] = s;
+  ++index_used_;
+  ++live_rows_;
+  if (spec_.on_limit == OnRowLimit::kEvictLru) lru_push_front(s);
+  return s;
+}
+
+uint64_t EmbeddingTable::local_slot(uint64_t id) {
+  return spec_.dynamic ? find_or_insert(id) : placement_.local_row(id);
+}
+
+uint64_t EmbeddingTable::check(std::span<const uint64_t> ids, const char* what) const {
+  if (!spec_.dynamic) {
+    for (uint64_t id : ids) {
+      if (id >= spec_.rows) {
+        throw RequestError(std::string(what) + ": id " + std::to_string(id) + " is outside " + quoted(spec_) +
+                           " of " + std::to_string(spec_.rows) + " rows");
+      }
+      if (placement_.shard_of(id) != shard_) {
+        throw RequestError(std::string(what) + ": id " + std::to_string(id) + " of " + quoted(spec_) +
+                           " belongs on shard " + std::to_string(placement_.shard_of(id)) + ", not " +
+                           std::to_string(shard_) + " (clients disagree on the number of shards?)");
+      }
+    }
+    return 0;
+  }
+  std::unordered_set<uint64_t> missing;
+  for (uint64_t id : ids) {
+    if (placement_.shard_of(id) != shard_) {
+      throw RequestError(std::string(what) + ": id " + std::to_string(id) + " of " + quoted(spec_) +
+                         " belongs on shard " + std::to_string(placement_.shard_of(id)) + ", not " +
+                         std::to_string(shard_) + " (clients disagree on the number of shards?)");
+    }
+    if (find(id) == kEmpty) missing.insert(id);
+  }
+  if (spec_.row_limit == 0 || missing.empty()) return missing.size();
+  if (spec_.on_limit == OnRowLimit::kRefuse && live_rows_ + missing.size() > spec_.row_limit) {
+    throw RequestError(std::string(what) + ": " + quoted(spec_) + " is at its limit of " +
+                       std::to_string(spec_.row_limit) + " rows on shard " + std::to_string(shard_) + " (it holds " +
+                       std::to_string(live_rows_) + "; this request adds " + std::to_string(missing.size()) +
+                       " new ids)");
+  }
+  if (spec_.on_limit == OnRowLimit::kEvictLru && ids.size() > spec_.row_limit) {
+    // Rows of this request must not evict each other.
+    std::unordered_set<uint64_t> distinct(ids.begin(), ids.end());
+    if (distinct.size() > spec_.row_limit) {
+      throw RequestError(std::string(what) + ": " + std::to_string(distinct.size()) + " distinct ids of " +
+                         quoted(spec_) + " in one request, over its limit of " + std::to_string(spec_.row_limit) +
+                         " rows on shard " + std::to_string(shard_));
+    }
+  }
+  return missing.size();
+}
+
+void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) {
+  const std::size_t row_bytes = spec_.dim * sizeof(float);
+  if (spec_.dynamic && spec_.on_limit == OnRowLimit::kEvictLru) {
+    // Existing rows of the request first to the front: new ones evict others.
+    for (uint64_t id : ids) {
+      const uint32_t s = find(id);
+      if (s != kEmpty) touch(s);
+    }
+  }
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    std::memcpy(out + i * spec_.dim, row(0, local_slot(ids[i])), row_bytes);
+  }
+}
+
+void EmbeddingTable::push(std::span<const uint64_t> ids, std::span<const float> grads, float scale) {
+  const uint32_t dim = spec_.dim;
+  if (spec_.dynamic && spec_.on_limit == OnRowLimit::kEvictLru) {
+    for (uint64_t id : ids) {
+      const uint32_t s = find(id);
+      if (s != kEmpty) touch(s);
+    }
+  }
+  std::vector<uint64_t> slots(ids.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) slots[i] = local_slot(ids[i]);
+  // Duplicates: mark_[slot] = first position of the slot (valid where it agrees).
+  const uint64_t capacity = spec_.dynamic ? slot_ids_.size() : fixed_rows_;
+  if (mark_.size() < capacity) mark_.resize(spec_.dynamic ? capacity + capacity / 2 + kSlabRows : capacity);
+  std::vector<float> summed;      // gradients of duplicated ids, summed (allocated only if any)
+  std::vector<uint32_t> first;    // per position: the first position of its slot
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    const uint32_t m = mark_[slots[i]];
+    if (m < i && slots[m] == slots[i]) {
+      if (summed.empty()) {
+        summed.assign(grads.begin(), grads.end());
+        first.resize(slots.size());
+        for (std::size_t k = 0; k < slots.size(); ++k) first[k] = static_cast<uint32_t>(k);
+      }
+      first[i] = m;
+      for (uint32_t j = 0; j < dim; ++j) summed[std::size_t(m) * dim + j] += grads[i * dim + j];
+    } else {
+      mark_[slots[i]] = static_cast<uint32_t>(i);
+    }
+  }
+  const float* g = summed.empty() ? grads.data() : summed.data();
+  ++version_;
+  float* slot_ptrs[4];
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    if (!first.empty() && first[i] != i) continue;
+    for (uint32_t c = 1; c < components(); ++c) slot_ptrs[c - 1] = row(c, slots[i]);
+    optimizer_->apply(row(0, slots[i]), slot_ptrs, g + i * dim, dim, scale, version_);
+  }
+}
+
+void EmbeddingTable::for_each_row(
+    const std::function<void(uint64_t, const float*, std::span<const float* const>)>& fn) const {
+  const float* slot_ptrs[4];
+  auto emit = [&](uint64_t slot, uint64_t id) {
+    for (uint32_t c = 1; c < components(); ++c) slot_ptrs[c - 1] = row(c, slot);
+    fn(id, row(0, slot), std::span<const float* const>(slot_ptrs, components() - 1));
+  };
+  if (!spec_.dynamic) {
+    for (uint64_t r = 0; r < fixed_rows_; ++r) emit(r, placement_.global_id(shard_, r));
+    return;
+  }
+  for (std::size_t k = 0; k < keys_.size(); ++k) {
+    if (values_[k] != kEmpty) emit(values_[k], keys_[k]);
+  }
+}
+
+void EmbeddingTable::put_row(uint64_t id, const float* values, std::span<const float* const> slots) {
+  const uint64_t one[1] = {id};
+  check(one, "restore");
+  const uint64_t s = local_slot(id);
+  std::memcpy(row(0, s), values, spec_.dim * sizeof(float));
+  for (uint32_t c = 1; c < components() && c - 1 < slots.size(); ++c) {
+    std::memcpy(row(c, s), slots[c - 1], spec_.dim * sizeof(float));
+  }
+}
+
+}  // namespace ps

@@ -1,0 +1,127 @@
+// One shard's part of an embedding table: the rows it holds, their optimizer
+// slots and, for a dynamic table, the id -> row index.
+//
+// Fixed tables are one contiguous array per component (values, then each
+// slot), indexed by the local row (common/embedding_placement.h). Dynamic
+// tables map an id to a row slot with an open-addressing hash table (linear
+// probing, ids and slots in two flat arrays: no node per row) and keep rows
+// in slabs of kSlabRows, so memory stays near the raw bytes; an evicted
+// row's slot is reused.
+//
+// Every request is checked whole (check()) before anything changes: an id
+// outside a fixed table or owned by another shard, a dynamic table at its
+// row limit with OnRowLimit::kRefuse, throws RequestError. Not thread-safe:
+// psd calls it from its event loop.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/embedding_placement.h"
+#include "ps/embedding.h"
+#include "server/embedding/row_optimizers.h"
+
+namespace ps {
+
+class EmbeddingTable {
+ public:
+  static constexpr uint32_t kSlabRows = 1024;
+  static constexpr uint32_t kMaxDim = 1u << 16;
+
+  // Throws RequestError for a spec psd cannot hold (dim 0 or over kMaxDim,
+  // a fixed table of 0 rows, a dynamic one with a placement other than
+  // hash, an initializer tables do not support, a bad optimizer).
+  static void validate(const TableSpec& spec);
+  // The bytes a new table takes on `shard` before any dynamic row exists.
+  static uint64_t initial_bytes(const TableSpec& spec, uint32_t shard, uint32_t shards);
+  // The bytes one more row of a dynamic table takes (values, slots, index).
+  static uint64_t bytes_per_dynamic_row(const TableSpec& spec);
+
+  EmbeddingTable(TableSpec spec, uint32_t shard, uint32_t shards);
+  ~EmbeddingTable();
+  EmbeddingTable(const EmbeddingTable&) = delete;
+  EmbeddingTable& operator=(const EmbeddingTable&) = delete;
+
+  const TableSpec& spec() const { return spec_; }
+  uint32_t dim() const { return spec_.dim; }
+  uint32_t shard() const { return shard_; }
+  uint32_t shards() const { return placement_.shards(); }
+  const RowOptimizer& optimizer() const { return *optimizer_; }
+  uint64_t rows() const;           // rows held here now
+  uint64_t bytes() const;          // memory of values, slots and index
+  uint64_t evictions() const { return evictions_; }
+  uint64_t version() const { return version_; }  // updates applied
+  void set_version(uint64_t v) { version_ = v; }
+
+  // Checks that every id may be read or written here; returns how many
+  // distinct rows a pull or push of them would create (dynamic tables).
+  // `what` starts the error message ("pullRows").
+  uint64_t check(std::span<const uint64_t> ids, const char* what) const;
+
+  // Writes row ids[i] to out[i*dim ..], creating missing dynamic rows.
+  // out holds ids.size() * dim floats. Call check() first.
+  void pull(std::span<const uint64_t> ids, float* out);
+  // Applies grads (ids.size() * dim floats, times `scale`) with the table's
+  // optimizer; the gradients of an id named more than once are summed first
+  // (as IndexedSlices are). Call check() first.
+  void push(std::span<const uint64_t> ids, std::span<const float> grads, float scale);
+
+  // For checkpoints: every row held (id and the values then each slot's
+  // `dim` floats), in slot order.
+  void for_each_row(const std::function<void(uint64_t id, const float* values,
+                                             std::span<const float* const> slots)>& fn) const;
+  // For restores: sets row `id` (which must be this shard's) to the given
+  // values and slots, creating it if needed; a dynamic table at its limit
+  // refuses (RequestError).
+  void put_row(uint64_t id, const float* values, std::span<const float* const> slots);
+
+ private:
+  static constexpr uint32_t kEmpty = UINT32_MAX;
+  uint32_t components() const { return 1 + optimizer_->num_slots(); }
+  float* row(uint32_t component, uint64_t slot) const;
+  void init_row(uint64_t slot, uint64_t id);
+  // Dynamic: the slot of `id`, or kEmpty.
+  uint32_t find(uint64_t id) const;
+  // Dynamic: the slot of `id`, created (and initialised) when missing.
+  uint32_t find_or_insert(uint64_t id);
+  uint64_t local_slot(uint64_t id);  // fixed: local row; dynamic: find_or_insert
+  void grow_index();
+  void erase_from_index(uint64_t id);
+  uint32_t take_free_slot();
+  void evict_one();
+  void touch(uint32_t slot);  // LRU: to the front
+  void lru_unlink(uint32_t slot);
+  void lru_push_front(uint32_t slot);
+
+  TableSpec spec_;
+  uint32_t shard_;
+  RowPlacement placement_;
+  std::unique_ptr<RowOptimizer> optimizer_;
+  uint64_t version_ = 0;
+  uint64_t evictions_ = 0;
+
+  // Fixed: one array per component.
+  uint64_t fixed_rows_ = 0;
+  std::vector<std::unique_ptr<float[]>> arrays_;
+
+  // Dynamic.
+  std::vector<std::vector<std::unique_ptr<float[]>>> slabs_;  // [component][slab]
+  std::vector<uint64_t> slot_ids_;   // id of each slot
+  std::vector<uint32_t> free_slots_;
+  uint64_t live_rows_ = 0;
+  std::vector<uint64_t> keys_;       // index: ids
+  std::vector<uint32_t> values_;     // index: slots (kEmpty: free)
+  uint64_t index_used_ = 0;
+  std::vector<uint32_t> lru_prev_, lru_next_;  // kEvictLru only
+  uint32_t lru_head_ = kEmpty, lru_tail_ = kEmpty;
+
+  // Push: first position of each slot in the request (a sparse set: valid
+  // only where ids agree, so it is never cleared).
+  std::vector<uint32_t> mark_;
+};
+
+}  // namespace ps

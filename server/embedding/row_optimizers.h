@@ -1,0 +1,42 @@
+// Row-wise optimizers for embedding tables: each update touches only the
+// rows a push names, and their slots (per-row state, `dim` floats each).
+//   SGD:      w -= lr g
+//   Adagrad:  acc += g^2; w -= lr g / sqrt(acc)                    (tf.train.AdagradOptimizer)
+//   LazyAdam: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+//             w -= lr sqrt(1-b2^t)/(1-b1^t) m / (sqrt(v) + eps)   (tfa LazyAdam: untouched rows keep m, v)
+//   FTRL:     tf.train.FtrlOptimizer's FTRL-Proximal with L1/L2 (slots: accumulator, linear)
+// where g is the (summed, scaled) gradient of the row and t counts the
+// table's updates (1 for the first).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ps/embedding.h"
+
+namespace ps {
+
+class RowOptimizer {
+ public:
+  // Throws RequestError (naming `table`) for parameters that would make NaN
+  // or break the optimizer's preconditions.
+  static std::unique_ptr<RowOptimizer> make(const RowOptimizerConfig& config, const std::string& table);
+  virtual ~RowOptimizer() = default;
+
+  const RowOptimizerConfig& config() const { return config_; }
+  virtual uint32_t num_slots() const = 0;
+  // The value every float of slot k starts at.
+  virtual float slot_init(uint32_t k) const = 0;
+  // Updates one row: w and slots[k] point at its `dim` floats; g is the
+  // gradient (times `scale`); t the table's update count, from 1.
+  virtual void apply(float* w, float* const* slots, const float* g, uint32_t dim, float scale, uint64_t t) const = 0;
+
+ protected:
+  explicit RowOptimizer(const RowOptimizerConfig& c) : config_(c) {}
+  RowOptimizerConfig config_;
+};
+
+const char* row_optimizer_name(RowOptimizerKind kind);
+
+}  // namespace ps

@@ -1,0 +1,393 @@
+// Shard: embedding tables. Requests come as plain values
+// (server/table_requests.h); every one is checked whole before a
+// row changes. Sync mode counts a table like a trainable tensor: a step
+// completes when every tensor and every table has its replicas' gradients.
+#include "server/shard_tables.h"
+
+#include <set>
+
+#include <spdlog/spdlog.h>
+
+#include "common/finite.h"
+#include "ps/errors.h"
+#include "server/shard.h"
+
+namespace ps {
+
+ShardTable& ShardTables::get(std::string_view name, const char* what) {
+  auto it = tables.find(name);
+  if (it == tables.end()) {
+    throw RequestError(std::string(what) + ": no table '" + std::string(name) + "' on this shard (createTables first)");
+  }
+  return it->second;
+}
+
+uint64_t ShardTables::bytes() const {
+  uint64_t n = 0;
+  for (const auto& [name, t] : tables) n += t.table->bytes();
+  return n;
+}
+
+Shard::~Shard() = default;
+
+namespace {
+
+TableReport report_of(const ShardTable& t, bool created) {
+  TableReport r;
+  r.spec = t.table->spec();
+  r.rows_here = t.table->rows();
+  r.bytes = t.table->bytes();
+  r.version = t.table->version();
+  r.evictions = t.table->evictions();
+  r.rows_pulled = t.rows_pulled;
+  r.rows_pushed = t.rows_pushed;
+  r.created = created;
+  return r;
+}
+
+bool same_table(const TableSpec& a, const TableSpec& b) {
+  return a.dim == b.dim && a.rows == b.rows && a.dynamic == b.dynamic && a.placement == b.placement &&
+         a.optimizer.kind == b.optimizer.kind && a.row_limit == b.row_limit && a.on_limit == b.on_limit;
+}
+
+std::string describe(const TableSpec& s) {
+  return (s.dynamic ? std::string("dynamic") : "fixed " + std::to_string(s.rows) + "-row") + " table of dim " +
+         std::to_string(s.dim) + " (" + row_optimizer_name(s.optimizer.kind) + ")";
+}
+
+}  // namespace
+
+uint64_t Shard::table_count() const { return tables_->tables.size(); }
+
+void Shard::check_memory(uint64_t extra, const std::string& what) const {
+  if (budget_ != nullptr) {
+    // One budget for everything psd holds: the tables as they are now, then what is asked for.
+    tables_->reserved.resize_anyway(tables_->bytes());
+    if (extra > budget_->available()) {
+      budget_->count_refusal();
+      throw RequestError(what + " would take psd over its memory limit: " + budget_->describe());
+    }
+    return;
+  }
+  const uint64_t limit = options_.limits.max_total_bytes;
+  const uint64_t used = store_.bytes() + tables_->bytes();
+  if (used > limit || extra > limit - used) {
+    throw RequestError(what + " would take this shard to " + std::to_string(used + extra) + " bytes, over its limit of " +
+                       std::to_string(limit) + " (psd --max_memory_mb)");
+  }
+}
+
+std::vector<TableReport> Shard::create_tables(const std::vector<ShardTableSpec>& specs, bool validate_only) {
+  std::set<std::string> names;
+  uint64_t new_bytes = 0;
+  for (const ShardTableSpec& s : specs) {
+    EmbeddingTable::validate(s.spec);
+    const std::string& name = s.spec.name;
+    if (!names.insert(name).second) throw RequestError("createTables: table '" + name + "' appears twice in one request");
+    if (s.num_shards == 0 || s.shard_index >= s.num_shards) {
+      throw RequestError("createTables: table '" + name + "' placed on shard " + std::to_string(s.shard_index) +
+                         " of " + std::to_string(s.num_shards));
+    }
+    if (options_.num_shards > 1 &&
+        (s.num_shards != options_.num_shards || s.shard_index != options_.shard_index)) {
+      throw RequestError("createTables: the client placed table '" + name + "' on shard " +
+                         std::to_string(s.shard_index) + " of " + std::to_string(s.num_shards) + ", but this psd is shard " +
+                         std::to_string(options_.shard_index) + " of " + std::to_string(options_.num_shards));
+    }
+    auto it = tables_->tables.find(name);
+    if (it != tables_->tables.end()) {
+      const ShardTable& t = it->second;
+      if (!same_table(t.table->spec(), s.spec) || t.num_shards != s.num_shards) {
+        throw RequestError("createTables: table '" + name + "' exists as a " + describe(t.table->spec()) + " over " +
+                           std::to_string(t.num_shards) + " shards; asked for a " + describe(s.spec) + " over " +
+                           std::to_string(s.num_shards));
+      }
+      continue;
+    }
+    const uint64_t b = EmbeddingTable::initial_bytes(s.spec, s.shard_index, s.num_shards);
+    new_bytes = b > UINT64_MAX - new_bytes ? UINT64_MAX : new_bytes + b;
+  }
+  check_memory(new_bytes, "createTables: the new tables (" + std::to_string(new_bytes) + " bytes)");
+  std::vector<TableReport> out;
+  if (validate_only) return out;
+  for (const ShardTableSpec& s : specs) {
+    auto it = tables_->tables.find(s.spec.name);
+    bool created = false;
+    if (it == tables_->tables.end()) {
+      ShardTable t;
+      t.table = std::make_unique<EmbeddingTable>(s.spec, s.shard_index, s.num_shards);
+      t.num_shards = s.num_shards;
+      it = tables_->tables.emplace(s.spec.name, std::move(t)).first;
+      created = true;
+      spdlog::info("created {} '{}' ({} rows here, {} MiB)", describe(s.spec), s.spec.name, it->second.table->rows(),
+                   it->second.table->bytes() >> 20);
+    }
+    out.push_back(report_of(it->second, created));
+  }
+  if (budget_ != nullptr) tables_->reserved.resize_anyway(tables_->bytes());
+  counters_.creates += specs.size();
+  return out;
+}
+
+std::vector<TableReport> Shard::list_tables() const {
+  std::vector<TableReport> out;
+  for (const auto& [name, t] : tables_->tables) out.push_back(report_of(t, false));
+  return out;
+}
+
+kj::Promise<void> Shard::pull_rows(const Caller& caller, PullRowsRequest r, RowsOut out) {
+  saw_worker(caller.worker_index);
+  ShardTable& t = tables_->get(r.table, "pullRows");
+  const uint64_t bytes = uint64_t(r.ids.size()) * t.table->dim() * sizeof(float);
+  if (bytes + 4096 > options_.max_message_bytes) {
+    throw RequestError("pullRows: " + std::to_string(r.ids.size()) + " rows of table '" + t.table->spec().name +
+                       "' take " + std::to_string(bytes) + " bytes, over this psd's message limit of " +
+                       std::to_string(options_.max_message_bytes) + " (--max_message_mb); pull fewer ids at once");
+  }
+  const int64_t min_step = checked_step(std::max<int64_t>(r.min_step, 0), "pullRows");
+  auto read = [this, &t, r, out = std::move(out)]() {
+    const uint64_t fresh = t.table->check(r.ids, "pullRows");
+    if (fresh > 0) {
+      check_memory(fresh * EmbeddingTable::bytes_per_dynamic_row(t.table->spec()),
+                   "pullRows: " + std::to_string(fresh) + " new rows of table '" + t.table->spec().name + "'");
+    }
+    float* dest = out(r.ids.size() * t.table->dim(), job_.global_step());
+    t.table->pull(r.ids, dest);
+    t.rows_pulled += r.ids.size();
+    ++counters_.pulls;
+    counters_.bytes_out += r.ids.size() * t.table->dim() * sizeof(float);
+  };
+  if (job_.config().mode == SyncMode::kAsync) {
+    read();
+    return kj::READY_NOW;
+  }
+  t.table->check(r.ids, "pullRows");  // refused now rather than after the wait
+  kj::Promise<void> wait = job_.config().mode == SyncMode::kSync ? job_.wait_for_step(min_step)
+                                                                 : job_.wait_for_staleness(min_step);
+  return wait.then(kj::mv(read));
+}
+
+PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
+  const int64_t step = checked_step(r.step, "pushRows");
+  if (r.done_step >= 0) checked_step(r.done_step, "pushRows (doneStep)");
+  const JobConfig& job = job_.config();
+  job_.check_worker(caller.worker_index);
+  if (r.done_step >= 0 && caller.worker_index < 0) {
+    throw RequestError("pushRows: only workers report steps (say hello with a worker index)");
+  }
+  saw_worker(caller.worker_index);
+  PushRowsReply reply;
+  if (r.request_id != 0) {
+    if (const RecentRequest* seen = requests_.find(caller.worker_index, r.request_id)) {
+      // A retry of a push already applied (its reply was lost).
+      ++counters_.duplicate_requests;
+      reply.step = seen->step;
+      if (!seen->statuses.empty()) reply.status = static_cast<GradientStatus>(seen->statuses[0]);
+      if (r.done_step >= 0) {
+        reply.step = job_.global_step();
+        reply.stop = job_.stop_reached();
+      }
+      return reply;
+    }
+  }
+  if (job_.configured() && !job_.ready()) {
+    throw RequestError("pushRows: the chief has not finished initialising the model (waitReady first)");
+  }
+  ShardTable& t = tables_->get(r.table, "pushRows");
+  const TableSpec& spec = t.table->spec();
+  const uint32_t dim = spec.dim;
+  if (r.grads.size() != r.ids.size() * dim) {
+    throw RequestError("pushRows: table '" + spec.name + "' has dim " + std::to_string(dim) + ": " +
+                       std::to_string(r.ids.size()) + " ids need " + std::to_string(r.ids.size() * dim) +
+                       " gradient floats, got " + std::to_string(r.grads.size()));
+  }
+  const uint32_t summed = gradients_summed_per_step(job);
+  if (!options_.allow_nonfinite && !all_finite(r.grads, gradient_limit(summed))) {
+    throw RequestError(gradient_refusal(spec.name, r.grads, summed));
+  }
+  const uint64_t fresh = t.table->check(r.ids, "pushRows");
+  if (fresh > 0) {
+    check_memory(fresh * EmbeddingTable::bytes_per_dynamic_row(spec),
+                 "pushRows: " + std::to_string(fresh) + " new rows of table '" + spec.name + "'");
+  }
+  const bool sync = job.mode == SyncMode::kSync;
+  if (sync) {
+    if (caller.worker_index < 0) throw RequestError("pushRows: sync mode needs a worker index (say hello as a worker)");
+    if (step > job_.global_step()) {
+      throw RequestError("pushRows: gradient for step " + std::to_string(step) + ", but the job is at step " +
+                         std::to_string(job_.global_step()) + " (a push carries the step its rows were pulled at)");
+    }
+  }
+  WorkerRecord* worker = caller.worker_index >= 0 ? &job_.worker(caller.worker_index) : nullptr;
+  if (worker) {
+    ++worker->pushes;
+    if (!sync && step > worker->step) {
+      worker->step = step;
+      job_.worker_progressed();
+    }
+  }
+  if (job.mode == SyncMode::kBoundedStaleness && worker) job_.record_staleness(step - job_.slowest_live_step());
+  ++counters_.pushes;
+  counters_.bytes_in += r.grads.size_bytes();
+  t.rows_pushed += r.ids.size();
+  reply.step = job_.global_step();
+
+  if (sync && step < job_.global_step()) {
+    reply.status = GradientStatus::kStale;
+    ++counters_.stale;
+    if (worker) ++worker->stale;
+  } else if (sync) {
+    TableSyncSlot& slot = t.sync;
+    if (slot.complete) {
+      reply.status = GradientStatus::kStale;  // a backup worker's, after enough arrived
+      ++counters_.stale;
+      if (worker) ++worker->stale;
+    } else if (std::find(slot.contributors.begin(), slot.contributors.end(), caller.worker_index) !=
+               slot.contributors.end()) {
+      reply.status = GradientStatus::kDuplicate;
+    } else {
+      slot.contributors.push_back(caller.worker_index);
+      ++slot.count;
+      for (std::size_t i = 0; i < r.ids.size(); ++i) {
+        auto [it, fresh_id] = slot.position.try_emplace(r.ids[i], static_cast<uint32_t>(slot.ids.size()));
+        if (fresh_id) {
+          slot.ids.push_back(r.ids[i]);
+          slot.sum.insert(slot.sum.end(), r.grads.begin() + i * dim, r.grads.begin() + (i + 1) * dim);
+        } else {
+          float* s = slot.sum.data() + std::size_t(it->second) * dim;
+          for (uint32_t j = 0; j < dim; ++j) s[j] += r.grads[i * dim + j];
+        }
+      }
+      reply.status = GradientStatus::kAccumulated;
+      if (slot.count >= table_replicas_needed(slot.contributors)) {
+        slot.complete = true;
+        ++complete_tensors_;
+      }
+    }
+  } else {
+    t.table->push(r.ids, r.grads, 1.0f);
+    reply.status = GradientStatus::kApplied;
+  }
+  if (r.request_id != 0) {
+    requests_.record(caller.worker_index,
+                     RecentRequest{r.request_id, job_.global_step(), {static_cast<uint8_t>(reply.status)}});
+  }
+  if (sync && complete_tensors_ > 0 && complete_tensors_ >= trainable_count()) commit_sync_step();
+  if (r.done_step >= 0) {
+    auto [global, stop] = step_done(caller, r.done_step);
+    reply.step = global;
+    reply.stop = stop;
+  }
+  return reply;
+}
+
+uint32_t Shard::table_replicas_needed(const std::vector<int>& contributors) const {
+  const JobConfig& job = job_.config();
+  const uint32_t wanted = job.replicas_to_aggregate;
+  const uint32_t total = job.total_replicas > 0 ? job.total_replicas : wanted;
+  const uint32_t lost = job_.lost_workers(contributors);
+  const uint32_t available = total > lost ? total - lost : 0;
+  return std::max<uint32_t>(1, std::min(wanted, available));
+}
+
+void Shard::commit_table_step() {
+  for (auto& [name, t] : tables_->tables) {
+    TableSyncSlot& slot = t.sync;
+    if (!slot.complete) continue;
+    // The average over the workers that contributed (replicas_to_aggregate,
+    // or fewer when workers have left), as for dense tensors.
+    try {
+      t.table->check(slot.ids, "sync step");
+      t.table->push(slot.ids, slot.sum, 1.0f / static_cast<float>(slot.count));
+    } catch (const Error& e) {
+      // Only a dynamic table at its row limit can refuse the union of the
+      // workers' ids after each push alone passed.
+      spdlog::error("sync step {}: table '{}' not updated: {}", job_.global_step(), name, e.what());
+    }
+    slot.clear();
+  }
+}
+
+void Shard::recheck_table_sync() {
+  for (auto& [name, t] : tables_->tables) {
+    TableSyncSlot& slot = t.sync;
+    if (!slot.complete && slot.count > 0 && slot.count >= table_replicas_needed(slot.contributors)) {
+      slot.complete = true;
+      ++complete_tensors_;
+    }
+  }
+}
+
+void Shard::snapshot_tables(ShardCheckpoint& c) const {
+  for (const auto& [name, t] : tables_->tables) {
+    TableCheckpoint tc;
+    tc.spec = t.table->spec();
+    tc.shard_index = t.table->shard();
+    tc.num_shards = t.table->shards();
+    tc.version = t.table->version();
+    const uint32_t dim = t.table->dim();
+    const uint64_t rows = t.table->rows();
+    tc.ids.reserve(rows);
+    tc.values.reserve(rows * dim);
+    tc.slots.resize(t.table->optimizer().num_slots());
+    for (auto& s : tc.slots) s.reserve(rows * dim);
+    t.table->for_each_row([&](uint64_t id, const float* w, std::span<const float* const> slots) {
+      tc.ids.push_back(id);
+      tc.values.insert(tc.values.end(), w, w + dim);
+      for (std::size_t k = 0; k < slots.size(); ++k) tc.slots[k].insert(tc.slots[k].end(), slots[k], slots[k] + dim);
+    });
+    c.tables.push_back(std::move(tc));
+  }
+}
+
+void Shard::restore_tables(const ShardCheckpoint& c) {
+  std::vector<ShardTableSpec> specs;
+  for (const auto& t : c.tables) specs.push_back({t.spec, t.shard_index, t.num_shards});
+  create_tables(specs, false);
+  for (const auto& t : c.tables) {
+    std::vector<std::span<const float>> slots;
+    for (const auto& s : t.slots) slots.emplace_back(s);
+    restore_rows(t.spec.name, t.ids, t.values, slots, t.version);
+  }
+}
+
+void Shard::restore_rows(std::string_view table, std::span<const uint64_t> ids, std::span<const float> values,
+                         const std::vector<std::span<const float>>& slots, uint64_t version) {
+  ShardTable& t = tables_->get(table, "restoreRows");
+  const uint32_t dim = t.table->dim();
+  const std::string name(table);
+  if (values.size() != ids.size() * dim) {
+    throw RequestError("restoreRows: table '" + name + "' has dim " + std::to_string(dim) + ": " +
+                       std::to_string(ids.size()) + " ids need " + std::to_string(ids.size() * dim) + " floats, got " +
+                       std::to_string(values.size()));
+  }
+  if (slots.size() != t.table->optimizer().num_slots()) {
+    throw RequestError("restoreRows: table '" + name + "' has " + std::to_string(t.table->optimizer().num_slots()) +
+                       " optimizer slots, got " + std::to_string(slots.size()));
+  }
+  if (!all_finite(values)) throw RequestError("restoreRows: table '" + name + "' has a NaN or Inf value");
+  for (const auto& s : slots) {
+    if (s.size() != values.size()) throw RequestError("restoreRows: a slot of table '" + name + "' has the wrong size");
+    if (!all_finite(s)) throw RequestError("restoreRows: table '" + name + "' has a NaN or Inf slot value");
+  }
+  const uint64_t fresh = t.table->check(ids, "restoreRows");
+  if (fresh > 0) {
+    check_memory(fresh * EmbeddingTable::bytes_per_dynamic_row(t.table->spec()),
+                 "restoreRows: " + std::to_string(fresh) + " new rows of table '" + name + "'");
+  }
+  std::vector<const float*> slot_rows(slots.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    for (std::size_t k = 0; k < slots.size(); ++k) slot_rows[k] = slots[k].data() + i * dim;
+    t.table->put_row(ids[i], values.data() + i * dim, slot_rows);
+  }
+  t.table->set_version(std::max(t.table->version(), version));
+}
+
+void Shard::count_table_contributions(std::map<int, uint64_t>& given, bool& pending) const {
+  for (const auto& [name, t] : tables_->tables) {
+    pending = pending || t.sync.count > 0;
+    for (int w : t.sync.contributors) ++given[w];
+  }
+}
+
+}  // namespace ps

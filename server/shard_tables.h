@@ -1,0 +1,57 @@
+// A shard's embedding tables: each table's rows (EmbeddingTable), its
+// request counters and its sums for the current sync step. Held by Shard,
+// used on its event loop only.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/memory_budget.h"
+#include "server/embedding/embedding_table.h"
+
+namespace ps {
+
+// One table's gradients for the current sync step: per distinct id, the
+// sum of the workers' gradients.
+struct TableSyncSlot {
+  std::unordered_map<uint64_t, uint32_t> position;  // id -> index in ids
+  std::vector<uint64_t> ids;
+  std::vector<float> sum;  // ids.size() * dim
+  uint32_t count = 0;      // workers that contributed
+  std::vector<int> contributors;
+  bool complete = false;
+  void clear() {
+    position.clear();
+    ids.clear();
+    sum.clear();
+    count = 0;
+    contributors.clear();
+    complete = false;
+  }
+};
+
+struct ShardTable {
+  std::unique_ptr<EmbeddingTable> table;
+  uint32_t num_shards = 1;  // as the creating client placed it
+  uint64_t rows_pulled = 0;
+  uint64_t rows_pushed = 0;
+  TableSyncSlot sync;
+};
+
+struct ShardTables {
+  // The tables' bytes in psd's memory budget (when it has one), brought up
+  // to date at each create and before each check of new rows; declared
+  // before the tables, so it is given back after they are freed.
+  MemoryBudget::Reservation reserved;
+  std::map<std::string, ShardTable, std::less<>> tables;
+
+  // Throws RequestError naming `what` for a table that is not here.
+  ShardTable& get(std::string_view name, const char* what);
+  uint64_t bytes() const;
+};
+
+}  // namespace ps

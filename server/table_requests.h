@@ -1,0 +1,55 @@
+// Embedding-table requests as plain values: what the RPC face
+// (shard_service.cc) hands the shard, with ids and rows as spans that still
+// point into the received message (no copy). The shard and the tables never
+// see a Cap'n Proto Reader or Builder.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "ps/embedding.h"
+#include "server/shard_requests.h"
+
+namespace ps {
+
+struct PullRowsRequest {
+  std::string_view table;
+  std::span<const uint64_t> ids;
+  int64_t min_step = 0;
+};
+
+// Where a pull's rows go: called once with the number of floats and the
+// global step they are read at; returns the buffer (in the reply) to fill.
+using RowsOut = std::function<float*(std::size_t floats, int64_t step)>;
+
+struct PushRowsRequest {
+  std::string_view table;
+  std::span<const uint64_t> ids;
+  std::span<const float> grads;
+  int64_t step = 0;
+  uint64_t request_id = 0;
+  int64_t done_step = -1;
+};
+
+struct PushRowsReply {
+  GradientStatus status = GradientStatus::kApplied;
+  int64_t step = 0;
+  bool stop = false;
+};
+
+// A table as a shard reports it (createTables, listTables, stats).
+struct TableReport {
+  TableSpec spec;
+  uint64_t rows_here = 0;
+  uint64_t bytes = 0;
+  uint64_t version = 0;
+  uint64_t evictions = 0;
+  uint64_t rows_pulled = 0;
+  uint64_t rows_pushed = 0;
+  bool created = false;
+};
+
+}  // namespace ps

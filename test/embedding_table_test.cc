@@ -1,0 +1,291 @@
+// Embedding table storage and row-wise optimizers, without a socket: values
+// compared to float64 references.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <map>
+#include <random>
+#include <set>
+
+#include "common/embedding_placement.h"
+#include "ps/errors.h"
+#include "server/embedding/embedding_table.h"
+
+using namespace ps;
+
+namespace {
+
+TableSpec fixed_table(uint64_t rows, uint32_t dim, RowOptimizerConfig opt, InitConfig init = {},
+                      TablePlacement p = TablePlacement::kMod) {
+  return TableSpec{.name = "t", .dim = dim, .rows = rows, .placement = p, .optimizer = opt, .init = init};
+}
+
+TableSpec dynamic_table(uint32_t dim, uint64_t limit = 0, OnRowLimit on_limit = OnRowLimit::kRefuse,
+                        InitConfig init = {}) {
+  return TableSpec{.name = "d", .dim = dim, .dynamic = true, .placement = TablePlacement::kHash,
+                   .optimizer = RowOptimizerConfig::sgd(1.0f), .init = init, .row_limit = limit, .on_limit = on_limit};
+}
+
+std::vector<float> pull(EmbeddingTable& t, std::vector<uint64_t> ids) {
+  t.check(ids, "pull");
+  std::vector<float> out(ids.size() * t.dim());
+  t.pull(ids, out.data());
+  return out;
+}
+
+void push(EmbeddingTable& t, std::vector<uint64_t> ids, const std::vector<float>& g, float scale = 1.0f) {
+  t.check(ids, "push");
+  t.push(ids, g, scale);
+}
+
+// float64 references of the four optimizers, one row at a time.
+struct RefRow {
+  std::vector<double> w, s0, s1;
+};
+
+void ref_apply(const RowOptimizerConfig& c, RefRow& r, const std::vector<double>& g, uint64_t t) {
+  for (std::size_t i = 0; i < r.w.size(); ++i) {
+    const double gi = g[i];
+    switch (c.kind) {
+      case RowOptimizerKind::kSgd: r.w[i] -= c.learning_rate * gi; break;
+      case RowOptimizerKind::kAdagrad:
+        r.s0[i] += gi * gi;
+        r.w[i] -= c.learning_rate * gi / std::sqrt(r.s0[i]);
+        break;
+      case RowOptimizerKind::kLazyAdam: {
+        r.s0[i] = c.beta1 * r.s0[i] + (1 - double(c.beta1)) * gi;
+        r.s1[i] = c.beta2 * r.s1[i] + (1 - double(c.beta2)) * gi * gi;
+        const double lr_t = c.learning_rate * std::sqrt(1 - std::pow(double(c.beta2), double(t))) /
+                            (1 - std::pow(double(c.beta1), double(t)));
+        r.w[i] -= lr_t * r.s0[i] / (std::sqrt(r.s1[i]) + c.epsilon);
+        break;
+      }
+      case RowOptimizerKind::kFtrl: {
+        const double p = -double(c.lr_power), lr = c.learning_rate;
+        const double acc_new = r.s0[i] + gi * gi;
+        r.s1[i] += gi - (std::pow(acc_new, p) - std::pow(r.s0[i], p)) / lr * r.w[i];
+        const double quadratic = std::pow(acc_new, p) / lr + 2 * double(c.l2);
+        r.w[i] = std::fabs(r.s1[i]) > c.l1 ? ((r.s1[i] > 0 ? c.l1 : -c.l1) - r.s1[i]) / quadratic : 0.0;
+        r.s0[i] = acc_new;
+        break;
+      }
+    }
+  }
+}
+
+// Pushes random batches (with repeated ids) to a fixed table and to the
+// reference, then compares every row and slot.
+void check_against_reference(const RowOptimizerConfig& c, double tolerance) {
+  const uint64_t rows = 20;
+  const uint32_t dim = 5, shards = 3, shard = 1;
+  EmbeddingTable t(fixed_table(rows, dim, c, InitConfig::uniform(-0.5f, 0.5f, 7)), shard, shards);
+  RowPlacement place(TablePlacement::kMod, rows, shards);
+  std::map<uint64_t, RefRow> ref;
+  const double slot0 = c.kind == RowOptimizerKind::kAdagrad || c.kind == RowOptimizerKind::kFtrl
+                           ? c.initial_accumulator : 0.0;
+  std::vector<uint64_t> mine;
+  for (uint64_t id = 0; id < rows; ++id) {
+    if (place.shard_of(id) != shard) continue;
+    mine.push_back(id);
+  }
+  auto start = pull(t, mine);
+  for (std::size_t k = 0; k < mine.size(); ++k) {
+    RefRow& r = ref[mine[k]];
+    r.w.assign(start.begin() + k * dim, start.begin() + (k + 1) * dim);
+    r.s0.assign(dim, slot0);
+    r.s1.assign(dim, 0.0);
+  }
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (uint64_t step = 1; step <= 30; ++step) {
+    std::vector<uint64_t> ids;
+    for (int i = 0; i < 4; ++i) ids.push_back(mine[rng() % 3]);  // few distinct ids: repeats
+    std::vector<float> g(ids.size() * dim);
+    for (auto& x : g) x = u(rng);
+    const float scale = step % 2 ? 1.0f : 0.5f;
+    push(t, ids, g, scale);
+    // Reference: sum per id, scale, apply once.
+    std::map<uint64_t, std::vector<double>> sums;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      auto& s = sums[ids[i]];
+      s.resize(dim);
+      for (uint32_t j = 0; j < dim; ++j) s[j] += double(g[i * dim + j]) * scale;
+    }
+    for (auto& [id, s] : sums) ref_apply(c, ref[id], s, step);
+  }
+  std::size_t seen = 0;
+  t.for_each_row([&](uint64_t id, const float* w, std::span<const float* const> slots) {
+    ++seen;
+    const RefRow& r = ref.at(id);
+    for (uint32_t j = 0; j < dim; ++j) {
+      INFO("id " << id << " j " << j);
+      CHECK(std::fabs(w[j] - r.w[j]) <= tolerance * (1 + std::fabs(r.w[j])));
+      if (slots.size() > 0) CHECK(std::fabs(slots[0][j] - r.s0[j]) <= tolerance * (1 + std::fabs(r.s0[j])));
+      if (slots.size() > 1) CHECK(std::fabs(slots[1][j] - r.s1[j]) <= tolerance * (1 + std::fabs(r.s1[j])));
+    }
+  });
+  CHECK(seen == mine.size());
+  CHECK(t.version() == 30);
+}
+
+}  // namespace
+
+TEST_CASE("mod, div and hash placement agree with TF's partition strategies and invert") {
+  // TF's 'div' over 10 rows and 3 shards: [0..3], [4..6], [7..9].
+  RowPlacement div(TablePlacement::kDiv, 10, 3);
+  std::vector<uint32_t> want = {0, 0, 0, 0, 1, 1, 1, 2, 2, 2};
+  for (uint64_t id = 0; id < 10; ++id) CHECK(div.shard_of(id) == want[id]);
+  CHECK(div.local_row(5) == 1);
+  RowPlacement mod(TablePlacement::kMod, 10, 3);
+  CHECK(mod.shard_of(7) == 1);
+  CHECK(mod.local_row(7) == 2);
+  for (TablePlacement p : {TablePlacement::kMod, TablePlacement::kDiv}) {
+    for (uint64_t rows : {1ull, 2ull, 7ull, 100ull, 101ull}) {
+      for (uint32_t shards : {1u, 2u, 3u, 8u}) {
+        RowPlacement pl(p, rows, shards);
+        uint64_t total = 0;
+        for (uint32_t s = 0; s < shards; ++s) total += pl.rows_on(s);
+        CHECK(total == rows);
+        for (uint64_t id = 0; id < rows; ++id) {
+          const uint32_t s = pl.shard_of(id);
+          REQUIRE(s < shards);
+          REQUIRE(pl.local_row(id) < pl.rows_on(s));
+          REQUIRE(pl.global_id(s, pl.local_row(id)) == id);
+        }
+      }
+    }
+  }
+  RowPlacement hash(TablePlacement::kHash, 0, 4);
+  std::vector<int> count(4);
+  for (uint64_t id = 0; id < 40000; ++id) ++count[hash.shard_of(id)];
+  for (int c : count) CHECK(std::abs(c - 10000) < 500);
+}
+
+TEST_CASE("a fixed SGD table: exact values, rows initialised from (seed, id) alone") {
+  EmbeddingTable t(fixed_table(10, 2, RowOptimizerConfig::sgd(0.5f), InitConfig::constant(1)), 0, 1);
+  CHECK(t.rows() == 10);
+  CHECK(t.bytes() == 10 * 2 * 4);
+  CHECK(pull(t, {3, 0, 3}) == std::vector<float>{1, 1, 1, 1, 1, 1});
+  push(t, {3, 9}, {2, 4, -2, 0});
+  CHECK(pull(t, {9, 3, 4}) == std::vector<float>{2, 1, 0, -1, 1, 1});
+
+  // The same id starts the same on any shard count and placement.
+  const InitConfig init = InitConfig::normal(0, 1, 11);
+  EmbeddingTable a(fixed_table(12, 4, RowOptimizerConfig::sgd(1), init, TablePlacement::kMod), 1, 2);
+  EmbeddingTable b(fixed_table(12, 4, RowOptimizerConfig::sgd(1), init, TablePlacement::kDiv), 1, 3);
+  EmbeddingTable d(dynamic_table(4, 0, OnRowLimit::kRefuse, init), 0, 1);
+  auto ra = pull(a, {5}), rb = pull(b, {5}), rd = pull(d, {5});
+  CHECK(ra == rb);
+  CHECK(ra == rd);
+  CHECK(ra != pull(a, {7}));
+}
+
+TEST_CASE("repeated ids in one push are summed before the optimizer, as IndexedSlices") {
+  const auto opt = RowOptimizerConfig::adagrad(1.0f, 1.0f);
+  EmbeddingTable once(fixed_table(4, 1, opt), 0, 1), twice(fixed_table(4, 1, opt), 0, 1);
+  push(once, {2}, {3});
+  push(twice, {2, 1, 2}, {1, 5, 2});
+  // acc = 1 + 9 = 10; w = -3 / sqrt(10).
+  CHECK(pull(twice, {2})[0] == Approx(-3 / std::sqrt(10.0)));
+  CHECK(pull(twice, {2}) == pull(once, {2}));
+  CHECK(pull(twice, {1})[0] == Approx(-5 / std::sqrt(26.0)));
+}
+
+TEST_CASE("row optimizers match float64 references") {
+  SECTION("sgd") { check_against_reference(RowOptimizerConfig::sgd(0.1f), 1e-6); }
+  SECTION("adagrad") { check_against_reference(RowOptimizerConfig::adagrad(0.1f, 0.1f), 1e-5); }
+  SECTION("lazy adam") { check_against_reference(RowOptimizerConfig::lazy_adam(0.01f), 1e-5); }
+  SECTION("ftrl") { check_against_reference(RowOptimizerConfig::ftrl(0.1f, 0.05f, 0.1f), 1e-5); }
+  SECTION("ftrl, lr power -0.3") { check_against_reference(RowOptimizerConfig::ftrl(0.1f, 0.01f, 0.0f, 0.1f, -0.3f), 1e-5); }
+}
+
+TEST_CASE("LazyAdam moves only the touched rows' moments") {
+  EmbeddingTable t(fixed_table(3, 2, RowOptimizerConfig::lazy_adam(0.1f)), 0, 1);
+  push(t, {0}, {1, 1});
+  push(t, {2}, {1, -1});
+  t.for_each_row([](uint64_t id, const float* w, std::span<const float* const> slots) {
+    if (id == 1) {
+      CHECK(w[0] == 0);
+      CHECK(slots[0][0] == 0);
+      CHECK(slots[1][0] == 0);
+    } else {
+      CHECK(slots[0][0] != 0);
+    }
+  });
+}
+
+TEST_CASE("bad ids and specs are refused before anything changes") {
+  EmbeddingTable t(fixed_table(10, 2, RowOptimizerConfig::sgd(1)), 1, 2);
+  CHECK_THROWS_WITH(t.check(std::vector<uint64_t>{1, 10}, "pullRows"), Catch::Contains("id 10 is outside"));
+  CHECK_THROWS_WITH(t.check(std::vector<uint64_t>{1, 2}, "pullRows"), Catch::Contains("belongs on shard 0"));
+  CHECK_THROWS_AS(EmbeddingTable::validate(fixed_table(0, 2, RowOptimizerConfig::sgd(1))), RequestError);
+  CHECK_THROWS_AS(EmbeddingTable::validate(fixed_table(5, 0, RowOptimizerConfig::sgd(1))), RequestError);
+  CHECK_THROWS_AS(EmbeddingTable::validate(fixed_table(5, 2, RowOptimizerConfig::sgd(-1))), RequestError);
+  CHECK_THROWS_AS(EmbeddingTable::validate(fixed_table(5, 2, RowOptimizerConfig::ftrl(1, -1))), RequestError);
+  CHECK_THROWS_AS(EmbeddingTable::validate(fixed_table(5, 2, RowOptimizerConfig::sgd(1), InitConfig::glorot_uniform(1))),
+                  RequestError);
+  auto d = dynamic_table(2);
+  d.placement = TablePlacement::kMod;
+  CHECK_THROWS_AS(EmbeddingTable::validate(d), RequestError);
+}
+
+TEST_CASE("a dynamic table creates rows on first touch and refuses new ids at its limit") {
+  EmbeddingTable t(dynamic_table(3, 4, OnRowLimit::kRefuse, InitConfig::constant(2)), 0, 1);
+  CHECK(t.rows() == 0);
+  const uint64_t big = 0xffffffffffffff00ull;
+  CHECK(t.check(std::vector<uint64_t>{big, 5, big}, "pullRows") == 2);
+  CHECK(pull(t, {big, 5, big}) == std::vector<float>(9, 2.0f));
+  CHECK(t.rows() == 2);
+  push(t, {5, 6}, {1, 1, 1, 1, 1, 1});
+  CHECK(t.rows() == 3);
+  CHECK(pull(t, {5, 6}) == std::vector<float>{1, 1, 1, 1, 1, 1});
+  CHECK_THROWS_WITH(t.check(std::vector<uint64_t>{7, 8}, "pushRows"), Catch::Contains("at its limit of 4 rows"));
+  CHECK(t.rows() == 3);
+  CHECK(t.check(std::vector<uint64_t>{7, 5}, "pushRows") == 1);
+}
+
+TEST_CASE("a dynamic table at its limit evicts the least recently touched rows") {
+  EmbeddingTable t(dynamic_table(1, 3, OnRowLimit::kEvictLru), 0, 1);
+  push(t, {1, 2, 3}, {1, 2, 3});
+  pull(t, {1});            // order now (newest first): 1 3 2
+  push(t, {4}, {4});        // evicts 2
+  CHECK(t.evictions() == 1);
+  CHECK(t.rows() == 3);
+  CHECK(pull(t, {1, 3, 4}) == std::vector<float>{-1, -3, -4});
+  CHECK(pull(t, {2}) == std::vector<float>{0});  // back as new; evicts the oldest (1)
+  CHECK(t.evictions() == 2);
+  // Rows of one request never evict each other; more distinct ids than the limit are refused.
+  CHECK_THROWS_WITH(t.check(std::vector<uint64_t>{10, 11, 12, 13}, "pullRows"), Catch::Contains("over its limit"));
+  pull(t, {3, 10, 11});     // 3 existing and touched first: 4 and 2 go
+  CHECK(pull(t, {3})[0] == -3);
+}
+
+TEST_CASE("a dynamic table's index stays exact through growth and many evictions") {
+  EmbeddingTable t(dynamic_table(1, 500, OnRowLimit::kEvictLru), 0, 1);
+  std::map<uint64_t, float> ref;   // id -> value, for the ids held
+  std::vector<uint64_t> order;     // LRU order, oldest first
+  std::mt19937_64 rng(5);
+  for (int i = 0; i < 20000; ++i) {
+    const uint64_t id = rng() % 2000 * 0x100000001ull;
+    const float g = float(i % 7 + 1);
+    push(t, {id}, {g});
+    auto it = std::find(order.begin(), order.end(), id);
+    if (it != order.end()) {
+      order.erase(it);
+    } else if (order.size() == 500) {
+      ref.erase(order.front());
+      order.erase(order.begin());
+    }
+    order.push_back(id);
+    ref[id] -= g;
+  }
+  CHECK(t.rows() == 500);
+  std::size_t seen = 0;
+  t.for_each_row([&](uint64_t id, const float* w, std::span<const float* const>) {
+    ++seen;
+    REQUIRE(ref.count(id) == 1);
+    CHECK(w[0] == ref[id]);
+  });
+  CHECK(seen == 500);
+  CHECK(t.bytes() < 500 * 200 + 1024 * 4 * 40);
+}

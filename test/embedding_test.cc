@@ -1,0 +1,408 @@
+// Embedding tables end to end: libpsclient against real psd processes on
+// loopback ports; a raw Cap'n Proto connection sends what libpsclient would
+// refuse to, and every refusal is followed by a check that nothing changed
+// and psd still serves.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <random>
+#include <thread>
+
+#include <capnp/ez-rpc.h>
+
+#include "common/embedding_placement.h"
+#include "common/checkpoint/checkpoint_file.h"
+#include "common/embedding_wire.h"
+#include "ps/checkpoint.h"
+#include "ps/client.h"
+#include "schema/ps.capnp.h"
+#include "test/psd_process.h"
+
+using namespace ps;
+using namespace std::chrono_literals;
+using ps::test::PsdProcess;
+
+namespace {
+
+ClientOptions options_for(std::initializer_list<const PsdProcess*> shards, int worker = -1) {
+  ClientOptions o;
+  for (auto* s : shards) o.ps_hosts.push_back(s->address());
+  o.worker_index = worker;
+  o.is_chief = worker == 0;
+  return o;
+}
+
+TableSpec fixed(std::string name, uint64_t rows, uint32_t dim, float lr = 1.0f, InitConfig init = {},
+                TablePlacement p = TablePlacement::kMod) {
+  return TableSpec{.name = std::move(name), .dim = dim, .rows = rows, .placement = p,
+                   .optimizer = RowOptimizerConfig::sgd(lr), .init = std::move(init)};
+}
+
+TableSpec dynamic(std::string name, uint32_t dim, uint64_t limit = 0, OnRowLimit on_limit = OnRowLimit::kRefuse) {
+  return TableSpec{.name = std::move(name), .dim = dim, .dynamic = true, .placement = TablePlacement::kHash,
+                   .optimizer = RowOptimizerConfig::sgd(1.0f), .row_limit = limit, .on_limit = on_limit};
+}
+
+std::vector<float> pull_rows(Client& c, const std::string& table, const std::vector<int64_t>& ids, uint32_t dim) {
+  std::vector<float> out(ids.size() * dim);
+  c.pull_rows(table, ids, out);
+  return out;
+}
+
+// A raw connection to one psd, for requests libpsclient would not send.
+struct RawShard {
+  explicit RawShard(const PsdProcess& psd, int32_t worker_index = -1)
+      : rpc(psd.address()), shard(rpc.getMain<wire::Shard>()) {
+    auto req = shard.helloRequest();
+    req.setProtocolVersion(wire::K_PROTOCOL_VERSION);
+    req.setWorkerIndex(worker_index);
+    req.send().wait(ws());
+  }
+  kj::WaitScope& ws() { return rpc.getWaitScope(); }
+
+  void create(const TableSpec& spec, uint32_t shard_index = 0, uint32_t shards = 1) {
+    auto req = shard.createTablesRequest();
+    to_wire(spec, shard_index, shards, req.initTables(1)[0]);
+    req.send().wait(ws());
+  }
+  std::vector<float> pull(const std::string& table, const std::vector<uint64_t>& ids) {
+    auto req = shard.pullRowsRequest();
+    req.setTable(table);
+    req.setIds(kj::arrayPtr(ids.data(), ids.size()));
+    auto reply = req.send().wait(ws());
+    auto rows = reply.getRows();
+    std::vector<float> out(rows.size() / 4);
+    std::memcpy(out.data(), rows.begin(), rows.size());
+    return out;
+  }
+  wire::PushStatus push(const std::string& table, const std::vector<uint64_t>& ids, const std::vector<float>& grads,
+                        uint64_t request_id = 0) {
+    auto req = shard.pushRowsRequest();
+    req.setTable(table);
+    req.setIds(kj::arrayPtr(ids.data(), ids.size()));
+    req.setGrads(kj::arrayPtr(reinterpret_cast<const kj::byte*>(grads.data()), grads.size() * sizeof(float)));
+    req.setRequestId(request_id);
+    return req.send().wait(ws()).getStatus();
+  }
+
+  capnp::EzRpcClient rpc;
+  wire::Shard::Client shard;
+};
+
+}  // namespace
+
+TEST_CASE("pull and push rows: exact SGD values, repeated ids summed, rows in the caller's order") {
+  PsdProcess psd;
+  Client client(options_for({&psd}));
+  client.create_tables({fixed("emb", 10, 2, 0.5f, InitConfig::constant(1))});
+  CHECK(pull_rows(client, "emb", {3, 1, 3, 0}, 2) == std::vector<float>(8, 1.0f));
+  const std::vector<int64_t> ids = {3, 1, 3, 9};
+  const std::vector<float> grads = {2, 4, 6, 8, -2, 0, 1, 1};
+  CHECK(client.push_rows("emb", ids, grads) == PushStatus::kApplied);
+  // Row 3: 1 - 0.5 * ((2, 4) + (-2, 0)) = (1, -1); row 1: 1 - 0.5 * (6, 8); row 9: 1 - 0.5 * (1, 1).
+  CHECK(pull_rows(client, "emb", {9, 3, 1, 0, 3}, 2) == std::vector<float>{0.5f, 0.5f, 1, -1, -2, -3, 1, 1, 1, -1});
+  // Created again with the same spec: kept as it is.
+  client.create_tables({fixed("emb", 10, 2, 0.5f, InitConfig::constant(1))});
+  CHECK(pull_rows(client, "emb", {3}, 2) == std::vector<float>{1, -1});
+  auto tables = client.list_tables();
+  REQUIRE(tables.size() == 1);
+  CHECK(tables[0].rows == 10);
+  // The rows, and one index per row that pushes use to find repeated ids.
+  CHECK(tables[0].bytes == 10 * 2 * 4 + 10 * 4);
+}
+
+TEST_CASE("pushes of rows from several clients at once sum exactly") {
+  PsdProcess psd;
+  const int clients = 3, pushes = 50;
+  const uint32_t dim = 4;
+  {
+    Client setup(options_for({&psd}));
+    setup.create_tables({fixed("emb", 100, dim)});
+  }
+  std::vector<std::thread> threads;
+  for (int t = 0; t < clients; ++t) {
+    threads.emplace_back([&, t] {
+      Client c(options_for({&psd}));
+      c.declare_tables({fixed("emb", 100, dim)});
+      // Client t pushes (t + 1) to rows t, t + 10, ... (with row 99 twice per push).
+      std::vector<int64_t> ids;
+      for (int64_t id = t; id < 100; id += 10) ids.push_back(id);
+      ids.push_back(99);
+      ids.push_back(99);
+      std::vector<float> g(ids.size() * dim, float(t + 1));
+      for (int i = 0; i < pushes; ++i) c.push_rows("emb", ids, g);
+    });
+  }
+  for (auto& t : threads) t.join();
+  Client check(options_for({&psd}));
+  check.declare_tables({fixed("emb", 100, dim)});
+  std::vector<int64_t> all(100);
+  for (int64_t i = 0; i < 100; ++i) all[i] = i;
+  auto rows = pull_rows(check, "emb", all, dim);
+  for (int64_t id = 0; id < 100; ++id) {
+    float want = 0;
+    if (id % 10 < clients) want -= float(pushes * (id % 10 + 1));
+    if (id == 99) want = -float(pushes * 2 * (1 + 2 + 3));
+    INFO("id " << id);
+    CHECK(rows[id * dim] == want);
+    CHECK(rows[id * dim + dim - 1] == want);
+  }
+}
+
+TEST_CASE("rows spread over three shards by mod, div and hash; large batches in several requests") {
+  PsdProcess ps0, ps1, ps2;
+  ClientOptions o = options_for({&ps0, &ps1, &ps2});
+  o.max_request_bytes = 4096;  // a few hundred ids per request: many requests per shard
+  Client client(o);
+  const uint64_t rows = 1000;
+  const uint32_t dim = 3;
+  client.create_tables({fixed("m", rows, dim, 1, InitConfig::uniform(-1, 1, 5), TablePlacement::kMod),
+                        fixed("d", rows, dim, 1, InitConfig::uniform(-1, 1, 5), TablePlacement::kDiv),
+                        dynamic("h", dim)});
+  std::mt19937_64 rng(9);
+  std::vector<int64_t> ids(5000);
+  for (auto& id : ids) id = int64_t(rng() % rows);  // many repeats
+  std::vector<float> grads(ids.size() * dim);
+  for (std::size_t i = 0; i < grads.size(); ++i) grads[i] = float(i % 7) - 3;
+  // Reference: sum per id (small integers: exact in float).
+  std::map<int64_t, std::vector<float>> sums;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    auto& s = sums[ids[i]];
+    s.resize(dim);
+    for (uint32_t j = 0; j < dim; ++j) s[j] += grads[i * dim + j];
+  }
+  // The same id starts the same in both fixed tables (rows drawn from (seed, id)).
+  CHECK(pull_rows(client, "d", ids, dim) == pull_rows(client, "m", ids, dim));
+  for (const char* name : {"m", "d", "h"}) {
+    INFO("table " << name);
+    auto before = pull_rows(client, name, ids, dim);
+    client.push_rows(name, ids, grads);
+    auto after = pull_rows(client, name, ids, dim);
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      for (uint32_t j = 0; j < dim; ++j) {
+        REQUIRE(after[i * dim + j] == before[i * dim + j] - sums[ids[i]][j]);
+      }
+    }
+  }
+  for (const auto& t : client.list_tables()) {
+    INFO("table " << t.name);
+    REQUIRE(t.rows_per_shard.size() == 3);
+    const TablePlacement kind = t.name == "m" ? TablePlacement::kMod : t.name == "d" ? TablePlacement::kDiv
+                                                                                    : TablePlacement::kHash;
+    RowPlacement place(kind, rows, 3);
+    for (uint32_t s = 0; s < 3; ++s) {
+      uint64_t want = place.rows_on(s);
+      if (t.name == "h") {
+        want = 0;
+        for (const auto& [id, sum] : sums) want += place.shard_of(uint64_t(id)) == s;
+      }
+      CHECK(t.rows_per_shard[s] == want);
+    }
+  }
+  auto stats = client.stats();
+  CHECK(stats[0].rejected == 0);
+}
+
+TEST_CASE("a dynamic table takes any 64-bit id, and refuses new ones at its row limit") {
+  PsdProcess psd;
+  Client client(options_for({&psd}));
+  client.create_tables({dynamic("d", 2, 3)});
+  const std::vector<int64_t> ids = {-1, std::numeric_limits<int64_t>::min(), 12345};
+  CHECK(pull_rows(client, "d", ids, 2) == std::vector<float>(6, 0.0f));
+  client.push_rows("d", ids, std::vector<float>{1, 1, 2, 2, 3, 3});
+  CHECK_THROWS_WITH(client.push_rows("d", std::vector<int64_t>{7}, std::vector<float>{1, 1}),
+                    Catch::Contains("at its limit of 3 rows"));
+  CHECK_THROWS_WITH(pull_rows(client, "d", {12345, 8}, 2), Catch::Contains("at its limit of 3 rows"));
+  CHECK(pull_rows(client, "d", ids, 2) == std::vector<float>{-1, -1, -2, -2, -3, -3});
+  CHECK(client.list_tables().at(0).rows == 3);
+}
+
+TEST_CASE("a dynamic table evicting its least recently touched rows counts evictions") {
+  PsdProcess psd;
+  Client client(options_for({&psd}));
+  client.create_tables({dynamic("d", 1, 2, OnRowLimit::kEvictLru)});
+  client.push_rows("d", std::vector<int64_t>{1, 2}, std::vector<float>{1, 2});
+  pull_rows(client, "d", {1}, 1);
+  client.push_rows("d", std::vector<int64_t>{3}, std::vector<float>{3});  // evicts 2
+  CHECK(pull_rows(client, "d", {1, 3}, 1) == std::vector<float>{-1, -3});
+  auto t = client.list_tables().at(0);
+  CHECK(t.evictions == 1);
+  CHECK(t.rows == 2);
+}
+
+TEST_CASE("bad table requests are refused with a clear error, change nothing, and psd serves on") {
+  PsdProcess psd({"--max_memory_mb", "1", "--max_message_mb", "2"});
+  Client client(options_for({&psd}));
+  client.create_tables({fixed("emb", 8, 2, 1, InitConfig::constant(1)), fixed("wide", 8, 64)});
+  RawShard raw(psd);
+  auto unchanged = [&] {
+    CHECK(pull_rows(client, "emb", {0, 1, 7}, 2) == std::vector<float>(6, 1.0f));
+    CHECK(raw.pull("emb", {7}) == std::vector<float>{1, 1});
+  };
+  SECTION("unknown table") {
+    CHECK_THROWS_WITH(raw.pull("nope", {1}), Catch::Contains("no table 'nope'"));
+    CHECK_THROWS_WITH(raw.push("nope", {1}, {1, 1}), Catch::Contains("no table 'nope'"));
+    CHECK_THROWS_WITH(pull_rows(client, "nope", {1}, 2), Catch::Contains("no table 'nope'"));
+  }
+  SECTION("an id outside a fixed table") {
+    CHECK_THROWS_WITH(raw.pull("emb", {1, 8}), Catch::Contains("id 8 is outside table 'emb' of 8 rows"));
+    CHECK_THROWS_WITH(raw.push("emb", {1, 8}, {1, 1, 1, 1}), Catch::Contains("id 8 is outside"));
+    CHECK_THROWS_WITH(client.push_rows("emb", std::vector<int64_t>{1, -1}, std::vector<float>(4, 1.0f)),
+                      Catch::Contains("id -1 is outside"));
+  }
+  SECTION("wrong gradient length: ids and rows of different counts") {
+    CHECK_THROWS_WITH(raw.push("emb", {1, 2}, {1, 1, 1}), Catch::Contains("2 ids need 4 gradient floats, got 3"));
+    CHECK_THROWS_WITH(raw.push("emb", {1}, {1, 1, 1, 1}), Catch::Contains("1 ids need 2 gradient floats, got 4"));
+    CHECK_THROWS_WITH(client.push_rows("emb", std::vector<int64_t>{1}, std::vector<float>{1}),
+                      Catch::Contains("has dim 2"));
+  }
+  SECTION("NaN and Inf rows") {
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    CHECK_THROWS_WITH(raw.push("emb", {1, 2}, {1, 1, nan, 1}), Catch::Contains("NaN"));
+    CHECK_THROWS_WITH(raw.push("emb", {1, 2}, {1, 1, 1, -inf}), Catch::Contains("Inf"));
+  }
+  SECTION("a table another way than it exists, or larger than --max_memory_mb") {
+    CHECK_THROWS_WITH(client.create_tables({fixed("emb", 9, 2)}), Catch::Contains("exists as a fixed 8-row table"));
+    CHECK_THROWS_WITH(client.create_tables({fixed("big", 1 << 20, 1)}), Catch::Contains("--max_memory_mb"));
+    CHECK_THROWS_WITH(client.create_tables({fixed("zero", 0, 1)}), Catch::Contains("0 rows"));
+    CHECK(client.list_tables().size() == 2);
+  }
+  SECTION("a pull whose reply is over the message limit") {
+    std::vector<uint64_t> many(10000, 1);  // 2.56 MB of rows asked for in 80 kB: over 2 MiB
+    CHECK_THROWS_WITH(raw.pull("wide", many), Catch::Contains("over this psd's message limit"));
+    std::vector<int64_t> split(many.begin(), many.end());
+    std::vector<float> rows(split.size() * 64, 1.0f);
+    client.pull_rows("wide", split, rows);  // the client sends it in several requests
+    CHECK(rows == std::vector<float>(rows.size(), 0.0f));
+  }
+  SECTION("a batch too big for one message is split by the client") {
+    std::vector<int64_t> many(300000);
+    for (std::size_t i = 0; i < many.size(); ++i) many[i] = int64_t(i % 8);
+    std::vector<float> g(many.size() * 2, 0.0f);
+    client.push_rows("emb", many, g);
+    auto rows = pull_rows(client, "emb", many, 2);
+    CHECK(rows == std::vector<float>(many.size() * 2, 1.0f));
+  }
+  unchanged();
+  CHECK(psd.alive());
+}
+
+TEST_CASE("a retried push of rows (the same request id) is applied once") {
+  PsdProcess psd;
+  RawShard raw(psd, 0);
+  raw.create(fixed("emb", 4, 1));
+  CHECK(raw.push("emb", {2}, {1}, 77) == wire::PushStatus::APPLIED);
+  CHECK(raw.push("emb", {2}, {1}, 77) == wire::PushStatus::APPLIED);
+  CHECK(raw.pull("emb", {2}) == std::vector<float>{-1});
+  CHECK(raw.push("emb", {2}, {1}, 78) == wire::PushStatus::APPLIED);
+  CHECK(raw.pull("emb", {2}) == std::vector<float>{-2});
+}
+
+TEST_CASE("sync mode: a step's rows are averaged over the replicas, stale and repeated pushes dropped") {
+  PsdProcess ps0, ps1;
+  ClientOptions o0 = options_for({&ps0, &ps1}, 0), o1 = options_for({&ps0, &ps1}, 1);
+  o0.max_request_bytes = o1.max_request_bytes = 64;  // 4 ids a request outside sync mode
+  Client chief(o0);
+  Client other(o1);
+  const TableSpec spec = fixed("emb", 20, 2, 1.0f);
+  chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2});
+  chief.create_tables({spec});
+  chief.set_ready();
+  other.declare_tables({spec});
+  REQUIRE(other.wait_ready(5s));
+  // Worker 0 touches rows 0 and 1 (shards 0 and 1); worker 1 rows 1 and 2 only.
+  CHECK(chief.push_rows("emb", std::vector<int64_t>{0, 1}, std::vector<float>{2, 2, 4, 4}, 0) ==
+        PushStatus::kAccumulated);
+  CHECK(chief.push_rows("emb", std::vector<int64_t>{0}, std::vector<float>{2, 2}, 0) == PushStatus::kDuplicate);
+  CHECK(pull_rows(chief, "emb", {0, 1, 2}, 2) == std::vector<float>(6, 0.0f));  // nothing applied yet
+  CHECK(other.push_rows("emb", std::vector<int64_t>{1, 2}, std::vector<float>{2, 2, 6, 6}, 0) ==
+        PushStatus::kAccumulated);
+  std::vector<float> rows(6);
+  CHECK(chief.pull_rows("emb", std::vector<int64_t>{0, 1, 2}, rows, 1) == 1);
+  CHECK(rows == std::vector<float>{-1, -1, -3, -3, -3, -3});
+  CHECK(other.push_rows("emb", std::vector<int64_t>{1}, std::vector<float>{1, 1}, 0) == PushStatus::kStale);
+  CHECK(pull_rows(chief, "emb", {1}, 2) == std::vector<float>{-3, -3});
+  // Step 1: six rows of shard 0 from one worker (more than one request's
+  // worth outside sync mode) all count, averaged over both workers.
+  const std::vector<int64_t> even = {0, 2, 4, 6, 8, 10};
+  CHECK(chief.push_rows("emb", even, std::vector<float>(12, 2.0f), 1) == PushStatus::kAccumulated);
+  CHECK(other.push_rows("emb", std::vector<int64_t>{0}, std::vector<float>{2, 2}, 1) == PushStatus::kAccumulated);
+  std::vector<float> after(12);
+  CHECK(chief.pull_rows("emb", even, after, 2) == 2);
+  CHECK(after == std::vector<float>{-3, -3, -4, -4, -1, -1, -1, -1, -1, -1, -1, -1});
+}
+
+TEST_CASE("checkpoints keep tables' rows and slots; a restart restores them, and a restore into another shard "
+          "count moves rows to their new shards") {
+  ps::test::TempDir dir;
+  auto args = [&](int shard, int shards) {
+    return std::vector<std::string>{"--checkpoint_dir", dir.path(), "--checkpoint_secs", "0", "--shard_index",
+                                    std::to_string(shard), "--num_shards", std::to_string(shards)};
+  };
+  const std::vector<TableSpec> specs = {
+      TableSpec{.name = "fixed", .dim = 2, .rows = 10, .placement = TablePlacement::kDiv,
+                .optimizer = RowOptimizerConfig::adagrad(0.5f), .init = InitConfig::uniform(-1, 1, 3)},
+      TableSpec{.name = "dyn", .dim = 2, .dynamic = true, .placement = TablePlacement::kHash,
+                .optimizer = RowOptimizerConfig::ftrl(0.5f, 0.01f, 0.1f)}};
+  const std::vector<int64_t> all = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  const std::vector<int64_t> dyn_ids = {5, -7, 1000000007, 42};
+  auto train = [&](Client& c) {
+    c.push_rows("fixed", std::vector<int64_t>{1, 8, 8}, std::vector<float>{1, 2, 3, 4, 5, 6});
+    c.push_rows("dyn", dyn_ids, std::vector<float>{1, -1, 2, -2, 0.5f, 3, -4, 1});
+  };
+  auto read = [&](Client& c) {
+    auto rows = pull_rows(c, "fixed", all, 2);
+    auto d = pull_rows(c, "dyn", dyn_ids, 2);
+    rows.insert(rows.end(), d.begin(), d.end());
+    return rows;
+  };
+  std::vector<float> saved, after_one_more;
+  {
+    PsdProcess a(args(0, 2)), b(args(1, 2));
+    Client client(options_for({&a, &b}));
+    client.create_tables(specs);
+    train(client);
+    saved = read(client);
+    auto ckpt = client.checkpoint();
+    REQUIRE(ckpt.paths.size() == 2);
+    uint64_t dyn_rows = 0;
+    for (const auto& path : ckpt.paths) {
+      for (const auto& t : read_checkpoint(path).tables) {
+        if (t.spec.name == "dyn") dyn_rows += t.ids.size();  // only the rows that exist
+        if (t.spec.name == "fixed") CHECK(t.slots.size() == 1);
+      }
+    }
+    CHECK(dyn_rows == dyn_ids.size());
+    train(client);
+    after_one_more = read(client);
+    a.kill();
+    b.kill();
+  }
+  SECTION("a restarted psd restores its own tables") {
+    PsdProcess a(args(0, 2)), b(args(1, 2));
+    Client client(options_for({&a, &b}));
+    client.declare_tables(specs);
+    CHECK(read(client) == saved);
+    train(client);  // the same update from the same rows and slots
+    CHECK(read(client) == after_one_more);
+  }
+  SECTION("restored into three shards") {
+    PsdProcess x({"--shard_index", "0", "--num_shards", "3"}), y({"--shard_index", "1", "--num_shards", "3"}),
+        z({"--shard_index", "2", "--num_shards", "3"});
+    Client client(options_for({&x, &y, &z}, 0));  // the chief
+    RestoredModel m = restore_from_checkpoint(client, dir.path());
+    REQUIRE(m.tables.size() == 2);
+    CHECK(read(client) == saved);
+    train(client);
+    CHECK(read(client) == after_one_more);
+    for (const auto& t : client.list_tables()) {
+      if (t.name != "fixed") continue;
+      RowPlacement place(TablePlacement::kDiv, 10, 3);
+      for (uint32_t s = 0; s < 3; ++s) CHECK(t.rows_per_shard[s] == place.rows_on(s));
+    }
+  }
+}

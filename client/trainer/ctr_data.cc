@@ -1,0 +1,106 @@
+// The Criteo TSV layout: parsing, formatting, a line reader.
+#include "ps/ctr_data.h"
+
+#include <charconv>
+
+#include <fmt/format.h>
+
+#include "ps/errors.h"
+
+namespace ps {
+namespace {
+
+constexpr int kFields = 1 + kCtrDense + kCtrCategorical;
+
+// A field's text for an error message, cut short.
+std::string shown(std::string_view s) {
+  return s.size() <= 24 ? fmt::format("'{}'", s) : fmt::format("'{}...'", s.substr(0, 24));
+}
+
+}  // namespace
+
+bool parse_ctr_line(std::string_view line, CtrExample& out, std::string* error) {
+  const auto fail = [&](std::string why) {
+    if (error) *error = std::move(why);
+    return false;
+  };
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  std::array<std::string_view, kFields> f;
+  int n = 0;
+  size_t start = 0;
+  while (true) {
+    const size_t tab = line.find('\t', start);
+    const std::string_view field = line.substr(start, tab == std::string_view::npos ? std::string_view::npos : tab - start);
+    if (n < kFields) f[n] = field;
+    ++n;
+    if (tab == std::string_view::npos) break;
+    start = tab + 1;
+  }
+  if (n != kFields)
+    return fail(fmt::format("expected {} tab-separated fields (label, 13 integers, 26 categorical), got {}", kFields, n));
+
+  if (f[0] == "0" || f[0] == "1")
+    out.label = f[0] == "1" ? 1.0f : 0.0f;
+  else
+    return fail(fmt::format("label: expected 0 or 1, got {}", shown(f[0])));
+
+  for (int j = 0; j < kCtrDense; ++j) {
+    const std::string_view s = f[1 + j];
+    out.dense[j] = 0;
+    out.dense_present[j] = !s.empty();
+    if (s.empty()) continue;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out.dense[j], 10);
+    if (ec != std::errc() || end != s.data() + s.size())
+      return fail(fmt::format("I{}: not a 64-bit integer: {}", j + 1, shown(s)));
+  }
+  for (int j = 0; j < kCtrCategorical; ++j) {
+    const std::string_view s = f[1 + kCtrDense + j];
+    out.categorical[j] = 0;
+    out.categorical_present[j] = !s.empty();
+    if (s.empty()) continue;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out.categorical[j], 16);
+    if (s.size() > 8 || ec != std::errc() || end != s.data() + s.size())
+      return fail(fmt::format("C{}: not a hex value of up to 8 digits: {}", j + 1, shown(s)));
+  }
+  return true;
+}
+
+std::string format_ctr_line(const CtrExample& e) {
+  fmt::memory_buffer b;
+  fmt::format_to(std::back_inserter(b), "{}", e.label > 0.5f ? 1 : 0);
+  for (int j = 0; j < kCtrDense; ++j) {
+    b.push_back('\t');
+    if (e.dense_present[j]) fmt::format_to(std::back_inserter(b), "{}", e.dense[j]);
+  }
+  for (int j = 0; j < kCtrCategorical; ++j) {
+    b.push_back('\t');
+    if (e.categorical_present[j]) fmt::format_to(std::back_inserter(b), "{:08x}", e.categorical[j]);
+  }
+  return fmt::to_string(b);
+}
+
+CtrReader::CtrReader(const std::string& path) : path_(path), in_(path) {
+  if (!in_) throw ConfigError(fmt::format("{}: cannot open CTR data file", path));
+}
+
+bool CtrReader::next(CtrExample& out) {
+  std::string why;
+  while (std::getline(in_, line_)) {
+    ++line_number_;
+    if (line_.empty() || line_ == "\r") continue;
+    if (!parse_ctr_line(line_, out, &why)) throw ConfigError(fmt::format("{}:{}: {}", path_, line_number_, why));
+    return true;
+  }
+  if (in_.bad()) throw ConfigError(fmt::format("{}:{}: read error", path_, line_number_));
+  return false;
+}
+
+std::vector<CtrExample> read_ctr_file(const std::string& path, int64_t max_examples) {
+  CtrReader reader(path);
+  std::vector<CtrExample> all;
+  CtrExample e;
+  while ((max_examples < 0 || static_cast<int64_t>(all.size()) < max_examples) && reader.next(e)) all.push_back(e);
+  return all;
+}
+
+}  // namespace ps

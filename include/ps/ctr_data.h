@@ -1,0 +1,122 @@
+// Click-through data in the Criteo display-ads TSV layout, and the features
+// a wide & deep trainer makes of it.
+//
+// One example a line, 40 fields separated by tabs:
+//   label (0 or 1) \t I1 .. I13 (integers, may be negative) \t C1 .. C26 (hex, up to 8 digits)
+// Any of I1..C26 may be empty (a missing value); the label may not. A '\r'
+// before the '\n' is dropped. This is the layout of Criteo's train.txt (the
+// Kaggle challenge) and day_N (the Terabyte set); their test.txt has no
+// label column and is refused.
+//
+// Features:
+//   - every categorical field becomes one 64-bit id, ctr_feature_id(field,
+//     value), a fixed hash of (field, value), missing values getting their
+//     own id per field; the deep part looks these ids up in embedding tables
+//     (one per field, or one shared: ids of different fields differ);
+//   - the wide part adds ids of field crosses, ctr_cross_id(a, b, e);
+//   - dense fields become sign(x) * log(1 + |x|), 0 when missing.
+// The hashes are part of the contract: a table trained on them and saved in a
+// checkpoint stays valid, so they never change.
+//
+// Example:
+//
+//   ps::CtrReader reader("data/ctr/train.tsv");       // throws ps::ConfigError if unreadable
+//   ps::CtrExample e;
+//   std::vector<uint64_t> ids(ps::kCtrCategorical);    // (26)
+//   std::vector<float> dense(ps::kCtrDense);           // (13)
+//   std::vector<uint64_t> wide;
+//   const auto crosses = ps::default_ctr_crosses();
+//   while (reader.next(e)) {                           // a bad line throws "file:line: why"
+//     ps::ctr_categorical_ids(e, ids);
+//     ps::ctr_dense_features(e, dense);
+//     ps::ctr_wide_ids(e, crosses, wide);              // 26 single ids, then one per cross
+//   }
+//   // or a whole batch at once:
+//   ps::CtrBatch batch;
+//   ps::make_ctr_batch(examples, crosses, batch);       // labels (B), dense (B, 13), ids (B, 26), ...
+#pragma once
+
+#include <array>
+#include <bitset>
+#include <cstdint>
+#include <fstream>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ps {
+
+constexpr int kCtrDense = 13;
+constexpr int kCtrCategorical = 26;
+
+struct CtrExample {
+  float label = 0;                                       // 0 or 1
+  std::array<int64_t, kCtrDense> dense{};                // I1..I13; 0 where missing
+  std::array<uint32_t, kCtrCategorical> categorical{};   // C1..C26; 0 where missing
+  std::bitset<kCtrDense> dense_present;
+  std::bitset<kCtrCategorical> categorical_present;
+};
+
+// Parses one line (without its '\n'). On a malformed line returns false, sets
+// *error to why (which field, what was there) and leaves `out` unspecified.
+bool parse_ctr_line(std::string_view line, CtrExample& out, std::string* error);
+
+// The line of an example (no '\n'): label, integers in decimal, categorical
+// values as 8 lower-case hex digits, missing ones empty.
+std::string format_ctr_line(const CtrExample& e);
+
+// Reads a file line by line. Empty lines are skipped; a malformed line throws
+// ps::ConfigError "path:line: why".
+class CtrReader {
+ public:
+  explicit CtrReader(const std::string& path);  // throws ps::ConfigError if it cannot be opened
+  bool next(CtrExample& out);                   // false at the end of the file
+  int64_t line_number() const { return line_number_; }  // of the last line read
+
+ private:
+  std::string path_;
+  std::ifstream in_;
+  std::string line_;
+  int64_t line_number_ = 0;
+};
+
+// Every example of a file (at most max_examples when >= 0).
+std::vector<CtrExample> read_ctr_file(const std::string& path, int64_t max_examples = -1);
+
+// --- features ---
+
+// Id of categorical field `field` (0..25) of e; a missing value has its own id.
+uint64_t ctr_feature_id(int field, const CtrExample& e);
+// The same from a raw (field, value); value kCtrMissing stands for a missing one.
+constexpr uint64_t kCtrMissing = uint64_t{1} << 32;
+uint64_t ctr_hash_feature(int field, uint64_t value);
+// Id of the cross of categorical fields a and b; differs from every single-field id.
+uint64_t ctr_cross_id(int a, int b, const CtrExample& e);
+
+struct FieldCross {
+  int a = 0;  // categorical field indices, 0..25
+  int b = 0;
+};
+// Crosses of neighbouring fields (C1 x C2, C3 x C4, ..., C25 x C26).
+std::vector<FieldCross> default_ctr_crosses();
+
+// ids (26) = ctr_feature_id(f, e) for every categorical field.
+void ctr_categorical_ids(const CtrExample& e, std::span<uint64_t> ids);
+// out (13) = sign(x) * log(1 + |x|) of each dense field, 0 where missing.
+void ctr_dense_features(const CtrExample& e, std::span<float> out);
+// ids = the 26 single-field ids, then one id per cross (replaces its contents).
+void ctr_wide_ids(const CtrExample& e, std::span<const FieldCross> crosses, std::vector<uint64_t>& ids);
+
+// The features of B examples side by side, as a trainer's step takes them.
+struct CtrBatch {
+  int64_t size = 0;               // B
+  std::vector<float> labels;      // (B)
+  std::vector<float> dense;       // (B, 13) ctr_dense_features
+  std::vector<uint64_t> ids;      // (B, 26) ctr_categorical_ids: the deep part's bags, one id each
+  std::vector<uint64_t> wide_ids; // (B, 26 + crosses) ctr_wide_ids
+};
+// Fills `batch` (buffers reused) from the examples.
+void make_ctr_batch(std::span<const CtrExample> examples, std::span<const FieldCross> crosses, CtrBatch& batch);
+
+}  // namespace ps

@@ -60,13 +60,15 @@ struct CtrFlags {
   std::string eval_file;       // empty: the last `holdout` of the training data
   int64_t synthetic = 0;       // > 0: this many examples from the planted model, in memory
   uint64_t synthetic_seed = 1;
+  int64_t synthetic_max_distinct = ps::CtrSyntheticOptions{}.max_distinct;
   double holdout = 0.1;
   int embedding_dim = 16;
   std::string hidden_units = "256,128";
   float embedding_learning_rate = 0.05f;  // Adagrad on the deep table
-  float wide_learning_rate = 0.05f;       // FTRL on the wide table
+  float wide_learning_rate = 0.01f;       // FTRL on the wide table
   float ftrl_l1 = 0.0f;
   float ftrl_l2 = 0.0f;
+  float embedding_init = 0.0f;  // rows start uniform in [-x, x]
   uint64_t row_limit = 0;      // per shard and table (0: none); at the limit the least recently used rows go
   int eval_every = 0;          // chief: evaluate every N local steps (0: twice per epoch)
   int eval_batch = 4096;
@@ -88,6 +90,7 @@ CtrDataSet load_data(const ps::TrainerFlags& f, const CtrFlags& c, int worker, i
     opt.examples = c.synthetic;
     opt.seed = c.synthetic_seed;
     opt.holdout_fraction = c.holdout;
+    opt.max_distinct = c.synthetic_max_distinct;
     opt.validate();
     const ps::CtrSynthetic gen(opt);
     d.train_total = gen.holdout_begin();
@@ -252,7 +255,8 @@ std::vector<ps::TableSpec> table_specs(const CtrFlags& c, uint64_t seed) {
   return {{.name = kDeepTable, .dim = static_cast<uint32_t>(c.embedding_dim), .dynamic = true,
            .placement = ps::TablePlacement::kHash,
            .optimizer = ps::RowOptimizerConfig::adagrad(c.embedding_learning_rate),
-           .init = ps::InitConfig::uniform(-0.05f, 0.05f, seed), .row_limit = c.row_limit, .on_limit = on_limit},
+           .init = c.embedding_init > 0 ? ps::InitConfig::uniform(-c.embedding_init, c.embedding_init, seed)
+                                       : ps::InitConfig::zeros(), .row_limit = c.row_limit, .on_limit = on_limit},
           {.name = kWideTable, .dim = 1, .dynamic = true, .placement = ps::TablePlacement::kHash,
            .optimizer = ps::RowOptimizerConfig::ftrl(c.wide_learning_rate, c.ftrl_l1, c.ftrl_l2),
            .init = ps::InitConfig::zeros(), .row_limit = c.row_limit, .on_limit = on_limit}};
@@ -520,6 +524,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--synthetic_seed", c.synthetic_seed, "--synthetic: the generator's seed (make_ctr_data --seed)")
       ->capture_default_str();
+  app.add_option("--synthetic_max_distinct", c.synthetic_max_distinct,
+                 "--synthetic: distinct values of C26 (make_ctr_data --max_distinct)")->capture_default_str();
   app.add_option("--holdout", c.holdout, "share of the examples, at the end, held out for evaluation")
       ->capture_default_str();
   app.add_option("--embedding_dim", c.embedding_dim, "floats per embedding row")->capture_default_str();
@@ -529,6 +535,8 @@ int main(int argc, char** argv) {
   app.add_option("--wide_learning_rate", c.wide_learning_rate, "FTRL rate of the wide table")->capture_default_str();
   app.add_option("--ftrl_l1", c.ftrl_l1, "FTRL L1 regularization strength")->capture_default_str();
   app.add_option("--ftrl_l2", c.ftrl_l2, "FTRL L2 regularization strength")->capture_default_str();
+  app.add_option("--embedding_init", c.embedding_init, "embedding rows start uniform in [-x, x] (0: zeros)")
+      ->capture_default_str();
   app.add_option("--row_limit", c.row_limit, "rows per table and shard (0: none); beyond it the least recently "
                                             "used rows are evicted")->capture_default_str();
   app.add_option("--eval_every", c.eval_every, "chief: evaluate every N local steps (0: twice per epoch)")

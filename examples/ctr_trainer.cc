@@ -322,6 +322,7 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
   if (c.holdout < 0 || c.holdout >= 1) throw ps::ConfigError("--holdout must be in [0, 1)");
   if (c.embedding_dim < 1 || c.embedding_dim > 1024) throw ps::ConfigError("--embedding_dim must be in [1, 1024]");
   if (c.eval_batch < 1) throw ps::ConfigError("--eval_batch must be >= 1");
+  if (f.num_gpus > 0) throw ps::ConfigError("--num_gpus: ctr_trainer computes on the CPU (give --num_gpus 0)");
   const ps::MlpShape shape = make_shape(c);
   // Data first: a bad file fails before anything connects.
   const auto load_start = Clock::now();
@@ -513,7 +514,7 @@ int main(int argc, char** argv) {
   CLI::App app{"ctr_trainer: wide & deep click-through prediction with embedding tables on psd"};
   ps::TrainerFlags f;
   f.epochs = 1;
-  f.batch_size = 256;
+  f.batch_size = 512;
   f.learning_rate = 0.001f;
   f.data_dir = "data/ctr";
   ps::add_trainer_flags(app, f);

@@ -157,6 +157,8 @@ class WideDeep {
     }
   }
   int64_t size() const { return batch_.size; }
+  size_t deep_rows() const { return deep_.ids.size(); }  // distinct ids of the prepared batch
+  size_t wide_rows() const { return wide_.ids.size(); }
 
   // The rows of both tables, all at once; each future the step read at.
   std::pair<std::future<int64_t>, std::future<int64_t>> pull_rows_async(ps::Client& client, int64_t min_step) {
@@ -409,11 +411,14 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
   // sync mode, waiting for the other workers), computing, pushing.
   double t_pull = 0, t_compute = 0, t_push = 0, t_other = 0;
   size_t cursor = 0;
+  double deep_rows = 0, wide_rows = 0;  // distinct ids per step, summed
   while (!session.should_stop() && !hooks.stop_requested()) {
     const auto t0 = Clock::now();
     const size_t n = std::min<size_t>(f.batch_size, data.train.size() - cursor);
     model.prepare(std::span(data.train).subspan(cursor, n));
     cursor = cursor + n == data.train.size() ? 0 : cursor + n;
+    deep_rows += static_cast<double>(model.deep_rows());
+    wide_rows += static_cast<double>(model.wide_rows());
     const auto t1 = Clock::now();
     // Rows wait for the step the dense pull will read (sync: the next one;
     // bounded staleness: within reach of the slowest worker).
@@ -463,9 +468,10 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
               static_cast<unsigned long long>(session.stale_steps()), 1e3 * t_pull / n, 100 * t_pull / step_total,
               1e3 * t_compute / n, 100 * t_compute / step_total, 1e3 * t_push / n, 100 * t_push / step_total,
               1e3 * t_other / n, 100 * t_other / step_total);
-  std::printf("SHARES worker=%d pull=%.3f compute=%.3f push=%.3f other=%.3f examples_per_sec=%.0f\n", worker,
-              t_pull / step_total, t_compute / step_total, t_push / step_total, t_other / step_total,
-              static_cast<double>(session.local_step()) * f.batch_size / secs);
+  std::printf("SHARES worker=%d pull=%.3f compute=%.3f push=%.3f other=%.3f examples_per_sec=%.0f "
+              "deep_rows_per_step=%.0f wide_rows_per_step=%.0f\n",
+              worker, t_pull / step_total, t_compute / step_total, t_push / step_total, t_other / step_total,
+              static_cast<double>(session.local_step()) * f.batch_size / secs, deep_rows / n, wide_rows / n);
   std::fflush(stdout);
 
   // Everyone meets once more so the chief evaluates the final model.

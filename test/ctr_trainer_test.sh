@@ -5,11 +5,11 @@
 #   test/ctr_trainer_test.sh BUILD_DIR async|sync [EXAMPLES] [MAX_DISTINCT] [TOL]
 # docs/ctr.md has the 1M-example check with the generator's defaults.
 set -uo pipefail
-build=$(cd "$1" && pwd); mode=$2; examples=${3:-300000}; max_distinct=${4:-30000}; tol=${5:-0.01}
+build=$(cd "$1" && pwd); mode=$2; examples=${3:-500000}; max_distinct=${4:-30000}; tol=${5:-0.01}
 cd "$(dirname "$0")/.."
 run=$(mktemp -d)
 trap 'rm -rf "$run"' EXIT
-flags=(--quiet --run_dir "$run" --timeout 280 --trainer "$build/examples/ctr_trainer")
+flags=(--quiet --run_dir "$run" --timeout 400 --trainer "$build/examples/ctr_trainer")
 [ "$mode" = sync ] && flags+=(--sync)
 BUILD_DIR="$build" scripts/launch_local.sh "${flags[@]}" -- --synthetic "$examples" \
   --synthetic_max_distinct "$max_distinct" --batch_size 512 --log_every 0 --logdir "$run/tb" --summary_every 20

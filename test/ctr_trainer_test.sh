@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The wide & deep trainer learns the planted click model: 1 ps + 3 workers
+# through scripts/launch_local.sh on --synthetic examples; the held-out AUC is
+# within TOL of the planted model's own AUC on the same held-out examples.
+#   test/ctr_trainer_test.sh BUILD_DIR async|sync [EXAMPLES] [MAX_DISTINCT] [TOL]
+# docs/ctr.md has the 1M-example check with the generator's defaults.
+set -uo pipefail
+build=$(cd "$1" && pwd); mode=$2; examples=${3:-500000}; max_distinct=${4:-30000}; tol=${5:-0.01}
+cd "$(dirname "$0")/.."
+run=$(mktemp -d)
+trap 'rm -rf "$run"' EXIT
+flags=(--quiet --run_dir "$run" --timeout 400 --trainer "$build/examples/ctr_trainer")
+[ "$mode" = sync ] && flags+=(--sync)
+BUILD_DIR="$build" scripts/launch_local.sh "${flags[@]}" -- --synthetic "$examples" \
+  --synthetic_max_distinct "$max_distinct" --batch_size 512 --log_every 0 --logdir "$run/tb" --summary_every 20
+rc=$?
+grep -h -E "^(planted|eval|==|RESULT)" "$run/worker0.log"
+grep -h "^SHARES" "$run"/worker*.log
+[ $rc = 0 ] || { echo "FAIL: launch_local exited $rc"; tail -n 20 "$run"/*.log; exit 1; }
+[ "$(cat "$run"/worker*.log | grep -c '^SHARES')" = 3 ] || { echo "FAIL: not every worker reported its step shares"; exit 1; }
+# The chief's summaries: loss while training, held-out AUC and log-loss at each evaluation.
+python3 scripts/check_events.py --unique "$run/tb" >"$run/events.txt" ||
+  { echo "FAIL: summaries"; tail -n 3 "$run/events.txt"; exit 1; }
+for tag in loss auc/holdout log_loss/holdout; do
+  grep -q "^$tag"$'\t'"step=" "$run/events.txt" || { echo "FAIL: no '$tag' scalar in the summaries"; head "$run/events.txt"; exit 1; }
+done
+result=$(grep -h '^RESULT' "$run/worker0.log")
+auc=$(sed -n 's/.* holdout_auc=\([0-9.]*\).*/\1/p' <<<"$result")
+planted=$(sed -n 's/.* planted_auc=\([0-9.]*\).*/\1/p' <<<"$result")
+[ -n "$auc" ] && [ -n "$planted" ] || { echo "FAIL: no RESULT line"; exit 1; }
+if python3 -c "import sys; sys.exit(0 if float('$auc') >= float('$planted') - $tol else 1)"; then
+  echo "PASS: $mode held-out AUC $auc within $tol of the planted model's $planted ($examples examples)"
+else
+  echo "FAIL: $mode held-out AUC $auc is more than $tol below the planted model's $planted ($examples examples)"; exit 1
+fi

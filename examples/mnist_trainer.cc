@@ -46,6 +46,7 @@ struct MnistFlags {
   bool stop_at_target = false;
   bool local = false;
   bool scale_lr = true;        // sync: learning rate x sqrt(replicas aggregated)
+  std::string restore_from;    // chief: start the job from this checkpoint directory
 };
 
 double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -249,7 +250,7 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
 
   spdlog::info("{}: {}", spec.to_string(), to_string(job));
   ps::Client client(f.client_options(spec));
-  ps::TrainingSession session(client, {.job = job});
+  ps::TrainingSession session(client, {.job = job, .restore_from = chief ? m.restore_from : std::string()});
   // Every variable pulls straight into the engine's flat parameter buffer and
   // pushes straight from its gradient buffer: no copies on the worker.
   std::span<float> params = towers.host_params(), grads = towers.host_grads();
@@ -265,15 +266,27 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
   // The chief's job decides: a worker started with other mode flags trains
   // in the job's mode, and counts its progress and epochs by it too.
   if (session.job().train_steps > 0) steps = session.job().train_steps;
+  // A job restored from a checkpoint goes on from its step: one already at
+  // its stop step has nothing left to train.
+  const int64_t start_global = client.stats().front().global_step;
+  if (steps > 0 && start_global >= steps) {
+    std::printf("worker %d: the job already finished at global step %lld (its stop step): nothing to train. To go "
+                "on, run it again with more --train_steps or --epochs.\n",
+                worker, static_cast<long long>(start_global));
+    std::fflush(stdout);
+    if (chief) session.end();  // the ps tasks exit once every worker has disconnected
+    return 0;
+  }
   per_global = static_cast<int64_t>(f.batch_size) *
                (session.job().mode == ps::SyncMode::kSync ? std::max<int64_t>(1, session.job().replicas_to_aggregate) : 1);
   if (chief) {
     std::printf("worker %d (chief): %s, %s lr %g, batch %d, %s, %lld global steps (%.2f epochs of %lld examples), "
-                "%d workers, %d ps\n",
+                "%d workers, %d ps%s\n",
                 worker, shape.to_string().c_str(), f.optimizer.c_str(), f.learning_rate, f.batch_size,
                 to_string(session.job()).c_str(), static_cast<long long>(steps),
                 static_cast<double>(steps) * per_global / data.train.size, static_cast<long long>(data.train.size),
-                spec.num_workers(), spec.num_ps());
+                spec.num_workers(), spec.num_ps(),
+                start_global > 0 ? fmt::format("; going on from global step {}", start_global).c_str() : "");
   } else {
     std::printf("worker %d: model ready, training (%s)\n", worker, to_string(session.job()).c_str());
   }
@@ -365,8 +378,9 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
     Evaluation e = ev.run(global, static_cast<double>(global) * per_global / data.train.size);
     const char* mode = job.mode == ps::SyncMode::kSync ? "sync"
                        : job.mode == ps::SyncMode::kBoundedStaleness ? "bounded-staleness" : "async";
+    // The rate counts the steps trained here, not those a restored job brought.
     print_result(mode, e, global, static_cast<double>(global) * per_global / data.train.size, secs,
-                 static_cast<double>(global) * per_global, ev);
+                 static_cast<double>(global - start_global) * per_global, ev);
     if (summaries) summaries->flush();
     session.end();  // the ps tasks exit once every worker has disconnected
   }
@@ -397,6 +411,9 @@ int main(int argc, char** argv) {
   app.add_flag("--stop_at_target", m.stop_at_target, "--local: stop once the target accuracy is reached");
   app.add_option("--scale_lr", m.scale_lr, "sync: multiply the learning rate by sqrt(replicas_to_aggregate)")
       ->capture_default_str();
+  app.add_option("--restore_from", m.restore_from,
+                 "chief: start the job from the newest checkpoint in this directory (a ps --checkpoint_dir) and go "
+                 "on from its step");
   app.add_flag("--local", m.local, "train in this process alone: no cluster, no psd (for comparison)");
   ps::PsTaskFlags psf;
   ps::add_ps_task_flags(app, psf);

@@ -20,10 +20,26 @@ void JobState::configure(const JobConfig& config) {
   if (configured_) {
     // start_step only says where a new job begins: a chief restarted with
     // restore_from names the newest checkpoint's step, and the job goes on.
+    // The stop step may move (a job resumed and extended) as long as it
+    // stays ahead of where the job is; the rest would change what the
+    // running workers and the stored state mean.
     JobConfig same = config;
     same.start_step = config_.start_step;
+    same.train_steps = config_.train_steps;
     if (!(same == config_)) {
-      throw RequestError("initJob: the job is already configured as " + to_string(config_) + ", not " + to_string(config));
+      throw RequestError("initJob: the job is already configured as " + to_string(config_) + ", not " +
+                         to_string(config) + " (only the stop step may change when a job goes on)");
+    }
+    if (config.train_steps != config_.train_steps) {
+      if (config.train_steps > 0 && config.train_steps < global_step_) {
+        throw RequestError("initJob: the job is at global step " + std::to_string(global_step_) +
+                           ", past the stop step " + std::to_string(config.train_steps) +
+                           " asked for: give more steps (or epochs) to go on");
+      }
+      spdlog::info("job goes on: stop step {} -> {} (at global step {})", config_.train_steps, config.train_steps,
+                   global_step_);
+      config_.train_steps = config.train_steps;
+      if (!stop_reached()) finished_ = false;
     }
     return;
   }

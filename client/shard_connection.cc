@@ -203,6 +203,20 @@ kj::Promise<kj::Own<ShardConnection>> connect_and_hello(kj::UnixEventPort& io, i
       });
 }
 
+// Says every few seconds what a connection still waits for: a worker
+// started before its psd would otherwise sit in silence for the whole
+// connect timeout. Never resolves; the caller drops it once connected.
+kj::Promise<void> say_still_waiting(kj::Timer& timer, int index, std::string address, kj::TimePoint start,
+                                    std::chrono::milliseconds timeout) {
+  constexpr kj::Duration kEvery = 5 * kj::SECONDS;
+  return timer.afterDelay(kEvery).then([&timer, index, address, start, timeout]() {
+    const int64_t waited = (clock_now() - start) / kj::SECONDS;
+    spdlog::info("waiting for ps {} (shard {}): {} s of {} s (--connect_timeout); is psd running there?", address,
+                 index, waited, timeout.count() / 1000);
+    return say_still_waiting(timer, index, address, start, timeout);
+  });
+}
+
 }  // namespace
 
 std::string shard_order_problem(const ShardConnection& c, std::size_t index, std::size_t count) {
@@ -227,7 +241,9 @@ kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::UnixEventPort& io, int i
       .exclusiveJoin(io.getTimer().atTime(deadline + kHelloGrace).then([address, waited]() -> kj::Promise<kj::Own<ShardConnection>> {
         return disconnected(fmt::format("psd at {} did not answer hello within {:.1f} s (the connection was not "
                                         "accepted, or psd said nothing)", address, waited / 1000.0));
-      }));
+      }))
+      .exclusiveJoin(say_still_waiting(io.getTimer(), index, address, clock_now(), timeout)
+                         .then([]() -> kj::Promise<kj::Own<ShardConnection>> { return kj::NEVER_DONE; }));
 }
 
 }  // namespace ps

@@ -361,7 +361,7 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
 
   // Everyone meets once more so the chief reads the final parameters.
   try {
-    client.barrier("mnist_trainer/end", static_cast<uint32_t>(spec.num_workers()), std::chrono::seconds(60));
+    session.barrier("mnist_trainer/end", static_cast<uint32_t>(spec.num_workers()), std::chrono::seconds(60));
   } catch (const ps::Error& e) {
     spdlog::warn("worker {}: end barrier: {} (going on)", worker, e.what());
   }

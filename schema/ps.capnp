@@ -198,6 +198,8 @@ struct ShardStats {
   lastCheckpointStep @17 :Int64;   # -1: none yet
   lastCheckpointUnixSecs @18 :Float64;
   sharedBytes @19 :UInt64;      # tensor bytes pushed and pulled through shared memory (also in bytesIn/bytesOut)
+  waits @20 :List(Text);        # what the job has waited for over a few seconds, one line each (a sync step
+                                # and the workers it misses, a barrier): for people, not parsed
 }
 
 interface Shard {

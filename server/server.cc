@@ -246,7 +246,7 @@ void PsServer::run(kj::Promise<void> stop) {
   if (impl_->checkpointer && o.checkpoint.every_secs > 0) {
     serving = serving.exclusiveJoin(impl_->checkpointer->run_periodic(io.provider->getTimer()));
   }
-  if (o.shard.worker_timeout_secs > 0) serving = serving.exclusiveJoin(impl_->shard.watch_workers(io.provider->getTimer()));
+  serving = serving.exclusiveJoin(impl_->shard.watch_workers(io.provider->getTimer()));  // timeouts; waits said in the log
   if (local) serving = serving.exclusiveJoin(impl_->accept_loop(*local, "unix"));
   if (http) {
     // Same event loop as the RPC: the handlers read the shard without locks.

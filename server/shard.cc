@@ -610,6 +610,8 @@ void Shard::stats(wire::ShardStats::Builder out) const {
   out.setSharedBytes(counters_.shared_bytes);
   out.setLastCheckpointStep(counters_.last_checkpoint_step);
   out.setLastCheckpointUnixSecs(counters_.last_checkpoint_unix_secs);
+  auto waits = out.initWaits(static_cast<unsigned>(current_waits_.size()));
+  for (unsigned w = 0; w < current_waits_.size(); ++w) waits.set(w, current_waits_[w]);
   auto workers = out.initWorkers(static_cast<unsigned>(job_.workers().size()));
   unsigned i = 0;
   for (const auto& [index, w] : job_.workers()) {

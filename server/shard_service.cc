@@ -200,7 +200,7 @@ kj::Promise<void> ShardServiceImpl::barrier(BarrierContext context) {
   return guarded(RequestKind::kBarrier, [&]() -> kj::Promise<void> {
     auto p = context.getParams();
     const uint32_t ms = std::min<uint32_t>(p.getTimeoutMs(), 3'600'000);
-    return shard_.job().barrier(p.getName(), p.getCount(), ms * kj::MILLISECONDS).then([context](uint32_t n) mutable {
+    return shard_.job().barrier(p.getName(), p.getCount(), ms * kj::MILLISECONDS, caller_.worker_index).then([context](uint32_t n) mutable {
       context.getResults().setArrived(n);
     });
   });

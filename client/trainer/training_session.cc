@@ -5,11 +5,27 @@
 
 #include <spdlog/spdlog.h>
 
+#include "client/trainer/wait_watcher.h"
 #include "ps/checkpoint.h"
 
 namespace ps {
 
+namespace {
+// Marks a call under way for the WaitWatcher (none: nothing), to its end.
+struct Watching {
+  Watching(WaitWatcher* w, const char* what) : watch(w) {
+    if (watch) watch->begin(what);
+  }
+  ~Watching() {
+    if (watch) watch->end();
+  }
+  WaitWatcher* watch;
+};
+}  // namespace
+
 TrainingSession::TrainingSession(Client& client, SessionOptions options) : client_(client), options_(std::move(options)) {}
+
+TrainingSession::~TrainingSession() = default;
 
 void TrainingSession::add_variable(const TensorSpec& spec, std::span<float> values, std::span<float> grads) {
   if (initialized_) throw ConfigError("add_variable('" + spec.name + "') after initialize()");
@@ -51,6 +67,7 @@ void TrainingSession::initialize() {
   // restarted worker going on from 0 was ignored until it passed its old
   // count, and the others ran that far past max_staleness meanwhile.
   if (options_.job.mode == SyncMode::kBoundedStaleness) local_step_ = std::max(local_step_, client_.recorded_step());
+  watch_ = std::make_unique<WaitWatcher>(client_, client_.options().worker_index);
   initialized_ = true;
 }
 
@@ -132,7 +149,13 @@ int64_t TrainingSession::pull() {
     case SyncMode::kBoundedStaleness: min_step = local_step_; break;
     case SyncMode::kAsync: break;
   }
-  PullResult r = client_.pull(names_, values_, min_step);
+  PullResult r;
+  {
+    Watching w(watch_.get(), options_.job.mode == SyncMode::kSync               ? "pull for the next sync step"
+                             : options_.job.mode == SyncMode::kBoundedStaleness ? "pull (waits for the slowest worker)"
+                                                                                 : "pull");
+    r = client_.pull(names_, values_, min_step);
+  }
   pulled_step_ = r.step;
   if (options_.job.mode == SyncMode::kSync) {
     global_step_ = r.step;
@@ -146,7 +169,11 @@ StepOutcome TrainingSession::push() {
   const int64_t step = options_.job.mode == SyncMode::kBoundedStaleness ? local_step_ : pulled_step_;
   // The step report rides on the push: the shard counts it once the
   // gradients are in, without another round trip.
-  PushResult p = client_.push_and_step(names_, grads_, step, local_step_);
+  PushResult p;
+  {
+    Watching w(watch_.get(), "push");
+    p = client_.push_and_step(names_, grads_, step, local_step_);
+  }
 
   StepOutcome out;
   out.step = pulled_step_;
@@ -176,6 +203,11 @@ StepOutcome TrainingSession::run_step(const std::function<void()>& compute) {
   if (stop_) return StepOutcome{pulled_step_, global_step_, false, true};
   compute();
   return push();
+}
+
+uint32_t TrainingSession::barrier(const std::string& name, uint32_t count, std::chrono::milliseconds timeout) {
+  Watching w(watch_.get(), "barrier");
+  return client_.barrier(name, count, timeout);
 }
 
 void TrainingSession::end() {

@@ -145,6 +145,8 @@ struct JobConfig {
   maxStaleness @3 :UInt32;          # boundedStaleness
   trainSteps @4 :Int64;             # stop condition; 0 = none
   startStep @5 :Int64;              # the global step a new job starts at (restored from a checkpoint)
+  workerHosts @6 :List(Text);       # the chief's cluster as it was started (informational: each worker
+  psHosts @7 :List(Text);           # checks its own against it at waitReady); empty: not given
 }
 
 struct ShardInfo {

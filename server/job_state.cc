@@ -27,6 +27,8 @@ void JobState::configure(const JobConfig& config) {
     JobConfig same = config;
     same.start_step = config_.start_step;
     same.train_steps = config_.train_steps;
+    same.worker_hosts = config_.worker_hosts;
+    same.ps_hosts = config_.ps_hosts;
     if (!(same == config_)) {
       throw RequestError("initJob: the job is already configured as " + to_string(config_) + ", not " +
                          to_string(config) + " (only the stop step may change when a job goes on)");

@@ -122,6 +122,8 @@ JobConfig TrainerFlags::job_config(const ClusterSpec& spec, int64_t steps) const
   JobConfig c;
   c.total_replicas = static_cast<uint32_t>(spec.num_workers());
   c.train_steps = steps;
+  c.worker_hosts = spec.worker_hosts();
+  c.ps_hosts = spec.ps_hosts();
   if (sync_replicas) {
     c.mode = SyncMode::kSync;
     c.replicas_to_aggregate = static_cast<uint32_t>(replicas(spec));

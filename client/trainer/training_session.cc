@@ -60,6 +60,7 @@ void TrainingSession::initialize() {
       spdlog::info("worker {}: waiting for the chief to initialise the model ({} s)", client_.options().worker_index,
                    std::chrono::duration_cast<std::chrono::seconds>(waited).count());
     }
+    check_same_cluster(client_.job());
     options_.job = client_.job();
     check_declared_as_created();
   }
@@ -69,6 +70,34 @@ void TrainingSession::initialize() {
   if (options_.job.mode == SyncMode::kBoundedStaleness) local_step_ = std::max(local_step_, client_.recorded_step());
   watch_ = std::make_unique<WaitWatcher>(client_, client_.options().worker_index);
   initialized_ = true;
+}
+
+namespace {
+std::string joined(const std::vector<std::string>& hosts) {
+  std::string out;
+  for (const auto& h : hosts) out += (out.empty() ? "" : ",") + h;
+  return out;
+}
+}  // namespace
+
+void TrainingSession::check_same_cluster(const JobConfig& chiefs) const {
+  // A worker started with another cluster than the chief's trains, but
+  // the end barrier counts the wrong number of workers, or a worker index
+  // means another task: refused here, at the start, with both lists.
+  const JobConfig& mine = options_.job;
+  const std::string who = "worker " + std::to_string(client_.options().worker_index);
+  auto differ = [&](const char* flag, const std::vector<std::string>& a, const std::vector<std::string>& b) {
+    if (a.empty() || b.empty() || a == b) return;
+    throw ConfigError(who + " was started with " + flag + "=" + joined(a) + " (" + std::to_string(a.size()) +
+                      "), the chief with " + flag + "=" + joined(b) + " (" + std::to_string(b.size()) +
+                      "): start every task with the same cluster");
+  };
+  differ("--worker_hosts", mine.worker_hosts, chiefs.worker_hosts);
+  differ("--ps_hosts", mine.ps_hosts, chiefs.ps_hosts);
+  if (mine.total_replicas > 0 && chiefs.total_replicas > 0 && mine.total_replicas != chiefs.total_replicas) {
+    throw ConfigError(who + " counts " + std::to_string(mine.total_replicas) + " workers, the chief's job " +
+                      std::to_string(chiefs.total_replicas) + ": start every task with the same --worker_hosts");
+  }
 }
 
 void TrainingSession::check_declared_as_created() {

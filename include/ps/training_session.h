@@ -100,6 +100,9 @@ class TrainingSession {
   // Another worker: the variables as declared here are those the chief
   // created, with the same shapes, on the same shards; throws ConfigError.
   void check_declared_as_created();
+  // Another worker: started with the chief's cluster (the lists and the
+  // worker count in its job); throws ConfigError naming both.
+  void check_same_cluster(const JobConfig& chiefs) const;
 
   Client& client_;
   SessionOptions options_;

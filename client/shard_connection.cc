@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/for_people.h"
 #include "common/net/client_loop.h"
 #include "common/net/host_id.h"
 #include "common/net/socket_stream.h"
@@ -23,7 +24,7 @@ kj::Promise<kj::Own<SocketStream>> connect_with_retry(kj::UnixEventPort& io, std
       .catch_([&io, address, deadline, delay](kj::Exception&& e) -> kj::Promise<kj::Own<SocketStream>> {
         const kj::TimePoint now = clock_now();
         if (now + delay > deadline) {
-          return disconnected("cannot reach psd at " + address + ": " + e.getDescription().cStr());
+          return disconnected("cannot reach psd at " + address + ": " + for_people(e.getDescription().cStr()));
         }
         spdlog::debug("psd at {} not reachable yet ({}); retrying", address, e.getDescription().cStr());
         return io.getTimer().atTime(now + delay).then([&io, address, deadline, delay] {
@@ -118,6 +119,7 @@ kj::Promise<kj::Own<ShardConnection>> say_hello(kj::Own<ShardConnection> conn, c
     conn->job = job_from_wire(info.getJob());
     conn->hello_step = conn->last_step = info.getGlobalStep();
     conn->instance_id = info.getInstanceId();
+    conn->tensors = info.getTensors();
     spdlog::debug("connected to {} via {} ({}, shard {}/{})", conn->address, conn->via, info.getServerVersion().cStr(),
                   info.getShardIndex(), info.getNumShards());
     if (shared_bytes > 0 && info.getSharedMemory() && conn->via.rfind("unix:", 0) == 0) {

@@ -163,6 +163,16 @@ void print_result(const char* mode, const Evaluation& e, int64_t global_steps, d
   std::fflush(stdout);
 }
 
+// Loading and decompressing the data takes seconds: said before and after.
+ps::MnistData load_data(const ps::TrainerFlags& f, const MnistFlags& m, const std::string& who) {
+  spdlog::info("{}: loading data from {} ...", who, f.data_dir);
+  const auto start = Clock::now();
+  ps::MnistData data = ps::MnistData::load(f.data_dir, m.validation_size);
+  spdlog::info("{}: {} training, {} validation, {} test examples loaded in {}", who, data.train.size,
+               data.validation.size, data.test.size, ps::format_duration(seconds(start, Clock::now())));
+  return data;
+}
+
 int eval_interval(const MnistFlags& m, int64_t train_examples, int64_t examples_per_local_step) {
   if (m.eval_every > 0) return m.eval_every;
   return static_cast<int>(std::max<int64_t>(1, train_examples / examples_per_local_step / 2));
@@ -170,7 +180,7 @@ int eval_interval(const MnistFlags& m, int64_t train_examples, int64_t examples_
 
 // --local: the same step loop in one process, no cluster and no psd.
 int run_local(const ps::TrainerFlags& f, const MnistFlags& m) {
-  auto data = ps::MnistData::load(f.data_dir, m.validation_size);
+  auto data = load_data(f, m, "local");
   const ps::MlpShape shape = make_shape(m, data);
   ps::Towers towers = make_towers(shape, f, -1);
   ps::init_params(shape, towers.host_params(), f.seed);
@@ -237,7 +247,7 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
   // larger step (the square-root rule, suited to Adam).
   if (f.sync_replicas && m.scale_lr) f.learning_rate *= static_cast<float>(std::sqrt(f.replicas(spec)));
   // Data first: a bad file fails before anything connects.
-  auto data = ps::MnistData::load(f.data_dir, m.validation_size);
+  auto data = load_data(f, m, "worker " + std::to_string(spec.worker_index()));
   const ps::MlpShape shape = make_shape(m, data);
   ps::Towers towers = make_towers(shape, f, spec.local_gpu());
   ps::DataShard shard(data.train, spec.worker_index(), spec.num_workers(), f.seed);

@@ -166,6 +166,7 @@ struct ShardInfo {
   instanceId @12 :UInt64;      # drawn at random when psd starts (0: an older psd). A client that
                                # reconnects to another instance knows psd restarted: what it sent
                                # since psd's last checkpoint may be lost, even at the same global step
+  tensors @13 :UInt64;         # tensors the shard holds: a restarted psd with none lost the model (no checkpoint)
 }
 
 struct WorkerState {

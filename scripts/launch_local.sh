@@ -158,7 +158,10 @@ start_worker() {
     # tty), and both streams in its log (its error lines with them).
     if [ -t 2 ]; then
       : >"$run_dir/worker$i.log"
-      "${cmd[@]}" > >(tee -a "$run_dir/worker$i.log") 2> >(tee -a "$run_dir/worker$i.log" >&2) &
+      # Its streams reach the terminal through tee: the progress bar goes
+      # to the terminal itself (PS_PROGRESS_TTY), and stays out of the log.
+      PS_PROGRESS_TTY=$(readlink /proc/$$/fd/2) \
+        "${cmd[@]}" > >(tee -a "$run_dir/worker$i.log") 2> >(tee -a "$run_dir/worker$i.log" >&2) &
     else
       "${cmd[@]}" > >(tee "$run_dir/worker$i.log") 2>&1 &
     fi

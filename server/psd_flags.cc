@@ -111,8 +111,10 @@ void add_psd_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x, PsdFrontDo
     app.add_option("--unix_socket", o.unix_socket, "also listen on this Unix-domain socket (fast path on one host)");
     app.add_option("--shard_index", o.shard.shard_index, "this shard's index")->capture_default_str();
     app.add_option("--num_shards", o.shard.num_shards, "number of shards in the job")->capture_default_str();
-    app.add_option("--ps_hosts", x.ps_hosts, "comma-separated ps host:port list; with --task_index sets shard and port")
-        ->each([&x](const std::string&) { x.ps_hosts_given = true; });
+    // expected(0, 1): "--ps_hosts=" is given and empty, not a taker of the next argument.
+    x.ps_hosts_option =
+        app.add_option("--ps_hosts", x.ps_hosts, "comma-separated ps host:port list; with --task_index sets shard and port")
+            ->expected(0, 1);
     app.add_option("--task_index", x.task_index, "this ps task's index in --ps_hosts");
   }
   app.add_option("--bind", o.bind,
@@ -167,7 +169,7 @@ void finish_psd_flags(ServerOptions& o, PsdFlagValues& x, const std::optional<Ps
 
   if (place) {
     apply_place(o, x, *place);
-  } else if (x.ps_hosts_given || !x.ps_hosts.empty() || x.task_index >= 0) {
+  } else if ((x.ps_hosts_option && x.ps_hosts_option->count() > 0) || !x.ps_hosts.empty() || x.task_index >= 0) {
     const std::vector<std::string> hosts = split_host_list(x.ps_hosts, "--ps_hosts");
     if (x.task_index < 0 || x.task_index >= static_cast<int>(hosts.size())) {
       throw ConfigError("--task_index " + std::to_string(x.task_index) + " is outside --ps_hosts (" +

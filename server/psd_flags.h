@@ -41,7 +41,7 @@ struct PsdFlagValues {
   std::string http_port = "0";  // 0: no HTTP; "any": a free port
   std::string auth_token_file;
   std::optional<int> nice;  // unset: the priority psd was started with
-  bool ps_hosts_given = false;  // --ps_hosts on the command line, even empty
+  const CLI::Option* ps_hosts_option = nullptr;  // count() > 0: --ps_hosts given, even empty
   bool bind_given = false;  // --bind on the command line (else it follows the shard's host)
   // Shared flags (kTrainer): copy the trainer's value into psd's where given.
   std::vector<std::function<void()>> take_shared;

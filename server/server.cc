@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "server/monitoring_http.h"
+#include "common/for_people.h"
 #include "common/malloc_tuning.h"
 #include "ps/errors.h"
 #include "server/shard_service.h"
@@ -210,8 +211,8 @@ void PsServer::run(kj::Promise<void> stop) {
     auto addr = io.provider->getNetwork().parseAddress(o.bind, static_cast<uint>(o.port)).wait(io.waitScope);
     tcp = addr->listen();
   } catch (const kj::Exception& e) {
-    throw ConfigError("psd: cannot listen on " + o.bind + ":" + std::to_string(o.port) + ": " +
-                      e.getDescription().cStr());
+    throw ConfigError("psd: cannot listen on " + o.bind + ":" + std::to_string(o.port) + " (--bind, --port): " +
+                      for_people(e.getDescription().cStr()));
   }
   const int port = static_cast<int>(tcp->getPort());
   if (!o.unix_socket.empty()) {
@@ -219,7 +220,8 @@ void PsServer::run(kj::Promise<void> stop) {
     try {
       local = io.provider->getNetwork().parseAddress("unix:" + o.unix_socket).wait(io.waitScope)->listen();
     } catch (const kj::Exception& e) {
-      throw ConfigError("psd: cannot listen on unix:" + o.unix_socket + ": " + e.getDescription().cStr());
+      throw ConfigError("psd: cannot listen on unix:" + o.unix_socket + " (--unix_socket): " +
+                        for_people(e.getDescription().cStr()));
     }
   }
   kj::Own<kj::ConnectionReceiver> http;
@@ -227,8 +229,8 @@ void PsServer::run(kj::Promise<void> stop) {
     try {
       http = io.provider->getNetwork().parseAddress(o.bind, *o.http_port).wait(io.waitScope)->listen();
     } catch (const kj::Exception& e) {
-      throw ConfigError(fmt::format("psd: cannot listen for HTTP on {}:{}: {}", o.bind, *o.http_port,
-                                    e.getDescription().cStr()));
+      throw ConfigError(fmt::format("psd: cannot listen for HTTP on {}:{} (--http_port): {}", o.bind, *o.http_port,
+                                    for_people(e.getDescription().cStr())));
     }
     // Before port_file: whoever waits for port_file may read this one at once.
     if (!o.http_port_file.empty()) write_port_file(o.http_port_file, static_cast<int>(http->getPort()));

@@ -639,6 +639,7 @@ void Shard::info(wire::ShardInfo::Builder out) const {
   out.setUnixSocket(options_.unix_socket);
   out.setHostId(host_id());
   out.setInstanceId(instance_id_);
+  out.setTensors(store_.count());
   out.setSharedMemory(!options_.unix_socket.empty() && options_.max_shared_memory_bytes > 0);
   out.setAllowsNonfinite(options_.allow_nonfinite);
   job_to_wire(job_.config(), out.initJob());

@@ -94,7 +94,10 @@ std::string status_json(const Shard& shard, const ProgressHistory& history, doub
   o += fmt::format("\"last_checkpoint_step\":{},\"last_checkpoint_unix_secs\":{},", shard.last_checkpoint_step(),
                    number(shard.last_checkpoint_unix_secs()));
   o += "\"waits\":[";
-  for (std::size_t i = 0; i < shard.current_waits().size(); ++i) o += (i ? "," : "") + quote(shard.current_waits()[i]);
+  for (std::size_t i = 0; i < shard.current_waits().size(); ++i) {
+    if (i) o += ',';
+    o += quote(shard.current_waits()[i]);
+  }
   o += "],";
 
   o += "\"tensors\":[";

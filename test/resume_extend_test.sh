@@ -47,6 +47,8 @@ start_ps ps1 --checkpoint_dir "$tmp/ck"
 chief first 20 || fail "first job: exit $? $(cat "$tmp/first.err")"
 wait_ps
 grep -q "== 20 global steps" "$tmp/first.out" || fail "first job did not train 20 steps: $(cat "$tmp/first.out")"
+# Start-up says what it does while the data loads, before it trains.
+grep -q "worker 0: loading data from $tmp/data" "$tmp/first.out" || fail "no word while the data loads: $(head -n 3 "$tmp/first.out")"
 ls "$tmp/ck"/shard-0-of-1/*.psckpt >/dev/null 2>&1 || fail "no checkpoint in $tmp/ck: $(cat "$tmp/ps1.log")"
 
 # 2. The same job again: finished, exit 0, no training, no rates.

@@ -160,7 +160,7 @@ start_worker() {
       : >"$run_dir/worker$i.log"
       # Its streams reach the terminal through tee: the progress bar goes
       # to the terminal itself (PS_PROGRESS_TTY), and stays out of the log.
-      PS_PROGRESS_TTY=$(readlink /proc/$$/fd/2) \
+      PS_PROGRESS_TTY=$(readlink /proc/self/fd/2) \
         "${cmd[@]}" > >(tee -a "$run_dir/worker$i.log") 2> >(tee -a "$run_dir/worker$i.log" >&2) &
     else
       "${cmd[@]}" > >(tee "$run_dir/worker$i.log") 2>&1 &

@@ -2,7 +2,7 @@
 # scripts/launch_local.sh on a terminal follows the chief with a progress
 # bar and ETA (docs/first-hour.md), though the chief's streams go through
 # tee into its log: run in a pseudo-terminal, the bar shows there, and the
-# log holds the lines without the bar.
+# log holds the lines without the bar; the launcher names psd's status page.
 #   test/progress_bar_test.sh BUILD_DIR
 set -uo pipefail
 build=$(cd "$1" && pwd)
@@ -45,6 +45,8 @@ if "worker 0 | epoch" not in text:
     fails.append("no progress lines on the terminal")
 if "ETA" in log or "\r" in log:
     fails.append("the bar went into the log")
+if "launch_local: ps0 status page: http://127.0.0.1:" not in text:
+    fails.append("no status page address on the terminal")
 if "worker 0 | epoch" not in log:
     fails.append("no progress lines in the log")
 if fails:

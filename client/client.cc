@@ -303,6 +303,7 @@ std::vector<ShardStats> Client::stats() {
                               o.max_staleness = st.getMaxStaleness();
                               o.last_checkpoint_step = st.getLastCheckpointStep();
                               o.last_checkpoint_unix_secs = st.getLastCheckpointUnixSecs();
+                              for (auto w : st.getWaits()) o.waits.emplace_back(w.cStr(), w.size());
                               for (auto w : st.getWorkers()) {
                                 o.workers.push_back({w.getWorkerIndex(), w.getStep(), w.getConnected(), w.getPushes(),
                                                      w.getStale()});

@@ -41,6 +41,17 @@ kj::Promise<void> Reconnector::reconnect(int index, uint64_t generation, const k
                 const bool new_process =
                     fresh->instance_id != 0 && slot->instance_id != 0 && fresh->instance_id != slot->instance_id;
                 const bool back = fresh->hello_step < slot->last_step;
+                // One that holds nothing where the model was had no checkpoint to
+                // restore: whatever this client does next fails on unknown
+                // tensors. The job stops, saying why (docs/first-hour.md).
+                const bool had_model = slot->tensors > 0 || slot->last_step > 0;
+                if ((new_process || back) && fresh->tensors == 0 && had_model) {
+                  pending_[index].done = true;
+                  kj::throwFatalException(kj::Exception(
+                      kj::Exception::Type::FAILED, __FILE__, __LINE__,
+                      kj::str("shard ", index, " (", fresh->address, ") came back empty: psd restarted without a "
+                              "checkpoint, and the model is lost; start psd with --checkpoint_dir to survive restarts")));
+                }
                 fresh->rolled_back = new_process || back;
                 if (fresh->rolled_back) ++rollbacks_;
                 if (back) {

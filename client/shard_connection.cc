@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/for_people.h"
 #include "common/net/client_loop.h"
 #include "common/net/host_id.h"
 #include "common/net/socket_stream.h"
@@ -23,7 +24,7 @@ kj::Promise<kj::Own<SocketStream>> connect_with_retry(kj::UnixEventPort& io, std
       .catch_([&io, address, deadline, delay](kj::Exception&& e) -> kj::Promise<kj::Own<SocketStream>> {
         const kj::TimePoint now = clock_now();
         if (now + delay > deadline) {
-          return disconnected("cannot reach psd at " + address + ": " + e.getDescription().cStr());
+          return disconnected("cannot reach psd at " + address + ": " + for_people(e.getDescription().cStr()));
         }
         spdlog::debug("psd at {} not reachable yet ({}); retrying", address, e.getDescription().cStr());
         return io.getTimer().atTime(now + delay).then([&io, address, deadline, delay] {
@@ -118,6 +119,7 @@ kj::Promise<kj::Own<ShardConnection>> say_hello(kj::Own<ShardConnection> conn, c
     conn->job = job_from_wire(info.getJob());
     conn->hello_step = conn->last_step = info.getGlobalStep();
     conn->instance_id = info.getInstanceId();
+    conn->tensors = info.getTensors();
     spdlog::debug("connected to {} via {} ({}, shard {}/{})", conn->address, conn->via, info.getServerVersion().cStr(),
                   info.getShardIndex(), info.getNumShards());
     if (shared_bytes > 0 && info.getSharedMemory() && conn->via.rfind("unix:", 0) == 0) {
@@ -203,6 +205,20 @@ kj::Promise<kj::Own<ShardConnection>> connect_and_hello(kj::UnixEventPort& io, i
       });
 }
 
+// Says every few seconds what a connection still waits for: a worker
+// started before its psd would otherwise sit in silence for the whole
+// connect timeout. Never resolves; the caller drops it once connected.
+kj::Promise<void> say_still_waiting(kj::Timer& timer, int index, std::string address, kj::TimePoint start,
+                                    std::chrono::milliseconds timeout) {
+  constexpr kj::Duration kEvery = 5 * kj::SECONDS;
+  return timer.afterDelay(kEvery).then([&timer, index, address, start, timeout]() {
+    const int64_t waited = (clock_now() - start) / kj::SECONDS;
+    spdlog::info("waiting for ps {} (shard {}): {} s of {} s (--connect_timeout); is psd running there?", address,
+                 index, waited, timeout.count() / 1000);
+    return say_still_waiting(timer, index, address, start, timeout);
+  });
+}
+
 }  // namespace
 
 std::string shard_order_problem(const ShardConnection& c, std::size_t index, std::size_t count) {
@@ -227,7 +243,9 @@ kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::UnixEventPort& io, int i
       .exclusiveJoin(io.getTimer().atTime(deadline + kHelloGrace).then([address, waited]() -> kj::Promise<kj::Own<ShardConnection>> {
         return disconnected(fmt::format("psd at {} did not answer hello within {:.1f} s (the connection was not "
                                         "accepted, or psd said nothing)", address, waited / 1000.0));
-      }));
+      }))
+      .exclusiveJoin(say_still_waiting(io.getTimer(), index, address, clock_now(), timeout)
+                         .then([]() -> kj::Promise<kj::Own<ShardConnection>> { return kj::NEVER_DONE; }));
 }
 
 }  // namespace ps

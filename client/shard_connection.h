@@ -39,6 +39,7 @@ struct ShardConnection {
   uint64_t generation = 0;
   uint64_t instance_id = 0;  // ShardInfo.instanceId: another one on reconnection means psd restarted
   int64_t hello_step = 0;
+  uint64_t tensors = 0;  // ShardInfo.tensors at hello
   int64_t last_step = 0;
   bool rolled_back = false;
   // Memory shared with psd (a Unix-socket connection psd let attach one);

@@ -123,6 +123,8 @@ JobConfig job_from_wire(wire::JobConfig::Reader in) {
   c.max_staleness = in.getMaxStaleness();
   c.train_steps = in.getTrainSteps();
   c.start_step = in.getStartStep();
+  for (auto h : in.getWorkerHosts()) c.worker_hosts.emplace_back(h.cStr(), h.size());
+  for (auto h : in.getPsHosts()) c.ps_hosts.emplace_back(h.cStr(), h.size());
   if (!step_in_range(c.start_step)) {
     throw RequestError("job start step " + std::to_string(c.start_step) + " is out of range [0, 2^62]");
   }
@@ -136,6 +138,14 @@ void job_to_wire(const JobConfig& c, wire::JobConfig::Builder out) {
   out.setMaxStaleness(c.max_staleness);
   out.setTrainSteps(c.train_steps);
   out.setStartStep(c.start_step);
+  if (!c.worker_hosts.empty()) {
+    auto w = out.initWorkerHosts(static_cast<unsigned>(c.worker_hosts.size()));
+    for (unsigned i = 0; i < c.worker_hosts.size(); ++i) w.set(i, c.worker_hosts[i]);
+  }
+  if (!c.ps_hosts.empty()) {
+    auto p = out.initPsHosts(static_cast<unsigned>(c.ps_hosts.size()));
+    for (unsigned i = 0; i < c.ps_hosts.size(); ++i) p.set(i, c.ps_hosts[i]);
+  }
 }
 
 void part_to_wire(const PartMeta& p, wire::PartInfo::Builder out) {

@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
     std::printf("worker %d: w = [%g %g], b = [%g %g]\n", i, w[0], w[1], b[0], b[1]);
     std::printf("worker %d: w + b = [%g %g]  w * b = [%g %g]  w / b = [%g %g]\n", i, w[0] + b[0], w[1] + b[1],
                 w[0] * b[0], w[1] * b[1], w[0] / b[0], w[1] / b[1]);
-    client.barrier("hello_cluster/end", static_cast<uint32_t>(spec.num_workers()), std::chrono::seconds(60));
+    session.barrier("hello_cluster/end", static_cast<uint32_t>(spec.num_workers()), std::chrono::seconds(60));
     session.end();
   } catch (const ps::ConfigError& e) {
     std::fprintf(stderr, "hello_cluster: error: %s\n", e.what());

@@ -79,7 +79,7 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, int examp
     hooks.after_step(info);
   }
   hooks.end(info);
-  client.barrier("linreg/end", static_cast<uint32_t>(spec.num_workers()), std::chrono::seconds(60));
+  session.barrier("linreg/end", static_cast<uint32_t>(spec.num_workers()), std::chrono::seconds(60));
   client.pull({"linreg/weight", "linreg/bias"}, {std::span<float>(w), std::span<float>(b)});
   std::printf("worker %d: fitted y = %.4f x + %.4f (true: y = 2 x + 10) after %lld global steps\n",
               spec.worker_index(), w[0], b[0], static_cast<long long>(session.global_step()));

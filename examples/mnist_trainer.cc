@@ -46,6 +46,7 @@ struct MnistFlags {
   bool stop_at_target = false;
   bool local = false;
   bool scale_lr = true;        // sync: learning rate x sqrt(replicas aggregated)
+  std::string restore_from;    // chief: start the job from this checkpoint directory
 };
 
 double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -162,6 +163,16 @@ void print_result(const char* mode, const Evaluation& e, int64_t global_steps, d
   std::fflush(stdout);
 }
 
+// Loading and decompressing the data takes seconds: said before and after.
+ps::MnistData load_data(const ps::TrainerFlags& f, const MnistFlags& m, const std::string& who) {
+  spdlog::info("{}: loading data from {} ...", who, f.data_dir);
+  const auto start = Clock::now();
+  ps::MnistData data = ps::MnistData::load(f.data_dir, m.validation_size);
+  spdlog::info("{}: {} training, {} validation, {} test examples loaded in {}", who, data.train.size,
+               data.validation.size, data.test.size, ps::format_duration(seconds(start, Clock::now())));
+  return data;
+}
+
 int eval_interval(const MnistFlags& m, int64_t train_examples, int64_t examples_per_local_step) {
   if (m.eval_every > 0) return m.eval_every;
   return static_cast<int>(std::max<int64_t>(1, train_examples / examples_per_local_step / 2));
@@ -169,7 +180,7 @@ int eval_interval(const MnistFlags& m, int64_t train_examples, int64_t examples_
 
 // --local: the same step loop in one process, no cluster and no psd.
 int run_local(const ps::TrainerFlags& f, const MnistFlags& m) {
-  auto data = ps::MnistData::load(f.data_dir, m.validation_size);
+  auto data = load_data(f, m, "local");
   const ps::MlpShape shape = make_shape(m, data);
   ps::Towers towers = make_towers(shape, f, -1);
   ps::init_params(shape, towers.host_params(), f.seed);
@@ -236,7 +247,7 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
   // larger step (the square-root rule, suited to Adam).
   if (f.sync_replicas && m.scale_lr) f.learning_rate *= static_cast<float>(std::sqrt(f.replicas(spec)));
   // Data first: a bad file fails before anything connects.
-  auto data = ps::MnistData::load(f.data_dir, m.validation_size);
+  auto data = load_data(f, m, "worker " + std::to_string(spec.worker_index()));
   const ps::MlpShape shape = make_shape(m, data);
   ps::Towers towers = make_towers(shape, f, spec.local_gpu());
   ps::DataShard shard(data.train, spec.worker_index(), spec.num_workers(), f.seed);
@@ -249,7 +260,7 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
 
   spdlog::info("{}: {}", spec.to_string(), to_string(job));
   ps::Client client(f.client_options(spec));
-  ps::TrainingSession session(client, {.job = job});
+  ps::TrainingSession session(client, {.job = job, .restore_from = chief ? m.restore_from : std::string()});
   // Every variable pulls straight into the engine's flat parameter buffer and
   // pushes straight from its gradient buffer: no copies on the worker.
   std::span<float> params = towers.host_params(), grads = towers.host_grads();
@@ -265,15 +276,27 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
   // The chief's job decides: a worker started with other mode flags trains
   // in the job's mode, and counts its progress and epochs by it too.
   if (session.job().train_steps > 0) steps = session.job().train_steps;
+  // A job restored from a checkpoint goes on from its step: one already at
+  // its stop step has nothing left to train.
+  const int64_t start_global = client.stats().front().global_step;
+  if (steps > 0 && start_global >= steps) {
+    std::printf("worker %d: the job already finished at global step %lld (its stop step): nothing to train. To go "
+                "on, run it again with more --train_steps or --epochs.\n",
+                worker, static_cast<long long>(start_global));
+    std::fflush(stdout);
+    if (chief) session.end();  // the ps tasks exit once every worker has disconnected
+    return 0;
+  }
   per_global = static_cast<int64_t>(f.batch_size) *
                (session.job().mode == ps::SyncMode::kSync ? std::max<int64_t>(1, session.job().replicas_to_aggregate) : 1);
   if (chief) {
     std::printf("worker %d (chief): %s, %s lr %g, batch %d, %s, %lld global steps (%.2f epochs of %lld examples), "
-                "%d workers, %d ps\n",
+                "%d workers, %d ps%s\n",
                 worker, shape.to_string().c_str(), f.optimizer.c_str(), f.learning_rate, f.batch_size,
                 to_string(session.job()).c_str(), static_cast<long long>(steps),
                 static_cast<double>(steps) * per_global / data.train.size, static_cast<long long>(data.train.size),
-                spec.num_workers(), spec.num_ps());
+                spec.num_workers(), spec.num_ps(),
+                start_global > 0 ? fmt::format("; going on from global step {}", start_global).c_str() : "");
   } else {
     std::printf("worker %d: model ready, training (%s)\n", worker, to_string(session.job()).c_str());
   }
@@ -348,7 +371,7 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
 
   // Everyone meets once more so the chief reads the final parameters.
   try {
-    client.barrier("mnist_trainer/end", static_cast<uint32_t>(spec.num_workers()), std::chrono::seconds(60));
+    session.barrier("mnist_trainer/end", static_cast<uint32_t>(spec.num_workers()), std::chrono::seconds(60));
   } catch (const ps::Error& e) {
     spdlog::warn("worker {}: end barrier: {} (going on)", worker, e.what());
   }
@@ -365,8 +388,9 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
     Evaluation e = ev.run(global, static_cast<double>(global) * per_global / data.train.size);
     const char* mode = job.mode == ps::SyncMode::kSync ? "sync"
                        : job.mode == ps::SyncMode::kBoundedStaleness ? "bounded-staleness" : "async";
+    // The rate counts the steps trained here, not those a restored job brought.
     print_result(mode, e, global, static_cast<double>(global) * per_global / data.train.size, secs,
-                 static_cast<double>(global) * per_global, ev);
+                 static_cast<double>(global - start_global) * per_global, ev);
     if (summaries) summaries->flush();
     session.end();  // the ps tasks exit once every worker has disconnected
   }
@@ -397,6 +421,9 @@ int main(int argc, char** argv) {
   app.add_flag("--stop_at_target", m.stop_at_target, "--local: stop once the target accuracy is reached");
   app.add_option("--scale_lr", m.scale_lr, "sync: multiply the learning rate by sqrt(replicas_to_aggregate)")
       ->capture_default_str();
+  app.add_option("--restore_from", m.restore_from,
+                 "chief: start the job from the newest checkpoint in this directory (a ps --checkpoint_dir) and go "
+                 "on from its step");
   app.add_flag("--local", m.local, "train in this process alone: no cluster, no psd (for comparison)");
   ps::PsTaskFlags psf;
   ps::add_ps_task_flags(app, psf);

@@ -145,6 +145,8 @@ struct JobConfig {
   maxStaleness @3 :UInt32;          # boundedStaleness
   trainSteps @4 :Int64;             # stop condition; 0 = none
   startStep @5 :Int64;              # the global step a new job starts at (restored from a checkpoint)
+  workerHosts @6 :List(Text);       # the chief's cluster as it was started (informational: each worker
+  psHosts @7 :List(Text);           # checks its own against it at waitReady); empty: not given
 }
 
 struct ShardInfo {
@@ -164,6 +166,7 @@ struct ShardInfo {
   instanceId @12 :UInt64;      # drawn at random when psd starts (0: an older psd). A client that
                                # reconnects to another instance knows psd restarted: what it sent
                                # since psd's last checkpoint may be lost, even at the same global step
+  tensors @13 :UInt64;         # tensors the shard holds: a restarted psd with none lost the model (no checkpoint)
 }
 
 struct WorkerState {
@@ -199,6 +202,8 @@ struct ShardStats {
   lastCheckpointUnixSecs @18 :Float64;
   sharedBytes @19 :UInt64;      # tensor bytes pushed and pulled through shared memory (also in bytesIn/bytesOut)
   tables @20 :List(TableStats); # embedding tables held here
+  waits @21 :List(Text);        # what the job has waited for over a few seconds, one line each (a sync step
+                                # and the workers it misses, a barrier): for people, not parsed
 }
 
 # --- Embedding tables (include/ps/embedding.h) ---

@@ -106,14 +106,19 @@ trap cleanup EXIT
 
 # --- ps tasks ---
 ps_hosts=()
+# Each ps serves its status page on a free port (several never clash), unless --psd_flags sets one.
+http_flags=()
+[[ " $psd_flags " == *" --http_port"* ]] || http_flags=(--http_port any)
 for ((i = 0; i < num_ps; i++)); do
   port_file="$run_dir/ps$i.port"
-  rm -f "$port_file"
+  rm -f "$port_file" "$run_dir/ps$i.http"
+  [ ${#http_flags[@]} -gt 0 ] && http_flags=(--http_port any --http_port_file "$run_dir/ps$i.http")
   if [ "$ps_mode" = psd ]; then
     unix_flags=()
     [ "$unix" = 1 ] && unix_flags=(--unix_socket "$(cd "$run_dir" && pwd)/ps$i.sock")
     # shellcheck disable=SC2086
-    "$psd" --port 0 --port_file "$port_file" --shard_index "$i" --num_shards "$num_ps" "${unix_flags[@]}" $psd_flags \
+    "$psd" --port 0 --port_file "$port_file" --shard_index "$i" --num_shards "$num_ps" "${unix_flags[@]}" \
+      "${http_flags[@]}" $psd_flags \
       >"$run_dir/ps$i.log" 2>&1 &
   else
     hosts=""
@@ -122,7 +127,7 @@ for ((i = 0; i < num_ps; i++)); do
     for ((j = 0; j < workers; j++)); do whosts+="${whosts:+,}127.0.0.1:$((port_base + num_ps + j))"; done
     # shellcheck disable=SC2086
     "${trainer_cmd[@]}" --job_name ps --task_index "$i" --ps_hosts "$hosts" --worker_hosts "$whosts" \
-      --port_file "$port_file" $psd_flags >"$run_dir/ps$i.log" 2>&1 &
+      --port_file "$port_file" "${http_flags[@]}" $psd_flags >"$run_dir/ps$i.log" 2>&1 &
   fi
   pids+=($!)
   names+=("ps$i")
@@ -140,6 +145,7 @@ for ((i = 0; i < num_ps; i++)); do
     cleanup
     exit 1
   fi
+  [ -s "$run_dir/ps$i.http" ] && echo "launch_local: ps$i status page: http://127.0.0.1:$(cat "$run_dir/ps$i.http")/" >&2
   if [ "$unix" = 1 ] && [ "$ps_mode" = psd ]; then
     ps_hosts+=("unix:$(cd "$run_dir" && pwd)/ps$i.sock")
   else
@@ -166,7 +172,10 @@ start_worker() {
     # tty), and both streams in its log (its error lines with them).
     if [ -t 2 ]; then
       : >"$run_dir/worker$i.log"
-      "${cmd[@]}" > >(tee -a "$run_dir/worker$i.log") 2> >(tee -a "$run_dir/worker$i.log" >&2) &
+      # Its streams reach the terminal through tee: the progress bar goes
+      # to the terminal itself (PS_PROGRESS_TTY), and stays out of the log.
+      PS_PROGRESS_TTY=$(readlink /proc/self/fd/2) \
+        "${cmd[@]}" > >(tee -a "$run_dir/worker$i.log") 2> >(tee -a "$run_dir/worker$i.log" >&2) &
     else
       "${cmd[@]}" > >(tee "$run_dir/worker$i.log") 2>&1 &
     fi

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "ps/errors.h"
@@ -27,10 +28,28 @@ void JobState::configure(const JobConfig& config) {
   if (configured_) {
     // start_step only says where a new job begins: a chief restarted with
     // restore_from names the newest checkpoint's step, and the job goes on.
+    // The stop step may move (a job resumed and extended) as long as it
+    // stays ahead of where the job is; the rest would change what the
+    // running workers and the stored state mean.
     JobConfig same = config;
     same.start_step = config_.start_step;
+    same.train_steps = config_.train_steps;
+    same.worker_hosts = config_.worker_hosts;
+    same.ps_hosts = config_.ps_hosts;
     if (!(same == config_)) {
-      throw RequestError("initJob: the job is already configured as " + to_string(config_) + ", not " + to_string(config));
+      throw RequestError("initJob: the job is already configured as " + to_string(config_) + ", not " +
+                         to_string(config) + " (only the stop step may change when a job goes on)");
+    }
+    if (config.train_steps != config_.train_steps) {
+      if (config.train_steps > 0 && config.train_steps < global_step_) {
+        throw RequestError("initJob: the job is at global step " + std::to_string(global_step_) +
+                           ", past the stop step " + std::to_string(config.train_steps) +
+                           " asked for: give more steps (or epochs) to go on");
+      }
+      spdlog::info("job goes on: stop step {} -> {} (at global step {})", config_.train_steps, config.train_steps,
+                   global_step_);
+      config_.train_steps = config.train_steps;
+      if (!stop_reached()) finished_ = false;
     }
     return;
   }
@@ -77,6 +96,7 @@ void JobState::connect(int worker_index, bool is_chief, const std::string& peer)
     ++w.connections;
     w.peer = peer;
     w.hung = false;
+    w.given_up = false;
     w.last_seen = timer_.now();
   }
   recheck_staleness_waiters();
@@ -199,7 +219,7 @@ void JobState::sweep_abandoned() {
     for (auto it = waiters->begin(); it != waiters->end();) it = abandoned(it->second) ? waiters->erase(it) : std::next(it);
   }
   std::erase_if(ready_waiters_, abandoned);
-  for (auto& [name, b] : barriers_) std::erase_if(b.waiting, abandoned);
+  for (auto& [name, b] : barriers_) drop_abandoned(b);
   std::erase_if(barriers_, [](const auto& entry) { return entry.second.waiting.empty(); });
   next_sweep_ = std::max(kFirstSweep, 2 * held_waits());
 }
@@ -227,13 +247,17 @@ kj::Promise<bool> JobState::wait_ready(kj::Duration timeout) {
   return paf.promise.exclusiveJoin(timer_.afterDelay(timeout).then([] { return false; }));
 }
 
-kj::Promise<uint32_t> JobState::barrier(const std::string& name, uint32_t count, kj::Duration timeout) {
+kj::Promise<uint32_t> JobState::barrier(const std::string& name, uint32_t count, kj::Duration timeout, int worker) {
   if (count == 0) throw RequestError("barrier '" + name + "': count must be >= 1");
   Barrier& b = barriers_[name];
   // A caller that timed out or went away (its call cancelled) is not there
   // any more: it does not count, or a worker that retries after a broken
   // connection would count twice.
-  std::erase_if(b.waiting, [](auto& f) { return !f->isWaiting(); });
+  drop_abandoned(b);
+  if (b.waiting.empty()) {
+    b.since = timer_.now();
+    b.timeout = timeout;
+  }
   if (!b.waiting.empty() && count != b.count) {
     throw RequestError("barrier '" + name + "': " + std::to_string(b.waiting.size()) + " caller(s) wait for " +
                        std::to_string(b.count) + ", this call asks for " + std::to_string(count));
@@ -248,10 +272,70 @@ kj::Promise<uint32_t> JobState::barrier(const std::string& name, uint32_t count,
   sweep_abandoned();
   auto paf = kj::newPromiseAndFulfiller<uint32_t>();
   b.waiting.push_back(kj::mv(paf.fulfiller));
+  b.who.push_back(worker);
   return paf.promise.exclusiveJoin(timer_.afterDelay(timeout).then([name, count]() -> kj::Promise<uint32_t> {
     return kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__,
                          kj::str("barrier '", name.c_str(), "' timed out waiting for ", count, " workers"));
   }));
+}
+
+void JobState::drop_abandoned(Barrier& b) {
+  for (std::size_t i = b.waiting.size(); i-- > 0;) {
+    if (b.waiting[i]->isWaiting()) continue;
+    b.waiting.erase(b.waiting.begin() + static_cast<std::ptrdiff_t>(i));
+    b.who.erase(b.who.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+}
+
+std::string JobState::missing_workers(const std::vector<int>& present) const {
+  std::string out;
+  for (uint32_t i = 0; i < config_.total_replicas; ++i) {
+    const int w = static_cast<int>(i);
+    if (std::find(present.begin(), present.end(), w) != present.end()) continue;
+    auto it = workers_.find(w);
+    const char* why = it == workers_.end() || it->second.given_up ? "never connected"
+                      : it->second.connections == 0            ? "disconnected"
+                      : it->second.hung                        ? "silent"
+                                                               : "connected, not there yet";
+    out += (out.empty() ? "" : ", ") + std::to_string(w) + " (" + why + ")";
+  }
+  return out;
+}
+
+std::vector<std::string> JobState::barrier_waits(kj::Duration older_than) {
+  std::vector<std::string> out;
+  const kj::TimePoint now = timer_.now();
+  for (auto& [name, b] : barriers_) {
+    drop_abandoned(b);
+    if (b.waiting.empty() || now - b.since < older_than) continue;
+    std::vector<int> here;
+    std::string has;
+    for (int w : b.who) {
+      if (w < 0) continue;
+      here.push_back(w);
+      has += (has.empty() ? "" : ", ") + std::to_string(w);
+    }
+    const std::string missing = missing_workers(here);
+    out.push_back(fmt::format("barrier '{}' waits for {} callers, has {} (workers {}){}; {} s of {} s", name, b.count,
+                              b.waiting.size(), has.empty() ? "none" : has,
+                              missing.empty() ? "" : "; missing workers " + missing, (now - b.since) / kj::SECONDS,
+                              b.timeout / kj::SECONDS));
+  }
+  return out;
+}
+
+bool JobState::give_up_on_absent(const std::vector<int>& present) {
+  bool changed = false;
+  for (uint32_t i = 0; i < config_.total_replicas; ++i) {
+    const int w = static_cast<int>(i);
+    if (workers_.count(w) || std::find(present.begin(), present.end(), w) != present.end()) continue;
+    WorkerRecord& r = workers_[w];
+    r.given_up = true;
+    changed = true;
+    spdlog::warn("worker {} never connected: sync steps no longer wait for it (--worker_timeout_secs)", w);
+  }
+  if (changed && on_worker_lost_) on_worker_lost_();
+  return changed;
 }
 
 void JobState::finish() {

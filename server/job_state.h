@@ -37,6 +37,7 @@ struct WorkerRecord {
   std::optional<WorkerReport> report;
   kj::TimePoint last_seen = kj::origin<kj::TimePoint>();  // last request (worker_timeout)
   bool hung = false;      // connected but silent past worker_timeout: not waited for
+  bool given_up = false;  // never connected, not waited for any more (give_up_on_absent)
   bool lost() const { return connections == 0 || hung; }
 };
 
@@ -101,7 +102,21 @@ class JobState {
   // Resolves with true once ready, or false after `timeout`.
   kj::Promise<bool> wait_ready(kj::Duration timeout);
 
-  kj::Promise<uint32_t> barrier(const std::string& name, uint32_t count, kj::Duration timeout);
+  // `worker` is the caller's worker index (-1: not a worker), named in
+  // waits() while it waits.
+  kj::Promise<uint32_t> barrier(const std::string& name, uint32_t count, kj::Duration timeout, int worker = -1);
+
+  // The job's workers not in `present`, each with why: "2 (never
+  // connected), 3 (disconnected)"; empty when none is missing.
+  std::string missing_workers(const std::vector<int>& present) const;
+  // One line for each barrier that has waited longer than `older_than`:
+  // what it waits for and whom ("barrier 'x' waits for 3 callers, has
+  // workers 0, 1; missing workers 2 (never connected); it gives up at 60 s").
+  std::vector<std::string> barrier_waits(kj::Duration older_than);
+  // Declared workers that never connected, once a sync step waited for them
+  // longer than the worker timeout: taken as lost, as a worker that left.
+  // Returns whether any was newly given up on.
+  bool give_up_on_absent(const std::vector<int>& present);
 
   void finish();
   bool finished() const { return finished_; }
@@ -130,11 +145,15 @@ class JobState {
   struct Barrier {
     uint32_t count = 0;  // callers it waits for: every caller must ask the same
     std::vector<kj::Own<kj::PromiseFulfiller<uint32_t>>> waiting;
+    std::vector<int> who;  // waiting[i]'s worker index
+    kj::TimePoint since = kj::origin<kj::TimePoint>();
+    kj::Duration timeout = 0 * kj::SECONDS;
   };
   std::map<std::string, Barrier> barriers_;
   size_t next_sweep_ = kFirstSweep;  // held_waits() at which abandoned ones are swept
   static constexpr size_t kFirstSweep = 64;
   void sweep_abandoned();
+  static void drop_abandoned(Barrier& b);
   uint64_t staleness_waits_ = 0;
   int64_t max_staleness_seen_ = 0;
   std::function<void()> on_done_;

@@ -1,5 +1,6 @@
 #include "server/psd_flags.h"
 
+#include <stdexcept>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -13,6 +14,21 @@ namespace ps {
 
 namespace {
 
+// Registers `name` unless a trainer already has it (kTrainer): then the
+// trainer's option stays the only one, and its value, where given, is taken.
+template <class T>
+CLI::Option* add_or_share(CLI::App& app, PsdFlagValues& x, const std::string& name, T& var, const std::string& help) {
+  if (x.door == PsdFrontDoor::kTrainer) {
+    if (CLI::Option* theirs = app.get_option_no_throw(name)) {
+      x.take_shared.push_back([theirs, &var] {
+        if (theirs->count() > 0) var = theirs->as<T>();
+      });
+      return nullptr;
+    }
+  }
+  return app.add_option(name, var, help);
+}
+
 // Checkpoints, authentication and per-client limits.
 void add_durability_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
   app.add_option("--checkpoint_dir", o.checkpoint.dir,
@@ -21,8 +37,9 @@ void add_durability_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
                  "checkpoint every this many seconds when something changed (0: only on SIGTERM and on request)")
       ->capture_default_str();
   app.add_option("--keep_checkpoints", o.checkpoint.keep, "checkpoint files kept per shard")->capture_default_str();
-  app.add_option("--auth_token_file", x.auth_token_file,
-                 "require clients to present the token in this file (in clear text on the wire: use on trusted networks)");
+  add_or_share(app, x, "--auth_token_file", x.auth_token_file,
+               "require clients to present the token in this file (in clear text on the wire: use on trusted "
+               "networks)");
   app.add_option("--http_auth_token_file", x.http_auth_token_file,
                  "HTTP: require \"Authorization: Bearer <token>\" with the token in this file on every path but "
                  "/healthz (default: --auth_token_file's token, when given)");
@@ -33,26 +50,92 @@ void add_durability_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
       ->capture_default_str();
 }
 
+bool is_loopback_host(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// The shard's index, count and listening address from its place in the cluster.
+void apply_place(ServerOptions& o, const PsdFlagValues& x, const PsdPlace& place) {
+  const std::string& me = place.address;
+  if (me.rfind("unix:", 0) == 0) {
+    o.unix_socket = me.substr(5);
+    o.port = 0;
+  } else {
+    const auto parts = split_host_port(me);
+    if (!parts || parts->port.empty()) throw ConfigError("ps host '" + me + "' has no port (expected host:port)");
+    try {
+      std::size_t used = 0;
+      o.port = std::stoi(parts->port, &used);
+      if (used != parts->port.size()) throw std::invalid_argument(parts->port);
+    } catch (const std::exception&) {
+      throw ConfigError("ps host '" + me + "' has a bad port '" + parts->port + "'");
+    }
+    if (!x.bind_given) o.bind = is_loopback_host(parts->host) ? "127.0.0.1" : "0.0.0.0";
+  }
+  o.shard.shard_index = static_cast<uint32_t>(place.task_index);
+  o.shard.num_shards = static_cast<uint32_t>(place.num_ps);
+}
+
 }  // namespace
 
-void add_psd_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
-  app.add_option("--port", o.port, "TCP port to listen on (0: any free port)")->capture_default_str();
-  app.add_option("--bind", o.bind, "address to listen on; use 0.0.0.0 to accept other hosts")->capture_default_str();
-  app.add_option("--unix_socket", o.unix_socket, "also listen on this Unix-domain socket (fast path on one host)");
+std::vector<std::string> split_host_list(const std::string& list, const std::string& flag) {
+  if (list.find_first_not_of(" \t") == std::string::npos) {
+    throw ConfigError(flag + " is empty: give host:port[,host:port...]");
+  }
+  for (char sep : {';', ' ', '\t'}) {
+    if (list.find(sep) != std::string::npos) {
+      throw ConfigError(flag + "='" + list + "': separate hosts with ',' (e.g. 10.0.0.1:2222,10.0.0.2:2222)");
+    }
+  }
+  std::vector<std::string> hosts;
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    std::size_t comma = list.find(',', start);
+    if (comma == std::string::npos) comma = list.size();
+    hosts.push_back(list.substr(start, comma - start));
+    if (hosts.back().empty()) throw ConfigError(flag + "='" + list + "' has an empty entry (two commas, or one at an end)");
+    start = comma + 1;
+  }
+  return hosts;
+}
+
+void apply_log_level(const std::string& name) {
+  const auto level = spdlog::level::from_str(name);
+  if (level == spdlog::level::off && name != "off") {
+    throw ConfigError("unknown --log_level '" + name + "' (trace, debug, info, warn, error, off)");
+  }
+  spdlog::set_level(level);
+}
+
+void add_psd_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x, PsdFrontDoor door) {
+  x.door = door;
+  if (door == PsdFrontDoor::kPsd) {
+    app.add_option("--port", o.port, "TCP port to listen on (0: any free port)")->capture_default_str();
+    app.add_option("--unix_socket", o.unix_socket, "also listen on this Unix-domain socket (fast path on one host)");
+    app.add_option("--shard_index", o.shard.shard_index, "this shard's index")->capture_default_str();
+    app.add_option("--num_shards", o.shard.num_shards, "number of shards in the job")->capture_default_str();
+    // expected(0, 1): "--ps_hosts=" is given and empty, not a taker of the next argument.
+    x.ps_hosts_option =
+        app.add_option("--ps_hosts", x.ps_hosts, "comma-separated ps host:port list; with --task_index sets shard and port")
+            ->expected(0, 1);
+    app.add_option("--task_index", x.task_index, "this ps task's index in --ps_hosts");
+  }
+  app.add_option("--bind", o.bind,
+                 "address to listen on (default: 127.0.0.1, or 0.0.0.0 for a shard whose --ps_hosts entry names "
+                 "another host)")
+      ->each([&x](const std::string&) { x.bind_given = true; });
   app.add_option("--port_file", o.port_file, "write the bound port to this file once listening");
   app.add_option("--http_port", x.http_port,
                  "serve /metrics (Prometheus), /healthz and a status page over HTTP on this port of --bind "
                  "(0: off; any: a free port, see --http_port_file)")
       ->capture_default_str();
   app.add_option("--http_port_file", o.http_port_file, "write the bound HTTP port to this file once listening");
-  app.add_option("--shard_index", o.shard.shard_index, "this shard's index")->capture_default_str();
-  app.add_option("--num_shards", o.shard.num_shards, "number of shards in the job")->capture_default_str();
-  app.add_option("--ps_hosts", x.ps_hosts, "comma-separated ps host:port list; with --task_index sets shard and port");
-  app.add_option("--task_index", x.task_index, "this ps task's index in --ps_hosts");
   o.threads = std::max(1u, std::thread::hardware_concurrency());
-  app.add_option("--threads", o.threads, "compute threads applying updates (0: on the network thread)")
+  app.add_option("--threads", o.threads, "psd: compute threads applying updates (0: on the network thread)")
       ->capture_default_str();
-  app.add_option("--log_level", x.log_level, "trace, debug, info, warn, error")->capture_default_str();
+  if (CLI::Option* opt = add_or_share(app, x, "--log_level", x.log_level, "trace, debug, info, warn, error")) {
+    opt->capture_default_str();
+  }
   app.add_option("--max_message_mb", x.max_message_mb, "largest request accepted, MiB")->capture_default_str();
   app.add_option("--max_tensor_mb", x.max_tensor_mb, "largest tensor (or part) accepted, MiB")->capture_default_str();
   app.add_option("--max_memory_mb", x.max_memory_mb,
@@ -79,59 +162,42 @@ void add_psd_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
                  "then skip the Unix socket (0: off)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
-  app.add_option("--busy_poll_us", o.busy_poll_us,
-                 "after its last work, poll the sockets up to this many microseconds before sleeping: lower latency "
-                 "for small tensors, at the price of CPU; adaptive (0: sleep at once)")
-      ->capture_default_str()
-      ->check(CLI::Range(0u, 1000000u));
+  if (CLI::Option* opt = add_or_share(app, x, "--busy_poll_us", o.busy_poll_us,
+                                      "after its last work, poll the sockets up to this many microseconds before "
+                                      "sleeping: lower latency for small tensors, at the price of CPU; adaptive (0: "
+                                      "sleep at once)")) {
+    opt->capture_default_str()->check(CLI::Range(0u, 1000000u));
+  }
   app.add_option("--nice", x.nice,
                  "scheduling priority of psd's threads, as nice(1) (-20..19): below 0 keeps workers on this host "
                  "from preempting psd (needs root or CAP_SYS_NICE); unset: as started");
-  app.add_option("--dead_peer_secs", o.dead_peer_secs,
-                 "a TCP peer silent this long while probed (a host powered off or cut off, which sends no FIN) is "
-                 "taken for gone, as if its connection closed (0: never)")
-      ->capture_default_str()
-      ->check(CLI::Range(0u, 86400u));
-  app.add_flag("--allow_nonfinite", o.shard.allow_nonfinite,
-               "accept gradients containing NaN or Inf, and updates that make NaN or Inf (docs/hardening.md)");
+  if (CLI::Option* opt = add_or_share(app, x, "--dead_peer_secs", o.dead_peer_secs,
+                                      "a TCP peer silent this long while probed (a host powered off or cut off, which "
+                                      "sends no FIN) is taken for gone, as if its connection closed (0: never)")) {
+    opt->capture_default_str()->check(CLI::Range(0u, 86400u));
+  }
+  app.add_flag("--allow_nonfinite", o.shard.allow_nonfinite, "accept gradients containing NaN or Inf, and updates that make NaN or Inf (docs/hardening.md)");
   add_durability_flags(app, o, x);
   app.add_option("--exit_when_done", o.exit_when_done,
                  "exit once the chief reports the job finished and every worker has disconnected")
       ->capture_default_str();
 }
 
-void finish_psd_flags(ServerOptions& o, const PsdFlagValues& x) {
-  auto level = spdlog::level::from_str(x.log_level);
-  if (level == spdlog::level::off && x.log_level != "off") throw ConfigError("unknown --log_level '" + x.log_level + "'");
-  spdlog::set_level(level);
+void finish_psd_flags(ServerOptions& o, PsdFlagValues& x, const std::optional<PsdPlace>& place) {
+  for (const auto& take : x.take_shared) take();
+  apply_log_level(x.log_level);
 
-  if (!x.ps_hosts.empty()) {
-    std::vector<std::string> hosts;
-    std::size_t start = 0;
-    while (start <= x.ps_hosts.size()) {
-      std::size_t comma = x.ps_hosts.find(',', start);
-      if (comma == std::string::npos) comma = x.ps_hosts.size();
-      hosts.push_back(x.ps_hosts.substr(start, comma - start));
-      start = comma + 1;
-    }
+  if (place) {
+    apply_place(o, x, *place);
+  } else if ((x.ps_hosts_option && x.ps_hosts_option->count() > 0) || !x.ps_hosts.empty() || x.task_index >= 0) {
+    const std::vector<std::string> hosts = split_host_list(x.ps_hosts, "--ps_hosts");
     if (x.task_index < 0 || x.task_index >= static_cast<int>(hosts.size())) {
       throw ConfigError("--task_index " + std::to_string(x.task_index) + " is outside --ps_hosts (" +
-                        std::to_string(hosts.size()) + " hosts)");
+                        std::to_string(hosts.size()) + " hosts: give --task_index 0.." +
+                        std::to_string(hosts.size() - 1) + ")");
     }
-    const std::string& me = hosts[x.task_index];
-    if (me.rfind("unix:", 0) == 0) {
-      o.unix_socket = me.substr(5);
-    } else {
-      const auto parts = split_host_port(me);
-      if (!parts) throw ConfigError("ps host '" + me + "' has no port (expected host:port)");
-      try {
-        o.port = std::stoi(parts->port);
-      } catch (...) {
-        throw ConfigError("ps host '" + me + "' has a bad port");
-      }
-    }
-    o.shard.shard_index = static_cast<uint32_t>(x.task_index);
-    o.shard.num_shards = static_cast<uint32_t>(hosts.size());
+    apply_place(o, x, PsdPlace{.task_index = x.task_index, .num_ps = static_cast<int>(hosts.size()),
+                               .address = hosts[x.task_index]});
   }
   if (o.shard.num_shards < 1 || o.shard.shard_index >= o.shard.num_shards) {
     throw ConfigError("--shard_index " + std::to_string(o.shard.shard_index) + " must be below --num_shards " +

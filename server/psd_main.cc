@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include "common/for_people.h"
 #include "ps/errors.h"
 #include "server/psd_flags.h"
 #include "server/server.h"
@@ -26,7 +27,7 @@ int main(int argc, char** argv) {
     spdlog::error("{}", e.what());
     return 2;
   } catch (const kj::Exception& e) {
-    spdlog::error("{}", e.getDescription().cStr());
+    spdlog::error("{}", ps::for_people(e.getDescription().cStr()));
     return 1;
   }
   spdlog::info("psd exited cleanly");

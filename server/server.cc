@@ -17,6 +17,7 @@
 #include "server/connection_places.h"
 #include "server/log_limiter.h"
 #include "server/monitoring_http.h"
+#include "common/for_people.h"
 #include "common/malloc_tuning.h"
 #include "common/memory_budget.h"
 #include "ps/errors.h"
@@ -321,8 +322,8 @@ void PsServer::run(kj::Promise<void> stop) {
     auto addr = io.provider->getNetwork().parseAddress(o.bind, static_cast<uint>(o.port)).wait(io.waitScope);
     tcp = addr->listen();
   } catch (const kj::Exception& e) {
-    throw ConfigError("psd: cannot listen on " + o.bind + ":" + std::to_string(o.port) + ": " +
-                      e.getDescription().cStr());
+    throw ConfigError("psd: cannot listen on " + o.bind + ":" + std::to_string(o.port) + " (--bind, --port): " +
+                      for_people(e.getDescription().cStr()));
   }
   const int port = static_cast<int>(tcp->getPort());
   if (!o.unix_socket.empty()) {
@@ -330,7 +331,8 @@ void PsServer::run(kj::Promise<void> stop) {
     try {
       local = io.provider->getNetwork().parseAddress("unix:" + o.unix_socket).wait(io.waitScope)->listen();
     } catch (const kj::Exception& e) {
-      throw ConfigError("psd: cannot listen on unix:" + o.unix_socket + ": " + e.getDescription().cStr());
+      throw ConfigError("psd: cannot listen on unix:" + o.unix_socket + " (--unix_socket): " +
+                        for_people(e.getDescription().cStr()));
     }
   }
   kj::Own<kj::ConnectionReceiver> http;
@@ -338,8 +340,8 @@ void PsServer::run(kj::Promise<void> stop) {
     try {
       http = io.provider->getNetwork().parseAddress(o.bind, *o.http_port).wait(io.waitScope)->listen();
     } catch (const kj::Exception& e) {
-      throw ConfigError(fmt::format("psd: cannot listen for HTTP on {}:{}: {}", o.bind, *o.http_port,
-                                    e.getDescription().cStr()));
+      throw ConfigError(fmt::format("psd: cannot listen for HTTP on {}:{} (--http_port): {}", o.bind, *o.http_port,
+                                    for_people(e.getDescription().cStr())));
     }
     // Before port_file: whoever waits for port_file may read this one at once.
     if (!o.http_port_file.empty()) write_port_file(o.http_port_file, static_cast<int>(http->getPort()));
@@ -357,7 +359,7 @@ void PsServer::run(kj::Promise<void> stop) {
   if (impl_->checkpointer && o.checkpoint.every_secs > 0) {
     serving = serving.exclusiveJoin(impl_->checkpointer->run_periodic(io.provider->getTimer()));
   }
-  if (o.shard.worker_timeout_secs > 0) serving = serving.exclusiveJoin(impl_->shard.watch_workers(io.provider->getTimer()));
+  serving = serving.exclusiveJoin(impl_->shard.watch_workers(io.provider->getTimer()));  // timeouts; waits said in the log
   if (local) serving = serving.exclusiveJoin(impl_->accept_loop(*local, "unix"));
   if (http) {
     // Same event loop as the RPC: the handlers read the shard without locks.

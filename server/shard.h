@@ -201,8 +201,15 @@ class Shard {
   void saw_worker(int worker_index);
   // Marks workers silent past worker_timeout as lost; called periodically.
   void check_worker_timeouts();
-  // Runs check_worker_timeouts every second, forever (cancel to stop).
+  // Runs check_worker_timeouts every second and logs waits() every few
+  // seconds, forever (cancel to stop).
   kj::Promise<void> watch_workers(kj::Timer& timer);
+  // What the job waits for, one line each, for waits older than
+  // `older_than`: the sync step and the workers it misses, barriers
+  // (JobState::barrier_waits). For psd's log, status page and stats.
+  std::vector<std::string> waits(kj::Duration older_than);
+  // waits() as the watcher last found them (a few seconds old at most).
+  const std::vector<std::string>& current_waits() const { return current_waits_; }
 
   JobState& job() { return job_; }
   const JobState& job() const { return job_; }
@@ -312,6 +319,14 @@ class Shard {
   JobState job_;
   std::unordered_map<StoredTensor*, SyncSlot> sync_;
   uint64_t complete_tensors_ = 0;
+  // The sync step pending (a gradient in, not complete) and since when
+  // (shard_recovery.cc); -1: none.
+  int64_t pending_step_ = -1;
+  kj::TimePoint pending_since_ = kj::origin<kj::TimePoint>();
+  kj::TimePoint last_waits_log_ = kj::origin<kj::TimePoint>();
+  std::vector<std::string> current_waits_;
+  void note_sync_pending();
+  std::vector<int> sync_contributors() const;  // workers that gave every tensor of the step
   Histogram apply_latency_;
   Histogram push_staleness_;
   RequestLog requests_;

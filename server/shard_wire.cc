@@ -146,6 +146,8 @@ void stats_to_wire(const Shard& shard, wire::ShardStats::Builder out) {
   out.setSharedBytes(counters.shared_bytes);
   out.setLastCheckpointStep(counters.last_checkpoint_step);
   out.setLastCheckpointUnixSecs(counters.last_checkpoint_unix_secs);
+  auto waits = out.initWaits(static_cast<unsigned>(shard.current_waits().size()));
+  for (unsigned w = 0; w < waits.size(); ++w) waits.set(w, shard.current_waits()[w]);
   const std::vector<TableReport> tables = shard.list_tables();
   auto table_stats = out.initTables(static_cast<unsigned>(tables.size()));
   for (unsigned i = 0; i < tables.size(); ++i) {
@@ -185,6 +187,7 @@ void info_to_wire(const Shard& shard, wire::ShardInfo::Builder out) {
   out.setUnixSocket(options.unix_socket);
   out.setHostId(host_id());
   out.setInstanceId(shard.instance_id());
+  out.setTensors(shard.store().count());
   out.setSharedMemory(!options.unix_socket.empty() && options.max_shared_memory_bytes > 0);
   out.setAllowsNonfinite(options.allow_nonfinite);
   job_to_wire(job.config(), out.initJob());

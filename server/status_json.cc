@@ -101,6 +101,13 @@ std::string status_json(const Shard& shard, const ProgressHistory& history, doub
   }
   o += "],";
 
+  o += "\"waits\":[";
+  for (std::size_t i = 0; i < shard.current_waits().size(); ++i) {
+    if (i) o += ',';
+    o += quote(shard.current_waits()[i]);
+  }
+  o += "],";
+
   o += "\"tensors\":[";
   bool first = true;
   for (const StoredTensor* t : shard.store().all()) {

@@ -71,7 +71,9 @@ TEST_CASE("from_flags: bad input") {
   CHECK_CONFIG_ERROR(ClusterSpec::from_flags(":2222", "w:1", "worker", 0), "empty host");
   CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:1,,q:1", "w:1", "worker", 0), "empty entry");
   CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:1", "w:1,", "worker", 0), "empty entry");
-  CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:1", "w 1:1", "worker", 0), "whitespace");
+  CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:1", "w 1:1", "worker", 0), "separate hosts with ','");
+  CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:1;q:1", "w:1", "worker", 0), "separate hosts with ','");
+  CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:1", "w\n1:1", "worker", 0), "whitespace");
   CHECK_CONFIG_ERROR(ClusterSpec::from_flags("::1:2222", "w:1", "worker", 0), "[addr]:port");
   CHECK_CONFIG_ERROR(ClusterSpec::from_flags("unix:", "w:1", "worker", 0), "empty unix");
   CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:1", "unix:/w", "worker", 0), "only allowed for ps");

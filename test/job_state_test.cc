@@ -38,3 +38,47 @@ TEST_CASE("waits whose callers gave up do not pile up; the others are kept") {
   REQUIRE(kept_ready.poll(ws));
   CHECK(kept_ready.wait(ws));
 }
+
+TEST_CASE("a configured job takes a new stop step ahead of its global step, nothing else") {
+  kj::EventLoop loop;
+  kj::WaitScope ws(loop);
+  kj::TimerImpl timer(kj::origin<kj::TimePoint>());
+  ps::JobState job(timer);
+  ps::JobConfig c{.total_replicas = 2, .train_steps = 20};
+  job.restore(true, c, 20, true);  // restored from a checkpoint at its stop step
+  CHECK(job.stop_reached());
+
+  // The same job again, named with the checkpoint's start step: unchanged.
+  ps::JobConfig same = c;
+  same.start_step = 20;
+  job.configure(same);
+  CHECK(job.config().train_steps == 20);
+
+  // Extended: goes on.
+  ps::JobConfig longer = c;
+  longer.train_steps = 40;
+  job.configure(longer);
+  CHECK(job.config().train_steps == 40);
+  CHECK_FALSE(job.stop_reached());
+  CHECK(job.global_step() == 20);
+
+  // A stop step behind the job, or another mode or worker count: refused, unchanged.
+  ps::JobConfig behind = c;
+  behind.train_steps = 10;
+  CHECK_THROWS_WITH(job.configure(behind), Catch::Contains("at global step 20"));
+  ps::JobConfig other = longer;
+  other.total_replicas = 3;
+  CHECK_THROWS_WITH(job.configure(other), Catch::Contains("only the stop step may change"));
+  ps::JobConfig sync = longer;
+  sync.mode = ps::SyncMode::kSync;
+  sync.replicas_to_aggregate = 2;
+  CHECK_THROWS(job.configure(sync));
+  CHECK(job.config() == longer);
+
+  // A finished job extended is no longer finished (psd would exit on it).
+  job.finish();
+  ps::JobConfig longest = c;
+  longest.train_steps = 60;
+  job.configure(longest);
+  CHECK_FALSE(job.finished());
+}

@@ -9,7 +9,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failures=0
 
-# expect NAME EXIT_CODE MESSAGE_REGEX -- COMMAND...
+# expect NAME EXIT_CODE MESSAGE_REGEX -- COMMAND...  (and no library internals in the line)
 expect() {
   local name=$1 want_rc=$2 want_msg=$3
   shift 4
@@ -19,7 +19,8 @@ expect() {
   lines=$(wc -l <"$tmp/err")
   if [ "$rc" = 124 ]; then
     echo "FAIL $name: hung (killed after 30 s)"; failures=$((failures + 1))
-  elif [ "$rc" != "$want_rc" ] || ! grep -qE "$want_msg" "$tmp/err" || [ "$lines" != 1 ]; then
+  elif [ "$rc" != "$want_rc" ] || ! grep -qE -- "$want_msg" "$tmp/err" || [ "$lines" != 1 ] ||
+       grep -qE "::bind\(|gai_strerror|remote exception:" "$tmp/err"; then
     echo "FAIL $name: exit $rc (want $want_rc), $lines stderr line(s), want /$want_msg/:"; cat "$tmp/err"
     failures=$((failures + 1))
   else
@@ -79,6 +80,28 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); pr
 expect "unreachable ps" 3 "mnist_trainer: error: .*(connect|reach)" -- \
   "$trainer" --job_name worker --task_index 0 --ps_hosts "127.0.0.1:$port" --worker_hosts 127.0.0.1:2223 \
   --connect_timeout 2 --data_dir "$data" --train_steps 1
+# Messages for people: no library internals, what to do (docs/first-hour.md).
+# psd logs to stdout: its_log turns that into the stream expect reads.
+its_log=(bash -c '"$@" 1>&2' its_log)
+expect "--ps_hosts= empty" 2 "mnist_trainer: error: --ps_hosts is empty" -- \
+  "$trainer" --ps_hosts= --job_name=worker --task_index 0 --train_steps 1
+expect "--ps_hosts separated by ;" 2 "mnist_trainer: error: .*separate hosts with ','" -- \
+  "$trainer" --ps_hosts "127.0.0.1:2222;127.0.0.1:2223" --job_name=worker --task_index 0 --train_steps 1
+expect "psd --ps_hosts= empty" 2 "--ps_hosts is empty" -- "${its_log[@]}" "$build/server/psd" --ps_hosts= --task_index 0
+expect "psd --ps_hosts separated by ;" 2 "separate hosts with ','" -- \
+  "${its_log[@]}" "$build/server/psd" --ps_hosts "127.0.0.1:2222;127.0.0.1:2223" --task_index 0
+expect "unreachable ps, in words" 3 "mnist_trainer: error: .*127.0.0.1:$port: connection refused \(nothing listens there" -- \
+  "$trainer" --job_name worker --task_index 0 --ps_hosts "127.0.0.1:$port" --connect_timeout 1 --data_dir "$data" \
+  --train_steps 1
+python3 -c 'import socket,time; s=socket.socket(); s.bind(("127.0.0.1",0)); s.listen(); print(s.getsockname()[1], flush=True); time.sleep(60)' \
+  >"$tmp/busy.port" &
+busy=$!
+for _ in $(seq 50); do [ -s "$tmp/busy.port" ] && break; sleep 0.1; done
+expect "psd on a port in use" 2 "psd: cannot listen on 127.0.0.1:$(cat "$tmp/busy.port") \(--bind, --port\): address already in use \(another process" -- \
+  "${its_log[@]}" "$build/server/psd" --port "$(cat "$tmp/busy.port")"
+kill "$busy" 2>/dev/null; wait "$busy" 2>/dev/null
+expect "psd --bind unknown host" 2 "psd: cannot listen on no-such-host.invalid:0 \(--bind, --port\): unknown host name" -- \
+  "${its_log[@]}" "$build/server/psd" --port 0 --bind no-such-host.invalid
 expect "ps task --nice out of range" 2 "mnist_trainer: error: --nice must be in -20..19" -- \
   "$trainer" --job_name ps --task_index 0 --ps_hosts "127.0.0.1:$port" --worker_hosts 127.0.0.1:2223 --nice 25
 expect "unknown optimizer" 2 "optimizer" -- "$trainer" --local --optimizer adamw --train_steps 1

@@ -467,11 +467,14 @@ TEST_CASE("bad job input: a second chief, a worker outside the job, another job 
   CHECK_THROWS_WITH(Client(worker_options({&psd}, 0)), Catch::Contains("second chief"));
   CHECK_THROWS_WITH(Client(worker_options({&psd}, 7)), Catch::Contains("outside the job's 2 workers"));
   CHECK_THROWS_WITH(chief.init_job({.mode = SyncMode::kAsync}), Catch::Contains("already configured"));
-  // Another stop step reads as one, named once (it read "initJob: initJob: ... as sync (...), not sync (...)").
+  // Another stop step ahead of the job is taken (a job resumed and extended).
+  CHECK_NOTHROW(chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2, .train_steps = 60}));
+  CHECK(chief.stats()[0].job.train_steps == 60);
+  // Anything else reads as one refusal, named once (it read "initJob: initJob: ... as sync (...), not sync (...)").
   CHECK_THROWS_WITH(
-      chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2, .train_steps = 60}),
-      Catch::StartsWith("initJob: the job is already configured as sync (aggregate 2 of 2), not sync (aggregate 2 of "
-                        "2), stop at step 60"));
+      chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 1, .total_replicas = 2, .train_steps = 60}),
+      Catch::StartsWith("initJob: the job is already configured as sync (aggregate 2 of 2), stop at step 60, not sync "
+                        "(aggregate 1 of 2), stop at step 60 (only the stop step may change"));
   // A chief restarted with restore_from names the newest checkpoint's step
   // as where a job starts: the running job goes on, at its own step.
   CHECK_NOTHROW(chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2, .start_step = 7}));

@@ -41,9 +41,11 @@ void check_address(std::string_view addr, bool allow_unix, const std::string& wh
     if (addr.size() == 5) fail(what + ": '" + a + "': empty unix socket path");
     return;
   }
-  for (char c : addr)
+  for (char c : addr) {
+    if (c == ';' || c == ' ' || c == '\t') fail(what + ": '" + a + "': separate hosts with ',' (host:port,host:port)");
     if (std::isspace(static_cast<unsigned char>(c)) || c == ',')
       fail(what + ": '" + a + "': whitespace or comma inside an address");
+  }
   auto colon = addr.rfind(':');
   if (colon == std::string_view::npos) fail(what + ": '" + a + "' is not host:port");
   std::string_view host = addr.substr(0, colon), port = addr.substr(colon + 1);

@@ -50,10 +50,27 @@ bool HookList::stop_requested() const {
 // --- LoggingHook ---
 LoggingHook::LoggingHook(Options o) : o_(o) {}
 
+LoggingHook::~LoggingHook() {
+  if (own_tty_) std::fclose(own_tty_);
+}
+
 void LoggingHook::begin() {
   start_ = std::chrono::steady_clock::now();
-  tty_ = o_.progress_bar && o_.bar_stream && ::isatty(::fileno(o_.bar_stream)) && std::getenv("TERM") &&
-         std::string(std::getenv("TERM")) != "dumb";
+  const char* term = std::getenv("TERM");
+  const bool term_ok = term && std::string(term) != "dumb";
+  if (o_.progress_bar && o_.bar_stream && !::isatty(::fileno(o_.bar_stream)) && term_ok && !own_tty_) {
+    // Streams going through a pipe: a launcher may name the terminal.
+    const char* path = std::getenv("PS_PROGRESS_TTY");
+    if (path && *path) {
+      own_tty_ = std::fopen(path, "w");
+      if (own_tty_ && !::isatty(::fileno(own_tty_))) {
+        std::fclose(own_tty_);
+        own_tty_ = nullptr;
+      }
+      if (own_tty_) o_.bar_stream = own_tty_;
+    }
+  }
+  tty_ = o_.progress_bar && o_.bar_stream && ::isatty(::fileno(o_.bar_stream)) && term_ok;
 }
 
 void LoggingHook::clear_bar() {

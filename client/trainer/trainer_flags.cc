@@ -5,6 +5,7 @@
 
 #include <kj/exception.h>
 
+#include "common/for_people.h"
 #include "ps/errors.h"
 
 namespace ps {
@@ -26,8 +27,12 @@ void add_trainer_flags(CLI::App& app, TrainerFlags& f) {
   app.add_option("--task_index", f.task_index, "index of this task within its job")
       ->capture_default_str()
       ->each([&f](const std::string&) { f.task_index_given = true; });
-  app.add_option("--ps_hosts", f.ps_hosts, "comma-separated host:port list of the ps tasks");
-  app.add_option("--worker_hosts", f.worker_hosts, "comma-separated host:port list of the workers");
+  // expected(0, 1): "--ps_hosts=" counts as given and empty (refused as
+  // such), instead of taking the next argument as its value.
+  f.ps_hosts_option = app.add_option("--ps_hosts", f.ps_hosts, "comma-separated host:port list of the ps tasks")
+                          ->expected(0, 1);
+  f.worker_hosts_option =
+      app.add_option("--worker_hosts", f.worker_hosts, "comma-separated host:port list of the workers")->expected(0, 1);
   app.add_option("--slurm_num_ps", f.slurm_num_ps, "under Slurm: the first N tasks are ps")->capture_default_str();
   app.add_option("--port_base", f.port_base, "under Slurm: task ports start here")->capture_default_str();
   app.add_flag("--sync_replicas", f.sync_replicas, "synchronous training: average gradients of the replicas per step");
@@ -67,6 +72,11 @@ void add_trainer_flags(CLI::App& app, TrainerFlags& f) {
 }
 
 ClusterSpec TrainerFlags::cluster_spec() const {
+  for (const CLI::Option* o : {ps_hosts_option, worker_hosts_option}) {
+    if (o && o->count() > 0 && (o == ps_hosts_option ? ps_hosts : worker_hosts).empty()) {
+      throw ConfigError(o->get_name() + " is empty: give host:port[,host:port...]");
+    }
+  }
   if (!ps_hosts.empty() || !worker_hosts.empty()) {
     if (ps_hosts.empty()) throw ConfigError("--worker_hosts given without --ps_hosts");
     if (job_name.empty()) throw ConfigError("--job_name is required with --ps_hosts (ps or worker)");
@@ -122,6 +132,8 @@ JobConfig TrainerFlags::job_config(const ClusterSpec& spec, int64_t steps) const
   JobConfig c;
   c.total_replicas = static_cast<uint32_t>(spec.num_workers());
   c.train_steps = steps;
+  c.worker_hosts = spec.worker_hosts();
+  c.ps_hosts = spec.ps_hosts();
   if (sync_replicas) {
     c.mode = SyncMode::kSync;
     c.replicas_to_aggregate = static_cast<uint32_t>(replicas(spec));
@@ -183,13 +195,13 @@ int run_trainer_main(const char* program, const std::function<int()>& body) {
     std::fprintf(stderr, "%s: error: %s\n", program, e.what());
     return 2;
   } catch (const ConnectionError& e) {
-    std::fprintf(stderr, "%s: error: %s\n", program, e.what());
+    std::fprintf(stderr, "%s: error: %s\n", program, for_people(e.what()).c_str());
     return 3;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: error: %s\n", program, e.what());
     return 1;
   } catch (const kj::Exception& e) {
-    std::fprintf(stderr, "%s: error: %s\n", program, e.getDescription().cStr());
+    std::fprintf(stderr, "%s: error: %s\n", program, for_people(e.getDescription().cStr()).c_str());
     return 1;
   }
 }

@@ -5,11 +5,27 @@
 
 #include <spdlog/spdlog.h>
 
+#include "client/trainer/wait_watcher.h"
 #include "ps/checkpoint.h"
 
 namespace ps {
 
+namespace {
+// Marks a call under way for the WaitWatcher (none: nothing), to its end.
+struct Watching {
+  Watching(WaitWatcher* w, const char* what) : watch(w) {
+    if (watch) watch->begin(what);
+  }
+  ~Watching() {
+    if (watch) watch->end();
+  }
+  WaitWatcher* watch;
+};
+}  // namespace
+
 TrainingSession::TrainingSession(Client& client, SessionOptions options) : client_(client), options_(std::move(options)) {}
+
+TrainingSession::~TrainingSession() = default;
 
 void TrainingSession::add_variable(const TensorSpec& spec, std::span<float> values, std::span<float> grads) {
   if (initialized_) throw ConfigError("add_variable('" + spec.name + "') after initialize()");
@@ -44,6 +60,7 @@ void TrainingSession::initialize() {
       spdlog::info("worker {}: waiting for the chief to initialise the model ({} s)", client_.options().worker_index,
                    std::chrono::duration_cast<std::chrono::seconds>(waited).count());
     }
+    check_same_cluster(client_.job());
     options_.job = client_.job();
     check_declared_as_created();
   }
@@ -51,7 +68,36 @@ void TrainingSession::initialize() {
   // restarted worker going on from 0 was ignored until it passed its old
   // count, and the others ran that far past max_staleness meanwhile.
   if (options_.job.mode == SyncMode::kBoundedStaleness) local_step_ = std::max(local_step_, client_.recorded_step());
+  watch_ = std::make_unique<WaitWatcher>(client_, client_.options().worker_index);
   initialized_ = true;
+}
+
+namespace {
+std::string joined(const std::vector<std::string>& hosts) {
+  std::string out;
+  for (const auto& h : hosts) out += (out.empty() ? "" : ",") + h;
+  return out;
+}
+}  // namespace
+
+void TrainingSession::check_same_cluster(const JobConfig& chiefs) const {
+  // A worker started with another cluster than the chief's trains, but
+  // the end barrier counts the wrong number of workers, or a worker index
+  // means another task: refused here, at the start, with both lists.
+  const JobConfig& mine = options_.job;
+  const std::string who = "worker " + std::to_string(client_.options().worker_index);
+  auto differ = [&](const char* flag, const std::vector<std::string>& a, const std::vector<std::string>& b) {
+    if (a.empty() || b.empty() || a == b) return;
+    throw ConfigError(who + " was started with " + flag + "=" + joined(a) + " (" + std::to_string(a.size()) +
+                      "), the chief with " + flag + "=" + joined(b) + " (" + std::to_string(b.size()) +
+                      "): start every task with the same cluster");
+  };
+  differ("--worker_hosts", mine.worker_hosts, chiefs.worker_hosts);
+  differ("--ps_hosts", mine.ps_hosts, chiefs.ps_hosts);
+  if (mine.total_replicas > 0 && chiefs.total_replicas > 0 && mine.total_replicas != chiefs.total_replicas) {
+    throw ConfigError(who + " counts " + std::to_string(mine.total_replicas) + " workers, the chief's job " +
+                      std::to_string(chiefs.total_replicas) + ": start every task with the same --worker_hosts");
+  }
 }
 
 void TrainingSession::check_declared_as_created() {
@@ -132,7 +178,13 @@ int64_t TrainingSession::pull() {
     case SyncMode::kBoundedStaleness: min_step = local_step_; break;
     case SyncMode::kAsync: break;
   }
-  PullResult r = client_.pull(names_, values_, min_step);
+  PullResult r;
+  {
+    Watching w(watch_.get(), options_.job.mode == SyncMode::kSync               ? "pull for the next sync step"
+                             : options_.job.mode == SyncMode::kBoundedStaleness ? "pull (waits for the slowest worker)"
+                                                                                 : "pull");
+    r = client_.pull(names_, values_, min_step);
+  }
   pulled_step_ = r.step;
   if (options_.job.mode == SyncMode::kSync) {
     global_step_ = r.step;
@@ -146,7 +198,11 @@ StepOutcome TrainingSession::push() {
   const int64_t step = options_.job.mode == SyncMode::kBoundedStaleness ? local_step_ : pulled_step_;
   // The step report rides on the push: the shard counts it once the
   // gradients are in, without another round trip.
-  PushResult p = client_.push_and_step(names_, grads_, step, local_step_);
+  PushResult p;
+  {
+    Watching w(watch_.get(), "push");
+    p = client_.push_and_step(names_, grads_, step, local_step_);
+  }
 
   StepOutcome out;
   out.step = pulled_step_;
@@ -176,6 +232,11 @@ StepOutcome TrainingSession::run_step(const std::function<void()>& compute) {
   if (stop_) return StepOutcome{pulled_step_, global_step_, false, true};
   compute();
   return push();
+}
+
+uint32_t TrainingSession::barrier(const std::string& name, uint32_t count, std::chrono::milliseconds timeout) {
+  Watching w(watch_.get(), "barrier");
+  return client_.barrier(name, count, timeout);
 }
 
 void TrainingSession::end() {

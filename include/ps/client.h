@@ -153,6 +153,9 @@ struct ShardStats {
   int64_t last_checkpoint_step = -1;     // -1: none written or restored
   double last_checkpoint_unix_secs = 0;
   std::vector<WorkerStats> workers;
+  // What the job has waited for over a few seconds, one line each, for
+  // people: "sync step 0 waits for workers 2 (never connected) ...".
+  std::vector<std::string> waits;
 };
 
 struct PullResult {

@@ -78,7 +78,10 @@ class HookList {
 
 // A line every N local steps (worker, epoch, global and local step, loss,
 // samples/s of this worker and of the job); on a terminal also a progress bar
-// with ETA, redrawn at most 10 times a second.
+// with ETA, redrawn at most 10 times a second. A launcher that sends the
+// streams through a pipe (a log, tee) names the terminal in the environment
+// variable PS_PROGRESS_TTY (e.g. /dev/pts/3): the bar is drawn there, and
+// only the lines go down the pipe.
 class LoggingHook : public TrainingHook {
  public:
   struct Options {
@@ -89,6 +92,7 @@ class LoggingHook : public TrainingHook {
     std::FILE* bar_stream = stderr;
   };
   explicit LoggingHook(Options o);
+  ~LoggingHook() override;
   void begin() override;
   void after_step(const StepInfo& s) override;
   void end(const StepInfo& s) override;
@@ -101,6 +105,7 @@ class LoggingHook : public TrainingHook {
   void draw_bar(const StepInfo& s, double now);
   Options o_;
   bool tty_ = false;
+  std::FILE* own_tty_ = nullptr;  // opened from PS_PROGRESS_TTY; the bar's stream then
   bool bar_drawn_ = false;
   std::chrono::steady_clock::time_point start_;
   double last_line_t_ = 0, last_bar_t_ = -1;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ps {
 
@@ -26,6 +27,10 @@ struct JobConfig {
   uint32_t max_staleness = 0;          // bounded staleness
   int64_t train_steps = 0;             // stop at this global step; 0 = no stop condition
   int64_t start_step = 0;              // global step a new job starts at (a restored checkpoint's)
+  // The chief's cluster (--worker_hosts, --ps_hosts), for every worker to
+  // check its own against; not part of what makes two configurations differ.
+  std::vector<std::string> worker_hosts{};
+  std::vector<std::string> ps_hosts{};
   bool operator==(const JobConfig&) const = default;
 };
 

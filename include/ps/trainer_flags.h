@@ -40,6 +40,9 @@ struct TrainerFlags {
   std::string ps_hosts;
   std::string worker_hosts;
   int slurm_num_ps = 1;
+  // Set by add_trainer_flags: tells a flag given empty ("--ps_hosts=") from one not given.
+  const CLI::Option* ps_hosts_option = nullptr;
+  const CLI::Option* worker_hosts_option = nullptr;
   int port_base = 2222;
 
   // Job.

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -30,6 +31,8 @@
 #include "ps/tensor_spec.h"
 
 namespace ps {
+
+class WaitWatcher;
 
 struct SessionOptions {
   JobConfig job{};
@@ -55,6 +58,7 @@ struct StepOutcome {
 class TrainingSession {
  public:
   TrainingSession(Client& client, SessionOptions options);
+  ~TrainingSession();
 
   // Binds a variable to caller buffers: pulls land in `values`, pushes read
   // `grads`. Both must have the tensor's element count and outlive the session.
@@ -83,6 +87,10 @@ class TrainingSession {
   const JobConfig& job() const { return options_.job; }
   Client& client() { return client_; }
 
+  // Client::barrier, saying every few seconds (as pull does in a long
+  // wait) which workers it waits for, as psd sees them.
+  uint32_t barrier(const std::string& name, uint32_t count, std::chrono::milliseconds timeout);
+
   // Chief: tells the shards the job is over; they exit once workers leave.
   void end();
 
@@ -92,6 +100,9 @@ class TrainingSession {
   // Another worker: the variables as declared here are those the chief
   // created, with the same shapes, on the same shards; throws ConfigError.
   void check_declared_as_created();
+  // Another worker: started with the chief's cluster (the lists and the
+  // worker count in its job); throws ConfigError naming both.
+  void check_same_cluster(const JobConfig& chiefs) const;
 
   Client& client_;
   SessionOptions options_;
@@ -107,6 +118,8 @@ class TrainingSession {
   uint64_t seen_rollbacks_ = 0;  // Client::rollbacks() when last checked
   bool stop_ = false;
   bool initialized_ = false;
+  // From initialize(): logs what a pull, push or barrier waiting for long waits for.
+  std::unique_ptr<WaitWatcher> watch_;
 };
 
 }  // namespace ps

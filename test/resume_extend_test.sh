@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Resume and extend a job (TensorFlow users re-run with a larger --train_steps):
+# a trainer's in-process ps checkpoints with --checkpoint_dir like psd; a job
+# restored from it takes a raised --train_steps and trains on to it; re-running
+# a finished job says so and exits 0 without training; --restore_from seeds a
+# fresh ps from the checkpoint.
+#   test/resume_extend_test.sh BUILD_DIR
+set -uo pipefail
+build=$(cd "$1" && pwd)
+trainer="$build/examples/mnist_trainer"
+here=$(cd "$(dirname "$0")" && pwd)
+tmp=$(mktemp -d)
+ps_pid=
+cleanup() { [ -n "$ps_pid" ] && kill "$ps_pid" 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+python3 "$here/tiny_mnist.py" "$tmp/data" 600 100
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+cluster=(--ps_hosts "127.0.0.1:$port" --worker_hosts 127.0.0.1:1)
+common=(--data_dir "$tmp/data" --validation_size 100 --log_every 0 --batch_size 50 --connect_timeout 20)
+
+# start_ps NAME [FLAGS...]: an in-process ps task in the background.
+start_ps() {
+  local name=$1; shift
+  "$trainer" --job_name=ps --task_index=0 "${cluster[@]}" "$@" >"$tmp/$name.log" 2>&1 &
+  ps_pid=$!
+}
+# chief NAME STEPS [FLAGS...]: worker 0 to the end; its exit code.
+chief() {
+  local name=$1 steps=$2; shift 2
+  timeout 60 "$trainer" --job_name=worker --task_index=0 "${cluster[@]}" "${common[@]}" --train_steps "$steps" "$@" \
+    >"$tmp/$name.out" 2>"$tmp/$name.err"
+}
+# wait_ps: the ps task exits by itself once the chief finished the job.
+wait_ps() {
+  local i
+  for i in $(seq 100); do kill -0 "$ps_pid" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$ps_pid" 2>/dev/null; then fail "the ps task did not exit after the job"; kill "$ps_pid"; fi
+  wait "$ps_pid" 2>/dev/null
+  ps_pid=
+}
+
+# 1. A first job of 20 steps, checkpointed by its ps task.
+start_ps ps1 --checkpoint_dir "$tmp/ck"
+chief first 20 || fail "first job: exit $? $(cat "$tmp/first.err")"
+wait_ps
+grep -q "== 20 global steps" "$tmp/first.out" || fail "first job did not train 20 steps: $(cat "$tmp/first.out")"
+# Start-up says what it does while the data loads, before it trains.
+grep -q "worker 0: loading data from $tmp/data" "$tmp/first.out" || fail "no word while the data loads: $(head -n 3 "$tmp/first.out")"
+ls "$tmp/ck"/shard-0-of-1/*.psckpt >/dev/null 2>&1 || fail "no checkpoint in $tmp/ck: $(cat "$tmp/ps1.log")"
+
+# 2. The same job again: finished, exit 0, no training, no rates.
+start_ps ps2 --checkpoint_dir "$tmp/ck"
+chief again 20 || fail "finished job re-run: exit $? $(cat "$tmp/again.err")"
+wait_ps
+grep -q "already finished at global step 20" "$tmp/again.out" ||
+  fail "a finished job re-run does not say it is finished: $(cat "$tmp/again.out" "$tmp/again.err")"
+if grep -q "samples/s" "$tmp/again.out"; then fail "a finished job re-run printed rates: $(cat "$tmp/again.out")"; fi
+
+# 3. Extended to 35 steps: trains on from 20.
+start_ps ps3 --checkpoint_dir "$tmp/ck"
+chief extend 35 || fail "extended job: exit $? $(cat "$tmp/extend.err")"
+wait_ps
+grep -q "== 35 global steps" "$tmp/extend.out" || fail "extended job did not reach 35 steps: $(cat "$tmp/extend.out" "$tmp/extend.err")"
+grep -q "15 local steps" "$tmp/extend.out" || fail "extended job did not train 15 steps from 20: $(cat "$tmp/extend.out")"
+
+# 4. A fresh ps (no checkpoint of its own), the chief restoring from the first's.
+start_ps ps4
+chief restore 45 --restore_from "$tmp/ck" || fail "--restore_from: exit $? $(cat "$tmp/restore.err")"
+wait_ps
+grep -q "== 45 global steps" "$tmp/restore.out" || fail "--restore_from did not go on to 45: $(cat "$tmp/restore.out" "$tmp/restore.err")"
+grep -q "10 local steps" "$tmp/restore.out" || fail "--restore_from did not go on from 35: $(cat "$tmp/restore.out")"
+
+# 5. A lower stop step than where the job is: refused with the step it is at.
+start_ps ps5 --checkpoint_dir "$tmp/ck"
+chief lower 10; rc=$?
+kill "$ps_pid" 2>/dev/null; wait "$ps_pid" 2>/dev/null; ps_pid=
+[ "$rc" != 0 ] || fail "a stop step below the job's step: exit 0"
+grep -q "global step 35" "$tmp/lower.err" || fail "a stop step below the job's step: $(cat "$tmp/lower.err")"
+
+[ "$failures" = 0 ] && echo "PASS: resume, extend, finished re-run, --restore_from" || exit 1

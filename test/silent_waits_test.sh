@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# No silent waits: a worker whose psd is not up says what it waits for; a
+# declared worker that never starts is named, every few seconds, by the
+# chief, psd's log and psd's status page, at sync step 0 and at the end
+# barrier; a sync job goes on without it after --worker_timeout_secs.
+#   test/silent_waits_test.sh BUILD_DIR
+set -uo pipefail
+build=$(cd "$1" && pwd)
+trainer="$build/examples/mnist_trainer"
+here=$(cd "$(dirname "$0")" && pwd)
+tmp=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$tmp"; }
+trap cleanup EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+# wait_for FILE REGEX SECONDS: whether REGEX shows up in FILE in time.
+wait_for() {
+  local i
+  for i in $(seq $(($3 * 10))); do grep -qE "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+  return 1
+}
+stop() { kill "$@" 2>/dev/null; wait "$@" 2>/dev/null; }
+
+python3 "$here/tiny_mnist.py" "$tmp/data" 600 100
+common=(--data_dir "$tmp/data" --validation_size 100 --log_every 0 --train_steps 10)
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# 1. No psd: the worker says what it waits for, and for how long.
+port=$(free_port)
+timeout 30 "$trainer" --job_name=worker --task_index 0 --ps_hosts "127.0.0.1:$port" "${common[@]}" \
+  --connect_timeout 7 >"$tmp/nops.out" 2>&1
+rc=$?
+[ "$rc" = 3 ] || fail "no psd: exit $rc (want 3)"
+grep -q "waiting for ps 127.0.0.1:$port (shard 0): 5 s of 7 s" "$tmp/nops.out" ||
+  fail "no psd: no word while waiting: $(cat "$tmp/nops.out")"
+
+# start_psd NAME [FLAGS...]: psd on a free port, HTTP on another; sets psd_pid, psd_port, http.
+start_psd() {
+  local name=$1; shift
+  "$build/server/psd" --port 0 --port_file "$tmp/$name.port" --http_port any --http_port_file "$tmp/$name.http" "$@" \
+    >"$tmp/$name.log" 2>&1 &
+  psd_pid=$!; pids+=("$psd_pid")
+  wait_for "$tmp/$name.http" . 10 || fail "$name did not start: $(cat "$tmp/$name.log")"
+  sleep 0.2
+  psd_port=$(cat "$tmp/$name.port"); http=$(cat "$tmp/$name.http")
+}
+# chief NAME [FLAGS...]: worker 0 of 2 (worker 1 never starts), in the background; sets chief_pid.
+chief() {
+  local name=$1; shift
+  "$trainer" --job_name=worker --task_index 0 --ps_hosts "127.0.0.1:$psd_port" \
+    --worker_hosts 127.0.0.1:1,127.0.0.1:2 "${common[@]}" "$@" >"$tmp/$name.out" 2>&1 &
+  chief_pid=$!; pids+=("$chief_pid")
+}
+
+# 2. Sync, worker 1 never connects, --worker_timeout_secs 0: named at step 0, it waits.
+start_psd psd2
+chief sync --sync_replicas
+want="sync step 0 waits for workers 1 \(never connected\)"
+wait_for "$tmp/sync.out" "worker 0: pull for the next sync step: waiting [0-9]+ s; psd: $want" 15 ||
+  fail "sync: the chief does not say what step 0 waits for: $(tail -n 5 "$tmp/sync.out")"
+wait_for "$tmp/psd2.log" "$want.*--worker_timeout_secs is 0" 5 ||
+  fail "sync: psd's log does not say what step 0 waits for: $(tail -n 5 "$tmp/psd2.log")"
+python3 - "$http" <<'PY' || fail "sync: psd's status page does not say what step 0 waits for"
+import json, sys, urllib.request
+s = json.load(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/status.json", timeout=5))
+sys.exit(0 if any("sync step 0 waits for workers 1 (never connected)" in w for w in s["waits"]) else 1)
+PY
+stop "$chief_pid" "$psd_pid"
+
+# 3. The same with --worker_timeout_secs 3: the job goes on without worker 1 (the stated rule).
+start_psd psd3 --worker_timeout_secs 3
+chief timeout --sync_replicas
+wait_for "$tmp/timeout.out" "worker 0: done after 10 local steps" 20 ||
+  fail "sync with --worker_timeout_secs: the job did not go on: $(tail -n 5 "$tmp/timeout.out")"
+grep -q "worker 1 never connected: sync steps no longer wait for it" "$tmp/psd3.log" ||
+  fail "sync with --worker_timeout_secs: psd does not say it gave up on worker 1: $(tail -n 5 "$tmp/psd3.log")"
+stop "$chief_pid" "$psd_pid"
+
+# 4. Async: the end barrier names the worker it waits for, on the chief and in psd's log.
+start_psd psd4
+chief async
+want="barrier 'mnist_trainer/end' waits for 2 callers, has 1 \(workers 0\); missing workers 1 \(never connected\)"
+wait_for "$tmp/async.out" "worker 0: barrier: waiting [0-9]+ s; psd: $want" 20 ||
+  fail "async: the chief does not say what the end barrier waits for: $(tail -n 5 "$tmp/async.out")"
+grep -qE "$want" "$tmp/psd4.log" || fail "async: psd's log does not name the missing worker: $(tail -n 5 "$tmp/psd4.log")"
+stop "$chief_pid" "$psd_pid"
+
+[ "$failures" = 0 ] && echo "PASS: every long wait says what it waits for" || exit 1

@@ -126,7 +126,6 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
         places(options.max_connections, options.max_connections_per_peer),
         shard(options.shard, pool, io.provider->getTimer(), &budget),
         tasks(kj::heap<kj::TaskSet>(*this)) {
-    spdlog::info("psd memory budget: {} MiB (--max_memory_mb)", budget.limit() >> 20);
     if (!options.checkpoint.dir.empty()) {
       checkpointer = std::make_unique<Checkpointer>(options.checkpoint, shard, &budget);
       shard.set_checkpointer(checkpointer.get());
@@ -350,10 +349,11 @@ void PsServer::run(kj::Promise<void> stop) {
   }
   if (!o.port_file.empty()) write_port_file(o.port_file, port);
   const int send_buffer_kb = same_host_send_buffer_bytes() >> 10;
-  spdlog::info("psd shard {}/{} listening on {}:{}{} ({} compute threads, same-host TCP send buffer {})",
+  spdlog::info("psd shard {}/{} listening on {}:{}{} ({} compute threads, same-host TCP send buffer {}, "
+               "memory budget {} MiB (--max_memory_mb))",
                o.shard.shard_index, o.shard.num_shards, o.bind, port,
                o.unix_socket.empty() ? "" : " and unix:" + o.unix_socket, o.threads,
-               send_buffer_kb > 0 ? std::to_string(send_buffer_kb) + " KiB" : "autotuned");
+               send_buffer_kb > 0 ? std::to_string(send_buffer_kb) + " KiB" : "autotuned", impl_->budget.limit() >> 20);
 
   auto serving = impl_->accept_loop(*tcp, "tcp").exclusiveJoin(impl_->housekeeping(io.provider->getTimer()));
   if (impl_->checkpointer && o.checkpoint.every_secs > 0) {

@@ -1,6 +1,8 @@
 // Durability against real psd processes: checkpoints on SIGTERM and on
 // request, restore at start (skipping damaged files), re-sharding a
 // checkpoint N -> M, and psd killed with SIGKILL mid-training.
+// One test program per area: its cases share the helpers at its top;
+// splitting it would duplicate them.
 #include <catch2/catch.hpp>
 
 #include <atomic>

@@ -1,6 +1,8 @@
 // Worker failures in sync mode against a real psd: a worker process killed
 // with SIGKILL (the job goes on with the others; a restarted worker rejoins)
 // and a worker that hangs with its connection open (--worker_timeout_secs).
+// One test program per area: its cases share the helpers at its top;
+// splitting it would duplicate them.
 #include <catch2/catch.hpp>
 
 #include <arpa/inet.h>

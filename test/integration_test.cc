@@ -1,4 +1,6 @@
 // libpsclient against real psd processes on loopback ports.
+// One test program per area: its cases share the helpers at its top;
+// splitting it would duplicate them.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>

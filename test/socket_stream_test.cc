@@ -1,6 +1,8 @@
 // ps::SocketStream (common/net/socket_stream.h): reads through its buffer and
 // around it, writes of many pieces, the end of stream when it comes with
 // the last data, and connect_socket for TCP, host names and Unix sockets.
+// One test program per area: its cases share the helpers at its top;
+// splitting it would duplicate them.
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>

@@ -4,7 +4,7 @@
 // measures one psd it starts against plain TCP, this shows how a running
 // setup behaves over seconds: several psds (one client per psd, or every
 // tensor spread over all), and runs that are slow throughout rather than
-// in bursts (bench/PERFORMANCE.md, "Busy polling").
+// in bursts (docs/performance.md, "Busy polling").
 //
 //   build/server/psd --port 2222 &
 //   build/bench/load_bench --ps_hosts 127.0.0.1:2222 --clients 3 --size_kb 4096 --seconds 3

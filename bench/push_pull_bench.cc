@@ -4,7 +4,7 @@
 //   build/bench/push_pull_bench                     # starts its own psd
 //   build/bench/push_pull_bench --reps 30 --sizes 4K,64K,1M,4M,16M,64M
 //   build/bench/push_pull_bench --part_kb 4096 --request_kb 8192   # one 4 MiB part per message
-//   build/bench/push_pull_bench --busy_poll_us 50 --sizes 4K,64K   # clients poll too (common/busy_poll.h)
+//   build/bench/push_pull_bench --busy_poll_us 50 --sizes 4K,64K   # clients poll too (common/net/busy_poll.h)
 //   build/bench/push_pull_bench --psd old/psd --ab_psd build/server/psd --sizes 64K   # A/B two psd builds
 //   build/bench/push_pull_bench --psd_cpus 1 --client_cpus 0   # psd and the clients on cores of their own
 //   build/bench/push_pull_bench --psd_flags "--nice -10"      # psd not preempted by the clients (root)
@@ -22,6 +22,8 @@
 // process kept busy (CPU time / wall time) with one client and with three:
 // whether a result was bound by psd's event loop, by the clients, or by
 // neither; and the cores the whole machine left idle meanwhile.
+// One program, so that psd, plain TCP and raw Cap'n Proto are measured in
+// the same run, in turn, under the same load.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>

@@ -137,8 +137,8 @@ kj::Promise<void> check_in_turn(Reconnector& retry, std::shared_ptr<const std::v
 // a shape psd refused stays declarable, and the next tensors land where they
 // do on workers that never declared it. Not when anything was declared
 // meanwhile (another thread's create, even of the same names): theirs
-// stand, and so do these (a failed create took back a tensor that another
-// thread's create of it had just succeeded with, found in review).
+// stand, and so do these (a failed create must not take back a tensor that
+// another thread's create of it has just succeeded with).
 class Declarations {
  public:
   Declarations(Placement& placement, std::mutex& mutex, const std::vector<TensorSpec>& specs)

@@ -268,7 +268,7 @@ kj::Promise<PushResult> Client::Impl::push_round(std::vector<ShardBatch> batches
         } else {
           // External data is sent in whole words: a buffer not a
           // multiple of 8 bytes (or not aligned) would be read past
-          // its end (found by AddressSanitizer). Copy those.
+          // its end. Copy those.
           list[i].setValues(bytes);
         }
       }
@@ -339,8 +339,8 @@ std::future<PushResult> Client::start_push(std::vector<std::string> names, std::
   if (names.size() != grads.size()) throw ConfigError("push: " + std::to_string(names.size()) + " names but " +
                                                       std::to_string(grads.size()) + " gradients");
   // The step report rides on one message per shard: psd refusing it would
-  // refuse that message alone and apply the others (in review: 87,712 of
-  // 100,000 values changed by a refused call). Checked before anything goes.
+  // refuse that message alone and apply the others, so a refused call would
+  // still change values. Checked before anything goes.
   if (done_step >= 0 && impl_->options.worker_index < 0) {
     throw ConfigError("push_and_step: only workers report steps: set ClientOptions::worker_index (nothing was sent)");
   }

@@ -147,9 +147,9 @@ struct Elsewhere {
 
 // Over TCP to a psd on this host that also listens on a Unix socket: ask it
 // where (a probe hello), then go on over the socket, which moves large
-// tensors faster (README, Measured results). Anything amiss on that way
-// (a socket this process cannot reach: another container, a stale path)
-// leaves the TCP connection to say the real hello.
+// tensors faster (docs/performance.md, "Measured results"). Anything amiss
+// on that way (a socket this process cannot reach: another container, a
+// stale path) leaves the TCP connection to say the real hello.
 kj::Promise<kj::Own<ShardConnection>> hello_preferring_unix(kj::UnixEventPort& io, kj::Own<ShardConnection> tcp,
                                                             const HelloParams& hello) {
   auto req = hello_request(*tcp, hello, true);

@@ -2,7 +2,7 @@
 // for AVX2, the dynamic loader picking the one the CPU runs (GCC's
 // target_clones, an ifunc). The build stays portable and psd's per-element
 // loops (optimizer updates, the NaN/Inf check) run on 256-bit vectors where
-// the CPU has them: SGD on a 64 KiB tensor 2.5 -> 1.3 us (bench/apply_bench).
+// the CPU has them (bench/apply_bench; docs/performance.md).
 // Without FMA in the list, results are bit-identical to the SSE2 build's:
 // the same IEEE operations, only more of them at a time.
 #pragma once

@@ -22,6 +22,8 @@
 // table, pull the rows of both tables (async, at once) and the dense weights,
 // forward/backward, push rows and dense gradients. The chief evaluates the
 // held-out log-loss and AUC at intervals and at the end.
+// One file, like the other example trainers: the whole program in one place
+// to read, from flags to model to training loop.
 #include <algorithm>
 #include <chrono>
 #include <cmath>

@@ -92,8 +92,8 @@ kj::Promise<Checkpointer::Written> Checkpointer::take(int64_t step, bool anyway)
   const uint64_t signature = change_signature();
   return shard_.snapshot_at_step(step).then([this, signature](std::shared_ptr<ShardCheckpoint> c) {
     // Saved only once written: a failed write (disk full, a bad directory)
-    // is tried again at the next period even if nothing changes (before, an
-    // idle job's state was never saved).
+    // is tried again at the next period even if nothing changes, so an idle
+    // job's state is still saved once the disk allows it.
     return write(kj::mv(c)).then([this, signature](Written w) {
       saved_signature_ = signature;
       return w;

@@ -38,7 +38,7 @@ void write_port_file(const std::string& path, int port) {
 }
 
 // One accepted connection: its stream, the messages read from it in place
-// (common/buffered_message_stream.h), the two-party network over them and
+// (common/net/buffered_message_stream.h), the two-party network over them and
 // the RPC system serving a ShardServiceImpl as bootstrap.
 struct Connection {
   Connection(kj::Own<SocketStream> s, Shard& shard, std::string peer, capnp::ReaderOptions reader,
@@ -214,7 +214,7 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
     });
   }
 
-  // The accepted socket as a ps::SocketStream (common/socket_stream.h):
+  // The accepted socket as a ps::SocketStream (common/net/socket_stream.h):
   // fewer system calls per message than kj's own stream, and pull replies
   // sent from tensor memory. Null (errno set) if the fd cannot be had.
   kj::Own<SocketStream> rewrap(kj::Own<kj::AsyncIoStream> stream) {

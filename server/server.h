@@ -47,13 +47,13 @@ struct ServerOptions {
   // MiB, else its connection is closed (its memory would be held meanwhile).
   unsigned request_timeout_ms = 30000;
   // After its last work, poll the sockets up to this long before sleeping
-  // (common/busy_poll.h): the next request of a busy worker is then seen
+  // (common/net/busy_poll.h): the next request of a busy worker is then seen
   // without a wake-up. Adaptive: idle spells longer than this turn it off
   // until requests come close together again. 0: sleep at once.
   unsigned busy_poll_us = 50;
   // A worker's host that vanishes (no FIN: power loss, a network cut) is
   // taken for gone this long after its last sign of life, as if its
-  // connection had closed (common/socket_stream.h, detect_dead_peer).
+  // connection had closed (common/net/socket_stream.h, detect_dead_peer).
   // 0: Linux's defaults (no keepalive: connected for good).
   unsigned dead_peer_secs = 30;
   bool exit_when_done = true;   // exit once the chief said finish and the workers left

@@ -147,7 +147,8 @@ kj::Promise<void> Shard::run_on(StoredTensor* t, std::function<void()> fn) {
 }
 
 void Shard::timed_apply(StoredTensor* t, std::span<const float> g, float scale) {
-  // steady_clock::now() is a vDSO call (~20 ns): negligible next to an apply.
+  // steady_clock::now() is a vDSO call, not a system call: negligible next
+  // to an apply.
   const auto start = std::chrono::steady_clock::now();
   const bool applied = t->apply(g, scale, !options_.allow_nonfinite);
   apply_latency_.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());

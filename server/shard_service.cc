@@ -1,3 +1,5 @@
+// One file for the one Cap'n Proto interface psd serves: every method goes
+// through the same guard, hello check and logging helpers at its top.
 #include "server/shard_service.h"
 
 #include <cstring>

@@ -1,4 +1,4 @@
-// ps::BufferedMessageStream (common/buffered_message_stream.h), psd's
+// ps::BufferedMessageStream (common/net/buffered_message_stream.h), psd's
 // message stream: messages up to 128 KiB read in place in a shared buffer,
 // larger ones into memory of their own, every one whole and in order
 // however the bytes arrive; bad framing refused before anything is read

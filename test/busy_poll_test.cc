@@ -1,4 +1,4 @@
-// common/busy_poll.h: the polling budget's and the contention check's
+// common/net/busy_poll.h: the polling budget's and the contention check's
 // arithmetic; that neither form loses an event or a wake-up from another
 // thread while it polls, nor polls on after its budget; and that a polling
 // port stands aside while the CPUs are oversubscribed.

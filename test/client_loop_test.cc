@@ -1,4 +1,4 @@
-// ps::ClientLoop (client/client_loop.h): work runs on the calling thread
+// ps::ClientLoop (common/net/client_loop.h): work runs on the calling thread
 // when the loop is free and is handed over when it is not; kept work is
 // carried to its end by the helper thread; a thread with a KJ loop of its
 // own is served too.
@@ -90,10 +90,10 @@ TEST_CASE("a thread running a KJ loop of its own is served by hand-over") {
 }
 
 // A future set by kept work wakes its waiter while the helper still holds
-// the loop; the waiter's next blocking call used to hand itself over, which
-// kept the helper on the loop, so every later call was handed over too (two
-// cross-thread wake-ups each). A blocking call after an async one must come
-// back to the calling thread.
+// the loop; if the waiter's next blocking call handed itself over, the
+// helper would stay on the loop and every later call would be handed over
+// too (two cross-thread wake-ups each). A blocking call after an async one
+// must come back to the calling thread.
 TEST_CASE("a call right after kept work ends runs on the calling thread") {
   ps::ClientLoop loop;
   KeptTasks tasks(loop);

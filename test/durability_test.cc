@@ -1,6 +1,8 @@
 // Durability against real psd processes: checkpoints on SIGTERM and on
 // request, restore at start (skipping damaged files), re-sharding a
 // checkpoint N -> M, and psd killed with SIGKILL mid-training.
+// One test program per area: its cases share the helpers at its top;
+// splitting it would duplicate them.
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -149,8 +151,8 @@ TEST_CASE("a damaged newest checkpoint is reported and skipped; the next older o
   c.declare({{.name = "x", .shape = {4}}});
   CHECK(c.pull("x") == std::vector<float>{-1, -1, -1, -1});
   // The unreadable file is set aside: this run's next checkpoint (step 2
-  // again) is the newest and is kept (before, the damaged step 2 stayed
-  // the newest by name, and pruning could remove this run's own files).
+  // again) is the newest and is kept (the damaged step 2 must not stay the
+  // newest by name, or pruning could remove this run's own files).
   CHECK(std::filesystem::exists(files[0].path + ".unreadable"));
   Client worker(options_for({&psd}, 0));
   worker.declare({{.name = "x", .shape = {4}}});
@@ -182,9 +184,9 @@ TEST_CASE("a newest checkpoint that reads back but cannot be restored leaves not
   auto files = list_checkpoints(dir.path(), 0, 1);
   REQUIRE(files.size() == 2);
   // The newest file, rewritten with a checksum-valid but impossible content:
-  // "x" twice, with two shapes (found by fuzz/checkpoint_fuzz: psd restored
-  // the tensors before the second "x", then could not restore the older file
-  // over them).
+  // "x" twice, with two shapes (fuzz/checkpoint_fuzz's kind of input). psd
+  // must refuse the file whole, not restore the tensors before the second
+  // "x" and then be unable to restore the older file over them.
   ShardCheckpoint bad = read_checkpoint(files[0].path);
   TensorCheckpoint twice = bad.tensors.at(0);
   REQUIRE(twice.spec.name == "x");

@@ -1,6 +1,8 @@
 // Worker failures in sync mode against a real psd: a worker process killed
 // with SIGKILL (the job goes on with the others; a restarted worker rejoins)
 // and a worker that hangs with its connection open (--worker_timeout_secs).
+// One test program per area: its cases share the helpers at its top;
+// splitting it would duplicate them.
 #include <catch2/catch.hpp>
 
 #include <arpa/inet.h>
@@ -303,8 +305,8 @@ TEST_CASE("sync: a worker that dies after giving its gradient still counts it, a
   }
   REQUIRE(connections == 2);
   // Three replicas wanted, three gave or will give: worker 1's gradient
-  // counts, and the step waits for worker 2's (before, worker 1 was also
-  // counted as lost: the step closed with two and worker 2's came stale).
+  // counts, and the step waits for worker 2's (worker 1 must not also be
+  // counted as lost, closing the step with two and making worker 2's stale).
   CHECK(chief.stats()[0].global_step == 0);
   CHECK(worker2.push({"v"}, {std::vector<float>{4}}, 0).status[0] != PushStatus::kStale);
   std::vector<float> value(1);
@@ -432,7 +434,7 @@ TEST_CASE("a push given up at call_timeout sends nothing more from the caller's 
     };
     CHECK_THROWS_WITH(push(), Catch::Contains("no answer from psd"));
     // The call is over: its caller reuses the buffer. Nothing of this may
-    // reach psd (before, the rest of the push went out from it).
+    // reach psd (no rest of the push may go out from it).
     std::fill(g.begin(), g.end(), 1000.0f);
     ::kill(psd.pid(), SIGCONT);
     std::this_thread::sleep_for(200ms);
@@ -511,8 +513,8 @@ TEST_CASE("a peer that accepts and never answers hello fails a connect or reconn
 
 TEST_CASE("a call after the Client sat idle longer than call_timeout gets its whole call_timeout") {
   // kj's timer reads the clock only when the loop runs, and nothing runs the
-  // Client's loop between calls: the first call after 1.5 s idle timed out
-  // in 1 ms against a call_timeout of 1 s (found in review).
+  // Client's loop between calls: the first call after 1.5 s idle must still
+  // get its whole call_timeout of 1 s, not time out at once.
   PsdProcess psd;
   ClientOptions o;
   o.ps_hosts = {psd.address()};

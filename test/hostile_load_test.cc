@@ -3,6 +3,8 @@
 // connection places. Attacks are driven from raw sockets with hand-built Cap'n
 // Proto RPC messages; psd must stay within its memory budget (measured from
 // /proc/<pid>/status), keep serving a legitimate client, and refuse clearly.
+// One test program per area: its cases share the helpers at its top;
+// splitting it would duplicate them.
 #include <catch2/catch.hpp>
 
 #include <arpa/inet.h>

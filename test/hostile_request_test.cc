@@ -1,6 +1,8 @@
 // Hostile requests against a real psd, each built by hand as an attacker who
 // can reach psd's ports would send it (docs/hardening.md): psd refuses them
 // with a clear error, stores nothing non-finite, and serves on.
+// One test program per area: its cases share the helpers at its top;
+// splitting it would duplicate them.
 #include <catch2/catch.hpp>
 
 #include <arpa/inet.h>

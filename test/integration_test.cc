@@ -1,4 +1,6 @@
 // libpsclient against real psd processes on loopback ports.
+// One test program per area: its cases share the helpers at its top;
+// splitting it would duplicate them.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -487,9 +489,9 @@ TEST_CASE("a create refused anywhere creates nothing anywhere") {
 
 TEST_CASE("a create that fails in one thread leaves another thread's create of the same tensor standing") {
   // Thread A creates {x, y} and psd refuses y (another shape there); thread
-  // B creates {x} at the same time and succeeds. A's failure took x back out
-  // of the Client's placement, so B could not use the tensor it had just
-  // created (in review: 50-130 times in 300).
+  // B creates {x} at the same time and succeeds. A's failure must not take x
+  // back out of the Client's placement: B uses the tensor it has just
+  // created.
   PsdProcess psd;
   Client other(options_for({&psd}));
   Client client(options_for({&psd}));
@@ -797,8 +799,8 @@ TEST_CASE("a buffer or gradient of the wrong size is a RequestError, for pulls a
 }
 
 TEST_CASE("push_and_step that psd would refuse is refused before anything is sent") {
-  // Its step report rides on one message per shard: psd refused that one
-  // and applied the others (87,712 of 100,000 values changed, in review).
+  // Its step report rides on one message per shard: psd would refuse that
+  // one and apply the others, so the Client must refuse the whole call.
   PsdProcess psd;
   ClientOptions o = options_for({&psd});
   o.max_request_bytes = 64 << 10;  // the push goes out as several messages

@@ -1,5 +1,5 @@
 // libpsclient's shared memory blocks (client/shared_arena.h) and the region
-// under them (common/shared_region.h), without a psd.
+// under them (common/net/shared_region.h), without a psd.
 #include <catch2/catch.hpp>
 
 #include <sys/mman.h>

@@ -1,6 +1,8 @@
-// ps::SocketStream (common/socket_stream.h): reads through its buffer and
+// ps::SocketStream (common/net/socket_stream.h): reads through its buffer and
 // around it, writes of many pieces, the end of stream when it comes with
 // the last data, and connect_socket for TCP, host names and Unix sockets.
+// One test program per area: its cases share the helpers at its top;
+// splitting it would duplicate them.
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
@@ -694,7 +696,7 @@ TEST_CASE("low-water mark under the environment's send buffer", "[.low_water_env
 // A read waiting for much more raises the socket's low-water mark so as not
 // to wake per packet, but on a same-host connection never to where the
 // peer's fixed send buffer could be all in flight short of it: that waits
-// for the delayed acknowledgement (common/socket_stream.cc, low_water_cap).
+// for the delayed acknowledgement (common/net/socket_stream.cc, low_water_cap).
 TEST_CASE("PS_SAME_HOST_SEND_BUFFER_KB holds the low-water mark of large reads to half the buffer") {
   char self[4096];
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);

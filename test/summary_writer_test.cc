@@ -247,9 +247,10 @@ TEST_CASE("SummaryHook's rates count from the step a worker joined at, and skip 
   for (const Scalar& s : read_scalars(path)) {
     if (s.tag == "global_step/sec") rates.emplace_back(s.step, s.value);
   }
-  REQUIRE(rates.size() == 1);  // none at step 501: before, a negative rate
+  REQUIRE(rates.size() == 1);  // none at step 501: the step went back, and a rate is never negative
   CHECK(rates[0].first == 996);
-  // 2 steps in >= 50 ms: at most 40/s. Counted from step 0 it was 996 steps.
+  // 2 steps in >= 50 ms: at most 40/s (a rate counted from step 0 would
+  // take in all 996 steps).
   CHECK(rates[0].second > 0);
   CHECK(rates[0].second <= 40);
 }

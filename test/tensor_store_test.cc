@@ -75,7 +75,7 @@ TEST_CASE("bad specs are refused with the tensor's name") {
   bad.optimizer.learning_rate = -1;
   CHECK_THROWS_AS(store.create(bad, std::nullopt), RequestError);
   // Initializers that would fill the tensor with NaN/Inf, or break their
-  // distribution's preconditions (found in review: all were created).
+  // distribution's preconditions: each is refused.
   const float inf = std::numeric_limits<float>::infinity();
   const InitConfig bad_inits[] = {InitConfig::constant(NAN),          InitConfig::constant(inf),
                                   InitConfig::uniform(0, inf, 1),     InitConfig::uniform(1, -1, 1),

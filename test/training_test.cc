@@ -1,6 +1,8 @@
 // Training semantics against real psd processes: sync replicas (exactness,
 // stale rejection, backup workers), bounded staleness, the chief's
 // initialisation, barriers and the end of a job.
+// One test program per area: its cases share the helpers at its top;
+// splitting it would duplicate them.
 #include <catch2/catch.hpp>
 
 #include <algorithm>

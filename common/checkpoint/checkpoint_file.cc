@@ -1,3 +1,5 @@
+// One file for the one checkpoint format: writing, reading, listing and
+// pruning share its framing, checksums and file names.
 #include "common/checkpoint/checkpoint_file.h"
 
 #include "common/embedding_wire.h"

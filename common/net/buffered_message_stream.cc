@@ -70,8 +70,9 @@ void BufferedMessageStream::make_room() {
   if (pos_ == end_) {
     // Nothing unread: start again at the front of a buffer no message uses
     // (this one, or a spare), where the pages are warm. Going on into the
-    // untouched rest of a buffer costs ~10 us per 4 KiB page the first time
-    // (a small push paid that on every call for a connection's first 256 KiB).
+    // untouched rest of a buffer costs a page fault per 4 KiB page the first
+    // time, which small messages would pay on every call until the buffer
+    // had been touched through.
     if (buffer_->isShared()) {
       for (auto& spare : spares_) {
         if (!spare->isShared()) {
@@ -269,8 +270,9 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::read_l
   auto done = [this, reader = kj::mv(reader)]() mutable { return deliver(kj::mv(reader)); };
   if (take == body) return done();
   // Straight into the message's memory. (Not read_exact's raised
-  // SO_RCVLOWAT: data left waiting in the socket holds back the window, and
-  // a 4 MiB push of four pipelined parts took 1.4 ms instead of 0.76.)
+  // SO_RCVLOWAT: data left waiting in the socket holds back the window and
+  // slows pipelined parts; docs/performance.md, "Figures behind design
+  // choices in the code".)
   auto rest = stream_.read(dst + take, body - take).then(kj::mv(done));
   if (message_timer_ == nullptr) return rest;
   const kj::Duration allowed = message_base_ + (body * 1000 / message_bytes_per_sec_) * kj::MILLISECONDS;

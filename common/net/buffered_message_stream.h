@@ -1,12 +1,15 @@
+// What Cap'n Proto >= 1.0 ships as capnp::BufferedMessageStream; to be
+// dropped when the distribution has 1.0.
+//
 // psd's Cap'n Proto message stream (what TwoPartyVatNetwork reads and writes
 // through): messages up to 128 KiB are read into a large buffer and handed
 // to the RPC layer in place, as capnp 1.0's BufferedMessageStream does.
 //
 // capnp 0.9 reads a message in two steps, its size and then its segments
-// into memory of their own: for a push of a 64 KiB tensor that was two
-// read() calls and a copy of the tensor out of the socket buffer (about 3 us
-// of a 44 us round trip on these VMs). Here one read() usually brings the
-// whole message, and the reader's segments point into the buffer, which
+// into memory of their own: for a push of a 64 KiB tensor, two read() calls
+// and a copy of the tensor out of the socket buffer (docs/performance.md,
+// "Figures behind design choices in the code"). Here one read() usually
+// brings the whole message, and the reader's segments point into the buffer, which
 // stays alive (reference counted) while any message in it is. A buffer
 // whose room runs out while messages in it are still in use is left to them
 // and another taken: a spare from before once its messages are gone, so

@@ -1,13 +1,12 @@
 // Polling for a while before sleeping, for event loops whose next event
 // usually comes within tens of microseconds.
 //
-// On the VMs psd runs on, a thread that sleeps in epoll_wait() and is woken
-// by a packet pays for the halt and the wake-up: about 9 us each way, half
-// of a 64-byte TCP ping-pong. A loop that keeps asking the kernel for events
-// (epoll_wait with no timeout, ~1 us) for a short while sees the next
-// message as soon as it lands: with both ends polling, a 4 KiB pull went
-// from 42 to 37 us and a 64 KiB push from 65 to 57 us (bench/push_pull_bench
-// --busy_poll_us 0|50, medians of six runs taken in turn). The price is a
+// On a VM, a thread that sleeps in epoll_wait() and is woken by a packet
+// pays for the halt and the wake-up, a large part of a small round trip. A
+// loop that keeps asking the kernel for events (epoll_wait with no timeout,
+// cheap) for a short while sees the next message as soon as it lands, so
+// small pulls and pushes come back sooner (docs/performance.md, "Figures
+// behind design choices in the code", and "Busy polling"). The price is a
 // core kept busy, which on a machine with fewer cores than busy threads
 // slows everyone. Hence psd (--busy_poll_us) and clients
 // (ClientOptions::busy_poll) poll up to 50 us by default, and both adapt:
@@ -16,9 +15,8 @@
 //    one that outlasted the budget halves it, down to not polling at all
 //    until waits get short again;
 //  - to the machine (CpuContention): while the polling thread has had to
-//    wait for a CPU, no polling. Without this, three polling clients and psd
-//    on two cores ran at 0.3-0.5 of one client; with it, as fast as three
-//    that never poll.
+//    wait for a CPU, no polling, so polling clients that share too few cores
+//    with psd run as fast as clients that never poll.
 //
 // Two forms, for the two kinds of loop:
 //  - PollingEventPort wraps a kj::UnixEventPort the caller owns (libpsclient's

@@ -3,7 +3,7 @@
 // A blocking call from a thread that finds the loop free runs the loop
 // itself: it builds the request, sends it and waits for the reply on its own
 // thread, with no hand-over to another thread and back (two cross-thread
-// wake-ups, 25-40 us on a VM: more than the rest of a small pull). When
+// wake-ups, on a VM more than the rest of a small pull). When
 // another thread is running the loop, the work is handed to that thread
 // through the loop's kj::Executor, as any thread-per-loop design does.
 //
@@ -14,7 +14,7 @@
 // Every Cap'n Proto object of the client belongs to the loop; code touching
 // them runs inside run() (or in promise continuations, which the loop runs).
 // The loop is the client's own (kj::UnixEventPort + kj::EventLoop, sockets
-// from common/socket_stream.h) rather than kj::setupAsyncIo()'s, which
+// from common/net/socket_stream.h) rather than kj::setupAsyncIo()'s, which
 // binds its loop to the thread that made it.
 #pragma once
 
@@ -37,13 +37,13 @@ namespace ps {
 // kj's timer reads the clock only when its loop polls or waits, and this
 // loop sleeps between calls (no thread runs it then): timer().now() and
 // afterDelay() at the start of a call can lie as far in the past as the
-// client was idle (a call after 5 idle minutes timed out in 1 ms, found in
-// review). Deadlines are taken from the clock the loop's port reads.
+// client was idle, so a deadline from them could expire at once. Deadlines
+// are taken from the clock the loop's port reads.
 inline kj::TimePoint clock_now() { return kj::systemPreciseMonotonicClock().now(); }
 
 class ClientLoop {
  public:
-  // busy_poll: how long a wait polls before it sleeps (common/busy_poll.h).
+  // busy_poll: how long a wait polls before it sleeps (common/net/busy_poll.h).
   explicit ClientLoop(std::chrono::microseconds busy_poll = {});
   ~ClientLoop();  // stops the helper; cancel kept work first
   ClientLoop(const ClientLoop&) = delete;

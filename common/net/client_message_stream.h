@@ -4,9 +4,9 @@
 //
 // Pull replies land in the caller's buffers. Cap'n Proto reads a message
 // into memory of its own, and a pull then copied each tensor from there into
-// the buffer the caller gave: on these machines that copy was a fifth of a
-// 4 MiB pull. psd sends each large tensor as a message segment of its own,
-// after a first segment that holds the rest of the reply, the request's tag
+// the buffer the caller gave, a sizeable part of a large pull
+// (docs/performance.md). psd sends each large tensor as a message segment
+// of its own, after a first segment that holds the rest of the reply, the request's tag
 // included (schema/ps.capnp, Shard.pull). This stream reads that first
 // segment, finds the pull it answers by the tag, and reads each tensor's
 // segment directly into the buffer registered for it; the reply then points

@@ -1,4 +1,4 @@
-// libpsclient's side of a shared memory region (common/shared_region.h):
+// libpsclient's side of a shared memory region (common/net/shared_region.h):
 // hands out blocks of it to requests in flight, one block per tensor part.
 //
 // A block goes back to the arena once psd has answered the request that
@@ -7,8 +7,8 @@
 // arena dies with its connection, so that loss is bounded by one
 // connection's life.
 //
-// First fit from the low end: the pages in use stay few and warm (touching
-// a fresh page costs ~11 us on these machines), so a region far larger than
+// First fit from the low end: the pages in use stay few and warm (a first
+// touch of a page is a page fault), so a region far larger than
 // any transfer costs only address space. No block: the caller sends that
 // part over the socket instead.
 //

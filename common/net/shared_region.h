@@ -1,5 +1,5 @@
 // Memory shared between libpsclient and a psd on the same host, for moving
-// tensor values without the two kernel copies of a socket (README,
+// tensor values without the two kernel copies of a socket (docs/library.md,
 // "Same host").
 //
 // The client makes the region: an anonymous memfd, sized once and sealed

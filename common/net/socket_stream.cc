@@ -1,3 +1,5 @@
+// One file for the one socket type: its read and write paths share the
+// buffer and the socket's state, and connecting and wrapping make it.
 #include "common/net/socket_stream.h"
 
 #include <arpa/inet.h>

@@ -3,15 +3,16 @@
 // than kj's own stream.
 //
 // kj 0.9 reads a message in three or four read() calls (first word, segment
-// table, segments) plus one that finds the socket empty; on the VMs psd runs
-// on a system call costs 2-4 us, so for a small pull that is a good part of
-// the round trip. This stream reads into a 64 KiB buffer, so a small message
-// takes one read(), and skips the read that would find the socket empty
+// table, segments) plus one that finds the socket empty; on a VM each system
+// call is a good part of a small pull's round trip (docs/performance.md,
+// "Figures behind design choices in the code"). This stream reads into a
+// 64 KiB buffer, so a small message takes one read(), and skips the read
+// that would find the socket empty
 // when the previous one came back short. Reads larger than the buffer go
 // straight into the caller's memory (a large tensor is not copied twice).
 //
 // It needs only a kj::UnixEventPort, so libpsclient can run it on an event
-// loop it owns (client/client_loop.h).
+// loop it owns (common/net/client_loop.h).
 #pragma once
 
 #include <sys/socket.h>

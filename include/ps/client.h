@@ -63,7 +63,8 @@ struct ClientOptions {
   std::chrono::milliseconds call_timeout{300000};
   // When a connection breaks (psd killed, restarted), how long to keep
   // reconnecting before a call fails; 0: fail at once. Retried pushes are
-  // applied once (request ids). See "Durability and failures" in README.md.
+  // applied once (request ids). See docs/operations.md, "Durability and
+  // failures".
   std::chrono::milliseconds reconnect_timeout{30000};
   // A psd whose host vanishes (powered off, cut off by the network: no FIN
   // reaches here) is taken for gone this long after its last sign of life:
@@ -88,17 +89,17 @@ struct ClientOptions {
   // for values over FLT_MAX / replicas_to_aggregate, whose sum would
   // overflow) here before any of it is sent, since psd can only refuse the
   // request a bad value is in
-  // and would apply the others. The check reads the gradients once more:
-  // for pushes of 16-64 MiB, 8-23% less throughput on a 2-core machine
-  // (README, "Push/pull against plain TCP"). A trainer that checks its
+  // and would apply the others. The check reads the gradients once more,
+  // which costs large pushes some throughput (docs/performance.md, "Push/pull
+  // against plain TCP"). A trainer that checks its
   // gradients already (as mixed-precision loss scaling does) may turn it
   // off, accepting that a NaN then fails only the requests it is in.
   bool check_split_pushes = true;
   // A psd on this machine that also listens on a Unix-domain socket (psd
   // --unix_socket) is reached through it even when ps_hosts names its TCP
-  // address (large pulls move 2-3.7x faster than over TCP, with the shared
-  // memory below; README, Measured results). connection_addresses() says
-  // which way each shard went.
+  // address (large pulls move faster than over TCP, with the shared memory
+  // below; docs/performance.md, "Measured results").
+  // connection_addresses() says which way each shard went.
   bool prefer_unix_socket = true;
   // Over that Unix socket, tensor values of 16 KiB and more travel through
   // memory shared with psd instead of the socket: one copy on each side,
@@ -108,15 +109,15 @@ struct ClientOptions {
   // caps it (psd says no: the socket is used).
   std::size_t shared_memory_bytes = 256u << 20;
   // While a call waits for its answer, keep asking the kernel for it for up
-  // to this long before sleeping: on VMs a sleep and its wake-up cost about
-  // 9 us each way, so answers that come within tens of microseconds (small
-  // tensors) arrive sooner. Adaptive: it polls less after long waits, and
+  // to this long before sleeping: on VMs a sleep and its wake-up are costly
+  // (docs/library.md, "Busy polling"), so answers that come within tens of
+  // microseconds (small tensors) arrive sooner. Adaptive: it polls less after long waits, and
   // not at all while the calling thread has had to wait for a CPU (more
   // busy threads than cores), where a poll would only slow the others.
   // psd --busy_poll_us is the daemon's side. 0: always sleep.
   std::chrono::microseconds busy_poll{50};
   // Tune glibc (mallopt, process-wide) to keep large freed blocks for reuse:
-  // receiving into fresh pages costs ~10x a copy into warm ones.
+  // receiving into fresh pages costs far more than a copy into warm ones.
   bool tune_malloc = true;
 };
 

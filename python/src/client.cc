@@ -2,6 +2,8 @@
 // TensorInfo, ShardStats, JobConfig, ...). Every call that waits on the
 // network releases the GIL; arrays are checked (dtype, layout, size) with
 // it held, before anything is sent.
+// One file for psclient.Client: its calls share the argument conversions
+// and the array checks at its top.
 #include "python/src/client.h"
 
 #include <pybind11/numpy.h>

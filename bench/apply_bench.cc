@@ -28,7 +28,8 @@ double median(std::vector<double> v) {
 }
 
 // y += s * x over n floats: 3 streams of n floats per pass.
-__attribute__((noinline)) void axpy(float* __restrict y, const float* __restrict x, float s, std::size_t n) {
+__attribute__((noinline)) void axpy(float* __restrict y, const float* __restrict x, float s,
+                                    std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) y[i] += s * x[i];
 }
 
@@ -69,8 +70,8 @@ int main(int argc, char** argv) {
   std::vector<std::size_t> sizes;
   for (const std::string& s : ps::split_list(sizes_flag)) sizes.push_back(parse_count(s));
 
-  std::printf("%-10s %-6s %12s %12s %10s %14s\n", "floats", "opt", "updates/s", "GB/s touched", "axpy GB/s",
-              "of bandwidth");
+  std::printf("%-10s %-6s %12s %12s %10s %14s\n", "floats", "opt", "updates/s", "GB/s touched",
+              "axpy GB/s", "of bandwidth");
   for (std::size_t n : sizes) {
     const double triad = axpy_bytes_per_second(n, reps);
     struct Case {
@@ -78,7 +79,8 @@ int main(int argc, char** argv) {
       ps::OptimizerConfig config;
       int arrays;  // float arrays read or written per element
     };
-    for (const Case& c : {Case{"sgd", ps::OptimizerConfig::sgd(1e-3f), 3}, Case{"adam", ps::OptimizerConfig::adam(1e-3f), 7}}) {
+    for (const Case& c : {Case{"sgd", ps::OptimizerConfig::sgd(1e-3f), 3},
+                          Case{"adam", ps::OptimizerConfig::adam(1e-3f), 7}}) {
       ps::TensorSpec spec{.name = "t", .shape = {n}, .optimizer = c.config};
       ps::StoredTensor tensor(0, spec, std::nullopt);
       std::vector<float> grad(n, 1e-3f);
@@ -91,8 +93,8 @@ int main(int argc, char** argv) {
       }
       const double s = median(t);
       const double bytes = double(c.arrays) * n * sizeof(float) / s;
-      std::printf("%-10zu %-6s %12.1f %12.2f %10.2f %13.0f%%\n", n, c.name, 1.0 / s, bytes / 1e9, triad / 1e9,
-                  100.0 * bytes / triad);
+      std::printf("%-10zu %-6s %12.1f %12.2f %10.2f %13.0f%%\n", n, c.name, 1.0 / s, bytes / 1e9,
+                  triad / 1e9, 100.0 * bytes / triad);
     }
   }
   return 0;

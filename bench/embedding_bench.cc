@@ -3,9 +3,9 @@
 // scatter-adding the same random rows in memory on one core (the physical
 // limit of a shard's work), and plain loopback TCP bytes/s.
 //
-//   build/bench/embedding_bench                            # 10^7 x 32 fixed SGD table, 65,536-id batches
-//   build/bench/embedding_bench --rows 5000000 --dim 64
-//   build/bench/embedding_bench --clients 3 --dynamic_rows 1000000
+//   build/bench/embedding_bench                            # 10^7 x 32 fixed SGD table, 65,536-id
+//   batches build/bench/embedding_bench --rows 5000000 --dim 64 build/bench/embedding_bench
+//   --clients 3 --dynamic_rows 1000000
 //
 // Ids are uniform over the rows, or skewed (id = rows * u^3: a hot head, so
 // a batch has many repeated ids, which the client sends once). Reported:
@@ -41,7 +41,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -63,8 +65,9 @@ struct Psd {
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGTERM);
       if (getppid() != parent) _exit(0);
-      std::vector<std::string> args = {binary, "--port", "0", "--port_file", port_file, "--log_level", "warn",
-                                       "--max_message_mb", "128", "--max_memory_mb", "16384"};
+      std::vector<std::string> args = {binary,    "--port",          "0",    "--port_file",
+                                       port_file, "--log_level",     "warn", "--max_message_mb",
+                                       "128",     "--max_memory_mb", "16384"};
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -96,24 +99,29 @@ struct Psd {
   }
 };
 
-std::vector<std::vector<int64_t>> make_batches(uint64_t rows, std::size_t batch, int count, bool skewed, uint64_t seed) {
+std::vector<std::vector<int64_t>> make_batches(uint64_t rows, std::size_t batch, int count,
+                                               bool skewed, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> u(0, 1);
   std::vector<std::vector<int64_t>> out(count, std::vector<int64_t>(batch));
   for (auto& b : out) {
     for (auto& id : b) {
       const double x = u(rng);
-      id = static_cast<int64_t>(std::min<double>(double(rows) * (skewed ? x * x * x : x), double(rows - 1)));
+      id = static_cast<int64_t>(
+          std::min<double>(double(rows) * (skewed ? x * x * x : x), double(rows - 1)));
     }
   }
   return out;
 }
 
 // In memory, one core: out[i] = table[ids[i]], and table[ids[i]] += g[i].
-__attribute__((noinline)) void gather(const float* table, const int64_t* ids, std::size_t n, uint32_t dim, float* out) {
-  for (std::size_t i = 0; i < n; ++i) std::memcpy(out + i * dim, table + std::size_t(ids[i]) * dim, dim * sizeof(float));
+__attribute__((noinline)) void gather(const float* table, const int64_t* ids, std::size_t n,
+                                      uint32_t dim, float* out) {
+  for (std::size_t i = 0; i < n; ++i)
+    std::memcpy(out + i * dim, table + std::size_t(ids[i]) * dim, dim * sizeof(float));
 }
-__attribute__((noinline)) void scatter_add(float* table, const int64_t* ids, std::size_t n, uint32_t dim, const float* g) {
+__attribute__((noinline)) void scatter_add(float* table, const int64_t* ids, std::size_t n,
+                                           uint32_t dim, const float* g) {
   for (std::size_t i = 0; i < n; ++i) {
     float* __restrict row = table + std::size_t(ids[i]) * dim;
     const float* __restrict gi = g + i * dim;
@@ -146,7 +154,8 @@ double tcp_bytes_per_second(std::size_t bytes, int reps) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof(addr);
   if (bind(listener, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || listen(listener, 1) != 0) {
+      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
+      listen(listener, 1) != 0) {
     throw std::runtime_error("cannot listen on loopback");
   }
   std::thread receiver([&] {
@@ -160,7 +169,8 @@ double tcp_bytes_per_second(std::size_t bytes, int reps) {
     close(fd);
   });
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) throw std::runtime_error("connect failed");
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
+    throw std::runtime_error("connect failed");
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   std::vector<char> buf(bytes, 'x');
@@ -188,15 +198,16 @@ Rate rate(std::size_t rows, uint32_t dim, double secs) {
 }
 
 void print(const char* what, Rate r, double reference_rows_per_s) {
-  std::printf("  %-34s %8.2f M rows/s  %6.2f GB/s  (%.2f of in-memory)\n", what, r.rows_per_s / 1e6, r.gb_per_s,
-              r.rows_per_s / reference_rows_per_s);
+  std::printf("  %-34s %8.2f M rows/s  %6.2f GB/s  (%.2f of in-memory)\n", what, r.rows_per_s / 1e6,
+              r.gb_per_s, r.rows_per_s / reference_rows_per_s);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Embedding-table pull/push rates against psd, with in-memory and TCP references"};
-  std::string psd_binary = (std::filesystem::path(argv[0]).parent_path() / "../server/psd").string();
+  std::string psd_binary =
+      (std::filesystem::path(argv[0]).parent_path() / "../server/psd").string();
   uint64_t rows = 10'000'000;
   uint32_t dim = 32;
   std::size_t batch = 65536;
@@ -208,12 +219,16 @@ int main(int argc, char** argv) {
   app.add_option("--rows", rows, "rows of the fixed table")->capture_default_str();
   app.add_option("--dim", dim, "floats per row")->capture_default_str();
   app.add_option("--batch", batch, "ids per pull or push")->capture_default_str();
-  app.add_option("--reps", reps, "batches per measurement (median reported)")->capture_default_str();
-  app.add_option("--clients", clients, "clients pulling and pushing at once (each its own connection)")
+  app.add_option("--reps", reps, "batches per measurement (median reported)")
       ->capture_default_str();
-  app.add_option("--dynamic_rows", dynamic_rows, "also a dynamic table filled with this many rows (0: none)")
+  app.add_option("--clients", clients,
+                 "clients pulling and pushing at once (each its own connection)")
       ->capture_default_str();
-  app.add_option("--request_kb", request_kb, "ClientOptions::max_request_bytes, KiB")->capture_default_str();
+  app.add_option("--dynamic_rows", dynamic_rows,
+                 "also a dynamic table filled with this many rows (0: none)")
+      ->capture_default_str();
+  app.add_option("--request_kb", request_kb, "ClientOptions::max_request_bytes, KiB")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   // The machine: in-memory gather / scatter-add on one core, loopback TCP.
@@ -239,19 +254,23 @@ int main(int argc, char** argv) {
   std::vector<float> rows_in(batch * dim, 1.0f);  // the replies' rows, as the client holds them
   for (const auto& ids : uniform) {
     auto t0 = Clock::now();
-    auto plan = ps::plan_rows(std::span<const uint64_t>(reinterpret_cast<const uint64_t*>(ids.data()), ids.size()),
-                              ps::RowPlacement(ps::TablePlacement::kMod, rows, 3), 8192, false);
+    auto plan = ps::plan_rows(
+        std::span<const uint64_t>(reinterpret_cast<const uint64_t*>(ids.data()), ids.size()),
+        ps::RowPlacement(ps::TablePlacement::kMod, rows, 3), 8192, false);
     ps::scatter_rows(plan, rows_in.data(), dim, out.data());
     tplan.push_back(seconds_since(t0));
   }
 
-  std::printf("embedding_bench: fixed table %llu x %u (SGD), batches of %zu ids, %d client(s), median of %d\n",
-              (unsigned long long)rows, dim, batch, clients, reps);
-  std::printf("  in-memory gather, one core        %8.2f M rows/s  %6.2f GB/s\n", mem_gather.rows_per_s / 1e6,
-              mem_gather.gb_per_s);
-  std::printf("  in-memory scatter-add, one core   %8.2f M rows/s  %6.2f GB/s\n", mem_scatter.rows_per_s / 1e6,
-              mem_scatter.gb_per_s);
-  std::printf("  loopback TCP, %5.1f MB messages              %6.2f GB/s\n", batch * dim * 4 / 1e6, tcp / 1e9);
+  std::printf(
+      "embedding_bench: fixed table %llu x %u (SGD), batches of %zu ids, %d client(s), median of "
+      "%d\n",
+      (unsigned long long)rows, dim, batch, clients, reps);
+  std::printf("  in-memory gather, one core        %8.2f M rows/s  %6.2f GB/s\n",
+              mem_gather.rows_per_s / 1e6, mem_gather.gb_per_s);
+  std::printf("  in-memory scatter-add, one core   %8.2f M rows/s  %6.2f GB/s\n",
+              mem_scatter.rows_per_s / 1e6, mem_scatter.gb_per_s);
+  std::printf("  loopback TCP, %5.1f MB messages              %6.2f GB/s\n", batch * dim * 4 / 1e6,
+              tcp / 1e9);
   std::printf("  client dedup+split+reassembly     %8.3f ms per batch\n", median(tplan) * 1e3);
 
   Psd psd(psd_binary);
@@ -261,7 +280,8 @@ int main(int argc, char** argv) {
   o.max_request_bytes = request_kb << 10;
   std::vector<std::unique_ptr<ps::Client>> cs;
   for (int c = 0; c < clients; ++c) cs.push_back(std::make_unique<ps::Client>(o));
-  const ps::TableSpec spec{.name = "fixed", .dim = dim, .rows = rows, .optimizer = ps::RowOptimizerConfig::sgd(0.01f)};
+  const ps::TableSpec spec{
+      .name = "fixed", .dim = dim, .rows = rows, .optimizer = ps::RowOptimizerConfig::sgd(0.01f)};
   const uint64_t rss0 = psd.rss_bytes();
   cs[0]->create_tables({spec});
   for (auto& c : cs) c->declare_tables({spec});
@@ -272,15 +292,18 @@ int main(int argc, char** argv) {
     for (uint64_t first = 0; first < rows; first += batch) {
       const std::size_t n = std::min<uint64_t>(batch, rows - first);
       for (std::size_t i = 0; i < n; ++i) ids[i] = int64_t(first + i);
-      cs[0]->push_rows("fixed", std::span<const int64_t>(ids.data(), n), std::span<const float>(g.data(), n * dim));
+      cs[0]->push_rows("fixed", std::span<const int64_t>(ids.data(), n),
+                       std::span<const float>(g.data(), n * dim));
     }
   }
   const uint64_t raw = rows * dim * sizeof(float);
-  std::printf("  psd RSS for the table             %8.1f MB for %.1f MB raw (%.3fx)\n", (psd.rss_bytes() - rss0) / 1e6,
-              raw / 1e6, double(psd.rss_bytes() - rss0) / double(raw));
+  std::printf("  psd RSS for the table             %8.1f MB for %.1f MB raw (%.3fx)\n",
+              (psd.rss_bytes() - rss0) / 1e6, raw / 1e6,
+              double(psd.rss_bytes() - rss0) / double(raw));
 
   // Each client runs its batches; the rate counts every client's rows over the wall time.
-  auto measure = [&](const std::string& table, const std::vector<std::vector<int64_t>>& batches, bool push) {
+  auto measure = [&](const std::string& table, const std::vector<std::vector<int64_t>>& batches,
+                     bool push) {
     std::vector<std::vector<double>> times(clients);
     std::vector<std::thread> threads;
     const auto t0 = Clock::now();
@@ -289,8 +312,10 @@ int main(int argc, char** argv) {
         std::vector<float> buf(batch * dim, 0.001f);
         for (const auto& ids : batches) {
           const auto s = Clock::now();
-          if (push) cs[c]->push_rows(table, ids, buf);
-          else cs[c]->pull_rows(table, ids, buf);
+          if (push)
+            cs[c]->push_rows(table, ids, buf);
+          else
+            cs[c]->pull_rows(table, ids, buf);
           times[c].push_back(seconds_since(s));
         }
       });
@@ -305,7 +330,10 @@ int main(int argc, char** argv) {
   print("push (SGD), skewed ids", measure("fixed", skewed, true), mem_scatter.rows_per_s);
 
   if (dynamic_rows > 0) {
-    const ps::TableSpec dyn{.name = "dyn", .dim = dim, .dynamic = true, .placement = ps::TablePlacement::kHash,
+    const ps::TableSpec dyn{.name = "dyn",
+                            .dim = dim,
+                            .dynamic = true,
+                            .placement = ps::TablePlacement::kHash,
                             .optimizer = ps::RowOptimizerConfig::sgd(0.01f)};
     const uint64_t before = psd.rss_bytes();
     cs[0]->create_tables({dyn});
@@ -315,7 +343,8 @@ int main(int argc, char** argv) {
     for (uint64_t first = 0; first < dynamic_rows; first += batch) {
       const std::size_t n = std::min<uint64_t>(batch, dynamic_rows - first);
       for (std::size_t i = 0; i < n; ++i) ids[i] = int64_t((first + i) * 2654435761ull);
-      cs[0]->pull_rows("dyn", std::span<const int64_t>(ids.data(), n), std::span<float>(buf.data(), n * dim));
+      cs[0]->pull_rows("dyn", std::span<const int64_t>(ids.data(), n),
+                       std::span<float>(buf.data(), n * dim));
     }
     const uint64_t draw = dynamic_rows * dim * sizeof(float);
     std::printf("  dynamic table: %llu rows, psd RSS %8.1f MB for %.1f MB raw (%.3fx)\n",
@@ -326,7 +355,8 @@ int main(int argc, char** argv) {
       for (auto& id : b) id = int64_t(uint64_t(id) * 2654435761ull);
     }
     print("dynamic pull, uniform ids", measure("dyn", dyn_batches, false), mem_gather.rows_per_s);
-    print("dynamic push (SGD), uniform ids", measure("dyn", dyn_batches, true), mem_scatter.rows_per_s);
+    print("dynamic push (SGD), uniform ids", measure("dyn", dyn_batches, true),
+          mem_scatter.rows_per_s);
   }
   return 0;
 }

@@ -35,13 +35,16 @@ struct ClientResult {
 
 double percentile(const std::vector<double>& sorted, double q) {
   if (sorted.empty()) return 0;
-  return sorted[std::min(sorted.size() - 1, static_cast<size_t>(q * static_cast<double>(sorted.size())))];
+  return sorted[std::min(sorted.size() - 1,
+                         static_cast<size_t>(q * static_cast<double>(sorted.size())))];
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"load_bench: N clients pushing or pulling their own tensor back to back against running psds"};
+  CLI::App app{
+      "load_bench: N clients pushing or pulling their own tensor back to back against running "
+      "psds"};
   std::string ps_hosts = "127.0.0.1:2222";
   int clients = 1;
   size_t size_kb = 1024;
@@ -50,20 +53,29 @@ int main(int argc, char** argv) {
   std::string spread = "all";
   size_t chunk_kb = ps::kDefaultChunkBytes >> 10;
   bool shared_memory = true;
-  app.add_option("--ps_hosts", ps_hosts, "the psds, comma-separated host:port (shards of one job)")->capture_default_str();
+  app.add_option("--ps_hosts", ps_hosts, "the psds, comma-separated host:port (shards of one job)")
+      ->capture_default_str();
   app.add_option("--clients", clients, "client threads, each with a Client and a tensor of its own")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  app.add_option("--size_kb", size_kb, "tensor size in KiB")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  app.add_option("--seconds", seconds, "how long each client keeps going")->check(CLI::Range(0.1, 3600.0))
+  app.add_option("--size_kb", size_kb, "tensor size in KiB")
+      ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
-  app.add_option("--op", op, "push or pull")->check(CLI::IsMember({"push", "pull"}))->capture_default_str();
+  app.add_option("--seconds", seconds, "how long each client keeps going")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
+  app.add_option("--op", op, "push or pull")
+      ->check(CLI::IsMember({"push", "pull"}))
+      ->capture_default_str();
   app.add_option("--spread", spread,
-                 "all: every client talks to every psd (tensors placed and chunked as usual); one_psd_each: client i "
-                 "talks only to psd i mod N, a single-shard job of its own (psds started without --shard_index)")
+                 "all: every client talks to every psd (tensors placed and chunked as usual); "
+                 "one_psd_each: client i "
+                 "talks only to psd i mod N, a single-shard job of its own (psds started without "
+                 "--shard_index)")
       ->check(CLI::IsMember({"all", "one_psd_each"}))
       ->capture_default_str();
-  app.add_option("--chunk_kb", chunk_kb, "ClientOptions::chunk_bytes, in KiB")->capture_default_str();
+  app.add_option("--chunk_kb", chunk_kb, "ClientOptions::chunk_bytes, in KiB")
+      ->capture_default_str();
   app.add_option("--shared_memory", shared_memory, "let clients on psd's host use shared memory")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -81,13 +93,17 @@ int main(int argc, char** argv) {
       bool started = false;
       try {
         ps::ClientOptions o;
-        o.ps_hosts = spread == "all" ? hosts : std::vector<std::string>{hosts[static_cast<size_t>(c) % hosts.size()]};
+        o.ps_hosts = spread == "all"
+                         ? hosts
+                         : std::vector<std::string>{hosts[static_cast<size_t>(c) % hosts.size()]};
         o.chunk_bytes = chunk_kb << 10;
         if (!shared_memory) o.shared_memory_bytes = 0;
         ps::Client client(o);
-        const std::string name = "load_bench/c" + std::to_string(c) + "_" + std::to_string(size_kb) + "k";
+        const std::string name =
+            "load_bench/c" + std::to_string(c) + "_" + std::to_string(size_kb) + "k";
         // Learning rate 0: the values stay zero however many pushes land.
-        client.create({{.name = name, .shape = {floats}, .optimizer = ps::OptimizerConfig::sgd(0.0f)}});
+        client.create(
+            {{.name = name, .shape = {floats}, .optimizer = ps::OptimizerConfig::sgd(0.0f)}});
         start.arrive_and_wait();
         started = true;
         const auto end = Clock::now() + std::chrono::duration<double>(seconds);
@@ -122,12 +138,14 @@ int main(int argc, char** argv) {
     std::sort(r.latency_us.begin(), r.latency_us.end());
     total += r.latency_us.size();
     std::printf("client %d: %zu %s, latency us p10 %.0f p50 %.0f p90 %.0f p99 %.0f max %.0f\n", c,
-                r.latency_us.size(), op == "push" ? "pushes" : "pulls", percentile(r.latency_us, 0.1), percentile(r.latency_us, 0.5),
+                r.latency_us.size(), op == "push" ? "pushes" : "pulls",
+                percentile(r.latency_us, 0.1), percentile(r.latency_us, 0.5),
                 percentile(r.latency_us, 0.9), percentile(r.latency_us, 0.99),
                 r.latency_us.empty() ? 0.0 : r.latency_us.back());
   }
-  std::printf("%d client%s, %zu KiB %s, %s: %.2f GB/s together\n", clients, clients == 1 ? "" : "s", size_kb,
-              op.c_str(), spread == "all" ? "every client to every psd" : "one psd each",
-              static_cast<double>(total) * static_cast<double>(floats * sizeof(float)) / seconds / 1e9);
+  std::printf(
+      "%d client%s, %zu KiB %s, %s: %.2f GB/s together\n", clients, clients == 1 ? "" : "s",
+      size_kb, op.c_str(), spread == "all" ? "every client to every psd" : "one psd each",
+      static_cast<double>(total) * static_cast<double>(floats * sizeof(float)) / seconds / 1e9);
   return failed ? 1 : 0;
 }

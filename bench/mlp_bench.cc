@@ -30,7 +30,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -100,29 +102,33 @@ void bench_cpu(int reps) {
   opt.max_batch = batch;
   auto engine = ps::make_cpu_engine(shape, opt);
   ps::init_params(shape, engine->host_params(), 1);
-  std::printf("CPU engine: %s, %s\n", shape.to_string().c_str(), engine->device_description().c_str());
+  std::printf("CPU engine: %s, %s\n", shape.to_string().c_str(),
+              engine->device_description().c_str());
   std::span<const float> x(data.x.data(), static_cast<size_t>(batch) * shape.inputs);
   std::span<const int32_t> y(data.labels.data(), batch);
   auto nop = [] {};
   const double grad_s = time_per_call([&] { engine->compute_gradients(x, y); }, nop, reps, 0.3);
   const double train_s = time_per_call([&] { engine->train_step(x, y, 0.01f); }, nop, reps, 0.3);
-  std::printf("  batch %d, compute_gradients: %8.3f ms/step  %9.0f samples/s  %6.1f GFLOP/s\n", batch, grad_s * 1e3,
-              batch / grad_s, step_flops(shape, batch) / grad_s * 1e-9);
-  std::printf("  batch %d, train_step (+SGD):  %8.3f ms/step  %9.0f samples/s\n", batch, train_s * 1e3,
-              batch / train_s);
+  std::printf("  batch %d, compute_gradients: %8.3f ms/step  %9.0f samples/s  %6.1f GFLOP/s\n",
+              batch, grad_s * 1e3, batch / grad_s, step_flops(shape, batch) / grad_s * 1e-9);
+  std::printf("  batch %d, train_step (+SGD):  %8.3f ms/step  %9.0f samples/s\n", batch,
+              train_s * 1e3, batch / train_s);
 
   // Both cores: two towers, 100 samples each (one push of 200 samples).
   opt.max_batch = batch;
   ps::Towers towers = ps::Towers::make(shape, opt, 2);
   ps::init_params(shape, towers.host_params(), 1);
   towers.upload_params();
-  const double towers_s = time_per_call([&] { towers.compute_gradients(data.x, data.labels); }, nop, reps, 0.3);
-  std::printf("  2 CPU towers, batch %d:        %8.3f ms/step  %9.0f samples/s\n", 2 * batch, towers_s * 1e3,
-              2 * batch / towers_s);
+  const double towers_s =
+      time_per_call([&] { towers.compute_gradients(data.x, data.labels); }, nop, reps, 0.3);
+  std::printf("  2 CPU towers, batch %d:        %8.3f ms/step  %9.0f samples/s\n", 2 * batch,
+              towers_s * 1e3, 2 * batch / towers_s);
 
   const Data eval = random_data(shape, 10000);
-  const double eval_s = time_per_call([&] { engine->evaluate(eval.x, eval.labels); }, nop, reps, 0.3);
-  std::printf("  evaluate 10000 samples:        %8.3f ms       %9.0f samples/s\n", eval_s * 1e3, 10000 / eval_s);
+  const double eval_s =
+      time_per_call([&] { engine->evaluate(eval.x, eval.labels); }, nop, reps, 0.3);
+  std::printf("  evaluate 10000 samples:        %8.3f ms       %9.0f samples/s\n", eval_s * 1e3,
+              10000 / eval_s);
 }
 
 #if PS_HAVE_CUDA
@@ -170,7 +176,10 @@ double time_sgemm(cublasHandle_t h, int m, int n, int k, int reps) {
   GpuTimer timer;
   const float one = 1, zero = 0;
   return timer.time(
-      [&] { cublasCheck(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, b.p, n, a.p, k, &zero, c.p, n)); },
+      [&] {
+        cublasCheck(
+            cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, b.p, n, a.p, k, &zero, c.p, n));
+      },
       reps, 5);
 }
 
@@ -181,22 +190,32 @@ double time_step_gemms(cublasHandle_t h, const ps::MlpShape& shape, int batch, i
   GpuTimer timer;
   for (int l = 0; l < shape.num_layers(); ++l) {
     const int in = shape.layer_in(l), out = shape.layer_out(l);
-    DeviceBuffer x(size_t(batch) * in), w(size_t(in) * out), y(size_t(batch) * out), dw(size_t(in) * out),
-        dx(size_t(batch) * in);
+    DeviceBuffer x(size_t(batch) * in), w(size_t(in) * out), y(size_t(batch) * out),
+        dw(size_t(in) * out), dx(size_t(batch) * in);
     const int iters = 3;
     const double fwd = timer.time(
-        [&] { cublasCheck(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, out, batch, in, &one, w.p, out, x.p, in, &zero, y.p, out)); },
+        [&] {
+          cublasCheck(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, out, batch, in, &one, w.p, out, x.p,
+                                  in, &zero, y.p, out));
+        },
         reps, iters);
     const double wgrad = timer.time(
-        [&] { cublasCheck(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, out, in, batch, &one, y.p, out, x.p, in, &zero, dw.p, out)); },
+        [&] {
+          cublasCheck(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, out, in, batch, &one, y.p, out, x.p,
+                                  in, &zero, dw.p, out));
+        },
         reps, iters);
     double xgrad = 0;
     if (l > 0)
       xgrad = timer.time(
-          [&] { cublasCheck(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, in, batch, out, &one, w.p, out, y.p, out, &zero, dx.p, in)); },
+          [&] {
+            cublasCheck(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, in, batch, out, &one, w.p, out,
+                                    y.p, out, &zero, dx.p, in));
+          },
           reps, iters);
-    std::printf("      layer %d GEMMs: forward %8.3f ms, weight grad %8.3f ms, input grad %8.3f ms\n", l, fwd * 1e3,
-                wgrad * 1e3, xgrad * 1e3);
+    std::printf(
+        "      layer %d GEMMs: forward %8.3f ms, weight grad %8.3f ms, input grad %8.3f ms\n", l,
+        fwd * 1e3, wgrad * 1e3, xgrad * 1e3);
     total += fwd + wgrad + xgrad;
   }
   return total;
@@ -211,19 +230,21 @@ void bench_gpu(int reps) {
   const double peak_fp32 = gemm_flops / time_sgemm(h, n, n, n, reps);
   cublasCheck(cublasSetMathMode(h, CUBLAS_TF32_TENSOR_OP_MATH));
   const double peak_tf32 = gemm_flops / time_sgemm(h, n, n, n, reps);
-  std::printf("cuBLAS SGEMM %dx%dx%d: FP32 %.1f TFLOP/s, TF32 %.1f TFLOP/s\n\n", n, n, n, peak_fp32 * 1e-12,
-              peak_tf32 * 1e-12);
+  std::printf("cuBLAS SGEMM %dx%dx%d: FP32 %.1f TFLOP/s, TF32 %.1f TFLOP/s\n\n", n, n, n,
+              peak_fp32 * 1e-12, peak_tf32 * 1e-12);
 
   struct Case {
     std::vector<int> hidden;
     int batch;
   };
-  const std::vector<Case> cases = {{{100}, 100},          {{100}, 1000},          {{100}, 10000},
-                                   {{1024, 1024}, 100},   {{1024, 1024}, 10000},  {{1024, 1024}, 100000}};
+  const std::vector<Case> cases = {{{100}, 100},          {{100}, 1000},
+                                   {{100}, 10000},        {{1024, 1024}, 100},
+                                   {{1024, 1024}, 10000}, {{1024, 1024}, 100000}};
   for (bool tf32 : {false, true}) {
     cublasCheck(cublasSetMathMode(h, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     const double peak = tf32 ? peak_tf32 : peak_fp32;
-    std::printf("%s training step (forward + backward + SGD on the device, CUDA graph):\n", tf32 ? "TF32" : "FP32");
+    std::printf("%s training step (forward + backward + SGD on the device, CUDA graph):\n",
+                tf32 ? "TF32" : "FP32");
     for (const Case& c : cases) {
       const ps::MlpShape shape = make_shape(c.hidden);
       ps::EngineOptions opt;
@@ -235,15 +256,18 @@ void bench_gpu(int reps) {
       engine->upload_params();
       const Data data = random_data(shape, c.batch);
       engine->prefetch(data.x, data.labels);  // stays staged: every step reuses it
-      const double s = time_per_call([&] { engine->start_train_step(0.001f); }, [&] { engine->finish_step(); }, reps);
+      const double s = time_per_call([&] { engine->start_train_step(0.001f); },
+                                     [&] { engine->finish_step(); }, reps);
       const double flops = step_flops(shape, c.batch);
-      std::printf("  %-22s batch %6d: %9.4f ms/step  %8.2f TFLOP/s (%4.1f%% of SGEMM)  %10.0f samples/s\n",
-                  shape.to_string().c_str(), c.batch, s * 1e3, flops / s * 1e-12, 100 * flops / s / peak,
-                  c.batch / s);
+      std::printf(
+          "  %-22s batch %6d: %9.4f ms/step  %8.2f TFLOP/s (%4.1f%% of SGEMM)  %10.0f samples/s\n",
+          shape.to_string().c_str(), c.batch, s * 1e3, flops / s * 1e-12, 100 * flops / s / peak,
+          c.batch / s);
       if (c.hidden.size() == 2 && c.batch == 100000) {
         const double gemms = time_step_gemms(h, shape, c.batch, reps);
-        std::printf("    its cuBLAS GEMMs alone: %.3f ms; full step %.3f ms = %.1f%% over the GEMMs\n", gemms * 1e3,
-                    s * 1e3, 100 * (s / gemms - 1));
+        std::printf(
+            "    its cuBLAS GEMMs alone: %.3f ms; full step %.3f ms = %.1f%% over the GEMMs\n",
+            gemms * 1e3, s * 1e3, 100 * (s / gemms - 1));
       }
     }
     std::printf("\n");
@@ -256,8 +280,11 @@ void bench_gpu(int reps) {
   auto nop = [] {};
   const double up = time_per_call([&] { engine->upload_params(); }, nop, reps, 0.1);
   const double down = time_per_call([&] { engine->download_params(); }, nop, reps, 0.1);
-  std::printf("parameter vector %zu floats (%.1f MB): upload %.1f GB/s (%.3f ms), download %.1f GB/s (%.3f ms)\n",
-              engine->layout().total(), bytes * 1e-6, bytes / up * 1e-9, up * 1e3, bytes / down * 1e-9, down * 1e3);
+  std::printf(
+      "parameter vector %zu floats (%.1f MB): upload %.1f GB/s (%.3f ms), download %.1f GB/s (%.3f "
+      "ms)\n",
+      engine->layout().total(), bytes * 1e-6, bytes / up * 1e-9, up * 1e3, bytes / down * 1e-9,
+      down * 1e3);
   cublasDestroy(h);
 }
 

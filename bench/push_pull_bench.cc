@@ -4,11 +4,12 @@
 //   build/bench/push_pull_bench                     # starts its own psd
 //   build/bench/push_pull_bench --reps 30 --sizes 4K,64K,1M,4M,16M,64M
 //   build/bench/push_pull_bench --part_kb 4096 --request_kb 8192   # one 4 MiB part per message
-//   build/bench/push_pull_bench --busy_poll_us 50 --sizes 4K,64K   # clients poll too (common/net/busy_poll.h)
-//   build/bench/push_pull_bench --psd old/psd --ab_psd build/server/psd --sizes 64K   # A/B two psd builds
-//   build/bench/push_pull_bench --psd_cpus 1 --client_cpus 0   # psd and the clients on cores of their own
-//   build/bench/push_pull_bench --psd_flags "--nice -10"      # psd not preempted by the clients (root)
-//   build/bench/push_pull_bench --psds 3 --chunk_kb 1024     # three psds as shards, tensors spread in 1 MiB chunks
+//   build/bench/push_pull_bench --busy_poll_us 50 --sizes 4K,64K   # clients poll too
+//   (common/net/busy_poll.h) build/bench/push_pull_bench --psd old/psd --ab_psd build/server/psd
+//   --sizes 64K   # A/B two psd builds build/bench/push_pull_bench --psd_cpus 1 --client_cpus 0   #
+//   psd and the clients on cores of their own build/bench/push_pull_bench --psd_flags "--nice -10"
+//   # psd not preempted by the clients (root) build/bench/push_pull_bench --psds 3 --chunk_kb 1024
+//   # three psds as shards, tensors spread in 1 MiB chunks
 //
 // Plain TCP reference: the same payload written in 1 MiB pieces from one
 // thread to another over a loopback socket (the two pinned to different cores),
@@ -86,7 +87,8 @@ cpu_set_t cpu_set_of(const std::vector<int>& cpus) {
 }
 
 void pin_to_core(int core) {
-  const cpu_set_t set = cpu_set_of({static_cast<int>(core % std::max(1u, std::thread::hardware_concurrency()))});
+  const cpu_set_t set =
+      cpu_set_of({static_cast<int>(core % std::max(1u, std::thread::hardware_concurrency()))});
   pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
 }
 
@@ -127,7 +129,8 @@ int loopback_listener(sockaddr_in& addr, int backlog) {
   addr.sin_port = 0;
   socklen_t len = sizeof(addr);
   if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || listen(listener, backlog) != 0) {
+      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
+      listen(listener, backlog) != 0) {
     throw std::runtime_error("cannot listen on a loopback port");
   }
   return listener;
@@ -177,9 +180,10 @@ struct Psd {
   int port = 0;
   std::string dir;
   // With num_shards > 1, shard shard_index of a job of that many.
-  Psd(const std::string& binary, const std::string& unix_socket, int busy_poll_us, int shard_index = 0,
-      int num_shards = 1) {
-    dir = std::filesystem::temp_directory_path() / ("psd-bench-" + std::to_string(getpid()) + "-" + std::to_string(rand()));
+  Psd(const std::string& binary, const std::string& unix_socket, int busy_poll_us,
+      int shard_index = 0, int num_shards = 1) {
+    dir = std::filesystem::temp_directory_path() /
+          ("psd-bench-" + std::to_string(getpid()) + "-" + std::to_string(rand()));
     std::filesystem::create_directories(dir);
     const std::string port_file = dir + "/port";
     const pid_t parent = getpid();
@@ -187,14 +191,16 @@ struct Psd {
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGTERM);
       if (getppid() != parent) _exit(0);  // died before the line above
-      std::vector<std::string> args = {binary, "--port", "0", "--port_file", port_file, "--log_level", "warn",
-                                       "--max_message_mb", "128"};
+      std::vector<std::string> args = {binary,        "--port",           "0",
+                                       "--port_file", port_file,          "--log_level",
+                                       "warn",        "--max_message_mb", "128"};
       if (busy_poll_us >= 0) {
         args.push_back("--busy_poll_us");
         args.push_back(std::to_string(busy_poll_us));
       }
       if (num_shards > 1) {
-        args.insert(args.end(), {"--shard_index", std::to_string(shard_index), "--num_shards", std::to_string(num_shards)});
+        args.insert(args.end(), {"--shard_index", std::to_string(shard_index), "--num_shards",
+                                 std::to_string(num_shards)});
       }
       if (!unix_socket.empty()) {
         args.push_back("--unix_socket");
@@ -291,7 +297,8 @@ struct CpuClock {
     double sum = 0;
     for (const pid_t pid : pids) {
       std::error_code ec;
-      for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+      for (const auto& task :
+           std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
         std::ifstream in(task.path() / "schedstat");
         unsigned long long on_cpu = 0;
         if (in >> on_cpu) sum += on_cpu * 1e-9;
@@ -302,7 +309,8 @@ struct CpuClock {
   static double self_seconds() {
     rusage r{};
     getrusage(RUSAGE_SELF, &r);  // threads that have ended included
-    return r.ru_utime.tv_sec + r.ru_utime.tv_usec * 1e-6 + r.ru_stime.tv_sec + r.ru_stime.tv_usec * 1e-6;
+    return r.ru_utime.tv_sec + r.ru_utime.tv_usec * 1e-6 + r.ru_stime.tv_sec +
+           r.ru_stime.tv_usec * 1e-6;
   }
   struct Cores {
     double psd, clients, idle, softirq;
@@ -313,7 +321,8 @@ struct CpuClock {
     const MachineTicks now = machine();
     const double tick_s = 1.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
     return {(psd_seconds(psds) - psd_s) / wall_s, (self_seconds() - self_s) / wall_s,
-            (now.idle - machine_ticks.idle) * tick_s / wall_s, (now.softirq - machine_ticks.softirq) * tick_s / wall_s};
+            (now.idle - machine_ticks.idle) * tick_s / wall_s,
+            (now.softirq - machine_ticks.softirq) * tick_s / wall_s};
   }
 };
 
@@ -347,10 +356,12 @@ void sample_one(ps::Client& client, const std::string& name, size_t bytes, int r
 // and that counts against the aggregate. Threads live across windows, so
 // thread start-up is not counted.
 template <typename Transfer>
-std::vector<double> windowed_seconds(int n, int phases, int windows, double window_s, Transfer transfer) {
+std::vector<double> windowed_seconds(int n, int phases, int windows, double window_s,
+                                     Transfer transfer) {
   std::vector<double> moved(n);  // transfers inside this window, per stream
   Clock::time_point start;
-  const auto window = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(window_s));
+  const auto window =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(window_s));
   std::barrier sync(n + 1);
   std::vector<std::thread> threads;
   for (int c = 0; c < n; ++c) {
@@ -395,15 +406,18 @@ std::vector<double> windowed_seconds(int n, int phases, int windows, double wind
 }
 
 // psd clients, each pushing (then pulling) its own tensor of `bytes`.
-Measured measure_concurrent(std::vector<ps::Client*> clients, size_t bytes, int windows, double window_s) {
+Measured measure_concurrent(std::vector<ps::Client*> clients, size_t bytes, int windows,
+                            double window_s) {
   const std::string suffix = "_" + std::to_string(bytes);
   const int n = static_cast<int>(clients.size());
   std::vector<std::vector<float>> bufs(n, std::vector<float>(bytes / 4, 0.0f));
   std::vector<std::string> names;
   for (int c = 0; c < n; ++c) names.push_back("c" + std::to_string(c) + suffix);
   auto s = windowed_seconds(n, 2, windows, window_s, [&](int c, int phase) {
-    if (phase == 0) clients[c]->push(names[c], bufs[c]);
-    else clients[c]->pull(names[c], bufs[c]);
+    if (phase == 0)
+      clients[c]->push(names[c], bufs[c]);
+    else
+      clients[c]->pull(names[c], bufs[c]);
   });
   return {s[0], s[1]};
 }
@@ -419,7 +433,8 @@ double tcp_concurrent_seconds(int n, size_t bytes, int windows, double window_s)
   std::vector<int> senders(n), receivers(n);
   for (int i = 0; i < n; ++i) {
     senders[i] = socket(AF_INET, SOCK_STREAM, 0);
-    if (connect(senders[i], reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) throw std::runtime_error("connect failed");
+    if (connect(senders[i], reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
+      throw std::runtime_error("connect failed");
     receivers[i] = accept(listener, nullptr, nullptr);
     set_tcp_options(senders[i]);
     set_tcp_options(receivers[i]);
@@ -458,8 +473,8 @@ double tcp_concurrent_seconds(int n, size_t bytes, int windows, double window_s)
 // latency in blocks of 100 calls taken in turn (A, B, A, B, ...), so a
 // machine whose speed drifts compares like with like; per size the median
 // of the blocks' medians and the number of blocks B won.
-int run_ab(const std::string& a, const std::string& b, const std::vector<size_t>& sizes, ps::ClientOptions opts,
-           int blocks, int psd_busy_poll_us) {
+int run_ab(const std::string& a, const std::string& b, const std::vector<size_t>& sizes,
+           ps::ClientOptions opts, int blocks, int psd_busy_poll_us) {
   constexpr int kCalls = 100;
   Psd psd_a(a, "", psd_busy_poll_us), psd_b(b, "", psd_busy_poll_us);
   opts.shared_memory_bytes = 0;
@@ -468,13 +483,16 @@ int run_ab(const std::string& a, const std::string& b, const std::vector<size_t>
   opts.ps_hosts = {"127.0.0.1:" + std::to_string(psd_b.port)};
   ps::Client client_b(opts);
   ps::Client* clients[2] = {&client_a, &client_b};
-  std::printf("A = %s, B = %s: one client each over TCP, medians of %d blocks of %d calls taken in turn\n", a.c_str(),
-              b.c_str(), blocks, kCalls);
-  std::printf("  %-8s %10s %10s %9s | %10s %10s %9s\n", "size", "push A us", "push B us", "B faster", "pull A us",
-              "pull B us", "B faster");
+  std::printf(
+      "A = %s, B = %s: one client each over TCP, medians of %d blocks of %d calls taken in turn\n",
+      a.c_str(), b.c_str(), blocks, kCalls);
+  std::printf("  %-8s %10s %10s %9s | %10s %10s %9s\n", "size", "push A us", "push B us",
+              "B faster", "pull A us", "pull B us", "B faster");
   for (size_t bytes : sizes) {
     const std::string name = "ab" + std::to_string(bytes);
-    for (auto* c : clients) c->create({{.name = name, .shape = {bytes / 4}, .optimizer = ps::OptimizerConfig::sgd(0.0f)}});
+    for (auto* c : clients)
+      c->create(
+          {{.name = name, .shape = {bytes / 4}, .optimizer = ps::OptimizerConfig::sgd(0.0f)}});
     std::vector<float> buf(bytes / 4, 0.0f);
     std::vector<double> push[2], pull[2];
     int push_wins = 0, pull_wins = 0;
@@ -488,8 +506,9 @@ int run_ab(const std::string& a, const std::string& b, const std::vector<size_t>
       push_wins += push[1].back() < push[0].back();
       pull_wins += pull[1].back() < pull[0].back();
     }
-    std::printf("  %-8s %10.1f %10.1f %6d/%-2d | %10.1f %10.1f %6d/%-2d\n", size_name(bytes).c_str(), median(push[0]) * 1e6,
-                median(push[1]) * 1e6, push_wins, blocks, median(pull[0]) * 1e6, median(pull[1]) * 1e6, pull_wins, blocks);
+    std::printf("  %-8s %10.1f %10.1f %6d/%-2d | %10.1f %10.1f %6d/%-2d\n",
+                size_name(bytes).c_str(), median(push[0]) * 1e6, median(push[1]) * 1e6, push_wins,
+                blocks, median(pull[0]) * 1e6, median(pull[1]) * 1e6, pull_wins, blocks);
   }
   return 0;
 }
@@ -510,39 +529,50 @@ int main(int argc, char** argv) {
   int psd_busy_poll_us = -1;
   app.add_option("--psd", psd_binary, "psd binary to start")->capture_default_str();
   app.add_option("--sizes", sizes_flag, "payload sizes")->capture_default_str();
-  app.add_option("--reps", reps, "repetitions per measurement (median reported)")->capture_default_str();
-  app.add_option("--unix", with_unix, "also measure the Unix-domain-socket path")->capture_default_str();
-  app.add_option("--shared_memory", with_shared,
-                 "also measure the same-host path with shared memory (ClientOptions::shared_memory_bytes)")
+  app.add_option("--reps", reps, "repetitions per measurement (median reported)")
       ->capture_default_str();
-  app.add_option("--chunk_kb", chunk_kb, "ClientOptions::chunk_bytes, in KiB")->capture_default_str();
+  app.add_option("--unix", with_unix, "also measure the Unix-domain-socket path")
+      ->capture_default_str();
+  app.add_option(
+         "--shared_memory", with_shared,
+         "also measure the same-host path with shared memory (ClientOptions::shared_memory_bytes)")
+      ->capture_default_str();
+  app.add_option("--chunk_kb", chunk_kb, "ClientOptions::chunk_bytes, in KiB")
+      ->capture_default_str();
   app.add_option("--part_kb", part_kb, "ClientOptions::part_bytes, in KiB")->capture_default_str();
-  app.add_option("--request_kb", request_kb, "ClientOptions::max_request_bytes, in KiB")->capture_default_str();
+  app.add_option("--request_kb", request_kb, "ClientOptions::max_request_bytes, in KiB")
+      ->capture_default_str();
   app.add_option("--busy_poll_us", busy_poll_us, "ClientOptions::busy_poll of every client, in us")
       ->capture_default_str();
   app.add_option("--psd_busy_poll_us", psd_busy_poll_us, "psd --busy_poll_us (-1: psd's default)")
       ->capture_default_str();
   int tcp_send_buffer_kb = tcp_send_buffer_bytes >> 10;
   app.add_option("--tcp_send_buffer_kb", tcp_send_buffer_kb,
-                 "SO_SNDBUF of the plain TCP reference's sockets, in KiB (default: what psd's same-host connections "
+                 "SO_SNDBUF of the plain TCP reference's sockets, in KiB (default: what psd's "
+                 "same-host connections "
                  "get; 0: Linux's autotuning)")
       ->capture_default_str();
   std::string client_cpus_flag, psd_cpus_flag;
-  app.add_option("--client_cpus", client_cpus_flag,
-                 "CPUs for this process's client threads, e.g. 0 (default: any); with --psd_cpus, keeps the "
-                 "scheduler from putting psd's thread and a client on one core");
+  app.add_option(
+      "--client_cpus", client_cpus_flag,
+      "CPUs for this process's client threads, e.g. 0 (default: any); with --psd_cpus, keeps the "
+      "scheduler from putting psd's thread and a client on one core");
   app.add_option("--psd_cpus", psd_cpus_flag, "CPUs for the psd it starts, e.g. 1 (default: any)");
   std::string psd_flags;
-  app.add_option("--psd_flags", psd_flags, "more flags for each psd it starts, split at spaces, e.g. \"--nice -10\"");
+  app.add_option("--psd_flags", psd_flags,
+                 "more flags for each psd it starts, split at spaces, e.g. \"--nice -10\"");
   int num_psds = 1;
   app.add_option("--psds", num_psds,
-                 "psds to start for each path, as the shards of one job (tensors placed round-robin; with --chunk_kb "
-                 "smaller than a tensor, its chunks spread over them): one psd per core on a host with cores to spare")
+                 "psds to start for each path, as the shards of one job (tensors placed "
+                 "round-robin; with --chunk_kb "
+                 "smaller than a tensor, its chunks spread over them): one psd per core on a host "
+                 "with cores to spare")
       ->check(CLI::Range(1, 16))
       ->capture_default_str();
   std::string ab_psd;
   app.add_option("--ab_psd", ab_psd,
-                 "instead of the tables: one client's push and pull latency against --psd (A) and this psd binary "
+                 "instead of the tables: one client's push and pull latency against --psd (A) and "
+                 "this psd binary "
                  "(B), --reps blocks of 100 calls each taken in turn");
   CLI11_PARSE(app, argc, argv);
   tcp_send_buffer_bytes = tcp_send_buffer_kb << 10;
@@ -582,12 +612,14 @@ int main(int argc, char** argv) {
     std::vector<pid_t> psd_pids;
     for (int k = 0; k < num_psds; ++k) {
       const std::string sock =
-          use_unix ? std::filesystem::temp_directory_path() /
-                         ("psd-bench-" + std::to_string(getpid()) + "-" + std::to_string(k) + ".sock")
-                   : "";
+          use_unix
+              ? std::filesystem::temp_directory_path() /
+                    ("psd-bench-" + std::to_string(getpid()) + "-" + std::to_string(k) + ".sock")
+              : "";
       psds.push_back(std::make_unique<Psd>(psd_binary, sock, psd_busy_poll_us, k, num_psds));
       psd_pids.push_back(psds.back()->pid);
-      opts.ps_hosts.push_back(use_unix ? "unix:" + sock : "127.0.0.1:" + std::to_string(psds.back()->port));
+      opts.ps_hosts.push_back(use_unix ? "unix:" + sock
+                                       : "127.0.0.1:" + std::to_string(psds.back()->port));
     }
     opts.chunk_bytes = chunk_kb << 10;
     opts.part_bytes = part_kb << 10;
@@ -595,14 +627,15 @@ int main(int argc, char** argv) {
     opts.busy_poll = std::chrono::microseconds(busy_poll_us);
     if (!use_shared) opts.shared_memory_bytes = 0;
     const std::string who = num_psds == 1 ? "psd" : std::to_string(num_psds) + " psds";
-    std::printf("%s over %s, 1 client (medians of %d; plain TCP measured in turn with it):\n", who.c_str(), label,
-                block_reps * kBlocks);
-    std::printf("  %-8s %9s %8s | %10s %8s %7s | %10s %8s %7s\n", "size", "TCP us", "TCP GB/s", "push us", "GB/s",
-                "vs TCP", "pull us", "GB/s", "vs TCP");
+    std::printf("%s over %s, 1 client (medians of %d; plain TCP measured in turn with it):\n",
+                who.c_str(), label, block_reps * kBlocks);
+    std::printf("  %-8s %9s %8s | %10s %8s %7s | %10s %8s %7s\n", "size", "TCP us", "TCP GB/s",
+                "push us", "GB/s", "vs TCP", "pull us", "GB/s", "vs TCP");
     ps::Client client(opts);
     for (size_t i = 0; i < sizes.size(); ++i) {
       const std::string name = "t" + std::to_string(sizes[i]);
-      client.create({{.name = name, .shape = {sizes[i] / 4}, .optimizer = ps::OptimizerConfig::sgd(0.0f)}});
+      client.create(
+          {{.name = name, .shape = {sizes[i] / 4}, .optimizer = ps::OptimizerConfig::sgd(0.0f)}});
       std::vector<double> tcp_samples, ping_samples;
       Samples s;
       for (int b = 0; b < kBlocks; ++b) {
@@ -616,31 +649,39 @@ int main(int argc, char** argv) {
       }
       const double tcp = median(tcp_samples);
       const Measured m{median(s.push), median(s.pull)};
-      std::printf("  %-8s %9.1f %8.2f | %10.1f %8.2f %7.2f | %10.1f %8.2f %7.2f\n", size_name(sizes[i]).c_str(), tcp * 1e6,
-                  sizes[i] / tcp / 1e9, m.push_s * 1e6, sizes[i] / m.push_s / 1e9, tcp / m.push_s, m.pull_s * 1e6,
+      std::printf("  %-8s %9.1f %8.2f | %10.1f %8.2f %7.2f | %10.1f %8.2f %7.2f\n",
+                  size_name(sizes[i]).c_str(), tcp * 1e6, sizes[i] / tcp / 1e9, m.push_s * 1e6,
+                  sizes[i] / m.push_s / 1e9, tcp / m.push_s, m.pull_s * 1e6,
                   sizes[i] / m.pull_s / 1e9, tcp / m.pull_s);
       if (sizes[i] == 4096) {
         const double ping = median(ping_samples);
-        std::printf("           plain 64 B ping-pong %.1f us; 4 KiB pull round trip = %.2fx it\n", ping * 1e6,
-                    m.pull_s / ping);
+        std::printf("           plain 64 B ping-pong %.1f us; 4 KiB pull round trip = %.2fx it\n",
+                    ping * 1e6, m.pull_s / ping);
         if (num_psds == 1) {  // (with more, the tensor may be on another)
-          const double raw = raw_capnp_pull_seconds(opts.ps_hosts[0], name, std::max(reps * 10, 200));
-          std::printf("           raw Cap'n Proto pull from the calling thread: %.1f us (%.2fx ping-pong)\n",
-                      raw * 1e6, raw / ping);
+          const double raw =
+              raw_capnp_pull_seconds(opts.ps_hosts[0], name, std::max(reps * 10, 200));
+          std::printf(
+              "           raw Cap'n Proto pull from the calling thread: %.1f us (%.2fx "
+              "ping-pong)\n",
+              raw * 1e6, raw / ping);
         }
       }
     }
-    std::printf("%s over %s, 3 concurrent clients (aggregate) against 3 plain TCP streams, and the cores psd and "
-                "the clients kept busy, and the machine's idle and softirq cores:\n", who.c_str(), label);
-    std::printf("  %-8s %-14s | %-26s | %-26s | %-17s | %-18s | %-9s | %-9s\n", "size", "TCP 1 / 3 GB/s",
-                "push GB/s vs 1 cl vs 3 TCP", "pull GB/s vs 1 cl vs 3 TCP", "1 client: psd cli", "3 clients: psd cli",
-                "idle 1 / 3", "sirq 1 / 3");
+    std::printf(
+        "%s over %s, 3 concurrent clients (aggregate) against 3 plain TCP streams, and the cores "
+        "psd and "
+        "the clients kept busy, and the machine's idle and softirq cores:\n",
+        who.c_str(), label);
+    std::printf("  %-8s %-14s | %-26s | %-26s | %-17s | %-18s | %-9s | %-9s\n", "size",
+                "TCP 1 / 3 GB/s", "push GB/s vs 1 cl vs 3 TCP", "pull GB/s vs 1 cl vs 3 TCP",
+                "1 client: psd cli", "3 clients: psd cli", "idle 1 / 3", "sirq 1 / 3");
     std::vector<std::unique_ptr<ps::Client>> clients;
     for (int c = 0; c < 3; ++c) clients.push_back(std::make_unique<ps::Client>(opts));
     for (size_t i = 0; i < sizes.size(); ++i) {
       const std::string suffix = "_" + std::to_string(sizes[i]);
       for (int c = 0; c < 3; ++c) {
-        clients[c]->create({{.name = "c" + std::to_string(c) + suffix, .shape = {sizes[i] / 4},
+        clients[c]->create({{.name = "c" + std::to_string(c) + suffix,
+                             .shape = {sizes[i] / 4},
                              .optimizer = ps::OptimizerConfig::sgd(0.0f)}});
       }
       const int windows = std::max(reps / 4, 3);
@@ -650,22 +691,24 @@ int main(int argc, char** argv) {
       constexpr double kTransfersPerWindow = 24;
       // Each plain TCP figure just before psd's with as many streams.
       const double tcp_one = tcp_concurrent_seconds(1, sizes[i], windows, kMinWindow);
-      const double tcp_all =
-          tcp_concurrent_seconds(3, sizes[i], windows, std::max(kMinWindow, kTransfersPerWindow * tcp_one));
+      const double tcp_all = tcp_concurrent_seconds(
+          3, sizes[i], windows, std::max(kMinWindow, kTransfersPerWindow * tcp_one));
       const CpuClock one_clock{psd_pids};
       Measured one = measure_concurrent({clients[0].get()}, sizes[i], windows, kMinWindow);
       const auto one_cores = one_clock.cores();
       const CpuClock all_clock{psd_pids};
-      Measured all = measure_concurrent({clients[0].get(), clients[1].get(), clients[2].get()}, sizes[i], windows,
-                                        std::max(kMinWindow, kTransfersPerWindow * std::max(one.push_s, one.pull_s)));
+      Measured all = measure_concurrent(
+          {clients[0].get(), clients[1].get(), clients[2].get()}, sizes[i], windows,
+          std::max(kMinWindow, kTransfersPerWindow * std::max(one.push_s, one.pull_s)));
       const auto all_cores = all_clock.cores();
       const double gb = sizes[i] / 1e9;
-      std::printf("  %-8s %6.2f %7.2f | %8.2f %8.2f %8.2f | %8.2f %8.2f %8.2f | %13.2f %4.2f | %14.2f %4.2f"
-                  " | %4.2f %4.2f | %4.2f %4.2f\n",
-                  size_name(sizes[i]).c_str(), gb / tcp_one, gb / tcp_all, gb / all.push_s, one.push_s / all.push_s,
-                  tcp_all / all.push_s, gb / all.pull_s, one.pull_s / all.pull_s, tcp_all / all.pull_s, one_cores.psd,
-                  one_cores.clients, all_cores.psd, all_cores.clients, one_cores.idle, all_cores.idle,
-                  one_cores.softirq, all_cores.softirq);
+      std::printf(
+          "  %-8s %6.2f %7.2f | %8.2f %8.2f %8.2f | %8.2f %8.2f %8.2f | %13.2f %4.2f | %14.2f %4.2f"
+          " | %4.2f %4.2f | %4.2f %4.2f\n",
+          size_name(sizes[i]).c_str(), gb / tcp_one, gb / tcp_all, gb / all.push_s,
+          one.push_s / all.push_s, tcp_all / all.push_s, gb / all.pull_s, one.pull_s / all.pull_s,
+          tcp_all / all.pull_s, one_cores.psd, one_cores.clients, all_cores.psd, all_cores.clients,
+          one_cores.idle, all_cores.idle, one_cores.softirq, all_cores.softirq);
     }
     std::printf("\n");
   };

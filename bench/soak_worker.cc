@@ -25,16 +25,20 @@ int main(int argc, char** argv) {
     ps::ClientOptions o;
     o.ps_hosts = ps::split_list(hosts);
     ps::Client client(o);
-    const uint64_t n = std::max<uint64_t>(1, static_cast<uint64_t>(model_mb * (1 << 20) / 4 / sizeof(float)));
+    const uint64_t n =
+        std::max<uint64_t>(1, static_cast<uint64_t>(model_mb * (1 << 20) / 4 / sizeof(float)));
     std::vector<ps::TensorSpec> specs;
     std::vector<std::string> names;
     for (int i = 0; i < 4; ++i) {
-      specs.push_back({.name = "soak/t" + std::to_string(i), .shape = {n}, .optimizer = ps::OptimizerConfig::adam(1e-4f),
+      specs.push_back({.name = "soak/t" + std::to_string(i),
+                       .shape = {n},
+                       .optimizer = ps::OptimizerConfig::adam(1e-4f),
                        .init = ps::InitConfig::uniform(-0.1f, 0.1f, 42 + i)});
       names.push_back(specs.back().name);
     }
     client.create(specs);
-    std::vector<std::vector<float>> values(4, std::vector<float>(n)), grads(4, std::vector<float>(n));
+    std::vector<std::vector<float>> values(4, std::vector<float>(n)),
+        grads(4, std::vector<float>(n));
     std::vector<std::span<float>> out(values.begin(), values.end());
     std::vector<std::span<const float>> in(grads.begin(), grads.end());
     const auto start = std::chrono::steady_clock::now();
@@ -43,14 +47,17 @@ int main(int argc, char** argv) {
     while (std::chrono::steady_clock::now() < end) {
       client.pull(names, out);
       for (int t = 0; t < 4; ++t) {
-        for (uint64_t i = 0; i < n; ++i) grads[t][i] = 0.01f * values[t][i] + 1e-3f * std::sin(float(i + steps));
+        for (uint64_t i = 0; i < n; ++i)
+          grads[t][i] = 0.01f * values[t][i] + 1e-3f * std::sin(float(i + steps));
       }
       client.push(names, in);
       ++steps;
     }
-    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("worker %d: %llu steps in %.1f s (%.1f steps/s, %.1f MB/s each way)\n", worker,
-                static_cast<unsigned long long>(steps), took, steps / took, steps * 4.0 * n * 4 / took / 1e6);
+                static_cast<unsigned long long>(steps), took, steps / took,
+                steps * 4.0 * n * 4 / took / 1e6);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "soak_worker %d: %s\n", worker, e.what());
     return 1;

@@ -20,7 +20,8 @@ Client::Client(ClientOptions options) : impl_(std::make_unique<Impl>(std::move(o
   if (impl_->options.auth_token.empty() && !impl_->options.auth_token_file.empty()) {
     impl_->options.auth_token = read_auth_token(impl_->options.auth_token_file);
   }
-  if (impl_->options.call_timeout.count() > 0 && impl_->options.call_timeout < impl_->options.connect_timeout) {
+  if (impl_->options.call_timeout.count() > 0 &&
+      impl_->options.call_timeout < impl_->options.connect_timeout) {
     impl_->options.call_timeout = impl_->options.connect_timeout + std::chrono::milliseconds(10000);
   }
   impl_->connect();
@@ -55,8 +56,9 @@ struct CreatePending {
 };
 
 // One create request: `batch`'s parts of `specs`, each cut to its part.
-kj::Promise<CreatePending> send_create(ShardConnection& c, const ShardBatch& batch, const std::vector<TensorSpec>& specs,
-                                       CreateRound round, CreatePending pending = {}) {
+kj::Promise<CreatePending> send_create(ShardConnection& c, const ShardBatch& batch,
+                                       const std::vector<TensorSpec>& specs, CreateRound round,
+                                       CreatePending pending = {}) {
   const bool validate = round == CreateRound::kValidate;
   auto req = c.shard.createRequest();
   req.setValidateOnly(validate);
@@ -71,13 +73,11 @@ kj::Promise<CreatePending> send_create(ShardConnection& c, const ShardBatch& bat
     const Part& part = batch.parts[i].part;
     // All of the spec but its values (positional, every member named: a
     // member added to TensorSpec warns here until it is passed on).
-    TensorSpec piece{part.stored_name,
-                     part.num_parts > 1 ? std::vector<uint64_t>{part.count} : full.shape,
-                     full.optimizer,
-                     InitConfig{full.init.kind, full.init.a, full.init.b, full.init.seed, {}},
-                     full.trainable,
-                     {},
-                     full.version};
+    TensorSpec piece{
+        part.stored_name, part.num_parts > 1 ? std::vector<uint64_t>{part.count} : full.shape,
+        full.optimizer,   InitConfig{full.init.kind, full.init.a, full.init.b, full.init.seed, {}},
+        full.trainable,   {},
+        full.version};
     // Values and restored slots are cut to the part; left out when
     // validating, the slots' number kept.
     auto cut = [&](const std::vector<float>& v) {
@@ -88,7 +88,8 @@ kj::Promise<CreatePending> send_create(ShardConnection& c, const ShardBatch& bat
     for (const auto& slot : full.slots) piece.slots.push_back(cut(slot));
     to_wire(piece, out[i]);
     if (part.num_parts > 1) {
-      part_to_wire(PartMeta{full.name, full.shape, part.offset, part.index, part.num_parts}, out[i].initPart());
+      part_to_wire(PartMeta{full.name, full.shape, part.offset, part.index, part.num_parts},
+                   out[i].initPart());
     }
   }
   return req.send().then([](capnp::Response<wire::Shard::CreateResults>&& reply) {
@@ -99,8 +100,9 @@ kj::Promise<CreatePending> send_create(ShardConnection& c, const ShardBatch& bat
 // What psd would refuse in values that its check round does not see.
 void check_create_values(const TensorSpec& full) {
   if (full.init.kind == InitKind::kValues && full.init.values.size() != full.num_elements()) {
-    throw ConfigError("tensor '" + full.name + "' has " + std::to_string(full.num_elements()) + " elements but " +
-                      std::to_string(full.init.values.size()) + " initial values");
+    throw ConfigError("tensor '" + full.name + "' has " + std::to_string(full.num_elements()) +
+                      " elements but " + std::to_string(full.init.values.size()) +
+                      " initial values");
   }
   if (!all_finite(full.init.values)) {
     throw RequestError("create: tensor '" + full.name + "' has a NaN or Inf initial value");
@@ -108,9 +110,11 @@ void check_create_values(const TensorSpec& full) {
   for (const auto& slot : full.slots) {
     if (slot.size() != full.num_elements()) {
       throw ConfigError("tensor '" + full.name + "' has " + std::to_string(full.num_elements()) +
-                        " elements but a restored optimizer slot of " + std::to_string(slot.size()));
+                        " elements but a restored optimizer slot of " +
+                        std::to_string(slot.size()));
     }
-    if (!all_finite(slot)) throw RequestError("create: tensor '" + full.name + "' has a NaN or Inf restored slot value");
+    if (!all_finite(slot))
+      throw RequestError("create: tensor '" + full.name + "' has a NaN or Inf restored slot value");
   }
 }
 
@@ -118,7 +122,8 @@ void check_create_values(const TensorSpec& full) {
 // another, each told what those before found new: the shard's limits count
 // the whole call, in requests that each fit its message limit (one request
 // per shard broke the connection past it).
-kj::Promise<void> check_in_turn(Reconnector& retry, std::shared_ptr<const std::vector<ShardBatch>> checks,
+kj::Promise<void> check_in_turn(Reconnector& retry,
+                                std::shared_ptr<const std::vector<ShardBatch>> checks,
                                 std::shared_ptr<const std::vector<TensorSpec>> specs, std::size_t i,
                                 CreatePending pending) {
   if (i == checks->size()) return kj::READY_NOW;
@@ -180,14 +185,16 @@ void Client::create(const std::vector<TensorSpec>& specs) {
   std::vector<uint32_t> copies;
   for (const auto& s : specs) {
     names.push_back(s.name);
-    copies.push_back((s.init.kind == InitKind::kValues ? 1 : 0) + static_cast<uint32_t>(s.slots.size()));
+    copies.push_back((s.init.kind == InitKind::kValues ? 1 : 0) +
+                     static_cast<uint32_t>(s.slots.size()));
   }
   auto batches = impl_->plan(names, copies);
   for (const ShardBatch& b : batches) {
     if (b.bytes <= impl_->max_payload_bytes) continue;
     // One part alone, with its values and slots, is over psd's limit.
     const std::string& name = names[b.parts.front().tensor];
-    throw ConfigError("create: a part of '" + name + "' with its initial values and restored optimizer slots takes " +
+    throw ConfigError("create: a part of '" + name +
+                      "' with its initial values and restored optimizer slots takes " +
                       std::to_string(b.bytes) + " bytes, more than psd accepts in one message (" +
                       std::to_string(impl_->max_payload_bytes) +
                       "); raise psd --max_message_mb or lower ClientOptions::part_bytes");
@@ -214,18 +221,23 @@ void Client::create(const std::vector<TensorSpec>& specs) {
     return kj::joinPromises(calls.releaseAsArray());
   };
   struct Done {};
-  impl_->submit<Done>(
-            [this, shared_specs, create_round, batches = std::move(batches), checks = std::move(checks)]() mutable {
-              kj::Vector<kj::Promise<void>> shards_checked;
-              for (auto& [shard, list] : checks) {
-                shards_checked.add(check_in_turn(*impl_->retry, list, shared_specs, 0, CreatePending{}));
-              }
-              // The second round outlives this call: what it sends moves into it.
-              return kj::joinPromises(shards_checked.releaseAsArray())
-                  .then([create_round, batches = std::move(batches)]() mutable { return create_round(batches); })
-                  .then([] { return Done{}; });
-            },
-            "create: ")
+  impl_
+      ->submit<Done>(
+          [this, shared_specs, create_round, batches = std::move(batches),
+           checks = std::move(checks)]() mutable {
+            kj::Vector<kj::Promise<void>> shards_checked;
+            for (auto& [shard, list] : checks) {
+              shards_checked.add(
+                  check_in_turn(*impl_->retry, list, shared_specs, 0, CreatePending{}));
+            }
+            // The second round outlives this call: what it sends moves into it.
+            return kj::joinPromises(shards_checked.releaseAsArray())
+                .then([create_round, batches = std::move(batches)]() mutable {
+                  return create_round(batches);
+                })
+                .then([] { return Done{}; });
+          },
+          "create: ")
       .get();
   declarations.keep();
 }
@@ -242,26 +254,30 @@ std::vector<TensorInfo> Client::list() {
   struct Collected {
     std::vector<std::pair<int, TensorInfo>> items;
   };
-  auto collected = impl_->on_every_shard<Collected>(
-                            [](ShardConnection& s) { return s.shard.listRequest().send(); },
-                            [](Collected& out, int shard, capnp::Response<wire::Shard::ListResults>& reply) {
-                              for (auto t : reply.getTensors()) {
-                                TensorInfo info;
-                                info.name = t.hasPart() ? t.getPart().getFullName() : t.getName();
-                                info.shape = shape_from_wire(t.hasPart() ? t.getPart().getFullShape() : t.getShape());
-                                info.version = t.getVersion();
-                                info.optimizer = static_cast<OptimizerKind>(t.getOptimizer());
-                                out.items.emplace_back(shard, std::move(info));
-                              }
-                            },
-                            "list: ")
-                       .get();
+  auto collected =
+      impl_
+          ->on_every_shard<Collected>(
+              [](ShardConnection& s) { return s.shard.listRequest().send(); },
+              [](Collected& out, int shard, capnp::Response<wire::Shard::ListResults>& reply) {
+                for (auto t : reply.getTensors()) {
+                  TensorInfo info;
+                  info.name = t.hasPart() ? t.getPart().getFullName() : t.getName();
+                  info.shape =
+                      shape_from_wire(t.hasPart() ? t.getPart().getFullShape() : t.getShape());
+                  info.version = t.getVersion();
+                  info.optimizer = static_cast<OptimizerKind>(t.getOptimizer());
+                  out.items.emplace_back(shard, std::move(info));
+                }
+              },
+              "list: ")
+          .get();
   // Merge the parts of split tensors into one entry each.
   std::map<std::string, TensorInfo> merged;
   for (auto& [shard, info] : collected.items) {
     auto [it, fresh] = merged.try_emplace(info.name, info);
     if (!fresh) it->second.version = std::min(it->second.version, info.version);
-    if (std::find(it->second.shards.begin(), it->second.shards.end(), shard) == it->second.shards.end()) {
+    if (std::find(it->second.shards.begin(), it->second.shards.end(), shard) ==
+        it->second.shards.end()) {
       it->second.shards.push_back(shard);
     }
   }
@@ -277,41 +293,43 @@ std::vector<ShardStats> Client::stats() {
   struct Collected {
     std::vector<ShardStats> items;
   };
-  auto collected = impl_->on_every_shard<Collected>(
-                            [](ShardConnection& s) { return s.shard.statsRequest().send(); },
-                            [this](Collected& out, int shard, capnp::Response<wire::Shard::StatsResults>& reply) {
-                              auto st = reply.getStats();
-                              ShardStats o;
-                              o.shard = shard;
-                              o.address = impl_->options.ps_hosts[shard];
-                              o.tensors = st.getTensors();
-                              o.bytes = st.getBytes();
-                              o.pushes = st.getPushes();
-                              o.pulls = st.getPulls();
-                              o.rejected = st.getRejected();
-                              o.stale_gradients = st.getStaleGradients();
-                              o.bytes_in = st.getBytesIn();
-                              o.bytes_out = st.getBytesOut();
-                              o.shared_bytes = st.getSharedBytes();
-                              o.global_step = st.getGlobalStep();
-                              o.connections = st.getConnections();
-                              o.job = job_from_wire(st.getJob());
-                              o.ready = st.getReady();
-                              o.finished = st.getFinished();
-                              o.steps_applied = st.getStepsApplied();
-                              o.staleness_waits = st.getStalenessWaits();
-                              o.max_staleness = st.getMaxStaleness();
-                              o.last_checkpoint_step = st.getLastCheckpointStep();
-                              o.last_checkpoint_unix_secs = st.getLastCheckpointUnixSecs();
-                              for (auto w : st.getWaits()) o.waits.emplace_back(w.cStr(), w.size());
-                              for (auto w : st.getWorkers()) {
-                                o.workers.push_back({w.getWorkerIndex(), w.getStep(), w.getConnected(), w.getPushes(),
-                                                     w.getStale()});
-                              }
-                              out.items.push_back(std::move(o));
-                            },
-                            "stats: ")
-                       .get();
+  auto collected =
+      impl_
+          ->on_every_shard<Collected>(
+              [](ShardConnection& s) { return s.shard.statsRequest().send(); },
+              [this](Collected& out, int shard, capnp::Response<wire::Shard::StatsResults>& reply) {
+                auto st = reply.getStats();
+                ShardStats o;
+                o.shard = shard;
+                o.address = impl_->options.ps_hosts[shard];
+                o.tensors = st.getTensors();
+                o.bytes = st.getBytes();
+                o.pushes = st.getPushes();
+                o.pulls = st.getPulls();
+                o.rejected = st.getRejected();
+                o.stale_gradients = st.getStaleGradients();
+                o.bytes_in = st.getBytesIn();
+                o.bytes_out = st.getBytesOut();
+                o.shared_bytes = st.getSharedBytes();
+                o.global_step = st.getGlobalStep();
+                o.connections = st.getConnections();
+                o.job = job_from_wire(st.getJob());
+                o.ready = st.getReady();
+                o.finished = st.getFinished();
+                o.steps_applied = st.getStepsApplied();
+                o.staleness_waits = st.getStalenessWaits();
+                o.max_staleness = st.getMaxStaleness();
+                o.last_checkpoint_step = st.getLastCheckpointStep();
+                o.last_checkpoint_unix_secs = st.getLastCheckpointUnixSecs();
+                for (auto w : st.getWaits()) o.waits.emplace_back(w.cStr(), w.size());
+                for (auto w : st.getWorkers()) {
+                  o.workers.push_back({w.getWorkerIndex(), w.getStep(), w.getConnected(),
+                                       w.getPushes(), w.getStale()});
+                }
+                out.items.push_back(std::move(o));
+              },
+              "stats: ")
+          .get();
   std::sort(collected.items.begin(), collected.items.end(),
             [](const ShardStats& a, const ShardStats& b) { return a.shard < b.shard; });
   return collected.items;
@@ -327,22 +345,24 @@ struct Nothing {};
 }  // namespace
 
 void Client::init_job(const JobConfig& config) {
-  impl_->on_every_shard<Nothing>(
-            [config](ShardConnection& s) {
-              auto req = s.shard.initJobRequest();
-              job_to_wire(config, req.initConfig());
-              return req.send();
-            },
-            [this](Nothing&, int, capnp::Response<wire::Shard::InitJobResults>& reply) {
-              impl_->learn_job(reply.getInfo().getJob());
-            },
-            "initJob: ")
+  impl_
+      ->on_every_shard<Nothing>(
+          [config](ShardConnection& s) {
+            auto req = s.shard.initJobRequest();
+            job_to_wire(config, req.initConfig());
+            return req.send();
+          },
+          [this](Nothing&, int, capnp::Response<wire::Shard::InitJobResults>& reply) {
+            impl_->learn_job(reply.getInfo().getJob());
+          },
+          "initJob: ")
       .get();
 }
 
 void Client::set_ready() {
-  impl_->on_every_shard<Nothing>([](ShardConnection& s) { return s.shard.setReadyRequest().send(); },
-                                 [](Nothing&, int, auto&) {}, "setReady: ")
+  impl_
+      ->on_every_shard<Nothing>([](ShardConnection& s) { return s.shard.setReadyRequest().send(); },
+                                [](Nothing&, int, auto&) {}, "setReady: ")
       .get();
 }
 
@@ -378,7 +398,8 @@ std::future<Client::StepDone> Client::step_done_async(int64_t local_step) {
         return req.send();
       },
       [](StepDone& d, int shard, capnp::Response<wire::Shard::StepDoneResults>& reply) {
-        if (shard == 0) d.global_step = reply.getGlobalStep();  // shard 0 holds the job's step, as TF's ps 0
+        if (shard == 0)
+          d.global_step = reply.getGlobalStep();  // shard 0 holds the job's step, as TF's ps 0
         d.stop = d.stop || reply.getStop();
       },
       "stepDone: ");
@@ -407,7 +428,8 @@ uint64_t Client::rollbacks() const { return impl_->retry ? impl_->retry->rollbac
 
 int64_t Client::recorded_step() const { return impl_->recorded_step; }
 
-uint32_t Client::barrier(const std::string& name, uint32_t count, std::chrono::milliseconds timeout) {
+uint32_t Client::barrier(const std::string& name, uint32_t count,
+                         std::chrono::milliseconds timeout) {
   struct Arrived {
     uint32_t n = 0;
   };
@@ -415,13 +437,18 @@ uint32_t Client::barrier(const std::string& name, uint32_t count, std::chrono::m
   return impl_
       ->submit<Arrived>(
           [this, name, count, ms] {
-            return impl_->retry->call(0, [name, count, ms](ShardConnection& c, int) {
-              auto req = c.shard.barrierRequest();
-              req.setName(name);
-              req.setCount(count);
-              req.setTimeoutMs(ms);
-              return req.send();
-            }).then([](capnp::Response<wire::Shard::BarrierResults>&& r) { return Arrived{r.getArrived()}; });
+            return impl_->retry
+                ->call(0,
+                       [name, count, ms](ShardConnection& c, int) {
+                         auto req = c.shard.barrierRequest();
+                         req.setName(name);
+                         req.setCount(count);
+                         req.setTimeoutMs(ms);
+                         return req.send();
+                       })
+                .then([](capnp::Response<wire::Shard::BarrierResults>&& r) {
+                  return Arrived{r.getArrived()};
+                });
           },
           "barrier: ", std::chrono::milliseconds(ms))
       .get()
@@ -429,12 +456,14 @@ uint32_t Client::barrier(const std::string& name, uint32_t count, std::chrono::m
 }
 
 void Client::finish() {
-  impl_->on_every_shard<Nothing>([](ShardConnection& s) { return s.shard.finishRequest().send(); },
-                                 [](Nothing&, int, auto&) {}, "finish: ")
+  impl_
+      ->on_every_shard<Nothing>([](ShardConnection& s) { return s.shard.finishRequest().send(); },
+                                [](Nothing&, int, auto&) {}, "finish: ")
       .get();
 }
 
-void Client::report(int64_t step, float loss, float accuracy, float samples_per_sec, float learning_rate) {
+void Client::report(int64_t step, float loss, float accuracy, float samples_per_sec,
+                    float learning_rate) {
   // run() only sends; nobody waits for the replies. A failed report is
   // logged, never thrown: it must not stop training.
   impl_->loop.run([&] {
@@ -445,9 +474,10 @@ void Client::report(int64_t step, float loss, float accuracy, float samples_per_
       req.setAccuracy(accuracy);
       req.setSamplesPerSec(samples_per_sec);
       req.setLearningRate(learning_rate);
-      impl_->tasks->add(impl_->loop.kept(req.send().ignoreResult().catch_([address = s->address](kj::Exception&& e) {
-        spdlog::warn("report to {} failed: {}", address, e.getDescription().cStr());
-      })));
+      impl_->tasks->add(impl_->loop.kept(
+          req.send().ignoreResult().catch_([address = s->address](kj::Exception&& e) {
+            spdlog::warn("report to {} failed: {}", address, e.getDescription().cStr());
+          })));
     }
   });
 }

@@ -40,7 +40,8 @@ inline std::exception_ptr translate(const kj::Exception& e, const std::string& c
   msg = strip_prefix(msg, "std::exception: ");
   // psd's messages name their request already ("initJob: initJob: ..." before).
   msg = strip_prefix(msg, context);
-  if (e.getType() == kj::Exception::Type::DISCONNECTED || e.getType() == kj::Exception::Type::OVERLOADED) {
+  if (e.getType() == kj::Exception::Type::DISCONNECTED ||
+      e.getType() == kj::Exception::Type::OVERLOADED) {
     return std::make_exception_ptr(ConnectionError(context + msg));
   }
   return std::make_exception_ptr(RequestError(context + msg));
@@ -55,7 +56,8 @@ inline std::optional<uint64_t> take_shared(SharedBlocks& blocks, uint64_t bytes)
   return blocks.take(bytes);
 }
 
-inline void set_slice(wire::SharedSlice::Builder slice, const SharedArena& arena, uint64_t offset, uint64_t bytes) {
+inline void set_slice(wire::SharedSlice::Builder slice, const SharedArena& arena, uint64_t offset,
+                      uint64_t bytes) {
   slice.setRegion(arena.id());
   slice.setOffset(offset);
   slice.setBytes(bytes);
@@ -68,14 +70,15 @@ template <typename T, typename Watch>
 kj::Promise<T> tell_when_answered(kj::Promise<T> call, kj::Own<Watch> watch) {
   Watch* w = watch.get();
   return call
-      .then([w](T&& reply) {
-              w->answered();
-              return kj::mv(reply);
-            },
-            [w](kj::Exception&& e) -> T {
-              w->answered();
-              kj::throwFatalException(kj::mv(e));
-            })
+      .then(
+          [w](T&& reply) {
+            w->answered();
+            return kj::mv(reply);
+          },
+          [w](kj::Exception&& e) -> T {
+            w->answered();
+            kj::throwFatalException(kj::mv(e));
+          })
       .attach(kj::mv(watch));
 }
 
@@ -113,10 +116,14 @@ kj::Promise<T> cut_if_abandoned(kj::Promise<T> call, std::weak_ptr<SocketStream*
 
 inline PushStatus from_wire(wire::PushStatus s) {
   switch (s) {
-    case wire::PushStatus::APPLIED: return PushStatus::kApplied;
-    case wire::PushStatus::ACCUMULATED: return PushStatus::kAccumulated;
-    case wire::PushStatus::STALE: return PushStatus::kStale;
-    case wire::PushStatus::DUPLICATE: return PushStatus::kDuplicate;
+    case wire::PushStatus::APPLIED:
+      return PushStatus::kApplied;
+    case wire::PushStatus::ACCUMULATED:
+      return PushStatus::kAccumulated;
+    case wire::PushStatus::STALE:
+      return PushStatus::kStale;
+    case wire::PushStatus::DUPLICATE:
+      return PushStatus::kDuplicate;
   }
   return PushStatus::kStale;
 }
@@ -124,8 +131,8 @@ inline PushStatus from_wire(wire::PushStatus s) {
 struct Client::Impl : kj::TaskSet::ErrorHandler {
   explicit Impl(ClientOptions o)
       : options(std::move(o)),
-        placement(std::max<int>(1, static_cast<int>(options.ps_hosts.size())), options.placement, options.chunk_bytes,
-                  options.part_bytes),
+        placement(std::max<int>(1, static_cast<int>(options.ps_hosts.size())), options.placement,
+                  options.chunk_bytes, options.part_bytes),
         loop(options.busy_poll) {}
 
   ~Impl() {
@@ -136,7 +143,9 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     });
   }
 
-  void taskFailed(kj::Exception&& e) override { spdlog::error("libpsclient internal task failed: {}", e.getDescription().cStr()); }
+  void taskFailed(kj::Exception&& e) override {
+    spdlog::error("libpsclient internal task failed: {}", e.getDescription().cStr());
+  }
 
   // Starts op() with the loop; its result or error reaches the future (the
   // helper thread runs the loop until then). `waits`: how long psd may
@@ -169,10 +178,13 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   // ConnectionError, not std::future_error's "Broken promise".
   template <typename T>
   struct Settle {
-    Settle(std::shared_ptr<std::promise<T>> r, std::string c) : result(std::move(r)), context(std::move(c)) {}
+    Settle(std::shared_ptr<std::promise<T>> r, std::string c)
+        : result(std::move(r)), context(std::move(c)) {}
     Settle(const Settle&) = delete;
     ~Settle() {
-      if (!settled) error(std::make_exception_ptr(ConnectionError(context + "the Client was destroyed with this call in flight")));
+      if (!settled)
+        error(std::make_exception_ptr(
+            ConnectionError(context + "the Client was destroyed with this call in flight")));
     }
     void value(T&& v) {
       settled = true;
@@ -202,8 +214,9 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
           error = std::current_exception();
           return kj::READY_NOW;
         }
-        return with_timeout(kj::mv(promise)).then([&](T&& v) { value.emplace(std::move(v)); },
-                                                  [&](kj::Exception&& e) { error = translate(e, context); });
+        return with_timeout(kj::mv(promise))
+            .then([&](T&& v) { value.emplace(std::move(v)); },
+                  [&](kj::Exception&& e) { error = translate(e, context); });
       });
     } catch (const kj::Exception& e) {
       error = translate(e, context);
@@ -226,31 +239,35 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     if (options.call_timeout.count() <= 0) return p;
     const auto ms = (options.call_timeout + waits).count();
     return p.exclusiveJoin(loop.after(ms * kj::MILLISECONDS).then([ms]() -> kj::Promise<T> {
-      return disconnected("no answer from psd within " + std::to_string(ms) + " ms (ClientOptions::call_timeout)");
+      return disconnected("no answer from psd within " + std::to_string(ms) +
+                          " ms (ClientOptions::call_timeout)");
     }));
   }
 
   // Sends one request to every shard (make(shard) builds and sends it) and
   // folds the replies with on_reply(shard index, reply) into a T.
   template <typename T, typename Make, typename OnReply>
-  std::future<T> on_every_shard(Make make, OnReply on_reply, std::string context, std::chrono::milliseconds waits = {}) {
+  std::future<T> on_every_shard(Make make, OnReply on_reply, std::string context,
+                                std::chrono::milliseconds waits = {}) {
     return submit<T>(
         [this, make, on_reply] {
           auto acc = kj::heap<T>();
           kj::Vector<kj::Promise<void>> calls;
           for (auto& s : shards) {
             calls.add(retry->call(s->index, [make](ShardConnection& c, int) { return make(c); })
-                          .then([index = s->index, on_reply, acc = acc.get()](auto&& reply) mutable {
-              on_reply(*acc, index, reply);
-            }));
+                          .then([index = s->index, on_reply, acc = acc.get()](
+                                    auto&& reply) mutable { on_reply(*acc, index, reply); }));
           }
-          return kj::joinPromises(calls.releaseAsArray()).then([acc = kj::mv(acc)]() mutable { return std::move(*acc); });
+          return kj::joinPromises(calls.releaseAsArray()).then([acc = kj::mv(acc)]() mutable {
+            return std::move(*acc);
+          });
         },
         std::move(context), waits);
   }
 
   // `copies`: as plan_batches takes them (empty: one array per part).
-  std::vector<ShardBatch> plan(const std::vector<std::string>& names, const std::vector<uint32_t>& copies = {}) {
+  std::vector<ShardBatch> plan(const std::vector<std::string>& names,
+                               const std::vector<uint32_t>& copies = {}) {
     std::lock_guard lock(placement_mutex);
     return plan_batches(placement, names, max_batch_bytes, copies);
   }
@@ -261,7 +278,8 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   }
 
   void connect() {
-    if (options.ps_hosts.empty()) throw ConfigError("no ps hosts given (ClientOptions::ps_hosts / --ps_hosts)");
+    if (options.ps_hosts.empty())
+      throw ConfigError("no ps hosts given (ClientOptions::ps_hosts / --ps_hosts)");
     struct Outcome {
       std::vector<std::string> errors;
     };
@@ -272,10 +290,12 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
           kj::Vector<kj::Promise<void>> all;
           auto errors = kj::heap<std::vector<std::string>>();
           for (std::size_t i = 0; i < options.ps_hosts.size(); ++i) {
-            auto p = connect_shard(loop.port(), static_cast<int>(i), options.ps_hosts[i], options.connect_timeout,
-                                   hello_params());
+            auto p = connect_shard(loop.port(), static_cast<int>(i), options.ps_hosts[i],
+                                   options.connect_timeout, hello_params());
             all.add(p.then([this, i](kj::Own<ShardConnection> c) { shards[i] = kj::mv(c); },
-                           [e = errors.get()](kj::Exception&& ex) { e->push_back(ex.getDescription().cStr()); }));
+                           [e = errors.get()](kj::Exception&& ex) {
+                             e->push_back(ex.getDescription().cStr());
+                           }));
           }
           return kj::joinPromises(all.releaseAsArray()).then([errors = kj::mv(errors)]() mutable {
             return Outcome{std::move(*errors)};
@@ -302,13 +322,17 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     for (auto& s : shards) recorded_step = std::max(recorded_step, s->worker_step);
     uint64_t smallest = std::numeric_limits<uint64_t>::max();
     for (auto& s : shards) smallest = std::min(smallest, s->max_message_bytes);
-    if (smallest <= kMessageSlack + sizeof(float)) throw ConfigError("psd's message size limit is too small");
+    if (smallest <= kMessageSlack + sizeof(float))
+      throw ConfigError("psd's message size limit is too small");
     const uint64_t part = std::min(options.part_bytes, options.chunk_bytes);
     max_payload_bytes = smallest - kMessageSlack;
-    max_batch_bytes = std::min<uint64_t>(max_payload_bytes, std::max<uint64_t>(options.max_request_bytes, part));
+    max_batch_bytes =
+        std::min<uint64_t>(max_payload_bytes, std::max<uint64_t>(options.max_request_bytes, part));
     if (part > max_batch_bytes) {
-      throw ConfigError("part size " + std::to_string(part) + " bytes exceeds what psd accepts in one message (" +
-                        std::to_string(max_batch_bytes) + "); lower ClientOptions::part_bytes or raise psd --max_message_mb");
+      throw ConfigError("part size " + std::to_string(part) +
+                        " bytes exceeds what psd accepts in one message (" +
+                        std::to_string(max_batch_bytes) +
+                        "); lower ClientOptions::part_bytes or raise psd --max_message_mb");
     }
   }
 
@@ -321,7 +345,8 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   }
 
   HelloParams hello_params() const {
-    return {options.worker_index, options.is_chief, options.auth_token, options.prefer_unix_socket,
+    return {options.worker_index,        options.is_chief,
+            options.auth_token,          options.prefer_unix_socket,
             options.shared_memory_bytes, options.dead_peer_timeout};
   }
 
@@ -344,13 +369,15 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   // newest are read again at that step, so a worker never trains on a mix
   // (but for a shard that came back from a checkpoint behind the others).
   // In client_transfer.cc, next to push's round.
-  kj::Promise<void> pull_round(PullState& st, std::vector<std::size_t> which, int64_t min_step, int round);
+  kj::Promise<void> pull_round(PullState& st, std::vector<std::size_t> which, int64_t min_step,
+                               int round);
 
   // Pushes the batches of `tensors` gradients (`grads` must stay valid until
   // the promise settles); done_step >= 0 reports that step to every shard.
   // In client_transfer.cc, next to pull's round.
-  kj::Promise<PushResult> push_round(std::vector<ShardBatch> batches, std::vector<std::span<const float>> grads,
-                                     std::size_t tensors, int64_t step, int64_t done_step);
+  kj::Promise<PushResult> push_round(std::vector<ShardBatch> batches,
+                                     std::vector<std::span<const float>> grads, std::size_t tensors,
+                                     int64_t step, int64_t done_step);
 
   // How many gradients psd sums per step before it divides (sync mode's
   // replicas_to_aggregate; 1 otherwise): it bounds the values it accepts.
@@ -377,7 +404,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   std::map<std::string, TableSpec> tables;  // embedding tables declared (under placement_mutex)
   uint64_t max_batch_bytes = 64u << 20;
   uint64_t max_payload_bytes = 64u << 20;  // the most a request may carry to every shard
-  int64_t recorded_step = -1;  // Client::recorded_step(), from the first hellos
+  int64_t recorded_step = -1;              // Client::recorded_step(), from the first hellos
   ClientLoop loop;
   // Loop-thread state.
   std::vector<kj::Own<ShardConnection>> shards;

@@ -30,8 +30,9 @@ void check_ids(const TableSpec& spec, std::span<const int64_t> ids, const char* 
   if (spec.dynamic) return;
   for (int64_t id : ids) {
     if (id < 0 || static_cast<uint64_t>(id) >= spec.rows) {
-      throw RequestError(std::string(what) + ": id " + std::to_string(id) + " is outside table '" + spec.name +
-                         "' of " + std::to_string(spec.rows) + " rows (nothing was sent)");
+      throw RequestError(std::string(what) + ": id " + std::to_string(id) + " is outside table '" +
+                         spec.name + "' of " + std::to_string(spec.rows) +
+                         " rows (nothing was sent)");
     }
   }
 }
@@ -46,31 +47,31 @@ void Client::declare_tables(const std::vector<TableSpec>& tables) {
 void Client::create_tables(const std::vector<TableSpec>& tables) {
   std::set<std::string> names;
   for (const auto& t : tables) {
-    if (!names.insert(t.name).second) throw ConfigError("create_tables: table '" + t.name + "' given twice");
+    if (!names.insert(t.name).second)
+      throw ConfigError("create_tables: table '" + t.name + "' given twice");
   }
   const auto shards = static_cast<uint32_t>(num_shards());
   auto specs = std::make_shared<const std::vector<TableSpec>>(tables);
   // Every shard checks every table first: one refusal creates nothing anywhere.
   for (bool validate : {true, false}) {
-    impl_->on_every_shard<Nothing>(
-              [specs, shards, validate](ShardConnection& c) {
-                auto req = c.shard.createTablesRequest();
-                req.setValidateOnly(validate);
-                auto list = req.initTables(static_cast<unsigned>(specs->size()));
-                for (unsigned i = 0; i < specs->size(); ++i) {
-                  to_wire((*specs)[i], static_cast<uint32_t>(c.index), shards, list[i]);
-                }
-                return req.send();
-              },
-              [](Nothing&, int, auto&) {}, "createTables: ")
+    impl_
+        ->on_every_shard<Nothing>(
+            [specs, shards, validate](ShardConnection& c) {
+              auto req = c.shard.createTablesRequest();
+              req.setValidateOnly(validate);
+              auto list = req.initTables(static_cast<unsigned>(specs->size()));
+              for (unsigned i = 0; i < specs->size(); ++i) {
+                to_wire((*specs)[i], static_cast<uint32_t>(c.index), shards, list[i]);
+              }
+              return req.send();
+            },
+            [](Nothing&, int, auto&) {}, "createTables: ")
         .get();
   }
   declare_tables(tables);
 }
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 // Row requests are cut at ClientOptions::max_request_bytes (not at the
 // dense part size: a row is never split).
@@ -82,7 +83,8 @@ TableSpec Client::table_spec(const std::string& table, const char* what) const {
   std::lock_guard lock(impl_->placement_mutex);
   auto it = impl_->tables.find(table);
   if (it == impl_->tables.end()) {
-    throw ConfigError(std::string(what) + ": no table '" + table + "' (create_tables or declare_tables first)");
+    throw ConfigError(std::string(what) + ": no table '" + table +
+                      "' (create_tables or declare_tables first)");
   }
   return it->second;
 }
@@ -91,13 +93,15 @@ namespace {
 
 // Ids per request: a request's ids and rows fit the request size.
 uint32_t ids_per_request(uint64_t max_batch_bytes, uint32_t dim) {
-  return static_cast<uint32_t>(std::clamp<uint64_t>(max_batch_bytes / (uint64_t(dim) * sizeof(float) + 8), 1, 1u << 24));
+  return static_cast<uint32_t>(
+      std::clamp<uint64_t>(max_batch_bytes / (uint64_t(dim) * sizeof(float) + 8), 1, 1u << 24));
 }
 
 }  // namespace
 
 std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span<const int64_t> ids,
-                                             std::span<float> out, int64_t min_step, int64_t* done) {
+                                             std::span<float> out, int64_t min_step,
+                                             int64_t* done) {
   const TableSpec spec = table_spec(table, "pull_rows");
   const uint32_t dim = spec.dim;
   if (out.size() != ids.size() * dim) {
@@ -106,12 +110,14 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
                       " floats of output, got " + std::to_string(out.size()));
   }
   check_ids(spec, ids, "pull_rows");
-  auto plan = std::make_shared<const RowPlan>(plan_rows(as_unsigned(ids), placement_of(spec, num_shards()),
-                                                        ids_per_request(row_request_bytes(), dim), false));
+  auto plan =
+      std::make_shared<const RowPlan>(plan_rows(as_unsigned(ids), placement_of(spec, num_shards()),
+                                                ids_per_request(row_request_bytes(), dim), false));
   return impl_->run<int64_t>(
       [this, plan, table, dim, min_step, out]() {
         // In plan order; every float is written by a reply before it is read (no zeroing pass).
-        auto rows = std::shared_ptr<float[]>(new float[std::max<std::size_t>(1, plan->ids.size() * dim)]);
+        auto rows =
+            std::shared_ptr<float[]>(new float[std::max<std::size_t>(1, plan->ids.size() * dim)]);
         auto step = std::make_shared<int64_t>(std::numeric_limits<int64_t>::max());
         kj::Vector<kj::Promise<void>> calls;
         for (const RowRequest& r : plan->requests) {
@@ -123,17 +129,20 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
             return req.send();
           };
           calls.add(impl_->retry->call(static_cast<int>(r.shard), kj::mv(send))
-                        .then([rows, step, r, dim, table](capnp::Response<wire::Shard::PullRowsResults>&& reply) {
-            auto data = reply.getRows();
-            const std::size_t want = std::size_t(r.count) * dim * sizeof(float);
-            if (data.size() != want) {
-              throw RequestError("pull_rows: shard " + std::to_string(r.shard) + " answered " +
-                                 std::to_string(data.size()) + " bytes of table '" + table + "' for " +
-                                 std::to_string(r.count) + " rows, expected " + std::to_string(want));
-            }
-            std::memcpy(rows.get() + std::size_t(r.first) * dim, data.begin(), want);
-            *step = std::min(*step, reply.getStep());
-          }));
+                        .then([rows, step, r, dim,
+                               table](capnp::Response<wire::Shard::PullRowsResults>&& reply) {
+                          auto data = reply.getRows();
+                          const std::size_t want = std::size_t(r.count) * dim * sizeof(float);
+                          if (data.size() != want) {
+                            throw RequestError("pull_rows: shard " + std::to_string(r.shard) +
+                                               " answered " + std::to_string(data.size()) +
+                                               " bytes of table '" + table + "' for " +
+                                               std::to_string(r.count) + " rows, expected " +
+                                               std::to_string(want));
+                          }
+                          std::memcpy(rows.get() + std::size_t(r.first) * dim, data.begin(), want);
+                          *step = std::min(*step, reply.getStep());
+                        }));
         }
         return kj::joinPromises(calls.releaseAsArray()).then([plan, rows, step, dim, out] {
           scatter_rows(*plan, rows.get(), dim, out.data());
@@ -143,29 +152,33 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
       "pull_rows: ", done);
 }
 
-int64_t Client::pull_rows(const std::string& table, std::span<const int64_t> ids, std::span<float> out,
-                          int64_t min_step) {
+int64_t Client::pull_rows(const std::string& table, std::span<const int64_t> ids,
+                          std::span<float> out, int64_t min_step) {
   int64_t step = 0;
   start_pull_rows(table, ids, out, min_step, &step);
   return step;
 }
 
-std::future<int64_t> Client::pull_rows_async(std::string table, std::span<const int64_t> ids, std::span<float> out,
-                                             int64_t min_step) {
+std::future<int64_t> Client::pull_rows_async(std::string table, std::span<const int64_t> ids,
+                                             std::span<float> out, int64_t min_step) {
   return start_pull_rows(table, ids, out, min_step, nullptr);
 }
 
-std::future<PushStatus> Client::start_push_rows(const std::string& table, std::span<const int64_t> ids,
-                                                std::span<const float> grads, int64_t step, PushStatus* done) {
+std::future<PushStatus> Client::start_push_rows(const std::string& table,
+                                                std::span<const int64_t> ids,
+                                                std::span<const float> grads, int64_t step,
+                                                PushStatus* done) {
   const TableSpec spec = table_spec(table, "push_rows");
   const uint32_t dim = spec.dim;
   if (grads.size() != ids.size() * dim) {
     throw RequestError("push_rows: table '" + table + "' has dim " + std::to_string(dim) + ": " +
-                       std::to_string(ids.size()) + " ids need " + std::to_string(ids.size() * dim) +
-                       " gradient floats, got " + std::to_string(grads.size()) + " (nothing was sent)");
+                       std::to_string(ids.size()) + " ids need " +
+                       std::to_string(ids.size() * dim) + " gradient floats, got " +
+                       std::to_string(grads.size()) + " (nothing was sent)");
   }
   if (!step_in_range(step)) {
-    throw RequestError("push_rows: step " + std::to_string(step) + " is out of range [0, 2^62] (nothing was sent)");
+    throw RequestError("push_rows: step " + std::to_string(step) +
+                       " is out of range [0, 2^62] (nothing was sent)");
   }
   check_ids(spec, ids, "push_rows");
   const bool sync = impl_->job_mode.load() == SyncMode::kSync;
@@ -175,17 +188,20 @@ std::future<PushStatus> Client::start_push_rows(const std::string& table, std::s
       plan_rows(as_unsigned(ids), placement_of(spec, num_shards()),
                 ids_per_request(sync ? impl_->max_payload_bytes : row_request_bytes(), dim), sync));
   if (sync && plan->requests.size() > static_cast<std::size_t>(num_shards())) {
-    throw ConfigError("push_rows: in sync mode each shard's part of a push goes as one message, and table '" + table +
-                      "' gets more than psd accepts in one (" + std::to_string(impl_->max_payload_bytes) +
-                      " bytes); raise psd --max_message_mb or push fewer ids per step (nothing was sent)");
+    throw ConfigError(
+        "push_rows: in sync mode each shard's part of a push goes as one message, and table '" +
+        table + "' gets more than psd accepts in one (" + std::to_string(impl_->max_payload_bytes) +
+        " bytes); raise psd --max_message_mb or push fewer ids per step (nothing was sent)");
   }
   // psd refuses NaN/Inf per request; split over several, only a check here
   // keeps a bad gradient from being half applied.
   const uint32_t summed = impl_->summed_per_step();
-  if (plan->requests.size() > 1 && impl_->options.check_split_pushes && !all_finite(grads, gradient_limit(summed))) {
+  if (plan->requests.size() > 1 && impl_->options.check_split_pushes &&
+      !all_finite(grads, gradient_limit(summed))) {
     throw RequestError(gradient_refusal(table, grads, summed) + " (nothing was sent)");
   }
-  auto sums = std::make_shared<std::vector<float>>(plan->ids.size() * dim);  // plan order, duplicates summed
+  auto sums = std::make_shared<std::vector<float>>(plan->ids.size() *
+                                                   dim);  // plan order, duplicates summed
   gather_gradients(*plan, grads.data(), dim, sums->data());
   return impl_->run<PushStatus>(
       [this, plan, sums, table, dim, step]() {
@@ -205,16 +221,18 @@ std::future<PushStatus> Client::start_push_rows(const std::string& table, std::s
           };
           calls.add(impl_->retry->call(static_cast<int>(r.shard), kj::mv(send))
                         .then([worst](capnp::Response<wire::Shard::PushRowsResults>&& reply) {
-            *worst = std::max(*worst, from_wire(reply.getStatus()));
-          }));
+                          *worst = std::max(*worst, from_wire(reply.getStatus()));
+                        }));
         }
-        return kj::joinPromises(calls.releaseAsArray()).then([plan, sums, worst] { return *worst; });
+        return kj::joinPromises(calls.releaseAsArray()).then([plan, sums, worst] {
+          return *worst;
+        });
       },
       "push_rows: ", done);
 }
 
-PushStatus Client::push_rows(const std::string& table, std::span<const int64_t> ids, std::span<const float> grads,
-                             int64_t step) {
+PushStatus Client::push_rows(const std::string& table, std::span<const int64_t> ids,
+                             std::span<const float> grads, int64_t step) {
   PushStatus status = PushStatus::kApplied;
   start_push_rows(table, ids, grads, step, &status);
   return status;
@@ -230,72 +248,83 @@ std::vector<Client::TableInfo> Client::list_tables() {
     std::map<std::string, TableInfo> tables;
   };
   const int shards = num_shards();
-  auto collected = impl_->on_every_shard<Collected>(
-                            [](ShardConnection& s) { return s.shard.listTablesRequest().send(); },
-                            [shards](Collected& out, int shard, capnp::Response<wire::Shard::ListTablesResults>& reply) {
-                              for (auto t : reply.getTables()) {
-                                TableInfo& info = out.tables[t.getName()];
-                                info.name = t.getName();
-                                info.dim = t.getDim();
-                                info.dynamic = t.getDynamic();
-                                info.rows = info.dynamic ? info.rows + t.getRowsHere() : t.getRows();
-                                info.bytes += t.getBytes();
-                                info.evictions += t.getEvictions();
-                                info.rows_per_shard.resize(shards);
-                                info.rows_per_shard[shard] = t.getRowsHere();
-                              }
-                            },
-                            "listTables: ")
+  auto collected = impl_
+                       ->on_every_shard<Collected>(
+                           [](ShardConnection& s) { return s.shard.listTablesRequest().send(); },
+                           [shards](Collected& out, int shard,
+                                    capnp::Response<wire::Shard::ListTablesResults>& reply) {
+                             for (auto t : reply.getTables()) {
+                               TableInfo& info = out.tables[t.getName()];
+                               info.name = t.getName();
+                               info.dim = t.getDim();
+                               info.dynamic = t.getDynamic();
+                               info.rows = info.dynamic ? info.rows + t.getRowsHere() : t.getRows();
+                               info.bytes += t.getBytes();
+                               info.evictions += t.getEvictions();
+                               info.rows_per_shard.resize(shards);
+                               info.rows_per_shard[shard] = t.getRowsHere();
+                             }
+                           },
+                           "listTables: ")
                        .get();
   std::vector<TableInfo> out;
   for (auto& [name, info] : collected.tables) out.push_back(std::move(info));
   return out;
 }
 
-void Client::restore_rows(const std::string& table, std::span<const int64_t> ids, std::span<const float> values,
+void Client::restore_rows(const std::string& table, std::span<const int64_t> ids,
+                          std::span<const float> values,
                           const std::vector<std::vector<float>>& slots, uint64_t version) {
   const TableSpec spec = table_spec(table, "restore_rows");
   const uint32_t dim = spec.dim;
   if (values.size() != ids.size() * dim) {
-    throw ConfigError("restore_rows: table '" + table + "': " + std::to_string(ids.size()) + " ids need " +
-                      std::to_string(ids.size() * dim) + " values, got " + std::to_string(values.size()));
+    throw ConfigError("restore_rows: table '" + table + "': " + std::to_string(ids.size()) +
+                      " ids need " + std::to_string(ids.size() * dim) + " values, got " +
+                      std::to_string(values.size()));
   }
   for (const auto& s : slots) {
-    if (s.size() != values.size()) throw ConfigError("restore_rows: a slot of table '" + table + "' has the wrong size");
+    if (s.size() != values.size())
+      throw ConfigError("restore_rows: a slot of table '" + table + "' has the wrong size");
   }
   check_ids(spec, ids, "restore_rows");
   // Values and slots travel together: a request's ids get 1 + slots rows each.
   const uint32_t per = ids_per_request(row_request_bytes() / (1 + slots.size()), dim);
-  auto plan = std::make_shared<const RowPlan>(plan_rows(as_unsigned(ids), placement_of(spec, num_shards()), per, false));
-  if (plan->has_duplicates) throw ConfigError("restore_rows: table '" + table + "': an id is given twice");
+  auto plan = std::make_shared<const RowPlan>(
+      plan_rows(as_unsigned(ids), placement_of(spec, num_shards()), per, false));
+  if (plan->has_duplicates)
+    throw ConfigError("restore_rows: table '" + table + "': an id is given twice");
   // Each component in plan order (shard by shard).
   auto parts = std::make_shared<std::vector<std::vector<float>>>(1 + slots.size());
   for (std::size_t k = 0; k < parts->size(); ++k) {
     (*parts)[k].resize(values.size());
     gather_gradients(*plan, k == 0 ? values.data() : slots[k - 1].data(), dim, (*parts)[k].data());
   }
-  impl_->submit<Nothing>(
-            [this, plan, parts, table, dim, version]() {
-              kj::Vector<kj::Promise<void>> calls;
-              for (const RowRequest& r : plan->requests) {
-                auto send = [plan, parts, r, table, dim, version](ShardConnection& c, int) {
-                  auto req = c.shard.restoreRowsRequest();
-                  req.setTable(table);
-                  req.setIds(kj::arrayPtr(plan->ids.data() + r.first, r.count));
-                  auto slice = [&](const std::vector<float>& v) {
-                    return as_data(std::span<const float>(v.data() + std::size_t(r.first) * dim, std::size_t(r.count) * dim));
-                  };
-                  req.setValues(slice((*parts)[0]));
-                  auto list = req.initSlots(static_cast<unsigned>(parts->size() - 1));
-                  for (unsigned k = 1; k < parts->size(); ++k) list.set(k - 1, slice((*parts)[k]));
-                  req.setVersion(version);
-                  return req.send().ignoreResult();
+  impl_
+      ->submit<Nothing>(
+          [this, plan, parts, table, dim, version]() {
+            kj::Vector<kj::Promise<void>> calls;
+            for (const RowRequest& r : plan->requests) {
+              auto send = [plan, parts, r, table, dim, version](ShardConnection& c, int) {
+                auto req = c.shard.restoreRowsRequest();
+                req.setTable(table);
+                req.setIds(kj::arrayPtr(plan->ids.data() + r.first, r.count));
+                auto slice = [&](const std::vector<float>& v) {
+                  return as_data(std::span<const float>(v.data() + std::size_t(r.first) * dim,
+                                                        std::size_t(r.count) * dim));
                 };
-                calls.add(impl_->retry->call(static_cast<int>(r.shard), kj::mv(send)));
-              }
-              return kj::joinPromises(calls.releaseAsArray()).then([plan, parts] { return Nothing{}; });
-            },
-            "restoreRows: ")
+                req.setValues(slice((*parts)[0]));
+                auto list = req.initSlots(static_cast<unsigned>(parts->size() - 1));
+                for (unsigned k = 1; k < parts->size(); ++k) list.set(k - 1, slice((*parts)[k]));
+                req.setVersion(version);
+                return req.send().ignoreResult();
+              };
+              calls.add(impl_->retry->call(static_cast<int>(r.shard), kj::mv(send)));
+            }
+            return kj::joinPromises(calls.releaseAsArray()).then([plan, parts] {
+              return Nothing{};
+            });
+          },
+          "restoreRows: ")
       .get();
 }
 

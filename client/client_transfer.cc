@@ -13,91 +13,109 @@ namespace ps {
 
 // Each batch: its request (names, the step to wait for, where large parts
 // land), the call, then its reply taken apart into the caller's buffers.
-kj::Promise<void> Client::Impl::pull_round(PullState& st, std::vector<std::size_t> which, int64_t min_step, int round) {
+kj::Promise<void> Client::Impl::pull_round(PullState& st, std::vector<std::size_t> which,
+                                           int64_t min_step, int round) {
   kj::Vector<kj::Promise<void>> calls;
   for (std::size_t b : which) {
     const ShardBatch& batch = st.batches[b];
-    calls.add(retry->call(batch.shard, [&st, b, min_step](ShardConnection& c, int attempt) {
-      const ShardBatch& batch = st.batches[b];
-      auto req = c.shard.pullRequest();
-      auto names_out = req.initNames(static_cast<unsigned>(batch.parts.size()));
-      for (unsigned i = 0; i < batch.parts.size(); ++i) names_out.set(i, batch.parts[i].part.stored_name);
-      // A shard back from a restart at an older step may never reach the
-      // step asked for: read what it has (reconnector.h).
-      req.setMinStep(attempt > 0 && c.rolled_back ? std::min(min_step, c.hello_step) : min_step);
-      // Large parts come through shared memory where the connection has
-      // some (copied out when the reply is in), else are read from the
-      // socket straight into st.out (client_message_stream.h); held until
-      // the reply is in.
-      kj::Own<SharedBlocks> blocks;
-      if (c.arena) blocks = kj::heap<SharedBlocks>(c.arena);
-      std::vector<int64_t> shared_at(batch.parts.size(), -1);
-      for (unsigned i = 0; blocks && i < batch.parts.size(); ++i) {
-        if (auto offset = take_shared(*blocks, batch.parts[i].part.count * sizeof(float))) shared_at[i] = *offset;
-      }
-      if (blocks && !blocks->empty()) {
-        auto into = req.initInto(static_cast<unsigned>(batch.parts.size()));
-        for (unsigned i = 0; i < batch.parts.size(); ++i) {
-          if (shared_at[i] >= 0) set_slice(into[i], *c.arena, shared_at[i], batch.parts[i].part.count * sizeof(float));
-        }
-      }
-      kj::Own<ClientMessageStream::Expectation> expect;
-      if (batch.bytes >= ClientMessageStream::kMinLandingBytes) {
-        std::vector<kj::ArrayPtr<kj::byte>> dest(batch.parts.size());
-        for (unsigned i = 0; i < batch.parts.size(); ++i) {
-          if (shared_at[i] >= 0) continue;
-          const PartRef& ref = batch.parts[i];
-          auto part = st.out[ref.tensor].subspan(ref.part.offset, ref.part.count);
-          dest[i] = kj::arrayPtr(reinterpret_cast<kj::byte*>(part.data()), part.size_bytes());
-        }
-        expect = c.messages->expect(std::move(dest));
-        req.setTag(expect->tag());
-      }
-      st.from_shared[b].assign(batch.parts.size(), false);
-      return until_answered(
-                 req.send().then([&c, &st, b, shared_at = std::move(shared_at)](
-                                     capnp::Response<wire::Shard::PullResults>&& reply) {
-                   c.last_step = std::max(c.last_step, reply.getStep());
-                   // Out of shared memory before its blocks are released.
-                   const ShardBatch& batch = st.batches[b];
-                   auto tensors = reply.getTensors();
-                   for (unsigned i = 0; i < batch.parts.size() && i < tensors.size(); ++i) {
-                     if (shared_at[i] < 0 || tensors[i].getValues().size() != 0) continue;
-                     const PartRef& ref = batch.parts[i];
-                     std::memcpy(st.out[ref.tensor].data() + ref.part.offset, c.arena->at(shared_at[i]),
-                                 ref.part.count * sizeof(float));
-                     st.from_shared[b][i] = true;
-                   }
-                   return kj::mv(reply);
-                 }),
-                 kj::mv(blocks))
-          .attach(kj::mv(expect));
-    }).then([&st, b](capnp::Response<wire::Shard::PullResults>&& reply) {
-      const ShardBatch& batch = st.batches[b];
-      auto tensors = reply.getTensors();
-      if (tensors.size() != batch.parts.size()) {
-        throw RequestError("shard answered " + std::to_string(tensors.size()) + " tensors for " +
-                           std::to_string(batch.parts.size()));
-      }
-      st.versions[b].resize(tensors.size());
-      for (unsigned i = 0; i < tensors.size(); ++i) {
-        const PartRef& ref = batch.parts[i];
-        auto data = tensors[i].getValues();
-        if (st.from_shared[b][i]) {
-          st.versions[b][i] = tensors[i].getVersion();
-          continue;
-        }
-        if (data.size() != ref.part.count * sizeof(float)) {
-          throw RequestError("'" + ref.part.stored_name + "' came back with " + std::to_string(data.size()) +
-                             " bytes, expected " + std::to_string(ref.part.count * sizeof(float)) +
-                             " (was it created with another shape or chunk size?)");
-        }
-        float* dest = st.out[ref.tensor].data() + ref.part.offset;
-        if (data.begin() != reinterpret_cast<const kj::byte*>(dest)) std::memcpy(dest, data.begin(), data.size());
-        st.versions[b][i] = tensors[i].getVersion();
-      }
-      st.steps[b] = reply.getStep();
-    }));
+    calls.add(
+        retry
+            ->call(batch.shard,
+                   [&st, b, min_step](ShardConnection& c, int attempt) {
+                     const ShardBatch& batch = st.batches[b];
+                     auto req = c.shard.pullRequest();
+                     auto names_out = req.initNames(static_cast<unsigned>(batch.parts.size()));
+                     for (unsigned i = 0; i < batch.parts.size(); ++i)
+                       names_out.set(i, batch.parts[i].part.stored_name);
+                     // A shard back from a restart at an older step may never reach the
+                     // step asked for: read what it has (reconnector.h).
+                     req.setMinStep(attempt > 0 && c.rolled_back ? std::min(min_step, c.hello_step)
+                                                                 : min_step);
+                     // Large parts come through shared memory where the connection has
+                     // some (copied out when the reply is in), else are read from the
+                     // socket straight into st.out (client_message_stream.h); held until
+                     // the reply is in.
+                     kj::Own<SharedBlocks> blocks;
+                     if (c.arena) blocks = kj::heap<SharedBlocks>(c.arena);
+                     std::vector<int64_t> shared_at(batch.parts.size(), -1);
+                     for (unsigned i = 0; blocks && i < batch.parts.size(); ++i) {
+                       if (auto offset =
+                               take_shared(*blocks, batch.parts[i].part.count * sizeof(float)))
+                         shared_at[i] = *offset;
+                     }
+                     if (blocks && !blocks->empty()) {
+                       auto into = req.initInto(static_cast<unsigned>(batch.parts.size()));
+                       for (unsigned i = 0; i < batch.parts.size(); ++i) {
+                         if (shared_at[i] >= 0)
+                           set_slice(into[i], *c.arena, shared_at[i],
+                                     batch.parts[i].part.count * sizeof(float));
+                       }
+                     }
+                     kj::Own<ClientMessageStream::Expectation> expect;
+                     if (batch.bytes >= ClientMessageStream::kMinLandingBytes) {
+                       std::vector<kj::ArrayPtr<kj::byte>> dest(batch.parts.size());
+                       for (unsigned i = 0; i < batch.parts.size(); ++i) {
+                         if (shared_at[i] >= 0) continue;
+                         const PartRef& ref = batch.parts[i];
+                         auto part = st.out[ref.tensor].subspan(ref.part.offset, ref.part.count);
+                         dest[i] = kj::arrayPtr(reinterpret_cast<kj::byte*>(part.data()),
+                                                part.size_bytes());
+                       }
+                       expect = c.messages->expect(std::move(dest));
+                       req.setTag(expect->tag());
+                     }
+                     st.from_shared[b].assign(batch.parts.size(), false);
+                     return until_answered(
+                                req.send().then(
+                                    [&c, &st, b, shared_at = std::move(shared_at)](
+                                        capnp::Response<wire::Shard::PullResults>&& reply) {
+                                      c.last_step = std::max(c.last_step, reply.getStep());
+                                      // Out of shared memory before its blocks are released.
+                                      const ShardBatch& batch = st.batches[b];
+                                      auto tensors = reply.getTensors();
+                                      for (unsigned i = 0;
+                                           i < batch.parts.size() && i < tensors.size(); ++i) {
+                                        if (shared_at[i] < 0 || tensors[i].getValues().size() != 0)
+                                          continue;
+                                        const PartRef& ref = batch.parts[i];
+                                        std::memcpy(st.out[ref.tensor].data() + ref.part.offset,
+                                                    c.arena->at(shared_at[i]),
+                                                    ref.part.count * sizeof(float));
+                                        st.from_shared[b][i] = true;
+                                      }
+                                      return kj::mv(reply);
+                                    }),
+                                kj::mv(blocks))
+                         .attach(kj::mv(expect));
+                   })
+            .then([&st, b](capnp::Response<wire::Shard::PullResults>&& reply) {
+              const ShardBatch& batch = st.batches[b];
+              auto tensors = reply.getTensors();
+              if (tensors.size() != batch.parts.size()) {
+                throw RequestError("shard answered " + std::to_string(tensors.size()) +
+                                   " tensors for " + std::to_string(batch.parts.size()));
+              }
+              st.versions[b].resize(tensors.size());
+              for (unsigned i = 0; i < tensors.size(); ++i) {
+                const PartRef& ref = batch.parts[i];
+                auto data = tensors[i].getValues();
+                if (st.from_shared[b][i]) {
+                  st.versions[b][i] = tensors[i].getVersion();
+                  continue;
+                }
+                if (data.size() != ref.part.count * sizeof(float)) {
+                  throw RequestError("'" + ref.part.stored_name + "' came back with " +
+                                     std::to_string(data.size()) + " bytes, expected " +
+                                     std::to_string(ref.part.count * sizeof(float)) +
+                                     " (was it created with another shape or chunk size?)");
+                }
+                float* dest = st.out[ref.tensor].data() + ref.part.offset;
+                if (data.begin() != reinterpret_cast<const kj::byte*>(dest))
+                  std::memcpy(dest, data.begin(), data.size());
+                st.versions[b][i] = tensors[i].getVersion();
+              }
+              st.steps[b] = reply.getStep();
+            }));
   }
   return kj::joinPromises(calls.releaseAsArray()).then([this, &st, round]() -> kj::Promise<void> {
     if (job_mode.load() != SyncMode::kSync || st.steps.empty()) return kj::READY_NOW;
@@ -111,30 +129,35 @@ kj::Promise<void> Client::Impl::pull_round(PullState& st, std::vector<std::size_
       if (st.steps[b] < newest && !shards[st.batches[b].shard]->rolled_back) behind.push_back(b);
     }
     if (behind.empty()) return kj::READY_NOW;
-    if (round >= 16) throw RequestError("shards kept moving to new steps; could not read one consistent step");
+    if (round >= 16)
+      throw RequestError("shards kept moving to new steps; could not read one consistent step");
     return pull_round(st, std::move(behind), newest, round + 1);
   });
 }
 
-std::future<PullResult> Client::pull_async(std::vector<std::string> names, std::vector<std::span<float>> out,
-                                           int64_t min_step) {
+std::future<PullResult> Client::pull_async(std::vector<std::string> names,
+                                           std::vector<std::span<float>> out, int64_t min_step) {
   return start_pull(std::move(names), std::move(out), min_step, nullptr);
 }
 
-std::future<PullResult> Client::start_pull(std::vector<std::string> names, std::vector<std::span<float>> out,
-                                           int64_t min_step, PullResult* done) {
-  if (names.size() != out.size()) throw ConfigError("pull: " + std::to_string(names.size()) + " names but " +
-                                                    std::to_string(out.size()) + " buffers");
+std::future<PullResult> Client::start_pull(std::vector<std::string> names,
+                                           std::vector<std::span<float>> out, int64_t min_step,
+                                           PullResult* done) {
+  if (names.size() != out.size())
+    throw ConfigError("pull: " + std::to_string(names.size()) + " names but " +
+                      std::to_string(out.size()) + " buffers");
   for (std::size_t i = 0; i < names.size(); ++i) {
     const uint64_t n = impl_->tensor_elements(names[i]);
     if (out[i].size() != n) {  // a wrong size is a RequestError, as for a push
-      throw RequestError("pull: buffer for '" + names[i] + "' holds " + std::to_string(out[i].size()) + " floats, tensor has " +
-                        std::to_string(n));
+      throw RequestError("pull: buffer for '" + names[i] + "' holds " +
+                         std::to_string(out[i].size()) + " floats, tensor has " +
+                         std::to_string(n));
     }
   }
   auto batches = impl_->plan(names);
   return impl_->run<PullResult>(
-      [this, batches = std::move(batches), out = std::move(out), n = names.size(), min_step]() mutable {
+      [this, batches = std::move(batches), out = std::move(out), n = names.size(),
+       min_step]() mutable {
         auto state = kj::heap<Impl::PullState>();
         state->batches = std::move(batches);
         state->out = std::move(out);
@@ -144,25 +167,26 @@ std::future<PullResult> Client::start_pull(std::vector<std::string> names, std::
         std::vector<std::size_t> all(state->batches.size());
         for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
         auto* raw = state.get();
-        return impl_->pull_round(*raw, std::move(all), min_step, 0).then([state = kj::mv(state), n]() mutable {
-          PullResult result;
-          result.versions.assign(n, std::numeric_limits<uint64_t>::max());
-          result.step = state->steps.empty() ? 0 : state->steps[0];
-          for (std::size_t b = 0; b < state->batches.size(); ++b) {
-            result.step = std::min(result.step, state->steps[b]);
-            for (std::size_t i = 0; i < state->batches[b].parts.size(); ++i) {
-              auto& v = result.versions[state->batches[b].parts[i].tensor];
-              v = std::min(v, state->versions[b][i]);
-            }
-          }
-          return result;
-        });
+        return impl_->pull_round(*raw, std::move(all), min_step, 0)
+            .then([state = kj::mv(state), n]() mutable {
+              PullResult result;
+              result.versions.assign(n, std::numeric_limits<uint64_t>::max());
+              result.step = state->steps.empty() ? 0 : state->steps[0];
+              for (std::size_t b = 0; b < state->batches.size(); ++b) {
+                result.step = std::min(result.step, state->steps[b]);
+                for (std::size_t i = 0; i < state->batches[b].parts.size(); ++i) {
+                  auto& v = result.versions[state->batches[b].parts[i].tensor];
+                  v = std::min(v, state->versions[b][i]);
+                }
+              }
+              return result;
+            });
       },
       "pull: ", done);
 }
 
-PullResult Client::pull(const std::vector<std::string>& names, const std::vector<std::span<float>>& out,
-                        int64_t min_step) {
+PullResult Client::pull(const std::vector<std::string>& names,
+                        const std::vector<std::span<float>>& out, int64_t min_step) {
   PullResult result;
   start_pull(names, out, min_step, &result);
   return result;
@@ -193,10 +217,11 @@ namespace {
 // A push that reports a step (done_step >= 0) also sends a stepDone to each
 // shard it has no gradient for: those count as requests too, or a refused
 // push would still have its step counted there.
-void refuse_nonfinite_split_push(const std::vector<ShardBatch>& batches, const std::vector<std::string>& names,
+void refuse_nonfinite_split_push(const std::vector<ShardBatch>& batches,
+                                 const std::vector<std::string>& names,
                                  const std::vector<std::span<const float>>& grads,
-                                 const std::vector<kj::Own<ShardConnection>>& shards, int64_t done_step,
-                                 uint32_t summed) {
+                                 const std::vector<kj::Own<ShardConnection>>& shards,
+                                 int64_t done_step, uint32_t summed) {
   const bool step_reports_elsewhere = done_step >= 0 && shards.size() > 1;
   if (batches.size() < 2 && !step_reports_elsewhere) return;
   const float limit = gradient_limit(summed);
@@ -205,7 +230,8 @@ void refuse_nonfinite_split_push(const std::vector<ShardBatch>& batches, const s
     if (shard != nullptr && shard->allows_nonfinite) continue;
     for (const PartRef& ref : batch.parts) {
       const auto part = grads[ref.tensor].subspan(ref.part.offset, ref.part.count);
-      if (!all_finite(part, limit)) throw RequestError(gradient_refusal(names[ref.tensor], part, summed));
+      if (!all_finite(part, limit))
+        throw RequestError(gradient_refusal(names[ref.tensor], part, summed));
     }
   }
 }
@@ -216,8 +242,9 @@ void refuse_nonfinite_split_push(const std::vector<ShardBatch>& batches, const s
 // memory, the step, the request id, the step report on the first message
 // to each shard), the call, then its reply folded into the result.
 kj::Promise<PushResult> Client::Impl::push_round(std::vector<ShardBatch> batches,
-                                                 std::vector<std::span<const float>> grads, std::size_t tensors,
-                                                 int64_t step, int64_t done_step) {
+                                                 std::vector<std::span<const float>> grads,
+                                                 std::size_t tensors, int64_t step,
+                                                 int64_t done_step) {
   auto result = kj::heap<PushResult>();
   result->status.assign(tensors, PushStatus::kApplied);
   result->step = std::numeric_limits<int64_t>::max();
@@ -237,18 +264,22 @@ kj::Promise<PushResult> Client::Impl::push_round(std::vector<ShardBatch> batches
     auto batch = std::make_shared<const ShardBatch>(std::move(b));
     const int64_t reports = reported[batch->shard] ? -1 : done_step;
     reported[batch->shard] = true;
-    auto send = [this, batch, shared_grads, step, id, reports](ShardConnection& c, int attempt) -> kj::Promise<BatchReply> {
-      if (attempt > 0 && c.rolled_back && job_mode.load() == SyncMode::kSync && step > c.hello_step) {
+    auto send = [this, batch, shared_grads, step, id, reports](
+                    ShardConnection& c, int attempt) -> kj::Promise<BatchReply> {
+      if (attempt > 0 && c.rolled_back && job_mode.load() == SyncMode::kSync &&
+          step > c.hello_step) {
         // The shard restarted from a step before this gradient's: it
         // was computed from parameters the shard no longer has.
-        return BatchReply{std::vector<PushStatus>(batch->parts.size(), PushStatus::kStale), c.hello_step};
+        return BatchReply{std::vector<PushStatus>(batch->parts.size(), PushStatus::kStale),
+                          c.hello_step};
       }
       auto req = c.shard.pushRequest();
       req.setStep(step);
       req.setRequestId(id);
       req.setDoneStep(reports);
       auto list = req.initGrads(static_cast<unsigned>(batch->parts.size()));
-      auto orphanage = capnp::Orphanage::getForMessageContaining(static_cast<wire::Shard::PushParams::Builder>(req));
+      auto orphanage = capnp::Orphanage::getForMessageContaining(
+          static_cast<wire::Shard::PushParams::Builder>(req));
       // Large parts through shared memory where the connection has some.
       kj::Own<SharedBlocks> blocks;
       if (c.arena) blocks = kj::heap<SharedBlocks>(c.arena);
@@ -261,7 +292,7 @@ kj::Promise<PushResult> Client::Impl::push_round(std::vector<ShardBatch> batches
           std::memcpy(blocks->arena().at(*offset), bytes.begin(), bytes.size());
           set_slice(list[i].initShared(), blocks->arena(), *offset, bytes.size());
         } else if (reinterpret_cast<uintptr_t>(bytes.begin()) % sizeof(capnp::word) == 0 &&
-            bytes.size() % sizeof(capnp::word) == 0) {
+                   bytes.size() % sizeof(capnp::word) == 0) {
           // The gradient goes out straight from the caller's buffer: no copy.
           list[i].adoptValues(orphanage.referenceExternalData(bytes));
           from_caller = true;
@@ -283,17 +314,18 @@ kj::Promise<PushResult> Client::Impl::push_round(std::vector<ShardBatch> batches
         return r;
       });
     };
-    calls.add(retry->call(batch->shard, kj::mv(send)).then([batch, reports, res = result.get()](BatchReply&& reply) {
-      if (reports >= 0) {
-        if (batch->shard == 0) res->global_step = reply.step;
-        res->stop = res->stop || reply.stop;
-      }
-      for (unsigned i = 0; i < reply.status.size() && i < batch->parts.size(); ++i) {
-        auto& slot = res->status[batch->parts[i].tensor];
-        slot = std::max(slot, reply.status[i]);
-      }
-      res->step = std::min(res->step, reply.step);
-    }));
+    calls.add(retry->call(batch->shard, kj::mv(send))
+                  .then([batch, reports, res = result.get()](BatchReply&& reply) {
+                    if (reports >= 0) {
+                      if (batch->shard == 0) res->global_step = reply.step;
+                      res->stop = res->stop || reply.stop;
+                    }
+                    for (unsigned i = 0; i < reply.status.size() && i < batch->parts.size(); ++i) {
+                      auto& slot = res->status[batch->parts[i].tensor];
+                      slot = std::max(slot, reply.status[i]);
+                    }
+                    res->step = std::min(res->step, reply.step);
+                  }));
   }
   for (std::size_t shard = 0; shard < reported.size(); ++shard) {
     if (reported[shard]) continue;
@@ -305,10 +337,11 @@ kj::Promise<PushResult> Client::Impl::push_round(std::vector<ShardBatch> batches
       return req.send();
     };
     calls.add(retry->call(static_cast<int>(shard), kj::mv(send))
-                  .then([shard, res = result.get()](capnp::Response<wire::Shard::StepDoneResults>&& reply) {
-      if (shard == 0) res->global_step = reply.getGlobalStep();
-      res->stop = res->stop || reply.getStop();
-    }));
+                  .then([shard, res = result.get()](
+                            capnp::Response<wire::Shard::StepDoneResults>&& reply) {
+                    if (shard == 0) res->global_step = reply.getGlobalStep();
+                    res->stop = res->stop || reply.getStop();
+                  }));
   }
   return kj::joinPromises(calls.releaseAsArray()).then([result = kj::mv(result)]() mutable {
     if (result->step == std::numeric_limits<int64_t>::max()) result->step = 0;
@@ -316,67 +349,76 @@ kj::Promise<PushResult> Client::Impl::push_round(std::vector<ShardBatch> batches
   });
 }
 
-std::future<PushResult> Client::push_async(std::vector<std::string> names, std::vector<std::span<const float>> grads,
+std::future<PushResult> Client::push_async(std::vector<std::string> names,
+                                           std::vector<std::span<const float>> grads,
                                            int64_t step) {
   return start_push(std::move(names), std::move(grads), step, nullptr);
 }
 
-PushResult Client::push_and_step(const std::vector<std::string>& names, const std::vector<std::span<const float>>& grads,
-                                  int64_t step, int64_t done_step) {
+PushResult Client::push_and_step(const std::vector<std::string>& names,
+                                 const std::vector<std::span<const float>>& grads, int64_t step,
+                                 int64_t done_step) {
   PushResult result;
   start_push(names, grads, step, &result, done_step);
   return result;
 }
 
 std::future<PushResult> Client::push_and_step_async(std::vector<std::string> names,
-                                                    std::vector<std::span<const float>> grads, int64_t step,
-                                                    int64_t done_step) {
+                                                    std::vector<std::span<const float>> grads,
+                                                    int64_t step, int64_t done_step) {
   return start_push(std::move(names), std::move(grads), step, nullptr, done_step);
 }
 
-std::future<PushResult> Client::start_push(std::vector<std::string> names, std::vector<std::span<const float>> grads,
-                                           int64_t step, PushResult* done, int64_t done_step) {
-  if (names.size() != grads.size()) throw ConfigError("push: " + std::to_string(names.size()) + " names but " +
-                                                      std::to_string(grads.size()) + " gradients");
+std::future<PushResult> Client::start_push(std::vector<std::string> names,
+                                           std::vector<std::span<const float>> grads, int64_t step,
+                                           PushResult* done, int64_t done_step) {
+  if (names.size() != grads.size())
+    throw ConfigError("push: " + std::to_string(names.size()) + " names but " +
+                      std::to_string(grads.size()) + " gradients");
   // The step report rides on one message per shard: psd refusing it would
   // refuse that message alone and apply the others, so a refused call would
   // still change values. Checked before anything goes.
   if (done_step >= 0 && impl_->options.worker_index < 0) {
-    throw ConfigError("push_and_step: only workers report steps: set ClientOptions::worker_index (nothing was sent)");
+    throw ConfigError(
+        "push_and_step: only workers report steps: set ClientOptions::worker_index (nothing was "
+        "sent)");
   }
   if (done_step >= 0 && !step_in_range(done_step)) {
-    throw RequestError("push_and_step: doneStep " + std::to_string(done_step) + " is out of range [0, 2^62] (nothing was sent)");
+    throw RequestError("push_and_step: doneStep " + std::to_string(done_step) +
+                       " is out of range [0, 2^62] (nothing was sent)");
   }
   for (std::size_t i = 0; i < names.size(); ++i) {
     const uint64_t n = impl_->tensor_elements(names[i]);
     if (grads[i].size() != n) {
-      throw RequestError("push: gradient for '" + names[i] + "' has " + std::to_string(grads[i].size()) +
-                         " floats, tensor has " + std::to_string(n));
+      throw RequestError("push: gradient for '" + names[i] + "' has " +
+                         std::to_string(grads[i].size()) + " floats, tensor has " +
+                         std::to_string(n));
     }
   }
   auto batches = impl_->plan(names);
   const uint32_t summed = impl_->summed_per_step();
   return impl_->run<PushResult>(
-      [this, batches = std::move(batches), names = std::move(names), grads = std::move(grads), step, done_step,
-       summed]() mutable {
+      [this, batches = std::move(batches), names = std::move(names), grads = std::move(grads), step,
+       done_step, summed]() mutable {
         if (impl_->options.check_split_pushes) {
           refuse_nonfinite_split_push(batches, names, grads, impl_->shards, done_step, summed);
         }
-        return impl_->push_round(std::move(batches), std::move(grads), names.size(), step, done_step);
+        return impl_->push_round(std::move(batches), std::move(grads), names.size(), step,
+                                 done_step);
       },
       "push: ", done);
 }
 
-PushResult Client::push(const std::vector<std::string>& names, const std::vector<std::span<const float>>& grads,
-                        int64_t step) {
+PushResult Client::push(const std::vector<std::string>& names,
+                        const std::vector<std::span<const float>>& grads, int64_t step) {
   PushResult result;
   start_push(names, grads, step, &result);
   return result;
 }
 
 PushStatus Client::push(const std::string& name, std::span<const float> grad) {
-  return push(std::vector<std::string>{name}, std::vector<std::span<const float>>{grad}).status.at(0);
+  return push(std::vector<std::string>{name}, std::vector<std::span<const float>>{grad})
+      .status.at(0);
 }
-
 
 }  // namespace ps

@@ -54,25 +54,29 @@ struct AsPromise<capnp::RemotePromise<T>> {
 
 class Reconnector {
  public:
-  Reconnector(kj::UnixEventPort& io, std::vector<kj::Own<ShardConnection>>& shards, HelloParams hello,
-              std::chrono::milliseconds timeout);
+  Reconnector(kj::UnixEventPort& io, std::vector<kj::Own<ShardConnection>>& shards,
+              HelloParams hello, std::chrono::milliseconds timeout);
   ~Reconnector();
 
   // Runs fn(connection, attempt) on shard `index` (attempt 0 first), again
   // on a new connection when it fails with DISCONNECTED.
   template <typename Fn>
-  auto call(int index, Fn fn, int attempt = 0) -> typename AsPromise<decltype(fn(kj::instance<ShardConnection&>(), 0))>::type {
+  auto call(int index, Fn fn, int attempt = 0) ->
+      typename AsPromise<decltype(fn(kj::instance<ShardConnection&>(), 0))>::type {
     using P = typename AsPromise<decltype(fn(kj::instance<ShardConnection&>(), 0))>::type;
     ShardConnection& c = *shards_[index];
     const uint64_t generation = c.generation;
     P p = kj::evalNow([&]() -> P { return fn(c, attempt); });
     if (timeout_.count() <= 0) return p;
-    return p.catch_([this, index, fn = kj::mv(fn), generation, attempt](kj::Exception&& e) mutable -> P {
-      if (e.getType() != kj::Exception::Type::DISCONNECTED || attempt >= kMaxAttempts) return kj::mv(e);
-      return reconnect(index, generation, e).then([this, index, fn = kj::mv(fn), attempt]() mutable {
-        return call(index, kj::mv(fn), attempt + 1);
-      });
-    });
+    return p.catch_(
+        [this, index, fn = kj::mv(fn), generation, attempt](kj::Exception&& e) mutable -> P {
+          if (e.getType() != kj::Exception::Type::DISCONNECTED || attempt >= kMaxAttempts)
+            return kj::mv(e);
+          return reconnect(index, generation, e)
+              .then([this, index, fn = kj::mv(fn), attempt]() mutable {
+                return call(index, kj::mv(fn), attempt + 1);
+              });
+        });
   }
 
   // Times a shard was found to have gone back to an older step.

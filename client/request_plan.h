@@ -31,7 +31,9 @@ constexpr uint64_t kPartOverheadBytes = 256;
 // `copies[t]`: how many arrays of its part's size a request carries for
 // names[t] (a create: initial values and restored optimizer slots, or none
 // at all); empty: one each (a push or pull).
-std::vector<ShardBatch> plan_batches(const Placement& placement, const std::vector<std::string>& names,
-                                     uint64_t max_batch_bytes, const std::vector<uint32_t>& copies = {});
+std::vector<ShardBatch> plan_batches(const Placement& placement,
+                                     const std::vector<std::string>& names,
+                                     uint64_t max_batch_bytes,
+                                     const std::vector<uint32_t>& copies = {});
 
 }  // namespace ps

@@ -5,7 +5,8 @@
 
 namespace ps {
 
-RowPlan plan_rows(std::span<const uint64_t> ids, const RowPlacement& placement, uint32_t max_ids, bool every_shard) {
+RowPlan plan_rows(std::span<const uint64_t> ids, const RowPlacement& placement, uint32_t max_ids,
+                  bool every_shard) {
   RowPlan plan;
   const std::size_t n = ids.size();
   // Distinct ids by an open-addressing table of indices (load <= 1/2).

@@ -20,14 +20,15 @@ struct RowRequest {
 };
 
 struct RowPlan {
-  std::vector<uint64_t> ids;        // the distinct ids, grouped by shard
-  std::vector<uint32_t> position;   // per caller position: its id's index in `ids`
+  std::vector<uint64_t> ids;       // the distinct ids, grouped by shard
+  std::vector<uint32_t> position;  // per caller position: its id's index in `ids`
   std::vector<RowRequest> requests;
   bool has_duplicates = false;
 };
 
 // every_shard: a request (maybe empty) to each shard, as a sync step needs.
-RowPlan plan_rows(std::span<const uint64_t> ids, const RowPlacement& placement, uint32_t max_ids, bool every_shard);
+RowPlan plan_rows(std::span<const uint64_t> ids, const RowPlacement& placement, uint32_t max_ids,
+                  bool every_shard);
 
 // rows (ids.size() * dim floats, in plan order) to out (position order).
 void scatter_rows(const RowPlan& plan, const float* rows, uint32_t dim, float* out);

@@ -19,18 +19,22 @@ kj::Exception disconnected(std::string message) {
 namespace {
 
 kj::Promise<kj::Own<SocketStream>> connect_with_retry(kj::UnixEventPort& io, std::string address,
-                                                           kj::TimePoint deadline, kj::Duration delay) {
+                                                      kj::TimePoint deadline, kj::Duration delay) {
   return kj::evalNow([&] { return connect_socket(io, address); })
-      .catch_([&io, address, deadline, delay](kj::Exception&& e) -> kj::Promise<kj::Own<SocketStream>> {
-        const kj::TimePoint now = clock_now();
-        if (now + delay > deadline) {
-          return disconnected("cannot reach psd at " + address + ": " + for_people(e.getDescription().cStr()));
-        }
-        spdlog::debug("psd at {} not reachable yet ({}); retrying", address, e.getDescription().cStr());
-        return io.getTimer().atTime(now + delay).then([&io, address, deadline, delay] {
-          return connect_with_retry(io, address, deadline, std::min(delay * 2, 500 * kj::MILLISECONDS));
-        });
-      });
+      .catch_(
+          [&io, address, deadline, delay](kj::Exception&& e) -> kj::Promise<kj::Own<SocketStream>> {
+            const kj::TimePoint now = clock_now();
+            if (now + delay > deadline) {
+              return disconnected("cannot reach psd at " + address + ": " +
+                                  for_people(e.getDescription().cStr()));
+            }
+            spdlog::debug("psd at {} not reachable yet ({}); retrying", address,
+                          e.getDescription().cStr());
+            return io.getTimer().atTime(now + delay).then([&io, address, deadline, delay] {
+              return connect_with_retry(io, address, deadline,
+                                        std::min(delay * 2, 500 * kj::MILLISECONDS));
+            });
+          });
 }
 
 }  // namespace
@@ -38,7 +42,8 @@ kj::Promise<kj::Own<SocketStream>> connect_with_retry(kj::UnixEventPort& io, std
 namespace {
 
 // The Cap'n Proto plumbing over a connected stream; nothing said yet.
-kj::Own<ShardConnection> open_connection(kj::Own<SocketStream> stream, int index, std::string address, std::string via,
+kj::Own<ShardConnection> open_connection(kj::Own<SocketStream> stream, int index,
+                                         std::string address, std::string via,
                                          const HelloParams& hello) {
   stream->detect_dead_peer(hello.dead_peer);
   auto conn = kj::heap<ShardConnection>();
@@ -47,9 +52,11 @@ kj::Own<ShardConnection> open_connection(kj::Own<SocketStream> stream, int index
   conn->via = std::move(via);
   conn->stream = kj::mv(stream);
   capnp::ReaderOptions reader;
-  reader.traversalLimitInWords = (1ull << 34) / sizeof(capnp::word);  // the client trusts its shards
+  reader.traversalLimitInWords =
+      (1ull << 34) / sizeof(capnp::word);  // the client trusts its shards
   conn->messages = kj::heap<ClientMessageStream>(*conn->stream);
-  conn->network = kj::heap<capnp::TwoPartyVatNetwork>(*conn->messages, capnp::rpc::twoparty::Side::CLIENT, reader);
+  conn->network = kj::heap<capnp::TwoPartyVatNetwork>(*conn->messages,
+                                                      capnp::rpc::twoparty::Side::CLIENT, reader);
   conn->rpc = kj::heap(capnp::makeRpcClient(*conn->network));
   capnp::word scratch[4];
   memset(scratch, 0, sizeof(scratch));
@@ -60,15 +67,16 @@ kj::Own<ShardConnection> open_connection(kj::Own<SocketStream> stream, int index
   return conn;
 }
 
-capnp::Request<wire::Shard::HelloParams, wire::Shard::HelloResults> hello_request(ShardConnection& conn,
-                                                                                  const HelloParams& hello, bool probe) {
+capnp::Request<wire::Shard::HelloParams, wire::Shard::HelloResults> hello_request(
+    ShardConnection& conn, const HelloParams& hello, bool probe) {
   auto req = conn.shard.helloRequest();
   req.setProtocolVersion(wire::K_PROTOCOL_VERSION);
   req.setWorkerIndex(probe ? -1 : hello.worker_index);
   req.setIsChief(!probe && hello.is_chief);
   req.setProbe(probe);
   if (!hello.auth_token.empty()) {
-    req.setAuthToken(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(hello.auth_token.data()), hello.auth_token.size()));
+    req.setAuthToken(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(hello.auth_token.data()),
+                                  hello.auth_token.size()));
   }
   return req;
 }
@@ -80,7 +88,8 @@ kj::Promise<kj::Own<ShardConnection>> share_memory(kj::Own<ShardConnection> conn
   try {
     region = SharedRegion::create(bytes);
   } catch (const std::exception& e) {
-    spdlog::info("shard {}: no shared memory ({}); tensors go over {}", conn->index, e.what(), conn->via);
+    spdlog::info("shard {}: no shared memory ({}); tensors go over {}", conn->index, e.what(),
+                 conn->via);
     return kj::mv(conn);
   }
   const SharedRegion::Token token = region->stamp_token();
@@ -99,17 +108,20 @@ kj::Promise<kj::Own<ShardConnection>> share_memory(kj::Own<ShardConnection> conn
                         c->arena->region().size() >> 20, c->via);
           },
           [c](kj::Exception&& e) {
-            if (e.getType() == kj::Exception::Type::DISCONNECTED) kj::throwFatalException(kj::mv(e));
-            spdlog::info("shard {}: psd did not take shared memory ({}); tensors go over {}", c->index,
-                         e.getDescription().cStr(), c->via);
+            if (e.getType() == kj::Exception::Type::DISCONNECTED)
+              kj::throwFatalException(kj::mv(e));
+            spdlog::info("shard {}: psd did not take shared memory ({}); tensors go over {}",
+                         c->index, e.getDescription().cStr(), c->via);
           })
       .then([conn = kj::mv(conn)]() mutable { return kj::mv(conn); });
 }
 
-kj::Promise<kj::Own<ShardConnection>> say_hello(kj::Own<ShardConnection> conn, const HelloParams& hello) {
+kj::Promise<kj::Own<ShardConnection>> say_hello(kj::Own<ShardConnection> conn,
+                                                const HelloParams& hello) {
   auto req = hello_request(*conn, hello, false);
   return req.send().then([conn = kj::mv(conn), shared_bytes = hello.shared_memory_bytes](
-                             capnp::Response<wire::Shard::HelloResults>&& reply) mutable -> kj::Promise<kj::Own<ShardConnection>> {
+                             capnp::Response<wire::Shard::HelloResults>&& reply) mutable
+                         -> kj::Promise<kj::Own<ShardConnection>> {
     auto info = reply.getInfo();
     conn->max_message_bytes = info.getMaxMessageBytes();
     conn->worker_step = info.getWorkerStep();
@@ -120,8 +132,8 @@ kj::Promise<kj::Own<ShardConnection>> say_hello(kj::Own<ShardConnection> conn, c
     conn->hello_step = conn->last_step = info.getGlobalStep();
     conn->instance_id = info.getInstanceId();
     conn->tensors = info.getTensors();
-    spdlog::debug("connected to {} via {} ({}, shard {}/{})", conn->address, conn->via, info.getServerVersion().cStr(),
-                  info.getShardIndex(), info.getNumShards());
+    spdlog::debug("connected to {} via {} ({}, shard {}/{})", conn->address, conn->via,
+                  info.getServerVersion().cStr(), info.getShardIndex(), info.getNumShards());
     if (shared_bytes > 0 && info.getSharedMemory() && conn->via.rfind("unix:", 0) == 0) {
       return share_memory(kj::mv(conn), shared_bytes);
     }
@@ -131,12 +143,16 @@ kj::Promise<kj::Own<ShardConnection>> say_hello(kj::Own<ShardConnection> conn, c
 
 // A fresh connection to `via` (for the shard configured as `address`) that
 // says hello.
-kj::Promise<kj::Own<ShardConnection>> hello_via(kj::UnixEventPort& io, int index, std::string address, std::string via,
+kj::Promise<kj::Own<ShardConnection>> hello_via(kj::UnixEventPort& io, int index,
+                                                std::string address, std::string via,
                                                 const HelloParams& hello) {
   return kj::evalNow([&] { return connect_socket(io, via); })
-      .then([index, address = std::move(address), via, hello](kj::Own<SocketStream> stream) mutable {
-        return say_hello(open_connection(kj::mv(stream), index, std::move(address), std::move(via), hello), hello);
-      });
+      .then(
+          [index, address = std::move(address), via, hello](kj::Own<SocketStream> stream) mutable {
+            return say_hello(
+                open_connection(kj::mv(stream), index, std::move(address), std::move(via), hello),
+                hello);
+          });
 }
 
 // The outcome of asking psd where it is: a connection that said hello
@@ -150,7 +166,8 @@ struct Elsewhere {
 // tensors faster (docs/performance.md, "Measured results"). Anything amiss
 // on that way (a socket this process cannot reach: another container, a
 // stale path) leaves the TCP connection to say the real hello.
-kj::Promise<kj::Own<ShardConnection>> hello_preferring_unix(kj::UnixEventPort& io, kj::Own<ShardConnection> tcp,
+kj::Promise<kj::Own<ShardConnection>> hello_preferring_unix(kj::UnixEventPort& io,
+                                                            kj::Own<ShardConnection> tcp,
                                                             const HelloParams& hello) {
   auto req = hello_request(*tcp, hello, true);
   return req.send()
@@ -164,21 +181,26 @@ kj::Promise<kj::Own<ShardConnection>> hello_preferring_unix(kj::UnixEventPort& i
           return hello_via(io, index, address, address, hello).then(found);
         }
         const std::string path = info.getUnixSocket();
-        if (path.empty() || host_id().empty() || info.getHostId() != host_id().c_str()) return Elsewhere{};
-        const std::string via = "unix:" + path;
-        return hello_via(io, index, address, via, hello).then(found, [address, via](kj::Exception&& e) {
-          spdlog::info("psd at {} is on this host but {} did not work ({}); staying on TCP", address, via,
-                       e.getDescription().cStr());
+        if (path.empty() || host_id().empty() || info.getHostId() != host_id().c_str())
           return Elsewhere{};
-        });
+        const std::string via = "unix:" + path;
+        return hello_via(io, index, address, via, hello)
+            .then(found, [address, via](kj::Exception&& e) {
+              spdlog::info("psd at {} is on this host but {} did not work ({}); staying on TCP",
+                           address, via, e.getDescription().cStr());
+              return Elsewhere{};
+            });
       })
-      .then([tcp = kj::mv(tcp), hello](Elsewhere other) mutable -> kj::Promise<kj::Own<ShardConnection>> {
+      .then([tcp = kj::mv(tcp),
+             hello](Elsewhere other) mutable -> kj::Promise<kj::Own<ShardConnection>> {
         if (other.conn.get() == nullptr) return say_hello(kj::mv(tcp), hello);
         if (other.conn->via != other.conn->address) {
           const auto& arena = other.conn->arena;
-          spdlog::info("shard {}: psd at {} is on this host; using {}{}", other.conn->index, other.conn->address,
-                       other.conn->via,
-                       arena ? fmt::format(" and {} MiB of shared memory", arena->region().size() >> 20) : "");
+          spdlog::info(
+              "shard {}: psd at {} is on this host; using {}{}", other.conn->index,
+              other.conn->address, other.conn->via,
+              arena ? fmt::format(" and {} MiB of shared memory", arena->region().size() >> 20)
+                    : "");
         }
         return kj::mv(other.conn);
       });
@@ -187,34 +209,41 @@ kj::Promise<kj::Own<ShardConnection>> hello_preferring_unix(kj::UnixEventPort& i
 // Connect and hello, again with backoff while the peer is not there or
 // hangs up during hello (a psd shutting down, or still starting): a refusal
 // (bad token, wrong version, too many connections) ends it at once.
-kj::Promise<kj::Own<ShardConnection>> connect_and_hello(kj::UnixEventPort& io, int index, std::string address,
-                                                        kj::TimePoint deadline, kj::Duration delay,
-                                                        HelloParams hello) {
+kj::Promise<kj::Own<ShardConnection>> connect_and_hello(kj::UnixEventPort& io, int index,
+                                                        std::string address, kj::TimePoint deadline,
+                                                        kj::Duration delay, HelloParams hello) {
   return connect_with_retry(io, address, deadline, delay)
       .then([&io, index, address, hello](kj::Own<SocketStream> stream) {
         auto conn = open_connection(kj::mv(stream), index, address, address, hello);
-        if (!hello.prefer_unix_socket || address.rfind("unix:", 0) == 0) return say_hello(kj::mv(conn), hello);
+        if (!hello.prefer_unix_socket || address.rfind("unix:", 0) == 0)
+          return say_hello(kj::mv(conn), hello);
         return hello_preferring_unix(io, kj::mv(conn), hello);
       })
-      .catch_([&io, index, address, deadline, delay, hello](kj::Exception&& e) -> kj::Promise<kj::Own<ShardConnection>> {
+      .catch_([&io, index, address, deadline, delay,
+               hello](kj::Exception&& e) -> kj::Promise<kj::Own<ShardConnection>> {
         const kj::TimePoint now = clock_now();
-        if (e.getType() != kj::Exception::Type::DISCONNECTED || now + delay > deadline) return kj::mv(e);
-        return io.getTimer().atTime(now + delay).then([&io, index, address, deadline, delay, hello] {
-          return connect_and_hello(io, index, address, deadline, std::min(delay * 2, 500 * kj::MILLISECONDS), hello);
-        });
+        if (e.getType() != kj::Exception::Type::DISCONNECTED || now + delay > deadline)
+          return kj::mv(e);
+        return io.getTimer()
+            .atTime(now + delay)
+            .then([&io, index, address, deadline, delay, hello] {
+              return connect_and_hello(io, index, address, deadline,
+                                       std::min(delay * 2, 500 * kj::MILLISECONDS), hello);
+            });
       });
 }
 
 // Says every few seconds what a connection still waits for: a worker
 // started before its psd would otherwise sit in silence for the whole
 // connect timeout. Never resolves; the caller drops it once connected.
-kj::Promise<void> say_still_waiting(kj::Timer& timer, int index, std::string address, kj::TimePoint start,
-                                    std::chrono::milliseconds timeout) {
+kj::Promise<void> say_still_waiting(kj::Timer& timer, int index, std::string address,
+                                    kj::TimePoint start, std::chrono::milliseconds timeout) {
   constexpr kj::Duration kEvery = 5 * kj::SECONDS;
   return timer.afterDelay(kEvery).then([&timer, index, address, start, timeout]() {
     const int64_t waited = (clock_now() - start) / kj::SECONDS;
-    spdlog::info("waiting for ps {} (shard {}): {} s of {} s (--connect_timeout); is psd running there?", address,
-                 index, waited, timeout.count() / 1000);
+    spdlog::info(
+        "waiting for ps {} (shard {}): {} s of {} s (--connect_timeout); is psd running there?",
+        address, index, waited, timeout.count() / 1000);
     return say_still_waiting(timer, index, address, start, timeout);
   });
 }
@@ -224,14 +253,17 @@ kj::Promise<void> say_still_waiting(kj::Timer& timer, int index, std::string add
 std::string shard_order_problem(const ShardConnection& c, std::size_t index, std::size_t count) {
   if (c.num_shards <= 1 && c.shard_index == 0) return "";
   if (c.num_shards == count && c.shard_index == index) return "";
-  return "ps hosts out of order: psd at " + c.address + " is shard " + std::to_string(c.shard_index) + " of " +
-         std::to_string(c.num_shards) + " (its --shard_index/--num_shards or --task_index), but ps_hosts lists " +
+  return "ps hosts out of order: psd at " + c.address + " is shard " +
+         std::to_string(c.shard_index) + " of " + std::to_string(c.num_shards) +
+         " (its --shard_index/--num_shards or --task_index), but ps_hosts lists " +
          std::to_string(count) + " hosts with it at position " + std::to_string(index) +
          "; every worker must list the ps hosts in the order the psds were given them";
 }
 
-kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::UnixEventPort& io, int index, std::string address,
-                                                    std::chrono::milliseconds timeout, const HelloParams& hello) {
+kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::UnixEventPort& io, int index,
+                                                    std::string address,
+                                                    std::chrono::milliseconds timeout,
+                                                    const HelloParams& hello) {
   auto deadline = clock_now() + timeout.count() * kj::MILLISECONDS;
   // The retries above end at the deadline; an attempt under way would not:
   // a peer that accepts and never answers hello (a stopped psd, something
@@ -240,12 +272,18 @@ kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::UnixEventPort& io, int i
   // kHelloGrace more.
   const auto waited = (timeout.count() * kj::MILLISECONDS + kHelloGrace) / kj::MILLISECONDS;
   return connect_and_hello(io, index, address, deadline, 20 * kj::MILLISECONDS, hello)
-      .exclusiveJoin(io.getTimer().atTime(deadline + kHelloGrace).then([address, waited]() -> kj::Promise<kj::Own<ShardConnection>> {
-        return disconnected(fmt::format("psd at {} did not answer hello within {:.1f} s (the connection was not "
-                                        "accepted, or psd said nothing)", address, waited / 1000.0));
-      }))
-      .exclusiveJoin(say_still_waiting(io.getTimer(), index, address, clock_now(), timeout)
-                         .then([]() -> kj::Promise<kj::Own<ShardConnection>> { return kj::NEVER_DONE; }));
+      .exclusiveJoin(
+          io.getTimer()
+              .atTime(deadline + kHelloGrace)
+              .then([address, waited]() -> kj::Promise<kj::Own<ShardConnection>> {
+                return disconnected(fmt::format(
+                    "psd at {} did not answer hello within {:.1f} s (the connection was not "
+                    "accepted, or psd said nothing)",
+                    address, waited / 1000.0));
+              }))
+      .exclusiveJoin(
+          say_still_waiting(io.getTimer(), index, address, clock_now(), timeout)
+              .then([]() -> kj::Promise<kj::Own<ShardConnection>> { return kj::NEVER_DONE; }));
 }
 
 }  // namespace ps

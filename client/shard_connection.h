@@ -29,7 +29,7 @@ struct ShardConnection {
   bool allows_nonfinite = false;  // psd --allow_nonfinite (ShardInfo.allowsNonfinite)
   uint32_t num_shards = 0;
   uint32_t shard_index = 0;
-  JobConfig job;  // as the shard knew it at hello
+  JobConfig job;             // as the shard knew it at hello
   int64_t worker_step = -1;  // ShardInfo.workerStep at hello
   // Reconnection (reconnector.h): which connection to this shard this is,
   // which psd process answered it, the global step the shard had at hello,
@@ -37,7 +37,8 @@ struct ShardConnection {
   // shard may have lost what this client sent or saw before (it restarted:
   // another process, or one back at an older step than seen).
   uint64_t generation = 0;
-  uint64_t instance_id = 0;  // ShardInfo.instanceId: another one on reconnection means psd restarted
+  uint64_t instance_id =
+      0;  // ShardInfo.instanceId: another one on reconnection means psd restarted
   int64_t hello_step = 0;
   uint64_t tensors = 0;  // ShardInfo.tensors at hello
   int64_t last_step = 0;
@@ -52,8 +53,8 @@ struct HelloParams {
   int worker_index = -1;
   bool is_chief = false;
   std::string auth_token;
-  bool prefer_unix_socket = true;  // ClientOptions::prefer_unix_socket
-  uint64_t shared_memory_bytes = 0;  // ClientOptions::shared_memory_bytes
+  bool prefer_unix_socket = true;          // ClientOptions::prefer_unix_socket
+  uint64_t shared_memory_bytes = 0;        // ClientOptions::shared_memory_bytes
   std::chrono::milliseconds dead_peer{0};  // ClientOptions::dead_peer_timeout
 };
 
@@ -71,8 +72,10 @@ std::string shard_order_problem(const ShardConnection& c, std::size_t index, std
 // kj::Exception naming the address and the last error, at the latest
 // kHelloGrace after `timeout` (a peer that accepts and never answers).
 constexpr kj::Duration kHelloGrace = 5 * kj::SECONDS;
-kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::UnixEventPort& io, int index, std::string address,
-                                                    std::chrono::milliseconds timeout, const HelloParams& hello);
+kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::UnixEventPort& io, int index,
+                                                    std::string address,
+                                                    std::chrono::milliseconds timeout,
+                                                    const HelloParams& hello);
 
 // A DISCONNECTED exception (a shard unreachable or gone) with this message.
 kj::Exception disconnected(std::string message);

@@ -26,23 +26,28 @@ class RowPlacement {
 
   uint32_t shard_of(uint64_t id) const {
     switch (kind_) {
-      case TablePlacement::kMod: return static_cast<uint32_t>(id % shards_);
+      case TablePlacement::kMod:
+        return static_cast<uint32_t>(id % shards_);
       case TablePlacement::kDiv: {
         const uint64_t per = rows_ / shards_, extra = rows_ % shards_;
         const uint64_t head = extra * (per + 1);  // ids in the longer first `extra` shards
         if (id < head) return static_cast<uint32_t>(id / (per + 1));
         return static_cast<uint32_t>(extra + (per == 0 ? 0 : (id - head) / per));
       }
-      case TablePlacement::kHash: return static_cast<uint32_t>(mix_id(id) % shards_);
+      case TablePlacement::kHash:
+        return static_cast<uint32_t>(mix_id(id) % shards_);
     }
     return 0;
   }
   // A fixed table's local row of `id` on shard_of(id).
   uint64_t local_row(uint64_t id) const {
     switch (kind_) {
-      case TablePlacement::kMod: return id / shards_;
-      case TablePlacement::kDiv: return id - first_id(shard_of(id));
-      case TablePlacement::kHash: return id;
+      case TablePlacement::kMod:
+        return id / shards_;
+      case TablePlacement::kDiv:
+        return id - first_id(shard_of(id));
+      case TablePlacement::kHash:
+        return id;
     }
     return 0;
   }
@@ -54,7 +59,8 @@ class RowPlacement {
   }
   // Rows a fixed table has on `shard`.
   uint64_t rows_on(uint32_t shard) const {
-    if (kind_ == TablePlacement::kMod) return shard < rows_ ? (rows_ - shard + shards_ - 1) / shards_ : 0;
+    if (kind_ == TablePlacement::kMod)
+      return shard < rows_ ? (rows_ - shard + shards_ - 1) / shards_ : 0;
     if (kind_ == TablePlacement::kDiv) return rows_ / shards_ + (shard < rows_ % shards_ ? 1 : 0);
     return 0;
   }

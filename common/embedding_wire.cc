@@ -7,7 +7,8 @@
 
 namespace ps {
 
-void to_wire(const TableSpec& s, uint32_t shard_index, uint32_t num_shards, wire::TableSpec::Builder out) {
+void to_wire(const TableSpec& s, uint32_t shard_index, uint32_t num_shards,
+             wire::TableSpec::Builder out) {
   out.setName(s.name);
   out.setDim(s.dim);
   out.setRows(s.rows);
@@ -42,7 +43,8 @@ ShardTableSpec from_wire(wire::TableSpec::Reader in) {
   auto o = in.getOptimizer();
   const auto kind = static_cast<unsigned>(o.getKind());
   if (placement > 2 || on_limit > 1 || kind > 3) {
-    throw RequestError("createTables: table '" + s.name + "' has a placement, limit policy or optimizer this psd "
+    throw RequestError("createTables: table '" + s.name +
+                       "' has a placement, limit policy or optimizer this psd "
                        "does not know");
   }
   s.placement = static_cast<TablePlacement>(placement);

@@ -18,7 +18,8 @@ struct ShardTableSpec {
   uint32_t num_shards = 1;
 };
 
-void to_wire(const TableSpec& s, uint32_t shard_index, uint32_t num_shards, wire::TableSpec::Builder out);
+void to_wire(const TableSpec& s, uint32_t shard_index, uint32_t num_shards,
+             wire::TableSpec::Builder out);
 // Throws RequestError for an enum value this build does not know.
 ShardTableSpec from_wire(wire::TableSpec::Reader in);
 

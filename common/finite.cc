@@ -19,7 +19,8 @@ PS_VECTOR_CLONES bool all_finite(std::span<const float> v, float limit) {
   return bad == 0;
 }
 
-PS_VECTOR_CLONES bool copy_all_finite(float* __restrict dst, const float* __restrict src, std::size_t n, float limit) {
+PS_VECTOR_CLONES bool copy_all_finite(float* __restrict dst, const float* __restrict src,
+                                      std::size_t n, float limit) {
   int bad = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const float x = src[i];
@@ -37,12 +38,14 @@ float gradient_limit(uint32_t summed) {
   return std::numeric_limits<float>::max() / static_cast<float>(std::max<uint32_t>(summed, 1));
 }
 
-std::string gradient_refusal(std::string_view tensor, std::span<const float> values, uint32_t summed) {
+std::string gradient_refusal(std::string_view tensor, std::span<const float> values,
+                             uint32_t summed) {
   const std::string name = "push: gradient for '" + std::string(tensor) + "'";
   if (summed > 1 && all_finite(values)) {
     char limit[32];
     std::snprintf(limit, sizeof limit, "%g", static_cast<double>(gradient_limit(summed)));
-    return name + " holds a value over " + limit + " in magnitude: the sum of " + std::to_string(summed) +
+    return name + " holds a value over " + limit + " in magnitude: the sum of " +
+           std::to_string(summed) +
            " workers' gradients, which sync mode averages, would overflow (refused)";
   }
   return name + " contains NaN or Inf (refused; psd --allow_nonfinite accepts it)";

@@ -38,6 +38,7 @@ float gradient_limit(uint32_t summed);
 // psd's refusal of a push whose gradient for `tensor` failed
 // all_finite(values, gradient_limit(summed)): one text for psd and for the
 // client's own check of pushes it splits, which must refuse alike.
-std::string gradient_refusal(std::string_view tensor, std::span<const float> values, uint32_t summed);
+std::string gradient_refusal(std::string_view tensor, std::span<const float> values,
+                             uint32_t summed);
 
 }  // namespace ps

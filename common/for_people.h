@@ -3,7 +3,8 @@
 // Cap'n Proto's "remote exception: "), and, for the usual causes, what to do.
 //
 //   throw ConfigError("cannot listen on " + addr + ": " + for_people(e.getDescription().cStr()));
-//   // "cannot listen on 127.0.0.1:2222: address already in use (another process has the port: ...)"
+//   // "cannot listen on 127.0.0.1:2222: address already in use (another process has the port:
+//   ...)"
 #pragma once
 
 #include <cctype>
@@ -20,7 +21,8 @@ inline std::string for_people(std::string_view what) {
   bool changed = true;
   while (changed) {
     changed = false;
-    for (std::string_view prefix : {"remote exception: ", "std::exception: ", "gai_strerror(r) = ", "connect: "}) {
+    for (std::string_view prefix :
+         {"remote exception: ", "std::exception: ", "gai_strerror(r) = ", "connect: "}) {
       if (s.rfind(prefix, 0) == 0) {
         s.erase(0, prefix.size());
         changed = true;

@@ -9,16 +9,22 @@ namespace ps {
 
 const char* memory_use_name(MemoryUse use) {
   switch (use) {
-    case MemoryUse::kTensors: return "tensors";
-    case MemoryUse::kReceiving: return "requests";
-    case MemoryUse::kReplies: return "replies";
-    case MemoryUse::kSnapshots: return "snapshots";
-    case MemoryUse::kCount: break;
+    case MemoryUse::kTensors:
+      return "tensors";
+    case MemoryUse::kReceiving:
+      return "requests";
+    case MemoryUse::kReplies:
+      return "replies";
+    case MemoryUse::kSnapshots:
+      return "snapshots";
+    case MemoryUse::kCount:
+      break;
   }
   return "?";
 }
 
-MemoryBudget::MemoryBudget(uint64_t limit_bytes) : limit_(limit_bytes > 0 ? limit_bytes : default_limit()) {}
+MemoryBudget::MemoryBudget(uint64_t limit_bytes)
+    : limit_(limit_bytes > 0 ? limit_bytes : default_limit()) {}
 
 uint64_t MemoryBudget::default_limit() {
   std::ifstream meminfo("/proc/meminfo");
@@ -57,8 +63,10 @@ bool MemoryBudget::Reservation::try_resize(uint64_t bytes) {
 
 void MemoryBudget::Reservation::resize_anyway(uint64_t bytes) {
   if (budget_ == nullptr) return;
-  if (bytes > bytes_) budget_->add(use_, bytes - bytes_, true);
-  else if (bytes < bytes_) budget_->give_back(use_, bytes_ - bytes);
+  if (bytes > bytes_)
+    budget_->add(use_, bytes - bytes_, true);
+  else if (bytes < bytes_)
+    budget_->give_back(use_, bytes_ - bytes);
   bytes_ = bytes;
 }
 
@@ -98,8 +106,9 @@ MemoryBudget::Reservation MemoryBudget::reserve_anyway(MemoryUse use, uint64_t b
 
 std::string MemoryBudget::describe() const {
   auto mib = [](uint64_t b) { return std::to_string(b >> 20) + " MiB"; };
-  return mib(used()) + " of its " + mib(limit_) + " budget in use (" + mib(used(MemoryUse::kTensors)) + " tensors, " +
-         mib(used(MemoryUse::kReceiving)) + " requests, " + mib(used(MemoryUse::kReplies)) + " replies, " +
+  return mib(used()) + " of its " + mib(limit_) + " budget in use (" +
+         mib(used(MemoryUse::kTensors)) + " tensors, " + mib(used(MemoryUse::kReceiving)) +
+         " requests, " + mib(used(MemoryUse::kReplies)) + " replies, " +
          mib(used(MemoryUse::kSnapshots)) + " snapshots; psd --max_memory_mb)";
 }
 

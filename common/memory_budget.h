@@ -42,7 +42,9 @@ class MemoryBudget {
   class Reservation {
    public:
     Reservation() = default;
-    Reservation(Reservation&& o) noexcept : budget_(o.budget_), use_(o.use_), bytes_(o.bytes_) { o.budget_ = nullptr; }
+    Reservation(Reservation&& o) noexcept : budget_(o.budget_), use_(o.use_), bytes_(o.bytes_) {
+      o.budget_ = nullptr;
+    }
     Reservation& operator=(Reservation&& o) noexcept;
     ~Reservation() { reset(); }
     explicit operator bool() const { return budget_ != nullptr; }
@@ -56,7 +58,8 @@ class MemoryBudget {
 
    private:
     friend class MemoryBudget;
-    Reservation(MemoryBudget* b, MemoryUse use, uint64_t bytes) : budget_(b), use_(use), bytes_(bytes) {}
+    Reservation(MemoryBudget* b, MemoryUse use, uint64_t bytes)
+        : budget_(b), use_(use), bytes_(bytes) {}
     MemoryBudget* budget_ = nullptr;
     MemoryUse use_ = MemoryUse::kTensors;
     uint64_t bytes_ = 0;
@@ -71,7 +74,9 @@ class MemoryBudget {
 
   uint64_t limit() const { return limit_; }
   uint64_t used() const { return used_.load(std::memory_order_relaxed); }
-  uint64_t used(MemoryUse use) const { return by_use_[static_cast<unsigned>(use)].load(std::memory_order_relaxed); }
+  uint64_t used(MemoryUse use) const {
+    return by_use_[static_cast<unsigned>(use)].load(std::memory_order_relaxed);
+  }
   uint64_t available() const {
     const uint64_t u = used();
     return u >= limit_ ? 0 : limit_ - u;

@@ -14,7 +14,7 @@ struct PartMeta {
   std::vector<uint64_t> full_shape;
   uint64_t offset = 0;  // first element of the part in the flattened tensor
   uint32_t index = 0;
-  uint32_t count = 1;   // number of parts
+  uint32_t count = 1;  // number of parts
   bool operator==(const PartMeta&) const = default;
 };
 

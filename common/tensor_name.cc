@@ -9,7 +9,8 @@ namespace ps {
 
 void check_name(std::string_view name, const char* what) {
   if (name.empty() || name.size() > kMaxNameBytes) {
-    throw RequestError(std::string(what) + " names must have 1 to " + std::to_string(kMaxNameBytes) + " bytes, got " +
+    throw RequestError(std::string(what) + " names must have 1 to " +
+                       std::to_string(kMaxNameBytes) + " bytes, got " +
                        std::to_string(name.size()));
   }
   for (std::size_t i = 0; i < name.size(); ++i) {
@@ -17,8 +18,8 @@ void check_name(std::string_view name, const char* what) {
     if (c < 0x20 || c == 0x7f) {
       char code[8];
       std::snprintf(code, sizeof(code), "0x%02x", c);
-      throw RequestError(std::string(what) + " name holds control character " + code + " at byte " + std::to_string(i) +
-                         " (names may not hold NUL or control characters)");
+      throw RequestError(std::string(what) + " name holds control character " + code + " at byte " +
+                         std::to_string(i) + " (names may not hold NUL or control characters)");
     }
   }
 }

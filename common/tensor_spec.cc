@@ -93,7 +93,8 @@ OptimizerConfig OptimizerConfig::from_name(const std::string& name, float lr) {
   if (name == "adam") return adam(lr);
   if (name == "adagrad") return adagrad(lr);
   if (name == "rmsprop") return rmsprop(lr);
-  throw ConfigError("unknown optimizer '" + name + "' (expected sgd, momentum, nesterov, adam, adagrad or rmsprop)");
+  throw ConfigError("unknown optimizer '" + name +
+                    "' (expected sgd, momentum, nesterov, adam, adagrad or rmsprop)");
 }
 
 float OptimizerConfig::learning_rate_at(int64_t global_step) const {
@@ -101,7 +102,8 @@ float OptimizerConfig::learning_rate_at(int64_t global_step) const {
     case LrSchedule::kConstant:
       return learning_rate;
     case LrSchedule::kExponentialDecay: {
-      double p = static_cast<double>(global_step) / static_cast<double>(decay_steps > 0 ? decay_steps : 1);
+      double p =
+          static_cast<double>(global_step) / static_cast<double>(decay_steps > 0 ? decay_steps : 1);
       if (staircase) p = std::floor(p);
       return static_cast<float>(learning_rate * std::pow(static_cast<double>(decay_rate), p));
     }

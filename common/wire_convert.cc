@@ -4,7 +4,8 @@
 
 #include "ps/errors.h"
 
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire format is little-endian float32");
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the wire format is little-endian float32");
 
 namespace ps {
 
@@ -29,7 +30,8 @@ void to_wire(const OptimizerConfig& c, wire::OptimizerSpec::Builder out) {
 OptimizerConfig from_wire(wire::OptimizerSpec::Reader in) {
   OptimizerConfig c;
   auto kind = static_cast<unsigned>(in.getKind());
-  if (kind > static_cast<unsigned>(OptimizerKind::kRmsProp)) throw RequestError("unknown optimizer kind " + std::to_string(kind));
+  if (kind > static_cast<unsigned>(OptimizerKind::kRmsProp))
+    throw RequestError("unknown optimizer kind " + std::to_string(kind));
   c.kind = static_cast<OptimizerKind>(kind);
   c.learning_rate = in.getLearningRate();
   c.momentum = in.getMomentum();
@@ -40,7 +42,8 @@ OptimizerConfig from_wire(wire::OptimizerSpec::Reader in) {
   c.initial_accumulator = in.getInitialAccumulator();
   c.decay = in.getDecay();
   auto schedule = static_cast<unsigned>(in.getSchedule());
-  if (schedule > static_cast<unsigned>(LrSchedule::kPiecewise)) throw RequestError("unknown learning-rate schedule " + std::to_string(schedule));
+  if (schedule > static_cast<unsigned>(LrSchedule::kPiecewise))
+    throw RequestError("unknown learning-rate schedule " + std::to_string(schedule));
   c.schedule = static_cast<LrSchedule>(schedule);
   c.decay_rate = in.getDecayRate();
   c.decay_steps = in.getDecaySteps();
@@ -62,14 +65,16 @@ void to_wire(const InitConfig& c, wire::Initializer::Builder out) {
 InitConfig from_wire(wire::Initializer::Reader in) {
   InitConfig c;
   auto kind = static_cast<unsigned>(in.getKind());
-  if (kind > static_cast<unsigned>(InitKind::kValues)) throw RequestError("unknown initializer kind " + std::to_string(kind));
+  if (kind > static_cast<unsigned>(InitKind::kValues))
+    throw RequestError("unknown initializer kind " + std::to_string(kind));
   c.kind = static_cast<InitKind>(kind);
   c.a = in.getA();
   c.b = in.getB();
   c.seed = in.getSeed();
   if (c.kind == InitKind::kValues) {
     auto data = in.getValues();
-    if (data.size() % sizeof(float) != 0) throw RequestError("initial values are not a whole number of float32s");
+    if (data.size() % sizeof(float) != 0)
+      throw RequestError("initial values are not a whole number of float32s");
     auto f = as_floats(data);
     c.values.assign(f.begin(), f.end());
   }
@@ -99,13 +104,15 @@ void to_wire(const TensorSpec& s, wire::TensorSpec::Builder out) {
 
 TensorSpec from_wire(wire::TensorSpec::Reader in) {
   TensorSpec s;
-  s.name = std::string(in.getName().begin(), in.getName().size());  // every byte: checked by the store
+  s.name =
+      std::string(in.getName().begin(), in.getName().size());  // every byte: checked by the store
   s.shape = shape_from_wire(in.getShape());
   s.optimizer = from_wire(in.getOptimizer());
   s.init = from_wire(in.getInit());
   s.trainable = in.getTrainable();
   for (auto slot : in.getSlots()) {
-    if (slot.size() % sizeof(float) != 0) throw RequestError("tensor '" + s.name + "': an optimizer slot is not whole floats");
+    if (slot.size() % sizeof(float) != 0)
+      throw RequestError("tensor '" + s.name + "': an optimizer slot is not whole floats");
     auto f = as_floats(slot);
     s.slots.emplace_back(f.begin(), f.end());
   }
@@ -116,7 +123,8 @@ TensorSpec from_wire(wire::TensorSpec::Reader in) {
 JobConfig job_from_wire(wire::JobConfig::Reader in) {
   JobConfig c;
   auto mode = static_cast<unsigned>(in.getMode());
-  if (mode > static_cast<unsigned>(SyncMode::kBoundedStaleness)) throw RequestError("unknown job mode " + std::to_string(mode));
+  if (mode > static_cast<unsigned>(SyncMode::kBoundedStaleness))
+    throw RequestError("unknown job mode " + std::to_string(mode));
   c.mode = static_cast<SyncMode>(mode);
   c.replicas_to_aggregate = in.getReplicasToAggregate();
   c.total_replicas = in.getTotalReplicas();
@@ -126,7 +134,8 @@ JobConfig job_from_wire(wire::JobConfig::Reader in) {
   for (auto h : in.getWorkerHosts()) c.worker_hosts.emplace_back(h.cStr(), h.size());
   for (auto h : in.getPsHosts()) c.ps_hosts.emplace_back(h.cStr(), h.size());
   if (!step_in_range(c.start_step)) {
-    throw RequestError("job start step " + std::to_string(c.start_step) + " is out of range [0, 2^62]");
+    throw RequestError("job start step " + std::to_string(c.start_step) +
+                       " is out of range [0, 2^62]");
   }
   return c;
 }

@@ -11,7 +11,8 @@
 //
 //   ctr_trainer --job_name=ps     --task_index=0 --ps_hosts=127.0.0.1:2222 --worker_hosts=...
 //   ctr_trainer --job_name=worker --task_index=0 --ps_hosts=127.0.0.1:2222
-//               --worker_hosts=127.0.0.1:2230,127.0.0.1:2231 [--sync_replicas] --train_file data/ctr/train.tsv
+//               --worker_hosts=127.0.0.1:2230,127.0.0.1:2231 [--sync_replicas] --train_file
+//               data/ctr/train.tsv
 //   scripts/launch_local.sh --trainer build/examples/ctr_trainer -- --synthetic 300000
 //
 // Data: a file in the Criteo TSV layout (--train_file, default
@@ -52,15 +53,17 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 constexpr const char* kDeepTable = "ctr/deep_embeddings";
 constexpr const char* kWideTable = "ctr/wide_weights";
 
 struct CtrFlags {
-  std::string train_file;      // empty: <data_dir>/train.tsv
-  std::string eval_file;       // empty: the last `holdout` of the training data
-  int64_t synthetic = 0;       // > 0: this many examples from the planted model, in memory
+  std::string train_file;  // empty: <data_dir>/train.tsv
+  std::string eval_file;   // empty: the last `holdout` of the training data
+  int64_t synthetic = 0;   // > 0: this many examples from the planted model, in memory
   uint64_t synthetic_seed = 1;
   int64_t synthetic_max_distinct = ps::CtrSyntheticOptions{}.max_distinct;
   double holdout = 0.1;
@@ -71,8 +74,9 @@ struct CtrFlags {
   float ftrl_l1 = 0.0f;
   float ftrl_l2 = 0.0f;
   float embedding_init = 0.0f;  // rows start uniform in [-x, x]
-  uint64_t row_limit = 0;      // per shard and table (0: none); at the limit the least recently used rows go
-  int eval_every = 0;          // chief: evaluate every N local steps (0: twice per epoch)
+  uint64_t row_limit =
+      0;  // per shard and table (0: none); at the limit the least recently used rows go
+  int eval_every = 0;  // chief: evaluate every N local steps (0: twice per epoch)
   int eval_batch = 4096;
   int summary_every = 50;
 };
@@ -82,10 +86,12 @@ struct CtrDataSet {
   std::vector<ps::CtrExample> train;    // this worker's share
   std::vector<ps::CtrExample> holdout;  // chief only
   int64_t train_total = 0;              // training examples over all workers
-  std::optional<ps::CtrPlantedStats> planted;  // --synthetic: the planted model on the held-out part
+  std::optional<ps::CtrPlantedStats>
+      planted;  // --synthetic: the planted model on the held-out part
 };
 
-CtrDataSet load_data(const ps::TrainerFlags& f, const CtrFlags& c, int worker, int workers, bool chief) {
+CtrDataSet load_data(const ps::TrainerFlags& f, const CtrFlags& c, int worker, int workers,
+                     bool chief) {
   CtrDataSet d;
   if (c.synthetic > 0) {
     ps::CtrSyntheticOptions opt;
@@ -97,7 +103,8 @@ CtrDataSet load_data(const ps::TrainerFlags& f, const CtrFlags& c, int worker, i
     const ps::CtrSynthetic gen(opt);
     d.train_total = gen.holdout_begin();
     // Example i is a function of (seed, i): every worker draws its share only.
-    for (int64_t i = worker; i < gen.holdout_begin(); i += workers) gen.example(i, d.train.emplace_back());
+    for (int64_t i = worker; i < gen.holdout_begin(); i += workers)
+      gen.example(i, d.train.emplace_back());
     if (chief) {
       std::vector<float> labels;
       std::vector<double> probs;
@@ -122,10 +129,13 @@ CtrDataSet load_data(const ps::TrainerFlags& f, const CtrFlags& c, int worker, i
   if (!c.eval_file.empty()) {
     if (chief) d.holdout = ps::read_ctr_file(c.eval_file);
   } else {
-    train_end = static_cast<int64_t>(std::llround(static_cast<double>(all.size()) * (1.0 - c.holdout)));
+    train_end =
+        static_cast<int64_t>(std::llround(static_cast<double>(all.size()) * (1.0 - c.holdout)));
     if (chief) d.holdout.assign(all.begin() + train_end, all.end());
   }
-  if (train_end <= 0) throw ps::ConfigError(path + ": no training examples (after holding out " + std::to_string(c.holdout) + ")");
+  if (train_end <= 0)
+    throw ps::ConfigError(path + ": no training examples (after holding out " +
+                          std::to_string(c.holdout) + ")");
   d.train_total = train_end;
   for (int64_t i = worker; i < train_end; i += workers) d.train.push_back(all[i]);
   return d;
@@ -163,7 +173,8 @@ class WideDeep {
   size_t wide_rows() const { return wide_.ids.size(); }
 
   // The rows of both tables, all at once; each future the step read at.
-  std::pair<std::future<int64_t>, std::future<int64_t>> pull_rows_async(ps::Client& client, int64_t min_step) {
+  std::pair<std::future<int64_t>, std::future<int64_t>> pull_rows_async(ps::Client& client,
+                                                                        int64_t min_step) {
     return {client.pull_rows_async(kDeepTable, as_ids(deep_.ids), deep_rows_, min_step),
             client.pull_rows_async(kWideTable, as_ids(wide_.ids), wide_rows_, min_step)};
   }
@@ -177,14 +188,16 @@ class WideDeep {
     const int64_t b = batch_.size;
     const int emb = ps::kCtrCategorical * dim_, in = ps::kCtrDense + emb;
     emb_.resize(b * emb);
-    ps::embedding_bag_forward(deep_rows_, dim_, deep_offsets_, deep_.index, ps::BagCombiner::kSum, emb_);
+    ps::embedding_bag_forward(deep_rows_, dim_, deep_offsets_, deep_.index, ps::BagCombiner::kSum,
+                              emb_);
     x_.resize(b * in);
     for (int64_t i = 0; i < b; ++i) {
       std::copy_n(batch_.dense.data() + i * ps::kCtrDense, ps::kCtrDense, x_.data() + i * in);
       std::copy_n(emb_.data() + i * emb, emb, x_.data() + i * in + ps::kCtrDense);
     }
     wide_logit_.resize(b);
-    ps::embedding_bag_forward(wide_rows_, 1, wide_offsets_, wide_.index, ps::BagCombiner::kSum, wide_logit_);
+    ps::embedding_bag_forward(wide_rows_, 1, wide_offsets_, wide_.index, ps::BagCombiner::kSum,
+                              wide_logit_);
   }
 
   // Gradients of the batch: the dense head's (of the mean loss) in
@@ -205,13 +218,15 @@ class WideDeep {
     }
     deep_grads_.resize(deep_rows_.size());
     wide_grads_.resize(wide_rows_.size());
-    ps::embedding_bag_backward(emb_, dim_, deep_offsets_, deep_.index, ps::BagCombiner::kSum, deep_grads_);
-    ps::embedding_bag_backward(dlogit_, 1, wide_offsets_, wide_.index, ps::BagCombiner::kSum, wide_grads_);
+    ps::embedding_bag_backward(emb_, dim_, deep_offsets_, deep_.index, ps::BagCombiner::kSum,
+                               deep_grads_);
+    ps::embedding_bag_backward(dlogit_, 1, wide_offsets_, wide_.index, ps::BagCombiner::kSum,
+                               wide_grads_);
     return loss;
   }
 
-  std::pair<std::future<ps::PushStatus>, std::future<ps::PushStatus>> push_rows_async(ps::Client& client,
-                                                                                       int64_t step) {
+  std::pair<std::future<ps::PushStatus>, std::future<ps::PushStatus>> push_rows_async(
+      ps::Client& client, int64_t step) {
     return {client.push_rows_async(kDeepTable, as_ids(deep_.ids), deep_grads_, step),
             client.push_rows_async(kWideTable, as_ids(wide_.ids), wide_grads_, step)};
   }
@@ -256,14 +271,24 @@ ps::MlpShape make_shape(const CtrFlags& c) {
 
 std::vector<ps::TableSpec> table_specs(const CtrFlags& c, uint64_t seed) {
   const ps::OnRowLimit on_limit = ps::OnRowLimit::kEvictLru;
-  return {{.name = kDeepTable, .dim = static_cast<uint32_t>(c.embedding_dim), .dynamic = true,
+  return {{.name = kDeepTable,
+           .dim = static_cast<uint32_t>(c.embedding_dim),
+           .dynamic = true,
            .placement = ps::TablePlacement::kHash,
            .optimizer = ps::RowOptimizerConfig::adagrad(c.embedding_learning_rate),
-           .init = c.embedding_init > 0 ? ps::InitConfig::uniform(-c.embedding_init, c.embedding_init, seed)
-                                       : ps::InitConfig::zeros(), .row_limit = c.row_limit, .on_limit = on_limit},
-          {.name = kWideTable, .dim = 1, .dynamic = true, .placement = ps::TablePlacement::kHash,
+           .init = c.embedding_init > 0
+                       ? ps::InitConfig::uniform(-c.embedding_init, c.embedding_init, seed)
+                       : ps::InitConfig::zeros(),
+           .row_limit = c.row_limit,
+           .on_limit = on_limit},
+          {.name = kWideTable,
+           .dim = 1,
+           .dynamic = true,
+           .placement = ps::TablePlacement::kHash,
            .optimizer = ps::RowOptimizerConfig::ftrl(c.wide_learning_rate, c.ftrl_l1, c.ftrl_l2),
-           .init = ps::InitConfig::zeros(), .row_limit = c.row_limit, .on_limit = on_limit}};
+           .init = ps::InitConfig::zeros(),
+           .row_limit = c.row_limit,
+           .on_limit = on_limit}};
 }
 
 struct Metrics {
@@ -273,7 +298,8 @@ struct Metrics {
 // The chief's evaluation on the held-out examples with the dense weights in
 // the head and the rows as the tables hold them now (a dynamic table creates
 // the rows of held-out ids it has not seen, with their initial values).
-Metrics evaluate(ps::Client& client, WideDeep& model, const std::vector<ps::CtrExample>& holdout, int eval_batch) {
+Metrics evaluate(ps::Client& client, WideDeep& model, const std::vector<ps::CtrExample>& holdout,
+                 int eval_batch) {
   std::vector<float> labels, probs;
   labels.reserve(holdout.size());
   probs.resize(holdout.size());
@@ -304,8 +330,10 @@ struct Evaluator {
     Metrics m = evaluate(client, model, data.holdout, eval_batch);
     last.emplace(global_step, m);
     if (log) log->clear_bar();
-    std::printf("eval  | epoch %.2f | global step %lld | held-out log-loss %.5f | AUC %.5f | %.1f s\n", epoch,
-                static_cast<long long>(global_step), m.log_loss, m.auc, seconds(start, Clock::now()));
+    std::printf(
+        "eval  | epoch %.2f | global step %lld | held-out log-loss %.5f | AUC %.5f | %.1f s\n",
+        epoch, static_cast<long long>(global_step), m.log_loss, m.auc,
+        seconds(start, Clock::now()));
     std::fflush(stdout);
     if (summaries) {
       summaries->add_scalar("log_loss/holdout", static_cast<float>(m.log_loss), global_step);
@@ -317,35 +345,43 @@ struct Evaluator {
 };
 
 const char* mode_name(ps::SyncMode m) {
-  return m == ps::SyncMode::kSync ? "sync" : m == ps::SyncMode::kBoundedStaleness ? "bounded-staleness" : "async";
+  return m == ps::SyncMode::kSync               ? "sync"
+         : m == ps::SyncMode::kBoundedStaleness ? "bounded-staleness"
+                                                : "async";
 }
 
 int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const CtrFlags& c) {
   const bool chief = spec.is_chief();
   const int worker = spec.worker_index();
   if (c.holdout < 0 || c.holdout >= 1) throw ps::ConfigError("--holdout must be in [0, 1)");
-  if (c.embedding_dim < 1 || c.embedding_dim > 1024) throw ps::ConfigError("--embedding_dim must be in [1, 1024]");
+  if (c.embedding_dim < 1 || c.embedding_dim > 1024)
+    throw ps::ConfigError("--embedding_dim must be in [1, 1024]");
   if (c.eval_batch < 1) throw ps::ConfigError("--eval_batch must be >= 1");
-  if (f.num_gpus > 0) throw ps::ConfigError("--num_gpus: ctr_trainer computes on the CPU (give --num_gpus 0)");
+  if (f.num_gpus > 0)
+    throw ps::ConfigError("--num_gpus: ctr_trainer computes on the CPU (give --num_gpus 0)");
   const ps::MlpShape shape = make_shape(c);
   // Data first: a bad file fails before anything connects.
   const auto load_start = Clock::now();
   const CtrDataSet data = load_data(f, c, worker, spec.num_workers(), chief);
-  if (data.train.empty()) throw ps::ConfigError("worker " + std::to_string(worker) + " has no training examples");
-  if (chief && data.holdout.empty()) throw ps::ConfigError("no held-out examples (--holdout 0 without --eval_file)");
+  if (data.train.empty())
+    throw ps::ConfigError("worker " + std::to_string(worker) + " has no training examples");
+  if (chief && data.holdout.empty())
+    throw ps::ConfigError("no held-out examples (--holdout 0 without --eval_file)");
   std::printf("worker %d: %zu training examples (of %lld)%s in %.1f s\n", worker, data.train.size(),
               static_cast<long long>(data.train_total),
-              chief ? fmt::format(", {} held out", data.holdout.size()).c_str() : "", seconds(load_start, Clock::now()));
+              chief ? fmt::format(", {} held out", data.holdout.size()).c_str() : "",
+              seconds(load_start, Clock::now()));
   if (data.planted) {
-    std::printf("planted model on the held-out part: log-loss %.5f AUC %.5f\n", data.planted->holdout_log_loss,
-                data.planted->holdout_auc);
+    std::printf("planted model on the held-out part: log-loss %.5f AUC %.5f\n",
+                data.planted->holdout_log_loss, data.planted->holdout_auc);
   }
   std::fflush(stdout);
 
   int64_t steps = f.global_steps(spec, data.train_total);
   const ps::JobConfig job = f.job_config(spec, steps);
   int64_t per_global = f.examples_per_global_step(spec);
-  const ps::OptimizerConfig oc = f.optimizer_config(std::max<int64_t>(1, data.train_total / per_global));
+  const ps::OptimizerConfig oc =
+      f.optimizer_config(std::max<int64_t>(1, data.train_total / per_global));
   spdlog::info("{}: {}", spec.to_string(), to_string(job));
 
   WideDeep model(shape, c.embedding_dim, std::max(f.batch_size, c.eval_batch));
@@ -357,7 +393,8 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
     ps::TensorSpec ts{.name = "ctr/" + t.name,
                       .shape = std::vector<uint64_t>(t.shape.begin(), t.shape.end()),
                       .optimizer = oc,
-                      .init = t.shape.size() == 2 ? ps::InitConfig::glorot_uniform(seed++) : ps::InitConfig::zeros()};
+                      .init = t.shape.size() == 2 ? ps::InitConfig::glorot_uniform(seed++)
+                                                  : ps::InitConfig::zeros()};
     session.add_variable(ts, params.subspan(t.offset, t.count), grads.subspan(t.offset, t.count));
   }
   // The chief creates the tables before it marks the model ready; the others
@@ -368,39 +405,54 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
   if (!chief) client.declare_tables(tables);
   const ps::SyncMode mode = session.job().mode;
   if (session.job().train_steps > 0) steps = session.job().train_steps;
-  per_global = static_cast<int64_t>(f.batch_size) *
-               (mode == ps::SyncMode::kSync ? std::max<int64_t>(1, session.job().replicas_to_aggregate) : 1);
+  per_global =
+      static_cast<int64_t>(f.batch_size) *
+      (mode == ps::SyncMode::kSync ? std::max<int64_t>(1, session.job().replicas_to_aggregate) : 1);
   const auto epoch_of = [&](int64_t global) {
     return static_cast<double>(global) * per_global / static_cast<double>(data.train_total);
   };
   if (chief) {
-    std::printf("worker %d (chief): wide & deep, %s + wide (26 fields + %d crosses), embeddings dim %d (Adagrad %g), "
-                "wide FTRL %g (l1 %g, l2 %g), dense %s lr %g, batch %d, %s, %lld global steps (%.2f epochs of %lld "
-                "examples), %d workers, %d ps\n",
-                worker, shape.to_string().c_str(), model.wide_per_example() - ps::kCtrCategorical, c.embedding_dim,
-                c.embedding_learning_rate, c.wide_learning_rate, c.ftrl_l1, c.ftrl_l2, f.optimizer.c_str(),
-                f.learning_rate, f.batch_size, to_string(session.job()).c_str(), static_cast<long long>(steps),
-                epoch_of(steps), static_cast<long long>(data.train_total), spec.num_workers(), spec.num_ps());
+    std::printf(
+        "worker %d (chief): wide & deep, %s + wide (26 fields + %d crosses), embeddings dim %d "
+        "(Adagrad %g), "
+        "wide FTRL %g (l1 %g, l2 %g), dense %s lr %g, batch %d, %s, %lld global steps (%.2f epochs "
+        "of %lld "
+        "examples), %d workers, %d ps\n",
+        worker, shape.to_string().c_str(), model.wide_per_example() - ps::kCtrCategorical,
+        c.embedding_dim, c.embedding_learning_rate, c.wide_learning_rate, c.ftrl_l1, c.ftrl_l2,
+        f.optimizer.c_str(), f.learning_rate, f.batch_size, to_string(session.job()).c_str(),
+        static_cast<long long>(steps), epoch_of(steps), static_cast<long long>(data.train_total),
+        spec.num_workers(), spec.num_ps());
   } else {
-    std::printf("worker %d: model ready, training (%s)\n", worker, to_string(session.job()).c_str());
+    std::printf("worker %d: model ready, training (%s)\n", worker,
+                to_string(session.job()).c_str());
   }
   std::fflush(stdout);
 
   std::unique_ptr<ps::SummaryWriter> summaries;
   if (chief && !f.logdir.empty()) summaries = std::make_unique<ps::SummaryWriter>(f.logdir);
   ps::HookList hooks;
-  auto& log = hooks.add<ps::LoggingHook>(ps::LoggingHook::Options{.every_n = f.log_every, .worker = worker});
+  auto& log = hooks.add<ps::LoggingHook>(
+      ps::LoggingHook::Options{.every_n = f.log_every, .worker = worker});
   if (summaries) hooks.add<ps::SummaryHook>(*summaries, c.summary_every);
   const auto start = Clock::now();
-  Evaluator ev{.client = client, .model = model, .data = data, .eval_batch = c.eval_batch,
-               .summaries = summaries.get(), .log = &log, .start = start};
+  Evaluator ev{.client = client,
+               .model = model,
+               .data = data,
+               .eval_batch = c.eval_batch,
+               .summaries = summaries.get(),
+               .log = &log,
+               .start = start};
   int64_t pulled_step = 0;
   if (chief) {
-    const int every = c.eval_every > 0 ? c.eval_every
-                                       : static_cast<int>(std::max<int64_t>(
-                                             1, data.train_total / (int64_t{f.batch_size} * spec.num_workers()) / 2));
+    const int every =
+        c.eval_every > 0
+            ? c.eval_every
+            : static_cast<int>(std::max<int64_t>(
+                  1, data.train_total / (int64_t{f.batch_size} * spec.num_workers()) / 2));
     // Evaluated: the dense weights pulled for the step, not yet updated by it.
-    hooks.add<ps::EveryNStepsHook>(every, [&](const ps::StepInfo&) { ev.run(pulled_step, epoch_of(pulled_step)); });
+    hooks.add<ps::EveryNStepsHook>(
+        every, [&](const ps::StepInfo&) { ev.run(pulled_step, epoch_of(pulled_step)); });
   }
   hooks.add<ps::ReportHook>(client, f.log_every > 0 ? f.log_every : 100);
   hooks.begin();
@@ -424,25 +476,29 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
     const auto t1 = Clock::now();
     // Rows wait for the step the dense pull will read (sync: the next one;
     // bounded staleness: within reach of the slowest worker).
-    const int64_t min_step = mode == ps::SyncMode::kSync ? session.global_step()
-                             : mode == ps::SyncMode::kBoundedStaleness ? session.local_step() : 0;
+    const int64_t min_step = mode == ps::SyncMode::kSync               ? session.global_step()
+                             : mode == ps::SyncMode::kBoundedStaleness ? session.local_step()
+                                                                       : 0;
     auto [deep_pull, wide_pull] = model.pull_rows_async(client, min_step);
     pulled_step = session.pull();
     const int64_t rows_step = std::min(deep_pull.get(), wide_pull.get());
     if (session.should_stop()) break;  // the job ended while this worker waited for its step
     // Sync: rows read before the step the dense weights were read at (a step
     // closed between the two) are read again, so the push's step fits both.
-    if (mode == ps::SyncMode::kSync && rows_step < pulled_step) model.pull_rows(client, pulled_step);
+    if (mode == ps::SyncMode::kSync && rows_step < pulled_step)
+      model.pull_rows(client, pulled_step);
     const auto t2 = Clock::now();
     model.forward();
     const double loss = model.backward();
     const auto t3 = Clock::now();
-    const int64_t push_step = mode == ps::SyncMode::kBoundedStaleness ? session.local_step() : pulled_step;
+    const int64_t push_step =
+        mode == ps::SyncMode::kBoundedStaleness ? session.local_step() : pulled_step;
     auto [deep_push, wide_push] = model.push_rows_async(client, push_step);
     ps::StepOutcome out = session.push();
     const ps::PushStatus deep_status = deep_push.get(), wide_status = wide_push.get();
     const auto t4 = Clock::now();
-    if (deep_status == ps::PushStatus::kStale || wide_status == ps::PushStatus::kStale) out.stale = true;
+    if (deep_status == ps::PushStatus::kStale || wide_status == ps::PushStatus::kStale)
+      out.stale = true;
     t_other += seconds(t0, t1);
     t_pull += seconds(t1, t2);
     t_compute += seconds(t2, t3);
@@ -463,22 +519,28 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
   hooks.end(info);
   const double n = std::max<double>(1, static_cast<double>(session.local_step()));
   const double step_total = std::max(1e-12, t_pull + t_compute + t_push + t_other);
-  std::printf("worker %d: done after %lld local steps in %s (%s examples/s on this worker, %llu stale); per step: "
-              "pull %.3f ms (%.0f%%), compute %.3f ms (%.0f%%), push %.3f ms (%.0f%%), data+hooks %.3f ms (%.0f%%)\n",
-              worker, static_cast<long long>(session.local_step()), ps::format_duration(secs).c_str(),
-              ps::format_rate(static_cast<double>(session.local_step()) * f.batch_size / secs).c_str(),
-              static_cast<unsigned long long>(session.stale_steps()), 1e3 * t_pull / n, 100 * t_pull / step_total,
-              1e3 * t_compute / n, 100 * t_compute / step_total, 1e3 * t_push / n, 100 * t_push / step_total,
-              1e3 * t_other / n, 100 * t_other / step_total);
-  std::printf("SHARES worker=%d pull=%.3f compute=%.3f push=%.3f other=%.3f examples_per_sec=%.0f "
-              "deep_rows_per_step=%.0f wide_rows_per_step=%.0f\n",
-              worker, t_pull / step_total, t_compute / step_total, t_push / step_total, t_other / step_total,
-              static_cast<double>(session.local_step()) * f.batch_size / secs, deep_rows / n, wide_rows / n);
+  std::printf(
+      "worker %d: done after %lld local steps in %s (%s examples/s on this worker, %llu stale); "
+      "per step: "
+      "pull %.3f ms (%.0f%%), compute %.3f ms (%.0f%%), push %.3f ms (%.0f%%), data+hooks %.3f ms "
+      "(%.0f%%)\n",
+      worker, static_cast<long long>(session.local_step()), ps::format_duration(secs).c_str(),
+      ps::format_rate(static_cast<double>(session.local_step()) * f.batch_size / secs).c_str(),
+      static_cast<unsigned long long>(session.stale_steps()), 1e3 * t_pull / n,
+      100 * t_pull / step_total, 1e3 * t_compute / n, 100 * t_compute / step_total,
+      1e3 * t_push / n, 100 * t_push / step_total, 1e3 * t_other / n, 100 * t_other / step_total);
+  std::printf(
+      "SHARES worker=%d pull=%.3f compute=%.3f push=%.3f other=%.3f examples_per_sec=%.0f "
+      "deep_rows_per_step=%.0f wide_rows_per_step=%.0f\n",
+      worker, t_pull / step_total, t_compute / step_total, t_push / step_total,
+      t_other / step_total, static_cast<double>(session.local_step()) * f.batch_size / secs,
+      deep_rows / n, wide_rows / n);
   std::fflush(stdout);
 
   // Everyone meets once more so the chief evaluates the final model.
   try {
-    client.barrier("ctr_trainer/end", static_cast<uint32_t>(spec.num_workers()), std::chrono::seconds(60));
+    client.barrier("ctr_trainer/end", static_cast<uint32_t>(spec.num_workers()),
+                   std::chrono::seconds(60));
   } catch (const ps::Error& e) {
     spdlog::warn("worker {}: end barrier: {} (going on)", worker, e.what());
   }
@@ -494,21 +556,26 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
     const Metrics m = ev.run(global, epoch_of(global));
     const double examples = static_cast<double>(global) * per_global;
     uint64_t deep_rows = 0, wide_rows = 0;
-    for (const auto& t : client.list_tables()) (t.name == kDeepTable ? deep_rows : wide_rows) += t.rows;
+    for (const auto& t : client.list_tables())
+      (t.name == kDeepTable ? deep_rows : wide_rows) += t.rows;
     std::printf("\n== %s: held-out log-loss %.5f, AUC %.5f", mode_name(mode), m.log_loss, m.auc);
     if (data.planted) {
       std::printf(" (planted model: log-loss %.5f, AUC %.5f)", data.planted->holdout_log_loss,
                   data.planted->holdout_auc);
     }
-    std::printf("\n== %lld global steps, %.2f epochs in %s: %s examples/s; table rows: %llu deep, %llu wide\n",
-                static_cast<long long>(global), epoch_of(global), ps::format_duration(secs).c_str(),
-                ps::format_rate(examples / secs).c_str(), static_cast<unsigned long long>(deep_rows),
-                static_cast<unsigned long long>(wide_rows));
+    std::printf(
+        "\n== %lld global steps, %.2f epochs in %s: %s examples/s; table rows: %llu deep, %llu "
+        "wide\n",
+        static_cast<long long>(global), epoch_of(global), ps::format_duration(secs).c_str(),
+        ps::format_rate(examples / secs).c_str(), static_cast<unsigned long long>(deep_rows),
+        static_cast<unsigned long long>(wide_rows));
     // One machine-readable line (test/ctr_trainer_test.sh reads it).
-    std::printf("RESULT mode=%s holdout_log_loss=%.5f holdout_auc=%.5f planted_log_loss=%.5f planted_auc=%.5f "
-                "seconds=%.3f examples_per_sec=%.0f\n",
-                mode_name(mode), m.log_loss, m.auc, data.planted ? data.planted->holdout_log_loss : -1.0,
-                data.planted ? data.planted->holdout_auc : -1.0, secs, examples / secs);
+    std::printf(
+        "RESULT mode=%s holdout_log_loss=%.5f holdout_auc=%.5f planted_log_loss=%.5f "
+        "planted_auc=%.5f "
+        "seconds=%.3f examples_per_sec=%.0f\n",
+        mode_name(mode), m.log_loss, m.auc, data.planted ? data.planted->holdout_log_loss : -1.0,
+        data.planted ? data.planted->holdout_auc : -1.0, secs, examples / secs);
     std::fflush(stdout);
     if (summaries) summaries->flush();
     session.end();  // the ps tasks exit once every worker has disconnected
@@ -527,31 +594,47 @@ int main(int argc, char** argv) {
   f.data_dir = "data/ctr";
   ps::add_trainer_flags(app, f);
   CtrFlags c;
-  app.add_option("--train_file", c.train_file, "training data, Criteo TSV layout (default: <data_dir>/train.tsv)");
-  app.add_option("--eval_file", c.eval_file, "held-out data (default: the last --holdout of the training data)");
-  app.add_option("--synthetic", c.synthetic, "draw this many examples from a planted model in memory (no file)")
+  app.add_option("--train_file", c.train_file,
+                 "training data, Criteo TSV layout (default: <data_dir>/train.tsv)");
+  app.add_option("--eval_file", c.eval_file,
+                 "held-out data (default: the last --holdout of the training data)");
+  app.add_option("--synthetic", c.synthetic,
+                 "draw this many examples from a planted model in memory (no file)")
       ->capture_default_str();
-  app.add_option("--synthetic_seed", c.synthetic_seed, "--synthetic: the generator's seed (make_ctr_data --seed)")
+  app.add_option("--synthetic_seed", c.synthetic_seed,
+                 "--synthetic: the generator's seed (make_ctr_data --seed)")
       ->capture_default_str();
   app.add_option("--synthetic_max_distinct", c.synthetic_max_distinct,
-                 "--synthetic: distinct values of C26 (make_ctr_data --max_distinct)")->capture_default_str();
-  app.add_option("--holdout", c.holdout, "share of the examples, at the end, held out for evaluation")
+                 "--synthetic: distinct values of C26 (make_ctr_data --max_distinct)")
       ->capture_default_str();
-  app.add_option("--embedding_dim", c.embedding_dim, "floats per embedding row")->capture_default_str();
-  app.add_option("--hidden_units", c.hidden_units, "the deep part's hidden layers")->capture_default_str();
-  app.add_option("--embedding_learning_rate", c.embedding_learning_rate, "Adagrad rate of the embedding table")
+  app.add_option("--holdout", c.holdout,
+                 "share of the examples, at the end, held out for evaluation")
       ->capture_default_str();
-  app.add_option("--wide_learning_rate", c.wide_learning_rate, "FTRL rate of the wide table")->capture_default_str();
+  app.add_option("--embedding_dim", c.embedding_dim, "floats per embedding row")
+      ->capture_default_str();
+  app.add_option("--hidden_units", c.hidden_units, "the deep part's hidden layers")
+      ->capture_default_str();
+  app.add_option("--embedding_learning_rate", c.embedding_learning_rate,
+                 "Adagrad rate of the embedding table")
+      ->capture_default_str();
+  app.add_option("--wide_learning_rate", c.wide_learning_rate, "FTRL rate of the wide table")
+      ->capture_default_str();
   app.add_option("--ftrl_l1", c.ftrl_l1, "FTRL L1 regularization strength")->capture_default_str();
   app.add_option("--ftrl_l2", c.ftrl_l2, "FTRL L2 regularization strength")->capture_default_str();
-  app.add_option("--embedding_init", c.embedding_init, "embedding rows start uniform in [-x, x] (0: zeros)")
+  app.add_option("--embedding_init", c.embedding_init,
+                 "embedding rows start uniform in [-x, x] (0: zeros)")
       ->capture_default_str();
-  app.add_option("--row_limit", c.row_limit, "rows per table and shard (0: none); beyond it the least recently "
-                                            "used rows are evicted")->capture_default_str();
-  app.add_option("--eval_every", c.eval_every, "chief: evaluate every N local steps (0: twice per epoch)")
+  app.add_option("--row_limit", c.row_limit,
+                 "rows per table and shard (0: none); beyond it the least recently "
+                 "used rows are evicted")
       ->capture_default_str();
-  app.add_option("--eval_batch", c.eval_batch, "examples per evaluation batch")->capture_default_str();
-  app.add_option("--summary_every", c.summary_every, "chief: TensorBoard scalars every N local steps")
+  app.add_option("--eval_every", c.eval_every,
+                 "chief: evaluate every N local steps (0: twice per epoch)")
+      ->capture_default_str();
+  app.add_option("--eval_batch", c.eval_batch, "examples per evaluation batch")
+      ->capture_default_str();
+  app.add_option("--summary_every", c.summary_every,
+                 "chief: TensorBoard scalars every N local steps")
       ->capture_default_str();
   ps::PsTaskFlags psf;
   ps::add_ps_task_flags(app, psf);
@@ -565,8 +648,11 @@ int main(int argc, char** argv) {
     ps::apply_log_level(psf);
     f.validate();
     const ps::ClusterSpec spec = f.cluster_spec();
-    if (spec.is_ps()) return ps::run_ps_task(spec.task_index(), spec.num_ps(), spec.self_address(), psf);
-    if (!spec.is_worker()) throw ps::ConfigError("task type '" + spec.job_name() + "' is not supported (ps, worker or chief)");
+    if (spec.is_ps())
+      return ps::run_ps_task(spec.task_index(), spec.num_ps(), spec.self_address(), psf);
+    if (!spec.is_worker())
+      throw ps::ConfigError("task type '" + spec.job_name() +
+                            "' is not supported (ps, worker or chief)");
     return run_worker(spec, f, c);
   });
 }

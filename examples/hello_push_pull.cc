@@ -14,7 +14,8 @@ int main(int argc, char** argv) {
   CLI::App app{"hello_push_pull: create, push and pull two tensors on psd"};
   std::string ps_hosts = "127.0.0.1:2222";
   float lr = 0.5f;
-  app.add_option("--ps_hosts", ps_hosts, "comma-separated ps host:port list")->capture_default_str();
+  app.add_option("--ps_hosts", ps_hosts, "comma-separated ps host:port list")
+      ->capture_default_str();
   app.add_option("--learning_rate", lr, "SGD learning rate")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
@@ -23,9 +24,14 @@ int main(int argc, char** argv) {
     options.ps_hosts = ps::split_list(ps_hosts);
     ps::Client client(options);
     client.create({
-        {.name = "w", .shape = {2, 2}, .optimizer = ps::OptimizerConfig::sgd(lr),
+        {.name = "w",
+         .shape = {2, 2},
+         .optimizer = ps::OptimizerConfig::sgd(lr),
          .init = ps::InitConfig::from_values({1, 2, 3, 4})},
-        {.name = "b", .shape = {2}, .optimizer = ps::OptimizerConfig::sgd(lr), .init = ps::InitConfig::constant(0.5f)},
+        {.name = "b",
+         .shape = {2},
+         .optimizer = ps::OptimizerConfig::sgd(lr),
+         .init = ps::InitConfig::constant(0.5f)},
     });
 
     std::vector<float> w(4), b(2);
@@ -36,11 +42,13 @@ int main(int argc, char** argv) {
     client.push({"w", "b"}, {gw, gb});
     auto result = client.pull({"w", "b"}, {w, b});
     std::printf("after one push of grad (1, 1, 1, 1) and (1, -1) with lr %g:\n", lr);
-    std::printf("         w = [%g %g; %g %g]  b = [%g %g]  (versions %llu, %llu)\n", w[0], w[1], w[2], w[3], b[0], b[1],
-                static_cast<unsigned long long>(result.versions[0]), static_cast<unsigned long long>(result.versions[1]));
+    std::printf("         w = [%g %g; %g %g]  b = [%g %g]  (versions %llu, %llu)\n", w[0], w[1],
+                w[2], w[3], b[0], b[1], static_cast<unsigned long long>(result.versions[0]),
+                static_cast<unsigned long long>(result.versions[1]));
     for (const auto& t : client.list()) {
-      std::printf("  %-4s shape %-8s on shard %d, version %llu\n", t.name.c_str(), ps::shape_to_string(t.shape).c_str(),
-                  t.shards.at(0), static_cast<unsigned long long>(t.version));
+      std::printf("  %-4s shape %-8s on shard %d, version %llu\n", t.name.c_str(),
+                  ps::shape_to_string(t.shape).c_str(), t.shards.at(0),
+                  static_cast<unsigned long long>(t.version));
     }
   } catch (const ps::Error& e) {
     std::fprintf(stderr, "hello_push_pull: %s\n", e.what());

@@ -2,9 +2,11 @@
 // the ps, the smallest complete between-graph trainer. Same cluster flags as
 // mnist_trainer (and TF_CONFIG / Slurm); prints the fitted weight and bias.
 //
-//   linreg_trainer --job_name=ps     --task_index=0 --ps_hosts=127.0.0.1:2222 --worker_hosts=127.0.0.1:2230,127.0.0.1:2231 &
-//   linreg_trainer --job_name=worker --task_index=1 --ps_hosts=127.0.0.1:2222 --worker_hosts=127.0.0.1:2230,127.0.0.1:2231 &
-//   linreg_trainer --job_name=worker --task_index=0 --ps_hosts=127.0.0.1:2222 --worker_hosts=127.0.0.1:2230,127.0.0.1:2231
+//   linreg_trainer --job_name=ps     --task_index=0 --ps_hosts=127.0.0.1:2222
+//   --worker_hosts=127.0.0.1:2230,127.0.0.1:2231 & linreg_trainer --job_name=worker --task_index=1
+//   --ps_hosts=127.0.0.1:2222 --worker_hosts=127.0.0.1:2230,127.0.0.1:2231 & linreg_trainer
+//   --job_name=worker --task_index=0 --ps_hosts=127.0.0.1:2222
+//   --worker_hosts=127.0.0.1:2230,127.0.0.1:2231
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -39,14 +41,26 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, int examp
   ps::Client client(f.client_options(spec));
   ps::TrainingSession session(client, {.job = job});
   std::vector<float> w(1), b(1), gw(1), gb(1);
-  session.add_variable({.name = "linreg/weight", .shape = {1}, .optimizer = f.optimizer_config(), .init = ps::InitConfig::zeros(), .trainable = true}, w, gw);
-  session.add_variable({.name = "linreg/bias", .shape = {1}, .optimizer = f.optimizer_config(), .init = ps::InitConfig::zeros(), .trainable = true}, b, gb);
+  session.add_variable({.name = "linreg/weight",
+                        .shape = {1},
+                        .optimizer = f.optimizer_config(),
+                        .init = ps::InitConfig::zeros(),
+                        .trainable = true},
+                       w, gw);
+  session.add_variable({.name = "linreg/bias",
+                        .shape = {1},
+                        .optimizer = f.optimizer_config(),
+                        .init = ps::InitConfig::zeros(),
+                        .trainable = true},
+                       b, gb);
   session.initialize();
 
   std::unique_ptr<ps::SummaryWriter> summaries;
-  if (spec.is_chief() && !f.logdir.empty()) summaries = std::make_unique<ps::SummaryWriter>(f.logdir);
+  if (spec.is_chief() && !f.logdir.empty())
+    summaries = std::make_unique<ps::SummaryWriter>(f.logdir);
   ps::HookList hooks;
-  hooks.add<ps::LoggingHook>(ps::LoggingHook::Options{.every_n = f.log_every, .worker = spec.worker_index()});
+  hooks.add<ps::LoggingHook>(
+      ps::LoggingHook::Options{.every_n = f.log_every, .worker = spec.worker_index()});
   if (summaries) hooks.add<ps::SummaryHook>(*summaries, 10);
   hooks.begin();
 
@@ -79,13 +93,15 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, int examp
     hooks.after_step(info);
   }
   hooks.end(info);
-  session.barrier("linreg/end", static_cast<uint32_t>(spec.num_workers()), std::chrono::seconds(60));
+  session.barrier("linreg/end", static_cast<uint32_t>(spec.num_workers()),
+                  std::chrono::seconds(60));
   client.pull({"linreg/weight", "linreg/bias"}, {std::span<float>(w), std::span<float>(b)});
   std::printf("worker %d: fitted y = %.4f x + %.4f (true: y = 2 x + 10) after %lld global steps\n",
               spec.worker_index(), w[0], b[0], static_cast<long long>(session.global_step()));
   if (spec.is_chief()) {
     const bool ok = std::abs(w[0] - 2.0f) < 0.1f && std::abs(b[0] - 10.0f) < 0.1f;
-    std::printf("RESULT weight=%.4f bias=%.4f %s\n", w[0], b[0], ok ? "converged" : "NOT converged");
+    std::printf("RESULT weight=%.4f bias=%.4f %s\n", w[0], b[0],
+                ok ? "converged" : "NOT converged");
     session.end();
     return ok ? 0 : 4;
   }
@@ -113,8 +129,10 @@ int main(int argc, char** argv) {
     f.validate();
     if (examples < 1) throw ps::ConfigError("--examples must be >= 1");
     const ps::ClusterSpec spec = f.cluster_spec();
-    if (spec.is_ps()) return ps::run_ps_task(spec.task_index(), spec.num_ps(), spec.self_address(), psf);
-    if (!spec.is_worker()) throw ps::ConfigError("task type '" + spec.job_name() + "' is not supported");
+    if (spec.is_ps())
+      return ps::run_ps_task(spec.task_index(), spec.num_ps(), spec.self_address(), psf);
+    if (!spec.is_worker())
+      throw ps::ConfigError("task type '" + spec.job_name() + "' is not supported");
     return run_worker(spec, f, examples);
   });
 }

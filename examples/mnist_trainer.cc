@@ -40,16 +40,18 @@ struct MnistFlags {
   std::string hidden_units = "100";
   std::string activation = "relu";
   int validation_size = 5000;
-  int eval_every = 0;          // chief: evaluate every N local steps (0: about twice per epoch)
+  int eval_every = 0;  // chief: evaluate every N local steps (0: about twice per epoch)
   int summary_every = 50;
   double target_accuracy = 0.85;
   bool stop_at_target = false;
   bool local = false;
-  bool scale_lr = true;        // sync: learning rate x sqrt(replicas aggregated)
-  std::string restore_from;    // chief: start the job from this checkpoint directory
+  bool scale_lr = true;      // sync: learning rate x sqrt(replicas aggregated)
+  std::string restore_from;  // chief: start the job from this checkpoint directory
 };
 
-double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 ps::MlpShape make_shape(const MnistFlags& m, const ps::MnistData& data) {
   ps::MlpShape shape;
@@ -62,7 +64,8 @@ ps::MlpShape make_shape(const MnistFlags& m, const ps::MnistData& data) {
       if (used != h.size() || v < 1) throw std::invalid_argument(h);
       shape.hidden.push_back(v);
     } catch (const std::exception&) {
-      throw ps::ConfigError("--hidden_units: '" + h + "' is not a positive integer (e.g. 100 or 512,512)");
+      throw ps::ConfigError("--hidden_units: '" + h +
+                            "' is not a positive integer (e.g. 100 or 512,512)");
     }
   }
   shape.classes = ps::MnistData::kNumClasses;
@@ -77,8 +80,9 @@ ps::Towers make_towers(const ps::MlpShape& shape, const ps::TrainerFlags& f, int
   eo.device = local_gpu >= 0 ? local_gpu : 0;
   eo.max_batch = f.batch_size;
   if (f.num_gpus > 0 && ps::cuda_device_count() < eo.device + f.num_gpus) {
-    throw ps::ConfigError(fmt::format("--num_gpus={} but only {} CUDA device(s) usable from device {}", f.num_gpus,
-                                      ps::cuda_device_count(), eo.device));
+    throw ps::ConfigError(
+        fmt::format("--num_gpus={} but only {} CUDA device(s) usable from device {}", f.num_gpus,
+                    ps::cuda_device_count(), eo.device));
   }
   return ps::Towers::make(shape, eo, std::max(1, f.num_gpus));
 }
@@ -128,17 +132,21 @@ struct Evaluator {
       step_at_target = global_step;
     }
     if (log) log->clear_bar();
-    std::printf("eval  | epoch %.2f | global step %lld | validation accuracy %s | test accuracy %.4f | test "
-                "cross-entropy %.4f | %.1f s\n",
-                epoch, static_cast<long long>(global_step), validation_accuracy(e, data).c_str(), e.test.accuracy(),
-                e.test.loss, t);
+    std::printf(
+        "eval  | epoch %.2f | global step %lld | validation accuracy %s | test accuracy %.4f | "
+        "test "
+        "cross-entropy %.4f | %.1f s\n",
+        epoch, static_cast<long long>(global_step), validation_accuracy(e, data).c_str(),
+        e.test.accuracy(), e.test.loss, t);
     std::fflush(stdout);
     if (summaries) {
       summaries->add_scalar("accuracy/test", static_cast<float>(e.test.accuracy()), global_step);
       summaries->add_scalar("cross_entropy/test", static_cast<float>(e.test.loss), global_step);
       if (data.validation.size > 0) {
-        summaries->add_scalar("accuracy/validation", static_cast<float>(e.validation.accuracy()), global_step);
-        summaries->add_scalar("cross_entropy/validation", static_cast<float>(e.validation.loss), global_step);
+        summaries->add_scalar("accuracy/validation", static_cast<float>(e.validation.accuracy()),
+                              global_step);
+        summaries->add_scalar("cross_entropy/validation", static_cast<float>(e.validation.loss),
+                              global_step);
       }
       summaries->flush();
     }
@@ -146,20 +154,24 @@ struct Evaluator {
   }
 };
 
-void print_result(const char* mode, const Evaluation& e, int64_t global_steps, double epochs, double secs,
-                  double samples, const Evaluator& ev) {
-  std::printf("\n== %s: test accuracy %.4f, test cross-entropy %.4f, validation accuracy %s\n", mode,
-              e.test.accuracy(), e.test.loss, validation_accuracy(e, ev.data).c_str());
-  std::printf("== %lld global steps, %.2f epochs in %s: %s samples/s", static_cast<long long>(global_steps), epochs,
-              ps::format_duration(secs).c_str(), ps::format_rate(samples / secs).c_str());
+void print_result(const char* mode, const Evaluation& e, int64_t global_steps, double epochs,
+                  double secs, double samples, const Evaluator& ev) {
+  std::printf("\n== %s: test accuracy %.4f, test cross-entropy %.4f, validation accuracy %s\n",
+              mode, e.test.accuracy(), e.test.loss, validation_accuracy(e, ev.data).c_str());
+  std::printf("== %lld global steps, %.2f epochs in %s: %s samples/s",
+              static_cast<long long>(global_steps), epochs, ps::format_duration(secs).c_str(),
+              ps::format_rate(samples / secs).c_str());
   if (ev.time_to_target) {
-    std::printf(", test accuracy %.2f reached after %.1f s (global step %lld)", ev.target, *ev.time_to_target,
-                static_cast<long long>(*ev.step_at_target));
+    std::printf(", test accuracy %.2f reached after %.1f s (global step %lld)", ev.target,
+                *ev.time_to_target, static_cast<long long>(*ev.step_at_target));
   }
   std::printf("\n");
   // One machine-readable line (bench/train_throughput.sh reads it).
-  std::printf("RESULT mode=%s test_accuracy=%.4f test_xent=%.4f seconds=%.3f samples_per_sec=%.0f time_to_target=%.3f\n",
-              mode, e.test.accuracy(), e.test.loss, secs, samples / secs, ev.time_to_target ? *ev.time_to_target : -1.0);
+  std::printf(
+      "RESULT mode=%s test_accuracy=%.4f test_xent=%.4f seconds=%.3f samples_per_sec=%.0f "
+      "time_to_target=%.3f\n",
+      mode, e.test.accuracy(), e.test.loss, secs, samples / secs,
+      ev.time_to_target ? *ev.time_to_target : -1.0);
   std::fflush(stdout);
 }
 
@@ -168,8 +180,9 @@ ps::MnistData load_data(const ps::TrainerFlags& f, const MnistFlags& m, const st
   spdlog::info("{}: loading data from {} ...", who, f.data_dir);
   const auto start = Clock::now();
   ps::MnistData data = ps::MnistData::load(f.data_dir, m.validation_size);
-  spdlog::info("{}: {} training, {} validation, {} test examples loaded in {}", who, data.train.size,
-               data.validation.size, data.test.size, ps::format_duration(seconds(start, Clock::now())));
+  spdlog::info("{}: {} training, {} validation, {} test examples loaded in {}", who,
+               data.train.size, data.validation.size, data.test.size,
+               ps::format_duration(seconds(start, Clock::now())));
   return data;
 }
 
@@ -186,9 +199,12 @@ int run_local(const ps::TrainerFlags& f, const MnistFlags& m) {
   ps::init_params(shape, towers.host_params(), f.seed);
   towers.upload_params();
   ps::DataShard shard(data.train, 0, 1, f.seed);
-  const int64_t steps = f.train_steps > 0 ? f.train_steps : ps::steps_for_epochs(f.epochs, data.train.size, f.batch_size);
+  const int64_t steps = f.train_steps > 0
+                            ? f.train_steps
+                            : ps::steps_for_epochs(f.epochs, data.train.size, f.batch_size);
   if (steps <= 0) throw ps::ConfigError("give --train_steps or --epochs (both are 0)");
-  const ps::OptimizerConfig oc = f.optimizer_config(std::max<int64_t>(1, data.train.size / f.batch_size));
+  const ps::OptimizerConfig oc =
+      f.optimizer_config(std::max<int64_t>(1, data.train.size / f.batch_size));
   // SGD runs in the engine (apply_sgd); other rules as psd applies them.
   std::unique_ptr<ps::Optimizer> opt;
   std::vector<std::vector<float>> slots;
@@ -199,19 +215,25 @@ int run_local(const ps::TrainerFlags& f, const MnistFlags& m) {
   std::unique_ptr<ps::SummaryWriter> summaries;
   if (!f.logdir.empty()) summaries = std::make_unique<ps::SummaryWriter>(f.logdir);
 
-  std::printf("local training: %s, %s, batch %d, %lld steps (%.2f epochs of %lld examples), %s\n",
-              shape.to_string().c_str(), f.optimizer.c_str(), f.batch_size, static_cast<long long>(steps),
-              static_cast<double>(steps) * f.batch_size / data.train.size, static_cast<long long>(data.train.size),
-              towers.engine(0).device_description().c_str());
+  std::printf(
+      "local training: %s, %s, batch %d, %lld steps (%.2f epochs of %lld examples), %s\n",
+      shape.to_string().c_str(), f.optimizer.c_str(), f.batch_size, static_cast<long long>(steps),
+      static_cast<double>(steps) * f.batch_size / data.train.size,
+      static_cast<long long>(data.train.size), towers.engine(0).device_description().c_str());
   ps::HookList hooks;
-  auto& log = hooks.add<ps::LoggingHook>(ps::LoggingHook::Options{.every_n = f.log_every, .worker = 0});
+  auto& log =
+      hooks.add<ps::LoggingHook>(ps::LoggingHook::Options{.every_n = f.log_every, .worker = 0});
   if (summaries) hooks.add<ps::SummaryHook>(*summaries, m.summary_every);
   const auto start = Clock::now();
-  Evaluator ev{.towers = towers, .data = data, .summaries = summaries.get(), .log = &log, .target = m.target_accuracy, .start = start};
+  Evaluator ev{.towers = towers,
+               .data = data,
+               .summaries = summaries.get(),
+               .log = &log,
+               .target = m.target_accuracy,
+               .start = start};
   const int every = eval_interval(m, data.train.size, f.batch_size);
-  hooks.add<ps::EveryNStepsHook>(every, [&](const ps::StepInfo& s) {
-    ev.run(s.global_step, s.epoch);
-  });
+  hooks.add<ps::EveryNStepsHook>(every,
+                                 [&](const ps::StepInfo& s) { ev.run(s.global_step, s.epoch); });
   ps::StepInfo info;
   info.train_steps = steps;
   info.batch_size = info.examples_per_global_step = f.batch_size;
@@ -238,14 +260,16 @@ int run_local(const ps::TrainerFlags& f, const MnistFlags& m) {
   const double secs = seconds(start, Clock::now());
   hooks.end(info);
   Evaluation e = ev.run(info.global_step, info.epoch);
-  print_result("local", e, info.global_step, info.epoch, secs, static_cast<double>(info.global_step) * f.batch_size, ev);
+  print_result("local", e, info.global_step, info.epoch, secs,
+               static_cast<double>(info.global_step) * f.batch_size, ev);
   return 0;
 }
 
 int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags& m) {
   // Sync steps average R gradients: a batch R times larger, which takes a
   // larger step (the square-root rule, suited to Adam).
-  if (f.sync_replicas && m.scale_lr) f.learning_rate *= static_cast<float>(std::sqrt(f.replicas(spec)));
+  if (f.sync_replicas && m.scale_lr)
+    f.learning_rate *= static_cast<float>(std::sqrt(f.replicas(spec)));
   // Data first: a bad file fails before anything connects.
   auto data = load_data(f, m, "worker " + std::to_string(spec.worker_index()));
   const ps::MlpShape shape = make_shape(m, data);
@@ -254,13 +278,15 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
   int64_t steps = f.global_steps(spec, data.train.size);
   int64_t per_global = f.examples_per_global_step(spec);
   const ps::JobConfig job = f.job_config(spec, steps);
-  const ps::OptimizerConfig oc = f.optimizer_config(std::max<int64_t>(1, data.train.size / per_global));
+  const ps::OptimizerConfig oc =
+      f.optimizer_config(std::max<int64_t>(1, data.train.size / per_global));
   const bool chief = spec.is_chief();
   const int worker = spec.worker_index();
 
   spdlog::info("{}: {}", spec.to_string(), to_string(job));
   ps::Client client(f.client_options(spec));
-  ps::TrainingSession session(client, {.job = job, .restore_from = chief ? m.restore_from : std::string()});
+  ps::TrainingSession session(client,
+                              {.job = job, .restore_from = chief ? m.restore_from : std::string()});
   // Every variable pulls straight into the engine's flat parameter buffer and
   // pushes straight from its gradient buffer: no copies on the worker.
   std::span<float> params = towers.host_params(), grads = towers.host_grads();
@@ -269,7 +295,8 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
     ps::TensorSpec ts{.name = t.name,
                       .shape = std::vector<uint64_t>(t.shape.begin(), t.shape.end()),
                       .optimizer = oc,
-                      .init = t.shape.size() == 2 ? ps::InitConfig::glorot_uniform(seed++) : ps::InitConfig::zeros()};
+                      .init = t.shape.size() == 2 ? ps::InitConfig::glorot_uniform(seed++)
+                                                  : ps::InitConfig::zeros()};
     session.add_variable(ts, params.subspan(t.offset, t.count), grads.subspan(t.offset, t.count));
   }
   session.initialize();
@@ -280,38 +307,53 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
   // its stop step has nothing left to train.
   const int64_t start_global = client.stats().front().global_step;
   if (steps > 0 && start_global >= steps) {
-    std::printf("worker %d: the job already finished at global step %lld (its stop step): nothing to train. To go "
-                "on, run it again with more --train_steps or --epochs.\n",
-                worker, static_cast<long long>(start_global));
+    std::printf(
+        "worker %d: the job already finished at global step %lld (its stop step): nothing to "
+        "train. To go "
+        "on, run it again with more --train_steps or --epochs.\n",
+        worker, static_cast<long long>(start_global));
     std::fflush(stdout);
     if (chief) session.end();  // the ps tasks exit once every worker has disconnected
     return 0;
   }
   per_global = static_cast<int64_t>(f.batch_size) *
-               (session.job().mode == ps::SyncMode::kSync ? std::max<int64_t>(1, session.job().replicas_to_aggregate) : 1);
+               (session.job().mode == ps::SyncMode::kSync
+                    ? std::max<int64_t>(1, session.job().replicas_to_aggregate)
+                    : 1);
   if (chief) {
-    std::printf("worker %d (chief): %s, %s lr %g, batch %d, %s, %lld global steps (%.2f epochs of %lld examples), "
-                "%d workers, %d ps%s\n",
-                worker, shape.to_string().c_str(), f.optimizer.c_str(), f.learning_rate, f.batch_size,
-                to_string(session.job()).c_str(), static_cast<long long>(steps),
-                static_cast<double>(steps) * per_global / data.train.size, static_cast<long long>(data.train.size),
-                spec.num_workers(), spec.num_ps(),
-                start_global > 0 ? fmt::format("; going on from global step {}", start_global).c_str() : "");
+    std::printf(
+        "worker %d (chief): %s, %s lr %g, batch %d, %s, %lld global steps (%.2f epochs of %lld "
+        "examples), "
+        "%d workers, %d ps%s\n",
+        worker, shape.to_string().c_str(), f.optimizer.c_str(), f.learning_rate, f.batch_size,
+        to_string(session.job()).c_str(), static_cast<long long>(steps),
+        static_cast<double>(steps) * per_global / data.train.size,
+        static_cast<long long>(data.train.size), spec.num_workers(), spec.num_ps(),
+        start_global > 0 ? fmt::format("; going on from global step {}", start_global).c_str()
+                         : "");
   } else {
-    std::printf("worker %d: model ready, training (%s)\n", worker, to_string(session.job()).c_str());
+    std::printf("worker %d: model ready, training (%s)\n", worker,
+                to_string(session.job()).c_str());
   }
   std::fflush(stdout);
 
   std::unique_ptr<ps::SummaryWriter> summaries;
   if (chief && !f.logdir.empty()) summaries = std::make_unique<ps::SummaryWriter>(f.logdir);
   ps::HookList hooks;
-  auto& log = hooks.add<ps::LoggingHook>(ps::LoggingHook::Options{.every_n = f.log_every, .worker = worker});
+  auto& log = hooks.add<ps::LoggingHook>(
+      ps::LoggingHook::Options{.every_n = f.log_every, .worker = worker});
   if (summaries) hooks.add<ps::SummaryHook>(*summaries, m.summary_every);
   const auto start = Clock::now();
-  Evaluator ev{.towers = towers, .data = data, .summaries = summaries.get(), .log = &log, .target = m.target_accuracy, .start = start};
+  Evaluator ev{.towers = towers,
+               .data = data,
+               .summaries = summaries.get(),
+               .log = &log,
+               .target = m.target_accuracy,
+               .start = start};
   int64_t pulled_step = 0;
   if (chief) {
-    const int every = eval_interval(m, data.train.size, static_cast<int64_t>(f.batch_size) * spec.num_workers());
+    const int every =
+        eval_interval(m, data.train.size, static_cast<int64_t>(f.batch_size) * spec.num_workers());
     // The parameters evaluated are those pulled for the step, not yet
     // updated by it: labelled with the step they were pulled at.
     hooks.add<ps::EveryNStepsHook>(every, [&](const ps::StepInfo&) {
@@ -361,17 +403,20 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
   const double secs = seconds(start, Clock::now());
   hooks.end(info);
   const double n = std::max<double>(1, static_cast<double>(session.local_step()));
-  std::printf("worker %d: done after %lld local steps in %s (%s samples/s on this worker, %llu stale); per step: "
-              "pull %.3f ms, compute %.3f ms, push %.3f ms, data+hooks %.3f ms\n",
-              worker, static_cast<long long>(session.local_step()), ps::format_duration(secs).c_str(),
-              ps::format_rate(static_cast<double>(session.local_step()) * f.batch_size / secs).c_str(),
-              static_cast<unsigned long long>(session.stale_steps()), 1e3 * t_pull / n, 1e3 * t_compute / n,
-              1e3 * t_push / n, 1e3 * t_other / n);
+  std::printf(
+      "worker %d: done after %lld local steps in %s (%s samples/s on this worker, %llu stale); per "
+      "step: "
+      "pull %.3f ms, compute %.3f ms, push %.3f ms, data+hooks %.3f ms\n",
+      worker, static_cast<long long>(session.local_step()), ps::format_duration(secs).c_str(),
+      ps::format_rate(static_cast<double>(session.local_step()) * f.batch_size / secs).c_str(),
+      static_cast<unsigned long long>(session.stale_steps()), 1e3 * t_pull / n, 1e3 * t_compute / n,
+      1e3 * t_push / n, 1e3 * t_other / n);
   std::fflush(stdout);
 
   // Everyone meets once more so the chief reads the final parameters.
   try {
-    session.barrier("mnist_trainer/end", static_cast<uint32_t>(spec.num_workers()), std::chrono::seconds(60));
+    session.barrier("mnist_trainer/end", static_cast<uint32_t>(spec.num_workers()),
+                    std::chrono::seconds(60));
   } catch (const ps::Error& e) {
     spdlog::warn("worker {}: end barrier: {} (going on)", worker, e.what());
   }
@@ -386,8 +431,9 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
     towers.upload_params();
     const int64_t global = std::max(final_pull.step, info.global_step);
     Evaluation e = ev.run(global, static_cast<double>(global) * per_global / data.train.size);
-    const char* mode = job.mode == ps::SyncMode::kSync ? "sync"
-                       : job.mode == ps::SyncMode::kBoundedStaleness ? "bounded-staleness" : "async";
+    const char* mode = job.mode == ps::SyncMode::kSync               ? "sync"
+                       : job.mode == ps::SyncMode::kBoundedStaleness ? "bounded-staleness"
+                                                                     : "async";
     // The rate counts the steps trained here, not those a restored job brought.
     print_result(mode, e, global, static_cast<double>(global) * per_global / data.train.size, secs,
                  static_cast<double>(global - start_global) * per_global, ev);
@@ -407,24 +453,33 @@ int main(int argc, char** argv) {
   f.lr_decay = 0.6;
   ps::add_trainer_flags(app, f);
   MnistFlags m;
-  app.add_option("--hidden_units", m.hidden_units, "hidden layer sizes: one (100) or a list (512,512)")
+  app.add_option("--hidden_units", m.hidden_units,
+                 "hidden layer sizes: one (100) or a list (512,512)")
       ->capture_default_str();
   app.add_option("--activation", m.activation, "relu or sigmoid")->capture_default_str();
-  app.add_option("--validation_size", m.validation_size, "training examples held out for validation")
+  app.add_option("--validation_size", m.validation_size,
+                 "training examples held out for validation")
       ->capture_default_str();
-  app.add_option("--eval_every", m.eval_every, "chief: evaluate every N local steps (0: twice per epoch)")
+  app.add_option("--eval_every", m.eval_every,
+                 "chief: evaluate every N local steps (0: twice per epoch)")
       ->capture_default_str();
-  app.add_option("--summary_every", m.summary_every, "chief: TensorBoard scalars every N local steps")
+  app.add_option("--summary_every", m.summary_every,
+                 "chief: TensorBoard scalars every N local steps")
       ->capture_default_str();
-  app.add_option("--target_accuracy", m.target_accuracy, "report when the test accuracy first reaches this")
+  app.add_option("--target_accuracy", m.target_accuracy,
+                 "report when the test accuracy first reaches this")
       ->capture_default_str();
-  app.add_flag("--stop_at_target", m.stop_at_target, "--local: stop once the target accuracy is reached");
-  app.add_option("--scale_lr", m.scale_lr, "sync: multiply the learning rate by sqrt(replicas_to_aggregate)")
+  app.add_flag("--stop_at_target", m.stop_at_target,
+               "--local: stop once the target accuracy is reached");
+  app.add_option("--scale_lr", m.scale_lr,
+                 "sync: multiply the learning rate by sqrt(replicas_to_aggregate)")
       ->capture_default_str();
   app.add_option("--restore_from", m.restore_from,
-                 "chief: start the job from the newest checkpoint in this directory (a ps --checkpoint_dir) and go "
+                 "chief: start the job from the newest checkpoint in this directory (a ps "
+                 "--checkpoint_dir) and go "
                  "on from its step");
-  app.add_flag("--local", m.local, "train in this process alone: no cluster, no psd (for comparison)");
+  app.add_flag("--local", m.local,
+               "train in this process alone: no cluster, no psd (for comparison)");
   ps::PsTaskFlags psf;
   ps::add_ps_task_flags(app, psf);
   try {
@@ -439,8 +494,11 @@ int main(int argc, char** argv) {
     if (m.validation_size < 0) throw ps::ConfigError("--validation_size must be >= 0");
     if (m.local) return run_local(f, m);
     const ps::ClusterSpec spec = f.cluster_spec();
-    if (spec.is_ps()) return ps::run_ps_task(spec.task_index(), spec.num_ps(), spec.self_address(), psf);
-    if (!spec.is_worker()) throw ps::ConfigError("task type '" + spec.job_name() + "' is not supported (ps, worker or chief)");
+    if (spec.is_ps())
+      return ps::run_ps_task(spec.task_index(), spec.num_ps(), spec.self_address(), psf);
+    if (!spec.is_worker())
+      throw ps::ConfigError("task type '" + spec.job_name() +
+                            "' is not supported (ps, worker or chief)");
     return run_worker(spec, f, m);
   });
 }

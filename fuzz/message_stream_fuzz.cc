@@ -44,7 +44,8 @@ constexpr size_t kMaxMessages = 64;
 
 capnp::ReaderOptions reader_options() {
   capnp::ReaderOptions options;
-  options.traversalLimitInWords = 1u << 20;  // 8 MiB: the fuzzer's claims of huge messages stay cheap
+  options.traversalLimitInWords = 1u
+                                  << 20;  // 8 MiB: the fuzzer's claims of huge messages stay cheap
   return options;
 }
 
@@ -71,12 +72,13 @@ std::thread write_all(int fd, const std::vector<uint8_t>& bytes) {
 
 // Reads messages until the end of the stream, an error, or kMaxMessages,
 // traversing each; returns how many were read whole.
-size_t drain(Loop& l, capnp::MessageStream& stream, std::vector<kj::Own<capnp::MessageReader>>* keep) {
+size_t drain(Loop& l, capnp::MessageStream& stream,
+             std::vector<kj::Own<capnp::MessageReader>>* keep) {
   size_t read = 0;
   auto failure = kj::runCatchingExceptions([&] {
     for (; read < kMaxMessages; ++read) {
       auto m = stream.tryReadMessage(nullptr, reader_options(), nullptr).wait(l.ws);
-      KJ_IF_MAYBE(message, m) {
+      KJ_IF_MAYBE (message, m) {
         auto reader = kj::mv(message->reader);
         kj::runCatchingExceptions([&] { (void)reader->getRoot<capnp::AnyPointer>().targetSize(); });
         if (keep != nullptr) keep->push_back(kj::mv(reader));
@@ -145,9 +147,11 @@ void fuzz_client_stream(Loop& l, int fd, int peer, FuzzedDataProvider& in, bool 
   std::vector<kj::ArrayPtr<kj::byte>> places;
   for (auto& t : tensors) {
     // Mostly the right size; sometimes not (the stream must then not land it).
-    const size_t n = in.ConsumeBool() ? t.values.size() : in.ConsumeIntegralInRange<size_t>(0, 40u << 10);
+    const size_t n =
+        in.ConsumeBool() ? t.values.size() : in.ConsumeIntegralInRange<size_t>(0, 40u << 10);
     buffers.emplace_back(n, -1.0f);
-    places.push_back(kj::arrayPtr(reinterpret_cast<kj::byte*>(buffers.back().data()), n * sizeof(float)));
+    places.push_back(
+        kj::arrayPtr(reinterpret_cast<kj::byte*>(buffers.back().data()), n * sizeof(float)));
   }
   auto expect = stream.expect(places);
   // A guess where the reply's first large tensor starts (libpsclient
@@ -165,7 +169,8 @@ void fuzz_client_stream(Loop& l, int fd, int peer, FuzzedDataProvider& in, bool 
     bytes = pull_reply(expect->tag(), tensors);
     const size_t flips = in.ConsumeIntegralInRange<size_t>(0, 8);
     for (size_t k = 0; k < flips && !bytes.empty(); ++k) {
-      bytes[in.ConsumeIntegralInRange<size_t>(0, bytes.size() - 1)] ^= in.ConsumeIntegralInRange<uint8_t>(1, 255);
+      bytes[in.ConsumeIntegralInRange<size_t>(0, bytes.size() - 1)] ^=
+          in.ConsumeIntegralInRange<uint8_t>(1, 255);
     }
     const bool cut = in.ConsumeBool();
     if (cut && !bytes.empty()) bytes.resize(in.ConsumeIntegralInRange<size_t>(0, bytes.size() - 1));
@@ -185,14 +190,20 @@ void fuzz_client_stream(Loop& l, int fd, int peer, FuzzedDataProvider& in, bool 
     // The reply is the first message; its values read back exactly as sent,
     // from the caller's buffer where they landed or from the message.
     if (messages.empty()) __builtin_trap();
-    auto got = messages[0]->getRoot<capnp::rpc::Message>().getReturn().getResults().getContent()
-                   .getAs<ps::wire::Shard::PullResults>().getTensors();
+    auto got = messages[0]
+                   ->getRoot<capnp::rpc::Message>()
+                   .getReturn()
+                   .getResults()
+                   .getContent()
+                   .getAs<ps::wire::Shard::PullResults>()
+                   .getTensors();
     if (got.size() != tensors.size()) __builtin_trap();
     for (unsigned i = 0; i < got.size(); ++i) {
       auto values = got[i].getValues();
       const size_t size = tensors[i].values.size() * sizeof(float);
       if (values.size() != size) __builtin_trap();
-      if (size > 0 && std::memcmp(values.begin(), tensors[i].values.data(), size) != 0) __builtin_trap();
+      if (size > 0 && std::memcmp(values.begin(), tensors[i].values.data(), size) != 0)
+        __builtin_trap();
       // A tensor that landed is the caller's buffer, now holding the values.
       if (values.begin() == places[i].begin() && places[i].size() != size) __builtin_trap();
     }

@@ -67,11 +67,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ps::BufferedMessageStream server_messages(*server_socket);
     capnp::ReaderOptions reader;
     reader.traversalLimitInWords = 64 * 1024;
-    capnp::TwoPartyVatNetwork server_network(server_messages, capnp::rpc::twoparty::Side::SERVER, reader);
-    auto server = capnp::makeRpcServer(server_network,
-                                       kj::heap<ps::ShardServiceImpl>(shard, "fuzz", "", server_socket.get()));
+    capnp::TwoPartyVatNetwork server_network(server_messages, capnp::rpc::twoparty::Side::SERVER,
+                                             reader);
+    auto server = capnp::makeRpcServer(
+        server_network, kj::heap<ps::ShardServiceImpl>(shard, "fuzz", "", server_socket.get()));
 
-    auto client_stream = io.lowLevelProvider->wrapSocketFd(fds[1], kj::LowLevelAsyncIoProvider::TAKE_OWNERSHIP);
+    auto client_stream =
+        io.lowLevelProvider->wrapSocketFd(fds[1], kj::LowLevelAsyncIoProvider::TAKE_OWNERSHIP);
     capnp::TwoPartyClient client(*client_stream);
     auto cap = client.bootstrap().castAs<ps::wire::Shard>();
 
@@ -100,10 +102,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         req.set(params.getRoot<capnp::AnyPointer>());
       });
       if (copied != nullptr) continue;  // not a message: nothing to send
-      auto reply = req.send().ignoreResult().then([] { return true; }, [](kj::Exception&& e) {
-        // A refused call is an answer; a lost connection is not.
-        return e.getType() != kj::Exception::Type::DISCONNECTED;
-      });
+      auto reply =
+          req.send().ignoreResult().then([] { return true; },
+                                         [](kj::Exception&& e) {
+                                           // A refused call is an answer; a lost connection is not.
+                                           return e.getType() != kj::Exception::Type::DISCONNECTED;
+                                         });
       for (int t = 0; t < kTurnsPerCall && !reply.poll(io.waitScope); ++t) turn(1);
       if (reply.poll(io.waitScope)) broken = !reply.wait(io.waitScope);
     }

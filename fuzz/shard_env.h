@@ -1,7 +1,7 @@
 // What a ps::Shard needs in a fuzz target, made once per process: an event
-// loop (its timer, and a wait scope for what it defers) and a compute pool with no threads, so every update
-// runs inline and each input's outcome is deterministic. Never freed:
-// LeakSanitizer sees them reachable.
+// loop (its timer, and a wait scope for what it defers) and a compute pool with no threads, so
+// every update runs inline and each input's outcome is deterministic. Never freed: LeakSanitizer
+// sees them reachable.
 //
 //   ps::Shard shard(options, ps::fuzz::pool(), ps::fuzz::timer());
 #pragma once

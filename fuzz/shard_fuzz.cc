@@ -57,8 +57,12 @@ void seed(ps::Shard& shard, bool sync) {
   capnp::MallocMessageBuilder m;
   auto params = m.initRoot<ps::wire::Shard::CreateParams>();
   auto specs = params.initSpecs(4);
-  ps::to_wire(ps::TensorSpec{.name = "w", .shape = {4}, .optimizer = ps::OptimizerConfig::adam(0.1f)}, specs[0]);
-  ps::to_wire(ps::TensorSpec{.name = "v", .shape = {2, 3}, .optimizer = ps::OptimizerConfig::sgd(0.5f)}, specs[1]);
+  ps::to_wire(
+      ps::TensorSpec{.name = "w", .shape = {4}, .optimizer = ps::OptimizerConfig::adam(0.1f)},
+      specs[0]);
+  ps::to_wire(
+      ps::TensorSpec{.name = "v", .shape = {2, 3}, .optimizer = ps::OptimizerConfig::sgd(0.5f)},
+      specs[1]);
   ps::to_wire(ps::TensorSpec{.name = "p/part_1", .shape = {5}}, specs[2]);
   auto part = specs[2].initPart();
   part.setFullName("p");
@@ -66,8 +70,11 @@ void seed(ps::Shard& shard, bool sync) {
   part.setOffset(5);
   part.setIndex(1);
   part.setCount(2);
-  ps::to_wire(ps::TensorSpec{.name = "big", .shape = {2}, .optimizer = ps::OptimizerConfig::sgd(1e38f),
-                             .init = ps::InitConfig::constant(3e38f)}, specs[3]);
+  ps::to_wire(ps::TensorSpec{.name = "big",
+                             .shape = {2},
+                             .optimizer = ps::OptimizerConfig::sgd(1e38f),
+                             .init = ps::InitConfig::constant(3e38f)},
+              specs[3]);
   ps::CreateReply reply;
   shard.create(ps::create_from_wire(params.asReader()), reply);
   if (sync) {
@@ -86,7 +93,8 @@ void seed(ps::Shard& shard, bool sync) {
 // A pull's reply in a message of its own, copied (no stream).
 class MessagePullReply final : public ps::WirePullReply {
  public:
-  explicit MessagePullReply(capnp::MessageBuilder& message) : WirePullReply(0, nullptr), message_(message) {}
+  explicit MessagePullReply(capnp::MessageBuilder& message)
+      : WirePullReply(0, nullptr), message_(message) {}
 
  private:
   ps::wire::Shard::PullResults::Builder results(capnp::MessageSize) override {
@@ -118,7 +126,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.inline_bytes = 1 << 30;
   ps::Shard shard(options, ps::fuzz::pool(), ps::fuzz::timer());
   seed(shard, sync);
-  ps::Caller caller{.worker_index = static_cast<int>(who & 0x7) - 1, .is_chief = false, .peer = "fuzz"};
+  ps::Caller caller{
+      .worker_index = static_cast<int>(who & 0x7) - 1, .is_chief = false, .peer = "fuzz"};
 
   capnp::ReaderOptions limits;
   limits.traversalLimitInWords = 64 * 1024;
@@ -133,7 +142,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     kj::Promise<void> pending = kj::READY_NOW;
     switch (op) {
       case 0: {
-        const ps::CreateRequest request = ps::create_from_wire(reader.getRoot<ps::wire::Shard::CreateParams>());
+        const ps::CreateRequest request =
+            ps::create_from_wire(reader.getRoot<ps::wire::Shard::CreateParams>());
         ps::CreateReply reply;
         shard.create(request, reply);
         ps::create_to_wire(request, reply, results.initRoot<ps::wire::Shard::CreateResults>());
@@ -141,12 +151,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       case 1:
         pull_reply = kj::heap<MessagePullReply>(results);
-        pending = shard.pull(caller, ps::pull_from_wire(reader.getRoot<ps::wire::Shard::PullParams>()), *pull_reply);
+        pending = shard.pull(
+            caller, ps::pull_from_wire(reader.getRoot<ps::wire::Shard::PullParams>()), *pull_reply);
         break;
       case 2:
       case 3: {
         ps::PushReply reply;
-        pending = shard.push(caller, ps::push_from_wire(reader.getRoot<ps::wire::Shard::PushParams>()), reply);
+        pending = shard.push(
+            caller, ps::push_from_wire(reader.getRoot<ps::wire::Shard::PushParams>()), reply);
         ps::push_to_wire(reply, results.initRoot<ps::wire::Shard::PushResults>());
         break;
       }
@@ -160,7 +172,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         shard.hello(caller);
         break;
       default:
-        for (ps::StoredTensor* t : shard.list()) ps::to_wire_meta(*t, false, results.initRoot<ps::wire::TensorMeta>());
+        for (ps::StoredTensor* t : shard.list())
+          ps::to_wire_meta(*t, false, results.initRoot<ps::wire::TensorMeta>());
         ps::stats_to_wire(shard, results.initRoot<ps::wire::ShardStats>());
         break;
     }

@@ -32,7 +32,8 @@ inline void check_shard_invariants(Shard& shard) {
     for (const auto& slot : s.slots) {
       for (float x : slot) {
         if (!std::isfinite(x)) {
-          std::fprintf(stderr, "tensor '%s' stores a non-finite slot value\n", t->spec().name.c_str());
+          std::fprintf(stderr, "tensor '%s' stores a non-finite slot value\n",
+                       t->spec().name.c_str());
           __builtin_trap();
         }
       }

@@ -17,7 +17,8 @@ __device__ __forceinline__ float activate(float v, int act) {
 // y (B, OC) = act(y + bias); one thread per element, grid-stride. Index is
 // 32-bit whenever B * OC allows: the column (i % OC) costs far less then.
 template <typename Index>
-__global__ void bias_act_forward_kernel(float* y, const float* __restrict__ bias, Index n, Index OC, int act) {
+__global__ void bias_act_forward_kernel(float* y, const float* __restrict__ bias, Index n, Index OC,
+                                        int act) {
   for (Index i = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<Index>(gridDim.x) * blockDim.x) {
     y[i] = activate(y[i] + bias[i % OC], act);
@@ -30,8 +31,8 @@ constexpr int kTileRows = 8;   // threadIdx.y: rows strided by 8
 // Block (x, y) handles columns [32x, 32x+32) of rows [y*rows_per_block, ...):
 // applies act' to dz in place and writes the column sums of its rows to
 // partial[blockIdx.y * OC + col].
-__global__ void act_backward_partial_kernel(float* dz, const float* __restrict__ y, float* partial, int B, int OC,
-                                            int act, int rows_per_block) {
+__global__ void act_backward_partial_kernel(float* dz, const float* __restrict__ y, float* partial,
+                                            int B, int OC, int act, int rows_per_block) {
   __shared__ float sums[kTileRows][kTileCols + 1];
   const int col = blockIdx.x * kTileCols + threadIdx.x;
   const int row_begin = blockIdx.y * rows_per_block;
@@ -63,7 +64,8 @@ __global__ void act_backward_partial_kernel(float* dz, const float* __restrict__
 }
 
 // dbias (OC) = sum over rows of partial (rows, OC).
-__global__ void sum_partials_kernel(const float* __restrict__ partial, float* dbias, int rows, int OC) {
+__global__ void sum_partials_kernel(const float* __restrict__ partial, float* dbias, int rows,
+                                    int OC) {
   const int col = blockIdx.x * blockDim.x + threadIdx.x;
   if (col >= OC) return;
   float total = 0.0f;
@@ -81,9 +83,11 @@ void bias_act_forward(float* y, const float* bias, int B, int OC, Act act, cudaS
   const int block = 256;
   const int grid = static_cast<int>(std::min<size_t>((n + block - 1) / block, 65536));
   if (n < (1u << 31)) {
-    bias_act_forward_kernel<unsigned><<<grid, block, 0, stream>>>(y, bias, static_cast<unsigned>(n), OC, act);
+    bias_act_forward_kernel<unsigned>
+        <<<grid, block, 0, stream>>>(y, bias, static_cast<unsigned>(n), OC, act);
   } else {
-    bias_act_forward_kernel<size_t><<<grid, block, 0, stream>>>(y, bias, n, static_cast<size_t>(OC), act);
+    bias_act_forward_kernel<size_t>
+        <<<grid, block, 0, stream>>>(y, bias, n, static_cast<size_t>(OC), act);
   }
   cudaCheck(cudaGetLastError());
 }
@@ -97,15 +101,15 @@ int bias_grad_partial_rows(int B, int OC, int sm_count) {
   return ceil_div(B, rows_per_block);
 }
 
-void act_backward_bias_grad(float* dz, const float* y, float* dbias, float* partial, int B, int OC, Act act,
-                            int sm_count, cudaStream_t stream) {
+void act_backward_bias_grad(float* dz, const float* y, float* dbias, float* partial, int B, int OC,
+                            Act act, int sm_count, cudaStream_t stream) {
   const int rows = bias_grad_partial_rows(B, OC, sm_count);
   const int rows_per_block = ceil_div(B, rows);
   const dim3 grid(ceil_div(OC, kTileCols), rows);
   const dim3 block(kTileCols, kTileRows);
   // One row of blocks writes the bias gradient directly.
-  act_backward_partial_kernel<<<grid, block, 0, stream>>>(dz, y, rows == 1 ? dbias : partial, B, OC, act,
-                                                          rows_per_block);
+  act_backward_partial_kernel<<<grid, block, 0, stream>>>(dz, y, rows == 1 ? dbias : partial, B, OC,
+                                                          act, rows_per_block);
   cudaCheck(cudaGetLastError());
   if (rows > 1) {
     sum_partials_kernel<<<ceil_div(OC, 256), 256, 0, stream>>>(partial, dbias, rows, OC);

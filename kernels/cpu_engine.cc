@@ -67,7 +67,7 @@ class CpuEngine final : public MlpEngine {
 
   std::span<float> host_params() override { return params_; }
   std::span<float> host_grads() override { return grads_; }
-  void upload_params() override {}    // the host copy is the working copy
+  void upload_params() override {}  // the host copy is the working copy
   void download_params() override {}
   bool on_gpu() const override { return false; }
 
@@ -77,8 +77,8 @@ class CpuEngine final : public MlpEngine {
 #else
     const char* simd = Eigen::SimdInstructionSetsInUse();
 #endif
-    return fmt::format("CPU, Eigen {}.{}.{} ({}), 1 thread", EIGEN_WORLD_VERSION, EIGEN_MAJOR_VERSION,
-                       EIGEN_MINOR_VERSION, simd);
+    return fmt::format("CPU, Eigen {}.{}.{} ({}), 1 thread", EIGEN_WORLD_VERSION,
+                       EIGEN_MAJOR_VERSION, EIGEN_MINOR_VERSION, simd);
   }
 
  protected:
@@ -204,7 +204,8 @@ class CpuEngine final : public MlpEngine {
 
 }  // namespace
 
-std::unique_ptr<MlpEngine> PS_CPU_ENGINE_FACTORY(const MlpShape& shape, const EngineOptions& options) {
+std::unique_ptr<MlpEngine> PS_CPU_ENGINE_FACTORY(const MlpShape& shape,
+                                                 const EngineOptions& options) {
   return std::make_unique<CpuEngine>(shape, options);
 }
 

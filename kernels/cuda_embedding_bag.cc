@@ -48,13 +48,20 @@ struct CudaEmbeddingBag::Impl {
     index.reserve(std::max<size_t>(i.size_bytes(), 4));
     in_buf.reserve(std::max<size_t>(in.size_bytes(), 4));
     out_buf.reserve(std::max<size_t>(out_floats * sizeof(float), 4));
-    cudaCheck(cudaMemcpyAsync(offsets.ptr, o.data(), o.size_bytes(), cudaMemcpyHostToDevice, stream));
-    if (!i.empty()) cudaCheck(cudaMemcpyAsync(index.ptr, i.data(), i.size_bytes(), cudaMemcpyHostToDevice, stream));
-    if (!in.empty()) cudaCheck(cudaMemcpyAsync(in_buf.ptr, in.data(), in.size_bytes(), cudaMemcpyHostToDevice, stream));
+    cudaCheck(
+        cudaMemcpyAsync(offsets.ptr, o.data(), o.size_bytes(), cudaMemcpyHostToDevice, stream));
+    if (!i.empty())
+      cudaCheck(
+          cudaMemcpyAsync(index.ptr, i.data(), i.size_bytes(), cudaMemcpyHostToDevice, stream));
+    if (!in.empty())
+      cudaCheck(
+          cudaMemcpyAsync(in_buf.ptr, in.data(), in.size_bytes(), cudaMemcpyHostToDevice, stream));
   }
 
   void download(DeviceBuffer& from, std::span<float> to) {
-    if (!to.empty()) cudaCheck(cudaMemcpyAsync(to.data(), from.ptr, to.size_bytes(), cudaMemcpyDeviceToHost, stream));
+    if (!to.empty())
+      cudaCheck(
+          cudaMemcpyAsync(to.data(), from.ptr, to.size_bytes(), cudaMemcpyDeviceToHost, stream));
     cudaCheck(cudaStreamSynchronize(stream));
   }
 };
@@ -63,7 +70,8 @@ CudaEmbeddingBag::CudaEmbeddingBag(int device) : impl_(std::make_unique<Impl>())
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
   if (device < 0 || device >= n)
-    throw Error(fmt::format("CudaEmbeddingBag: device {} requested, {} CUDA device(s) present", device, n));
+    throw Error(
+        fmt::format("CudaEmbeddingBag: device {} requested, {} CUDA device(s) present", device, n));
   impl_->device = device;
   cudaCheck(cudaSetDevice(device));
   cudaCheck(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking));
@@ -76,29 +84,33 @@ CudaEmbeddingBag::~CudaEmbeddingBag() {
   }
 }
 
-void CudaEmbeddingBag::forward(std::span<const float> rows, int dim, std::span<const int64_t> offsets,
-                               std::span<const int32_t> index, BagCombiner combiner, std::span<float> out) {
-  detail::check_embedding_bag_args(rows.size(), dim, offsets, index, out.size(), "CudaEmbeddingBag::forward");
+void CudaEmbeddingBag::forward(std::span<const float> rows, int dim,
+                               std::span<const int64_t> offsets, std::span<const int32_t> index,
+                               BagCombiner combiner, std::span<float> out) {
+  detail::check_embedding_bag_args(rows.size(), dim, offsets, index, out.size(),
+                                   "CudaEmbeddingBag::forward");
   Impl& m = *impl_;
   m.upload(offsets, index, m.table, rows, m.bag, out.size());
-  kernels::embedding_bag_gather(static_cast<const float*>(m.table.ptr), static_cast<const int64_t*>(m.offsets.ptr),
-                                static_cast<const int32_t*>(m.index.ptr), static_cast<float*>(m.bag.ptr),
-                                static_cast<int64_t>(offsets.size() - 1), dim, combiner == BagCombiner::kMean,
-                                m.stream);
+  kernels::embedding_bag_gather(
+      static_cast<const float*>(m.table.ptr), static_cast<const int64_t*>(m.offsets.ptr),
+      static_cast<const int32_t*>(m.index.ptr), static_cast<float*>(m.bag.ptr),
+      static_cast<int64_t>(offsets.size() - 1), dim, combiner == BagCombiner::kMean, m.stream);
   m.download(m.bag, out);
 }
 
-void CudaEmbeddingBag::backward(std::span<const float> grad_out, int dim, std::span<const int64_t> offsets,
-                                std::span<const int32_t> index, BagCombiner combiner, std::span<float> grad_rows) {
+void CudaEmbeddingBag::backward(std::span<const float> grad_out, int dim,
+                                std::span<const int64_t> offsets, std::span<const int32_t> index,
+                                BagCombiner combiner, std::span<float> grad_rows) {
   detail::check_embedding_bag_args(grad_rows.size(), dim, offsets, index, grad_out.size(),
                                    "CudaEmbeddingBag::backward");
   Impl& m = *impl_;
   m.upload(offsets, index, m.bag, grad_out, m.table, grad_rows.size());
-  if (!grad_rows.empty()) cudaCheck(cudaMemsetAsync(m.table.ptr, 0, grad_rows.size_bytes(), m.stream));
-  kernels::embedding_bag_scatter_add(static_cast<const float*>(m.bag.ptr), static_cast<const int64_t*>(m.offsets.ptr),
-                                     static_cast<const int32_t*>(m.index.ptr), static_cast<float*>(m.table.ptr),
-                                     static_cast<int64_t>(offsets.size() - 1), dim, combiner == BagCombiner::kMean,
-                                     m.stream);
+  if (!grad_rows.empty())
+    cudaCheck(cudaMemsetAsync(m.table.ptr, 0, grad_rows.size_bytes(), m.stream));
+  kernels::embedding_bag_scatter_add(
+      static_cast<const float*>(m.bag.ptr), static_cast<const int64_t*>(m.offsets.ptr),
+      static_cast<const int32_t*>(m.index.ptr), static_cast<float*>(m.table.ptr),
+      static_cast<int64_t>(offsets.size() - 1), dim, combiner == BagCombiner::kMean, m.stream);
   m.download(m.table, grad_rows);
 }
 

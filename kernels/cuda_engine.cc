@@ -56,13 +56,15 @@ class CudaEngine final : public MlpEngine {
 
   void upload_params() override {
     cudaCheck(cudaSetDevice(device_));
-    cudaCheck(cudaMemcpyAsync(d_params_, h_params_, param_bytes(), cudaMemcpyHostToDevice, stream_));
+    cudaCheck(
+        cudaMemcpyAsync(d_params_, h_params_, param_bytes(), cudaMemcpyHostToDevice, stream_));
     cudaCheck(cudaStreamSynchronize(stream_));
   }
 
   void download_params() override {
     cudaCheck(cudaSetDevice(device_));
-    cudaCheck(cudaMemcpyAsync(h_params_, d_params_, param_bytes(), cudaMemcpyDeviceToHost, stream_));
+    cudaCheck(
+        cudaMemcpyAsync(h_params_, d_params_, param_bytes(), cudaMemcpyDeviceToHost, stream_));
     cudaCheck(cudaStreamSynchronize(stream_));
   }
 
@@ -73,11 +75,14 @@ class CudaEngine final : public MlpEngine {
     cudaCheck(cudaEventSynchronize(h2d_done_[s]));  // pinned slot s no longer being read
     std::memcpy(h_x_[s], x, static_cast<size_t>(batch) * shape().inputs * sizeof(float));
     std::memcpy(h_labels_[s], labels, static_cast<size_t>(batch) * sizeof(int32_t));
-    cudaCheck(cudaStreamWaitEvent(copy_stream_, slot_free_[s], 0));  // no step still reads device slot s
-    cudaCheck(cudaMemcpyAsync(d_x_[s], h_x_[s], static_cast<size_t>(batch) * shape().inputs * sizeof(float),
+    cudaCheck(
+        cudaStreamWaitEvent(copy_stream_, slot_free_[s], 0));  // no step still reads device slot s
+    cudaCheck(cudaMemcpyAsync(d_x_[s], h_x_[s],
+                              static_cast<size_t>(batch) * shape().inputs * sizeof(float),
                               cudaMemcpyHostToDevice, copy_stream_));
-    cudaCheck(cudaMemcpyAsync(d_labels_[s], h_labels_[s], static_cast<size_t>(batch) * sizeof(int32_t),
-                              cudaMemcpyHostToDevice, copy_stream_));
+    cudaCheck(cudaMemcpyAsync(d_labels_[s], h_labels_[s],
+                              static_cast<size_t>(batch) * sizeof(int32_t), cudaMemcpyHostToDevice,
+                              copy_stream_));
     cudaCheck(cudaEventRecord(h2d_done_[s], copy_stream_));
     slot_batch_[s] = batch;
     staged_slot_ = s;
@@ -109,7 +114,8 @@ class CudaEngine final : public MlpEngine {
     cudaCheck(cudaMemcpyAsync(d_grads_, h_grads_, param_bytes(), cudaMemcpyHostToDevice, stream_));
     set_lr(lr);
     kernels::sgd_update(d_params_, d_grads_, d_lr_, layout().total(), stream_);
-    cudaCheck(cudaMemcpyAsync(h_params_, d_params_, param_bytes(), cudaMemcpyDeviceToHost, stream_));
+    cudaCheck(
+        cudaMemcpyAsync(h_params_, d_params_, param_bytes(), cudaMemcpyDeviceToHost, stream_));
     cudaCheck(cudaStreamSynchronize(stream_));
   }
 
@@ -125,16 +131,18 @@ class CudaEngine final : public MlpEngine {
     forward(d_x_[s], n);
     if (labels) {
       std::memcpy(h_labels_[s], labels, static_cast<size_t>(n) * sizeof(int32_t));
-      cudaCheck(cudaMemcpyAsync(d_labels_[s], h_labels_[s], static_cast<size_t>(n) * sizeof(int32_t),
-                                cudaMemcpyHostToDevice, stream_));
-      kernels::softmax_xent(d_acts_.back(), d_labels_[s], nullptr, d_row_loss_, d_row_correct_, n, shape().classes,
-                            1.0f / static_cast<float>(n), stream_);
-      kernels::batch_stats(d_row_loss_, d_row_correct_, n, d_stats_ + 1, stream_);
-      cudaCheck(cudaMemcpyAsync(h_stats_ + 1, d_stats_ + 1, sizeof(kernels::BatchStats), cudaMemcpyDeviceToHost,
+      cudaCheck(cudaMemcpyAsync(d_labels_[s], h_labels_[s],
+                                static_cast<size_t>(n) * sizeof(int32_t), cudaMemcpyHostToDevice,
                                 stream_));
+      kernels::softmax_xent(d_acts_.back(), d_labels_[s], nullptr, d_row_loss_, d_row_correct_, n,
+                            shape().classes, 1.0f / static_cast<float>(n), stream_);
+      kernels::batch_stats(d_row_loss_, d_row_correct_, n, d_stats_ + 1, stream_);
+      cudaCheck(cudaMemcpyAsync(h_stats_ + 1, d_stats_ + 1, sizeof(kernels::BatchStats),
+                                cudaMemcpyDeviceToHost, stream_));
     }
     if (logits) {
-      cudaCheck(cudaMemcpyAsync(logits, d_acts_.back(), static_cast<size_t>(n) * shape().classes * sizeof(float),
+      cudaCheck(cudaMemcpyAsync(logits, d_acts_.back(),
+                                static_cast<size_t>(n) * shape().classes * sizeof(float),
                                 cudaMemcpyDeviceToHost, stream_));
     }
     cudaCheck(cudaStreamSynchronize(stream_));
@@ -150,9 +158,10 @@ class CudaEngine final : public MlpEngine {
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, device_));
     sm_count_ = prop.multiProcessorCount;
-    description_ = fmt::format("CUDA device {} ({}, sm_{}{}, {} SMs, {:.1f} GiB), cuBLAS {}{}", device_, prop.name,
-                               prop.major, prop.minor, sm_count_, prop.totalGlobalMem / double(1u << 30),
-                               tf32_ ? "TF32" : "FP32", use_graphs_ ? ", CUDA graphs" : "");
+    description_ = fmt::format("CUDA device {} ({}, sm_{}{}, {} SMs, {:.1f} GiB), cuBLAS {}{}",
+                               device_, prop.name, prop.major, prop.minor, sm_count_,
+                               prop.totalGlobalMem / double(1u << 30), tf32_ ? "TF32" : "FP32",
+                               use_graphs_ ? ", CUDA graphs" : "");
 
     cudaCheck(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     cudaCheck(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
@@ -164,7 +173,8 @@ class CudaEngine final : public MlpEngine {
     cublasCheck(cublasSetStream(cublas_, stream_));  // resets the workspace: set it after
     cudaCheck(cudaMalloc(&cublas_workspace_, kCublasWorkspace));
     cublasCheck(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspace));
-    cublasCheck(cublasSetMathMode(cublas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    cublasCheck(
+        cublasSetMathMode(cublas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
 
     const size_t P = layout().total();
     cudaCheck(cudaMalloc(&d_params_, P * sizeof(float)));
@@ -201,7 +211,8 @@ class CudaEngine final : public MlpEngine {
     const size_t row_correct_off = off;  // (rows)
     off += align_up(rows * sizeof(int32_t));
     const size_t partial_off = off;  // (kMaxBiasGradPartialRows, max width)
-    off += align_up(static_cast<size_t>(kernels::kMaxBiasGradPartialRows) * shape().max_width() * sizeof(float));
+    off += align_up(static_cast<size_t>(kernels::kMaxBiasGradPartialRows) * shape().max_width() *
+                    sizeof(float));
     const size_t stats_off = off;  // 2: [0] steps, [1] evaluation
     off += align_up(2 * sizeof(kernels::BatchStats));
     const size_t lr_off = off;  // (1)
@@ -270,23 +281,28 @@ class CudaEngine final : public MlpEngine {
     current_lr_ = lr;
   }
 
-  Act hidden_act() const { return shape().activation == Activation::kRelu ? kernels::kActRelu : kernels::kActSigmoid; }
+  Act hidden_act() const {
+    return shape().activation == Activation::kRelu ? kernels::kActRelu : kernels::kActSigmoid;
+  }
 
   // Row-major Y (B, out) = X (B, in) · W (in, out) is, in cuBLAS's column-major
   // view, Y^T (out, B) = W^T (out, in) · X^T (in, B): no transposes, W first.
   void gemm_forward(const float* X, const float* W, float* Y, int B, int in, int out) {
     const float one = 1.0f, zero = 0.0f;
-    cublasCheck(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, out, B, in, &one, W, out, X, in, &zero, Y, out));
+    cublasCheck(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, out, B, in, &one, W, out, X, in,
+                            &zero, Y, out));
   }
   // dW (in, out) = X^T (in, B) · dZ (B, out)  <=>  dW^T (out, in) = dZ^T (out, B) · X (B, in).
   void gemm_weight_grad(const float* X, const float* dZ, float* dW, int B, int in, int out) {
     const float one = 1.0f, zero = 0.0f;
-    cublasCheck(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, out, in, B, &one, dZ, out, X, in, &zero, dW, out));
+    cublasCheck(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, out, in, B, &one, dZ, out, X, in,
+                            &zero, dW, out));
   }
   // dX (B, in) = dZ (B, out) · W^T (out, in)  <=>  dX^T (in, B) = W (in, out) · dZ^T (out, B).
   void gemm_input_grad(const float* dZ, const float* W, float* dX, int B, int in, int out) {
     const float one = 1.0f, zero = 0.0f;
-    cublasCheck(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, in, B, out, &one, W, out, dZ, out, &zero, dX, in));
+    cublasCheck(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, in, B, out, &one, W, out, dZ, out,
+                            &zero, dX, in));
   }
 
   // d_acts_[l] (B, out_l) = act(x_l · W_l + b_l); the last one holds the logits.
@@ -310,10 +326,11 @@ class CudaEngine final : public MlpEngine {
     for (int l = L - 1; l >= 0; --l) {
       const int n_in = shape().layer_in(l), n_out = shape().layer_out(l);
       const float* W = d_params_ + layout().weights(l).offset;
-      kernels::act_backward_bias_grad(dz, l + 1 < L ? d_acts_[l] : nullptr, d_grads_ + layout().biases(l).offset,
-                                      d_partial_, B, n_out, l + 1 < L ? hidden_act() : kernels::kActNone, sm_count_,
-                                      stream_);
-      gemm_weight_grad(l == 0 ? x : d_acts_[l - 1], dz, d_grads_ + layout().weights(l).offset, B, n_in, n_out);
+      kernels::act_backward_bias_grad(
+          dz, l + 1 < L ? d_acts_[l] : nullptr, d_grads_ + layout().biases(l).offset, d_partial_, B,
+          n_out, l + 1 < L ? hidden_act() : kernels::kActNone, sm_count_, stream_);
+      gemm_weight_grad(l == 0 ? x : d_acts_[l - 1], dz, d_grads_ + layout().weights(l).offset, B,
+                       n_in, n_out);
       if (l == 0) break;
       gemm_input_grad(dz, W, d_dbuf_[next], B, n_in, n_out);
       dz = d_dbuf_[next];
@@ -324,15 +341,17 @@ class CudaEngine final : public MlpEngine {
   // One training step on slot s, enqueued on stream_ (captured into a graph).
   void enqueue_step(int B, int s, bool sgd) {
     forward(d_x_[s], B);
-    kernels::softmax_xent(d_acts_.back(), d_labels_[s], d_acts_.back(), d_row_loss_, d_row_correct_, B,
-                          shape().classes, 1.0f / static_cast<float>(B), stream_);
+    kernels::softmax_xent(d_acts_.back(), d_labels_[s], d_acts_.back(), d_row_loss_, d_row_correct_,
+                          B, shape().classes, 1.0f / static_cast<float>(B), stream_);
     kernels::batch_stats(d_row_loss_, d_row_correct_, B, d_stats_, stream_);
-    cudaCheck(cudaMemcpyAsync(h_stats_, d_stats_, sizeof(kernels::BatchStats), cudaMemcpyDeviceToHost, stream_));
+    cudaCheck(cudaMemcpyAsync(h_stats_, d_stats_, sizeof(kernels::BatchStats),
+                              cudaMemcpyDeviceToHost, stream_));
     backward(d_x_[s], B);
     if (sgd) {
       kernels::sgd_update(d_params_, d_grads_, d_lr_, layout().total(), stream_);
     } else {
-      cudaCheck(cudaMemcpyAsync(h_grads_, d_grads_, param_bytes(), cudaMemcpyDeviceToHost, stream_));
+      cudaCheck(
+          cudaMemcpyAsync(h_grads_, d_grads_, param_bytes(), cudaMemcpyDeviceToHost, stream_));
     }
   }
 
@@ -373,23 +392,23 @@ class CudaEngine final : public MlpEngine {
   cublasHandle_t cublas_ = nullptr;
   void* cublas_workspace_ = nullptr;
 
-  float* d_params_ = nullptr;  // (P) layout()
-  float* d_grads_ = nullptr;   // (P) layout()
-  char* d_work_ = nullptr;     // everything below
-  std::vector<float*> d_acts_;         // per layer (rows, out_l)
-  float* d_dbuf_[2] = {};              // (max_batch, widest hidden)
-  float* d_x_[2] = {};                 // (rows, inputs)
-  int32_t* d_labels_[2] = {};          // (rows)
-  float* d_row_loss_ = nullptr;        // (rows)
-  int32_t* d_row_correct_ = nullptr;   // (rows)
-  float* d_partial_ = nullptr;         // (kMaxBiasGradPartialRows, max width)
+  float* d_params_ = nullptr;               // (P) layout()
+  float* d_grads_ = nullptr;                // (P) layout()
+  char* d_work_ = nullptr;                  // everything below
+  std::vector<float*> d_acts_;              // per layer (rows, out_l)
+  float* d_dbuf_[2] = {};                   // (max_batch, widest hidden)
+  float* d_x_[2] = {};                      // (rows, inputs)
+  int32_t* d_labels_[2] = {};               // (rows)
+  float* d_row_loss_ = nullptr;             // (rows)
+  int32_t* d_row_correct_ = nullptr;        // (rows)
+  float* d_partial_ = nullptr;              // (kMaxBiasGradPartialRows, max width)
   kernels::BatchStats* d_stats_ = nullptr;  // (2)
-  float* d_lr_ = nullptr;              // (1)
+  float* d_lr_ = nullptr;                   // (1)
 
-  float* h_params_ = nullptr;  // (P) pinned
-  float* h_grads_ = nullptr;   // (P) pinned
-  float* h_x_[2] = {};         // (rows, inputs) pinned
-  int32_t* h_labels_[2] = {};  // (rows) pinned
+  float* h_params_ = nullptr;               // (P) pinned
+  float* h_grads_ = nullptr;                // (P) pinned
+  float* h_x_[2] = {};                      // (rows, inputs) pinned
+  int32_t* h_labels_[2] = {};               // (rows) pinned
   kernels::BatchStats* h_stats_ = nullptr;  // (2) pinned: [0] steps, [1] evaluation
 
   int staged_slot_ = 1;  // the first prefetch goes to slot 0

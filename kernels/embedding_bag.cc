@@ -16,24 +16,29 @@ namespace detail {
 void check_embedding_bag_args(size_t table_floats, int dim, std::span<const int64_t> offsets,
                               std::span<const int32_t> index, size_t bag_floats, const char* what) {
   if (dim < 1) throw Error(fmt::format("{}: dim must be >= 1, got {}", what, dim));
-  if (offsets.empty()) throw Error(fmt::format("{}: offsets must hold bags + 1 entries, got none", what));
+  if (offsets.empty())
+    throw Error(fmt::format("{}: offsets must hold bags + 1 entries, got none", what));
   if (table_floats % dim != 0)
-    throw Error(fmt::format("{}: table buffer of {} floats is not a whole number of rows of dim {}", what,
-                            table_floats, dim));
+    throw Error(fmt::format("{}: table buffer of {} floats is not a whole number of rows of dim {}",
+                            what, table_floats, dim));
   const size_t bags = offsets.size() - 1;
   if (bag_floats != bags * dim)
-    throw Error(fmt::format("{}: bag buffer holds {} floats, {} bags x dim {} need {}", what, bag_floats, bags, dim,
-                            bags * dim));
-  if (offsets.front() != 0) throw Error(fmt::format("{}: offsets[0] must be 0, got {}", what, offsets.front()));
+    throw Error(fmt::format("{}: bag buffer holds {} floats, {} bags x dim {} need {}", what,
+                            bag_floats, bags, dim, bags * dim));
+  if (offsets.front() != 0)
+    throw Error(fmt::format("{}: offsets[0] must be 0, got {}", what, offsets.front()));
   for (size_t n = 0; n < bags; ++n)
     if (offsets[n + 1] < offsets[n])
-      throw Error(fmt::format("{}: offsets decrease at bag {} ({} -> {})", what, n, offsets[n], offsets[n + 1]));
+      throw Error(fmt::format("{}: offsets decrease at bag {} ({} -> {})", what, n, offsets[n],
+                              offsets[n + 1]));
   if (offsets.back() != static_cast<int64_t>(index.size()))
-    throw Error(fmt::format("{}: offsets end at {} but index holds {} entries", what, offsets.back(), index.size()));
+    throw Error(fmt::format("{}: offsets end at {} but index holds {} entries", what,
+                            offsets.back(), index.size()));
   const int64_t rows = static_cast<int64_t>(table_floats / dim);
   for (size_t j = 0; j < index.size(); ++j)
     if (index[j] < 0 || index[j] >= rows)
-      throw Error(fmt::format("{}: index[{}] = {} is outside the {} rows", what, j, index[j], rows));
+      throw Error(
+          fmt::format("{}: index[{}] = {} is outside the {} rows", what, j, index[j], rows));
 }
 
 }  // namespace detail
@@ -63,33 +68,40 @@ UniqueIds dedup_ids(std::span<const uint64_t> ids) {
 }
 
 std::vector<int64_t> fixed_offsets(int64_t bags, int per_bag) {
-  if (bags < 0 || per_bag < 0) throw Error(fmt::format("fixed_offsets: bags {} and per_bag {} must be >= 0", bags, per_bag));
+  if (bags < 0 || per_bag < 0)
+    throw Error(fmt::format("fixed_offsets: bags {} and per_bag {} must be >= 0", bags, per_bag));
   std::vector<int64_t> offsets(bags + 1);
   for (int64_t n = 0; n <= bags; ++n) offsets[n] = n * per_bag;
   return offsets;
 }
 
 void embedding_bag_forward(std::span<const float> rows, int dim, std::span<const int64_t> offsets,
-                           std::span<const int32_t> index, BagCombiner combiner, std::span<float> out) {
-  detail::check_embedding_bag_args(rows.size(), dim, offsets, index, out.size(), "embedding_bag_forward");
+                           std::span<const int32_t> index, BagCombiner combiner,
+                           std::span<float> out) {
+  detail::check_embedding_bag_args(rows.size(), dim, offsets, index, out.size(),
+                                   "embedding_bag_forward");
   const size_t bags = offsets.size() - 1;
   for (size_t n = 0; n < bags; ++n) {
     Row y(out.data() + n * dim, dim);  // (D)
     y.setZero();
-    for (int64_t j = offsets[n]; j < offsets[n + 1]; ++j) y += ConstRow(rows.data() + size_t(index[j]) * dim, dim);
+    for (int64_t j = offsets[n]; j < offsets[n + 1]; ++j)
+      y += ConstRow(rows.data() + size_t(index[j]) * dim, dim);
     y *= bag_scale(combiner, offsets[n + 1] - offsets[n]);
   }
 }
 
-void embedding_bag_backward(std::span<const float> grad_out, int dim, std::span<const int64_t> offsets,
-                            std::span<const int32_t> index, BagCombiner combiner, std::span<float> grad_rows) {
-  detail::check_embedding_bag_args(grad_rows.size(), dim, offsets, index, grad_out.size(), "embedding_bag_backward");
+void embedding_bag_backward(std::span<const float> grad_out, int dim,
+                            std::span<const int64_t> offsets, std::span<const int32_t> index,
+                            BagCombiner combiner, std::span<float> grad_rows) {
+  detail::check_embedding_bag_args(grad_rows.size(), dim, offsets, index, grad_out.size(),
+                                   "embedding_bag_backward");
   std::fill(grad_rows.begin(), grad_rows.end(), 0.0f);
   const size_t bags = offsets.size() - 1;
   for (size_t n = 0; n < bags; ++n) {
     const float scale = bag_scale(combiner, offsets[n + 1] - offsets[n]);
     const ConstRow g(grad_out.data() + n * dim, dim);  // (D)
-    for (int64_t j = offsets[n]; j < offsets[n + 1]; ++j) Row(grad_rows.data() + size_t(index[j]) * dim, dim) += scale * g;
+    for (int64_t j = offsets[n]; j < offsets[n + 1]; ++j)
+      Row(grad_rows.data() + size_t(index[j]) * dim, dim) += scale * g;
   }
 }
 
@@ -99,10 +111,10 @@ CudaEmbeddingBag::CudaEmbeddingBag(int) {
   throw Error("CudaEmbeddingBag: this build has no CUDA support (configure with -Dcuda=enabled)");
 }
 CudaEmbeddingBag::~CudaEmbeddingBag() = default;
-void CudaEmbeddingBag::forward(std::span<const float>, int, std::span<const int64_t>, std::span<const int32_t>,
-                               BagCombiner, std::span<float>) {}
-void CudaEmbeddingBag::backward(std::span<const float>, int, std::span<const int64_t>, std::span<const int32_t>,
-                                BagCombiner, std::span<float>) {}
+void CudaEmbeddingBag::forward(std::span<const float>, int, std::span<const int64_t>,
+                               std::span<const int32_t>, BagCombiner, std::span<float>) {}
+void CudaEmbeddingBag::backward(std::span<const float>, int, std::span<const int64_t>,
+                                std::span<const int32_t>, BagCombiner, std::span<float>) {}
 #endif
 
 }  // namespace ps

@@ -16,8 +16,8 @@ int grid_for(int64_t threads) {
 
 // out (N, D); rows (U, D); offsets (N + 1); index (nnz).
 __global__ void gather_kernel(const float* __restrict__ rows, const int64_t* __restrict__ offsets,
-                              const int32_t* __restrict__ index, float* __restrict__ out, int64_t bags, int dim,
-                              bool mean) {
+                              const int32_t* __restrict__ index, float* __restrict__ out,
+                              int64_t bags, int dim, bool mean) {
   const int64_t total = bags * dim;
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -32,9 +32,10 @@ __global__ void gather_kernel(const float* __restrict__ rows, const int64_t* __r
 }
 
 // grad_rows (U, D) += scaled grad_out (N, D) rows, at each occurrence's row.
-__global__ void scatter_add_kernel(const float* __restrict__ grad_out, const int64_t* __restrict__ offsets,
-                                   const int32_t* __restrict__ index, float* __restrict__ grad_rows, int64_t bags,
-                                   int dim, bool mean) {
+__global__ void scatter_add_kernel(const float* __restrict__ grad_out,
+                                   const int64_t* __restrict__ offsets,
+                                   const int32_t* __restrict__ index, float* __restrict__ grad_rows,
+                                   int64_t bags, int dim, bool mean) {
   const int64_t total = bags * dim;
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -43,24 +44,27 @@ __global__ void scatter_add_kernel(const float* __restrict__ grad_out, const int
     const int64_t begin = offsets[n], end = offsets[n + 1];
     if (end == begin) continue;
     const float g = mean ? grad_out[t] / static_cast<float>(end - begin) : grad_out[t];
-    for (int64_t j = begin; j < end; ++j) atomicAdd(&grad_rows[static_cast<int64_t>(index[j]) * dim + d], g);
+    for (int64_t j = begin; j < end; ++j)
+      atomicAdd(&grad_rows[static_cast<int64_t>(index[j]) * dim + d], g);
   }
 }
 
 }  // namespace
 
-void embedding_bag_gather(const float* rows, const int64_t* offsets, const int32_t* index, float* out, int64_t bags,
-                          int dim, bool mean, cudaStream_t stream) {
+void embedding_bag_gather(const float* rows, const int64_t* offsets, const int32_t* index,
+                          float* out, int64_t bags, int dim, bool mean, cudaStream_t stream) {
   if (bags == 0) return;
-  gather_kernel<<<grid_for(bags * dim), kBlock, 0, stream>>>(rows, offsets, index, out, bags, dim, mean);
+  gather_kernel<<<grid_for(bags * dim), kBlock, 0, stream>>>(rows, offsets, index, out, bags, dim,
+                                                             mean);
   cudaCheck(cudaGetLastError());
 }
 
-void embedding_bag_scatter_add(const float* grad_out, const int64_t* offsets, const int32_t* index, float* grad_rows,
-                               int64_t bags, int dim, bool mean, cudaStream_t stream) {
+void embedding_bag_scatter_add(const float* grad_out, const int64_t* offsets, const int32_t* index,
+                               float* grad_rows, int64_t bags, int dim, bool mean,
+                               cudaStream_t stream) {
   if (bags == 0) return;
-  scatter_add_kernel<<<grid_for(bags * dim), kBlock, 0, stream>>>(grad_out, offsets, index, grad_rows, bags, dim,
-                                                                   mean);
+  scatter_add_kernel<<<grid_for(bags * dim), kBlock, 0, stream>>>(grad_out, offsets, index,
+                                                                  grad_rows, bags, dim, mean);
   cudaCheck(cudaGetLastError());
 }
 

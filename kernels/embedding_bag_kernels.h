@@ -11,12 +11,13 @@ namespace ps::kernels {
 
 // out (N, D) = sum (mean when `mean`) over j in [offsets[n], offsets[n+1]) of
 // rows (U, D)[index[j]]; offsets (N + 1).
-void embedding_bag_gather(const float* rows, const int64_t* offsets, const int32_t* index, float* out, int64_t bags,
-                          int dim, bool mean, cudaStream_t stream);
+void embedding_bag_gather(const float* rows, const int64_t* offsets, const int32_t* index,
+                          float* out, int64_t bags, int dim, bool mean, cudaStream_t stream);
 
 // grad_rows (U, D) += grad_out (N, D)[n] (scaled by 1/size when `mean`) for
 // every j of bag n, at row index[j]; atomics, so zero grad_rows first.
-void embedding_bag_scatter_add(const float* grad_out, const int64_t* offsets, const int32_t* index, float* grad_rows,
-                               int64_t bags, int dim, bool mean, cudaStream_t stream);
+void embedding_bag_scatter_add(const float* grad_out, const int64_t* offsets, const int32_t* index,
+                               float* grad_rows, int64_t bags, int dim, bool mean,
+                               cudaStream_t stream);
 
 }  // namespace ps::kernels

@@ -19,8 +19,10 @@ namespace ps {
 
 const char* to_string(Activation a) {
   switch (a) {
-    case Activation::kRelu: return "relu";
-    case Activation::kSigmoid: return "sigmoid";
+    case Activation::kRelu:
+      return "relu";
+    case Activation::kSigmoid:
+      return "sigmoid";
   }
   return "?";
 }
@@ -42,15 +44,16 @@ void MlpShape::validate() const {
   if (classes < 1) throw ConfigError(fmt::format("MLP: classes must be >= 1, got {}", classes));
   for (size_t i = 0; i < hidden.size(); ++i)
     if (hidden[i] < 1)
-      throw ConfigError(fmt::format("MLP: hidden layer {} must have >= 1 units, got {}", i, hidden[i]));
+      throw ConfigError(
+          fmt::format("MLP: hidden layer {} must have >= 1 units, got {}", i, hidden[i]));
   if (activation != Activation::kRelu && activation != Activation::kSigmoid)
     throw ConfigError("MLP: unknown activation");
 }
 
 std::string MlpShape::to_string() const {
   // fmt rather than string operator+: GCC 12 warns falsely (-Wrestrict) on the latter.
-  return fmt::format("{}-{}{}{} {}", inputs, fmt::join(hidden, "-"), hidden.empty() ? "" : "-", classes,
-                     ps::to_string(activation));
+  return fmt::format("{}-{}{}{} {}", inputs, fmt::join(hidden, "-"), hidden.empty() ? "" : "-",
+                     classes, ps::to_string(activation));
 }
 
 ParamLayout::ParamLayout(const MlpShape& shape) {
@@ -79,7 +82,8 @@ void init_params(const MlpShape& shape, std::span<float> params, uint64_t seed) 
   std::mt19937_64 rng(seed);
   for (int l = 0; l < shape.num_layers(); ++l) {
     const TensorSlot& w = layout.weights(l);
-    const float limit = std::sqrt(6.0f / static_cast<float>(shape.layer_in(l) + shape.layer_out(l)));
+    const float limit =
+        std::sqrt(6.0f / static_cast<float>(shape.layer_in(l) + shape.layer_out(l)));
     std::uniform_real_distribution<float> dist(-limit, limit);
     for (size_t i = 0; i < w.count; ++i) params[w.offset + i] = dist(rng);
     const TensorSlot& b = layout.biases(l);
@@ -91,25 +95,33 @@ void init_params(const MlpShape& shape, std::span<float> params, uint64_t seed) 
 // MlpEngine: validation and call-order checks, then the virtual do_*().
 
 MlpEngine::MlpEngine(const MlpShape& shape, const EngineOptions& options)
-    : shape_(shape), layout_(shape), max_batch_(options.max_batch), eval_batch_(options.eval_batch) {
-  if (max_batch_ < 1) throw ConfigError(fmt::format("MLP engine: max_batch must be >= 1, got {}", max_batch_));
-  if (eval_batch_ < 1) throw ConfigError(fmt::format("MLP engine: eval_batch must be >= 1, got {}", eval_batch_));
+    : shape_(shape),
+      layout_(shape),
+      max_batch_(options.max_batch),
+      eval_batch_(options.eval_batch) {
+  if (max_batch_ < 1)
+    throw ConfigError(fmt::format("MLP engine: max_batch must be >= 1, got {}", max_batch_));
+  if (eval_batch_ < 1)
+    throw ConfigError(fmt::format("MLP engine: eval_batch must be >= 1, got {}", eval_batch_));
 }
 
 MlpEngine::~MlpEngine() = default;
 
-void MlpEngine::check_batch(std::span<const float> x, std::span<const int32_t> labels, int64_t limit,
-                            const char* what) const {
+void MlpEngine::check_batch(std::span<const float> x, std::span<const int32_t> labels,
+                            int64_t limit, const char* what) const {
   const int64_t n = static_cast<int64_t>(labels.size());
   if (n < 1) throw Error(fmt::format("{}: empty batch", what));
-  if (n > limit) throw Error(fmt::format("{}: batch of {} exceeds the limit of {}", what, n, limit));
+  if (n > limit)
+    throw Error(fmt::format("{}: batch of {} exceeds the limit of {}", what, n, limit));
   if (x.size() != static_cast<size_t>(n) * static_cast<size_t>(shape_.inputs))
-    throw Error(fmt::format("{}: x has {} floats, expected {} samples x {} inputs = {}", what, x.size(), n,
-                            shape_.inputs, n * shape_.inputs));
-  if (x.data() == nullptr || labels.data() == nullptr) throw Error(fmt::format("{}: null pointer", what));
+    throw Error(fmt::format("{}: x has {} floats, expected {} samples x {} inputs = {}", what,
+                            x.size(), n, shape_.inputs, n * shape_.inputs));
+  if (x.data() == nullptr || labels.data() == nullptr)
+    throw Error(fmt::format("{}: null pointer", what));
   for (int64_t i = 0; i < n; ++i)
     if (labels[i] < 0 || labels[i] >= shape_.classes)
-      throw Error(fmt::format("{}: label {} of sample {} is outside [0, {})", what, labels[i], i, shape_.classes));
+      throw Error(fmt::format("{}: label {} of sample {} is outside [0, {})", what, labels[i], i,
+                              shape_.classes));
 }
 
 void MlpEngine::prefetch(std::span<const float> x, std::span<const int32_t> labels) {
@@ -149,7 +161,8 @@ StepStats MlpEngine::compute_gradients(const float* x, const int32_t* labels, in
                            std::span<const int32_t>(labels, static_cast<size_t>(batch)));
 }
 
-StepStats MlpEngine::train_step(std::span<const float> x, std::span<const int32_t> labels, float lr) {
+StepStats MlpEngine::train_step(std::span<const float> x, std::span<const int32_t> labels,
+                                float lr) {
   prefetch(x, labels);
   start_train_step(lr);
   return finish_step();
@@ -187,16 +200,17 @@ EvalStats MlpEngine::evaluate(const float* x, const int32_t* labels, int64_t n) 
 
 void MlpEngine::predict(std::span<const float> x, std::span<float> logits) {
   if (x.size() % static_cast<size_t>(shape_.inputs) != 0)
-    throw Error(fmt::format("MlpEngine::predict: x has {} floats, not a multiple of {} inputs", x.size(),
-                            shape_.inputs));
+    throw Error(fmt::format("MlpEngine::predict: x has {} floats, not a multiple of {} inputs",
+                            x.size(), shape_.inputs));
   const int64_t n = static_cast<int64_t>(x.size() / shape_.inputs);
   if (logits.size() != static_cast<size_t>(n) * shape_.classes)
-    throw Error(fmt::format("MlpEngine::predict: logits has {} floats, expected {} x {}", logits.size(), n,
-                            shape_.classes));
+    throw Error(fmt::format("MlpEngine::predict: logits has {} floats, expected {} x {}",
+                            logits.size(), n, shape_.classes));
   if (pending_) finish_step();
   for (int64_t i = 0; i < n; i += eval_batch_) {
     const int chunk = static_cast<int>(std::min<int64_t>(eval_batch_, n - i));
-    do_forward_chunk(x.data() + i * shape_.inputs, nullptr, chunk, logits.data() + i * shape_.classes);
+    do_forward_chunk(x.data() + i * shape_.inputs, nullptr, chunk,
+                     logits.data() + i * shape_.classes);
   }
 }
 
@@ -229,13 +243,15 @@ void check_fits_in_memory(const MlpShape& shape, const EngineOptions& options) {
   for (int h : shape.hidden) widest_hidden = std::max(widest_hidden, h);
   floats += 2 * batch * widest_hidden;
   const double need = floats * sizeof(float);
-  const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  const double have =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
   if (have > 0 && need > have) {
     constexpr double kGiB = 1024.0 * 1024 * 1024;
-    throw ConfigError(fmt::format("MLP {}: a batch of {} examples (evaluation in batches of {}) needs {:.1f} GiB "
-                                  "for the batch and its activations, more than this machine's {:.1f} GiB of "
-                                  "memory: lower the batch size",
-                                  shape.to_string(), options.max_batch, options.eval_batch, need / kGiB, have / kGiB));
+    throw ConfigError(fmt::format(
+        "MLP {}: a batch of {} examples (evaluation in batches of {}) needs {:.1f} GiB "
+        "for the batch and its activations, more than this machine's {:.1f} GiB of "
+        "memory: lower the batch size",
+        shape.to_string(), options.max_batch, options.eval_batch, need / kGiB, have / kGiB));
   }
 }
 
@@ -246,7 +262,8 @@ std::unique_ptr<MlpEngine> make_cpu_engine(const MlpShape& shape, const EngineOp
 #if PS_HAVE_CPU_AVX2
   // PS_CPU_BASELINE=1 forces the baseline build (tests, comparisons).
   const char* baseline = std::getenv("PS_CPU_BASELINE");
-  if (!(baseline && *baseline == '1') && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+  if (!(baseline && *baseline == '1') && __builtin_cpu_supports("avx2") &&
+      __builtin_cpu_supports("fma"))
     return detail::new_cpu_engine_avx2(shape, options);
 #endif
   return detail::new_cpu_engine_baseline(shape, options);
@@ -257,7 +274,8 @@ std::unique_ptr<MlpEngine> make_cuda_engine(const MlpShape& shape, const EngineO
   const int n = detail::cuda_device_count_impl();
   if (n == 0) throw Error("make_cuda_engine: no CUDA device found");
   if (options.device < 0 || options.device >= n)
-    throw Error(fmt::format("make_cuda_engine: device {} requested, {} CUDA device(s) present", options.device, n));
+    throw Error(fmt::format("make_cuda_engine: device {} requested, {} CUDA device(s) present",
+                            options.device, n));
   return detail::new_cuda_engine(shape, options);
 #else
   (void)shape;
@@ -278,7 +296,8 @@ std::unique_ptr<MlpEngine> make_engine(const MlpShape& shape, const EngineOption
   }
   if (*why == '\0') {
     engine = make_cuda_engine(shape, options);
-    spdlog::info("MLP {}: forward/backward on GPU, {}", shape.to_string(), engine->device_description());
+    spdlog::info("MLP {}: forward/backward on GPU, {}", shape.to_string(),
+                 engine->device_description());
   } else {
     engine = make_cpu_engine(shape, options);
     spdlog::info("MLP {}: forward/backward on CPU ({}), {}", shape.to_string(), why,

@@ -21,15 +21,19 @@ using RowMap = Eigen::Map<Eigen::RowVectorXf>;
 
 // log(1 + e^z) without overflow.
 double softplus(double z) { return z > 0 ? z + std::log1p(std::exp(-z)) : std::log1p(std::exp(z)); }
-float sigmoid(float z) { return z >= 0 ? 1.0f / (1.0f + std::exp(-z)) : std::exp(z) / (1.0f + std::exp(z)); }
+float sigmoid(float z) {
+  return z >= 0 ? 1.0f / (1.0f + std::exp(-z)) : std::exp(z) / (1.0f + std::exp(z));
+}
 
 }  // namespace
 
 LogisticMlp::LogisticMlp(const MlpShape& shape, int max_batch)
     : shape_(shape), layout_((shape.validate(), shape)), max_batch_(max_batch) {
   if (shape.classes != 1)
-    throw ConfigError(fmt::format("LogisticMlp: the output must be one logit (classes = 1), got {}", shape.classes));
-  if (max_batch < 1) throw ConfigError(fmt::format("LogisticMlp: max_batch must be >= 1, got {}", max_batch));
+    throw ConfigError(fmt::format("LogisticMlp: the output must be one logit (classes = 1), got {}",
+                                  shape.classes));
+  if (max_batch < 1)
+    throw ConfigError(fmt::format("LogisticMlp: max_batch must be >= 1, got {}", max_batch));
   params_.assign(layout_.total(), 0.0f);
   grads_.assign(layout_.total(), 0.0f);
   for (int l = 0; l < shape.num_layers(); ++l)
@@ -43,10 +47,11 @@ LogisticMlp::LogisticMlp(const MlpShape& shape, int max_batch)
 void LogisticMlp::check(std::span<const float> x, int64_t n, std::span<const float> extra_logit,
                         const char* what) const {
   if (x.size() != static_cast<size_t>(n) * shape_.inputs)
-    throw Error(fmt::format("LogisticMlp::{}: x holds {} floats, {} examples x {} inputs need {}", what, x.size(), n,
-                            shape_.inputs, n * shape_.inputs));
+    throw Error(fmt::format("LogisticMlp::{}: x holds {} floats, {} examples x {} inputs need {}",
+                            what, x.size(), n, shape_.inputs, n * shape_.inputs));
   if (!extra_logit.empty() && extra_logit.size() != static_cast<size_t>(n))
-    throw Error(fmt::format("LogisticMlp::{}: extra_logit holds {} floats for {} examples", what, extra_logit.size(), n));
+    throw Error(fmt::format("LogisticMlp::{}: extra_logit holds {} floats for {} examples", what,
+                            extra_logit.size(), n));
 }
 
 void LogisticMlp::forward(const float* x, const float* extra_logit, int batch) {
@@ -54,10 +59,10 @@ void LogisticMlp::forward(const float* x, const float* extra_logit, int batch) {
   const float* in = x;
   for (int l = 0; l < num_layers; ++l) {
     const int n_in = shape_.layer_in(l), n_out = shape_.layer_out(l);
-    ConstMatMap X(in, batch, n_in);                                                  // (B, in)
-    ConstMatMap W(params_.data() + layout_.weights(l).offset, n_in, n_out);          // (in, out)
-    ConstRowMap b(params_.data() + layout_.biases(l).offset, n_out);                 // (out)
-    MatMap Y(acts_[l].data(), batch, n_out);                                         // (B, out)
+    ConstMatMap X(in, batch, n_in);                                          // (B, in)
+    ConstMatMap W(params_.data() + layout_.weights(l).offset, n_in, n_out);  // (in, out)
+    ConstRowMap b(params_.data() + layout_.biases(l).offset, n_out);         // (out)
+    MatMap Y(acts_[l].data(), batch, n_out);                                 // (B, out)
     Y.noalias() = X * W;
     Y.rowwise() += b;
     if (l + 1 < num_layers) {
@@ -77,15 +82,21 @@ double LogisticMlp::compute_gradients(std::span<const float> x, std::span<const 
                                       std::span<float> dlogit) {
   const int64_t n = static_cast<int64_t>(labels.size());
   if (n < 1 || n > max_batch_)
-    throw Error(fmt::format("LogisticMlp::compute_gradients: batch of {} outside [1, max_batch {}]", n, max_batch_));
+    throw Error(fmt::format("LogisticMlp::compute_gradients: batch of {} outside [1, max_batch {}]",
+                            n, max_batch_));
   check(x, n, extra_logit, "compute_gradients");
   if (!dx.empty() && dx.size() != x.size())
-    throw Error(fmt::format("LogisticMlp::compute_gradients: dx holds {} floats, x {}", dx.size(), x.size()));
+    throw Error(fmt::format("LogisticMlp::compute_gradients: dx holds {} floats, x {}", dx.size(),
+                            x.size()));
   if (!dlogit.empty() && dlogit.size() != static_cast<size_t>(n))
-    throw Error(fmt::format("LogisticMlp::compute_gradients: dlogit holds {} floats for {} examples", dlogit.size(), n));
+    throw Error(
+        fmt::format("LogisticMlp::compute_gradients: dlogit holds {} floats for {} examples",
+                    dlogit.size(), n));
   for (int64_t i = 0; i < n; ++i)
     if (!(labels[i] >= 0.0f && labels[i] <= 1.0f))
-      throw Error(fmt::format("LogisticMlp::compute_gradients: label {} of example {} is outside [0, 1]", labels[i], i));
+      throw Error(
+          fmt::format("LogisticMlp::compute_gradients: label {} of example {} is outside [0, 1]",
+                      labels[i], i));
 
   const int batch = static_cast<int>(n);
   forward(x.data(), extra_logit.empty() ? nullptr : extra_logit.data(), batch);
@@ -105,9 +116,9 @@ double LogisticMlp::compute_gradients(std::span<const float> x, std::span<const 
   for (int l = num_layers - 1; l >= 0; --l) {
     const int n_in = shape_.layer_in(l), n_out = shape_.layer_out(l);
     ConstMatMap X(l == 0 ? x.data() : acts_[l - 1].data(), batch, n_in);  // (B, in)
-    ConstMatMap dZ(dz, batch, n_out);                                       // (B, out)
-    MatMap dW(grads_.data() + layout_.weights(l).offset, n_in, n_out);      // (in, out)
-    RowMap db(grads_.data() + layout_.biases(l).offset, n_out);             // (out)
+    ConstMatMap dZ(dz, batch, n_out);                                     // (B, out)
+    MatMap dW(grads_.data() + layout_.weights(l).offset, n_in, n_out);    // (in, out)
+    RowMap db(grads_.data() + layout_.biases(l).offset, n_out);           // (out)
     dW.noalias() = X.transpose() * dZ;
     db = dZ.colwise().sum();
     if (l == 0 && dx.empty()) break;
@@ -126,12 +137,14 @@ double LogisticMlp::compute_gradients(std::span<const float> x, std::span<const 
   return loss / batch;
 }
 
-void LogisticMlp::predict(std::span<const float> x, std::span<const float> extra_logit, std::span<float> probs) {
+void LogisticMlp::predict(std::span<const float> x, std::span<const float> extra_logit,
+                          std::span<float> probs) {
   const int64_t n = static_cast<int64_t>(probs.size());
   check(x, n, extra_logit, "predict");
   for (int64_t start = 0; start < n; start += max_batch_) {
     const int batch = static_cast<int>(std::min<int64_t>(max_batch_, n - start));
-    forward(x.data() + start * shape_.inputs, extra_logit.empty() ? nullptr : extra_logit.data() + start, batch);
+    forward(x.data() + start * shape_.inputs,
+            extra_logit.empty() ? nullptr : extra_logit.data() + start, batch);
     for (int i = 0; i < batch; ++i) probs[start + i] = sigmoid(acts_.back()[i]);
   }
 }

@@ -24,8 +24,8 @@ constexpr int kMaxBiasGradPartialRows = 512;
 // dz (B, OC), in place: dL/dy -> dL/dz = dL/dy * act'(z), with act' computed
 // from the activation output y (B, OC) (y unused for kActNone);
 // dbias (OC) = sum over rows of dz. Deterministic (no atomics).
-void act_backward_bias_grad(float* dz, const float* y, float* dbias, float* partial, int B, int OC, Act act,
-                            int sm_count, cudaStream_t stream);
+void act_backward_bias_grad(float* dz, const float* y, float* dbias, float* partial, int B, int OC,
+                            Act act, int sm_count, cudaStream_t stream);
 
 // Softmax + cross-entropy + its gradient, one warp per row.
 // logits (B, C); labels (B); row_loss (B) = logsumexp(z) - z[label];
@@ -39,7 +39,8 @@ struct BatchStats {
   double loss_sum;
   long long correct;
 };
-void batch_stats(const float* row_loss, const int32_t* row_correct, int B, BatchStats* out, cudaStream_t stream);
+void batch_stats(const float* row_loss, const int32_t* row_correct, int B, BatchStats* out,
+                 cudaStream_t stream);
 
 // params (n) -= *lr * grads (n); lr is a device pointer so a captured graph
 // takes a new learning rate without re-capture.

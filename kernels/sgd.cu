@@ -8,8 +8,8 @@ namespace ps::kernels {
 namespace {
 
 // params (n) -= *lr * grads (n), grid-stride.
-__global__ void sgd_kernel(float* __restrict__ params, const float* __restrict__ grads, const float* __restrict__ lr,
-                           size_t n) {
+__global__ void sgd_kernel(float* __restrict__ params, const float* __restrict__ grads,
+                           const float* __restrict__ lr, size_t n) {
   const float rate = *lr;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {

@@ -13,8 +13,9 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 // One warp per row. logits (B, C), labels (B) -> row_loss (B), row_correct (B),
 // dlogits (B, C) (may alias logits, or be null).
-__global__ void softmax_xent_kernel(const float* logits, const int32_t* __restrict__ labels, float* dlogits,
-                                    float* __restrict__ row_loss, int32_t* __restrict__ row_correct, int B, int C,
+__global__ void softmax_xent_kernel(const float* logits, const int32_t* __restrict__ labels,
+                                    float* dlogits, float* __restrict__ row_loss,
+                                    int32_t* __restrict__ row_correct, int B, int C,
                                     float inv_batch) {
   const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -64,7 +65,8 @@ __global__ void softmax_xent_kernel(const float* logits, const int32_t* __restri
 
 constexpr int kStatsThreads = 512;
 
-__global__ void batch_stats_kernel(const float* __restrict__ row_loss, const int32_t* __restrict__ row_correct, int B,
+__global__ void batch_stats_kernel(const float* __restrict__ row_loss,
+                                   const int32_t* __restrict__ row_correct, int B,
                                    BatchStats* out) {
   __shared__ double loss_s[kStatsThreads];
   __shared__ long long correct_s[kStatsThreads];
@@ -92,17 +94,18 @@ __global__ void batch_stats_kernel(const float* __restrict__ row_loss, const int
 
 }  // namespace
 
-void softmax_xent(const float* logits, const int32_t* labels, float* dlogits, float* row_loss, int32_t* row_correct,
-                  int B, int C, float inv_batch, cudaStream_t stream) {
+void softmax_xent(const float* logits, const int32_t* labels, float* dlogits, float* row_loss,
+                  int32_t* row_correct, int B, int C, float inv_batch, cudaStream_t stream) {
   if (B == 0) return;
   const int warps_per_block = 8;
   const int grid = (B + warps_per_block - 1) / warps_per_block;
-  softmax_xent_kernel<<<grid, warps_per_block * 32, 0, stream>>>(logits, labels, dlogits, row_loss, row_correct, B, C,
-                                                                 inv_batch);
+  softmax_xent_kernel<<<grid, warps_per_block * 32, 0, stream>>>(logits, labels, dlogits, row_loss,
+                                                                 row_correct, B, C, inv_batch);
   cudaCheck(cudaGetLastError());
 }
 
-void batch_stats(const float* row_loss, const int32_t* row_correct, int B, BatchStats* out, cudaStream_t stream) {
+void batch_stats(const float* row_loss, const int32_t* row_correct, int B, BatchStats* out,
+                 cudaStream_t stream) {
   batch_stats_kernel<<<1, kStatsThreads, 0, stream>>>(row_loss, row_correct, B, out);
   cudaCheck(cudaGetLastError());
 }

@@ -142,9 +142,11 @@ StepStats Towers::compute_gradients(std::span<const float> x, std::span<const in
   const size_t inputs = static_cast<size_t>(engines_[0]->shape().inputs);
   if (batch < 1) throw Error("Towers::compute_gradients: empty batch");
   if (batch > max_batch())
-    throw Error(fmt::format("Towers::compute_gradients: batch of {} exceeds the limit of {}", batch, max_batch()));
+    throw Error(fmt::format("Towers::compute_gradients: batch of {} exceeds the limit of {}", batch,
+                            max_batch()));
   if (x.size() != static_cast<size_t>(batch) * inputs)
-    throw Error(fmt::format("Towers::compute_gradients: x has {} floats, expected {} x {}", x.size(), batch, inputs));
+    throw Error(fmt::format("Towers::compute_gradients: x has {} floats, expected {} x {}",
+                            x.size(), batch, inputs));
 
   // Tower i gets rows [begin[i], begin[i+1]); the first (batch % n) get one more.
   const int n = size();
@@ -188,7 +190,8 @@ EvalStats Towers::evaluate(std::span<const float> x, std::span<const int32_t> la
   const int64_t total_n = static_cast<int64_t>(labels.size());
   const size_t inputs = static_cast<size_t>(engines_[0]->shape().inputs);
   if (x.size() != static_cast<size_t>(total_n) * inputs)
-    throw Error(fmt::format("Towers::evaluate: x has {} floats, expected {} x {}", x.size(), total_n, inputs));
+    throw Error(fmt::format("Towers::evaluate: x has {} floats, expected {} x {}", x.size(),
+                            total_n, inputs));
   if (total_n == 0) return {};
   const int n = size();
   std::vector<int64_t> begin(n + 1, 0);
@@ -196,11 +199,14 @@ EvalStats Towers::evaluate(std::span<const float> x, std::span<const int32_t> la
   std::vector<EvalStats> stats(n);
   pool_->run([&](int i) {
     const int64_t b = begin[i + 1] - begin[i];
-    if (b > 0) stats[i] = engines_[i]->evaluate(x.subspan(begin[i] * inputs, b * inputs), labels.subspan(begin[i], b));
+    if (b > 0)
+      stats[i] = engines_[i]->evaluate(x.subspan(begin[i] * inputs, b * inputs),
+                                       labels.subspan(begin[i], b));
   });
   EvalStats total{0, 0, total_n};
   for (int i = 0; i < n; ++i) {
-    total.loss += stats[i].loss * static_cast<double>(stats[i].count) / static_cast<double>(total_n);
+    total.loss +=
+        stats[i].loss * static_cast<double>(stats[i].count) / static_cast<double>(total_n);
     total.correct += stats[i].correct;
   }
   return total;

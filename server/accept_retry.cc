@@ -15,8 +15,9 @@ void log_accept_failure(const std::string& listener, const kj::Exception& e) {
     ++quiet;
     return;
   }
-  spdlog::warn("accepting a {} connection failed: {}; accepting again in {} ms{}", listener, e.getDescription().cStr(),
-               kAcceptRetry / kj::MILLISECONDS, quiet > 0 ? fmt::format(" ({} more failures since the last report)", quiet) : "");
+  spdlog::warn("accepting a {} connection failed: {}; accepting again in {} ms{}", listener,
+               e.getDescription().cStr(), kAcceptRetry / kj::MILLISECONDS,
+               quiet > 0 ? fmt::format(" ({} more failures since the last report)", quiet) : "");
   last = now;
   quiet = 0;
 }

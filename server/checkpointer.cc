@@ -11,7 +11,10 @@
 namespace ps {
 
 Checkpointer::Checkpointer(CheckpointOptions options, Shard& shard, MemoryBudget* budget)
-    : options_(std::move(options)), shard_(shard), budget_(budget), writer_([this] { writer_loop(); }) {}
+    : options_(std::move(options)),
+      shard_(shard),
+      budget_(budget),
+      writer_([this] { writer_loop(); }) {}
 
 Checkpointer::~Checkpointer() {
   {
@@ -36,15 +39,18 @@ void Checkpointer::writer_loop() {
       bool kept_fuller = false;
       *job.path = write_checkpoint(options_.dir, *job.checkpoint, &kept_fuller);
       if (kept_fuller) {
-        spdlog::warn("checkpoint of step {} has {} tensors, fewer than the file of that step already there: that file "
-                     "is kept, this one written to {}", job.checkpoint->global_step, job.checkpoint->tensors.size(),
-                     *job.path);
+        spdlog::warn(
+            "checkpoint of step {} has {} tensors, fewer than the file of that step already there: "
+            "that file "
+            "is kept, this one written to {}",
+            job.checkpoint->global_step, job.checkpoint->tensors.size(), *job.path);
       }
-      prune_checkpoints(options_.dir, job.checkpoint->shard_index, job.checkpoint->num_shards, options_.keep,
-                        job.checkpoint->global_step);
+      prune_checkpoints(options_.dir, job.checkpoint->shard_index, job.checkpoint->num_shards,
+                        options_.keep, job.checkpoint->global_step);
       job.done->fulfill();
     } catch (const std::exception& e) {
-      job.done->reject(kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__, kj::str(e.what())));
+      job.done->reject(
+          kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__, kj::str(e.what())));
     }
   }
 }
@@ -69,11 +75,18 @@ kj::Promise<Checkpointer::Written> Checkpointer::write(std::shared_ptr<ShardChec
 
 kj::Promise<Checkpointer::Written> Checkpointer::checkpoint(int64_t step) {
   if (options_.dir.empty()) throw RequestError("checkpoint: this psd has no --checkpoint_dir");
-  if (step >= 0 && step > shard_.job().global_step()) return kj::evalNow([this, step] { return take(step, false); });
+  if (step >= 0 && step > shard_.job().global_step())
+    return kj::evalNow([this, step] { return take(step, false); });
   kj::Promise<void> before = kj::READY_NOW;
-  KJ_IF_MAYBE(p, previous_now_) { before = p->addBranch(); }
+  KJ_IF_MAYBE (p, previous_now_) {
+    before = p->addBranch();
+  }
   auto mine = before.then([this, step] { return take(step, true); }).fork();
-  previous_now_ = mine.addBranch().ignoreResult().catch_([](kj::Exception&&) {}).eagerlyEvaluate(nullptr).fork();
+  previous_now_ = mine.addBranch()
+                      .ignoreResult()
+                      .catch_([](kj::Exception&&) {})
+                      .eagerlyEvaluate(nullptr)
+                      .fork();
   return mine.addBranch();
 }
 
@@ -81,41 +94,49 @@ kj::Promise<Checkpointer::Written> Checkpointer::take(int64_t step, bool anyway)
   MemoryBudget::Reservation reservation;
   if (budget_ != nullptr) {
     uint64_t bytes = 0;
-    for (const StoredTensor* t : shard_.store().all()) bytes += t->size() * sizeof(float) * (1 + t->num_slots());
+    for (const StoredTensor* t : shard_.store().all())
+      bytes += t->size() * sizeof(float) * (1 + t->num_slots());
     reservation = anyway ? budget_->reserve_anyway(MemoryUse::kSnapshots, bytes)
                          : budget_->try_reserve(MemoryUse::kSnapshots, bytes);
     if (!reservation) {
-      throw RequestError("checkpoint: no memory for a snapshot of " + std::to_string(bytes >> 20) + " MiB now: " +
-                         budget_->describe());
+      throw RequestError("checkpoint: no memory for a snapshot of " + std::to_string(bytes >> 20) +
+                         " MiB now: " + budget_->describe());
     }
   }
   const uint64_t signature = change_signature();
-  return shard_.snapshot_at_step(step).then([this, signature](std::shared_ptr<ShardCheckpoint> c) {
-    // Saved only once written: a failed write (disk full, a bad directory)
-    // is tried again at the next period even if nothing changes, so an idle
-    // job's state is still saved once the disk allows it.
-    return write(kj::mv(c)).then([this, signature](Written w) {
-      saved_signature_ = signature;
-      return w;
-    });
-  }).attach(kj::mv(reservation));
+  return shard_.snapshot_at_step(step)
+      .then([this, signature](std::shared_ptr<ShardCheckpoint> c) {
+        // Saved only once written: a failed write (disk full, a bad directory)
+        // is tried again at the next period even if nothing changes, so an idle
+        // job's state is still saved once the disk allows it.
+        return write(kj::mv(c)).then([this, signature](Written w) {
+          saved_signature_ = signature;
+          return w;
+        });
+      })
+      .attach(kj::mv(reservation));
 }
 
 uint64_t Checkpointer::change_signature() const {
   // Anything that changes what a checkpoint holds changes one of these.
   auto& c = shard_.counters();
-  return c.pushes * 1000003u + c.creates * 10007u + static_cast<uint64_t>(shard_.job().global_step()) * 101u +
+  return c.pushes * 1000003u + c.creates * 10007u +
+         static_cast<uint64_t>(shard_.job().global_step()) * 101u +
          (shard_.job().ready() ? 1u : 0u) + (shard_.job().configured() ? 2u : 0u);
 }
 
 kj::Promise<void> Checkpointer::run_periodic(kj::Timer& timer) {
   const auto delay = static_cast<int64_t>(options_.every_secs * 1000) * kj::MILLISECONDS;
-  return timer.afterDelay(delay).then([this] {
-    if (change_signature() == saved_signature_) return kj::Promise<void>(kj::READY_NOW);
-    return checkpoint(-1).then([](Written) {}, [](kj::Exception&& e) {
-      spdlog::error("periodic checkpoint failed: {}", e.getDescription().cStr());
-    });
-  }).then([this, &timer] { return run_periodic(timer); });
+  return timer.afterDelay(delay)
+      .then([this] {
+        if (change_signature() == saved_signature_) return kj::Promise<void>(kj::READY_NOW);
+        return checkpoint(-1).then([](Written) {},
+                                   [](kj::Exception&& e) {
+                                     spdlog::error("periodic checkpoint failed: {}",
+                                                   e.getDescription().cStr());
+                                   });
+      })
+      .then([this, &timer] { return run_periodic(timer); });
 }
 
 std::string Checkpointer::restore() {
@@ -123,15 +144,20 @@ std::string Checkpointer::restore() {
   for (const auto& file : list_checkpoints(options_.dir, o.shard_index, o.num_shards)) {
     try {
       ShardCheckpoint c = read_checkpoint(file.path);
-      if (c.global_step != file.step) throw CheckpointError("checkpoint " + file.path + " holds step " + std::to_string(c.global_step));
+      if (c.global_step != file.step)
+        throw CheckpointError("checkpoint " + file.path + " holds step " +
+                              std::to_string(c.global_step));
       const std::vector<SkippedTensor> skipped = shard_.restore(c);
       saved_signature_ = change_signature();
       for (const auto& s : skipped) {
         spdlog::error("restore of {}: left out tensor '{}': {}", file.path, s.name, s.reason);
       }
       spdlog::info("restored {}: global step {}, {} of {} tensors{}{}", file.path, c.global_step,
-                   c.tensors.size() - skipped.size(), c.tensors.size(), c.ready ? "" : " (model not marked ready)",
-                   skipped.empty() ? "" : " (the file is kept: later checkpoints of this step do not replace it)");
+                   c.tensors.size() - skipped.size(), c.tensors.size(),
+                   c.ready ? "" : " (model not marked ready)",
+                   skipped.empty()
+                       ? ""
+                       : " (the file is kept: later checkpoints of this step do not replace it)");
       return file.path;
     } catch (const CheckpointError& e) {
       // Unreadable (truncated, corrupted, another format): set aside, so
@@ -144,7 +170,8 @@ std::string Checkpointer::restore() {
       spdlog::error("skipping checkpoint {}: {}", file.path, e.what());
     }
   }
-  spdlog::info("no checkpoint to restore in {}", shard_checkpoint_dir(options_.dir, o.shard_index, o.num_shards));
+  spdlog::info("no checkpoint to restore in {}",
+               shard_checkpoint_dir(options_.dir, o.shard_index, o.num_shards));
   return "";
 }
 

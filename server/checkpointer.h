@@ -74,7 +74,8 @@ class Checkpointer {
  private:
   struct Job {
     std::shared_ptr<ShardCheckpoint> checkpoint;
-    std::shared_ptr<std::string> path;  // set by the writer (a void fulfiller: GCC 12 misreads strings in kj promises)
+    std::shared_ptr<std::string>
+        path;  // set by the writer (a void fulfiller: GCC 12 misreads strings in kj promises)
     kj::Own<kj::CrossThreadPromiseFulfiller<void>> done;
   };
   kj::Promise<Written> write(std::shared_ptr<ShardCheckpoint> c);

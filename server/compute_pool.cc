@@ -10,9 +10,11 @@
 
 namespace ps {
 
-ComputePool::ComputePool(unsigned threads, unsigned strands) : threads_(threads), pool_(threads ? threads : 1) {
+ComputePool::ComputePool(unsigned threads, unsigned strands)
+    : threads_(threads), pool_(threads ? threads : 1) {
   strands_.reserve(strands);
-  for (unsigned i = 0; i < strands; ++i) strands_.push_back(asio::make_strand(pool_.get_executor()));
+  for (unsigned i = 0; i < strands; ++i)
+    strands_.push_back(asio::make_strand(pool_.get_executor()));
 }
 
 ComputePool::~ComputePool() { join(); }
@@ -30,7 +32,8 @@ static kj::Exception to_kj(std::exception_ptr e) {
   } catch (const std::exception& ex) {
     return kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__, kj::str(ex.what()));
   } catch (...) {
-    return kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__, kj::str("unknown error in compute task"));
+    return kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__,
+                         kj::str("unknown error in compute task"));
   }
 }
 
@@ -72,8 +75,10 @@ kj::Promise<void> ComputePool::run(uint64_t key, std::function<void()> fn) {
                  task->state = Task::kDone;
                }
                task->cv.notify_all();
-               if (error) fulfiller->reject(to_kj(error));
-               else fulfiller->fulfill();
+               if (error)
+                 fulfiller->reject(to_kj(error));
+               else
+                 fulfiller->fulfill();
              });
   return paf.promise.attach(kj::defer([task] {
     std::unique_lock lock(task->mutex);

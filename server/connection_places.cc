@@ -9,10 +9,12 @@ ConnectionPlaces::ConnectionPlaces(uint32_t max_connections, uint32_t per_peer)
 
 uint32_t ConnectionPlaces::reserved(uint32_t declared_workers) const {
   const uint64_t for_job = declared_workers > 0 ? 2 * (uint64_t{declared_workers} + 1) : 0;
-  return static_cast<uint32_t>(std::min<uint64_t>(std::max<uint64_t>(max_connections_ / 4, for_job), max_connections_));
+  return static_cast<uint32_t>(
+      std::min<uint64_t>(std::max<uint64_t>(max_connections_ / 4, for_job), max_connections_));
 }
 
-std::optional<std::string> ConnectionPlaces::refuse_connection(const std::string& host, bool local) const {
+std::optional<std::string> ConnectionPlaces::refuse_connection(const std::string& host,
+                                                               bool local) const {
   if (open_ >= max_connections_) {
     return "psd is serving its maximum of " + std::to_string(max_connections_) +
            " connections (--max_connections); try again later";
@@ -20,18 +22,23 @@ std::optional<std::string> ConnectionPlaces::refuse_connection(const std::string
   if (!local && per_peer_ > 0) {
     auto it = not_members_.find(host);
     if (it != not_members_.end() && it->second >= per_peer_) {
-      return "psd is serving the maximum of " + std::to_string(per_peer_) + " connections from " + host +
-             " that are not a worker's or the chief's (--max_connections_per_peer); try again later";
+      return "psd is serving the maximum of " + std::to_string(per_peer_) + " connections from " +
+             host +
+             " that are not a worker's or the chief's (--max_connections_per_peer); try again "
+             "later";
     }
   }
   return std::nullopt;
 }
 
-std::optional<std::string> ConnectionPlaces::refuse_anonymous_hello(uint32_t declared_workers) const {
+std::optional<std::string> ConnectionPlaces::refuse_anonymous_hello(
+    uint32_t declared_workers) const {
   const uint32_t room = max_connections_ - reserved(declared_workers);
   if (anonymous_helloed_ >= room) {
-    return "hello: psd serves at most " + std::to_string(room) + " connections that are neither a worker's nor the " +
-           "chief's (the other places of --max_connections are kept for the job's workers); try again later";
+    return "hello: psd serves at most " + std::to_string(room) +
+           " connections that are neither a worker's nor the " +
+           "chief's (the other places of --max_connections are kept for the job's workers); try "
+           "again later";
   }
   return std::nullopt;
 }

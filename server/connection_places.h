@@ -17,7 +17,8 @@
 //
 //   ConnectionPlaces places(1024, 64);
 //   if (auto why = places.refuse_connection(host, false)) { ...refuse with *why... }
-//   places.opened(host);  ...  places.said_hello(host, false, Standing::kMember); ... places.closed(host, false, Standing::kMember);
+//   places.opened(host);  ...  places.said_hello(host, false, Standing::kMember); ...
+//   places.closed(host, false, Standing::kMember);
 #pragma once
 
 #include <cstdint>

@@ -25,11 +25,13 @@ class Histogram {
   };
 
   explicit Histogram(std::vector<double> bounds)
-      : bounds_(std::move(bounds)), buckets_(std::make_unique<std::atomic<uint64_t>[]>(bounds_.size() + 1)) {}
+      : bounds_(std::move(bounds)),
+        buckets_(std::make_unique<std::atomic<uint64_t>[]>(bounds_.size() + 1)) {}
 
   void observe(double v) {
     std::size_t i = 0;
-    while (i < bounds_.size() && v > bounds_[i]) ++i;  // a dozen bounds: a scan beats a binary search
+    while (i < bounds_.size() && v > bounds_[i])
+      ++i;  // a dozen bounds: a scan beats a binary search
     buckets_[i].fetch_add(1, std::memory_order_relaxed);
     sum_.fetch_add(v, std::memory_order_relaxed);
   }

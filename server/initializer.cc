@@ -13,7 +13,9 @@ namespace ps {
 namespace {
 
 // Glorot's bound of the uniform (limit) and its truncated normal's stddev.
-double glorot_uniform_limit(const std::vector<uint64_t>& shape) { return std::sqrt(6.0 / glorot_fan_sum(shape)); }
+double glorot_uniform_limit(const std::vector<uint64_t>& shape) {
+  return std::sqrt(6.0 / glorot_fan_sum(shape));
+}
 double glorot_normal_stddev(const std::vector<uint64_t>& shape) {
   return std::sqrt(2.0 / glorot_fan_sum(shape)) / 0.87962566103423978;
 }
@@ -34,7 +36,8 @@ double glorot_fan_sum(const std::vector<uint64_t>& shape) {
   return fan_in + static_cast<double>(shape.back());
 }
 
-void validate_initializer(const InitConfig& init, const std::string& name, const std::vector<uint64_t>& full_shape) {
+void validate_initializer(const InitConfig& init, const std::string& name,
+                          const std::vector<uint64_t>& full_shape) {
   const auto refuse = [&](const std::string& why) {
     return RequestError("create: tensor '" + name + "': initializer " + why);
   };
@@ -45,16 +48,20 @@ void validate_initializer(const InitConfig& init, const std::string& name, const
       return;
     case InitKind::kUniform:
       if (!std::isfinite(init.a) || !std::isfinite(init.b) || a > b || b - a > most) {
-        throw refuse("uniform needs finite low <= high, got [" + std::to_string(a) + ", " + std::to_string(b) + "]");
+        throw refuse("uniform needs finite low <= high, got [" + std::to_string(a) + ", " +
+                     std::to_string(b) + "]");
       }
       return;
     case InitKind::kNormal:
     case InitKind::kTruncatedNormal:
       // Far enough out that no draw (a float normal stays within about 6
       // sigma; a truncated one within 2) reaches Inf.
-      if (!std::isfinite(init.a) || !std::isfinite(init.b) || !(b > 0) || std::fabs(a) + 16 * b > most) {
-        throw refuse("normal needs a finite mean and a stddev > 0 (not so large that values overflow), got mean " +
-                     std::to_string(a) + ", stddev " + std::to_string(b));
+      if (!std::isfinite(init.a) || !std::isfinite(init.b) || !(b > 0) ||
+          std::fabs(a) + 16 * b > most) {
+        throw refuse(
+            "normal needs a finite mean and a stddev > 0 (not so large that values overflow), got "
+            "mean " +
+            std::to_string(a) + ", stddev " + std::to_string(b));
       }
       return;
     case InitKind::kGlorotUniform:
@@ -62,8 +69,9 @@ void validate_initializer(const InitConfig& init, const std::string& name, const
       const double scale = init.kind == InitKind::kGlorotUniform ? glorot_uniform_limit(full_shape)
                                                                  : glorot_normal_stddev(full_shape);
       if (!usable_scale(scale)) {
-        throw refuse("Glorot's scale for shape " + shape_to_string(full_shape) + " is " + std::to_string(scale) +
-                     ", not a float > 0 (fan_in + fan_out = " + std::to_string(glorot_fan_sum(full_shape)) + ")");
+        throw refuse("Glorot's scale for shape " + shape_to_string(full_shape) + " is " +
+                     std::to_string(scale) + ", not a float > 0 (fan_in + fan_out = " +
+                     std::to_string(glorot_fan_sum(full_shape)) + ")");
       }
       return;
     }
@@ -72,8 +80,8 @@ void validate_initializer(const InitConfig& init, const std::string& name, const
   }
 }
 
-void initialize(std::span<float> out, const InitConfig& init, const std::vector<uint64_t>& full_shape,
-                uint32_t part_index) {
+void initialize(std::span<float> out, const InitConfig& init,
+                const std::vector<uint64_t>& full_shape, uint32_t part_index) {
   std::mt19937_64 rng(init.seed * 0x9E3779B97F4A7C15ull + part_index);
   switch (init.kind) {
     case InitKind::kZeros:
@@ -122,8 +130,8 @@ void initialize(std::span<float> out, const InitConfig& init, const std::vector<
     }
     case InitKind::kValues:
       if (init.values.size() != out.size()) {
-        throw RequestError("initial values: expected " + std::to_string(out.size()) + " floats, got " +
-                           std::to_string(init.values.size()));
+        throw RequestError("initial values: expected " + std::to_string(out.size()) +
+                           " floats, got " + std::to_string(init.values.size()));
       }
       std::copy(init.values.begin(), init.values.end(), out.begin());
       return;

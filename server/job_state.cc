@@ -15,11 +15,13 @@ void validate_job_config(const JobConfig& config) {
     throw RequestError("initJob: sync mode needs replicas_to_aggregate >= 1");
   }
   if (config.total_replicas > 0 && config.replicas_to_aggregate > config.total_replicas) {
-    throw RequestError("initJob: replicas_to_aggregate " + std::to_string(config.replicas_to_aggregate) +
-                       " exceeds the job's " + std::to_string(config.total_replicas) + " workers");
+    throw RequestError("initJob: replicas_to_aggregate " +
+                       std::to_string(config.replicas_to_aggregate) + " exceeds the job's " +
+                       std::to_string(config.total_replicas) + " workers");
   }
   if (!step_in_range(config.start_step)) {
-    throw RequestError("initJob: start step " + std::to_string(config.start_step) + " is out of range [0, 2^62]");
+    throw RequestError("initJob: start step " + std::to_string(config.start_step) +
+                       " is out of range [0, 2^62]");
   }
 }
 
@@ -37,8 +39,9 @@ void JobState::configure(const JobConfig& config) {
     same.worker_hosts = config_.worker_hosts;
     same.ps_hosts = config_.ps_hosts;
     if (!(same == config_)) {
-      throw RequestError("initJob: the job is already configured as " + to_string(config_) + ", not " +
-                         to_string(config) + " (only the stop step may change when a job goes on)");
+      throw RequestError("initJob: the job is already configured as " + to_string(config_) +
+                         ", not " + to_string(config) +
+                         " (only the stop step may change when a job goes on)");
     }
     if (config.train_steps != config_.train_steps) {
       if (config.train_steps > 0 && config.train_steps < global_step_) {
@@ -46,16 +49,18 @@ void JobState::configure(const JobConfig& config) {
                            ", past the stop step " + std::to_string(config.train_steps) +
                            " asked for: give more steps (or epochs) to go on");
       }
-      spdlog::info("job goes on: stop step {} -> {} (at global step {})", config_.train_steps, config.train_steps,
-                   global_step_);
+      spdlog::info("job goes on: stop step {} -> {} (at global step {})", config_.train_steps,
+                   config.train_steps, global_step_);
       config_.train_steps = config.train_steps;
       if (!stop_reached()) finished_ = false;
     }
     return;
   }
   for (const auto& [index, w] : workers_) {
-    if (config.total_replicas > 0 && index >= static_cast<int>(config.total_replicas) && w.connections > 0) {
-      throw RequestError("initJob: worker " + std::to_string(index) + " is connected but the job has only " +
+    if (config.total_replicas > 0 && index >= static_cast<int>(config.total_replicas) &&
+        w.connections > 0) {
+      throw RequestError("initJob: worker " + std::to_string(index) +
+                         " is connected but the job has only " +
                          std::to_string(config.total_replicas) + " workers");
     }
   }
@@ -67,8 +72,10 @@ void JobState::configure(const JobConfig& config) {
 }
 
 void JobState::check_worker(int worker_index) const {
-  if (worker_index < -1) throw RequestError("worker index " + std::to_string(worker_index) + " is invalid");
-  if (configured_ && config_.total_replicas > 0 && worker_index >= static_cast<int>(config_.total_replicas)) {
+  if (worker_index < -1)
+    throw RequestError("worker index " + std::to_string(worker_index) + " is invalid");
+  if (configured_ && config_.total_replicas > 0 &&
+      worker_index >= static_cast<int>(config_.total_replicas)) {
     throw RequestError("worker index " + std::to_string(worker_index) + " is outside the job's " +
                        std::to_string(config_.total_replicas) + " workers (0.." +
                        std::to_string(config_.total_replicas - 1) + ")");
@@ -86,8 +93,8 @@ void JobState::connect(int worker_index, bool is_chief, const std::string& peer)
   check_worker(worker_index);
   if (is_chief) {
     if (chief_) {
-      throw RequestError("a chief (worker " + std::to_string(*chief_) + ") is already connected; " + peer +
-                         " cannot be a second chief");
+      throw RequestError("a chief (worker " + std::to_string(*chief_) + ") is already connected; " +
+                         peer + " cannot be a second chief");
     }
     chief_ = worker_index;
   }
@@ -116,7 +123,8 @@ void JobState::disconnect(int worker_index, bool is_chief) {
 }
 
 uint32_t JobState::lost_workers(const std::vector<int>& except) const {
-  const uint32_t total = config_.total_replicas > 0 ? config_.total_replicas : config_.replicas_to_aggregate;
+  const uint32_t total =
+      config_.total_replicas > 0 ? config_.total_replicas : config_.replicas_to_aggregate;
   uint32_t n = 0;
   for (const auto& [i, w] : workers_) {
     if (!w.lost() || (total > 0 && static_cast<uint32_t>(i) >= total)) continue;
@@ -142,7 +150,8 @@ void JobState::mark_hung(kj::Duration timeout, const std::vector<int>& waiting) 
   for (auto& [i, w] : workers_) {
     if (std::find(waiting.begin(), waiting.end(), i) != waiting.end()) continue;
     if (w.connections > 0 && !w.hung && now - w.last_seen > timeout) {
-      spdlog::warn("worker {} silent for over {} s: sync steps no longer wait for it", i, timeout / kj::SECONDS);
+      spdlog::warn("worker {} silent for over {} s: sync steps no longer wait for it", i,
+                   timeout / kj::SECONDS);
       w.hung = true;
       changed = true;
     }
@@ -173,7 +182,8 @@ int64_t JobState::slowest_live_step() const {
 
 kj::Promise<void> JobState::wait_for_staleness(int64_t step) {
   if (config_.mode != SyncMode::kBoundedStaleness) return kj::READY_NOW;
-  if (step - slowest_live_step() <= static_cast<int64_t>(config_.max_staleness)) return kj::READY_NOW;
+  if (step - slowest_live_step() <= static_cast<int64_t>(config_.max_staleness))
+    return kj::READY_NOW;
   ++staleness_waits_;
   sweep_abandoned();
   auto paf = kj::newPromiseAndFulfiller<void>();
@@ -216,7 +226,8 @@ void JobState::sweep_abandoned() {
   // (Not std::erase_if on the maps: it hands out const entries, and
   // isWaiting() is not const.)
   for (auto* waiters : {&step_waiters_, &staleness_waiters_}) {
-    for (auto it = waiters->begin(); it != waiters->end();) it = abandoned(it->second) ? waiters->erase(it) : std::next(it);
+    for (auto it = waiters->begin(); it != waiters->end();)
+      it = abandoned(it->second) ? waiters->erase(it) : std::next(it);
   }
   std::erase_if(ready_waiters_, abandoned);
   for (auto& [name, b] : barriers_) drop_abandoned(b);
@@ -247,7 +258,8 @@ kj::Promise<bool> JobState::wait_ready(kj::Duration timeout) {
   return paf.promise.exclusiveJoin(timer_.afterDelay(timeout).then([] { return false; }));
 }
 
-kj::Promise<uint32_t> JobState::barrier(const std::string& name, uint32_t count, kj::Duration timeout, int worker) {
+kj::Promise<uint32_t> JobState::barrier(const std::string& name, uint32_t count,
+                                        kj::Duration timeout, int worker) {
   if (count == 0) throw RequestError("barrier '" + name + "': count must be >= 1");
   Barrier& b = barriers_[name];
   // A caller that timed out or went away (its call cancelled) is not there
@@ -259,8 +271,9 @@ kj::Promise<uint32_t> JobState::barrier(const std::string& name, uint32_t count,
     b.timeout = timeout;
   }
   if (!b.waiting.empty() && count != b.count) {
-    throw RequestError("barrier '" + name + "': " + std::to_string(b.waiting.size()) + " caller(s) wait for " +
-                       std::to_string(b.count) + ", this call asks for " + std::to_string(count));
+    throw RequestError("barrier '" + name + "': " + std::to_string(b.waiting.size()) +
+                       " caller(s) wait for " + std::to_string(b.count) + ", this call asks for " +
+                       std::to_string(count));
   }
   b.count = count;
   const auto arrived = static_cast<uint32_t>(b.waiting.size() + 1);
@@ -273,10 +286,12 @@ kj::Promise<uint32_t> JobState::barrier(const std::string& name, uint32_t count,
   auto paf = kj::newPromiseAndFulfiller<uint32_t>();
   b.waiting.push_back(kj::mv(paf.fulfiller));
   b.who.push_back(worker);
-  return paf.promise.exclusiveJoin(timer_.afterDelay(timeout).then([name, count]() -> kj::Promise<uint32_t> {
-    return kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__,
-                         kj::str("barrier '", name.c_str(), "' timed out waiting for ", count, " workers"));
-  }));
+  return paf.promise.exclusiveJoin(
+      timer_.afterDelay(timeout).then([name, count]() -> kj::Promise<uint32_t> {
+        return kj::Exception(
+            kj::Exception::Type::FAILED, __FILE__, __LINE__,
+            kj::str("barrier '", name.c_str(), "' timed out waiting for ", count, " workers"));
+      }));
 }
 
 void JobState::drop_abandoned(Barrier& b) {
@@ -294,9 +309,9 @@ std::string JobState::missing_workers(const std::vector<int>& present) const {
     if (std::find(present.begin(), present.end(), w) != present.end()) continue;
     auto it = workers_.find(w);
     const char* why = it == workers_.end() || it->second.given_up ? "never connected"
-                      : it->second.connections == 0            ? "disconnected"
-                      : it->second.hung                        ? "silent"
-                                                               : "connected, not there yet";
+                      : it->second.connections == 0               ? "disconnected"
+                      : it->second.hung                           ? "silent"
+                                                                  : "connected, not there yet";
     out += (out.empty() ? "" : ", ") + std::to_string(w) + " (" + why + ")";
   }
   return out;
@@ -316,10 +331,11 @@ std::vector<std::string> JobState::barrier_waits(kj::Duration older_than) {
       has += (has.empty() ? "" : ", ") + std::to_string(w);
     }
     const std::string missing = missing_workers(here);
-    out.push_back(fmt::format("barrier '{}' waits for {} callers, has {} (workers {}){}; {} s of {} s", name, b.count,
-                              b.waiting.size(), has.empty() ? "none" : has,
-                              missing.empty() ? "" : "; missing workers " + missing, (now - b.since) / kj::SECONDS,
-                              b.timeout / kj::SECONDS));
+    out.push_back(
+        fmt::format("barrier '{}' waits for {} callers, has {} (workers {}){}; {} s of {} s", name,
+                    b.count, b.waiting.size(), has.empty() ? "none" : has,
+                    missing.empty() ? "" : "; missing workers " + missing,
+                    (now - b.since) / kj::SECONDS, b.timeout / kj::SECONDS));
   }
   return out;
 }
@@ -328,18 +344,21 @@ bool JobState::give_up_on_absent(const std::vector<int>& present) {
   bool changed = false;
   for (uint32_t i = 0; i < config_.total_replicas; ++i) {
     const int w = static_cast<int>(i);
-    if (workers_.count(w) || std::find(present.begin(), present.end(), w) != present.end()) continue;
+    if (workers_.count(w) || std::find(present.begin(), present.end(), w) != present.end())
+      continue;
     WorkerRecord& r = workers_[w];
     r.given_up = true;
     changed = true;
-    spdlog::warn("worker {} never connected: sync steps no longer wait for it (--worker_timeout_secs)", w);
+    spdlog::warn(
+        "worker {} never connected: sync steps no longer wait for it (--worker_timeout_secs)", w);
   }
   if (changed && on_worker_lost_) on_worker_lost_();
   return changed;
 }
 
 void JobState::finish() {
-  if (!finished_) spdlog::info("job finished at global step {}; exiting once workers disconnect", global_step_);
+  if (!finished_)
+    spdlog::info("job finished at global step {}; exiting once workers disconnect", global_step_);
   finished_ = true;
   maybe_done();
 }

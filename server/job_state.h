@@ -25,15 +25,15 @@ struct WorkerReport {
   float accuracy = 0;
   float samples_per_sec = 0;
   float learning_rate = 0;
-  double unix_secs = 0;   // when psd received it
+  double unix_secs = 0;  // when psd received it
 };
 
 struct WorkerRecord {
-  int64_t step = 0;       // steps completed (stepDone) or the step last pushed at
-  int connections = 0;    // live connections that said hello with this index
+  int64_t step = 0;     // steps completed (stepDone) or the step last pushed at
+  int connections = 0;  // live connections that said hello with this index
   uint64_t pushes = 0;
   uint64_t stale = 0;
-  std::string peer;       // address of its latest connection
+  std::string peer;  // address of its latest connection
   std::optional<WorkerReport> report;
   kj::TimePoint last_seen = kj::origin<kj::TimePoint>();  // last request (worker_timeout)
   bool hung = false;      // connected but silent past worker_timeout: not waited for
@@ -95,7 +95,9 @@ class JobState {
   // A worker reported progress: bounded-staleness waiters may go on.
   void worker_progressed() { recheck_staleness_waiters(); }
   kj::Promise<void> wait_for_step(int64_t step);
-  bool stop_reached() const { return config_.train_steps > 0 && global_step_ >= config_.train_steps; }
+  bool stop_reached() const {
+    return config_.train_steps > 0 && global_step_ >= config_.train_steps;
+  }
 
   void set_ready();
   bool ready() const { return ready_; }
@@ -104,7 +106,8 @@ class JobState {
 
   // `worker` is the caller's worker index (-1: not a worker), named in
   // waits() while it waits.
-  kj::Promise<uint32_t> barrier(const std::string& name, uint32_t count, kj::Duration timeout, int worker = -1);
+  kj::Promise<uint32_t> barrier(const std::string& name, uint32_t count, kj::Duration timeout,
+                                int worker = -1);
 
   // The job's workers not in `present`, each with why: "2 (never
   // connected), 3 (disconnected)"; empty when none is missing.

@@ -14,7 +14,8 @@ std::string_view LogLimiter::host_of(std::string_view peer) {
   return colon == std::string_view::npos ? peer : peer.substr(0, colon);
 }
 
-bool LogLimiter::allow(std::string_view peer, std::string_view kind, uint64_t* suppressed, Clock::time_point now) {
+bool LogLimiter::allow(std::string_view peer, std::string_view kind, uint64_t* suppressed,
+                       Clock::time_point now) {
   std::string host(host_of(peer));
   host.append(1, '\0').append(kind);
   auto it = peers_.find(host);

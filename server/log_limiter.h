@@ -24,12 +24,13 @@ class LogLimiter {
   using Clock = std::chrono::steady_clock;
   // `per_interval` lines per peer per `interval`; at most `max_peers` peers
   // remembered (past that the oldest entries are forgotten).
-  explicit LogLimiter(Clock::duration interval = std::chrono::seconds(10), unsigned per_interval = 5,
-                      std::size_t max_peers = 4096);
+  explicit LogLimiter(Clock::duration interval = std::chrono::seconds(10),
+                      unsigned per_interval = 5, std::size_t max_peers = 4096);
 
   // Whether a line of `kind` about `peer` ("host:port", "[v6]:port" or a
   // name) may be written now; if so, `*suppressed` is the number left out before it.
-  bool allow(std::string_view peer, std::string_view kind, uint64_t* suppressed, Clock::time_point now = Clock::now());
+  bool allow(std::string_view peer, std::string_view kind, uint64_t* suppressed,
+             Clock::time_point now = Clock::now());
 
   // " (N similar lines about this peer left out)", or "" for 0.
   static std::string note(uint64_t suppressed);

@@ -72,8 +72,12 @@ class AnswerTrackingStream final : public kj::AsyncIoStream {
   void setsockopt(int level, int option, const void* value, uint length) override {
     inner_->setsockopt(level, option, value, length);
   }
-  void getsockname(struct sockaddr* addr, uint* length) override { inner_->getsockname(addr, length); }
-  void getpeername(struct sockaddr* addr, uint* length) override { inner_->getpeername(addr, length); }
+  void getsockname(struct sockaddr* addr, uint* length) override {
+    inner_->getsockname(addr, length);
+  }
+  void getpeername(struct sockaddr* addr, uint* length) override {
+    inner_->getpeername(addr, length);
+  }
 
  private:
   kj::Own<kj::AsyncIoStream> inner_;
@@ -111,7 +115,9 @@ class BadRequestHandler final : public kj::HttpServerErrorHandler {
 
 class LogHttpErrors final : public kj::TaskSet::ErrorHandler {
  public:
-  void taskFailed(kj::Exception&& e) override { spdlog::debug("http connection ended: {}", e.getDescription().cStr()); }
+  void taskFailed(kj::Exception&& e) override {
+    spdlog::debug("http connection ended: {}", e.getDescription().cStr());
+  }
 };
 LogHttpErrors log_http_errors;
 
@@ -127,7 +133,7 @@ struct Headers {
 
 // Whether a Connection header's comma-separated options include "close".
 bool asks_to_close(kj::Maybe<kj::StringPtr> header) {
-  KJ_IF_MAYBE(value, header) {
+  KJ_IF_MAYBE (value, header) {
     std::string v(value->cStr());
     std::size_t start = 0;
     while (start <= v.size()) {
@@ -177,8 +183,9 @@ struct MonitoringHttp::Impl final : public kj::HttpService, public kj::HttpServe
   // ended once a request that asked for it is answered.
   struct ConnService final : public kj::HttpService {
     ConnService(Impl& impl, AnswerTrackingStream& stream) : impl(impl), stream(stream) {}
-    kj::Promise<void> request(kj::HttpMethod method, kj::StringPtr url, const kj::HttpHeaders& headers,
-                              kj::AsyncInputStream& body, Response& response) override {
+    kj::Promise<void> request(kj::HttpMethod method, kj::StringPtr url,
+                              const kj::HttpHeaders& headers, kj::AsyncInputStream& body,
+                              Response& response) override {
       const bool close = asks_to_close(headers.get(kj::HttpHeaderId::CONNECTION));
       return impl.request(method, url, headers, body, response).then([this, close] {
         if (close) stream.end_after_answer();
@@ -192,11 +199,13 @@ struct MonitoringHttp::Impl final : public kj::HttpService, public kj::HttpServe
       : shard(shard),
         timer(timer),
         token(std::move(bearer_token)),
-        server(timer, *headers.table, kj::HttpServer::HttpServiceFactory([this](kj::AsyncIoStream& stream) {
+        server(timer, *headers.table,
+               kj::HttpServer::HttpServiceFactory([this](kj::AsyncIoStream& stream) {
                  // The stream is the AnswerTrackingStream accept_loop hands to the server.
                  auto& tracked = static_cast<AnswerTrackingStream&>(stream);
                  return kj::Own<kj::HttpService>(kj::heap<ConnService>(*this, tracked));
-               }), settings()),
+               }),
+               settings()),
         connections(log_http_errors) {}
 
   kj::HttpServerSettings settings() {
@@ -231,8 +240,9 @@ struct MonitoringHttp::Impl final : public kj::HttpService, public kj::HttpServe
       if (victim == nullptr || per_peer[c->peer] > per_peer[victim->peer]) victim = c;
     }
     if (victim == nullptr) return;
-    spdlog::info("http: {} connections open (the most psd serves): closing the oldest of {} ({} open)", open.size(),
-                 victim->peer, per_peer[victim->peer]);
+    spdlog::info(
+        "http: {} connections open (the most psd serves): closing the oldest of {} ({} open)",
+        open.size(), victim->peer, per_peer[victim->peer]);
     victim->evicted = true;
     victim->canceler.cancel("closed for a newer connection");
   }
@@ -240,35 +250,45 @@ struct MonitoringHttp::Impl final : public kj::HttpService, public kj::HttpServe
   // What HttpServer::listenHttp does, plus the 431 fallback above.
   kj::Promise<void> accept_loop(kj::ConnectionReceiver& listener) {
     // evalNow: a failing accept() throws at once (see server.cc).
-    return kj::evalNow([&] { return listener.accept(); }).then([this, &listener](kj::Own<kj::AsyncIoStream> stream) {
-      const auto live = std::count_if(open.begin(), open.end(), [](const Conn* c) { return !c->evicted; });
-      if (live >= kMaxConnections) evict_one();
-      auto conn = kj::heap<Conn>(kj::heap<AnswerTrackingStream>(kj::mv(stream)));
-      Conn* c = conn.get();
-      open.push_back(c);
-      auto it = std::prev(open.end());
-      AnswerTrackingStream& stream_ref = *c->stream;
-      auto served = server.listenHttpCleanDrain(stream_ref).then([this, &stream_ref](bool) -> kj::Promise<void> {
-        if (stream_ref.unanswered_bytes() < kOversizedHeadBytes) return kj::READY_NOW;
-        spdlog::info("http: refused a request with a head over 128 KiB (431)");
-        return stream_ref.write(kHeadTooLarge.begin(), kHeadTooLarge.size()).then([this, &stream_ref] {
-          return drain_then_close(stream_ref);
-        });
-      });
-      // The wrapped promise goes before `conn` (attachments outlive it).
-      connections.add(c->canceler.wrap(kj::mv(served)).attach(kj::defer([this, it] { open.erase(it); }), kj::mv(conn)));
-      return accept_loop(listener);
-    }, [this, &listener](kj::Exception&& e) {
-      log_accept_failure("http", e);  // accept_retry.h
-      return timer.afterDelay(kAcceptRetry).then([this, &listener] { return accept_loop(listener); });
-    });
+    return kj::evalNow([&] { return listener.accept(); })
+        .then(
+            [this, &listener](kj::Own<kj::AsyncIoStream> stream) {
+              const auto live = std::count_if(open.begin(), open.end(),
+                                              [](const Conn* c) { return !c->evicted; });
+              if (live >= kMaxConnections) evict_one();
+              auto conn = kj::heap<Conn>(kj::heap<AnswerTrackingStream>(kj::mv(stream)));
+              Conn* c = conn.get();
+              open.push_back(c);
+              auto it = std::prev(open.end());
+              AnswerTrackingStream& stream_ref = *c->stream;
+              auto served =
+                  server.listenHttpCleanDrain(stream_ref)
+                      .then([this, &stream_ref](bool) -> kj::Promise<void> {
+                        if (stream_ref.unanswered_bytes() < kOversizedHeadBytes)
+                          return kj::READY_NOW;
+                        spdlog::info("http: refused a request with a head over 128 KiB (431)");
+                        return stream_ref.write(kHeadTooLarge.begin(), kHeadTooLarge.size())
+                            .then([this, &stream_ref] { return drain_then_close(stream_ref); });
+                      });
+              // The wrapped promise goes before `conn` (attachments outlive it).
+              connections.add(c->canceler.wrap(kj::mv(served))
+                                  .attach(kj::defer([this, it] { open.erase(it); }), kj::mv(conn)));
+              return accept_loop(listener);
+            },
+            [this, &listener](kj::Exception&& e) {
+              log_accept_failure("http", e);  // accept_retry.h
+              return timer.afterDelay(kAcceptRetry).then([this, &listener] {
+                return accept_loop(listener);
+              });
+            });
   }
 
   // kj::HttpServerCallbacks: asked as each response starts. Closes after
   // it when the request said "Connection: close", and sheds keep-alive
   // connections when half the places are taken.
   bool shouldClose() override {
-    const bool close = close_this_response || open.size() > static_cast<std::size_t>(kMaxConnections / 2);
+    const bool close =
+        close_this_response || open.size() > static_cast<std::size_t>(kMaxConnections / 2);
     close_this_response = false;
     return close;
   }
@@ -283,15 +303,18 @@ struct MonitoringHttp::Impl final : public kj::HttpService, public kj::HttpServe
     return drain.attach(kj::mv(buffer)).exclusiveJoin(timer.afterDelay(2 * kj::SECONDS));
   }
 
-  static kj::Promise<void> discard(AnswerTrackingStream& conn, kj::ArrayPtr<kj::byte> buffer, uint64_t budget) {
-    return conn.tryRead(buffer.begin(), 1, buffer.size()).then([&conn, buffer, budget](size_t n) -> kj::Promise<void> {
-      if (n == 0 || n >= budget) return kj::READY_NOW;
-      return discard(conn, buffer, budget - n);
-    });
+  static kj::Promise<void> discard(AnswerTrackingStream& conn, kj::ArrayPtr<kj::byte> buffer,
+                                   uint64_t budget) {
+    return conn.tryRead(buffer.begin(), 1, buffer.size())
+        .then([&conn, buffer, budget](size_t n) -> kj::Promise<void> {
+          if (n == 0 || n >= budget) return kj::READY_NOW;
+          return discard(conn, buffer, budget - n);
+        });
   }
 
-  kj::Promise<void> request(kj::HttpMethod method, kj::StringPtr url, const kj::HttpHeaders& request_headers,
-                            kj::AsyncInputStream&, Response& response) override {
+  kj::Promise<void> request(kj::HttpMethod method, kj::StringPtr url,
+                            const kj::HttpHeaders& request_headers, kj::AsyncInputStream&,
+                            Response& response) override {
     close_this_response = asks_to_close(request_headers.get(kj::HttpHeaderId::CONNECTION));
     if (method != kj::HttpMethod::GET && method != kj::HttpMethod::HEAD) {
       kj::HttpHeaders h(*headers.table);
@@ -304,13 +327,15 @@ struct MonitoringHttp::Impl final : public kj::HttpService, public kj::HttpServe
       kj::HttpHeaders h(*headers.table);
       h.set(headers.www_authenticate, "Bearer realm=\"psd\"");
       h.set(kj::HttpHeaderId::CONTENT_TYPE, "text/plain; charset=utf-8");
-      constexpr kj::StringPtr body = "psd wants \"Authorization: Bearer <token>\" (its --http_auth_token_file, or "
-                                     "else --auth_token_file)\n"_kj;
+      constexpr kj::StringPtr body =
+          "psd wants \"Authorization: Bearer <token>\" (its --http_auth_token_file, or "
+          "else --auth_token_file)\n"_kj;
       auto out = response.send(401, "Unauthorized", h, body.size());
       auto written = out->write(body.begin(), body.size());
       return written.attach(kj::mv(out));
     }
-    if (path == "/metrics") return send(response, kPrometheusContentType, prometheus_text(shard, unix_now()));
+    if (path == "/metrics")
+      return send(response, kPrometheusContentType, prometheus_text(shard, unix_now()));
     if (path == "/healthz") return send(response, "text/plain; charset=utf-8", "ok\n");
     if (path == "/status.json") {
       return send(response, "application/json", status_json(shard, history, unix_now()));
@@ -319,23 +344,24 @@ struct MonitoringHttp::Impl final : public kj::HttpService, public kj::HttpServe
       return send(response, "text/html; charset=utf-8",
                   std::string(reinterpret_cast<const char*>(kStatusHtml), sizeof(kStatusHtml)));
     }
-    return send(response, "text/plain; charset=utf-8", "not found: try /, /metrics, /healthz or /status.json\n", 404,
-                "Not Found");
+    return send(response, "text/plain; charset=utf-8",
+                "not found: try /, /metrics, /healthz or /status.json\n", 404, "Not Found");
   }
 
   bool authorized(const kj::HttpHeaders& h) const {
     if (token.empty()) return true;
-    KJ_IF_MAYBE(value, h.get(headers.authorization)) {
+    KJ_IF_MAYBE (value, h.get(headers.authorization)) {
       constexpr kj::StringPtr kBearer = "Bearer "_kj;
-      if (value->size() >= kBearer.size() && strncasecmp(value->cStr(), kBearer.cStr(), kBearer.size()) == 0) {
+      if (value->size() >= kBearer.size() &&
+          strncasecmp(value->cStr(), kBearer.cStr(), kBearer.size()) == 0) {
         return same_secret(value->slice(kBearer.size()), token);
       }
     }
     return false;
   }
 
-  kj::Promise<void> send(Response& response, const char* content_type, std::string body, unsigned status = 200,
-                         const char* status_text = "OK") {
+  kj::Promise<void> send(Response& response, const char* content_type, std::string body,
+                         unsigned status = 200, const char* status_text = "OK") {
     kj::HttpHeaders h(*headers.table);
     h.set(kj::HttpHeaderId::CONTENT_TYPE, content_type);
     h.set(headers.cache_control, "no-store");  // live values: never serve them from a cache

@@ -19,8 +19,9 @@ PS_VECTOR_CLONES void sgd(float* __restrict w, const float* __restrict g, std::s
   for (std::size_t i = 0; i < n; ++i) w[i] -= a * g[i];
 }
 
-PS_VECTOR_CLONES void momentum(float* __restrict w, float* __restrict acc, const float* __restrict g, std::size_t n,
-                               float lr, float mu, float scale, bool nesterov) {
+PS_VECTOR_CLONES void momentum(float* __restrict w, float* __restrict acc,
+                               const float* __restrict g, std::size_t n, float lr, float mu,
+                               float scale, bool nesterov) {
   if (nesterov) {
     for (std::size_t i = 0; i < n; ++i) {
       const float gi = g[i] * scale;
@@ -35,8 +36,9 @@ PS_VECTOR_CLONES void momentum(float* __restrict w, float* __restrict acc, const
   }
 }
 
-PS_VECTOR_CLONES void adam(float* __restrict w, float* __restrict m, float* __restrict v, const float* __restrict g,
-                           std::size_t n, float lr_t, float b1, float b2, float eps, float scale) {
+PS_VECTOR_CLONES void adam(float* __restrict w, float* __restrict m, float* __restrict v,
+                           const float* __restrict g, std::size_t n, float lr_t, float b1, float b2,
+                           float eps, float scale) {
   for (std::size_t i = 0; i < n; ++i) {
     const float gi = g[i] * scale;
     m[i] = b1 * m[i] + (1.0f - b1) * gi;
@@ -45,8 +47,8 @@ PS_VECTOR_CLONES void adam(float* __restrict w, float* __restrict m, float* __re
   }
 }
 
-PS_VECTOR_CLONES void adagrad(float* __restrict w, float* __restrict acc, const float* __restrict g, std::size_t n,
-                              float lr, float scale) {
+PS_VECTOR_CLONES void adagrad(float* __restrict w, float* __restrict acc, const float* __restrict g,
+                              std::size_t n, float lr, float scale) {
   for (std::size_t i = 0; i < n; ++i) {
     const float gi = g[i] * scale;
     acc[i] += gi * gi;
@@ -55,8 +57,8 @@ PS_VECTOR_CLONES void adagrad(float* __restrict w, float* __restrict acc, const 
 }
 
 PS_VECTOR_CLONES void rmsprop(float* __restrict w, float* __restrict ms, float* __restrict mom,
-                              const float* __restrict g, std::size_t n, float lr, float rho, float mu, float eps,
-                              float scale) {
+                              const float* __restrict g, std::size_t n, float lr, float rho,
+                              float mu, float eps, float scale) {
   for (std::size_t i = 0; i < n; ++i) {
     const float gi = g[i] * scale;
     ms[i] = rho * ms[i] + (1.0f - rho) * gi * gi;
@@ -70,14 +72,16 @@ PS_VECTOR_CLONES void rmsprop(float* __restrict w, float* __restrict ms, float* 
 
 inline int over(float x, float lim) { return !(std::fabs(x) <= lim); }
 
-PS_VECTOR_CLONES bool sgd_ok(const float* __restrict w, const float* __restrict g, std::size_t n, float a, float lim) {
+PS_VECTOR_CLONES bool sgd_ok(const float* __restrict w, const float* __restrict g, std::size_t n,
+                             float a, float lim) {
   int bad = 0;
   for (std::size_t i = 0; i < n; ++i) bad |= over(w[i] - a * g[i], lim);
   return bad == 0;
 }
 
-PS_VECTOR_CLONES bool momentum_ok(const float* __restrict w, const float* __restrict acc, const float* __restrict g,
-                                  std::size_t n, float lr, float mu, float scale, bool nesterov, float lim) {
+PS_VECTOR_CLONES bool momentum_ok(const float* __restrict w, const float* __restrict acc,
+                                  const float* __restrict g, std::size_t n, float lr, float mu,
+                                  float scale, bool nesterov, float lim) {
   int bad = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const float gi = g[i] * scale;
@@ -87,9 +91,9 @@ PS_VECTOR_CLONES bool momentum_ok(const float* __restrict w, const float* __rest
   return bad == 0;
 }
 
-PS_VECTOR_CLONES bool adam_ok(const float* __restrict w, const float* __restrict m, const float* __restrict v,
-                              const float* __restrict g, std::size_t n, float lr_t, float b1, float b2, float eps,
-                              float scale, float lim) {
+PS_VECTOR_CLONES bool adam_ok(const float* __restrict w, const float* __restrict m,
+                              const float* __restrict v, const float* __restrict g, std::size_t n,
+                              float lr_t, float b1, float b2, float eps, float scale, float lim) {
   int bad = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const float gi = g[i] * scale;
@@ -100,8 +104,9 @@ PS_VECTOR_CLONES bool adam_ok(const float* __restrict w, const float* __restrict
   return bad == 0;
 }
 
-PS_VECTOR_CLONES bool adagrad_ok(const float* __restrict w, const float* __restrict acc, const float* __restrict g,
-                                 std::size_t n, float lr, float scale, float lim) {
+PS_VECTOR_CLONES bool adagrad_ok(const float* __restrict w, const float* __restrict acc,
+                                 const float* __restrict g, std::size_t n, float lr, float scale,
+                                 float lim) {
   int bad = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const float gi = g[i] * scale;
@@ -111,8 +116,9 @@ PS_VECTOR_CLONES bool adagrad_ok(const float* __restrict w, const float* __restr
   return bad == 0;
 }
 
-PS_VECTOR_CLONES bool rmsprop_ok(const float* __restrict w, const float* __restrict ms, const float* __restrict mom,
-                                 const float* __restrict g, std::size_t n, float lr, float rho, float mu, float eps,
+PS_VECTOR_CLONES bool rmsprop_ok(const float* __restrict w, const float* __restrict ms,
+                                 const float* __restrict mom, const float* __restrict g,
+                                 std::size_t n, float lr, float rho, float mu, float eps,
                                  float scale, float lim) {
   int bad = 0;
   for (std::size_t i = 0; i < n; ++i) {
@@ -128,13 +134,15 @@ class Sgd final : public Optimizer {
  public:
   using Optimizer::Optimizer;
   std::vector<std::vector<float>> make_slots(std::size_t) const override { return {}; }
-  void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>&, int64_t step,
-             float scale) const override {
+  void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>&,
+             int64_t step, float scale) const override {
     sgd(w.data(), g.data(), w.size(), config_.learning_rate_at(step) * scale);
   }
-  bool result_finite(std::span<const float> w, std::span<const float> g, const std::vector<std::vector<float>>&,
-                     int64_t step, float scale) const override {
-    return sgd_ok(w.data(), g.data(), w.size(), config_.learning_rate_at(step) * scale, kResultLimit);
+  bool result_finite(std::span<const float> w, std::span<const float> g,
+                     const std::vector<std::vector<float>>&, int64_t step,
+                     float scale) const override {
+    return sgd_ok(w.data(), g.data(), w.size(), config_.learning_rate_at(step) * scale,
+                  kResultLimit);
   }
 };
 
@@ -142,16 +150,20 @@ class Sgd final : public Optimizer {
 class Momentum final : public Optimizer {
  public:
   using Optimizer::Optimizer;
-  std::vector<std::vector<float>> make_slots(std::size_t n) const override { return {std::vector<float>(n, 0.0f)}; }
-  void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots, int64_t step,
-             float scale) const override {
-    momentum(w.data(), slots[0].data(), g.data(), w.size(), config_.learning_rate_at(step), config_.momentum, scale,
-             config_.nesterov);
+  std::vector<std::vector<float>> make_slots(std::size_t n) const override {
+    return {std::vector<float>(n, 0.0f)};
   }
-  bool result_finite(std::span<const float> w, std::span<const float> g, const std::vector<std::vector<float>>& slots,
-                     int64_t step, float scale) const override {
-    return momentum_ok(w.data(), slots[0].data(), g.data(), w.size(), config_.learning_rate_at(step), config_.momentum,
-                       scale, config_.nesterov, kResultLimit);
+  void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots,
+             int64_t step, float scale) const override {
+    momentum(w.data(), slots[0].data(), g.data(), w.size(), config_.learning_rate_at(step),
+             config_.momentum, scale, config_.nesterov);
+  }
+  bool result_finite(std::span<const float> w, std::span<const float> g,
+                     const std::vector<std::vector<float>>& slots, int64_t step,
+                     float scale) const override {
+    return momentum_ok(w.data(), slots[0].data(), g.data(), w.size(),
+                       config_.learning_rate_at(step), config_.momentum, scale, config_.nesterov,
+                       kResultLimit);
   }
 };
 
@@ -163,15 +175,16 @@ class Adam final : public Optimizer {
   std::vector<std::vector<float>> make_slots(std::size_t n) const override {
     return {std::vector<float>(n, 0.0f), std::vector<float>(n, 0.0f)};
   }
-  void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots, int64_t step,
-             float scale) const override {
-    adam(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(), lr_t(step), config_.beta1, config_.beta2,
-         config_.epsilon, scale);
+  void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots,
+             int64_t step, float scale) const override {
+    adam(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(), lr_t(step), config_.beta1,
+         config_.beta2, config_.epsilon, scale);
   }
-  bool result_finite(std::span<const float> w, std::span<const float> g, const std::vector<std::vector<float>>& slots,
-                     int64_t step, float scale) const override {
-    return adam_ok(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(), lr_t(step), config_.beta1,
-                   config_.beta2, config_.epsilon, scale, kResultLimit);
+  bool result_finite(std::span<const float> w, std::span<const float> g,
+                     const std::vector<std::vector<float>>& slots, int64_t step,
+                     float scale) const override {
+    return adam_ok(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(), lr_t(step),
+                   config_.beta1, config_.beta2, config_.epsilon, scale, kResultLimit);
   }
 
  private:
@@ -190,14 +203,15 @@ class Adagrad final : public Optimizer {
   std::vector<std::vector<float>> make_slots(std::size_t n) const override {
     return {std::vector<float>(n, config_.initial_accumulator)};
   }
-  void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots, int64_t step,
-             float scale) const override {
+  void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots,
+             int64_t step, float scale) const override {
     adagrad(w.data(), slots[0].data(), g.data(), w.size(), config_.learning_rate_at(step), scale);
   }
-  bool result_finite(std::span<const float> w, std::span<const float> g, const std::vector<std::vector<float>>& slots,
-                     int64_t step, float scale) const override {
-    return adagrad_ok(w.data(), slots[0].data(), g.data(), w.size(), config_.learning_rate_at(step), scale,
-                      kResultLimit);
+  bool result_finite(std::span<const float> w, std::span<const float> g,
+                     const std::vector<std::vector<float>>& slots, int64_t step,
+                     float scale) const override {
+    return adagrad_ok(w.data(), slots[0].data(), g.data(), w.size(), config_.learning_rate_at(step),
+                      scale, kResultLimit);
   }
 };
 
@@ -209,15 +223,18 @@ class RmsProp final : public Optimizer {
   std::vector<std::vector<float>> make_slots(std::size_t n) const override {
     return {std::vector<float>(n, 1.0f), std::vector<float>(n, 0.0f)};
   }
-  void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots, int64_t step,
-             float scale) const override {
-    rmsprop(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(), config_.learning_rate_at(step),
-            config_.decay, config_.momentum, config_.epsilon, scale);
+  void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots,
+             int64_t step, float scale) const override {
+    rmsprop(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(),
+            config_.learning_rate_at(step), config_.decay, config_.momentum, config_.epsilon,
+            scale);
   }
-  bool result_finite(std::span<const float> w, std::span<const float> g, const std::vector<std::vector<float>>& slots,
-                     int64_t step, float scale) const override {
-    return rmsprop_ok(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(), config_.learning_rate_at(step),
-                      config_.decay, config_.momentum, config_.epsilon, scale, kResultLimit);
+  bool result_finite(std::span<const float> w, std::span<const float> g,
+                     const std::vector<std::vector<float>>& slots, int64_t step,
+                     float scale) const override {
+    return rmsprop_ok(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(),
+                      config_.learning_rate_at(step), config_.decay, config_.momentum,
+                      config_.epsilon, scale, kResultLimit);
   }
 };
 
@@ -228,41 +245,53 @@ void require(bool ok, const std::string& what) {
 }  // namespace
 
 void validate_optimizer(const OptimizerConfig& c) {
-  require(std::isfinite(c.learning_rate) && c.learning_rate >= 0, "learning rate must be finite and >= 0, got " +
-                                                                       std::to_string(c.learning_rate));
-  require(std::isfinite(c.momentum) && c.momentum >= 0 && c.momentum < 1, "momentum must be in [0, 1)");
-  require(c.beta1 >= 0 && c.beta1 < 1 && c.beta2 >= 0 && c.beta2 < 1, "Adam's beta1 and beta2 must be in [0, 1)");
+  require(std::isfinite(c.learning_rate) && c.learning_rate >= 0,
+          "learning rate must be finite and >= 0, got " + std::to_string(c.learning_rate));
+  require(std::isfinite(c.momentum) && c.momentum >= 0 && c.momentum < 1,
+          "momentum must be in [0, 1)");
+  require(c.beta1 >= 0 && c.beta1 < 1 && c.beta2 >= 0 && c.beta2 < 1,
+          "Adam's beta1 and beta2 must be in [0, 1)");
   require(std::isfinite(c.epsilon) && c.epsilon >= 0, "epsilon must be finite and >= 0");
   // Both divide by sqrt(v) + eps (sqrt(ms + eps)): 0 / 0 where a gradient is 0.
   require(c.epsilon > 0 || (c.kind != OptimizerKind::kAdam && c.kind != OptimizerKind::kRmsProp),
           "Adam's and RMSProp's epsilon must be > 0 (0 makes NaN weights where a gradient is 0)");
-  require(std::isfinite(c.initial_accumulator) && c.initial_accumulator > 0, "Adagrad's initial accumulator must be > 0");
+  require(std::isfinite(c.initial_accumulator) && c.initial_accumulator > 0,
+          "Adagrad's initial accumulator must be > 0");
   require(c.decay >= 0 && c.decay < 1, "RMSProp's decay must be in [0, 1)");
   require(std::isfinite(c.decay_rate) && c.decay_rate > 0, "decay rate must be finite and > 0");
-  require(c.schedule != LrSchedule::kExponentialDecay || c.decay_steps > 0, "decay steps must be > 0");
-  require(c.schedule != LrSchedule::kExponentialDecay || c.decay_rate <= 1,
-          "exponential decay's decay rate must be <= 1 (above, the learning rate grows without bound)");
+  require(c.schedule != LrSchedule::kExponentialDecay || c.decay_steps > 0,
+          "decay steps must be > 0");
+  require(
+      c.schedule != LrSchedule::kExponentialDecay || c.decay_rate <= 1,
+      "exponential decay's decay rate must be <= 1 (above, the learning rate grows without bound)");
   if (c.schedule == LrSchedule::kPiecewise) {
-    const double last = c.learning_rate * std::pow(static_cast<double>(c.decay_rate), c.boundaries.size());
+    const double last =
+        c.learning_rate * std::pow(static_cast<double>(c.decay_rate), c.boundaries.size());
     require(std::isfinite(last) && last <= std::numeric_limits<float>::max(),
-            "the piecewise learning rate overflows after " + std::to_string(c.boundaries.size()) + " boundaries");
+            "the piecewise learning rate overflows after " + std::to_string(c.boundaries.size()) +
+                " boundaries");
   }
 }
 
 void validate_slots(const OptimizerConfig& c, const std::vector<std::vector<float>>& slots) {
-  auto all = [](const std::vector<float>& s, auto ok) { return std::all_of(s.begin(), s.end(), ok); };
+  auto all = [](const std::vector<float>& s, auto ok) {
+    return std::all_of(s.begin(), s.end(), ok);
+  };
   switch (c.kind) {
     case OptimizerKind::kAdam:
-      if (slots.size() == 2) require(all(slots[1], [](float x) { return x >= 0; }), "Adam's restored v must be >= 0");
+      if (slots.size() == 2)
+        require(all(slots[1], [](float x) { return x >= 0; }), "Adam's restored v must be >= 0");
       return;
     case OptimizerKind::kAdagrad:
       if (slots.size() == 1) {
-        require(all(slots[0], [](float x) { return x > 0; }), "Adagrad's restored accumulator must be > 0");
+        require(all(slots[0], [](float x) { return x > 0; }),
+                "Adagrad's restored accumulator must be > 0");
       }
       return;
     case OptimizerKind::kRmsProp:
       if (slots.size() == 2) {
-        require(all(slots[0], [](float x) { return x >= 0; }), "RMSProp's restored mean square must be >= 0");
+        require(all(slots[0], [](float x) { return x >= 0; }),
+                "RMSProp's restored mean square must be >= 0");
       }
       return;
     default:
@@ -272,18 +301,24 @@ void validate_slots(const OptimizerConfig& c, const std::vector<std::vector<floa
 
 std::string nonfinite_update_refusal(const TensorSpec& t) {
   return "update of tensor '" + t.name + "' not applied: with learning rate " +
-         std::to_string(t.optimizer.learning_rate) + " it would make a value or optimizer slot NaN or Inf " +
+         std::to_string(t.optimizer.learning_rate) +
+         " it would make a value or optimizer slot NaN or Inf " +
          "(over 3.4e38); the tensor is unchanged (lower the learning rate, or clip the gradients)";
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config) {
   validate_optimizer(config);
   switch (config.kind) {
-    case OptimizerKind::kSgd: return std::make_unique<Sgd>(config);
-    case OptimizerKind::kMomentum: return std::make_unique<Momentum>(config);
-    case OptimizerKind::kAdam: return std::make_unique<Adam>(config);
-    case OptimizerKind::kAdagrad: return std::make_unique<Adagrad>(config);
-    case OptimizerKind::kRmsProp: return std::make_unique<RmsProp>(config);
+    case OptimizerKind::kSgd:
+      return std::make_unique<Sgd>(config);
+    case OptimizerKind::kMomentum:
+      return std::make_unique<Momentum>(config);
+    case OptimizerKind::kAdam:
+      return std::make_unique<Adam>(config);
+    case OptimizerKind::kAdagrad:
+      return std::make_unique<Adagrad>(config);
+    case OptimizerKind::kRmsProp:
+      return std::make_unique<RmsProp>(config);
   }
   throw RequestError("optimizer: unknown kind");
 }

@@ -32,19 +32,20 @@ class Optimizer {
 
   // w -= update(scale * g). `step` is the number of updates applied before
   // this one. `scale` folds in the 1/N of a sync-mode average.
-  virtual void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots,
-                     int64_t step, float scale) const = 0;
+  virtual void apply(std::span<float> w, std::span<const float> g,
+                     std::vector<std::vector<float>>& slots, int64_t step, float scale) const = 0;
 
   // Whether apply() with the same arguments would leave every weight and
   // slot value within kResultLimit (no NaN, no Inf); changes nothing.
   virtual bool result_finite(std::span<const float> w, std::span<const float> g,
-                             const std::vector<std::vector<float>>& slots, int64_t step, float scale) const = 0;
+                             const std::vector<std::vector<float>>& slots, int64_t step,
+                             float scale) const = 0;
 
   // apply() only when result_finite(): false (nothing changed) otherwise.
   // This is what keeps a finite gradient with an extreme hyper-parameter
   // (SGD at learning rate 3e38) from storing Inf.
-  bool apply_if_finite(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots,
-                       int64_t step, float scale) const {
+  bool apply_if_finite(std::span<float> w, std::span<const float> g,
+                       std::vector<std::vector<float>>& slots, int64_t step, float scale) const {
     if (!result_finite(w, g, slots, step, scale)) return false;
     apply(w, g, slots, step, scale);
     return true;

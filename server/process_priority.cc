@@ -29,7 +29,8 @@ std::vector<int> thread_ids() {
 }  // namespace
 
 void set_process_nice(int nice) {
-  if (nice < -20 || nice > 19) throw ConfigError("--nice must be in -20..19, not " + std::to_string(nice));
+  if (nice < -20 || nice > 19)
+    throw ConfigError("--nice must be in -20..19, not " + std::to_string(nice));
   // Linux keeps a nice value per thread (PRIO_PROCESS with a thread id), so
   // each thread running now is set; the first one tells whether it is
   // allowed at all, before any other is touched.
@@ -37,10 +38,11 @@ void set_process_nice(int nice) {
     if (::setpriority(PRIO_PROCESS, static_cast<id_t>(tid), nice) == 0) continue;
     if (errno == ESRCH) continue;  // ended meanwhile
     const int error = errno;
-    throw ConfigError("--nice " + std::to_string(nice) + ": " + std::strerror(error) +
-                      (error == EACCES || error == EPERM
-                           ? " (a value below the current one needs root, CAP_SYS_NICE or a raised RLIMIT_NICE)"
-                           : ""));
+    throw ConfigError(
+        "--nice " + std::to_string(nice) + ": " + std::strerror(error) +
+        (error == EACCES || error == EPERM
+             ? " (a value below the current one needs root, CAP_SYS_NICE or a raised RLIMIT_NICE)"
+             : ""));
   }
 }
 

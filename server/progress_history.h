@@ -12,8 +12,8 @@ namespace ps {
 struct ProgressSample {
   double unix_secs = 0;
   int64_t global_step = 0;
-  uint64_t bytes = 0;     // cumulative tensor bytes received + sent
-  double mean_loss = 0;   // mean of the workers' last reported losses; NaN before any report
+  uint64_t bytes = 0;    // cumulative tensor bytes received + sent
+  double mean_loss = 0;  // mean of the workers' last reported losses; NaN before any report
 };
 
 class ProgressHistory {
@@ -22,8 +22,10 @@ class ProgressHistory {
 
   void add(const ProgressSample& s) {
     ring_[(first_ + size_) % ring_.size()] = s;
-    if (size_ < ring_.size()) ++size_;
-    else first_ = (first_ + 1) % ring_.size();
+    if (size_ < ring_.size())
+      ++size_;
+    else
+      first_ = (first_ + 1) % ring_.size();
   }
 
   // Oldest first.

@@ -5,7 +5,8 @@
 // tensors_{pushed,pulled,created}_total, {received,sent}_bytes_total,
 // stale_gradients_total, sync_steps_applied_total, staleness_waits_total,
 // global_step, connections, connected_workers, tensors, tensor_bytes,
-// job_ready, memory_budget_bytes, memory_used_bytes{use}, memory_refusals_total, worker_{step,connected,pushes_total}{worker},
+// job_ready, memory_budget_bytes, memory_used_bytes{use}, memory_refusals_total,
+// worker_{step,connected,pushes_total}{worker},
 // worker_{reported_step,loss,accuracy,samples_per_second,learning_rate}{worker}
 // (once a worker reported), apply_latency_seconds and push_staleness_steps
 // (histograms), last_checkpoint_step and last_checkpoint_age_seconds (-1

@@ -16,10 +16,12 @@ void apply_log_level(const PsTaskFlags& f) {
 
 int run_ps_task(int task_index, int num_ps, const std::string& me, PsTaskFlags& f) {
   ServerOptions& o = f.options;
-  finish_psd_flags(o, f.values, PsdPlace{.task_index = task_index, .num_ps = num_ps, .address = me});
-  spdlog::info("ps task {} of {}: serving shard {} on {} (bind {}{}{})", task_index, num_ps, o.shard.shard_index, me,
-               o.bind, o.checkpoint.dir.empty() ? ", no --checkpoint_dir: a restart starts empty"
-                                                : ", checkpoints in " + o.checkpoint.dir,
+  finish_psd_flags(o, f.values,
+                   PsdPlace{.task_index = task_index, .num_ps = num_ps, .address = me});
+  spdlog::info("ps task {} of {}: serving shard {} on {} (bind {}{}{})", task_index, num_ps,
+               o.shard.shard_index, me, o.bind,
+               o.checkpoint.dir.empty() ? ", no --checkpoint_dir: a restart starts empty"
+                                        : ", checkpoints in " + o.checkpoint.dir,
                f.values.nice ? ", nice " + std::to_string(*f.values.nice) : std::string());
   serve_until_signal(o);
   spdlog::info("ps task {} exited cleanly", task_index);

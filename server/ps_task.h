@@ -10,7 +10,8 @@
 //   ps::add_ps_task_flags(app, ps_flags);   // after the trainer's flags
 //   ...
 //   ps::apply_log_level(ps_flags);
-//   if (spec.is_ps()) return ps::run_ps_task(spec.task_index(), spec.num_ps(), spec.self_address(), ps_flags);
+//   if (spec.is_ps()) return ps::run_ps_task(spec.task_index(), spec.num_ps(), spec.self_address(),
+//   ps_flags);
 #pragma once
 
 #include <string>

@@ -17,7 +17,8 @@ namespace {
 // Registers `name` unless a trainer already has it (kTrainer): then the
 // trainer's option stays the only one, and its value, where given, is taken.
 template <class T>
-CLI::Option* add_or_share(CLI::App& app, PsdFlagValues& x, const std::string& name, T& var, const std::string& help) {
+CLI::Option* add_or_share(CLI::App& app, PsdFlagValues& x, const std::string& name, T& var,
+                          const std::string& help) {
   if (x.door == PsdFrontDoor::kTrainer) {
     if (CLI::Option* theirs = app.get_option_no_throw(name)) {
       x.take_shared.push_back([theirs, &var] {
@@ -31,22 +32,29 @@ CLI::Option* add_or_share(CLI::App& app, PsdFlagValues& x, const std::string& na
 
 // Checkpoints, authentication and per-client limits.
 void add_durability_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
-  app.add_option("--checkpoint_dir", o.checkpoint.dir,
-                 "write checkpoints to DIR/shard-<i>-of-<n>/ and restore the newest valid one at start");
+  app.add_option(
+      "--checkpoint_dir", o.checkpoint.dir,
+      "write checkpoints to DIR/shard-<i>-of-<n>/ and restore the newest valid one at start");
   app.add_option("--checkpoint_secs", o.checkpoint.every_secs,
-                 "checkpoint every this many seconds when something changed (0: only on SIGTERM and on request)")
+                 "checkpoint every this many seconds when something changed (0: only on SIGTERM "
+                 "and on request)")
       ->capture_default_str();
-  app.add_option("--keep_checkpoints", o.checkpoint.keep, "checkpoint files kept per shard")->capture_default_str();
+  app.add_option("--keep_checkpoints", o.checkpoint.keep, "checkpoint files kept per shard")
+      ->capture_default_str();
   add_or_share(app, x, "--auth_token_file", x.auth_token_file,
-               "require clients to present the token in this file (in clear text on the wire: use on trusted "
+               "require clients to present the token in this file (in clear text on the wire: use "
+               "on trusted "
                "networks)");
   app.add_option("--http_auth_token_file", x.http_auth_token_file,
-                 "HTTP: require \"Authorization: Bearer <token>\" with the token in this file on every path but "
+                 "HTTP: require \"Authorization: Bearer <token>\" with the token in this file on "
+                 "every path but "
                  "/healthz (default: --auth_token_file's token, when given)");
   app.add_option("--max_tensors_per_client", o.shard.max_tensors_per_client,
-                 "tensors one connection may create (0: no limit)")->capture_default_str();
+                 "tensors one connection may create (0: no limit)")
+      ->capture_default_str();
   app.add_option("--worker_timeout_secs", o.shard.worker_timeout_secs,
-                 "sync mode: stop waiting for a connected worker silent this long (0: wait while it is connected)")
+                 "sync mode: stop waiting for a connected worker silent this long (0: wait while "
+                 "it is connected)")
       ->capture_default_str();
 }
 
@@ -62,7 +70,8 @@ void apply_place(ServerOptions& o, const PsdFlagValues& x, const PsdPlace& place
     o.port = 0;
   } else {
     const auto parts = split_host_port(me);
-    if (!parts || parts->port.empty()) throw ConfigError("ps host '" + me + "' has no port (expected host:port)");
+    if (!parts || parts->port.empty())
+      throw ConfigError("ps host '" + me + "' has no port (expected host:port)");
     try {
       std::size_t used = 0;
       o.port = std::stoi(parts->port, &used);
@@ -84,7 +93,8 @@ std::vector<std::string> split_host_list(const std::string& list, const std::str
   }
   for (char sep : {';', ' ', '\t'}) {
     if (list.find(sep) != std::string::npos) {
-      throw ConfigError(flag + "='" + list + "': separate hosts with ',' (e.g. 10.0.0.1:2222,10.0.0.2:2222)");
+      throw ConfigError(flag + "='" + list +
+                        "': separate hosts with ',' (e.g. 10.0.0.1:2222,10.0.0.2:2222)");
     }
   }
   std::vector<std::string> hosts;
@@ -93,7 +103,8 @@ std::vector<std::string> split_host_list(const std::string& list, const std::str
     std::size_t comma = list.find(',', start);
     if (comma == std::string::npos) comma = list.size();
     hosts.push_back(list.substr(start, comma - start));
-    if (hosts.back().empty()) throw ConfigError(flag + "='" + list + "' has an empty entry (two commas, or one at an end)");
+    if (hosts.back().empty())
+      throw ConfigError(flag + "='" + list + "' has an empty entry (two commas, or one at an end)");
     start = comma + 1;
   }
   return hosts;
@@ -110,42 +121,58 @@ void apply_log_level(const std::string& name) {
 void add_psd_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x, PsdFrontDoor door) {
   x.door = door;
   if (door == PsdFrontDoor::kPsd) {
-    app.add_option("--port", o.port, "TCP port to listen on (0: any free port)")->capture_default_str();
-    app.add_option("--unix_socket", o.unix_socket, "also listen on this Unix-domain socket (fast path on one host)");
-    app.add_option("--shard_index", o.shard.shard_index, "this shard's index")->capture_default_str();
-    app.add_option("--num_shards", o.shard.num_shards, "number of shards in the job")->capture_default_str();
+    app.add_option("--port", o.port, "TCP port to listen on (0: any free port)")
+        ->capture_default_str();
+    app.add_option("--unix_socket", o.unix_socket,
+                   "also listen on this Unix-domain socket (fast path on one host)");
+    app.add_option("--shard_index", o.shard.shard_index, "this shard's index")
+        ->capture_default_str();
+    app.add_option("--num_shards", o.shard.num_shards, "number of shards in the job")
+        ->capture_default_str();
     // expected(0, 1): "--ps_hosts=" is given and empty, not a taker of the next argument.
     x.ps_hosts_option =
-        app.add_option("--ps_hosts", x.ps_hosts, "comma-separated ps host:port list; with --task_index sets shard and port")
+        app.add_option("--ps_hosts", x.ps_hosts,
+                       "comma-separated ps host:port list; with --task_index sets shard and port")
             ->expected(0, 1);
     app.add_option("--task_index", x.task_index, "this ps task's index in --ps_hosts");
   }
   app.add_option("--bind", o.bind,
-                 "address to listen on (default: 127.0.0.1, or 0.0.0.0 for a shard whose --ps_hosts entry names "
+                 "address to listen on (default: 127.0.0.1, or 0.0.0.0 for a shard whose "
+                 "--ps_hosts entry names "
                  "another host)")
       ->each([&x](const std::string&) { x.bind_given = true; });
   app.add_option("--port_file", o.port_file, "write the bound port to this file once listening");
-  app.add_option("--http_port", x.http_port,
-                 "serve /metrics (Prometheus), /healthz and a status page over HTTP on this port of --bind "
-                 "(0: off; any: a free port, see --http_port_file)")
+  app.add_option(
+         "--http_port", x.http_port,
+         "serve /metrics (Prometheus), /healthz and a status page over HTTP on this port of --bind "
+         "(0: off; any: a free port, see --http_port_file)")
       ->capture_default_str();
-  app.add_option("--http_port_file", o.http_port_file, "write the bound HTTP port to this file once listening");
+  app.add_option("--http_port_file", o.http_port_file,
+                 "write the bound HTTP port to this file once listening");
   o.threads = std::max(1u, std::thread::hardware_concurrency());
-  app.add_option("--threads", o.threads, "psd: compute threads applying updates (0: on the network thread)")
+  app.add_option("--threads", o.threads,
+                 "psd: compute threads applying updates (0: on the network thread)")
       ->capture_default_str();
-  if (CLI::Option* opt = add_or_share(app, x, "--log_level", x.log_level, "trace, debug, info, warn, error")) {
+  if (CLI::Option* opt =
+          add_or_share(app, x, "--log_level", x.log_level, "trace, debug, info, warn, error")) {
     opt->capture_default_str();
   }
-  app.add_option("--max_message_mb", x.max_message_mb, "largest request accepted, MiB")->capture_default_str();
-  app.add_option("--max_tensor_mb", x.max_tensor_mb, "largest tensor (or part) accepted, MiB")->capture_default_str();
+  app.add_option("--max_message_mb", x.max_message_mb, "largest request accepted, MiB")
+      ->capture_default_str();
+  app.add_option("--max_tensor_mb", x.max_tensor_mb, "largest tensor (or part) accepted, MiB")
+      ->capture_default_str();
   app.add_option("--max_memory_mb", x.max_memory_mb,
-                 "memory budget of this psd, MiB: stored tensors with their optimizer slots, requests being received "
-                 "or held, queued replies and checkpoint snapshots count against it; what would pass it is refused "
+                 "memory budget of this psd, MiB: stored tensors with their optimizer slots, "
+                 "requests being received "
+                 "or held, queued replies and checkpoint snapshots count against it; what would "
+                 "pass it is refused "
                  "(0: 3/4 of this machine's memory)")
       ->capture_default_str();
-  app.add_option("--max_connections", o.max_connections, "connections served at once")->capture_default_str();
+  app.add_option("--max_connections", o.max_connections, "connections served at once")
+      ->capture_default_str();
   app.add_option("--max_connections_per_peer", o.max_connections_per_peer,
-                 "connections from one address served at once that are not (yet) a worker's or the chief's: before "
+                 "connections from one address served at once that are not (yet) a worker's or the "
+                 "chief's: before "
                  "hello, or anonymous (0: no cap)")
       ->capture_default_str();
   app.add_option("--hello_timeout_secs", x.hello_timeout_secs,
@@ -153,30 +180,37 @@ void add_psd_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x, PsdFrontDo
       ->capture_default_str()
       ->check(CLI::Range(0.1, 3600.0));
   app.add_option("--request_timeout_secs", x.request_timeout_secs,
-                 "close a connection whose request larger than 128 KiB has not arrived within this many seconds plus "
+                 "close a connection whose request larger than 128 KiB has not arrived within this "
+                 "many seconds plus "
                  "one per MiB")
       ->capture_default_str()
       ->check(CLI::Range(0.1, 86400.0));
   app.add_option("--max_shared_memory_mb", x.max_shared_memory_mb,
-                 "largest shared memory region a client on this host may give psd per connection, MiB; tensor values "
+                 "largest shared memory region a client on this host may give psd per connection, "
+                 "MiB; tensor values "
                  "then skip the Unix socket (0: off)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
-  if (CLI::Option* opt = add_or_share(app, x, "--busy_poll_us", o.busy_poll_us,
-                                      "after its last work, poll the sockets up to this many microseconds before "
-                                      "sleeping: lower latency for small tensors, at the price of CPU; adaptive (0: "
-                                      "sleep at once)")) {
+  if (CLI::Option* opt = add_or_share(
+          app, x, "--busy_poll_us", o.busy_poll_us,
+          "after its last work, poll the sockets up to this many microseconds before "
+          "sleeping: lower latency for small tensors, at the price of CPU; adaptive (0: "
+          "sleep at once)")) {
     opt->capture_default_str()->check(CLI::Range(0u, 1000000u));
   }
   app.add_option("--nice", x.nice,
-                 "scheduling priority of psd's threads, as nice(1) (-20..19): below 0 keeps workers on this host "
+                 "scheduling priority of psd's threads, as nice(1) (-20..19): below 0 keeps "
+                 "workers on this host "
                  "from preempting psd (needs root or CAP_SYS_NICE); unset: as started");
-  if (CLI::Option* opt = add_or_share(app, x, "--dead_peer_secs", o.dead_peer_secs,
-                                      "a TCP peer silent this long while probed (a host powered off or cut off, which "
-                                      "sends no FIN) is taken for gone, as if its connection closed (0: never)")) {
+  if (CLI::Option* opt = add_or_share(
+          app, x, "--dead_peer_secs", o.dead_peer_secs,
+          "a TCP peer silent this long while probed (a host powered off or cut off, which "
+          "sends no FIN) is taken for gone, as if its connection closed (0: never)")) {
     opt->capture_default_str()->check(CLI::Range(0u, 86400u));
   }
-  app.add_flag("--allow_nonfinite", o.shard.allow_nonfinite, "accept gradients containing NaN or Inf, and updates that make NaN or Inf (docs/hardening.md)");
+  app.add_flag("--allow_nonfinite", o.shard.allow_nonfinite,
+               "accept gradients containing NaN or Inf, and updates that make NaN or Inf "
+               "(docs/hardening.md)");
   add_durability_flags(app, o, x);
   app.add_option("--exit_when_done", o.exit_when_done,
                  "exit once the chief reports the job finished and every worker has disconnected")
@@ -189,19 +223,22 @@ void finish_psd_flags(ServerOptions& o, PsdFlagValues& x, const std::optional<Ps
 
   if (place) {
     apply_place(o, x, *place);
-  } else if ((x.ps_hosts_option && x.ps_hosts_option->count() > 0) || !x.ps_hosts.empty() || x.task_index >= 0) {
+  } else if ((x.ps_hosts_option && x.ps_hosts_option->count() > 0) || !x.ps_hosts.empty() ||
+             x.task_index >= 0) {
     const std::vector<std::string> hosts = split_host_list(x.ps_hosts, "--ps_hosts");
     if (x.task_index < 0 || x.task_index >= static_cast<int>(hosts.size())) {
-      throw ConfigError("--task_index " + std::to_string(x.task_index) + " is outside --ps_hosts (" +
-                        std::to_string(hosts.size()) + " hosts: give --task_index 0.." +
-                        std::to_string(hosts.size() - 1) + ")");
+      throw ConfigError("--task_index " + std::to_string(x.task_index) +
+                        " is outside --ps_hosts (" + std::to_string(hosts.size()) +
+                        " hosts: give --task_index 0.." + std::to_string(hosts.size() - 1) + ")");
     }
-    apply_place(o, x, PsdPlace{.task_index = x.task_index, .num_ps = static_cast<int>(hosts.size()),
-                               .address = hosts[x.task_index]});
+    apply_place(o, x,
+                PsdPlace{.task_index = x.task_index,
+                         .num_ps = static_cast<int>(hosts.size()),
+                         .address = hosts[x.task_index]});
   }
   if (o.shard.num_shards < 1 || o.shard.shard_index >= o.shard.num_shards) {
-    throw ConfigError("--shard_index " + std::to_string(o.shard.shard_index) + " must be below --num_shards " +
-                      std::to_string(o.shard.num_shards));
+    throw ConfigError("--shard_index " + std::to_string(o.shard.shard_index) +
+                      " must be below --num_shards " + std::to_string(o.shard.num_shards));
   }
   if (o.port < 0 || o.port > 65535) throw ConfigError("--port must be in 0..65535");
   // --port 0 means "any port", but --http_port 0 means "no HTTP" (monitoring
@@ -216,12 +253,16 @@ void finish_psd_flags(ServerOptions& o, PsdFlagValues& x, const std::optional<Ps
       if (used != x.http_port.size()) p = -1;
     } catch (...) {
     }
-    if (p < 0 || p > 65535) throw ConfigError("--http_port must be a port (1..65535), 0 (off) or 'any', not '" + x.http_port + "'");
+    if (p < 0 || p > 65535)
+      throw ConfigError("--http_port must be a port (1..65535), 0 (off) or 'any', not '" +
+                        x.http_port + "'");
     if (p > 0) o.http_port = static_cast<uint16_t>(p);
   }
-  if (!o.http_port_file.empty() && !o.http_port) throw ConfigError("--http_port_file needs --http_port");
+  if (!o.http_port_file.empty() && !o.http_port)
+    throw ConfigError("--http_port_file needs --http_port");
   if (x.max_message_mb <= 0 || x.max_tensor_mb <= 0) throw ConfigError("size limits must be > 0");
-  if (x.max_memory_mb < 0) throw ConfigError("--max_memory_mb must be >= 0 (0: 3/4 of this machine's memory)");
+  if (x.max_memory_mb < 0)
+    throw ConfigError("--max_memory_mb must be >= 0 (0: 3/4 of this machine's memory)");
   o.shard.max_message_bytes = static_cast<uint64_t>(x.max_message_mb * (1 << 20));
   o.shard.limits.max_tensor_bytes = static_cast<uint64_t>(x.max_tensor_mb * (1 << 20));
   o.max_memory_bytes = static_cast<uint64_t>(x.max_memory_mb * (1 << 20));
@@ -232,7 +273,8 @@ void finish_psd_flags(ServerOptions& o, PsdFlagValues& x, const std::optional<Ps
   if (!x.http_auth_token_file.empty()) o.http_auth_token = read_auth_token(x.http_auth_token_file);
   if (o.checkpoint.every_secs < 0) throw ConfigError("--checkpoint_secs must be >= 0");
   if (o.checkpoint.keep < 1) throw ConfigError("--keep_checkpoints must be >= 1");
-  if (o.checkpoint.every_secs > 0 && o.checkpoint.dir.empty()) throw ConfigError("--checkpoint_secs needs --checkpoint_dir");
+  if (o.checkpoint.every_secs > 0 && o.checkpoint.dir.empty())
+    throw ConfigError("--checkpoint_secs needs --checkpoint_dir");
   // Last, once every other flag is known good; before psd starts its threads.
   if (x.nice) {
     set_process_nice(*x.nice);

@@ -43,7 +43,7 @@ struct PsdFlagValues {
   std::string http_port = "0";  // 0: no HTTP; "any": a free port
   std::string auth_token_file;
   std::string http_auth_token_file;
-  std::optional<int> nice;  // unset: the priority psd was started with
+  std::optional<int> nice;                       // unset: the priority psd was started with
   const CLI::Option* ps_hosts_option = nullptr;  // count() > 0: --ps_hosts given, even empty
   bool bind_given = false;  // --bind on the command line (else it follows the shard's host)
   // Shared flags (kTrainer): copy the trainer's value into psd's where given.
@@ -68,7 +68,8 @@ struct PsdPlace {
 // `place`, a trainer's ps task), applies --log_level, --nice and the size
 // limits. Without --bind, a shard whose address names a loopback host
 // listens on 127.0.0.1 and any other on 0.0.0.0. Throws ConfigError.
-void finish_psd_flags(ServerOptions& options, PsdFlagValues& extra, const std::optional<PsdPlace>& place = {});
+void finish_psd_flags(ServerOptions& options, PsdFlagValues& extra,
+                      const std::optional<PsdPlace>& place = {});
 
 // Sets spdlog's level; ConfigError for a name it does not know (spdlog alone
 // would turn logging off).

@@ -42,20 +42,23 @@ void write_port_file(const std::string& path, int port) {
 // the RPC system serving a ShardServiceImpl as bootstrap.
 struct Connection {
   Connection(kj::Own<SocketStream> s, Shard& shard, std::string peer, capnp::ReaderOptions reader,
-             MemoryBudget* budget, ConnectionRules rules, std::string refusal = "", pid_t peer_pid = 0)
+             MemoryBudget* budget, ConnectionRules rules, std::string refusal = "",
+             pid_t peer_pid = 0)
       : stream(kj::mv(s)),
         messages(*stream, budget),
         network(messages, capnp::rpc::twoparty::Side::SERVER, reader),
-        rpc(capnp::makeRpcServer(network, kj::heap<ShardServiceImpl>(shard, std::move(peer), std::move(refusal),
-                                                                     stream.get(), peer_pid, std::move(rules)))),
-        replies(budget ? budget->reserve_anyway(MemoryUse::kReplies, 0) : MemoryBudget::Reservation()) {}
+        rpc(capnp::makeRpcServer(
+            network, kj::heap<ShardServiceImpl>(shard, std::move(peer), std::move(refusal),
+                                                stream.get(), peer_pid, std::move(rules)))),
+        replies(budget ? budget->reserve_anyway(MemoryUse::kReplies, 0)
+                       : MemoryBudget::Reservation()) {}
   kj::Own<SocketStream> stream;
   BufferedMessageStream messages;
   capnp::TwoPartyVatNetwork network;
   capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
   // Its replies not yet written, by the memory they hold.
   MemoryBudget::Reservation replies;
-  std::string host;  // the peer's address, for the per-address cap
+  std::string host;    // the peer's address, for the per-address cap
   bool local = false;  // a Unix-socket peer
   ConnectionPlaces::Standing standing = ConnectionPlaces::Standing::kBeforeHello;
 
@@ -75,11 +78,13 @@ struct Connection {
   // after 20,000 pulls of 60 KB: 1.2 GB).
   void hold_reads_past_queued(uint64_t max_message_bytes, MemoryBudget& budget, kj::Timer& timer) {
     const uint64_t limit = std::max<uint64_t>(kMaxQueuedReplyBytes, max_message_bytes);
-    messages.hold_reads_while([this, limit, &budget] {
-      const uint64_t queued = queued_reply_bytes();
-      replies.resize_anyway(queued);
-      return queued > limit || (queued > 0 && budget.available() == 0);
-    }, timer);
+    messages.hold_reads_while(
+        [this, limit, &budget] {
+          const uint64_t queued = queued_reply_bytes();
+          replies.resize_anyway(queued);
+          return queued > limit || (queued > 0 && budget.available() == 0);
+        },
+        timer);
   }
   static constexpr uint64_t kMaxQueuedReplyBytes = 64u << 20;
 };
@@ -108,7 +113,7 @@ std::string peer_name(kj::AsyncIoStream& stream, const std::string& fallback) {
 // The process at the other end of a Unix-domain connection, as the kernel
 // recorded it at connect (0: unknown).
 pid_t peer_pid(kj::AsyncIoStream& stream) {
-  KJ_IF_MAYBE(fd, stream.getFd()) {
+  KJ_IF_MAYBE (fd, stream.getFd()) {
     struct ucred cred {};
     socklen_t len = sizeof(cred);
     if (::getsockopt(*fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) return cred.pid;
@@ -120,7 +125,9 @@ pid_t peer_pid(kj::AsyncIoStream& stream) {
 
 struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
   Impl(ServerOptions o, kj::AsyncIoContext& io)
-      : options(advertise_unix_socket(std::move(o))), io(io), pool(options.threads),
+      : options(advertise_unix_socket(std::move(o))),
+        io(io),
+        pool(options.threads),
         busy_poll(io.unixEventPort, std::chrono::microseconds(options.busy_poll_us)),
         budget(options.max_memory_bytes),
         places(options.max_connections, options.max_connections_per_peer),
@@ -134,91 +141,105 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
 
   // Clients on this host are told the Unix socket's absolute path in hello.
   static ServerOptions advertise_unix_socket(ServerOptions o) {
-    if (!o.unix_socket.empty()) o.shard.unix_socket = std::filesystem::absolute(o.unix_socket).string();
+    if (!o.unix_socket.empty())
+      o.shard.unix_socket = std::filesystem::absolute(o.unix_socket).string();
     return o;
   }
 
-  void taskFailed(kj::Exception&& e) override { spdlog::warn("connection task failed: {}", e.getDescription().cStr()); }
+  void taskFailed(kj::Exception&& e) override {
+    spdlog::warn("connection task failed: {}", e.getDescription().cStr());
+  }
 
   kj::Promise<void> accept_loop(kj::ConnectionReceiver& listener, std::string kind) {
     // evalNow: kj's accept() throws at once when accept4() fails with the
     // socket ready (EMFILE), rather than rejecting.
-    return kj::evalNow([&] { return listener.accept(); }).then([this, &listener, kind](kj::Own<kj::AsyncIoStream>&& accepted) {
-      const pid_t pid = kind == "unix" ? peer_pid(*accepted) : 0;
-      kj::Own<SocketStream> stream = rewrap(kj::mv(accepted));
-      if (!stream) {
-        spdlog::warn("dropped a {} connection: cannot take over its socket: {}", kind, strerror(errno));
-        return accept_loop(listener, kind);
-      }
-      std::string peer = peer_name(*stream, kind);
-      const bool local = kind == "unix";
-      std::string host(LogLimiter::host_of(peer));
-      std::optional<std::string> why = places.refuse_connection(host, local);
-      if (why) {
-        uint64_t suppressed = 0;
-        if (log_limiter.allow(peer, "refused connection", &suppressed)) {
-          spdlog::warn("refused a {} connection from {}: {}{}", kind, peer, *why, LogLimiter::note(suppressed));
-        }
-        serve_refusal(kj::mv(stream), std::move(peer), std::move(*why));
-        return accept_loop(listener, kind);
-      }
-      capnp::ReaderOptions reader;
-      reader.traversalLimitInWords = options.shard.max_message_bytes / sizeof(capnp::word) + 1024;
-      reader.nestingLimit = 64;
-      // The connection, once it is in the list (a hello can only come after this returns).
-      auto self = std::make_shared<Connection*>(nullptr);
-      ConnectionRules rules;
-      rules.hello_deadline = options.hello_deadline_ms * kj::MILLISECONDS;
-      rules.log = &log_limiter;
-      rules.admit_hello = [this](const Caller& caller) {
-        if (caller.worker_index >= 0 || caller.is_chief) return;
-        const JobState& job = shard.job();
-        if (auto no = places.refuse_anonymous_hello(job.configured() ? job.config().total_replicas : 0)) {
-          throw RequestError(*no);
-        }
-      };
-      rules.on_hello = [this, self](const Caller& caller) {
-        Connection& c = **self;
-        c.standing = caller.worker_index >= 0 || caller.is_chief ? ConnectionPlaces::Standing::kMember
-                                                                 : ConnectionPlaces::Standing::kAnonymous;
-        places.said_hello(c.host, c.local, c.standing);
-        c.messages.set_max_message_bytes(UINT64_MAX);  // the reader's traversal limit still applies
-      };
-      auto it = connections.emplace(connections.end(), kj::mv(stream), shard, peer, reader, &budget, std::move(rules),
-                                    "", pid);
-      *self = &*it;
-      it->host = host;
-      it->local = local;
-      places.opened(host, local);
-      it->messages.set_max_message_bytes(kMaxMessageBeforeHello);
-      it->messages.yield_every(kMessagesPerTurn, io.provider->getTimer());
-      it->messages.limit_unfinished_calls(kMaxUnfinishedCalls, kBytesPerUnfinishedCall);
-      it->messages.limit_message_time(options.request_timeout_ms * kj::MILLISECONDS, kMinRequestBytesPerSec,
-                                      io.provider->getTimer());
-      it->hold_reads_past_queued(options.shard.max_message_bytes, budget, io.provider->getTimer());
-      tasks->add(it->network.onDisconnect().then([this, it] {
-        drop(it);
-      }, [this, it, peer](kj::Exception&& e) {
-        uint64_t suppressed = 0;
-        if (log_limiter.allow(peer, "ended", &suppressed)) {
-          spdlog::info("connection {} ended: {}{}", peer, e.getDescription().cStr(), LogLimiter::note(suppressed));
-        }
-        drop(it);
-      }));
-      return accept_loop(listener, kind);
-    }, [this, &listener, kind](kj::Exception&& e) {
-      log_accept_failure(kind, e);  // accept_retry.h
-      return io.provider->getTimer().afterDelay(kAcceptRetry).then([this, &listener, kind] {
-        return accept_loop(listener, kind);
-      });
-    });
+    return kj::evalNow([&] { return listener.accept(); })
+        .then(
+            [this, &listener, kind](kj::Own<kj::AsyncIoStream>&& accepted) {
+              const pid_t pid = kind == "unix" ? peer_pid(*accepted) : 0;
+              kj::Own<SocketStream> stream = rewrap(kj::mv(accepted));
+              if (!stream) {
+                spdlog::warn("dropped a {} connection: cannot take over its socket: {}", kind,
+                             strerror(errno));
+                return accept_loop(listener, kind);
+              }
+              std::string peer = peer_name(*stream, kind);
+              const bool local = kind == "unix";
+              std::string host(LogLimiter::host_of(peer));
+              std::optional<std::string> why = places.refuse_connection(host, local);
+              if (why) {
+                uint64_t suppressed = 0;
+                if (log_limiter.allow(peer, "refused connection", &suppressed)) {
+                  spdlog::warn("refused a {} connection from {}: {}{}", kind, peer, *why,
+                               LogLimiter::note(suppressed));
+                }
+                serve_refusal(kj::mv(stream), std::move(peer), std::move(*why));
+                return accept_loop(listener, kind);
+              }
+              capnp::ReaderOptions reader;
+              reader.traversalLimitInWords =
+                  options.shard.max_message_bytes / sizeof(capnp::word) + 1024;
+              reader.nestingLimit = 64;
+              // The connection, once it is in the list (a hello can only come after this returns).
+              auto self = std::make_shared<Connection*>(nullptr);
+              ConnectionRules rules;
+              rules.hello_deadline = options.hello_deadline_ms * kj::MILLISECONDS;
+              rules.log = &log_limiter;
+              rules.admit_hello = [this](const Caller& caller) {
+                if (caller.worker_index >= 0 || caller.is_chief) return;
+                const JobState& job = shard.job();
+                if (auto no = places.refuse_anonymous_hello(
+                        job.configured() ? job.config().total_replicas : 0)) {
+                  throw RequestError(*no);
+                }
+              };
+              rules.on_hello = [this, self](const Caller& caller) {
+                Connection& c = **self;
+                c.standing = caller.worker_index >= 0 || caller.is_chief
+                                 ? ConnectionPlaces::Standing::kMember
+                                 : ConnectionPlaces::Standing::kAnonymous;
+                places.said_hello(c.host, c.local, c.standing);
+                c.messages.set_max_message_bytes(
+                    UINT64_MAX);  // the reader's traversal limit still applies
+              };
+              auto it = connections.emplace(connections.end(), kj::mv(stream), shard, peer, reader,
+                                            &budget, std::move(rules), "", pid);
+              *self = &*it;
+              it->host = host;
+              it->local = local;
+              places.opened(host, local);
+              it->messages.set_max_message_bytes(kMaxMessageBeforeHello);
+              it->messages.yield_every(kMessagesPerTurn, io.provider->getTimer());
+              it->messages.limit_unfinished_calls(kMaxUnfinishedCalls, kBytesPerUnfinishedCall);
+              it->messages.limit_message_time(options.request_timeout_ms * kj::MILLISECONDS,
+                                              kMinRequestBytesPerSec, io.provider->getTimer());
+              it->hold_reads_past_queued(options.shard.max_message_bytes, budget,
+                                         io.provider->getTimer());
+              tasks->add(it->network.onDisconnect().then(
+                  [this, it] { drop(it); },
+                  [this, it, peer](kj::Exception&& e) {
+                    uint64_t suppressed = 0;
+                    if (log_limiter.allow(peer, "ended", &suppressed)) {
+                      spdlog::info("connection {} ended: {}{}", peer, e.getDescription().cStr(),
+                                   LogLimiter::note(suppressed));
+                    }
+                    drop(it);
+                  }));
+              return accept_loop(listener, kind);
+            },
+            [this, &listener, kind](kj::Exception&& e) {
+              log_accept_failure(kind, e);  // accept_retry.h
+              return io.provider->getTimer().afterDelay(kAcceptRetry).then([this, &listener, kind] {
+                return accept_loop(listener, kind);
+              });
+            });
   }
 
   // The accepted socket as a ps::SocketStream (common/net/socket_stream.h):
   // fewer system calls per message than kj's own stream, and pull replies
   // sent from tensor memory. Null (errno set) if the fd cannot be had.
   kj::Own<SocketStream> rewrap(kj::Own<kj::AsyncIoStream> stream) {
-    KJ_IF_MAYBE(fd, stream->getFd()) {
+    KJ_IF_MAYBE (fd, stream->getFd()) {
       const int copy = ::dup(*fd);
       if (copy >= 0) {
         auto wrapped = wrap_socket(io.unixEventPort, copy, &busy_poll);
@@ -247,8 +268,9 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
       const uint64_t freed = budget.take_freed();
       freed_since_trim += freed;
       const bool calm = freed < kCalmFreedBytes && freed_since_trim >= kTrimAfterFreedBytes;
-      if (calm || (freed_since_trim >= kTrimAfterFreedBytes &&
-                   malloc_free_bytes() > std::max<uint64_t>(kTrimAnywayFreeBytes, 4 * budget.used()))) {
+      if (calm ||
+          (freed_since_trim >= kTrimAfterFreedBytes &&
+           malloc_free_bytes() > std::max<uint64_t>(kTrimAnywayFreeBytes, 4 * budget.used()))) {
         trim_freed_memory();
         freed_since_trim = 0;
       }
@@ -265,13 +287,16 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
     reader.traversalLimitInWords = 64 * 1024;
     ConnectionRules rules;
     rules.hello_deadline = 0 * kj::SECONDS;  // closed after a few seconds anyway (below)
-    auto it = refused.emplace(refused.end(), kj::mv(stream), shard, std::move(peer), reader, nullptr, std::move(rules),
-                              std::move(why));
+    auto it = refused.emplace(refused.end(), kj::mv(stream), shard, std::move(peer), reader,
+                              nullptr, std::move(rules), std::move(why));
     it->messages.set_max_message_bytes(kMaxMessageBeforeHello);
     auto drop = [this, it] { refused.erase(it); };
     // (Copies of `drop`: a promise given an lvalue lambda keeps a reference to it.)
-    tasks->add(it->network.onDisconnect().then([drop] { drop(); }, [drop](kj::Exception&&) { drop(); })
-                   .exclusiveJoin(io.provider->getTimer().afterDelay(5 * kj::SECONDS).then([drop] { drop(); })));
+    tasks->add(it->network.onDisconnect()
+                   .then([drop] { drop(); }, [drop](kj::Exception&&) { drop(); })
+                   .exclusiveJoin(io.provider->getTimer().afterDelay(5 * kj::SECONDS).then([drop] {
+                     drop();
+                   })));
   }
 
   // A peer that has not said hello may send only messages this large (a
@@ -286,7 +311,7 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
   // A large request gets --request_timeout_secs plus a second per this many bytes.
   static constexpr uint64_t kMinRequestBytesPerSec = 1u << 20;
   static constexpr uint64_t kTrimAfterFreedBytes = 64u << 20;
-  static constexpr uint64_t kCalmFreedBytes = 4u << 20;         // given back in a second: calm
+  static constexpr uint64_t kCalmFreedBytes = 4u << 20;  // given back in a second: calm
   static constexpr uint64_t kTrimAnywayFreeBytes = 1ull << 30;
 
   ServerOptions options;
@@ -318,62 +343,78 @@ void PsServer::run(kj::Promise<void> stop) {
   // Restore before listening: no client ever sees the shard half-loaded.
   if (impl_->checkpointer) impl_->checkpointer->restore();
   try {
-    auto addr = io.provider->getNetwork().parseAddress(o.bind, static_cast<uint>(o.port)).wait(io.waitScope);
+    auto addr = io.provider->getNetwork()
+                    .parseAddress(o.bind, static_cast<uint>(o.port))
+                    .wait(io.waitScope);
     tcp = addr->listen();
   } catch (const kj::Exception& e) {
-    throw ConfigError("psd: cannot listen on " + o.bind + ":" + std::to_string(o.port) + " (--bind, --port): " +
-                      for_people(e.getDescription().cStr()));
+    throw ConfigError("psd: cannot listen on " + o.bind + ":" + std::to_string(o.port) +
+                      " (--bind, --port): " + for_people(e.getDescription().cStr()));
   }
   const int port = static_cast<int>(tcp->getPort());
   if (!o.unix_socket.empty()) {
     ::unlink(o.unix_socket.c_str());
     try {
-      local = io.provider->getNetwork().parseAddress("unix:" + o.unix_socket).wait(io.waitScope)->listen();
+      local = io.provider->getNetwork()
+                  .parseAddress("unix:" + o.unix_socket)
+                  .wait(io.waitScope)
+                  ->listen();
     } catch (const kj::Exception& e) {
-      throw ConfigError("psd: cannot listen on unix:" + o.unix_socket + " (--unix_socket): " +
-                        for_people(e.getDescription().cStr()));
+      throw ConfigError("psd: cannot listen on unix:" + o.unix_socket +
+                        " (--unix_socket): " + for_people(e.getDescription().cStr()));
     }
   }
   kj::Own<kj::ConnectionReceiver> http;
   if (o.http_port) {
     try {
-      http = io.provider->getNetwork().parseAddress(o.bind, *o.http_port).wait(io.waitScope)->listen();
+      http =
+          io.provider->getNetwork().parseAddress(o.bind, *o.http_port).wait(io.waitScope)->listen();
     } catch (const kj::Exception& e) {
-      throw ConfigError(fmt::format("psd: cannot listen for HTTP on {}:{} (--http_port): {}", o.bind, *o.http_port,
-                                    for_people(e.getDescription().cStr())));
+      throw ConfigError(fmt::format("psd: cannot listen for HTTP on {}:{} (--http_port): {}",
+                                    o.bind, *o.http_port, for_people(e.getDescription().cStr())));
     }
     // Before port_file: whoever waits for port_file may read this one at once.
-    if (!o.http_port_file.empty()) write_port_file(o.http_port_file, static_cast<int>(http->getPort()));
-    spdlog::info("psd shard {} serving HTTP (/metrics, /healthz, status page) on http://{}:{}/", o.shard.shard_index,
-                 o.bind, http->getPort());
+    if (!o.http_port_file.empty())
+      write_port_file(o.http_port_file, static_cast<int>(http->getPort()));
+    spdlog::info("psd shard {} serving HTTP (/metrics, /healthz, status page) on http://{}:{}/",
+                 o.shard.shard_index, o.bind, http->getPort());
   }
   if (!o.port_file.empty()) write_port_file(o.port_file, port);
   const int send_buffer_kb = same_host_send_buffer_bytes() >> 10;
-  spdlog::info("psd shard {}/{} listening on {}:{}{} ({} compute threads, same-host TCP send buffer {}, "
-               "memory budget {} MiB (--max_memory_mb))",
-               o.shard.shard_index, o.shard.num_shards, o.bind, port,
-               o.unix_socket.empty() ? "" : " and unix:" + o.unix_socket, o.threads,
-               send_buffer_kb > 0 ? std::to_string(send_buffer_kb) + " KiB" : "autotuned", impl_->budget.limit() >> 20);
+  spdlog::info(
+      "psd shard {}/{} listening on {}:{}{} ({} compute threads, same-host TCP send buffer {}, "
+      "memory budget {} MiB (--max_memory_mb))",
+      o.shard.shard_index, o.shard.num_shards, o.bind, port,
+      o.unix_socket.empty() ? "" : " and unix:" + o.unix_socket, o.threads,
+      send_buffer_kb > 0 ? std::to_string(send_buffer_kb) + " KiB" : "autotuned",
+      impl_->budget.limit() >> 20);
 
-  auto serving = impl_->accept_loop(*tcp, "tcp").exclusiveJoin(impl_->housekeeping(io.provider->getTimer()));
+  auto serving =
+      impl_->accept_loop(*tcp, "tcp").exclusiveJoin(impl_->housekeeping(io.provider->getTimer()));
   if (impl_->checkpointer && o.checkpoint.every_secs > 0) {
     serving = serving.exclusiveJoin(impl_->checkpointer->run_periodic(io.provider->getTimer()));
   }
-  serving = serving.exclusiveJoin(impl_->shard.watch_workers(io.provider->getTimer()));  // timeouts; waits said in the log
+  serving = serving.exclusiveJoin(
+      impl_->shard.watch_workers(io.provider->getTimer()));  // timeouts; waits said in the log
   if (local) serving = serving.exclusiveJoin(impl_->accept_loop(*local, "unix"));
   if (http) {
     // Same event loop as the RPC: the handlers read the shard without locks.
-    impl_->http = std::make_unique<MonitoringHttp>(impl_->shard, io.provider->getTimer(),
-                                                  o.http_auth_token.empty() ? o.shard.auth_token : o.http_auth_token);
+    impl_->http = std::make_unique<MonitoringHttp>(
+        impl_->shard, io.provider->getTimer(),
+        o.http_auth_token.empty() ? o.shard.auth_token : o.http_auth_token);
     serving = serving.exclusiveJoin(impl_->http->serve(*http));
   }
   if (o.exit_when_done) {
     auto done = kj::newPromiseAndFulfiller<void>();
     impl_->shard.job().on_done([f = done.fulfiller.get()] { f->fulfill(); });
     // Give the last replies time to leave before the connections close.
-    stop = stop.exclusiveJoin(done.promise.then([&io] { return io.provider->getTimer().afterDelay(200 * kj::MILLISECONDS); })
-                                  .then([] { spdlog::info("job done and all workers gone"); }))
-               .attach(kj::mv(done.fulfiller));
+    stop =
+        stop.exclusiveJoin(done.promise
+                               .then([&io] {
+                                 return io.provider->getTimer().afterDelay(200 * kj::MILLISECONDS);
+                               })
+                               .then([] { spdlog::info("job done and all workers gone"); }))
+            .attach(kj::mv(done.fulfiller));
   }
   serving.exclusiveJoin(kj::mv(stop)).wait(io.waitScope);
   impl_->shard.job().on_done(nullptr);
@@ -418,7 +459,9 @@ void serve_until_signal(const ServerOptions& options) {
   auto io = kj::setupAsyncIo();
   auto stop = io.unixEventPort.onSignal(SIGTERM)
                   .exclusiveJoin(io.unixEventPort.onSignal(SIGINT))
-                  .then([](siginfo_t info) { spdlog::info("received signal {}, shutting down", info.si_signo); });
+                  .then([](siginfo_t info) {
+                    spdlog::info("received signal {}, shutting down", info.si_signo);
+                  });
   PsServer server(options, io);
   server.run(kj::mv(stop));
 }

@@ -24,15 +24,16 @@ namespace ps {
 
 struct ServerOptions {
   std::string bind = "127.0.0.1";
-  int port = 2222;              // 0 picks a free port (see port_file)
-  std::string unix_socket;      // also listen on this path when set
-  std::string port_file;        // write the bound TCP port here once listening
-  std::optional<uint16_t> http_port;  // serve /metrics, /healthz and the status page; 0 picks a free port
-  std::string http_port_file;   // write the bound HTTP port here (before port_file is written)
+  int port = 2222;          // 0 picks a free port (see port_file)
+  std::string unix_socket;  // also listen on this path when set
+  std::string port_file;    // write the bound TCP port here once listening
+  std::optional<uint16_t>
+      http_port;               // serve /metrics, /healthz and the status page; 0 picks a free port
+  std::string http_port_file;  // write the bound HTTP port here (before port_file is written)
   // Non-empty: every HTTP path but /healthz needs "Authorization: Bearer
   // <token>". Empty: shard.auth_token's (the RPC token) if any.
   std::string http_auth_token;
-  unsigned threads = 2;         // compute pool size; 0 = apply on the event loop
+  unsigned threads = 2;  // compute pool size; 0 = apply on the event loop
   uint32_t max_connections = 1024;
   // Connections from one address that are not a worker's or the chief's
   // (before hello, or anonymous) served at once; 0: no cap
@@ -56,9 +57,9 @@ struct ServerOptions {
   // connection had closed (common/net/socket_stream.h, detect_dead_peer).
   // 0: Linux's defaults (no keepalive: connected for good).
   unsigned dead_peer_secs = 30;
-  bool exit_when_done = true;   // exit once the chief said finish and the workers left
+  bool exit_when_done = true;  // exit once the chief said finish and the workers left
   ShardOptions shard;
-  CheckpointOptions checkpoint; // restored at start, written periodically and on stop
+  CheckpointOptions checkpoint;  // restored at start, written periodically and on stop
 };
 
 // Runs a PsServer on this thread until SIGTERM or SIGINT (or the job is

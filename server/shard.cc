@@ -21,7 +21,9 @@ namespace {
 
 class LogErrors final : public kj::TaskSet::ErrorHandler {
  public:
-  void taskFailed(kj::Exception&& e) override { spdlog::error("update task failed: {}", e.getDescription().cStr()); }
+  void taskFailed(kj::Exception&& e) override {
+    spdlog::error("update task failed: {}", e.getDescription().cStr());
+  }
 };
 LogErrors log_errors;
 
@@ -44,28 +46,50 @@ uint64_t draw_instance_id() {
 
 const char* request_kind_name(RequestKind kind) {
   switch (kind) {
-    case RequestKind::kHello: return "hello";
-    case RequestKind::kCheckpoint: return "checkpoint";
-    case RequestKind::kCreate: return "create";
-    case RequestKind::kPull: return "pull";
-    case RequestKind::kPush: return "push";
-    case RequestKind::kList: return "list";
-    case RequestKind::kStats: return "stats";
-    case RequestKind::kInitJob: return "initJob";
-    case RequestKind::kSetReady: return "setReady";
-    case RequestKind::kWaitReady: return "waitReady";
-    case RequestKind::kStepDone: return "stepDone";
-    case RequestKind::kBarrier: return "barrier";
-    case RequestKind::kFinish: return "finish";
-    case RequestKind::kReport: return "report";
-    case RequestKind::kProbe: return "probe";
-    case RequestKind::kAttachMemory: return "attachMemory";
-    case RequestKind::kCreateTables: return "createTables";
-    case RequestKind::kPullRows: return "pullRows";
-    case RequestKind::kPushRows: return "pushRows";
-    case RequestKind::kListTables: return "listTables";
-    case RequestKind::kRestoreRows: return "restoreRows";
-    case RequestKind::kCount: break;
+    case RequestKind::kHello:
+      return "hello";
+    case RequestKind::kCheckpoint:
+      return "checkpoint";
+    case RequestKind::kCreate:
+      return "create";
+    case RequestKind::kPull:
+      return "pull";
+    case RequestKind::kPush:
+      return "push";
+    case RequestKind::kList:
+      return "list";
+    case RequestKind::kStats:
+      return "stats";
+    case RequestKind::kInitJob:
+      return "initJob";
+    case RequestKind::kSetReady:
+      return "setReady";
+    case RequestKind::kWaitReady:
+      return "waitReady";
+    case RequestKind::kStepDone:
+      return "stepDone";
+    case RequestKind::kBarrier:
+      return "barrier";
+    case RequestKind::kFinish:
+      return "finish";
+    case RequestKind::kReport:
+      return "report";
+    case RequestKind::kProbe:
+      return "probe";
+    case RequestKind::kAttachMemory:
+      return "attachMemory";
+    case RequestKind::kCreateTables:
+      return "createTables";
+    case RequestKind::kPullRows:
+      return "pullRows";
+    case RequestKind::kPushRows:
+      return "pushRows";
+    case RequestKind::kListTables:
+      return "listTables";
+    case RequestKind::kRestoreRows:
+      return "restoreRows";
+    case RequestKind::kCount:
+      break;
   }
   return "?";
 }
@@ -86,7 +110,9 @@ Shard::Shard(ShardOptions options, ComputePool& pool, kj::Timer& timer, MemoryBu
   job_.on_worker_lost([this] { recheck_sync_step(); });
 }
 
-void Shard::hello(const Caller& caller) { job_.connect(caller.worker_index, caller.is_chief, caller.peer); }
+void Shard::hello(const Caller& caller) {
+  job_.connect(caller.worker_index, caller.is_chief, caller.peer);
+}
 
 void Shard::goodbye(const Caller& caller) { job_.disconnect(caller.worker_index, caller.is_chief); }
 
@@ -104,12 +130,14 @@ void Shard::create(const CreateRequest& request, CreateReply& reply) {
   if ((request.pending_tensors != 0 || request.pending_bytes != 0) && !request.validate_only) {
     throw RequestError("create: pending tensors are counted only when validating");
   }
-  const auto values = request.values_left_out ? TensorStore::Values::kLeftOut : TensorStore::Values::kGiven;
+  const auto values =
+      request.values_left_out ? TensorStore::Values::kLeftOut : TensorStore::Values::kGiven;
   // Validate everything first, so a bad spec in a batch creates nothing.
   std::set<std::string> names;
   // With what the same create's earlier checks found new here (a value too
   // large only makes this check fail: the caller's own loss).
-  TensorStore::Pending pending{request.pending_bytes, static_cast<std::size_t>(request.pending_tensors)};
+  TensorStore::Pending pending{request.pending_bytes,
+                               static_cast<std::size_t>(request.pending_tensors)};
   for (const CreateRequest::Tensor& t : request.tensors) {
     if (!names.insert(t.spec.name).second) {
       throw RequestError("create: tensor '" + t.spec.name + "' appears twice in one request");
@@ -130,7 +158,9 @@ void Shard::create(const CreateRequest& request, CreateReply& reply) {
   counters_.creates += request.tensors.size();
 }
 
-bool Shard::runs_inline(const StoredTensor* t) const { return t->size() * sizeof(float) <= options_.inline_bytes; }
+bool Shard::runs_inline(const StoredTensor* t) const {
+  return t->size() * sizeof(float) <= options_.inline_bytes;
+}
 
 kj::Promise<void> Shard::run_on(StoredTensor* t, std::function<void()> fn) {
   if (runs_inline(t)) {
@@ -151,7 +181,8 @@ void Shard::timed_apply(StoredTensor* t, std::span<const float> g, float scale) 
   // to an apply.
   const auto start = std::chrono::steady_clock::now();
   const bool applied = t->apply(g, scale, !options_.allow_nonfinite);
-  apply_latency_.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  apply_latency_.observe(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   if (!applied) {
     ++counters_.rejected;
     throw RequestError(nonfinite_update_refusal(t->spec()));
@@ -162,23 +193,27 @@ void Shard::timed_apply(StoredTensor* t, std::span<const float> g, float scale) 
 // client could otherwise overflow the differences taken between steps).
 int64_t Shard::checked_step(int64_t step, const char* what) {
   if (!step_in_range(step)) {
-    throw RequestError(std::string(what) + ": step " + std::to_string(step) + " is out of range [0, 2^62]");
+    throw RequestError(std::string(what) + ": step " + std::to_string(step) +
+                       " is out of range [0, 2^62]");
   }
   return step;
 }
 
-const std::byte* Shard::shared_slice(const Caller& caller, const SharedSliceRef& slice, const char* what) const {
+const std::byte* Shard::shared_slice(const Caller& caller, const SharedSliceRef& slice,
+                                     const char* what) const {
   if (!caller.shared) {
-    throw RequestError(std::string(what) + ": this connection has no shared memory region (attachMemory first)");
+    throw RequestError(std::string(what) +
+                       ": this connection has no shared memory region (attachMemory first)");
   }
   if (slice.region != caller.shared_id) {
-    throw RequestError(std::string(what) + ": no shared memory region " + std::to_string(slice.region) +
-                       " on this connection");
+    throw RequestError(std::string(what) + ": no shared memory region " +
+                       std::to_string(slice.region) + " on this connection");
   }
   if (!caller.shared->contains(slice.offset, slice.bytes)) {
-    throw RequestError(std::string(what) + ": shared slice of " + std::to_string(slice.bytes) + " bytes at " +
-                       std::to_string(slice.offset) + " lies outside the region of " +
-                       std::to_string(caller.shared->size()) + " bytes");
+    throw RequestError(std::string(what) + ": shared slice of " + std::to_string(slice.bytes) +
+                       " bytes at " + std::to_string(slice.offset) +
+                       " lies outside the region of " + std::to_string(caller.shared->size()) +
+                       " bytes");
   }
   return caller.shared->data() + slice.offset;
 }
@@ -190,7 +225,8 @@ uint64_t Shard::trainable_count() const {
 }
 
 std::pair<int64_t, bool> Shard::step_done(const Caller& caller, int64_t step) {
-  if (caller.worker_index < 0) throw RequestError("stepDone: only workers report steps (say hello with a worker index)");
+  if (caller.worker_index < 0)
+    throw RequestError("stepDone: only workers report steps (say hello with a worker index)");
   checked_step(step, "stepDone");
   job_.check_worker(caller.worker_index);
   saw_worker(caller.worker_index);
@@ -204,20 +240,25 @@ std::pair<int64_t, bool> Shard::step_done(const Caller& caller, int64_t step) {
   return {job_.global_step(), job_.stop_reached()};
 }
 
-std::pair<int64_t, bool> Shard::step_done_request(const Caller& caller, int64_t step, uint64_t request_id) {
-  if (request_id != 0 && caller.worker_index >= 0 && requests_.find(caller.worker_index, request_id) != nullptr) {
+std::pair<int64_t, bool> Shard::step_done_request(const Caller& caller, int64_t step,
+                                                  uint64_t request_id) {
+  if (request_id != 0 && caller.worker_index >= 0 &&
+      requests_.find(caller.worker_index, request_id) != nullptr) {
     ++counters_.duplicate_requests;
     return {job_.global_step(), job_.stop_reached()};
   }
   auto answer = step_done(caller, step);
-  if (request_id != 0) requests_.record(caller.worker_index, RecentRequest{request_id, answer.first, {}});
+  if (request_id != 0)
+    requests_.record(caller.worker_index, RecentRequest{request_id, answer.first, {}});
   return answer;
 }
 
 void Shard::report(const Caller& caller, WorkerReport r) {
-  if (caller.worker_index < 0) throw RequestError("report: only workers report progress (say hello with a worker index)");
+  if (caller.worker_index < 0)
+    throw RequestError("report: only workers report progress (say hello with a worker index)");
   job_.check_worker(caller.worker_index);
-  r.unix_secs = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  r.unix_secs =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   job_.worker(caller.worker_index).report = r;
 }
 

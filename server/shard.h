@@ -52,17 +52,39 @@ struct ShardOptions {
   uint64_t inline_bytes = 1u << 20;        // smaller updates and reads run on the event loop
   uint64_t max_message_bytes = 80u << 20;  // advertised to clients; enforced by the RPC reader
   StoreLimits limits;
-  std::string auth_token;                  // non-empty: hello must carry it
-  std::string unix_socket;                 // absolute path psd also listens on, told to clients; empty: none
-  uint64_t max_tensors_per_client = 0;     // tensors one connection may create; 0 = no limit
-  uint32_t worker_timeout_secs = 0;        // sync: a silent worker is not waited for after this; 0 = never
-  uint64_t max_shared_memory_bytes = 1ull << 30;  // largest region a Unix-socket client may attach; 0: none
+  std::string auth_token;   // non-empty: hello must carry it
+  std::string unix_socket;  // absolute path psd also listens on, told to clients; empty: none
+  uint64_t max_tensors_per_client = 0;  // tensors one connection may create; 0 = no limit
+  uint32_t worker_timeout_secs =
+      0;  // sync: a silent worker is not waited for after this; 0 = never
+  uint64_t max_shared_memory_bytes =
+      1ull << 30;  // largest region a Unix-socket client may attach; 0: none
 };
 
 // The RPC methods, for per-kind request counts (ps_requests_total{kind=...}).
 enum class RequestKind : unsigned {
-  kHello, kCreate, kPull, kPush, kList, kStats, kInitJob, kSetReady, kWaitReady, kStepDone, kBarrier, kFinish,
-  kReport, kCheckpoint, kProbe, kAttachMemory, kCreateTables, kPullRows, kPushRows, kListTables, kRestoreRows, kCount
+  kHello,
+  kCreate,
+  kPull,
+  kPush,
+  kList,
+  kStats,
+  kInitJob,
+  kSetReady,
+  kWaitReady,
+  kStepDone,
+  kBarrier,
+  kFinish,
+  kReport,
+  kCheckpoint,
+  kProbe,
+  kAttachMemory,
+  kCreateTables,
+  kPullRows,
+  kPushRows,
+  kListTables,
+  kRestoreRows,
+  kCount
 };
 constexpr std::size_t kRequestKinds = static_cast<std::size_t>(RequestKind::kCount);
 // The name used as the metric label (the schema's method name; "probe" for
@@ -81,10 +103,11 @@ struct ShardCounters {
   std::atomic<uint64_t> stale{0};
   std::atomic<uint64_t> bytes_in{0};
   std::atomic<uint64_t> bytes_out{0};
-  std::atomic<uint64_t> shared_bytes{0};        // of bytes_in and bytes_out, through shared memory
+  std::atomic<uint64_t> shared_bytes{0};  // of bytes_in and bytes_out, through shared memory
   std::atomic<uint64_t> steps_applied{0};
   std::atomic<uint32_t> connections{0};
-  std::atomic<uint64_t> duplicate_requests{0};   // retried pushes and step reports answered, not applied again
+  std::atomic<uint64_t> duplicate_requests{
+      0};  // retried pushes and step reports answered, not applied again
   std::atomic<int64_t> last_checkpoint_step{-1};
   std::atomic<double> last_checkpoint_unix_secs{0};
 };
@@ -153,14 +176,16 @@ class Shard {
   std::pair<int64_t, bool> step_done(const Caller& caller, int64_t step);
   // The stepDone RPC: step_done once per request id (nonzero), so that a
   // report retried after a lost reply does not move an async job's step twice.
-  std::pair<int64_t, bool> step_done_request(const Caller& caller, int64_t step, uint64_t request_id);
+  std::pair<int64_t, bool> step_done_request(const Caller& caller, int64_t step,
+                                             uint64_t request_id);
   // Keeps a worker's progress report (the report RPC) for metrics and the status page.
   // (`report.unix_secs` is set here, to when psd received it.)
   void report(const Caller& caller, WorkerReport report);
   // --- Embedding tables (shard_tables.cc) ---
   // Creates this shard's part of each table, all checked first; existing
   // tables of the same kind are reported (created = false).
-  std::vector<TableReport> create_tables(const std::vector<ShardTableSpec>& specs, bool validate_only);
+  std::vector<TableReport> create_tables(const std::vector<ShardTableSpec>& specs,
+                                         bool validate_only);
   // Reads rows into the buffer `out` gives (after waiting for min_step in
   // sync and bounded-staleness modes, as pull).
   kj::Promise<void> pull_rows(const Caller& caller, PullRowsRequest request, RowsOut out);
@@ -170,8 +195,9 @@ class Shard {
   // Sets rows (values and optimizer slots) of a table, as a restore into
   // another shard count does; the table's update count becomes at least
   // `version`. Checked whole first (ids, lengths, NaN/Inf, row limit).
-  void restore_rows(std::string_view table, std::span<const uint64_t> ids, std::span<const float> values,
-                    const std::vector<std::span<const float>>& slots, uint64_t version);
+  void restore_rows(std::string_view table, std::span<const uint64_t> ids,
+                    std::span<const float> values, const std::vector<std::span<const float>>& slots,
+                    uint64_t version);
   // Called by whoever writes a checkpoint, once it is durable.
   void note_checkpoint(int64_t step, double unix_secs);
 
@@ -234,8 +260,8 @@ class Shard {
   static int64_t checked_step(int64_t step, const char* what);
   // Per-tensor sums for the current sync step.
   struct SyncSlot {
-    std::vector<float> sum;        // written on the tensor's strand
-    uint32_t count = 0;            // the rest on the event loop
+    std::vector<float> sum;  // written on the tensor's strand
+    uint32_t count = 0;      // the rest on the event loop
     std::vector<int> contributors;
     bool complete = false;
   };
@@ -246,13 +272,15 @@ class Shard {
   // --- pull's steps (shard_pull.cc) ---
   struct PullPlan {
     std::vector<StoredTensor*> tensors;
-    std::vector<int64_t> into;  // per tensor: -1 into the reply, else an offset in the caller's region
+    std::vector<int64_t>
+        into;  // per tensor: -1 into the reply, else an offset in the caller's region
     int64_t min_step = 0;
   };
   // Check: every name, slice and the reply's size; throws RequestError.
   PullPlan check_pull(const Caller& caller, const PullRequest& request) const;
   // Reads the tensors into `reply` (route: the wait for the step comes first).
-  kj::Promise<void> read_tensors(std::vector<StoredTensor*> tensors, const std::vector<int64_t>& into,
+  kj::Promise<void> read_tensors(std::vector<StoredTensor*> tensors,
+                                 const std::vector<int64_t>& into,
                                  std::shared_ptr<SharedRegion> shared, PullReply& reply);
 
   // --- push's steps (shard_push.cc) ---
@@ -281,19 +309,22 @@ class Shard {
 
   // The bytes a slice names in the caller's region; throws RequestError
   // (naming `what`) for a slice that is not there.
-  const std::byte* shared_slice(const Caller& caller, const SharedSliceRef& slice, const char* what) const;
+  const std::byte* shared_slice(const Caller& caller, const SharedSliceRef& slice,
+                                const char* what) const;
   // An async push whose update of a tensor applied on the event loop would
   // leave a value NaN or Inf is refused before any of it is applied (the
   // check of larger tensors runs on their strand, as they are applied:
   // StoredTensor::apply). Throws RequestError (shard_checks.cc).
-  void refuse_nonfinite_updates(const std::vector<std::pair<StoredTensor*, std::span<const float>>>& work) const;
+  void refuse_nonfinite_updates(
+      const std::vector<std::pair<StoredTensor*, std::span<const float>>>& work) const;
   // Tensors up to ShardOptions::inline_bytes are worked on in the event
   // loop; larger ones on the compute pool (run_on decides).
   bool runs_inline(const StoredTensor* t) const;
   kj::Promise<void> run_on(StoredTensor* t, std::function<void()> fn);
   // t->apply(g, scale), timed into apply_latency_; runs on any thread.
   void timed_apply(StoredTensor* t, std::span<const float> g, float scale);
-  GradientStatus offer_sync(StoredTensor* t, int worker, std::span<const float> g, kj::Vector<kj::Promise<void>>& work);
+  GradientStatus offer_sync(StoredTensor* t, int worker, std::span<const float> g,
+                            kj::Vector<kj::Promise<void>>& work);
   void commit_sync_step();
   uint64_t trainable_count() const;
   // Tables' part of sync steps (shard_tables.cc).
@@ -332,12 +363,12 @@ class Shard {
   RequestLog requests_;
   Checkpointer* checkpointer_ = nullptr;
   std::vector<SkippedTensor> restore_skipped_;
-  std::multimap<int64_t, kj::Own<kj::PromiseFulfiller<std::shared_ptr<ShardCheckpoint>>>> step_snapshots_;
+  std::multimap<int64_t, kj::Own<kj::PromiseFulfiller<std::shared_ptr<ShardCheckpoint>>>>
+      step_snapshots_;
   kj::TaskSet tasks_;  // sync-step applies nobody waits for
   std::unique_ptr<ShardTables> tables_;
   // Expires first when the Shard goes (the last member): see lifetime().
   std::shared_ptr<char> lifetime_ = std::make_shared<char>();
 };
-
 
 }  // namespace ps

@@ -10,13 +10,18 @@ namespace ps {
 
 void Shard::check_can_be_ready() const {
   if (job_.configured() && job_.config().mode == SyncMode::kSync && trainable_count() == 0) {
-    throw RequestError("setReady: this shard holds no trainable tensor, and in sync mode a shard's global step moves "
-                       "only with its gradients: it would stay at step " + std::to_string(job_.global_step()) +
-                       " for good (more ps shards than variable parts? use fewer ps hosts, or a smaller chunk size)");
+    throw RequestError(
+        "setReady: this shard holds no trainable tensor, and in sync mode a shard's global step "
+        "moves "
+        "only with its gradients: it would stay at step " +
+        std::to_string(job_.global_step()) +
+        " for good (more ps shards than variable parts? use fewer ps hosts, or a smaller chunk "
+        "size)");
   }
 }
 
-void Shard::refuse_nonfinite_updates(const std::vector<std::pair<StoredTensor*, std::span<const float>>>& work) const {
+void Shard::refuse_nonfinite_updates(
+    const std::vector<std::pair<StoredTensor*, std::span<const float>>>& work) const {
   if (options_.allow_nonfinite) return;
   for (const auto& [t, g] : work) {
     if (runs_inline(t) && !t->update_finite(g, 1.0f)) {

@@ -15,16 +15,18 @@ kj::Promise<void> Shard::pull(const Caller& caller, const PullRequest& request, 
   {
     std::vector<PullReply::Tensor> layout(plan.tensors.size());
     for (std::size_t i = 0; i < layout.size(); ++i) {
-      layout[i] = {plan.tensors[i]->spec().name, plan.tensors[i]->size() * sizeof(float), plan.into[i] >= 0};
+      layout[i] = {plan.tensors[i]->spec().name, plan.tensors[i]->size() * sizeof(float),
+                   plan.into[i] >= 0};
     }
     reply.start(layout);
   }
   // Async pulls read at once: each promise stage the reply waits for costs
   // an allocation and a loop turn on psd's one network thread.
   const SyncMode mode = job_.config().mode;
-  if (mode == SyncMode::kAsync) return read_tensors(std::move(plan.tensors), plan.into, caller.shared, reply);
-  kj::Promise<void> wait =
-      mode == SyncMode::kSync ? job_.wait_for_step(plan.min_step) : job_.wait_for_staleness(plan.min_step);
+  if (mode == SyncMode::kAsync)
+    return read_tensors(std::move(plan.tensors), plan.into, caller.shared, reply);
+  kj::Promise<void> wait = mode == SyncMode::kSync ? job_.wait_for_step(plan.min_step)
+                                                   : job_.wait_for_staleness(plan.min_step);
   return wait.then([this, plan = std::move(plan), shared = caller.shared, &reply]() mutable {
     return read_tensors(std::move(plan.tensors), plan.into, std::move(shared), reply);
   });
@@ -40,15 +42,16 @@ Shard::PullPlan Shard::check_pull(const Caller& caller, const PullRequest& reque
   plan.into.assign(plan.tensors.size(), -1);
   const auto& slices = request.into;
   if (slices.size() != 0 && slices.size() != names.size()) {
-    throw RequestError("pull: " + std::to_string(slices.size()) + " shared slices for " + std::to_string(names.size()) +
-                       " tensors");
+    throw RequestError("pull: " + std::to_string(slices.size()) + " shared slices for " +
+                       std::to_string(names.size()) + " tensors");
   }
   for (std::size_t i = 0; i < slices.size(); ++i) {
     if (slices[i].bytes == 0) continue;
     const uint64_t want = plan.tensors[i]->size() * sizeof(float);
     if (slices[i].bytes != want) {
       throw RequestError("pull: shared slice for '" + plan.tensors[i]->spec().name + "' holds " +
-                         std::to_string(slices[i].bytes) + " bytes, the tensor " + std::to_string(want));
+                         std::to_string(slices[i].bytes) + " bytes, the tensor " +
+                         std::to_string(want));
     }
     shared_slice(caller, slices[i], "pull");
     plan.into[i] = static_cast<int64_t>(slices[i].offset);
@@ -62,15 +65,18 @@ Shard::PullPlan Shard::check_pull(const Caller& caller, const PullRequest& reque
     if (plan.into[i] < 0) bytes += plan.tensors[i]->size() * sizeof(float);
   }
   if (bytes > options_.max_message_bytes) {
-    throw RequestError("pull: the reply would hold " + std::to_string(bytes) + " bytes, over this psd's message " +
-                       "limit of " + std::to_string(options_.max_message_bytes) + " (--max_message_mb); pull fewer tensors at once");
+    throw RequestError("pull: the reply would hold " + std::to_string(bytes) +
+                       " bytes, over this psd's message " + "limit of " +
+                       std::to_string(options_.max_message_bytes) +
+                       " (--max_message_mb); pull fewer tensors at once");
   }
   // Any negative minStep asks for no step: the same as 0.
   plan.min_step = checked_step(std::max<int64_t>(request.min_step, 0), "pull");
   return plan;
 }
 
-kj::Promise<void> Shard::read_tensors(std::vector<StoredTensor*> tensors, const std::vector<int64_t>& into,
+kj::Promise<void> Shard::read_tensors(std::vector<StoredTensor*> tensors,
+                                      const std::vector<int64_t>& into,
                                       std::shared_ptr<SharedRegion> shared, PullReply& reply) {
   reply.step(job_.global_step());
   kj::Vector<kj::Promise<void>> copies;
@@ -98,7 +104,9 @@ kj::Promise<void> Shard::read_tensors(std::vector<StoredTensor*> tensors, const 
     // Larger tensors: the view is taken on the tensor's strand, so a pull
     // that starts after a sync step's commit sees all of that step's updates.
     auto view = std::make_shared<StoredTensor::View>();
-    copies.add(pool_.run(t->id(), [t, view] { *view = t->view(); }).then([fill, view]() mutable { fill(*view); }));
+    copies.add(pool_.run(t->id(), [t, view] { *view = t->view(); }).then([fill, view]() mutable {
+      fill(*view);
+    }));
   }
   // Record.
   counters_.pulls += tensors.size();

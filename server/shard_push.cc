@@ -69,15 +69,19 @@ Shard::PushWork Shard::check_push(const Caller& caller, const PushRequest& reque
     StoredTensor& t = store_.get(std::string(g.name));
     const uint64_t got = g.shared ? g.shared->bytes : g.bytes;
     if (got != t.size() * sizeof(float)) {
-      throw RequestError("push: tensor '" + t.spec().name + "' of shape " + shape_to_string(t.spec().shape) +
-                         " expects " + std::to_string(t.size()) + " floats (" + std::to_string(t.size() * 4) +
-                         " bytes), got " + std::to_string(got) + " bytes");
+      throw RequestError("push: tensor '" + t.spec().name + "' of shape " +
+                         shape_to_string(t.spec().shape) + " expects " + std::to_string(t.size()) +
+                         " floats (" + std::to_string(t.size() * 4) + " bytes), got " +
+                         std::to_string(got) + " bytes");
     }
-    if (!seen.insert(&t).second) throw RequestError("push: tensor '" + t.spec().name + "' appears twice in one request");
+    if (!seen.insert(&t).second)
+      throw RequestError("push: tensor '" + t.spec().name + "' appears twice in one request");
     std::span<const float> values;
     bool finite;
     if (g.shared) {
-      if (g.bytes != 0) throw RequestError("push: gradient for '" + t.spec().name + "' has both values and a shared slice");
+      if (g.bytes != 0)
+        throw RequestError("push: gradient for '" + t.spec().name +
+                           "' has both values and a shared slice");
       const auto* src = reinterpret_cast<const float*>(shared_slice(caller, *g.shared, "push"));
       work.copied->push_back(std::unique_ptr<float[]>(new float[t.size()]));
       finite = copy_all_finite(work.copied->back().get(), src, t.size(), limit);
@@ -87,16 +91,19 @@ Shard::PushWork Shard::check_push(const Caller& caller, const PushRequest& reque
       values = g.values;
       finite = options_.allow_nonfinite || all_finite(values, limit);
     }
-    if (!options_.allow_nonfinite && !finite) throw RequestError(gradient_refusal(t.spec().name, values, summed));
+    if (!options_.allow_nonfinite && !finite)
+      throw RequestError(gradient_refusal(t.spec().name, values, summed));
     work.grads.emplace_back(&t, values);
     work.bytes += got;
   }
   if (job_.config().mode != SyncMode::kSync) refuse_nonfinite_updates(work.grads);
   if (job_.config().mode == SyncMode::kSync) {
-    if (caller.worker_index < 0) throw RequestError("push: sync mode needs a worker index (say hello as a worker)");
+    if (caller.worker_index < 0)
+      throw RequestError("push: sync mode needs a worker index (say hello as a worker)");
     if (request.step > job_.global_step()) {
-      throw RequestError("push: gradient for step " + std::to_string(request.step) + ", but the job is at step " +
-                         std::to_string(job_.global_step()) + " (a push carries the step its parameters were pulled at)");
+      throw RequestError("push: gradient for step " + std::to_string(request.step) +
+                         ", but the job is at step " + std::to_string(job_.global_step()) +
+                         " (a push carries the step its parameters were pulled at)");
     }
   }
   return work;
@@ -115,7 +122,8 @@ void Shard::record_push_arrival(const Caller& caller, int64_t step, const PushWo
     // Sync: how many steps old the gradient is (stale ones included).
     // Otherwise there is no common step to be behind: how far this worker
     // runs ahead of the slowest connected one.
-    const int64_t staleness = mode == SyncMode::kSync ? job_.global_step() - step : step - job_.slowest_live_step();
+    const int64_t staleness =
+        mode == SyncMode::kSync ? job_.global_step() - step : step - job_.slowest_live_step();
     push_staleness_.observe(static_cast<double>(std::max<int64_t>(0, staleness)));
   }
   counters_.pushes += work.grads.size();
@@ -157,7 +165,8 @@ void Shard::record_push_answer(const Caller& caller, const PushRequest& request,
     for (GradientStatus s : reply.status) r.statuses.push_back(static_cast<uint8_t>(s));
     requests_.record(caller.worker_index, std::move(r));
   }
-  if (job_.config().mode == SyncMode::kSync && complete_tensors_ > 0 && complete_tensors_ >= trainable_count()) {
+  if (job_.config().mode == SyncMode::kSync && complete_tensors_ > 0 &&
+      complete_tensors_ >= trainable_count()) {
     commit_sync_step();
   }
   if (request.done_step >= 0) {
@@ -174,11 +183,13 @@ GradientStatus Shard::offer_sync(StoredTensor* t, int worker, std::span<const fl
     ++counters_.stale;  // a backup worker's gradient, after enough arrived
     return GradientStatus::kStale;
   }
-  if (std::find(slot.contributors.begin(), slot.contributors.end(), worker) != slot.contributors.end()) {
+  if (std::find(slot.contributors.begin(), slot.contributors.end(), worker) !=
+      slot.contributors.end()) {
     return GradientStatus::kDuplicate;
   }
   slot.contributors.push_back(worker);
-  if (slot.sum.size() != t->size()) slot.sum.resize(t->size());  // once per tensor; reused every step
+  if (slot.sum.size() != t->size())
+    slot.sum.resize(t->size());  // once per tensor; reused every step
   const bool first = slot.count++ == 0;
   float* sum = slot.sum.data();
   pending.add(run_on(t, [sum, g, first] {

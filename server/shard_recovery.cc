@@ -39,8 +39,9 @@ void Shard::recheck_sync_step() {
     if (slot.count > 0) fewest = std::min(fewest, slot.count);
   }
   if (complete_tensors_ > 0 && complete_tensors_ >= trainable_count()) {
-    spdlog::info("sync step {} completed with {} of {} replicas (workers lost: {})", job_.global_step(), fewest,
-                 job_.config().replicas_to_aggregate, job_.lost_workers());
+    spdlog::info("sync step {} completed with {} of {} replicas (workers lost: {})",
+                 job_.global_step(), fewest, job_.config().replicas_to_aggregate,
+                 job_.lost_workers());
     commit_sync_step();
   }
 }
@@ -105,12 +106,16 @@ std::vector<std::string> Shard::waits(kj::Duration older_than) {
     const std::string missing = job_.missing_workers(in);
     const std::string rule =
         options_.worker_timeout_secs > 0
-            ? fmt::format("after {} s without them (psd --worker_timeout_secs) it goes on without them",
-                          options_.worker_timeout_secs)
-            : std::string("psd --worker_timeout_secs is 0: it waits for them (give N to go on without them after N s)");
-    out.push_back(fmt::format("sync step {} waits for workers {} ({} s); has gradients from workers {}; {}",
-                              pending_step_, missing.empty() ? "?" : missing, (now - pending_since_) / kj::SECONDS,
-                              has.empty() ? "none" : has, rule));
+            ? fmt::format(
+                  "after {} s without them (psd --worker_timeout_secs) it goes on without them",
+                  options_.worker_timeout_secs)
+            : std::string(
+                  "psd --worker_timeout_secs is 0: it waits for them (give N to go on without them "
+                  "after N s)");
+    out.push_back(
+        fmt::format("sync step {} waits for workers {} ({} s); has gradients from workers {}; {}",
+                    pending_step_, missing.empty() ? "?" : missing,
+                    (now - pending_since_) / kj::SECONDS, has.empty() ? "none" : has, rule));
   }
   return out;
 }

@@ -62,16 +62,17 @@ struct SharedSliceRef {
 // One tensor's gradient.
 struct PushGradient {
   std::string_view name{};
-  std::span<const float> values{};   // empty when `shared` is set
-  uint64_t bytes = 0;              // what the request carried (a count not a multiple of 4 is refused)
+  std::span<const float> values{};  // empty when `shared` is set
+  uint64_t bytes = 0;  // what the request carried (a count not a multiple of 4 is refused)
   std::optional<SharedSliceRef> shared{};  // set: the values are there instead
 };
 
 struct PushRequest {
   std::vector<PushGradient> grads{};
-  int64_t step = 0;          // the global step the worker's parameters were pulled at (sync mode)
-  uint64_t request_id = 0;   // nonzero: a retry with the same id is answered again, not applied twice
-  int64_t done_step = -1;    // >= 0: also reports that local step as done (stepDone)
+  int64_t step = 0;  // the global step the worker's parameters were pulled at (sync mode)
+  uint64_t request_id =
+      0;                   // nonzero: a retry with the same id is answered again, not applied twice
+  int64_t done_step = -1;  // >= 0: also reports that local step as done (stepDone)
 };
 
 // What became of one gradient. The numbering is the wire's (wire::PushStatus):
@@ -109,7 +110,8 @@ class PullReply {
   virtual void step(int64_t global_step) = 0;
   // Tensor i, read at `version`: a snapshot that never changes, which the
   // reply may copy or keep until it is sent.
-  virtual void value(std::size_t i, uint64_t version, std::shared_ptr<const std::vector<float>> values) = 0;
+  virtual void value(std::size_t i, uint64_t version,
+                     std::shared_ptr<const std::vector<float>> values) = 0;
   virtual void in_shared(std::size_t i, uint64_t version) = 0;
   virtual void done() = 0;
 };

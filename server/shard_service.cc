@@ -23,28 +23,40 @@ class ContextPullReply final : public WirePullReply {
       : WirePullReply(tag, stream), context_(kj::mv(context)) {}
 
  private:
-  wire::Shard::PullResults::Builder results(capnp::MessageSize size) override { return context_.getResults(size); }
+  wire::Shard::PullResults::Builder results(capnp::MessageSize size) override {
+    return context_.getResults(size);
+  }
   Context context_;
 };
 
 }  // namespace
 
-ShardServiceImpl::ShardServiceImpl(Shard& shard, std::string peer, std::string refusal, SocketStream* stream,
-                                   pid_t peer_pid, ConnectionRules rules)
-    : shard_(shard), shard_alive_(shard.lifetime()), stream_(stream), refusal_(std::move(refusal)), rules_(std::move(rules)) {
+ShardServiceImpl::ShardServiceImpl(Shard& shard, std::string peer, std::string refusal,
+                                   SocketStream* stream, pid_t peer_pid, ConnectionRules rules)
+    : shard_(shard),
+      shard_alive_(shard.lifetime()),
+      stream_(stream),
+      refusal_(std::move(refusal)),
+      rules_(std::move(rules)) {
   caller_.peer = std::move(peer);
   caller_.peer_pid = peer_pid;
   if (refusal_.empty()) ++shard_.counters().connections;
   if (stream != nullptr && refusal_.empty() && rules_.hello_deadline > 0 * kj::SECONDS) {
-    hello_deadline_ = shard_.job().timer().afterDelay(rules_.hello_deadline).then([this] {
-      if (said_hello_) return;
-      std::string note;
-      if (may_log("no hello", &note)) {
-        spdlog::info("closing the connection from {}: no hello within {:g} s{}", caller_.peer,
-                     static_cast<double>(rules_.hello_deadline / kj::MILLISECONDS) / 1000, note);
-      }
-      stream_->abort();
-    }).eagerlyEvaluate(nullptr);
+    hello_deadline_ =
+        shard_.job()
+            .timer()
+            .afterDelay(rules_.hello_deadline)
+            .then([this] {
+              if (said_hello_) return;
+              std::string note;
+              if (may_log("no hello", &note)) {
+                spdlog::info(
+                    "closing the connection from {}: no hello within {:g} s{}", caller_.peer,
+                    static_cast<double>(rules_.hello_deadline / kj::MILLISECONDS) / 1000, note);
+              }
+              stream_->abort();
+            })
+            .eagerlyEvaluate(nullptr);
   }
 }
 
@@ -58,11 +70,13 @@ bool ShardServiceImpl::may_log(const char* kind, std::string* note) {
 void ShardServiceImpl::note_refused(const char* what, const char* message) {
   ++shard_.counters().rejected;
   std::string note;
-  if (may_log("refused", &note)) spdlog::info("refused {} from {}: {}{}", what, caller_.peer, message, note);
+  if (may_log("refused", &note))
+    spdlog::info("refused {} from {}: {}{}", what, caller_.peer, message, note);
   if (rules_.max_refused_in_a_row > 0 && ++refused_in_a_row_ == rules_.max_refused_in_a_row &&
       stream_ != nullptr) {
     if (may_log("cut off", &note)) {
-      spdlog::warn("closing the connection from {}: {} calls refused in a row{}", caller_.peer, refused_in_a_row_, note);
+      spdlog::warn("closing the connection from {}: {} calls refused in a row{}", caller_.peer,
+                   refused_in_a_row_, note);
     }
     stream_->abort();
   }
@@ -72,7 +86,8 @@ ShardServiceImpl::~ShardServiceImpl() {
   if (shard_alive_.expired()) return;  // psd is exiting: its Shard is gone
   if (refusal_.empty()) --shard_.counters().connections;
   if (said_hello_) {
-    if (caller_.worker_index >= 0) spdlog::info("worker {} ({}) disconnected", caller_.worker_index, caller_.peer);
+    if (caller_.worker_index >= 0)
+      spdlog::info("worker {} ({}) disconnected", caller_.worker_index, caller_.peer);
     shard_.goodbye(caller_);
   }
 }
@@ -87,7 +102,8 @@ kj::Promise<void> ShardServiceImpl::guarded(RequestKind kind, F&& handler) {
   const char* what = request_kind_name(kind);
   auto reject = [this, what](const char* message) {
     note_refused(what, message);
-    return kj::Promise<void>(kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__, kj::str(message)));
+    return kj::Promise<void>(
+        kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__, kj::str(message)));
   };
   try {
     if (!refusal_.empty()) throw RequestError(refusal_);
@@ -96,12 +112,14 @@ kj::Promise<void> ShardServiceImpl::guarded(RequestKind kind, F&& handler) {
     if (!said_hello_ && kind != RequestKind::kHello && kind != RequestKind::kProbe) {
       throw RequestError(std::string(what) + ": say hello first");
     }
-    return handler().then([this]() -> kj::Promise<void> {
-      refused_in_a_row_ = 0;
-      return kj::READY_NOW;
-    }, [reject](kj::Exception&& e) -> kj::Promise<void> {
-      return reject(e.getDescription().cStr());
-    });
+    return handler().then(
+        [this]() -> kj::Promise<void> {
+          refused_in_a_row_ = 0;
+          return kj::READY_NOW;
+        },
+        [reject](kj::Exception&& e) -> kj::Promise<void> {
+          return reject(e.getDescription().cStr());
+        });
   } catch (const Error& e) {
     return reject(e.what());
   } catch (const kj::Exception& e) {
@@ -117,8 +135,9 @@ kj::Promise<void> ShardServiceImpl::hello(HelloContext context) {
   return guarded(probe ? RequestKind::kProbe : RequestKind::kHello, [&]() -> kj::Promise<void> {
     auto params = context.getParams();
     if (params.getProtocolVersion() != wire::K_PROTOCOL_VERSION) {
-      throw RequestError("protocol version mismatch: client speaks " + std::to_string(params.getProtocolVersion()) +
-                         ", this psd speaks " + std::to_string(wire::K_PROTOCOL_VERSION) +
+      throw RequestError("protocol version mismatch: client speaks " +
+                         std::to_string(params.getProtocolVersion()) + ", this psd speaks " +
+                         std::to_string(wire::K_PROTOCOL_VERSION) +
                          "; use a libpsclient and psd from the same release");
     }
     if (said_hello_) throw RequestError("hello: this connection already said hello");
@@ -131,7 +150,8 @@ kj::Promise<void> ShardServiceImpl::hello(HelloContext context) {
     Caller caller = caller_;
     caller.worker_index = params.getWorkerIndex();
     caller.is_chief = params.getIsChief();
-    shard_.job().check_worker(caller.worker_index);  // a bad index is refused before the place rules
+    shard_.job().check_worker(
+        caller.worker_index);  // a bad index is refused before the place rules
     if (rules_.admit_hello) {
       try {
         rules_.admit_hello(caller);
@@ -139,9 +159,11 @@ kj::Promise<void> ShardServiceImpl::hello(HelloContext context) {
         // No place for it: closed once the refusal has gone out, so that it
         // does not keep a place until the hello deadline.
         if (stream_ != nullptr) {
-          hello_deadline_ = shard_.job().timer().afterDelay(200 * kj::MILLISECONDS).then([this] {
-            stream_->abort();
-          }).eagerlyEvaluate(nullptr);
+          hello_deadline_ = shard_.job()
+                                .timer()
+                                .afterDelay(200 * kj::MILLISECONDS)
+                                .then([this] { stream_->abort(); })
+                                .eagerlyEvaluate(nullptr);
         }
         throw;
       }
@@ -156,9 +178,10 @@ kj::Promise<void> ShardServiceImpl::hello(HelloContext context) {
     // Workers and the chief always; anonymous peers (who may be many) a few per interval.
     std::string note;
     if (caller_.worker_index >= 0 || caller_.is_chief || may_log("connected", &note)) {
-      spdlog::info("{} connected{}{}{}", caller_.peer,
-                   caller_.worker_index >= 0 ? fmt::format(" as worker {}", caller_.worker_index) : "",
-                   caller_.is_chief ? " (chief)" : "", note);
+      spdlog::info(
+          "{} connected{}{}{}", caller_.peer,
+          caller_.worker_index >= 0 ? fmt::format(" as worker {}", caller_.worker_index) : "",
+          caller_.is_chief ? " (chief)" : "", note);
     }
     return kj::READY_NOW;
   });
@@ -170,11 +193,13 @@ kj::Promise<void> ShardServiceImpl::create(CreateContext context) {
     uint64_t fresh = 0;
     if (limit > 0) {
       for (auto spec : context.getParams().getSpecs()) {
-        fresh += shard_.store().find(std::string(spec.getName().begin(), spec.getName().size())) == nullptr;
+        fresh += shard_.store().find(std::string(spec.getName().begin(), spec.getName().size())) ==
+                 nullptr;
       }
       if (tensors_created_ + fresh > limit) {
-        throw RequestError("create: this connection may create at most " + std::to_string(limit) + " tensors (psd " +
-                           "--max_tensors_per_client); it created " + std::to_string(tensors_created_) + " and asked for " +
+        throw RequestError("create: this connection may create at most " + std::to_string(limit) +
+                           " tensors (psd " + "--max_tensors_per_client); it created " +
+                           std::to_string(tensors_created_) + " and asked for " +
                            std::to_string(fresh) + " more");
       }
     }
@@ -280,7 +305,8 @@ kj::Promise<void> ShardServiceImpl::barrier(BarrierContext context) {
     auto p = context.getParams();
     const uint32_t ms = std::min<uint32_t>(p.getTimeoutMs(), 3'600'000);
     return shard_.job()
-        .barrier(name_from_wire(p.getName(), "barrier"), p.getCount(), ms * kj::MILLISECONDS, caller_.worker_index)
+        .barrier(name_from_wire(p.getName(), "barrier"), p.getCount(), ms * kj::MILLISECONDS,
+                 caller_.worker_index)
         .then([context](uint32_t n) mutable { context.getResults().setArrived(n); });
   });
 }
@@ -291,10 +317,11 @@ kj::Promise<void> ShardServiceImpl::finish(FinishContext) {
     // Ending the job makes every shard exit: only the job's chief decides
     // that (an operator stops one psd with SIGTERM).
     if (!caller_.is_chief) {
-      const std::string as =
-          caller_.worker_index >= 0 ? "worker " + std::to_string(caller_.worker_index) : std::string("no worker");
-      throw RequestError("finish: only the chief ends the job (this connection said hello as " + as +
-                         ", not as the chief)");
+      const std::string as = caller_.worker_index >= 0
+                                 ? "worker " + std::to_string(caller_.worker_index)
+                                 : std::string("no worker");
+      throw RequestError("finish: only the chief ends the job (this connection said hello as " +
+                         as + ", not as the chief)");
     }
     shard_.job().finish();
     return kj::READY_NOW;
@@ -328,10 +355,12 @@ void ShardServiceImpl::check_token(capnp::Data::Reader token) const {
   if (diff != 0) {
     std::string note;
     if (const_cast<ShardServiceImpl*>(this)->may_log("token", &note)) {
-      spdlog::warn("refused hello from {}: {} auth token{}", caller_.peer, token.size() == 0 ? "no" : "wrong", note);
+      spdlog::warn("refused hello from {}: {} auth token{}", caller_.peer,
+                   token.size() == 0 ? "no" : "wrong", note);
     }
-    throw RequestError("hello: authentication failed (psd was started with --auth_token_file; set "
-                       "ClientOptions::auth_token or auth_token_file, or a trainer's --auth_token_file)");
+    throw RequestError(
+        "hello: authentication failed (psd was started with --auth_token_file; set "
+        "ClientOptions::auth_token or auth_token_file, or a trainer's --auth_token_file)");
   }
 }
 
@@ -340,31 +369,37 @@ kj::Promise<void> ShardServiceImpl::checkpoint(CheckpointContext context) {
   return guarded(RequestKind::kCheckpoint, [&]() -> kj::Promise<void> {
     Checkpointer* c = shard_.checkpointer();
     if (!c) throw RequestError("checkpoint: this psd has no --checkpoint_dir");
-    return c->checkpoint(context.getParams().getStep()).then([context](Checkpointer::Written w) mutable {
-      context.getResults().setPath(w.path);
-      context.getResults().setStep(w.step);
-    });
+    return c->checkpoint(context.getParams().getStep())
+        .then([context](Checkpointer::Written w) mutable {
+          context.getResults().setPath(w.path);
+          context.getResults().setStep(w.step);
+        });
   });
 }
 
 kj::Promise<void> ShardServiceImpl::attachMemory(AttachMemoryContext context) {
   return guarded(RequestKind::kAttachMemory, [&]() -> kj::Promise<void> {
     const uint64_t limit = shard_.options().max_shared_memory_bytes;
-    if (limit == 0) throw RequestError("attachMemory: this psd shares no memory (--max_shared_memory_mb 0)");
-    if (caller_.peer_pid <= 0) throw RequestError("attachMemory: only over psd's Unix socket (a client on psd's host)");
-    if (caller_.shared) throw RequestError("attachMemory: this connection already has a shared memory region");
+    if (limit == 0)
+      throw RequestError("attachMemory: this psd shares no memory (--max_shared_memory_mb 0)");
+    if (caller_.peer_pid <= 0)
+      throw RequestError("attachMemory: only over psd's Unix socket (a client on psd's host)");
+    if (caller_.shared)
+      throw RequestError("attachMemory: this connection already has a shared memory region");
     auto params = context.getParams();
     const auto token = params.getToken();
-    std::shared_ptr<SharedRegion> region = SharedRegion::open_peer(
-        caller_.peer_pid, params.getFd(), limit, std::as_bytes(std::span(token.begin(), token.size())));
+    std::shared_ptr<SharedRegion> region =
+        SharedRegion::open_peer(caller_.peer_pid, params.getFd(), limit,
+                                std::as_bytes(std::span(token.begin(), token.size())));
     if (region->size() != params.getBytes()) {
-      throw RequestError("attachMemory: the region has " + std::to_string(region->size()) + " bytes, not " +
-                         std::to_string(params.getBytes()));
+      throw RequestError("attachMemory: the region has " + std::to_string(region->size()) +
+                         " bytes, not " + std::to_string(params.getBytes()));
     }
     caller_.shared = std::move(region);
     caller_.shared_id = 1;
     context.getResults().setRegion(caller_.shared_id);
-    spdlog::debug("{} shares {} MiB of memory with psd", caller_.peer, caller_.shared->size() >> 20);
+    spdlog::debug("{} shares {} MiB of memory with psd", caller_.peer,
+                  caller_.shared->size() >> 20);
     return kj::READY_NOW;
   });
 }
@@ -407,11 +442,13 @@ kj::Promise<void> ShardServiceImpl::pullRows(PullRowsContext context) {
     PullRowsRequest request{std::string_view(params.getTable().cStr(), params.getTable().size()),
                             ids_in_place(params.getIds(), "pullRows"), params.getMinStep()};
     // The reply is sized for the rows up front: one segment, no copy after the gather.
-    return shard_.pull_rows(caller_, request, [context](std::size_t floats, int64_t step) mutable -> float* {
-      auto results = context.getResults(capnp::MessageSize{floats / 2 + 16, 0});
-      results.setStep(step);
-      return reinterpret_cast<float*>(results.initRows(static_cast<unsigned>(floats * sizeof(float))).begin());
-    });
+    return shard_.pull_rows(
+        caller_, request, [context](std::size_t floats, int64_t step) mutable -> float* {
+          auto results = context.getResults(capnp::MessageSize{floats / 2 + 16, 0});
+          results.setStep(step);
+          return reinterpret_cast<float*>(
+              results.initRows(static_cast<unsigned>(floats * sizeof(float))).begin());
+        });
   });
 }
 
@@ -419,10 +456,14 @@ kj::Promise<void> ShardServiceImpl::pushRows(PushRowsContext context) {
   return guarded(RequestKind::kPushRows, [&]() -> kj::Promise<void> {
     auto params = context.getParams();
     auto grads = params.getGrads();
-    if (grads.size() % sizeof(float) != 0) throw RequestError("pushRows: gradients are not a whole number of float32s");
+    if (grads.size() % sizeof(float) != 0)
+      throw RequestError("pushRows: gradients are not a whole number of float32s");
     PushRowsRequest request{std::string_view(params.getTable().cStr(), params.getTable().size()),
-                            ids_in_place(params.getIds(), "pushRows"), as_floats(grads), params.getStep(),
-                            params.getRequestId(), params.getDoneStep()};
+                            ids_in_place(params.getIds(), "pushRows"),
+                            as_floats(grads),
+                            params.getStep(),
+                            params.getRequestId(),
+                            params.getDoneStep()};
     PushRowsReply reply = shard_.push_rows(caller_, request);
     auto results = context.getResults();
     results.setStatus(static_cast<wire::PushStatus>(reply.status));
@@ -446,14 +487,15 @@ kj::Promise<void> ShardServiceImpl::restoreRows(RestoreRowsContext context) {
     require_hello("restoreRows");
     auto params = context.getParams();
     auto whole = [](capnp::Data::Reader d) {
-      if (d.size() % sizeof(float) != 0) throw RequestError("restoreRows: values are not a whole number of float32s");
+      if (d.size() % sizeof(float) != 0)
+        throw RequestError("restoreRows: values are not a whole number of float32s");
       return as_floats(d);
     };
     std::vector<std::span<const float>> slots;
     for (auto s : params.getSlots()) slots.push_back(whole(s));
     shard_.restore_rows(std::string_view(params.getTable().cStr(), params.getTable().size()),
-                        ids_in_place(params.getIds(), "restoreRows"), whole(params.getValues()), slots,
-                        params.getVersion());
+                        ids_in_place(params.getIds(), "restoreRows"), whole(params.getValues()),
+                        slots, params.getVersion());
     return kj::READY_NOW;
   });
 }

@@ -35,8 +35,8 @@ class ShardServiceImpl final : public wire::Shard::Server {
   // `stream`: the connection's, when it is a SocketStream: pull replies then
   // send large tensors straight from their memory, held until written.
   // `peer_pid`: the peer process on psd's Unix socket (0: a TCP peer), for attachMemory.
-  ShardServiceImpl(Shard& shard, std::string peer, std::string refusal = "", SocketStream* stream = nullptr,
-                   pid_t peer_pid = 0, ConnectionRules rules = {});
+  ShardServiceImpl(Shard& shard, std::string peer, std::string refusal = "",
+                   SocketStream* stream = nullptr, pid_t peer_pid = 0, ConnectionRules rules = {});
   ~ShardServiceImpl();
 
   kj::Promise<void> hello(HelloContext context) override;
@@ -77,7 +77,7 @@ class ShardServiceImpl final : public wire::Shard::Server {
 
   Shard& shard_;
   std::weak_ptr<void> shard_alive_;  // Shard::lifetime()
-  SocketStream* stream_;  // null: replies are always copied
+  SocketStream* stream_;             // null: replies are always copied
   Caller caller_;
   bool said_hello_ = false;
   kj::Promise<void> hello_deadline_ = nullptr;

@@ -30,7 +30,8 @@ kj::Promise<std::shared_ptr<ShardCheckpoint>> Shard::snapshot() {
   c->job_configured = job_.configured();
   c->job = job_.config();
   c->ready = job_.ready();
-  c->unix_secs = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  c->unix_secs =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   c->requests = requests_.save();
   // A sync push counted towards the step in progress is not in the saved
   // values (the step's sums are not saved): forget its id too, so a worker
@@ -38,8 +39,8 @@ kj::Promise<std::shared_ptr<ShardCheckpoint>> Shard::snapshot() {
   for (auto& [worker, list] : c->requests) {
     std::erase_if(list, [&](const RecentRequest& r) {
       return r.step >= c->global_step &&
-             std::find(r.statuses.begin(), r.statuses.end(), static_cast<uint8_t>(GradientStatus::kAccumulated)) !=
-                 r.statuses.end();
+             std::find(r.statuses.begin(), r.statuses.end(),
+                       static_cast<uint8_t>(GradientStatus::kAccumulated)) != r.statuses.end();
     });
   }
   auto tensors = store_.all();
@@ -67,8 +68,8 @@ kj::Promise<std::shared_ptr<ShardCheckpoint>> Shard::snapshot_at_step(int64_t st
   if (step < 0 || step == now) return snapshot();
   if (step < now) {
     if (job_.config().mode == SyncMode::kSync) {
-      throw RequestError("checkpoint: step " + std::to_string(step) + " has passed (the job is at step " +
-                         std::to_string(now) + ")");
+      throw RequestError("checkpoint: step " + std::to_string(step) +
+                         " has passed (the job is at step " + std::to_string(now) + ")");
     }
     return snapshot();
   }
@@ -91,9 +92,11 @@ void Shard::step_reached() {
     if (!fulfiller->isWaiting()) continue;  // its caller went away
     // snapshot() queues its copies now, inside this commit; only waiting for
     // them to finish happens later.
-    tasks_.add(snapshot().then(
-        [f = fulfiller.get()](std::shared_ptr<ShardCheckpoint> c) { f->fulfill(kj::mv(c)); },
-        [f = fulfiller.get()](kj::Exception&& e) { f->reject(kj::mv(e)); }).attach(kj::mv(fulfiller)));
+    tasks_.add(snapshot()
+                   .then([f = fulfiller.get()](
+                             std::shared_ptr<ShardCheckpoint> c) { f->fulfill(kj::mv(c)); },
+                         [f = fulfiller.get()](kj::Exception&& e) { f->reject(kj::mv(e)); })
+                   .attach(kj::mv(fulfiller)));
   }
 }
 
@@ -101,7 +104,8 @@ std::vector<SkippedTensor> Shard::restore(const ShardCheckpoint& c) {
   if (store_.count() != 0) throw Error("restore: the shard already holds tensors");
   if (c.shard_index != options_.shard_index || c.num_shards != options_.num_shards) {
     throw Error("restore: the checkpoint is of shard " + std::to_string(c.shard_index) + " of " +
-                std::to_string(c.num_shards) + ", this is shard " + std::to_string(options_.shard_index) + " of " +
+                std::to_string(c.num_shards) + ", this is shard " +
+                std::to_string(options_.shard_index) + " of " +
                 std::to_string(options_.num_shards));
   }
   // A file is content a client could have sent: it passes the checks the
@@ -112,7 +116,8 @@ std::vector<SkippedTensor> Shard::restore(const ShardCheckpoint& c) {
   // A name twice: which one is meant cannot be told, so the file is refused.
   std::set<std::string_view> names;
   for (const auto& t : c.tensors) {
-    if (!names.insert(t.spec.name).second) throw Error("restore: tensor '" + t.spec.name + "' appears twice");
+    if (!names.insert(t.spec.name).second)
+      throw Error("restore: tensor '" + t.spec.name + "' appears twice");
   }
   std::vector<SkippedTensor> skipped;
   std::vector<const TensorCheckpoint*> good;

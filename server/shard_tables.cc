@@ -17,7 +17,8 @@ namespace ps {
 ShardTable& ShardTables::get(std::string_view name, const char* what) {
   auto it = tables.find(name);
   if (it == tables.end()) {
-    throw RequestError(std::string(what) + ": no table '" + std::string(name) + "' on this shard (createTables first)");
+    throw RequestError(std::string(what) + ": no table '" + std::string(name) +
+                       "' on this shard (createTables first)");
   }
   return it->second;
 }
@@ -46,13 +47,15 @@ TableReport report_of(const ShardTable& t, bool created) {
 }
 
 bool same_table(const TableSpec& a, const TableSpec& b) {
-  return a.dim == b.dim && a.rows == b.rows && a.dynamic == b.dynamic && a.placement == b.placement &&
-         a.optimizer.kind == b.optimizer.kind && a.row_limit == b.row_limit && a.on_limit == b.on_limit;
+  return a.dim == b.dim && a.rows == b.rows && a.dynamic == b.dynamic &&
+         a.placement == b.placement && a.optimizer.kind == b.optimizer.kind &&
+         a.row_limit == b.row_limit && a.on_limit == b.on_limit;
 }
 
 std::string describe(const TableSpec& s) {
-  return (s.dynamic ? std::string("dynamic") : "fixed " + std::to_string(s.rows) + "-row") + " table of dim " +
-         std::to_string(s.dim) + " (" + row_optimizer_name(s.optimizer.kind) + ")";
+  return (s.dynamic ? std::string("dynamic") : "fixed " + std::to_string(s.rows) + "-row") +
+         " table of dim " + std::to_string(s.dim) + " (" + row_optimizer_name(s.optimizer.kind) +
+         ")";
 }
 
 }  // namespace
@@ -72,34 +75,39 @@ void Shard::check_memory(uint64_t extra, const std::string& what) const {
   const uint64_t limit = options_.limits.max_total_bytes;
   const uint64_t used = store_.bytes() + tables_->bytes();
   if (used > limit || extra > limit - used) {
-    throw RequestError(what + " would take this shard to " + std::to_string(used + extra) + " bytes, over its limit of " +
-                       std::to_string(limit) + " (psd --max_memory_mb)");
+    throw RequestError(what + " would take this shard to " + std::to_string(used + extra) +
+                       " bytes, over its limit of " + std::to_string(limit) +
+                       " (psd --max_memory_mb)");
   }
 }
 
-std::vector<TableReport> Shard::create_tables(const std::vector<ShardTableSpec>& specs, bool validate_only) {
+std::vector<TableReport> Shard::create_tables(const std::vector<ShardTableSpec>& specs,
+                                              bool validate_only) {
   std::set<std::string> names;
   uint64_t new_bytes = 0;
   for (const ShardTableSpec& s : specs) {
     EmbeddingTable::validate(s.spec);
     const std::string& name = s.spec.name;
-    if (!names.insert(name).second) throw RequestError("createTables: table '" + name + "' appears twice in one request");
+    if (!names.insert(name).second)
+      throw RequestError("createTables: table '" + name + "' appears twice in one request");
     if (s.num_shards == 0 || s.shard_index >= s.num_shards) {
-      throw RequestError("createTables: table '" + name + "' placed on shard " + std::to_string(s.shard_index) +
-                         " of " + std::to_string(s.num_shards));
+      throw RequestError("createTables: table '" + name + "' placed on shard " +
+                         std::to_string(s.shard_index) + " of " + std::to_string(s.num_shards));
     }
     if (options_.num_shards > 1 &&
         (s.num_shards != options_.num_shards || s.shard_index != options_.shard_index)) {
       throw RequestError("createTables: the client placed table '" + name + "' on shard " +
-                         std::to_string(s.shard_index) + " of " + std::to_string(s.num_shards) + ", but this psd is shard " +
-                         std::to_string(options_.shard_index) + " of " + std::to_string(options_.num_shards));
+                         std::to_string(s.shard_index) + " of " + std::to_string(s.num_shards) +
+                         ", but this psd is shard " + std::to_string(options_.shard_index) +
+                         " of " + std::to_string(options_.num_shards));
     }
     auto it = tables_->tables.find(name);
     if (it != tables_->tables.end()) {
       const ShardTable& t = it->second;
       if (!same_table(t.table->spec(), s.spec) || t.num_shards != s.num_shards) {
-        throw RequestError("createTables: table '" + name + "' exists as a " + describe(t.table->spec()) + " over " +
-                           std::to_string(t.num_shards) + " shards; asked for a " + describe(s.spec) + " over " +
+        throw RequestError("createTables: table '" + name + "' exists as a " +
+                           describe(t.table->spec()) + " over " + std::to_string(t.num_shards) +
+                           " shards; asked for a " + describe(s.spec) + " over " +
                            std::to_string(s.num_shards));
       }
       continue;
@@ -119,8 +127,8 @@ std::vector<TableReport> Shard::create_tables(const std::vector<ShardTableSpec>&
       t.num_shards = s.num_shards;
       it = tables_->tables.emplace(s.spec.name, std::move(t)).first;
       created = true;
-      spdlog::info("created {} '{}' ({} rows here, {} MiB)", describe(s.spec), s.spec.name, it->second.table->rows(),
-                   it->second.table->bytes() >> 20);
+      spdlog::info("created {} '{}' ({} rows here, {} MiB)", describe(s.spec), s.spec.name,
+                   it->second.table->rows(), it->second.table->bytes() >> 20);
     }
     out.push_back(report_of(it->second, created));
   }
@@ -140,16 +148,18 @@ kj::Promise<void> Shard::pull_rows(const Caller& caller, PullRowsRequest r, Rows
   ShardTable& t = tables_->get(r.table, "pullRows");
   const uint64_t bytes = uint64_t(r.ids.size()) * t.table->dim() * sizeof(float);
   if (bytes + 4096 > options_.max_message_bytes) {
-    throw RequestError("pullRows: " + std::to_string(r.ids.size()) + " rows of table '" + t.table->spec().name +
-                       "' take " + std::to_string(bytes) + " bytes, over this psd's message limit of " +
-                       std::to_string(options_.max_message_bytes) + " (--max_message_mb); pull fewer ids at once");
+    throw RequestError(
+        "pullRows: " + std::to_string(r.ids.size()) + " rows of table '" + t.table->spec().name +
+        "' take " + std::to_string(bytes) + " bytes, over this psd's message limit of " +
+        std::to_string(options_.max_message_bytes) + " (--max_message_mb); pull fewer ids at once");
   }
   const int64_t min_step = checked_step(std::max<int64_t>(r.min_step, 0), "pullRows");
   auto read = [this, &t, r, out = std::move(out)]() {
     const uint64_t fresh = t.table->check(r.ids, "pullRows");
     if (fresh > 0) {
       check_memory(fresh * EmbeddingTable::bytes_per_dynamic_row(t.table->spec()),
-                   "pullRows: " + std::to_string(fresh) + " new rows of table '" + t.table->spec().name + "'");
+                   "pullRows: " + std::to_string(fresh) + " new rows of table '" +
+                       t.table->spec().name + "'");
     }
     float* dest = out(r.ids.size() * t.table->dim(), job_.global_step());
     t.table->pull(r.ids, dest);
@@ -162,8 +172,9 @@ kj::Promise<void> Shard::pull_rows(const Caller& caller, PullRowsRequest r, Rows
     return kj::READY_NOW;
   }
   t.table->check(r.ids, "pullRows");  // refused now rather than after the wait
-  kj::Promise<void> wait = job_.config().mode == SyncMode::kSync ? job_.wait_for_step(min_step)
-                                                                 : job_.wait_for_staleness(min_step);
+  kj::Promise<void> wait = job_.config().mode == SyncMode::kSync
+                               ? job_.wait_for_step(min_step)
+                               : job_.wait_for_staleness(min_step);
   return wait.then(kj::mv(read));
 }
 
@@ -191,15 +202,17 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
     }
   }
   if (job_.configured() && !job_.ready()) {
-    throw RequestError("pushRows: the chief has not finished initialising the model (waitReady first)");
+    throw RequestError(
+        "pushRows: the chief has not finished initialising the model (waitReady first)");
   }
   ShardTable& t = tables_->get(r.table, "pushRows");
   const TableSpec& spec = t.table->spec();
   const uint32_t dim = spec.dim;
   if (r.grads.size() != r.ids.size() * dim) {
     throw RequestError("pushRows: table '" + spec.name + "' has dim " + std::to_string(dim) + ": " +
-                       std::to_string(r.ids.size()) + " ids need " + std::to_string(r.ids.size() * dim) +
-                       " gradient floats, got " + std::to_string(r.grads.size()));
+                       std::to_string(r.ids.size()) + " ids need " +
+                       std::to_string(r.ids.size() * dim) + " gradient floats, got " +
+                       std::to_string(r.grads.size()));
   }
   const uint32_t summed = gradients_summed_per_step(job);
   if (!options_.allow_nonfinite && !all_finite(r.grads, gradient_limit(summed))) {
@@ -212,10 +225,12 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
   }
   const bool sync = job.mode == SyncMode::kSync;
   if (sync) {
-    if (caller.worker_index < 0) throw RequestError("pushRows: sync mode needs a worker index (say hello as a worker)");
+    if (caller.worker_index < 0)
+      throw RequestError("pushRows: sync mode needs a worker index (say hello as a worker)");
     if (step > job_.global_step()) {
-      throw RequestError("pushRows: gradient for step " + std::to_string(step) + ", but the job is at step " +
-                         std::to_string(job_.global_step()) + " (a push carries the step its rows were pulled at)");
+      throw RequestError("pushRows: gradient for step " + std::to_string(step) +
+                         ", but the job is at step " + std::to_string(job_.global_step()) +
+                         " (a push carries the step its rows were pulled at)");
     }
   }
   WorkerRecord* worker = caller.worker_index >= 0 ? &job_.worker(caller.worker_index) : nullptr;
@@ -226,7 +241,8 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
       job_.worker_progressed();
     }
   }
-  if (job.mode == SyncMode::kBoundedStaleness && worker) job_.record_staleness(step - job_.slowest_live_step());
+  if (job.mode == SyncMode::kBoundedStaleness && worker)
+    job_.record_staleness(step - job_.slowest_live_step());
   ++counters_.pushes;
   counters_.bytes_in += r.grads.size_bytes();
   t.rows_pushed += r.ids.size();
@@ -249,10 +265,12 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
       slot.contributors.push_back(caller.worker_index);
       ++slot.count;
       for (std::size_t i = 0; i < r.ids.size(); ++i) {
-        auto [it, fresh_id] = slot.position.try_emplace(r.ids[i], static_cast<uint32_t>(slot.ids.size()));
+        auto [it, fresh_id] =
+            slot.position.try_emplace(r.ids[i], static_cast<uint32_t>(slot.ids.size()));
         if (fresh_id) {
           slot.ids.push_back(r.ids[i]);
-          slot.sum.insert(slot.sum.end(), r.grads.begin() + i * dim, r.grads.begin() + (i + 1) * dim);
+          slot.sum.insert(slot.sum.end(), r.grads.begin() + i * dim,
+                          r.grads.begin() + (i + 1) * dim);
         } else {
           float* s = slot.sum.data() + std::size_t(it->second) * dim;
           for (uint32_t j = 0; j < dim; ++j) s[j] += r.grads[i * dim + j];
@@ -269,8 +287,9 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
     reply.status = GradientStatus::kApplied;
   }
   if (r.request_id != 0) {
-    requests_.record(caller.worker_index,
-                     RecentRequest{r.request_id, job_.global_step(), {static_cast<uint8_t>(reply.status)}});
+    requests_.record(
+        caller.worker_index,
+        RecentRequest{r.request_id, job_.global_step(), {static_cast<uint8_t>(reply.status)}});
   }
   if (sync && complete_tensors_ > 0 && complete_tensors_ >= trainable_count()) commit_sync_step();
   if (r.done_step >= 0) {
@@ -311,7 +330,8 @@ void Shard::commit_table_step() {
 void Shard::recheck_table_sync() {
   for (auto& [name, t] : tables_->tables) {
     TableSyncSlot& slot = t.sync;
-    if (!slot.complete && slot.count > 0 && slot.count >= table_replicas_needed(slot.contributors)) {
+    if (!slot.complete && slot.count > 0 &&
+        slot.count >= table_replicas_needed(slot.contributors)) {
       slot.complete = true;
       ++complete_tensors_;
     }
@@ -334,7 +354,8 @@ void Shard::snapshot_tables(ShardCheckpoint& c) const {
     t.table->for_each_row([&](uint64_t id, const float* w, std::span<const float* const> slots) {
       tc.ids.push_back(id);
       tc.values.insert(tc.values.end(), w, w + dim);
-      for (std::size_t k = 0; k < slots.size(); ++k) tc.slots[k].insert(tc.slots[k].end(), slots[k], slots[k] + dim);
+      for (std::size_t k = 0; k < slots.size(); ++k)
+        tc.slots[k].insert(tc.slots[k].end(), slots[k], slots[k] + dim);
     });
     c.tables.push_back(std::move(tc));
   }
@@ -351,24 +372,30 @@ void Shard::restore_tables(const ShardCheckpoint& c) {
   }
 }
 
-void Shard::restore_rows(std::string_view table, std::span<const uint64_t> ids, std::span<const float> values,
+void Shard::restore_rows(std::string_view table, std::span<const uint64_t> ids,
+                         std::span<const float> values,
                          const std::vector<std::span<const float>>& slots, uint64_t version) {
   ShardTable& t = tables_->get(table, "restoreRows");
   const uint32_t dim = t.table->dim();
   const std::string name(table);
   if (values.size() != ids.size() * dim) {
     throw RequestError("restoreRows: table '" + name + "' has dim " + std::to_string(dim) + ": " +
-                       std::to_string(ids.size()) + " ids need " + std::to_string(ids.size() * dim) + " floats, got " +
+                       std::to_string(ids.size()) + " ids need " +
+                       std::to_string(ids.size() * dim) + " floats, got " +
                        std::to_string(values.size()));
   }
   if (slots.size() != t.table->optimizer().num_slots()) {
-    throw RequestError("restoreRows: table '" + name + "' has " + std::to_string(t.table->optimizer().num_slots()) +
-                       " optimizer slots, got " + std::to_string(slots.size()));
+    throw RequestError("restoreRows: table '" + name + "' has " +
+                       std::to_string(t.table->optimizer().num_slots()) + " optimizer slots, got " +
+                       std::to_string(slots.size()));
   }
-  if (!all_finite(values)) throw RequestError("restoreRows: table '" + name + "' has a NaN or Inf value");
+  if (!all_finite(values))
+    throw RequestError("restoreRows: table '" + name + "' has a NaN or Inf value");
   for (const auto& s : slots) {
-    if (s.size() != values.size()) throw RequestError("restoreRows: a slot of table '" + name + "' has the wrong size");
-    if (!all_finite(s)) throw RequestError("restoreRows: table '" + name + "' has a NaN or Inf slot value");
+    if (s.size() != values.size())
+      throw RequestError("restoreRows: a slot of table '" + name + "' has the wrong size");
+    if (!all_finite(s))
+      throw RequestError("restoreRows: table '" + name + "' has a NaN or Inf slot value");
   }
   const uint64_t fresh = t.table->check(ids, "restoreRows");
   if (fresh > 0) {

@@ -39,7 +39,9 @@ std::optional<PartMeta> part_from_wire(wire::TensorSpec::Reader spec) {
                   shape_from_wire(p.getFullShape()), p.getOffset(), p.getIndex(), p.getCount()};
 }
 
-SharedSliceRef slice_from_wire(wire::SharedSlice::Reader s) { return {s.getRegion(), s.getOffset(), s.getBytes()}; }
+SharedSliceRef slice_from_wire(wire::SharedSlice::Reader s) {
+  return {s.getRegion(), s.getOffset(), s.getBytes()};
+}
 
 // Tensors from this size up are sent from their own memory (a copy-on-write
 // snapshot held by the stream until written) rather than copied into the
@@ -77,7 +79,8 @@ void to_wire_meta(const StoredTensor& t, bool created, wire::TensorMeta::Builder
 void create_to_wire(const CreateRequest& request, const CreateReply& reply,
                     wire::Shard::CreateResults::Builder results) {
   auto out = results.initTensors(static_cast<unsigned>(reply.tensors.size()));
-  for (unsigned i = 0; i < out.size(); ++i) to_wire_meta(*reply.tensors[i].tensor, reply.tensors[i].created, out[i]);
+  for (unsigned i = 0; i < out.size(); ++i)
+    to_wire_meta(*reply.tensors[i].tensor, reply.tensors[i].created, out[i]);
   if (request.validate_only) {
     results.setPendingTensors(reply.pending_tensors);
     results.setPendingBytes(reply.pending_bytes);
@@ -106,7 +109,8 @@ void push_to_wire(const PushReply& reply, wire::Shard::PushResults::Builder resu
   results.setStep(reply.step);
   results.setStop(reply.stop);
   auto status = results.initStatus(static_cast<unsigned>(reply.status.size()));
-  for (unsigned i = 0; i < status.size(); ++i) status.set(i, static_cast<wire::PushStatus>(reply.status[i]));
+  for (unsigned i = 0; i < status.size(); ++i)
+    status.set(i, static_cast<wire::PushStatus>(reply.status[i]));
 }
 
 PullRequest pull_from_wire(wire::Shard::PullParams::Reader params) {
@@ -196,7 +200,9 @@ void info_to_wire(const Shard& shard, wire::ShardInfo::Builder out) {
 namespace {
 
 // A reply tensor of this size that may go in place (the cap aside).
-bool fits_in_place(uint64_t bytes) { return bytes >= kSendInPlaceBytes && bytes % sizeof(capnp::word) == 0; }
+bool fits_in_place(uint64_t bytes) {
+  return bytes >= kSendInPlaceBytes && bytes % sizeof(capnp::word) == 0;
+}
 
 }  // namespace
 
@@ -222,12 +228,15 @@ void WirePullReply::start(std::span<const Tensor> tensors) {
   }
 }
 
-void WirePullReply::value(std::size_t i, uint64_t version, std::shared_ptr<const std::vector<float>> values) {
+void WirePullReply::value(std::size_t i, uint64_t version,
+                          std::shared_ptr<const std::vector<float>> values) {
   auto entry = entries_[static_cast<unsigned>(i)];
   entry.setVersion(version);
-  auto data = kj::arrayPtr(reinterpret_cast<const kj::byte*>(values->data()), values->size() * sizeof(float));
+  auto data = kj::arrayPtr(reinterpret_cast<const kj::byte*>(values->data()),
+                           values->size() * sizeof(float));
   if (i < in_place_before_ && fits_in_place(data.size())) {
-    entry.adoptValues(capnp::Orphanage::getForMessageContaining(results_).referenceExternalData(data));
+    entry.adoptValues(
+        capnp::Orphanage::getForMessageContaining(results_).referenceExternalData(data));
     held_.push_back(std::move(values));
   } else {
     entry.setValues(data);

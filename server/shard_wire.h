@@ -45,8 +45,11 @@ class WirePullReply : public PullReply {
 
   void start(std::span<const Tensor> tensors) override;
   void step(int64_t global_step) override { results_.setStep(global_step); }
-  void value(std::size_t i, uint64_t version, std::shared_ptr<const std::vector<float>> values) override;
-  void in_shared(std::size_t i, uint64_t version) override { entries_[static_cast<unsigned>(i)].setVersion(version); }
+  void value(std::size_t i, uint64_t version,
+             std::shared_ptr<const std::vector<float>> values) override;
+  void in_shared(std::size_t i, uint64_t version) override {
+    entries_[static_cast<unsigned>(i)].setVersion(version);
+  }
   void done() override;
 
  protected:
@@ -59,7 +62,8 @@ class WirePullReply : public PullReply {
   SocketStream* stream_;
   wire::Shard::PullResults::Builder results_ = nullptr;
   capnp::List<wire::TensorData>::Builder entries_ = nullptr;
-  std::size_t in_place_before_ = SIZE_MAX;  // tensors from this index on are copied (no stream, or the cap)
+  std::size_t in_place_before_ =
+      SIZE_MAX;  // tensors from this index on are copied (no stream, or the cap)
   std::vector<std::shared_ptr<const std::vector<float>>> held_;
 };
 

@@ -12,7 +12,11 @@ namespace {
 std::size_t utf8_sequence(const std::string& s, std::size_t i) {
   const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
   const unsigned char c = byte(i);
-  std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+  std::size_t n = c < 0x80           ? 1
+                  : (c >> 5) == 0x6  ? 2
+                  : (c >> 4) == 0xe  ? 3
+                  : (c >> 3) == 0x1e ? 4
+                                     : 0;
   if (n == 0 || i + n > s.size()) return 0;
   for (std::size_t k = 1; k < n; ++k) {
     if ((byte(i + k) & 0xc0) != 0x80) return 0;
@@ -20,7 +24,8 @@ std::size_t utf8_sequence(const std::string& s, std::size_t i) {
   uint32_t cp = n == 1 ? c : c & (0x7f >> n);
   for (std::size_t k = 1; k < n; ++k) cp = (cp << 6) | (byte(i + k) & 0x3f);
   const uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
-  if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;  // overlong, too large, surrogate
+  if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+    return 0;  // overlong, too large, surrogate
   return n;
 }
 
@@ -36,10 +41,14 @@ std::string quote(const std::string& s) {
       ++i;
       continue;
     }
-    if (c == '"') out += "\\\"";
-    else if (c == '\\') out += "\\\\";
-    else if (c < 0x20 || c == 0x7f) out += fmt::format("\\u{:04x}", c);
-    else out.append(s, i, n);
+    if (c == '"')
+      out += "\\\"";
+    else if (c == '\\')
+      out += "\\\\";
+    else if (c < 0x20 || c == 0x7f)
+      out += fmt::format("\\u{:04x}", c);
+    else
+      out.append(s, i, n);
     i += n;
   }
   out += '"';
@@ -51,9 +60,12 @@ std::string number(double v) { return std::isfinite(v) ? fmt::format("{}", v) : 
 
 const char* mode_name(SyncMode m) {
   switch (m) {
-    case SyncMode::kAsync: return "async";
-    case SyncMode::kSync: return "sync";
-    case SyncMode::kBoundedStaleness: return "bounded staleness";
+    case SyncMode::kAsync:
+      return "async";
+    case SyncMode::kSync:
+      return "sync";
+    case SyncMode::kBoundedStaleness:
+      return "bounded staleness";
   }
   return "?";
 }
@@ -84,20 +96,23 @@ std::string status_json(const Shard& shard, const ProgressHistory& history, doub
   o += fmt::format("\"shard\":{},\"num_shards\":{},\"version\":{},", shard.options().shard_index,
                    shard.options().num_shards, quote(PS_VERSION));
   o += fmt::format("\"mode\":{},\"job\":{},\"configured\":{},\"ready\":{},\"finished\":{},",
-                   quote(mode_name(job.config().mode)), quote(to_string(job.config())), job.configured(), job.ready(),
-                   job.finished());
-  o += fmt::format("\"global_step\":{},\"train_steps\":{},\"pushes\":{},\"pulls\":{},\"bytes_in\":{},\"bytes_out\":{},",
-                   job.global_step(), job.config().train_steps, c.pushes.load(), c.pulls.load(), c.bytes_in.load(),
-                   c.bytes_out.load());
-  o += fmt::format("\"stale\":{},\"rejected\":{},\"connections\":{},\"now\":{},", c.stale.load(), c.rejected.load(),
-                   c.connections.load(), number(now_unix_secs));
-  o += fmt::format("\"last_checkpoint_step\":{},\"last_checkpoint_unix_secs\":{},", shard.last_checkpoint_step(),
-                   number(shard.last_checkpoint_unix_secs()));
+                   quote(mode_name(job.config().mode)), quote(to_string(job.config())),
+                   job.configured(), job.ready(), job.finished());
+  o += fmt::format(
+      "\"global_step\":{},\"train_steps\":{},\"pushes\":{},\"pulls\":{},\"bytes_in\":{},\"bytes_"
+      "out\":{},",
+      job.global_step(), job.config().train_steps, c.pushes.load(), c.pulls.load(),
+      c.bytes_in.load(), c.bytes_out.load());
+  o += fmt::format("\"stale\":{},\"rejected\":{},\"connections\":{},\"now\":{},", c.stale.load(),
+                   c.rejected.load(), c.connections.load(), number(now_unix_secs));
+  o += fmt::format("\"last_checkpoint_step\":{},\"last_checkpoint_unix_secs\":{},",
+                   shard.last_checkpoint_step(), number(shard.last_checkpoint_unix_secs()));
   // Tensors the restore at start-up left out (bad values, a spec create refuses).
   o += "\"restore_skipped\":[";
   for (std::size_t i = 0; i < shard.restore_skipped().size(); ++i) {
     const SkippedTensor& s = shard.restore_skipped()[i];
-    o += fmt::format("{}{{\"name\":{},\"reason\":{}}}", i ? "," : "", quote(s.name), quote(s.reason));
+    o += fmt::format("{}{{\"name\":{},\"reason\":{}}}", i ? "," : "", quote(s.name),
+                     quote(s.reason));
   }
   o += "],";
 
@@ -116,17 +131,20 @@ std::string status_json(const Shard& shard, const ProgressHistory& history, doub
       if (i) shape += ',';
       shape += std::to_string(t->spec().shape[i]);
     }
-    o += fmt::format("{}{{\"name\":{},\"shape\":[{}],\"bytes\":{},\"version\":{},\"trainable\":{}}}", first ? "" : ",",
-                     quote(t->spec().name), shape, t->size() * sizeof(float), t->version(), t->spec().trainable);
+    o +=
+        fmt::format("{}{{\"name\":{},\"shape\":[{}],\"bytes\":{},\"version\":{},\"trainable\":{}}}",
+                    first ? "" : ",", quote(t->spec().name), shape, t->size() * sizeof(float),
+                    t->version(), t->spec().trainable);
     first = false;
   }
   o += "],\"tables\":[";
   first = true;
   for (const TableReport& t : shard.list_tables()) {
-    o += fmt::format("{}{{\"name\":{},\"dim\":{},\"dynamic\":{},\"rows\":{},\"bytes\":{},\"version\":{},"
-                     "\"rows_pulled\":{},\"rows_pushed\":{},\"evictions\":{}}}",
-                     first ? "" : ",", quote(t.spec.name), t.spec.dim, t.spec.dynamic, t.rows_here, t.bytes, t.version,
-                     t.rows_pulled, t.rows_pushed, t.evictions);
+    o += fmt::format(
+        "{}{{\"name\":{},\"dim\":{},\"dynamic\":{},\"rows\":{},\"bytes\":{},\"version\":{},"
+        "\"rows_pulled\":{},\"rows_pushed\":{},\"evictions\":{}}}",
+        first ? "" : ",", quote(t.spec.name), t.spec.dim, t.spec.dynamic, t.rows_here, t.bytes,
+        t.version, t.rows_pulled, t.rows_pushed, t.evictions);
     first = false;
   }
   o += "],\"workers\":[";
@@ -135,15 +153,18 @@ std::string status_json(const Shard& shard, const ProgressHistory& history, doub
     // lag: global step - worker step; null while the job's step is behind the
     // worker's (async workers that push but never call stepDone).
     const int64_t lag = job.global_step() - w.step;
-    o += fmt::format("{}{{\"index\":{},\"connected\":{},\"peer\":{},\"step\":{},\"lag\":{},\"pushes\":{},\"stale\":{}",
-                     first ? "" : ",", i, w.connections > 0, quote(w.peer), w.step,
-                     lag >= 0 ? std::to_string(lag) : "null", w.pushes, w.stale);
+    o += fmt::format(
+        "{}{{\"index\":{},\"connected\":{},\"peer\":{},\"step\":{},\"lag\":{},\"pushes\":{},"
+        "\"stale\":{}",
+        first ? "" : ",", i, w.connections > 0, quote(w.peer), w.step,
+        lag >= 0 ? std::to_string(lag) : "null", w.pushes, w.stale);
     if (w.report) {
       const WorkerReport& r = *w.report;
-      o += fmt::format(",\"report\":{{\"step\":{},\"loss\":{},\"accuracy\":{},\"samples_per_sec\":{},"
-                       "\"learning_rate\":{},\"age_secs\":{}}}",
-                       r.step, number(r.loss), number(r.accuracy), number(r.samples_per_sec), number(r.learning_rate),
-                       number(now_unix_secs - r.unix_secs));
+      o += fmt::format(
+          ",\"report\":{{\"step\":{},\"loss\":{},\"accuracy\":{},\"samples_per_sec\":{},"
+          "\"learning_rate\":{},\"age_secs\":{}}}",
+          r.step, number(r.loss), number(r.accuracy), number(r.samples_per_sec),
+          number(r.learning_rate), number(now_unix_secs - r.unix_secs));
     }
     o += "}";
     first = false;
@@ -165,7 +186,8 @@ std::string status_json(const Shard& shard, const ProgressHistory& history, doub
     bytes += std::to_string(samples[i].bytes);
     loss += number(samples[i].mean_loss);
   }
-  o += fmt::format("],\"history\":{{\"t\":[{}],\"step\":[{}],\"bytes\":[{}],\"loss\":[{}]}}}}", t, step, bytes, loss);
+  o += fmt::format("],\"history\":{{\"t\":[{}],\"step\":[{}],\"bytes\":[{}],\"loss\":[{}]}}}}", t,
+                   step, bytes, loss);
   return o;
 }
 

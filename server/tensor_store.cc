@@ -12,7 +12,8 @@
 namespace ps {
 
 StoredTensor::StoredTensor(uint64_t id, TensorSpec spec, std::optional<PartMeta> part)
-    : id_(id), spec_([&] {
+    : id_(id),
+      spec_([&] {
         TensorSpec s = spec;
         s.init.values.clear();
         s.init.values.shrink_to_fit();
@@ -52,7 +53,8 @@ StoredTensor::View StoredTensor::view() const {
 
 bool StoredTensor::apply(std::span<const float> grad, float scale, bool require_finite) {
   std::unique_lock lock(mutex_);
-  if (require_finite && !optimizer_->result_finite(*values_, grad, slots_, static_cast<int64_t>(version_), scale)) {
+  if (require_finite &&
+      !optimizer_->result_finite(*values_, grad, slots_, static_cast<int64_t>(version_), scale)) {
     return false;
   }
   // Views are only taken under the shared lock, so none can appear now; a
@@ -76,40 +78,48 @@ uint64_t StoredTensor::version() const {
 TensorStore::TensorStore(StoreLimits limits, MemoryBudget* budget)
     : limits_(limits),
       budget_(budget),
-      reserved_(budget ? budget->reserve_anyway(MemoryUse::kTensors, 0) : MemoryBudget::Reservation()) {}
+      reserved_(budget ? budget->reserve_anyway(MemoryUse::kTensors, 0)
+                       : MemoryBudget::Reservation()) {}
 
 uint64_t TensorStore::footprint(const TensorSpec& spec, uint64_t n) {
   return n * sizeof(float) * (1 + make_optimizer(spec.optimizer)->make_slots(0).size());
 }
 
-void TensorStore::validate(const TensorSpec& spec, const std::optional<PartMeta>& part, Pending* pending,
-                           Values values) const {
+void TensorStore::validate(const TensorSpec& spec, const std::optional<PartMeta>& part,
+                           Pending* pending, Values values) const {
   std::lock_guard lock(mutex_);
   validate_locked(spec, part, pending, values);
 }
 
-void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<PartMeta>& part, Pending* pending,
-                                  Values values) const {
+void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<PartMeta>& part,
+                                  Pending* pending, Values values) const {
   const std::string& name = spec.name;
   check_name(name, "create: tensor");
   if (part) check_name(part->full_name, "create: split tensor");
-  if (spec.shape.size() > 16) throw RequestError("create: tensor '" + name + "' has more than 16 dimensions");
+  if (spec.shape.size() > 16)
+    throw RequestError("create: tensor '" + name + "' has more than 16 dimensions");
   uint64_t n = 1;
   for (uint64_t d : spec.shape) {
-    if (d == 0) throw RequestError("create: tensor '" + name + "' has a zero dimension in shape " + shape_to_string(spec.shape));
-    if (n > limits_.max_tensor_bytes / d) n = limits_.max_tensor_bytes;  // saturate; rejected below
-    else n *= d;
+    if (d == 0)
+      throw RequestError("create: tensor '" + name + "' has a zero dimension in shape " +
+                         shape_to_string(spec.shape));
+    if (n > limits_.max_tensor_bytes / d)
+      n = limits_.max_tensor_bytes;  // saturate; rejected below
+    else
+      n *= d;
   }
   if (n * sizeof(float) > limits_.max_tensor_bytes) {
     throw RequestError("create: tensor '" + name + "' of shape " + shape_to_string(spec.shape) +
-                       " is over this shard's limit of " + std::to_string(limits_.max_tensor_bytes) + " bytes");
+                       " is over this shard's limit of " +
+                       std::to_string(limits_.max_tensor_bytes) + " bytes");
   }
   validate_optimizer(spec.optimizer);
   validate_initializer(spec.init, name, part ? part->full_shape : spec.shape);
   // The update count feeds the schedule and Adam's bias correction as a
   // step: past kMaxStep (a crafted restore) they turn NaN.
   if (spec.version > static_cast<uint64_t>(kMaxStep)) {
-    throw RequestError("create: tensor '" + name + "' is restored with " + std::to_string(spec.version) +
+    throw RequestError("create: tensor '" + name + "' is restored with " +
+                       std::to_string(spec.version) +
                        " updates applied, over the largest step (2^62)");
   }
   const bool given = values == Values::kGiven;
@@ -117,16 +127,19 @@ void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<Pa
     throw RequestError("create: tensor '" + name + "' has " + std::to_string(n) + " elements but " +
                        std::to_string(spec.init.values.size()) + " initial values");
   }
-  if (!all_finite(spec.init.values)) throw RequestError("create: tensor '" + name + "' has a NaN or Inf initial value");
+  if (!all_finite(spec.init.values))
+    throw RequestError("create: tensor '" + name + "' has a NaN or Inf initial value");
   if (!spec.slots.empty()) {
     const std::size_t want = make_optimizer(spec.optimizer)->make_slots(0).size();
     if (spec.slots.size() != want) {
-      throw RequestError("create: tensor '" + name + "' is restored with " + std::to_string(spec.slots.size()) +
+      throw RequestError("create: tensor '" + name + "' is restored with " +
+                         std::to_string(spec.slots.size()) +
                          " optimizer slots; its optimizer has " + std::to_string(want));
     }
     for (std::size_t k = 0; given && k < spec.slots.size(); ++k) {
       if (spec.slots[k].size() != n) {
-        throw RequestError("create: tensor '" + name + "' has " + std::to_string(n) + " elements but a restored slot of " +
+        throw RequestError("create: tensor '" + name + "' has " + std::to_string(n) +
+                           " elements but a restored slot of " +
                            std::to_string(spec.slots[k].size()));
       }
       if (!all_finite(spec.slots[k])) {
@@ -147,8 +160,10 @@ void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<Pa
     uint64_t full = 1;
     bool overflow = false;
     for (uint64_t d : part->full_shape) {
-      if (d != 0 && full > UINT64_MAX / d) overflow = true;
-      else full *= d;
+      if (d != 0 && full > UINT64_MAX / d)
+        overflow = true;
+      else
+        full *= d;
     }
     if (overflow || part->count == 0 || part->index >= part->count || part->offset > full ||
         n > full - part->offset) {
@@ -159,19 +174,23 @@ void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<Pa
   if (auto it = tensors_.find(name); it != tensors_.end()) {
     const StoredTensor& t = *it->second;
     if (t.spec().shape != spec.shape) {
-      throw RequestError("create: tensor '" + name + "' exists with shape " + shape_to_string(t.spec().shape) +
-                         ", not " + shape_to_string(spec.shape));
+      throw RequestError("create: tensor '" + name + "' exists with shape " +
+                         shape_to_string(t.spec().shape) + ", not " + shape_to_string(spec.shape));
     }
-    if (t.part() != part) throw RequestError("create: tensor '" + name + "' exists with another part layout");
+    if (t.part() != part)
+      throw RequestError("create: tensor '" + name + "' exists with another part layout");
     return;
   }
   // Pending counts can come from a client (create's pendingTensors): no sums that could wrap.
   const Pending before = pending != nullptr ? *pending : Pending{};
-  if (before.tensors >= limits_.max_tensors || tensors_.size() >= limits_.max_tensors - before.tensors) {
+  if (before.tensors >= limits_.max_tensors ||
+      tensors_.size() >= limits_.max_tensors - before.tensors) {
     throw RequestError("create: this shard holds its maximum number of tensors");
   }
-  if (before.bytes > limits_.max_total_bytes || bytes_ + n * sizeof(float) > limits_.max_total_bytes - before.bytes) {
-    throw RequestError("create: tensor '" + name + "' would take this shard over its memory limit of " +
+  if (before.bytes > limits_.max_total_bytes ||
+      bytes_ + n * sizeof(float) > limits_.max_total_bytes - before.bytes) {
+    throw RequestError("create: tensor '" + name +
+                       "' would take this shard over its memory limit of " +
                        std::to_string(limits_.max_total_bytes) + " bytes");
   }
   if (budget_ != nullptr) {
@@ -179,7 +198,8 @@ void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<Pa
     const uint64_t free = budget_->available();
     if (before.bytes > free || need > free - before.bytes) {
       budget_->count_refusal();
-      throw RequestError("create: tensor '" + name + "' (" + std::to_string(need >> 20) + " MiB with its optimizer's " +
+      throw RequestError("create: tensor '" + name + "' (" + std::to_string(need >> 20) +
+                         " MiB with its optimizer's " +
                          "slots) would take psd over its memory limit: " + budget_->describe());
     }
   }
@@ -190,14 +210,16 @@ void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<Pa
   }
 }
 
-std::pair<StoredTensor*, bool> TensorStore::create(const TensorSpec& spec, const std::optional<PartMeta>& part) {
+std::pair<StoredTensor*, bool> TensorStore::create(const TensorSpec& spec,
+                                                   const std::optional<PartMeta>& part) {
   std::lock_guard lock(mutex_);
   validate_locked(spec, part, nullptr, Values::kGiven);
   if (auto it = tensors_.find(spec.name); it != tensors_.end()) return {it->second.get(), false};
   if (budget_ != nullptr) {
     const uint64_t need = footprint(spec, spec.num_elements());
     if (!reserved_.try_resize(reserved_.bytes() + need)) {
-      throw RequestError("create: tensor '" + spec.name + "' would take psd over its memory limit: " + budget_->describe());
+      throw RequestError("create: tensor '" + spec.name +
+                         "' would take psd over its memory limit: " + budget_->describe());
     }
   }
   auto tensor = std::make_unique<StoredTensor>(next_id_++, spec, part);

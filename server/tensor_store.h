@@ -19,7 +19,6 @@
 
 namespace ps {
 
-
 class StoredTensor {
  public:
   StoredTensor(uint64_t id, TensorSpec spec, std::optional<PartMeta> part);
@@ -85,9 +84,10 @@ class TensorStore {
 
   // Creates the tensor, or returns the existing one (second = false) when one
   // with the same shape exists. A spec carrying slots / version (a restore)
-  // starts the tensor with them; an existing tensor keeps its own state. Throws RequestError for a different shape or
-  // part layout, an invalid spec, or a limit exceeded.
-  std::pair<StoredTensor*, bool> create(const TensorSpec& spec, const std::optional<PartMeta>& part);
+  // starts the tensor with them; an existing tensor keeps its own state. Throws RequestError for a
+  // different shape or part layout, an invalid spec, or a limit exceeded.
+  std::pair<StoredTensor*, bool> create(const TensorSpec& spec,
+                                        const std::optional<PartMeta>& part);
 
   // New tensors of one request, counted against the shard's limits as if
   // already created (validate below). With a memory budget, `bytes` counts
@@ -107,12 +107,12 @@ class TensorStore {
   // `pending`, the limits also count the tensors validated into it before
   // (a request's earlier specs), and this one, if new, is added to it: each
   // spec of a request can fit alone while all of them do not.
-  void validate(const TensorSpec& spec, const std::optional<PartMeta>& part, Pending* pending = nullptr,
-                Values values = Values::kGiven) const;
+  void validate(const TensorSpec& spec, const std::optional<PartMeta>& part,
+                Pending* pending = nullptr, Values values = Values::kGiven) const;
 
   StoredTensor* find(const std::string& name) const;
   StoredTensor& get(const std::string& name) const;  // throws RequestError naming the tensor
-  std::vector<StoredTensor*> all() const;             // in name order
+  std::vector<StoredTensor*> all() const;            // in name order
   std::size_t count() const;
   uint64_t bytes() const;
   // Drops every tensor: for a restore that failed part way, before anything
@@ -120,8 +120,8 @@ class TensorStore {
   void clear();
 
  private:
-  void validate_locked(const TensorSpec& spec, const std::optional<PartMeta>& part, Pending* pending,
-                       Values values) const;
+  void validate_locked(const TensorSpec& spec, const std::optional<PartMeta>& part,
+                       Pending* pending, Values values) const;
 
   // Bytes a tensor of `n` elements holds with its optimizer's slots.
   static uint64_t footprint(const TensorSpec& spec, uint64_t n);

@@ -69,9 +69,10 @@ TEST_CASE("log_loss equals the mean of -log p(label)", "[metrics]") {
 
 TEST_CASE("metrics refuse bad input", "[metrics]") {
   const std::vector<float> y{0, 1};
-  CHECK_THROWS_AS(ps::roc_auc(y, std::vector<double>{0.5}), ps::Error);                // sizes
-  CHECK_THROWS_AS(ps::roc_auc(std::vector<float>{0, 0.5f}, std::vector<double>{0, 1}), ps::Error);  // label
-  CHECK_THROWS_AS(ps::roc_auc(y, std::vector<double>{0, NAN}), ps::Error);             // score
+  CHECK_THROWS_AS(ps::roc_auc(y, std::vector<double>{0.5}), ps::Error);  // sizes
+  CHECK_THROWS_AS(ps::roc_auc(std::vector<float>{0, 0.5f}, std::vector<double>{0, 1}),
+                  ps::Error);                                               // label
+  CHECK_THROWS_AS(ps::roc_auc(y, std::vector<double>{0, NAN}), ps::Error);  // score
   CHECK_THROWS_AS(ps::log_loss(y, std::vector<double>{0.5, INFINITY}), ps::Error);
   CHECK_THROWS_AS(ps::log_loss(std::vector<float>{2, 0}, std::vector<double>{0.5, 0.5}), ps::Error);
 }

@@ -39,7 +39,8 @@ struct Message {
 Message make_message(const std::vector<size_t>& sizes, std::mt19937& rng) {
   Message m;
   capnp::MallocMessageBuilder builder(64, capnp::AllocationStrategy::FIXED_SIZE);
-  auto list = builder.initRoot<capnp::AnyPointer>().initAs<capnp::List<capnp::Data>>(static_cast<unsigned>(sizes.size()));
+  auto list = builder.initRoot<capnp::AnyPointer>().initAs<capnp::List<capnp::Data>>(
+      static_cast<unsigned>(sizes.size()));
   for (unsigned i = 0; i < sizes.size(); ++i) {
     std::vector<uint8_t> blob(sizes[i]);
     for (auto& b : blob) b = static_cast<uint8_t>(rng());
@@ -61,7 +62,8 @@ void check_same(capnp::MessageReader& reader, const Message& m) {
   REQUIRE(list.size() == m.blobs.size());
   for (unsigned i = 0; i < list.size(); ++i) {
     REQUIRE(list[i].size() == m.blobs[i].size());
-    if (!m.blobs[i].empty()) CHECK(std::memcmp(list[i].begin(), m.blobs[i].data(), m.blobs[i].size()) == 0);
+    if (!m.blobs[i].empty())
+      CHECK(std::memcmp(list[i].begin(), m.blobs[i].data(), m.blobs[i].size()) == 0);
   }
 }
 
@@ -82,7 +84,8 @@ std::thread write_in_pieces(int& fd, std::vector<uint8_t> bytes, unsigned seed, 
     std::mt19937 rng(seed);
     size_t done = 0;
     while (done < bytes.size()) {
-      const size_t piece = std::min<size_t>(bytes.size() - done, 1 + rng() % (rng() % 2 ? 64 : 200u << 10));
+      const size_t piece =
+          std::min<size_t>(bytes.size() - done, 1 + rng() % (rng() % 2 ? 64 : 200u << 10));
       // A reader that gave up (and closed its end) fails the send, not the test.
       const ssize_t n = ::send(fd, bytes.data() + done, piece, MSG_NOSIGNAL);
       if (n <= 0) break;
@@ -100,7 +103,8 @@ std::thread write_in_pieces(int& fd, std::vector<uint8_t> bytes, unsigned seed, 
 // With `read`, message i is written only once the reader has counted i
 // messages read (bounded wait), so no two are ever in the socket together,
 // however late a loaded machine runs the reader.
-std::thread write_one_by_one(int fd, const std::vector<Message>& messages, const std::atomic<size_t>* read = nullptr) {
+std::thread write_one_by_one(int fd, const std::vector<Message>& messages,
+                             const std::atomic<size_t>* read = nullptr) {
   return std::thread([fd, &messages, read] {
     for (size_t i = 0; i < messages.size(); ++i) {
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -131,7 +135,9 @@ std::vector<uint8_t> concat(const std::vector<Message>& messages) {
 kj::Own<capnp::MessageReader> read_one(Loop& loop, BufferedMessageStream& messages,
                                        capnp::ReaderOptions options = capnp::ReaderOptions()) {
   auto got = loop.wait(messages.tryReadMessage(nullptr, options, nullptr));
-  KJ_IF_MAYBE(m, got) { return kj::mv(m->reader); }
+  KJ_IF_MAYBE (m, got) {
+    return kj::mv(m->reader);
+  }
   FAIL("the stream ended early");
   return kj::Own<capnp::MessageReader>();
 }
@@ -143,9 +149,9 @@ TEST_CASE("messages of every size arrive whole and in order, however the bytes a
   // In the buffer (up to 128 KiB with framing), just over it, and large
   // ones of several segments.
   const std::vector<std::vector<size_t>> shapes = {
-      {0},         {1},         {100},        {4096},        {65536},      {65536, 8},   {130000},
-      {131000},    {140000},    {1 << 20},    {3 << 20, 5},  {65536},      {7},          {200000, 200000, 3},
-      {64, 64, 64}, {65536},    {131064 - 96}, {2 << 20},    {12},
+      {0},          {1},      {100},         {4096},       {65536}, {65536, 8}, {130000},
+      {131000},     {140000}, {1 << 20},     {3 << 20, 5}, {65536}, {7},        {200000, 200000, 3},
+      {64, 64, 64}, {65536},  {131064 - 96}, {2 << 20},    {12},
   };
   std::vector<Message> sent;
   for (auto& s : shapes) sent.push_back(make_message(s, rng));
@@ -172,7 +178,8 @@ TEST_CASE("messages of every size arrive whole and in order, however the bytes a
 TEST_CASE("messages still in use keep their bytes while later ones are read") {
   std::mt19937 rng(5);
   std::vector<Message> sent;
-  for (int i = 0; i < 40; ++i) sent.push_back(make_message({65536 + 8 * static_cast<size_t>(i)}, rng));
+  for (int i = 0; i < 40; ++i)
+    sent.push_back(make_message({65536 + 8 * static_cast<size_t>(i)}, rng));
   Loop loop;
   Pair pair;
   auto socket = pair.reading_end(loop);
@@ -194,7 +201,8 @@ TEST_CASE("messages still in use keep their bytes while later ones are read") {
     writer.join();
     for (size_t i = 0; i < sent.size(); ++i) check_same(*kept[i], sent[i]);
   }
-  SECTION("each kept until the next is read, as the RPC layer does: the two buffers serve them all") {
+  SECTION(
+      "each kept until the next is read, as the RPC layer does: the two buffers serve them all") {
     auto writer = write_in_pieces(pair.fds[1], concat(sent), 5, false);
     kj::Own<capnp::MessageReader> previous;
     for (size_t i = 0; i < sent.size(); ++i) {
@@ -222,7 +230,8 @@ TEST_CASE("a stream that ends inside a message is an error") {
     Pair pair;
     auto socket = pair.reading_end(loop);
     BufferedMessageStream messages(*socket);
-    auto writer = write_in_pieces(pair.fds[1], std::vector<uint8_t>(bytes.begin(), bytes.begin() + cut), 1, true);
+    auto writer = write_in_pieces(
+        pair.fds[1], std::vector<uint8_t>(bytes.begin(), bytes.begin() + cut), 1, true);
     CHECK_THROWS_WITH(loop.wait(messages.tryReadMessage(nullptr, capnp::ReaderOptions(), nullptr)),
                       Catch::Contains("premature EOF"));
     writer.join();
@@ -246,10 +255,13 @@ TEST_CASE("bad framing is refused before its body is waited for") {
     const uint32_t one[2] = {0, 1001};
     const uint32_t three[4] = {2, 400, 400, 300};
     const bool several = GENERATE(false, true);
-    if (several) REQUIRE(::write(pair.fds[1], three, sizeof(three)) == sizeof(three));
-    else REQUIRE(::write(pair.fds[1], one, sizeof(one)) == sizeof(one));
+    if (several)
+      REQUIRE(::write(pair.fds[1], three, sizeof(three)) == sizeof(three));
+    else
+      REQUIRE(::write(pair.fds[1], one, sizeof(one)) == sizeof(one));
     // No body follows: a stream that waited for it would time out.
-    CHECK_THROWS_WITH(loop.wait(messages.tryReadMessage(nullptr, options, nullptr)), Catch::Contains("too large"));
+    CHECK_THROWS_WITH(loop.wait(messages.tryReadMessage(nullptr, options, nullptr)),
+                      Catch::Contains("too large"));
   }
 }
 
@@ -284,8 +296,9 @@ TEST_CASE("messages written through it read back as sent, one or several at a ti
   std::vector<kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>>> batch;
   for (auto& r : rest) batch.push_back(kj::arrayPtr(r.data(), r.size()));
   // Sent while the other end reads: the large ones do not fit in the socket's buffer.
-  sending = sending.then([&] { return out.writeMessages(kj::arrayPtr(batch.data(), batch.size())); })
-                .eagerlyEvaluate(nullptr);
+  sending =
+      sending.then([&] { return out.writeMessages(kj::arrayPtr(batch.data(), batch.size())); })
+          .eagerlyEvaluate(nullptr);
   for (auto& m : sent) check_same(*read_one(loop, in), m);
   loop.wait(kj::mv(sending));
 }
@@ -295,7 +308,8 @@ TEST_CASE("a message after a large one that arrived in odd pieces starts on a wh
   // first piece ends mid-word, then a small one: that one must not be read
   // at the odd offset the large one's piece left behind.
   std::mt19937 rng(8);
-  Message first = make_message({40}, rng), large = make_message({300000}, rng), last = make_message({24}, rng);
+  Message first = make_message({40}, rng), large = make_message({300000}, rng),
+          last = make_message({24}, rng);
   Loop loop;
   Pair pair;
   auto socket = pair.reading_end(loop);
@@ -333,8 +347,9 @@ TEST_CASE("random bytes give messages, an end or an error, nothing worse") {
     for (auto& b : junk) b = static_cast<uint8_t>(rng());
     // Now and then a plausible header: few segments, sizes in range.
     if (junk.size() >= 16 && seed % 2 == 0) {
-      const uint32_t header[4] = {static_cast<uint32_t>(rng() % 3), static_cast<uint32_t>(rng() % 40000),
-                                  static_cast<uint32_t>(rng() % 40000), static_cast<uint32_t>(rng() % 40000)};
+      const uint32_t header[4] = {
+          static_cast<uint32_t>(rng() % 3), static_cast<uint32_t>(rng() % 40000),
+          static_cast<uint32_t>(rng() % 40000), static_cast<uint32_t>(rng() % 40000)};
       std::memcpy(junk.data(), header, sizeof(header));
     }
     Loop loop;

@@ -33,9 +33,11 @@ struct SocketPair {
 };
 
 // Waits on the loop (bounded) for a byte another thread sends after `delay`.
-void wait_for_byte_sent_later(kj::UnixEventPort& port, kj::WaitScope& ws, std::chrono::milliseconds delay) {
+void wait_for_byte_sent_later(kj::UnixEventPort& port, kj::WaitScope& ws,
+                              std::chrono::milliseconds delay) {
   SocketPair pair;
-  kj::UnixEventPort::FdObserver observer(port, pair.fd[0], kj::UnixEventPort::FdObserver::OBSERVE_READ);
+  kj::UnixEventPort::FdObserver observer(port, pair.fd[0],
+                                         kj::UnixEventPort::FdObserver::OBSERVE_READ);
   auto readable = observer.whenBecomesReadable();
   std::thread writer([&] {
     std::this_thread::sleep_for(delay);
@@ -101,7 +103,8 @@ TEST_CASE("a polling event port sees a socket event while polling, and sleeps wi
   for (auto budget : {0us, 200000us}) {
     CAPTURE(budget.count());
     kj::UnixEventPort port;
-    PollingEventPort polling(port, budget, OnContention::kIgnore);  // a loaded machine must not turn it off
+    PollingEventPort polling(port, budget,
+                             OnContention::kIgnore);  // a loaded machine must not turn it off
     kj::EventLoop loop(polling);
     kj::WaitScope ws(loop);
     wait_for_byte_sent_later(port, ws, 2ms);
@@ -157,7 +160,8 @@ TEST_CASE("busy polling sees events and cross-thread work, then stops after its 
   CHECK_FALSE(busy.polling());
 }
 
-TEST_CASE("CPU contention turns polling off while it lasts, longer each time polling brings it back") {
+TEST_CASE(
+    "CPU contention turns polling off while it lasts, longer each time polling brings it back") {
   using Clock = CpuContention::Clock;
   const uint64_t tid = 42;
   CpuContention c;
@@ -206,13 +210,15 @@ TEST_CASE("CPU contention turns polling off while it lasts, longer each time pol
   CHECK_FALSE(d.update(t0 + 2ms, 50ms, 2));
 }
 
-TEST_CASE("a polling event port stops polling while the CPUs are oversubscribed, and polls again after") {
+TEST_CASE(
+    "a polling event port stops polling while the CPUs are oversubscribed, and polls again after") {
   if (!thread_run_delay()) {
     WARN("SKIPPED: this kernel reports no run-queue delay (/proc/thread-self/schedstat)");
     return;
   }
   kj::UnixEventPort port;
-  PollingEventPort polling(port, 200000us);  // longer than every wait here: only contention stops it
+  PollingEventPort polling(port,
+                           200000us);  // longer than every wait here: only contention stops it
   kj::EventLoop loop(polling);
   kj::WaitScope ws(loop);
 

@@ -25,7 +25,8 @@ ShardCheckpoint sample(uint32_t shard = 0, uint32_t shards = 1, int64_t step = 7
   c.num_shards = shards;
   c.global_step = step;
   c.job_configured = true;
-  c.job = {.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 3, .train_steps = 100};
+  c.job = {
+      .mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 3, .train_steps = 100};
   c.ready = true;
   c.unix_secs = 1234.5;
   c.requests[1] = {{42, 6, {1, 1}}, {43, 7, {2}}};
@@ -115,9 +116,7 @@ TEST_CASE("damaged checkpoint files are refused with the reason") {
     newer[8] = 2;  // format version (the header checksum catches it first)
     CHECK(refused(newer) != "accepted");
   }
-  SECTION("trailing garbage") {
-    CHECK_THAT(refused(good + "xx"), Catch::Contains("trailing"));
-  }
+  SECTION("trailing garbage") { CHECK_THAT(refused(good + "xx"), Catch::Contains("trailing")); }
   SECTION("a global step psd could not count from") {
     for (int64_t step : {int64_t{-1}, std::numeric_limits<int64_t>::max()}) {
       ShardCheckpoint c = sample();
@@ -143,7 +142,8 @@ TEST_CASE("pruning keeps the newest files of one shard only") {
   CHECK(access((dir.path() + "/shard-0-of-2/ckpt-000000000099.psckpt.tmp").c_str(), F_OK) != 0);
 }
 
-TEST_CASE("load_checkpoint reassembles split tensors from every shard, newest complete valid step") {
+TEST_CASE(
+    "load_checkpoint reassembles split tensors from every shard, newest complete valid step") {
   TempDir dir;
   // "e" (10 elements) split in parts over 2 shards; "s" whole on shard 1.
   auto shard_file = [&](uint32_t shard, int64_t step, float base) {
@@ -152,7 +152,9 @@ TEST_CASE("load_checkpoint reassembles split tensors from every shard, newest co
     c.num_shards = 2;
     c.global_step = step;
     TensorCheckpoint part;
-    part.spec = {.name = "e/part_" + std::to_string(shard), .shape = {5}, .optimizer = OptimizerConfig::adam(0.1f)};
+    part.spec = {.name = "e/part_" + std::to_string(shard),
+                 .shape = {5},
+                 .optimizer = OptimizerConfig::adam(0.1f)};
     part.part = PartMeta{"e", {2, 5}, shard * 5u, shard, 2};
     part.version = 4 + shard;
     for (int i = 0; i < 5; ++i) part.values.push_back(base + shard * 5 + i);
@@ -199,7 +201,8 @@ TEST_CASE("load_checkpoint reassembles split tensors from every shard, newest co
   CHECK_THROWS_AS(load_checkpoint(empty.path()), CheckpointError);
 }
 
-TEST_CASE("pruning after a write keeps the file just written, and leaves files of later steps alone") {
+TEST_CASE(
+    "pruning after a write keeps the file just written, and leaves files of later steps alone") {
   TempDir dir;
   // Steps 4-6 from an earlier run (psd restored step 3: say it could not
   // read them); this run writes 4 again, then 5.
@@ -208,7 +211,8 @@ TEST_CASE("pruning after a write keeps the file just written, and leaves files o
   prune_checkpoints(dir.path(), 0, 1, 1, /*written=*/4);
   std::vector<int64_t> steps;
   for (const auto& f : list_checkpoints(dir.path(), 0, 1)) steps.push_back(f.step);
-  CHECK(steps == std::vector<int64_t>{6, 5, 4});  // 4 kept (before: only 5 and 6), older ones pruned
+  CHECK(steps ==
+        std::vector<int64_t>{6, 5, 4});  // 4 kept (before: only 5 and 6), older ones pruned
 }
 
 TEST_CASE("record lengths and part offsets from the file are checked without overflow") {
@@ -229,7 +233,8 @@ TEST_CASE("record lengths and part offsets from the file are checked without ove
     std::memcpy(&bytes[at], &huge, 8);
     std::memcpy(&bytes[at + 8], &crc, 4);
     std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-    CHECK_THROWS_AS(read_checkpoint(path), CheckpointError);  // before: std::length_error, psd aborted
+    CHECK_THROWS_AS(read_checkpoint(path),
+                    CheckpointError);  // before: std::length_error, psd aborted
   }
   SECTION("a part offset that wraps past the end of the tensor") {
     ShardCheckpoint c = sample(0, 1, 5);
@@ -239,6 +244,7 @@ TEST_CASE("record lengths and part offsets from the file are checked without ove
     t.part = PartMeta{"w", {8}, ~uint64_t{0}, 0, 1};  // offset + 5 wraps to 4
     c.tensors = {t};
     write_checkpoint(dir.path(), c);
-    CHECK_THROWS_WITH(load_checkpoint(dir.path()), Catch::Contains("does not fit"));  // before: a write before the buffer
+    CHECK_THROWS_WITH(load_checkpoint(dir.path()),
+                      Catch::Contains("does not fit"));  // before: a write before the buffer
   }
 }

@@ -34,11 +34,14 @@ struct KeptTasks {
 TEST_CASE("run returns values, promises' values and errors") {
   ps::ClientLoop loop;
   REQUIRE(loop.run([] { return 7; }) == 7);
-  REQUIRE(loop.run([&] { return loop.timer().afterDelay(1 * kj::MILLISECONDS).then([] { return 8; }); }) == 8);
+  REQUIRE(loop.run([&] {
+    return loop.timer().afterDelay(1 * kj::MILLISECONDS).then([] { return 8; });
+  }) == 8);
   int touched = 0;
   loop.run([&] { touched = 1; });
   REQUIRE(touched == 1);
-  REQUIRE_THROWS_AS(loop.run([]() -> kj::Promise<int> { return KJ_EXCEPTION(FAILED, "no"); }), kj::Exception);
+  REQUIRE_THROWS_AS(loop.run([]() -> kj::Promise<int> { return KJ_EXCEPTION(FAILED, "no"); }),
+                    kj::Exception);
 }
 
 TEST_CASE("an uncontended run stays on the calling thread") {
@@ -56,7 +59,9 @@ TEST_CASE("many threads at once: every piece of work runs exactly once") {
     threads.emplace_back([&] {
       for (int i = 0; i < 300; ++i) {
         const int got = loop.run([&] {
-          return loop.timer().afterDelay((i % 3) * kj::MICROSECONDS).then([&] { return ++on_loop; });
+          return loop.timer().afterDelay((i % 3) * kj::MICROSECONDS).then([&] {
+            return ++on_loop;
+          });
         });
         REQUIRE(got > 0);
         ++done;
@@ -73,7 +78,8 @@ TEST_CASE("kept work finishes with no further calls (the helper runs it)") {
   std::atomic<bool> fired{false};
   KeptTasks tasks(loop);
   loop.run([&] {
-    tasks.set->add(loop.kept(loop.timer().afterDelay(30 * kj::MILLISECONDS).then([&] { fired = true; })));
+    tasks.set->add(
+        loop.kept(loop.timer().afterDelay(30 * kj::MILLISECONDS).then([&] { fired = true; })));
   });
   REQUIRE_FALSE(fired);
   for (int i = 0; i < 200 && !fired; ++i) std::this_thread::sleep_for(10ms);
@@ -86,7 +92,9 @@ TEST_CASE("a thread running a KJ loop of its own is served by hand-over") {
   kj::EventLoop own(port);
   kj::WaitScope scope(own);
   REQUIRE(loop.run([] { return 42; }) == 42);
-  REQUIRE(loop.run([&] { return loop.timer().afterDelay(1 * kj::MILLISECONDS).then([] { return 43; }); }) == 43);
+  REQUIRE(loop.run([&] {
+    return loop.timer().afterDelay(1 * kj::MILLISECONDS).then([] { return 43; });
+  }) == 43);
 }
 
 // A future set by kept work wakes its waiter while the helper still holds
@@ -131,7 +139,8 @@ TEST_CASE("calls handed over while kept work runs come back once it ends") {
   KeptTasks tasks(loop);
   std::atomic<bool> fired{false};
   loop.run([&] {
-    tasks.set->add(loop.kept(loop.timer().afterDelay(20 * kj::MILLISECONDS)).then([&] { fired = true; }));
+    tasks.set->add(
+        loop.kept(loop.timer().afterDelay(20 * kj::MILLISECONDS)).then([&] { fired = true; }));
   });
   const auto me = std::this_thread::get_id();
   int handed_over = 0, after = 0, after_here = 0;
@@ -145,7 +154,8 @@ TEST_CASE("calls handed over while kept work runs come back once it ends") {
       after_here += here;
     }
   }
-  INFO(handed_over << " calls handed over; after the kept work: " << after_here << " of " << after << " here");
+  INFO(handed_over << " calls handed over; after the kept work: " << after_here << " of " << after
+                   << " here");
   CHECK(handed_over > 0);  // the helper held the loop for the timer
   REQUIRE(after == 2000);
   // Handing over at the helper's last moment made chains of hand-overs:

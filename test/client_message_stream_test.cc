@@ -119,7 +119,11 @@ struct Fixture {
 };
 
 ps::wire::Shard::PullResults::Reader results_of(capnp::MessageReader& m) {
-  return m.getRoot<capnp::rpc::Message>().getReturn().getResults().getContent().getAs<ps::wire::Shard::PullResults>();
+  return m.getRoot<capnp::rpc::Message>()
+      .getReturn()
+      .getResults()
+      .getContent()
+      .getAs<ps::wire::Shard::PullResults>();
 }
 
 }  // namespace
@@ -168,7 +172,8 @@ TEST_CASE("a reply like one before is read in one system call, its tensor straig
     REQUIRE(tensors.size() == 2);
     CHECK(tensors[1].getValues().begin() == bytes_of(dest).begin());
     CHECK(dest == sent.back());
-    CHECK(std::memcmp(tensors[0].getValues().begin(), small.data(), small.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(tensors[0].getValues().begin(), small.data(), small.size() * sizeof(float)) ==
+          0);
   }
   // The first round learns where the tensor starts (the first segment, then
   // the tensor: two reads); the next ones read both at once.
@@ -176,7 +181,8 @@ TEST_CASE("a reply like one before is read in one system call, its tensor straig
   CHECK(f.stream->landed_messages() == 3);
 }
 
-TEST_CASE("a reply with no registered tag, or a buffer of another size, is read as Cap'n Proto would") {
+TEST_CASE(
+    "a reply with no registered tag, or a buffer of another size, is read as Cap'n Proto would") {
   Fixture f;
   auto a = random_floats(64 << 10, 4);
   std::vector<float> da(a.size(), 0.0f), wrong(a.size() / 2, 0.0f);
@@ -196,7 +202,8 @@ TEST_CASE("a withdrawn pull's bytes stop going to its buffer, even mid-segment")
   Fixture f;
   auto a = random_floats(256 << 10, 5);  // 1 MiB in one segment
   std::vector<float> da(a.size(), 0.0f);
-  auto expect = kj::Maybe<kj::Own<ps::ClientMessageStream::Expectation>>(f.stream->expect({bytes_of(da)}));
+  auto expect =
+      kj::Maybe<kj::Own<ps::ClientMessageStream::Expectation>>(f.stream->expect({bytes_of(da)}));
   Reply reply(KJ_ASSERT_NONNULL(expect)->tag(), {&a});
   auto flat = flatten(reply.message);
   const size_t first = flat.size() - (600u << 10);  // header, first segment and ~400 KiB of values

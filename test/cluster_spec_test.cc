@@ -71,13 +71,16 @@ TEST_CASE("from_flags: bad input") {
   CHECK_CONFIG_ERROR(ClusterSpec::from_flags(":2222", "w:1", "worker", 0), "empty host");
   CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:1,,q:1", "w:1", "worker", 0), "empty entry");
   CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:1", "w:1,", "worker", 0), "empty entry");
-  CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:1", "w 1:1", "worker", 0), "separate hosts with ','");
-  CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:1;q:1", "w:1", "worker", 0), "separate hosts with ','");
+  CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:1", "w 1:1", "worker", 0),
+                     "separate hosts with ','");
+  CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:1;q:1", "w:1", "worker", 0),
+                     "separate hosts with ','");
   CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:1", "w\n1:1", "worker", 0), "whitespace");
   CHECK_CONFIG_ERROR(ClusterSpec::from_flags("::1:2222", "w:1", "worker", 0), "[addr]:port");
   CHECK_CONFIG_ERROR(ClusterSpec::from_flags("unix:", "w:1", "worker", 0), "empty unix");
   CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:1", "unix:/w", "worker", 0), "only allowed for ps");
-  CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:1", "w:1", "master", 0), "expected ps, worker or chief");
+  CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:1", "w:1", "master", 0),
+                     "expected ps, worker or chief");
   CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:1", "w:1", "worker", -1), "negative");
   CHECK_CONFIG_ERROR(ClusterSpec::from_flags("p:1", "w:1,v:1", "worker", 2),
                      "--task_index=2 out of range: --worker_hosts has 2 entries");
@@ -128,7 +131,8 @@ TEST_CASE("TF_CONFIG with chief: chief is worker 0, workers follow") {
   CHECK(m.job_name() == "chief");
   CHECK(m.worker_hosts() == Hosts{"m:1", "w:1"});
   // The evaluator is outside the training cluster.
-  auto e = ClusterSpec::from_tf_config("{" + cluster + R"(,"task":{"type":"evaluator","index":0}})");
+  auto e =
+      ClusterSpec::from_tf_config("{" + cluster + R"(,"task":{"type":"evaluator","index":0}})");
   CHECK(e.is_evaluator());
   CHECK_FALSE(e.is_chief());
   CHECK(e.worker_index() == -1);
@@ -152,9 +156,8 @@ TEST_CASE("TF_CONFIG: bad input") {
   CHECK_CONFIG_ERROR(
       ClusterSpec::from_tf_config("{" + cl + R"(,"task":{"type":"worker","index":2}})"),
       "worker:2 out of range: 2 workers listed");
-  CHECK_CONFIG_ERROR(
-      ClusterSpec::from_tf_config("{" + cl + R"(,"task":{"type":"ps","index":1}})"),
-      "ps:1 out of range: 1 ps listed");
+  CHECK_CONFIG_ERROR(ClusterSpec::from_tf_config("{" + cl + R"(,"task":{"type":"ps","index":1}})"),
+                     "ps:1 out of range: 1 ps listed");
   CHECK_CONFIG_ERROR(
       ClusterSpec::from_tf_config("{" + cl + R"(,"task":{"type":"chief","index":0}})"),
       "lists no chief");
@@ -165,11 +168,12 @@ TEST_CASE("TF_CONFIG: bad input") {
   CHECK_CONFIG_ERROR(
       ClusterSpec::from_tf_config("{" + cl + R"(,"task":{"type":"trainer","index":0}})"),
       "task type 'trainer' unknown");
+  CHECK_CONFIG_ERROR(ClusterSpec::from_tf_config(
+                         R"({"cluster":{"worker":["w0:1"]},"task":{"type":"worker","index":0}})"),
+                     "no ps tasks");
   CHECK_CONFIG_ERROR(
-      ClusterSpec::from_tf_config(R"({"cluster":{"worker":["w0:1"]},"task":{"type":"worker","index":0}})"),
-      "no ps tasks");
-  CHECK_CONFIG_ERROR(
-      ClusterSpec::from_tf_config(R"({"cluster":{"worker":["w0"],"ps":["p:1"]},"task":{"type":"worker","index":0}})"),
+      ClusterSpec::from_tf_config(
+          R"({"cluster":{"worker":["w0"],"ps":["p:1"]},"task":{"type":"worker","index":0}})"),
       "cluster.worker: 'w0' is not host:port");
   CHECK_CONFIG_ERROR(
       ClusterSpec::from_tf_config(
@@ -277,12 +281,14 @@ TEST_CASE("from_slurm: bad input") {
 TEST_CASE("from_environment: TF_CONFIG first, then Slurm, else an error") {
   Env e = slurm_env(2, 0);
   CHECK(ClusterSpec::from_environment(e, 1, 2222).self_address() == "gpu08:2222");
-  e["TF_CONFIG"] = R"({"cluster":{"worker":["w:1"],"ps":["p:1"]},"task":{"type":"worker","index":0}})";
+  e["TF_CONFIG"] =
+      R"({"cluster":{"worker":["w:1"],"ps":["p:1"]},"task":{"type":"worker","index":0}})";
   CHECK(ClusterSpec::from_environment(e).self_address() == "w:1");
   e["TF_CONFIG"] = "  ";  // blank: as if unset
   CHECK(ClusterSpec::from_environment(e, 1, 2222).self_address() == "gpu08:2222");
   CHECK_CONFIG_ERROR(ClusterSpec::from_environment(Env{{"HOME", "/root"}}), "set TF_CONFIG");
-  ::setenv("TF_CONFIG", R"({"cluster":{"worker":["w:1"],"ps":["p:1"]},"task":{"type":"ps","index":0}})", 1);
+  ::setenv("TF_CONFIG",
+           R"({"cluster":{"worker":["w:1"],"ps":["p:1"]},"task":{"type":"ps","index":0}})", 1);
   CHECK(ClusterSpec::from_environment().is_ps());
   ::unsetenv("TF_CONFIG");
 }
@@ -307,7 +313,7 @@ std::string read_source(const std::string& rel) {
 struct Replica {
   std::string type;  // lower case, as the operator writes it
   int replicas = 1;
-  int port = 2222;   // the operator's default
+  int port = 2222;  // the operator's default
 };
 
 // TF_CONFIG the Kubeflow training operator (pkg/controller.v1/tensorflow,
@@ -414,11 +420,12 @@ TEST_CASE("scripts/slurm/train.sbatch: every task derives the same cluster") {
   std::optional<ClusterSpec> first;
   for (int rank = 0; rank < ntasks; ++rank) {
     // What srun sets for this task (nodes as Slurm might name them).
-    Env env{{"SLURM_PROCID", std::to_string(rank)},
-            {"SLURM_NTASKS", std::to_string(ntasks)},
-            {"SLURM_LOCALID", std::to_string(rank % per_node)},
-            {"SLURM_JOB_NODELIST", "gpu[07-09]"},
-            {"SLURM_TASKS_PER_NODE", std::to_string(per_node) + "(x" + std::to_string(nodes) + ")"}};
+    Env env{
+        {"SLURM_PROCID", std::to_string(rank)},
+        {"SLURM_NTASKS", std::to_string(ntasks)},
+        {"SLURM_LOCALID", std::to_string(rank % per_node)},
+        {"SLURM_JOB_NODELIST", "gpu[07-09]"},
+        {"SLURM_TASKS_PER_NODE", std::to_string(per_node) + "(x" + std::to_string(nodes) + ")"}};
     auto s = ClusterSpec::from_environment(env, num_ps, port_base);
     if (!first) first = s;
     CHECK(s.ps_hosts() == first->ps_hosts());

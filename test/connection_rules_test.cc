@@ -38,7 +38,9 @@ TEST_CASE("a memory budget refuses what would pass its limit and takes back what
   CHECK(MemoryBudget().limit() > 0);  // from /proc/meminfo
 }
 
-TEST_CASE("the log limiter lets a few lines per peer address and kind through per interval, then counts") {
+TEST_CASE(
+    "the log limiter lets a few lines per peer address and kind through per interval, then "
+    "counts") {
   LogLimiter limiter(10s, 2);
   const auto t0 = LogLimiter::Clock::now();
   uint64_t left_out = 99;
@@ -47,7 +49,7 @@ TEST_CASE("the log limiter lets a few lines per peer address and kind through pe
   CHECK(limiter.allow("10.0.0.1:5001", "refused", &left_out, t0));  // another port, same peer
   CHECK_FALSE(limiter.allow("10.0.0.1:5002", "refused", &left_out, t0 + 1s));
   CHECK_FALSE(limiter.allow("10.0.0.1:5003", "refused", &left_out, t0 + 2s));
-  CHECK(limiter.allow("10.0.0.2:5000", "refused", &left_out, t0 + 2s));  // another peer
+  CHECK(limiter.allow("10.0.0.2:5000", "refused", &left_out, t0 + 2s));   // another peer
   CHECK(limiter.allow("10.0.0.1:5000", "no hello", &left_out, t0 + 2s));  // another kind
   CHECK(limiter.allow("10.0.0.1:5004", "refused", &left_out, t0 + 11s));
   CHECK(left_out == 2);
@@ -56,7 +58,8 @@ TEST_CASE("the log limiter lets a few lines per peer address and kind through pe
   CHECK(LogLimiter::host_of("unix") == "unix");
 }
 
-TEST_CASE("connection places: a cap per address for non-members, places kept for the job's workers") {
+TEST_CASE(
+    "connection places: a cap per address for non-members, places kept for the job's workers") {
   ConnectionPlaces places(8, 3);
   for (int i = 0; i < 3; ++i) {
     REQUIRE_FALSE(places.refuse_connection("10.0.0.1", false));

@@ -25,16 +25,19 @@ namespace {
 std::string make_line(const std::string& label, const std::vector<std::string>& dense,
                       const std::vector<std::string>& cat) {
   std::string s = label;
-  for (int j = 0; j < ps::kCtrDense; ++j) s += "\t" + (j < static_cast<int>(dense.size()) ? dense[j] : "");
-  for (int j = 0; j < ps::kCtrCategorical; ++j) s += "\t" + (j < static_cast<int>(cat.size()) ? cat[j] : "");
+  for (int j = 0; j < ps::kCtrDense; ++j)
+    s += "\t" + (j < static_cast<int>(dense.size()) ? dense[j] : "");
+  for (int j = 0; j < ps::kCtrCategorical; ++j)
+    s += "\t" + (j < static_cast<int>(cat.size()) ? cat[j] : "");
   return s;
 }
 
-const std::string kGood = make_line("1", {"1", "-1", "5", "0", "1382", "4", "15", "2", "181", "1", "2", "", "2"},
-                                    {"68fd1e64", "80e26c9b", "fb936136", "7b4723c4", "25c83c98", "7e0ccccf", "de7995b8",
-                                     "1f89b562", "a73ee510", "a8cd5504", "b2cb9c98", "37c9c164", "2824a5f6", "1adce6ef",
-                                     "8ba8b39a", "891b62e7", "e5ba7672", "f54016b9", "21ddcdc9", "b1252a9d", "07b5194c",
-                                     "", "3a171ecb", "c5c50484", "e8b83407", "9727dd16"});
+const std::string kGood =
+    make_line("1", {"1", "-1", "5", "0", "1382", "4", "15", "2", "181", "1", "2", "", "2"},
+              {"68fd1e64", "80e26c9b", "fb936136", "7b4723c4", "25c83c98", "7e0ccccf", "de7995b8",
+               "1f89b562", "a73ee510", "a8cd5504", "b2cb9c98", "37c9c164", "2824a5f6", "1adce6ef",
+               "8ba8b39a", "891b62e7", "e5ba7672", "f54016b9", "21ddcdc9", "b1252a9d", "07b5194c",
+               "",         "3a171ecb", "c5c50484", "e8b83407", "9727dd16"});
 
 // A file under TMPDIR removed at the end of the test.
 struct TempFile {
@@ -70,7 +73,8 @@ TEST_CASE("parse_ctr_line reads a Criteo line", "[ctr][reader]") {
   CHECK(ps::format_ctr_line(e) == kGood);
 }
 
-TEST_CASE("parse_ctr_line: every feature missing, CRLF, short and upper-case hex", "[ctr][reader]") {
+TEST_CASE("parse_ctr_line: every feature missing, CRLF, short and upper-case hex",
+          "[ctr][reader]") {
   ps::CtrExample e;
   e.dense.fill(7);
   e.categorical.fill(7);
@@ -81,7 +85,8 @@ TEST_CASE("parse_ctr_line: every feature missing, CRLF, short and upper-case hex
   CHECK(e.categorical_present.none());
   CHECK(e.dense == std::array<int64_t, ps::kCtrDense>{});  // missing reads as 0
   CHECK(e.categorical == std::array<uint32_t, ps::kCtrCategorical>{});
-  REQUIRE(ps::parse_ctr_line(make_line("0", {"-9223372036854775808"}, {"A", "FFFFFFFF", "00000000"}), e, &why));
+  REQUIRE(ps::parse_ctr_line(
+      make_line("0", {"-9223372036854775808"}, {"A", "FFFFFFFF", "00000000"}), e, &why));
   CHECK(e.dense[0] == INT64_MIN);
   CHECK(e.categorical[0] == 0xa);
   CHECK(e.categorical[1] == 0xffffffffu);
@@ -92,7 +97,8 @@ TEST_CASE("parse_ctr_line: every feature missing, CRLF, short and upper-case hex
 TEST_CASE("parse_ctr_line refuses malformed lines and says why", "[ctr][reader]") {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"", "got 1"},
-      {kGood.substr(0, kGood.rfind('\t')), "expected 40 tab-separated fields"},  // test.txt: no label column
+      {kGood.substr(0, kGood.rfind('\t')),
+       "expected 40 tab-separated fields"},  // test.txt: no label column
       {kGood + "\t", "got 41"},
       {make_line("", {}, {}), "label"},
       {make_line("2", {}, {}), "label: expected 0 or 1, got '2'"},
@@ -116,7 +122,8 @@ TEST_CASE("parse_ctr_line refuses malformed lines and says why", "[ctr][reader]"
 }
 
 TEST_CASE("CtrReader reads a file and names the line of a bad one", "[ctr][reader]") {
-  const TempFile f(kGood + "\n\n" + make_line("0", {}, {}) + "\n" + make_line("1", {"oops"}, {}) + "\n" + kGood + "\n");
+  const TempFile f(kGood + "\n\n" + make_line("0", {}, {}) + "\n" + make_line("1", {"oops"}, {}) +
+                   "\n" + kGood + "\n");
   ps::CtrReader reader(f.path);
   ps::CtrExample e;
   REQUIRE(reader.next(e));
@@ -135,7 +142,8 @@ TEST_CASE("CtrReader reads a file and names the line of a bad one", "[ctr][reade
   CHECK_THROWS_AS(ps::CtrReader("/nonexistent/ctr.tsv"), ps::ConfigError);
 }
 
-TEST_CASE("Feature ids: fixed hashes, distinct per field, missing and crosses apart", "[ctr][features]") {
+TEST_CASE("Feature ids: fixed hashes, distinct per field, missing and crosses apart",
+          "[ctr][features]") {
   // Pinned: ids stored in checkpoints must not change with a new build.
   CHECK(ps::ctr_hash_feature(0, 0x68fd1e64) == 10831367581907925143ull);
   CHECK(ps::ctr_hash_feature(25, ps::kCtrMissing) == 7798281964698249417ull);
@@ -190,19 +198,22 @@ TEST_CASE("make_ctr_batch lays the features of B examples side by side", "[ctr][
   std::vector<uint64_t> wide;
   ps::ctr_wide_ids(ex[1], crosses, wide);
   CHECK(std::equal(wide.begin(), wide.end(), batch.wide_ids.begin() + 39));
-  ps::make_ctr_batch(std::span<const ps::CtrExample>(ex).first(1), crosses, batch);  // buffers shrink
+  ps::make_ctr_batch(std::span<const ps::CtrExample>(ex).first(1), crosses,
+                     batch);  // buffers shrink
   CHECK(batch.size == 1);
   CHECK(batch.ids.size() == 26);
 }
 
 TEST_CASE("Zipf sampler matches k^-s / H(n, s)", "[ctr][zipf]") {
-  for (const auto& [n, s] : std::vector<std::pair<int64_t, double>>{{20, 1.0}, {20, 1.1}, {50, 2.5}, {7, 0.5}, {1, 1.1}}) {
+  for (const auto& [n, s] : std::vector<std::pair<int64_t, double>>{
+           {20, 1.0}, {20, 1.1}, {50, 2.5}, {7, 0.5}, {1, 1.1}}) {
     const ps::detail::ZipfSampler zipf(n, s);
     std::mt19937_64 rng(n);
     std::uniform_real_distribution<double> u(0, 1);
     const auto uniform = [&] {
       double v;
-      do v = u(rng); while (v == 0.0);
+      do v = u(rng);
+      while (v == 0.0);
       return v;
     };
     const int draws = 200000;
@@ -260,7 +271,8 @@ TEST_CASE("Generator: ranks and values, distinct counts per field", "[ctr][gener
   CHECK(gen.distinct(25) == 1000000);
   CHECK(gen.distinct(13) > gen.distinct(12));
   for (int f : {0, 7, 25})
-    for (int64_t r : {int64_t{1}, int64_t{2}, gen.distinct(f)}) CHECK(gen.rank_of(f, gen.value_of(f, r)) == r);
+    for (int64_t r : {int64_t{1}, int64_t{2}, gen.distinct(f)})
+      CHECK(gen.rank_of(f, gen.value_of(f, r)) == r);
   CHECK(gen.rank_of(0, gen.value_of(0, 1001)) == 0);  // beyond the field's values
   CHECK(gen.value_of(0, 1) != gen.value_of(1, 1));
 }

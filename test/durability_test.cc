@@ -51,9 +51,12 @@ void gradient(std::span<const float> w, std::span<float> g) {
 
 }  // namespace
 
-TEST_CASE("psd writes a checkpoint on SIGTERM and restores it on restart, optimizer state included") {
+TEST_CASE(
+    "psd writes a checkpoint on SIGTERM and restores it on restart, optimizer state included") {
   TempDir dir;
-  const TensorSpec spec{.name = "w", .shape = {100}, .optimizer = OptimizerConfig::adam(0.05f),
+  const TensorSpec spec{.name = "w",
+                        .shape = {100},
+                        .optimizer = OptimizerConfig::adam(0.05f),
                         .init = InitConfig::uniform(-1, 1, 7)};
   std::vector<float> w(100), g(100), reference(100);
   // Reference: 8 Adam steps on one psd without interruption.
@@ -99,7 +102,9 @@ TEST_CASE("psd writes a checkpoint on SIGTERM and restores it on restart, optimi
   CHECK(w == reference);  // bit for bit: values, both Adam moments and the step
 }
 
-TEST_CASE("a periodic checkpoint that failed is written at a later period, though nothing changed since") {
+TEST_CASE(
+    "a periodic checkpoint that failed is written at a later period, though nothing changed "
+    "since") {
   TempDir dir;
   const std::string shard_dir = shard_checkpoint_dir(dir.path(), 0, 1);
   std::ofstream(shard_dir) << "a file where the shard's directory goes: every write fails";
@@ -144,7 +149,8 @@ TEST_CASE("a damaged newest checkpoint is reported and skipped; the next older o
   REQUIRE(files[0].step == 2);
   std::filesystem::resize_file(files[0].path, std::filesystem::file_size(files[0].path) - 10);
   PsdProcess psd(ckpt_args(dir), port);
-  CHECK_THAT(psd.log(), Catch::Contains("skipping checkpoint " + files[0].path) && Catch::Contains("truncated"));
+  CHECK_THAT(psd.log(), Catch::Contains("skipping checkpoint " + files[0].path) &&
+                            Catch::Contains("truncated"));
   Client c(options_for({&psd}));
   CHECK(c.stats()[0].global_step == 1);
   CHECK(c.stats()[0].last_checkpoint_step == 1);
@@ -165,7 +171,9 @@ TEST_CASE("a damaged newest checkpoint is reported and skipped; the next older o
   CHECK_NOTHROW(read_checkpoint(now[0].path));
 }
 
-TEST_CASE("a newest checkpoint that reads back but cannot be restored leaves nothing behind; the older one is restored") {
+TEST_CASE(
+    "a newest checkpoint that reads back but cannot be restored leaves nothing behind; the older "
+    "one is restored") {
   TempDir dir;
   int port = 0;
   {
@@ -196,7 +204,8 @@ TEST_CASE("a newest checkpoint that reads back but cannot be restored leaves not
   REQUIRE(write_checkpoint(dir.path(), bad) == files[0].path);
 
   PsdProcess psd(ckpt_args(dir), port);
-  CHECK_THAT(psd.log(), Catch::Contains("skipping checkpoint " + files[0].path) && Catch::Contains("appears twice"));
+  CHECK_THAT(psd.log(), Catch::Contains("skipping checkpoint " + files[0].path) &&
+                            Catch::Contains("appears twice"));
   Client c(options_for({&psd}));
   CHECK(c.stats()[0].global_step == 1);
   CHECK(c.stats()[0].tensors == 2);
@@ -225,7 +234,7 @@ TEST_CASE("a push retried with the same request id is applied once") {
     return req.send().wait(rpc.getWaitScope()).getStatus()[0];
   };
   CHECK(push(77) == wire::PushStatus::APPLIED);
-  CHECK(push(77) == wire::PushStatus::APPLIED);  // the same answer again...
+  CHECK(push(77) == wire::PushStatus::APPLIED);      // the same answer again...
   CHECK(c.pull("w") == std::vector<float>{-1, -2});  // ...but applied once
   CHECK(push(78) == wire::PushStatus::APPLIED);
   CHECK(c.pull("w") == std::vector<float>{-2, -4});
@@ -271,12 +280,17 @@ TEST_CASE("psd restarted by SIGTERM under load: every push is applied exactly on
   CHECK(c.pull("n")[0] == -static_cast<float>(workers * pushes));
 }
 
-TEST_CASE("psd SIGKILLed mid-training (sync) and restarted: workers reconnect and finish from the restored step") {
+TEST_CASE(
+    "psd SIGKILLed mid-training (sync) and restarted: workers reconnect and finish from the "
+    "restored step") {
   TempDir dir;
   auto psd = std::make_unique<PsdProcess>(ckpt_args(dir, 0.1));
   const int port = psd->port();
   const int workers = 2, steps = 60;
-  const JobConfig job{.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2, .train_steps = steps};
+  const JobConfig job{.mode = SyncMode::kSync,
+                      .replicas_to_aggregate = 2,
+                      .total_replicas = 2,
+                      .train_steps = steps};
   std::atomic<int> failures{0};
   std::atomic<int64_t> progress{0};
   std::vector<std::thread> threads;
@@ -286,7 +300,8 @@ TEST_CASE("psd SIGKILLed mid-training (sync) and restarted: workers reconnect an
         Client client(options_for({psd.get()}, w));
         TrainingSession session(client, {.job = job});
         std::vector<float> v(64), g(64, 1.0f);
-        session.add_variable({.name = "v", .shape = {64}, .optimizer = OptimizerConfig::sgd(0.01f)}, v, g);
+        session.add_variable({.name = "v", .shape = {64}, .optimizer = OptimizerConfig::sgd(0.01f)},
+                             v, g);
         session.initialize();
         while (!session.should_stop()) {
           auto out = session.run_step([&] { std::this_thread::sleep_for(5ms); });
@@ -315,7 +330,9 @@ TEST_CASE("psd SIGKILLed mid-training (sync) and restarted: workers reconnect an
   CHECK(observer.pull("v")[0] == Approx(-0.01f * steps).epsilon(1e-5));
 }
 
-TEST_CASE("a sync worker waiting for the next step when psd restarts without its gradient gets the restored step") {
+TEST_CASE(
+    "a sync worker waiting for the next step when psd restarts without its gradient gets the "
+    "restored step") {
   // The chief's gradient for step 0 reached psd after the checkpoint and
   // died with it; step 1, which the chief waits for, needs it again. The
   // step psd came back at was the one the chief had last seen, so nothing
@@ -341,7 +358,8 @@ TEST_CASE("a sync worker waiting for the next step when psd restarts without its
   REQUIRE(chief.push({"v"}, {g0}, 0).status == std::vector{PushStatus::kAccumulated});
   std::vector<float> v(4);
   auto waiting = chief.pull_async({"v"}, {v}, 1);
-  REQUIRE(waiting.wait_for(100ms) == std::future_status::timeout);  // step 1 needs the other's gradient
+  REQUIRE(waiting.wait_for(100ms) ==
+          std::future_status::timeout);  // step 1 needs the other's gradient
   psd->kill();
   psd = std::make_unique<PsdProcess>(ckpt_args(dir), port);  // step 0, without the chief's gradient
   CHECK(waiting.get().step == 0);
@@ -353,21 +371,26 @@ TEST_CASE("a sync worker waiting for the next step when psd restarts without its
   CHECK(v == std::vector<float>(4, -2.0f));  // -(1 + 3) / 2
 }
 
-TEST_CASE("a checkpoint at one sync step on 2 shards restores into 3 shards and trains on identically") {
+TEST_CASE(
+    "a checkpoint at one sync step on 2 shards restores into 3 shards and trains on identically") {
   TempDir dir;
   const JobConfig job{.mode = SyncMode::kSync, .replicas_to_aggregate = 1, .total_replicas = 1};
   const std::vector<TensorSpec> specs = {
-      {.name = "big", .shape = {3000}, .optimizer = OptimizerConfig::adam(0.02f), .init = InitConfig::normal(0, 1, 3)},
+      {.name = "big",
+       .shape = {3000},
+       .optimizer = OptimizerConfig::adam(0.02f),
+       .init = InitConfig::normal(0, 1, 3)},
       {.name = "b", .shape = {7}, .optimizer = OptimizerConfig::with_momentum(0.05f, 0.9f)}};
-  auto train = [&](TrainingSession& session, std::vector<std::vector<float>>& v, std::vector<std::vector<float>>& g,
-                   int steps) {
+  auto train = [&](TrainingSession& session, std::vector<std::vector<float>>& v,
+                   std::vector<std::vector<float>>& g, int steps) {
     for (int s = 0; s < steps; ++s) {
       session.run_step([&] {
         for (std::size_t i = 0; i < v.size(); ++i) gradient(v[i], g[i]);
       });
     }
   };
-  auto bind = [&](TrainingSession& session, std::vector<std::vector<float>>& v, std::vector<std::vector<float>>& g) {
+  auto bind = [&](TrainingSession& session, std::vector<std::vector<float>>& v,
+                  std::vector<std::vector<float>>& g) {
     for (const auto& spec : specs) {
       v.emplace_back(spec.num_elements());
       g.emplace_back(spec.num_elements());
@@ -405,7 +428,8 @@ TEST_CASE("a checkpoint at one sync step on 2 shards restores into 3 shards and 
     a.kill();  // no final checkpoint: the restore below must use step 10's
     b.kill();
   }
-  PsdProcess x({"--shard_index", "0", "--num_shards", "3"}), y({"--shard_index", "1", "--num_shards", "3"}),
+  PsdProcess x({"--shard_index", "0", "--num_shards", "3"}),
+      y({"--shard_index", "1", "--num_shards", "3"}),
       z({"--shard_index", "2", "--num_shards", "3"});
   ClientOptions o = options_for({&x, &y, &z}, 0);
   o.chunk_bytes = 8192;  // other parts than the checkpoint's: reassembled and cut anew
@@ -426,7 +450,8 @@ TEST_CASE("a checkpoint at one sync step on 2 shards restores into 3 shards and 
   CHECK(shards.size() == 3);  // placed for the new job's shards
 }
 
-TEST_CASE("restored into Adam from another optimizer, a tensor's first steps are Adam's first steps") {
+TEST_CASE(
+    "restored into Adam from another optimizer, a tensor's first steps are Adam's first steps") {
   TempDir dir;
   const JobConfig job{.mode = SyncMode::kAsync};
   std::vector<float> v(4), g(4, 0.5f);
@@ -434,7 +459,8 @@ TEST_CASE("restored into Adam from another optimizer, a tensor's first steps are
     PsdProcess psd(ckpt_args(dir));
     Client client(options_for({&psd}, 0));
     TrainingSession session(client, {.job = job});
-    session.add_variable({.name = "w", .shape = {4}, .optimizer = OptimizerConfig::sgd(0.001f)}, v, g);
+    session.add_variable({.name = "w", .shape = {4}, .optimizer = OptimizerConfig::sgd(0.001f)}, v,
+                         g);
     session.initialize();
     for (int s = 0; s < 50; ++s) session.run_step([] {});
     client.checkpoint();
@@ -442,7 +468,8 @@ TEST_CASE("restored into Adam from another optimizer, a tensor's first steps are
   PsdProcess psd;
   Client client(options_for({&psd}, 0));
   TrainingSession session(client, {.job = job, .restore_from = dir.path()});
-  session.add_variable({.name = "w", .shape = {4}, .optimizer = OptimizerConfig::adam(0.01f)}, v, g);
+  session.add_variable({.name = "w", .shape = {4}, .optimizer = OptimizerConfig::adam(0.01f)}, v,
+                       g);
   session.initialize();
   session.pull();
   const std::vector<float> before = v;
@@ -457,10 +484,13 @@ TEST_CASE("restored into Adam from another optimizer, a tensor's first steps are
   for (std::size_t i = 0; i < v.size(); ++i) CHECK(before[i] - v[i] == Approx(0.03).epsilon(1e-3));
 }
 
-TEST_CASE("sync, 2 shards: one restarted from an older checkpoint is caught up by training, not waited for") {
+TEST_CASE(
+    "sync, 2 shards: one restarted from an older checkpoint is caught up by training, not waited "
+    "for") {
   TempDir dir;
   auto args = [&](int i) {
-    return std::vector<std::string>{"--checkpoint_dir", dir.path(), "--shard_index", std::to_string(i), "--num_shards", "2"};
+    return std::vector<std::string>{"--checkpoint_dir", dir.path(),     "--shard_index",
+                                    std::to_string(i),  "--num_shards", "2"};
   };
   auto s0 = std::make_unique<PsdProcess>(args(0));
   PsdProcess s1(args(1));
@@ -473,13 +503,16 @@ TEST_CASE("sync, 2 shards: one restarted from an older checkpoint is caught up b
   o.call_timeout = 20s;
   o.connect_timeout = 5s;
   Client client(o);
-  TrainingSession session(client, {.job = {.mode = SyncMode::kSync, .replicas_to_aggregate = 1, .total_replicas = 1,
+  TrainingSession session(client, {.job = {.mode = SyncMode::kSync,
+                                           .replicas_to_aggregate = 1,
+                                           .total_replicas = 1,
                                            .train_steps = 10}});
   std::vector<std::vector<float>> w(4, std::vector<float>(4)), g(4, std::vector<float>(4, 1.0f));
   for (int i = 0; i < 4; ++i) {
     std::string name = "w";
     name += std::to_string(i);
-    session.add_variable({.name = name, .shape = {4}, .optimizer = OptimizerConfig::sgd(0.1f)}, w[i], g[i]);
+    session.add_variable({.name = name, .shape = {4}, .optimizer = OptimizerConfig::sgd(0.1f)},
+                         w[i], g[i]);
   }
   session.initialize();
   for (int s = 0; s < 2; ++s) session.run_step([] {});

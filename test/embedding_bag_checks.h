@@ -18,16 +18,16 @@
 
 namespace emb_test {
 
-using Forward = std::function<void(std::span<const float>, int, std::span<const int64_t>, std::span<const int32_t>,
-                                   ps::BagCombiner, std::span<float>)>;
+using Forward = std::function<void(std::span<const float>, int, std::span<const int64_t>,
+                                   std::span<const int32_t>, ps::BagCombiner, std::span<float>)>;
 using Backward = Forward;  // (grad_out, dim, offsets, index, combiner, grad_rows)
 
 // A batch of bags over raw 64-bit ids drawn from a small pool, so ids repeat
 // inside a bag and across bags; some bags are empty.
 struct Batch {
   int dim = 0;
-  std::vector<int64_t> offsets;  // (N + 1)
-  std::vector<uint64_t> ids;     // (nnz)
+  std::vector<int64_t> offsets;                  // (N + 1)
+  std::vector<uint64_t> ids;                     // (nnz)
   std::map<uint64_t, std::vector<float>> table;  // id -> row (D)
 };
 
@@ -41,7 +41,8 @@ inline Batch random_batch(int bags, int dim, int pool, int max_bag, uint64_t see
   std::normal_distribution<float> value(0.0f, 1.0f);
   for (int n = 0; n < bags; ++n) {
     const int s = size(rng);
-    for (int k = 0; k < s; ++k) b.ids.push_back(pick(rng) * 0x9E3779B97F4A7C15ull + 12345);  // any 64-bit ids
+    for (int k = 0; k < s; ++k)
+      b.ids.push_back(pick(rng) * 0x9E3779B97F4A7C15ull + 12345);  // any 64-bit ids
     b.offsets.push_back(static_cast<int64_t>(b.ids.size()));
   }
   for (uint64_t id : b.ids)
@@ -64,13 +65,15 @@ inline std::vector<double> ref_forward(const Batch& b, ps::BagCombiner c) {
   for (size_t n = 0; n < bags; ++n) {
     for (int64_t j = b.offsets[n]; j < b.offsets[n + 1]; ++j)
       for (int d = 0; d < b.dim; ++d) out[n * b.dim + d] += b.table.at(b.ids[j])[d];
-    for (int d = 0; d < b.dim; ++d) out[n * b.dim + d] *= ref_scale(c, b.offsets[n + 1] - b.offsets[n]);
+    for (int d = 0; d < b.dim; ++d)
+      out[n * b.dim + d] *= ref_scale(c, b.offsets[n + 1] - b.offsets[n]);
   }
   return out;
 }
 
 // id -> summed gradient (D) in float64, one entry per occurrence accumulated.
-inline std::map<uint64_t, std::vector<double>> ref_backward(const Batch& b, const std::vector<float>& grad_out,
+inline std::map<uint64_t, std::vector<double>> ref_backward(const Batch& b,
+                                                            const std::vector<float>& grad_out,
                                                             ps::BagCombiner c) {
   std::map<uint64_t, std::vector<double>> g;
   for (size_t n = 0; n + 1 < b.offsets.size(); ++n)
@@ -83,23 +86,27 @@ inline std::map<uint64_t, std::vector<double>> ref_backward(const Batch& b, cons
 }
 
 // Forward and backward through dedup_ids, compared with the reference.
-inline void check_against_reference(const Forward& forward, const Backward& backward, int bags, int dim, int pool,
-                                    int max_bag, uint64_t seed) {
+inline void check_against_reference(const Forward& forward, const Backward& backward, int bags,
+                                    int dim, int pool, int max_bag, uint64_t seed) {
   const Batch b = random_batch(bags, dim, pool, max_bag, seed);
   const ps::UniqueIds u = ps::dedup_ids(b.ids);
   std::vector<float> rows(u.ids.size() * dim);  // (U, D): what a pull_rows would fill
-  for (size_t r = 0; r < u.ids.size(); ++r) std::copy_n(b.table.at(u.ids[r]).begin(), dim, rows.begin() + r * dim);
+  for (size_t r = 0; r < u.ids.size(); ++r)
+    std::copy_n(b.table.at(u.ids[r]).begin(), dim, rows.begin() + r * dim);
   std::mt19937_64 rng(seed + 1);
   std::normal_distribution<float> value(0.0f, 1.0f);
   std::vector<float> grad_out(static_cast<size_t>(bags) * dim);  // (N, D)
   for (float& v : grad_out) v = value(rng);
 
   for (ps::BagCombiner c : {ps::BagCombiner::kSum, ps::BagCombiner::kMean}) {
-    INFO("bags " << bags << " dim " << dim << " pool " << pool << " combiner " << static_cast<int>(c));
-    std::vector<float> out(static_cast<size_t>(bags) * dim, std::numeric_limits<float>::quiet_NaN());
+    INFO("bags " << bags << " dim " << dim << " pool " << pool << " combiner "
+                 << static_cast<int>(c));
+    std::vector<float> out(static_cast<size_t>(bags) * dim,
+                           std::numeric_limits<float>::quiet_NaN());
     forward(rows, dim, b.offsets, u.index, c, out);
     const std::vector<double> want = ref_forward(b, c);
-    for (size_t i = 0; i < out.size(); ++i) REQUIRE(out[i] == Approx(want[i]).margin(1e-5).epsilon(1e-5));
+    for (size_t i = 0; i < out.size(); ++i)
+      REQUIRE(out[i] == Approx(want[i]).margin(1e-5).epsilon(1e-5));
 
     std::vector<float> grad_rows(rows.size(), std::numeric_limits<float>::quiet_NaN());
     backward(grad_out, dim, b.offsets, u.index, c, grad_rows);
@@ -107,7 +114,8 @@ inline void check_against_reference(const Forward& forward, const Backward& back
     REQUIRE(want_g.size() == u.ids.size());  // every unique id got exactly one row
     for (size_t r = 0; r < u.ids.size(); ++r)
       for (int d = 0; d < dim; ++d)
-        REQUIRE(grad_rows[r * dim + d] == Approx(want_g.at(u.ids[r])[d]).margin(1e-5).epsilon(1e-5));
+        REQUIRE(grad_rows[r * dim + d] ==
+                Approx(want_g.at(u.ids[r])[d]).margin(1e-5).epsilon(1e-5));
   }
 }
 
@@ -132,11 +140,12 @@ inline void check_bad_input(const Forward& forward, const Backward& backward) {
   expect_refused(rows, D, offsets, std::vector<int32_t>{0, -1, 1}, 2 * D);  // negative index
   expect_refused(rows, D, std::vector<int64_t>{1, 2, 3}, index, 2 * D);     // offsets[0] != 0
   expect_refused(rows, D, std::vector<int64_t>{0, 3, 2}, index, 2 * D);     // decreasing
-  expect_refused(rows, D, std::vector<int64_t>{0, 1, 2}, index, 2 * D);     // ends before index does
-  expect_refused(rows, D, std::vector<int64_t>{}, index, 0);                // no offsets at all
-  expect_refused(rows, D, offsets, index, 2 * D + 1);                       // output size
-  expect_refused(std::vector<float>(3 * D + 1, 1.0f), D, offsets, index, 2 * D);  // rows not a multiple of D
-  expect_refused(rows, 0, offsets, index, 0);                               // dim 0
+  expect_refused(rows, D, std::vector<int64_t>{0, 1, 2}, index, 2 * D);  // ends before index does
+  expect_refused(rows, D, std::vector<int64_t>{}, index, 0);             // no offsets at all
+  expect_refused(rows, D, offsets, index, 2 * D + 1);                    // output size
+  expect_refused(std::vector<float>(3 * D + 1, 1.0f), D, offsets, index,
+                 2 * D);                       // rows not a multiple of D
+  expect_refused(rows, 0, offsets, index, 0);  // dim 0
 }
 
 }  // namespace emb_test

@@ -15,18 +15,19 @@ namespace {
 
 std::unique_ptr<ps::CudaEmbeddingBag> gpu;
 
-const Forward kForward = [](auto rows, int dim, auto offsets, auto index, ps::BagCombiner c, auto out) {
-  gpu->forward(rows, dim, offsets, index, c, out);
-};
-const Backward kBackward = [](auto grad_out, int dim, auto offsets, auto index, ps::BagCombiner c, auto grad_rows) {
+const Forward kForward = [](auto rows, int dim, auto offsets, auto index, ps::BagCombiner c,
+                            auto out) { gpu->forward(rows, dim, offsets, index, c, out); };
+const Backward kBackward = [](auto grad_out, int dim, auto offsets, auto index, ps::BagCombiner c,
+                              auto grad_rows) {
   gpu->backward(grad_out, dim, offsets, index, c, grad_rows);
 };
 
 }  // namespace
 
-TEST_CASE("GPU embedding bag matches the float64 reference, repeated ids summed", "[embedding_bag][cuda]") {
+TEST_CASE("GPU embedding bag matches the float64 reference, repeated ids summed",
+          "[embedding_bag][cuda]") {
   check_against_reference(kForward, kBackward, 1, 1, 1, 1, 1);
-  check_against_reference(kForward, kBackward, 7, 16, 5, 6, 2);       // atomics on the same rows
+  check_against_reference(kForward, kBackward, 7, 16, 5, 6, 2);  // atomics on the same rows
   check_against_reference(kForward, kBackward, 100, 3, 1000, 3, 3);
   check_against_reference(kForward, kBackward, 512 * 26, 16, 20000, 1, 4);
   check_against_reference(kForward, kBackward, 300, 64, 50, 40, 5);

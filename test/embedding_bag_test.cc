@@ -6,10 +6,12 @@
 using namespace emb_test;
 
 namespace {
-const Forward kForward = [](auto rows, int dim, auto offsets, auto index, ps::BagCombiner c, auto out) {
+const Forward kForward = [](auto rows, int dim, auto offsets, auto index, ps::BagCombiner c,
+                            auto out) {
   ps::embedding_bag_forward(rows, dim, offsets, index, c, out);
 };
-const Backward kBackward = [](auto grad_out, int dim, auto offsets, auto index, ps::BagCombiner c, auto grad_rows) {
+const Backward kBackward = [](auto grad_out, int dim, auto offsets, auto index, ps::BagCombiner c,
+                              auto grad_rows) {
   ps::embedding_bag_backward(grad_out, dim, offsets, index, c, grad_rows);
 };
 }  // namespace
@@ -30,15 +32,18 @@ TEST_CASE("fixed_offsets", "[embedding_bag]") {
   CHECK_THROWS_AS(ps::fixed_offsets(-1, 1), ps::Error);
 }
 
-TEST_CASE("CPU embedding bag matches the float64 reference, repeated ids summed", "[embedding_bag]") {
-  check_against_reference(kForward, kBackward, 1, 1, 1, 1, 1);        // one bag, one id
-  check_against_reference(kForward, kBackward, 7, 16, 5, 6, 2);       // heavy repetition, empty bags
-  check_against_reference(kForward, kBackward, 100, 3, 1000, 3, 3);   // mostly distinct ids, odd dim
-  check_against_reference(kForward, kBackward, 512 * 26, 16, 20000, 1, 4);  // wide & deep: one id per field
-  check_against_reference(kForward, kBackward, 300, 64, 50, 40, 5);   // long bags
+TEST_CASE("CPU embedding bag matches the float64 reference, repeated ids summed",
+          "[embedding_bag]") {
+  check_against_reference(kForward, kBackward, 1, 1, 1, 1, 1);       // one bag, one id
+  check_against_reference(kForward, kBackward, 7, 16, 5, 6, 2);      // heavy repetition, empty bags
+  check_against_reference(kForward, kBackward, 100, 3, 1000, 3, 3);  // mostly distinct ids, odd dim
+  check_against_reference(kForward, kBackward, 512 * 26, 16, 20000, 1,
+                          4);  // wide & deep: one id per field
+  check_against_reference(kForward, kBackward, 300, 64, 50, 40, 5);  // long bags
 }
 
-TEST_CASE("CPU embedding bag: one id per bag is a gather, backward a scatter-add", "[embedding_bag]") {
+TEST_CASE("CPU embedding bag: one id per bag is a gather, backward a scatter-add",
+          "[embedding_bag]") {
   // rows (2, 2); bags: [1], [0], [1] -> out = rows[1], rows[0], rows[1]
   const std::vector<float> rows{1, 2, 3, 4};
   const std::vector<int64_t> offsets = ps::fixed_offsets(3, 1);

@@ -17,13 +17,20 @@ namespace {
 
 TableSpec fixed_table(uint64_t rows, uint32_t dim, RowOptimizerConfig opt, InitConfig init = {},
                       TablePlacement p = TablePlacement::kMod) {
-  return TableSpec{.name = "t", .dim = dim, .rows = rows, .placement = p, .optimizer = opt, .init = init};
+  return TableSpec{
+      .name = "t", .dim = dim, .rows = rows, .placement = p, .optimizer = opt, .init = init};
 }
 
 TableSpec dynamic_table(uint32_t dim, uint64_t limit = 0, OnRowLimit on_limit = OnRowLimit::kRefuse,
                         InitConfig init = {}) {
-  return TableSpec{.name = "d", .dim = dim, .dynamic = true, .placement = TablePlacement::kHash,
-                   .optimizer = RowOptimizerConfig::sgd(1.0f), .init = init, .row_limit = limit, .on_limit = on_limit};
+  return TableSpec{.name = "d",
+                   .dim = dim,
+                   .dynamic = true,
+                   .placement = TablePlacement::kHash,
+                   .optimizer = RowOptimizerConfig::sgd(1.0f),
+                   .init = init,
+                   .row_limit = limit,
+                   .on_limit = on_limit};
 }
 
 std::vector<float> pull(EmbeddingTable& t, std::vector<uint64_t> ids) {
@@ -33,7 +40,8 @@ std::vector<float> pull(EmbeddingTable& t, std::vector<uint64_t> ids) {
   return out;
 }
 
-void push(EmbeddingTable& t, std::vector<uint64_t> ids, const std::vector<float>& g, float scale = 1.0f) {
+void push(EmbeddingTable& t, std::vector<uint64_t> ids, const std::vector<float>& g,
+          float scale = 1.0f) {
   t.check(ids, "push");
   t.push(ids, g, scale);
 }
@@ -47,7 +55,9 @@ void ref_apply(const RowOptimizerConfig& c, RefRow& r, const std::vector<double>
   for (std::size_t i = 0; i < r.w.size(); ++i) {
     const double gi = g[i];
     switch (c.kind) {
-      case RowOptimizerKind::kSgd: r.w[i] -= c.learning_rate * gi; break;
+      case RowOptimizerKind::kSgd:
+        r.w[i] -= c.learning_rate * gi;
+        break;
       case RowOptimizerKind::kAdagrad:
         r.s0[i] += gi * gi;
         r.w[i] -= c.learning_rate * gi / std::sqrt(r.s0[i]);
@@ -65,7 +75,8 @@ void ref_apply(const RowOptimizerConfig& c, RefRow& r, const std::vector<double>
         const double acc_new = r.s0[i] + gi * gi;
         r.s1[i] += gi - (std::pow(acc_new, p) - std::pow(r.s0[i], p)) / lr * r.w[i];
         const double quadratic = std::pow(acc_new, p) / lr + 2 * double(c.l2);
-        r.w[i] = std::fabs(r.s1[i]) > c.l1 ? ((r.s1[i] > 0 ? c.l1 : -c.l1) - r.s1[i]) / quadratic : 0.0;
+        r.w[i] =
+            std::fabs(r.s1[i]) > c.l1 ? ((r.s1[i] > 0 ? c.l1 : -c.l1) - r.s1[i]) / quadratic : 0.0;
         r.s0[i] = acc_new;
         break;
       }
@@ -82,7 +93,8 @@ void check_against_reference(const RowOptimizerConfig& c, double tolerance) {
   RowPlacement place(TablePlacement::kMod, rows, shards);
   std::map<uint64_t, RefRow> ref;
   const double slot0 = c.kind == RowOptimizerKind::kAdagrad || c.kind == RowOptimizerKind::kFtrl
-                           ? c.initial_accumulator : 0.0;
+                           ? c.initial_accumulator
+                           : 0.0;
   std::vector<uint64_t> mine;
   for (uint64_t id = 0; id < rows; ++id) {
     if (place.shard_of(id) != shard) continue;
@@ -120,8 +132,10 @@ void check_against_reference(const RowOptimizerConfig& c, double tolerance) {
     for (uint32_t j = 0; j < dim; ++j) {
       INFO("id " << id << " j " << j);
       CHECK(std::fabs(w[j] - r.w[j]) <= tolerance * (1 + std::fabs(r.w[j])));
-      if (slots.size() > 0) CHECK(std::fabs(slots[0][j] - r.s0[j]) <= tolerance * (1 + std::fabs(r.s0[j])));
-      if (slots.size() > 1) CHECK(std::fabs(slots[1][j] - r.s1[j]) <= tolerance * (1 + std::fabs(r.s1[j])));
+      if (slots.size() > 0)
+        CHECK(std::fabs(slots[0][j] - r.s0[j]) <= tolerance * (1 + std::fabs(r.s0[j])));
+      if (slots.size() > 1)
+        CHECK(std::fabs(slots[1][j] - r.s1[j]) <= tolerance * (1 + std::fabs(r.s1[j])));
     }
   });
   CHECK(seen == mine.size());
@@ -162,7 +176,8 @@ TEST_CASE("mod, div and hash placement agree with TF's partition strategies and 
 }
 
 TEST_CASE("a fixed SGD table: exact values, rows initialised from (seed, id) alone") {
-  EmbeddingTable t(fixed_table(10, 2, RowOptimizerConfig::sgd(0.5f), InitConfig::constant(1)), 0, 1);
+  EmbeddingTable t(fixed_table(10, 2, RowOptimizerConfig::sgd(0.5f), InitConfig::constant(1)), 0,
+                   1);
   CHECK(t.rows() == 10);
   CHECK(t.bytes() == 10 * 2 * 4);
   CHECK(pull(t, {3, 0, 3}) == std::vector<float>{1, 1, 1, 1, 1, 1});
@@ -171,8 +186,10 @@ TEST_CASE("a fixed SGD table: exact values, rows initialised from (seed, id) alo
 
   // The same id starts the same on any shard count and placement.
   const InitConfig init = InitConfig::normal(0, 1, 11);
-  EmbeddingTable a(fixed_table(12, 4, RowOptimizerConfig::sgd(1), init, TablePlacement::kMod), 1, 2);
-  EmbeddingTable b(fixed_table(12, 4, RowOptimizerConfig::sgd(1), init, TablePlacement::kDiv), 1, 3);
+  EmbeddingTable a(fixed_table(12, 4, RowOptimizerConfig::sgd(1), init, TablePlacement::kMod), 1,
+                   2);
+  EmbeddingTable b(fixed_table(12, 4, RowOptimizerConfig::sgd(1), init, TablePlacement::kDiv), 1,
+                   3);
   EmbeddingTable d(dynamic_table(4, 0, OnRowLimit::kRefuse, init), 0, 1);
   auto ra = pull(a, {5}), rb = pull(b, {5}), rd = pull(d, {5});
   CHECK(ra == rb);
@@ -196,7 +213,9 @@ TEST_CASE("row optimizers match float64 references") {
   SECTION("adagrad") { check_against_reference(RowOptimizerConfig::adagrad(0.1f, 0.1f), 1e-5); }
   SECTION("lazy adam") { check_against_reference(RowOptimizerConfig::lazy_adam(0.01f), 1e-5); }
   SECTION("ftrl") { check_against_reference(RowOptimizerConfig::ftrl(0.1f, 0.05f, 0.1f), 1e-5); }
-  SECTION("ftrl, lr power -0.3") { check_against_reference(RowOptimizerConfig::ftrl(0.1f, 0.01f, 0.0f, 0.1f, -0.3f), 1e-5); }
+  SECTION("ftrl, lr power -0.3") {
+    check_against_reference(RowOptimizerConfig::ftrl(0.1f, 0.01f, 0.0f, 0.1f, -0.3f), 1e-5);
+  }
 }
 
 TEST_CASE("LazyAdam moves only the touched rows' moments") {
@@ -216,13 +235,20 @@ TEST_CASE("LazyAdam moves only the touched rows' moments") {
 
 TEST_CASE("bad ids and specs are refused before anything changes") {
   EmbeddingTable t(fixed_table(10, 2, RowOptimizerConfig::sgd(1)), 1, 2);
-  CHECK_THROWS_WITH(t.check(std::vector<uint64_t>{1, 10}, "pullRows"), Catch::Contains("id 10 is outside"));
-  CHECK_THROWS_WITH(t.check(std::vector<uint64_t>{1, 2}, "pullRows"), Catch::Contains("belongs on shard 0"));
-  CHECK_THROWS_AS(EmbeddingTable::validate(fixed_table(0, 2, RowOptimizerConfig::sgd(1))), RequestError);
-  CHECK_THROWS_AS(EmbeddingTable::validate(fixed_table(5, 0, RowOptimizerConfig::sgd(1))), RequestError);
-  CHECK_THROWS_AS(EmbeddingTable::validate(fixed_table(5, 2, RowOptimizerConfig::sgd(-1))), RequestError);
-  CHECK_THROWS_AS(EmbeddingTable::validate(fixed_table(5, 2, RowOptimizerConfig::ftrl(1, -1))), RequestError);
-  CHECK_THROWS_AS(EmbeddingTable::validate(fixed_table(5, 2, RowOptimizerConfig::sgd(1), InitConfig::glorot_uniform(1))),
+  CHECK_THROWS_WITH(t.check(std::vector<uint64_t>{1, 10}, "pullRows"),
+                    Catch::Contains("id 10 is outside"));
+  CHECK_THROWS_WITH(t.check(std::vector<uint64_t>{1, 2}, "pullRows"),
+                    Catch::Contains("belongs on shard 0"));
+  CHECK_THROWS_AS(EmbeddingTable::validate(fixed_table(0, 2, RowOptimizerConfig::sgd(1))),
+                  RequestError);
+  CHECK_THROWS_AS(EmbeddingTable::validate(fixed_table(5, 0, RowOptimizerConfig::sgd(1))),
+                  RequestError);
+  CHECK_THROWS_AS(EmbeddingTable::validate(fixed_table(5, 2, RowOptimizerConfig::sgd(-1))),
+                  RequestError);
+  CHECK_THROWS_AS(EmbeddingTable::validate(fixed_table(5, 2, RowOptimizerConfig::ftrl(1, -1))),
+                  RequestError);
+  CHECK_THROWS_AS(EmbeddingTable::validate(
+                      fixed_table(5, 2, RowOptimizerConfig::sgd(1), InitConfig::glorot_uniform(1))),
                   RequestError);
   auto d = dynamic_table(2);
   d.placement = TablePlacement::kMod;
@@ -239,7 +265,8 @@ TEST_CASE("a dynamic table creates rows on first touch and refuses new ids at it
   push(t, {5, 6}, {1, 1, 1, 1, 1, 1});
   CHECK(t.rows() == 3);
   CHECK(pull(t, {5, 6}) == std::vector<float>{1, 1, 1, 1, 1, 1});
-  CHECK_THROWS_WITH(t.check(std::vector<uint64_t>{7, 8}, "pushRows"), Catch::Contains("at its limit of 4 rows"));
+  CHECK_THROWS_WITH(t.check(std::vector<uint64_t>{7, 8}, "pushRows"),
+                    Catch::Contains("at its limit of 4 rows"));
   CHECK(t.rows() == 3);
   CHECK(t.check(std::vector<uint64_t>{7, 5}, "pushRows") == 1);
 }
@@ -247,23 +274,24 @@ TEST_CASE("a dynamic table creates rows on first touch and refuses new ids at it
 TEST_CASE("a dynamic table at its limit evicts the least recently touched rows") {
   EmbeddingTable t(dynamic_table(1, 3, OnRowLimit::kEvictLru), 0, 1);
   push(t, {1, 2, 3}, {1, 2, 3});
-  pull(t, {1});            // order now (newest first): 1 3 2
-  push(t, {4}, {4});        // evicts 2
+  pull(t, {1});       // order now (newest first): 1 3 2
+  push(t, {4}, {4});  // evicts 2
   CHECK(t.evictions() == 1);
   CHECK(t.rows() == 3);
   CHECK(pull(t, {1, 3, 4}) == std::vector<float>{-1, -3, -4});
   CHECK(pull(t, {2}) == std::vector<float>{0});  // back as new; evicts the oldest (1)
   CHECK(t.evictions() == 2);
   // Rows of one request never evict each other; more distinct ids than the limit are refused.
-  CHECK_THROWS_WITH(t.check(std::vector<uint64_t>{10, 11, 12, 13}, "pullRows"), Catch::Contains("over its limit"));
-  pull(t, {3, 10, 11});     // 3 existing and touched first: 4 and 2 go
+  CHECK_THROWS_WITH(t.check(std::vector<uint64_t>{10, 11, 12, 13}, "pullRows"),
+                    Catch::Contains("over its limit"));
+  pull(t, {3, 10, 11});  // 3 existing and touched first: 4 and 2 go
   CHECK(pull(t, {3})[0] == -3);
 }
 
 TEST_CASE("a dynamic table's index stays exact through growth and many evictions") {
   EmbeddingTable t(dynamic_table(1, 500, OnRowLimit::kEvictLru), 0, 1);
-  std::map<uint64_t, float> ref;   // id -> value, for the ids held
-  std::vector<uint64_t> order;     // LRU order, oldest first
+  std::map<uint64_t, float> ref;  // id -> value, for the ids held
+  std::vector<uint64_t> order;    // LRU order, oldest first
   std::mt19937_64 rng(5);
   for (int i = 0; i < 20000; ++i) {
     const uint64_t id = rng() % 2000 * 0x100000001ull;

@@ -36,18 +36,29 @@ ClientOptions options_for(std::initializer_list<const PsdProcess*> shards, int w
   return o;
 }
 
-TableSpec fixed(std::string name, uint64_t rows, uint32_t dim, float lr = 1.0f, InitConfig init = {},
-                TablePlacement p = TablePlacement::kMod) {
-  return TableSpec{.name = std::move(name), .dim = dim, .rows = rows, .placement = p,
-                   .optimizer = RowOptimizerConfig::sgd(lr), .init = std::move(init)};
+TableSpec fixed(std::string name, uint64_t rows, uint32_t dim, float lr = 1.0f,
+                InitConfig init = {}, TablePlacement p = TablePlacement::kMod) {
+  return TableSpec{.name = std::move(name),
+                   .dim = dim,
+                   .rows = rows,
+                   .placement = p,
+                   .optimizer = RowOptimizerConfig::sgd(lr),
+                   .init = std::move(init)};
 }
 
-TableSpec dynamic(std::string name, uint32_t dim, uint64_t limit = 0, OnRowLimit on_limit = OnRowLimit::kRefuse) {
-  return TableSpec{.name = std::move(name), .dim = dim, .dynamic = true, .placement = TablePlacement::kHash,
-                   .optimizer = RowOptimizerConfig::sgd(1.0f), .row_limit = limit, .on_limit = on_limit};
+TableSpec dynamic(std::string name, uint32_t dim, uint64_t limit = 0,
+                  OnRowLimit on_limit = OnRowLimit::kRefuse) {
+  return TableSpec{.name = std::move(name),
+                   .dim = dim,
+                   .dynamic = true,
+                   .placement = TablePlacement::kHash,
+                   .optimizer = RowOptimizerConfig::sgd(1.0f),
+                   .row_limit = limit,
+                   .on_limit = on_limit};
 }
 
-std::vector<float> pull_rows(Client& c, const std::string& table, const std::vector<int64_t>& ids, uint32_t dim) {
+std::vector<float> pull_rows(Client& c, const std::string& table, const std::vector<int64_t>& ids,
+                             uint32_t dim) {
   std::vector<float> out(ids.size() * dim);
   c.pull_rows(table, ids, out);
   return out;
@@ -79,12 +90,13 @@ struct RawShard {
     std::memcpy(out.data(), rows.begin(), rows.size());
     return out;
   }
-  wire::PushStatus push(const std::string& table, const std::vector<uint64_t>& ids, const std::vector<float>& grads,
-                        uint64_t request_id = 0) {
+  wire::PushStatus push(const std::string& table, const std::vector<uint64_t>& ids,
+                        const std::vector<float>& grads, uint64_t request_id = 0) {
     auto req = shard.pushRowsRequest();
     req.setTable(table);
     req.setIds(kj::arrayPtr(ids.data(), ids.size()));
-    req.setGrads(kj::arrayPtr(reinterpret_cast<const kj::byte*>(grads.data()), grads.size() * sizeof(float)));
+    req.setGrads(kj::arrayPtr(reinterpret_cast<const kj::byte*>(grads.data()),
+                              grads.size() * sizeof(float)));
     req.setRequestId(request_id);
     return req.send().wait(ws()).getStatus();
   }
@@ -103,8 +115,10 @@ TEST_CASE("pull and push rows: exact SGD values, repeated ids summed, rows in th
   const std::vector<int64_t> ids = {3, 1, 3, 9};
   const std::vector<float> grads = {2, 4, 6, 8, -2, 0, 1, 1};
   CHECK(client.push_rows("emb", ids, grads) == PushStatus::kApplied);
-  // Row 3: 1 - 0.5 * ((2, 4) + (-2, 0)) = (1, -1); row 1: 1 - 0.5 * (6, 8); row 9: 1 - 0.5 * (1, 1).
-  CHECK(pull_rows(client, "emb", {9, 3, 1, 0, 3}, 2) == std::vector<float>{0.5f, 0.5f, 1, -1, -2, -3, 1, 1, 1, -1});
+  // Row 3: 1 - 0.5 * ((2, 4) + (-2, 0)) = (1, -1); row 1: 1 - 0.5 * (6, 8); row 9: 1 - 0.5 * (1,
+  // 1).
+  CHECK(pull_rows(client, "emb", {9, 3, 1, 0, 3}, 2) ==
+        std::vector<float>{0.5f, 0.5f, 1, -1, -2, -3, 1, 1, 1, -1});
   // Created again with the same spec: kept as it is.
   client.create_tables({fixed("emb", 10, 2, 0.5f, InitConfig::constant(1))});
   CHECK(pull_rows(client, "emb", {3}, 2) == std::vector<float>{1, -1});
@@ -160,9 +174,10 @@ TEST_CASE("rows spread over three shards by mod, div and hash; large batches in 
   Client client(o);
   const uint64_t rows = 1000;
   const uint32_t dim = 3;
-  client.create_tables({fixed("m", rows, dim, 1, InitConfig::uniform(-1, 1, 5), TablePlacement::kMod),
-                        fixed("d", rows, dim, 1, InitConfig::uniform(-1, 1, 5), TablePlacement::kDiv),
-                        dynamic("h", dim)});
+  client.create_tables(
+      {fixed("m", rows, dim, 1, InitConfig::uniform(-1, 1, 5), TablePlacement::kMod),
+       fixed("d", rows, dim, 1, InitConfig::uniform(-1, 1, 5), TablePlacement::kDiv),
+       dynamic("h", dim)});
   std::mt19937_64 rng(9);
   std::vector<int64_t> ids(5000);
   for (auto& id : ids) id = int64_t(rng() % rows);  // many repeats
@@ -191,8 +206,9 @@ TEST_CASE("rows spread over three shards by mod, div and hash; large batches in 
   for (const auto& t : client.list_tables()) {
     INFO("table " << t.name);
     REQUIRE(t.rows_per_shard.size() == 3);
-    const TablePlacement kind = t.name == "m" ? TablePlacement::kMod : t.name == "d" ? TablePlacement::kDiv
-                                                                                    : TablePlacement::kHash;
+    const TablePlacement kind = t.name == "m"   ? TablePlacement::kMod
+                                : t.name == "d" ? TablePlacement::kDiv
+                                                : TablePlacement::kHash;
     RowPlacement place(kind, rows, 3);
     for (uint32_t s = 0; s < 3; ++s) {
       uint64_t want = place.rows_on(s);
@@ -216,7 +232,8 @@ TEST_CASE("a dynamic table takes any 64-bit id, and refuses new ones at its row 
   client.push_rows("d", ids, std::vector<float>{1, 1, 2, 2, 3, 3});
   CHECK_THROWS_WITH(client.push_rows("d", std::vector<int64_t>{7}, std::vector<float>{1, 1}),
                     Catch::Contains("at its limit of 3 rows"));
-  CHECK_THROWS_WITH(pull_rows(client, "d", {12345, 8}, 2), Catch::Contains("at its limit of 3 rows"));
+  CHECK_THROWS_WITH(pull_rows(client, "d", {12345, 8}, 2),
+                    Catch::Contains("at its limit of 3 rows"));
   CHECK(pull_rows(client, "d", ids, 2) == std::vector<float>{-1, -1, -2, -2, -3, -3});
   CHECK(client.list_tables().at(0).rows == 3);
 }
@@ -249,25 +266,32 @@ TEST_CASE("bad table requests are refused with a clear error, change nothing, an
     CHECK_THROWS_WITH(pull_rows(client, "nope", {1}, 2), Catch::Contains("no table 'nope'"));
   }
   SECTION("an id outside a fixed table") {
-    CHECK_THROWS_WITH(raw.pull("emb", {1, 8}), Catch::Contains("id 8 is outside table 'emb' of 8 rows"));
+    CHECK_THROWS_WITH(raw.pull("emb", {1, 8}),
+                      Catch::Contains("id 8 is outside table 'emb' of 8 rows"));
     CHECK_THROWS_WITH(raw.push("emb", {1, 8}, {1, 1, 1, 1}), Catch::Contains("id 8 is outside"));
-    CHECK_THROWS_WITH(client.push_rows("emb", std::vector<int64_t>{1, -1}, std::vector<float>(4, 1.0f)),
-                      Catch::Contains("id -1 is outside"));
+    CHECK_THROWS_WITH(
+        client.push_rows("emb", std::vector<int64_t>{1, -1}, std::vector<float>(4, 1.0f)),
+        Catch::Contains("id -1 is outside"));
   }
   SECTION("wrong gradient length: ids and rows of different counts") {
-    CHECK_THROWS_WITH(raw.push("emb", {1, 2}, {1, 1, 1}), Catch::Contains("2 ids need 4 gradient floats, got 3"));
-    CHECK_THROWS_WITH(raw.push("emb", {1}, {1, 1, 1, 1}), Catch::Contains("1 ids need 2 gradient floats, got 4"));
+    CHECK_THROWS_WITH(raw.push("emb", {1, 2}, {1, 1, 1}),
+                      Catch::Contains("2 ids need 4 gradient floats, got 3"));
+    CHECK_THROWS_WITH(raw.push("emb", {1}, {1, 1, 1, 1}),
+                      Catch::Contains("1 ids need 2 gradient floats, got 4"));
     CHECK_THROWS_WITH(client.push_rows("emb", std::vector<int64_t>{1}, std::vector<float>{1}),
                       Catch::Contains("has dim 2"));
   }
   SECTION("NaN and Inf rows") {
-    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    const float nan = std::numeric_limits<float>::quiet_NaN(),
+                inf = std::numeric_limits<float>::infinity();
     CHECK_THROWS_WITH(raw.push("emb", {1, 2}, {1, 1, nan, 1}), Catch::Contains("NaN"));
     CHECK_THROWS_WITH(raw.push("emb", {1, 2}, {1, 1, 1, -inf}), Catch::Contains("Inf"));
   }
   SECTION("a table another way than it exists, or larger than --max_memory_mb") {
-    CHECK_THROWS_WITH(client.create_tables({fixed("emb", 9, 2)}), Catch::Contains("exists as a fixed 8-row table"));
-    CHECK_THROWS_WITH(client.create_tables({fixed("big", 1 << 20, 1)}), Catch::Contains("--max_memory_mb"));
+    CHECK_THROWS_WITH(client.create_tables({fixed("emb", 9, 2)}),
+                      Catch::Contains("exists as a fixed 8-row table"));
+    CHECK_THROWS_WITH(client.create_tables({fixed("big", 1 << 20, 1)}),
+                      Catch::Contains("--max_memory_mb"));
     CHECK_THROWS_WITH(client.create_tables({fixed("zero", 0, 1)}), Catch::Contains("0 rows"));
     CHECK(client.list_tables().size() == 2);
   }
@@ -302,7 +326,8 @@ TEST_CASE("a retried push of rows (the same request id) is applied once") {
   CHECK(raw.pull("emb", {2}) == std::vector<float>{-2});
 }
 
-TEST_CASE("sync mode: a step's rows are averaged over the replicas, stale and repeated pushes dropped") {
+TEST_CASE(
+    "sync mode: a step's rows are averaged over the replicas, stale and repeated pushes dropped") {
   PsdProcess ps0, ps1;
   ClientOptions o0 = options_for({&ps0, &ps1}, 0), o1 = options_for({&ps0, &ps1}, 1);
   o0.max_request_bytes = o1.max_request_bytes = 64;  // 4 ids a request outside sync mode
@@ -317,36 +342,50 @@ TEST_CASE("sync mode: a step's rows are averaged over the replicas, stale and re
   // Worker 0 touches rows 0 and 1 (shards 0 and 1); worker 1 rows 1 and 2 only.
   CHECK(chief.push_rows("emb", std::vector<int64_t>{0, 1}, std::vector<float>{2, 2, 4, 4}, 0) ==
         PushStatus::kAccumulated);
-  CHECK(chief.push_rows("emb", std::vector<int64_t>{0}, std::vector<float>{2, 2}, 0) == PushStatus::kDuplicate);
-  CHECK(pull_rows(chief, "emb", {0, 1, 2}, 2) == std::vector<float>(6, 0.0f));  // nothing applied yet
+  CHECK(chief.push_rows("emb", std::vector<int64_t>{0}, std::vector<float>{2, 2}, 0) ==
+        PushStatus::kDuplicate);
+  CHECK(pull_rows(chief, "emb", {0, 1, 2}, 2) ==
+        std::vector<float>(6, 0.0f));  // nothing applied yet
   CHECK(other.push_rows("emb", std::vector<int64_t>{1, 2}, std::vector<float>{2, 2, 6, 6}, 0) ==
         PushStatus::kAccumulated);
   std::vector<float> rows(6);
   CHECK(chief.pull_rows("emb", std::vector<int64_t>{0, 1, 2}, rows, 1) == 1);
   CHECK(rows == std::vector<float>{-1, -1, -3, -3, -3, -3});
-  CHECK(other.push_rows("emb", std::vector<int64_t>{1}, std::vector<float>{1, 1}, 0) == PushStatus::kStale);
+  CHECK(other.push_rows("emb", std::vector<int64_t>{1}, std::vector<float>{1, 1}, 0) ==
+        PushStatus::kStale);
   CHECK(pull_rows(chief, "emb", {1}, 2) == std::vector<float>{-3, -3});
   // Step 1: six rows of shard 0 from one worker (more than one request's
   // worth outside sync mode) all count, averaged over both workers.
   const std::vector<int64_t> even = {0, 2, 4, 6, 8, 10};
   CHECK(chief.push_rows("emb", even, std::vector<float>(12, 2.0f), 1) == PushStatus::kAccumulated);
-  CHECK(other.push_rows("emb", std::vector<int64_t>{0}, std::vector<float>{2, 2}, 1) == PushStatus::kAccumulated);
+  CHECK(other.push_rows("emb", std::vector<int64_t>{0}, std::vector<float>{2, 2}, 1) ==
+        PushStatus::kAccumulated);
   std::vector<float> after(12);
   CHECK(chief.pull_rows("emb", even, after, 2) == 2);
   CHECK(after == std::vector<float>{-3, -3, -4, -4, -1, -1, -1, -1, -1, -1, -1, -1});
 }
 
-TEST_CASE("checkpoints keep tables' rows and slots; a restart restores them, and a restore into another shard "
-          "count moves rows to their new shards") {
+TEST_CASE(
+    "checkpoints keep tables' rows and slots; a restart restores them, and a restore into another "
+    "shard "
+    "count moves rows to their new shards") {
   ps::test::TempDir dir;
   auto args = [&](int shard, int shards) {
-    return std::vector<std::string>{"--checkpoint_dir", dir.path(), "--checkpoint_secs", "0", "--shard_index",
-                                    std::to_string(shard), "--num_shards", std::to_string(shards)};
+    return std::vector<std::string>{
+        "--checkpoint_dir",    dir.path(),     "--checkpoint_secs",   "0", "--shard_index",
+        std::to_string(shard), "--num_shards", std::to_string(shards)};
   };
   const std::vector<TableSpec> specs = {
-      TableSpec{.name = "fixed", .dim = 2, .rows = 10, .placement = TablePlacement::kDiv,
-                .optimizer = RowOptimizerConfig::adagrad(0.5f), .init = InitConfig::uniform(-1, 1, 3)},
-      TableSpec{.name = "dyn", .dim = 2, .dynamic = true, .placement = TablePlacement::kHash,
+      TableSpec{.name = "fixed",
+                .dim = 2,
+                .rows = 10,
+                .placement = TablePlacement::kDiv,
+                .optimizer = RowOptimizerConfig::adagrad(0.5f),
+                .init = InitConfig::uniform(-1, 1, 3)},
+      TableSpec{.name = "dyn",
+                .dim = 2,
+                .dynamic = true,
+                .placement = TablePlacement::kHash,
                 .optimizer = RowOptimizerConfig::ftrl(0.5f, 0.01f, 0.1f)}};
   const std::vector<int64_t> all = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
   const std::vector<int64_t> dyn_ids = {5, -7, 1000000007, 42};
@@ -391,7 +430,8 @@ TEST_CASE("checkpoints keep tables' rows and slots; a restart restores them, and
     CHECK(read(client) == after_one_more);
   }
   SECTION("restored into three shards") {
-    PsdProcess x({"--shard_index", "0", "--num_shards", "3"}), y({"--shard_index", "1", "--num_shards", "3"}),
+    PsdProcess x({"--shard_index", "0", "--num_shards", "3"}),
+        y({"--shard_index", "1", "--num_shards", "3"}),
         z({"--shard_index", "2", "--num_shards", "3"});
     Client client(options_for({&x, &y, &z}, 0));  // the chief
     RestoredModel m = restore_from_checkpoint(client, dir.path());

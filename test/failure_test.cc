@@ -33,9 +33,19 @@ namespace {
 class WorkerProcess {
  public:
   WorkerProcess(const PsdProcess& psd, int worker, const std::string& log, int steps) {
-    std::vector<std::string> args = {ps::test::program_path("SYNC_WORKER_BIN"), "--ps_hosts", psd.address(),
-                                     "--worker", std::to_string(worker), "--workers", "3", "--replicas", "3",
-                                     "--steps", std::to_string(steps), "--sleep_ms", "10"};
+    std::vector<std::string> args = {ps::test::program_path("SYNC_WORKER_BIN"),
+                                     "--ps_hosts",
+                                     psd.address(),
+                                     "--worker",
+                                     std::to_string(worker),
+                                     "--workers",
+                                     "3",
+                                     "--replicas",
+                                     "3",
+                                     "--steps",
+                                     std::to_string(steps),
+                                     "--sleep_ms",
+                                     "10"};
     pid_ = ps::test::spawn_logged(args, log);
   }
   ~WorkerProcess() {
@@ -121,12 +131,15 @@ TEST_CASE("sync: a worker killed mid-training does not stop the job, and a resta
   auto st = observer.stats()[0];
   CHECK(st.global_step == steps);
   CHECK(st.workers.at(2).pushes > pushes_before);  // the restarted worker contributed again
-  CHECK_THAT(psd.log(), Catch::Contains("worker 2 (127.0.0.1:") && Catch::Contains(") disconnected"));
+  CHECK_THAT(psd.log(),
+             Catch::Contains("worker 2 (127.0.0.1:") && Catch::Contains(") disconnected"));
 }
 
-TEST_CASE("sync: a hung worker (connection open, silent) is not waited for past --worker_timeout_secs") {
+TEST_CASE(
+    "sync: a hung worker (connection open, silent) is not waited for past --worker_timeout_secs") {
   PsdProcess psd({"--worker_timeout_secs", "1"});
-  const JobConfig job{.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2, .train_steps = 15};
+  const JobConfig job{
+      .mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2, .train_steps = 15};
   std::atomic<bool> release{false};
   std::atomic<int> failures{0};
   std::thread hung([&] {
@@ -167,7 +180,9 @@ TEST_CASE("sync: a hung worker (connection open, silent) is not waited for past 
   CHECK_THAT(psd.log(), Catch::Contains("worker 1 silent"));
 }
 
-TEST_CASE("sync: a worker that stalls half way through its push is not waited for past --worker_timeout_secs") {
+TEST_CASE(
+    "sync: a worker that stalls half way through its push is not waited for past "
+    "--worker_timeout_secs") {
   PsdProcess psd({"--worker_timeout_secs", "1"});
   ClientOptions o;
   o.ps_hosts = {psd.address()};
@@ -197,7 +212,8 @@ TEST_CASE("sync: a worker that stalls half way through its push is not waited fo
   CHECK_THAT(psd.log(), Catch::Contains("worker 1 silent"));
 }
 
-TEST_CASE("a worker killed while psd holds its call waiting is let go at once, not when the wait ends") {
+TEST_CASE(
+    "a worker killed while psd holds its call waiting is let go at once, not when the wait ends") {
   TempDir dir;
   PsdProcess psd({"--checkpoint_dir", dir.path()});
   ClientOptions o;
@@ -217,8 +233,10 @@ TEST_CASE("a worker killed while psd holds its call waiting is let go at once, n
         worker.create({{.name = "v", .shape = {4}}});
         worker.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2});
         std::vector<float> v(4);
-        if (what == "sync pull") worker.pull({"v"}, {std::span<float>(v)}, 5);
-        else worker.checkpoint(100);
+        if (what == "sync pull")
+          worker.pull({"v"}, {std::span<float>(v)}, 5);
+        else
+          worker.checkpoint(100);
       }
     });
     Client observer(o);
@@ -228,7 +246,8 @@ TEST_CASE("a worker killed while psd holds its call waiting is let go at once, n
       return st.connections == 2 && (!sync_job || st.job.mode == SyncMode::kSync);
     };
     bool seen = false;
-    for (auto waited = 0ms; waited < 10s && !(seen = connected()); waited += 10ms) std::this_thread::sleep_for(10ms);
+    for (auto waited = 0ms; waited < 10s && !(seen = connected()); waited += 10ms)
+      std::this_thread::sleep_for(10ms);
     REQUIRE(seen);
     std::this_thread::sleep_for(300ms);  // the call is in psd, waiting
     ::kill(child, SIGKILL);
@@ -251,11 +270,13 @@ TEST_CASE("psd stopped with SIGTERM while a worker's call waits in it exits clea
   PsdProcess psd;
   ClientOptions o;
   o.ps_hosts = {psd.address()};
-  const pid_t child = fork_worker(o, [](Client& worker) { worker.wait_ready(600s); });  // no chief: never ready
+  const pid_t child =
+      fork_worker(o, [](Client& worker) { worker.wait_ready(600s); });  // no chief: never ready
   {
     Client observer(o);
     bool seen = false;
-    for (auto waited = 0ms; waited < 10s && !(seen = observer.stats()[0].connections == 2); waited += 10ms) {
+    for (auto waited = 0ms; waited < 10s && !(seen = observer.stats()[0].connections == 2);
+         waited += 10ms) {
       std::this_thread::sleep_for(10ms);
     }
     REQUIRE(seen);
@@ -266,7 +287,9 @@ TEST_CASE("psd stopped with SIGTERM while a worker's call waits in it exits clea
   ::waitpid(child, nullptr, 0);
 }
 
-TEST_CASE("sync: a worker that dies after giving its gradient still counts it, and the step waits for the others") {
+TEST_CASE(
+    "sync: a worker that dies after giving its gradient still counts it, and the step waits for "
+    "the others") {
   PsdProcess psd;
   ClientOptions o;
   o.ps_hosts = {psd.address()};
@@ -292,7 +315,8 @@ TEST_CASE("sync: a worker that dies after giving its gradient still counts it, a
   bool pushed = false;
   for (auto waited = 0ms; waited < 10s && !pushed; waited += 10ms) {
     const auto stats = chief.stats();  // (a range over stats()[0].workers would outlive the vector)
-    for (const auto& w : stats[0].workers) pushed = pushed || (w.worker_index == 1 && w.pushes >= 1);
+    for (const auto& w : stats[0].workers)
+      pushed = pushed || (w.worker_index == 1 && w.pushes >= 1);
     std::this_thread::sleep_for(10ms);
   }
   REQUIRE(pushed);
@@ -300,7 +324,8 @@ TEST_CASE("sync: a worker that dies after giving its gradient still counts it, a
   ::kill(child, SIGKILL);
   ::waitpid(child, nullptr, 0);
   uint32_t connections = 0;
-  for (auto waited = 0ms; waited < 3s && (connections = chief.stats()[0].connections) != 2; waited += 10ms) {
+  for (auto waited = 0ms; waited < 3s && (connections = chief.stats()[0].connections) != 2;
+       waited += 10ms) {
     std::this_thread::sleep_for(10ms);
   }
   REQUIRE(connections == 2);
@@ -314,7 +339,8 @@ TEST_CASE("sync: a worker that dies after giving its gradient still counts it, a
   CHECK(value[0] == Approx(-7.0 / 3.0));
 }
 
-TEST_CASE("sync: a worker killed while its pull waits for the next step does not hold that step back") {
+TEST_CASE(
+    "sync: a worker killed while its pull waits for the next step does not hold that step back") {
   PsdProcess psd;
   ClientOptions o;
   o.ps_hosts = {psd.address()};
@@ -350,7 +376,8 @@ TEST_CASE("sync: a worker killed while its pull waits for the next step does not
   CHECK(wait_for_step(chief, 1, 3s) == 1);
 }
 
-TEST_CASE("a psd a test starts dies with the test process (a crashed test leaves no daemon listening)") {
+TEST_CASE(
+    "a psd a test starts dies with the test process (a crashed test leaves no daemon listening)") {
   // This process adopts the orphaned psd for the while, so the test can
   // watch for its end and reap it. Undone, and the forked "test process"
   // stopped, however the case ends (a failed REQUIRE included).
@@ -408,7 +435,9 @@ TEST_CASE("a psd a test starts dies with the test process (a crashed test leaves
   CHECK(gone);
 }
 
-TEST_CASE("a push given up at call_timeout sends nothing more from the caller's buffer, and the next call reconnects") {
+TEST_CASE(
+    "a push given up at call_timeout sends nothing more from the caller's buffer, and the next "
+    "call reconnects") {
   PsdProcess psd;
   ClientOptions o;
   o.ps_hosts = {psd.address()};
@@ -479,7 +508,8 @@ struct SilentListener {
 
 }  // namespace
 
-TEST_CASE("a peer that accepts and never answers hello fails a connect or reconnect in bounded time") {
+TEST_CASE(
+    "a peer that accepts and never answers hello fails a connect or reconnect in bounded time") {
   using Clock = std::chrono::steady_clock;
   SECTION("connect") {
     SilentListener silent;

@@ -52,7 +52,8 @@ TEST_CASE("all_finite with a limit refuses values beyond it, not at it") {
 TEST_CASE("gradients_summed_per_step: replicas_to_aggregate in sync mode, 1 otherwise") {
   CHECK(gradients_summed_per_step({.mode = SyncMode::kAsync, .replicas_to_aggregate = 3}) == 1);
   CHECK(gradients_summed_per_step({.mode = SyncMode::kBoundedStaleness, .max_staleness = 2}) == 1);
-  CHECK(gradients_summed_per_step({.mode = SyncMode::kSync, .replicas_to_aggregate = 3, .total_replicas = 4}) == 3);
+  CHECK(gradients_summed_per_step(
+            {.mode = SyncMode::kSync, .replicas_to_aggregate = 3, .total_replicas = 4}) == 3);
   CHECK(gradients_summed_per_step({.mode = SyncMode::kSync, .replicas_to_aggregate = 0}) == 1);
 }
 
@@ -79,6 +80,7 @@ TEST_CASE("gradient_refusal names the tensor and why: NaN/Inf, or sync mode's ov
   CHECK(gradient_refusal("w", nan, 2) ==
         "push: gradient for 'w' contains NaN or Inf (refused; psd --allow_nonfinite accepts it)");
   CHECK(gradient_refusal("layer/b", big, 2) ==
-        "push: gradient for 'layer/b' holds a value over 1.70141e+38 in magnitude: the sum of 2 workers' "
+        "push: gradient for 'layer/b' holds a value over 1.70141e+38 in magnitude: the sum of 2 "
+        "workers' "
         "gradients, which sync mode averages, would overflow (refused)");
 }

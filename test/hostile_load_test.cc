@@ -97,11 +97,12 @@ std::vector<char> call_message(uint32_t id, uint16_t method, Fill&& fill) {
 }
 
 std::vector<char> hello_message(uint32_t id, int worker_index = -1, bool probe = false) {
-  return call_message<wire::Shard::HelloParams>(id, kHello, [&](wire::Shard::HelloParams::Builder p) {
-    p.setProtocolVersion(wire::K_PROTOCOL_VERSION);
-    p.setWorkerIndex(worker_index);
-    p.setProbe(probe);
-  });
+  return call_message<wire::Shard::HelloParams>(id, kHello,
+                                                [&](wire::Shard::HelloParams::Builder p) {
+                                                  p.setProtocolVersion(wire::K_PROTOCOL_VERSION);
+                                                  p.setWorkerIndex(worker_index);
+                                                  p.setProbe(probe);
+                                                });
 }
 
 std::vector<char> list_message(uint32_t id) {
@@ -220,11 +221,14 @@ class RawConnection {
   }
   std::string read_message(std::vector<capnp::word>& words, Clock::time_point deadline) {
     uint32_t head[2];
-    if (!read_exact(reinterpret_cast<char*>(head), 8, deadline)) return Clock::now() >= deadline ? "timeout" : "closed";
+    if (!read_exact(reinterpret_cast<char*>(head), 8, deadline))
+      return Clock::now() >= deadline ? "timeout" : "closed";
     const uint32_t segments = head[0] + 1;
     std::vector<uint32_t> sizes{head[1]};
     std::vector<uint32_t> rest(segments - 1 + (segments % 2 == 0 ? 1 : 0));
-    if (!rest.empty() && !read_exact(reinterpret_cast<char*>(rest.data()), rest.size() * 4, deadline)) return "closed";
+    if (!rest.empty() &&
+        !read_exact(reinterpret_cast<char*>(rest.data()), rest.size() * 4, deadline))
+      return "closed";
     for (uint32_t k = 1; k < segments; ++k) sizes.push_back(rest[k - 1]);
     uint64_t total = 0;
     for (uint32_t s : sizes) total += s;
@@ -234,7 +238,8 @@ class RawConnection {
     auto* table = reinterpret_cast<uint32_t*>(words.data());
     table[0] = segments - 1;
     for (uint32_t k = 0; k < segments; ++k) table[1 + k] = sizes[k];
-    if (!read_exact(reinterpret_cast<char*>(words.data() + table_words), total * 8, deadline)) return "closed";
+    if (!read_exact(reinterpret_cast<char*>(words.data() + table_words), total * 8, deadline))
+      return "closed";
     return "";
   }
 
@@ -260,16 +265,20 @@ std::string token_file(const TempDir& dir, const std::string& token) {
 
 TEST_CASE("a tensor counts against psd's memory budget with its optimizer's slots") {
   TempDir dir;
-  PsdProcess psd({"--max_memory_mb", "256", "--http_port", "any", "--http_port_file", dir.path() + "/http"});
+  PsdProcess psd(
+      {"--max_memory_mb", "256", "--http_port", "any", "--http_port_file", dir.path() + "/http"});
   Client client(options_for(psd));
   // 100 MiB of values fit 256 MiB, but Adam keeps two slots as large: 300 MiB.
   const uint64_t n = 100 * kMiB / 4;
-  CHECK_THROWS_WITH(client.create({{.name = "big", .shape = {n}, .optimizer = OptimizerConfig::adam(1e-3f)}}),
-                    Catch::Contains("memory limit") && Catch::Contains("--max_memory_mb"));
+  CHECK_THROWS_WITH(
+      client.create({{.name = "big", .shape = {n}, .optimizer = OptimizerConfig::adam(1e-3f)}}),
+      Catch::Contains("memory limit") && Catch::Contains("--max_memory_mb"));
   // Refused: nothing stored; what fits is still served.
-  client.create({{.name = "fits", .shape = {10 * kMiB / 4}, .optimizer = OptimizerConfig::adam(1e-3f)}});
+  client.create(
+      {{.name = "fits", .shape = {10 * kMiB / 4}, .optimizer = OptimizerConfig::adam(1e-3f)}});
   CHECK(client.list().size() == 1);
-  const auto metrics = ps::test::http_get(ps::test::read_port_file(dir.path() + "/http"), "/metrics");
+  const auto metrics =
+      ps::test::http_get(ps::test::read_port_file(dir.path() + "/http"), "/metrics");
   CHECK_THAT(metrics.body, Catch::Contains("ps_memory_budget_bytes 268435456") &&
                                Catch::Contains("ps_memory_used_bytes{use=\"tensors\"} 31457280"));
   CHECK(psd.alive());
@@ -302,9 +311,12 @@ TEST_CASE("a peer that has not said hello may send only a small message") {
   CHECK(client.list().empty());
 }
 
-TEST_CASE("requests being received after hello count against the budget; the memory goes back afterwards") {
+TEST_CASE(
+    "requests being received after hello count against the budget; the memory goes back "
+    "afterwards") {
   TempDir dir;
-  PsdProcess psd({"--max_memory_mb", "96", "--http_port", "any", "--http_port_file", dir.path() + "/http"});
+  PsdProcess psd(
+      {"--max_memory_mb", "96", "--http_port", "any", "--http_port_file", dir.path() + "/http"});
   const uint64_t base = rss(psd.pid());
   // Six peers each sending 30 MiB of a 31 MiB request and stopping there:
   // 180 MiB held if psd took them all.
@@ -327,8 +339,10 @@ TEST_CASE("requests being received after hello count against the budget; the mem
   for (auto& t : senders) t.join();
   CHECK(cut_off >= 3);  // at most three 31 MiB requests fit 96 MiB
   CHECK(peak_rss(psd.pid()) < 96 * kMiB + kOverhead);
-  const auto metrics = ps::test::http_get(ps::test::read_port_file(dir.path() + "/http"), "/metrics");
-  CHECK_THAT(metrics.body, Catch::Contains("ps_memory_refusals_total ") && !Catch::Contains("ps_memory_refusals_total 0"));
+  const auto metrics =
+      ps::test::http_get(ps::test::read_port_file(dir.path() + "/http"), "/metrics");
+  CHECK_THAT(metrics.body, Catch::Contains("ps_memory_refusals_total ") &&
+                               !Catch::Contains("ps_memory_refusals_total 0"));
   // A legitimate client is served meanwhile.
   {
     Client client(options_for(psd));
@@ -343,8 +357,8 @@ TEST_CASE("requests being received after hello count against the budget; the mem
     std::this_thread::sleep_for(100ms);
     after = rss(psd.pid());
   }
-  INFO("RSS at start " << base / kMiB << " MiB, under attack " << held / kMiB << " MiB, after " << after / kMiB
-                       << " MiB");
+  INFO("RSS at start " << base / kMiB << " MiB, under attack " << held / kMiB << " MiB, after "
+                       << after / kMiB << " MiB");
   CHECK(after < base + 24 * kMiB);
 }
 
@@ -385,7 +399,8 @@ TEST_CASE("replies a peer never reads count at their real size") {
   CHECK(client.list().empty());
 }
 
-TEST_CASE("a peer that never finishes its calls is cut off before psd holds too many of their answers") {
+TEST_CASE(
+    "a peer that never finishes its calls is cut off before psd holds too many of their answers") {
   PsdProcess psd({"--max_memory_mb", "64"});
   RawConnection peer(psd.port());
   REQUIRE_FALSE(peer.say_hello());
@@ -419,8 +434,8 @@ TEST_CASE("pipelined checkpoint requests hold one snapshot at a time") {
   REQUIRE_FALSE(peer.say_hello());
   std::vector<char> calls;
   for (uint32_t id = 2; id < 8; ++id) {
-    auto m = call_message<wire::Shard::CheckpointParams>(id, kCheckpoint,
-                                                         [](wire::Shard::CheckpointParams::Builder p) { p.setStep(-1); });
+    auto m = call_message<wire::Shard::CheckpointParams>(
+        id, kCheckpoint, [](wire::Shard::CheckpointParams::Builder p) { p.setStep(-1); });
     calls.insert(calls.end(), m.begin(), m.end());
   }
   REQUIRE(peer.send(calls) == calls.size());
@@ -432,7 +447,9 @@ TEST_CASE("pipelined checkpoint requests hold one snapshot at a time") {
   CHECK(peak_rss(psd.pid()) < before + 2 * 32 * kMiB + 16 * kMiB);
 }
 
-TEST_CASE("a flooding peer does not starve others, the hello deadline stays on time, the log stays small") {
+TEST_CASE(
+    "a flooding peer does not starve others, the hello deadline stays on time, the log stays "
+    "small") {
   PsdProcess psd({"--hello_timeout_secs", "2"});
   Client client(options_for(psd));
   client.create({{.name = "w", .shape = {16}, .init = InitConfig::constant(1)}});
@@ -478,17 +495,20 @@ TEST_CASE("a flooding peer does not starve others, the hello deadline stays on t
   // Served all along: many pulls, nine in ten of them fast (single slow
   // turns remain, e.g. when a flooder with thousands of calls in flight is
   // torn down).
-  INFO(took.size() << " pulls, 90th percentile " << std::chrono::duration<double>(took[took.size() * 9 / 10]).count()
+  INFO(took.size() << " pulls, 90th percentile "
+                   << std::chrono::duration<double>(took[took.size() * 9 / 10]).count()
                    << " s, slowest " << std::chrono::duration<double>(took.back()).count() << " s");
   CHECK(took.size() >= 100);
   CHECK(took[took.size() * 9 / 10] < 50ms);
   // Closed at its 2 s deadline, not seconds late.
-  INFO("idle connection closed after " << std::chrono::duration<double>(idle_closed_after).count() << " s");
+  INFO("idle connection closed after " << std::chrono::duration<double>(idle_closed_after).count()
+                                       << " s");
   CHECK(idle_closed_after < 3500ms);
   // A few lines per peer address per interval, not one per refused call.
   const std::string log = psd.log();
   size_t refusals_logged = 0;
-  for (size_t at = log.find("refused list"); at != std::string::npos; at = log.find("refused list", at + 1)) {
+  for (size_t at = log.find("refused list"); at != std::string::npos;
+       at = log.find("refused list", at + 1)) {
     ++refusals_logged;
   }
   INFO(log.size() << " bytes of log");
@@ -544,7 +564,8 @@ TEST_CASE("anonymous connections cannot take the places kept for the job's worke
   CHECK(worker.pull("w") == std::vector<float>{7, 7});
 }
 
-TEST_CASE("connections from one address that are not the job's are capped; other addresses are served") {
+TEST_CASE(
+    "connections from one address that are not the job's are capped; other addresses are served") {
   PsdProcess psd({"--max_connections_per_peer", "4"});
   std::vector<std::unique_ptr<RawConnection>> idle;
   for (int i = 0; i < 4; ++i) idle.push_back(std::make_unique<RawConnection>(psd.port()));

@@ -93,7 +93,8 @@ TEST_CASE("a region shrunk and sealed while psd attaches it cannot fault psd") {
   PsdProcess psd({"--unix_socket", sock});
   {
     Client setup(options_for(psd));
-    setup.create({{.name = "w", .shape = {1024}, .optimizer = OptimizerConfig::sgd(1.0f)}});  // 4 KiB
+    setup.create(
+        {{.name = "w", .shape = {1024}, .optimizer = OptimizerConfig::sgd(1.0f)}});  // 4 KiB
   }
   constexpr uint64_t kBig = 1 << 20, kSmall = 4096;
   std::mt19937 random(7);
@@ -190,20 +191,28 @@ TEST_CASE("Glorot fans of the largest full shape do not wrap: the part holds fin
   for (float v : values) CHECK(std::fabs(v) <= 6e-10f);
 }
 
-TEST_CASE("an update that would overflow is refused and changes nothing (SGD at learning rate 3e38)") {
+TEST_CASE(
+    "an update that would overflow is refused and changes nothing (SGD at learning rate 3e38)") {
   PsdProcess psd;
   Client c(options_for(psd));
-  c.create({{.name = "w", .shape = {2}, .optimizer = OptimizerConfig::sgd(3e38f), .init = InitConfig::constant(0)}});
+  c.create({{.name = "w",
+             .shape = {2},
+             .optimizer = OptimizerConfig::sgd(3e38f),
+             .init = InitConfig::constant(0)}});
   c.push("w", std::vector<float>{1, 1});
   CHECK(c.pull("w") == std::vector<float>{-3e38f, -3e38f});
   CHECK_THROWS_WITH(c.push("w", std::vector<float>{1, 1}),
                     Catch::Contains("not applied") && Catch::Contains("NaN or Inf"));
   CHECK(c.pull("w") == std::vector<float>{-3e38f, -3e38f});
   // A push of several tensors is refused whole: its other tensor unchanged.
-  c.create({{.name = "v", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f), .init = InitConfig::constant(5)}});
+  c.create({{.name = "v",
+             .shape = {2},
+             .optimizer = OptimizerConfig::sgd(1.0f),
+             .init = InitConfig::constant(5)}});
   const std::vector<float> one{1, 1};
-  CHECK_THROWS_WITH(c.push({"v", "w"}, {std::span<const float>(one), std::span<const float>(one)}, 0),
-                    Catch::Contains("not applied"));
+  CHECK_THROWS_WITH(
+      c.push({"v", "w"}, {std::span<const float>(one), std::span<const float>(one)}, 0),
+      Catch::Contains("not applied"));
   CHECK(c.pull("v") == std::vector<float>{5, 5});
   // A gradient the other way is still applied.
   c.push("w", std::vector<float>{-1, -1});
@@ -217,7 +226,10 @@ TEST_CASE("sync mode: a step whose averaged update would overflow leaves the ten
   o.worker_index = 0;
   o.is_chief = true;
   Client c(o);
-  c.create({{.name = "w", .shape = {2}, .optimizer = OptimizerConfig::sgd(3e38f), .init = InitConfig::constant(0)}});
+  c.create({{.name = "w",
+             .shape = {2},
+             .optimizer = OptimizerConfig::sgd(3e38f),
+             .init = InitConfig::constant(0)}});
   c.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 1, .total_replicas = 1});
   c.set_ready();
   const std::vector<float> one{1, 1};
@@ -234,7 +246,9 @@ TEST_CASE("sync mode: a step whose averaged update would overflow leaves the ten
 TEST_CASE("Adam with a learning rate that overflows its first step stores nothing non-finite") {
   PsdProcess psd;
   Client c(options_for(psd));
-  c.create({{.name = "a", .shape = {3}, .optimizer = OptimizerConfig::adam(3e38f, 0.99f, 0.999f, 1e-7f),
+  c.create({{.name = "a",
+             .shape = {3},
+             .optimizer = OptimizerConfig::adam(3e38f, 0.99f, 0.999f, 1e-7f),
              .init = InitConfig::constant(1)}});
   // Adam's first step size lr * sqrt(1 - 0.999) / (1 - 0.99) is 9.5e38: Inf as a float.
   CHECK_THROWS_WITH(c.push("a", std::vector<float>{1, 1, 1}), Catch::Contains("not applied"));
@@ -244,7 +258,9 @@ TEST_CASE("Adam with a learning rate that overflows its first step stores nothin
 TEST_CASE("restored optimizer slots the optimizer could never hold are refused") {
   PsdProcess psd;
   Client c(options_for(psd));
-  TensorSpec spec{.name = "a", .shape = {2}, .optimizer = OptimizerConfig::adagrad(0.1f),
+  TensorSpec spec{.name = "a",
+                  .shape = {2},
+                  .optimizer = OptimizerConfig::adagrad(0.1f),
                   .init = InitConfig::from_values({1, 1})};
   spec.slots = {{0.5f, -0.5f}};  // an accumulator of squares cannot be negative: sqrt(-0.5) is NaN
   CHECK_THROWS_WITH(c.create({spec}), Catch::Contains("accumulator must be > 0"));
@@ -268,7 +284,9 @@ std::vector<std::string> ckpt_args(const TempDir& dir) {
 
 }  // namespace
 
-TEST_CASE("a restore keeps the good tensors of a file with a bad one, and never overwrites that file with less") {
+TEST_CASE(
+    "a restore keeps the good tensors of a file with a bad one, and never overwrites that file "
+    "with less") {
   TempDir dir;
   ShardCheckpoint c;
   c.tensors.push_back(tensor("good", {1, 2}));
@@ -282,8 +300,10 @@ TEST_CASE("a restore keeps the good tensors of a file with a bad one, and never 
     CHECK(client.stats()[0].tensors == 1);
     client.declare({{.name = "good", .shape = {2}}});
     CHECK(client.pull("good") == std::vector<float>{1, 2});
-    CHECK_THAT(psd.log(), Catch::Contains("left out tensor 'bad'") && Catch::Contains("NaN or Inf"));
-    const auto status = ps::test::http_get(ps::test::read_port_file(dir.path() + "/http_port"), "/status.json");
+    CHECK_THAT(psd.log(),
+               Catch::Contains("left out tensor 'bad'") && Catch::Contains("NaN or Inf"));
+    const auto status =
+        ps::test::http_get(ps::test::read_port_file(dir.path() + "/http_port"), "/status.json");
     CHECK_THAT(status.body, Catch::Contains("\"restore_skipped\":[{\"name\":\"bad\""));
     CHECK(psd.stop() == 0);  // SIGTERM: a final checkpoint of step 0, with 1 tensor
   }
@@ -312,7 +332,8 @@ TEST_CASE("names with NUL or control characters are refused, checked on every by
     spec.initOptimizer().setLearningRate(1.0f);
     req.send().wait(raw.ws());
   };
-  CHECK_THROWS_WITH(create(std::string("a\0b", 3)), Catch::Contains("control character 0x00 at byte 1"));
+  CHECK_THROWS_WITH(create(std::string("a\0b", 3)),
+                    Catch::Contains("control character 0x00 at byte 1"));
   std::string huge = std::string("zz\0", 3) + std::string((1 << 20) - 3, 'x');
   CHECK_THROWS_WITH(create(huge), Catch::Contains("1 to 512 bytes"));
   CHECK_THROWS_WITH(create("tab\there"), Catch::Contains("control character 0x09"));
@@ -340,9 +361,11 @@ TEST_CASE("only the chief may finish the job: anyone else gets an error and psd 
   PsdProcess psd;
   {
     Raw stranger(psd.address());
-    CHECK_THROWS_WITH(stranger.shard.finishRequest().send().wait(stranger.ws()), Catch::Contains("only the chief"));
+    CHECK_THROWS_WITH(stranger.shard.finishRequest().send().wait(stranger.ws()),
+                      Catch::Contains("only the chief"));
     Raw worker(psd.address(), 1);
-    CHECK_THROWS_WITH(worker.shard.finishRequest().send().wait(worker.ws()), Catch::Contains("only the chief"));
+    CHECK_THROWS_WITH(worker.shard.finishRequest().send().wait(worker.ws()),
+                      Catch::Contains("only the chief"));
   }
   std::this_thread::sleep_for(500ms);  // psd would exit once the callers left
   REQUIRE(psd.alive());
@@ -414,14 +437,17 @@ struct RawTcp {
     connected = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
   }
   ~RawTcp() { ::close(fd); }
-  void send(const std::string& bytes) { (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL); }
+  void send(const std::string& bytes) {
+    (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  }
   // Reads until the peer closes (true) or `timeout` passes (false).
   bool read_until_closed(std::chrono::milliseconds timeout, std::string* got = nullptr) {
     const auto until = std::chrono::steady_clock::now() + timeout;
     char buf[4096];
     while (std::chrono::steady_clock::now() < until) {
       pollfd p{fd, POLLIN, 0};
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          until - std::chrono::steady_clock::now());
       if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(1, left.count()))) <= 0) continue;
       const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
       if (n <= 0) return true;
@@ -449,7 +475,8 @@ struct HttpPsd {
     port = ps::test::read_port_file(dir.path() + "/http_port");
   }
   std::vector<std::string> args(std::vector<std::string> extra) {
-    extra.insert(extra.end(), {"--http_port", "any", "--http_port_file", dir.path() + "/http_port"});
+    extra.insert(extra.end(),
+                 {"--http_port", "any", "--http_port_file", dir.path() + "/http_port"});
     return extra;
   }
   TempDir dir;
@@ -468,21 +495,29 @@ TEST_CASE("HTTP: with --auth_token_file the pages need the bearer token; /health
     CHECK(none.status == 401);
     CHECK(none.headers["www-authenticate"] == "Bearer realm=\"psd\"");
     CHECK(none.body.find("tensor") == std::string::npos);
-    CHECK(ps::test::http_exchange(h.port, get(path, "Authorization: Bearer rpc-secreT\r\n")).status == 401);
-    CHECK(ps::test::http_exchange(h.port, get(path, "Authorization: Bearer rpc-secret-more\r\n")).status == 401);
-    CHECK(ps::test::http_exchange(h.port, get(path, "Authorization: Basic cnBjLXNlY3JldA==\r\n")).status == 401);
+    CHECK(
+        ps::test::http_exchange(h.port, get(path, "Authorization: Bearer rpc-secreT\r\n")).status ==
+        401);
+    CHECK(ps::test::http_exchange(h.port, get(path, "Authorization: Bearer rpc-secret-more\r\n"))
+              .status == 401);
+    CHECK(ps::test::http_exchange(h.port, get(path, "Authorization: Basic cnBjLXNlY3JldA==\r\n"))
+              .status == 401);
   }
-  CHECK(ps::test::http_exchange(h.port, get("/metrics", "Authorization: Bearer rpc-secret\r\n")).status == 200);
-  CHECK(ps::test::http_exchange(h.port, get("/status.json", "Authorization: bearer rpc-secret\r\n")).status == 200);
+  CHECK(ps::test::http_exchange(h.port, get("/metrics", "Authorization: Bearer rpc-secret\r\n"))
+            .status == 200);
+  CHECK(ps::test::http_exchange(h.port, get("/status.json", "Authorization: bearer rpc-secret\r\n"))
+            .status == 200);
   CHECK(ps::test::http_exchange(h.port, get("/healthz")).status == 200);
 }
 
 TEST_CASE("HTTP: a token of its own (--http_auth_token_file), apart from the RPC one") {
   TempDir tokens;
-  HttpPsd h({"--auth_token_file", write_token(tokens, "rpc", "rpc-secret"), "--http_auth_token_file",
-             write_token(tokens, "http", "scrape-secret")});
-  CHECK(ps::test::http_exchange(h.port, get("/metrics", "Authorization: Bearer rpc-secret\r\n")).status == 401);
-  CHECK(ps::test::http_exchange(h.port, get("/metrics", "Authorization: Bearer scrape-secret\r\n")).status == 200);
+  HttpPsd h({"--auth_token_file", write_token(tokens, "rpc", "rpc-secret"),
+             "--http_auth_token_file", write_token(tokens, "http", "scrape-secret")});
+  CHECK(ps::test::http_exchange(h.port, get("/metrics", "Authorization: Bearer rpc-secret\r\n"))
+            .status == 401);
+  CHECK(ps::test::http_exchange(h.port, get("/metrics", "Authorization: Bearer scrape-secret\r\n"))
+            .status == 200);
   // Only HTTP: without --auth_token_file the RPC stays open, the pages not.
   HttpPsd only_http({"--http_auth_token_file", write_token(tokens, "http2", "scrape-secret")});
   CHECK(ps::test::http_exchange(only_http.port, get("/")).status == 401);
@@ -516,7 +551,8 @@ TEST_CASE("HTTP: slow connections do not deny the page to others") {
   }
   std::this_thread::sleep_for(200ms);
   int served = 0;
-  for (int i = 0; i < 20; ++i) served += ps::test::http_exchange(h.port, get("/healthz"), 2000).status == 200;
+  for (int i = 0; i < 20; ++i)
+    served += ps::test::http_exchange(h.port, get("/healthz"), 2000).status == 200;
   CHECK(served == 20);
   // And a slow peer is dropped once the request deadline has passed.
   RawTcp late(h.port);

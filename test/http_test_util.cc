@@ -27,7 +27,8 @@ void parse_answer(HttpAnswer& a) {
     auto colon = h.find(':');
     if (colon != std::string::npos) {
       std::string name = h.substr(0, colon);
-      std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+      std::transform(name.begin(), name.end(), name.begin(),
+                     [](unsigned char c) { return std::tolower(c); });
       std::string value = h.substr(colon + 1);
       value.erase(0, value.find_first_not_of(' '));
       a.headers[name] = value;
@@ -75,7 +76,9 @@ HttpAnswer http_exchange(int port, const std::string& request, int timeout_ms) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   char buf[65536];
   while (!complete(a.raw, head_only)) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    deadline - std::chrono::steady_clock::now())
+                    .count();
     if (left <= 0) break;
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(left)) <= 0) break;

@@ -32,8 +32,7 @@ inline void put_u32(std::vector<uint8_t>& b, uint32_t v) {
 }
 
 inline std::vector<uint8_t> idx_images(uint32_t count, uint32_t rows, uint32_t cols,
-                                       const std::vector<uint8_t>& pixels,
-                                       uint32_t magic = 0x803) {
+                                       const std::vector<uint8_t>& pixels, uint32_t magic = 0x803) {
   std::vector<uint8_t> b;
   put_u32(b, magic);
   put_u32(b, count);

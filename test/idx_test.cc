@@ -83,7 +83,8 @@ TEST_CASE("IDX: bad files") {
   CHECK_CONFIG_ERROR(ps::read_idx_labels(t / "lbcut.gz"), "data ends after 2");
 }
 
-TEST_CASE("IDX: a tiny gzip file that declares a huge data set fails without reserving room for it") {
+TEST_CASE(
+    "IDX: a tiny gzip file that declares a huge data set fails without reserving room for it") {
   TempDir t;
   write_file(t / "huge.gz", gzip(idx_images(0xFFFFFFFF, 4096, 4096, {1, 2, 3})));
   write_file(t / "huge-labels.gz", gzip(idx_labels({1}, 0x801, 0xFFFFFFFF)));
@@ -140,10 +141,11 @@ TEST_CASE("MnistData::load: plain and gz, validation split") {
 
 TEST_CASE("MnistData::load: bad directories") {
   TempDir t;
-  CHECK_CONFIG_ERROR(ps::MnistData::load(t.path),
-                     "looked for " + t.path + "/train-images-idx3-ubyte[.gz], " + t.path +
-                         "/train-labels-idx1-ubyte[.gz], " + t.path +
-                         "/t10k-images-idx3-ubyte[.gz], " + t.path + "/t10k-labels-idx1-ubyte[.gz]");
+  CHECK_CONFIG_ERROR(ps::MnistData::load(t.path), "looked for " + t.path +
+                                                      "/train-images-idx3-ubyte[.gz], " + t.path +
+                                                      "/train-labels-idx1-ubyte[.gz], " + t.path +
+                                                      "/t10k-images-idx3-ubyte[.gz], " + t.path +
+                                                      "/t10k-labels-idx1-ubyte[.gz]");
   write_mnist_dir(t.path, 30, 7, false);
   CHECK_CONFIG_ERROR(ps::MnistData::load(t.path, 30), "validation size 30 must be in 0..29");
   CHECK_CONFIG_ERROR(ps::MnistData::load(t.path, -1), "validation size -1");

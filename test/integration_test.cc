@@ -32,8 +32,12 @@ ClientOptions options_for(std::initializer_list<const PsdProcess*> shards) {
   return o;
 }
 
-TensorSpec sgd_tensor(std::string name, std::vector<uint64_t> shape, InitConfig init = {}, float lr = 1.0f) {
-  return TensorSpec{.name = std::move(name), .shape = std::move(shape), .optimizer = OptimizerConfig::sgd(lr), .init = std::move(init)};
+TensorSpec sgd_tensor(std::string name, std::vector<uint64_t> shape, InitConfig init = {},
+                      float lr = 1.0f) {
+  return TensorSpec{.name = std::move(name),
+                    .shape = std::move(shape),
+                    .optimizer = OptimizerConfig::sgd(lr),
+                    .init = std::move(init)};
 }
 
 // A raw Cap'n Proto connection, to send what libpsclient would refuse to;
@@ -68,7 +72,8 @@ std::vector<uint8_t> float_bytes(const std::vector<float>& v) {
 // An async job on one psd with an SGD tensor "w" of two zeros: its chief,
 // and a raw connection as worker 1 to send step reports by hand.
 struct AsyncJobWithRawWorker {
-  AsyncJobWithRawWorker(const PsdProcess& psd, int64_t train_steps) : chief(chief_options(psd)), worker(psd, 1) {
+  AsyncJobWithRawWorker(const PsdProcess& psd, int64_t train_steps)
+      : chief(chief_options(psd)), worker(psd, 1) {
     chief.create({sgd_tensor("w", {2})});
     chief.init_job({.mode = SyncMode::kAsync, .train_steps = train_steps});
     chief.set_ready();
@@ -88,7 +93,8 @@ struct AsyncJobWithRawWorker {
 TEST_CASE("push then pull gives exactly the SGD result") {
   PsdProcess psd;
   Client client(options_for({&psd}));
-  client.create({sgd_tensor("w", {2, 2}, InitConfig::from_values({1, 2, 3, 4}), 0.5f), sgd_tensor("b", {2})});
+  client.create(
+      {sgd_tensor("w", {2, 2}, InitConfig::from_values({1, 2, 3, 4}), 0.5f), sgd_tensor("b", {2})});
   CHECK(client.pull("w") == std::vector<float>{1, 2, 3, 4});
   CHECK(client.pull("b") == std::vector<float>{0, 0});
   CHECK(client.push("w", std::vector<float>{2, 2, -2, 4}) == PushStatus::kApplied);
@@ -132,7 +138,8 @@ TEST_CASE("concurrent pushes from threads sum exactly") {
         std::vector<float> g(n, float(t + 1));
         for (int i = 0; i < pushes; i += 4) {
           std::vector<std::future<PushResult>> inflight;
-          for (int k = 0; k < 4; ++k) inflight.push_back(shared.push_async({"acc"}, {std::span<const float>(g)}));
+          for (int k = 0; k < 4; ++k)
+            inflight.push_back(shared.push_async({"acc"}, {std::span<const float>(g)}));
           for (auto& f : inflight) f.get();
         }
       });
@@ -150,7 +157,8 @@ TEST_CASE("concurrent pushes from threads sum exactly") {
 TEST_CASE("polling or sleeping, on either side, changes no result") {
   // Everything else here runs at the defaults (both sides poll): this is
   // where each side also sleeps at once, and polls long.
-  const auto [psd_us, client_us] = GENERATE(std::pair{0, 0}, std::pair{200, 200}, std::pair{0, 200}, std::pair{200, 0});
+  const auto [psd_us, client_us] =
+      GENERATE(std::pair{0, 0}, std::pair{200, 200}, std::pair{0, 200}, std::pair{200, 0});
   CAPTURE(psd_us, client_us);
   PsdProcess psd({"--busy_poll_us", std::to_string(psd_us)});
   ClientOptions o = options_for({&psd});
@@ -164,7 +172,8 @@ TEST_CASE("polling or sleeping, on either side, changes no result") {
       std::vector<float> g(n, float(t + 1));
       for (int i = 0; i < pushes; i += 3) {
         std::vector<std::future<PushResult>> inflight;
-        for (int k = 0; k < 3; ++k) inflight.push_back(shared.push_async({"acc"}, {std::span<const float>(g)}));
+        for (int k = 0; k < 3; ++k)
+          inflight.push_back(shared.push_async({"acc"}, {std::span<const float>(g)}));
         for (auto& f : inflight) f.get();
         shared.push("small", std::vector<float>{1, 1, 1, 1});
       }
@@ -282,8 +291,10 @@ TEST_CASE("a NaN or Inf anywhere in a push that goes out as several requests ref
     for (std::size_t bad : {n - 1, std::size_t{0}, std::size_t{40'000}}) {
       std::vector<float> g(n, 0.5f);
       g[bad] = bad == 0 ? INFINITY : NAN;
-      CHECK_THROWS_WITH(client.push("emb", g), Catch::Contains("gradient for 'emb' contains NaN or Inf"));
-      CHECK_THROWS_WITH(client.push({"w", "emb"}, {std::vector<float>{1, 1}, g}), Catch::Contains("NaN or Inf"));
+      CHECK_THROWS_WITH(client.push("emb", g),
+                        Catch::Contains("gradient for 'emb' contains NaN or Inf"));
+      CHECK_THROWS_WITH(client.push({"w", "emb"}, {std::vector<float>{1, 1}, g}),
+                        Catch::Contains("NaN or Inf"));
       CHECK_THROWS_WITH(client.push_async({"emb"}, {g}).get(), Catch::Contains("NaN or Inf"));
       client.pull("emb", out);
       CHECK(std::memcmp(out.data(), init.data(), n * 4) == 0);
@@ -336,7 +347,8 @@ TEST_CASE("a NaN or Inf anywhere in a push that goes out as several requests ref
     Client client(o);
     client.create({sgd_tensor("a", {4})});  // on shard 0 alone
     const std::vector<float> bad = {1, 2, NAN, 4};
-    CHECK_THROWS_WITH(client.push_and_step({"a"}, {std::span<const float>(bad)}, 0, 0), Catch::Contains("NaN or Inf"));
+    CHECK_THROWS_WITH(client.push_and_step({"a"}, {std::span<const float>(bad)}, 0, 0),
+                      Catch::Contains("NaN or Inf"));
     // Shard 1 got no stepDone either: its global step did not move.
     for (const auto& st : client.stats()) CHECK(st.global_step == 0);
     CHECK(client.pull("a") == std::vector<float>(4, 0.0f));
@@ -355,7 +367,8 @@ TEST_CASE("a create refused anywhere creates nothing anywhere") {
     one.create({sgd_tensor("p", {2}), sgd_tensor("q", {2})});
     Client two(options_for({&a, &b}));
     // x goes to shard 0, q (with another shape) to shard 1, which refuses it.
-    CHECK_THROWS_WITH(two.create({sgd_tensor("x", {3}), sgd_tensor("q", {5})}), Catch::Contains("exists with shape [2]"));
+    CHECK_THROWS_WITH(two.create({sgd_tensor("x", {3}), sgd_tensor("q", {5})}),
+                      Catch::Contains("exists with shape [2]"));
     CHECK(names_on(one) == std::vector<std::string>{"p", "q"});
   }
   SECTION("tensors that fit psd's memory limit one by one, not together, in one request") {
@@ -369,7 +382,9 @@ TEST_CASE("a create refused anywhere creates nothing anywhere") {
     client.create({sgd_tensor("u", {150'000})});  // each alone fits
     CHECK(names_on(client) == std::vector<std::string>{"u"});
   }
-  SECTION("tensors that fit psd's memory limit one by one, not together, over several requests to one shard") {
+  SECTION(
+      "tensors that fit psd's memory limit one by one, not together, over several requests to one "
+      "shard") {
     PsdProcess psd({"--max_memory_mb", "1"});
     Client client(options_for({&psd}));  // 1 MiB requests: one tensor each
     CHECK_THROWS_WITH(client.create({sgd_tensor("u", {150'000}), sgd_tensor("v", {150'000})}),
@@ -387,13 +402,16 @@ TEST_CASE("a create refused anywhere creates nothing anywhere") {
       const uint64_t n = v.size();
       return sgd_tensor(std::move(name), {n}, InitConfig::from_values(std::move(v)));
     };
-    CHECK_THROWS_WITH(client.create({valued("u", good), valued("v", bad)}), Catch::Contains("NaN or Inf initial value"));
+    CHECK_THROWS_WITH(client.create({valued("u", good), valued("v", bad)}),
+                      Catch::Contains("NaN or Inf initial value"));
     TensorSpec restored = valued("r", good);
     restored.optimizer = OptimizerConfig::adam(0.1f);
     restored.slots = {good, bad};
-    CHECK_THROWS_WITH(client.create({valued("u", good), restored}), Catch::Contains("NaN or Inf restored slot"));
+    CHECK_THROWS_WITH(client.create({valued("u", good), restored}),
+                      Catch::Contains("NaN or Inf restored slot"));
     restored.slots = {good};  // Adam keeps two
-    CHECK_THROWS_WITH(client.create({valued("u", good), restored}), Catch::Contains("restored with 1 optimizer slots"));
+    CHECK_THROWS_WITH(client.create({valued("u", good), restored}),
+                      Catch::Contains("restored with 1 optimizer slots"));
     CHECK(names_on(client).empty());
     // And what passes arrives whole, values and slots, after the check.
     std::vector<float> ramp(12'000);
@@ -404,11 +422,14 @@ TEST_CASE("a create refused anywhere creates nothing anywhere") {
     CHECK(client.pull("u") == ramp);
     CHECK(client.pull("r") == good);
   }
-  SECTION("restored tensors: requests are cut by their values and slots, and a part too big for psd is refused first") {
+  SECTION(
+      "restored tensors: requests are cut by their values and slots, and a part too big for psd is "
+      "refused first") {
     PsdProcess psd({"--max_message_mb", "2"});
     Client client(options_for({&psd}));
     auto restored = [](std::string name, std::size_t n, float x) {
-      TensorSpec t = sgd_tensor(std::move(name), {n}, InitConfig::from_values(std::vector<float>(n, x)));
+      TensorSpec t =
+          sgd_tensor(std::move(name), {n}, InitConfig::from_values(std::vector<float>(n, x)));
       t.optimizer = OptimizerConfig::adam(0.1f);
       t.slots = {std::vector<float>(n, 0.5f), std::vector<float>(n, 0.25f)};
       return t;
@@ -420,8 +441,9 @@ TEST_CASE("a create refused anywhere creates nothing anywhere") {
     CHECK(client.pull("b") == std::vector<float>(100'000, 2.0f));
     // A 1 MiB part with two slots cannot go in one message of 2 MiB: refused
     // before anything is sent (before: "Broken pipe", the small one created).
-    CHECK_THROWS_WITH(client.create({restored("small", 1000, 1.0f), restored("big", 1 << 20, 1.0f)}),
-                      Catch::Contains("more than psd accepts in one message"));
+    CHECK_THROWS_WITH(
+        client.create({restored("small", 1000, 1.0f), restored("big", 1 << 20, 1.0f)}),
+        Catch::Contains("more than psd accepts in one message"));
     CHECK(names_on(client) == std::vector<std::string>{"a", "b"});
   }
   SECTION("the client forgets what it declared for a refused create") {
@@ -429,7 +451,8 @@ TEST_CASE("a create refused anywhere creates nothing anywhere") {
     Client other(options_for({&a, &b}));
     other.create({sgd_tensor("x", {8}, InitConfig::constant(2))});
     Client client(options_for({&a, &b}));
-    CHECK_THROWS_WITH(client.create({sgd_tensor("x", {4})}), Catch::Contains("exists with shape [8]"));
+    CHECK_THROWS_WITH(client.create({sgd_tensor("x", {4})}),
+                      Catch::Contains("exists with shape [8]"));
     // x is declarable as psd has it, and the next tensor lands where it
     // does for a client that never declared the refused one.
     client.declare({sgd_tensor("x", {8})});
@@ -439,7 +462,9 @@ TEST_CASE("a create refused anywhere creates nothing anywhere") {
     fresh.declare({sgd_tensor("x", {8}), sgd_tensor("y", {2})});
     CHECK(client.placement().at("y").parts[0].shard == fresh.placement().at("y").parts[0].shard);
   }
-  SECTION("a shard's share too large for one check request is checked in several, and still as a whole") {
+  SECTION(
+      "a shard's share too large for one check request is checked in several, and still as a "
+      "whole") {
     // 2 x 3072 parts of 4 KiB: the check of one shard's share passed psd's
     // 1 MiB message limit (the connection broke, the create retried for
     // good). Each tensor fits --max_memory_mb alone, not both together.
@@ -487,7 +512,9 @@ TEST_CASE("a create refused anywhere creates nothing anywhere") {
   }
 }
 
-TEST_CASE("a create that fails in one thread leaves another thread's create of the same tensor standing") {
+TEST_CASE(
+    "a create that fails in one thread leaves another thread's create of the same tensor "
+    "standing") {
   // Thread A creates {x, y} and psd refuses y (another shape there); thread
   // B creates {x} at the same time and succeeds. A's failure must not take x
   // back out of the Client's placement: B uses the tensor it has just
@@ -529,11 +556,15 @@ TEST_CASE("a create that fails in one thread leaves another thread's create of t
   CHECK(unusable == 0);
 }
 
-TEST_CASE("ps hosts listed in another order than the psds were started with, or a shard back as another, are refused") {
-  PsdProcess a({"--shard_index", "0", "--num_shards", "2"}), b({"--shard_index", "1", "--num_shards", "2"});
+TEST_CASE(
+    "ps hosts listed in another order than the psds were started with, or a shard back as another, "
+    "are refused") {
+  PsdProcess a({"--shard_index", "0", "--num_shards", "2"}),
+      b({"--shard_index", "1", "--num_shards", "2"});
   {
     Client client(options_for({&a, &b}));  // the order they were started with
-    client.create({sgd_tensor("w", {4}, InitConfig::constant(1.0f)), sgd_tensor("v", {4}, InitConfig::constant(2.0f))});
+    client.create({sgd_tensor("w", {4}, InitConfig::constant(1.0f)),
+                   sgd_tensor("v", {4}, InitConfig::constant(2.0f))});
   }
   auto refused = [](ClientOptions o, const std::string& why) {
     CAPTURE(why);
@@ -541,7 +572,8 @@ TEST_CASE("ps hosts listed in another order than the psds were started with, or 
       Client client(std::move(o));
       FAIL("the client was not refused");
     } catch (const ConfigError& e) {
-      CHECK_THAT(std::string(e.what()), Catch::Contains("ps hosts out of order") && Catch::Contains(why));
+      CHECK_THAT(std::string(e.what()),
+                 Catch::Contains("ps hosts out of order") && Catch::Contains(why));
     }
   };
   refused(options_for({&b, &a}), "is shard 1 of 2");
@@ -551,7 +583,8 @@ TEST_CASE("ps hosts listed in another order than the psds were started with, or 
   // Nothing was created or changed by the refused clients.
   Client client(options_for({&a, &b}));
   CHECK(client.stats()[0].tensors + client.stats()[1].tensors == 2);
-  client.create({sgd_tensor("w", {4}, InitConfig::constant(9.0f)), sgd_tensor("v", {4}, InitConfig::constant(9.0f))});
+  client.create({sgd_tensor("w", {4}, InitConfig::constant(9.0f)),
+                 sgd_tensor("v", {4}, InitConfig::constant(9.0f))});
   CHECK(client.pull("w") == std::vector<float>{1, 1, 1, 1});
   CHECK(client.pull("v") == std::vector<float>{2, 2, 2, 2});
 
@@ -565,7 +598,8 @@ TEST_CASE("ps hosts listed in another order than the psds were started with, or 
   const int port = b.port();
   b.kill();
   PsdProcess wrong({"--shard_index", "0", "--num_shards", "2"}, port);
-  CHECK_THROWS_WITH(client.pull("v"), Catch::Contains("ps hosts out of order") && Catch::Contains("is shard 0 of 2"));
+  CHECK_THROWS_WITH(client.pull("v"),
+                    Catch::Contains("ps hosts out of order") && Catch::Contains("is shard 0 of 2"));
   CHECK(client.pull("w") == std::vector<float>{1, 1, 1, 1});  // shard 0 is still served
 }
 
@@ -618,7 +652,9 @@ TEST_CASE("a Unix socket the client cannot reach leaves it on TCP") {
   CHECK(client.pull("w") == std::vector<float>{0, 1});
 }
 
-TEST_CASE("a retried push that reports a step is answered with the job's step and stop, not applied again") {
+TEST_CASE(
+    "a retried push that reports a step is answered with the job's step and stop, not applied "
+    "again") {
   PsdProcess psd;
   AsyncJobWithRawWorker job(psd, 1);
   Client& chief = job.chief;
@@ -634,13 +670,15 @@ TEST_CASE("a retried push that reports a step is answered with the job's step an
     auto reply = req.send().wait(worker.ws());
     return std::pair<int64_t, bool>(reply.getStep(), reply.getStop());
   };
-  CHECK(send() == std::pair<int64_t, bool>(1, true));  // the job reached train_steps with this report
-  CHECK(send() == std::pair<int64_t, bool>(1, true));  // a retry (its reply lost) learns it too
+  CHECK(send() ==
+        std::pair<int64_t, bool>(1, true));  // the job reached train_steps with this report
+  CHECK(send() == std::pair<int64_t, bool>(1, true));    // a retry (its reply lost) learns it too
   CHECK(chief.pull("w") == std::vector<float>{-1, -1});  // applied once
   CHECK(chief.stats()[0].global_step == 1);
 }
 
-TEST_CASE("a stepDone sent again with its request id counts once; reports without an id all count") {
+TEST_CASE(
+    "a stepDone sent again with its request id counts once; reports without an id all count") {
   // Before, a step report retried after a lost reply moved an async job's
   // global step twice.
   PsdProcess psd;
@@ -659,7 +697,8 @@ TEST_CASE("a stepDone sent again with its request id counts once; reports withou
   CHECK(report(1, 8) == std::pair<int64_t, bool>(2, false));
   CHECK(report(2, 0) == std::pair<int64_t, bool>(3, true));  // no id (an older client) counts...
   CHECK(report(2, 0) == std::pair<int64_t, bool>(4, true));  // ...every time, as before
-  CHECK(report(1, 8) == std::pair<int64_t, bool>(4, true));  // a late retry learns the job's step now
+  CHECK(report(1, 8) ==
+        std::pair<int64_t, bool>(4, true));  // a late retry learns the job's step now
   CHECK(chief.stats()[0].global_step == 4);
   // The client numbers its reports: two calls are two steps.
   CHECK(chief.step_done(0).global_step == 5);
@@ -679,18 +718,22 @@ TEST_CASE("bad requests get clear errors and change nothing") {
     auto req = raw.shard.pullRequest();
     req.initNames(1).set(0, "nope");
     CHECK_THROWS_WITH(req.send().wait(raw.ws()), Catch::Contains("unknown tensor 'nope'"));
-    CHECK_THROWS_WITH(raw.push_bytes("nope", float_bytes({1})), Catch::Contains("unknown tensor 'nope'"));
+    CHECK_THROWS_WITH(raw.push_bytes("nope", float_bytes({1})),
+                      Catch::Contains("unknown tensor 'nope'"));
     CHECK_THROWS_WITH(client.pull("nope"), Catch::Contains("unknown tensor 'nope'"));
   }
   SECTION("wrong gradient length") {
     RawClient raw(psd);
-    CHECK_THROWS_WITH(raw.push_bytes("w", float_bytes({1, 1, 1})), Catch::Contains("expects 4 floats"));
+    CHECK_THROWS_WITH(raw.push_bytes("w", float_bytes({1, 1, 1})),
+                      Catch::Contains("expects 4 floats"));
     CHECK_THROWS_WITH(raw.push_bytes("w", {1, 2, 3, 4, 5}), Catch::Contains("expects 4 floats"));
     CHECK_THROWS_AS(client.push("w", std::vector<float>{1, 1}), RequestError);
   }
   SECTION("NaN and Inf gradients") {
-    CHECK_THROWS_WITH(client.push("w", std::vector<float>{1, NAN, 1, 1}), Catch::Contains("NaN or Inf"));
-    CHECK_THROWS_WITH(client.push("w", std::vector<float>{1, 1, INFINITY, 1}), Catch::Contains("NaN or Inf"));
+    CHECK_THROWS_WITH(client.push("w", std::vector<float>{1, NAN, 1, 1}),
+                      Catch::Contains("NaN or Inf"));
+    CHECK_THROWS_WITH(client.push("w", std::vector<float>{1, 1, INFINITY, 1}),
+                      Catch::Contains("NaN or Inf"));
   }
   SECTION("a bad tensor in a batch rejects the whole batch") {
     client.create({sgd_tensor("v", {2})});
@@ -710,7 +753,8 @@ TEST_CASE("bad requests get clear errors and change nothing") {
       spec.initInit().setKind(wire::InitKind::VALUES);
       return req;
     };
-    CHECK_THROWS_WITH(request(false).send().wait(raw.ws()), Catch::Contains("left out only when validating"));
+    CHECK_THROWS_WITH(request(false).send().wait(raw.ws()),
+                      Catch::Contains("left out only when validating"));
     CHECK(request(true).send().wait(raw.ws()).getTensors().size() == 0);
     auto pull = raw.shard.pullRequest();
     pull.initNames(1).set(0, "x");
@@ -718,7 +762,8 @@ TEST_CASE("bad requests get clear errors and change nothing") {
   }
   SECTION("create with another shape") {
     Client other(o);
-    CHECK_THROWS_WITH(other.create({sgd_tensor("w", {2, 2})}), Catch::Contains("exists with shape [4]"));
+    CHECK_THROWS_WITH(other.create({sgd_tensor("w", {2, 2})}),
+                      Catch::Contains("exists with shape [4]"));
   }
   SECTION("a pull whose reply would be over the size limit") {
     client.create({sgd_tensor("big", {150'000})});  // parts of 256 KiB
@@ -742,7 +787,8 @@ TEST_CASE("bad requests get clear errors and change nothing") {
   SECTION("steps out of range (found by fuzz/shard_fuzz: psd took differences of them)") {
     RawClient raw(psd);
     const auto grad = float_bytes({1, 1, 1, 1});
-    for (int64_t step : {int64_t{-1}, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()}) {
+    for (int64_t step :
+         {int64_t{-1}, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()}) {
       auto req = raw.shard.pushRequest();
       req.setStep(step);
       auto g = req.initGrads(1);
@@ -808,7 +854,8 @@ TEST_CASE("push_and_step that psd would refuse is refused before anything is sen
   Client tool(o);  // no worker index
   tool.create({sgd_tensor("w", {100'000})});
   const std::vector<float> g(100'000, 1.0f);
-  CHECK_THROWS_WITH(tool.push_and_step({"w"}, {g}, 0, 0), Catch::Contains("only workers report steps"));
+  CHECK_THROWS_WITH(tool.push_and_step({"w"}, {g}, 0, 0),
+                    Catch::Contains("only workers report steps"));
   o.worker_index = 0;
   Client worker(o);
   worker.declare({sgd_tensor("w", {100'000})});
@@ -835,7 +882,8 @@ TEST_CASE("an unreachable psd gives a clear error after a bounded wait") {
   o.ps_hosts = {"127.0.0.1:" + std::to_string(port)};
   o.connect_timeout = std::chrono::milliseconds(500);
   auto start = std::chrono::steady_clock::now();
-  CHECK_THROWS_WITH(Client(o), Catch::Contains("could not connect") && Catch::Contains(o.ps_hosts[0]));
+  CHECK_THROWS_WITH(Client(o),
+                    Catch::Contains("could not connect") && Catch::Contains(o.ps_hosts[0]));
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
 
   o.ps_hosts = {"no-such-host.invalid:1"};

@@ -20,8 +20,12 @@ struct Ref {
   std::vector<double> probs;   // (B)
 };
 
-double act(double v, ps::Activation a) { return a == ps::Activation::kRelu ? std::max(v, 0.0) : 1 / (1 + std::exp(-v)); }
-double act_grad(double y, ps::Activation a) { return a == ps::Activation::kRelu ? (y > 0 ? 1.0 : 0.0) : y * (1 - y); }
+double act(double v, ps::Activation a) {
+  return a == ps::Activation::kRelu ? std::max(v, 0.0) : 1 / (1 + std::exp(-v));
+}
+double act_grad(double y, ps::Activation a) {
+  return a == ps::Activation::kRelu ? (y > 0 ? 1.0 : 0.0) : y * (1 - y);
+}
 
 // Plain loops in float64. x (B, in), labels (B), extra (B or empty).
 Ref reference(const ps::MlpShape& s, const std::vector<double>& p, const std::vector<double>& x,
@@ -36,8 +40,10 @@ Ref reference(const ps::MlpShape& s, const std::vector<double>& p, const std::ve
     for (int i = 0; i < B; ++i)
       for (int o = 0; o < out; ++o) {
         double z = p[layout.biases(l).offset + o];
-        for (int k = 0; k < in; ++k) z += a[l][i * in + k] * p[layout.weights(l).offset + k * out + o];
-        a[l + 1][i * out + o] = l + 1 < L ? act(z, s.activation) : z + (extra.empty() ? 0.0 : extra[i]);
+        for (int k = 0; k < in; ++k)
+          z += a[l][i * in + k] * p[layout.weights(l).offset + k * out + o];
+        a[l + 1][i * out + o] =
+            l + 1 < L ? act(z, s.activation) : z + (extra.empty() ? 0.0 : extra[i]);
       }
   }
   Ref r;
@@ -112,18 +118,23 @@ TEST_CASE("LogisticMlp matches the float64 reference", "[logistic_mlp]") {
         std::copy(c.params.begin(), c.params.end(), head.params().begin());
         std::vector<float> dx(c.x.size(), NAN), dlogit(B, NAN), probs(B, NAN);
         const double loss = head.compute_gradients(c.x, c.labels, c.extra, dx, dlogit);
-        const Ref r = reference(shape, to_double(c.params), to_double(c.x), to_double(c.labels), to_double(c.extra));
+        const Ref r = reference(shape, to_double(c.params), to_double(c.x), to_double(c.labels),
+                                to_double(c.extra));
         CHECK(loss == Approx(r.loss).epsilon(1e-5));
-        for (size_t i = 0; i < r.grads.size(); ++i) REQUIRE(head.grads()[i] == Approx(r.grads[i]).margin(1e-6).epsilon(1e-4));
-        for (size_t i = 0; i < r.dx.size(); ++i) REQUIRE(dx[i] == Approx(r.dx[i]).margin(1e-6).epsilon(1e-4));
-        for (int i = 0; i < B; ++i) REQUIRE(dlogit[i] == Approx(r.dlogit[i]).margin(1e-7).epsilon(1e-5));
+        for (size_t i = 0; i < r.grads.size(); ++i)
+          REQUIRE(head.grads()[i] == Approx(r.grads[i]).margin(1e-6).epsilon(1e-4));
+        for (size_t i = 0; i < r.dx.size(); ++i)
+          REQUIRE(dx[i] == Approx(r.dx[i]).margin(1e-6).epsilon(1e-4));
+        for (int i = 0; i < B; ++i)
+          REQUIRE(dlogit[i] == Approx(r.dlogit[i]).margin(1e-7).epsilon(1e-5));
         head.predict(c.x, c.extra, probs);
         for (int i = 0; i < B; ++i) REQUIRE(probs[i] == Approx(r.probs[i]).margin(1e-6));
       }
 }
 
 TEST_CASE("The float64 reference's gradients match finite differences", "[logistic_mlp]") {
-  const ps::MlpShape shape{.inputs = 4, .hidden = {5, 3}, .classes = 1, .activation = ps::Activation::kSigmoid};
+  const ps::MlpShape shape{
+      .inputs = 4, .hidden = {5, 3}, .classes = 1, .activation = ps::Activation::kSigmoid};
   const Case c = make_case(shape, 6, true, 9);
   std::vector<double> p = to_double(c.params), x = to_double(c.x);
   const std::vector<double> y = to_double(c.labels), e = to_double(c.extra);
@@ -175,18 +186,22 @@ TEST_CASE("LogisticMlp: predict over more than max_batch examples", "[logistic_m
 
 TEST_CASE("LogisticMlp refuses bad input and changes nothing", "[logistic_mlp]") {
   const ps::MlpShape shape{.inputs = 3, .hidden = {4}, .classes = 1};
-  CHECK_THROWS_AS(ps::LogisticMlp(ps::MlpShape{.inputs = 3, .hidden = {4}, .classes = 2}, 4), ps::ConfigError);
+  CHECK_THROWS_AS(ps::LogisticMlp(ps::MlpShape{.inputs = 3, .hidden = {4}, .classes = 2}, 4),
+                  ps::ConfigError);
   CHECK_THROWS_AS(ps::LogisticMlp(shape, 0), ps::ConfigError);
   ps::LogisticMlp head(shape, 4);
   std::fill(head.grads().begin(), head.grads().end(), -3.0f);
   const std::vector<float> x(6, 1.0f), labels{0, 1};
   std::vector<float> short_dx(5, -3.0f);
-  CHECK_THROWS_AS(head.compute_gradients(std::vector<float>(5, 1.0f), labels), ps::Error);         // x size
-  CHECK_THROWS_AS(head.compute_gradients(x, std::vector<float>{0, 2}), ps::Error);                 // label > 1
-  CHECK_THROWS_AS(head.compute_gradients(x, std::vector<float>{0, NAN}), ps::Error);               // NaN label
-  CHECK_THROWS_AS(head.compute_gradients(x, labels, std::vector<float>{1}), ps::Error);            // extra size
-  CHECK_THROWS_AS(head.compute_gradients(x, labels, {}, short_dx), ps::Error);        // dx size
-  CHECK_THROWS_AS(head.compute_gradients(std::vector<float>(15, 1.0f), std::vector<float>(5, 0)), ps::Error);  // > max
-  CHECK_THROWS_AS(head.compute_gradients({}, {}), ps::Error);                                      // empty
+  CHECK_THROWS_AS(head.compute_gradients(std::vector<float>(5, 1.0f), labels),
+                  ps::Error);                                                         // x size
+  CHECK_THROWS_AS(head.compute_gradients(x, std::vector<float>{0, 2}), ps::Error);    // label > 1
+  CHECK_THROWS_AS(head.compute_gradients(x, std::vector<float>{0, NAN}), ps::Error);  // NaN label
+  CHECK_THROWS_AS(head.compute_gradients(x, labels, std::vector<float>{1}),
+                  ps::Error);                                                   // extra size
+  CHECK_THROWS_AS(head.compute_gradients(x, labels, {}, short_dx), ps::Error);  // dx size
+  CHECK_THROWS_AS(head.compute_gradients(std::vector<float>(15, 1.0f), std::vector<float>(5, 0)),
+                  ps::Error);                                  // > max
+  CHECK_THROWS_AS(head.compute_gradients({}, {}), ps::Error);  // empty
   CHECK(std::all_of(head.grads().begin(), head.grads().end(), [](float g) { return g == -3.0f; }));
 }

@@ -14,7 +14,9 @@ using namespace mlp_test;
 
 namespace {
 
-const Factory kCpu = [](const ps::MlpShape& s, const ps::EngineOptions& o) { return ps::make_cpu_engine(s, o); };
+const Factory kCpu = [](const ps::MlpShape& s, const ps::EngineOptions& o) {
+  return ps::make_cpu_engine(s, o);
+};
 
 }  // namespace
 
@@ -38,7 +40,8 @@ TEST_CASE("layout names, shapes and offsets cover one flat vector", "[mlp]") {
   CHECK_THROWS_AS(layout.find("layer9/weights"), ps::ConfigError);
   CHECK(shape.to_string() == "784-512-256-10 relu");
   CHECK(make_shape(5, {}, 2, ps::Activation::kSigmoid).to_string() == "5-2 sigmoid");
-  CHECK_THROWS_AS(ps::ParamLayout(make_shape(784, {0}, 10, ps::Activation::kRelu)), ps::ConfigError);
+  CHECK_THROWS_AS(ps::ParamLayout(make_shape(784, {0}, 10, ps::Activation::kRelu)),
+                  ps::ConfigError);
   CHECK(ps::parse_activation("sigmoid") == ps::Activation::kSigmoid);
   CHECK_THROWS_AS(ps::parse_activation("tanh"), ps::ConfigError);
 }
@@ -72,7 +75,8 @@ TEST_CASE("CPU gradients match float64 finite differences", "[mlp][cpu]") {
     const RefResult ref = reference(shape, p, batch.x.data(), batch.labels.data(), B, true);
     for (const ps::TensorSlot& t : engine->layout().tensors()) {
       INFO(t.name);
-      CHECK(rel_error(engine->host_grads().data() + t.offset, fd.data() + t.offset, t.count) <= 1e-4);
+      CHECK(rel_error(engine->host_grads().data() + t.offset, fd.data() + t.offset, t.count) <=
+            1e-4);
       CHECK(rel_error(ref.grads.data() + t.offset, fd.data() + t.offset, t.count) <= 1e-6);
     }
   }
@@ -96,30 +100,36 @@ TEST_CASE("CPU apply_sgd and train_step", "[mlp][cpu]") {
   check_sgd(kCpu, make_shape(30, {17}, 5, ps::Activation::kSigmoid), 9);
 }
 
-TEST_CASE("CPU split API", "[mlp][cpu]") { check_split_api(kCpu, make_shape(30, {17, 11}, 5, ps::Activation::kRelu), 12); }
+TEST_CASE("CPU split API", "[mlp][cpu]") {
+  check_split_api(kCpu, make_shape(30, {17, 11}, 5, ps::Activation::kRelu), 12);
+}
 
 TEST_CASE("CPU towers average to the single-engine gradient", "[mlp][cpu][towers]") {
   check_towers(kCpu, make_shape(784, {37, 20}, 10, ps::Activation::kRelu), 100, 2);
-  check_towers(kCpu, make_shape(40, {13}, 4, ps::Activation::kSigmoid), 7, 2);   // uneven split
+  check_towers(kCpu, make_shape(40, {13}, 4, ps::Activation::kSigmoid), 7, 2);  // uneven split
   check_towers(kCpu, make_shape(40, {13}, 4, ps::Activation::kRelu), 10, 3);
-  auto towers = ps::Towers::make(make_shape(10, {4}, 3, ps::Activation::kRelu), ps::EngineOptions{.prefer_gpu = false}, 2);
+  auto towers = ps::Towers::make(make_shape(10, {4}, 3, ps::Activation::kRelu),
+                                 ps::EngineOptions{.prefer_gpu = false}, 2);
   CHECK(towers.size() == 2);
   CHECK_FALSE(towers.engine(1).on_gpu());
 }
 
 TEST_CASE("CPU engine refuses bad input", "[mlp][cpu]") { check_bad_input(kCpu); }
 
-TEST_CASE("CPU engine refuses a batch larger than the machine's memory before allocating it", "[mlp][cpu]") {
+TEST_CASE("CPU engine refuses a batch larger than the machine's memory before allocating it",
+          "[mlp][cpu]") {
   // 2^31-1 rows of 784 inputs and their activations: about 9 TB.
   const ps::MlpShape shape = make_shape(784, {100}, 10, ps::Activation::kRelu);
   ps::EngineOptions huge;
   huge.max_batch = std::numeric_limits<int>::max();
   CHECK_THROWS_AS(ps::make_cpu_engine(shape, huge), ps::ConfigError);
-  CHECK_THROWS_WITH(ps::make_cpu_engine(shape, huge),
-                    Catch::Contains("a batch of 2147483647 examples") && Catch::Contains("lower the batch size"));
+  CHECK_THROWS_WITH(
+      ps::make_cpu_engine(shape, huge),
+      Catch::Contains("a batch of 2147483647 examples") && Catch::Contains("lower the batch size"));
   ps::EngineOptions huge_eval;
   huge_eval.eval_batch = std::numeric_limits<int>::max();
-  CHECK_THROWS_WITH(ps::make_cpu_engine(shape, huge_eval), Catch::Contains("evaluation in batches of 2147483647"));
+  CHECK_THROWS_WITH(ps::make_cpu_engine(shape, huge_eval),
+                    Catch::Contains("evaluation in batches of 2147483647"));
   ps::EngineOptions usual;
   usual.max_batch = 1024;
   CHECK(ps::make_cpu_engine(shape, usual)->max_batch() == 1024);

@@ -16,7 +16,9 @@ using namespace mlp_test;
 
 namespace {
 
-const Factory kGpu = [](const ps::MlpShape& s, const ps::EngineOptions& o) { return ps::make_cuda_engine(s, o); };
+const Factory kGpu = [](const ps::MlpShape& s, const ps::EngineOptions& o) {
+  return ps::make_cuda_engine(s, o);
+};
 const Factory kGpuTf32 = [](const ps::MlpShape& s, const ps::EngineOptions& o) {
   ps::EngineOptions t = o;
   t.tf32 = true;
@@ -40,7 +42,8 @@ TEST_CASE("GPU forward, loss and gradients match the float64 reference", "[mlp][
 
 TEST_CASE("GPU with TF32 stays close to the reference", "[mlp][cuda]") {
   // TF32 keeps 10 mantissa bits: expect ~1e-3, not 1e-4.
-  check_against_reference(kGpuTf32, make_shape(784, {129, 37}, 10, ps::Activation::kRelu), 100, 2e-2);
+  check_against_reference(kGpuTf32, make_shape(784, {129, 37}, 10, ps::Activation::kRelu), 100,
+                          2e-2);
 }
 
 TEST_CASE("GPU matches the CPU engine on a large batch", "[mlp][cuda]") {
@@ -63,7 +66,8 @@ TEST_CASE("GPU matches the CPU engine on a large batch", "[mlp][cuda]") {
   CHECK(std::abs(a.correct - b.correct) <= 2);
   for (const ps::TensorSlot& t : gpu->layout().tensors()) {
     INFO(t.name);
-    CHECK(rel_error(gpu->host_grads().data() + t.offset, cpu->host_grads().data() + t.offset, t.count) <= 1e-4);
+    CHECK(rel_error(gpu->host_grads().data() + t.offset, cpu->host_grads().data() + t.offset,
+                    t.count) <= 1e-4);
   }
 }
 
@@ -82,7 +86,8 @@ TEST_CASE("GPU towers average to the single-engine gradient", "[mlp][cuda][tower
   check_towers(kGpu, make_shape(784, {37, 20}, 10, ps::Activation::kRelu), 100, 2);
   check_towers(kGpu, make_shape(40, {13}, 4, ps::Activation::kSigmoid), 7, 2);
   if (ps::cuda_device_count() >= 2) {
-    auto towers = ps::Towers::make(make_shape(784, {100}, 10, ps::Activation::kRelu), ps::EngineOptions{}, 2);
+    auto towers =
+        ps::Towers::make(make_shape(784, {100}, 10, ps::Activation::kRelu), ps::EngineOptions{}, 2);
     CHECK(towers.engine(1).on_gpu());
   }
 }

@@ -16,13 +16,15 @@
 
 namespace mlp_test {
 
-using Factory = std::function<std::unique_ptr<ps::MlpEngine>(const ps::MlpShape&, const ps::EngineOptions&)>;
+using Factory =
+    std::function<std::unique_ptr<ps::MlpEngine>(const ps::MlpShape&, const ps::EngineOptions&)>;
 
 inline constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 inline std::vector<double> to_double(std::span<const float> v) { return {v.begin(), v.end()}; }
 
-inline ps::MlpShape make_shape(int inputs, std::vector<int> hidden, int classes, ps::Activation act) {
+inline ps::MlpShape make_shape(int inputs, std::vector<int> hidden, int classes,
+                               ps::Activation act) {
   ps::MlpShape s;
   s.inputs = inputs;
   s.hidden = std::move(hidden);
@@ -34,8 +36,8 @@ inline ps::MlpShape make_shape(int inputs, std::vector<int> hidden, int classes,
 // Loss, #correct, every weight and bias gradient and the logits against the
 // float64 reference; gradients and logits poisoned with NaN first, so every
 // element must have been written.
-inline void check_against_reference(const Factory& factory, const ps::MlpShape& shape, int B, double tol,
-                                    uint64_t seed = 1) {
+inline void check_against_reference(const Factory& factory, const ps::MlpShape& shape, int B,
+                                    double tol, uint64_t seed = 1) {
   INFO("shape " << shape.to_string() << ", batch " << B);
   ps::EngineOptions opt;
   opt.max_batch = B;
@@ -47,14 +49,16 @@ inline void check_against_reference(const Factory& factory, const ps::MlpShape& 
   engine->upload_params();
   std::fill(engine->host_grads().begin(), engine->host_grads().end(), kNaN);
 
-  const RefResult ref = reference(shape, to_double(params), batch.x.data(), batch.labels.data(), B, true);
+  const RefResult ref =
+      reference(shape, to_double(params), batch.x.data(), batch.labels.data(), B, true);
   const ps::StepStats stats = engine->compute_gradients(batch.x, batch.labels);
   CHECK(stats.count == B);
   CHECK(std::abs(stats.loss - ref.loss) <= tol * std::max(1.0, std::abs(ref.loss)));
   CHECK(std::abs(stats.correct - ref.correct) <= 1);  // an arg-max near-tie may flip
   REQUIRE_FALSE(any_nan(engine->host_grads().data(), engine->host_grads().size()));
   for (const ps::TensorSlot& t : engine->layout().tensors()) {
-    const double err = rel_error(engine->host_grads().data() + t.offset, ref.grads.data() + t.offset, t.count);
+    const double err =
+        rel_error(engine->host_grads().data() + t.offset, ref.grads.data() + t.offset, t.count);
     INFO("gradient of " << t.name);
     CHECK(err <= tol);
   }
@@ -84,7 +88,8 @@ inline void check_sgd(const Factory& factory, const ps::MlpShape& shape, int B) 
   const std::vector<float> grads(engine->host_grads().begin(), engine->host_grads().end());
   engine->apply_sgd(lr);
   std::vector<double> expected(params.size());
-  for (size_t i = 0; i < params.size(); ++i) expected[i] = static_cast<double>(params[i]) - double(lr) * grads[i];
+  for (size_t i = 0; i < params.size(); ++i)
+    expected[i] = static_cast<double>(params[i]) - double(lr) * grads[i];
   CHECK(rel_error(engine->host_params().data(), expected.data(), expected.size()) <= 1e-6);
   engine->download_params();  // the engine's own copy got the same update
   CHECK(rel_error(engine->host_params().data(), expected.data(), expected.size()) <= 1e-6);
@@ -126,7 +131,8 @@ inline void check_split_api(const Factory& factory, const ps::MlpShape& shape, i
     const ps::StepStats b = single->compute_gradients(batches[i].x, batches[i].labels);
     CHECK(a.count == b.count);
     CHECK(a.loss == Approx(b.loss).epsilon(1e-6));
-    CHECK(rel_error(engine->host_grads().data(), single->host_grads().data(), params.size()) <= 1e-6);
+    CHECK(rel_error(engine->host_grads().data(), single->host_grads().data(), params.size()) <=
+          1e-6);
   }
   // Training steps, queued without waiting, then one finish.
   engine->prefetch(batches[0].x, batches[0].labels);
@@ -137,7 +143,8 @@ inline void check_split_api(const Factory& factory, const ps::MlpShape& shape, i
   single->train_step(batches[0].x, batches[0].labels, 0.05f);
   engine->download_params();
   single->download_params();
-  CHECK(rel_error(engine->host_params().data(), single->host_params().data(), params.size()) <= 1e-6);
+  CHECK(rel_error(engine->host_params().data(), single->host_params().data(), params.size()) <=
+        1e-6);
 }
 
 // N towers on a split batch give the gradient of one engine on the whole batch.
@@ -166,7 +173,8 @@ inline void check_towers(const Factory& factory, const ps::MlpShape& shape, int 
   CHECK(b.loss == Approx(a.loss).epsilon(1e-5));
   for (const ps::TensorSlot& t : towers.layout().tensors()) {
     INFO("gradient of " << t.name);
-    CHECK(rel_error(towers.host_grads().data() + t.offset, single->host_grads().data() + t.offset, t.count) <= 1e-5);
+    CHECK(rel_error(towers.host_grads().data() + t.offset, single->host_grads().data() + t.offset,
+                    t.count) <= 1e-5);
   }
   // SGD on the towers keeps every tower identical and equal to one engine's update.
   const ps::EvalStats eval_a = single->evaluate(batch.x, batch.labels);
@@ -176,7 +184,8 @@ inline void check_towers(const Factory& factory, const ps::MlpShape& shape, int 
   towers.apply_sgd(0.5f);
   for (int i = 0; i < n; ++i) {
     towers.engine(i).download_params();
-    CHECK(rel_error(towers.engine(i).host_params().data(), single->host_params().data(), params.size()) <= 1e-5);
+    CHECK(rel_error(towers.engine(i).host_params().data(), single->host_params().data(),
+                    params.size()) <= 1e-5);
   }
   CHECK_THROWS_AS(towers.compute_gradients(random_batch(shape, towers.max_batch() + 1, 1).x,
                                            random_batch(shape, towers.max_batch() + 1, 1).labels),
@@ -199,8 +208,9 @@ inline void check_bad_input(const Factory& factory) {
   bad.labels[3] = -1;
   CHECK_THROWS_AS(engine->compute_gradients(bad.x, bad.labels), ps::Error);
   CHECK_THROWS_AS(engine->evaluate(bad.x, bad.labels), ps::Error);
-  CHECK_THROWS_WITH(engine->compute_gradients(std::span<const float>(ok.x).first(ok.x.size() - 1), ok.labels),
-                    Catch::Contains("expected"));
+  CHECK_THROWS_WITH(
+      engine->compute_gradients(std::span<const float>(ok.x).first(ok.x.size() - 1), ok.labels),
+      Catch::Contains("expected"));
   CHECK_THROWS_AS(engine->compute_gradients(ok.x, std::span<const int32_t>()), ps::Error);
   CHECK_THROWS_AS(engine->evaluate(std::span<const float>(ok.x).first(5), ok.labels), ps::Error);
   std::vector<float> logits(7);

@@ -14,10 +14,10 @@
 namespace mlp_test {
 
 struct RefResult {
-  double loss = 0;               // mean over the batch
+  double loss = 0;  // mean over the batch
   int64_t correct = 0;
-  std::vector<double> logits;    // (B, classes)
-  std::vector<double> grads;     // (P), layout order; empty unless asked for
+  std::vector<double> logits;  // (B, classes)
+  std::vector<double> grads;   // (P), layout order; empty unless asked for
 };
 
 inline double ref_act(double v, ps::Activation a) {
@@ -25,8 +25,8 @@ inline double ref_act(double v, ps::Activation a) {
 }
 
 // params: flat, ps::ParamLayout order. x (B, inputs), labels (B).
-inline RefResult reference(const ps::MlpShape& shape, const std::vector<double>& params, const float* x,
-                           const int32_t* labels, int B, bool want_grads) {
+inline RefResult reference(const ps::MlpShape& shape, const std::vector<double>& params,
+                           const float* x, const int32_t* labels, int B, bool want_grads) {
   const ps::ParamLayout layout(shape);
   const int L = shape.num_layers();
   std::vector<std::vector<double>> acts(L + 1);  // acts[0] = x, acts[l+1] = output of layer l
@@ -39,8 +39,10 @@ inline RefResult reference(const ps::MlpShape& shape, const std::vector<double>&
     for (int i = 0; i < B; ++i)
       for (int o = 0; o < out; ++o) {
         double s = b[o];
-        for (int k = 0; k < in; ++k) s += acts[l][static_cast<size_t>(i) * in + k] * W[static_cast<size_t>(k) * out + o];
-        acts[l + 1][static_cast<size_t>(i) * out + o] = l + 1 < L ? ref_act(s, shape.activation) : s;
+        for (int k = 0; k < in; ++k)
+          s += acts[l][static_cast<size_t>(i) * in + k] * W[static_cast<size_t>(k) * out + o];
+        acts[l + 1][static_cast<size_t>(i) * out + o] =
+            l + 1 < L ? ref_act(s, shape.activation) : s;
       }
   }
   RefResult r;
@@ -57,7 +59,8 @@ inline RefResult reference(const ps::MlpShape& shape, const std::vector<double>&
     r.loss += z[argmax] + std::log(sum) - z[labels[i]];
     r.correct += argmax == labels[i];
     for (int j = 0; j < C; ++j)
-      dz[static_cast<size_t>(i) * C + j] = (std::exp(z[j] - z[argmax]) / sum - (j == labels[i] ? 1.0 : 0.0)) / B;
+      dz[static_cast<size_t>(i) * C + j] =
+          (std::exp(z[j] - z[argmax]) / sum - (j == labels[i] ? 1.0 : 0.0)) / B;
   }
   r.loss /= B;
   if (!want_grads) return r;
@@ -72,16 +75,19 @@ inline RefResult reference(const ps::MlpShape& shape, const std::vector<double>&
       for (int o = 0; o < out; ++o) {
         const double g = dz[static_cast<size_t>(i) * out + o];
         db[o] += g;
-        for (int k = 0; k < in; ++k) dW[static_cast<size_t>(k) * out + o] += acts[l][static_cast<size_t>(i) * in + k] * g;
+        for (int k = 0; k < in; ++k)
+          dW[static_cast<size_t>(k) * out + o] += acts[l][static_cast<size_t>(i) * in + k] * g;
       }
     if (l == 0) break;
     std::vector<double> dx(static_cast<size_t>(B) * in, 0.0);
     for (int i = 0; i < B; ++i)
       for (int k = 0; k < in; ++k) {
         double s = 0;
-        for (int o = 0; o < out; ++o) s += dz[static_cast<size_t>(i) * out + o] * W[static_cast<size_t>(k) * out + o];
+        for (int o = 0; o < out; ++o)
+          s += dz[static_cast<size_t>(i) * out + o] * W[static_cast<size_t>(k) * out + o];
         const double y = acts[l][static_cast<size_t>(i) * in + k];  // output of layer l-1
-        const double d = shape.activation == ps::Activation::kRelu ? (y > 0 ? 1.0 : 0.0) : y * (1.0 - y);
+        const double d =
+            shape.activation == ps::Activation::kRelu ? (y > 0 ? 1.0 : 0.0) : y * (1.0 - y);
         dx[static_cast<size_t>(i) * in + k] = s * d;
       }
     dz.swap(dx);

@@ -35,8 +35,12 @@ ClientOptions worker_options(const PsdProcess& psd, int worker) {
 }
 
 std::vector<TensorSpec> model() {
-  return {TensorSpec{.name = "w", .shape = {4, 4}, .optimizer = OptimizerConfig::sgd(0.1f), .init = InitConfig::constant(1)},
-          TensorSpec{.name = "b", .shape = {4}, .optimizer = OptimizerConfig::sgd(0.1f), .init = {}}};
+  return {
+      TensorSpec{.name = "w",
+                 .shape = {4, 4},
+                 .optimizer = OptimizerConfig::sgd(0.1f),
+                 .init = InitConfig::constant(1)},
+      TensorSpec{.name = "b", .shape = {4}, .optimizer = OptimizerConfig::sgd(0.1f), .init = {}}};
 }
 
 float loss_at(int worker, int step) { return 2.0f / float(step + 1) + 0.125f * float(worker); }
@@ -52,7 +56,8 @@ TEST_CASE("/metrics is valid Prometheus text and counts a training run") {
   }
   std::vector<std::thread> threads;
   std::vector<std::unique_ptr<Client>> clients;
-  for (int i = 0; i < workers; ++i) clients.push_back(std::make_unique<Client>(worker_options(m.psd, i)));
+  for (int i = 0; i < workers; ++i)
+    clients.push_back(std::make_unique<Client>(worker_options(m.psd, i)));
   for (int i = 0; i < workers; ++i) {
     threads.emplace_back([&, i] {
       Client& c = *clients[i];
@@ -125,7 +130,8 @@ TEST_CASE("sync mode: stale gradients and staleness against the global step") {
   MonitoredPsd m;
   // Raw RPC, to send a gradient for an old step on purpose.
   struct RawWorker {
-    RawWorker(const PsdProcess& psd, int index) : rpc(psd.address()), shard(rpc.getMain<wire::Shard>()) {
+    RawWorker(const PsdProcess& psd, int index)
+        : rpc(psd.address()), shard(rpc.getMain<wire::Shard>()) {
       auto req = shard.helloRequest();
       req.setProtocolVersion(wire::K_PROTOCOL_VERSION);
       req.setWorkerIndex(index);
@@ -196,7 +202,9 @@ TEST_CASE("bad HTTP input gets a 4xx and psd serves on") {
       {"garbage", "GARBAGE\r\n\r\n", {400}},
       {"binary", std::string("\x00\x01\x02\xff\xfe\r\n\r\n", 9), {400}},
       {"header without colon", "GET /metrics HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n", {400}},
-      {"1 MiB header", "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + big + "\r\n\r\n", {400, 431}},
+      {"1 MiB header",
+       "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + big + "\r\n\r\n",
+       {400, 431}},
       {"1 MiB URL", "GET /" + big + " HTTP/1.1\r\nHost: x\r\n\r\n", {400, 414, 431}},
   };
   for (const auto& c : cases) {
@@ -213,7 +221,8 @@ TEST_CASE("bad HTTP input gets a 4xx and psd serves on") {
   auto head = ps::test::http_get(m.http_port, "/metrics", "HEAD");
   CHECK(head.status == 200);
   CHECK(head.body.empty());
-  CHECK(ps::test::http_get(m.http_port, "/status.json").headers["content-type"] == "application/json");
+  CHECK(ps::test::http_get(m.http_port, "/status.json").headers["content-type"] ==
+        "application/json");
   CHECK(m.psd.alive());
 }
 
@@ -225,21 +234,28 @@ TEST_CASE("/status.json stays valid JSON text whatever bytes a tensor name holds
   client.create({TensorSpec{.name = name, .shape = {1}}});
   auto answer = ps::test::http_get(m.http_port, "/status.json");
   REQUIRE(answer.status == 200);
-  CHECK_THAT(answer.body, Catch::Contains(R"("a\"b\\cd\ufffd\ufffd<e>)" "\xc3\xa9\""));
+  CHECK_THAT(answer.body, Catch::Contains(R"("a\"b\\cd\ufffd\ufffd<e>)"
+                                          "\xc3\xa9\""));
   CHECK(answer.body.find('\xff') == std::string::npos);  // JSON text is UTF-8
 }
 
-TEST_CASE("/metrics and /status.json show each embedding table's rows, bytes, traffic and evictions") {
+TEST_CASE(
+    "/metrics and /status.json show each embedding table's rows, bytes, traffic and evictions") {
   MonitoredPsd m;
   Client client(worker_options(m.psd, -1));
   client.create_tables({TableSpec{.name = "fixed", .dim = 4, .rows = 10},
-                        TableSpec{.name = "dyn", .dim = 2, .dynamic = true, .placement = TablePlacement::kHash,
-                                  .row_limit = 3, .on_limit = OnRowLimit::kEvictLru}});
+                        TableSpec{.name = "dyn",
+                                  .dim = 2,
+                                  .dynamic = true,
+                                  .placement = TablePlacement::kHash,
+                                  .row_limit = 3,
+                                  .on_limit = OnRowLimit::kEvictLru}});
   std::vector<float> out(5 * 4);
   client.pull_rows("fixed", std::vector<int64_t>{1, 2, 3, 4, 5}, out);
   client.push_rows("fixed", std::vector<int64_t>{1, 2}, std::vector<float>(8, 1.0f));
   client.push_rows("dyn", std::vector<int64_t>{10, 11, 12}, std::vector<float>(6, 1.0f));
-  client.push_rows("dyn", std::vector<int64_t>{13, 14}, std::vector<float>(4, 1.0f));  // 10 and 11 evicted
+  client.push_rows("dyn", std::vector<int64_t>{13, 14},
+                   std::vector<float>(4, 1.0f));  // 10 and 11 evicted
   auto answer = ps::test::http_get(m.http_port, "/metrics");
   REQUIRE(answer.status == 200);
   INFO(answer.body);
@@ -256,6 +272,8 @@ TEST_CASE("/metrics and /status.json show each embedding table's rows, bytes, tr
   CHECK(prom.value("ps_requests_total", {{"kind", "pullRows"}}) == 1);
   auto status = ps::test::http_get(m.http_port, "/status.json");
   REQUIRE(status.status == 200);
-  CHECK(status.body.find("\"tables\":[{\"name\":\"dyn\",\"dim\":2,\"dynamic\":true,\"rows\":3,") != std::string::npos);
-  CHECK(status.body.find("\"rows_pulled\":5,\"rows_pushed\":2,\"evictions\":0}") != std::string::npos);
+  CHECK(status.body.find("\"tables\":[{\"name\":\"dyn\",\"dim\":2,\"dynamic\":true,\"rows\":3,") !=
+        std::string::npos);
+  CHECK(status.body.find("\"rows_pulled\":5,\"rows_pushed\":2,\"evictions\":0}") !=
+        std::string::npos);
 }

@@ -16,12 +16,20 @@ struct Reference {
   OptimizerConfig c;
   std::vector<double> w, s0, s1;
 
-  Reference(const OptimizerConfig& cfg, const std::vector<float>& w0) : c(cfg), w(w0.begin(), w0.end()) {
+  Reference(const OptimizerConfig& cfg, const std::vector<float>& w0)
+      : c(cfg), w(w0.begin(), w0.end()) {
     const std::size_t n = w.size();
     switch (c.kind) {
-      case ps::OptimizerKind::kAdagrad: s0.assign(n, c.initial_accumulator); break;
-      case ps::OptimizerKind::kRmsProp: s0.assign(n, 1.0); s1.assign(n, 0.0); break;
-      default: s0.assign(n, 0.0); s1.assign(n, 0.0);
+      case ps::OptimizerKind::kAdagrad:
+        s0.assign(n, c.initial_accumulator);
+        break;
+      case ps::OptimizerKind::kRmsProp:
+        s0.assign(n, 1.0);
+        s1.assign(n, 0.0);
+        break;
+      default:
+        s0.assign(n, 0.0);
+        s1.assign(n, 0.0);
     }
   }
 
@@ -45,14 +53,17 @@ struct Reference {
     for (std::size_t i = 0; i < w.size(); ++i) {
       const double g = double(gf[i]) * scale;
       switch (c.kind) {
-        case ps::OptimizerKind::kSgd: w[i] -= a * g; break;
+        case ps::OptimizerKind::kSgd:
+          w[i] -= a * g;
+          break;
         case ps::OptimizerKind::kMomentum:
           s0[i] = c.momentum * s0[i] + g;
           w[i] -= c.nesterov ? a * (g + c.momentum * s0[i]) : a * s0[i];
           break;
         case ps::OptimizerKind::kAdam: {
           const double t = double(step + 1);
-          const double lr_t = a * std::sqrt(1 - std::pow(double(c.beta2), t)) / (1 - std::pow(double(c.beta1), t));
+          const double lr_t =
+              a * std::sqrt(1 - std::pow(double(c.beta2), t)) / (1 - std::pow(double(c.beta1), t));
           s0[i] = c.beta1 * s0[i] + (1 - double(c.beta1)) * g;
           s1[i] = c.beta2 * s1[i] + (1 - double(c.beta2)) * g * g;
           w[i] -= lr_t * s0[i] / (std::sqrt(s1[i]) + c.epsilon);
@@ -106,13 +117,19 @@ void check_matches(const OptimizerConfig& config) {
 }  // namespace
 
 TEST_CASE("SGD matches the float64 reference") { check_matches(OptimizerConfig::sgd(0.1f)); }
-TEST_CASE("momentum matches the float64 reference") { check_matches(OptimizerConfig::with_momentum(0.05f, 0.9f)); }
+TEST_CASE("momentum matches the float64 reference") {
+  check_matches(OptimizerConfig::with_momentum(0.05f, 0.9f));
+}
 TEST_CASE("Nesterov momentum matches the float64 reference") {
   check_matches(OptimizerConfig::with_momentum(0.05f, 0.9f, true));
 }
 TEST_CASE("Adam matches the float64 reference") { check_matches(OptimizerConfig::adam(0.01f)); }
-TEST_CASE("Adagrad matches the float64 reference") { check_matches(OptimizerConfig::adagrad(0.1f)); }
-TEST_CASE("RMSProp matches the float64 reference") { check_matches(OptimizerConfig::rmsprop(0.01f, 0.9f, 0.5f)); }
+TEST_CASE("Adagrad matches the float64 reference") {
+  check_matches(OptimizerConfig::adagrad(0.1f));
+}
+TEST_CASE("RMSProp matches the float64 reference") {
+  check_matches(OptimizerConfig::rmsprop(0.01f, 0.9f, 0.5f));
+}
 
 TEST_CASE("learning-rate schedules match tf.train semantics") {
   auto c = OptimizerConfig::sgd(0.1f);
@@ -148,9 +165,12 @@ TEST_CASE("optimizer configurations that cannot train are refused") {
   CHECK_THROWS_AS(ps::make_optimizer(bad_beta), ps::RequestError);
   CHECK_THROWS_AS(OptimizerConfig::from_name("lbfgs", 0.1f), ps::ConfigError);
   // epsilon 0 divides 0 by 0 where a gradient is 0 (NaN weights from finite gradients).
-  CHECK_THROWS_WITH(ps::make_optimizer(OptimizerConfig::adam(0.1f, 0.9f, 0.999f, 0.0f)), Catch::Contains("epsilon"));
-  CHECK_THROWS_WITH(ps::make_optimizer(OptimizerConfig::rmsprop(0.1f, 0.9f, 0.0f, 0.0f)), Catch::Contains("epsilon"));
-  CHECK_NOTHROW(ps::make_optimizer(OptimizerConfig::with_momentum(0.1f, 0.9f, false)));  // no epsilon there
+  CHECK_THROWS_WITH(ps::make_optimizer(OptimizerConfig::adam(0.1f, 0.9f, 0.999f, 0.0f)),
+                    Catch::Contains("epsilon"));
+  CHECK_THROWS_WITH(ps::make_optimizer(OptimizerConfig::rmsprop(0.1f, 0.9f, 0.0f, 0.0f)),
+                    Catch::Contains("epsilon"));
+  CHECK_NOTHROW(
+      ps::make_optimizer(OptimizerConfig::with_momentum(0.1f, 0.9f, false)));  // no epsilon there
   // A rate above 1 grows the learning rate without bound (Inf after a few
   // dozen decay periods); a piecewise one is refused only where it overflows.
   auto growing = OptimizerConfig::sgd(0.1f);
@@ -198,7 +218,8 @@ TEST_CASE("the vectorised updates equal the plain float32 formula bit for bit") 
   std::vector<float> w_adam = w;
   adam->apply(w_adam, g, slots, 0, 1.0f);
   const float b1 = adam_config.beta1, b2 = adam_config.beta2, eps = adam_config.epsilon;
-  const float lr_t = static_cast<float>(0.01 * std::sqrt(1.0 - std::pow(double(b2), 1.0)) / (1.0 - std::pow(double(b1), 1.0)));
+  const float lr_t = static_cast<float>(0.01 * std::sqrt(1.0 - std::pow(double(b2), 1.0)) /
+                                        (1.0 - std::pow(double(b1), 1.0)));
   int mismatches = 0;
   for (std::size_t i = 0; i < n; ++i) {
     volatile float m1 = b1 * 0.0f, m2 = (1.0f - b1) * g[i];
@@ -213,11 +234,15 @@ TEST_CASE("the vectorised updates equal the plain float32 formula bit for bit") 
   CHECK(mismatches == 0);
 }
 
-TEST_CASE("an update that would overflow is found before it is applied, and apply_if_finite changes nothing") {
+TEST_CASE(
+    "an update that would overflow is found before it is applied, and apply_if_finite changes "
+    "nothing") {
   const std::vector<OptimizerConfig> configs = {
-      OptimizerConfig::sgd(3e38f),     OptimizerConfig::with_momentum(3e38f, 0.9f),
+      OptimizerConfig::sgd(3e38f),
+      OptimizerConfig::with_momentum(3e38f, 0.9f),
       OptimizerConfig::with_momentum(1.5e38f, 0.9f, true),  // steps lr * (g + 0.9 acc)
-      OptimizerConfig::adam(3e38f),    OptimizerConfig::adagrad(3e38f),
+      OptimizerConfig::adam(3e38f),
+      OptimizerConfig::adagrad(3e38f),
       OptimizerConfig::rmsprop(3e38f, 0.9f, 0.5f)};
   for (const auto& config : configs) {
     INFO("optimizer kind " << static_cast<int>(config.kind));

@@ -9,7 +9,9 @@
 using namespace ps;
 
 namespace {
-TensorSpec t(std::string name, std::vector<uint64_t> shape) { return TensorSpec{.name = std::move(name), .shape = std::move(shape)}; }
+TensorSpec t(std::string name, std::vector<uint64_t> shape) {
+  return TensorSpec{.name = std::move(name), .shape = std::move(shape)};
+}
 }  // namespace
 
 TEST_CASE("round-robin follows declaration order like replica_device_setter") {
@@ -53,7 +55,7 @@ TEST_CASE("tensors over the chunk size are split into parts covering them exactl
   }
   CHECK(next == 250);
   CHECK(parts.back().count == 50);
-  CHECK(shards.size() == 3);  // spread over all shards
+  CHECK(shards.size() == 3);   // spread over all shards
   CHECK(parts[0].shard == 1);  // round-robin continues after "x"
 }
 
@@ -157,21 +159,26 @@ TEST_CASE("a request's size counts the names it carries") {
   // counted as ~10 KB (4000 of them broke a 2 MiB message limit).
   for (const auto& b : plan_batches(p, names, /*max_batch_bytes=*/16 << 10)) {
     uint64_t names_bytes = 0;
-    for (const auto& ref : b.parts) names_bytes += 2 * names[ref.tensor].size() + ref.part.stored_name.size();
+    for (const auto& ref : b.parts)
+      names_bytes += 2 * names[ref.tensor].size() + ref.part.stored_name.size();
     CHECK(names_bytes <= (16u << 10));
   }
 }
 
-TEST_CASE("shapes whose counts would wrap, and names that clash with parts or run long, are refused") {
+TEST_CASE(
+    "shapes whose counts would wrap, and names that clash with parts or run long, are refused") {
   Placement p(2, PlacementPolicy::kRoundRobin);
   // Before: 2^64-1 elements were placed in 0 parts, and a create "succeeded".
   CHECK(t("x", {~uint64_t{0}}).num_elements() == ~uint64_t{0});
-  CHECK(t("x", {3, uint64_t{1} << 63}).num_elements() == ~uint64_t{0});  // saturates, no wrap to a small count
+  CHECK(t("x", {3, uint64_t{1} << 63}).num_elements() ==
+        ~uint64_t{0});  // saturates, no wrap to a small count
   CHECK(t("x", {uint64_t{1} << 63, 0}).num_elements() == 0);
   CHECK_THROWS_WITH(p.add(t("x", {~uint64_t{0}})), Catch::Contains("more than 2^61 elements"));
-  CHECK_THROWS_WITH(p.add(t("x", {uint64_t{1} << 32, uint64_t{1} << 32})), Catch::Contains("more than 2^61 elements"));
+  CHECK_THROWS_WITH(p.add(t("x", {uint64_t{1} << 32, uint64_t{1} << 32})),
+                    Catch::Contains("more than 2^61 elements"));
   // 2^50 floats in 1 MiB parts: 2^32 parts, refused before anything is allocated.
-  CHECK_THROWS_WITH(p.add(t("x", {uint64_t{1} << 50})), Catch::Contains("parts") && Catch::Contains("part_bytes"));
+  CHECK_THROWS_WITH(p.add(t("x", {uint64_t{1} << 50})),
+                    Catch::Contains("parts") && Catch::Contains("part_bytes"));
   // Names psd stores split tensors' parts under.
   CHECK_THROWS_WITH(p.add(t("w/part_5", {4})), Catch::Contains("kept for the parts"));
   CHECK_NOTHROW(p.add(t("w/part_", {4})));
@@ -183,7 +190,8 @@ TEST_CASE("shapes whose counts would wrap, and names that clash with parts or ru
   CHECK(p.tensors().size() == 4);
 }
 
-TEST_CASE("a placement rolled back to a mark places the next tensors as if the later ones never came") {
+TEST_CASE(
+    "a placement rolled back to a mark places the next tensors as if the later ones never came") {
   Placement p(3, PlacementPolicy::kRoundRobin, /*chunk_bytes=*/400);
   p.add(t("a", {10}));
   const auto mark = p.mark();

@@ -20,8 +20,8 @@
 
 #include "test/psd_process.h"
 
-using ps::test::PsdProcess;
 using ps::test::program_path;
+using ps::test::PsdProcess;
 using ps::test::spawn_logged;
 using ps::test::TempDir;
 
@@ -31,7 +31,8 @@ namespace {
 // counted after the command name, which may hold spaces).
 std::vector<int> thread_nice_values(pid_t pid) {
   std::vector<int> values;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
+  for (const auto& task :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
     std::ifstream in(task.path() / "stat");
     std::string line;
     std::getline(in, line);
@@ -136,10 +137,11 @@ TEST_CASE("a trainer's ps task (--job_name ps) takes --nice as psd does") {
   TempDir dir;
   const std::string port_file = dir.path() + "/port", log = dir.path() + "/ps.log";
   const int nice = std::min(19, getpriority(PRIO_PROCESS, 0) + 5);
-  const pid_t pid = spawn_logged({program_path("MNIST_TRAINER_BIN"), "--job_name", "ps", "--task_index", "0",
-                                  "--ps_hosts", "127.0.0.1:" + std::to_string(free_port()), "--worker_hosts", "127.0.0.1:1", "--port_file",
-                                  port_file, "--nice", std::to_string(nice), "--threads", "2"},
-                                 log);
+  const pid_t pid = spawn_logged(
+      {program_path("MNIST_TRAINER_BIN"), "--job_name", "ps", "--task_index", "0", "--ps_hosts",
+       "127.0.0.1:" + std::to_string(free_port()), "--worker_hosts", "127.0.0.1:1", "--port_file",
+       port_file, "--nice", std::to_string(nice), "--threads", "2"},
+      log);
   bool listening = false;
   for (int i = 0; i < 500 && !listening; ++i) {
     listening = std::filesystem::exists(port_file) && std::filesystem::file_size(port_file) > 0;

@@ -56,13 +56,15 @@ PromSample parse_sample(const std::string& line) {
       }
       if (pos >= line.size()) throw std::runtime_error("unterminated label value in: " + line);
       ++pos;  // closing quote
-      if (!s.labels.emplace(label, value).second) throw std::runtime_error("label '" + label + "' twice in: " + line);
+      if (!s.labels.emplace(label, value).second)
+        throw std::runtime_error("label '" + label + "' twice in: " + line);
       if (pos < line.size() && line[pos] == ',') ++pos;
     }
     if (pos >= line.size()) throw std::runtime_error("unterminated label set in: " + line);
     ++pos;  // '}'
   }
-  if (pos >= line.size() || line[pos] != ' ') throw std::runtime_error("no space before the value in: " + line);
+  if (pos >= line.size() || line[pos] != ' ')
+    throw std::runtime_error("no space before the value in: " + line);
   std::istringstream rest(line.substr(pos + 1));
   std::string value, timestamp, extra;
   rest >> value >> timestamp >> extra;
@@ -73,14 +75,16 @@ PromSample parse_sample(const std::string& line) {
 
 // The family a sample belongs to: its own name, or for histograms and
 // summaries the name without _bucket/_sum/_count.
-std::string family_of(const std::string& sample, const std::map<std::string, PromFamily>& families) {
+std::string family_of(const std::string& sample,
+                      const std::map<std::string, PromFamily>& families) {
   if (families.count(sample)) return sample;
   for (const char* suffix : {"_bucket", "_sum", "_count"}) {
     std::string s(suffix);
     if (sample.size() > s.size() && sample.compare(sample.size() - s.size(), s.size(), s) == 0) {
       std::string base = sample.substr(0, sample.size() - s.size());
       auto it = families.find(base);
-      if (it != families.end() && (it->second.type == "histogram" || (it->second.type == "summary" && s != "_bucket"))) {
+      if (it != families.end() &&
+          (it->second.type == "histogram" || (it->second.type == "summary" && s != "_bucket"))) {
         return base;
       }
     }
@@ -91,7 +95,8 @@ std::string family_of(const std::string& sample, const std::map<std::string, Pro
 void check_histogram(const std::string& name, const PromFamily& f) {
   // Group by the labels other than le.
   struct Series {
-    std::vector<std::pair<double, double>> buckets;  // (le, cumulative count), in order of appearance
+    std::vector<std::pair<double, double>>
+        buckets;  // (le, cumulative count), in order of appearance
     std::optional<double> sum, count;
   };
   std::map<std::map<std::string, std::string>, Series> series;
@@ -113,13 +118,17 @@ void check_histogram(const std::string& name, const PromFamily& f) {
   }
   if (series.empty()) throw std::runtime_error(name + ": histogram without samples");
   for (const auto& [labels, x] : series) {
-    if (x.buckets.empty() || !std::isinf(x.buckets.back().first)) throw std::runtime_error(name + ": buckets must end in le=\"+Inf\"");
+    if (x.buckets.empty() || !std::isinf(x.buckets.back().first))
+      throw std::runtime_error(name + ": buckets must end in le=\"+Inf\"");
     for (std::size_t i = 1; i < x.buckets.size(); ++i) {
-      if (!(x.buckets[i].first > x.buckets[i - 1].first)) throw std::runtime_error(name + ": le not increasing");
-      if (x.buckets[i].second < x.buckets[i - 1].second) throw std::runtime_error(name + ": buckets not cumulative");
+      if (!(x.buckets[i].first > x.buckets[i - 1].first))
+        throw std::runtime_error(name + ": le not increasing");
+      if (x.buckets[i].second < x.buckets[i - 1].second)
+        throw std::runtime_error(name + ": buckets not cumulative");
     }
     if (!x.sum || !x.count) throw std::runtime_error(name + ": missing _sum or _count");
-    if (*x.count != x.buckets.back().second) throw std::runtime_error(name + ": _count differs from the +Inf bucket");
+    if (*x.count != x.buckets.back().second)
+      throw std::runtime_error(name + ": _count differs from the +Inf bucket");
   }
 }
 
@@ -145,7 +154,8 @@ PromText::PromText(const std::string& text) {
         if (!f.help.empty()) throw std::runtime_error("second HELP for " + name);
         f.help = rest;
       } else {
-        static const std::set<std::string> types = {"counter", "gauge", "histogram", "summary", "untyped"};
+        static const std::set<std::string> types = {"counter", "gauge", "histogram", "summary",
+                                                    "untyped"};
         if (!types.count(rest)) throw std::runtime_error("unknown TYPE '" + rest + "' for " + name);
         if (!f.type.empty()) throw std::runtime_error("second TYPE for " + name);
         if (!f.samples.empty()) throw std::runtime_error("TYPE for " + name + " after its samples");
@@ -156,12 +166,14 @@ PromText::PromText(const std::string& text) {
     }
     PromSample s = parse_sample(line);
     std::string family = family_of(s.name, families_);
-    if (family.empty() || families_[family].type.empty()) throw std::runtime_error("sample of an undeclared family: " + line);
+    if (family.empty() || families_[family].type.empty())
+      throw std::runtime_error("sample of an undeclared family: " + line);
     if (family != current) throw std::runtime_error("sample outside its family's block: " + line);
     std::ostringstream key;
     key << s.name;
     for (const auto& [k, v] : s.labels) key << ',' << k << '=' << v;
-    if (!seen_samples.insert(key.str()).second) throw std::runtime_error("duplicate sample: " + line);
+    if (!seen_samples.insert(key.str()).second)
+      throw std::runtime_error("duplicate sample: " + line);
     families_[family].samples.push_back(std::move(s));
   }
   for (const auto& [name, f] : families_) {
@@ -170,7 +182,8 @@ PromText::PromText(const std::string& text) {
   }
 }
 
-std::optional<double> PromText::value(const std::string& name, const std::map<std::string, std::string>& labels) const {
+std::optional<double> PromText::value(const std::string& name,
+                                      const std::map<std::string, std::string>& labels) const {
   std::string family = family_of(name, families_);
   if (family.empty()) return std::nullopt;
   for (const auto& s : families_.at(family).samples) {

@@ -30,7 +30,8 @@ class PromText {
   const std::map<std::string, PromFamily>& families() const { return families_; }
   bool has(const std::string& family) const { return families_.count(family) > 0; }
   // The value of the sample `name` with exactly these labels, if present.
-  std::optional<double> value(const std::string& name, const std::map<std::string, std::string>& labels = {}) const;
+  std::optional<double> value(const std::string& name,
+                              const std::map<std::string, std::string>& labels = {}) const;
 
  private:
   std::map<std::string, PromFamily> families_;

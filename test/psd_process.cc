@@ -17,7 +17,9 @@ namespace ps::test {
 
 std::string program_path(const char* env_var) {
   const char* p = std::getenv(env_var);
-  if (!p || !*p) throw std::runtime_error(std::string("environment variable ") + env_var + " is not set (run through meson test)");
+  if (!p || !*p)
+    throw std::runtime_error(std::string("environment variable ") + env_var +
+                             " is not set (run through meson test)");
   return p;
 }
 
@@ -52,8 +54,8 @@ int run_push_workers(const std::string& address, int count, int pushes) {
     const pid_t pid = fork();
     if (pid == 0) {
       die_with_parent(forker);
-      execl(worker.c_str(), worker.c_str(), "--ps_hosts", address.c_str(), "--pushes", n.c_str(), "--value",
-            value.c_str(), static_cast<char*>(nullptr));
+      execl(worker.c_str(), worker.c_str(), "--ps_hosts", address.c_str(), "--pushes", n.c_str(),
+            "--value", value.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
     if (pid > 0) pids.push_back(pid);
@@ -78,7 +80,8 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
-pid_t spawn_logged(const std::vector<std::string>& args, const std::string& log, const std::function<bool()>& prepare) {
+pid_t spawn_logged(const std::vector<std::string>& args, const std::string& log,
+                   const std::function<bool()>& prepare) {
   const Forker forker;
   pid_t pid = fork();
   if (pid < 0) throw std::runtime_error("fork failed");
@@ -104,7 +107,8 @@ PsdProcess::PsdProcess(std::vector<std::string> extra_args, int port) {
   dir_ = tmpl;
   log_ = dir_ + "/psd.log";
   const std::string port_file = dir_ + "/port";
-  std::vector<std::string> args = {program_path("PSD_BIN"), "--port", std::to_string(port), "--port_file", port_file};
+  std::vector<std::string> args = {program_path("PSD_BIN"), "--port", std::to_string(port),
+                                   "--port_file", port_file};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
 
   pid_ = spawn_logged(args, log_);

@@ -39,7 +39,8 @@ ClientOptions options_for(const PsdProcess& psd) {
 
 // A client, once psd lets one in: psd sees a closed connection (freeing a
 // place) a moment after the peer closes it. Null after `tries`.
-std::unique_ptr<Client> client_when_let_in(const PsdProcess& psd, int tries, std::chrono::milliseconds pause) {
+std::unique_ptr<Client> client_when_let_in(const PsdProcess& psd, int tries,
+                                           std::chrono::milliseconds pause) {
   for (int i = 0; i < tries; ++i) {
     try {
       return std::make_unique<Client>(options_for(psd));
@@ -70,7 +71,8 @@ TEST_CASE("with --auth_token_file, only a hello with the token opens a connectio
     CHECK_THROWS_AS(Client(o), ConnectionError);
     o.auth_token = "s3cret-token-and-more";
     CHECK_THROWS_AS(Client(o), ConnectionError);
-    CHECK_THAT(psd.log(), Catch::Contains("refused hello from 127.0.0.1:") && Catch::Contains("wrong auth token"));
+    CHECK_THAT(psd.log(), Catch::Contains("refused hello from 127.0.0.1:") &&
+                              Catch::Contains("wrong auth token"));
   }
   SECTION("every call before a successful hello is refused") {
     capnp::EzRpcClient rpc(psd.address());
@@ -101,8 +103,11 @@ TEST_CASE("with --auth_token_file, only a hello with the token opens a connectio
 TEST_CASE("--max_tensors_per_client is counted per connection") {
   PsdProcess psd({"--max_tensors_per_client", "2"});
   Client a(options_for(psd));
-  CHECK_THROWS_WITH(a.create({{.name = "a1", .shape = {1}}, {.name = "a2", .shape = {1}}, {.name = "a3", .shape = {1}}}),
-                    Catch::Contains("at most 2 tensors") && Catch::Contains("--max_tensors_per_client"));
+  CHECK_THROWS_WITH(
+      a.create({{.name = "a1", .shape = {1}},
+                {.name = "a2", .shape = {1}},
+                {.name = "a3", .shape = {1}}}),
+      Catch::Contains("at most 2 tensors") && Catch::Contains("--max_tensors_per_client"));
   a.create({{.name = "a1", .shape = {1}}, {.name = "a2", .shape = {1}}});
   a.create({{.name = "a1", .shape = {1}}});  // existing: not counted again
   CHECK_THROWS_AS(a.create({{.name = "a3", .shape = {1}}}), RequestError);
@@ -166,8 +171,8 @@ TEST_CASE("psd out of file descriptors serves on: a failed accept is retried, no
   ::setrlimit(RLIMIT_NOFILE, &low);
   std::unique_ptr<PsdProcess> psd;
   try {
-    psd = std::make_unique<PsdProcess>(
-        std::vector<std::string>{"--http_port", "any", "--http_port_file", dir.path() + "/http_port"});
+    psd = std::make_unique<PsdProcess>(std::vector<std::string>{
+        "--http_port", "any", "--http_port_file", dir.path() + "/http_port"});
   } catch (...) {
     ::setrlimit(RLIMIT_NOFILE, &saved);
     throw;
@@ -205,8 +210,12 @@ class StallingStream final : public kj::AsyncIoStream {
     if (stalled) return kj::Promise<size_t>(kj::NEVER_DONE);
     return inner_->tryRead(buffer, min_bytes, max_bytes);
   }
-  kj::Promise<void> write(const void* buffer, size_t size) override { return inner_->write(buffer, size); }
-  kj::Promise<void> write(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> pieces) override { return inner_->write(pieces); }
+  kj::Promise<void> write(const void* buffer, size_t size) override {
+    return inner_->write(buffer, size);
+  }
+  kj::Promise<void> write(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> pieces) override {
+    return inner_->write(pieces);
+  }
   kj::Promise<void> whenWriteDisconnected() override { return inner_->whenWriteDisconnected(); }
   void shutdownWrite() override { inner_->shutdownWrite(); }
 
@@ -225,7 +234,9 @@ uint64_t rss_bytes(pid_t pid) {
 
 }  // namespace
 
-TEST_CASE("a client that sends requests and never reads the replies does not grow psd's memory without bound") {
+TEST_CASE(
+    "a client that sends requests and never reads the replies does not grow psd's memory without "
+    "bound") {
   PsdProcess psd;
   {
     Client setup(options_for(psd));
@@ -247,7 +258,9 @@ TEST_CASE("a client that sends requests and never reads the replies does not gro
     req.initNames(1).set(0, "t");
     pulls.add(req.send().ignoreResult());
   }
-  io.provider->getTimer().afterDelay(3 * kj::SECONDS).wait(io.waitScope);  // psd serves what it will
+  io.provider->getTimer()
+      .afterDelay(3 * kj::SECONDS)
+      .wait(io.waitScope);  // psd serves what it will
   // 20,000 replies of 60 KB are 1.2 GB; psd stops reading past 64 MiB queued.
   CHECK(rss_bytes(psd.pid()) < (300u << 20));
   // And serves others meanwhile.

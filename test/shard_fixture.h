@@ -42,7 +42,8 @@ struct CollectedPull final : ps::PullReply {
     stepped = true;
     global_step = s;
   }
-  void value(std::size_t i, uint64_t version, std::shared_ptr<const std::vector<float>> v) override {
+  void value(std::size_t i, uint64_t version,
+             std::shared_ptr<const std::vector<float>> v) override {
     REQUIRE(stepped);
     versions.at(i) = version;
     values.at(i) = *v;
@@ -83,7 +84,8 @@ struct Fixture {
   }
   ~Fixture() { pool.join(); }
 
-  ps::CreateReply create(std::vector<ps::CreateRequest::Tensor> tensors, bool validate_only = false) {
+  ps::CreateReply create(std::vector<ps::CreateRequest::Tensor> tensors,
+                         bool validate_only = false) {
     ps::CreateRequest request;
     request.tensors = std::move(tensors);
     request.validate_only = validate_only;
@@ -93,14 +95,16 @@ struct Fixture {
   }
   void create_sgd(const std::string& name, std::vector<float> init, float lr) {
     const uint64_t n = init.size();
-    create({{ps::TensorSpec{.name = name, .shape = {n}, .optimizer = ps::OptimizerConfig::sgd(lr),
+    create({{ps::TensorSpec{.name = name,
+                            .shape = {n},
+                            .optimizer = ps::OptimizerConfig::sgd(lr),
                             .init = ps::InitConfig::from_values(std::move(init))},
              std::nullopt}});
   }
 
   void sync_job(uint32_t replicas, uint32_t total) {
-    shard.init_job(ps::JobConfig{.mode = ps::SyncMode::kSync, .replicas_to_aggregate = replicas,
-                                 .total_replicas = total});
+    shard.init_job(ps::JobConfig{
+        .mode = ps::SyncMode::kSync, .replicas_to_aggregate = replicas, .total_replicas = total});
     shard.set_ready();
   }
 
@@ -108,7 +112,8 @@ struct Fixture {
                                  int64_t done_step = -1) {
     ps::PushRequest r;
     for (const Grad& g : grads) {
-      r.grads.push_back({g.name, std::span<const float>(g.values), g.values.size() * sizeof(float), std::nullopt});
+      r.grads.push_back({g.name, std::span<const float>(g.values), g.values.size() * sizeof(float),
+                         std::nullopt});
     }
     r.step = step;
     r.request_id = id;
@@ -121,12 +126,13 @@ struct Fixture {
     io.wait(shard.push(c, r, reply));
     return reply;
   }
-  ps::PushReply push(const ps::Caller& c, const std::vector<Grad>& grads, int64_t step = 0, uint64_t id = 0,
-                     int64_t done_step = -1) {
+  ps::PushReply push(const ps::Caller& c, const std::vector<Grad>& grads, int64_t step = 0,
+                     uint64_t id = 0, int64_t done_step = -1) {
     return push_request(c, request(grads, step, id, done_step));
   }
 
-  CollectedPull pull(const ps::Caller& c, std::vector<std::string_view> names, int64_t min_step = 0) {
+  CollectedPull pull(const ps::Caller& c, std::vector<std::string_view> names,
+                     int64_t min_step = 0) {
     ps::PullRequest r;
     r.names = std::move(names);
     r.min_step = min_step;
@@ -178,7 +184,8 @@ void refused(Fixture& f, F&& call, const std::string& expected) {
 
 // SGD in float64: w - lr * g.
 inline std::vector<float> sgd(std::vector<float> w, const std::vector<double>& g, double lr) {
-  for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(static_cast<double>(w[i]) - lr * g[i]);
+  for (std::size_t i = 0; i < w.size(); ++i)
+    w[i] = static_cast<float>(static_cast<double>(w[i]) - lr * g[i]);
   return w;
 }
 

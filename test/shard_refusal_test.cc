@@ -17,31 +17,90 @@ TEST_CASE("every push refusal names the problem and changes nothing") {
   f.push(f.chief, {{"w", {1, 1, 1, 1}}}, 0, 1);  // something to leave unchanged
   const std::vector<float> good{1, 1, 1, 1};
 
-  refused(f, [&] { f.push(f.chief, {{"w", good}, {"nope", {1}}}); }, "unknown tensor 'nope'");
-  refused(f, [&] { f.push(f.chief, {{"w", {1, 2, 3}}}); }, "expects 4 floats (16 bytes), got 12 bytes");
-  refused(f, [&] {
-    auto r = Fixture::request({{"w", good}});
-    r.grads[0].bytes = 13;  // not whole floats
-    f.push_request(f.chief, r);
-  }, "got 13 bytes");
-  refused(f, [&] { f.push(f.chief, {{"b", {1}}, {"w", {1, NAN, 1, 1}}}); }, "contains NaN or Inf");
-  refused(f, [&] { f.push(f.chief, {{"w", {1, 1, INFINITY, 1}}}); }, "contains NaN or Inf");
-  refused(f, [&] { f.push(f.chief, {{"w", good}, {"w", good}}); }, "'w' appears twice in one request");
-  refused(f, [&] { f.push(f.chief, {{"w", good}}, -1); }, "push: step -1 is out of range");
-  refused(f, [&] { f.push(f.chief, {{"w", good}}, ps::kMaxStep + 1); }, "is out of range [0, 2^62]");
-  refused(f, [&] { f.push(f.chief, {{"w", good}}, 0, 0, ps::kMaxStep + 1); }, "push (doneStep)");
-  refused(f, [&] { f.push(f.anon, {{"w", good}}, 0, 0, 3); }, "only workers report steps");
-  refused(f, [&] { f.push({.worker_index = -2}, {{"w", good}}); }, "worker index -2 is invalid");
-  refused(f, [&] {
-    auto r = Fixture::request({{"w", good}});
-    r.grads[0].shared = ps::SharedSliceRef{1, 0, 16};
-    f.push_request(f.chief, r);
-  }, "both values and a shared slice");
-  refused(f, [&] {
-    auto r = Fixture::request({{"w", good}});
-    r.grads[0] = {"w", {}, 0, ps::SharedSliceRef{1, 0, 16}};
-    f.push_request(f.chief, r);
-  }, "this connection has no shared memory region (attachMemory first)");
+  refused(
+      f,
+      [&] {
+        f.push(f.chief, {{"w", good}, {"nope", {1}}});
+      },
+      "unknown tensor 'nope'");
+  refused(
+      f,
+      [&] {
+        f.push(f.chief, {{"w", {1, 2, 3}}});
+      },
+      "expects 4 floats (16 bytes), got 12 bytes");
+  refused(
+      f,
+      [&] {
+        auto r = Fixture::request({{"w", good}});
+        r.grads[0].bytes = 13;  // not whole floats
+        f.push_request(f.chief, r);
+      },
+      "got 13 bytes");
+  refused(
+      f,
+      [&] {
+        f.push(f.chief, {{"b", {1}}, {"w", {1, NAN, 1, 1}}});
+      },
+      "contains NaN or Inf");
+  refused(
+      f,
+      [&] {
+        f.push(f.chief, {{"w", {1, 1, INFINITY, 1}}});
+      },
+      "contains NaN or Inf");
+  refused(
+      f,
+      [&] {
+        f.push(f.chief, {{"w", good}, {"w", good}});
+      },
+      "'w' appears twice in one request");
+  refused(
+      f,
+      [&] {
+        f.push(f.chief, {{"w", good}}, -1);
+      },
+      "push: step -1 is out of range");
+  refused(
+      f,
+      [&] {
+        f.push(f.chief, {{"w", good}}, ps::kMaxStep + 1);
+      },
+      "is out of range [0, 2^62]");
+  refused(
+      f,
+      [&] {
+        f.push(f.chief, {{"w", good}}, 0, 0, ps::kMaxStep + 1);
+      },
+      "push (doneStep)");
+  refused(
+      f,
+      [&] {
+        f.push(f.anon, {{"w", good}}, 0, 0, 3);
+      },
+      "only workers report steps");
+  refused(
+      f,
+      [&] {
+        f.push({.worker_index = -2}, {{"w", good}});
+      },
+      "worker index -2 is invalid");
+  refused(
+      f,
+      [&] {
+        auto r = Fixture::request({{"w", good}});
+        r.grads[0].shared = ps::SharedSliceRef{1, 0, 16};
+        f.push_request(f.chief, r);
+      },
+      "both values and a shared slice");
+  refused(
+      f,
+      [&] {
+        auto r = Fixture::request({{"w", good}});
+        r.grads[0] = {"w", {}, 0, ps::SharedSliceRef{1, 0, 16}};
+        f.push_request(f.chief, r);
+      },
+      "this connection has no shared memory region (attachMemory first)");
   // The request id of a refused push was not recorded: the same id goes through later.
   auto later = f.push(f.chief, {{"w", good}}, 0, 99);
   CHECK(later.status == std::vector<GradientStatus>{GradientStatus::kApplied});
@@ -50,16 +109,42 @@ TEST_CASE("every push refusal names the problem and changes nothing") {
 TEST_CASE("push refusals by the job's rules: ready, worker range, sync's steps and sums") {
   Fixture s;
   s.create_sgd("w", {1, 2}, 0.5f);
-  s.shard.init_job(ps::JobConfig{.mode = ps::SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 3});
-  refused(s, [&] { s.push(s.chief, {{"w", {1, 1}}}); }, "the chief has not finished initialising the model");
+  s.shard.init_job(
+      ps::JobConfig{.mode = ps::SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 3});
+  refused(
+      s,
+      [&] {
+        s.push(s.chief, {{"w", {1, 1}}});
+      },
+      "the chief has not finished initialising the model");
   s.shard.set_ready();
-  refused(s, [&] { s.push({.worker_index = 3}, {{"w", {1, 1}}}); }, "worker index 3 is outside the job's 3 workers");
-  refused(s, [&] { s.push(s.anon, {{"w", {1, 1}}}); }, "sync mode needs a worker index");
-  refused(s, [&] { s.push(s.w1, {{"w", {1, 1}}}, 1); },
-          "gradient for step 1, but the job is at step 0");
+  refused(
+      s,
+      [&] {
+        s.push({.worker_index = 3}, {{"w", {1, 1}}});
+      },
+      "worker index 3 is outside the job's 3 workers");
+  refused(
+      s,
+      [&] {
+        s.push(s.anon, {{"w", {1, 1}}});
+      },
+      "sync mode needs a worker index");
+  refused(
+      s,
+      [&] {
+        s.push(s.w1, {{"w", {1, 1}}}, 1);
+      },
+      "gradient for step 1, but the job is at step 0");
   // Two workers' sum of FLT_MAX would overflow: over FLT_MAX / 2 is refused.
-  refused(s, [&] { s.push(s.w1, {{"w", {FLT_MAX, 1}}}); }, "would overflow");
-  CHECK(s.push(s.w1, {{"w", {FLT_MAX / 4, 1}}}).status == std::vector<GradientStatus>{GradientStatus::kAccumulated});
+  refused(
+      s,
+      [&] {
+        s.push(s.w1, {{"w", {FLT_MAX, 1}}});
+      },
+      "would overflow");
+  CHECK(s.push(s.w1, {{"w", {FLT_MAX / 4, 1}}}).status ==
+        std::vector<GradientStatus>{GradientStatus::kAccumulated});
 }
 
 TEST_CASE("--allow_nonfinite: NaN and Inf gradients are applied") {
@@ -67,7 +152,8 @@ TEST_CASE("--allow_nonfinite: NaN and Inf gradients are applied") {
   options.allow_nonfinite = true;
   Fixture f(options);
   f.create_sgd("w", {1, 2}, 1.0f);
-  CHECK(f.push(f.chief, {{"w", {NAN, 1}}}).status == std::vector<GradientStatus>{GradientStatus::kApplied});
+  CHECK(f.push(f.chief, {{"w", {NAN, 1}}}).status ==
+        std::vector<GradientStatus>{GradientStatus::kApplied});
   auto v = f.values("w");
   CHECK(std::isnan(v[0]));
   CHECK(v[1] == 1);
@@ -81,13 +167,17 @@ TEST_CASE("every pull refusal names the problem, starts no reply and changes not
   f.create_sgd("big", std::vector<float>(200, 1.0f), 0.5f);
   auto refused_pull = [&](ps::PullRequest r, const std::string& expected) {
     CollectedPull reply;
-    refused(f, [&] { f.io.wait(f.shard.pull(f.chief, r, reply)); }, expected);
+    refused(
+        f, [&] { f.io.wait(f.shard.pull(f.chief, r, reply)); }, expected);
     CHECK_FALSE(reply.started);
   };
   refused_pull({.names = {"w", "nope"}}, "unknown tensor 'nope'");
-  refused_pull({.names = {"w"}, .into = {{1, 0, 16}, {1, 16, 16}}}, "pull: 2 shared slices for 1 tensors");
-  refused_pull({.names = {"w"}, .into = {{1, 0, 8}}}, "shared slice for 'w' holds 8 bytes, the tensor 16");
-  refused_pull({.names = {"w"}, .into = {{1, 0, 16}}}, "this connection has no shared memory region");
+  refused_pull({.names = {"w"}, .into = {{1, 0, 16}, {1, 16, 16}}},
+               "pull: 2 shared slices for 1 tensors");
+  refused_pull({.names = {"w"}, .into = {{1, 0, 8}}},
+               "shared slice for 'w' holds 8 bytes, the tensor 16");
+  refused_pull({.names = {"w"}, .into = {{1, 0, 16}}},
+               "this connection has no shared memory region");
   refused_pull({.names = {"big", "big"}}, "over this psd's message limit of 1000");
   refused_pull({.names = {"w"}, .min_step = ps::kMaxStep + 1}, "pull: step");
   // A slice of 0 bytes means "in the reply"; a negative min step, none.
@@ -102,35 +192,57 @@ TEST_CASE("every create refusal names the problem and creates nothing") {
   f.create_sgd("w", {1, 2}, 0.5f);
   ps::TensorSpec a{.name = "a", .shape = {2}};
   ps::TensorSpec bad{.name = "bad", .shape = {2}, .init = ps::InitConfig::from_values({1, 2, 3})};
-  refused(f, [&] { f.create({{a, std::nullopt}, {a, std::nullopt}}); }, "tensor 'a' appears twice in one request");
-  refused(f, [&] { f.create({{a, std::nullopt}, {bad, std::nullopt}}); }, "'bad'");
-  refused(f, [&] {
-    ps::CreateRequest r{.tensors = {{a, std::nullopt}}, .values_left_out = true};
-    ps::CreateReply reply;
-    f.shard.create(r, reply);
-  }, "values may be left out only when validating");
-  refused(f, [&] {
-    ps::CreateRequest r{.tensors = {{a, std::nullopt}}, .pending_tensors = 1};
-    ps::CreateReply reply;
-    f.shard.create(r, reply);
-  }, "pending tensors are counted only when validating");
+  refused(
+      f,
+      [&] {
+        f.create({{a, std::nullopt}, {a, std::nullopt}});
+      },
+      "tensor 'a' appears twice in one request");
+  refused(
+      f,
+      [&] {
+        f.create({{a, std::nullopt}, {bad, std::nullopt}});
+      },
+      "'bad'");
+  refused(
+      f,
+      [&] {
+        ps::CreateRequest r{.tensors = {{a, std::nullopt}}, .values_left_out = true};
+        ps::CreateReply reply;
+        f.shard.create(r, reply);
+      },
+      "values may be left out only when validating");
+  refused(
+      f,
+      [&] {
+        ps::CreateRequest r{.tensors = {{a, std::nullopt}}, .pending_tensors = 1};
+        ps::CreateReply reply;
+        f.shard.create(r, reply);
+      },
+      "pending tensors are counted only when validating");
   CHECK(f.shard.store().find("a") == nullptr);
 }
 
 TEST_CASE("initJob and report take plain types; their refusals change nothing") {
   Fixture f;
   f.create_sgd("w", {1}, 1.0f);
-  const ps::JobConfig sync{.mode = ps::SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 3};
-  refused(f, [&] { f.shard.init_job({.mode = ps::SyncMode::kSync, .replicas_to_aggregate = 0}); },
-          "sync mode needs replicas_to_aggregate >= 1");
+  const ps::JobConfig sync{
+      .mode = ps::SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 3};
+  refused(
+      f, [&] { f.shard.init_job({.mode = ps::SyncMode::kSync, .replicas_to_aggregate = 0}); },
+      "sync mode needs replicas_to_aggregate >= 1");
   CHECK_FALSE(f.shard.job().configured());
   f.shard.init_job(sync);
   f.shard.init_job(sync);  // the same again: idempotent
-  refused(f, [&] { f.shard.init_job({.mode = ps::SyncMode::kAsync}); }, "the job is already configured");
+  refused(
+      f, [&] { f.shard.init_job({.mode = ps::SyncMode::kAsync}); },
+      "the job is already configured");
   CHECK(f.shard.job().config() == sync);
 
-  refused(f, [&] { f.shard.report(f.anon, {.step = 3}); }, "only workers report progress");
-  refused(f, [&] { f.shard.report({.worker_index = 5}, {.step = 3}); }, "outside the job's 3 workers");
+  refused(
+      f, [&] { f.shard.report(f.anon, {.step = 3}); }, "only workers report progress");
+  refused(
+      f, [&] { f.shard.report({.worker_index = 5}, {.step = 3}); }, "outside the job's 3 workers");
   f.shard.report(f.w1, {.step = 3, .loss = NAN, .accuracy = 0.5f});
   const auto& r = f.shard.job().worker(1).report;
   REQUIRE(r.has_value());
@@ -139,4 +251,3 @@ TEST_CASE("initJob and report take plain types; their refusals change nothing") 
   CHECK(r->accuracy == 0.5f);
   CHECK(r->unix_secs > 0);
 }
-

@@ -30,7 +30,8 @@ TEST_CASE("create, push and pull round trips with exact SGD values") {
   CHECK(first.global_step == 0);
 
   auto reply = f.push(f.chief, {{"w", {1, 1, 2, -2}}, {"b", {4, -8}}});
-  CHECK(reply.status == std::vector<GradientStatus>{GradientStatus::kApplied, GradientStatus::kApplied});
+  CHECK(reply.status ==
+        std::vector<GradientStatus>{GradientStatus::kApplied, GradientStatus::kApplied});
   CHECK(reply.step == 0);
   CHECK_FALSE(reply.stop);
 
@@ -43,13 +44,16 @@ TEST_CASE("create, push and pull round trips with exact SGD values") {
   CHECK(f.shard.counters().bytes_in == 24);
 
   // Creating the same spec again finds it; validating counts without creating.
-  ps::TensorSpec w{.name = "w", .shape = {4}, .optimizer = ps::OptimizerConfig::sgd(0.5f),
+  ps::TensorSpec w{.name = "w",
+                   .shape = {4},
+                   .optimizer = ps::OptimizerConfig::sgd(0.5f),
                    .init = ps::InitConfig::from_values({1, 2, 3, 4})};
   auto again = f.create({{w, std::nullopt}});
   REQUIRE(again.tensors.size() == 1);
   CHECK_FALSE(again.tensors[0].created);
   CHECK(again.tensors[0].tensor == &f.shard.store().get("w"));
-  auto check = f.create({{ps::TensorSpec{.name = "new", .shape = {8}}, std::nullopt}}, /*validate_only=*/true);
+  auto check = f.create({{ps::TensorSpec{.name = "new", .shape = {8}}, std::nullopt}},
+                        /*validate_only=*/true);
   CHECK(check.tensors.empty());
   CHECK(check.pending_tensors == 1);
   CHECK(check.pending_bytes == 32);
@@ -79,7 +83,8 @@ TEST_CASE("sync: N replicas averaged, one push per worker per step, stale pushes
 
   // Worker 0 first: counted, nothing applied yet.
   auto r0 = f.push(f.chief, {{"w", {2, 4, 6}}, {"b", {1}}}, 0);
-  CHECK(r0.status == std::vector<GradientStatus>{GradientStatus::kAccumulated, GradientStatus::kAccumulated});
+  CHECK(r0.status ==
+        std::vector<GradientStatus>{GradientStatus::kAccumulated, GradientStatus::kAccumulated});
   CHECK(f.values("w") == std::vector<float>{1, 1, 1});
   // Its second push for the same step is a duplicate, dropped.
   auto dup = f.push(f.chief, {{"w", {100, 100, 100}}}, 0);
@@ -96,7 +101,8 @@ TEST_CASE("sync: N replicas averaged, one push per worker per step, stale pushes
 
   // Worker 1 completes the step: the average of the two is applied.
   auto r1 = f.push(f.w1, {{"w", {4, 0, -2}}, {"b", {3}}}, 0);
-  CHECK(r1.status == std::vector<GradientStatus>{GradientStatus::kAccumulated, GradientStatus::kAccumulated});
+  CHECK(r1.status ==
+        std::vector<GradientStatus>{GradientStatus::kAccumulated, GradientStatus::kAccumulated});
   CHECK(f.shard.job().global_step() == 1);
   CHECK(f.shard.counters().steps_applied == 1);
   f.io.wait(kj::mv(pending));
@@ -120,7 +126,8 @@ TEST_CASE("sync: N replicas averaged, one push per worker per step, stale pushes
   f.push(f.w2, {{"w", {1, 1, 1}}}, 1);
   f.push(f.chief, {{"w", {3, 3, 3}}}, 1);
   auto backup = f.push(f.w1, {{"w", {5, 5, 5}}, {"b", {1}}}, 1);
-  CHECK(backup.status == std::vector<GradientStatus>{GradientStatus::kStale, GradientStatus::kAccumulated});
+  CHECK(backup.status ==
+        std::vector<GradientStatus>{GradientStatus::kStale, GradientStatus::kAccumulated});
   CHECK(f.shard.job().global_step() == 1);
   f.push(f.w2, {{"b", {3}}}, 1);
   CHECK(f.shard.job().global_step() == 2);
@@ -163,7 +170,8 @@ TEST_CASE("a retried sync push is answered with the step it was first answered a
 TEST_CASE("gradients and values through the caller's shared memory, and its refusals") {
   Fixture f;
   f.create_sgd("w", {1, 2, 3, 4}, 0.5f);
-  ps::Caller c{.worker_index = 1, .peer = "w1", .shared = ps::SharedRegion::create(4096), .shared_id = 1};
+  ps::Caller c{
+      .worker_index = 1, .peer = "w1", .shared = ps::SharedRegion::create(4096), .shared_id = 1};
   auto* floats = reinterpret_cast<float*>(c.shared->data());
   const std::vector<float> g{2, 2, -2, 4};
   std::copy(g.begin(), g.end(), floats + 16);  // at byte 64
@@ -185,12 +193,30 @@ TEST_CASE("gradients and values through the caller's shared memory, and its refu
   CHECK(reply.versions[0] == 1);
   CHECK(std::vector<float>(floats + 64, floats + 68) == after);
 
-  refused(f, [&] { shared_push({2, 64, 16}); }, "push: no shared memory region 2 on this connection");
-  refused(f, [&] { shared_push({1, 4088, 16}); }, "shared slice of 16 bytes at 4088 lies outside the region of 4096 bytes");
+  refused(
+      f,
+      [&] {
+        shared_push({2, 64, 16});
+      },
+      "push: no shared memory region 2 on this connection");
+  refused(
+      f,
+      [&] {
+        shared_push({1, 4088, 16});
+      },
+      "shared slice of 16 bytes at 4088 lies outside the region of 4096 bytes");
   floats[17] = NAN;
-  refused(f, [&] { shared_push({1, 64, 16}); }, "contains NaN or Inf");
-  refused(f, [&] {
-    CollectedPull r;
-    f.io.wait(f.shard.pull(c, {.names = {"w"}, .into = {{1, 4090, 16}}}, r));
-  }, "pull: shared slice of 16 bytes at 4090 lies outside the region");
+  refused(
+      f,
+      [&] {
+        shared_push({1, 64, 16});
+      },
+      "contains NaN or Inf");
+  refused(
+      f,
+      [&] {
+        CollectedPull r;
+        f.io.wait(f.shard.pull(c, {.names = {"w"}, .into = {{1, 4090, 16}}}, r));
+      },
+      "pull: shared slice of 16 bytes at 4090 lies outside the region");
 }

@@ -21,7 +21,9 @@ class HoldingStream final : public ps::SocketStream {
   void hold_until_sent(const void* data, std::shared_ptr<const void> hold) override {
     held.emplace_back(data, std::move(hold));
   }
-  kj::Promise<void> read_exact(size_t, kj::Function<kj::byte*(size_t)>) override { KJ_UNIMPLEMENTED("test"); }
+  kj::Promise<void> read_exact(size_t, kj::Function<kj::byte*(size_t)>) override {
+    KJ_UNIMPLEMENTED("test");
+  }
   void limit_read_ahead(size_t) override {}
   void land_next_read(size_t, kj::ArrayPtr<kj::byte>) override {}
   void release(kj::ArrayPtr<const kj::byte>) override {}
@@ -30,7 +32,9 @@ class HoldingStream final : public ps::SocketStream {
   void detect_dead_peer(std::chrono::milliseconds) override {}
   kj::Promise<size_t> tryRead(void*, size_t, size_t) override { KJ_UNIMPLEMENTED("test"); }
   kj::Promise<void> write(const void*, size_t) override { KJ_UNIMPLEMENTED("test"); }
-  kj::Promise<void> write(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>>) override { KJ_UNIMPLEMENTED("test"); }
+  kj::Promise<void> write(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>>) override {
+    KJ_UNIMPLEMENTED("test");
+  }
   kj::Promise<void> whenWriteDisconnected() override { return kj::NEVER_DONE; }
   void shutdownWrite() override {}
 };
@@ -60,7 +64,8 @@ std::shared_ptr<const std::vector<float>> values_of(std::size_t n, float first) 
 TEST_CASE("a pull reply sends at most 64 large tensors from their snapshots and copies the rest") {
   HoldingStream stream;
   MessagePullReply reply(77, &stream);
-  // 70 tensors of 64 KiB, one of 4 KiB, one of 64 KiB + 4 bytes (not whole words), one in shared memory.
+  // 70 tensors of 64 KiB, one of 4 KiB, one of 64 KiB + 4 bytes (not whole words), one in shared
+  // memory.
   std::vector<std::string> names;
   std::vector<ps::PullReply::Tensor> layout;
   const std::size_t big = 16 << 10;  // floats: 64 KiB
@@ -127,7 +132,8 @@ TEST_CASE("without a stream every value is copied") {
   auto v = values_of(16 << 10, 1);
   reply.value(0, 3, v);
   reply.done();
-  auto data = reply.message.getRoot<ps::wire::Shard::PullResults>().asReader().getTensors()[0].getValues();
+  auto data =
+      reply.message.getRoot<ps::wire::Shard::PullResults>().asReader().getTensors()[0].getValues();
   CHECK(data.begin() != reinterpret_cast<const kj::byte*>(v->data()));
   CHECK(ps::as_floats(data)[5] == 6);
 }
@@ -153,7 +159,8 @@ TEST_CASE("push and pull requests point into the message; statuses keep the wire
   REQUIRE(request.grads.size() == 2);
   CHECK(request.grads[0].name == "a");
   CHECK(request.grads[0].bytes == 12);
-  CHECK(request.grads[0].values.data() == ps::as_floats(push.asReader().getGrads()[0].getValues()).data());  // no copy
+  CHECK(request.grads[0].values.data() ==
+        ps::as_floats(push.asReader().getGrads()[0].getValues()).data());  // no copy
   CHECK(request.grads[0].values[2] == 3);
   CHECK_FALSE(request.grads[0].shared);
   REQUIRE(request.grads[1].shared);

@@ -85,14 +85,17 @@ TEST_CASE("a region is a sealed memfd that a second mapping sees") {
   CHECK(peer->contains(0, 1 << 20));
   CHECK_FALSE(peer->contains(1, 1 << 20));
   CHECK_FALSE(peer->contains(~uint64_t{0}, 2));  // no wrap-around
-  CHECK_THROWS_WITH(SharedRegion::open_peer(getpid(), region->fd(), 1 << 19, token), Catch::Contains("--max_shared_memory_mb"));
+  CHECK_THROWS_WITH(SharedRegion::open_peer(getpid(), region->fd(), 1 << 19, token),
+                    Catch::Contains("--max_shared_memory_mb"));
   // Only the region that holds the token sent with it (not a stranger's
   // behind a reused pid), and only with a whole token.
   SharedRegion::Token other = token;
   other[3] ^= std::byte{1};
-  CHECK_THROWS_WITH(SharedRegion::open_peer(getpid(), region->fd(), 1 << 20, other), Catch::Contains("does not hold the token"));
-  CHECK_THROWS_WITH(SharedRegion::open_peer(getpid(), region->fd(), 1 << 20, std::span(token).first(8)),
-                    Catch::Contains("a token of 16 bytes"));
+  CHECK_THROWS_WITH(SharedRegion::open_peer(getpid(), region->fd(), 1 << 20, other),
+                    Catch::Contains("does not hold the token"));
+  CHECK_THROWS_WITH(
+      SharedRegion::open_peer(getpid(), region->fd(), 1 << 20, std::span(token).first(8)),
+      Catch::Contains("a token of 16 bytes"));
   // A new token each time.
   CHECK(region->stamp_token() != token);
 }
@@ -103,7 +106,8 @@ TEST_CASE("psd refuses descriptors that are not sealed memory files") {
     const int fd = memfd_create("plain", MFD_CLOEXEC);
     REQUIRE(fd >= 0);
     REQUIRE(ftruncate(fd, 4096) == 0);
-    CHECK_THROWS_WITH(SharedRegion::open_peer(getpid(), fd, 1 << 20, kAnyToken), Catch::Contains("sealed"));
+    CHECK_THROWS_WITH(SharedRegion::open_peer(getpid(), fd, 1 << 20, kAnyToken),
+                      Catch::Contains("sealed"));
     close(fd);
   }
   SECTION("a pipe") {
@@ -114,6 +118,7 @@ TEST_CASE("psd refuses descriptors that are not sealed memory files") {
     close(fds[1]);
   }
   SECTION("a descriptor that is not open") {
-    CHECK_THROWS_WITH(SharedRegion::open_peer(getpid(), 1 << 20, 1 << 20, kAnyToken), Catch::Contains("cannot open"));
+    CHECK_THROWS_WITH(SharedRegion::open_peer(getpid(), 1 << 20, 1 << 20, kAnyToken),
+                      Catch::Contains("cannot open"));
   }
 }

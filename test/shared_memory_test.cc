@@ -28,7 +28,8 @@ namespace {
 
 // A psd with a Unix socket, and clients that reach it through it.
 struct LocalPsd {
-  explicit LocalPsd(std::vector<std::string> extra = {}) : sock(dir.path() + "/psd.sock"), psd(args(extra)) {}
+  explicit LocalPsd(std::vector<std::string> extra = {})
+      : sock(dir.path() + "/psd.sock"), psd(args(extra)) {}
   std::vector<std::string> args(std::vector<std::string> extra) {
     extra.insert(extra.begin(), {"--unix_socket", sock});
     return extra;
@@ -46,7 +47,9 @@ struct LocalPsd {
 };
 
 TensorSpec sgd_tensor(std::string name, std::vector<uint64_t> shape, InitConfig init = {}) {
-  return TensorSpec{.name = std::move(name), .shape = std::move(shape), .optimizer = OptimizerConfig::sgd(1.0f),
+  return TensorSpec{.name = std::move(name),
+                    .shape = std::move(shape),
+                    .optimizer = OptimizerConfig::sgd(1.0f),
                     .init = std::move(init)};
 }
 
@@ -78,7 +81,8 @@ struct RawLocal {
     s.setBytes(bytes);
     req.send().wait(ws());
   }
-  void pull(const std::string& name, uint32_t region, uint64_t offset, uint64_t bytes, unsigned slices = 1) {
+  void pull(const std::string& name, uint32_t region, uint64_t offset, uint64_t bytes,
+            unsigned slices = 1) {
     auto req = shard.pullRequest();
     req.initNames(1).set(0, name);
     auto into = req.initInto(slices);
@@ -143,7 +147,8 @@ TEST_CASE("a client on psd's host moves large tensors through shared memory, bit
   client.pull(names, outs);
   for (int t = 0; t < 6; ++t) {
     INFO("tensor " << t);
-    CHECK(std::count(got[t].begin(), got[t].end(), 100.0f - float(t + 1)) == std::ptrdiff_t(got[t].size()));
+    CHECK(std::count(got[t].begin(), got[t].end(), 100.0f - float(t + 1)) ==
+          std::ptrdiff_t(got[t].size()));
   }
 }
 
@@ -161,7 +166,8 @@ TEST_CASE("pushes through shared memory from threads and processes sum exactly")
       for (int i = 0; i < pushes; i += 4) {
         // Four in flight at once: four blocks of the region in use together.
         std::vector<std::future<PushResult>> inflight;
-        for (int k = 0; k < 4; ++k) inflight.push_back(c.push_async({"acc"}, {std::span<const float>(g)}));
+        for (int k = 0; k < 4; ++k)
+          inflight.push_back(c.push_async({"acc"}, {std::span<const float>(g)}));
         for (auto& f : inflight) f.get();
       }
     });
@@ -184,9 +190,9 @@ TEST_CASE("psd serves on when clients sharing memory with it are killed mid-tran
   const std::string worker = ps::test::program_path("PUSH_WORKER_BIN");
   std::vector<pid_t> pids;
   for (int p = 0; p < 3; ++p) {
-    pids.push_back(ps::test::spawn_logged({worker, "--ps_hosts", local.psd.address(), "--pushes", "100000000",
-                                           "--value", "1"},
-                                          local.dir.path() + "/worker" + std::to_string(p) + ".log"));
+    pids.push_back(ps::test::spawn_logged(
+        {worker, "--ps_hosts", local.psd.address(), "--pushes", "100000000", "--value", "1"},
+        local.dir.path() + "/worker" + std::to_string(p) + ".log"));
   }
   // Until every worker is pushing, so the kills land mid-stream.
   Client watcher(local.options(0));
@@ -234,17 +240,22 @@ TEST_CASE("bad shared memory requests get clear errors and change nothing") {
   SECTION("slices that do not fit the region or the tensor") {
     const uint32_t id = raw.attach(*region);
     std::fill(floats, floats + 4, 0.5f);  // where attach() put its token
-    CHECK_THROWS_WITH(raw.push("w", id, (1 << 20) - 4096, bytes), Catch::Contains("lies outside the region"));
-    CHECK_THROWS_WITH(raw.push("w", id, ~uint64_t{0} - 8, bytes), Catch::Contains("lies outside the region"));
+    CHECK_THROWS_WITH(raw.push("w", id, (1 << 20) - 4096, bytes),
+                      Catch::Contains("lies outside the region"));
+    CHECK_THROWS_WITH(raw.push("w", id, ~uint64_t{0} - 8, bytes),
+                      Catch::Contains("lies outside the region"));
     CHECK_THROWS_WITH(raw.push("w", id, 0, bytes - 4), Catch::Contains("expects 8192 floats"));
     CHECK_THROWS_WITH(raw.push("w", id + 6, 0, bytes), Catch::Contains("no shared memory region"));
-    CHECK_THROWS_WITH(raw.pull("w", id, (1 << 20) - 4096, bytes), Catch::Contains("lies outside the region"));
+    CHECK_THROWS_WITH(raw.pull("w", id, (1 << 20) - 4096, bytes),
+                      Catch::Contains("lies outside the region"));
     CHECK_THROWS_WITH(raw.pull("w", id, 0, bytes + 4), Catch::Contains("holds 32772 bytes"));
-    CHECK_THROWS_WITH(raw.pull("w", id, 0, bytes, 2), Catch::Contains("2 shared slices for 1 tensors"));
+    CHECK_THROWS_WITH(raw.pull("w", id, 0, bytes, 2),
+                      Catch::Contains("2 shared slices for 1 tensors"));
     floats[17] = NAN;
     CHECK_THROWS_WITH(raw.push("w", id, 0, bytes), Catch::Contains("NaN or Inf"));
     floats[17] = 0.5f;
-    CHECK_THROWS_WITH(raw.attach(*SharedRegion::create(1 << 20)), Catch::Contains("already has a shared memory region"));
+    CHECK_THROWS_WITH(raw.attach(*SharedRegion::create(1 << 20)),
+                      Catch::Contains("already has a shared memory region"));
     // A good slice still works on this connection afterwards.
     raw.push("w", id, 0, bytes);
     raw.pull("w", id, 4096, bytes);
@@ -267,7 +278,8 @@ TEST_CASE("bad shared memory requests get clear errors and change nothing") {
     wrong_size.setFd(region->fd());
     wrong_size.setBytes(4096);
     const auto token = region->stamp_token();
-    wrong_size.setToken(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(token.data()), token.size()));
+    wrong_size.setToken(
+        kj::arrayPtr(reinterpret_cast<const capnp::byte*>(token.data()), token.size()));
     CHECK_THROWS_WITH(wrong_size.send().wait(raw.ws()), Catch::Contains("not 4096"));
     // A region that does not hold the token sent with it: another process's
     // memory, reached through a reused pid.
@@ -282,7 +294,8 @@ TEST_CASE("bad shared memory requests get clear errors and change nothing") {
         const std::array<capnp::byte, SharedRegion::kTokenBytes> guess{};
         req.setToken(kj::arrayPtr(guess.data(), guess.size()));
       }
-      CHECK_THROWS_WITH(req.send().wait(raw.ws()), Catch::Contains(sent ? "does not hold the token" : "token of 16 bytes"));
+      CHECK_THROWS_WITH(req.send().wait(raw.ws()),
+                        Catch::Contains(sent ? "does not hold the token" : "token of 16 bytes"));
     }
   }
   SECTION("over TCP") {

@@ -79,7 +79,8 @@ TEST_CASE("messages of every size arrive whole and in order") {
   // Small ones share the read buffer; 200 KiB and 1 MiB go around it.
   const std::vector<size_t> sizes = {8, 1, 100, 4096, 65535, 65536, 200000, 3, 1 << 20, 17};
   std::vector<std::vector<kj::byte>> sent;
-  for (size_t i = 0; i < sizes.size(); ++i) sent.push_back(random_bytes(sizes[i], static_cast<unsigned>(i)));
+  for (size_t i = 0; i < sizes.size(); ++i)
+    sent.push_back(random_bytes(sizes[i], static_cast<unsigned>(i)));
   kj::Vector<kj::ArrayPtr<const kj::byte>> pieces;
   for (auto& s : sent) pieces.add(kj::arrayPtr(s.data(), s.size()));
   auto writing = a->write(pieces.asPtr());
@@ -157,7 +158,8 @@ TEST_CASE("a hold on sent memory lasts until the write carrying it is done") {
   REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
   auto a = ps::wrap_socket(l.port, fds[0]);
   auto b = ps::wrap_socket(l.port, fds[1]);
-  auto payload = std::make_shared<std::vector<kj::byte>>(random_bytes(3 << 20, 5));  // over the socket buffer
+  auto payload =
+      std::make_shared<std::vector<kj::byte>>(random_bytes(3 << 20, 5));  // over the socket buffer
   std::weak_ptr<std::vector<kj::byte>> watch = payload;
   a->hold_until_sent(payload->data(), payload);
   a->hold_until_sent(payload->data(), payload);  // a second reply of the same memory
@@ -207,7 +209,8 @@ TEST_CASE("connect_socket reaches numeric, named and Unix-socket addresses") {
     ::close(peer);
   }
   SECTION("unix:/path") {
-    const std::string path = std::filesystem::temp_directory_path() / ("socket-stream-test-" + std::to_string(getpid()));
+    const std::string path =
+        std::filesystem::temp_directory_path() / ("socket-stream-test-" + std::to_string(getpid()));
     int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
     sockaddr_un un{};
     un.sun_family = AF_UNIX;
@@ -263,7 +266,8 @@ std::pair<int, int> tcp_connection() {
 
 }  // namespace
 
-TEST_CASE("read_exact reads around the buffer into where(offset), then small reads go on as before") {
+TEST_CASE(
+    "read_exact reads around the buffer into where(offset), then small reads go on as before") {
   Loop l;
   // The sender is a plain blocking socket on a thread, sending in pieces
   // with pauses, so the reader has to wait for more many times.
@@ -330,7 +334,8 @@ std::vector<kj::byte> joined(const Pieces&... pieces) {
 // not refilled behind its back.
 int filled_socket_pair(int fds[2], const std::vector<kj::byte>& bytes) {
   REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, fds) == 0);
-  const int room = 1 << 20;  // the kernel caps it at net.core.wmem_max (doubled): plenty for these tests
+  const int room =
+      1 << 20;  // the kernel caps it at net.core.wmem_max (doubled): plenty for these tests
   ::setsockopt(fds[0], SOL_SOCKET, SO_SNDBUF, &room, sizeof(room));
   size_t at = 0;
   while (at < bytes.size()) {
@@ -347,7 +352,8 @@ int filled_socket_pair(int fds[2], const std::vector<kj::byte>& bytes) {
 // the set-up of the land_next_read tests. Parts' seeds: seed, +1, +2.
 struct LandingCase {
   LandingCase(Loop& l, size_t head_size, size_t body_size, size_t next_size, unsigned seed)
-      : head(random_bytes(head_size, seed)), body(random_bytes(body_size, seed + 1)),
+      : head(random_bytes(head_size, seed)),
+        body(random_bytes(body_size, seed + 1)),
         next(random_bytes(next_size, seed + 2)) {
     filled_socket_pair(fds, joined(head, body, next));
     receiver = ps::wrap_socket(l.port, fds[1]);
@@ -412,7 +418,8 @@ TEST_CASE("land_next_read puts the middle of one read straight into its destinat
   CHECK(unread(fds[1]) == 0);
   CHECK(dest == body);
   l.wait(receiver->read(got_head.data() + 8, head.size() - 8));
-  std::fill(dest.begin() + 5000, dest.end(), kj::byte{0});  // bytes in place are not copied again...
+  std::fill(dest.begin() + 5000, dest.end(),
+            kj::byte{0});  // bytes in place are not copied again...
   std::vector<kj::byte> expect = body;
   std::fill(expect.begin() + 5000, expect.end(), kj::byte{0});
   l.wait(receiver->read_exact(dest.size(), [&](size_t offset) { return dest.data() + offset; }));
@@ -461,7 +468,8 @@ TEST_CASE("release moves bytes parked in a destination out of it") {
   receiver->land_next_read(head.size(), kj::arrayPtr(dest.data(), dest.size()));
   l.wait(receiver->read(got_head.data(), head.size()));
   CHECK(dest == body);
-  receiver->release(kj::arrayPtr(dest.data(), dest.size()));  // its owner gave up: the memory is no longer the stream's
+  receiver->release(kj::arrayPtr(
+      dest.data(), dest.size()));  // its owner gave up: the memory is no longer the stream's
   std::fill(dest.begin(), dest.end(), kj::byte{0});
   l.wait(receiver->read(got_body.data(), body.size()));
   CHECK(got_head == head);
@@ -498,7 +506,8 @@ TEST_CASE("read_exact fails when the stream ends first") {
   l.wait(a->write(data.data(), data.size()));
   a->shutdownWrite();
   std::vector<kj::byte> got(200000);
-  CHECK_THROWS(l.wait(b->read_exact(got.size(), [&](size_t offset) { return got.data() + offset; })));
+  CHECK_THROWS(
+      l.wait(b->read_exact(got.size(), [&](size_t offset) { return got.data() + offset; })));
   CHECK(std::memcmp(got.data(), data.data(), data.size()) == 0);
 }
 
@@ -558,12 +567,14 @@ TEST_CASE("which TCP connections stay on this host") {
   // odd pairs exercise the loopback test on its own, not the equality).
   CHECK(ps::same_host_connection(address("fd00::1"), address("::1")));
   CHECK(ps::same_host_connection(address("::ffff:10.0.0.1"), address("::ffff:127.0.0.1")));
-  CHECK(ps::same_host_connection(address("10.1.2.3"), address("10.1.2.3")));  // the host's own address
+  CHECK(ps::same_host_connection(address("10.1.2.3"),
+                                 address("10.1.2.3")));  // the host's own address
   CHECK(ps::same_host_connection(address("fd00::7"), address("fd00::7")));
   CHECK_FALSE(ps::same_host_connection(address("10.1.2.3"), address("10.1.2.4")));
   CHECK_FALSE(ps::same_host_connection(address("fd00::7"), address("fd00::8")));
   CHECK_FALSE(ps::same_host_connection(address("::ffff:10.1.2.3"), address("::ffff:10.1.2.4")));
-  CHECK_FALSE(ps::same_host_connection(address("10.1.2.3"), address("::ffff:10.1.2.3")));  // families differ
+  CHECK_FALSE(ps::same_host_connection(address("10.1.2.3"),
+                                       address("::ffff:10.1.2.3")));  // families differ
   sockaddr_storage unix_socket{};
   unix_socket.ss_family = AF_UNIX;
   CHECK_FALSE(ps::same_host_connection(unix_socket, unix_socket));
@@ -580,7 +591,8 @@ TEST_CASE("a TCP connection within this host gets the fixed send buffer at both 
     char text[INET_ADDRSTRLEN];
     ::inet_ntop(AF_INET, &host, text, sizeof(text));
     INFO("connection to " << text);
-    auto client = l.wait(ps::connect_socket(l.port, std::string(text) + ":" + std::to_string(listener.port)));
+    auto client =
+        l.wait(ps::connect_socket(l.port, std::string(text) + ":" + std::to_string(listener.port)));
     const int accepted = ::accept(listener.fd, nullptr, nullptr);
     REQUIRE(accepted >= 0);
     // Before psd wraps it, an accepted socket has the kernel's default
@@ -613,7 +625,8 @@ TEST_CASE("a TCP connection within this host gets the fixed send buffer at both 
     socklen_t len = sizeof(addr);
     REQUIRE(::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
     REQUIRE(::listen(listen_fd, 1) == 0);
-    auto client = l.wait(ps::connect_socket(l.port, "[::1]:" + std::to_string(ntohs(addr.sin6_port))));
+    auto client =
+        l.wait(ps::connect_socket(l.port, "[::1]:" + std::to_string(ntohs(addr.sin6_port))));
     const int accepted = ::accept(listen_fd, nullptr, nullptr);
     ::close(listen_fd);
     REQUIRE(accepted >= 0);
@@ -642,18 +655,22 @@ TEST_CASE("send buffer from the environment", "[.send_buffer_env]") {
   CHECK(send_buffer(accepted) == want);
 }
 
-TEST_CASE("PS_SAME_HOST_SEND_BUFFER_KB sets the same-host send buffer; 0 leaves autotuning; junk is ignored") {
+TEST_CASE(
+    "PS_SAME_HOST_SEND_BUFFER_KB sets the same-host send buffer; 0 leaves autotuning; junk is "
+    "ignored") {
   char self[4096];
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
   REQUIRE(n > 0);
   self[n] = '\0';
   const int fallback = ps::same_host_send_buffer_bytes();  // this process has no override
-  const std::pair<const char*, int> cases[] = {
-      {"512", 512 << 10}, {"0", 0}, {"12x", fallback}, {"-4", fallback}, {"99999999", fallback}, {"", fallback}};
+  const std::pair<const char*, int> cases[] = {{"512", 512 << 10},     {"0", 0},
+                                               {"12x", fallback},      {"-4", fallback},
+                                               {"99999999", fallback}, {"", fallback}};
   for (const auto& [value, expected] : cases) {
     INFO("PS_SAME_HOST_SEND_BUFFER_KB='" << value << "'");
-    const std::string command = std::string("PS_SAME_HOST_SEND_BUFFER_KB='") + value + "' EXPECTED_SEND_BUFFER=" +
-                                std::to_string(expected) + " '" + self + "' '[.send_buffer_env]' > /dev/null 2>&1";
+    const std::string command = std::string("PS_SAME_HOST_SEND_BUFFER_KB='") + value +
+                                "' EXPECTED_SEND_BUFFER=" + std::to_string(expected) + " '" + self +
+                                "' '[.send_buffer_env]' > /dev/null 2>&1";
     CHECK(std::system(command.c_str()) == 0);
   }
 }
@@ -674,11 +691,13 @@ TEST_CASE("low-water mark under the environment's send buffer", "[.low_water_env
   for (size_t i = 0; i < sent.size(); ++i) sent[i] = static_cast<kj::byte>(i * 7 + 1);
   constexpr size_t kFirst = 4096;
   REQUIRE(::write(accepted, sent.data(), kFirst) == static_cast<ssize_t>(kFirst));
-  auto reading = client->read_exact(sent.size(), [&](size_t offset) { return got.data() + offset; });
+  auto reading =
+      client->read_exact(sent.size(), [&](size_t offset) { return got.data() + offset; });
   l.ws.poll();  // takes the first bytes, then waits for the rest
   int lowat = 0;
   socklen_t len = sizeof(lowat);
-  REQUIRE(::getsockopt(KJ_ASSERT_NONNULL(client->getFd()), SOL_SOCKET, SO_RCVLOWAT, &lowat, &len) == 0);
+  REQUIRE(::getsockopt(KJ_ASSERT_NONNULL(client->getFd()), SOL_SOCKET, SO_RCVLOWAT, &lowat, &len) ==
+          0);
   CHECK(lowat == expected);
   std::thread writer([&] {
     for (size_t at = kFirst; at < sent.size();) {
@@ -697,7 +716,8 @@ TEST_CASE("low-water mark under the environment's send buffer", "[.low_water_env
 // to wake per packet, but on a same-host connection never to where the
 // peer's fixed send buffer could be all in flight short of it: that waits
 // for the delayed acknowledgement (common/net/socket_stream.cc, low_water_cap).
-TEST_CASE("PS_SAME_HOST_SEND_BUFFER_KB holds the low-water mark of large reads to half the buffer") {
+TEST_CASE(
+    "PS_SAME_HOST_SEND_BUFFER_KB holds the low-water mark of large reads to half the buffer") {
   char self[4096];
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
   REQUIRE(n > 0);
@@ -714,8 +734,8 @@ TEST_CASE("PS_SAME_HOST_SEND_BUFFER_KB holds the low-water mark of large reads t
   for (const int kb : {1024, 512, 384, 256, 200, 128, 0}) {
     INFO("PS_SAME_HOST_SEND_BUFFER_KB=" << kb);
     const std::string command = "PS_SAME_HOST_SEND_BUFFER_KB=" + std::to_string(kb) +
-                                " EXPECTED_LOW_WATER=" + std::to_string(expected_for(kb)) + " '" + self +
-                                "' '[.low_water_env]' > /dev/null 2>&1";
+                                " EXPECTED_LOW_WATER=" + std::to_string(expected_for(kb)) + " '" +
+                                self + "' '[.low_water_env]' > /dev/null 2>&1";
     CHECK(std::system(command.c_str()) == 0);
   }
 }
@@ -729,7 +749,9 @@ int int_option(int fd, int level, int option) {
 }
 }  // namespace
 
-TEST_CASE("detect_dead_peer: keepalive probes and a user timeout on TCP, on both ends; nothing on Unix sockets") {
+TEST_CASE(
+    "detect_dead_peer: keepalive probes and a user timeout on TCP, on both ends; nothing on Unix "
+    "sockets") {
   Loop l;
   Listener listener;
   auto client = l.wait(ps::connect_socket(l.port, "127.0.0.1:" + std::to_string(listener.port)));

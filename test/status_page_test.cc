@@ -54,7 +54,8 @@ int run_program(const std::vector<std::string>& args, const std::string& out_pat
   }
   for (int waited_ms = 0; waited_ms < timeout_s * 1000; waited_ms += 50) {
     int status = 0;
-    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (waitpid(pid, &status, WNOHANG) == pid)
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   kill(pid, SIGKILL);
@@ -63,9 +64,18 @@ int run_program(const std::vector<std::string>& args, const std::string& out_pat
 }
 
 std::vector<std::string> chromium_args(const std::string& profile_dir) {
-  return {chromium_path(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-          "--disable-dev-shm-usage", "--user-data-dir=" + profile_dir, "--window-size=1280,1000",
+  return {chromium_path(),
+          "--headless",
+          "--no-sandbox",
+          "--disable-gpu",
+          "--disable-quic",
+          "--no-first-run",
+          "--disable-background-networking",
+          "--disable-component-update",
+          "--disable-sync",
+          "--disable-dev-shm-usage",
+          "--user-data-dir=" + profile_dir,
+          "--window-size=1280,1000",
           "--virtual-time-budget=5000"};
 }
 
@@ -89,9 +99,14 @@ TEST_CASE("the status page shows the workers and draws its charts in Chromium") 
   PsdProcess psd({"--http_port", "any", "--http_port_file", dir.path() + "/http_port"});
   const int http_port = ps::test::read_port_file(dir.path() + "/http_port");
 
-  const std::vector<TensorSpec> model = {
-      TensorSpec{.name = "layer1/weights", .shape = {64, 32}, .optimizer = OptimizerConfig::sgd(0.1f), .init = {}},
-      TensorSpec{.name = "layer1/bias", .shape = {32}, .optimizer = OptimizerConfig::sgd(0.1f), .init = {}}};
+  const std::vector<TensorSpec> model = {TensorSpec{.name = "layer1/weights",
+                                                    .shape = {64, 32},
+                                                    .optimizer = OptimizerConfig::sgd(0.1f),
+                                                    .init = {}},
+                                         TensorSpec{.name = "layer1/bias",
+                                                    .shape = {32},
+                                                    .optimizer = OptimizerConfig::sgd(0.1f),
+                                                    .init = {}}};
   std::vector<std::unique_ptr<Client>> workers;
   for (int i = 0; i < 2; ++i) {
     ClientOptions o;
@@ -103,7 +118,8 @@ TEST_CASE("the status page shows the workers and draws its charts in Chromium") 
   // About two seconds of training, so the one-second history has rates to chart.
   std::vector<float> w(64 * 32), b(32), gw(64 * 32, 0.01f), gb(32, 0.01f);
   const auto start = std::chrono::steady_clock::now();
-  for (int step = 0; std::chrono::steady_clock::now() - start < std::chrono::milliseconds(2200); ++step) {
+  for (int step = 0; std::chrono::steady_clock::now() - start < std::chrono::milliseconds(2200);
+       ++step) {
     for (int i = 0; i < 2; ++i) {
       workers[i]->pull({"layer1/weights", "layer1/bias"}, {w, b});
       workers[i]->push({"layer1/weights", "layer1/bias"}, {gw, gb}, step);
@@ -132,7 +148,8 @@ TEST_CASE("the status page shows the workers and draws its charts in Chromium") 
 
   // A screenshot for people to look at (and keep as a CI artifact).
   const char* artifacts = std::getenv("PS_ARTIFACT_DIR");
-  const std::string shot = std::string(artifacts && *artifacts ? artifacts : ".") + "/status_page.png";
+  const std::string shot =
+      std::string(artifacts && *artifacts ? artifacts : ".") + "/status_page.png";
   std::filesystem::remove(shot);
   auto shot_args = chromium_args(dir.path() + "/profile");
   shot_args.push_back("--screenshot=" + shot);
@@ -144,7 +161,9 @@ TEST_CASE("the status page shows the workers and draws its charts in Chromium") 
 
 int main(int argc, char** argv) {
   if (chromium_path().empty()) {
-    std::printf("SKIP: Chromium not found (/usr/bin/chromium; apt-get install chromium, or set CHROMIUM_BIN)\n");
+    std::printf(
+        "SKIP: Chromium not found (/usr/bin/chromium; apt-get install chromium, or set "
+        "CHROMIUM_BIN)\n");
     return 77;
   }
   return Catch::Session().run(argc, argv);

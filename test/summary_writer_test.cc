@@ -181,7 +181,9 @@ TEST_CASE("event file: name, framing, crcs, fields") {
     const char* tag;
     float value;
     int64_t step;
-  } want[] = {{"loss", 2.5f, 0}, {"accuracy/validation", 0.875f, 100}, {"loss", -1e-3f, -1},
+  } want[] = {{"loss", 2.5f, 0},
+              {"accuracy/validation", 0.875f, 100},
+              {"loss", -1e-3f, -1},
               {"loss", 0.25f, int64_t(1) << 40}};
   for (int i = 0; i < 4; ++i) {
     INFO("record " << i + 1);
@@ -218,7 +220,8 @@ TEST_CASE("SummaryHook averages accuracy over the steps that measured it") {
     path = w.path();
     ps::SummaryHook hook(w, 2);
     hook.begin();
-    hook.after_step({.local_step = 1, .global_step = 1, .loss = 1.0, .accuracy = -1});  // measured none
+    hook.after_step(
+        {.local_step = 1, .global_step = 1, .loss = 1.0, .accuracy = -1});  // measured none
     hook.after_step({.local_step = 2, .global_step = 2, .loss = 3.0, .accuracy = 0.8});
   }
   std::map<std::string, float> written;
@@ -227,7 +230,8 @@ TEST_CASE("SummaryHook averages accuracy over the steps that measured it") {
   CHECK(written.at("accuracy/train") == Approx(0.8f));  // before: (0.8 - 1) / 2
 }
 
-TEST_CASE("SummaryHook's rates count from the step a worker joined at, and skip a step that went back") {
+TEST_CASE(
+    "SummaryHook's rates count from the step a worker joined at, and skip a step that went back") {
   ps_test::TempDir t;
   std::string path;
   {
@@ -236,12 +240,16 @@ TEST_CASE("SummaryHook's rates count from the step a worker joined at, and skip 
     ps::SummaryHook hook(w, 2);
     hook.begin();
     // A chief restarted into a job at step 994.
-    hook.after_step({.local_step = 1, .global_step = 995, .loss = 1.0, .examples_per_global_step = 10});
+    hook.after_step(
+        {.local_step = 1, .global_step = 995, .loss = 1.0, .examples_per_global_step = 10});
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    hook.after_step({.local_step = 2, .global_step = 996, .loss = 1.0, .examples_per_global_step = 10});
+    hook.after_step(
+        {.local_step = 2, .global_step = 996, .loss = 1.0, .examples_per_global_step = 10});
     // The ps restored an older checkpoint: the step goes back.
-    hook.after_step({.local_step = 3, .global_step = 500, .loss = 1.0, .examples_per_global_step = 10});
-    hook.after_step({.local_step = 4, .global_step = 501, .loss = 1.0, .examples_per_global_step = 10});
+    hook.after_step(
+        {.local_step = 3, .global_step = 500, .loss = 1.0, .examples_per_global_step = 10});
+    hook.after_step(
+        {.local_step = 4, .global_step = 501, .loss = 1.0, .examples_per_global_step = 10});
   }
   std::vector<std::pair<int64_t, float>> rates;
   for (const Scalar& s : read_scalars(path)) {

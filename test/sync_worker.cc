@@ -36,12 +36,14 @@ int main(int argc, char** argv) {
                                                  .total_replicas = uint32_t(workers),
                                                  .train_steps = steps}});
     std::vector<float> v(256), g(256, 1.0f);
-    session.add_variable({.name = "v", .shape = {256}, .optimizer = ps::OptimizerConfig::sgd(0.001f)}, v, g);
+    session.add_variable(
+        {.name = "v", .shape = {256}, .optimizer = ps::OptimizerConfig::sgd(0.001f)}, v, g);
     session.initialize();
     while (!session.should_stop()) {
       session.run_step([&] { std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms)); });
     }
-    std::printf("worker %d done at global step %lld\n", worker, static_cast<long long>(session.global_step()));
+    std::printf("worker %d done at global step %lld\n", worker,
+                static_cast<long long>(session.global_step()));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "worker %d: %s\n", worker, e.what());
     return 1;

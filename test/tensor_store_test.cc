@@ -31,11 +31,13 @@ TEST_CASE("create is idempotent for the same shape and refuses another") {
   auto [a, created] = store.create(spec("w", {2, 3}, InitConfig::constant(1.5f)), std::nullopt);
   REQUIRE(created);
   a->apply(std::vector<float>(6, 0.5f), 1.0f);
-  auto [b, created_again] = store.create(spec("w", {2, 3}, InitConfig::constant(9.0f)), std::nullopt);
+  auto [b, created_again] =
+      store.create(spec("w", {2, 3}, InitConfig::constant(9.0f)), std::nullopt);
   CHECK_FALSE(created_again);
   CHECK(a == b);
   CHECK(read(*b) == std::vector<float>(6, 1.0f));  // kept, not re-initialised
-  CHECK_THROWS_WITH(store.create(spec("w", {3, 2}), std::nullopt), Catch::Contains("exists with shape [2, 3]"));
+  CHECK_THROWS_WITH(store.create(spec("w", {3, 2}), std::nullopt),
+                    Catch::Contains("exists with shape [2, 3]"));
   CHECK(store.count() == 1);
   CHECK(store.bytes() == 24);
 }
@@ -63,28 +65,39 @@ TEST_CASE("a view never changes: updates while it is held go to a copy") {
 }
 
 TEST_CASE("bad specs are refused with the tensor's name") {
-  TensorStore store(StoreLimits{.max_tensor_bytes = 1024, .max_total_bytes = 2048, .max_tensors = 3});
+  TensorStore store(
+      StoreLimits{.max_tensor_bytes = 1024, .max_total_bytes = 2048, .max_tensors = 3});
   CHECK_THROWS_WITH(store.create(spec("", {1}), std::nullopt), Catch::Contains("names"));
-  CHECK_THROWS_WITH(store.create(spec("z", {3, 0}), std::nullopt), Catch::Contains("zero dimension"));
-  CHECK_THROWS_WITH(store.create(spec("big", {1000}), std::nullopt), Catch::Contains("over this shard's limit"));
-  CHECK_THROWS_WITH(store.create(spec("huge", {1ull << 40, 1ull << 40}), std::nullopt), Catch::Contains("limit"));
+  CHECK_THROWS_WITH(store.create(spec("z", {3, 0}), std::nullopt),
+                    Catch::Contains("zero dimension"));
+  CHECK_THROWS_WITH(store.create(spec("big", {1000}), std::nullopt),
+                    Catch::Contains("over this shard's limit"));
+  CHECK_THROWS_WITH(store.create(spec("huge", {1ull << 40, 1ull << 40}), std::nullopt),
+                    Catch::Contains("limit"));
   CHECK_THROWS_WITH(store.create(spec("v", {3}, InitConfig::from_values({1, 2})), std::nullopt),
                     Catch::Contains("2 initial values"));
-  CHECK_THROWS_WITH(store.create(spec("n", {1}, InitConfig::from_values({NAN})), std::nullopt), Catch::Contains("NaN"));
+  CHECK_THROWS_WITH(store.create(spec("n", {1}, InitConfig::from_values({NAN})), std::nullopt),
+                    Catch::Contains("NaN"));
   auto bad = spec("o", {1});
   bad.optimizer.learning_rate = -1;
   CHECK_THROWS_AS(store.create(bad, std::nullopt), RequestError);
   // Initializers that would fill the tensor with NaN/Inf, or break their
   // distribution's preconditions: each is refused.
   const float inf = std::numeric_limits<float>::infinity();
-  const InitConfig bad_inits[] = {InitConfig::constant(NAN),          InitConfig::constant(inf),
-                                  InitConfig::uniform(0, inf, 1),     InitConfig::uniform(1, -1, 1),
-                                  InitConfig::uniform(-3e38f, 3e38f, 1), InitConfig::normal(0, inf, 1),
-                                  InitConfig::normal(NAN, 1, 1),      InitConfig::normal(0, 0, 1),
-                                  InitConfig::truncated_normal(0, -1, 1), InitConfig::normal(3e38f, 1e37f, 1)};
+  const InitConfig bad_inits[] = {InitConfig::constant(NAN),
+                                  InitConfig::constant(inf),
+                                  InitConfig::uniform(0, inf, 1),
+                                  InitConfig::uniform(1, -1, 1),
+                                  InitConfig::uniform(-3e38f, 3e38f, 1),
+                                  InitConfig::normal(0, inf, 1),
+                                  InitConfig::normal(NAN, 1, 1),
+                                  InitConfig::normal(0, 0, 1),
+                                  InitConfig::truncated_normal(0, -1, 1),
+                                  InitConfig::normal(3e38f, 1e37f, 1)};
   for (const auto& init : bad_inits) {
     INFO("initializer a=" << init.a << " b=" << init.b);
-    CHECK_THROWS_WITH(store.create(spec("i", {2}, init), std::nullopt), Catch::Contains("'i': initializer"));
+    CHECK_THROWS_WITH(store.create(spec("i", {2}, init), std::nullopt),
+                      Catch::Contains("'i': initializer"));
   }
   // An update count past the largest step (a crafted restore) made Adam's
   // bias correction NaN.
@@ -103,7 +116,8 @@ TEST_CASE("bad specs are refused with the tensor's name") {
 }
 
 TEST_CASE("a check with values left out counts the limits and the slots, not the values") {
-  TensorStore store(StoreLimits{.max_tensor_bytes = 1024, .max_total_bytes = 1024, .max_tensors = 8});
+  TensorStore store(
+      StoreLimits{.max_tensor_bytes = 1024, .max_total_bytes = 1024, .max_tensors = 8});
   using Values = TensorStore::Values;
   auto given = spec("v", {3}, InitConfig::from_values({}));
   CHECK_THROWS_WITH(store.validate(given, std::nullopt), Catch::Contains("0 initial values"));
@@ -112,14 +126,16 @@ TEST_CASE("a check with values left out counts the limits and the slots, not the
   auto restored = spec("m", {3});
   restored.optimizer = OptimizerConfig::adam(0.1f);
   restored.slots = {{}, {}};
-  CHECK_THROWS_WITH(store.validate(restored, std::nullopt), Catch::Contains("a restored slot of 0"));
+  CHECK_THROWS_WITH(store.validate(restored, std::nullopt),
+                    Catch::Contains("a restored slot of 0"));
   CHECK_NOTHROW(store.validate(restored, std::nullopt, nullptr, Values::kLeftOut));
   restored.slots = {{}};
   CHECK_THROWS_WITH(store.validate(restored, std::nullopt, nullptr, Values::kLeftOut),
                     Catch::Contains("restored with 1 optimizer slots"));
   // Limits count everything checked into one Pending.
   TensorStore::Pending pending;
-  store.validate(spec("a", {150}, InitConfig::from_values({})), std::nullopt, &pending, Values::kLeftOut);
+  store.validate(spec("a", {150}, InitConfig::from_values({})), std::nullopt, &pending,
+                 Values::kLeftOut);
   CHECK_THROWS_WITH(store.validate(spec("b", {150}), std::nullopt, &pending, Values::kLeftOut),
                     Catch::Contains("memory limit"));
   CHECK(store.count() == 0);
@@ -134,11 +150,13 @@ TEST_CASE("a part must fit its logical tensor") {
   CHECK_THROWS_WITH(store.create(spec("big/part_1", {2}), other), Catch::Contains("part layout"));
   // Offsets and shapes whose arithmetic overflows fit nothing: 2^33 x
   // (2^31 + 1) elements wrap to 2^33, where a part of 2 would seem to fit.
-  CHECK_THROWS_WITH(store.create(spec("wrap/part_0", {2}),
-                                 PartMeta{"wrap", {uint64_t{1} << 33, (uint64_t{1} << 31) + 1}, 0, 0, 2}),
-                    Catch::Contains("does not fit"));
-  CHECK_THROWS_WITH(store.create(spec("wrap/part_1", {2}), PartMeta{"wrap", {10}, UINT64_MAX, 1, 2}),
-                    Catch::Contains("does not fit"));
+  CHECK_THROWS_WITH(
+      store.create(spec("wrap/part_0", {2}),
+                   PartMeta{"wrap", {uint64_t{1} << 33, (uint64_t{1} << 31) + 1}, 0, 0, 2}),
+      Catch::Contains("does not fit"));
+  CHECK_THROWS_WITH(
+      store.create(spec("wrap/part_1", {2}), PartMeta{"wrap", {10}, UINT64_MAX, 1, 2}),
+      Catch::Contains("does not fit"));
 }
 
 TEST_CASE("initializers produce the documented distributions") {
@@ -160,7 +178,8 @@ TEST_CASE("initializers produce the documented distributions") {
     sq += (x - 1.0) * (x - 1.0);
   }
   CHECK(m / v.size() == Approx(1.0).margin(0.02));
-  CHECK(std::sqrt(sq / v.size()) == Approx(0.5 * 0.8796).epsilon(0.03));  // stddev of N truncated at 2 sigma
+  CHECK(std::sqrt(sq / v.size()) ==
+        Approx(0.5 * 0.8796).epsilon(0.03));  // stddev of N truncated at 2 sigma
 
   std::vector<float> a(100), b(100), c(100);
   initialize(a, InitConfig::normal(0, 1, 9), {100}, 0);

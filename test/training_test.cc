@@ -83,7 +83,8 @@ double relative_difference(std::span<const float> a, std::span<const double> b) 
 
 // A sync job of two workers on one SGD tensor "w" [2], lr 1, ready to push.
 struct TwoSyncWorkers {
-  explicit TwoSyncWorkers(const PsdProcess& psd) : chief(worker_options({&psd}, 0)), other(worker_options({&psd}, 1)) {
+  explicit TwoSyncWorkers(const PsdProcess& psd)
+      : chief(worker_options({&psd}, 0)), other(worker_options({&psd}, 1)) {
     const TensorSpec spec{.name = "w", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f)};
     chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2});
     chief.create({spec});
@@ -103,7 +104,10 @@ TEST_CASE("sync mode equals a single-process loop averaging the replicas' gradie
                             OptimizerConfig::with_momentum(0.02f, 0.9f, true));
   PsdProcess ps0, ps1;
   auto data = make_shards(workers, 40, d, 11);
-  const JobConfig job{.mode = SyncMode::kSync, .replicas_to_aggregate = 3, .total_replicas = 3, .train_steps = steps};
+  const JobConfig job{.mode = SyncMode::kSync,
+                      .replicas_to_aggregate = 3,
+                      .total_replicas = 3,
+                      .train_steps = steps};
 
   std::vector<std::thread> threads;
   std::vector<std::vector<float>> final_w(workers, std::vector<float>(d));
@@ -115,14 +119,18 @@ TEST_CASE("sync mode equals a single-process loop averaging the replicas' gradie
         Client client(worker_options({&ps0, &ps1}, w));
         TrainingSession session(client, {.job = job});
         std::vector<float> wv(d), gw(d), bv(1), gb(1);
-        session.add_variable({.name = "w", .shape = {uint64_t(d)}, .optimizer = optimizer,
-                              .init = InitConfig::constant(0.5f)}, wv, gw);
+        session.add_variable({.name = "w",
+                              .shape = {uint64_t(d)},
+                              .optimizer = optimizer,
+                              .init = InitConfig::constant(0.5f)},
+                             wv, gw);
         session.add_variable({.name = "b", .shape = {1}, .optimizer = optimizer}, bv, gb);
         session.initialize();
         while (!session.should_stop()) {
           session.run_step([&] { data[w].gradient(wv, bv[0], gw, gb[0]); });
         }
-        client.pull({"w", "b"}, {std::span<float>(final_w[w]), std::span<float>(&final_b[w], 1)}, steps);
+        client.pull({"w", "b"}, {std::span<float>(final_w[w]), std::span<float>(&final_b[w], 1)},
+                    steps);
       } catch (const std::exception& e) {
         UNSCOPED_INFO("worker " << w << ": " << e.what());
         ++failures;
@@ -172,7 +180,8 @@ TEST_CASE("a stale push is rejected, counted, and changes nothing") {
   const std::vector<float> g = {1, 1};
   // Step 0: both contribute, the average is applied, the step advances.
   CHECK(chief.push({"w"}, {g}, 0).status[0] == PushStatus::kAccumulated);
-  CHECK(chief.push({"w"}, {g}, 0).status[0] == PushStatus::kDuplicate);  // at most one per worker per step
+  CHECK(chief.push({"w"}, {g}, 0).status[0] ==
+        PushStatus::kDuplicate);  // at most one per worker per step
   CHECK(other.push({"w"}, {g}, 0).status[0] == PushStatus::kAccumulated);
   std::vector<float> w(2);
   auto r = chief.pull({"w"}, {std::span<float>(w)}, 1);
@@ -191,13 +200,16 @@ TEST_CASE("a stale push is rejected, counted, and changes nothing") {
   CHECK(st.global_step == 1);
 
   // A push for a step the job has not reached is an error.
-  CHECK_THROWS_WITH(other.push({"w"}, {g}, 5), Catch::Contains("step 5") && Catch::Contains("at step 1"));
+  CHECK_THROWS_WITH(other.push({"w"}, {g}, 5),
+                    Catch::Contains("step 5") && Catch::Contains("at step 1"));
   CHECK_THROWS_WITH(other.push({"nope"}, {g}, 1), Catch::Contains("unknown tensor"));
   chief.pull({"w"}, {std::span<float>(w)}, 1);
   CHECK(w == std::vector<float>{-1, -1});
 }
 
-TEST_CASE("sync mode refuses gradient values whose sum over the replicas would overflow; their average is applied") {
+TEST_CASE(
+    "sync mode refuses gradient values whose sum over the replicas would overflow; their average "
+    "is applied") {
   PsdProcess psd;
   TwoSyncWorkers workers(psd);
   Client& chief = workers.chief;
@@ -205,7 +217,8 @@ TEST_CASE("sync mode refuses gradient values whose sum over the replicas would o
   // 3e38 from each of two workers averages to 3e38 but summed to Inf, which
   // was applied: each value must stay within FLT_MAX / 2 here.
   const std::vector<float> huge = {3e38f, 0};
-  CHECK_THROWS_WITH(chief.push({"w"}, {huge}, 0), Catch::Contains("would overflow") && Catch::Contains("2 workers"));
+  CHECK_THROWS_WITH(chief.push({"w"}, {huge}, 0),
+                    Catch::Contains("would overflow") && Catch::Contains("2 workers"));
   const std::vector<float> large = {1.5e38f, -1.5e38f};
   CHECK(chief.push({"w"}, {large}, 0).status[0] == PushStatus::kAccumulated);
   CHECK(other.push({"w"}, {large}, 0).status[0] == PushStatus::kAccumulated);
@@ -215,7 +228,8 @@ TEST_CASE("sync mode refuses gradient values whose sum over the replicas would o
   CHECK(chief.stats()[0].rejected == 1);
 }
 
-TEST_CASE("sync mode: a split push with one value too large for the replicas' sum is refused whole") {
+TEST_CASE(
+    "sync mode: a split push with one value too large for the replicas' sum is refused whole") {
   // psd refuses only the request holding the value; the client checks a
   // push it splits over shards first, or the other parts were accumulated
   // (and the worker's clean push for that step then counted as a duplicate).
@@ -237,7 +251,8 @@ TEST_CASE("sync mode: a split push with one value too large for the replicas' su
 
   std::vector<float> bad(n, 7.0f);
   bad[n - 1] = 3e38f;  // finite, but two of them sum to Inf
-  CHECK_THROWS_WITH(chief.push({"emb"}, {bad}, 0), Catch::Contains("would overflow") && Catch::Contains("2 workers"));
+  CHECK_THROWS_WITH(chief.push({"emb"}, {bad}, 0),
+                    Catch::Contains("would overflow") && Catch::Contains("2 workers"));
   const std::vector<float> g(n, 0.5f);
   CHECK(chief.push({"emb"}, {g}, 0).status[0] == PushStatus::kAccumulated);
   CHECK(other.push({"emb"}, {g}, 0).status[0] == PushStatus::kAccumulated);
@@ -251,14 +266,16 @@ TEST_CASE("sync: every worker reports the step its push went into, the last one 
   // reported the step before (one of two workers ended at "99 global steps"
   // of 100).
   PsdProcess psd;
-  const JobConfig job{.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2, .train_steps = 20};
+  const JobConfig job{
+      .mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2, .train_steps = 20};
   int64_t final_step[2] = {0, 0};
   int off_by_one[2] = {0, 0};  // Catch's assertions are for the test's own thread
   auto worker = [&](int i) {
     Client client(worker_options({&psd}, i));
     TrainingSession session(client, {.job = job});
     std::vector<float> w(2), g(2, 1.0f);
-    session.add_variable({.name = "w", .shape = {2}, .optimizer = OptimizerConfig::sgd(0.01f)}, w, g);
+    session.add_variable({.name = "w", .shape = {2}, .optimizer = OptimizerConfig::sgd(0.01f)}, w,
+                         g);
     session.initialize();
     while (!session.should_stop()) {
       session.pull();
@@ -343,8 +360,10 @@ TEST_CASE("backup workers: one slow worker of four does not slow the job") {
   // Each run is its own job, so each gets its own psd.
   auto run = [&](int workers, int replicas, int slow_worker, const std::string& prefix) {
     PsdProcess psd;
-    const JobConfig job{.mode = SyncMode::kSync, .replicas_to_aggregate = uint32_t(replicas),
-                        .total_replicas = uint32_t(workers), .train_steps = steps};
+    const JobConfig job{.mode = SyncMode::kSync,
+                        .replicas_to_aggregate = uint32_t(replicas),
+                        .total_replicas = uint32_t(workers),
+                        .train_steps = steps};
     std::vector<std::thread> threads;
     std::atomic<int> failures{0};
     auto start = std::chrono::steady_clock::now();
@@ -355,7 +374,8 @@ TEST_CASE("backup workers: one slow worker of four does not slow the job") {
           Client client(worker_options({&psd}, w));
           TrainingSession session(client, {.job = job});
           std::vector<float> v(64), g(64, 0.01f);
-          session.add_variable({.name = prefix + "v", .shape = {64}, .optimizer = OptimizerConfig::sgd(0.1f)}, v, g);
+          session.add_variable(
+              {.name = prefix + "v", .shape = {64}, .optimizer = OptimizerConfig::sgd(0.1f)}, v, g);
           session.initialize();
           while (!session.should_stop()) {
             session.run_step([&] { std::this_thread::sleep_for(w == slow_worker ? 250ms : 20ms); });
@@ -373,14 +393,17 @@ TEST_CASE("backup workers: one slow worker of four does not slow the job") {
   };
   const double fast3 = run(3, 3, -1, "a/");
   const double with_slow = run(4, 3, 3, "b/");
-  INFO("3 fast workers: " << fast3 << " steps/s; 3 fast + 1 slow with backup: " << with_slow << " steps/s");
+  INFO("3 fast workers: " << fast3 << " steps/s; 3 fast + 1 slow with backup: " << with_slow
+                          << " steps/s");
   CHECK(with_slow >= 0.8 * fast3);
 }
 
 TEST_CASE("bounded staleness keeps every worker within max_staleness of the slowest") {
   PsdProcess psd;
   const int workers = 3, steps = 12;
-  const JobConfig job{.mode = SyncMode::kBoundedStaleness, .total_replicas = 3, .max_staleness = 2,
+  const JobConfig job{.mode = SyncMode::kBoundedStaleness,
+                      .total_replicas = 3,
+                      .max_staleness = 2,
                       .train_steps = 0};
   std::vector<std::thread> threads;
   std::atomic<int> failures{0};
@@ -398,7 +421,8 @@ TEST_CASE("bounded staleness keeps every worker within max_staleness of the slow
         Client client(worker_options({&psd}, w));
         TrainingSession session(client, {.job = job});
         std::vector<float> v(16), g(16, 1.0f);
-        session.add_variable({.name = "v", .shape = {16}, .optimizer = OptimizerConfig::sgd(0.01f)}, v, g);
+        session.add_variable({.name = "v", .shape = {16}, .optimizer = OptimizerConfig::sgd(0.01f)},
+                             v, g);
         session.initialize();
         arrived = true;
         all_connected.arrive_and_wait();
@@ -467,28 +491,41 @@ TEST_CASE("bad job input: a second chief, a worker outside the job, another job 
   Client chief(worker_options({&psd}, 0));
   chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2});
   CHECK_THROWS_WITH(Client(worker_options({&psd}, 0)), Catch::Contains("second chief"));
-  CHECK_THROWS_WITH(Client(worker_options({&psd}, 7)), Catch::Contains("outside the job's 2 workers"));
-  CHECK_THROWS_WITH(chief.init_job({.mode = SyncMode::kAsync}), Catch::Contains("already configured"));
+  CHECK_THROWS_WITH(Client(worker_options({&psd}, 7)),
+                    Catch::Contains("outside the job's 2 workers"));
+  CHECK_THROWS_WITH(chief.init_job({.mode = SyncMode::kAsync}),
+                    Catch::Contains("already configured"));
   // Another stop step ahead of the job is taken (a job resumed and extended).
-  CHECK_NOTHROW(chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2, .train_steps = 60}));
+  CHECK_NOTHROW(chief.init_job({.mode = SyncMode::kSync,
+                                .replicas_to_aggregate = 2,
+                                .total_replicas = 2,
+                                .train_steps = 60}));
   CHECK(chief.stats()[0].job.train_steps == 60);
-  // Anything else reads as one refusal, named once (it read "initJob: initJob: ... as sync (...), not sync (...)").
+  // Anything else reads as one refusal, named once (it read "initJob: initJob: ... as sync (...),
+  // not sync (...)").
   CHECK_THROWS_WITH(
-      chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 1, .total_replicas = 2, .train_steps = 60}),
-      Catch::StartsWith("initJob: the job is already configured as sync (aggregate 2 of 2), stop at step 60, not sync "
+      chief.init_job({.mode = SyncMode::kSync,
+                      .replicas_to_aggregate = 1,
+                      .total_replicas = 2,
+                      .train_steps = 60}),
+      Catch::StartsWith("initJob: the job is already configured as sync (aggregate 2 of 2), stop "
+                        "at step 60, not sync "
                         "(aggregate 1 of 2), stop at step 60 (only the stop step may change"));
   // A chief restarted with restore_from names the newest checkpoint's step
   // as where a job starts: the running job goes on, at its own step.
-  CHECK_NOTHROW(chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2, .start_step = 7}));
+  CHECK_NOTHROW(chief.init_job(
+      {.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2, .start_step = 7}));
   CHECK(chief.stats()[0].global_step == 0);
-  CHECK_THROWS_WITH(chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 3, .total_replicas = 2}),
-                    Catch::Contains("exceeds"));
+  CHECK_THROWS_WITH(
+      chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 3, .total_replicas = 2}),
+      Catch::Contains("exceeds"));
   Client worker(worker_options({&psd}, 1));
   CHECK_THROWS_WITH(worker.set_ready(), Catch::Contains("only the chief"));
   // Before the chief marks the model ready, pushes are refused.
   chief.create({{.name = "w", .shape = {1}}});
   worker.declare({{.name = "w", .shape = {1}}});
-  CHECK_THROWS_WITH(worker.push("w", std::vector<float>{1}), Catch::Contains("not finished initialising"));
+  CHECK_THROWS_WITH(worker.push("w", std::vector<float>{1}),
+                    Catch::Contains("not finished initialising"));
   CHECK(psd.alive());
 }
 
@@ -518,9 +555,11 @@ TEST_CASE("barrier releases everyone together, and times out cleanly") {
     Client c(worker_options({&psd}, -1));
     arrived = c.barrier("x", 2, 5s);
   });
-  for (int i = 0; i < 500 && lone.stats()[0].connections < 2; ++i) std::this_thread::sleep_for(10ms);
+  for (int i = 0; i < 500 && lone.stats()[0].connections < 2; ++i)
+    std::this_thread::sleep_for(10ms);
   std::this_thread::sleep_for(200ms);  // the waiter's call is in psd
-  CHECK_THROWS_WITH(lone.barrier("x", 1, 1s), Catch::Contains("1 caller(s) wait for 2, this call asks for 1"));
+  CHECK_THROWS_WITH(lone.barrier("x", 1, 1s),
+                    Catch::Contains("1 caller(s) wait for 2, this call asks for 1"));
   CHECK(arrived == 0);
   CHECK(lone.barrier("x", 2, 5s) == 2);
   waiter.join();
@@ -548,16 +587,22 @@ TEST_CASE("a worker that declares another model than the chief created is stoppe
     session.initialize();
   };
   // Same element count, parts of the same length: psd alone cannot tell.
-  CHECK_THROWS_WITH(initialize({{"a", {3, 2}}, {"b", {4}}}), Catch::Contains("declared with shape [3, 2], the chief created [2, 3]"));
-  CHECK_THROWS_WITH(initialize({{"b", {4}}, {"a", {2, 3}}}), Catch::Contains("placed on other shards"));
-  CHECK_THROWS_WITH(initialize({{"a", {2, 3}}, {"b", {4}}, {"c", {1}}}), Catch::Contains("was not created by the chief"));
+  CHECK_THROWS_WITH(initialize({{"a", {3, 2}}, {"b", {4}}}),
+                    Catch::Contains("declared with shape [3, 2], the chief created [2, 3]"));
+  CHECK_THROWS_WITH(initialize({{"b", {4}}, {"a", {2, 3}}}),
+                    Catch::Contains("placed on other shards"));
+  CHECK_THROWS_WITH(initialize({{"a", {2, 3}}, {"b", {4}}, {"c", {1}}}),
+                    Catch::Contains("was not created by the chief"));
   CHECK_NOTHROW(initialize({{"a", {2, 3}}, {"b", {4}}}));
 }
 
-TEST_CASE("sync mode with a shard that holds no trainable tensor is refused at setReady, not left to hang") {
+TEST_CASE(
+    "sync mode with a shard that holds no trainable tensor is refused at setReady, not left to "
+    "hang") {
   PsdProcess ps0, ps1;
   Client chief(worker_options({&ps0, &ps1}, 0));
-  TrainingSession session(chief, {.job = {.mode = SyncMode::kSync, .replicas_to_aggregate = 1, .total_replicas = 1}});
+  TrainingSession session(
+      chief, {.job = {.mode = SyncMode::kSync, .replicas_to_aggregate = 1, .total_replicas = 1}});
   std::vector<float> v(4), g(4);
   session.add_variable({.name = "only", .shape = {4}}, v, g);  // on shard 0; shard 1 holds nothing
   // Before, shard 1 stayed at step 0 for good: a checkpoint at a step waited
@@ -565,7 +610,9 @@ TEST_CASE("sync mode with a shard that holds no trainable tensor is refused at s
   CHECK_THROWS_WITH(session.initialize(), Catch::Contains("holds no trainable tensor"));
 }
 
-TEST_CASE("waitReady and barrier may wait longer than call_timeout: they end as asked, not as a lost psd") {
+TEST_CASE(
+    "waitReady and barrier may wait longer than call_timeout: they end as asked, not as a lost "
+    "psd") {
   PsdProcess psd;
   ClientOptions o = worker_options({&psd}, 1);
   o.connect_timeout = 300ms;
@@ -577,7 +624,9 @@ TEST_CASE("waitReady and barrier may wait longer than call_timeout: they end as 
   CHECK_THROWS_WITH(client.barrier("alone", 2, 1500ms), Catch::Contains("timed out waiting for 2"));
 }
 
-TEST_CASE("a worker index outside the job, seen before the job was set up, does not lower the replicas a sync step waits for") {
+TEST_CASE(
+    "a worker index outside the job, seen before the job was set up, does not lower the replicas a "
+    "sync step waits for") {
   PsdProcess psd;
   { Client stray(worker_options({&psd}, 7)); }  // says hello and leaves
   Client chief(worker_options({&psd}, 0));
@@ -594,7 +643,9 @@ TEST_CASE("a worker index outside the job, seen before the job was set up, does 
   CHECK(v[0] == -3.0f);
 }
 
-TEST_CASE("bounded staleness: a push that moves the slowest worker on releases the pulls waiting for it") {
+TEST_CASE(
+    "bounded staleness: a push that moves the slowest worker on releases the pulls waiting for "
+    "it") {
   PsdProcess psd;
   Client w0(worker_options({&psd}, 0)), w1(worker_options({&psd}, 1));
   w0.create({{.name = "v", .shape = {4}}});
@@ -605,7 +656,7 @@ TEST_CASE("bounded staleness: a push that moves the slowest worker on releases t
   w0.push({"v"}, {std::span<const float>(g)}, 1);
   auto pulled = w0.pull_async({"v"}, {std::span<float>(v)}, 1);
   CHECK(pulled.wait_for(300ms) == std::future_status::timeout);  // worker 1 is at step 0
-  w1.push({"v"}, {std::span<const float>(g)}, 1);  // no step report: the push alone
+  w1.push({"v"}, {std::span<const float>(g)}, 1);                // no step report: the push alone
   CHECK(pulled.wait_for(5s) == std::future_status::ready);
 }
 

@@ -45,7 +45,8 @@ double auc_impl(std::span<const float> labels, std::span<const T> scores) {
   const size_t n = labels.size();
   std::vector<uint32_t> order(n);
   std::iota(order.begin(), order.end(), 0u);
-  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return scores[a] < scores[b]; });
+  std::sort(order.begin(), order.end(),
+            [&](uint32_t a, uint32_t b) { return scores[a] < scores[b]; });
   // Sum of the (1-based, ties averaged) ranks of the positives.
   double rank_sum = 0;
   double positives = 0;
@@ -65,9 +66,17 @@ double auc_impl(std::span<const float> labels, std::span<const T> scores) {
 
 }  // namespace
 
-double log_loss(std::span<const float> labels, std::span<const float> probs) { return log_loss_impl(labels, probs); }
-double log_loss(std::span<const float> labels, std::span<const double> probs) { return log_loss_impl(labels, probs); }
-double roc_auc(std::span<const float> labels, std::span<const float> scores) { return auc_impl(labels, scores); }
-double roc_auc(std::span<const float> labels, std::span<const double> scores) { return auc_impl(labels, scores); }
+double log_loss(std::span<const float> labels, std::span<const float> probs) {
+  return log_loss_impl(labels, probs);
+}
+double log_loss(std::span<const float> labels, std::span<const double> probs) {
+  return log_loss_impl(labels, probs);
+}
+double roc_auc(std::span<const float> labels, std::span<const float> scores) {
+  return auc_impl(labels, scores);
+}
+double roc_auc(std::span<const float> labels, std::span<const double> scores) {
+  return auc_impl(labels, scores);
+}
 
 }  // namespace ps

@@ -42,7 +42,8 @@ void check_address(std::string_view addr, bool allow_unix, const std::string& wh
     return;
   }
   for (char c : addr) {
-    if (c == ';' || c == ' ' || c == '\t') fail(what + ": '" + a + "': separate hosts with ',' (host:port,host:port)");
+    if (c == ';' || c == ' ' || c == '\t')
+      fail(what + ": '" + a + "': separate hosts with ',' (host:port,host:port)");
     if (std::isspace(static_cast<unsigned char>(c)) || c == ',')
       fail(what + ": '" + a + "': whitespace or comma inside an address");
   }
@@ -69,9 +70,8 @@ std::vector<std::string> split_hosts(std::string_view list, bool allow_unix,
   size_t start = 0;
   while (true) {
     size_t comma = list.find(',', start);
-    std::string_view item =
-        trim(list.substr(start, comma == std::string_view::npos ? std::string_view::npos
-                                                                : comma - start));
+    std::string_view item = trim(list.substr(
+        start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
     if (item.empty()) fail(what + ": empty entry in '" + std::string(list) + "'");
     check_address(item, allow_unix, what);
     out.emplace_back(item);
@@ -96,7 +96,8 @@ long long env_int(const std::map<std::string, std::string>& env, const char* key
   const std::string* v = find_env(env, key);
   if (!v) fail(std::string("Slurm: ") + key + " is not set");
   long long x = 0;
-  if (!parse_int(trim(*v), x)) fail(std::string("Slurm: ") + key + "='" + *v + "' is not an integer");
+  if (!parse_int(trim(*v), x))
+    fail(std::string("Slurm: ") + key + "='" + *v + "' is not an integer");
   return x;
 }
 
@@ -112,20 +113,20 @@ void ClusterSpec::finish() {
   if (task_index_ < 0) fail("task index " + std::to_string(task_index_) + " is negative");
   if (job_name_ == "ps") {
     if (task_index_ >= num_ps())
-      fail("task index " + std::to_string(task_index_) + " out of range: " +
-           std::to_string(num_ps()) + " ps tasks");
+      fail("task index " + std::to_string(task_index_) +
+           " out of range: " + std::to_string(num_ps()) + " ps tasks");
     self_address_ = ps_hosts_[task_index_];
   } else if (job_name_ == "evaluator") {
     if (!evaluator_hosts_.empty()) {
       if (task_index_ >= static_cast<int>(evaluator_hosts_.size()))
-        fail("task index " + std::to_string(task_index_) + " out of range: " +
-             std::to_string(evaluator_hosts_.size()) + " evaluator tasks");
+        fail("task index " + std::to_string(task_index_) +
+             " out of range: " + std::to_string(evaluator_hosts_.size()) + " evaluator tasks");
       self_address_ = evaluator_hosts_[task_index_];
     }
   } else {
     if (worker_index_ < 0 || worker_index_ >= num_workers())
-      fail("task " + job_name_ + ":" + std::to_string(task_index_) + " out of range: " +
-           std::to_string(num_workers()) + " workers (chief included)");
+      fail("task " + job_name_ + ":" + std::to_string(task_index_) +
+           " out of range: " + std::to_string(num_workers()) + " workers (chief included)");
     self_address_ = worker_hosts_[worker_index_];
   }
 }
@@ -214,13 +215,13 @@ ClusterSpec ClusterSpec::from_tf_config(std::string_view json) {
     s.worker_index_ = 0;
   } else if (type == "worker") {
     if (s.task_index_ < 0 || s.task_index_ >= static_cast<int>(workers.size()))
-      fail("TF_CONFIG task worker:" + std::to_string(s.task_index_) + " out of range: " +
-           std::to_string(workers.size()) + " workers listed");
+      fail("TF_CONFIG task worker:" + std::to_string(s.task_index_) +
+           " out of range: " + std::to_string(workers.size()) + " workers listed");
     s.worker_index_ = offset + s.task_index_;
   } else if (type == "ps") {
     if (s.task_index_ < 0 || s.task_index_ >= s.num_ps())
-      fail("TF_CONFIG task ps:" + std::to_string(s.task_index_) + " out of range: " +
-           std::to_string(s.num_ps()) + " ps listed");
+      fail("TF_CONFIG task ps:" + std::to_string(s.task_index_) +
+           " out of range: " + std::to_string(s.num_ps()) + " ps listed");
   } else if (type != "evaluator") {
     fail("TF_CONFIG task type '" + type + "' unknown: expected chief, worker, ps or evaluator");
   }
@@ -238,8 +239,9 @@ ClusterSpec ClusterSpec::from_slurm(const std::map<std::string, std::string>& en
   if (!nodelist) nodelist = find_env(env, "SLURM_JOB_NODELIST");
   if (!nodelist) nodelist = find_env(env, "SLURM_NODELIST");
   if (!nodelist) fail("Slurm: SLURM_JOB_NODELIST is not set");
-  if (ntasks < 2 || ntasks > 1000000) fail("Slurm: SLURM_NTASKS=" + std::to_string(ntasks) +
-                                           ": need at least 2 tasks (1 ps + 1 worker)");
+  if (ntasks < 2 || ntasks > 1000000)
+    fail("Slurm: SLURM_NTASKS=" + std::to_string(ntasks) +
+         ": need at least 2 tasks (1 ps + 1 worker)");
   if (rank < 0 || rank >= ntasks)
     fail("Slurm: SLURM_PROCID=" + std::to_string(rank) + " out of range 0.." +
          std::to_string(ntasks - 1));
@@ -269,8 +271,8 @@ ClusterSpec ClusterSpec::from_slurm(const std::map<std::string, std::string>& en
   long long total = 0;
   for (int c : per_node) total += c;
   if (total != ntasks)
-    fail("Slurm: tasks per node add up to " + std::to_string(total) + " but SLURM_NTASKS=" +
-         std::to_string(ntasks));
+    fail("Slurm: tasks per node add up to " + std::to_string(total) +
+         " but SLURM_NTASKS=" + std::to_string(ntasks));
 
   // Block distribution: tasks fill node 0, then node 1, ...
   ClusterSpec s;
@@ -306,13 +308,14 @@ ClusterSpec ClusterSpec::from_slurm(const std::map<std::string, std::string>& en
   return s;
 }
 
-ClusterSpec ClusterSpec::from_environment(const std::map<std::string, std::string>& env,
-                                          int num_ps, int port_base) {
+ClusterSpec ClusterSpec::from_environment(const std::map<std::string, std::string>& env, int num_ps,
+                                          int port_base) {
   const std::string* tf = find_env(env, "TF_CONFIG");
   if (tf && !trim(*tf).empty()) return from_tf_config(*tf);
   if (find_env(env, "SLURM_PROCID")) return from_slurm(env, num_ps, port_base);
-  fail("no cluster description: set TF_CONFIG, run under Slurm (srun), or pass "
-       "--ps_hosts/--worker_hosts/--job_name/--task_index");
+  fail(
+      "no cluster description: set TF_CONFIG, run under Slurm (srun), or pass "
+      "--ps_hosts/--worker_hosts/--job_name/--task_index");
 }
 
 ClusterSpec ClusterSpec::from_environment(int num_ps, int port_base) {

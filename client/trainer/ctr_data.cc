@@ -30,14 +30,17 @@ bool parse_ctr_line(std::string_view line, CtrExample& out, std::string* error) 
   size_t start = 0;
   while (true) {
     const size_t tab = line.find('\t', start);
-    const std::string_view field = line.substr(start, tab == std::string_view::npos ? std::string_view::npos : tab - start);
+    const std::string_view field =
+        line.substr(start, tab == std::string_view::npos ? std::string_view::npos : tab - start);
     if (n < kFields) f[n] = field;
     ++n;
     if (tab == std::string_view::npos) break;
     start = tab + 1;
   }
   if (n != kFields)
-    return fail(fmt::format("expected {} tab-separated fields (label, 13 integers, 26 categorical), got {}", kFields, n));
+    return fail(
+        fmt::format("expected {} tab-separated fields (label, 13 integers, 26 categorical), got {}",
+                    kFields, n));
 
   if (f[0] == "0" || f[0] == "1")
     out.label = f[0] == "1" ? 1.0f : 0.0f;
@@ -88,7 +91,8 @@ bool CtrReader::next(CtrExample& out) {
   while (std::getline(in_, line_)) {
     ++line_number_;
     if (line_.empty() || line_ == "\r") continue;
-    if (!parse_ctr_line(line_, out, &why)) throw ConfigError(fmt::format("{}:{}: {}", path_, line_number_, why));
+    if (!parse_ctr_line(line_, out, &why))
+      throw ConfigError(fmt::format("{}:{}: {}", path_, line_number_, why));
     return true;
   }
   if (in_.bad()) throw ConfigError(fmt::format("{}:{}: read error", path_, line_number_));
@@ -99,7 +103,8 @@ std::vector<CtrExample> read_ctr_file(const std::string& path, int64_t max_examp
   CtrReader reader(path);
   std::vector<CtrExample> all;
   CtrExample e;
-  while ((max_examples < 0 || static_cast<int64_t>(all.size()) < max_examples) && reader.next(e)) all.push_back(e);
+  while ((max_examples < 0 || static_cast<int64_t>(all.size()) < max_examples) && reader.next(e))
+    all.push_back(e);
   return all;
 }
 

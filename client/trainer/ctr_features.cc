@@ -21,7 +21,8 @@ uint64_t value_of(int field, const CtrExample& e) {
 
 void check_field(int field, const char* what) {
   if (field < 0 || field >= kCtrCategorical)
-    throw Error(fmt::format("{}: categorical field {} outside [0, {})", what, field, kCtrCategorical));
+    throw Error(
+        fmt::format("{}: categorical field {} outside [0, {})", what, field, kCtrCategorical));
 }
 
 }  // namespace
@@ -51,26 +52,32 @@ std::vector<FieldCross> default_ctr_crosses() {
 
 void ctr_categorical_ids(const CtrExample& e, std::span<uint64_t> ids) {
   if (ids.size() != kCtrCategorical)
-    throw Error(fmt::format("ctr_categorical_ids: {} slots given, {} needed", ids.size(), kCtrCategorical));
+    throw Error(
+        fmt::format("ctr_categorical_ids: {} slots given, {} needed", ids.size(), kCtrCategorical));
   for (int f = 0; f < kCtrCategorical; ++f) ids[f] = ctr_hash_feature(f, value_of(f, e));
 }
 
 void ctr_dense_features(const CtrExample& e, std::span<float> out) {
   if (out.size() != kCtrDense)
-    throw Error(fmt::format("ctr_dense_features: {} slots given, {} needed", out.size(), kCtrDense));
+    throw Error(
+        fmt::format("ctr_dense_features: {} slots given, {} needed", out.size(), kCtrDense));
   for (int j = 0; j < kCtrDense; ++j) {
     const double x = static_cast<double>(e.dense[j]);
-    out[j] = e.dense_present[j] ? static_cast<float>(std::copysign(std::log1p(std::fabs(x)), x)) : 0.0f;
+    out[j] =
+        e.dense_present[j] ? static_cast<float>(std::copysign(std::log1p(std::fabs(x)), x)) : 0.0f;
   }
 }
 
-void ctr_wide_ids(const CtrExample& e, std::span<const FieldCross> crosses, std::vector<uint64_t>& ids) {
+void ctr_wide_ids(const CtrExample& e, std::span<const FieldCross> crosses,
+                  std::vector<uint64_t>& ids) {
   ids.resize(kCtrCategorical + crosses.size());
   ctr_categorical_ids(e, std::span<uint64_t>(ids).first(kCtrCategorical));
-  for (size_t c = 0; c < crosses.size(); ++c) ids[kCtrCategorical + c] = ctr_cross_id(crosses[c].a, crosses[c].b, e);
+  for (size_t c = 0; c < crosses.size(); ++c)
+    ids[kCtrCategorical + c] = ctr_cross_id(crosses[c].a, crosses[c].b, e);
 }
 
-void make_ctr_batch(std::span<const CtrExample> examples, std::span<const FieldCross> crosses, CtrBatch& batch) {
+void make_ctr_batch(std::span<const CtrExample> examples, std::span<const FieldCross> crosses,
+                    CtrBatch& batch) {
   const size_t n = examples.size(), wide = kCtrCategorical + crosses.size();
   batch.size = static_cast<int64_t>(n);
   batch.labels.resize(n);
@@ -82,7 +89,8 @@ void make_ctr_batch(std::span<const CtrExample> examples, std::span<const FieldC
     const CtrExample& e = examples[i];
     batch.labels[i] = e.label;
     ctr_dense_features(e, std::span<float>(batch.dense).subspan(i * kCtrDense, kCtrDense));
-    ctr_categorical_ids(e, std::span<uint64_t>(batch.ids).subspan(i * kCtrCategorical, kCtrCategorical));
+    ctr_categorical_ids(
+        e, std::span<uint64_t>(batch.ids).subspan(i * kCtrCategorical, kCtrCategorical));
     ctr_wide_ids(e, crosses, w);
     std::copy(w.begin(), w.end(), batch.wide_ids.begin() + static_cast<std::ptrdiff_t>(i * wide));
   }

@@ -24,7 +24,9 @@ constexpr uint64_t kWeightSalt = 0x03;
 constexpr uint64_t kDenseSalt = 0x04;
 constexpr uint64_t kCrossSalt = 0x05;
 
-uint64_t key(uint64_t seed, uint64_t salt, uint64_t a) { return mix64(mix64(seed ^ mix64(salt)) ^ a); }
+uint64_t key(uint64_t seed, uint64_t salt, uint64_t a) {
+  return mix64(mix64(seed ^ mix64(salt)) ^ a);
+}
 
 // A standard normal fixed by h (Box-Muller).
 double hash_normal(uint64_t h) {
@@ -37,7 +39,9 @@ class ExampleRng {
  public:
   explicit ExampleRng(uint64_t state) : state_(state) {}
   double uniform() { return unit_double(mix64(state_ += 0x9E3779B97F4A7C15ull)); }
-  double normal() { return std::sqrt(-2.0 * std::log(uniform())) * std::cos(2.0 * std::numbers::pi * uniform()); }
+  double normal() {
+    return std::sqrt(-2.0 * std::log(uniform())) * std::cos(2.0 * std::numbers::pi * uniform());
+  }
 
  private:
   uint64_t state_;
@@ -60,32 +64,40 @@ void CtrSyntheticOptions::validate() const {
   if (!(holdout_fraction >= 0 && holdout_fraction < 1))
     bad(fmt::format("holdout fraction must be in [0, 1), got {}", holdout_fraction));
   if (min_distinct < 1 || max_distinct < min_distinct || max_distinct > (int64_t{1} << 32) - 1)
-    bad(fmt::format("distinct values per field must satisfy 1 <= min ({}) <= max ({}) < 2^32", min_distinct,
-                    max_distinct));
-  if (!(zipf_exponent > 0 && zipf_exponent <= 10)) bad(fmt::format("zipf exponent must be in (0, 10], got {}", zipf_exponent));
-  if (!(missing_rate >= 0 && missing_rate < 1)) bad(fmt::format("missing rate must be in [0, 1), got {}", missing_rate));
+    bad(fmt::format("distinct values per field must satisfy 1 <= min ({}) <= max ({}) < 2^32",
+                    min_distinct, max_distinct));
+  if (!(zipf_exponent > 0 && zipf_exponent <= 10))
+    bad(fmt::format("zipf exponent must be in (0, 10], got {}", zipf_exponent));
+  if (!(missing_rate >= 0 && missing_rate < 1))
+    bad(fmt::format("missing rate must be in [0, 1), got {}", missing_rate));
   for (double v : {bias, weight_scale, weight_decay, dense_weight_scale, cross_weight_scale})
     if (!std::isfinite(v)) bad("weights must be finite");
   if (weight_scale < 0 || weight_decay < 0 || dense_weight_scale < 0 || cross_weight_scale < 0)
     bad("weight scales and decay must be >= 0");
   for (const FieldCross& c : crosses)
     if (c.a < 0 || c.a >= kCtrCategorical || c.b < 0 || c.b >= kCtrCategorical || c.a == c.b)
-      bad(fmt::format("cross ({}, {}) must name two different fields in [0, {})", c.a, c.b, kCtrCategorical));
+      bad(fmt::format("cross ({}, {}) must name two different fields in [0, {})", c.a, c.b,
+                      kCtrCategorical));
 }
 
 CtrSynthetic::CtrSynthetic(const CtrSyntheticOptions& options) : options_(options) {
   options_.validate();
-  holdout_begin_ = options_.examples - static_cast<int64_t>(std::llround(options_.examples * options_.holdout_fraction));
-  const double ratio = static_cast<double>(options_.max_distinct) / static_cast<double>(options_.min_distinct);
+  holdout_begin_ =
+      options_.examples -
+      static_cast<int64_t>(std::llround(options_.examples * options_.holdout_fraction));
+  const double ratio =
+      static_cast<double>(options_.max_distinct) / static_cast<double>(options_.min_distinct);
   for (int f = 0; f < kCtrCategorical; ++f) {
-    distinct_.push_back(std::llround(options_.min_distinct * std::pow(ratio, f / double(kCtrCategorical - 1))));
+    distinct_.push_back(
+        std::llround(options_.min_distinct * std::pow(ratio, f / double(kCtrCategorical - 1))));
     const uint64_t h = key(options_.seed, kBijectionSalt, f);
     mult_.push_back(static_cast<uint32_t>(h) | 1u);
     mult_inv_.push_back(inverse_mod_2_32(mult_.back()));
     offset_.push_back(static_cast<uint32_t>(h >> 32));
   }
   for (int j = 0; j < kCtrDense; ++j)
-    dense_weight_.push_back(options_.dense_weight_scale * hash_normal(key(options_.seed, kDenseSalt, j)));
+    dense_weight_.push_back(options_.dense_weight_scale *
+                            hash_normal(key(options_.seed, kDenseSalt, j)));
 }
 
 uint32_t CtrSynthetic::value_of(int field, int64_t rank) const {
@@ -98,7 +110,8 @@ int64_t CtrSynthetic::rank_of(int field, uint32_t value) const {
 }
 
 double CtrSynthetic::value_weight(uint64_t salt, int64_t rank) const {
-  return std::pow(static_cast<double>(rank), -options_.weight_decay) * hash_normal(mix64(salt ^ rank));
+  return std::pow(static_cast<double>(rank), -options_.weight_decay) *
+         hash_normal(mix64(salt ^ rank));
 }
 
 double CtrSynthetic::planted_probability(const CtrExample& e) const {
@@ -106,7 +119,8 @@ double CtrSynthetic::planted_probability(const CtrExample& e) const {
   std::array<int64_t, kCtrCategorical> rank{};
   for (int f = 0; f < kCtrCategorical; ++f) {
     rank[f] = e.categorical_present[f] ? rank_of(f, e.categorical[f]) : 0;
-    if (rank[f] > 0) logit += options_.weight_scale * value_weight(key(options_.seed, kWeightSalt, f), rank[f]);
+    if (rank[f] > 0)
+      logit += options_.weight_scale * value_weight(key(options_.seed, kWeightSalt, f), rank[f]);
   }
   for (int j = 0; j < kCtrDense; ++j)
     if (e.dense_present[j]) {
@@ -115,8 +129,10 @@ double CtrSynthetic::planted_probability(const CtrExample& e) const {
     }
   for (const FieldCross& c : options_.crosses)
     if (rank[c.a] > 0 && rank[c.b] > 0) {
-      const uint64_t salt = key(options_.seed, kCrossSalt, static_cast<uint64_t>(c.a) * kCtrCategorical + c.b);
-      logit += options_.cross_weight_scale * value_weight(mix64(salt ^ static_cast<uint64_t>(rank[c.a])), rank[c.b]) *
+      const uint64_t salt =
+          key(options_.seed, kCrossSalt, static_cast<uint64_t>(c.a) * kCtrCategorical + c.b);
+      logit += options_.cross_weight_scale *
+               value_weight(mix64(salt ^ static_cast<uint64_t>(rank[c.a])), rank[c.b]) *
                std::pow(static_cast<double>(rank[c.a]), -options_.weight_decay);
     }
   return sigmoid(logit);
@@ -124,19 +140,25 @@ double CtrSynthetic::planted_probability(const CtrExample& e) const {
 
 double CtrSynthetic::example(int64_t i, CtrExample& out) const {
   if (i < 0 || i >= options_.examples)
-    throw Error(fmt::format("synthetic CTR data: example {} outside [0, {})", i, options_.examples));
+    throw Error(
+        fmt::format("synthetic CTR data: example {} outside [0, {})", i, options_.examples));
   ExampleRng rng(key(options_.seed, kExampleSalt, static_cast<uint64_t>(i)));
   const auto uniform = [&] { return rng.uniform(); };
   for (int j = 0; j < kCtrDense; ++j) {
     out.dense_present[j] = rng.uniform() >= options_.missing_rate;
     // Counts spread over a few orders of magnitude, some -1 as in Criteo's I2.
-    out.dense[j] = out.dense_present[j] ? static_cast<int64_t>(std::floor(std::exp(0.3 * j + 1.2 * rng.normal()))) - 1 : 0;
+    out.dense[j] =
+        out.dense_present[j]
+            ? static_cast<int64_t>(std::floor(std::exp(0.3 * j + 1.2 * rng.normal()))) - 1
+            : 0;
   }
   for (int f = 0; f < kCtrCategorical; ++f) {
     out.categorical_present[f] = rng.uniform() >= options_.missing_rate;
     // A sampler is two divisions and a few logs to set up: cheaper than keeping 26.
     out.categorical[f] =
-        out.categorical_present[f] ? value_of(f, detail::ZipfSampler(distinct_[f], options_.zipf_exponent).sample(uniform)) : 0;
+        out.categorical_present[f]
+            ? value_of(f, detail::ZipfSampler(distinct_[f], options_.zipf_exponent).sample(uniform))
+            : 0;
   }
   const double p = planted_probability(out);
   out.label = rng.uniform() < p ? 1.0f : 0.0f;

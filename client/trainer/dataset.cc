@@ -50,9 +50,12 @@ MnistData MnistData::load(const std::string& dir, int64_t validation_size) {
   std::string missing;
   for (int i = 0; i < 4; ++i) {
     const std::string base = dir + "/" + names[i];
-    if (exists(base)) paths[i] = base;
-    else if (exists(base + ".gz")) paths[i] = base + ".gz";
-    else missing += (missing.empty() ? "" : ", ") + base + "[.gz]";
+    if (exists(base))
+      paths[i] = base;
+    else if (exists(base + ".gz"))
+      paths[i] = base + ".gz";
+    else
+      missing += (missing.empty() ? "" : ", ") + base + "[.gz]";
   }
   if (!missing.empty())
     throw ConfigError("MNIST data not found in '" + dir + "': looked for " + missing +
@@ -62,8 +65,8 @@ MnistData MnistData::load(const std::string& dir, int64_t validation_size) {
   std::vector<int32_t> train_lb = read_idx_labels(paths[1], kNumClasses);
   IdxImages test_im = read_idx_images(paths[2]);
   std::vector<int32_t> test_lb = read_idx_labels(paths[3], kNumClasses);
-  auto same_count = [](const IdxImages& im, const std::vector<int32_t>& lb,
-                       const std::string& ip, const std::string& lp) {
+  auto same_count = [](const IdxImages& im, const std::vector<int32_t>& lb, const std::string& ip,
+                       const std::string& lp) {
     if (im.count != static_cast<int64_t>(lb.size()))
       throw ConfigError("count mismatch: " + ip + " has " + std::to_string(im.count) +
                         " images but " + lp + " has " + std::to_string(lb.size()) + " labels");
@@ -71,7 +74,8 @@ MnistData MnistData::load(const std::string& dir, int64_t validation_size) {
   same_count(train_im, train_lb, paths[0], paths[1]);
   same_count(test_im, test_lb, paths[2], paths[3]);
   // An empty test set would report an accuracy of 0 as a result.
-  if (test_im.count == 0) throw ConfigError(paths[2] + " holds no images: there is nothing to test on");
+  if (test_im.count == 0)
+    throw ConfigError(paths[2] + " holds no images: there is nothing to test on");
   if (train_im.rows != test_im.rows || train_im.cols != test_im.cols)
     throw ConfigError("image size mismatch: " + paths[0] + " is " + std::to_string(train_im.rows) +
                       "x" + std::to_string(train_im.cols) + " but " + paths[2] + " is " +
@@ -108,8 +112,8 @@ DataShard::DataShard(const Examples& data, int worker, int num_workers, uint64_t
 void DataShard::shuffle_into(int64_t e, std::vector<int64_t>& out) const {
   out.resize(static_cast<size_t>(size()));
   for (int64_t i = 0; i < size(); ++i) out[i] = begin_ + i;
-  std::mt19937_64 g(mix(mix(mix(seed_) ^ static_cast<uint64_t>(worker_)) ^
-                        static_cast<uint64_t>(e)));
+  std::mt19937_64 g(
+      mix(mix(mix(seed_) ^ static_cast<uint64_t>(worker_)) ^ static_cast<uint64_t>(e)));
   for (int64_t i = size() - 1; i > 0; --i)
     std::swap(out[i], out[below(g, static_cast<uint64_t>(i) + 1)]);
 }

@@ -44,7 +44,8 @@ void HookList::end(const StepInfo& s) {
   for (auto& h : hooks_) h->end(s);
 }
 bool HookList::stop_requested() const {
-  return std::any_of(hooks_.begin(), hooks_.end(), [](const auto& h) { return h->stop_requested(); });
+  return std::any_of(hooks_.begin(), hooks_.end(),
+                     [](const auto& h) { return h->stop_requested(); });
 }
 
 // --- LoggingHook ---
@@ -58,7 +59,8 @@ void LoggingHook::begin() {
   start_ = std::chrono::steady_clock::now();
   const char* term = std::getenv("TERM");
   const bool term_ok = term && std::string(term) != "dumb";
-  if (o_.progress_bar && o_.bar_stream && !::isatty(::fileno(o_.bar_stream)) && term_ok && !own_tty_) {
+  if (o_.progress_bar && o_.bar_stream && !::isatty(::fileno(o_.bar_stream)) && term_ok &&
+      !own_tty_) {
     // Streams going through a pipe: a launcher may name the terminal.
     const char* path = std::getenv("PS_PROGRESS_TTY");
     if (path && *path) {
@@ -92,8 +94,8 @@ void LoggingHook::draw_bar(const StepInfo& s, double now) {
     const double done = s.global_step - std::max<int64_t>(first_global_, 0);
     const double rate = now > 0 ? done / now : 0;
     const double eta = rate > 0 ? (s.train_steps - s.global_step) / rate : NAN;
-    line = fmt::format("[{}] {:3.0f}% step {}/{} loss {:.4f} epoch {:.2f} ETA {}", bar, frac * 100, s.global_step,
-                       s.train_steps, s.loss, s.epoch, format_duration(eta));
+    line = fmt::format("[{}] {:3.0f}% step {}/{} loss {:.4f} epoch {:.2f} ETA {}", bar, frac * 100,
+                       s.global_step, s.train_steps, s.loss, s.epoch, format_duration(eta));
   } else {
     line = fmt::format("step {} loss {:.4f} epoch {:.2f} {}", s.global_step, s.loss, s.epoch,
                        format_duration(now));
@@ -114,16 +116,20 @@ void LoggingHook::after_step(const StepInfo& s) {
   if (o_.every_n > 0 && s.local_step % o_.every_n == 0) {
     const double dt = std::max(now - last_line_t_, 1e-9);
     const double local_rate = static_cast<double>(s.local_step - last_local_) * s.batch_size / dt;
-    const double job_rate = static_cast<double>(s.global_step - last_global_) * s.examples_per_global_step / dt;
+    const double job_rate =
+        static_cast<double>(s.global_step - last_global_) * s.examples_per_global_step / dt;
     // A step that went back (a ps restored from a checkpoint) has no rate.
-    const std::string job = s.global_step >= last_global_ ? format_rate(job_rate) : "n/a, step went back";
+    const std::string job =
+        s.global_step >= last_global_ ? format_rate(job_rate) : "n/a, step went back";
     clear_bar();
     std::string steps = s.train_steps > 0 ? fmt::format("{}/{}", s.global_step, s.train_steps)
                                           : fmt::format("{}", s.global_step);
     std::string acc = s.accuracy >= 0 ? fmt::format(" | acc {:.3f}", s.accuracy) : "";
-    std::fprintf(o_.stream, "worker %d | epoch %.2f | global step %s | local step %lld | loss %.4f%s | %s samples/s (job %s)%s\n",
-                 o_.worker, s.epoch, steps.c_str(), static_cast<long long>(s.local_step), s.loss, acc.c_str(),
-                 format_rate(local_rate).c_str(), job.c_str(),
+    std::fprintf(o_.stream,
+                 "worker %d | epoch %.2f | global step %s | local step %lld | loss %.4f%s | %s "
+                 "samples/s (job %s)%s\n",
+                 o_.worker, s.epoch, steps.c_str(), static_cast<long long>(s.local_step), s.loss,
+                 acc.c_str(), format_rate(local_rate).c_str(), job.c_str(),
                  s.stale_steps ? fmt::format(" | stale {}", s.stale_steps).c_str() : "");
     std::fflush(o_.stream);
     last_line_t_ = now;
@@ -145,7 +151,8 @@ void LoggingHook::end(const StepInfo& s) {
 }
 
 // --- SummaryHook ---
-SummaryHook::SummaryHook(SummaryWriter& writer, int every_n) : writer_(writer), every_n_(std::max(1, every_n)) {}
+SummaryHook::SummaryHook(SummaryWriter& writer, int every_n)
+    : writer_(writer), every_n_(std::max(1, every_n)) {}
 
 void SummaryHook::begin() { last_t_ = std::chrono::steady_clock::now(); }
 
@@ -163,11 +170,13 @@ void SummaryHook::after_step(const StepInfo& s) {
   const double dt = std::max(seconds_since(last_t_), 1e-9);
   const double steps_per_s = static_cast<double>(s.global_step - last_global_) / dt;
   writer_.add_scalar("loss", static_cast<float>(loss_sum_ / n_), s.global_step);
-  if (acc_n_ > 0) writer_.add_scalar("accuracy/train", static_cast<float>(acc_sum_ / acc_n_), s.global_step);
+  if (acc_n_ > 0)
+    writer_.add_scalar("accuracy/train", static_cast<float>(acc_sum_ / acc_n_), s.global_step);
   writer_.add_scalar("learning_rate", s.learning_rate, s.global_step);
   if (s.global_step > last_global_) {  // not after a ps went back to a checkpoint's step
     writer_.add_scalar("global_step/sec", static_cast<float>(steps_per_s), s.global_step);
-    writer_.add_scalar("samples/sec", static_cast<float>(steps_per_s * s.examples_per_global_step), s.global_step);
+    writer_.add_scalar("samples/sec", static_cast<float>(steps_per_s * s.examples_per_global_step),
+                       s.global_step);
   }
   writer_.add_scalar("stale_gradients", static_cast<float>(s.stale_steps), s.global_step);
   last_t_ = std::chrono::steady_clock::now();
@@ -185,8 +194,9 @@ void ReportHook::after_step(const StepInfo& s) {
   if (s.local_step % every_n_ != 0) return;
   const double dt = std::max(seconds_since(last_t_), 1e-9);
   const double rate = static_cast<double>(s.local_step - last_local_) * s.batch_size / dt;
-  client_.report(s.global_step, static_cast<float>(s.loss), static_cast<float>(std::max(0.0, s.accuracy)),
-                 static_cast<float>(rate), s.learning_rate);
+  client_.report(s.global_step, static_cast<float>(s.loss),
+                 static_cast<float>(std::max(0.0, s.accuracy)), static_cast<float>(rate),
+                 s.learning_rate);
   last_t_ = std::chrono::steady_clock::now();
   last_local_ = s.local_step;
 }

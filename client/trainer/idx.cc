@@ -68,10 +68,9 @@ class IdxReader {
   void check_magic(uint32_t expected, const char* kind) {
     uint32_t m = read_u32("magic number");
     if (m != expected)
-      throw ConfigError(path_ + ": wrong magic number " + hex(m) + " (expected " + hex(expected) +
-                        ", " + kind + ")" +
-                        ((m == kImagesMagic || m == kLabelsMagic) ? ": images and labels swapped?"
-                                                                  : ""));
+      throw ConfigError(
+          path_ + ": wrong magic number " + hex(m) + " (expected " + hex(expected) + ", " + kind +
+          ")" + ((m == kImagesMagic || m == kLabelsMagic) ? ": images and labels swapped?" : ""));
   }
 
   const std::string& path() const { return path_; }
@@ -131,7 +130,8 @@ IdxImages read_idx_images(const std::string& path) {
     done += static_cast<int64_t>(got);
     if (got < want)
       throw ConfigError(path + ": truncated: header says " + std::to_string(count) +
-                        " images but the data ends after " + std::to_string(done / dim) + " of them");
+                        " images but the data ends after " + std::to_string(done / dim) +
+                        " of them");
   }
   return out;
 }

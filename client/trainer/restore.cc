@@ -4,19 +4,22 @@
 
 namespace ps {
 
-RestoredModel restore_from_checkpoint(Client& client, const std::string& dir, const JobConfig* job) {
+RestoredModel restore_from_checkpoint(Client& client, const std::string& dir,
+                                      const JobConfig* job) {
   RestoredModel m = load_checkpoint(dir);
   if (job || m.job_configured) {
     JobConfig config = job ? *job : m.job;
     config.start_step = m.global_step;
     client.init_job(config);
   }
-  client.create(m.tensors);  // placed for this job's shards; values, slots and versions travel along
+  client.create(
+      m.tensors);  // placed for this job's shards; values, slots and versions travel along
   if (!m.tables.empty()) {
     std::vector<TableSpec> specs;
     for (const auto& t : m.tables) specs.push_back(t.spec);
     client.create_tables(specs);
-    for (const auto& t : m.tables) client.restore_rows(t.spec.name, t.ids, t.values, t.slots, t.version);
+    for (const auto& t : m.tables)
+      client.restore_rows(t.spec.name, t.ids, t.values, t.slots, t.version);
   }
   client.set_ready();
   return m;

@@ -71,8 +71,8 @@ void expand_one(std::string_view expr, std::string_view list, std::vector<std::s
   size_t i = 0;
   while (i < expr.size()) {
     size_t open = expr.find('[', i);
-    std::string_view lit = expr.substr(i, open == std::string_view::npos ? std::string_view::npos
-                                                                          : open - i);
+    std::string_view lit =
+        expr.substr(i, open == std::string_view::npos ? std::string_view::npos : open - i);
     if (lit.find(']') != std::string_view::npos) bad(list, "unmatched ']'");
     for (auto& a : acc) a += lit;
     if (open == std::string_view::npos) break;

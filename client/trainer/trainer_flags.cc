@@ -23,52 +23,71 @@ std::vector<std::string> split_list(const std::string& s, char sep) {
 }
 
 void add_trainer_flags(CLI::App& app, TrainerFlags& f) {
-  app.add_option("--job_name", f.job_name, "ps or worker (chief: worker 0); empty: from TF_CONFIG or Slurm");
+  app.add_option("--job_name", f.job_name,
+                 "ps or worker (chief: worker 0); empty: from TF_CONFIG or Slurm");
   app.add_option("--task_index", f.task_index, "index of this task within its job")
       ->capture_default_str()
       ->each([&f](const std::string&) { f.task_index_given = true; });
   // expected(0, 1): "--ps_hosts=" counts as given and empty (refused as
   // such), instead of taking the next argument as its value.
-  f.ps_hosts_option = app.add_option("--ps_hosts", f.ps_hosts, "comma-separated host:port list of the ps tasks")
-                          ->expected(0, 1);
-  f.worker_hosts_option =
-      app.add_option("--worker_hosts", f.worker_hosts, "comma-separated host:port list of the workers")->expected(0, 1);
-  app.add_option("--slurm_num_ps", f.slurm_num_ps, "under Slurm: the first N tasks are ps")->capture_default_str();
-  app.add_option("--port_base", f.port_base, "under Slurm: task ports start here")->capture_default_str();
-  app.add_flag("--sync_replicas", f.sync_replicas, "synchronous training: average gradients of the replicas per step");
+  f.ps_hosts_option =
+      app.add_option("--ps_hosts", f.ps_hosts, "comma-separated host:port list of the ps tasks")
+          ->expected(0, 1);
+  f.worker_hosts_option = app.add_option("--worker_hosts", f.worker_hosts,
+                                         "comma-separated host:port list of the workers")
+                              ->expected(0, 1);
+  app.add_option("--slurm_num_ps", f.slurm_num_ps, "under Slurm: the first N tasks are ps")
+      ->capture_default_str();
+  app.add_option("--port_base", f.port_base, "under Slurm: task ports start here")
+      ->capture_default_str();
+  app.add_flag("--sync_replicas", f.sync_replicas,
+               "synchronous training: average gradients of the replicas per step");
   app.add_option("--replicas_to_aggregate", f.replicas_to_aggregate,
                  "sync: gradients averaged per step (default: all workers; fewer: backup workers)");
-  app.add_option("--max_staleness", f.max_staleness,
-                 "bounded staleness: no worker more than N steps ahead of the slowest (0: plain async)");
+  app.add_option(
+      "--max_staleness", f.max_staleness,
+      "bounded staleness: no worker more than N steps ahead of the slowest (0: plain async)");
   app.add_option("--train_steps", f.train_steps, "global steps to train (0: use --epochs)");
-  app.add_option("--epochs", f.epochs, "epochs over the training set, all workers together (when --train_steps is 0)");
-  app.add_option("--batch_size", f.batch_size, "examples per step and worker")->capture_default_str();
-  app.add_option("--learning_rate", f.learning_rate, "learning rate")->capture_default_str();
-  app.add_option("--optimizer", f.optimizer, "sgd, momentum, nesterov, adam, adagrad, rmsprop")->capture_default_str();
-  app.add_option("--lr_decay", f.lr_decay, "learning rate multiplied by this every epoch (1: constant)")
+  app.add_option("--epochs", f.epochs,
+                 "epochs over the training set, all workers together (when --train_steps is 0)");
+  app.add_option("--batch_size", f.batch_size, "examples per step and worker")
       ->capture_default_str();
-  app.add_option("--data_dir", f.data_dir, "directory with the four IDX files (scripts/get_data.sh)")
+  app.add_option("--learning_rate", f.learning_rate, "learning rate")->capture_default_str();
+  app.add_option("--optimizer", f.optimizer, "sgd, momentum, nesterov, adam, adagrad, rmsprop")
+      ->capture_default_str();
+  app.add_option("--lr_decay", f.lr_decay,
+                 "learning rate multiplied by this every epoch (1: constant)")
+      ->capture_default_str();
+  app.add_option("--data_dir", f.data_dir,
+                 "directory with the four IDX files (scripts/get_data.sh)")
       ->capture_default_str();
   app.add_option("--logdir,--log_dir", f.logdir, "TensorBoard event files go here (chief only)");
-  app.add_option("--seed", f.seed, "random seed (initialisation, shuffling)")->capture_default_str();
+  app.add_option("--seed", f.seed, "random seed (initialisation, shuffling)")
+      ->capture_default_str();
   app.add_option("--num_gpus", f.num_gpus, "GPUs per worker (0: CPU)")->capture_default_str();
-  app.add_option("--connect_timeout", f.connect_timeout_s, "seconds to wait for the ps tasks")->capture_default_str();
+  app.add_option("--connect_timeout", f.connect_timeout_s, "seconds to wait for the ps tasks")
+      ->capture_default_str();
   app.add_option("--busy_poll_us", f.busy_poll_us,
-                 "poll up to this many microseconds for each answer before sleeping (adaptive, off while CPUs are oversubscribed; 0: never)")
+                 "poll up to this many microseconds for each answer before sleeping (adaptive, off "
+                 "while CPUs are oversubscribed; 0: never)")
       ->capture_default_str()
       ->check(CLI::Range(0u, 1000000u));
   app.add_option("--shared_memory_mb", f.shared_memory_mb,
-                 "memory shared with each psd on this host, MiB: tensors move through it instead of the Unix socket (0: off)")
+                 "memory shared with each psd on this host, MiB: tensors move through it instead "
+                 "of the Unix socket (0: off)")
       ->capture_default_str()
       ->check(CLI::Range(0u, 1u << 20));
   app.add_option("--dead_peer_secs", f.dead_peer_secs,
-                 "a ps host silent this long while probed (powered off or cut off: no FIN) is taken for gone, and "
+                 "a ps host silent this long while probed (powered off or cut off: no FIN) is "
+                 "taken for gone, and "
                  "reconnected to (0: never)")
       ->capture_default_str()
       ->check(CLI::Range(0u, 86400u));
-  app.add_option("--auth_token_file", f.auth_token_file,
-                 "file holding the token of psds started with --auth_token_file (sent in clear text)");
-  app.add_option("--log_every", f.log_every, "a progress line every N local steps")->capture_default_str();
+  app.add_option(
+      "--auth_token_file", f.auth_token_file,
+      "file holding the token of psds started with --auth_token_file (sent in clear text)");
+  app.add_option("--log_every", f.log_every, "a progress line every N local steps")
+      ->capture_default_str();
 }
 
 ClusterSpec TrainerFlags::cluster_spec() const {
@@ -79,11 +98,12 @@ ClusterSpec TrainerFlags::cluster_spec() const {
   }
   if (!ps_hosts.empty() || !worker_hosts.empty()) {
     if (ps_hosts.empty()) throw ConfigError("--worker_hosts given without --ps_hosts");
-    if (job_name.empty()) throw ConfigError("--job_name is required with --ps_hosts (ps or worker)");
+    if (job_name.empty())
+      throw ConfigError("--job_name is required with --ps_hosts (ps or worker)");
     // Without --worker_hosts: one worker (workers do not listen; its address
     // is a placeholder).
-    return ClusterSpec::from_flags(ps_hosts, worker_hosts.empty() ? "127.0.0.1:1" : worker_hosts, job_name,
-                                   task_index);
+    return ClusterSpec::from_flags(ps_hosts, worker_hosts.empty() ? "127.0.0.1:1" : worker_hosts,
+                                   job_name, task_index);
   }
   const auto env = ClusterSpec::current_environment();
   auto has = [&](const char* k) {
@@ -91,15 +111,20 @@ ClusterSpec TrainerFlags::cluster_spec() const {
     return it != env.end() && it->second.find_first_not_of(" \t\r\n") != std::string::npos;
   };
   if (!has("TF_CONFIG") && !has("SLURM_PROCID")) {
-    throw ConfigError("no cluster: give --ps_hosts, --worker_hosts, --job_name and --task_index, or set TF_CONFIG, "
-                      "or run under Slurm");
+    throw ConfigError(
+        "no cluster: give --ps_hosts, --worker_hosts, --job_name and --task_index, or set "
+        "TF_CONFIG, "
+        "or run under Slurm");
   }
   ClusterSpec spec = ClusterSpec::from_environment(env, slurm_num_ps, port_base);
-  if (!job_name.empty() && job_name != spec.job_name() && !(job_name == "worker" && spec.is_worker())) {
-    throw ConfigError("--job_name=" + job_name + " contradicts the environment's task type '" + spec.job_name() + "'");
+  if (!job_name.empty() && job_name != spec.job_name() &&
+      !(job_name == "worker" && spec.is_worker())) {
+    throw ConfigError("--job_name=" + job_name + " contradicts the environment's task type '" +
+                      spec.job_name() + "'");
   }
   if (task_index_given && task_index != spec.task_index()) {
-    throw ConfigError("--task_index=" + std::to_string(task_index) + " contradicts the environment's task index " +
+    throw ConfigError("--task_index=" + std::to_string(task_index) +
+                      " contradicts the environment's task index " +
                       std::to_string(spec.task_index()));
   }
   return spec;
@@ -115,7 +140,8 @@ ClientOptions TrainerFlags::client_options(const ClusterSpec& spec) const {
   o.shared_memory_bytes = std::size_t{shared_memory_mb} << 20;
   o.dead_peer_timeout = std::chrono::seconds(dead_peer_secs);
   o.auth_token_file = auth_token_file;
-  if (o.call_timeout.count() > 0 && o.call_timeout < o.connect_timeout) o.call_timeout = o.connect_timeout;
+  if (o.call_timeout.count() > 0 && o.call_timeout < o.connect_timeout)
+    o.call_timeout = o.connect_timeout;
   return o;
 }
 
@@ -126,8 +152,8 @@ int TrainerFlags::replicas(const ClusterSpec& spec) const {
 JobConfig TrainerFlags::job_config(const ClusterSpec& spec, int64_t steps) const {
   validate();  // every trainer gets here: one that never called validate() ran with --batch_size 0
   if (sync_replicas && replicas_to_aggregate > spec.num_workers()) {
-    throw ConfigError("--replicas_to_aggregate=" + std::to_string(replicas_to_aggregate) + " is more than the " +
-                      std::to_string(spec.num_workers()) + " workers");
+    throw ConfigError("--replicas_to_aggregate=" + std::to_string(replicas_to_aggregate) +
+                      " is more than the " + std::to_string(spec.num_workers()) + " workers");
   }
   JobConfig c;
   c.total_replicas = static_cast<uint32_t>(spec.num_workers());
@@ -156,9 +182,11 @@ int64_t TrainerFlags::global_steps(const ClusterSpec& spec, int64_t examples) co
 int64_t steps_for_epochs(double epochs, int64_t examples, int64_t examples_per_step) {
   if (!(epochs > 0)) throw ConfigError("give --train_steps or --epochs (both are 0)");
   // In double first: a cast of NaN, Inf or 1e300 to int64 is undefined (it trained 1 step).
-  const double steps = std::ceil(epochs * static_cast<double>(examples) / static_cast<double>(examples_per_step));
+  const double steps =
+      std::ceil(epochs * static_cast<double>(examples) / static_cast<double>(examples_per_step));
   if (!(steps <= static_cast<double>(kMaxStep))) {
-    throw ConfigError("--epochs " + std::to_string(epochs) + " is more global steps than a job can count (2^62)");
+    throw ConfigError("--epochs " + std::to_string(epochs) +
+                      " is more global steps than a job can count (2^62)");
   }
   return std::max<int64_t>(1, static_cast<int64_t>(steps));
 }
@@ -174,13 +202,18 @@ OptimizerConfig TrainerFlags::optimizer_config(int64_t steps_per_epoch) const {
 }
 
 void TrainerFlags::validate() const {
-  if (batch_size < 1) throw ConfigError("--batch_size must be >= 1 (got " + std::to_string(batch_size) + ")");
-  if (!(learning_rate > 0) || !std::isfinite(learning_rate)) throw ConfigError("--learning_rate must be > 0");
-  if (train_steps < 0 || train_steps > kMaxStep) throw ConfigError("--train_steps must be in 0..2^62");
-  if (!(epochs >= 0) || !std::isfinite(epochs)) throw ConfigError("--epochs must be a finite number >= 0");
+  if (batch_size < 1)
+    throw ConfigError("--batch_size must be >= 1 (got " + std::to_string(batch_size) + ")");
+  if (!(learning_rate > 0) || !std::isfinite(learning_rate))
+    throw ConfigError("--learning_rate must be > 0");
+  if (train_steps < 0 || train_steps > kMaxStep)
+    throw ConfigError("--train_steps must be in 0..2^62");
+  if (!(epochs >= 0) || !std::isfinite(epochs))
+    throw ConfigError("--epochs must be a finite number >= 0");
   if (replicas_to_aggregate < 0) throw ConfigError("--replicas_to_aggregate must be >= 0");
   if (max_staleness < 0) throw ConfigError("--max_staleness must be >= 0");
-  if (sync_replicas && max_staleness > 0) throw ConfigError("--sync_replicas and --max_staleness exclude each other");
+  if (sync_replicas && max_staleness > 0)
+    throw ConfigError("--sync_replicas and --max_staleness exclude each other");
   if (!(lr_decay > 0 && lr_decay <= 1)) throw ConfigError("--lr_decay must be in (0, 1]");
   if (num_gpus < 0) throw ConfigError("--num_gpus must be >= 0");
   if (!(connect_timeout_s > 0)) throw ConfigError("--connect_timeout must be > 0");

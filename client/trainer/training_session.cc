@@ -23,11 +23,13 @@ struct Watching {
 };
 }  // namespace
 
-TrainingSession::TrainingSession(Client& client, SessionOptions options) : client_(client), options_(std::move(options)) {}
+TrainingSession::TrainingSession(Client& client, SessionOptions options)
+    : client_(client), options_(std::move(options)) {}
 
 TrainingSession::~TrainingSession() = default;
 
-void TrainingSession::add_variable(const TensorSpec& spec, std::span<float> values, std::span<float> grads) {
+void TrainingSession::add_variable(const TensorSpec& spec, std::span<float> values,
+                                   std::span<float> grads) {
   if (initialized_) throw ConfigError("add_variable('" + spec.name + "') after initialize()");
   if (values.size() != spec.num_elements() || grads.size() != spec.num_elements()) {
     throw ConfigError("variable '" + spec.name + "' has " + std::to_string(spec.num_elements()) +
@@ -46,8 +48,8 @@ void TrainingSession::initialize() {
     client_.init_job(options_.job);
     client_.create(specs);
     client_.set_ready();
-    spdlog::info("chief: job configured ({}), {} variables created and initialised", to_string(options_.job),
-                 specs_.size());
+    spdlog::info("chief: job configured ({}), {} variables created and initialised",
+                 to_string(options_.job), specs_.size());
   } else {
     client_.declare(specs_);
     const auto start = std::chrono::steady_clock::now();
@@ -55,9 +57,11 @@ void TrainingSession::initialize() {
       const auto waited = std::chrono::steady_clock::now() - start;
       if (waited >= options_.ready_timeout) {
         throw ConnectionError("the chief did not initialise the model within " +
-                              std::to_string(options_.ready_timeout.count() / 1000) + " s (is worker 0 running?)");
+                              std::to_string(options_.ready_timeout.count() / 1000) +
+                              " s (is worker 0 running?)");
       }
-      spdlog::info("worker {}: waiting for the chief to initialise the model ({} s)", client_.options().worker_index,
+      spdlog::info("worker {}: waiting for the chief to initialise the model ({} s)",
+                   client_.options().worker_index,
                    std::chrono::duration_cast<std::chrono::seconds>(waited).count());
     }
     check_same_cluster(client_.job());
@@ -67,7 +71,8 @@ void TrainingSession::initialize() {
   // Bounded staleness measures every worker by its own step count: a
   // restarted worker going on from 0 was ignored until it passed its old
   // count, and the others ran that far past max_staleness meanwhile.
-  if (options_.job.mode == SyncMode::kBoundedStaleness) local_step_ = std::max(local_step_, client_.recorded_step());
+  if (options_.job.mode == SyncMode::kBoundedStaleness)
+    local_step_ = std::max(local_step_, client_.recorded_step());
   watch_ = std::make_unique<WaitWatcher>(client_, client_.options().worker_index);
   initialized_ = true;
 }
@@ -86,17 +91,21 @@ void TrainingSession::check_same_cluster(const JobConfig& chiefs) const {
   // means another task: refused here, at the start, with both lists.
   const JobConfig& mine = options_.job;
   const std::string who = "worker " + std::to_string(client_.options().worker_index);
-  auto differ = [&](const char* flag, const std::vector<std::string>& a, const std::vector<std::string>& b) {
+  auto differ = [&](const char* flag, const std::vector<std::string>& a,
+                    const std::vector<std::string>& b) {
     if (a.empty() || b.empty() || a == b) return;
-    throw ConfigError(who + " was started with " + flag + "=" + joined(a) + " (" + std::to_string(a.size()) +
-                      "), the chief with " + flag + "=" + joined(b) + " (" + std::to_string(b.size()) +
+    throw ConfigError(who + " was started with " + flag + "=" + joined(a) + " (" +
+                      std::to_string(a.size()) + "), the chief with " + flag + "=" + joined(b) +
+                      " (" + std::to_string(b.size()) +
                       "): start every task with the same cluster");
   };
   differ("--worker_hosts", mine.worker_hosts, chiefs.worker_hosts);
   differ("--ps_hosts", mine.ps_hosts, chiefs.ps_hosts);
-  if (mine.total_replicas > 0 && chiefs.total_replicas > 0 && mine.total_replicas != chiefs.total_replicas) {
-    throw ConfigError(who + " counts " + std::to_string(mine.total_replicas) + " workers, the chief's job " +
-                      std::to_string(chiefs.total_replicas) + ": start every task with the same --worker_hosts");
+  if (mine.total_replicas > 0 && chiefs.total_replicas > 0 &&
+      mine.total_replicas != chiefs.total_replicas) {
+    throw ConfigError(who + " counts " + std::to_string(mine.total_replicas) +
+                      " workers, the chief's job " + std::to_string(chiefs.total_replicas) +
+                      ": start every task with the same --worker_hosts");
   }
 }
 
@@ -109,21 +118,26 @@ void TrainingSession::check_declared_as_created() {
   const Placement placement = client_.placement();
   for (const TensorSpec& declared : specs_) {
     auto it = created.find(declared.name);
-    const std::string here = "worker " + std::to_string(client_.options().worker_index) + ": variable '" + declared.name + "'";
+    const std::string here = "worker " + std::to_string(client_.options().worker_index) +
+                             ": variable '" + declared.name + "'";
     if (it == created.end()) {
-      throw ConfigError(here + " was not created by the chief: every worker must declare the same variables");
+      throw ConfigError(
+          here + " was not created by the chief: every worker must declare the same variables");
     }
     if (it->second.shape != declared.shape) {
-      throw ConfigError(here + " is declared with shape " + shape_to_string(declared.shape) + ", the chief created " +
-                        shape_to_string(it->second.shape) + ": every worker must declare the same model");
+      throw ConfigError(here + " is declared with shape " + shape_to_string(declared.shape) +
+                        ", the chief created " + shape_to_string(it->second.shape) +
+                        ": every worker must declare the same model");
     }
     std::vector<int> shards;
     for (const Part& p : placement.at(declared.name).parts) shards.push_back(p.shard);
     std::sort(shards.begin(), shards.end());
     shards.erase(std::unique(shards.begin(), shards.end()), shards.end());
     if (shards != it->second.shards) {
-      throw ConfigError(here + " is placed on other shards here than where the chief created it: every worker must "
-                        "declare the variables in the same order, with the same placement and chunk size");
+      throw ConfigError(
+          here +
+          " is placed on other shards here than where the chief created it: every worker must "
+          "declare the variables in the same order, with the same placement and chunk size");
     }
   }
 }
@@ -133,13 +147,16 @@ std::vector<TensorSpec> TrainingSession::restored_specs() {
   options_.job.start_step = m.global_step;
   std::vector<TensorSpec> specs;
   for (const TensorSpec& declared : specs_) {
-    auto it = std::find_if(m.tensors.begin(), m.tensors.end(), [&](const TensorSpec& t) { return t.name == declared.name; });
+    auto it = std::find_if(m.tensors.begin(), m.tensors.end(),
+                           [&](const TensorSpec& t) { return t.name == declared.name; });
     if (it == m.tensors.end()) {
-      throw ConfigError("restore: variable '" + declared.name + "' is not in the checkpoint under " + options_.restore_from);
+      throw ConfigError("restore: variable '" + declared.name +
+                        "' is not in the checkpoint under " + options_.restore_from);
     }
     if (it->shape != declared.shape) {
-      throw ConfigError("restore: variable '" + declared.name + "' has shape " + shape_to_string(declared.shape) +
-                        ", the checkpoint's " + shape_to_string(it->shape));
+      throw ConfigError("restore: variable '" + declared.name + "' has shape " +
+                        shape_to_string(declared.shape) + ", the checkpoint's " +
+                        shape_to_string(it->shape));
     }
     TensorSpec spec = declared;  // the optimizer as declared now (a new learning rate is fine)
     spec.init = it->init;
@@ -153,13 +170,16 @@ std::vector<TensorSpec> TrainingSession::restored_specs() {
       spec.slots = it->slots;
     } else if (declared.optimizer.kind == OptimizerKind::kAdam) {
       spec.version = 0;
-      spdlog::warn("restore: variable '{}' was trained with another optimizer; Adam starts afresh on it (update "
-                   "count 0: its learning-rate schedule starts again too)", declared.name);
+      spdlog::warn(
+          "restore: variable '{}' was trained with another optimizer; Adam starts afresh on it "
+          "(update "
+          "count 0: its learning-rate schedule starts again too)",
+          declared.name);
     }
     specs.push_back(std::move(spec));
   }
-  spdlog::info("chief: restoring {} variables from step {} of {} ({} shards)", specs.size(), m.global_step,
-               options_.restore_from, m.num_shards);
+  spdlog::info("chief: restoring {} variables from step {} of {} ({} shards)", specs.size(),
+               m.global_step, options_.restore_from, m.num_shards);
   return specs;
 }
 
@@ -174,15 +194,21 @@ int64_t TrainingSession::pull() {
   }
   int64_t min_step = 0;
   switch (options_.job.mode) {
-    case SyncMode::kSync: min_step = next_sync_step_; break;
-    case SyncMode::kBoundedStaleness: min_step = local_step_; break;
-    case SyncMode::kAsync: break;
+    case SyncMode::kSync:
+      min_step = next_sync_step_;
+      break;
+    case SyncMode::kBoundedStaleness:
+      min_step = local_step_;
+      break;
+    case SyncMode::kAsync:
+      break;
   }
   PullResult r;
   {
-    Watching w(watch_.get(), options_.job.mode == SyncMode::kSync               ? "pull for the next sync step"
-                             : options_.job.mode == SyncMode::kBoundedStaleness ? "pull (waits for the slowest worker)"
-                                                                                 : "pull");
+    Watching w(watch_.get(), options_.job.mode == SyncMode::kSync ? "pull for the next sync step"
+                             : options_.job.mode == SyncMode::kBoundedStaleness
+                                 ? "pull (waits for the slowest worker)"
+                                 : "pull");
     r = client_.pull(names_, values_, min_step);
   }
   pulled_step_ = r.step;
@@ -195,7 +221,8 @@ int64_t TrainingSession::pull() {
 }
 
 StepOutcome TrainingSession::push() {
-  const int64_t step = options_.job.mode == SyncMode::kBoundedStaleness ? local_step_ : pulled_step_;
+  const int64_t step =
+      options_.job.mode == SyncMode::kBoundedStaleness ? local_step_ : pulled_step_;
   // The step report rides on the push: the shard counts it once the
   // gradients are in, without another round trip.
   PushResult p;
@@ -206,7 +233,8 @@ StepOutcome TrainingSession::push() {
 
   StepOutcome out;
   out.step = pulled_step_;
-  for (PushStatus s : p.status) out.stale = out.stale || s == PushStatus::kStale || s == PushStatus::kDuplicate;
+  for (PushStatus s : p.status)
+    out.stale = out.stale || s == PushStatus::kStale || s == PushStatus::kDuplicate;
   if (out.stale) ++stale_steps_;
   ++local_step_;
   if (options_.job.mode == SyncMode::kSync) {
@@ -234,7 +262,8 @@ StepOutcome TrainingSession::run_step(const std::function<void()>& compute) {
   return push();
 }
 
-uint32_t TrainingSession::barrier(const std::string& name, uint32_t count, std::chrono::milliseconds timeout) {
+uint32_t TrainingSession::barrier(const std::string& name, uint32_t count,
+                                  std::chrono::milliseconds timeout) {
   Watching w(watch_.get(), "barrier");
   return client_.barrier(name, count, timeout);
 }

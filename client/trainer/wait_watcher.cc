@@ -10,7 +10,8 @@ namespace ps {
 
 namespace {
 int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 }  // namespace
@@ -35,7 +36,8 @@ void WaitWatcher::begin(const char* what) {
 void WaitWatcher::end() { what_.store(nullptr, std::memory_order_release); }
 
 void WaitWatcher::run() {
-  int64_t said_for = 0;  // the call (its start) last logged, so each long wait is said every `every_`
+  int64_t said_for =
+      0;  // the call (its start) last logged, so each long wait is said every `every_`
   int64_t said_at = 0;
   std::unique_lock lock(mutex_);
   while (!wake_.wait_for(lock, std::chrono::seconds(1), [this] { return stop_; })) {
@@ -58,7 +60,8 @@ void WaitWatcher::run() {
     if (lines.empty()) {
       spdlog::info("worker {}: {}: waiting {} s", worker_, what, secs);
     } else {
-      for (const std::string& l : lines) spdlog::info("worker {}: {}: waiting {} s; psd: {}", worker_, what, secs, l);
+      for (const std::string& l : lines)
+        spdlog::info("worker {}: {}: waiting {} s; psd: {}", worker_, what, secs, l);
     }
     lock.lock();
   }

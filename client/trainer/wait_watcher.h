@@ -20,7 +20,8 @@ namespace ps {
 
 class WaitWatcher {
  public:
-  WaitWatcher(Client& client, int worker_index, std::chrono::milliseconds every = std::chrono::seconds(5));
+  WaitWatcher(Client& client, int worker_index,
+              std::chrono::milliseconds every = std::chrono::seconds(5));
   ~WaitWatcher();
   WaitWatcher(const WaitWatcher&) = delete;
   WaitWatcher& operator=(const WaitWatcher&) = delete;

@@ -9,7 +9,8 @@ double log1p_over_x(double x) {
 }
 // (e^x - 1) / x, and its limit 1 at 0.
 double expm1_over_x(double x) {
-  return std::fabs(x) > 1e-8 ? std::expm1(x) / x : 1.0 + x * 0.5 * (1.0 + x / 3.0 * (1.0 + 0.25 * x));
+  return std::fabs(x) > 1e-8 ? std::expm1(x) / x
+                             : 1.0 + x * 0.5 * (1.0 + x / 3.0 * (1.0 + 0.25 * x));
 }
 
 }  // namespace
@@ -34,7 +35,8 @@ double ZipfSampler::h_integral_inverse(double x) const {
 
 double zipf_normalizer(int64_t n, double s) {
   double sum = 0;
-  for (int64_t k = n; k >= 1; --k) sum += std::pow(static_cast<double>(k), -s);  // small terms first
+  for (int64_t k = n; k >= 1; --k)
+    sum += std::pow(static_cast<double>(k), -s);  // small terms first
   return sum;
 }
 

@@ -26,7 +26,8 @@ class ZipfSampler {
       int64_t k = static_cast<int64_t>(x + 0.5);
       if (k < 1) k = 1;
       if (k > n_) k = n_;
-      if (static_cast<double>(k) - x <= shortcut_ || u >= h_integral(static_cast<double>(k) + 0.5) - h(k))
+      if (static_cast<double>(k) - x <= shortcut_ ||
+          u >= h_integral(static_cast<double>(k) + 0.5) - h(k))
         return k;
     }
   }

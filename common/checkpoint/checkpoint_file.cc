@@ -108,13 +108,15 @@ class FileReader {
     f_ = std::fopen(path.c_str(), "rb");
     if (!f_) throw Error("checkpoint: cannot open " + path + ": " + errno_text());
     struct stat st {};
-    if (::fstat(fileno(f_), &st) != 0) throw Error("checkpoint: stat " + path + ": " + errno_text());
+    if (::fstat(fileno(f_), &st) != 0)
+      throw Error("checkpoint: stat " + path + ": " + errno_text());
     remaining_ = static_cast<uint64_t>(st.st_size);
   }
   ~FileReader() { std::fclose(f_); }
 
   [[noreturn]] void fail(const std::string& what) const {
-    throw CheckpointError("checkpoint " + path_ + " is invalid: " + what + " (at byte " + std::to_string(offset_) + ")");
+    throw CheckpointError("checkpoint " + path_ + " is invalid: " + what + " (at byte " +
+                          std::to_string(offset_) + ")");
   }
   void read(void* out, std::size_t n, const char* what) {
     if (n > remaining_) fail(std::string("truncated in ") + what);
@@ -132,7 +134,8 @@ class FileReader {
     char head[12];
     std::memcpy(head, kMagic, 8);
     std::memcpy(head + 8, &version, 4);
-    if (!checksum_matches(mask_crc(crc32c(head, sizeof(head))), crc)) fail("header checksum mismatch");
+    if (!checksum_matches(mask_crc(crc32c(head, sizeof(head))), crc))
+      fail("header checksum mismatch");
     if (version != ckpt::K_FORMAT_VERSION) {
       fail("format version " + std::to_string(version) + ", this build reads version " +
            std::to_string(ckpt::K_FORMAT_VERSION));
@@ -148,8 +151,10 @@ class FileReader {
     if (!checksum_matches(mask_crc(crc32c(&len, sizeof(len))), len_crc)) {
       fail(std::string("length checksum mismatch in ") + what);
     }
-    if (len > remaining_ || remaining_ - len < sizeof(data_crc)) fail(std::string("truncated in ") + what);
-    if (len % sizeof(typename Vec::value_type) != 0) fail(std::string("odd record length in ") + what);
+    if (len > remaining_ || remaining_ - len < sizeof(data_crc))
+      fail(std::string("truncated in ") + what);
+    if (len % sizeof(typename Vec::value_type) != 0)
+      fail(std::string("odd record length in ") + what);
     out.resize(len / sizeof(typename Vec::value_type));
     read(out.data(), len, what);
     read(&data_crc, sizeof(data_crc), what);
@@ -174,7 +179,8 @@ struct MessageRecord {
   void read(FileReader& in, const char* what) {
     in.record(words, what);
     capnp::ReaderOptions opts;
-    opts.traversalLimitInWords = words.size() * 8 + 1024;  // a few passes over the record; no amplification beyond
+    opts.traversalLimitInWords =
+        words.size() * 8 + 1024;  // a few passes over the record; no amplification beyond
     opts.nestingLimit = 32;
     try {
       reader = kj::heap<capnp::FlatArrayMessageReader>(
@@ -230,7 +236,8 @@ bool parse_step(const std::string& name, int64_t* step) {
   if (name.size() <= 5 + suffix.size() || name.rfind("ckpt-", 0) != 0) return false;
   if (name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) return false;
   const std::string digits = name.substr(5, name.size() - 5 - suffix.size());
-  if (digits.empty() || digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return false;
+  if (digits.empty() || digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), ::isdigit))
+    return false;
   *step = std::stoll(digits);
   return true;
 }
@@ -238,7 +245,9 @@ bool parse_step(const std::string& name, int64_t* step) {
 bool parse_shard_dir(const std::string& name, uint32_t* index, uint32_t* count) {
   unsigned i = 0, n = 0;
   int used = 0;
-  if (std::sscanf(name.c_str(), "shard-%u-of-%u%n", &i, &n, &used) != 2 || used != static_cast<int>(name.size())) return false;
+  if (std::sscanf(name.c_str(), "shard-%u-of-%u%n", &i, &n, &used) != 2 ||
+      used != static_cast<int>(name.size()))
+    return false;
   if (n == 0 || i >= n) return false;
   *index = i;
   *count = n;
@@ -247,7 +256,8 @@ bool parse_shard_dir(const std::string& name, uint32_t* index, uint32_t* count) 
 
 }  // namespace
 
-std::string shard_checkpoint_dir(const std::string& dir, uint32_t shard_index, uint32_t num_shards) {
+std::string shard_checkpoint_dir(const std::string& dir, uint32_t shard_index,
+                                 uint32_t num_shards) {
   return dir + "/shard-" + std::to_string(shard_index) + "-of-" + std::to_string(num_shards);
 }
 
@@ -323,7 +333,8 @@ std::string write_checkpoint(const std::string& dir, const ShardCheckpoint& c, b
       out.message(m);
       out.record(t.values.data(), t.values.size() * sizeof(float));
       for (const auto& s : t.slots) {
-        if (s.size() != t.values.size()) throw Error("checkpoint: slot of '" + t.spec.name + "' has the wrong size");
+        if (s.size() != t.values.size())
+          throw Error("checkpoint: slot of '" + t.spec.name + "' has the wrong size");
         out.record(s.data(), s.size() * sizeof(float));
       }
     }
@@ -336,11 +347,13 @@ std::string write_checkpoint(const std::string& dir, const ShardCheckpoint& c, b
       h.setVersion(t.version);
       out.message(m);
       const std::size_t floats = t.ids.size() * t.spec.dim;
-      if (t.values.size() != floats) throw Error("checkpoint: rows of table '" + t.spec.name + "' have the wrong size");
+      if (t.values.size() != floats)
+        throw Error("checkpoint: rows of table '" + t.spec.name + "' have the wrong size");
       out.record(t.ids.data(), t.ids.size() * sizeof(uint64_t));
       out.record(t.values.data(), floats * sizeof(float));
       for (const auto& s : t.slots) {
-        if (s.size() != floats) throw Error("checkpoint: slot of table '" + t.spec.name + "' has the wrong size");
+        if (s.size() != floats)
+          throw Error("checkpoint: slot of table '" + t.spec.name + "' has the wrong size");
         out.record(s.data(), s.size() * sizeof(float));
       }
     }
@@ -357,12 +370,14 @@ std::string write_checkpoint(const std::string& dir, const ShardCheckpoint& c, b
     const std::optional<uint64_t> there = checkpoint_tensor_count(path);
     if (there && *there > c.tensors.size()) {
       const std::string aside = path + ".incomplete";
-      if (::rename(tmp.c_str(), aside.c_str()) != 0) throw Error("checkpoint: rename " + tmp + ": " + errno_text());
+      if (::rename(tmp.c_str(), aside.c_str()) != 0)
+        throw Error("checkpoint: rename " + tmp + ": " + errno_text());
       if (kept_fuller != nullptr) *kept_fuller = true;
       fsync_dir(sdir);
       return aside;
     }
-    if (::rename(tmp.c_str(), path.c_str()) != 0) throw Error("checkpoint: rename " + tmp + ": " + errno_text());
+    if (::rename(tmp.c_str(), path.c_str()) != 0)
+      throw Error("checkpoint: rename " + tmp + ": " + errno_text());
   } catch (...) {
     ::unlink(tmp.c_str());
     throw;
@@ -399,7 +414,8 @@ ShardCheckpoint read_checkpoint(const std::string& path) {
       }
     }
     for (uint64_t i = 0; i < count; ++i) {
-      if (in.at_end()) in.fail("truncated: " + std::to_string(i) + " of " + std::to_string(count) + " tensors");
+      if (in.at_end())
+        in.fail("truncated: " + std::to_string(i) + " of " + std::to_string(count) + " tensors");
       MessageRecord th;
       th.read(in, "a tensor header");
       auto t = th.reader->getRoot<ckpt::TensorHeader>();
@@ -408,14 +424,19 @@ ShardCheckpoint read_checkpoint(const std::string& path) {
       tc.version = t.getSpec().getVersion();
       if (t.getSpec().hasPart()) {
         auto p = t.getSpec().getPart();
-        tc.part = PartMeta{std::string(p.getFullName().begin(), p.getFullName().size()),
-                           shape_from_wire(p.getFullShape()), p.getOffset(), p.getIndex(), p.getCount()};
+        tc.part =
+            PartMeta{std::string(p.getFullName().begin(), p.getFullName().size()),
+                     shape_from_wire(p.getFullShape()), p.getOffset(), p.getIndex(), p.getCount()};
       }
       const uint64_t elements = t.getElements();
-      if (elements != tc.spec.num_elements()) in.fail("tensor '" + tc.spec.name + "' has a size that does not match its shape");
-      if (t.getNumSlots() > 8) in.fail("tensor '" + tc.spec.name + "' claims " + std::to_string(t.getNumSlots()) + " slots");
+      if (elements != tc.spec.num_elements())
+        in.fail("tensor '" + tc.spec.name + "' has a size that does not match its shape");
+      if (t.getNumSlots() > 8)
+        in.fail("tensor '" + tc.spec.name + "' claims " + std::to_string(t.getNumSlots()) +
+                " slots");
       in.record(tc.values, "tensor values");
-      if (tc.values.size() != elements) in.fail("tensor '" + tc.spec.name + "' has the wrong number of values");
+      if (tc.values.size() != elements)
+        in.fail("tensor '" + tc.spec.name + "' has the wrong number of values");
       tc.slots.resize(t.getNumSlots());
       for (auto& s : tc.slots) {
         in.record(s, "optimizer slots");
@@ -425,7 +446,8 @@ ShardCheckpoint read_checkpoint(const std::string& path) {
     }
     const uint64_t tables = h.getTableCount();
     for (uint64_t i = 0; i < tables; ++i) {
-      if (in.at_end()) in.fail("truncated: " + std::to_string(i) + " of " + std::to_string(tables) + " tables");
+      if (in.at_end())
+        in.fail("truncated: " + std::to_string(i) + " of " + std::to_string(tables) + " tables");
       MessageRecord th;
       th.read(in, "a table header");
       auto t = th.reader->getRoot<ckpt::TableHeader>();
@@ -435,16 +457,21 @@ ShardCheckpoint read_checkpoint(const std::string& path) {
       tc.shard_index = placed.shard_index;
       tc.num_shards = placed.num_shards;
       tc.version = t.getVersion();
-      if (t.getNumSlots() > 4) in.fail("table '" + tc.spec.name + "' claims " + std::to_string(t.getNumSlots()) + " slots");
+      if (t.getNumSlots() > 4)
+        in.fail("table '" + tc.spec.name + "' claims " + std::to_string(t.getNumSlots()) +
+                " slots");
       in.record(tc.ids, "table ids");
-      if (tc.ids.size() != t.getRows()) in.fail("table '" + tc.spec.name + "' has the wrong number of ids");
+      if (tc.ids.size() != t.getRows())
+        in.fail("table '" + tc.spec.name + "' has the wrong number of ids");
       const uint64_t floats = tc.ids.size() * uint64_t(tc.spec.dim);
       in.record(tc.values, "table rows");
-      if (tc.values.size() != floats) in.fail("table '" + tc.spec.name + "' has the wrong number of values");
+      if (tc.values.size() != floats)
+        in.fail("table '" + tc.spec.name + "' has the wrong number of values");
       tc.slots.resize(t.getNumSlots());
       for (auto& s : tc.slots) {
         in.record(s, "table slots");
-        if (s.size() != floats) in.fail("a slot of table '" + tc.spec.name + "' has the wrong size");
+        if (s.size() != floats)
+          in.fail("a slot of table '" + tc.spec.name + "' has the wrong size");
       }
       c.tables.push_back(std::move(tc));
     }
@@ -464,7 +491,8 @@ ShardCheckpoint read_checkpoint(const std::string& path) {
   return c;
 }
 
-std::vector<CheckpointFile> list_checkpoints(const std::string& dir, uint32_t shard_index, uint32_t num_shards) {
+std::vector<CheckpointFile> list_checkpoints(const std::string& dir, uint32_t shard_index,
+                                             uint32_t num_shards) {
   std::vector<CheckpointFile> out;
   const std::string sdir = shard_checkpoint_dir(dir, shard_index, num_shards);
   for (const auto& name : dir_entries(sdir)) {
@@ -486,8 +514,8 @@ std::vector<CheckpointFile> list_all_checkpoints(const std::string& dir) {
   return out;
 }
 
-void prune_checkpoints(const std::string& dir, uint32_t shard_index, uint32_t num_shards, uint32_t keep,
-                       int64_t written) {
+void prune_checkpoints(const std::string& dir, uint32_t shard_index, uint32_t num_shards,
+                       uint32_t keep, int64_t written) {
   std::size_t kept = 0;
   for (const auto& file : list_checkpoints(dir, shard_index, num_shards)) {  // newest first
     if (file.step > written) continue;
@@ -495,7 +523,8 @@ void prune_checkpoints(const std::string& dir, uint32_t shard_index, uint32_t nu
   }
   const std::string sdir = shard_checkpoint_dir(dir, shard_index, num_shards);
   for (const auto& name : dir_entries(sdir)) {
-    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) ::unlink((sdir + "/" + name).c_str());
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0)
+      ::unlink((sdir + "/" + name).c_str());
   }
 }
 

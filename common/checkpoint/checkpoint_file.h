@@ -39,7 +39,7 @@
 namespace ps {
 
 struct TensorCheckpoint {
-  TensorSpec spec;                  // name, shape, optimizer, trainable (init unused)
+  TensorSpec spec;  // name, shape, optimizer, trainable (init unused)
   std::optional<PartMeta> part;
   uint64_t version = 0;
   std::vector<float> values;
@@ -53,8 +53,8 @@ struct TableCheckpoint {
   uint32_t num_shards = 1;
   uint64_t version = 0;
   std::vector<uint64_t> ids;
-  std::vector<float> values;               // ids.size() * dim
-  std::vector<std::vector<float>> slots;   // each ids.size() * dim
+  std::vector<float> values;              // ids.size() * dim
+  std::vector<std::vector<float>> slots;  // each ids.size() * dim
 };
 
 // A push request id a shard has applied, and its answer.
@@ -91,7 +91,8 @@ std::string shard_checkpoint_dir(const std::string& dir, uint32_t shard_index, u
 // out must not lose the good file's copy of them): the new file then goes
 // to "<path>.incomplete", which no restore reads, that path is returned and
 // *kept_fuller (if given) set. Throws ps::Error on I/O errors.
-std::string write_checkpoint(const std::string& dir, const ShardCheckpoint& c, bool* kept_fuller = nullptr);
+std::string write_checkpoint(const std::string& dir, const ShardCheckpoint& c,
+                             bool* kept_fuller = nullptr);
 
 // The tensor count in a checkpoint's header (the header checked, the rest
 // not read); nullopt when there is no such file or its header is invalid.
@@ -102,7 +103,8 @@ std::optional<uint64_t> checkpoint_tensor_count(const std::string& path);
 ShardCheckpoint read_checkpoint(const std::string& path);
 
 // One shard's files, newest step first (by name; contents not checked).
-std::vector<CheckpointFile> list_checkpoints(const std::string& dir, uint32_t shard_index, uint32_t num_shards);
+std::vector<CheckpointFile> list_checkpoints(const std::string& dir, uint32_t shard_index,
+                                             uint32_t num_shards);
 // Every shard's files under `dir`, any shard count.
 std::vector<CheckpointFile> list_all_checkpoints(const std::string& dir);
 
@@ -111,7 +113,7 @@ std::vector<CheckpointFile> list_all_checkpoints(const std::string& dir);
 // `keep` up to that step, and none newer than it: files from further on
 // were not written by this run (a psd that restored an older checkpoint
 // because it could not take those), and must not push its own out.
-void prune_checkpoints(const std::string& dir, uint32_t shard_index, uint32_t num_shards, uint32_t keep,
-                       int64_t written = INT64_MAX);
+void prune_checkpoints(const std::string& dir, uint32_t shard_index, uint32_t num_shards,
+                       uint32_t keep, int64_t written = INT64_MAX);
 
 }  // namespace ps

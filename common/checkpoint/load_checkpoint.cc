@@ -31,7 +31,8 @@ std::vector<TensorSpec> reassemble(const std::vector<ShardCheckpoint>& shards) {
         spec.init = InitConfig::from_values({});
         if (t.part) spec.shape = t.part->full_shape;
         const uint64_t n = spec.num_elements();
-        if (n > (uint64_t{1} << 36)) throw CheckpointError("checkpoint: tensor '" + name + "' is implausibly large");
+        if (n > (uint64_t{1} << 36))
+          throw CheckpointError("checkpoint: tensor '" + name + "' is implausibly large");
         spec.init.values.assign(n, 0.0f);
         spec.slots.assign(t.slots.size(), std::vector<float>(n, 0.0f));
         spec.version = 0;
@@ -41,12 +42,16 @@ std::vector<TensorSpec> reassemble(const std::vector<ShardCheckpoint>& shards) {
       // Offsets come from the file: checked without overflow, slots too.
       const uint64_t offset = t.part ? t.part->offset : 0;
       const uint64_t size = spec.init.values.size();
-      bool fits = offset <= size && t.values.size() <= size - offset && t.slots.size() == spec.slots.size();
+      bool fits =
+          offset <= size && t.values.size() <= size - offset && t.slots.size() == spec.slots.size();
       for (const auto& slot : t.slots) fits = fits && slot.size() == t.values.size();
-      if (!fits) throw CheckpointError("checkpoint: a part of '" + name + "' does not fit the tensor");
-      std::memcpy(spec.init.values.data() + offset, t.values.data(), t.values.size() * sizeof(float));
+      if (!fits)
+        throw CheckpointError("checkpoint: a part of '" + name + "' does not fit the tensor");
+      std::memcpy(spec.init.values.data() + offset, t.values.data(),
+                  t.values.size() * sizeof(float));
       for (std::size_t s = 0; s < t.slots.size(); ++s) {
-        std::memcpy(spec.slots[s].data() + offset, t.slots[s].data(), t.slots[s].size() * sizeof(float));
+        std::memcpy(spec.slots[s].data() + offset, t.slots[s].data(),
+                    t.slots[s].size() * sizeof(float));
       }
       // Parts of one tensor are updated together; in async modes they can
       // differ by the updates in flight when each shard saved. The newest
@@ -59,7 +64,8 @@ std::vector<TensorSpec> reassemble(const std::vector<ShardCheckpoint>& shards) {
   for (const auto& name : order) {
     TensorSpec& spec = whole[name];
     if (covered[name] != spec.num_elements()) {
-      throw CheckpointError("checkpoint: the parts of '" + name + "' cover " + std::to_string(covered[name]) + " of " +
+      throw CheckpointError("checkpoint: the parts of '" + name + "' cover " +
+                            std::to_string(covered[name]) + " of " +
                             std::to_string(spec.num_elements()) + " elements");
     }
     out.push_back(std::move(spec));
@@ -85,15 +91,17 @@ std::vector<RestoredTable> merge_tables(const std::vector<ShardCheckpoint>& shar
       r.version = std::max(r.version, t.version);
       r.ids.insert(r.ids.end(), t.ids.begin(), t.ids.end());
       r.values.insert(r.values.end(), t.values.begin(), t.values.end());
-      for (std::size_t k = 0; k < t.slots.size(); ++k) r.slots[k].insert(r.slots[k].end(), t.slots[k].begin(), t.slots[k].end());
+      for (std::size_t k = 0; k < t.slots.size(); ++k)
+        r.slots[k].insert(r.slots[k].end(), t.slots[k].begin(), t.slots[k].end());
     }
   }
   std::vector<RestoredTable> out;
   for (const auto& name : order) {
     RestoredTable& r = merged[name];
     if (!r.spec.dynamic && r.ids.size() != r.spec.rows) {
-      throw CheckpointError("checkpoint: the shards hold " + std::to_string(r.ids.size()) + " of the " +
-                            std::to_string(r.spec.rows) + " rows of table '" + name + "'");
+      throw CheckpointError("checkpoint: the shards hold " + std::to_string(r.ids.size()) +
+                            " of the " + std::to_string(r.spec.rows) + " rows of table '" + name +
+                            "'");
     }
     out.push_back(std::move(r));
   }
@@ -105,7 +113,8 @@ std::vector<RestoredTable> merge_tables(const std::vector<ShardCheckpoint>& shar
 RestoredModel load_checkpoint(const std::string& dir) {
   // (shard count, step) -> files of the shards that have that step.
   std::map<std::pair<uint32_t, int64_t>, std::map<uint32_t, std::string>> sets;
-  for (const auto& f : list_all_checkpoints(dir)) sets[{f.num_shards, f.step}][f.shard_index] = f.path;
+  for (const auto& f : list_all_checkpoints(dir))
+    sets[{f.num_shards, f.step}][f.shard_index] = f.path;
   std::vector<std::pair<uint32_t, int64_t>> complete;
   for (const auto& [key, files] : sets) {
     if (files.size() == key.first) complete.push_back(key);
@@ -122,7 +131,8 @@ RestoredModel load_checkpoint(const std::string& dir) {
       for (const auto& [index, path] : sets[key]) {
         shards.push_back(read_checkpoint(path));
         m.files.push_back(path);
-        if (shards.back().global_step != key.second) throw CheckpointError("checkpoint " + path + " holds another step");
+        if (shards.back().global_step != key.second)
+          throw CheckpointError("checkpoint " + path + " holds another step");
       }
       m.tensors = reassemble(shards);
       m.tables = merge_tables(shards);
@@ -135,8 +145,8 @@ RestoredModel load_checkpoint(const std::string& dir) {
     m.num_shards = key.first;
     m.job_configured = shards[0].job_configured;
     m.job = shards[0].job;
-    spdlog::info("loaded checkpoint of step {} written by {} shards ({} tensors)", m.global_step, m.num_shards,
-                 m.tensors.size());
+    spdlog::info("loaded checkpoint of step {} written by {} shards ({} tensors)", m.global_step,
+                 m.num_shards, m.tensors.size());
     return m;
   }
   throw CheckpointError("no complete valid checkpoint under " + dir + problems);

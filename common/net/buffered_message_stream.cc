@@ -22,8 +22,9 @@ struct BufferedMessageStream::Buffer : kj::Refcounted {
 // A message in place in a buffer (held), or in memory of its own.
 class BufferedMessageStream::Reader final : public capnp::MessageReader {
  public:
-  Reader(capnp::ReaderOptions options, kj::Array<kj::ArrayPtr<const capnp::word>> segments, kj::Own<Buffer> held,
-         kj::Array<capnp::word> own, MemoryBudget::Reservation reservation = {})
+  Reader(capnp::ReaderOptions options, kj::Array<kj::ArrayPtr<const capnp::word>> segments,
+         kj::Own<Buffer> held, kj::Array<capnp::word> own,
+         MemoryBudget::Reservation reservation = {})
       : capnp::MessageReader(options),
         reservation_(kj::mv(reservation)),
         segments_(kj::mv(segments)),
@@ -44,7 +45,8 @@ class BufferedMessageStream::Reader final : public capnp::MessageReader {
 namespace {
 
 // The segments of a message whose first segment starts at `at`.
-kj::Array<kj::ArrayPtr<const capnp::word>> segments_at(const capnp::word* at, const uint32_t* sizes, uint32_t count) {
+kj::Array<kj::ArrayPtr<const capnp::word>> segments_at(const capnp::word* at, const uint32_t* sizes,
+                                                       uint32_t count) {
   auto segments = kj::heapArray<kj::ArrayPtr<const capnp::word>>(count);
   for (uint32_t k = 0; k < count; ++k) {
     segments[k] = kj::arrayPtr(at, sizes[k]);
@@ -87,7 +89,8 @@ void BufferedMessageStream::make_room() {
     }
   }
   if (kBufferBytes - pos_ >= kMaxBufferedBytes) return;
-  const size_t unread = end_ - pos_;  // < kMaxBufferedBytes, as pos_ > kBufferBytes - kMaxBufferedBytes
+  const size_t unread =
+      end_ - pos_;  // < kMaxBufferedBytes, as pos_ > kBufferBytes - kMaxBufferedBytes
   if (!buffer_->isShared()) {
     std::memmove(buffer_->bytes(), buffer_->bytes() + pos_, unread);
     pos_ = 0;
@@ -110,9 +113,10 @@ void BufferedMessageStream::make_room() {
     if (budget_ != nullptr) {
       r = budget_->try_reserve(MemoryUse::kReceiving, kBufferBytes);
       if (!r) {
-        kj::throwFatalException(kj::Exception(kj::Exception::Type::OVERLOADED, __FILE__, __LINE__,
-                                              kj::str("psd is out of memory for requests held in progress: ",
-                                                      budget_->describe().c_str())));
+        kj::throwFatalException(
+            kj::Exception(kj::Exception::Type::OVERLOADED, __FILE__, __LINE__,
+                          kj::str("psd is out of memory for requests held in progress: ",
+                                  budget_->describe().c_str())));
       }
     }
     next = kj::refcounted<Buffer>(kj::mv(r));
@@ -132,14 +136,13 @@ kj::Promise<bool> BufferedMessageStream::fill(size_t bytes) {
   // large message's header is copied into that message's own memory.
   const size_t need = pos_ + bytes - end_;
   const size_t ask = std::max(need, std::min(kBufferBytes - end_, kReadAheadBytes));
-  return stream_.tryRead(buffer_->bytes() + end_, need, ask)
-      .then([this, bytes](size_t n) -> bool {
-        end_ += n;
-        if (end_ - pos_ >= bytes) return true;
-        // tryRead stops short only at the end of the stream.
-        if (end_ == pos_) return false;
-        kj::throwFatalException(KJ_EXCEPTION(DISCONNECTED, "premature EOF inside a message"));
-      });
+  return stream_.tryRead(buffer_->bytes() + end_, need, ask).then([this, bytes](size_t n) -> bool {
+    end_ += n;
+    if (end_ - pos_ >= bytes) return true;
+    // tryRead stops short only at the end of the stream.
+    if (end_ == pos_) return false;
+    kj::throwFatalException(KJ_EXCEPTION(DISCONNECTED, "premature EOF inside a message"));
+  });
 }
 
 void BufferedMessageStream::limit_unfinished_calls(uint32_t max_unfinished, uint64_t bytes_each) {
@@ -148,21 +151,24 @@ void BufferedMessageStream::limit_unfinished_calls(uint32_t max_unfinished, uint
   if (budget_ != nullptr) calls_ = budget_->reserve_anyway(MemoryUse::kReceiving, 0);
 }
 
-kj::Maybe<capnp::MessageReaderAndFds> BufferedMessageStream::deliver(kj::Own<capnp::MessageReader> message) {
+kj::Maybe<capnp::MessageReaderAndFds> BufferedMessageStream::deliver(
+    kj::Own<capnp::MessageReader> message) {
   if (max_unfinished_ > 0) {
     // A malformed message is the RPC layer's to report.
     capnp::rpc::Message::Which which = capnp::rpc::Message::UNIMPLEMENTED;
-    (void)kj::runCatchingExceptions([&] { which = message->getRoot<capnp::rpc::Message>().which(); });
+    (void)kj::runCatchingExceptions(
+        [&] { which = message->getRoot<capnp::rpc::Message>().which(); });
     if (which == capnp::rpc::Message::CALL) {
       ++unfinished_;
       KJ_REQUIRE(unfinished_ <= max_unfinished_,
-                 "too many calls in flight on this connection: the peer sends no Finish for the answers it has",
+                 "too many calls in flight on this connection: the peer sends no Finish for the "
+                 "answers it has",
                  max_unfinished_);
       if (budget_ != nullptr && !calls_.try_resize(charged_calls() * bytes_per_call_)) {
         kj::throwFatalException(kj::Exception(
             kj::Exception::Type::OVERLOADED, __FILE__, __LINE__,
-            kj::str("psd is out of memory for the ", unfinished_, " calls in flight on this connection: ",
-                    budget_->describe().c_str())));
+            kj::str("psd is out of memory for the ", unfinished_,
+                    " calls in flight on this connection: ", budget_->describe().c_str())));
       }
     } else if (which == capnp::rpc::Message::FINISH && unfinished_ > 0) {
       --unfinished_;
@@ -172,7 +178,8 @@ kj::Maybe<capnp::MessageReaderAndFds> BufferedMessageStream::deliver(kj::Own<cap
   return capnp::MessageReaderAndFds{kj::mv(message), nullptr};
 }
 
-void BufferedMessageStream::limit_message_time(kj::Duration base, uint64_t bytes_per_sec, kj::Timer& timer) {
+void BufferedMessageStream::limit_message_time(kj::Duration base, uint64_t bytes_per_sec,
+                                               kj::Timer& timer) {
   message_timer_ = &timer;
   message_base_ = base;
   message_bytes_per_sec_ = std::max<uint64_t>(bytes_per_sec, 1);
@@ -183,18 +190,21 @@ void BufferedMessageStream::yield_every(unsigned messages, kj::Timer& timer) {
   yield_timer_ = &timer;
 }
 
-void BufferedMessageStream::hold_reads_while(std::function<bool()> full, kj::Timer& timer, kj::Duration poll) {
+void BufferedMessageStream::hold_reads_while(std::function<bool()> full, kj::Timer& timer,
+                                             kj::Duration poll) {
   full_ = std::move(full);
   timer_ = &timer;
   poll_ = poll;
 }
 
 kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::tryReadMessage(
-    kj::ArrayPtr<kj::AutoCloseFd> fds, capnp::ReaderOptions options, kj::ArrayPtr<capnp::word> scratch) {
+    kj::ArrayPtr<kj::AutoCloseFd> fds, capnp::ReaderOptions options,
+    kj::ArrayPtr<capnp::word> scratch) {
   if (full_ && full_()) {
     ++reads_held_;
     read_in_a_row_ = 0;
-    return timer_->afterDelay(poll_).then([this, fds, options, scratch] { return tryReadMessage(fds, options, scratch); });
+    return timer_->afterDelay(poll_).then(
+        [this, fds, options, scratch] { return tryReadMessage(fds, options, scratch); });
   }
   if (yield_every_ > 0 && ++read_in_a_row_ > yield_every_) {
     // A zero delay still waits for the loop to look at its sockets and
@@ -206,10 +216,11 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::tryRea
     });
   }
   make_room();
-  return fill(sizeof(capnp::word)).then([this, options](bool any) -> kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> {
-    if (!any) return kj::Maybe<capnp::MessageReaderAndFds>(nullptr);
-    return read_after_header(options);
-  });
+  return fill(sizeof(capnp::word))
+      .then([this, options](bool any) -> kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> {
+        if (!any) return kj::Maybe<capnp::MessageReaderAndFds>(nullptr);
+        return read_after_header(options);
+      });
 }
 
 kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::read_after_header(
@@ -219,43 +230,49 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::read_a
   const uint64_t count = uint64_t{first[0]} + 1;
   KJ_REQUIRE(count <= kMaxSegments, "message has too many segments", count);
   const size_t table_bytes = segment_table_bytes(static_cast<uint32_t>(count));
-  return fill(table_bytes).then([this, options, table_bytes](bool) -> kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> {
-    const auto* table = reinterpret_cast<const uint32_t*>(buffer_->bytes() + pos_);
-    const uint32_t count = table[0] + 1;
-    uint64_t total_words = 0;
-    for (uint32_t k = 0; k < count; ++k) total_words += table[1 + k];
-    KJ_REQUIRE(total_words <= options.traversalLimitInWords,
-               "message is too large; see capnp::ReaderOptions (psd --max_message_mb)", total_words);
-    const uint64_t message_bytes = table_bytes + total_words * sizeof(capnp::word);
-    KJ_REQUIRE(message_bytes <= max_message_bytes_,
-               "message is too large for this connection (a peer that has not said hello may send small ones only)",
-               message_bytes, max_message_bytes_);
-    if (message_bytes > kMaxBufferedBytes) return read_large(options, count, table_bytes, total_words);
-    return fill(message_bytes).then([this, options, count, table_bytes, message_bytes](bool) {
-      const kj::byte* start = buffer_->bytes() + pos_;
-      auto segments = segments_at(reinterpret_cast<const capnp::word*>(start + table_bytes),
-                                  reinterpret_cast<const uint32_t*>(start) + 1, count);
-      pos_ += message_bytes;
-      return deliver(kj::heap<Reader>(options, kj::mv(segments), kj::addRef(*buffer_), nullptr));
-    });
-  });
+  return fill(table_bytes)
+      .then([this, options,
+             table_bytes](bool) -> kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> {
+        const auto* table = reinterpret_cast<const uint32_t*>(buffer_->bytes() + pos_);
+        const uint32_t count = table[0] + 1;
+        uint64_t total_words = 0;
+        for (uint32_t k = 0; k < count; ++k) total_words += table[1 + k];
+        KJ_REQUIRE(total_words <= options.traversalLimitInWords,
+                   "message is too large; see capnp::ReaderOptions (psd --max_message_mb)",
+                   total_words);
+        const uint64_t message_bytes = table_bytes + total_words * sizeof(capnp::word);
+        KJ_REQUIRE(message_bytes <= max_message_bytes_,
+                   "message is too large for this connection (a peer that has not said hello may "
+                   "send small ones only)",
+                   message_bytes, max_message_bytes_);
+        if (message_bytes > kMaxBufferedBytes)
+          return read_large(options, count, table_bytes, total_words);
+        return fill(message_bytes).then([this, options, count, table_bytes, message_bytes](bool) {
+          const kj::byte* start = buffer_->bytes() + pos_;
+          auto segments = segments_at(reinterpret_cast<const capnp::word*>(start + table_bytes),
+                                      reinterpret_cast<const uint32_t*>(start) + 1, count);
+          pos_ += message_bytes;
+          return deliver(
+              kj::heap<Reader>(options, kj::mv(segments), kj::addRef(*buffer_), nullptr));
+        });
+      });
 }
 
-kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::read_large(capnp::ReaderOptions options,
-                                                                                     uint32_t count, size_t table_bytes,
-                                                                                     size_t total_words) {
+kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::read_large(
+    capnp::ReaderOptions options, uint32_t count, size_t table_bytes, size_t total_words) {
   MemoryBudget::Reservation reservation;
   if (budget_ != nullptr) {
     reservation = budget_->try_reserve(MemoryUse::kReceiving, total_words * sizeof(capnp::word));
     if (!reservation) {
-      kj::throwFatalException(kj::Exception(
-          kj::Exception::Type::OVERLOADED, __FILE__, __LINE__,
-          kj::str("psd is out of memory for this request of ", (total_words * sizeof(capnp::word)) >> 20,
-                  " MiB: ", budget_->describe().c_str())));
+      kj::throwFatalException(kj::Exception(kj::Exception::Type::OVERLOADED, __FILE__, __LINE__,
+                                            kj::str("psd is out of memory for this request of ",
+                                                    (total_words * sizeof(capnp::word)) >> 20,
+                                                    " MiB: ", budget_->describe().c_str())));
     }
   }
   auto own = kj::heapArray<capnp::word>(total_words);
-  auto segments = segments_at(own.begin(), reinterpret_cast<const uint32_t*>(buffer_->bytes() + pos_) + 1, count);
+  auto segments = segments_at(
+      own.begin(), reinterpret_cast<const uint32_t*>(buffer_->bytes() + pos_) + 1, count);
   const size_t body = total_words * sizeof(capnp::word);
   const size_t take = std::min(end_ - pos_ - table_bytes, body);
   auto* dst = reinterpret_cast<kj::byte*>(own.begin());
@@ -266,7 +283,8 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::read_l
     // word, as capnp's readers need.
     pos_ = end_ = (pos_ + sizeof(capnp::word) - 1) & ~(sizeof(capnp::word) - 1);
   }
-  auto reader = kj::heap<Reader>(options, kj::mv(segments), kj::Own<Buffer>(), kj::mv(own), kj::mv(reservation));
+  auto reader = kj::heap<Reader>(options, kj::mv(segments), kj::Own<Buffer>(), kj::mv(own),
+                                 kj::mv(reservation));
   auto done = [this, reader = kj::mv(reader)]() mutable { return deliver(kj::mv(reader)); };
   if (take == body) return done();
   // Straight into the message's memory. (Not read_exact's raised
@@ -275,18 +293,19 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> BufferedMessageStream::read_l
   // choices in the code".)
   auto rest = stream_.read(dst + take, body - take).then(kj::mv(done));
   if (message_timer_ == nullptr) return rest;
-  const kj::Duration allowed = message_base_ + (body * 1000 / message_bytes_per_sec_) * kj::MILLISECONDS;
+  const kj::Duration allowed =
+      message_base_ + (body * 1000 / message_bytes_per_sec_) * kj::MILLISECONDS;
   return rest.exclusiveJoin(message_timer_->afterDelay(allowed).then(
       [allowed, body]() -> kj::Maybe<capnp::MessageReaderAndFds> {
-        kj::throwFatalException(kj::Exception(
-            kj::Exception::Type::DISCONNECTED, __FILE__, __LINE__,
-            kj::str("a request of ", body >> 10, " KiB did not arrive within ", allowed / kj::MILLISECONDS,
-                    " ms; the connection is closed")));
+        kj::throwFatalException(
+            kj::Exception(kj::Exception::Type::DISCONNECTED, __FILE__, __LINE__,
+                          kj::str("a request of ", body >> 10, " KiB did not arrive within ",
+                                  allowed / kj::MILLISECONDS, " ms; the connection is closed")));
       }));
 }
 
-kj::Promise<void> BufferedMessageStream::writeMessage(kj::ArrayPtr<const int>,
-                                                      kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments) {
+kj::Promise<void> BufferedMessageStream::writeMessage(
+    kj::ArrayPtr<const int>, kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments) {
   kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> one[] = {segments};
   return writeMessages(kj::arrayPtr(one, 1));
 }

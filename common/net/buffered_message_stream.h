@@ -100,11 +100,12 @@ class BufferedMessageStream final : public capnp::MessageStream {
   void yield_every(unsigned messages, kj::Timer& timer);
 
   // capnp::MessageStream
-  kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> tryReadMessage(kj::ArrayPtr<kj::AutoCloseFd> fdSpace,
-                                                                   capnp::ReaderOptions options,
-                                                                   kj::ArrayPtr<capnp::word> scratchSpace) override;
-  kj::Promise<void> writeMessage(kj::ArrayPtr<const int> fds,
-                                 kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments) override;
+  kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> tryReadMessage(
+      kj::ArrayPtr<kj::AutoCloseFd> fdSpace, capnp::ReaderOptions options,
+      kj::ArrayPtr<capnp::word> scratchSpace) override;
+  kj::Promise<void> writeMessage(
+      kj::ArrayPtr<const int> fds,
+      kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments) override;
   kj::Promise<void> writeMessages(
       kj::ArrayPtr<kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>>> messages) override;
   kj::Maybe<int> getSendBufferSize() override;
@@ -120,19 +121,21 @@ class BufferedMessageStream final : public capnp::MessageStream {
   // A buffer where a message of up to kMaxBufferedBytes starting at the
   // unread bytes fits, the unread bytes moved there if need be.
   void make_room();
-  kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> read_after_header(capnp::ReaderOptions options);
+  kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> read_after_header(
+      capnp::ReaderOptions options);
   uint64_t charged_calls() const { return unfinished_ > kFreeCalls ? unfinished_ - kFreeCalls : 0; }
   // Counts a Call or Finish (limit_unfinished_calls) and hands the message on.
   kj::Maybe<capnp::MessageReaderAndFds> deliver(kj::Own<capnp::MessageReader> message);
-  kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> read_large(capnp::ReaderOptions options, uint32_t count,
-                                                                size_t table_bytes, size_t total_words);
+  kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> read_large(capnp::ReaderOptions options,
+                                                                uint32_t count, size_t table_bytes,
+                                                                size_t total_words);
 
   static constexpr size_t kMaxSpares = 2;
 
   SocketStream& stream_;
   kj::Own<Buffer> buffer_;
   kj::Vector<kj::Own<Buffer>> spares_;  // full buffers kept for reuse once no message uses them
-  size_t pos_ = 0, end_ = 0;  // unread bytes: [pos_, end_) of buffer_
+  size_t pos_ = 0, end_ = 0;            // unread bytes: [pos_, end_) of buffer_
   uint64_t buffers_taken_ = 2;
   std::function<bool()> full_;
   kj::Timer* timer_ = nullptr;

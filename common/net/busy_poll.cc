@@ -42,8 +42,10 @@ std::optional<std::chrono::nanoseconds> thread_run_delay() {
   return std::chrono::nanoseconds(waiting);
 }
 
-bool CpuContention::update(Clock::time_point now, std::chrono::nanoseconds run_delay, uint64_t thread) {
-  if (thread == thread_ && last_ != Clock::time_point{} && run_delay >= last_delay_ && now > last_) {
+bool CpuContention::update(Clock::time_point now, std::chrono::nanoseconds run_delay,
+                           uint64_t thread) {
+  if (thread == thread_ && last_ != Clock::time_point{} && run_delay >= last_delay_ &&
+      now > last_) {
     const double fraction = std::chrono::duration<double>(run_delay - last_delay_).count() /
                             std::chrono::duration<double>(now - last_).count();
     // An average over ~8 windows: one window's blip (another process

@@ -73,7 +73,8 @@ class CpuContention {
   static constexpr auto kWindow = std::chrono::milliseconds(2);
   static constexpr auto kMaxHold = std::chrono::milliseconds(128);
 
-  explicit CpuContention(OnContention on = OnContention::kStopPolling) : ignore_(on == OnContention::kIgnore) {}
+  explicit CpuContention(OnContention on = OnContention::kStopPolling)
+      : ignore_(on == OnContention::kIgnore) {}
 
   // True while polling should stay off; reads the thread's delay at most
   // once per window. Never, with OnContention::kIgnore.

@@ -66,9 +66,8 @@ class ClientLoop {
     // Another thread runs the loop: hand the work over, and have the helper
     // run the loop until it is done should that thread leave first.
     keep();
-    return executor_->executeSync([this, &f] {
-      return as_promise(f).attach(kj::defer([this] { release(); }));
-    });
+    return executor_->executeSync(
+        [this, &f] { return as_promise(f).attach(kj::defer([this] { release(); })); });
   }
 
   // Marks work that outlives the run() that started it; the helper thread
@@ -124,8 +123,9 @@ class ClientLoop {
   kj::Own<kj::EventLoop> loop_;
   kj::Own<const kj::Executor> executor_;
 
-  std::mutex drive_;              // held by the thread running the loop
-  std::atomic<bool> helper_driving_{false};  // the helper holds drive_ (or is about to, or just did)
+  std::mutex drive_;  // held by the thread running the loop
+  std::atomic<bool> helper_driving_{
+      false};  // the helper holds drive_ (or is about to, or just did)
   std::atomic<uint64_t> kept_{0};
   kj::Own<kj::PromiseFulfiller<void>> drained_;  // the helper's wake-up when kept_ hits 0
 

@@ -19,9 +19,9 @@ namespace ps {
 struct ClientMessageStream::Destinations : kj::Refcounted {
   uint64_t tag = 0;
   std::vector<kj::ArrayPtr<kj::byte>> buffers;
-  bool landable = false;  // a buffer for a tensor psd sends as a segment of its own
+  bool landable = false;      // a buffer for a tensor psd sends as a segment of its own
   size_t first_landable = 0;  // the index of the first such buffer
-  uint64_t shape = 0;         // a hash of the buffers' sizes: pulls alike get replies laid out alike
+  uint64_t shape = 0;  // a hash of the buffers' sizes: pulls alike get replies laid out alike
   ClientMessageStream* owner = nullptr;  // null once withdrawn (or the stream is gone)
   bool withdrawn() const { return owner == nullptr; }
 };
@@ -40,7 +40,8 @@ class ClientMessageStream::Placeholder {
       if (base_ != nullptr) ::munmap(base_, size_);
       base_ = nullptr;
       const size_t size = (bytes + (1u << 20) - 1) & ~size_t{(1u << 20) - 1};
-      void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      void* p =
+          ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       if (p == MAP_FAILED) KJ_FAIL_SYSCALL("mmap", errno, size);
       base_ = p;
       size_ = size;
@@ -57,7 +58,7 @@ struct ClientMessageStream::Incoming {
   capnp::ReaderOptions options;
   uint32_t header[2] = {0, 0};
   kj::Array<uint32_t> more_sizes;
-  std::vector<size_t> words;  // per segment
+  std::vector<size_t> words;     // per segment
   kj::Array<capnp::word> first;  // segment 0 (or all segments, when none can land)
   kj::Array<capnp::word> rest;   // the segments that do not land, in order
   struct Landing {
@@ -81,7 +82,8 @@ struct ClientMessageStream::Incoming {
 
 class ClientMessageStream::Received final : public capnp::MessageReader {
  public:
-  Received(capnp::ReaderOptions options, kj::Own<Incoming> in) : capnp::MessageReader(options), in_(kj::mv(in)) {}
+  Received(capnp::ReaderOptions options, kj::Own<Incoming> in)
+      : capnp::MessageReader(options), in_(kj::mv(in)) {}
   kj::ArrayPtr<const capnp::word> getSegment(uint id) override {
     return id < in_->segments.size() ? in_->segments[id] : nullptr;
   }
@@ -91,8 +93,7 @@ class ClientMessageStream::Received final : public capnp::MessageReader {
 };
 
 ClientMessageStream::ClientMessageStream(SocketStream& stream)
-    : stream_(stream), next_tag_(random_u64()),
-      placeholder_(kj::heap<Placeholder>()) {}
+    : stream_(stream), next_tag_(random_u64()), placeholder_(kj::heap<Placeholder>()) {}
 
 ClientMessageStream::~ClientMessageStream() noexcept(false) {
   for (auto& [tag, d] : expected_) d->owner = nullptr;
@@ -111,7 +112,8 @@ ClientMessageStream::Expectation::~Expectation() {
 
 uint64_t ClientMessageStream::Expectation::tag() const { return dest_->tag; }
 
-kj::Own<ClientMessageStream::Expectation> ClientMessageStream::expect(std::vector<kj::ArrayPtr<kj::byte>> buffers) {
+kj::Own<ClientMessageStream::Expectation> ClientMessageStream::expect(
+    std::vector<kj::ArrayPtr<kj::byte>> buffers) {
   auto d = kj::refcounted<Destinations>();
   // Random start, then consecutive: a reply to something else whose first
   // words happen to read as a pending tag is as good as impossible.
@@ -139,7 +141,8 @@ kj::Own<ClientMessageStream::Expectation> ClientMessageStream::expect(std::vecto
       // The only pull that can land: if one like it was answered before,
       // its reply's first tensor most likely starts where that one's did.
       auto known = prefix_bytes_.find(d->shape);
-      if (known != prefix_bytes_.end()) stream_.land_next_read(known->second, d->buffers[d->first_landable]);
+      if (known != prefix_bytes_.end())
+        stream_.land_next_read(known->second, d->buffers[d->first_landable]);
     } else {
       stream_.land_next_read(0, nullptr);  // which reply comes first is anyone's guess
     }
@@ -153,7 +156,8 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> ClientMessageStream::tryReadM
   in->options = options;
   auto* raw = in.get();
   return stream_.tryRead(raw->header, sizeof(raw->header), sizeof(raw->header))
-      .then([this, in = kj::mv(in)](size_t n) mutable -> kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> {
+      .then([this, in = kj::mv(in)](
+                size_t n) mutable -> kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> {
         if (n == 0) return kj::Maybe<capnp::MessageReaderAndFds>(nullptr);
         // Plain KJ_REQUIREs, not their recovery-block form: exceptions are
         // on, so a recovery block's return value is made and then, built
@@ -169,7 +173,8 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> ClientMessageStream::tryReadM
       });
 }
 
-kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> ClientMessageStream::read_body(kj::Own<Incoming> in) {
+kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> ClientMessageStream::read_body(
+    kj::Own<Incoming> in) {
   const uint32_t count = in->header[0] + 1;
   in->words.resize(count);
   in->words[0] = in->header[1];
@@ -180,14 +185,17 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> ClientMessageStream::read_bod
     total += in->words[k];
     large = large || in->words[k] * sizeof(capnp::word) >= kMinLandingBytes;
   }
-  KJ_REQUIRE(total <= in->options.traversalLimitInWords, "message is too large; see capnp::ReaderOptions", total);
+  KJ_REQUIRE(total <= in->options.traversalLimitInWords,
+             "message is too large; see capnp::ReaderOptions", total);
   in->landings.resize(count);
   auto* raw = in.get();
   if (expected_.empty() || !large) {
     // Nothing can land: one read for all segments, as capnp does.
     raw->first = kj::heapArray<capnp::word>(total);
     return stream_.read(raw->first.begin(), total * sizeof(capnp::word))
-        .then([this, in = kj::mv(in)]() mutable { return kj::Maybe<capnp::MessageReaderAndFds>(finish(kj::mv(in))); });
+        .then([this, in = kj::mv(in)]() mutable {
+          return kj::Maybe<capnp::MessageReaderAndFds>(finish(kj::mv(in)));
+        });
   }
   raw->first = kj::heapArray<capnp::word>(raw->words[0]);
   return stream_.read(raw->first.begin(), raw->words[0] * sizeof(capnp::word))
@@ -202,7 +210,9 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> ClientMessageStream::read_bod
         raw->rest = kj::heapArray<capnp::word>(rest);
         return read_segments(*raw, 1);
       })
-      .then([this, in = kj::mv(in)]() mutable { return kj::Maybe<capnp::MessageReaderAndFds>(finish(kj::mv(in))); });
+      .then([this, in = kj::mv(in)]() mutable {
+        return kj::Maybe<capnp::MessageReaderAndFds>(finish(kj::mv(in)));
+      });
 }
 
 void ClientMessageStream::plan_landings(Incoming& in) {
@@ -245,7 +255,8 @@ void ClientMessageStream::plan_landings(Incoming& in) {
       const size_t k = static_cast<size_t>(at - start.begin());
       const auto& buffer = d.buffers[i];
       if (in.words[k] * sizeof(capnp::word) != values.size() || buffer.size() != values.size() ||
-          reinterpret_cast<uintptr_t>(buffer.begin()) % sizeof(capnp::word) != 0 || in.landings[k].dest.get() != nullptr) {
+          reinterpret_cast<uintptr_t>(buffer.begin()) % sizeof(capnp::word) != 0 ||
+          in.landings[k].dest.get() != nullptr) {
         continue;
       }
       in.landings[k].dest = kj::addRef(d);
@@ -263,12 +274,13 @@ kj::Promise<void> ClientMessageStream::read_segments(Incoming& in, size_t k) {
   const size_t count = in.words.size();
   if (k >= count) return kj::READY_NOW;
   if (in.landings[k].dest.get() != nullptr) {
-    return stream_.read_exact(in.words[k] * sizeof(capnp::word),
-                              [&in, k](size_t offset) -> kj::byte* {
-                                auto& l = in.landings[k];
-                                if (l.dest->withdrawn()) return in.sink_for(k) + offset;
-                                return l.dest->buffers[l.index].begin() + offset;
-                              })
+    return stream_
+        .read_exact(in.words[k] * sizeof(capnp::word),
+                    [&in, k](size_t offset) -> kj::byte* {
+                      auto& l = in.landings[k];
+                      if (l.dest->withdrawn()) return in.sink_for(k) + offset;
+                      return l.dest->buffers[l.index].begin() + offset;
+                    })
         .then([this, &in, k] { return read_segments(in, k + 1); });
   }
   // A run of segments that do not land, in one read.
@@ -325,14 +337,15 @@ bool is_finish(kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments) {
   if (segments.size() != 1 || segments[0].size() > 16) return false;
   capnp::SegmentArrayMessageReader reader(segments);
   bool finish = false;
-  auto failure = kj::runCatchingExceptions([&] { finish = reader.getRoot<capnp::rpc::Message>().isFinish(); });
+  auto failure =
+      kj::runCatchingExceptions([&] { finish = reader.getRoot<capnp::rpc::Message>().isFinish(); });
   return failure == nullptr && finish;
 }
 
 }  // namespace
 
-kj::Promise<void> ClientMessageStream::writeMessage(kj::ArrayPtr<const int>,
-                                                     kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments) {
+kj::Promise<void> ClientMessageStream::writeMessage(
+    kj::ArrayPtr<const int>, kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments) {
   if (is_finish(segments)) {
     finishes_.add(capnp::messageToFlatArray(segments));
     return kj::READY_NOW;
@@ -347,12 +360,14 @@ kj::Promise<void> ClientMessageStream::writeMessages(
   return all;
 }
 
-kj::Promise<void> ClientMessageStream::write_framed(kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments) {
+kj::Promise<void> ClientMessageStream::write_framed(
+    kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments) {
   // The Finish messages held back go first, in the same system call.
   auto held = kj::mv(finishes_);
   finishes_ = kj::Vector<kj::Array<capnp::word>>();
   auto table = segments.size() == 0 ? kj::Array<uint32_t>() : segment_table(segments);
-  auto pieces = kj::heapArray<kj::ArrayPtr<const kj::byte>>(held.size() + (segments.size() == 0 ? 0 : 1 + segments.size()));
+  auto pieces = kj::heapArray<kj::ArrayPtr<const kj::byte>>(
+      held.size() + (segments.size() == 0 ? 0 : 1 + segments.size()));
   size_t i = 0;
   for (auto& f : held) pieces[i++] = f.asBytes();
   if (segments.size() > 0) {
@@ -360,7 +375,8 @@ kj::Promise<void> ClientMessageStream::write_framed(kj::ArrayPtr<const kj::Array
     for (auto& s : segments) pieces[i++] = s.asBytes();
   }
   auto* raw = pieces.begin();
-  return stream_.write(kj::arrayPtr(raw, pieces.size())).attach(kj::mv(pieces), kj::mv(table), kj::mv(held));
+  return stream_.write(kj::arrayPtr(raw, pieces.size()))
+      .attach(kj::mv(pieces), kj::mv(table), kj::mv(held));
 }
 
 kj::Maybe<int> ClientMessageStream::getSendBufferSize() { return send_buffer_size(stream_); }

@@ -92,11 +92,12 @@ class ClientMessageStream final : public capnp::MessageStream {
   uint64_t landed_messages() const { return landed_messages_; }
 
   // capnp::MessageStream
-  kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> tryReadMessage(kj::ArrayPtr<kj::AutoCloseFd> fdSpace,
-                                                                   capnp::ReaderOptions options,
-                                                                   kj::ArrayPtr<capnp::word> scratchSpace) override;
-  kj::Promise<void> writeMessage(kj::ArrayPtr<const int> fds,
-                                 kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments) override;
+  kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> tryReadMessage(
+      kj::ArrayPtr<kj::AutoCloseFd> fdSpace, capnp::ReaderOptions options,
+      kj::ArrayPtr<capnp::word> scratchSpace) override;
+  kj::Promise<void> writeMessage(
+      kj::ArrayPtr<const int> fds,
+      kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments) override;
   kj::Promise<void> writeMessages(
       kj::ArrayPtr<kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>>> messages) override;
   kj::Maybe<int> getSendBufferSize() override;
@@ -116,7 +117,8 @@ class ClientMessageStream final : public capnp::MessageStream {
   kj::Promise<void> write_framed(kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments);
 
   SocketStream& stream_;
-  kj::Vector<kj::Array<capnp::word>> finishes_;  // Finish messages waiting for the next write, framed
+  kj::Vector<kj::Array<capnp::word>>
+      finishes_;  // Finish messages waiting for the next write, framed
   std::unordered_map<uint64_t, Destinations*> expected_;
   // Bytes before the first tensor in the last landed reply to a pull of
   // each shape (Destinations::shape): where the next such reply's tensor

@@ -19,7 +19,8 @@ inline std::optional<HostPort> split_host_port(std::string_view address) {
   const size_t colon = address.rfind(':');
   if (colon == std::string_view::npos) return std::nullopt;
   std::string_view host = address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
   return HostPort{std::string(host), std::string(address.substr(colon + 1))};
 }
 

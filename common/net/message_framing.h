@@ -20,7 +20,9 @@ constexpr uint32_t kMaxSegments = 512;
 kj::Array<uint32_t> segment_table(kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments);
 
 // Bytes of the segment table of a message with `count` segments.
-constexpr size_t segment_table_bytes(uint32_t count) { return ((size_t{count} + 2) & ~size_t{1}) * sizeof(uint32_t); }
+constexpr size_t segment_table_bytes(uint32_t count) {
+  return ((size_t{count} + 2) & ~size_t{1}) * sizeof(uint32_t);
+}
 
 // The socket's send buffer size (capnp::MessageStream::getSendBufferSize:
 // the RPC layer's flow-control hint); null if it cannot be had.

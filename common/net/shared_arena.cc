@@ -2,7 +2,8 @@
 
 namespace ps {
 
-SharedArena::SharedArena(std::shared_ptr<SharedRegion> region, uint32_t id) : region_(std::move(region)), id_(id) {
+SharedArena::SharedArena(std::shared_ptr<SharedRegion> region, uint32_t id)
+    : region_(std::move(region)), id_(id) {
   const uint64_t usable = region_->size() / kAlign * kAlign;
   if (usable > 0) free_.emplace(0, usable);
 }

@@ -86,22 +86,25 @@ std::unique_ptr<SharedRegion> SharedRegion::open_peer(pid_t pid, int peer_fd, ui
     throw refuse("region must be an ordinary memfd (not hugetlbfs)");
   }
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw refuse("descriptor is not a memory file");
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    throw refuse("descriptor is not a memory file");
   const auto size = static_cast<uint64_t>(st.st_size);
   if (size == 0 || size > max_bytes) {
-    throw refuse("region of " + std::to_string(size) + " bytes (psd maps 1 to " + std::to_string(max_bytes) +
-                 ", --max_shared_memory_mb)");
+    throw refuse("region of " + std::to_string(size) + " bytes (psd maps 1 to " +
+                 std::to_string(max_bytes) + ", --max_shared_memory_mb)");
   }
   if (token.size() != kTokenBytes) {
     throw refuse("a token of " + std::to_string(kTokenBytes) + " bytes must come with the region");
   }
-  if (size < kTokenBytes) throw refuse("region of " + std::to_string(size) + " bytes, smaller than its token");
+  if (size < kTokenBytes)
+    throw refuse("region of " + std::to_string(size) + " bytes, smaller than its token");
   std::byte* data = map(fd, size);
   if (data == nullptr) throw refuse(os_error("mmap"));
   auto region = std::unique_ptr<SharedRegion>(new SharedRegion(fd, data, size));
   if (std::memcmp(region->data(), token.data(), kTokenBytes) != 0) {
-    throw RequestError("attachMemory: the region does not hold the token sent with it: not the caller's memory "
-                       "(its pid reused by another process?)");
+    throw RequestError(
+        "attachMemory: the region does not hold the token sent with it: not the caller's memory "
+        "(its pid reused by another process?)");
   }
   return region;
 }

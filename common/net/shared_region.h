@@ -51,7 +51,8 @@ class SharedRegion {
   // Contract: the seals are read before the size, so the file can never be
   // shorter than the mapping and no read or write inside [0, size()) can
   // raise SIGBUS, whatever the owner does with its descriptor afterwards.
-  static std::unique_ptr<SharedRegion> open_peer(pid_t pid, int fd, uint64_t max_bytes, std::span<const std::byte> token);
+  static std::unique_ptr<SharedRegion> open_peer(pid_t pid, int fd, uint64_t max_bytes,
+                                                 std::span<const std::byte> token);
 
   // Writes a new random token at the region's start and returns it.
   Token stamp_token();
@@ -65,7 +66,9 @@ class SharedRegion {
   int fd() const { return fd_; }
 
   // True when [offset, offset + bytes) lies inside the region (no overflow).
-  bool contains(uint64_t offset, uint64_t bytes) const { return offset <= size_ && bytes <= size_ - offset; }
+  bool contains(uint64_t offset, uint64_t bytes) const {
+    return offset <= size_ && bytes <= size_ - offset;
+  }
 
  private:
   SharedRegion(int fd, std::byte* data, uint64_t size) : fd_(fd), data_(data), size_(size) {}

@@ -60,7 +60,10 @@ class SocketStreamImpl final : public SocketStream {
   // nothing unless a write is waiting. Writes that find the socket full
   // watch a duplicate of it until they are done (when_writable).
   SocketStreamImpl(kj::UnixEventPort& port, int fd, BusyPoll* busy_poll = nullptr)
-      : port_(port), fd_(fd), observer_(port, fd, kj::UnixEventPort::FdObserver::OBSERVE_READ), busy_poll_(busy_poll) {}
+      : port_(port),
+        fd_(fd),
+        observer_(port, fd, kj::UnixEventPort::FdObserver::OBSERVE_READ),
+        busy_poll_(busy_poll) {}
 
   kj::Promise<size_t> tryRead(void* buffer, size_t min_bytes, size_t max_bytes) override {
     return read_more(static_cast<kj::byte*>(buffer), min_bytes, max_bytes, 0);
@@ -92,7 +95,9 @@ class SocketStreamImpl final : public SocketStream {
     return read_exact_more(bytes, kj::mv(where), 0);
   }
 
-  void limit_read_ahead(size_t bytes) override { read_ahead_ = std::clamp<size_t>(bytes, 1, kBufferBytes); }
+  void limit_read_ahead(size_t bytes) override {
+    read_ahead_ = std::clamp<size_t>(bytes, 1, kBufferBytes);
+  }
 
   void land_next_read(size_t before, kj::ArrayPtr<kj::byte> dest) override {
     // The buffer must hold `before` and what a read asks for after dest.
@@ -126,7 +131,9 @@ class SocketStreamImpl final : public SocketStream {
   }
   void abortRead() override { ::shutdown(fd_, SHUT_RD); }
 
-  void detect_dead_peer(std::chrono::milliseconds after) override { ps::detect_dead_peer(fd_, after); }
+  void detect_dead_peer(std::chrono::milliseconds after) override {
+    ps::detect_dead_peer(fd_, after);
+  }
 
   void getsockopt(int level, int option, void* value, kj::uint* length) override {
     socklen_t len = *length;
@@ -186,7 +193,7 @@ class SocketStreamImpl final : public SocketStream {
     if (n > 0 && static_cast<size_t>(n) < total) {
       // Empty now, unless the peer's hang-up came with the data: then the
       // next read() finds the end, and no later edge would say so.
-      KJ_IF_MAYBE(at_end, observer_.atEndHint()) {
+      KJ_IF_MAYBE (at_end, observer_.atEndHint()) {
         if (!*at_end) watch_readable();
       }
     }
@@ -283,10 +290,13 @@ class SocketStreamImpl final : public SocketStream {
         set_low_water(1);
         auto wait = kj::mv(KJ_ASSERT_NONNULL(readable_));
         readable_ = nullptr;
-        return wait.then([this, dst, min_bytes, max_bytes, got] { return read_more(dst, min_bytes, max_bytes, got); });
+        return wait.then([this, dst, min_bytes, max_bytes, got] {
+          return read_more(dst, min_bytes, max_bytes, got);
+        });
       }
       const size_t want = max_bytes - got;
-      const bool direct = want >= read_ahead_ && landing_.size() == 0;  // large reads skip the buffer
+      const bool direct =
+          want >= read_ahead_ && landing_.size() == 0;  // large reads skip the buffer
       const ssize_t n = direct ? read_once(dst + got, want) : fill_buffer();
       if (n < 0) continue;
       if (n == 0) return got;  // end of stream
@@ -299,7 +309,8 @@ class SocketStreamImpl final : public SocketStream {
     return got;
   }
 
-  kj::Promise<void> read_exact_more(size_t bytes, kj::Function<kj::byte*(size_t)> where, size_t got) {
+  kj::Promise<void> read_exact_more(size_t bytes, kj::Function<kj::byte*(size_t)> where,
+                                    size_t got) {
     got += take_read(bytes - got, [&](size_t at) { return where(got + at); });
     while (got < bytes) {
       if (readable_ != nullptr) {
@@ -342,8 +353,11 @@ class SocketStreamImpl final : public SocketStream {
     if (readable_ == nullptr) readable_ = observer_.whenBecomesReadable();
   }
 
-  kj::Promise<void> write_more(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> pieces, size_t skip) {
-    if (aborted_) return KJ_EXCEPTION(DISCONNECTED, "connection cut: a call gave up while its request was being sent");
+  kj::Promise<void> write_more(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> pieces,
+                               size_t skip) {
+    if (aborted_)
+      return KJ_EXCEPTION(DISCONNECTED,
+                          "connection cut: a call gave up while its request was being sent");
     for (;;) {
       while (pieces.size() > 0 && skip >= pieces[0].size()) {
         skip -= pieces[0].size();
@@ -383,7 +397,8 @@ class SocketStreamImpl final : public SocketStream {
   // descriptor; registering reports at once if it is already writable.
   struct WriteWatch {
     WriteWatch(kj::UnixEventPort& port, int fd)
-        : fd(dup_or_throw(fd)), observer(port, this->fd, kj::UnixEventPort::FdObserver::OBSERVE_WRITE) {}
+        : fd(dup_or_throw(fd)),
+          observer(port, this->fd, kj::UnixEventPort::FdObserver::OBSERVE_WRITE) {}
     static int dup_or_throw(int fd) {
       int copy;
       KJ_SYSCALL(copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0));
@@ -409,10 +424,12 @@ class SocketStreamImpl final : public SocketStream {
   size_t split_ = 0;
   kj::Array<kj::byte> evacuated_;  // parked bytes moved out of memory that was released
   uint64_t read_calls_ = 0;
-  size_t read_ahead_ = kBufferBytes;  // what a read into the buffer asks the kernel for (limit_read_ahead)
+  size_t read_ahead_ =
+      kBufferBytes;  // what a read into the buffer asks the kernel for (limit_read_ahead)
   kj::Maybe<kj::Promise<void>> readable_;
   int low_water_ = 1;
-  size_t low_water_cap_ = kLowWaterBytes;  // the most set_low_water is asked for (set_low_water_cap)
+  size_t low_water_cap_ =
+      kLowWaterBytes;  // the most set_low_water is asked for (set_low_water_cap)
   kj::Maybe<kj::ForkedPromise<void>> disconnected_;
   kj::ArrayPtr<const kj::byte> single_piece_;
   std::unordered_multimap<const kj::byte*, std::shared_ptr<const void>> holds_;
@@ -428,7 +445,8 @@ struct SocketAddress {
 bool same_ip(const sockaddr_storage& a, const sockaddr_storage& b) {
   if (a.ss_family != b.ss_family) return false;
   if (a.ss_family == AF_INET) {
-    return reinterpret_cast<const sockaddr_in&>(a).sin_addr.s_addr == reinterpret_cast<const sockaddr_in&>(b).sin_addr.s_addr;
+    return reinterpret_cast<const sockaddr_in&>(a).sin_addr.s_addr ==
+           reinterpret_cast<const sockaddr_in&>(b).sin_addr.s_addr;
   }
   if (a.ss_family == AF_INET6) {
     return std::memcmp(&reinterpret_cast<const sockaddr_in6&>(a).sin6_addr,
@@ -438,7 +456,8 @@ bool same_ip(const sockaddr_storage& a, const sockaddr_storage& b) {
 }
 
 bool is_loopback(const sockaddr_storage& a) {
-  if (a.ss_family == AF_INET) return (ntohl(reinterpret_cast<const sockaddr_in&>(a).sin_addr.s_addr) >> 24) == 127;
+  if (a.ss_family == AF_INET)
+    return (ntohl(reinterpret_cast<const sockaddr_in&>(a).sin_addr.s_addr) >> 24) == 127;
   if (a.ss_family == AF_INET6) {
     const in6_addr& v6 = reinterpret_cast<const sockaddr_in6&>(a).sin6_addr;
     return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
@@ -452,7 +471,8 @@ bool is_loopback(const sockaddr_storage& a) {
 void detect_dead_peer(int fd, std::chrono::milliseconds after) {
   sockaddr_storage local{};
   socklen_t len = sizeof(local);
-  if (after.count() <= 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) return;
+  if (after.count() <= 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0)
+    return;
   if (local.ss_family != AF_INET && local.ss_family != AF_INET6) return;
   const auto secs = std::max<int64_t>(2, std::chrono::ceil<std::chrono::seconds>(after).count());
   const int one = 1, count = 3;
@@ -478,7 +498,8 @@ void fit_send_buffer_to_host(int fd, SocketStreamImpl& stream) {
   set_send_buffer(fd, bytes);
   int granted = 0;
   socklen_t len = sizeof(granted);
-  if (::getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &granted, &len) == 0) stream.set_low_water_cap(low_water_cap(granted));
+  if (::getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &granted, &len) == 0)
+    stream.set_low_water_cap(low_water_cap(granted));
 }
 
 void make_nonblocking(int fd) {
@@ -514,8 +535,8 @@ kj::Promise<kj::Own<SocketStream>> connect_to(kj::UnixEventPort& port, const Soc
 }
 
 // Tries the addresses in order; fails with the last one's error.
-kj::Promise<kj::Own<SocketStream>> connect_any(kj::UnixEventPort& port, kj::Array<SocketAddress> addrs,
-                                                    size_t i) {
+kj::Promise<kj::Own<SocketStream>> connect_any(kj::UnixEventPort& port,
+                                               kj::Array<SocketAddress> addrs, size_t i) {
   auto attempt = kj::evalNow([&] { return connect_to(port, addrs[i]); });
   if (i + 1 >= addrs.size()) return attempt;
   return attempt.catch_([&port, addrs = kj::mv(addrs), i](kj::Exception&&) mutable {
@@ -551,10 +572,11 @@ kj::Promise<Addresses> resolve_off_loop(std::string host, std::string service) {
   // The fulfiller may outlive the promise (a Client given up on): that is
   // what a cross-thread fulfiller allows. Held by shared_ptr because
   // std::thread needs a callable with a noexcept destructor.
-  auto fulfiller = std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<Addresses>>>(
-      kj::mv(paf.fulfiller));
+  auto fulfiller =
+      std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<Addresses>>>(kj::mv(paf.fulfiller));
   std::thread([host = std::move(host), service = std::move(service), fulfiller] {
-    KJ_IF_MAYBE(e, kj::runCatchingExceptions([&] { (*fulfiller)->fulfill(kj::heap(resolve(host, service))); })) {
+    KJ_IF_MAYBE (e, kj::runCatchingExceptions(
+                        [&] { (*fulfiller)->fulfill(kj::heap(resolve(host, service))); })) {
       (*fulfiller)->reject(kj::mv(*e));
     }
   }).detach();
@@ -578,7 +600,8 @@ int same_host_send_buffer_bytes() {
       int value = -1;
       const char* end = kb + std::strlen(kb);
       const auto [at, error] = std::from_chars(kb, end, value);
-      if (error == std::errc() && at == end && value >= 0 && value <= (64 << 10)) return value << 10;
+      if (error == std::errc() && at == end && value >= 0 && value <= (64 << 10))
+        return value << 10;
     }
     const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
     return static_cast<int>(l2 > 0 ? std::clamp<long>(l2 / 2, 256 << 10, 1 << 20) : 512 << 10);
@@ -596,7 +619,8 @@ kj::Own<SocketStream> wrap_socket(kj::UnixEventPort& port, int fd, BusyPoll* bus
   return stream;
 }
 
-kj::Promise<kj::Own<SocketStream>> connect_socket(kj::UnixEventPort& port, const std::string& address) {
+kj::Promise<kj::Own<SocketStream>> connect_socket(kj::UnixEventPort& port,
+                                                  const std::string& address) {
   if (address.rfind("unix:", 0) == 0) {
     const std::string path = address.substr(5);
     SocketAddress a;
@@ -608,7 +632,8 @@ kj::Promise<kj::Own<SocketStream>> connect_socket(kj::UnixEventPort& port, const
     return connect_to(port, a);
   }
   const std::optional<HostPort> parts = split_host_port(address);
-  KJ_REQUIRE(parts.has_value() && !parts->port.empty(), "address needs a port (host:port)", address);
+  KJ_REQUIRE(parts.has_value() && !parts->port.empty(), "address needs a port (host:port)",
+             address);
   const std::string& host = parts->host;
   const std::string& service = parts->port;
   SocketAddress a;

@@ -41,7 +41,8 @@ class SocketStream : public kj::AsyncIoStream {
   // where(offset), which is asked again before every system call: the
   // memory can be changed between them (a caller that gave up on a reply
   // whose bytes were going straight into its buffer; client/client_message_stream.h).
-  virtual kj::Promise<void> read_exact(size_t bytes, kj::Function<kj::byte*(size_t offset)> where) = 0;
+  virtual kj::Promise<void> read_exact(size_t bytes,
+                                       kj::Function<kj::byte*(size_t offset)> where) = 0;
 
   // Small reads ask the kernel for 64 KiB, into a buffer of the stream's
   // own (one system call for several small messages); this lowers that to
@@ -134,6 +135,7 @@ kj::Own<SocketStream> wrap_socket(kj::UnixEventPort& port, int fd, BusyPoll* bus
 // Connects to "host:port", "[v6addr]:port" or "unix:/path", trying every
 // address the name resolves to. Host names are resolved on a short-lived
 // thread, so a slow DNS server does not stall the event loop.
-kj::Promise<kj::Own<SocketStream>> connect_socket(kj::UnixEventPort& port, const std::string& address);
+kj::Promise<kj::Own<SocketStream>> connect_socket(kj::UnixEventPort& port,
+                                                  const std::string& address);
 
 }  // namespace ps

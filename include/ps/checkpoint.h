@@ -41,18 +41,18 @@ class CheckpointError : public Error {
 // table: the rows that existed).
 struct RestoredTable {
   TableSpec spec;
-  uint64_t version = 0;                   // most updates any shard had applied
+  uint64_t version = 0;  // most updates any shard had applied
   std::vector<int64_t> ids;
   std::vector<float> values;              // ids.size() * dim, row i at values[i * dim]
   std::vector<std::vector<float>> slots;  // the optimizer's slots, laid out as values
 };
 
 struct RestoredModel {
-  int64_t global_step = 0;        // the step the checkpoint was taken at
+  int64_t global_step = 0;  // the step the checkpoint was taken at
   bool job_configured = false;
-  JobConfig job;                  // the job configuration saved with it
-  uint32_t num_shards = 0;        // how many shards wrote it
-  std::vector<std::string> files; // the files read, shard by shard
+  JobConfig job;                   // the job configuration saved with it
+  uint32_t num_shards = 0;         // how many shards wrote it
+  std::vector<std::string> files;  // the files read, shard by shard
   // Whole logical tensors: init = their values, slots and version set.
   std::vector<TensorSpec> tensors;
   std::vector<RestoredTable> tables;
@@ -68,6 +68,7 @@ class Client;
 // `client`: initJob (the saved job configuration, or `job` when given, with
 // start_step = the checkpoint's step), create all its tensors and tables
 // (rows moved to the shards this job places them on), setReady.
-RestoredModel restore_from_checkpoint(Client& client, const std::string& dir, const JobConfig* job = nullptr);
+RestoredModel restore_from_checkpoint(Client& client, const std::string& dir,
+                                      const JobConfig* job = nullptr);
 
 }  // namespace ps

@@ -125,8 +125,8 @@ struct ClientOptions {
 struct TensorInfo {
   std::string name;
   std::vector<uint64_t> shape;
-  uint64_t version = 0;       // updates applied (smallest over its parts)
-  std::vector<int> shards;    // where its parts live
+  uint64_t version = 0;     // updates applied (smallest over its parts)
+  std::vector<int> shards;  // where its parts live
   OptimizerKind optimizer = OptimizerKind::kSgd;
 };
 
@@ -142,7 +142,8 @@ struct ShardStats {
   std::string address;
   uint64_t tensors = 0, bytes = 0, pushes = 0, pulls = 0, rejected = 0, stale_gradients = 0;
   uint64_t bytes_in = 0, bytes_out = 0;  // tensor bytes pushed to and pulled from the shard
-  uint64_t shared_bytes = 0;             // of those, through shared memory (ClientOptions::shared_memory_bytes)
+  uint64_t shared_bytes =
+      0;  // of those, through shared memory (ClientOptions::shared_memory_bytes)
   int64_t global_step = 0;
   uint32_t connections = 0;
   JobConfig job{};
@@ -150,8 +151,8 @@ struct ShardStats {
   bool finished = false;
   uint64_t steps_applied = 0;    // sync: aggregated updates
   uint64_t staleness_waits = 0;  // bounded staleness: pulls that waited
-  int64_t max_staleness = 0;     // bounded staleness: most steps ahead of the slowest seen at a push
-  int64_t last_checkpoint_step = -1;     // -1: none written or restored
+  int64_t max_staleness = 0;  // bounded staleness: most steps ahead of the slowest seen at a push
+  int64_t last_checkpoint_step = -1;  // -1: none written or restored
   double last_checkpoint_unix_secs = 0;
   std::vector<WorkerStats> workers;
   // What the job has waited for over a few seconds, one line each, for
@@ -160,15 +161,15 @@ struct ShardStats {
 };
 
 struct PullResult {
-  int64_t step = 0;                 // global step the values were read at
-  std::vector<uint64_t> versions;   // per tensor, smallest over its parts
+  int64_t step = 0;                // global step the values were read at
+  std::vector<uint64_t> versions;  // per tensor, smallest over its parts
 };
 
 enum class PushStatus { kApplied, kAccumulated, kStale, kDuplicate };
 
 struct PushResult {
-  int64_t step = 0;                 // smallest global step the shards answered
-  std::vector<PushStatus> status;   // per tensor; the worst over its parts
+  int64_t step = 0;                // smallest global step the shards answered
+  std::vector<PushStatus> status;  // per tensor; the worst over its parts
   // With done_step >= 0: shard 0's global step after counting the step, and
   // whether the job reached train_steps (as step_done() answers).
   int64_t global_step = 0;
@@ -207,8 +208,8 @@ class Client {
                   int64_t min_step = 0);
   uint64_t pull(const std::string& name, std::span<float> out);
   std::vector<float> pull(const std::string& name);
-  std::future<PullResult> pull_async(std::vector<std::string> names, std::vector<std::span<float>> out,
-                                     int64_t min_step = 0);
+  std::future<PullResult> pull_async(std::vector<std::string> names,
+                                     std::vector<std::span<float>> out, int64_t min_step = 0);
 
   // Sends gradients; `step` is the global step the parameters were pulled at
   // (0 to kMaxStep, include/ps/job.h; psd refuses others). A gradient with
@@ -216,18 +217,19 @@ class Client {
   // with RequestError and applies none of it, also when the push goes out
   // as several requests (tensors over several shards, or more than
   // max_request_bytes): the client checks such a push before sending it.
-  PushResult push(const std::vector<std::string>& names, const std::vector<std::span<const float>>& grads,
-                  int64_t step = 0);
+  PushResult push(const std::vector<std::string>& names,
+                  const std::vector<std::span<const float>>& grads, int64_t step = 0);
   PushStatus push(const std::string& name, std::span<const float> grad);
-  std::future<PushResult> push_async(std::vector<std::string> names, std::vector<std::span<const float>> grads,
-                                     int64_t step = 0);
+  std::future<PushResult> push_async(std::vector<std::string> names,
+                                     std::vector<std::span<const float>> grads, int64_t step = 0);
   // Pushes and, in the same calls, reports local step `done_step` as done on
   // every shard (step_done() without its extra round trips).
-  PushResult push_and_step(const std::vector<std::string>& names, const std::vector<std::span<const float>>& grads,
-                           int64_t step, int64_t done_step);
+  PushResult push_and_step(const std::vector<std::string>& names,
+                           const std::vector<std::span<const float>>& grads, int64_t step,
+                           int64_t done_step);
   std::future<PushResult> push_and_step_async(std::vector<std::string> names,
-                                              std::vector<std::span<const float>> grads, int64_t step,
-                                              int64_t done_step);
+                                              std::vector<std::span<const float>> grads,
+                                              int64_t step, int64_t done_step);
 
   // --- Embedding tables (ps/embedding.h) ---
   // Creates each table's part on every shard (all shards check all tables
@@ -241,23 +243,23 @@ class Client {
   // step the rows were read at (waits for min_step, as pull).
   int64_t pull_rows(const std::string& table, std::span<const int64_t> ids, std::span<float> out,
                     int64_t min_step = 0);
-  std::future<int64_t> pull_rows_async(std::string table, std::span<const int64_t> ids, std::span<float> out,
-                                       int64_t min_step = 0);
+  std::future<int64_t> pull_rows_async(std::string table, std::span<const int64_t> ids,
+                                       std::span<float> out, int64_t min_step = 0);
   // Sends the gradients of the rows of `ids` (ids.size() * dim floats); the
   // gradients of a repeated id are summed first. `step` as push's: in sync
   // mode the step the rows were pulled at (every shard gets its part, empty
   // or not, so the step completes everywhere). Returns the worst status over
   // the shards. NaN/Inf or a wrong length is refused before anything is sent.
-  PushStatus push_rows(const std::string& table, std::span<const int64_t> ids, std::span<const float> grads,
-                       int64_t step = 0);
+  PushStatus push_rows(const std::string& table, std::span<const int64_t> ids,
+                       std::span<const float> grads, int64_t step = 0);
   std::future<PushStatus> push_rows_async(std::string table, std::span<const int64_t> ids,
                                           std::span<const float> grads, int64_t step = 0);
   struct TableInfo {
     std::string name;
     uint32_t dim = 0;
-    uint64_t rows = 0;        // fixed: the table's rows; dynamic: rows held, summed over shards
+    uint64_t rows = 0;  // fixed: the table's rows; dynamic: rows held, summed over shards
     bool dynamic = false;
-    uint64_t bytes = 0;       // memory on all shards
+    uint64_t bytes = 0;  // memory on all shards
     uint64_t evictions = 0;
     std::vector<uint64_t> rows_per_shard;
   };
@@ -265,8 +267,9 @@ class Client {
   // Sets rows of a table (values and optimizer slots, laid out as pull_rows'
   // output), each on the shard this client places it: restore_from_checkpoint
   // moves a checkpoint's rows to a job with another shard count this way.
-  void restore_rows(const std::string& table, std::span<const int64_t> ids, std::span<const float> values,
-                    const std::vector<std::vector<float>>& slots, uint64_t version);
+  void restore_rows(const std::string& table, std::span<const int64_t> ids,
+                    std::span<const float> values, const std::vector<std::vector<float>>& slots,
+                    uint64_t version);
 
   std::vector<TensorInfo> list();
   std::vector<ShardStats> stats();
@@ -330,17 +333,20 @@ class Client {
  private:
   // With `done`, run to the end and store the result there (no future:
   // blocking calls skip its synchronisation); without, return a future.
-  std::future<PullResult> start_pull(std::vector<std::string> names, std::vector<std::span<float>> out,
-                                     int64_t min_step, PullResult* done);
-  std::future<PushResult> start_push(std::vector<std::string> names, std::vector<std::span<const float>> grads,
-                                     int64_t step, PushResult* done, int64_t done_step = -1);
+  std::future<PullResult> start_pull(std::vector<std::string> names,
+                                     std::vector<std::span<float>> out, int64_t min_step,
+                                     PullResult* done);
+  std::future<PushResult> start_push(std::vector<std::string> names,
+                                     std::vector<std::span<const float>> grads, int64_t step,
+                                     PushResult* done, int64_t done_step = -1);
 
   TableSpec table_spec(const std::string& table, const char* what) const;
   uint64_t row_request_bytes() const;
-  std::future<int64_t> start_pull_rows(const std::string& table, std::span<const int64_t> ids, std::span<float> out,
-                                       int64_t min_step, int64_t* done);
+  std::future<int64_t> start_pull_rows(const std::string& table, std::span<const int64_t> ids,
+                                       std::span<float> out, int64_t min_step, int64_t* done);
   std::future<PushStatus> start_push_rows(const std::string& table, std::span<const int64_t> ids,
-                                          std::span<const float> grads, int64_t step, PushStatus* done);
+                                          std::span<const float> grads, int64_t step,
+                                          PushStatus* done);
 
   struct Impl;
   std::unique_ptr<Impl> impl_;

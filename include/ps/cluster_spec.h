@@ -57,8 +57,8 @@ class ClusterSpec {
 
   // TF_CONFIG if set (and non-empty), else Slurm if SLURM_PROCID is set, else
   // throws ps::ConfigError. num_ps and port_base are used for Slurm only.
-  static ClusterSpec from_environment(const std::map<std::string, std::string>& env,
-                                      int num_ps = 1, int port_base = 2222);
+  static ClusterSpec from_environment(const std::map<std::string, std::string>& env, int num_ps = 1,
+                                      int port_base = 2222);
   // Same, reading this process's environment.
   static ClusterSpec from_environment(int num_ps = 1, int port_base = 2222);
   // This process's environment as a map.

@@ -33,7 +33,8 @@
 //   }
 //   // or a whole batch at once:
 //   ps::CtrBatch batch;
-//   ps::make_ctr_batch(examples, crosses, batch);       // labels (B), dense (B, 13), ids (B, 26), ...
+//   ps::make_ctr_batch(examples, crosses, batch);       // labels (B), dense (B, 13), ids (B, 26),
+//   ...
 #pragma once
 
 #include <array>
@@ -51,9 +52,9 @@ constexpr int kCtrDense = 13;
 constexpr int kCtrCategorical = 26;
 
 struct CtrExample {
-  float label = 0;                                       // 0 or 1
-  std::array<int64_t, kCtrDense> dense{};                // I1..I13; 0 where missing
-  std::array<uint32_t, kCtrCategorical> categorical{};   // C1..C26; 0 where missing
+  float label = 0;                                      // 0 or 1
+  std::array<int64_t, kCtrDense> dense{};               // I1..I13; 0 where missing
+  std::array<uint32_t, kCtrCategorical> categorical{};  // C1..C26; 0 where missing
   std::bitset<kCtrDense> dense_present;
   std::bitset<kCtrCategorical> categorical_present;
 };
@@ -106,17 +107,19 @@ void ctr_categorical_ids(const CtrExample& e, std::span<uint64_t> ids);
 // out (13) = sign(x) * log(1 + |x|) of each dense field, 0 where missing.
 void ctr_dense_features(const CtrExample& e, std::span<float> out);
 // ids = the 26 single-field ids, then one id per cross (replaces its contents).
-void ctr_wide_ids(const CtrExample& e, std::span<const FieldCross> crosses, std::vector<uint64_t>& ids);
+void ctr_wide_ids(const CtrExample& e, std::span<const FieldCross> crosses,
+                  std::vector<uint64_t>& ids);
 
 // The features of B examples side by side, as a trainer's step takes them.
 struct CtrBatch {
-  int64_t size = 0;               // B
-  std::vector<float> labels;      // (B)
-  std::vector<float> dense;       // (B, 13) ctr_dense_features
-  std::vector<uint64_t> ids;      // (B, 26) ctr_categorical_ids: the deep part's bags, one id each
-  std::vector<uint64_t> wide_ids; // (B, 26 + crosses) ctr_wide_ids
+  int64_t size = 0;                // B
+  std::vector<float> labels;       // (B)
+  std::vector<float> dense;        // (B, 13) ctr_dense_features
+  std::vector<uint64_t> ids;       // (B, 26) ctr_categorical_ids: the deep part's bags, one id each
+  std::vector<uint64_t> wide_ids;  // (B, 26 + crosses) ctr_wide_ids
 };
 // Fills `batch` (buffers reused) from the examples.
-void make_ctr_batch(std::span<const CtrExample> examples, std::span<const FieldCross> crosses, CtrBatch& batch);
+void make_ctr_batch(std::span<const CtrExample> examples, std::span<const FieldCross> crosses,
+                    CtrBatch& batch);
 
 }  // namespace ps

@@ -39,10 +39,10 @@ struct CtrSyntheticOptions {
   int64_t min_distinct = 1000;     // values of C1
   int64_t max_distinct = 1000000;  // values of C26
   double zipf_exponent = 1.1;
-  double missing_rate = 0.02;      // of each field of each example
-  double bias = -0.8;              // a click rate near 0.25, as Criteo's
-  double weight_scale = 0.6;       // std dev of a rank-1 value's weight
-  double weight_decay = 0.5;       // rank r: std dev weight_scale * r^-weight_decay
+  double missing_rate = 0.02;  // of each field of each example
+  double bias = -0.8;          // a click rate near 0.25, as Criteo's
+  double weight_scale = 0.6;   // std dev of a rank-1 value's weight
+  double weight_decay = 0.5;   // rank r: std dev weight_scale * r^-weight_decay
   double dense_weight_scale = 0.2;
   std::vector<FieldCross> crosses{{0, 1}, {2, 3}, {4, 5}};  // planted interactions
   double cross_weight_scale = 0.4;
@@ -73,19 +73,19 @@ class CtrSynthetic {
 
   CtrSyntheticOptions options_;
   int64_t holdout_begin_;
-  std::vector<int64_t> distinct_;   // (26)
-  std::vector<uint32_t> mult_;      // (26) odd multipliers of the rank -> value bijection
-  std::vector<uint32_t> mult_inv_;  // (26) their inverses mod 2^32
-  std::vector<uint32_t> offset_;    // (26)
+  std::vector<int64_t> distinct_;     // (26)
+  std::vector<uint32_t> mult_;        // (26) odd multipliers of the rank -> value bijection
+  std::vector<uint32_t> mult_inv_;    // (26) their inverses mod 2^32
+  std::vector<uint32_t> offset_;      // (26)
   std::vector<double> dense_weight_;  // (13)
 };
 
 struct CtrPlantedStats {
   int64_t examples = 0;
-  int64_t holdout = 0;            // examples in the held-out part
-  double train_ctr = 0;           // share of clicks before the held-out part
+  int64_t holdout = 0;   // examples in the held-out part
+  double train_ctr = 0;  // share of clicks before the held-out part
   double holdout_ctr = 0;
-  double holdout_log_loss = 0;    // of the planted probabilities
+  double holdout_log_loss = 0;  // of the planted probabilities
   double holdout_auc = 0;
 };
 

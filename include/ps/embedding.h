@@ -34,9 +34,9 @@ namespace ps {
 
 // Where a fixed table's id lives (dynamic tables always hash the id).
 enum class TablePlacement {
-  kMod,  // shard = id % shards, local row = id / shards (TF's partition_strategy='mod')
-  kDiv,  // contiguous ranges, the first rows % shards shards one row longer ('div')
-  kHash, // shard = a 64-bit mix of the id % shards (the only choice for dynamic tables)
+  kMod,   // shard = id % shards, local row = id / shards (TF's partition_strategy='mod')
+  kDiv,   // contiguous ranges, the first rows % shards shards one row longer ('div')
+  kHash,  // shard = a 64-bit mix of the id % shards (the only choice for dynamic tables)
 };
 
 enum class RowOptimizerKind { kSgd, kAdagrad, kLazyAdam, kFtrl };
@@ -46,25 +46,39 @@ enum class RowOptimizerKind { kSgd, kAdagrad, kLazyAdam, kFtrl };
 struct RowOptimizerConfig {
   RowOptimizerKind kind = RowOptimizerKind::kSgd;
   float learning_rate = 0.01f;
-  float initial_accumulator = 0.1f;  // Adagrad, FTRL (tf.train.FtrlOptimizer's initial_accumulator_value)
-  float beta1 = 0.9f;                // LazyAdam
-  float beta2 = 0.999f;              // LazyAdam
-  float epsilon = 1e-7f;             // LazyAdam
-  float l1 = 0.0f;                   // FTRL l1_regularization_strength
-  float l2 = 0.0f;                   // FTRL l2_regularization_strength
-  float lr_power = -0.5f;            // FTRL learning_rate_power (<= 0)
+  float initial_accumulator =
+      0.1f;                // Adagrad, FTRL (tf.train.FtrlOptimizer's initial_accumulator_value)
+  float beta1 = 0.9f;      // LazyAdam
+  float beta2 = 0.999f;    // LazyAdam
+  float epsilon = 1e-7f;   // LazyAdam
+  float l1 = 0.0f;         // FTRL l1_regularization_strength
+  float l2 = 0.0f;         // FTRL l2_regularization_strength
+  float lr_power = -0.5f;  // FTRL learning_rate_power (<= 0)
 
-  static RowOptimizerConfig sgd(float lr) { return {.kind = RowOptimizerKind::kSgd, .learning_rate = lr}; }
+  static RowOptimizerConfig sgd(float lr) {
+    return {.kind = RowOptimizerKind::kSgd, .learning_rate = lr};
+  }
   static RowOptimizerConfig adagrad(float lr, float initial_accumulator = 0.1f) {
-    return {.kind = RowOptimizerKind::kAdagrad, .learning_rate = lr, .initial_accumulator = initial_accumulator};
+    return {.kind = RowOptimizerKind::kAdagrad,
+            .learning_rate = lr,
+            .initial_accumulator = initial_accumulator};
   }
-  static RowOptimizerConfig lazy_adam(float lr, float beta1 = 0.9f, float beta2 = 0.999f, float epsilon = 1e-7f) {
-    return {.kind = RowOptimizerKind::kLazyAdam, .learning_rate = lr, .beta1 = beta1, .beta2 = beta2, .epsilon = epsilon};
+  static RowOptimizerConfig lazy_adam(float lr, float beta1 = 0.9f, float beta2 = 0.999f,
+                                      float epsilon = 1e-7f) {
+    return {.kind = RowOptimizerKind::kLazyAdam,
+            .learning_rate = lr,
+            .beta1 = beta1,
+            .beta2 = beta2,
+            .epsilon = epsilon};
   }
-  static RowOptimizerConfig ftrl(float lr, float l1 = 0.0f, float l2 = 0.0f, float initial_accumulator = 0.1f,
-                                 float lr_power = -0.5f) {
-    return {.kind = RowOptimizerKind::kFtrl, .learning_rate = lr, .initial_accumulator = initial_accumulator,
-            .l1 = l1, .l2 = l2, .lr_power = lr_power};
+  static RowOptimizerConfig ftrl(float lr, float l1 = 0.0f, float l2 = 0.0f,
+                                 float initial_accumulator = 0.1f, float lr_power = -0.5f) {
+    return {.kind = RowOptimizerKind::kFtrl,
+            .learning_rate = lr,
+            .initial_accumulator = initial_accumulator,
+            .l1 = l1,
+            .l2 = l2,
+            .lr_power = lr_power};
   }
 };
 
@@ -77,8 +91,8 @@ enum class OnRowLimit {
 struct TableSpec {
   std::string name{};
   uint32_t dim = 0;
-  uint64_t rows = 0;      // fixed tables: ids in [0, rows)
-  bool dynamic = false;   // any 64-bit id; rows created on first touch
+  uint64_t rows = 0;                                // fixed tables: ids in [0, rows)
+  bool dynamic = false;                             // any 64-bit id; rows created on first touch
   TablePlacement placement = TablePlacement::kMod;  // fixed tables; dynamic ones always kHash
   RowOptimizerConfig optimizer{};
   // Each row's initial values; zeros, constant, uniform, normal and

@@ -42,8 +42,8 @@ enum class BagCombiner { kSum, kMean };  // kMean of an empty bag is 0
 // The distinct ids of a batch in order of first appearance, and for every
 // position of the batch the index of its id in `ids`.
 struct UniqueIds {
-  std::vector<uint64_t> ids;    // (U)
-  std::vector<int32_t> index;   // (N), values in [0, U)
+  std::vector<uint64_t> ids;   // (U)
+  std::vector<int32_t> index;  // (N), values in [0, U)
 };
 UniqueIds dedup_ids(std::span<const uint64_t> ids);
 
@@ -53,13 +53,15 @@ std::vector<int64_t> fixed_offsets(int64_t bags, int per_bag);
 // out (N, D) = combine over j in bag n of rows (U, D)[index[j]].
 // offsets (N + 1), index (nnz); U is rows.size() / dim.
 void embedding_bag_forward(std::span<const float> rows, int dim, std::span<const int64_t> offsets,
-                           std::span<const int32_t> index, BagCombiner combiner, std::span<float> out);
+                           std::span<const int32_t> index, BagCombiner combiner,
+                           std::span<float> out);
 
 // grad_rows (U, D) = for each unique row u, the sum over the occurrences j
 // with index[j] == u of grad_out (N, D)[bag of j] (divided by the bag's size
 // for kMean). Overwrites grad_rows (rows never referenced get 0).
-void embedding_bag_backward(std::span<const float> grad_out, int dim, std::span<const int64_t> offsets,
-                            std::span<const int32_t> index, BagCombiner combiner, std::span<float> grad_rows);
+void embedding_bag_backward(std::span<const float> grad_out, int dim,
+                            std::span<const int64_t> offsets, std::span<const int32_t> index,
+                            BagCombiner combiner, std::span<float> grad_rows);
 
 // The same two passes on a GPU: host buffers in and out, device buffers kept
 // between calls (grown as needed). Not thread-safe; one per thread.

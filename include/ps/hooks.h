@@ -33,17 +33,17 @@ class SummaryWriter;
 
 // What a hook sees after a step.
 struct StepInfo {
-  int64_t local_step = 0;     // steps this worker completed
-  int64_t global_step = 0;    // the job's global step after this one
-  int64_t train_steps = 0;    // the job's last global step (0: open-ended)
-  double epoch = 0;           // epochs this worker's data shard has gone through
-  double loss = 0;            // this step's batch: mean cross-entropy (or other loss)
-  double accuracy = -1;       // this step's batch (< 0: not reported)
-  int64_t batch_size = 0;     // examples in this worker's step
+  int64_t local_step = 0;                // steps this worker completed
+  int64_t global_step = 0;               // the job's global step after this one
+  int64_t train_steps = 0;               // the job's last global step (0: open-ended)
+  double epoch = 0;                      // epochs this worker's data shard has gone through
+  double loss = 0;                       // this step's batch: mean cross-entropy (or other loss)
+  double accuracy = -1;                  // this step's batch (< 0: not reported)
+  int64_t batch_size = 0;                // examples in this worker's step
   int64_t examples_per_global_step = 0;  // all workers together (sync: R x batch)
-  uint64_t stale_steps = 0;   // this worker's gradients dropped as stale so far
+  uint64_t stale_steps = 0;              // this worker's gradients dropped as stale so far
   float learning_rate = 0;
-  bool stale = false;         // this step's gradients were dropped
+  bool stale = false;  // this step's gradients were dropped
 };
 
 class TrainingHook {
@@ -85,9 +85,9 @@ class HookList {
 class LoggingHook : public TrainingHook {
  public:
   struct Options {
-    int every_n = 100;          // 0: no lines
+    int every_n = 100;  // 0: no lines
     int worker = 0;
-    bool progress_bar = true;   // only drawn when `bar_stream` is a terminal
+    bool progress_bar = true;  // only drawn when `bar_stream` is a terminal
     std::FILE* stream = stdout;
     std::FILE* bar_stream = stderr;
   };
@@ -126,7 +126,8 @@ class SummaryHook : public TrainingHook {
   int every_n_;
   std::chrono::steady_clock::time_point last_t_;
   int64_t last_global_ = -1;  // -1: before the first step
-  double loss_sum_ = 0, acc_sum_ = 0;  // over the steps since the last summary (acc: those that measured it)
+  double loss_sum_ = 0,
+         acc_sum_ = 0;  // over the steps since the last summary (acc: those that measured it)
   int n_ = 0, acc_n_ = 0;
 };
 
@@ -134,7 +135,8 @@ class SummaryHook : public TrainingHook {
 // step) reaches `last_step`.
 class StopAtStepHook : public TrainingHook {
  public:
-  explicit StopAtStepHook(int64_t last_step, bool local = false) : last_(last_step), local_(local) {}
+  explicit StopAtStepHook(int64_t last_step, bool local = false)
+      : last_(last_step), local_(local) {}
   void after_step(const StepInfo& s) override;
   bool stop_requested() const override { return stop_; }
 

@@ -22,11 +22,12 @@ inline constexpr bool step_in_range(int64_t step) { return step >= 0 && step <= 
 
 struct JobConfig {
   SyncMode mode = SyncMode::kAsync;
-  uint32_t replicas_to_aggregate = 0;  // sync: gradients averaged per step (< total_replicas: backup workers)
-  uint32_t total_replicas = 0;         // workers in the job; 0 = not checked
-  uint32_t max_staleness = 0;          // bounded staleness
-  int64_t train_steps = 0;             // stop at this global step; 0 = no stop condition
-  int64_t start_step = 0;              // global step a new job starts at (a restored checkpoint's)
+  uint32_t replicas_to_aggregate =
+      0;  // sync: gradients averaged per step (< total_replicas: backup workers)
+  uint32_t total_replicas = 0;  // workers in the job; 0 = not checked
+  uint32_t max_staleness = 0;   // bounded staleness
+  int64_t train_steps = 0;      // stop at this global step; 0 = no stop condition
+  int64_t start_step = 0;       // global step a new job starts at (a restored checkpoint's)
   // The chief's cluster (--worker_hosts, --ps_hosts), for every worker to
   // check its own against; not part of what makes two configurations differ.
   std::vector<std::string> worker_hosts{};

@@ -51,10 +51,12 @@ class LogisticMlp {
                            std::span<float> dlogit = {});
 
   // probs (n) = sigmoid(head logit + extra_logit) for x (n, inputs), any n.
-  void predict(std::span<const float> x, std::span<const float> extra_logit, std::span<float> probs);
+  void predict(std::span<const float> x, std::span<const float> extra_logit,
+               std::span<float> probs);
 
  private:
-  void check(std::span<const float> x, int64_t n, std::span<const float> extra_logit, const char* what) const;
+  void check(std::span<const float> x, int64_t n, std::span<const float> extra_logit,
+             const char* what) const;
   // acts_[l] (B, out_l); the last (B, 1) holds head logit + extra_logit.
   void forward(const float* x, const float* extra_logit, int batch);
 

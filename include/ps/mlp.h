@@ -61,8 +61,8 @@ struct MlpShape {
   int num_layers() const { return static_cast<int>(hidden.size()) + 1; }
   int layer_in(int l) const { return l == 0 ? inputs : hidden[l - 1]; }
   int layer_out(int l) const { return l + 1 == num_layers() ? classes : hidden[l]; }
-  int max_width() const;  // largest layer output (hidden or classes)
-  void validate() const;  // throws ConfigError on a size < 1
+  int max_width() const;          // largest layer output (hidden or classes)
+  void validate() const;          // throws ConfigError on a size < 1
   std::string to_string() const;  // "784-100-10 relu"
 };
 
@@ -196,10 +196,12 @@ class MlpEngine {
 int cuda_device_count();
 
 // The CPU engine (Eigen). Always available.
-std::unique_ptr<MlpEngine> make_cpu_engine(const MlpShape& shape, const EngineOptions& options = {});
+std::unique_ptr<MlpEngine> make_cpu_engine(const MlpShape& shape,
+                                           const EngineOptions& options = {});
 // The CUDA engine on options.device; throws ps::Error when this build has no
 // CUDA or there is no such device.
-std::unique_ptr<MlpEngine> make_cuda_engine(const MlpShape& shape, const EngineOptions& options = {});
+std::unique_ptr<MlpEngine> make_cuda_engine(const MlpShape& shape,
+                                            const EngineOptions& options = {});
 // GPU when options.prefer_gpu and one is present, else CPU; logs the choice.
 std::unique_ptr<MlpEngine> make_engine(const MlpShape& shape, const EngineOptions& options = {});
 

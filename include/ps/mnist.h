@@ -104,7 +104,7 @@ class DataShard {
   int64_t epoch_ = 0;
   int64_t pos_ = 0;
   std::vector<int64_t> order_;
-  std::vector<float> batch_images_;  // (B, dim), reused
+  std::vector<float> batch_images_;    // (B, dim), reused
   std::vector<int32_t> batch_labels_;  // (B), reused
 };
 

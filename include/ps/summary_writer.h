@@ -50,9 +50,9 @@ class SummaryWriter {
   std::string path_;
   int fd_ = -1;
   std::mutex mu_;
-  std::string buffer_;  // framed records not yet written
-  std::string event_;   // scratch for one Event, reused
-  std::string value_;   // scratch for Summary.Value, reused
+  std::string buffer_;   // framed records not yet written
+  std::string event_;    // scratch for one Event, reused
+  std::string value_;    // scratch for Summary.Value, reused
   std::string summary_;  // scratch for Summary, reused
   std::chrono::steady_clock::time_point last_flush_;
 };

@@ -27,24 +27,27 @@ enum class LrSchedule {
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kSgd;
   float learning_rate = 0.01f;
-  float momentum = 0.9f;       // momentum, and RMSProp's momentum term (0 = none)
+  float momentum = 0.9f;  // momentum, and RMSProp's momentum term (0 = none)
   bool nesterov = false;
-  float beta1 = 0.9f;          // Adam
-  float beta2 = 0.999f;        // Adam
-  float epsilon = 1e-7f;       // Adam, Adagrad (unused), RMSProp
+  float beta1 = 0.9f;                // Adam
+  float beta2 = 0.999f;              // Adam
+  float epsilon = 1e-7f;             // Adam, Adagrad (unused), RMSProp
   float initial_accumulator = 0.1f;  // Adagrad
-  float decay = 0.9f;          // RMSProp's moving-average decay
+  float decay = 0.9f;                // RMSProp's moving-average decay
   LrSchedule schedule = LrSchedule::kConstant;
-  float decay_rate = 1.0f;     // exponential / piecewise
-  int64_t decay_steps = 1;     // exponential
-  bool staircase = false;      // exponential: integer division of step / decay_steps
-  std::vector<int64_t> boundaries;  // piecewise: lr *= decay_rate for steps past each (tf.train.piecewise_constant)
+  float decay_rate = 1.0f;  // exponential / piecewise
+  int64_t decay_steps = 1;  // exponential
+  bool staircase = false;   // exponential: integer division of step / decay_steps
+  std::vector<int64_t>
+      boundaries;  // piecewise: lr *= decay_rate for steps past each (tf.train.piecewise_constant)
 
   static OptimizerConfig sgd(float lr);
   static OptimizerConfig with_momentum(float lr, float momentum, bool nesterov = false);
-  static OptimizerConfig adam(float lr, float beta1 = 0.9f, float beta2 = 0.999f, float epsilon = 1e-7f);
+  static OptimizerConfig adam(float lr, float beta1 = 0.9f, float beta2 = 0.999f,
+                              float epsilon = 1e-7f);
   static OptimizerConfig adagrad(float lr, float initial_accumulator = 0.1f);
-  static OptimizerConfig rmsprop(float lr, float decay = 0.9f, float momentum = 0.0f, float epsilon = 1e-7f);
+  static OptimizerConfig rmsprop(float lr, float decay = 0.9f, float momentum = 0.0f,
+                                 float epsilon = 1e-7f);
   // Parses "sgd", "momentum", "nesterov", "adam", "adagrad", "rmsprop"; throws ConfigError.
   static OptimizerConfig from_name(const std::string& name, float lr);
 
@@ -53,26 +56,43 @@ struct OptimizerConfig {
 };
 
 enum class InitKind {
-  kZeros, kConstant, kUniform, kNormal, kTruncatedNormal, kGlorotUniform, kGlorotNormal, kValues,
+  kZeros,
+  kConstant,
+  kUniform,
+  kNormal,
+  kTruncatedNormal,
+  kGlorotUniform,
+  kGlorotNormal,
+  kValues,
 };
 
 struct InitConfig {
   InitKind kind = InitKind::kZeros;
-  float a = 0.0f;     // constant value; uniform low; normal mean
-  float b = 0.0f;     // uniform high; normal stddev
+  float a = 0.0f;  // constant value; uniform low; normal mean
+  float b = 0.0f;  // uniform high; normal stddev
   uint64_t seed = 0;
   std::vector<float> values;  // kValues
 
   static InitConfig zeros() { return {}; }
   static InitConfig constant(float v) { return {InitKind::kConstant, v, 0, 0, {}}; }
-  static InitConfig uniform(float lo, float hi, uint64_t seed) { return {InitKind::kUniform, lo, hi, seed, {}}; }
-  static InitConfig normal(float mean, float stddev, uint64_t seed) { return {InitKind::kNormal, mean, stddev, seed, {}}; }
+  static InitConfig uniform(float lo, float hi, uint64_t seed) {
+    return {InitKind::kUniform, lo, hi, seed, {}};
+  }
+  static InitConfig normal(float mean, float stddev, uint64_t seed) {
+    return {InitKind::kNormal, mean, stddev, seed, {}};
+  }
   static InitConfig truncated_normal(float mean, float stddev, uint64_t seed) {
     return {InitKind::kTruncatedNormal, mean, stddev, seed, {}};
   }
-  static InitConfig glorot_uniform(uint64_t seed) { return {InitKind::kGlorotUniform, 0, 0, seed, {}}; }
-  static InitConfig glorot_normal(uint64_t seed) { return {InitKind::kGlorotNormal, 0, 0, seed, {}}; }
-  static InitConfig from_values(std::vector<float> v) { return {InitKind::kValues, 0, 0, 0, std::move(v)}; }
+  static InitConfig glorot_uniform(uint64_t seed) {
+    return {InitKind::kGlorotUniform, 0, 0, seed, {}};
+  }
+  static InitConfig glorot_normal(uint64_t seed) {
+    return {InitKind::kGlorotNormal, 0, 0, seed, {}};
+  }
+  static InitConfig from_values(std::vector<float> v) {
+    return {InitKind::kValues, 0, 0, 0, std::move(v)};
+  }
 };
 
 // Longest name psd stores, a split tensor's "/part_<i>" suffix included.

@@ -56,21 +56,22 @@ struct TrainerFlags {
   int batch_size = 100;
   float learning_rate = 0.001f;
   std::string optimizer = "adam";
-  double lr_decay = 1.0;          // learning rate x this per epoch (exponential decay on the ps)
+  double lr_decay = 1.0;  // learning rate x this per epoch (exponential decay on the ps)
   std::string data_dir = "data/fashion-mnist";
-  std::string logdir;             // TensorBoard events (chief); empty: none
+  std::string logdir;  // TensorBoard events (chief); empty: none
   uint64_t seed = 42;
   int num_gpus = 0;
 
   // Connection.
   double connect_timeout_s = 30;
-  unsigned busy_poll_us = 50;     // ClientOptions::busy_poll
-  unsigned shared_memory_mb = static_cast<unsigned>(ClientOptions{}.shared_memory_bytes >> 20);  // ClientOptions::shared_memory_bytes
-  unsigned dead_peer_secs = 30;   // ClientOptions::dead_peer_timeout
-  std::string auth_token_file;    // ClientOptions::auth_token_file (psd --auth_token_file)
+  unsigned busy_poll_us = 50;  // ClientOptions::busy_poll
+  unsigned shared_memory_mb = static_cast<unsigned>(ClientOptions{}.shared_memory_bytes >>
+                                                    20);  // ClientOptions::shared_memory_bytes
+  unsigned dead_peer_secs = 30;                           // ClientOptions::dead_peer_timeout
+  std::string auth_token_file;  // ClientOptions::auth_token_file (psd --auth_token_file)
 
   // Logging.
-  int log_every = 100;            // a progress line every N local steps
+  int log_every = 100;  // a progress line every N local steps
 
   // The cluster: from the flags when --ps_hosts or --worker_hosts is given,
   // else from TF_CONFIG / Slurm. Throws ConfigError with a one-line message.

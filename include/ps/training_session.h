@@ -49,10 +49,10 @@ struct SessionOptions {
 
 struct StepOutcome {
   int64_t step = 0;         // the global step the variables were pulled at
-  int64_t global_step = 0;  // the job's global step after this push (sync: the step it went into, counted
-                            // reached by every worker alike: it closes without them now)
-  bool stale = false;       // the gradients were dropped (too late for their step)
-  bool stop = false;        // the job reached train_steps
+  int64_t global_step = 0;  // the job's global step after this push (sync: the step it went into,
+                            // counted reached by every worker alike: it closes without them now)
+  bool stale = false;  // the gradients were dropped (too late for their step)
+  bool stop = false;   // the job reached train_steps
 };
 
 class TrainingSession {

@@ -4,7 +4,8 @@ namespace psclient_py {
 
 py::object new_python_future() {
   // Leaked on purpose: a static py::object would be released after the interpreter is gone.
-  static py::handle future_type = py::object(py::module_::import("concurrent.futures").attr("Future")).release();
+  static py::handle future_type =
+      py::object(py::module_::import("concurrent.futures").attr("Future")).release();
   py::object future = future_type();
   future.attr("set_running_or_notify_cancel")();
   return future;

@@ -30,8 +30,8 @@ namespace py = pybind11;
 class AsyncCall {
  public:
   virtual ~AsyncCall() = default;  // GIL held
-  virtual void wait() = 0;          // GIL released: until the C++ call ends
-  virtual void complete() = 0;      // GIL held: sets the Python future
+  virtual void wait() = 0;         // GIL released: until the C++ call ends
+  virtual void complete() = 0;     // GIL held: sets the Python future
 };
 
 // A new concurrent.futures.Future, already marked running (it cannot be
@@ -42,7 +42,8 @@ template <class T>
 class FutureCall : public AsyncCall {
  public:
   using Convert = std::function<py::object(T&&)>;
-  FutureCall(std::future<T> future, py::object python_future, std::vector<FloatBuffer> buffers, Convert convert)
+  FutureCall(std::future<T> future, py::object python_future, std::vector<FloatBuffer> buffers,
+             Convert convert)
       : future_(std::move(future)),
         python_future_(std::move(python_future)),
         buffers_(std::move(buffers)),

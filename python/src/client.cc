@@ -34,7 +34,8 @@ std::set<PyClient*>& open_clients() {
 
 std::chrono::milliseconds to_ms(double seconds, const char* what) {
   if (!(seconds >= 0) || seconds > 1e9) {
-    throw py::value_error(std::string(what) + " must be a number of seconds >= 0, got " + std::to_string(seconds));
+    throw py::value_error(std::string(what) + " must be a number of seconds >= 0, got " +
+                          std::to_string(seconds));
   }
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000 + 0.5));
 }
@@ -86,12 +87,14 @@ struct Request {
 };
 
 // pull(name, out) / pull({name: out}) / pull(name), and push's forms.
-Request gather(PyClient& client, const std::string& op, py::handle tensors, py::handle array, bool is_pull) {
+Request gather(PyClient& client, const std::string& op, py::handle tensors, py::handle array,
+               bool is_pull) {
   Request r;
   auto add = [&](const std::string& name, py::handle a) {
     const std::vector<uint64_t>* shape = client.shape_of(name);
     if (shape == nullptr) {
-      throw ps::ConfigError(op + ": tensor '" + name + "' is unknown to this Client: create() or declare() it first");
+      throw ps::ConfigError(op + ": tensor '" + name +
+                            "' is unknown to this Client: create() or declare() it first");
     }
     py::object made;
     if (a.is_none()) {
@@ -102,23 +105,27 @@ Request gather(PyClient& client, const std::string& op, py::handle tensors, py::
     FloatBuffer b = FloatBuffer::acquire(a, is_pull, what);
     const uint64_t n = count_of(*shape);
     if (b.size() != n) {
-      throw py::value_error(what + " has " + std::to_string(b.size()) + " elements, the tensor has " +
-                            std::to_string(n) + " (shape " + ps::shape_to_string(*shape) + ")");
+      throw py::value_error(what + " has " + std::to_string(b.size()) +
+                            " elements, the tensor has " + std::to_string(n) + " (shape " +
+                            ps::shape_to_string(*shape) + ")");
     }
     r.names.push_back(name);
     r.buffers.push_back(std::move(b));
     if (made) r.new_array = std::move(made);
   };
   if (py::isinstance<py::dict>(tensors)) {
-    if (!array.is_none()) throw py::type_error(op + ": pass either a name and an array, or one dict {name: array}");
+    if (!array.is_none())
+      throw py::type_error(op + ": pass either a name and an array, or one dict {name: array}");
     for (auto item : tensors.cast<py::dict>()) {
-      if (!py::isinstance<py::str>(item.first)) throw py::type_error(op + ": dict keys must be tensor names (str)");
+      if (!py::isinstance<py::str>(item.first))
+        throw py::type_error(op + ": dict keys must be tensor names (str)");
       if (item.second.is_none()) throw py::type_error(op + ": dict values must be arrays");
       add(item.first.cast<std::string>(), item.second);
     }
   } else if (py::isinstance<py::str>(tensors)) {
     if (array.is_none() && !is_pull) {
-      throw py::type_error(op + ": gradient missing: " + op + "(name, grad) or " + op + "({name: grad})");
+      throw py::type_error(op + ": gradient missing: " + op + "(name, grad) or " + op +
+                           "({name: grad})");
     }
     add(tensors.cast<std::string>(), array);
   } else {
@@ -129,10 +136,12 @@ Request gather(PyClient& client, const std::string& op, py::handle tensors, py::
 }
 
 template <class T, class Convert>
-py::object start_async(PyClient& self, std::future<T> future, std::vector<FloatBuffer> buffers, Convert convert) {
+py::object start_async(PyClient& self, std::future<T> future, std::vector<FloatBuffer> buffers,
+                       Convert convert) {
   py::object python_future = new_python_future();
-  self.async_calls().add(std::make_unique<FutureCall<T>>(std::move(future), python_future, std::move(buffers),
-                                                         typename FutureCall<T>::Convert(std::move(convert))));
+  self.async_calls().add(
+      std::make_unique<FutureCall<T>>(std::move(future), python_future, std::move(buffers),
+                                      typename FutureCall<T>::Convert(std::move(convert))));
   return python_future;
 }
 
@@ -142,8 +151,9 @@ ps::SyncMode to_mode(py::handle mode) {
   if (s == "async") return ps::SyncMode::kAsync;
   if (s == "sync") return ps::SyncMode::kSync;
   if (s == "bounded_staleness") return ps::SyncMode::kBoundedStaleness;
-  throw py::value_error("mode must be 'async', 'sync' or 'bounded_staleness' (or a psclient.SyncMode), got '" + s +
-                        "'");
+  throw py::value_error(
+      "mode must be 'async', 'sync' or 'bounded_staleness' (or a psclient.SyncMode), got '" + s +
+      "'");
 }
 
 const char* kPullDoc = R"(Reads tensors into arrays, in place.
@@ -164,7 +174,8 @@ applies nothing. Wrong dtype, layout or size: ValueError, nothing sent.)";
 
 }  // namespace
 
-PyClient::PyClient(ps::ClientOptions options) : client_(std::make_shared<ps::Client>(std::move(options))) {}
+PyClient::PyClient(ps::ClientOptions options)
+    : client_(std::make_shared<ps::Client>(std::move(options))) {}
 
 PyClient::~PyClient() { close(); }
 
@@ -203,15 +214,16 @@ void bind_client(py::module_& m) {
       .value("BOUNDED_STALENESS", ps::SyncMode::kBoundedStaleness,
              "async, no worker more than max_staleness steps ahead of the slowest");
 
-  py::class_<ps::JobConfig>(m, "JobConfig", "How a job trains; chosen by the chief (Client.init_job, TrainingSession).")
+  py::class_<ps::JobConfig>(
+      m, "JobConfig", "How a job trains; chosen by the chief (Client.init_job, TrainingSession).")
       .def(py::init([](py::object mode, uint32_t replicas_to_aggregate, uint32_t total_replicas,
                        uint32_t max_staleness, int64_t train_steps, int64_t start_step) {
-             return ps::JobConfig{to_mode(mode), replicas_to_aggregate, total_replicas, max_staleness, train_steps,
-                                  start_step};
+             return ps::JobConfig{to_mode(mode), replicas_to_aggregate, total_replicas,
+                                  max_staleness, train_steps,           start_step};
            }),
-           py::kw_only(), py::arg("mode") = ps::SyncMode::kAsync, py::arg("replicas_to_aggregate") = 0,
-           py::arg("total_replicas") = 0, py::arg("max_staleness") = 0, py::arg("train_steps") = 0,
-           py::arg("start_step") = 0)
+           py::kw_only(), py::arg("mode") = ps::SyncMode::kAsync,
+           py::arg("replicas_to_aggregate") = 0, py::arg("total_replicas") = 0,
+           py::arg("max_staleness") = 0, py::arg("train_steps") = 0, py::arg("start_step") = 0)
       .def_readwrite("mode", &ps::JobConfig::mode)
       .def_readwrite("replicas_to_aggregate", &ps::JobConfig::replicas_to_aggregate)
       .def_readwrite("total_replicas", &ps::JobConfig::total_replicas)
@@ -219,7 +231,8 @@ void bind_client(py::module_& m) {
       .def_readwrite("train_steps", &ps::JobConfig::train_steps)
       .def_readwrite("start_step", &ps::JobConfig::start_step)
       .def(py::self == py::self)
-      .def("__repr__", [](const ps::JobConfig& c) { return "JobConfig(" + ps::to_string(c) + ")"; });
+      .def("__repr__",
+           [](const ps::JobConfig& c) { return "JobConfig(" + ps::to_string(c) + ")"; });
 
   py::enum_<ps::PushStatus>(m, "PushStatus", "What a shard did with a pushed gradient.")
       .value("APPLIED", ps::PushStatus::kApplied)
@@ -227,21 +240,25 @@ void bind_client(py::module_& m) {
       .value("STALE", ps::PushStatus::kStale, "sync: too late for its step, dropped")
       .value("DUPLICATE", ps::PushStatus::kDuplicate, "a retried request already applied");
 
-  py::class_<ps::PullResult>(m, "PullResult", "What a pull read: the global step and each tensor's version.")
+  py::class_<ps::PullResult>(m, "PullResult",
+                             "What a pull read: the global step and each tensor's version.")
       .def_readonly("step", &ps::PullResult::step)
       .def_readonly("versions", &ps::PullResult::versions)
       .def("__repr__", [](const ps::PullResult& r) {
-        return "PullResult(step=" + std::to_string(r.step) + ", versions=" + std::string(py::str(py::cast(r.versions))) +
-               ")";
+        return "PullResult(step=" + std::to_string(r.step) +
+               ", versions=" + std::string(py::str(py::cast(r.versions))) + ")";
       });
-  py::class_<ps::PushResult>(m, "PushResult", "What a push did: per tensor status, and the step it reported.")
+  py::class_<ps::PushResult>(m, "PushResult",
+                             "What a push did: per tensor status, and the step it reported.")
       .def_readonly("step", &ps::PushResult::step)
       .def_readonly("status", &ps::PushResult::status)
       .def_readonly("global_step", &ps::PushResult::global_step)
       .def_readonly("stop", &ps::PushResult::stop)
       .def("__repr__", [](const ps::PushResult& r) {
-        return "PushResult(step=" + std::to_string(r.step) + ", status=" + std::string(py::str(py::cast(r.status))) +
-               ", global_step=" + std::to_string(r.global_step) + ", stop=" + (r.stop ? "True" : "False") + ")";
+        return "PushResult(step=" + std::to_string(r.step) +
+               ", status=" + std::string(py::str(py::cast(r.status))) +
+               ", global_step=" + std::to_string(r.global_step) +
+               ", stop=" + (r.stop ? "True" : "False") + ")";
       });
   py::class_<ps::Client::StepDone>(m, "StepDone")
       .def_readonly("global_step", &ps::Client::StepDone::global_step)
@@ -251,13 +268,14 @@ void bind_client(py::module_& m) {
       .def_readonly("step", &ps::Client::Checkpoint::step);
   py::class_<ps::TensorInfo>(m, "TensorInfo")
       .def_readonly("name", &ps::TensorInfo::name)
-      .def_property_readonly("shape", [](const ps::TensorInfo& t) { return py::tuple(py::cast(t.shape)); })
+      .def_property_readonly("shape",
+                             [](const ps::TensorInfo& t) { return py::tuple(py::cast(t.shape)); })
       .def_readonly("version", &ps::TensorInfo::version)
       .def_readonly("shards", &ps::TensorInfo::shards)
       .def_readonly("optimizer", &ps::TensorInfo::optimizer)
       .def("__repr__", [](const ps::TensorInfo& t) {
-        return "TensorInfo('" + t.name + "', " + ps::shape_to_string(t.shape) + ", version=" + std::to_string(t.version) +
-               ")";
+        return "TensorInfo('" + t.name + "', " + ps::shape_to_string(t.shape) +
+               ", version=" + std::to_string(t.version) + ")";
       });
   py::class_<ps::WorkerStats>(m, "WorkerStats")
       .def_readonly("worker_index", &ps::WorkerStats::worker_index)
@@ -295,12 +313,14 @@ void bind_client(py::module_& m) {
 
 Safe to use from several threads. Timeouts are in seconds. ps_hosts: a list
 of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
-      .def(py::init([](py::object ps_hosts, int worker_index, bool is_chief, std::optional<std::string> auth_token,
-                       std::optional<std::string> auth_token_file, double connect_timeout, double call_timeout,
-                       double reconnect_timeout, double dead_peer_timeout, const std::string& placement,
-                       std::size_t chunk_bytes, std::size_t part_bytes, std::size_t max_request_bytes,
-                       bool check_split_pushes, bool prefer_unix_socket, std::size_t shared_memory_bytes,
-                       double busy_poll_us, bool tune_malloc) {
+      .def(py::init([](py::object ps_hosts, int worker_index, bool is_chief,
+                       std::optional<std::string> auth_token,
+                       std::optional<std::string> auth_token_file, double connect_timeout,
+                       double call_timeout, double reconnect_timeout, double dead_peer_timeout,
+                       const std::string& placement, std::size_t chunk_bytes,
+                       std::size_t part_bytes, std::size_t max_request_bytes,
+                       bool check_split_pushes, bool prefer_unix_socket,
+                       std::size_t shared_memory_bytes, double busy_poll_us, bool tune_malloc) {
              ps::ClientOptions o;
              o.ps_hosts = to_hosts(ps_hosts);
              o.worker_index = worker_index;
@@ -316,7 +336,8 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
              } else if (placement == "greedy_bytes") {
                o.placement = ps::PlacementPolicy::kGreedyBytes;
              } else {
-               throw py::value_error("placement must be 'round_robin' or 'greedy_bytes', got '" + placement + "'");
+               throw py::value_error("placement must be 'round_robin' or 'greedy_bytes', got '" +
+                                     placement + "'");
              }
              o.chunk_bytes = chunk_bytes;
              o.part_bytes = part_bytes;
@@ -335,18 +356,25 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
              open_clients().insert(c.get());
              return c;
            }),
-           py::arg("ps_hosts"), py::kw_only(), py::arg("worker_index") = -1, py::arg("is_chief") = false,
-           py::arg("auth_token") = py::none(), py::arg("auth_token_file") = py::none(),
-           py::arg("connect_timeout") = 15.0, py::arg("call_timeout") = 300.0, py::arg("reconnect_timeout") = 30.0,
+           py::arg("ps_hosts"), py::kw_only(), py::arg("worker_index") = -1,
+           py::arg("is_chief") = false, py::arg("auth_token") = py::none(),
+           py::arg("auth_token_file") = py::none(), py::arg("connect_timeout") = 15.0,
+           py::arg("call_timeout") = 300.0, py::arg("reconnect_timeout") = 30.0,
            py::arg("dead_peer_timeout") = 30.0, py::arg("placement") = "round_robin",
-           py::arg("chunk_bytes") = ps::kDefaultChunkBytes, py::arg("part_bytes") = ps::kDefaultPartBytes,
-           py::arg("max_request_bytes") = std::size_t{1} << 20, py::arg("check_split_pushes") = true,
-           py::arg("prefer_unix_socket") = true, py::arg("shared_memory_bytes") = std::size_t{256} << 20,
-           py::arg("busy_poll_us") = 50.0, py::arg("tune_malloc") = true,
-           "Connects to every shard, retrying until connect_timeout; ConnectionError names those not reached.")
-      .def("close", &PyClient::close, "Waits for async calls under way, then closes the connections (idempotent).")
+           py::arg("chunk_bytes") = ps::kDefaultChunkBytes,
+           py::arg("part_bytes") = ps::kDefaultPartBytes,
+           py::arg("max_request_bytes") = std::size_t{1} << 20,
+           py::arg("check_split_pushes") = true, py::arg("prefer_unix_socket") = true,
+           py::arg("shared_memory_bytes") = std::size_t{256} << 20, py::arg("busy_poll_us") = 50.0,
+           py::arg("tune_malloc") = true,
+           "Connects to every shard, retrying until connect_timeout; ConnectionError names those "
+           "not reached.")
+      .def("close", &PyClient::close,
+           "Waits for async calls under way, then closes the connections (idempotent).")
       .def_property_readonly("closed", &PyClient::closed)
-      .def("__enter__", [](PyClient& self) -> PyClient& { return self; }, py::return_value_policy::reference)
+      .def(
+          "__enter__", [](PyClient& self) -> PyClient& { return self; },
+          py::return_value_policy::reference)
       .def("__exit__", [](PyClient& self, py::args) { self.close(); })
 
       .def(
@@ -357,7 +385,8 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
             c->create(specs);
           },
           py::arg("specs"),
-          "Places the tensors (in order) and creates them on their shards; existing tensors of the same shape are "
+          "Places the tensors (in order) and creates them on their shards; existing tensors of the "
+          "same shape are "
           "kept.")
       .def(
           "declare",
@@ -366,7 +395,8 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
             py::gil_scoped_release nogil;
             c->declare(specs);
           },
-          py::arg("specs"), "Places the tensors without creating them (workers that wait for the chief).")
+          py::arg("specs"),
+          "Places the tensors without creating them (workers that wait for the chief).")
 
       .def(
           "pull",
@@ -382,7 +412,8 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
             if (r.new_array) return r.new_array;
             return py::cast(std::move(result));
           },
-          py::arg("tensors"), py::arg("out") = py::none(), py::kw_only(), py::arg("min_step") = 0, kPullDoc)
+          py::arg("tensors"), py::arg("out") = py::none(), py::kw_only(), py::arg("min_step") = 0,
+          kPullDoc)
       .def(
           "pull_async",
           [](PyClient& self, py::object tensors, py::object out, int64_t min_step) {
@@ -401,7 +432,8 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
                                });
           },
           py::arg("tensors"), py::arg("out") = py::none(), py::kw_only(), py::arg("min_step") = 0,
-          "pull() without waiting: returns a concurrent.futures.Future of its result. Leave the arrays alone until "
+          "pull() without waiting: returns a concurrent.futures.Future of its result. Leave the "
+          "arrays alone until "
           "it is done.")
       .def(
           "push",
@@ -412,7 +444,8 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
             py::gil_scoped_release nogil;
             return c->push(r.names, spans, step);
           },
-          py::arg("tensors"), py::arg("grad") = py::none(), py::kw_only(), py::arg("step") = 0, kPushDoc)
+          py::arg("tensors"), py::arg("grad") = py::none(), py::kw_only(), py::arg("step") = 0,
+          kPushDoc)
       .def(
           "push_async",
           [](PyClient& self, py::object tensors, py::object grad, int64_t step) {
@@ -427,7 +460,8 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
                                [](ps::PushResult&& result) { return py::cast(std::move(result)); });
           },
           py::arg("tensors"), py::arg("grad") = py::none(), py::kw_only(), py::arg("step") = 0,
-          "push() without waiting: returns a concurrent.futures.Future of its PushResult. Leave the gradients "
+          "push() without waiting: returns a concurrent.futures.Future of its PushResult. Leave "
+          "the gradients "
           "unchanged until it is done.")
       .def(
           "push_and_step",
@@ -438,8 +472,10 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
             py::gil_scoped_release nogil;
             return c->push_and_step(r.names, spans, step, done_step);
           },
-          py::arg("tensors"), py::arg("grad") = py::none(), py::kw_only(), py::arg("step"), py::arg("done_step"),
-          "Pushes and, in the same requests, reports local step done_step as done (step_done() without its round "
+          py::arg("tensors"), py::arg("grad") = py::none(), py::kw_only(), py::arg("step"),
+          py::arg("done_step"),
+          "Pushes and, in the same requests, reports local step done_step as done (step_done() "
+          "without its round "
           "trips). Needs a worker_index.")
       .def(
           "push_and_step_async",
@@ -454,7 +490,8 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
             return start_async(self, std::move(future), std::move(r.buffers),
                                [](ps::PushResult&& result) { return py::cast(std::move(result)); });
           },
-          py::arg("tensors"), py::arg("grad") = py::none(), py::kw_only(), py::arg("step"), py::arg("done_step"),
+          py::arg("tensors"), py::arg("grad") = py::none(), py::kw_only(), py::arg("step"),
+          py::arg("done_step"),
           "push_and_step() without waiting: a concurrent.futures.Future of its PushResult.")
 
       .def(
@@ -505,9 +542,11 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
             py::gil_scoped_release nogil;
             return c->wait_ready(ms);
           },
-          py::arg("timeout"), "True once every shard is ready; False if timeout (seconds) passed first.")
-      .def_property_readonly("job", [](PyClient& self) { return self.client().job(); },
-                             "The job's configuration as last learned from the shards.")
+          py::arg("timeout"),
+          "True once every shard is ready; False if timeout (seconds) passed first.")
+      .def_property_readonly(
+          "job", [](PyClient& self) { return self.client().job(); },
+          "The job's configuration as last learned from the shards.")
       .def(
           "step_done",
           [](PyClient& self, int64_t local_step) {
@@ -515,7 +554,8 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
             py::gil_scoped_release nogil;
             return c->step_done(local_step);
           },
-          py::arg("local_step"), "Reports that this worker finished local_step; returns StepDone(global_step, stop).")
+          py::arg("local_step"),
+          "Reports that this worker finished local_step; returns StepDone(global_step, stop).")
       .def(
           "step_done_async",
           [](PyClient& self, int64_t local_step) {
@@ -528,7 +568,8 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
             return start_async(self, std::move(future), {},
                                [](ps::Client::StepDone&& d) { return py::cast(std::move(d)); });
           },
-          py::arg("local_step"), "step_done() without waiting: a concurrent.futures.Future of its StepDone.")
+          py::arg("local_step"),
+          "step_done() without waiting: a concurrent.futures.Future of its StepDone.")
       .def(
           "barrier",
           [](PyClient& self, const std::string& name, uint32_t count, double timeout) {
@@ -549,14 +590,16 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
           "Chief: the job is over; the shards exit once their workers disconnect.")
       .def(
           "report",
-          [](PyClient& self, int64_t step, float loss, float accuracy, float samples_per_sec, float learning_rate) {
+          [](PyClient& self, int64_t step, float loss, float accuracy, float samples_per_sec,
+             float learning_rate) {
             auto c = self.shared_client();
             py::gil_scoped_release nogil;
             c->report(step, loss, accuracy, samples_per_sec, learning_rate);
           },
-          py::arg("step"), py::arg("loss"), py::arg("accuracy") = 0.0f, py::arg("samples_per_sec") = 0.0f,
-          py::arg("learning_rate") = 0.0f,
-          "Reports this worker's progress for psd's /metrics and status page (fire and forget; needs a "
+          py::arg("step"), py::arg("loss"), py::arg("accuracy") = 0.0f,
+          py::arg("samples_per_sec") = 0.0f, py::arg("learning_rate") = 0.0f,
+          "Reports this worker's progress for psd's /metrics and status page (fire and forget; "
+          "needs a "
           "worker_index).")
       .def(
           "checkpoint",
@@ -566,14 +609,20 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
             return c->checkpoint(step);
           },
           py::arg("step") = -1,
-          "Asks every shard (psd --checkpoint_dir) to write a checkpoint: now (step < 0) or, in sync mode, at "
+          "Asks every shard (psd --checkpoint_dir) to write a checkpoint: now (step < 0) or, in "
+          "sync mode, at "
           "that global step.")
       .def_property_readonly("rollbacks", [](PyClient& self) { return self.client().rollbacks(); })
-      .def_property_readonly("recorded_step", [](PyClient& self) { return self.client().recorded_step(); })
-      .def_property_readonly("num_shards", [](PyClient& self) { return self.client().num_shards(); })
-      .def_property_readonly("ps_hosts", [](PyClient& self) { return self.client().options().ps_hosts; })
-      .def_property_readonly("worker_index", [](PyClient& self) { return self.client().options().worker_index; })
-      .def_property_readonly("is_chief", [](PyClient& self) { return self.client().options().is_chief; });
+      .def_property_readonly("recorded_step",
+                             [](PyClient& self) { return self.client().recorded_step(); })
+      .def_property_readonly("num_shards",
+                             [](PyClient& self) { return self.client().num_shards(); })
+      .def_property_readonly("ps_hosts",
+                             [](PyClient& self) { return self.client().options().ps_hosts; })
+      .def_property_readonly("worker_index",
+                             [](PyClient& self) { return self.client().options().worker_index; })
+      .def_property_readonly("is_chief",
+                             [](PyClient& self) { return self.client().options().is_chief; });
 
   // Before the interpreter goes: complete pending futures, end the threads.
   py::module_::import("atexit").attr("register")(py::cpp_function([] {

@@ -22,7 +22,7 @@ namespace py = pybind11;
 class PyClient {
  public:
   explicit PyClient(ps::ClientOptions options);  // connects; call with the GIL released
-  ~PyClient();                                    // close(); GIL held
+  ~PyClient();                                   // close(); GIL held
   PyClient(const PyClient&) = delete;
   PyClient& operator=(const PyClient&) = delete;
 

@@ -75,13 +75,16 @@ void bind_errors(py::module_& m) {
                              py::make_tuple(py::handle(PyExc_RuntimeError)));
   py::handle base(error_type);
   connection_error_type = new_exception(
-      m, "ConnectionError", "A shard could not be reached, or the connection broke (also a builtins.ConnectionError).",
+      m, "ConnectionError",
+      "A shard could not be reached, or the connection broke (also a builtins.ConnectionError).",
       py::make_tuple(base, py::handle(PyExc_ConnectionError)));
-  request_error_type = new_exception(
-      m, "RequestError", "A shard refused a request (unknown tensor, wrong shape, NaN gradient, ...); its state is unchanged.",
-      py::make_tuple(base));
-  config_error_type = new_exception(m, "ConfigError", "Bad configuration: flags, TF_CONFIG, SLURM_* or data files.",
-                                    py::make_tuple(base));
+  request_error_type = new_exception(m, "RequestError",
+                                     "A shard refused a request (unknown tensor, wrong shape, NaN "
+                                     "gradient, ...); its state is unchanged.",
+                                     py::make_tuple(base));
+  config_error_type =
+      new_exception(m, "ConfigError", "Bad configuration: flags, TF_CONFIG, SLURM_* or data files.",
+                    py::make_tuple(base));
   py::register_exception_translator([](std::exception_ptr error) {
     try {
       std::rethrow_exception(error);

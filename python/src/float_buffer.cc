@@ -40,23 +40,27 @@ constexpr int32_t kDLCUDAHost = 3;
 constexpr uint8_t kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4;
 
 std::string dtype_name(const DLDataType& t) {
-  const char* base = t.code == kDLInt ? "int" : t.code == kDLUInt ? "uint" : t.code == kDLFloat ? "float"
-                     : t.code == kDLBfloat ? "bfloat" : "code" ;
-  return std::string(base) + std::to_string(t.bits) + (t.lanes != 1 ? "x" + std::to_string(t.lanes) : "");
+  const char* base = t.code == kDLInt      ? "int"
+                     : t.code == kDLUInt   ? "uint"
+                     : t.code == kDLFloat  ? "float"
+                     : t.code == kDLBfloat ? "bfloat"
+                                           : "code";
+  return std::string(base) + std::to_string(t.bits) +
+         (t.lanes != 1 ? "x" + std::to_string(t.lanes) : "");
 }
 
 bool is_float32_format(const char* format) {
   if (format == nullptr) return false;  // unsigned bytes
   // Native or little-endian float (this library runs on little-endian hosts).
-  return std::strcmp(format, "f") == 0 || std::strcmp(format, "<f") == 0 || std::strcmp(format, "=f") == 0 ||
-         std::strcmp(format, "@f") == 0;
+  return std::strcmp(format, "f") == 0 || std::strcmp(format, "<f") == 0 ||
+         std::strcmp(format, "=f") == 0 || std::strcmp(format, "@f") == 0;
 }
 
 // The dtype as the caller knows it: NumPy's name when there is one.
 std::string describe_dtype(py::handle obj, const Py_buffer& view) {
   if (py::hasattr(obj, "dtype")) return py::str(obj.attr("dtype"));
-  return std::string("format '") + (view.format ? view.format : "B") + "' of " + std::to_string(view.itemsize) +
-         " bytes";
+  return std::string("format '") + (view.format ? view.format : "B") + "' of " +
+         std::to_string(view.itemsize) + " bytes";
 }
 
 }  // namespace
@@ -68,13 +72,15 @@ FloatBuffer FloatBuffer::acquire(py::handle obj, bool writable, const std::strin
     if (PyObject_GetBuffer(obj.ptr(), &b.view_, flags) != 0) {
       // The exporter refused: read-only for a pull, or a layout it cannot describe.
       py::error_already_set refused;
-      const bool read_only = writable && PyObject_GetBuffer(obj.ptr(), &b.view_, PyBUF_STRIDES | PyBUF_FORMAT) == 0;
+      const bool read_only =
+          writable && PyObject_GetBuffer(obj.ptr(), &b.view_, PyBUF_STRIDES | PyBUF_FORMAT) == 0;
       if (read_only) {
         PyBuffer_Release(&b.view_);
         throw py::value_error(what + " is read-only: a pull writes into it");
       }
       PyErr_Clear();
-      throw py::value_error(what + " cannot be read as an array: " + std::string(py::str(refused.value())));
+      throw py::value_error(
+          what + " cannot be read as an array: " + std::string(py::str(refused.value())));
     }
     b.has_view_ = true;
     b.owner_ = py::reinterpret_borrow<py::object>(obj);
@@ -82,7 +88,8 @@ FloatBuffer FloatBuffer::acquire(py::handle obj, bool writable, const std::strin
       throw py::value_error(what + " must be float32, got " + describe_dtype(obj, b.view_));
     }
     if (!PyBuffer_IsContiguous(&b.view_, 'C')) {
-      throw py::value_error(what + " must be C-contiguous (use numpy.ascontiguousarray or .contiguous())");
+      throw py::value_error(what +
+                            " must be C-contiguous (use numpy.ascontiguousarray or .contiguous())");
     }
     b.data_ = static_cast<float*>(b.view_.buf);
     b.size_ = static_cast<std::size_t>(b.view_.len / 4);
@@ -90,19 +97,23 @@ FloatBuffer FloatBuffer::acquire(py::handle obj, bool writable, const std::strin
     return b;
   }
   if (!py::hasattr(obj, "__dlpack__")) {
-    throw py::type_error(what + " must be a float32 array (NumPy array, PyTorch CPU tensor, or any object with the "
-                                "buffer protocol or __dlpack__), got " +
-                         std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
+    throw py::type_error(
+        what +
+        " must be a float32 array (NumPy array, PyTorch CPU tensor, or any object with the "
+        "buffer protocol or __dlpack__), got " +
+        std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
   }
   // A tensor that requires grad (a module's parameter) will not export
   // itself; its detached view shares the storage, which is what we write.
   py::object source = py::reinterpret_borrow<py::object>(obj);
-  if (py::hasattr(obj, "requires_grad") && py::hasattr(obj, "detach") && obj.attr("requires_grad").cast<bool>()) {
+  if (py::hasattr(obj, "requires_grad") && py::hasattr(obj, "detach") &&
+      obj.attr("requires_grad").cast<bool>()) {
     source = obj.attr("detach")();
   }
   if (py::hasattr(source, "device") && py::hasattr(source.attr("device"), "type")) {
     const std::string device = py::str(source.attr("device").attr("type"));
-    if (device != "cpu") throw py::value_error(what + " must be in CPU memory, got a tensor on " + device);
+    if (device != "cpu")
+      throw py::value_error(what + " must be in CPU memory, got a tensor on " + device);
   }
   py::object capsule = source.attr("__dlpack__")();
   auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
@@ -113,8 +124,8 @@ FloatBuffer FloatBuffer::acquire(py::handle obj, bool writable, const std::strin
   b.owner_ = source;
   const DLTensor& t = managed->dl_tensor;
   if (t.device.device_type != kDLCPU && t.device.device_type != kDLCUDAHost) {
-    throw py::value_error(what + " must be in CPU memory (DLPack device type " + std::to_string(t.device.device_type) +
-                          ")");
+    throw py::value_error(what + " must be in CPU memory (DLPack device type " +
+                          std::to_string(t.device.device_type) + ")");
   }
   if (t.dtype.code != kDLFloat || t.dtype.bits != 32 || t.dtype.lanes != 1) {
     throw py::value_error(what + " must be float32, got " + dtype_name(t.dtype));
@@ -123,7 +134,8 @@ FloatBuffer FloatBuffer::acquire(py::handle obj, bool writable, const std::strin
   int64_t expected_stride = 1;
   bool contiguous = true;
   for (int32_t d = t.ndim - 1; d >= 0; --d) {
-    if (t.strides != nullptr && t.shape[d] != 1 && t.strides[d] != expected_stride) contiguous = false;
+    if (t.strides != nullptr && t.shape[d] != 1 && t.strides[d] != expected_stride)
+      contiguous = false;
     expected_stride *= t.shape[d];
     count *= static_cast<uint64_t>(t.shape[d]);
   }

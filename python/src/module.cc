@@ -3,7 +3,8 @@
 #include "python/src/bindings.h"
 
 PYBIND11_MODULE(_psclient, m) {
-  m.doc() = "libpsclient, the client of the psd parameter server (import psclient, not this module)";
+  m.doc() =
+      "libpsclient, the client of the psd parameter server (import psclient, not this module)";
   psclient_py::bind_errors(m);
   psclient_py::bind_tensor_spec(m);
   psclient_py::bind_client(m);

@@ -8,18 +8,22 @@
 namespace psclient_py {
 
 void bind_summary_writer(py::module_& m) {
-  py::class_<ps::SummaryWriter>(m, "SummaryWriter", R"(Writes TensorBoard scalars (tensorboard --logdir LOGDIR).
+  py::class_<ps::SummaryWriter>(m, "SummaryWriter",
+                                R"(Writes TensorBoard scalars (tensorboard --logdir LOGDIR).
 
     with psclient.SummaryWriter('runs/job1') as summaries:
         summaries.add_scalar('loss', 0.25, step=100)
 
 Flushed every 64 KiB, every 10 s, by flush() and when closed or collected.)")
-      .def(py::init<std::string>(), py::arg("logdir"), "Creates logdir (ConfigError if it cannot) and a new file in it.")
-      .def("add_scalar", &ps::SummaryWriter::add_scalar, py::arg("tag"), py::arg("value"), py::arg("step"))
+      .def(py::init<std::string>(), py::arg("logdir"),
+           "Creates logdir (ConfigError if it cannot) and a new file in it.")
+      .def("add_scalar", &ps::SummaryWriter::add_scalar, py::arg("tag"), py::arg("value"),
+           py::arg("step"))
       .def("flush", &ps::SummaryWriter::flush, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("path", &ps::SummaryWriter::path, "the event file")
-      .def("__enter__", [](ps::SummaryWriter& self) -> ps::SummaryWriter& { return self; },
-           py::return_value_policy::reference)
+      .def(
+          "__enter__", [](ps::SummaryWriter& self) -> ps::SummaryWriter& { return self; },
+          py::return_value_policy::reference)
       .def("__exit__", [](ps::SummaryWriter& self, py::args) { self.flush(); });
 }
 

@@ -36,8 +36,9 @@ std::string repr(const ps::OptimizerConfig& o) {
 }
 
 std::string repr(const ps::InitConfig& i) {
-  static const char* names[] = {"zeros", "constant", "uniform", "normal", "truncated_normal", "glorot_uniform",
-                                "glorot_normal", "values"};
+  static const char* names[] = {
+      "zeros",          "constant",      "uniform", "normal", "truncated_normal",
+      "glorot_uniform", "glorot_normal", "values"};
   return std::string("InitConfig(") + names[static_cast<int>(i.kind)] + ")";
 }
 
@@ -50,7 +51,8 @@ void bind_tensor_spec(py::module_& m) {
       .value("ADAM", ps::OptimizerKind::kAdam)
       .value("ADAGRAD", ps::OptimizerKind::kAdagrad)
       .value("RMSPROP", ps::OptimizerKind::kRmsProp);
-  py::enum_<ps::LrSchedule>(m, "LrSchedule", "How the learning rate changes with the global step (applied on psd).")
+  py::enum_<ps::LrSchedule>(m, "LrSchedule",
+                            "How the learning rate changes with the global step (applied on psd).")
       .value("CONSTANT", ps::LrSchedule::kConstant)
       .value("EXPONENTIAL_DECAY", ps::LrSchedule::kExponentialDecay)
       .value("PIECEWISE", ps::LrSchedule::kPiecewise);
@@ -64,9 +66,10 @@ void bind_tensor_spec(py::module_& m) {
       .value("GLOROT_NORMAL", ps::InitKind::kGlorotNormal)
       .value("VALUES", ps::InitKind::kValues);
 
-  py::class_<ps::OptimizerConfig>(m, "OptimizerConfig",
-                                  "An optimizer and its hyper-parameters; make one with psclient.sgd(), adam(), ...\n"
-                                  "Fields may be changed before the tensor is created (e.g. a learning-rate schedule).")
+  py::class_<ps::OptimizerConfig>(
+      m, "OptimizerConfig",
+      "An optimizer and its hyper-parameters; make one with psclient.sgd(), adam(), ...\n"
+      "Fields may be changed before the tensor is created (e.g. a learning-rate schedule).")
       .def(py::init<>())
       .def_readwrite("kind", &ps::OptimizerConfig::kind)
       .def_readwrite("learning_rate", &ps::OptimizerConfig::learning_rate)
@@ -87,18 +90,23 @@ void bind_tensor_spec(py::module_& m) {
       .def("__repr__", [](const ps::OptimizerConfig& o) { return repr(o); });
 
   m.def("sgd", &ps::OptimizerConfig::sgd, py::arg("learning_rate"), "Plain SGD: w -= lr * g.");
-  m.def("momentum", &ps::OptimizerConfig::with_momentum, py::arg("learning_rate"), py::arg("momentum") = 0.9f,
-        py::arg("nesterov") = false, "SGD with momentum (Nesterov's with nesterov=True).");
+  m.def("momentum", &ps::OptimizerConfig::with_momentum, py::arg("learning_rate"),
+        py::arg("momentum") = 0.9f, py::arg("nesterov") = false,
+        "SGD with momentum (Nesterov's with nesterov=True).");
   m.def("adam", &ps::OptimizerConfig::adam, py::arg("learning_rate"), py::arg("beta1") = 0.9f,
         py::arg("beta2") = 0.999f, py::arg("epsilon") = 1e-7f, "Adam, as tf.train.AdamOptimizer.");
-  m.def("adagrad", &ps::OptimizerConfig::adagrad, py::arg("learning_rate"), py::arg("initial_accumulator") = 0.1f,
-        "Adagrad, as tf.train.AdagradOptimizer.");
+  m.def("adagrad", &ps::OptimizerConfig::adagrad, py::arg("learning_rate"),
+        py::arg("initial_accumulator") = 0.1f, "Adagrad, as tf.train.AdagradOptimizer.");
   m.def("rmsprop", &ps::OptimizerConfig::rmsprop, py::arg("learning_rate"), py::arg("decay") = 0.9f,
-        py::arg("momentum") = 0.0f, py::arg("epsilon") = 1e-7f, "RMSProp, as tf.train.RMSPropOptimizer.");
+        py::arg("momentum") = 0.0f, py::arg("epsilon") = 1e-7f,
+        "RMSProp, as tf.train.RMSPropOptimizer.");
   m.def("optimizer", &ps::OptimizerConfig::from_name, py::arg("name"), py::arg("learning_rate"),
-        "An optimizer by name: 'sgd', 'momentum', 'nesterov', 'adam', 'adagrad' or 'rmsprop' (else ConfigError).");
+        "An optimizer by name: 'sgd', 'momentum', 'nesterov', 'adam', 'adagrad' or 'rmsprop' (else "
+        "ConfigError).");
 
-  py::class_<ps::InitConfig>(m, "InitConfig", "A tensor's initializer; make one with psclient.zeros(), glorot_uniform(), ...")
+  py::class_<ps::InitConfig>(
+      m, "InitConfig",
+      "A tensor's initializer; make one with psclient.zeros(), glorot_uniform(), ...")
       .def(py::init<>())
       .def_readwrite("kind", &ps::InitConfig::kind)
       .def_readwrite("a", &ps::InitConfig::a, "constant value; uniform low; normal mean")
@@ -115,9 +123,11 @@ void bind_tensor_spec(py::module_& m) {
         "Normal(mean, stddev).");
   m.def("truncated_normal", &ps::InitConfig::truncated_normal, py::arg("mean"), py::arg("stddev"),
         py::arg("seed") = 0, "Normal(mean, stddev), redrawn beyond two stddevs.");
-  m.def("glorot_uniform", &ps::InitConfig::glorot_uniform, py::arg("seed") = 0,
-        "Glorot (Xavier) uniform: the last dimension is fan-out, the product of the others fan-in.");
-  m.def("glorot_normal", &ps::InitConfig::glorot_normal, py::arg("seed") = 0, "Glorot (Xavier) normal.");
+  m.def(
+      "glorot_uniform", &ps::InitConfig::glorot_uniform, py::arg("seed") = 0,
+      "Glorot (Xavier) uniform: the last dimension is fan-out, the product of the others fan-in.");
+  m.def("glorot_normal", &ps::InitConfig::glorot_normal, py::arg("seed") = 0,
+        "Glorot (Xavier) normal.");
   m.def(
       "from_values",
       [](py::object values) {
@@ -126,10 +136,11 @@ void bind_tensor_spec(py::module_& m) {
       },
       py::arg("values"), "Exactly these values (a float32 array of the tensor's element count).");
 
-  py::class_<ps::TensorSpec>(m, "TensorSpec",
-                             "What a tensor is: name, shape, optimizer and initializer.\n\n"
-                             "    psclient.TensorSpec('w', (784, 100), optimizer=psclient.adam(1e-3),\n"
-                             "                        init=psclient.glorot_uniform(42))")
+  py::class_<ps::TensorSpec>(
+      m, "TensorSpec",
+      "What a tensor is: name, shape, optimizer and initializer.\n\n"
+      "    psclient.TensorSpec('w', (784, 100), optimizer=psclient.adam(1e-3),\n"
+      "                        init=psclient.glorot_uniform(42))")
       .def(py::init([](std::string name, py::object shape, const ps::OptimizerConfig& optimizer,
                        const ps::InitConfig& init, bool trainable) {
              ps::TensorSpec s;
@@ -140,8 +151,9 @@ void bind_tensor_spec(py::module_& m) {
              s.trainable = trainable;
              return s;
            }),
-           py::arg("name"), py::arg("shape"), py::kw_only(), py::arg("optimizer") = ps::OptimizerConfig{},
-           py::arg("init") = ps::InitConfig{}, py::arg("trainable") = true)
+           py::arg("name"), py::arg("shape"), py::kw_only(),
+           py::arg("optimizer") = ps::OptimizerConfig{}, py::arg("init") = ps::InitConfig{},
+           py::arg("trainable") = true)
       .def_readwrite("name", &ps::TensorSpec::name)
       .def_property(
           "shape", [](const ps::TensorSpec& s) { return py::tuple(py::cast(s.shape)); },
@@ -151,8 +163,8 @@ void bind_tensor_spec(py::module_& m) {
       .def_readwrite("trainable", &ps::TensorSpec::trainable)
       .def_property_readonly("num_elements", &ps::TensorSpec::num_elements)
       .def("__repr__", [](const ps::TensorSpec& s) {
-        return "TensorSpec('" + s.name + "', " + ps::shape_to_string(s.shape) + ", " + repr(s.optimizer) + ", " +
-               repr(s.init) + ")";
+        return "TensorSpec('" + s.name + "', " + ps::shape_to_string(s.shape) + ", " +
+               repr(s.optimizer) + ", " + repr(s.init) + ")";
       });
 }
 

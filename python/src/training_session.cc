@@ -39,15 +39,20 @@ struct PySession {
 void bind_training_session(py::module_& m) {
   py::class_<ps::StepOutcome>(m, "StepOutcome", "What TrainingSession.push() did.")
       .def_readonly("step", &ps::StepOutcome::step, "the global step the variables were pulled at")
-      .def_readonly("global_step", &ps::StepOutcome::global_step, "the job's global step after this push")
-      .def_readonly("stale", &ps::StepOutcome::stale, "the gradients were dropped (too late for their step)")
+      .def_readonly("global_step", &ps::StepOutcome::global_step,
+                    "the job's global step after this push")
+      .def_readonly("stale", &ps::StepOutcome::stale,
+                    "the gradients were dropped (too late for their step)")
       .def_readonly("stop", &ps::StepOutcome::stop, "the job reached train_steps")
       .def("__repr__", [](const ps::StepOutcome& o) {
-        return "StepOutcome(step=" + std::to_string(o.step) + ", global_step=" + std::to_string(o.global_step) +
-               ", stale=" + (o.stale ? "True" : "False") + ", stop=" + (o.stop ? "True" : "False") + ")";
+        return "StepOutcome(step=" + std::to_string(o.step) +
+               ", global_step=" + std::to_string(o.global_step) +
+               ", stale=" + (o.stale ? "True" : "False") + ", stop=" + (o.stop ? "True" : "False") +
+               ")";
       });
 
-  py::class_<PySession>(m, "TrainingSession", R"(A worker's training loop, as TensorFlow's MonitoredTrainingSession.
+  py::class_<PySession>(m, "TrainingSession",
+                        R"(A worker's training loop, as TensorFlow's MonitoredTrainingSession.
 
     session = psclient.TrainingSession(client, mode='sync', replicas_to_aggregate=3,
                                        total_replicas=3, train_steps=1000)
@@ -60,28 +65,34 @@ void bind_training_session(py::module_& m) {
 The client needs worker_index (and is_chief for the chief). Arrays bound with
 add_variable are held by the session and must keep their storage.)")
       .def(py::init([](PyClient& client, const std::string& mode, uint32_t replicas_to_aggregate,
-                       uint32_t total_replicas, uint32_t max_staleness, int64_t train_steps, double ready_timeout,
-                       const std::string& restore_from) {
+                       uint32_t total_replicas, uint32_t max_staleness, int64_t train_steps,
+                       double ready_timeout, const std::string& restore_from) {
              if (!(ready_timeout >= 0)) throw py::value_error("ready_timeout must be >= 0 seconds");
              auto s = std::make_unique<PySession>();
              s->client = client.shared_client();
              ps::SessionOptions o;
-             o.job = {parse_mode(mode), replicas_to_aggregate, total_replicas, max_staleness, train_steps, 0};
-             o.ready_timeout = std::chrono::milliseconds(static_cast<int64_t>(ready_timeout * 1000));
+             o.job = {parse_mode(mode), replicas_to_aggregate, total_replicas,
+                      max_staleness,    train_steps,           0};
+             o.ready_timeout =
+                 std::chrono::milliseconds(static_cast<int64_t>(ready_timeout * 1000));
              o.restore_from = restore_from;
              s->session = std::make_unique<ps::TrainingSession>(*s->client, std::move(o));
              return s;
            }),
-           py::arg("client"), py::kw_only(), py::arg("mode") = "async", py::arg("replicas_to_aggregate") = 0,
-           py::arg("total_replicas") = 0, py::arg("max_staleness") = 0, py::arg("train_steps") = 0,
+           py::arg("client"), py::kw_only(), py::arg("mode") = "async",
+           py::arg("replicas_to_aggregate") = 0, py::arg("total_replicas") = 0,
+           py::arg("max_staleness") = 0, py::arg("train_steps") = 0,
            py::arg("ready_timeout") = 300.0, py::arg("restore_from") = "",
-           "mode: 'async', 'sync' (replicas_to_aggregate gradients averaged per step) or 'bounded_staleness' "
+           "mode: 'async', 'sync' (replicas_to_aggregate gradients averaged per step) or "
+           "'bounded_staleness' "
            "(max_staleness). restore_from: chief only, a checkpoint directory to start from.")
       .def(
           "add_variable",
           [](PySession& self, const ps::TensorSpec& spec, py::object values, py::object grads) {
-            FloatBuffer v = FloatBuffer::acquire(values, true, "add_variable: values for '" + spec.name + "'");
-            FloatBuffer g = FloatBuffer::acquire(grads, false, "add_variable: grads for '" + spec.name + "'");
+            FloatBuffer v =
+                FloatBuffer::acquire(values, true, "add_variable: values for '" + spec.name + "'");
+            FloatBuffer g =
+                FloatBuffer::acquire(grads, false, "add_variable: grads for '" + spec.name + "'");
             for (const FloatBuffer* b : {&v, &g}) {
               if (b->size() != spec.num_elements()) {
                 throw py::value_error("add_variable: an array for '" + spec.name + "' has " +
@@ -95,22 +106,26 @@ add_variable are held by the session and must keep their storage.)")
             self.buffers.push_back(std::move(g));
           },
           py::arg("spec"), py::arg("values"), py::arg("grads"),
-          "Binds a variable to arrays: pulls write `values`, pushes read `grads` (float32, the tensor's size).")
+          "Binds a variable to arrays: pulls write `values`, pushes read `grads` (float32, the "
+          "tensor's size).")
       .def(
           "initialize",
           [](PySession& self) {
             py::gil_scoped_release nogil;
             self.session->initialize();
           },
-          "Chief: configures the job, creates and initialises the variables, marks the model ready. Others wait "
-          "(ConnectionError after ready_timeout) and check they declared what the chief created (ConfigError).")
+          "Chief: configures the job, creates and initialises the variables, marks the model "
+          "ready. Others wait "
+          "(ConnectionError after ready_timeout) and check they declared what the chief created "
+          "(ConfigError).")
       .def(
           "pull",
           [](PySession& self) {
             py::gil_scoped_release nogil;
             return self.session->pull();
           },
-          "Reads the variables for the next step, waiting as the mode requires; returns the global step read.")
+          "Reads the variables for the next step, waiting as the mode requires; returns the global "
+          "step read.")
       .def(
           "push",
           [](PySession& self) {
@@ -130,29 +145,36 @@ add_variable are held by the session and must keep their storage.)")
             return self.session->push();
           },
           py::arg("compute"), "pull(), compute(), push(); returns push()'s StepOutcome.")
-      .def_property_readonly("should_stop", [](const PySession& s) { return s.session->should_stop(); })
-      .def_property_readonly("global_step", [](const PySession& s) { return s.session->global_step(); })
-      .def_property_readonly("local_step", [](const PySession& s) { return s.session->local_step(); })
-      .def_property_readonly("stale_steps", [](const PySession& s) { return s.session->stale_steps(); })
+      .def_property_readonly("should_stop",
+                             [](const PySession& s) { return s.session->should_stop(); })
+      .def_property_readonly("global_step",
+                             [](const PySession& s) { return s.session->global_step(); })
+      .def_property_readonly("local_step",
+                             [](const PySession& s) { return s.session->local_step(); })
+      .def_property_readonly("stale_steps",
+                             [](const PySession& s) { return s.session->stale_steps(); })
       .def_property_readonly("is_chief", [](const PySession& s) { return s.session->is_chief(); })
       .def_property_readonly("job", [](const PySession& s) { return s.session->job(); })
       .def(
           "report",
-          [](PySession& self, float loss, float accuracy, float samples_per_sec, float learning_rate) {
+          [](PySession& self, float loss, float accuracy, float samples_per_sec,
+             float learning_rate) {
             const int64_t step = self.session->global_step();
             py::gil_scoped_release nogil;
             self.client->report(step, loss, accuracy, samples_per_sec, learning_rate);
           },
           py::arg("loss"), py::arg("accuracy") = 0.0f, py::arg("samples_per_sec") = 0.0f,
           py::arg("learning_rate") = 0.0f,
-          "Reports progress at the current global step for psd's /metrics and status page (fire and forget).")
+          "Reports progress at the current global step for psd's /metrics and status page (fire "
+          "and forget).")
       .def(
           "checkpoint",
           [](PySession& self, int64_t step) {
             py::gil_scoped_release nogil;
             return self.client->checkpoint(step);
           },
-          py::arg("step") = -1, "Client.checkpoint(): every shard writes one (psd --checkpoint_dir).")
+          py::arg("step") = -1,
+          "Client.checkpoint(): every shard writes one (psd --checkpoint_dir).")
       .def(
           "end",
           [](PySession& self) {

@@ -12,12 +12,14 @@ namespace {
 // A uniform float in [0, 1) from (seed, id, j): a row's random start does not
 // depend on the shard or on the order rows are created in.
 float unit_uniform(uint64_t seed, uint64_t id, uint64_t j) {
-  const uint64_t h = mix_id(mix_id(seed ^ 0x9e3779b97f4a7c15ull) ^ (mix_id(id) + j * 0xd1b54a32d192ed03ull));
+  const uint64_t h =
+      mix_id(mix_id(seed ^ 0x9e3779b97f4a7c15ull) ^ (mix_id(id) + j * 0xd1b54a32d192ed03ull));
   return static_cast<float>(h >> 40) * (1.0f / 16777216.0f);
 }
 
 float unit_normal(uint64_t seed, uint64_t id, uint64_t j) {
-  const double u1 = (static_cast<double>(unit_uniform(seed, id, 2 * j)) * 16777216.0 + 1.0) / 16777217.0;
+  const double u1 =
+      (static_cast<double>(unit_uniform(seed, id, 2 * j)) * 16777216.0 + 1.0) / 16777217.0;
   const double u2 = unit_uniform(seed, id, 2 * j + 1);
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
 }
@@ -28,30 +30,41 @@ std::string quoted(const TableSpec& s) { return "table '" + s.name + "'"; }
 
 void EmbeddingTable::validate(const TableSpec& s) {
   if (s.name.empty() || s.name.size() > kMaxNameBytes) {
-    throw RequestError("createTables: a table name must have 1 to " + std::to_string(kMaxNameBytes) + " bytes");
+    throw RequestError("createTables: a table name must have 1 to " +
+                       std::to_string(kMaxNameBytes) + " bytes");
   }
   if (s.dim == 0 || s.dim > kMaxDim) {
-    throw RequestError("createTables: " + quoted(s) + " has dim " + std::to_string(s.dim) + "; it must be in [1, " +
-                       std::to_string(kMaxDim) + "]");
+    throw RequestError("createTables: " + quoted(s) + " has dim " + std::to_string(s.dim) +
+                       "; it must be in [1, " + std::to_string(kMaxDim) + "]");
   }
-  if (!s.dynamic && s.rows == 0) throw RequestError("createTables: " + quoted(s) + " is fixed but has 0 rows");
-  if (s.dynamic && s.rows != 0) throw RequestError("createTables: " + quoted(s) + " is dynamic: give no row count");
+  if (!s.dynamic && s.rows == 0)
+    throw RequestError("createTables: " + quoted(s) + " is fixed but has 0 rows");
+  if (s.dynamic && s.rows != 0)
+    throw RequestError("createTables: " + quoted(s) + " is dynamic: give no row count");
   if (s.dynamic && s.placement != TablePlacement::kHash) {
-    throw RequestError("createTables: " + quoted(s) + " is dynamic: its ids are placed by hash, not 'mod' or 'div'");
+    throw RequestError("createTables: " + quoted(s) +
+                       " is dynamic: its ids are placed by hash, not 'mod' or 'div'");
   }
   if (!s.dynamic && (s.row_limit != 0 || s.on_limit != OnRowLimit::kRefuse)) {
-    throw RequestError("createTables: " + quoted(s) + " is fixed: a row limit is for dynamic tables");
+    throw RequestError("createTables: " + quoted(s) +
+                       " is fixed: a row limit is for dynamic tables");
   }
   switch (s.init.kind) {
-    case InitKind::kZeros: case InitKind::kConstant: break;
-    case InitKind::kUniform:
-      if (!(s.init.a <= s.init.b)) throw RequestError("createTables: " + quoted(s) + ": uniform low is above high");
+    case InitKind::kZeros:
+    case InitKind::kConstant:
       break;
-    case InitKind::kNormal: case InitKind::kTruncatedNormal:
-      if (!(s.init.b > 0)) throw RequestError("createTables: " + quoted(s) + ": a normal's stddev must be > 0");
+    case InitKind::kUniform:
+      if (!(s.init.a <= s.init.b))
+        throw RequestError("createTables: " + quoted(s) + ": uniform low is above high");
+      break;
+    case InitKind::kNormal:
+    case InitKind::kTruncatedNormal:
+      if (!(s.init.b > 0))
+        throw RequestError("createTables: " + quoted(s) + ": a normal's stddev must be > 0");
       break;
     default:
-      throw RequestError("createTables: " + quoted(s) + ": rows start as zeros, constant, uniform, normal or "
+      throw RequestError("createTables: " + quoted(s) +
+                         ": rows start as zeros, constant, uniform, normal or "
                          "truncated normal");
   }
   if (!std::isfinite(s.init.a) || !std::isfinite(s.init.b)) {
@@ -71,7 +84,8 @@ uint64_t EmbeddingTable::initial_bytes(const TableSpec& s, uint32_t shard, uint3
 uint64_t EmbeddingTable::bytes_per_dynamic_row(const TableSpec& s) {
   const uint64_t comps = 1 + RowOptimizer::make(s.optimizer, s.name)->num_slots();
   // Values and slots, the slot's id, and about two index entries (load <= 1/2).
-  return comps * s.dim * sizeof(float) + sizeof(uint64_t) + 2 * (sizeof(uint64_t) + sizeof(uint32_t)) +
+  return comps * s.dim * sizeof(float) + sizeof(uint64_t) +
+         2 * (sizeof(uint64_t) + sizeof(uint32_t)) +
          (s.on_limit == OnRowLimit::kEvictLru ? 2 * sizeof(uint32_t) : 0);
 }
 
@@ -125,20 +139,29 @@ void EmbeddingTable::init_row(uint64_t slot, uint64_t id) {
   const InitConfig& in = spec_.init;
   for (uint32_t j = 0; j < spec_.dim; ++j) {
     switch (in.kind) {
-      case InitKind::kConstant: w[j] = in.a; break;
-      case InitKind::kUniform: w[j] = in.a + (in.b - in.a) * unit_uniform(in.seed, id, j); break;
-      case InitKind::kNormal: w[j] = in.a + in.b * unit_normal(in.seed, id, j); break;
+      case InitKind::kConstant:
+        w[j] = in.a;
+        break;
+      case InitKind::kUniform:
+        w[j] = in.a + (in.b - in.a) * unit_uniform(in.seed, id, j);
+        break;
+      case InitKind::kNormal:
+        w[j] = in.a + in.b * unit_normal(in.seed, id, j);
+        break;
       case InitKind::kTruncatedNormal: {
         // Redrawn beyond two standard deviations, as TF's truncated_normal.
         float z = unit_normal(in.seed, id, j);
-        for (uint64_t k = 1; std::fabs(z) > 2.0f; ++k) z = unit_normal(in.seed, id, j + k * spec_.dim);
+        for (uint64_t k = 1; std::fabs(z) > 2.0f; ++k)
+          z = unit_normal(in.seed, id, j + k * spec_.dim);
         w[j] = in.a + in.b * z;
         break;
       }
-      default: w[j] = 0.0f;
+      default:
+        w[j] = 0.0f;
     }
   }
-  for (uint32_t c = 1; c < components(); ++c) std::fill_n(row(c, slot), spec_.dim, optimizer_->slot_init(c - 1));
+  for (uint32_t c = 1; c < components(); ++c)
+    std::fill_n(row(c, slot), spec_.dim, optimizer_->slot_init(c - 1));
 }
 
 uint32_t EmbeddingTable::find(uint64_t id) const {
@@ -194,9 +217,11 @@ uint32_t EmbeddingTable::take_free_slot() {
     return s;
   }
   const uint64_t s = slot_ids_.size();
-  if (s >= kEmpty - 1) throw RequestError(quoted(spec_) + " holds the most rows one shard can (2^32 - 2)");
+  if (s >= kEmpty - 1)
+    throw RequestError(quoted(spec_) + " holds the most rows one shard can (2^32 - 2)");
   if (s % kSlabRows == 0) {
-    for (auto& c : slabs_) c.push_back(std::unique_ptr<float[]>(new float[std::size_t(kSlabRows) * spec_.dim]));
+    for (auto& c : slabs_)
+      c.push_back(std::unique_ptr<float[]>(new float[std::size_t(kSlabRows) * spec_.dim]));
   }
   slot_ids_.push_back(0);
   if (spec_.on_limit == OnRowLimit::kEvictLru) {
@@ -244,7 +269,8 @@ uint32_t EmbeddingTable::find_or_insert(uint64_t id) {
   }
   if (spec_.row_limit != 0 && live_rows_ >= spec_.row_limit) {
     if (spec_.on_limit != OnRowLimit::kEvictLru) {
-      throw RequestError(quoted(spec_) + " is at its limit of " + std::to_string(spec_.row_limit) + " rows");
+      throw RequestError(quoted(spec_) + " is at its limit of " + std::to_string(spec_.row_limit) +
+                         " rows");
     }
     evict_one();
   }
@@ -271,12 +297,13 @@ uint64_t EmbeddingTable::check(std::span<const uint64_t> ids, const char* what) 
   if (!spec_.dynamic) {
     for (uint64_t id : ids) {
       if (id >= spec_.rows) {
-        throw RequestError(std::string(what) + ": id " + std::to_string(id) + " is outside " + quoted(spec_) +
-                           " of " + std::to_string(spec_.rows) + " rows");
+        throw RequestError(std::string(what) + ": id " + std::to_string(id) + " is outside " +
+                           quoted(spec_) + " of " + std::to_string(spec_.rows) + " rows");
       }
       if (placement_.shard_of(id) != shard_) {
-        throw RequestError(std::string(what) + ": id " + std::to_string(id) + " of " + quoted(spec_) +
-                           " belongs on shard " + std::to_string(placement_.shard_of(id)) + ", not " +
+        throw RequestError(std::string(what) + ": id " + std::to_string(id) + " of " +
+                           quoted(spec_) + " belongs on shard " +
+                           std::to_string(placement_.shard_of(id)) + ", not " +
                            std::to_string(shard_) + " (clients disagree on the number of shards?)");
       }
     }
@@ -294,16 +321,17 @@ uint64_t EmbeddingTable::check(std::span<const uint64_t> ids, const char* what) 
   if (spec_.row_limit == 0 || missing.empty()) return missing.size();
   if (spec_.on_limit == OnRowLimit::kRefuse && live_rows_ + missing.size() > spec_.row_limit) {
     throw RequestError(std::string(what) + ": " + quoted(spec_) + " is at its limit of " +
-                       std::to_string(spec_.row_limit) + " rows on shard " + std::to_string(shard_) + " (it holds " +
-                       std::to_string(live_rows_) + "; this request adds " + std::to_string(missing.size()) +
-                       " new ids)");
+                       std::to_string(spec_.row_limit) + " rows on shard " +
+                       std::to_string(shard_) + " (it holds " + std::to_string(live_rows_) +
+                       "; this request adds " + std::to_string(missing.size()) + " new ids)");
   }
   if (spec_.on_limit == OnRowLimit::kEvictLru && ids.size() > spec_.row_limit) {
     // Rows of this request must not evict each other.
     std::unordered_set<uint64_t> distinct(ids.begin(), ids.end());
     if (distinct.size() > spec_.row_limit) {
-      throw RequestError(std::string(what) + ": " + std::to_string(distinct.size()) + " distinct ids of " +
-                         quoted(spec_) + " in one request, over its limit of " + std::to_string(spec_.row_limit) +
+      throw RequestError(std::string(what) + ": " + std::to_string(distinct.size()) +
+                         " distinct ids of " + quoted(spec_) +
+                         " in one request, over its limit of " + std::to_string(spec_.row_limit) +
                          " rows on shard " + std::to_string(shard_));
     }
   }
@@ -324,7 +352,8 @@ void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) {
   }
 }
 
-void EmbeddingTable::push(std::span<const uint64_t> ids, std::span<const float> grads, float scale) {
+void EmbeddingTable::push(std::span<const uint64_t> ids, std::span<const float> grads,
+                          float scale) {
   const uint32_t dim = spec_.dim;
   if (spec_.dynamic && spec_.on_limit == OnRowLimit::kEvictLru) {
     for (uint64_t id : ids) {
@@ -336,9 +365,10 @@ void EmbeddingTable::push(std::span<const uint64_t> ids, std::span<const float> 
   for (std::size_t i = 0; i < ids.size(); ++i) slots[i] = local_slot(ids[i]);
   // Duplicates: mark_[slot] = first position of the slot (valid where it agrees).
   const uint64_t capacity = spec_.dynamic ? slot_ids_.size() : fixed_rows_;
-  if (mark_.size() < capacity) mark_.resize(spec_.dynamic ? capacity + capacity / 2 + kSlabRows : capacity);
-  std::vector<float> summed;      // gradients of duplicated ids, summed (allocated only if any)
-  std::vector<uint32_t> first;    // per position: the first position of its slot
+  if (mark_.size() < capacity)
+    mark_.resize(spec_.dynamic ? capacity + capacity / 2 + kSlabRows : capacity);
+  std::vector<float> summed;    // gradients of duplicated ids, summed (allocated only if any)
+  std::vector<uint32_t> first;  // per position: the first position of its slot
   for (std::size_t i = 0; i < slots.size(); ++i) {
     const uint32_t m = mark_[slots[i]];
     if (m < i && slots[m] == slots[i]) {
@@ -379,7 +409,8 @@ void EmbeddingTable::for_each_row(
   }
 }
 
-void EmbeddingTable::put_row(uint64_t id, const float* values, std::span<const float* const> slots) {
+void EmbeddingTable::put_row(uint64_t id, const float* values,
+                             std::span<const float* const> slots) {
   const uint64_t one[1] = {id};
   check(one, "restore");
   const uint64_t s = local_slot(id);

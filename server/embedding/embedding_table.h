@@ -51,8 +51,8 @@ class EmbeddingTable {
   uint32_t shard() const { return shard_; }
   uint32_t shards() const { return placement_.shards(); }
   const RowOptimizer& optimizer() const { return *optimizer_; }
-  uint64_t rows() const;           // rows held here now
-  uint64_t bytes() const;          // memory of values, slots and index
+  uint64_t rows() const;   // rows held here now
+  uint64_t bytes() const;  // memory of values, slots and index
   uint64_t evictions() const { return evictions_; }
   uint64_t version() const { return version_; }  // updates applied
   void set_version(uint64_t v) { version_ = v; }
@@ -110,11 +110,11 @@ class EmbeddingTable {
 
   // Dynamic.
   std::vector<std::vector<std::unique_ptr<float[]>>> slabs_;  // [component][slab]
-  std::vector<uint64_t> slot_ids_;   // id of each slot
+  std::vector<uint64_t> slot_ids_;                            // id of each slot
   std::vector<uint32_t> free_slots_;
   uint64_t live_rows_ = 0;
-  std::vector<uint64_t> keys_;       // index: ids
-  std::vector<uint32_t> values_;     // index: slots (kEmpty: free)
+  std::vector<uint64_t> keys_;    // index: ids
+  std::vector<uint32_t> values_;  // index: slots (kEmpty: free)
   uint64_t index_used_ = 0;
   std::vector<uint32_t> lru_prev_, lru_next_;  // kEvictLru only
   uint32_t lru_head_ = kEmpty, lru_tail_ = kEmpty;

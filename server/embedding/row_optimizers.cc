@@ -12,8 +12,8 @@ class RowSgd final : public RowOptimizer {
   using RowOptimizer::RowOptimizer;
   uint32_t num_slots() const override { return 0; }
   float slot_init(uint32_t) const override { return 0; }
-  void apply(float* __restrict w, float* const*, const float* __restrict g, uint32_t dim, float scale,
-             uint64_t) const override {
+  void apply(float* __restrict w, float* const*, const float* __restrict g, uint32_t dim,
+             float scale, uint64_t) const override {
     const float a = config_.learning_rate * scale;
     for (uint32_t i = 0; i < dim; ++i) w[i] -= a * g[i];
   }
@@ -24,8 +24,8 @@ class RowAdagrad final : public RowOptimizer {
   using RowOptimizer::RowOptimizer;
   uint32_t num_slots() const override { return 1; }
   float slot_init(uint32_t) const override { return config_.initial_accumulator; }
-  void apply(float* __restrict w, float* const* slots, const float* __restrict g, uint32_t dim, float scale,
-             uint64_t) const override {
+  void apply(float* __restrict w, float* const* slots, const float* __restrict g, uint32_t dim,
+             float scale, uint64_t) const override {
     float* __restrict acc = slots[0];
     const float lr = config_.learning_rate;
     for (uint32_t i = 0; i < dim; ++i) {
@@ -41,14 +41,15 @@ class RowLazyAdam final : public RowOptimizer {
   using RowOptimizer::RowOptimizer;
   uint32_t num_slots() const override { return 2; }
   float slot_init(uint32_t) const override { return 0; }
-  void apply(float* __restrict w, float* const* slots, const float* __restrict g, uint32_t dim, float scale,
-             uint64_t t) const override {
+  void apply(float* __restrict w, float* const* slots, const float* __restrict g, uint32_t dim,
+             float scale, uint64_t t) const override {
     float* __restrict m = slots[0];
     float* __restrict v = slots[1];
     const float b1 = config_.beta1, b2 = config_.beta2, eps = config_.epsilon;
     const double td = static_cast<double>(t);
-    const float lr_t = static_cast<float>(config_.learning_rate * std::sqrt(1.0 - std::pow(double(b2), td)) /
-                                          (1.0 - std::pow(double(b1), td)));
+    const float lr_t =
+        static_cast<float>(config_.learning_rate * std::sqrt(1.0 - std::pow(double(b2), td)) /
+                           (1.0 - std::pow(double(b1), td)));
     for (uint32_t i = 0; i < dim; ++i) {
       const float gi = g[i] * scale;
       m[i] = b1 * m[i] + (1 - b1) * gi;
@@ -68,8 +69,8 @@ class RowFtrl final : public RowOptimizer {
   using RowOptimizer::RowOptimizer;
   uint32_t num_slots() const override { return 2; }
   float slot_init(uint32_t k) const override { return k == 0 ? config_.initial_accumulator : 0.0f; }
-  void apply(float* __restrict w, float* const* slots, const float* __restrict g, uint32_t dim, float scale,
-             uint64_t) const override {
+  void apply(float* __restrict w, float* const* slots, const float* __restrict g, uint32_t dim,
+             float scale, uint64_t) const override {
     float* __restrict acc = slots[0];
     float* __restrict lin = slots[1];
     const float lr = config_.learning_rate, l1 = config_.l1, l2 = config_.l2, p = -config_.lr_power;
@@ -95,18 +96,25 @@ void require(bool ok, const std::string& table, const char* what) {
 
 const char* row_optimizer_name(RowOptimizerKind kind) {
   switch (kind) {
-    case RowOptimizerKind::kSgd: return "sgd";
-    case RowOptimizerKind::kAdagrad: return "adagrad";
-    case RowOptimizerKind::kLazyAdam: return "lazy_adam";
-    case RowOptimizerKind::kFtrl: return "ftrl";
+    case RowOptimizerKind::kSgd:
+      return "sgd";
+    case RowOptimizerKind::kAdagrad:
+      return "adagrad";
+    case RowOptimizerKind::kLazyAdam:
+      return "lazy_adam";
+    case RowOptimizerKind::kFtrl:
+      return "ftrl";
   }
   return "?";
 }
 
-std::unique_ptr<RowOptimizer> RowOptimizer::make(const RowOptimizerConfig& c, const std::string& table) {
-  require(std::isfinite(c.learning_rate) && c.learning_rate > 0, table, "learning rate must be finite and > 0");
+std::unique_ptr<RowOptimizer> RowOptimizer::make(const RowOptimizerConfig& c,
+                                                 const std::string& table) {
+  require(std::isfinite(c.learning_rate) && c.learning_rate > 0, table,
+          "learning rate must be finite and > 0");
   switch (c.kind) {
-    case RowOptimizerKind::kSgd: return std::unique_ptr<RowOptimizer>(new RowSgd(c));
+    case RowOptimizerKind::kSgd:
+      return std::unique_ptr<RowOptimizer>(new RowSgd(c));
     case RowOptimizerKind::kAdagrad:
       require(std::isfinite(c.initial_accumulator) && c.initial_accumulator > 0, table,
               "Adagrad's initial accumulator must be > 0");
@@ -121,7 +129,8 @@ std::unique_ptr<RowOptimizer> RowOptimizer::make(const RowOptimizerConfig& c, co
               "FTRL's initial accumulator must be > 0");
       require(std::isfinite(c.l1) && c.l1 >= 0, table, "FTRL's l1 must be >= 0");
       require(std::isfinite(c.l2) && c.l2 >= 0, table, "FTRL's l2 must be >= 0");
-      require(std::isfinite(c.lr_power) && c.lr_power <= 0, table, "FTRL's learning rate power must be <= 0");
+      require(std::isfinite(c.lr_power) && c.lr_power <= 0, table,
+              "FTRL's learning rate power must be <= 0");
       return std::unique_ptr<RowOptimizer>(new RowFtrl(c));
   }
   throw RequestError("table '" + table + "': unknown optimizer");

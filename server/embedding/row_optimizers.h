@@ -3,7 +3,8 @@
 //   SGD:      w -= lr g
 //   Adagrad:  acc += g^2; w -= lr g / sqrt(acc)                    (tf.train.AdagradOptimizer)
 //   LazyAdam: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
-//             w -= lr sqrt(1-b2^t)/(1-b1^t) m / (sqrt(v) + eps)   (tfa LazyAdam: untouched rows keep m, v)
+//             w -= lr sqrt(1-b2^t)/(1-b1^t) m / (sqrt(v) + eps)   (tfa LazyAdam: untouched rows
+//             keep m, v)
 //   FTRL:     tf.train.FtrlOptimizer's FTRL-Proximal with L1/L2 (slots: accumulator, linear)
 // where g is the (summed, scaled) gradient of the row and t counts the
 // table's updates (1 for the first).
@@ -21,7 +22,8 @@ class RowOptimizer {
  public:
   // Throws RequestError (naming `table`) for parameters that would make NaN
   // or break the optimizer's preconditions.
-  static std::unique_ptr<RowOptimizer> make(const RowOptimizerConfig& config, const std::string& table);
+  static std::unique_ptr<RowOptimizer> make(const RowOptimizerConfig& config,
+                                            const std::string& table);
   virtual ~RowOptimizer() = default;
 
   const RowOptimizerConfig& config() const { return config_; }
@@ -30,7 +32,8 @@ class RowOptimizer {
   virtual float slot_init(uint32_t k) const = 0;
   // Updates one row: w and slots[k] point at its `dim` floats; g is the
   // gradient (times `scale`); t the table's update count, from 1.
-  virtual void apply(float* w, float* const* slots, const float* g, uint32_t dim, float scale, uint64_t t) const = 0;
+  virtual void apply(float* w, float* const* slots, const float* g, uint32_t dim, float scale,
+                     uint64_t t) const = 0;
 
  protected:
   explicit RowOptimizer(const RowOptimizerConfig& c) : config_(c) {}

@@ -240,7 +240,9 @@ kj::Promise<void> say_still_waiting(kj::Timer& timer, int index, std::string add
                                     kj::TimePoint start, std::chrono::milliseconds timeout) {
   constexpr kj::Duration kEvery = 5 * kj::SECONDS;
   return timer.afterDelay(kEvery).then([&timer, index, address, start, timeout]() {
-    const int64_t waited = (clock_now() - start) / kj::SECONDS;
+    // Rounded: the timer counts from the loop's last look at the clock, a
+    // little before `start`, so it fires a hair under each whole period.
+    const int64_t waited = (clock_now() - start + kj::SECONDS / 2) / kj::SECONDS;
     spdlog::info(
         "waiting for ps {} (shard {}): {} s of {} s (--connect_timeout); is psd running there?",
         address, index, waited, timeout.count() / 1000);

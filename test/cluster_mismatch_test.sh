@@ -4,15 +4,8 @@
 # both lists in one line, not found out at the end barrier.
 #   test/cluster_mismatch_test.sh BUILD_DIR
 set -uo pipefail
-build=$(cd "$1" && pwd)
+source "$(dirname "$0")/trainer_test_lib.sh"
 trainer="$build/examples/mnist_trainer"
-here=$(cd "$(dirname "$0")" && pwd)
-tmp=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$tmp"; }
-trap cleanup EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 python3 "$here/tiny_mnist.py" "$tmp/data" 600 100
 common=(--data_dir "$tmp/data" --validation_size 100 --log_every 0 --train_steps 2000 --connect_timeout 10)

@@ -5,21 +5,8 @@
 # barrier; a sync job goes on without it after --worker_timeout_secs.
 #   test/silent_waits_test.sh BUILD_DIR
 set -uo pipefail
-build=$(cd "$1" && pwd)
+source "$(dirname "$0")/trainer_test_lib.sh"
 trainer="$build/examples/mnist_trainer"
-here=$(cd "$(dirname "$0")" && pwd)
-tmp=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$tmp"; }
-trap cleanup EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-# wait_for FILE REGEX SECONDS: whether REGEX shows up in FILE in time.
-wait_for() {
-  local i
-  for i in $(seq $(($3 * 10))); do grep -qE "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
-  return 1
-}
 stop() { kill "$@" 2>/dev/null; wait "$@" 2>/dev/null; }
 
 python3 "$here/tiny_mnist.py" "$tmp/data" 600 100

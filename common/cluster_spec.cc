@@ -11,7 +11,7 @@
 #include <set>
 
 #include "ps/errors.h"
-#include "client/trainer/tf_config.capnp.h"
+#include "common/tf_config.capnp.h"
 
 extern char** environ;
 

@@ -31,7 +31,7 @@ std::optional<PsdPlace> psd_place_from_environment(const std::map<std::string, s
   }
   const ClusterSpec spec = ClusterSpec::from_environment(env, slurm_num_ps, port_base);
   if (!spec.is_ps()) {
-    throw ConfigError(std::string(source) + " makes this task " + spec.job_name() + ":" +
+    throw ConfigError(std::string(source) + ": this task is " + spec.job_name() + ":" +
                       std::to_string(spec.task_index()) +
                       ", not a ps task: psd serves ps tasks only (run the trainer for this task)");
   }

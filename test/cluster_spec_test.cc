@@ -278,6 +278,17 @@ TEST_CASE("from_slurm: bad input") {
   CHECK_CONFIG_ERROR(ClusterSpec::from_slurm(e, 1, 2222), "does not divide evenly");
 }
 
+TEST_CASE("from_slurm: the node slurmd names must be the one the layout gives the task") {
+  Env e = slurm_env(2, 0);  // task 2: gpu08's first task
+  e["SLURMD_NODENAME"] = "gpu08";
+  CHECK(ClusterSpec::from_slurm(e, 1, 2222).self_address() == "gpu08:2222");
+  // A layout that is not the one Slurm used would hand this task another's place.
+  e["SLURMD_NODENAME"] = "gpu07";
+  CHECK_CONFIG_ERROR(ClusterSpec::from_slurm(e, 1, 2222),
+                     "task 2 runs on node gpu07 but the step's node list and tasks per node put it "
+                     "on gpu08");
+}
+
 TEST_CASE("from_environment: TF_CONFIG first, then Slurm, else an error") {
   Env e = slurm_env(2, 0);
   CHECK(ClusterSpec::from_environment(e, 1, 2222).self_address() == "gpu08:2222");

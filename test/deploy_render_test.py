@@ -298,7 +298,9 @@ if len(progs) == 2:
     first = None
     for rank in range(ntasks):
         local = rank % per0 if rank < num_ps else (rank - num_ps) % per1
-        s = cluster_of(dict(slurm, SLURM_PROCID=str(rank), SLURM_LOCALID=str(local)), num_ps, port_base)
+        node = "cpu%02d" % (rank // per0 + 1) if rank < num_ps else "gpu%02d" % ((rank - num_ps) // per1 + 1)
+        s = cluster_of(dict(slurm, SLURM_PROCID=str(rank), SLURM_LOCALID=str(local), SLURMD_NODENAME=node),
+                       num_ps, port_base)
         if not s:
             continue
         first = first or s

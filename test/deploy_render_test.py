@@ -189,6 +189,24 @@ if specs:
     check(len(specs[0]["workers"]) == job["spec"]["completions"], "TF_CONFIG's worker list is not the Job's completions")
     check(sum(s["is_chief"] for s in specs) == 1, "not exactly one chief")
 
+# Kubeflow's TFJob (its TF_CONFIGs are test/cluster_spec_test.cc's): psd in the PS role, flags known.
+tfjob = yaml.safe_load(open(os.path.join(src, "scripts/deploy/k8s/tfjob.yaml")))
+for rtype, rspec in tfjob["spec"]["tfReplicaSpecs"].items():
+    for c in rspec["template"]["spec"]["containers"]:
+        tcmd = c["command"] + c.get("args", [])
+        check(tcmd[0] == ("psd" if rtype == "PS" else "mnist_trainer"), f"TFJob {rtype} runs {tcmd[0]}")
+        if tcmd[0] in PROGRAMS:
+            check_flags(f"TFJob {rtype}", tcmd[0], tcmd[1:])
+        check(c["image"] == image, f"TFJob {rtype} runs image {c['image']}, the Dockerfile builds {image}")
+        if rtype == "PS":
+            tflags = flag_values(tcmd[1:])
+            tports = {p.get("name"): p["containerPort"] for p in c["ports"]}
+            check(tflags.get("--checkpoint_dir") in {v["mountPath"] for v in c.get("volumeMounts", [])},
+                  "TFJob PS: --checkpoint_dir is not a mounted volume")
+            check(tflags.get("--http_port") == str(tports.get("http")) and
+                  c.get("livenessProbe", {}).get("httpGet", {}).get("path") == "/healthz",
+                  "TFJob PS: --http_port is not the probed container port named http")
+
 # psd itself, with the manifest's flags and ps 1's TF_CONFIG on 127.0.0.1.
 with tempfile.TemporaryDirectory() as tmp:
     tf = json.loads(expand(psd_c["env"], 1)["TF_CONFIG"])

@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 
 packages=(build-essential pkg-config meson ninja-build capnproto libcapnp-dev libspdlog-dev libfmt-dev
           libcli11-dev libeigen3-dev catch2 libasio-dev zlib1g-dev python3 iproute2
-          python3-dev pybind11-dev python3-numpy python3-pytest)  # the psclient Python module and its tests
+          python3-dev pybind11-dev python3-numpy python3-pytest  # the psclient Python module and its tests
+          python3-yaml python3-venv)  # deploy_render reads the manifests; tensorboard_venv.sh makes a venv
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

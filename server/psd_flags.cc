@@ -7,7 +7,9 @@
 
 #include "common/auth_token.h"
 #include "common/net/host_port.h"
+#include "ps/cluster_spec.h"
 #include "server/process_priority.h"
+#include "server/psd_environment.h"
 #include "ps/errors.h"
 
 namespace ps {
@@ -121,20 +123,31 @@ void apply_log_level(const std::string& name) {
 void add_psd_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x, PsdFrontDoor door) {
   x.door = door;
   if (door == PsdFrontDoor::kPsd) {
-    app.add_option("--port", o.port, "TCP port to listen on (0: any free port)")
-        ->capture_default_str();
+    x.place_options.push_back(
+        app.add_option("--port", o.port, "TCP port to listen on (0: any free port)")
+            ->capture_default_str());
     app.add_option("--unix_socket", o.unix_socket,
                    "also listen on this Unix-domain socket (fast path on one host)");
-    app.add_option("--shard_index", o.shard.shard_index, "this shard's index")
-        ->capture_default_str();
-    app.add_option("--num_shards", o.shard.num_shards, "number of shards in the job")
-        ->capture_default_str();
+    x.place_options.push_back(
+        app.add_option("--shard_index", o.shard.shard_index, "this shard's index")
+            ->capture_default_str());
+    x.place_options.push_back(
+        app.add_option("--num_shards", o.shard.num_shards, "number of shards in the job")
+            ->capture_default_str());
     // expected(0, 1): "--ps_hosts=" is given and empty, not a taker of the next argument.
     x.ps_hosts_option =
         app.add_option("--ps_hosts", x.ps_hosts,
                        "comma-separated ps host:port list; with --task_index sets shard and port")
             ->expected(0, 1);
-    app.add_option("--task_index", x.task_index, "this ps task's index in --ps_hosts");
+    x.place_options.push_back(x.ps_hosts_option);
+    x.place_options.push_back(
+        app.add_option("--task_index", x.task_index, "this ps task's index in --ps_hosts"));
+    // Without the flags above psd reads TF_CONFIG, then Slurm, as the trainers do.
+    app.add_option("--slurm_num_ps", x.slurm_num_ps,
+                   "under Slurm (no --ps_hosts/--port): the first N tasks are ps")
+        ->capture_default_str();
+    app.add_option("--port_base", x.port_base, "under Slurm: task ports start here")
+        ->capture_default_str();
   }
   app.add_option("--bind", o.bind,
                  "address to listen on (default: 127.0.0.1, or 0.0.0.0 for a shard whose "
@@ -221,8 +234,18 @@ void finish_psd_flags(ServerOptions& o, PsdFlagValues& x, const std::optional<Ps
   for (const auto& take : x.take_shared) take();
   apply_log_level(x.log_level);
 
+  std::optional<PsdPlace> from_env;
+  if (!place && x.door == PsdFrontDoor::kPsd) {
+    std::string given;
+    for (const CLI::Option* opt : x.place_options)
+      if (given.empty() && opt->count() > 0) given = opt->get_name();
+    from_env = psd_place_from_environment(ClusterSpec::current_environment(), x.slurm_num_ps,
+                                          x.port_base, given);
+  }
   if (place) {
     apply_place(o, x, *place);
+  } else if (from_env) {
+    apply_place(o, x, *from_env);
   } else if ((x.ps_hosts_option && x.ps_hosts_option->count() > 0) || !x.ps_hosts.empty() ||
              x.task_index >= 0) {
     const std::vector<std::string> hosts = split_host_list(x.ps_hosts, "--ps_hosts");

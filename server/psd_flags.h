@@ -45,6 +45,11 @@ struct PsdFlagValues {
   std::string http_auth_token_file;
   std::optional<int> nice;                       // unset: the priority psd was started with
   const CLI::Option* ps_hosts_option = nullptr;  // count() > 0: --ps_hosts given, even empty
+  // psd: the flags that name the shard (--port, --shard_index, ...); any one
+  // given makes psd ignore TF_CONFIG and Slurm (server/psd_environment.h).
+  std::vector<const CLI::Option*> place_options;
+  int slurm_num_ps = 1;     // under Slurm: the first N tasks are ps (as the trainers' flag)
+  int port_base = 2222;     // under Slurm: task ports start here (as the trainers' flag)
   bool bind_given = false;  // --bind on the command line (else it follows the shard's host)
   // Shared flags (kTrainer): copy the trainer's value into psd's where given.
   std::vector<std::function<void()>> take_shared;
@@ -65,8 +70,9 @@ struct PsdPlace {
 };
 
 // Derives shard index/count and port from --ps_hosts/--task_index (or from
-// `place`, a trainer's ps task), applies --log_level, --nice and the size
-// limits. Without --bind, a shard whose address names a loopback host
+// `place`, a trainer's ps task; psd without cluster flags reads TF_CONFIG or
+// Slurm's variables, server/psd_environment.h), applies --log_level, --nice
+// and the size limits. Without --bind, a shard whose address names a loopback host
 // listens on 127.0.0.1 and any other on 0.0.0.0. Throws ConfigError.
 void finish_psd_flags(ServerOptions& options, PsdFlagValues& extra,
                       const std::optional<PsdPlace>& place = {});

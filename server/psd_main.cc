@@ -2,6 +2,8 @@
 //
 //   psd --port 2222 --shard_index 0 --num_shards 1
 //   psd --ps_hosts=h1:2222,h2:2222 --task_index=1     # shard 1 of the cluster
+//   TF_CONFIG='{"cluster":{"ps":[...],"worker":[...]},"task":{"type":"ps","index":1}}' psd
+//   srun ... psd --slurm_num_ps=2 --port_base=2222      # as the trainers read Slurm
 //
 // Exits 0 on SIGTERM/SIGINT after finishing the updates in flight.
 

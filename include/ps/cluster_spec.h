@@ -51,7 +51,8 @@ class ClusterSpec {
   // Tasks are placed on nodes in block order (Slurm's default distribution);
   // task t listens on port_base + (its local rank on its node). Tasks
   // 0..num_ps-1 are ps, the rest workers (worker 0 is chief).
-  // local_gpu() is SLURM_LOCALID.
+  // local_gpu() is SLURM_LOCALID. Where SLURMD_NODENAME is set (srun sets
+  // it), the node the layout gives this task must be that one.
   static ClusterSpec from_slurm(const std::map<std::string, std::string>& env, int num_ps,
                                 int port_base);
 

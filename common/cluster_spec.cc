@@ -11,7 +11,7 @@
 #include <set>
 
 #include "ps/errors.h"
-#include "client/trainer/tf_config.capnp.h"
+#include "common/tf_config.capnp.h"
 
 extern char** environ;
 
@@ -279,18 +279,29 @@ ClusterSpec ClusterSpec::from_slurm(const std::map<std::string, std::string>& en
   std::vector<std::string> all;
   all.reserve(static_cast<size_t>(ntasks));
   int my_local = -1;
+  std::string my_node;
   for (size_t n = 0; n < per_node.size(); ++n) {
     for (int l = 0; l < per_node[n]; ++l) {
       if (port_base + l > 65535)
         fail("Slurm: port " + std::to_string(port_base + l) + " above 65535 (port base " +
              std::to_string(port_base) + " + local rank " + std::to_string(l) + ")");
-      if (static_cast<long long>(all.size()) == rank) my_local = l;
+      if (static_cast<long long>(all.size()) == rank) {
+        my_local = l;
+        my_node = nodes[n];
+      }
       all.push_back(nodes[n] + ":" + std::to_string(port_base + l));
     }
   }
   if (my_local != local_id)
     fail("Slurm: SLURM_LOCALID=" + std::to_string(local_id) + " but block distribution puts task " +
          std::to_string(rank) + " at local rank " + std::to_string(my_local) +
+         "; run srun with --distribution=block");
+  // slurmd names the node a task runs on: a layout read wrongly (another
+  // distribution, a step spread otherwise) would give this task another's
+  // address, and so another's shard or worker index.
+  if (const std::string* here = find_env(env, "SLURMD_NODENAME"); here && *here != my_node)
+    fail("Slurm: task " + std::to_string(rank) + " runs on node " + *here +
+         " but the step's node list and tasks per node put it on " + my_node +
          "; run srun with --distribution=block");
   for (const auto& h : all) check_address(h, false, "Slurm node list");
   s.ps_hosts_.assign(all.begin(), all.begin() + num_ps);

@@ -3,6 +3,7 @@
 torch.distributed.rpc parameter server (PyTorch's tutorial design), in one run.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py calls      # per-call cost
+    PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py exchange   # a step's exchange, vs rpc
     PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py training   # samples/s, 1 ps + 3 workers
     PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py all
 
@@ -10,6 +11,9 @@ calls: one psd on 127.0.0.1 (TCP); psclient (NumPy arrays, in place) and the
 C++ client (build/bench/push_pull_bench --ps_hosts, ClientOptions' defaults)
 push and pull 4 KiB, 4 MiB and 64 MiB tensors on that psd, taking turns in
 --blocks blocks; per size the median of the blocks' medians, and the ratios.
+exchange: one trainer alone, the MLP's parameters pulled into the module and
+its gradients pushed, no compute: psclient against psd, and rpc_sync against
+the torch.distributed.rpc PS below, in turn.
 training: examples/python/torch_mnist.py, build/examples/mnist_trainer (1 ps
 + 3 workers each, through scripts/launch_local.sh) and a torch.distributed.rpc
 parameter server (a PS process holding the model; 3 trainers rpc_sync to fetch
@@ -79,9 +83,8 @@ def reps_for(nbytes, reps):
     return reps if nbytes <= (4 << 10) else max(5, reps // 4) if nbytes <= (4 << 20) else max(5, reps // 20)
 
 
-def python_block(c, label, nbytes, reps):
+def python_block(c, label, buf, reps):
     """As push_pull_bench's sample_one: push then pull, the first two of each left out."""
-    buf = np.zeros(nbytes // 4, np.float32)
     pushes, pulls = [], []
     for i in range(reps + 2):
         t0 = time.perf_counter()
@@ -116,13 +119,17 @@ def bench_calls(args):
     try:
         with psclient.Client([address]) as c:
             path = c.connection_addresses()[0]
+            buffers = {}
             for label, nbytes in SIZES.items():
                 c.create([psclient.TensorSpec("py_" + label, nbytes // 4, optimizer=psclient.sgd(0.0))])
+                buffers[label] = np.zeros(nbytes // 4, np.float32)
+                buffers[label].fill(1.0)  # touched, as the C++ side's zero-filled vector
+                buffers[label].fill(0.0)
             for block in range(args.blocks):
                 for label, nbytes in SIZES.items():
                     reps = reps_for(nbytes, args.reps)
                     # Alternate which goes first, so neither always follows the other's traffic.
-                    order = [("py", lambda: python_block(c, label, nbytes, reps)),
+                    order = [("py", lambda: python_block(c, label, buffers[label], reps)),
                              ("cpp", lambda: cpp_block(address, label, reps, args.cpp_timeout))]
                     for side, run in order if block % 2 == 0 else order[::-1]:
                         push, pull = run()
@@ -181,6 +188,91 @@ def rpc_ps_main(rank, world, port, steps, batch, lr, data_dir, threads, result_f
     rpc.shutdown()
 
 
+def rpc_exchange_main(rank, port, reps, result_file):
+    """One trainer alone: rpc_sync fetch of the model's parameters and rpc_sync of its gradients, no compute."""
+    import torch
+    import torch.distributed.rpc as rpc
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    opts = rpc.TensorPipeRpcBackendOptions(num_worker_threads=8, rpc_timeout=300)
+    if rank == 0:
+        rpc.init_rpc("ps", rank=0, world_size=2, rpc_backend_options=opts)
+        rpc.shutdown()
+        return
+    rpc.init_rpc("trainer1", rank=1, world_size=2, rpc_backend_options=opts)
+    sys.path.insert(0, str(TOP / "examples" / "python"))
+    import torch_mnist
+    model = torch_mnist.Mlp()
+    grads = [torch.full_like(p, 1e-6) for p in model.parameters()]
+    pulls, pushes = [], []
+    for i in range(reps + 5):
+        t0 = time.perf_counter()
+        params = rpc.rpc_sync("ps", ps_get_params, args=())
+        with torch.no_grad():
+            for p, v in zip(model.parameters(), params):
+                p.copy_(v)
+        t1 = time.perf_counter()
+        rpc.rpc_sync("ps", ps_apply_grads, args=(grads, 0.1))
+        t2 = time.perf_counter()
+        if i >= 5:
+            pulls.append(t1 - t0)
+            pushes.append(t2 - t1)
+    with open(result_file, "w") as f:
+        f.write(f"{statistics.median(pulls)} {statistics.median(pushes)}\n")
+    rpc.shutdown()
+
+
+def bench_exchange(args):
+    """A step's parameter exchange alone (the model's 318 KB each way, no compute), one trainer."""
+    import socket
+    import torch
+    import torch.multiprocessing as mp
+    import psclient
+    sys.path.insert(0, str(TOP / "examples" / "python"))
+    import torch_mnist
+    torch.set_num_threads(1)
+    print(f"exchange: {uptime()}", flush=True)
+    py, rpc_t = [], []
+    for block in range(args.blocks):
+        proc, address = start_psd()
+        try:
+            with psclient.Client([address]) as c:
+                model = torch_mnist.Mlp()
+                c.create([psclient.TensorSpec(n, tuple(p.shape), optimizer=psclient.sgd(0.1))
+                          for n, p in model.named_parameters()])
+                params = dict(model.named_parameters())
+                grads = {n: torch.full_like(p, 1e-6) for n, p in params.items()}
+                pulls, pushes = [], []
+                for i in range(args.reps + 5):
+                    t0 = time.perf_counter()
+                    c.pull(params)
+                    t1 = time.perf_counter()
+                    c.push(grads)
+                    t2 = time.perf_counter()
+                    if i >= 5:
+                        pulls.append(t1 - t0)
+                        pushes.append(t2 - t1)
+                py.append((statistics.median(pulls), statistics.median(pushes)))
+        finally:
+            proc.terminate()
+            proc.wait()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        result_file = tempfile.mktemp(prefix="pybench_rpc_")
+        mp.spawn(rpc_exchange_main, args=(port, args.reps, result_file), nprocs=2, join=True)
+        rpc_t.append(tuple(float(x) for x in open(result_file).read().split()))
+    print(f"one trainer, the 784-100-10 model's 4 tensors (318 KB) pulled into the module and pushed, "
+          f"no compute; {args.blocks} blocks in turn, medians of the blocks' medians of {args.reps}:")
+    for name, t in (("psclient", py), ("torch.distributed.rpc", rpc_t)):
+        pull, push = statistics.median(x[0] for x in t), statistics.median(x[1] for x in t)
+        print(f"  {name:>22}: pull {pull * 1e6:8.1f} us, push {push * 1e6:8.1f} us, step's exchange "
+              f"{(pull + push) * 1e6:8.1f} us")
+    ratio = statistics.median(sum(x) for x in rpc_t) / statistics.median(sum(x) for x in py)
+    print(f"  rpc / psclient: {ratio:.2f}x the time")
+    print(f"exchange: {uptime()}", flush=True)
+
+
 _PS_MODEL = None
 
 
@@ -210,13 +302,13 @@ def ps_apply_grads(grads, lr):
             p.add_(g, alpha=-lr)
 
 
-def launch(name, trainer, run_dir, total_steps, threads, psd_flags):
+def launch(name, trainer, run_dir, total_steps, threads, psd_flags, launch_flags):
     """1 ps + 3 workers through launch_local.sh; (samples/s, accuracy, the workers' 'done' lines)."""
     flags = ["--train_steps", str(total_steps), "--optimizer", "sgd", "--learning_rate", "0.1",
              "--batch_size", "100", "--log_every", "0"]
     if trainer.endswith(".py"):
         flags += ["--threads", str(threads)]
-    extra = ["--psd_flags", psd_flags] if psd_flags else []
+    extra = (["--psd_flags", psd_flags] if psd_flags else []) + launch_flags.split()
     out = subprocess.run(["scripts/launch_local.sh", "--quiet", "--trainer", trainer, "--run_dir", run_dir,
                           *extra, "--", *flags], cwd=TOP, capture_output=True, text=True)
     logs = [open(os.path.join(run_dir, f"worker{w}.log")).read() for w in range(3)
@@ -261,15 +353,16 @@ def bench_training(args):
           f"PyTorch's BLAS: {blas} (a 100x784 by 784x100 product: {ms:.2f} ms)", flush=True)
     run = tempfile.mkdtemp(prefix="pybench_run_")
     names = ["psclient torch_mnist.py", "C++ mnist_trainer", "torch.distributed.rpc PS"]
+    names = [n for n, key in zip(names, ("psclient", "cpp", "rpc")) if key in args.trainers.split(",")]
     results = {n: [] for n in names}
     for r in range(args.runs):
         for name in names:
             run_dir = os.path.join(run, f"{name.split()[0]}.{r}")
             if name.startswith("psclient"):
-                got = launch(name, "examples/python/torch_mnist.py", run_dir, total, args.threads, args.psd_flags)
+                got = launch(name, "examples/python/torch_mnist.py", run_dir, total, args.threads, args.psd_flags, args.launch_flags)
             elif name.startswith("C++"):
                 exe = BUILD / "examples" / "mnist_trainer"
-                got = launch(name, str(exe), run_dir, total, args.threads, args.psd_flags) if exe.exists() else None
+                got = launch(name, str(exe), run_dir, total, args.threads, args.psd_flags, args.launch_flags) if exe.exists() else None
             else:
                 got = (rpc_run(run_dir, per_worker, args.threads, data_dir), None, [])
             if got is None:
@@ -283,17 +376,17 @@ def bench_training(args):
     med = {n: statistics.median(v) for n, v in results.items() if v}
     for n, v in med.items():
         print(f"  {n}: {v:.0f} samples/s ({', '.join(f'{x:.0f}' for x in results[n])})")
-    py = med.get(names[0])
-    if py and names[2] in med:
-        print(f"  psclient / torch.distributed.rpc: {py / med[names[2]]:.2f}x (the issue asks >= 2.5x)")
-    if py and names[1] in med:
-        print(f"  psclient / mnist_trainer: {py / med[names[1]]:.2f}x (the issue asks >= 0.8x)")
+    py = med.get("psclient torch_mnist.py")
+    if py and "torch.distributed.rpc PS" in med:
+        print(f"  psclient / torch.distributed.rpc: {py / med['torch.distributed.rpc PS']:.2f}x (the issue asks >= 2.5x)")
+    if py and "C++ mnist_trainer" in med:
+        print(f"  psclient / mnist_trainer: {py / med['C++ mnist_trainer']:.2f}x (the issue asks >= 0.8x)")
     print(f"training: {uptime()}", flush=True)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["calls", "training", "all"])
+    p.add_argument("what", choices=["calls", "exchange", "training", "all"])
     p.add_argument("--reps", type=int, default=200,
                    help="calls: repetitions per block for 4 KiB (4 MiB: a quarter, 64 MiB: a twentieth)")
     p.add_argument("--blocks", type=int, default=5, help="calls: blocks, each side in turn")
@@ -303,10 +396,15 @@ def main():
     p.add_argument("--steps", type=int, default=0, help="training: steps per worker instead of --epochs")
     p.add_argument("--psd_flags", default="", help="training: more flags for psd (psclient and mnist_trainer), "
                    "e.g. \"--threads 0\"")
+    p.add_argument("--launch_flags", default="", help="training: more flags for scripts/launch_local.sh "
+                   "(psclient and mnist_trainer), e.g. --unix")
+    p.add_argument("--trainers", default="psclient,cpp,rpc", help="training: which to run (psclient, cpp, rpc)")
     p.add_argument("--threads", type=int, default=1, help="training: torch.set_num_threads in every PyTorch process")
     args = p.parse_args()
     if args.what in ("calls", "all"):
         bench_calls(args)
+    if args.what in ("exchange", "all"):
+        bench_exchange(args)
     if args.what in ("training", "all"):
         bench_training(args)
 

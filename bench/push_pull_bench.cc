@@ -11,6 +11,11 @@
 //   # psd not preempted by the clients (root) build/bench/push_pull_bench --psds 3 --chunk_kb 1024
 //   # three psds as shards, tensors spread in 1 MiB chunks
 //
+// With --ps_hosts it starts nothing: one client with ClientOptions' defaults
+// against running psds, one "SIZE push_us pull_us" line per size, for
+// bench/python_bench.py to compare psclient with, in turn, on the same psd:
+//   build/bench/push_pull_bench --ps_hosts 127.0.0.1:2222 --sizes 4K,4M --reps 50
+//
 // Plain TCP reference: the same payload written in 1 MiB pieces from one
 // thread to another over a loopback socket (the two pinned to different cores),
 // answered by a 1-byte acknowledgement, so both sides are "send N bytes, get
@@ -513,6 +518,25 @@ int run_ab(const std::string& a, const std::string& b, const std::vector<size_t>
   return 0;
 }
 
+// One client with ClientOptions' defaults against running psds: per size,
+// the medians of `reps` push and pull calls on tensor "cpp_<bytes>".
+int run_against(const std::string& hosts, const std::vector<size_t>& sizes, int reps) {
+  ps::ClientOptions opts;
+  opts.ps_hosts = ps::split_list(hosts);
+  ps::Client client(opts);
+  for (size_t bytes : sizes) {
+    const std::string name = "cpp_" + std::to_string(bytes);
+    client.create(
+        {{.name = name, .shape = {bytes / 4}, .optimizer = ps::OptimizerConfig::sgd(0.0f)}});
+    Samples s;
+    sample_one(client, name, bytes, reps, s);
+    std::printf("%s %.3f %.3f\n", size_name(bytes).c_str(), median(s.push) * 1e6,
+                median(s.pull) * 1e6);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -574,6 +598,11 @@ int main(int argc, char** argv) {
                  "instead of the tables: one client's push and pull latency against --psd (A) and "
                  "this psd binary "
                  "(B), --reps blocks of 100 calls each taken in turn");
+  std::string against_hosts;
+  app.add_option("--ps_hosts", against_hosts,
+                 "instead of the tables: start nothing, one client with ClientOptions' defaults "
+                 "against these running psds; per size a line 'SIZE push_us pull_us' (medians of "
+                 "--reps), as bench/python_bench.py reads");
   CLI11_PARSE(app, argc, argv);
   tcp_send_buffer_bytes = tcp_send_buffer_kb << 10;
   std::vector<int> cpus;
@@ -586,6 +615,14 @@ int main(int argc, char** argv) {
 
   std::vector<size_t> sizes;
   for (const std::string& s : ps::split_list(sizes_flag)) sizes.push_back(parse_size(s));
+  if (!against_hosts.empty()) {
+    try {
+      return run_against(against_hosts, sizes, reps);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "push_pull_bench: %s\n", e.what());
+      return 1;
+    }
+  }
   if (!ab_psd.empty()) {
     ps::ClientOptions opts;
     opts.chunk_bytes = chunk_kb << 10;

@@ -16,14 +16,21 @@ if { [ "${CI:-}" = "true" ] || [ "${PS_INSTALL_CHROMIUM:-}" = "1" ]; } && ! comm
 fi
 # The Python module's PyTorch tests (python/tests) report SKIP without Debian's
 # python3-torch, which pulls in about 640 MB: CI installs it, elsewhere
-# PS_INSTALL_TORCH=1 does.
-if { [ "${CI:-}" = "true" ] || [ "${PS_INSTALL_TORCH:-}" = "1" ]; } && ! dpkg-query -W -f='${Status}' python3-torch 2>/dev/null | grep -q "install ok installed"; then
-  echo "test: installing python3-torch for the Python module's PyTorch tests"
+# PS_INSTALL_TORCH=1 does. With it, single-threaded OpenBLAS: python3-torch's
+# matrix products run on whatever libblas.so.3 is, the reference BLAS
+# otherwise, which makes the MLP's step about 13x slower (docs/python.md).
+torch_installed() {
+  for p in python3-torch libopenblas0-serial; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || return 1
+  done
+}
+if { [ "${CI:-}" = "true" ] || [ "${PS_INSTALL_TORCH:-}" = "1" ]; } && ! torch_installed; then
+  echo "test: installing python3-torch and OpenBLAS for the Python module's PyTorch tests"
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -q
-  $SUDO apt-get install -y -q --no-install-recommends python3-torch
+  $SUDO apt-get install -y -q --no-install-recommends python3-torch libopenblas0-serial
 fi
 # The accuracy, network-namespace and real-data tests train on Fashion-MNIST
 # (Debian's dataset-fashion-mnist); without it they would only report SKIP.

@@ -171,12 +171,19 @@ def run_worker(spec, f):
     order, pos = rng.permutation(np.arange(lo, hi)), 0
     start = time.monotonic()
     loss = acc = 0.0
+    # Where a step's time goes, as mnist_trainer reports it: the pull, forward
+    # and backward (with the copies to and from the parameters), the push, the rest.
+    t_pull = t_compute = t_push = t_other = 0.0
+    clock = time.perf_counter
     while not session.should_stop:
+        t0 = clock()
         if pos + f.batch_size > len(order):
             order, pos = rng.permutation(np.arange(lo, hi)), 0
         idx = torch.from_numpy(order[pos:pos + f.batch_size])
         pos += f.batch_size
+        t1 = clock()
         session.pull()
+        t2 = clock()
         if session.should_stop:
             break  # the job ended while this worker waited for its step
         with torch.no_grad():
@@ -191,10 +198,13 @@ def run_worker(spec, f):
         with torch.no_grad():
             for p, values, grads in host:
                 grads.copy_(p.grad)
+        t3 = clock()
         outcome = session.push()
-        loss, acc = batch_loss.item(), (logits.argmax(1) == y).float().mean().item()
+        t4 = clock()
+        t_pull, t_compute, t_push, t_other = t_pull + t2 - t1, t_compute + t3 - t2, t_push + t4 - t3, t_other + t1 - t0
         local = session.local_step
         if f.log_every and local % f.log_every == 0:
+            loss, acc = batch_loss.item(), (logits.argmax(1) == y).float().mean().item()
             rate = local * f.batch_size / (time.monotonic() - start)
             epoch = outcome.global_step * per_global / len(train_x)
             print(f"worker {worker} | local step {local} | global step {outcome.global_step} | epoch {epoch:.2f} | "
@@ -203,9 +213,11 @@ def run_worker(spec, f):
             if summaries:
                 summaries.add_scalar("loss", loss, outcome.global_step)
     secs = time.monotonic() - start
+    n = max(1, session.local_step)
     print(f"worker {worker}: done after {session.local_step} local steps in {secs:.1f} s "
-          f"({session.local_step * f.batch_size / secs:.0f} samples/s on this worker, {session.stale_steps} stale)",
-          flush=True)
+          f"({session.local_step * f.batch_size / secs:.0f} samples/s on this worker, {session.stale_steps} stale); "
+          f"per step: pull {1e3 * t_pull / n:.3f} ms, compute {1e3 * t_compute / n:.3f} ms, "
+          f"push {1e3 * t_push / n:.3f} ms, data {1e3 * t_other / n:.3f} ms", flush=True)
 
     # Everyone meets once more so that the chief reads the final parameters.
     try:

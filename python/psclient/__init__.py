@@ -17,7 +17,11 @@ return a concurrent.futures.Future (asyncio.wrap_future works on it).
 
 Errors: psclient.Error, with ConnectionError, RequestError and ConfigError
 under it; arrays of the wrong dtype, layout or size raise ValueError before
-anything is sent. See docs/python.md.
+anything is sent.
+
+Embedding tables: client.create_tables([psclient.TableSpec("user", 16, rows=1000)]),
+then client.pull_rows("user", ids, out) / client.push_rows("user", ids, grads)
+with int64 (or uint64) ids. See docs/python.md.
 """
 
 from ._psclient import (
@@ -37,11 +41,15 @@ from ._psclient import (
     PushResult,
     PushStatus,
     RequestError,
+    RowOptimizerConfig,
+    RowOptimizerKind,
     ShardStats,
     StepDone,
     StepOutcome,
     SummaryWriter,
     SyncMode,
+    TableInfo,
+    TableSpec,
     TensorInfo,
     TensorSpec,
     TrainingSession,

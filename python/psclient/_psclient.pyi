@@ -11,6 +11,8 @@ import numpy.typing as npt
 # A C-contiguous float32 array: NumPy array, PyTorch CPU tensor, or anything
 # with the buffer protocol or __dlpack__.
 FloatArray = Any
+# Row ids of an embedding table: an int64 or uint64 array (NumPy or PyTorch CPU), any shape.
+IdArray = Any
 Shape = Union[int, Sequence[int]]
 
 class Error(RuntimeError): ...
@@ -166,6 +168,55 @@ class ShardStats:
     steps_applied: int
     workers: List[WorkerStats]
 
+class RowOptimizerKind(enum.Enum):
+    SGD = ...
+    ADAGRAD = ...
+    LAZY_ADAM = ...
+    FTRL = ...
+
+class RowOptimizerConfig:
+    kind: RowOptimizerKind
+    learning_rate: float
+    initial_accumulator: float
+    beta1: float
+    beta2: float
+    epsilon: float
+    l1: float
+    l2: float
+    lr_power: float
+    def __init__(self) -> None: ...
+    @staticmethod
+    def sgd(learning_rate: float) -> "RowOptimizerConfig": ...
+    @staticmethod
+    def adagrad(learning_rate: float, initial_accumulator: float = 0.1) -> "RowOptimizerConfig": ...
+    @staticmethod
+    def lazy_adam(learning_rate: float, beta1: float = 0.9, beta2: float = 0.999,
+                  epsilon: float = 1e-7) -> "RowOptimizerConfig": ...
+    @staticmethod
+    def ftrl(learning_rate: float, l1: float = 0.0, l2: float = 0.0, initial_accumulator: float = 0.1,
+             lr_power: float = -0.5) -> "RowOptimizerConfig": ...
+
+class TableSpec:
+    name: str
+    dim: int
+    rows: int
+    dynamic: bool
+    optimizer: RowOptimizerConfig
+    init: InitConfig
+    row_limit: int
+    def __init__(self, name: str, dim: int, *, rows: int = 0, dynamic: bool = False,
+                 placement: Optional[str] = None, optimizer: RowOptimizerConfig = ...,
+                 init: InitConfig = ..., row_limit: int = 0, on_limit: str = "refuse") -> None: ...
+
+class TableInfo:
+    name: str
+    dim: int
+    rows: int
+    dynamic: bool
+    bytes: int
+    evictions: int
+    rows_per_shard: List[int]
+
 class Client:
     def __init__(self, ps_hosts: Union[str, Sequence[str]], *, worker_index: int = -1, is_chief: bool = False,
                  auth_token: Optional[str] = None, auth_token_file: Optional[str] = None,
@@ -197,6 +248,18 @@ class Client:
                       step: int, done_step: int) -> PushResult: ...
     def push_and_step_async(self, tensors: Union[str, Mapping[str, FloatArray]], grad: Optional[FloatArray] = None,
                             *, step: int, done_step: int) -> "concurrent.futures.Future[PushResult]": ...
+    def create_tables(self, tables: Sequence[TableSpec]) -> None: ...
+    def declare_tables(self, tables: Sequence[TableSpec]) -> None: ...
+    def list_tables(self) -> List[TableInfo]: ...
+    @overload
+    def pull_rows(self, table: str, ids: IdArray, *, min_step: int = 0) -> npt.NDArray[np.float32]: ...
+    @overload
+    def pull_rows(self, table: str, ids: IdArray, out: FloatArray, *, min_step: int = 0) -> int: ...
+    def pull_rows_async(self, table: str, ids: IdArray, out: Optional[FloatArray] = None, *,
+                        min_step: int = 0) -> "concurrent.futures.Future[Any]": ...
+    def push_rows(self, table: str, ids: IdArray, grads: FloatArray, *, step: int = 0) -> PushStatus: ...
+    def push_rows_async(self, table: str, ids: IdArray, grads: FloatArray, *,
+                        step: int = 0) -> "concurrent.futures.Future[PushStatus]": ...
     def list(self) -> List[TensorInfo]: ...
     def stats(self) -> List[ShardStats]: ...
     def connection_addresses(self) -> List[str]: ...

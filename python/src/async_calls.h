@@ -21,7 +21,7 @@
 #include <pybind11/pybind11.h>
 
 #include "python/src/errors.h"
-#include "python/src/float_buffer.h"
+#include "python/src/array_buffer.h"
 
 namespace psclient_py {
 
@@ -42,7 +42,7 @@ template <class T>
 class FutureCall : public AsyncCall {
  public:
   using Convert = std::function<py::object(T&&)>;
-  FutureCall(std::future<T> future, py::object python_future, std::vector<FloatBuffer> buffers,
+  FutureCall(std::future<T> future, py::object python_future, std::vector<ArrayBuffer> buffers,
              Convert convert)
       : future_(std::move(future)),
         python_future_(std::move(python_future)),
@@ -73,7 +73,7 @@ class FutureCall : public AsyncCall {
  private:
   std::future<T> future_;
   py::object python_future_;
-  std::vector<FloatBuffer> buffers_;
+  std::vector<ArrayBuffer> buffers_;
   Convert convert_;
   std::optional<T> value_;
   std::exception_ptr error_;
@@ -106,5 +106,16 @@ class AsyncCalls {
   std::shared_ptr<State> state_ = std::make_shared<State>();
   std::thread thread_;
 };
+
+// A concurrent.futures.Future of `future`'s value, converted by `convert`
+// (GIL held), completed by `calls`; `buffers` are held until then. GIL held.
+template <class T, class Convert>
+py::object start_async(AsyncCalls& calls, std::future<T> future, std::vector<ArrayBuffer> buffers,
+                       Convert convert) {
+  py::object python_future = new_python_future();
+  calls.add(std::make_unique<FutureCall<T>>(std::move(future), python_future, std::move(buffers),
+                                            typename FutureCall<T>::Convert(std::move(convert))));
+  return python_future;
+}
 
 }  // namespace psclient_py

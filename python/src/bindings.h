@@ -12,6 +12,7 @@ void bind_errors(py::module_& m);  // errors.cc: psclient.Error and its subclass
 void bind_tensor_spec(
     py::module_& m);               // tensor_spec.cc: TensorSpec, optimizer and initializer helpers
 void bind_client(py::module_& m);  // client.cc: Client, PullResult, PushResult, futures
+void bind_tables(py::module_& m);  // tables.cc: TableSpec, RowOptimizerConfig, Client.pull_rows ...
 void bind_training_session(py::module_& m);  // training_session.cc: TrainingSession
 void bind_cluster_spec(py::module_& m);      // cluster_spec.cc: ClusterSpec
 void bind_summary_writer(py::module_& m);    // summary_writer.cc: SummaryWriter

@@ -20,7 +20,7 @@
 
 #include "ps/errors.h"
 #include "python/src/bindings.h"
-#include "python/src/float_buffer.h"
+#include "python/src/array_buffer.h"
 
 namespace psclient_py {
 namespace {
@@ -69,7 +69,7 @@ uint64_t count_of(const std::vector<uint64_t>& shape) {
 // A call's tensors and the caller's arrays, checked.
 struct Request {
   std::vector<std::string> names;
-  std::vector<FloatBuffer> buffers;
+  std::vector<ArrayBuffer> buffers;
   py::object new_array;  // pull(name) without `out`: the array made for it
 
   std::vector<std::span<float>> out() const {
@@ -102,7 +102,7 @@ Request gather(PyClient& client, const std::string& op, py::handle tensors, py::
       a = made;
     }
     const std::string what = op + ": " + (is_pull ? "out" : "gradient") + " for '" + name + "'";
-    FloatBuffer b = FloatBuffer::acquire(a, is_pull, what);
+    ArrayBuffer b = ArrayBuffer::floats(a, is_pull, what);
     const uint64_t n = count_of(*shape);
     if (b.size() != n) {
       throw py::value_error(what + " has " + std::to_string(b.size()) +
@@ -133,16 +133,6 @@ Request gather(PyClient& client, const std::string& op, py::handle tensors, py::
                          std::string(py::str(py::type::handle_of(tensors).attr("__name__"))));
   }
   return r;
-}
-
-template <class T, class Convert>
-py::object start_async(PyClient& self, std::future<T> future, std::vector<FloatBuffer> buffers,
-                       Convert convert) {
-  py::object python_future = new_python_future();
-  self.async_calls().add(
-      std::make_unique<FutureCall<T>>(std::move(future), python_future, std::move(buffers),
-                                      typename FutureCall<T>::Convert(std::move(convert))));
-  return python_future;
 }
 
 ps::SyncMode to_mode(py::handle mode) {
@@ -205,6 +195,15 @@ const std::vector<uint64_t>* PyClient::shape_of(const std::string& name) {
   for (const auto& t : placement.tensors()) shapes_.emplace(t.spec.name, t.spec.shape);
   it = shapes_.find(name);
   return it == shapes_.end() ? nullptr : &it->second;
+}
+
+const ps::TableSpec* PyClient::table_of(const std::string& name) const {
+  auto it = tables_.find(name);
+  return it == tables_.end() ? nullptr : &it->second;
+}
+
+void PyClient::remember_tables(const std::vector<ps::TableSpec>& tables) {
+  for (const auto& t : tables) tables_[t.name] = t;
 }
 
 void bind_client(py::module_& m) {
@@ -425,7 +424,7 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
               future = c->pull_async(r.names, r.out(), min_step);
             }
             py::object made = r.new_array;
-            return start_async(self, std::move(future), std::move(r.buffers),
+            return start_async(self.async_calls(), std::move(future), std::move(r.buffers),
                                [made](ps::PullResult&& result) -> py::object {
                                  if (made) return made;
                                  return py::cast(std::move(result));
@@ -456,7 +455,7 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
               py::gil_scoped_release nogil;
               future = c->push_async(r.names, r.in(), step);
             }
-            return start_async(self, std::move(future), std::move(r.buffers),
+            return start_async(self.async_calls(), std::move(future), std::move(r.buffers),
                                [](ps::PushResult&& result) { return py::cast(std::move(result)); });
           },
           py::arg("tensors"), py::arg("grad") = py::none(), py::kw_only(), py::arg("step") = 0,
@@ -487,7 +486,7 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
               py::gil_scoped_release nogil;
               future = c->push_and_step_async(r.names, r.in(), step, done_step);
             }
-            return start_async(self, std::move(future), std::move(r.buffers),
+            return start_async(self.async_calls(), std::move(future), std::move(r.buffers),
                                [](ps::PushResult&& result) { return py::cast(std::move(result)); });
           },
           py::arg("tensors"), py::arg("grad") = py::none(), py::kw_only(), py::arg("step"),
@@ -565,7 +564,7 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
               py::gil_scoped_release nogil;
               future = c->step_done_async(local_step);
             }
-            return start_async(self, std::move(future), {},
+            return start_async(self.async_calls(), std::move(future), {},
                                [](ps::Client::StepDone&& d) { return py::cast(std::move(d)); });
           },
           py::arg("local_step"),

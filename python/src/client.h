@@ -1,7 +1,8 @@
 // psclient.Client: a ps::Client with what Python adds to it: closing (also
 // at interpreter exit), the async calls' completer, and the shapes of the
-// tensors it placed, so that arrays of the wrong size are refused before
-// anything is sent and pull(name) can make an array of the right shape.
+// tensors it placed and the tables it created or declared, so that arrays
+// of the wrong size are refused before anything is sent and pull(name) /
+// pull_rows(table, ids) can make an array of the right shape.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <pybind11/pybind11.h>
 
 #include "ps/client.h"
+#include "ps/embedding.h"
 #include "python/src/async_calls.h"
 
 namespace psclient_py {
@@ -38,11 +40,17 @@ class PyClient {
   // TrainingSession); nullptr if it is neither.
   const std::vector<uint64_t>* shape_of(const std::string& name);
 
+  // The spec of table `name` as created or declared on this Client;
+  // nullptr if it is neither.
+  const ps::TableSpec* table_of(const std::string& name) const;
+  void remember_tables(const std::vector<ps::TableSpec>& tables);
+
   AsyncCalls& async_calls() { return async_calls_; }
 
  private:
   std::shared_ptr<ps::Client> client_;
   std::map<std::string, std::vector<uint64_t>> shapes_;
+  std::map<std::string, ps::TableSpec> tables_;
   AsyncCalls async_calls_;
 };
 

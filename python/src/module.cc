@@ -8,6 +8,7 @@ PYBIND11_MODULE(_psclient, m) {
   psclient_py::bind_errors(m);
   psclient_py::bind_tensor_spec(m);
   psclient_py::bind_client(m);
+  psclient_py::bind_tables(m);
   psclient_py::bind_training_session(m);
   psclient_py::bind_cluster_spec(m);
   psclient_py::bind_summary_writer(m);

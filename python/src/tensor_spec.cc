@@ -9,7 +9,7 @@
 
 #include "ps/tensor_spec.h"
 #include "python/src/bindings.h"
-#include "python/src/float_buffer.h"
+#include "python/src/array_buffer.h"
 
 namespace psclient_py {
 namespace {
@@ -131,7 +131,7 @@ void bind_tensor_spec(py::module_& m) {
   m.def(
       "from_values",
       [](py::object values) {
-        FloatBuffer b = FloatBuffer::acquire(values, false, "from_values: values");
+        ArrayBuffer b = ArrayBuffer::floats(values, false, "from_values: values");
         return ps::InitConfig::from_values(std::vector<float>(b.span().begin(), b.span().end()));
       },
       py::arg("values"), "Exactly these values (a float32 array of the tensor's element count).");

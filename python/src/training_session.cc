@@ -13,7 +13,7 @@
 #include "ps/training_session.h"
 #include "python/src/bindings.h"
 #include "python/src/client.h"
-#include "python/src/float_buffer.h"
+#include "python/src/array_buffer.h"
 
 namespace psclient_py {
 namespace {
@@ -29,7 +29,7 @@ ps::SyncMode parse_mode(const std::string& mode) {
 // session lives) and the arrays bound to it. Destroyed with the GIL held.
 struct PySession {
   std::shared_ptr<ps::Client> client;
-  std::vector<FloatBuffer> buffers;
+  std::vector<ArrayBuffer> buffers;
   std::unique_ptr<ps::TrainingSession> session;
   ~PySession() { session.reset(); }  // before the buffers it points into
 };
@@ -89,11 +89,11 @@ add_variable are held by the session and must keep their storage.)")
       .def(
           "add_variable",
           [](PySession& self, const ps::TensorSpec& spec, py::object values, py::object grads) {
-            FloatBuffer v =
-                FloatBuffer::acquire(values, true, "add_variable: values for '" + spec.name + "'");
-            FloatBuffer g =
-                FloatBuffer::acquire(grads, false, "add_variable: grads for '" + spec.name + "'");
-            for (const FloatBuffer* b : {&v, &g}) {
+            ArrayBuffer v =
+                ArrayBuffer::floats(values, true, "add_variable: values for '" + spec.name + "'");
+            ArrayBuffer g =
+                ArrayBuffer::floats(grads, false, "add_variable: grads for '" + spec.name + "'");
+            for (const ArrayBuffer* b : {&v, &g}) {
               if (b->size() != spec.num_elements()) {
                 throw py::value_error("add_variable: an array for '" + spec.name + "' has " +
                                       std::to_string(b->size()) + " elements, the tensor has " +

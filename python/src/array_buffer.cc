@@ -1,4 +1,4 @@
-#include "python/src/float_buffer.h"
+#include "python/src/array_buffer.h"
 
 #include <cstdint>
 #include <cstring>
@@ -49,11 +49,23 @@ std::string dtype_name(const DLDataType& t) {
          (t.lanes != 1 ? "x" + std::to_string(t.lanes) : "");
 }
 
-bool is_float32_format(const char* format) {
-  if (format == nullptr) return false;  // unsigned bytes
-  // Native or little-endian float (this library runs on little-endian hosts).
-  return std::strcmp(format, "f") == 0 || std::strcmp(format, "<f") == 0 ||
-         std::strcmp(format, "=f") == 0 || std::strcmp(format, "@f") == 0;
+// The buffer protocol's format of one element, without a native or
+// little-endian byte-order prefix (this library runs on little-endian
+// hosts); "" for a big-endian or missing format.
+std::string plain_format(const char* format) {
+  if (format == nullptr) return "B";  // unsigned bytes
+  if (format[0] == '<' || format[0] == '=' || format[0] == '@') ++format;
+  if (format[0] == '>' || format[0] == '!') return "";
+  return format;
+}
+
+// A float32 element; for ids, an 8-byte integer (q/l signed, Q/L unsigned;
+// 'l' is 8 bytes on LP64 hosts, which itemsize checks).
+bool element_ok(const Py_buffer& view, bool ids, bool* is_unsigned) {
+  const std::string f = plain_format(view.format);
+  if (!ids) return view.itemsize == 4 && f == "f";
+  *is_unsigned = f == "Q" || f == "L";
+  return view.itemsize == 8 && (f == "q" || f == "l" || *is_unsigned);
 }
 
 // The dtype as the caller knows it: NumPy's name when there is one.
@@ -65,8 +77,19 @@ std::string describe_dtype(py::handle obj, const Py_buffer& view) {
 
 }  // namespace
 
-FloatBuffer FloatBuffer::acquire(py::handle obj, bool writable, const std::string& what) {
-  FloatBuffer b;
+ArrayBuffer ArrayBuffer::floats(py::handle obj, bool writable, const std::string& what) {
+  return acquire(obj, writable, what, Element::kFloat32);
+}
+
+ArrayBuffer ArrayBuffer::ids(py::handle obj, const std::string& what) {
+  return acquire(obj, false, what, Element::kId64);
+}
+
+ArrayBuffer ArrayBuffer::acquire(py::handle obj, bool writable, const std::string& what,
+                                 Element element) {
+  const bool ids = element == Element::kId64;
+  const char* want = ids ? "int64 or uint64" : "float32";
+  ArrayBuffer b;
   if (PyObject_CheckBuffer(obj.ptr())) {
     const int flags = PyBUF_STRIDES | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj.ptr(), &b.view_, flags) != 0) {
@@ -84,23 +107,23 @@ FloatBuffer FloatBuffer::acquire(py::handle obj, bool writable, const std::strin
     }
     b.has_view_ = true;
     b.owner_ = py::reinterpret_borrow<py::object>(obj);
-    if (b.view_.itemsize != 4 || !is_float32_format(b.view_.format)) {
-      throw py::value_error(what + " must be float32, got " + describe_dtype(obj, b.view_));
+    if (!element_ok(b.view_, ids, &b.unsigned_)) {
+      throw py::value_error(what + " must be " + want + ", got " + describe_dtype(obj, b.view_));
     }
     if (!PyBuffer_IsContiguous(&b.view_, 'C')) {
       throw py::value_error(what +
                             " must be C-contiguous (use numpy.ascontiguousarray or .contiguous())");
     }
-    b.data_ = static_cast<float*>(b.view_.buf);
-    b.size_ = static_cast<std::size_t>(b.view_.len / 4);
+    b.data_ = b.view_.buf;
+    b.size_ = static_cast<std::size_t>(b.view_.len / b.view_.itemsize);
     b.shape_.assign(b.view_.shape, b.view_.shape + b.view_.ndim);
     return b;
   }
   if (!py::hasattr(obj, "__dlpack__")) {
     throw py::type_error(
-        what +
-        " must be a float32 array (NumPy array, PyTorch CPU tensor, or any object with the "
-        "buffer protocol or __dlpack__), got " +
+        what + " must be " + (ids ? "an int64 or uint64" : "a float32") +
+        " array (NumPy array, PyTorch CPU tensor, or any object with the buffer protocol or "
+        "__dlpack__), got " +
         std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
   }
   // A tensor that requires grad (a module's parameter) will not export
@@ -118,7 +141,7 @@ FloatBuffer FloatBuffer::acquire(py::handle obj, bool writable, const std::strin
   py::object capsule = source.attr("__dlpack__")();
   auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
   if (managed == nullptr) throw py::error_already_set();
-  // Ours now: the capsule no longer frees it; ~FloatBuffer calls the deleter.
+  // Ours now: the capsule no longer frees it; ~ArrayBuffer calls the deleter.
   PyCapsule_SetName(capsule.ptr(), "used_dltensor");
   b.dl_ = managed;
   b.owner_ = source;
@@ -127,9 +150,12 @@ FloatBuffer FloatBuffer::acquire(py::handle obj, bool writable, const std::strin
     throw py::value_error(what + " must be in CPU memory (DLPack device type " +
                           std::to_string(t.device.device_type) + ")");
   }
-  if (t.dtype.code != kDLFloat || t.dtype.bits != 32 || t.dtype.lanes != 1) {
-    throw py::value_error(what + " must be float32, got " + dtype_name(t.dtype));
-  }
+  const bool dtype_ok =
+      t.dtype.lanes == 1 &&
+      (ids ? (t.dtype.code == kDLInt || t.dtype.code == kDLUInt) && t.dtype.bits == 64
+           : t.dtype.code == kDLFloat && t.dtype.bits == 32);
+  if (!dtype_ok) throw py::value_error(what + " must be " + want + ", got " + dtype_name(t.dtype));
+  b.unsigned_ = t.dtype.code == kDLUInt;
   uint64_t count = 1;
   int64_t expected_stride = 1;
   bool contiguous = true;
@@ -140,22 +166,23 @@ FloatBuffer FloatBuffer::acquire(py::handle obj, bool writable, const std::strin
     count *= static_cast<uint64_t>(t.shape[d]);
   }
   if (!contiguous) throw py::value_error(what + " must be C-contiguous (use .contiguous())");
-  b.data_ = reinterpret_cast<float*>(static_cast<char*>(t.data) + t.byte_offset);
+  b.data_ = static_cast<char*>(t.data) + t.byte_offset;
   b.size_ = count;
   b.shape_.assign(t.shape, t.shape + t.ndim);
   return b;
 }
 
-FloatBuffer::FloatBuffer(FloatBuffer&& other) noexcept
+ArrayBuffer::ArrayBuffer(ArrayBuffer&& other) noexcept
     : data_(other.data_),
       size_(other.size_),
+      unsigned_(other.unsigned_),
       shape_(std::move(other.shape_)),
       view_(other.view_),
       has_view_(std::exchange(other.has_view_, false)),
       dl_(std::exchange(other.dl_, nullptr)),
       owner_(std::move(other.owner_)) {}
 
-FloatBuffer::~FloatBuffer() {
+ArrayBuffer::~ArrayBuffer() {
   if (has_view_) PyBuffer_Release(&view_);
   if (dl_ != nullptr && dl_->deleter != nullptr) dl_->deleter(dl_);
 }

@@ -1,0 +1,212 @@
+"""Embedding tables from Python against two real psd shards: rows exact
+against a NumPy reference (SGD and Adagrad), duplicated ids summed, uint64
+and torch ids, async calls, and every refusal leaving psd's table unchanged."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import psclient
+
+ROWS, DIM = 10, 4
+
+
+@pytest.fixture
+def client(start_psd):
+    shards = [start_psd(), start_psd()]
+    with psclient.Client([s.address for s in shards]) as c:
+        c.create_tables([
+            psclient.TableSpec("sgd", DIM, rows=ROWS, optimizer=psclient.RowOptimizerConfig.sgd(0.5),
+                               init=psclient.constant(1.0)),
+            psclient.TableSpec("ada", DIM, rows=ROWS, placement="div",
+                               optimizer=psclient.RowOptimizerConfig.adagrad(0.1, initial_accumulator=0.2),
+                               init=psclient.constant(1.0)),
+            psclient.TableSpec("dyn", DIM, dynamic=True, init=psclient.constant(3.0)),
+        ])
+        yield c
+
+
+def whole(client, table="sgd"):
+    return client.pull_rows(table, np.arange(ROWS, dtype=np.int64))
+
+
+def pushes(client):
+    return sum(s.pushes for s in client.stats())
+
+
+def test_pull_rows_in_place_and_new_array_in_the_ids_shape(client):
+    out = np.full((3, DIM), 7, np.float32)
+    step = client.pull_rows("sgd", np.array([0, 9, 0]), out)
+    assert isinstance(step, int)
+    np.testing.assert_array_equal(out, np.ones((3, DIM), np.float32))
+    rows = client.pull_rows("sgd", np.array([[1, 2, 3], [4, 5, 6]], np.int64))
+    assert rows.dtype == np.float32 and rows.shape == (2, 3, DIM)
+    flat_out = np.zeros((6, DIM), np.float32)  # (ids.size, dim) is accepted for any ids shape
+    client.pull_rows("sgd", np.array([[1, 2, 3], [4, 5, 6]]), flat_out)
+    np.testing.assert_array_equal(flat_out, np.ones((6, DIM)))
+    infos = {t.name: t for t in client.list_tables()}
+    assert infos["sgd"].dim == DIM and infos["sgd"].rows == ROWS and not infos["sgd"].dynamic
+    assert sum(infos["sgd"].rows_per_shard) == ROWS and infos["dyn"].dynamic
+
+
+def test_sgd_rows_exact_with_duplicated_ids_summed(client):
+    ids = np.array([3, 1, 3, 7, 3, 8], np.int64)
+    # Multiples of 1/8: float32 sums are exact in any order.
+    grads = (np.arange(ids.size * DIM, dtype=np.float32).reshape(-1, DIM) - 9) / 8
+    assert client.push_rows("sgd", ids, grads) == psclient.PushStatus.APPLIED
+    expected = np.ones((ROWS, DIM), np.float64)
+    summed = np.zeros((ROWS, DIM), np.float64)
+    np.add.at(summed, ids, grads.astype(np.float64))
+    expected -= 0.5 * summed
+    np.testing.assert_array_equal(whole(client), expected.astype(np.float32))
+    assert pushes(client) == 2  # one request per shard touched: rows 3, 1, 7 on one, 8 on the other
+
+
+def test_adagrad_rows_match_a_numpy_reference(client):
+    rng = np.random.default_rng(7)
+    w = np.ones((ROWS, DIM), np.float32)
+    acc = np.full((ROWS, DIM), 0.2, np.float32)
+    w64, acc64 = w.astype(np.float64), acc.astype(np.float64)
+    lr = np.float32(0.1)
+    for _ in range(5):
+        ids = rng.integers(0, ROWS, 12).astype(np.int64)
+        grads = rng.standard_normal((ids.size, DIM)).astype(np.float32)
+        client.push_rows("ada", ids, grads)
+        # The shard sums duplicates, then applies Adagrad once per distinct id.
+        g = np.zeros((ROWS, DIM), np.float32)
+        np.add.at(g, ids, grads)
+        touched = np.unique(ids)
+        acc[touched] += g[touched] * g[touched]
+        w[touched] -= lr * g[touched] / np.sqrt(acc[touched])
+        g64 = g.astype(np.float64)
+        acc64[touched] += g64[touched] ** 2
+        w64[touched] -= 0.1 * g64[touched] / np.sqrt(acc64[touched])
+    got = whole(client, "ada")
+    np.testing.assert_allclose(got, w64, rtol=1e-5, atol=1e-6)
+    # Summing duplicates in another order may move the last bit of a sum.
+    np.testing.assert_allclose(got, w, rtol=1e-6, atol=1e-7)
+
+
+def test_uint64_ids_and_dynamic_table(client):
+    big = np.array([2**64 - 1, 2**63 + 5, 12], np.uint64)
+    np.testing.assert_array_equal(client.pull_rows("dyn", big), np.full((3, DIM), 3.0))
+    client.push_rows("dyn", big[:2], np.ones((2, DIM), np.float32))
+    rows = client.pull_rows("dyn", big)
+    moved = np.float32(3) - np.float32(0.01)  # sgd(0.01), the default
+    np.testing.assert_array_equal(rows, np.array([[moved] * DIM, [moved] * DIM, [3.0] * DIM], np.float32))
+    # The same 64 bits as int64 name the same rows.
+    np.testing.assert_array_equal(client.pull_rows("dyn", big.view(np.int64)), rows)
+    unsigned = np.array([1, 2], np.uint64)
+    client.push_rows("sgd", unsigned, np.ones((2, DIM), np.float32))
+    np.testing.assert_array_equal(client.pull_rows("sgd", unsigned), np.full((2, DIM), 0.5))
+
+
+def test_async_rows_and_asyncio(client):
+    ids = np.array([2, 5], np.int64)
+    out = np.zeros((2, DIM), np.float32)
+    status = client.push_rows_async("sgd", ids, np.ones((2, DIM), np.float32)).result(30)
+    assert status == psclient.PushStatus.APPLIED
+    assert isinstance(client.pull_rows_async("sgd", ids, out).result(30), int)
+    np.testing.assert_array_equal(out, np.full((2, DIM), 0.5))
+
+    async def main():
+        await asyncio.wrap_future(client.push_rows_async("sgd", ids, np.ones((2, DIM), np.float32)))
+        return await asyncio.wrap_future(client.pull_rows_async("sgd", ids))
+
+    np.testing.assert_array_equal(asyncio.run(main()), np.zeros((2, DIM)))
+    # Rows 2 and 4 are on one shard (mod): one request, which psd refuses.
+    f = client.push_rows_async("sgd", np.array([2, 4]), np.full((2, DIM), np.nan, np.float32))
+    with pytest.raises(psclient.RequestError, match="NaN or Inf"):
+        f.result(30)
+
+
+def test_torch_ids_and_rows_in_place(client):
+    torch = pytest.importorskip("torch")
+    ids = torch.tensor([4, 6, 4])
+    client.push_rows("sgd", ids, torch.ones(3, DIM))
+    out = torch.zeros(3, DIM)
+    client.pull_rows("sgd", ids, out)
+    assert torch.equal(out, torch.tensor([[0.0] * DIM, [0.5] * DIM, [0.0] * DIM]))
+    # An embedding module's weight (requires grad) is written through its storage.
+    emb = torch.nn.Embedding(3, DIM)
+    client.pull_rows("sgd", torch.tensor([4, 6, 0]), emb.weight)
+    assert torch.equal(emb.weight.detach(), torch.tensor([[0.0] * DIM, [0.5] * DIM, [1.0] * DIM]))
+    with pytest.raises(ValueError, match="int64 or uint64, got int32"):
+        client.pull_rows("sgd", ids.to(torch.int32), out)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        client.pull_rows("sgd", torch.tensor([[1, 2], [3, 4]]).t(), torch.zeros(2, 2, DIM))
+    with pytest.raises(ValueError, match="float32, got float64"):
+        client.push_rows("sgd", ids, torch.ones(3, DIM, dtype=torch.float64))
+
+
+IDS = np.array([1, 2, 8], np.int64)
+GOOD = np.ones((3, DIM), np.float32)
+
+
+def _read_only():
+    a = np.zeros((3, DIM), np.float32)
+    a.flags.writeable = False
+    return a
+
+
+@pytest.mark.parametrize("ids, rows, error, message", [
+    (IDS.astype(np.int32), GOOD, ValueError, "ids for 'sgd' must be int64 or uint64, got int32"),
+    (IDS.astype(np.float64), GOOD, ValueError, "must be int64 or uint64, got float64"),
+    (np.array([1, 0, 2, 0, 8], np.int64)[::2], GOOD, ValueError, "C-contiguous"),
+    ([1, 2, 8], GOOD, TypeError, "must be an int64 or uint64 array"),
+    (IDS, GOOD.astype(np.float64), ValueError, "must be float32, got float64"),
+    (IDS, np.ones((DIM, 3), np.float32), ValueError, r"has shape \(4, 3\); 3 ids .* need \(3, 4\)"),
+    (IDS, np.ones(3 * DIM, np.float32), ValueError, r"has shape \(12,\)"),
+    (IDS[:2], GOOD, ValueError, r"2 ids of table 'sgd' \(dim 4\) need \(2, 4\)"),
+    (IDS, np.ones((3, 2 * DIM), np.float32)[:, ::2], ValueError, "C-contiguous"),
+    (IDS, [[1.0] * DIM] * 3, TypeError, "must be a float32 array"),
+    (np.array([1, 10, 2], np.int64), GOOD, psclient.RequestError, "id 10 is outside table 'sgd' of 10 rows"),
+    (np.array([-1, 1, 2], np.int64), GOOD, psclient.RequestError, "id -1 is outside"),
+    (np.array([1, 2**63, 2], np.uint64), GOOD, psclient.RequestError, "id 9223372036854775808 is outside"),
+])
+def test_refusals_leave_the_table_unchanged(client, ids, rows, error, message):
+    before, pushed = whole(client), pushes(client)
+    for call in (client.push_rows, client.push_rows_async):
+        with pytest.raises(error, match=message):
+            call("sgd", ids, rows)
+    for call in (client.pull_rows, client.pull_rows_async):
+        sentinel = rows.copy() if isinstance(rows, np.ndarray) else None
+        with pytest.raises(error, match=message):
+            call("sgd", ids, rows)
+        if sentinel is not None:
+            np.testing.assert_array_equal(rows, sentinel)  # a refused pull writes nothing
+    np.testing.assert_array_equal(whole(client), before)
+    assert pushes(client) == pushed and sum(s.rejected for s in client.stats()) == 0
+
+
+def test_other_refusals_leave_the_table_unchanged(client, start_psd):
+    before = whole(client)
+    with pytest.raises(ValueError, match="read-only"):
+        client.pull_rows("sgd", IDS, _read_only())
+    client.push_rows("sgd", np.array([], np.int64), np.zeros((0, DIM), np.float32))  # nothing to do
+    with pytest.raises(psclient.ConfigError, match="no table 'nope'"):
+        client.pull_rows("nope", IDS)
+    with pytest.raises(psclient.ConfigError, match="no table 'nope'"):
+        client.push_rows("nope", IDS, GOOD)
+    with pytest.raises(psclient.RequestError, match="NaN or Inf"):
+        client.push_rows("sgd", IDS, np.full((3, DIM), np.inf, np.float32))
+    with pytest.raises(ValueError, match="placement must be"):
+        psclient.TableSpec("x", 4, rows=4, placement="random")
+    with pytest.raises(ValueError, match="on_limit must be"):
+        psclient.TableSpec("x", 4, dynamic=True, on_limit="drop")
+    # psd refuses a table whose spec clashes with the existing one; nothing changes.
+    with pytest.raises(psclient.RequestError, match="sgd"):
+        client.create_tables([psclient.TableSpec("sgd", DIM + 1, rows=ROWS)])
+    np.testing.assert_array_equal(whole(client), before)
+    assert pushes(client) == 0
+
+
+def test_declare_tables_on_a_second_client(client):
+    addresses = client.ps_hosts
+    with psclient.Client(addresses) as worker:
+        with pytest.raises(psclient.ConfigError, match="create_tables or declare_tables"):
+            worker.pull_rows("sgd", IDS)
+        worker.declare_tables([psclient.TableSpec("sgd", DIM, rows=ROWS)])
+        worker.push_rows("sgd", IDS, GOOD)
+    np.testing.assert_array_equal(client.pull_rows("sgd", IDS), np.full((3, DIM), 0.5))

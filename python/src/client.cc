@@ -313,67 +313,67 @@ void bind_client(py::module_& m) {
 
 Safe to use from several threads. Timeouts are in seconds. ps_hosts: a list
 of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
-      .def(
-          py::init([](py::object ps_hosts, int worker_index, bool is_chief,
-                      std::optional<std::string> auth_token,
-                      std::optional<std::string> auth_token_file, double connect_timeout,
-                      double call_timeout, double reconnect_timeout, double dead_peer_timeout,
-                      const std::string& placement, std::size_t chunk_bytes, std::size_t part_bytes,
-                      std::size_t max_request_bytes, bool check_split_pushes,
-                      bool prefer_unix_socket, std::size_t shared_memory_bytes, double busy_poll_us,
-                      bool tune_malloc, std::optional<std::string> tls_ca,
-                      std::optional<std::string> tls_server_name) {
-            ps::ClientOptions o;
-            o.ps_hosts = to_hosts(ps_hosts);
-            o.worker_index = worker_index;
-            o.is_chief = is_chief;
-            if (auth_token) o.auth_token = *auth_token;
-            if (auth_token_file) o.auth_token_file = *auth_token_file;
-            o.connect_timeout = to_ms(connect_timeout, "connect_timeout");
-            o.call_timeout = to_ms(call_timeout, "call_timeout");
-            o.reconnect_timeout = to_ms(reconnect_timeout, "reconnect_timeout");
-            o.dead_peer_timeout = to_ms(dead_peer_timeout, "dead_peer_timeout");
-            if (placement == "round_robin") {
-              o.placement = ps::PlacementPolicy::kRoundRobin;
-            } else if (placement == "greedy_bytes") {
-              o.placement = ps::PlacementPolicy::kGreedyBytes;
-            } else {
-              throw py::value_error("placement must be 'round_robin' or 'greedy_bytes', got '" +
-                                    placement + "'");
-            }
-            o.chunk_bytes = chunk_bytes;
-            o.part_bytes = part_bytes;
-            o.max_request_bytes = max_request_bytes;
-            o.check_split_pushes = check_split_pushes;
-            o.prefer_unix_socket = prefer_unix_socket;
-            o.shared_memory_bytes = shared_memory_bytes;
-            if (!(busy_poll_us >= 0)) throw py::value_error("busy_poll_us must be >= 0");
-            o.busy_poll = std::chrono::microseconds(static_cast<int64_t>(busy_poll_us));
-            o.tune_malloc = tune_malloc;
-            if (tls_ca) o.tls_ca = *tls_ca;
-            if (tls_server_name) o.tls_server_name = *tls_server_name;
-            std::unique_ptr<PyClient> c;
-            {
-              py::gil_scoped_release nogil;
-              c = std::make_unique<PyClient>(std::move(o));
-            }
-            open_clients().insert(c.get());
-            return c;
-          }),
-          py::arg("ps_hosts"), py::kw_only(), py::arg("worker_index") = -1,
-          py::arg("is_chief") = false, py::arg("auth_token") = py::none(),
-          py::arg("auth_token_file") = py::none(), py::arg("connect_timeout") = 15.0,
-          py::arg("call_timeout") = 300.0, py::arg("reconnect_timeout") = 30.0,
-          py::arg("dead_peer_timeout") = 30.0, py::arg("placement") = "round_robin",
-          py::arg("chunk_bytes") = ps::kDefaultChunkBytes,
-          py::arg("part_bytes") = ps::kDefaultPartBytes,
-          py::arg("max_request_bytes") = std::size_t{1} << 20, py::arg("check_split_pushes") = true,
-          py::arg("prefer_unix_socket") = true,
-          py::arg("shared_memory_bytes") = std::size_t{256} << 20, py::arg("busy_poll_us") = 50.0,
-          py::arg("tune_malloc") = true, py::arg("tls_ca") = py::none(),
-          py::arg("tls_server_name") = py::none(),
-          "Connects to every shard, retrying until connect_timeout; ConnectionError names those "
-          "not reached.")
+      .def(py::init([](py::object ps_hosts, int worker_index, bool is_chief,
+                       std::optional<std::string> auth_token,
+                       std::optional<std::string> auth_token_file, double connect_timeout,
+                       double call_timeout, double reconnect_timeout, double dead_peer_timeout,
+                       const std::string& placement, std::size_t chunk_bytes,
+                       std::size_t part_bytes, std::size_t max_request_bytes,
+                       bool check_split_pushes, bool prefer_unix_socket,
+                       std::size_t shared_memory_bytes, double busy_poll_us, bool tune_malloc,
+                       std::optional<std::string> tls_ca,
+                       std::optional<std::string> tls_server_name) {
+             ps::ClientOptions o;
+             o.ps_hosts = to_hosts(ps_hosts);
+             o.worker_index = worker_index;
+             o.is_chief = is_chief;
+             if (auth_token) o.auth_token = *auth_token;
+             if (auth_token_file) o.auth_token_file = *auth_token_file;
+             o.connect_timeout = to_ms(connect_timeout, "connect_timeout");
+             o.call_timeout = to_ms(call_timeout, "call_timeout");
+             o.reconnect_timeout = to_ms(reconnect_timeout, "reconnect_timeout");
+             o.dead_peer_timeout = to_ms(dead_peer_timeout, "dead_peer_timeout");
+             if (placement == "round_robin") {
+               o.placement = ps::PlacementPolicy::kRoundRobin;
+             } else if (placement == "greedy_bytes") {
+               o.placement = ps::PlacementPolicy::kGreedyBytes;
+             } else {
+               throw py::value_error("placement must be 'round_robin' or 'greedy_bytes', got '" +
+                                     placement + "'");
+             }
+             o.chunk_bytes = chunk_bytes;
+             o.part_bytes = part_bytes;
+             o.max_request_bytes = max_request_bytes;
+             o.check_split_pushes = check_split_pushes;
+             o.prefer_unix_socket = prefer_unix_socket;
+             o.shared_memory_bytes = shared_memory_bytes;
+             if (!(busy_poll_us >= 0)) throw py::value_error("busy_poll_us must be >= 0");
+             o.busy_poll = std::chrono::microseconds(static_cast<int64_t>(busy_poll_us));
+             o.tune_malloc = tune_malloc;
+             if (tls_ca) o.tls_ca = *tls_ca;
+             if (tls_server_name) o.tls_server_name = *tls_server_name;
+             std::unique_ptr<PyClient> c;
+             {
+               py::gil_scoped_release nogil;
+               c = std::make_unique<PyClient>(std::move(o));
+             }
+             open_clients().insert(c.get());
+             return c;
+           }),
+           py::arg("ps_hosts"), py::kw_only(), py::arg("worker_index") = -1,
+           py::arg("is_chief") = false, py::arg("auth_token") = py::none(),
+           py::arg("auth_token_file") = py::none(), py::arg("connect_timeout") = 15.0,
+           py::arg("call_timeout") = 300.0, py::arg("reconnect_timeout") = 30.0,
+           py::arg("dead_peer_timeout") = 30.0, py::arg("placement") = "round_robin",
+           py::arg("chunk_bytes") = ps::kDefaultChunkBytes,
+           py::arg("part_bytes") = ps::kDefaultPartBytes,
+           py::arg("max_request_bytes") = std::size_t{1} << 20,
+           py::arg("check_split_pushes") = true, py::arg("prefer_unix_socket") = true,
+           py::arg("shared_memory_bytes") = std::size_t{256} << 20, py::arg("busy_poll_us") = 50.0,
+           py::arg("tune_malloc") = true, py::arg("tls_ca") = py::none(),
+           py::arg("tls_server_name") = py::none(),
+           "Connects to every shard, retrying until connect_timeout; ConnectionError names those "
+           "not reached.")
       .def("close", &PyClient::close,
            "Waits for async calls under way, then closes the connections (idempotent).")
       .def_property_readonly("closed", &PyClient::closed)

@@ -350,12 +350,14 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   }
 
   HelloParams hello_params() const {
-    HelloParams p{options.worker_index,        options.is_chief,
-                  options.auth_token,          options.prefer_unix_socket,
-                  options.shared_memory_bytes, options.dead_peer_timeout};
-    p.tls = tls;
-    p.tls_server_name = options.tls_server_name;
-    return p;
+    return {options.worker_index,
+            options.is_chief,
+            options.auth_token,
+            options.prefer_unix_socket,
+            options.shared_memory_bytes,
+            options.dead_peer_timeout,
+            tls,
+            options.tls_server_name};
   }
 
   // Push request ids: a random base per Client (a restarted worker does not

@@ -186,6 +186,21 @@ TEST_CASE("a plaintext client of a TLS psd is told to use TLS, and psd serves on
   check_serves(psd, pki);
 }
 
+TEST_CASE("past --max_connections a TLS client gets psd's refusal inside TLS") {
+  if (!have_openssl()) std::exit(77);
+  Pki pki;
+  auto args = pki.psd_args();
+  args.insert(args.end(), {"--max_connections", "1"});
+  PsdProcess psd(args);
+  Client first(options_for(psd, pki.path("ca.crt")));
+  std::chrono::milliseconds took{};
+  const std::string what = refusal(options_for(psd, pki.path("ca.crt")), &took);
+  CHECK_THAT(what, Catch::Contains("maximum of 1 connections"));
+  CHECK(took < 2s);
+  first.create({{.name = "x", .shape = {1}, .init = InitConfig::constant(2)}});
+  CHECK(first.pull("x") == std::vector<float>{2});
+}
+
 TEST_CASE("a TLS client of a plaintext psd is told what to check") {
   if (!have_openssl()) std::exit(77);
   Pki pki;

@@ -74,7 +74,8 @@ struct ClientOptions {
   // daemon's side, for workers that vanish.
   std::chrono::milliseconds dead_peer_timeout{30000};
   // Shared secret for psds started with --auth_token_file: the token itself,
-  // or a file holding it (read at construction). Sent in clear text.
+  // or a file holding it (read at construction). Sent in clear text
+  // unless tls_ca (below) is set.
   std::string auth_token{};
   std::string auth_token_file{};
   // TLS to psds started with --tls_cert/--tls_key (docs/operations.md,

@@ -80,6 +80,8 @@ cpu_set_t client_cpus;
 std::vector<int> psd_cpus;
 // --psd_flags: more flags for every psd the benchmark starts.
 std::vector<std::string> psd_extra_flags;
+// --tls_dir: the psds of the path being measured get these (TLS on their TCP port).
+std::vector<std::string> psd_tls_flags;
 
 cpu_set_t cpu_set_of(const std::vector<int>& cpus) {
   cpu_set_t set;
@@ -212,6 +214,7 @@ struct Psd {
         args.push_back(unix_socket);
       }
       args.insert(args.end(), psd_extra_flags.begin(), psd_extra_flags.end());
+      args.insert(args.end(), psd_tls_flags.begin(), psd_tls_flags.end());
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -603,6 +606,10 @@ int main(int argc, char** argv) {
                  "instead of the tables: start nothing, one client with ClientOptions' defaults "
                  "against these running psds; per size a line 'SIZE push_us pull_us' (medians of "
                  "--reps), as bench/python_bench.py reads");
+  std::string tls_dir;
+  app.add_option("--tls_dir", tls_dir,
+                 "also measure TCP with TLS: DIR holds psd.crt, psd.key (for 127.0.0.1) and ca.crt "
+                 "(docs/operations.md, Security)");
   CLI11_PARSE(app, argc, argv);
   tcp_send_buffer_bytes = tcp_send_buffer_kb << 10;
   std::vector<int> cpus;
@@ -643,8 +650,13 @@ int main(int argc, char** argv) {
   constexpr int kBlocks = 3;
   const int block_reps = std::max(reps / kBlocks, 3);
 
-  auto run_path = [&](const char* label, bool use_unix, bool use_shared) {
+  auto run_path = [&](const char* label, bool use_unix, bool use_shared, bool use_tls = false) {
     ps::ClientOptions opts;
+    psd_tls_flags.clear();
+    if (use_tls) {
+      psd_tls_flags = {"--tls_cert", tls_dir + "/psd.crt", "--tls_key", tls_dir + "/psd.key"};
+      opts.tls_ca = tls_dir + "/ca.crt";
+    }
     std::vector<std::unique_ptr<Psd>> psds;
     std::vector<pid_t> psd_pids;
     for (int k = 0; k < num_psds; ++k) {
@@ -694,7 +706,7 @@ int main(int argc, char** argv) {
         const double ping = median(ping_samples);
         std::printf("           plain 64 B ping-pong %.1f us; 4 KiB pull round trip = %.2fx it\n",
                     ping * 1e6, m.pull_s / ping);
-        if (num_psds == 1) {  // (with more, the tensor may be on another)
+        if (num_psds == 1 && !use_tls) {  // (with more, the tensor may be on another)
           const double raw =
               raw_capnp_pull_seconds(opts.ps_hosts[0], name, std::max(reps * 10, 200));
           std::printf(
@@ -751,6 +763,7 @@ int main(int argc, char** argv) {
   };
   try {
     run_path("TCP", false, false);
+    if (!tls_dir.empty()) run_path("TCP with TLS", false, false, true);
     if (with_unix) run_path("a Unix-domain socket", true, false);
     if (with_shared) run_path("a Unix-domain socket with shared memory", true, true);
   } catch (const std::exception& e) {

@@ -20,6 +20,11 @@ Client::Client(ClientOptions options) : impl_(std::make_unique<Impl>(std::move(o
   if (impl_->options.auth_token.empty() && !impl_->options.auth_token_file.empty()) {
     impl_->options.auth_token = read_auth_token(impl_->options.auth_token_file);
   }
+  if (!impl_->options.tls_ca.empty() || !impl_->options.tls_cert.empty() ||
+      !impl_->options.tls_key.empty()) {
+    impl_->tls = std::make_shared<TlsClient>(
+        TlsClientFiles{impl_->options.tls_ca, impl_->options.tls_cert, impl_->options.tls_key});
+  }
   if (impl_->options.call_timeout.count() > 0 &&
       impl_->options.call_timeout < impl_->options.connect_timeout) {
     impl_->options.call_timeout = impl_->options.connect_timeout + std::chrono::milliseconds(10000);

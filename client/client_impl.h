@@ -16,6 +16,7 @@
 
 #include "common/net/client_loop.h"
 #include "common/finite.h"
+#include "common/for_people.h"
 #include "ps/client.h"
 #include "common/random_bits.h"
 #include "client/reconnector.h"
@@ -134,6 +135,9 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
         placement(std::max<int>(1, static_cast<int>(options.ps_hosts.size())), options.placement,
                   options.chunk_bytes, options.part_bytes),
         loop(options.busy_poll) {}
+
+  // ClientOptions::tls_ca (made by the Client's constructor); null: plain TCP.
+  std::shared_ptr<TlsClient> tls;
 
   ~Impl() {
     loop.run([this] {
@@ -310,7 +314,8 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     if (!o.errors.empty()) {
       std::string msg = "could not connect to " + std::to_string(o.errors.size()) + " of " +
                         std::to_string(options.ps_hosts.size()) + " ps shards: ";
-      for (std::size_t i = 0; i < o.errors.size(); ++i) msg += (i ? "; " : "") + o.errors[i];
+      for (std::size_t i = 0; i < o.errors.size(); ++i)
+        msg += (i ? "; " : "") + for_people(o.errors[i]);
       throw ConnectionError(msg);
     }
     check_shard_order();
@@ -345,9 +350,14 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   }
 
   HelloParams hello_params() const {
-    return {options.worker_index,        options.is_chief,
-            options.auth_token,          options.prefer_unix_socket,
-            options.shared_memory_bytes, options.dead_peer_timeout};
+    return {options.worker_index,
+            options.is_chief,
+            options.auth_token,
+            options.prefer_unix_socket,
+            options.shared_memory_bytes,
+            options.dead_peer_timeout,
+            tls,
+            options.tls_server_name};
   }
 
   // Push request ids: a random base per Client (a restarted worker does not

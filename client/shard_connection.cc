@@ -7,6 +7,7 @@
 #include "common/for_people.h"
 #include "common/net/client_loop.h"
 #include "common/net/host_id.h"
+#include "common/net/host_port.h"
 #include "common/net/socket_stream.h"
 #include "common/wire_convert.h"
 
@@ -40,6 +41,19 @@ kj::Promise<kj::Own<SocketStream>> connect_with_retry(kj::UnixEventPort& io, std
 }  // namespace
 
 namespace {
+
+// What the connection speaks over: a TLS session on a TCP socket when the
+// client has TLS (hello.tls), else the socket itself.
+kj::Promise<kj::Own<SocketStream>> secured(kj::Own<SocketStream> socket, const std::string& via,
+                                           const HelloParams& hello) {
+  if (!hello.tls || via.rfind("unix:", 0) == 0) return kj::mv(socket);
+  std::string name = hello.tls_server_name;
+  if (name.empty()) {
+    const auto parts = split_host_port(via);
+    name = parts ? parts->host : via;
+  }
+  return hello.tls->connect(kj::mv(socket), name, via);
+}
 
 // The Cap'n Proto plumbing over a connected stream; nothing said yet.
 kj::Own<ShardConnection> open_connection(kj::Own<SocketStream> stream, int index,
@@ -147,6 +161,9 @@ kj::Promise<kj::Own<ShardConnection>> hello_via(kj::UnixEventPort& io, int index
                                                 std::string address, std::string via,
                                                 const HelloParams& hello) {
   return kj::evalNow([&] { return connect_socket(io, via); })
+      .then([via, hello](kj::Own<SocketStream> socket) {
+        return secured(kj::mv(socket), via, hello);
+      })
       .then(
           [index, address = std::move(address), via, hello](kj::Own<SocketStream> stream) mutable {
             return say_hello(
@@ -213,9 +230,13 @@ kj::Promise<kj::Own<ShardConnection>> connect_and_hello(kj::UnixEventPort& io, i
                                                         std::string address, kj::TimePoint deadline,
                                                         kj::Duration delay, HelloParams hello) {
   return connect_with_retry(io, address, deadline, delay)
+      .then([address, hello](kj::Own<SocketStream> socket) {
+        return secured(kj::mv(socket), address, hello);
+      })
       .then([&io, index, address, hello](kj::Own<SocketStream> stream) {
         auto conn = open_connection(kj::mv(stream), index, address, address, hello);
-        if (!hello.prefer_unix_socket || address.rfind("unix:", 0) == 0)
+        // Under TLS the connection stays where its certificate was checked.
+        if (!hello.prefer_unix_socket || hello.tls || address.rfind("unix:", 0) == 0)
           return say_hello(kj::mv(conn), hello);
         return hello_preferring_unix(io, kj::mv(conn), hello);
       })

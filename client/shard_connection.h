@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <string>
 
 #include <capnp/rpc-twoparty.h>
@@ -12,6 +13,7 @@
 #include "common/net/client_message_stream.h"
 #include "schema/ps.capnp.h"
 #include "common/net/shared_arena.h"
+#include "common/net/tls.h"
 #include "ps/job.h"
 
 namespace ps {
@@ -56,6 +58,9 @@ struct HelloParams {
   bool prefer_unix_socket = true;          // ClientOptions::prefer_unix_socket
   uint64_t shared_memory_bytes = 0;        // ClientOptions::shared_memory_bytes
   std::chrono::milliseconds dead_peer{0};  // ClientOptions::dead_peer_timeout
+  // ClientOptions::tls_ca and the rest: TCP connections are TLS (null: plain).
+  std::shared_ptr<TlsClient> tls;
+  std::string tls_server_name;  // empty: the host part of each address
 };
 
 // Placement sends tensor parts by position in ps_hosts, so a worker that

@@ -17,11 +17,14 @@ int main(int argc, char** argv) {
   app.add_option("--ps_hosts", ps_hosts, "comma-separated ps host:port list")
       ->capture_default_str();
   app.add_option("--learning_rate", lr, "SGD learning rate")->capture_default_str();
+  std::string tls_ca;
+  app.add_option("--tls_ca", tls_ca, "TLS to psds started with --tls_cert: their CA's PEM file");
   CLI11_PARSE(app, argc, argv);
 
   try {
     ps::ClientOptions options;
     options.ps_hosts = ps::split_list(ps_hosts);
+    options.tls_ca = tls_ca;
     ps::Client client(options);
     client.create({
         {.name = "w",

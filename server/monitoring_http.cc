@@ -13,8 +13,10 @@
 #include <string>
 
 #include <kj/compat/http.h>
+#include <kj/debug.h>
 #include <spdlog/spdlog.h>
 
+#include "common/net/tls.h"
 #include "server/progress_history.h"
 #include "server/prometheus_metrics.h"
 #include "server/status_html.h"  // generated from server/www/status.html
@@ -195,9 +197,10 @@ struct MonitoringHttp::Impl final : public kj::HttpService, public kj::HttpServe
     AnswerTrackingStream& stream;
   };
 
-  Impl(Shard& shard, kj::Timer& timer, std::string bearer_token)
+  Impl(Shard& shard, kj::Timer& timer, std::string bearer_token, TlsServer* tls)
       : shard(shard),
         timer(timer),
+        tls(tls),
         token(std::move(bearer_token)),
         server(timer, *headers.table,
                kj::HttpServer::HttpServiceFactory([this](kj::AsyncIoStream& stream) {
@@ -253,26 +256,28 @@ struct MonitoringHttp::Impl final : public kj::HttpService, public kj::HttpServe
     return kj::evalNow([&] { return listener.accept(); })
         .then(
             [this, &listener](kj::Own<kj::AsyncIoStream> stream) {
-              const auto live = std::count_if(open.begin(), open.end(),
-                                              [](const Conn* c) { return !c->evicted; });
-              if (live >= kMaxConnections) evict_one();
-              auto conn = kj::heap<Conn>(kj::heap<AnswerTrackingStream>(kj::mv(stream)));
-              Conn* c = conn.get();
-              open.push_back(c);
-              auto it = std::prev(open.end());
-              AnswerTrackingStream& stream_ref = *c->stream;
-              auto served =
-                  server.listenHttpCleanDrain(stream_ref)
-                      .then([this, &stream_ref](bool) -> kj::Promise<void> {
-                        if (stream_ref.unanswered_bytes() < kOversizedHeadBytes)
-                          return kj::READY_NOW;
-                        spdlog::info("http: refused a request with a head over 128 KiB (431)");
-                        return stream_ref.write(kHeadTooLarge.begin(), kHeadTooLarge.size())
-                            .then([this, &stream_ref] { return drain_then_close(stream_ref); });
-                      });
-              // The wrapped promise goes before `conn` (attachments outlive it).
-              connections.add(c->canceler.wrap(kj::mv(served))
-                                  .attach(kj::defer([this, it] { open.erase(it); }), kj::mv(conn)));
+              if (tls != nullptr) {
+                // HTTPS: served once the handshake is done, within the request
+                // deadline; at most kMaxConnections handshakes at once.
+                if (handshaking >= kMaxConnections) return accept_loop(listener);
+                ++handshaking;
+                connections.add(
+                    tls->accept_stream(kj::mv(stream))
+                        .then([this](kj::Own<kj::AsyncIoStream> session) {
+                          --handshaking;
+                          serve(kj::mv(session));
+                        })
+                        .exclusiveJoin(
+                            timer.afterDelay(kRequestDeadline).then([]() -> kj::Promise<void> {
+                              return KJ_EXCEPTION(DISCONNECTED, "no TLS handshake in time");
+                            }))
+                        .catch_([this](kj::Exception&& e) {
+                          --handshaking;
+                          kj::throwFatalException(kj::mv(e));
+                        }));
+              } else {
+                serve(kj::mv(stream));
+              }
               return accept_loop(listener);
             },
             [this, &listener](kj::Exception&& e) {
@@ -281,6 +286,28 @@ struct MonitoringHttp::Impl final : public kj::HttpService, public kj::HttpServe
                 return accept_loop(listener);
               });
             });
+  }
+
+  void serve(kj::Own<kj::AsyncIoStream> stream) {
+    const auto live =
+        std::count_if(open.begin(), open.end(), [](const Conn* c) { return !c->evicted; });
+    if (live >= kMaxConnections) evict_one();
+    auto conn = kj::heap<Conn>(kj::heap<AnswerTrackingStream>(kj::mv(stream)));
+    Conn* c = conn.get();
+    open.push_back(c);
+    auto it = std::prev(open.end());
+    AnswerTrackingStream& stream_ref = *c->stream;
+    auto served = server.listenHttpCleanDrain(stream_ref)
+                      .then([this, &stream_ref](bool) -> kj::Promise<void> {
+                        if (stream_ref.unanswered_bytes() < kOversizedHeadBytes)
+                          return kj::READY_NOW;
+                        spdlog::info("http: refused a request with a head over 128 KiB (431)");
+                        return stream_ref.write(kHeadTooLarge.begin(), kHeadTooLarge.size())
+                            .then([this, &stream_ref] { return drain_then_close(stream_ref); });
+                      });
+    // The wrapped promise goes before `conn` (attachments outlive it).
+    connections.add(c->canceler.wrap(kj::mv(served))
+                        .attach(kj::defer([this, it] { open.erase(it); }), kj::mv(conn)));
   }
 
   // kj::HttpServerCallbacks: asked as each response starts. Closes after
@@ -378,6 +405,8 @@ struct MonitoringHttp::Impl final : public kj::HttpService, public kj::HttpServe
 
   Shard& shard;
   kj::Timer& timer;
+  TlsServer* tls;           // null: plain HTTP
+  int handshaking = 0;      // TLS handshakes under way
   const std::string token;  // empty: no authentication
   std::list<Conn*> open;    // oldest first
   bool close_this_response = false;
@@ -388,8 +417,9 @@ struct MonitoringHttp::Impl final : public kj::HttpService, public kj::HttpServe
   kj::TaskSet connections;  // last: cancelled first, while the server still exists
 };
 
-MonitoringHttp::MonitoringHttp(Shard& shard, kj::Timer& timer, std::string bearer_token)
-    : impl_(std::make_unique<Impl>(shard, timer, std::move(bearer_token))) {}
+MonitoringHttp::MonitoringHttp(Shard& shard, kj::Timer& timer, std::string bearer_token,
+                               TlsServer* tls)
+    : impl_(std::make_unique<Impl>(shard, timer, std::move(bearer_token), tls)) {}
 MonitoringHttp::~MonitoringHttp() = default;
 
 kj::Promise<void> MonitoringHttp::serve(kj::ConnectionReceiver& listener) {

@@ -29,11 +29,17 @@
 #include "server/shard.h"
 
 namespace ps {
+class TlsServer;  // common/net/tls.h
+}
+
+namespace ps {
 
 class MonitoringHttp {
  public:
-  // `bearer_token` empty: no authentication.
-  MonitoringHttp(Shard& shard, kj::Timer& timer, std::string bearer_token);
+  // `bearer_token` empty: no authentication. With `tls` (psd --tls_cert),
+  // HTTPS only; it must outlive this.
+  MonitoringHttp(Shard& shard, kj::Timer& timer, std::string bearer_token,
+                 TlsServer* tls = nullptr);
 
   static constexpr kj::Duration kRequestDeadline = 3 * kj::SECONDS;
   static constexpr int kMaxConnections = 64;

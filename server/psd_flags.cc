@@ -51,6 +51,12 @@ void add_durability_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
                  "HTTP: require \"Authorization: Bearer <token>\" with the token in this file on "
                  "every path but "
                  "/healthz (default: --auth_token_file's token, when given)");
+  app.add_option("--tls_cert", o.tls.cert,
+                 "TLS on the TCP and HTTP ports: this PEM certificate (chain), with --tls_key; "
+                 "clients need --tls_ca (docs/operations.md, Security)");
+  app.add_option("--tls_key", o.tls.key, "TLS: the PEM private key of --tls_cert");
+  app.add_option("--tls_client_ca", o.tls.client_ca,
+                 "TLS: require client certificates signed by a CA in this PEM file");
   app.add_option("--max_tensors_per_client", o.shard.max_tensors_per_client,
                  "tensors one connection may create (0: no limit)")
       ->capture_default_str();

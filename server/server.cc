@@ -24,6 +24,7 @@
 #include "server/shard_service.h"
 #include "common/net/buffered_message_stream.h"
 #include "common/net/socket_stream.h"
+#include "common/net/tls.h"
 #include "common/net/busy_poll.h"
 
 namespace ps {
@@ -133,6 +134,8 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
         places(options.max_connections, options.max_connections_per_peer),
         shard(options.shard, pool, io.provider->getTimer(), &budget),
         tasks(kj::heap<kj::TaskSet>(*this)) {
+    if (!options.tls.cert.empty() || !options.tls.key.empty() || !options.tls.client_ca.empty())
+      tls = std::make_unique<TlsServer>(options.tls);
     if (!options.checkpoint.dir.empty()) {
       checkpointer = std::make_unique<Checkpointer>(options.checkpoint, shard, &budget);
       shard.set_checkpointer(checkpointer.get());
@@ -173,58 +176,20 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
                   spdlog::warn("refused a {} connection from {}: {}{}", kind, peer, *why,
                                LogLimiter::note(suppressed));
                 }
-                serve_refusal(kj::mv(stream), std::move(peer), std::move(*why));
+                if (tls && kind == "tcp") {
+                  refuse_tls(kj::mv(stream), std::move(peer), std::move(*why));
+                } else {
+                  serve_refusal(kj::mv(stream), std::move(peer), std::move(*why));
+                }
                 return accept_loop(listener, kind);
               }
-              capnp::ReaderOptions reader;
-              reader.traversalLimitInWords =
-                  options.shard.max_message_bytes / sizeof(capnp::word) + 1024;
-              reader.nestingLimit = 64;
-              // The connection, once it is in the list (a hello can only come after this returns).
-              auto self = std::make_shared<Connection*>(nullptr);
-              ConnectionRules rules;
-              rules.hello_deadline = options.hello_deadline_ms * kj::MILLISECONDS;
-              rules.log = &log_limiter;
-              rules.admit_hello = [this](const Caller& caller) {
-                if (caller.worker_index >= 0 || caller.is_chief) return;
-                const JobState& job = shard.job();
-                if (auto no = places.refuse_anonymous_hello(
-                        job.configured() ? job.config().total_replicas : 0)) {
-                  throw RequestError(*no);
-                }
-              };
-              rules.on_hello = [this, self](const Caller& caller) {
-                Connection& c = **self;
-                c.standing = caller.worker_index >= 0 || caller.is_chief
-                                 ? ConnectionPlaces::Standing::kMember
-                                 : ConnectionPlaces::Standing::kAnonymous;
-                places.said_hello(c.host, c.local, c.standing);
-                c.messages.set_max_message_bytes(
-                    UINT64_MAX);  // the reader's traversal limit still applies
-              };
-              auto it = connections.emplace(connections.end(), kj::mv(stream), shard, peer, reader,
-                                            &budget, std::move(rules), "", pid);
-              *self = &*it;
-              it->host = host;
-              it->local = local;
+              if (tls && kind == "tcp") {
+                places.opened(host, local);
+                serve_tls(kj::mv(stream), std::move(peer), std::move(host));
+                return accept_loop(listener, kind);
+              }
               places.opened(host, local);
-              it->messages.set_max_message_bytes(kMaxMessageBeforeHello);
-              it->messages.yield_every(kMessagesPerTurn, io.provider->getTimer());
-              it->messages.limit_unfinished_calls(kMaxUnfinishedCalls, kBytesPerUnfinishedCall);
-              it->messages.limit_message_time(options.request_timeout_ms * kj::MILLISECONDS,
-                                              kMinRequestBytesPerSec, io.provider->getTimer());
-              it->hold_reads_past_queued(options.shard.max_message_bytes, budget,
-                                         io.provider->getTimer());
-              tasks->add(it->network.onDisconnect().then(
-                  [this, it] { drop(it); },
-                  [this, it, peer](kj::Exception&& e) {
-                    uint64_t suppressed = 0;
-                    if (log_limiter.allow(peer, "ended", &suppressed)) {
-                      spdlog::info("connection {} ended: {}{}", peer, e.getDescription().cStr(),
-                                   LogLimiter::note(suppressed));
-                    }
-                    drop(it);
-                  }));
+              serve(kj::mv(stream), std::move(peer), std::move(host), local, pid);
               return accept_loop(listener, kind);
             },
             [this, &listener, kind](kj::Exception&& e) {
@@ -234,6 +199,104 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
               });
             });
   }
+
+  // Serves a connection the rules let in (counted in `places` as opened).
+  void serve(kj::Own<SocketStream> stream, std::string peer, std::string host, bool local,
+             pid_t pid) {
+    capnp::ReaderOptions reader;
+    reader.traversalLimitInWords = options.shard.max_message_bytes / sizeof(capnp::word) + 1024;
+    reader.nestingLimit = 64;
+    // The connection, once it is in the list (a hello can only come after this returns).
+    auto self = std::make_shared<Connection*>(nullptr);
+    ConnectionRules rules;
+    rules.hello_deadline = options.hello_deadline_ms * kj::MILLISECONDS;
+    rules.log = &log_limiter;
+    rules.admit_hello = [this](const Caller& caller) {
+      if (caller.worker_index >= 0 || caller.is_chief) return;
+      const JobState& job = shard.job();
+      if (auto no =
+              places.refuse_anonymous_hello(job.configured() ? job.config().total_replicas : 0)) {
+        throw RequestError(*no);
+      }
+    };
+    rules.on_hello = [this, self](const Caller& caller) {
+      Connection& c = **self;
+      c.standing = caller.worker_index >= 0 || caller.is_chief
+                       ? ConnectionPlaces::Standing::kMember
+                       : ConnectionPlaces::Standing::kAnonymous;
+      places.said_hello(c.host, c.local, c.standing);
+      c.messages.set_max_message_bytes(UINT64_MAX);  // the reader's traversal limit still applies
+    };
+    auto it = connections.emplace(connections.end(), kj::mv(stream), shard, peer, reader, &budget,
+                                  std::move(rules), "", pid);
+    *self = &*it;
+    it->host = host;
+    it->local = local;
+    it->messages.set_max_message_bytes(kMaxMessageBeforeHello);
+    it->messages.yield_every(kMessagesPerTurn, io.provider->getTimer());
+    it->messages.limit_unfinished_calls(kMaxUnfinishedCalls, kBytesPerUnfinishedCall);
+    it->messages.limit_message_time(options.request_timeout_ms * kj::MILLISECONDS,
+                                    kMinRequestBytesPerSec, io.provider->getTimer());
+    it->hold_reads_past_queued(options.shard.max_message_bytes, budget, io.provider->getTimer());
+    tasks->add(it->network.onDisconnect().then(
+        [this, it] { drop(it); },
+        [this, it, peer](kj::Exception&& e) {
+          uint64_t suppressed = 0;
+          if (log_limiter.allow(peer, "ended", &suppressed)) {
+            spdlog::info("connection {} ended: {}{}", peer, e.getDescription().cStr(),
+                         LogLimiter::note(suppressed));
+          }
+          drop(it);
+        }));
+  }
+
+  // The TCP port under TLS (--tls_cert): a connection the rules let in
+  // (counted as opened, before hello) is served once its handshake is done.
+  // A plaintext client is answered, in its own protocol, that psd needs
+  // TLS; a failed or late handshake closes the connection with a line in
+  // the log. Either way psd serves on.
+  void serve_tls(kj::Own<SocketStream> socket, std::string peer, std::string host) {
+    auto closed = [this, host] {
+      places.closed(host, false, ConnectionPlaces::Standing::kBeforeHello);
+    };
+    tasks->add(secure(kj::mv(socket), peer)
+                   .then(
+                       [this, peer, host, closed](TlsServer::Accepted a) mutable {
+                         if (!a.plaintext) return serve(kj::mv(a.stream), peer, host, false, 0);
+                         closed();
+                         uint64_t suppressed = 0;
+                         if (log_limiter.allow(peer, "plaintext on TLS", &suppressed)) {
+                           spdlog::warn(
+                               "refused a plaintext connection from {} (psd has --tls_cert){}",
+                               peer, LogLimiter::note(suppressed));
+                         }
+                         serve_refusal(kj::mv(a.stream), peer, kPlaintextRefusal);
+                       },
+                       [closed](kj::Exception&&) { closed(); }));
+  }
+
+  // The TLS handshake on an accepted socket, within the hello deadline; a
+  // failure is logged (rate-limited) and rejects.
+  kj::Promise<TlsServer::Accepted> secure(kj::Own<SocketStream> socket, std::string peer) {
+    const kj::Duration limit =
+        (options.hello_deadline_ms > 0 ? options.hello_deadline_ms : 10000) * kj::MILLISECONDS;
+    return tls->accept(kj::mv(socket))
+        .exclusiveJoin(io.provider->getTimer().afterDelay(limit).then(
+            []() -> kj::Promise<TlsServer::Accepted> {
+              return KJ_EXCEPTION(DISCONNECTED, "no TLS handshake within --hello_timeout_secs");
+            }))
+        .catch_([this, peer](kj::Exception&& e) -> kj::Promise<TlsServer::Accepted> {
+          uint64_t suppressed = 0;
+          if (log_limiter.allow(peer, "TLS handshake", &suppressed)) {
+            spdlog::warn("TLS connection from {} closed: {}{}", peer, e.getDescription().cStr(),
+                         LogLimiter::note(suppressed));
+          }
+          return kj::mv(e);
+        });
+  }
+  static constexpr const char* kPlaintextRefusal =
+      "this psd requires TLS (psd --tls_cert): give the client the CA file that signed psd's "
+      "certificate (--tls_ca, ClientOptions::tls_ca)";
 
   // The accepted socket as a ps::SocketStream (common/net/socket_stream.h):
   // fewer system calls per message than kj's own stream, and pull replies
@@ -299,6 +362,18 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
                    })));
   }
 
+  // serve_refusal under TLS: the refusal goes inside the session (or in
+  // the clear to a plaintext client), for a few such connections at once.
+  void refuse_tls(kj::Own<SocketStream> socket, std::string peer, std::string why) {
+    if (refused.size() + refusing >= 16) return;
+    ++refusing;
+    tasks->add(secure(kj::mv(socket), peer)
+                   .then([this, peer, why](TlsServer::Accepted a) {
+                     serve_refusal(kj::mv(a.stream), peer, a.plaintext ? kPlaintextRefusal : why);
+                   })
+                   .attach(kj::defer([this] { --refusing; })));
+  }
+
   // A peer that has not said hello may send only messages this large (a
   // hello carries a token and a few numbers).
   static constexpr uint64_t kMaxMessageBeforeHello = 64u << 10;
@@ -326,6 +401,8 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
   std::unique_ptr<Checkpointer> checkpointer;
   std::list<Connection> connections;
   std::list<Connection> refused;
+  unsigned refusing = 0;           // refusals waiting for their TLS handshake
+  std::unique_ptr<TlsServer> tls;  // --tls_cert: the TCP port speaks TLS
   kj::Own<kj::TaskSet> tasks;
   std::unique_ptr<MonitoringHttp> http;  // with --http_port
 };
@@ -376,15 +453,17 @@ void PsServer::run(kj::Promise<void> stop) {
     // Before port_file: whoever waits for port_file may read this one at once.
     if (!o.http_port_file.empty())
       write_port_file(o.http_port_file, static_cast<int>(http->getPort()));
-    spdlog::info("psd shard {} serving HTTP (/metrics, /healthz, status page) on http://{}:{}/",
-                 o.shard.shard_index, o.bind, http->getPort());
+    spdlog::info("psd shard {} serving HTTP (/metrics, /healthz, status page) on {}://{}:{}/",
+                 o.shard.shard_index, impl_->tls ? "https" : "http", o.bind, http->getPort());
   }
   if (!o.port_file.empty()) write_port_file(o.port_file, port);
   const int send_buffer_kb = same_host_send_buffer_bytes() >> 10;
   spdlog::info(
-      "psd shard {}/{} listening on {}:{}{} ({} compute threads, same-host TCP send buffer {}, "
+      "psd shard {}/{} listening on {}:{}{}{} ({} compute threads, same-host TCP send buffer {}, "
       "memory budget {} MiB (--max_memory_mb))",
       o.shard.shard_index, o.shard.num_shards, o.bind, port,
+      impl_->tls ? (o.tls.client_ca.empty() ? " (TLS)" : " (TLS, client certificates required)")
+                 : "",
       o.unix_socket.empty() ? "" : " and unix:" + o.unix_socket, o.threads,
       send_buffer_kb > 0 ? std::to_string(send_buffer_kb) + " KiB" : "autotuned",
       impl_->budget.limit() >> 20);
@@ -401,7 +480,7 @@ void PsServer::run(kj::Promise<void> stop) {
     // Same event loop as the RPC: the handlers read the shard without locks.
     impl_->http = std::make_unique<MonitoringHttp>(
         impl_->shard, io.provider->getTimer(),
-        o.http_auth_token.empty() ? o.shard.auth_token : o.http_auth_token);
+        o.http_auth_token.empty() ? o.shard.auth_token : o.http_auth_token, impl_->tls.get());
     serving = serving.exclusiveJoin(impl_->http->serve(*http));
   }
   if (o.exit_when_done) {

@@ -17,6 +17,7 @@
 
 #include <kj/async-io.h>
 
+#include "common/net/tls.h"
 #include "server/checkpointer.h"
 #include "server/shard.h"
 
@@ -57,6 +58,10 @@ struct ServerOptions {
   // connection had closed (common/net/socket_stream.h, detect_dead_peer).
   // 0: Linux's defaults (no keepalive: connected for good).
   unsigned dead_peer_secs = 30;
+  // TLS on the TCP port and the HTTP port (--tls_cert, --tls_key,
+  // --tls_client_ca; common/net/tls.h): cert empty, plain TCP. The Unix
+  // socket stays plaintext. Read at construction (ConfigError).
+  TlsServerFiles tls;
   bool exit_when_done = true;  // exit once the chief said finish and the workers left
   ShardOptions shard;
   CheckpointOptions checkpoint;  // restored at start, written periodically and on stop

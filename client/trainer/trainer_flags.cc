@@ -85,7 +85,16 @@ void add_trainer_flags(CLI::App& app, TrainerFlags& f) {
       ->check(CLI::Range(0u, 86400u));
   app.add_option(
       "--auth_token_file", f.auth_token_file,
-      "file holding the token of psds started with --auth_token_file (sent in clear text)");
+      "file holding the token of psds started with --auth_token_file (in clear text unless "
+      "--tls_ca)");
+  app.add_option("--tls_ca", f.tls_ca,
+                 "TLS to psds started with --tls_cert: PEM file of the CA(s) that signed their "
+                 "certificates");
+  app.add_option("--tls_server_name", f.tls_server_name,
+                 "TLS: the name psd certificates must carry (default: each ps host's host part)");
+  app.add_option("--tls_client_cert", f.tls_client_cert,
+                 "TLS: this worker's PEM certificate, for psds started with --tls_client_ca");
+  app.add_option("--tls_client_key", f.tls_client_key, "TLS: the PEM key of --tls_client_cert");
   app.add_option("--log_every", f.log_every, "a progress line every N local steps")
       ->capture_default_str();
 }
@@ -140,6 +149,10 @@ ClientOptions TrainerFlags::client_options(const ClusterSpec& spec) const {
   o.shared_memory_bytes = std::size_t{shared_memory_mb} << 20;
   o.dead_peer_timeout = std::chrono::seconds(dead_peer_secs);
   o.auth_token_file = auth_token_file;
+  o.tls_ca = tls_ca;
+  o.tls_server_name = tls_server_name;
+  o.tls_cert = tls_client_cert;
+  o.tls_key = tls_client_key;
   if (o.call_timeout.count() > 0 && o.call_timeout < o.connect_timeout)
     o.call_timeout = o.connect_timeout;
   return o;

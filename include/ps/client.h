@@ -74,9 +74,26 @@ struct ClientOptions {
   // daemon's side, for workers that vanish.
   std::chrono::milliseconds dead_peer_timeout{30000};
   // Shared secret for psds started with --auth_token_file: the token itself,
-  // or a file holding it (read at construction). Sent in clear text.
+  // or a file holding it (read at construction). Sent in clear text
+  // unless tls_ca (below) is set.
   std::string auth_token{};
   std::string auth_token_file{};
+  // TLS to psds started with --tls_cert/--tls_key (docs/operations.md,
+  // "Security"): a PEM file of the CA(s) that signed their certificates
+  // (only these are trusted, not the system's). Empty: plain TCP. With it,
+  // every TCP connection is TLS, the token travels encrypted, and a psd
+  // whose certificate does not check out is refused at once with
+  // ConnectionError. Unix-socket hosts ("unix:/path") stay plaintext, and
+  // a TCP host is never switched to psd's Unix socket (prefer_unix_socket
+  // and shared memory do not apply).
+  std::string tls_ca{};
+  // The name psd's certificate must carry (a subjectAltName DNS name or IP
+  // address); empty: each ps host's host part.
+  std::string tls_server_name{};
+  // For psds started with --tls_client_ca: this client's certificate chain
+  // and private key (PEM).
+  std::string tls_cert{};
+  std::string tls_key{};
   int worker_index = -1;  // this worker's index in the job; -1 for tools
   bool is_chief = false;  // the one worker that initialises the model (at most one connected)
   // Largest request sent as one message (whole parts: at least one);

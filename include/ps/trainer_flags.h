@@ -69,6 +69,11 @@ struct TrainerFlags {
                                                     20);  // ClientOptions::shared_memory_bytes
   unsigned dead_peer_secs = 30;                           // ClientOptions::dead_peer_timeout
   std::string auth_token_file;  // ClientOptions::auth_token_file (psd --auth_token_file)
+  // TLS to psds started with --tls_cert (ClientOptions::tls_*).
+  std::string tls_ca;           // ClientOptions::tls_ca
+  std::string tls_server_name;  // ClientOptions::tls_server_name
+  std::string tls_client_cert;  // ClientOptions::tls_cert (psd --tls_client_ca)
+  std::string tls_client_key;   // ClientOptions::tls_key
 
   // Logging.
   int log_every = 100;  // a progress line every N local steps

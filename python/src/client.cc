@@ -319,7 +319,9 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
                        const std::string& placement, std::size_t chunk_bytes,
                        std::size_t part_bytes, std::size_t max_request_bytes,
                        bool check_split_pushes, bool prefer_unix_socket,
-                       std::size_t shared_memory_bytes, double busy_poll_us, bool tune_malloc) {
+                       std::size_t shared_memory_bytes, double busy_poll_us, bool tune_malloc,
+                       std::optional<std::string> tls_ca,
+                       std::optional<std::string> tls_server_name) {
              ps::ClientOptions o;
              o.ps_hosts = to_hosts(ps_hosts);
              o.worker_index = worker_index;
@@ -347,6 +349,8 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
              if (!(busy_poll_us >= 0)) throw py::value_error("busy_poll_us must be >= 0");
              o.busy_poll = std::chrono::microseconds(static_cast<int64_t>(busy_poll_us));
              o.tune_malloc = tune_malloc;
+             if (tls_ca) o.tls_ca = *tls_ca;
+             if (tls_server_name) o.tls_server_name = *tls_server_name;
              std::unique_ptr<PyClient> c;
              {
                py::gil_scoped_release nogil;
@@ -365,7 +369,8 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
            py::arg("max_request_bytes") = std::size_t{1} << 20,
            py::arg("check_split_pushes") = true, py::arg("prefer_unix_socket") = true,
            py::arg("shared_memory_bytes") = std::size_t{256} << 20, py::arg("busy_poll_us") = 50.0,
-           py::arg("tune_malloc") = true,
+           py::arg("tune_malloc") = true, py::arg("tls_ca") = py::none(),
+           py::arg("tls_server_name") = py::none(),
            "Connects to every shard, retrying until connect_timeout; ConnectionError names those "
            "not reached.")
       .def("close", &PyClient::close,

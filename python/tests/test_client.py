@@ -218,3 +218,29 @@ def test_report_and_stats(psd):
         assert c.stats()[0].tensors == 1
         assert c.num_shards == 1 and c.worker_index == 0 and c.is_chief
         assert c.connection_addresses() == [psd.address]
+
+
+def test_tls_ca_reaches_a_tls_psd_and_a_plaintext_client_is_told(start_psd, tmp_path):
+    import shutil
+    import subprocess
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed")
+    run = lambda *a: subprocess.run(a, cwd=tmp_path, check=True, capture_output=True)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    run("openssl", "req", "-x509", *ec, "-days", "2", "-subj", "/CN=ca", "-keyout", "ca.key", "-out", "ca.crt")
+    run("openssl", "req", *ec, "-subj", "/CN=psd", "-keyout", "psd.key", "-out", "psd.csr")
+    (tmp_path / "psd.ext").write_text("subjectAltName=DNS:localhost,DNS:127.0.0.1,IP:127.0.0.1\n")
+    run("openssl", "x509", "-req", "-in", "psd.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+        "-days", "2", "-extfile", "psd.ext", "-out", "psd.crt")
+    psd = start_psd("--tls_cert", str(tmp_path / "psd.crt"), "--tls_key", str(tmp_path / "psd.key"))
+    with psclient.Client([psd.address], tls_ca=str(tmp_path / "ca.crt")) as c:
+        c.create([psclient.TensorSpec("w", (3,), optimizer=psclient.sgd(0.5))])
+        c.push("w", np.array([2, 4, 6], np.float32))
+        w = np.zeros(3, np.float32)
+        c.pull("w", w)
+        assert w.tolist() == [-1.0, -2.0, -3.0]
+    with pytest.raises(psclient.ConnectionError, match="requires TLS"):
+        psclient.Client([psd.address], connect_timeout=2)
+    with pytest.raises(psclient.ConnectionError, match="TLS certificate check"):
+        psclient.Client([psd.address], tls_ca=str(tmp_path / "ca.crt"), tls_server_name="other.example",
+                        connect_timeout=2)

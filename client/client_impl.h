@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/net/client_loop.h"
+#include "common/net/connection_control.h"
 #include "common/finite.h"
 #include "common/for_people.h"
 #include "ps/client.h"
@@ -97,22 +98,21 @@ kj::Promise<T> until_answered(kj::Promise<T> call, kj::Own<SharedBlocks> blocks)
 // (call_timeout, or the Client closing): its message may still be going
 // out, or waiting its turn, and the caller, once it has its error, may
 // reuse or free that memory. The connection is cut then
-// (SocketStream::abort): the rest is never sent, psd drops the truncated
-// message, and the next call reconnects.
+// (ConnectionControl::abort): the rest is never sent, psd drops the
+// truncated message, and the next call reconnects.
 template <typename T>
-kj::Promise<T> cut_if_abandoned(kj::Promise<T> call, std::weak_ptr<SocketStream*> stream) {
+kj::Promise<T> cut_if_abandoned(kj::Promise<T> call, ConnectionControl::Weak connection) {
   struct Guard {
-    explicit Guard(std::weak_ptr<SocketStream*> s) : stream(std::move(s)) {}
+    explicit Guard(ConnectionControl::Weak c) : connection(std::move(c)) {}
     Guard(const Guard&) = delete;
     ~Guard() {
-      if (was_answered) return;
-      if (auto s = stream.lock()) (*s)->abort();
+      if (!was_answered) connection.abort();
     }
     void answered() { was_answered = true; }
-    std::weak_ptr<SocketStream*> stream;
+    ConnectionControl::Weak connection;
     bool was_answered = false;
   };
-  return tell_when_answered(kj::mv(call), kj::heap<Guard>(std::move(stream)));
+  return tell_when_answered(kj::mv(call), kj::heap<Guard>(std::move(connection)));
 }
 
 inline PushStatus from_wire(wire::PushStatus s) {

@@ -304,7 +304,7 @@ kj::Promise<PushResult> Client::Impl::push_round(std::vector<ShardBatch> batches
         }
       }
       auto sent = until_answered(req.send(), kj::mv(blocks));
-      if (from_caller && c.stream) sent = cut_if_abandoned(kj::mv(sent), c.stream->handle());
+      if (from_caller) sent = cut_if_abandoned(kj::mv(sent), c.messages->connection().weak());
       return sent.then([&c](capnp::Response<wire::Shard::PushResults>&& reply) {
         BatchReply r;
         for (auto st : reply.getStatus()) r.status.push_back(from_wire(st));

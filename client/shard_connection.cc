@@ -64,11 +64,13 @@ kj::Own<ShardConnection> open_connection(kj::Own<SocketStream> stream, int index
   conn->index = index;
   conn->address = std::move(address);
   conn->via = std::move(via);
-  conn->stream = kj::mv(stream);
   capnp::ReaderOptions reader;
   reader.traversalLimitInWords =
       (1ull << 34) / sizeof(capnp::word);  // the client trusts its shards
-  conn->messages = kj::heap<ClientMessageStream>(*conn->stream);
+  // The message stream owns the socket; the call layer reaches it only as
+  // messages->connection() (common/net/connection_control.h).
+  SocketStream& socket = *stream;
+  conn->messages = kj::heap<ClientMessageStream>(socket).attach(kj::mv(stream));
   conn->network = kj::heap<capnp::TwoPartyVatNetwork>(*conn->messages,
                                                       capnp::rpc::twoparty::Side::CLIENT, reader);
   conn->rpc = kj::heap(capnp::makeRpcClient(*conn->network));

@@ -22,8 +22,9 @@ struct ShardConnection {
   int index = 0;
   std::string address;  // as configured (ClientOptions::ps_hosts)
   std::string via;      // what this connection went to: address, or "unix:PATH" (psd on this host)
-  kj::Own<SocketStream> stream;
-  kj::Own<ClientMessageStream> messages;  // pull replies land in the caller's buffers
+  // Pull replies land in the caller's buffers; owns the socket, which the
+  // call layer sees only as messages->connection().
+  kj::Own<ClientMessageStream> messages;
   kj::Own<capnp::TwoPartyVatNetwork> network;
   kj::Own<capnp::RpcSystem<capnp::rpc::twoparty::VatId>> rpc;
   wire::Shard::Client shard{nullptr};

@@ -23,4 +23,16 @@ std::string to_string(const JobConfig& c) {
   return s;
 }
 
+const char* sync_mode_name(SyncMode mode) {
+  switch (mode) {
+    case SyncMode::kSync:
+      return "sync";
+    case SyncMode::kBoundedStaleness:
+      return "bounded-staleness";
+    case SyncMode::kAsync:
+      break;
+  }
+  return "async";
+}
+
 }  // namespace ps

@@ -47,6 +47,7 @@
 #include "ps/logistic_mlp.h"
 #include "ps/summary_writer.h"
 #include "ps/trainer_flags.h"
+#include "ps/trainer_main.h"
 #include "ps/training_session.h"
 #include "server/ps_task.h"
 
@@ -252,17 +253,7 @@ class WideDeep {
 ps::MlpShape make_shape(const CtrFlags& c) {
   ps::MlpShape shape;
   shape.inputs = ps::kCtrDense + ps::kCtrCategorical * c.embedding_dim;
-  shape.hidden.clear();
-  for (const auto& h : ps::split_list(c.hidden_units)) {
-    try {
-      std::size_t used = 0;
-      int v = std::stoi(h, &used);
-      if (used != h.size() || v < 1) throw std::invalid_argument(h);
-      shape.hidden.push_back(v);
-    } catch (const std::exception&) {
-      throw ps::ConfigError("--hidden_units: '" + h + "' is not a positive integer (e.g. 256,128)");
-    }
-  }
+  shape.hidden = ps::parse_positive_ints("--hidden_units", c.hidden_units, "256,128");
   shape.classes = 1;
   shape.activation = ps::Activation::kRelu;
   shape.validate();
@@ -344,12 +335,6 @@ struct Evaluator {
   }
 };
 
-const char* mode_name(ps::SyncMode m) {
-  return m == ps::SyncMode::kSync               ? "sync"
-         : m == ps::SyncMode::kBoundedStaleness ? "bounded-staleness"
-                                                : "async";
-}
-
 int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const CtrFlags& c) {
   const bool chief = spec.is_chief();
   const int worker = spec.worker_index();
@@ -387,16 +372,9 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
   WideDeep model(shape, c.embedding_dim, std::max(f.batch_size, c.eval_batch));
   ps::Client client(f.client_options(spec));
   ps::TrainingSession session(client, {.job = job});
-  std::span<float> params = model.head().params(), grads = model.head().grads();
-  uint64_t seed = f.seed;
-  for (const ps::TensorSlot& t : model.head().layout().tensors()) {
-    ps::TensorSpec ts{.name = "ctr/" + t.name,
-                      .shape = std::vector<uint64_t>(t.shape.begin(), t.shape.end()),
-                      .optimizer = oc,
-                      .init = t.shape.size() == 2 ? ps::InitConfig::glorot_uniform(seed++)
-                                                  : ps::InitConfig::zeros()};
-    session.add_variable(ts, params.subspan(t.offset, t.count), grads.subspan(t.offset, t.count));
-  }
+  const uint64_t seed =
+      session.add_variables(model.head().layout().tensors(), model.head().params(),
+                            model.head().grads(), oc, f.seed, "ctr/");
   // The chief creates the tables before it marks the model ready; the others
   // learn them once it is.
   const std::vector<ps::TableSpec> tables = table_specs(c, seed);
@@ -405,9 +383,7 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
   if (!chief) client.declare_tables(tables);
   const ps::SyncMode mode = session.job().mode;
   if (session.job().train_steps > 0) steps = session.job().train_steps;
-  per_global =
-      static_cast<int64_t>(f.batch_size) *
-      (mode == ps::SyncMode::kSync ? std::max<int64_t>(1, session.job().replicas_to_aggregate) : 1);
+  per_global = session.examples_per_global_step(f.batch_size);
   const auto epoch_of = [&](int64_t global) {
     return static_cast<double>(global) * per_global / static_cast<double>(data.train_total);
   };
@@ -545,20 +521,15 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
     spdlog::warn("worker {}: end barrier: {} (going on)", worker, e.what());
   }
   if (chief) {
-    std::vector<std::string> names;
-    std::vector<std::span<float>> outs;
-    for (const ps::TensorSlot& t : model.head().layout().tensors()) {
-      names.push_back("ctr/" + t.name);
-      outs.push_back(params.subspan(t.offset, t.count));
-    }
-    ps::PullResult final_pull = client.pull(names, outs);
+    ps::PullResult final_pull = session.pull_latest();
     const int64_t global = std::max(final_pull.step, info.global_step);
     const Metrics m = ev.run(global, epoch_of(global));
     const double examples = static_cast<double>(global) * per_global;
     uint64_t deep_rows = 0, wide_rows = 0;
     for (const auto& t : client.list_tables())
       (t.name == kDeepTable ? deep_rows : wide_rows) += t.rows;
-    std::printf("\n== %s: held-out log-loss %.5f, AUC %.5f", mode_name(mode), m.log_loss, m.auc);
+    std::printf("\n== %s: held-out log-loss %.5f, AUC %.5f", ps::sync_mode_name(mode), m.log_loss,
+                m.auc);
     if (data.planted) {
       std::printf(" (planted model: log-loss %.5f, AUC %.5f)", data.planted->holdout_log_loss,
                   data.planted->holdout_auc);
@@ -574,7 +545,8 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
         "RESULT mode=%s holdout_log_loss=%.5f holdout_auc=%.5f planted_log_loss=%.5f "
         "planted_auc=%.5f "
         "seconds=%.3f examples_per_sec=%.0f\n",
-        mode_name(mode), m.log_loss, m.auc, data.planted ? data.planted->holdout_log_loss : -1.0,
+        ps::sync_mode_name(mode), m.log_loss, m.auc,
+        data.planted ? data.planted->holdout_log_loss : -1.0,
         data.planted ? data.planted->holdout_auc : -1.0, secs, examples / secs);
     std::fflush(stdout);
     if (summaries) summaries->flush();
@@ -638,21 +610,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   ps::PsTaskFlags psf;
   ps::add_ps_task_flags(app, psf);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
-
-  return ps::run_trainer_main("ctr_trainer", [&] {
-    ps::apply_log_level(psf);
-    f.validate();
-    const ps::ClusterSpec spec = f.cluster_spec();
-    if (spec.is_ps())
-      return ps::run_ps_task(spec.task_index(), spec.num_ps(), spec.self_address(), psf);
-    if (!spec.is_worker())
-      throw ps::ConfigError("task type '" + spec.job_name() +
-                            "' is not supported (ps, worker or chief)");
-    return run_worker(spec, f, c);
-  });
+  CLI11_PARSE(app, argc, argv);
+  return ps::run_trainer_roles(
+      "ctr_trainer", f,
+      {.prepare = [&] { ps::apply_log_level(psf); },
+       .ps =
+           [&](int task, int num_ps, const std::string& address) {
+             return ps::run_ps_task(task, num_ps, address, psf);
+           },
+       .worker = [&](const ps::ClusterSpec& spec) { return run_worker(spec, f, c); }});
 }

@@ -29,6 +29,7 @@
 #include "ps/mnist.h"
 #include "ps/summary_writer.h"
 #include "ps/trainer_flags.h"
+#include "ps/trainer_main.h"
 #include "ps/training_session.h"
 #include "server/ps_task.h"
 
@@ -56,18 +57,7 @@ double seconds(Clock::time_point a, Clock::time_point b) {
 ps::MlpShape make_shape(const MnistFlags& m, const ps::MnistData& data) {
   ps::MlpShape shape;
   shape.inputs = data.rows * data.cols;
-  shape.hidden.clear();
-  for (const auto& h : ps::split_list(m.hidden_units)) {
-    try {
-      std::size_t used = 0;
-      int v = std::stoi(h, &used);
-      if (used != h.size() || v < 1) throw std::invalid_argument(h);
-      shape.hidden.push_back(v);
-    } catch (const std::exception&) {
-      throw ps::ConfigError("--hidden_units: '" + h +
-                            "' is not a positive integer (e.g. 100 or 512,512)");
-    }
-  }
+  shape.hidden = ps::parse_positive_ints("--hidden_units", m.hidden_units, "100 or 512,512");
   shape.classes = ps::MnistData::kNumClasses;
   shape.activation = ps::parse_activation(m.activation);
   shape.validate();
@@ -289,16 +279,8 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
                               {.job = job, .restore_from = chief ? m.restore_from : std::string()});
   // Every variable pulls straight into the engine's flat parameter buffer and
   // pushes straight from its gradient buffer: no copies on the worker.
-  std::span<float> params = towers.host_params(), grads = towers.host_grads();
-  uint64_t seed = f.seed;
-  for (const ps::TensorSlot& t : towers.layout().tensors()) {
-    ps::TensorSpec ts{.name = t.name,
-                      .shape = std::vector<uint64_t>(t.shape.begin(), t.shape.end()),
-                      .optimizer = oc,
-                      .init = t.shape.size() == 2 ? ps::InitConfig::glorot_uniform(seed++)
-                                                  : ps::InitConfig::zeros()};
-    session.add_variable(ts, params.subspan(t.offset, t.count), grads.subspan(t.offset, t.count));
-  }
+  session.add_variables(towers.layout().tensors(), towers.host_params(), towers.host_grads(), oc,
+                        f.seed);
   session.initialize();
   // The chief's job decides: a worker started with other mode flags trains
   // in the job's mode, and counts its progress and epochs by it too.
@@ -316,10 +298,7 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
     if (chief) session.end();  // the ps tasks exit once every worker has disconnected
     return 0;
   }
-  per_global = static_cast<int64_t>(f.batch_size) *
-               (session.job().mode == ps::SyncMode::kSync
-                    ? std::max<int64_t>(1, session.job().replicas_to_aggregate)
-                    : 1);
+  per_global = session.examples_per_global_step(f.batch_size);
   if (chief) {
     std::printf(
         "worker %d (chief): %s, %s lr %g, batch %d, %s, %lld global steps (%.2f epochs of %lld "
@@ -421,21 +400,13 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
     spdlog::warn("worker {}: end barrier: {} (going on)", worker, e.what());
   }
   if (chief) {
-    std::vector<std::string> names;
-    std::vector<std::span<float>> outs;
-    for (const ps::TensorSlot& t : towers.layout().tensors()) {
-      names.push_back(t.name);
-      outs.push_back(params.subspan(t.offset, t.count));
-    }
-    ps::PullResult final_pull = client.pull(names, outs);
+    ps::PullResult final_pull = session.pull_latest();
     towers.upload_params();
     const int64_t global = std::max(final_pull.step, info.global_step);
     Evaluation e = ev.run(global, static_cast<double>(global) * per_global / data.train.size);
-    const char* mode = job.mode == ps::SyncMode::kSync               ? "sync"
-                       : job.mode == ps::SyncMode::kBoundedStaleness ? "bounded-staleness"
-                                                                     : "async";
     // The rate counts the steps trained here, not those a restored job brought.
-    print_result(mode, e, global, static_cast<double>(global) * per_global / data.train.size, secs,
+    print_result(ps::sync_mode_name(job.mode), e, global,
+                 static_cast<double>(global) * per_global / data.train.size, secs,
                  static_cast<double>(global - start_global) * per_global, ev);
     if (summaries) summaries->flush();
     session.end();  // the ps tasks exit once every worker has disconnected
@@ -482,23 +453,18 @@ int main(int argc, char** argv) {
                "train in this process alone: no cluster, no psd (for comparison)");
   ps::PsTaskFlags psf;
   ps::add_ps_task_flags(app, psf);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
-
-  return ps::run_trainer_main("mnist_trainer", [&] {
-    ps::apply_log_level(psf);
-    f.validate();
-    if (m.validation_size < 0) throw ps::ConfigError("--validation_size must be >= 0");
-    if (m.local) return run_local(f, m);
-    const ps::ClusterSpec spec = f.cluster_spec();
-    if (spec.is_ps())
-      return ps::run_ps_task(spec.task_index(), spec.num_ps(), spec.self_address(), psf);
-    if (!spec.is_worker())
-      throw ps::ConfigError("task type '" + spec.job_name() +
-                            "' is not supported (ps, worker or chief)");
-    return run_worker(spec, f, m);
-  });
+  CLI11_PARSE(app, argc, argv);
+  return ps::run_trainer_roles(
+      "mnist_trainer", f,
+      {.prepare = [&] { ps::apply_log_level(psf); },
+       .check =
+           [&] {
+             if (m.validation_size < 0) throw ps::ConfigError("--validation_size must be >= 0");
+           },
+       .local = m.local ? std::function<int()>([&] { return run_local(f, m); }) : nullptr,
+       .ps =
+           [&](int task, int num_ps, const std::string& address) {
+             return ps::run_ps_task(task, num_ps, address, psf);
+           },
+       .worker = [&](const ps::ClusterSpec& spec) { return run_worker(spec, f, m); }});
 }

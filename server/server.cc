@@ -48,9 +48,9 @@ struct Connection {
       : stream(kj::mv(s)),
         messages(*stream, budget),
         network(messages, capnp::rpc::twoparty::Side::SERVER, reader),
-        rpc(capnp::makeRpcServer(
-            network, kj::heap<ShardServiceImpl>(shard, std::move(peer), std::move(refusal),
-                                                stream.get(), peer_pid, std::move(rules)))),
+        rpc(capnp::makeRpcServer(network, kj::heap<ShardServiceImpl>(
+                                              shard, std::move(peer), std::move(refusal),
+                                              &messages.connection(), peer_pid, std::move(rules)))),
         replies(budget ? budget->reserve_anyway(MemoryUse::kReplies, 0)
                        : MemoryBudget::Reservation()) {}
   kj::Own<SocketStream> stream;

@@ -19,8 +19,8 @@ namespace {
 class ContextPullReply final : public WirePullReply {
  public:
   using Context = capnp::CallContext<wire::Shard::PullParams, wire::Shard::PullResults>;
-  ContextPullReply(Context context, uint64_t tag, SocketStream* stream)
-      : WirePullReply(tag, stream), context_(kj::mv(context)) {}
+  ContextPullReply(Context context, uint64_t tag, ConnectionControl* connection)
+      : WirePullReply(tag, connection), context_(kj::mv(context)) {}
 
  private:
   wire::Shard::PullResults::Builder results(capnp::MessageSize size) override {
@@ -32,16 +32,17 @@ class ContextPullReply final : public WirePullReply {
 }  // namespace
 
 ShardServiceImpl::ShardServiceImpl(Shard& shard, std::string peer, std::string refusal,
-                                   SocketStream* stream, pid_t peer_pid, ConnectionRules rules)
+                                   ConnectionControl* connection, pid_t peer_pid,
+                                   ConnectionRules rules)
     : shard_(shard),
       shard_alive_(shard.lifetime()),
-      stream_(stream),
+      connection_(connection),
       refusal_(std::move(refusal)),
       rules_(std::move(rules)) {
   caller_.peer = std::move(peer);
   caller_.peer_pid = peer_pid;
   if (refusal_.empty()) ++shard_.counters().connections;
-  if (stream != nullptr && refusal_.empty() && rules_.hello_deadline > 0 * kj::SECONDS) {
+  if (connection != nullptr && refusal_.empty() && rules_.hello_deadline > 0 * kj::SECONDS) {
     hello_deadline_ =
         shard_.job()
             .timer()
@@ -54,7 +55,7 @@ ShardServiceImpl::ShardServiceImpl(Shard& shard, std::string peer, std::string r
                     "closing the connection from {}: no hello within {:g} s{}", caller_.peer,
                     static_cast<double>(rules_.hello_deadline / kj::MILLISECONDS) / 1000, note);
               }
-              stream_->abort();
+              connection_->abort();
             })
             .eagerlyEvaluate(nullptr);
   }
@@ -73,12 +74,12 @@ void ShardServiceImpl::note_refused(const char* what, const char* message) {
   if (may_log("refused", &note))
     spdlog::info("refused {} from {}: {}{}", what, caller_.peer, message, note);
   if (rules_.max_refused_in_a_row > 0 && ++refused_in_a_row_ == rules_.max_refused_in_a_row &&
-      stream_ != nullptr) {
+      connection_ != nullptr) {
     if (may_log("cut off", &note)) {
       spdlog::warn("closing the connection from {}: {} calls refused in a row{}", caller_.peer,
                    refused_in_a_row_, note);
     }
-    stream_->abort();
+    connection_->abort();
   }
 }
 
@@ -158,11 +159,11 @@ kj::Promise<void> ShardServiceImpl::hello(HelloContext context) {
       } catch (const RequestError&) {
         // No place for it: closed once the refusal has gone out, so that it
         // does not keep a place until the hello deadline.
-        if (stream_ != nullptr) {
+        if (connection_ != nullptr) {
           hello_deadline_ = shard_.job()
                                 .timer()
                                 .afterDelay(200 * kj::MILLISECONDS)
-                                .then([this] { stream_->abort(); })
+                                .then([this] { connection_->abort(); })
                                 .eagerlyEvaluate(nullptr);
         }
         throw;
@@ -226,7 +227,7 @@ kj::Promise<void> ShardServiceImpl::pull(PullContext context) {
   context.allowCancellation();
   return guarded(RequestKind::kPull, [&] {
     auto params = context.getParams();
-    auto reply = kj::heap<ContextPullReply>(context, params.getTag(), stream_);
+    auto reply = kj::heap<ContextPullReply>(context, params.getTag(), connection_);
     return shard_.pull(caller_, pull_from_wire(params), *reply).attach(kj::mv(reply));
   });
 }

@@ -5,7 +5,7 @@
 #include <functional>
 #include <string>
 
-#include "common/net/socket_stream.h"
+#include "common/net/connection_control.h"
 #include "schema/ps.capnp.h"
 #include "server/log_limiter.h"
 #include "server/shard.h"
@@ -32,11 +32,13 @@ class ShardServiceImpl final : public wire::Shard::Server {
  public:
   // A non-empty `refusal` answers every call with that message (a
   // connection past --max_connections).
-  // `stream`: the connection's, when it is a SocketStream: pull replies then
-  // send large tensors straight from their memory, held until written.
+  // `connection`: the socket's, when there is one: pull replies then send
+  // large tensors straight from their memory, held until written
+  // (ConnectionControl::hold_until_sent).
   // `peer_pid`: the peer process on psd's Unix socket (0: a TCP peer), for attachMemory.
   ShardServiceImpl(Shard& shard, std::string peer, std::string refusal = "",
-                   SocketStream* stream = nullptr, pid_t peer_pid = 0, ConnectionRules rules = {});
+                   ConnectionControl* connection = nullptr, pid_t peer_pid = 0,
+                   ConnectionRules rules = {});
   ~ShardServiceImpl();
 
   kj::Promise<void> hello(HelloContext context) override;
@@ -77,7 +79,7 @@ class ShardServiceImpl final : public wire::Shard::Server {
 
   Shard& shard_;
   std::weak_ptr<void> shard_alive_;  // Shard::lifetime()
-  SocketStream* stream_;             // null: replies are always copied
+  ConnectionControl* connection_;    // null: replies are always copied
   Caller caller_;
   bool said_hello_ = false;
   kj::Promise<void> hello_deadline_ = nullptr;

@@ -44,7 +44,7 @@ SharedSliceRef slice_from_wire(wire::SharedSlice::Reader s) {
 }
 
 // Tensors from this size up are sent from their own memory (a copy-on-write
-// snapshot held by the stream until written) rather than copied into the
+// snapshot held by the connection until written) rather than copied into the
 // reply: no memset and memcpy on the event loop before the send. Each is a
 // message segment of its own; readers refuse messages of 512 segments or
 // more, hence the cap per reply.
@@ -219,7 +219,7 @@ void WirePullReply::start(std::span<const Tensor> tensors) {
       in_place_before_ = i;  // the first tensor past the cap, and every later one, is copied
     }
   }
-  if (stream_ == nullptr) in_place_before_ = 0;
+  if (connection_ == nullptr) in_place_before_ = 0;
   results_ = results(capnp::MessageSize{words, 0});
   results_.setTag(tag_);
   entries_ = results_.initTensors(static_cast<unsigned>(tensors.size()));
@@ -246,7 +246,7 @@ void WirePullReply::value(std::size_t i, uint64_t version,
 void WirePullReply::done() {
   for (auto& values : held_) {
     const float* data = values->data();  // before the move: argument order is unspecified
-    stream_->hold_until_sent(data, std::move(values));
+    connection_->hold_until_sent(data, std::move(values));
   }
   held_.clear();
 }

@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "common/net/socket_stream.h"
+#include "common/net/connection_control.h"
 #include "schema/ps.capnp.h"
 #include "server/shard_requests.h"
 #include "server/tensor_store.h"
@@ -35,13 +35,13 @@ PullRequest pull_from_wire(wire::Shard::PullParams::Reader params);
 // A pull's reply message. Its first segment is sized at start() to hold
 // everything but the tensors sent in place, so all of it lands ahead of
 // those tensors' own segments (a client then knows where each tensor goes
-// before its bytes arrive). With a stream, tensors of kPullSegmentBytes
-// and more are sent from their snapshot's memory, which the stream holds
+// before its bytes arrive). With a connection, tensors of kPullSegmentBytes
+// and more are sent from their snapshot's memory, which the connection holds
 // until written; they go to it only at done(), so a reply that fails is
 // never written and holds nothing. Without one, values are copied.
 class WirePullReply : public PullReply {
  public:
-  WirePullReply(uint64_t tag, SocketStream* stream) : tag_(tag), stream_(stream) {}
+  WirePullReply(uint64_t tag, ConnectionControl* connection) : tag_(tag), connection_(connection) {}
 
   void start(std::span<const Tensor> tensors) override;
   void step(int64_t global_step) override { results_.setStep(global_step); }
@@ -59,11 +59,11 @@ class WirePullReply : public PullReply {
 
  private:
   uint64_t tag_;
-  SocketStream* stream_;
+  ConnectionControl* connection_;
   wire::Shard::PullResults::Builder results_ = nullptr;
   capnp::List<wire::TensorData>::Builder entries_ = nullptr;
   std::size_t in_place_before_ =
-      SIZE_MAX;  // tensors from this index on are copied (no stream, or the cap)
+      SIZE_MAX;  // tensors from this index on are copied (no connection, or the cap)
   std::vector<std::shared_ptr<const std::vector<float>>> held_;
 };
 

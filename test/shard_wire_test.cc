@@ -13,35 +13,22 @@
 
 namespace {
 
-// A SocketStream that only records what it is asked to hold.
-class HoldingStream final : public ps::SocketStream {
+// A connection that only records what it is asked to hold: the pull reply
+// needs nothing more of the socket (common/net/connection_control.h).
+class HoldingConnection final : public ps::ConnectionControl {
  public:
   std::vector<std::pair<const void*, std::shared_ptr<const void>>> held;
 
   void hold_until_sent(const void* data, std::shared_ptr<const void> hold) override {
     held.emplace_back(data, std::move(hold));
   }
-  kj::Promise<void> read_exact(size_t, kj::Function<kj::byte*(size_t)>) override {
-    KJ_UNIMPLEMENTED("test");
-  }
-  void limit_read_ahead(size_t) override {}
-  void land_next_read(size_t, kj::ArrayPtr<kj::byte>) override {}
-  void release(kj::ArrayPtr<const kj::byte>) override {}
-  uint64_t read_calls() const override { return 0; }
   void abort() override {}
-  void detect_dead_peer(std::chrono::milliseconds) override {}
-  kj::Promise<size_t> tryRead(void*, size_t, size_t) override { KJ_UNIMPLEMENTED("test"); }
-  kj::Promise<void> write(const void*, size_t) override { KJ_UNIMPLEMENTED("test"); }
-  kj::Promise<void> write(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>>) override {
-    KJ_UNIMPLEMENTED("test");
-  }
-  kj::Promise<void> whenWriteDisconnected() override { return kj::NEVER_DONE; }
-  void shutdownWrite() override {}
 };
 
 class MessagePullReply final : public ps::WirePullReply {
  public:
-  MessagePullReply(uint64_t tag, ps::SocketStream* stream) : WirePullReply(tag, stream) {}
+  MessagePullReply(uint64_t tag, ps::ConnectionControl* connection)
+      : WirePullReply(tag, connection) {}
   ~MessagePullReply() noexcept override = default;  // MallocMessageBuilder's is noexcept(false)
   capnp::MallocMessageBuilder message;
   capnp::MessageSize asked{0, 0};
@@ -62,8 +49,8 @@ std::shared_ptr<const std::vector<float>> values_of(std::size_t n, float first) 
 }  // namespace
 
 TEST_CASE("a pull reply sends at most 64 large tensors from their snapshots and copies the rest") {
-  HoldingStream stream;
-  MessagePullReply reply(77, &stream);
+  HoldingConnection connection;
+  MessagePullReply reply(77, &connection);
   // 70 tensors of 64 KiB, one of 4 KiB, one of 64 KiB + 4 bytes (not whole words), one in shared
   // memory.
   std::vector<std::string> names;
@@ -94,9 +81,9 @@ TEST_CASE("a pull reply sends at most 64 large tensors from their snapshots and 
     snapshots.push_back(v);
     reply.value(i, 100 + i, v);
   }
-  CHECK(stream.held.empty());  // nothing pinned before the reply is complete
+  CHECK(connection.held.empty());  // nothing pinned before the reply is complete
   reply.done();
-  CHECK(stream.held.size() == 64);
+  CHECK(connection.held.size() == 64);
 
   auto r = reply.message.getRoot<ps::wire::Shard::PullResults>().asReader();
   CHECK(r.getTag() == 77);
@@ -118,12 +105,12 @@ TEST_CASE("a pull reply sends at most 64 large tensors from their snapshots and 
     CHECK(data.back() == static_cast<float>(i + data.size() - 1));
     // The first 64 large ones point at their snapshots; the rest are copies.
     bool pinned = false;
-    for (auto& [p, hold] : stream.held) pinned = pinned || p == data.data();
+    for (auto& [p, hold] : connection.held) pinned = pinned || p == data.data();
     CHECK(pinned == (i < 64));
   }
 }
 
-TEST_CASE("without a stream every value is copied") {
+TEST_CASE("without a connection every value is copied") {
   MessagePullReply reply(0, nullptr);
   const std::string name = "w";
   std::vector<ps::PullReply::Tensor> layout{{name, 64 << 10, false}};

@@ -234,6 +234,22 @@ void TrainerFlags::validate() const {
   (void)optimizer_config();  // throws on an unknown name
 }
 
+std::vector<int> parse_positive_ints(const std::string& flag, const std::string& list,
+                                     const std::string& example) {
+  std::vector<int> out;
+  for (const auto& part : split_list(list)) {
+    try {
+      std::size_t used = 0;
+      const int v = std::stoi(part, &used);
+      if (used != part.size() || v < 1) throw std::invalid_argument(part);
+      out.push_back(v);
+    } catch (const std::exception&) {
+      throw ConfigError(flag + ": '" + part + "' is not a positive integer (e.g. " + example + ")");
+    }
+  }
+  return out;
+}
+
 int run_trainer_main(const char* program, const std::function<int()>& body) {
   try {
     return body();

@@ -272,4 +272,12 @@ void TrainingSession::end() {
   if (is_chief()) client_.finish();
 }
 
+PullResult TrainingSession::pull_latest() { return client_.pull(names_, values_); }
+
+int64_t TrainingSession::examples_per_global_step(int batch_size) const {
+  const JobConfig& j = options_.job;
+  return static_cast<int64_t>(batch_size) *
+         (j.mode == SyncMode::kSync ? std::max<int64_t>(1, j.replicas_to_aggregate) : 1);
+}
+
 }  // namespace ps

@@ -60,6 +60,9 @@ class BufferedMessageStream final : public capnp::MessageStream {
   explicit BufferedMessageStream(SocketStream& stream, MemoryBudget* budget = nullptr);
   ~BufferedMessageStream();
 
+  // What the RPC face above may ask of the socket (connection_control.h).
+  ConnectionControl& connection() { return stream_; }
+
   // Buffers allocated so far (for tests: a full one still in use was
   // replaced, and no spare was free).
   uint64_t buffers_taken() const { return buffers_taken_; }

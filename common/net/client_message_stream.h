@@ -91,6 +91,9 @@ class ClientMessageStream final : public capnp::MessageStream {
   // benchmarks: says the direct path was taken).
   uint64_t landed_messages() const { return landed_messages_; }
 
+  // What the call layer above may ask of the socket (connection_control.h).
+  ConnectionControl& connection() { return stream_; }
+
   // capnp::MessageStream
   kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> tryReadMessage(
       kj::ArrayPtr<kj::AutoCloseFd> fdSpace, capnp::ReaderOptions options,

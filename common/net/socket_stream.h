@@ -24,19 +24,15 @@
 #include <kj/async-io.h>
 #include <kj/async-unix.h>
 
+#include "common/net/connection_control.h"
+
 namespace ps {
 
-class SocketStream : public kj::AsyncIoStream {
+// The socket as its message stream sees it. What the layers above the
+// message stream may ask of it (hold_until_sent, abort) is the
+// ConnectionControl part (common/net/connection_control.h).
+class SocketStream : public kj::AsyncIoStream, public ConnectionControl {
  public:
-  // Keeps `hold` alive until a write that sends a piece starting at `data`
-  // has completed (or the stream is destroyed). For Cap'n Proto messages
-  // that reference memory outside themselves (Orphanage::
-  // referenceExternalData, which capnp writes as a piece of its own): psd
-  // sends a tensor's values without copying them into the reply, holding
-  // them (a copy-on-write view) until they are on the wire. Holds on the
-  // same address are interchangeable: each such write releases one.
-  virtual void hold_until_sent(const void* data, std::shared_ptr<const void> hold) = 0;
-
   // Reads exactly `bytes` (fails on end of stream first), each piece to
   // where(offset), which is asked again before every system call: the
   // memory can be changed between them (a caller that gave up on a reply
@@ -72,15 +68,6 @@ class SocketStream : public kj::AsyncIoStream {
   // read()/readv() calls made so far (for tests and benchmarks).
   virtual uint64_t read_calls() const = 0;
 
-  // Cuts the connection: a write under way or to come fails (DISCONNECTED)
-  // without reading another byte of its pieces, and reads see the end of
-  // the stream. For a caller that gives up on a request going out from
-  // memory that is not the stream's (libpsclient sends a push's gradient
-  // from the caller's buffer): once it has its error, the caller may reuse
-  // or free that memory, and the rest of the message must not be sent from
-  // it. The peer sees a truncated message and drops it.
-  virtual void abort() = 0;
-
   // A TCP peer whose host vanishes (powered off, cut off by the network)
   // sends no FIN or RST: without this the connection looks open for hours
   // (Linux's keepalive starts after two idle hours, if asked for), and psd
@@ -90,12 +77,6 @@ class SocketStream : public kj::AsyncIoStream {
   // (keepalive and TCP_USER_TIMEOUT). No effect on Unix sockets, nor
   // with `after` = 0.
   virtual void detect_dead_peer(std::chrono::milliseconds after) = 0;
-
-  // For a holder that may outlive the stream: empty once it is destroyed.
-  std::weak_ptr<SocketStream*> handle() const { return self_; }
-
- private:
-  std::shared_ptr<SocketStream*> self_ = std::make_shared<SocketStream*>(this);
 };
 
 class BusyPoll;

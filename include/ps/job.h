@@ -37,4 +37,8 @@ struct JobConfig {
 
 std::string to_string(const JobConfig& c);
 
+// The mode in one word, as trainers' RESULT lines print it: "async", "sync"
+// or "bounded-staleness".
+const char* sync_mode_name(SyncMode mode);
+
 }  // namespace ps

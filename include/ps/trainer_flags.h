@@ -114,6 +114,13 @@ void add_trainer_flags(CLI::App& app, TrainerFlags& flags);
 // Splits "a,b,c" (empty parts dropped).
 std::vector<std::string> split_list(const std::string& s, char sep = ',');
 
+// A list of positive integers such as layer sizes ("100", "512,512"), given
+// as `flag`. Throws ConfigError naming the flag, the bad part and `example`:
+//   parse_positive_ints("--hidden_units", "512,x", "256,128")
+//     -> "--hidden_units: 'x' is not a positive integer (e.g. 256,128)"
+std::vector<int> parse_positive_ints(const std::string& flag, const std::string& list,
+                                     const std::string& example);
+
 // Runs a trainer's body and turns what it throws into one line on stderr
 // ("<program>: error: ...") and an exit code: 2 for a bad configuration
 // (ConfigError), 3 for an unreachable ps (ConnectionError), 1 otherwise.

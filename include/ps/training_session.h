@@ -51,8 +51,8 @@ struct StepOutcome {
   int64_t step = 0;         // the global step the variables were pulled at
   int64_t global_step = 0;  // the job's global step after this push (sync: the step it went into,
                             // counted reached by every worker alike: it closes without them now)
-  bool stale = false;  // the gradients were dropped (too late for their step)
-  bool stop = false;   // the job reached train_steps
+  bool stale = false;       // the gradients were dropped (too late for their step)
+  bool stop = false;        // the job reached train_steps
 };
 
 class TrainingSession {
@@ -70,6 +70,28 @@ class TrainingSession {
   // what the chief created (names, shapes, shards), or throw ConfigError.
   void initialize();
 
+  // Registers each tensor of one flat parameter buffer as a variable:
+  // `tensors` is a range of {name, shape, offset, count} (ps/mlp.h's
+  // ParamLayout::tensors()); each gets its slice of `params` and `grads`,
+  // the name `prefix` + its own, `optimizer`, and Glorot-uniform values
+  // (matrices, seeded `seed`, `seed` + 1, ... in order) or zeros (the rest).
+  // Returns the next seed not used.
+  //   seed = session.add_variables(mlp.layout().tensors(), mlp.params(), mlp.grads(), adam, seed);
+  template <typename Tensors>
+  uint64_t add_variables(const Tensors& tensors, std::span<float> params, std::span<float> grads,
+                         const OptimizerConfig& optimizer, uint64_t seed,
+                         const std::string& prefix = "") {
+    for (const auto& t : tensors) {
+      add_variable(
+          {.name = prefix + t.name,
+           .shape = std::vector<uint64_t>(t.shape.begin(), t.shape.end()),
+           .optimizer = optimizer,
+           .init = t.shape.size() == 2 ? InitConfig::glorot_uniform(seed++) : InitConfig::zeros()},
+          params.subspan(t.offset, t.count), grads.subspan(t.offset, t.count));
+    }
+    return seed;
+  }
+
   // Reads the variables for the next step, waiting as the mode requires
   // (sync: the next global step; bounded staleness: until this worker is
   // within max_staleness of the slowest). Returns the global step read.
@@ -78,6 +100,15 @@ class TrainingSession {
   StepOutcome push();
   // pull(), compute(), push().
   StepOutcome run_step(const std::function<void()>& compute);
+
+  // Reads every variable into its buffer as psd holds it now, waiting for
+  // no step (the chief's final evaluation, after the last step).
+  PullResult pull_latest();
+
+  // Examples one global step consumes with `batch_size` per worker step, as
+  // the job the chief configured counts them (sync: replicas_to_aggregate
+  // batches; otherwise one).
+  int64_t examples_per_global_step(int batch_size) const;
 
   bool should_stop() const { return stop_; }
   int64_t global_step() const { return global_step_; }

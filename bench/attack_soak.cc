@@ -353,9 +353,8 @@ void slow_http(int http_port, const std::atomic<bool>& stop, AttackCounts& n) {
   while (!stop) {
     for (auto it = conns.begin(); it != conns.end();) {
       const char c = it->at < request.size() ? request[it->at] : 'x';
-      const bool gone = closed_by_peer(it->fd) ||
-                        (::send(it->fd, &c, 1, MSG_NOSIGNAL) < 0 && errno != EAGAIN &&
-                         errno != ENOTCONN);
+      const bool gone = closed_by_peer(it->fd) || (::send(it->fd, &c, 1, MSG_NOSIGNAL) < 0 &&
+                                                   errno != EAGAIN && errno != ENOTCONN);
       if (gone) {
         ++n.closed_by_psd;
         ::close(it->fd);
@@ -498,8 +497,8 @@ int main(int argc, char** argv) {
     }
   });
 
-  const uint64_t floats = std::max<uint64_t>(
-      1, static_cast<uint64_t>(model_mb * (1 << 20) / 4 / sizeof(float)));
+  const uint64_t floats =
+      std::max<uint64_t>(1, static_cast<uint64_t>(model_mb * (1 << 20) / 4 / sizeof(float)));
   PhaseFigures figures[2];
   WorkerResult results[3];
   std::atomic<int> ready{0};
@@ -519,7 +518,8 @@ int main(int argc, char** argv) {
   std::atomic<bool> stop_attack{false};
   AttackCounts counts[5];
   std::vector<std::thread> attackers;
-  attackers.emplace_back(flood_refused_calls, psd.port, std::cref(stop_attack), std::ref(counts[0]));
+  attackers.emplace_back(flood_refused_calls, psd.port, std::cref(stop_attack),
+                         std::ref(counts[0]));
   attackers.emplace_back(idle_without_hello, psd.port, std::cref(stop_attack), std::ref(counts[1]));
   attackers.emplace_back(unread_replies, psd.port, std::cref(stop_attack), std::ref(counts[2]));
   attackers.emplace_back(large_before_hello, psd.port, std::cref(stop_attack), std::ref(counts[3]));
@@ -573,14 +573,16 @@ int main(int argc, char** argv) {
   const double attack_rate = static_cast<double>(figures[1].pushes) / attack_s;
   const double slowest_calm = percentile(figures[0].call_ms, 1.0);
   const double slowest_attack = percentile(figures[1].call_ms, 1.0);
-  std::printf("pushes (all 3 workers): calm %.1f/s, under attack %.1f/s (%.0f%%); values exact: %s\n",
-              calm_rate, attack_rate, calm_rate > 0 ? 100 * attack_rate / calm_rate : 0.0,
-              ok ? "yes" : "no");
-  std::printf("worker calls: calm p50 %.1f ms p99 %.1f ms slowest %.1f ms; "
-              "under attack p50 %.1f ms p99 %.1f ms slowest %.1f ms (bound %.0f ms)\n",
-              percentile(figures[0].call_ms, 0.5), percentile(figures[0].call_ms, 0.99),
-              slowest_calm, percentile(figures[1].call_ms, 0.5),
-              percentile(figures[1].call_ms, 0.99), slowest_attack, slowest_ms);
+  std::printf(
+      "pushes (all 3 workers): calm %.1f/s, under attack %.1f/s (%.0f%%); values exact: %s\n",
+      calm_rate, attack_rate, calm_rate > 0 ? 100 * attack_rate / calm_rate : 0.0,
+      ok ? "yes" : "no");
+  std::printf(
+      "worker calls: calm p50 %.1f ms p99 %.1f ms slowest %.1f ms; "
+      "under attack p50 %.1f ms p99 %.1f ms slowest %.1f ms (bound %.0f ms)\n",
+      percentile(figures[0].call_ms, 0.5), percentile(figures[0].call_ms, 0.99), slowest_calm,
+      percentile(figures[1].call_ms, 0.5), percentile(figures[1].call_ms, 0.99), slowest_attack,
+      slowest_ms);
   std::printf("psd VmRSS peak: calm %.1f MiB, under attack %.1f MiB (budget %d MiB)\n",
               static_cast<double>(peak_kib[0]) / 1024, static_cast<double>(peak_kib[1]) / 1024,
               max_memory_mb);

@@ -26,7 +26,8 @@
 //             it as psd takes (127.0.0.5);
 //   slow_http 64 connections to the HTTP port, one byte of a request every
 //             200 ms (127.0.0.6).
-// Stops only the psd it started (by PID).
+// Stops only the psd it started (by PID). One file: the attackers, the
+// workers and the checks are one program and share its few helpers.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>

@@ -156,10 +156,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case 2:
       case 3: {
-        ps::PushReply reply;
-        pending = shard.push(
-            caller, ps::push_from_wire(reader.getRoot<ps::wire::Shard::PushParams>()), reply);
-        ps::push_to_wire(reply, results.initRoot<ps::wire::Shard::PushResults>());
+        auto reply = kj::heap<ps::PushReply>();
+        ps::PushReply& r = *reply;
+        pending =
+            shard.push(caller, ps::push_from_wire(reader.getRoot<ps::wire::Shard::PushParams>()), r)
+                .then([&results, &r] {
+                  ps::push_to_wire(r, results.initRoot<ps::wire::Shard::PushResults>());
+                })
+                .attach(kj::mv(reply));
         break;
       }
       case 4:

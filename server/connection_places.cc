@@ -19,16 +19,26 @@ std::optional<std::string> ConnectionPlaces::refuse_connection(const std::string
     return "psd is serving its maximum of " + std::to_string(max_connections_) +
            " connections (--max_connections); try again later";
   }
-  if (!local && per_peer_ > 0) {
-    auto it = not_members_.find(host);
-    if (it != not_members_.end() && it->second >= per_peer_) {
-      return "psd is serving the maximum of " + std::to_string(per_peer_) + " connections from " +
-             host +
-             " that are not a worker's or the chief's (--max_connections_per_peer); try again "
-             "later";
-    }
+  if (at_peer_cap(host, local)) {
+    return "psd is serving the maximum of " + std::to_string(per_peer_) + " connections from " +
+           host +
+           " that are not a worker's or the chief's (--max_connections_per_peer); try again "
+           "later";
   }
   return std::nullopt;
+}
+
+bool ConnectionPlaces::at_peer_cap(const std::string& host, bool local) const {
+  if (local || per_peer_ == 0) return false;
+  auto it = not_members_.find(host);
+  return it != not_members_.end() && it->second >= per_peer_;
+}
+
+bool ConnectionPlaces::make_room_before_hello(const std::string& host, bool local,
+                                              uint32_t declared_workers) const {
+  const uint32_t kept = reserved(declared_workers);
+  return kept > 0 && before_hello_ > 0 && !at_peer_cap(host, local) &&
+         before_hello_ + anonymous_helloed_ >= max_connections_ - kept;
 }
 
 std::optional<std::string> ConnectionPlaces::refuse_anonymous_hello(
@@ -45,10 +55,12 @@ std::optional<std::string> ConnectionPlaces::refuse_anonymous_hello(
 
 void ConnectionPlaces::opened(const std::string& host, bool local) {
   ++open_;
+  ++before_hello_;
   if (!local) ++not_members_[host];
 }
 
 void ConnectionPlaces::said_hello(const std::string& host, bool local, Standing now) {
+  --before_hello_;
   if (now == Standing::kAnonymous) {
     ++anonymous_helloed_;
   } else if (now == Standing::kMember && !local) {
@@ -60,6 +72,7 @@ void ConnectionPlaces::said_hello(const std::string& host, bool local, Standing 
 void ConnectionPlaces::closed(const std::string& host, bool local, Standing standing) {
   --open_;
   if (standing == Standing::kAnonymous) --anonymous_helloed_;
+  if (standing == Standing::kBeforeHello) --before_hello_;
   if (standing != Standing::kMember && !local) {
     auto it = not_members_.find(host);
     if (it != not_members_.end() && --it->second == 0) not_members_.erase(it);

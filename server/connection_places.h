@@ -5,6 +5,9 @@
 //    --max_connections minus the reserved places, where reserved is a quarter
 //    of --max_connections or, once initJob declared the job's workers
 //    (totalReplicas), two per worker and two for the chief, whichever is more;
+//    connections before hello share the places not kept with anonymous
+//    ones: once those are full, a new connection has the place of the oldest
+//    connection that has not said hello;
 //  - one peer address may hold at most --max_connections_per_peer
 //    connections that are not (yet) a worker's or the chief's: connections
 //    before hello and anonymous ones. A worker's connection stops counting
@@ -36,6 +39,14 @@ class ConnectionPlaces {
   // Why a new connection from `host` may not be served (nullopt: it may).
   // `local`: a Unix-socket peer (no cap per address).
   std::optional<std::string> refuse_connection(const std::string& host, bool local) const;
+  // Whether a new connection from `host` should have the place of the
+  // oldest connection that has not said hello: connections before hello and
+  // anonymous ones fill every place not kept for the job, so a newcomer (a
+  // worker, maybe) would otherwise take a kept place or find none. Peers
+  // that never say hello (no token, say) then cannot keep the workers out.
+  // False where no place is kept (fewer than 4 places) or the newcomer's
+  // address is at its cap anyway.
+  bool make_room_before_hello(const std::string& host, bool local, uint32_t declared_workers) const;
   // Why a hello as neither a worker nor the chief may not be served, given
   // the job's declared workers (0: not known yet).
   std::optional<std::string> refuse_anonymous_hello(uint32_t declared_workers) const;
@@ -48,6 +59,7 @@ class ConnectionPlaces {
   void closed(const std::string& host, bool local, Standing standing);
 
   uint32_t open() const { return open_; }
+  uint32_t before_hello() const { return before_hello_; }
   uint32_t anonymous_helloed() const { return anonymous_helloed_; }
   uint32_t reserved(uint32_t declared_workers) const;
 
@@ -56,6 +68,8 @@ class ConnectionPlaces {
   const uint32_t per_peer_;
   uint32_t open_ = 0;
   uint32_t anonymous_helloed_ = 0;
+  uint32_t before_hello_ = 0;
+  bool at_peer_cap(const std::string& host, bool local) const;
   std::unordered_map<std::string, uint32_t> not_members_;  // per host: before hello, or anonymous
 };
 

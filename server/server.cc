@@ -62,6 +62,8 @@ struct Connection {
   std::string host;    // the peer's address, for the per-address cap
   bool local = false;  // a Unix-socket peer
   ConnectionPlaces::Standing standing = ConnectionPlaces::Standing::kBeforeHello;
+  // Closed to make room before its hello: its place is already given back.
+  bool closed_for_room = false;
 
   // Each queued reply holds a message builder whose first segment is capnp's
   // suggested size (8 KiB) however little it carries.
@@ -169,6 +171,8 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
               std::string peer = peer_name(*stream, kind);
               const bool local = kind == "unix";
               std::string host(LogLimiter::host_of(peer));
+              if (places.make_room_before_hello(host, local, declared_workers()))
+                close_oldest_before_hello();
               std::optional<std::string> why = places.refuse_connection(host, local);
               if (why) {
                 uint64_t suppressed = 0;
@@ -211,7 +215,12 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
     ConnectionRules rules;
     rules.hello_deadline = options.hello_deadline_ms * kj::MILLISECONDS;
     rules.log = &log_limiter;
-    rules.admit_hello = [this](const Caller& caller) {
+    rules.admit_hello = [this, self](const Caller& caller) {
+      if ((*self)->closed_for_room) {
+        throw RequestError(
+            "hello: this connection was closed to make room for others (say hello as soon as "
+            "connected)");
+      }
       if (caller.worker_index >= 0 || caller.is_chief) return;
       const JobState& job = shard.job();
       if (auto no =
@@ -316,8 +325,31 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
   }
 
   void drop(std::list<Connection>::iterator it) {
-    places.closed(it->host, it->local, it->standing);
+    if (!it->closed_for_room) places.closed(it->host, it->local, it->standing);
     connections.erase(it);
+  }
+
+  uint32_t declared_workers() {
+    return shard.job().configured() ? shard.job().config().total_replicas : 0;
+  }
+
+  // Ends the longest-open connection that has not said hello, and gives its
+  // place back now (ConnectionPlaces::make_room_before_hello).
+  void close_oldest_before_hello() {
+    for (Connection& c : connections) {  // in the order they were accepted
+      if (c.standing != ConnectionPlaces::Standing::kBeforeHello || c.closed_for_room) continue;
+      uint64_t suppressed = 0;
+      if (log_limiter.allow(c.host, "closed for room", &suppressed)) {
+        spdlog::info(
+            "closing a connection from {} that has not said hello: the places not kept for the "
+            "job's workers are full, and a new connection needs one{}",
+            c.host, LogLimiter::note(suppressed));
+      }
+      places.closed(c.host, c.local, c.standing);
+      c.closed_for_room = true;
+      c.stream->abort();
+      return;
+    }
   }
 
   // Every second: counts the queued replies of connections that are not

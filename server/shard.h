@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -158,8 +159,10 @@ class Shard {
   // `reply` (which must outlive the promise); the promise settles once all
   // are in.
   kj::Promise<void> pull(const Caller& caller, const PullRequest& request, PullReply& reply);
-  // push: `reply` is complete when push returns; the promise settles when
-  // the updates are applied (the gradients' memory must stay valid until then).
+  // push: `reply` is complete once the promise settles, which is when the
+  // updates are applied (the gradients' memory must stay valid until then;
+  // `request` itself only during the call). An async push is all or nothing:
+  // if any tensor's update would leave a value NaN or Inf, none is applied.
   kj::Promise<void> push(const Caller& caller, const PushRequest& request, PushReply& reply);
   std::vector<StoredTensor*> list() const { return store_.all(); }  // in name order
   // The job's configuration, from the chief (initJob): idempotent for the
@@ -290,7 +293,22 @@ class Shard {
     std::shared_ptr<std::vector<std::unique_ptr<float[]>>> copied;
     uint64_t bytes = 0;
     uint64_t shared_bytes = 0;
+    // Per gradient, the version its update was found finite at (checked
+    // before anything of the push was applied); empty: checked as applied.
+    std::vector<std::optional<uint64_t>> checked_versions;
   };
+  // Record, route and record the answer of a checked push.
+  kj::Promise<void> commit_push(const Caller& caller, const PushRequest& request, PushReply& reply,
+                                PushWork work);
+  // An async push with a tensor updated on the compute pool, when another
+  // tensor of it (or an earlier such push of that tensor, still being
+  // checked) could be refused after it: every update is checked first, on
+  // the tensors' strands, and then all are applied, or none. Later pushes of
+  // the same pool tensors wait until this one's updates are queued, so what
+  // is applied is what was checked.
+  kj::Promise<void> push_checked_whole(const Caller& caller, const PushRequest& request,
+                                       PushReply& reply, PushWork work);
+  bool needs_whole_check(const PushWork& work) const;
   // Check: the steps and the caller; throws RequestError.
   void check_push_caller(const Caller& caller, const PushRequest& request);
   // A retry of a push already applied (its reply was lost): answers it
@@ -312,9 +330,9 @@ class Shard {
   const std::byte* shared_slice(const Caller& caller, const SharedSliceRef& slice,
                                 const char* what) const;
   // An async push whose update of a tensor applied on the event loop would
-  // leave a value NaN or Inf is refused before any of it is applied (the
-  // check of larger tensors runs on their strand, as they are applied:
-  // StoredTensor::apply). Throws RequestError (shard_checks.cc).
+  // leave a value NaN or Inf is refused before any of it is applied (larger
+  // tensors are checked on their strands: push_checked_whole). Throws
+  // RequestError (shard_checks.cc).
   void refuse_nonfinite_updates(
       const std::vector<std::pair<StoredTensor*, std::span<const float>>>& work) const;
   // Tensors up to ShardOptions::inline_bytes are worked on in the event
@@ -322,7 +340,8 @@ class Shard {
   bool runs_inline(const StoredTensor* t) const;
   kj::Promise<void> run_on(StoredTensor* t, std::function<void()> fn);
   // t->apply(g, scale), timed into apply_latency_; runs on any thread.
-  void timed_apply(StoredTensor* t, std::span<const float> g, float scale);
+  void timed_apply(StoredTensor* t, std::span<const float> g, float scale,
+                   std::optional<uint64_t> checked_version = std::nullopt);
   GradientStatus offer_sync(StoredTensor* t, int worker, std::span<const float> g,
                             kj::Vector<kj::Promise<void>>& work);
   void commit_sync_step();
@@ -349,6 +368,14 @@ class Shard {
   ShardCounters counters_;
   JobState job_;
   std::unordered_map<StoredTensor*, SyncSlot> sync_;
+  // Pool tensors whose whole-checked push has not queued its updates yet:
+  // fulfilled (or broken, if that push is dropped) once it has.
+  struct PushGate {
+    uint64_t id = 0;
+    std::shared_ptr<kj::ForkedPromise<void>> open;
+  };
+  std::unordered_map<const StoredTensor*, PushGate> push_gates_;
+  uint64_t next_gate_id_ = 0;
   uint64_t complete_tensors_ = 0;
   // The sync step pending (a gradient in, not complete) and since when
   // (shard_recovery.cc); -1: none.

@@ -7,6 +7,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <kj/common.h>
+
 #include "common/finite.h"
 #include "ps/errors.h"
 #include "server/shard.h"
@@ -18,12 +20,103 @@ kj::Promise<void> Shard::push(const Caller& caller, const PushRequest& request, 
   saw_worker(caller.worker_index);
   if (answer_retry(caller, request, reply)) return kj::READY_NOW;
   PushWork work = check_push(caller, request);
+  if (needs_whole_check(work)) return push_checked_whole(caller, request, reply, std::move(work));
+  return commit_push(caller, request, reply, std::move(work));
+}
+
+kj::Promise<void> Shard::commit_push(const Caller& caller, const PushRequest& request,
+                                     PushReply& reply, PushWork work) {
   record_push_arrival(caller, request.step, work);
   reply.step = job_.global_step();
   kj::Vector<kj::Promise<void>> pending;
   route_push(caller, request.step, work, reply, pending);
   record_push_answer(caller, request, reply);
   return kj::joinPromises(pending.releaseAsArray()).attach(kj::mv(work.copied));
+}
+
+bool Shard::needs_whole_check(const PushWork& work) const {
+  if (options_.allow_nonfinite || job_.config().mode == SyncMode::kSync) return false;
+  for (const auto& [t, g] : work.grads) {
+    if (runs_inline(t)) continue;
+    // A push whose only tensor is on the pool is checked whole as it is
+    // applied, unless a push being checked holds that tensor.
+    if (work.grads.size() > 1 || push_gates_.contains(t)) return true;
+  }
+  return false;
+}
+
+kj::Promise<void> Shard::push_checked_whole(const Caller& caller, const PushRequest& request,
+                                            PushReply& reply, PushWork work) {
+  struct State {
+    Caller caller;
+    PushRequest request;  // its views point into the call's message, alive until it settles
+    PushWork work;
+    std::vector<uint8_t> finite;
+    std::vector<uint64_t> versions;
+    kj::Own<kj::PromiseFulfiller<void>> gate;
+    uint64_t gate_id = 0;
+  };
+  auto state = std::make_shared<State>(State{caller, request, std::move(work), {}, {}, {}, 0});
+  const std::size_t n = state->work.grads.size();
+  state->finite.assign(n, 1);
+  state->versions.assign(n, 0);
+
+  // Wait for earlier pushes of these tensors still being checked; then hold
+  // them until this push's updates are queued behind theirs.
+  kj::Vector<kj::Promise<void>> before;
+  auto paf = kj::newPromiseAndFulfiller<void>();
+  auto open = std::make_shared<kj::ForkedPromise<void>>(paf.promise.fork());
+  state->gate = kj::mv(paf.fulfiller);
+  state->gate_id = ++next_gate_id_;
+  for (const auto& [t, g] : state->work.grads) {
+    if (runs_inline(t)) continue;
+    auto it = push_gates_.find(t);
+    if (it != push_gates_.end()) {
+      // Broken if that push was dropped: this one goes ahead all the same.
+      before.add(it->second.open->addBranch().catch_([](kj::Exception&&) {}));
+    }
+    push_gates_[t] = PushGate{state->gate_id, open};
+  }
+
+  return kj::joinPromises(before.releaseAsArray())
+      .then([this, state] {
+        // Each pool tensor's update checked on its strand, behind every update queued before.
+        kj::Vector<kj::Promise<void>> checks;
+        for (std::size_t i = 0; i < state->work.grads.size(); ++i) {
+          StoredTensor* t = state->work.grads[i].first;
+          if (runs_inline(t)) continue;
+          std::span<const float> g = state->work.grads[i].second;
+          checks.add(pool_.run(t->id(), [t, g, state, i] {
+            state->finite[i] = t->update_finite(g, 1.0f, &state->versions[i]);
+          }));
+        }
+        return kj::joinPromises(checks.releaseAsArray());
+      })
+      .then([this, state, &reply]() -> kj::Promise<void> {
+        // On the event loop, in one go: the verdict, then every update queued.
+        KJ_DEFER({
+          for (const auto& [t, g] : state->work.grads) {
+            auto it = push_gates_.find(t);
+            if (it != push_gates_.end() && it->second.id == state->gate_id) push_gates_.erase(it);
+          }
+          state->gate->fulfill();
+        });
+        std::vector<std::optional<uint64_t>> checked(state->work.grads.size());
+        for (std::size_t i = 0; i < state->work.grads.size(); ++i) {
+          StoredTensor* t = state->work.grads[i].first;
+          if (runs_inline(t)) continue;
+          if (!state->finite[i]) {
+            ++counters_.rejected;
+            throw RequestError("push: " + nonfinite_update_refusal(t->spec()));
+          }
+          checked[i] = state->versions[i];
+        }
+        // A retry of this push may have been applied while it was checked.
+        if (answer_retry(state->caller, state->request, reply)) return kj::READY_NOW;
+        refuse_nonfinite_updates(state->work.grads);  // the small tensors, as they are now
+        state->work.checked_versions = std::move(checked);
+        return commit_push(state->caller, state->request, reply, std::move(state->work));
+      });
 }
 
 void Shard::check_push_caller(const Caller& caller, const PushRequest& request) {
@@ -152,7 +245,9 @@ void Shard::route_push(const Caller& caller, int64_t step, const PushWork& work,
       if (s == GradientStatus::kStale && worker) ++worker->stale;
       reply.status[i] = s;
     } else {
-      pending.add(run_on(t, [this, t, g] { timed_apply(t, g, 1.0f); }));
+      const std::optional<uint64_t> checked =
+          work.checked_versions.empty() ? std::nullopt : work.checked_versions[i];
+      pending.add(run_on(t, [this, t, g, checked] { timed_apply(t, g, 1.0f, checked); }));
     }
   }
 }

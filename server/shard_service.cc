@@ -235,10 +235,11 @@ kj::Promise<void> ShardServiceImpl::pull(PullContext context) {
 kj::Promise<void> ShardServiceImpl::push(PushContext context) {
   return guarded(RequestKind::kPush, [&] {
     require_hello("push");
-    PushReply reply;
-    kj::Promise<void> applied = shard_.push(caller_, push_from_wire(context.getParams()), reply);
-    push_to_wire(reply, context.getResults());
-    return applied;
+    auto reply = kj::heap<PushReply>();
+    kj::Promise<void> applied = shard_.push(caller_, push_from_wire(context.getParams()), *reply);
+    PushReply& r = *reply;
+    return applied.then([context, &r]() mutable { push_to_wire(r, context.getResults()); })
+        .attach(kj::mv(reply));
   });
 }
 

@@ -51,9 +51,10 @@ StoredTensor::View StoredTensor::view() const {
   return {values_, version_};
 }
 
-bool StoredTensor::apply(std::span<const float> grad, float scale, bool require_finite) {
+bool StoredTensor::apply(std::span<const float> grad, float scale, bool require_finite,
+                         std::optional<uint64_t> checked_version) {
   std::unique_lock lock(mutex_);
-  if (require_finite &&
+  if (require_finite && checked_version != version_ &&
       !optimizer_->result_finite(*values_, grad, slots_, static_cast<int64_t>(version_), scale)) {
     return false;
   }
@@ -65,8 +66,10 @@ bool StoredTensor::apply(std::span<const float> grad, float scale, bool require_
   return true;
 }
 
-bool StoredTensor::update_finite(std::span<const float> grad, float scale) const {
+bool StoredTensor::update_finite(std::span<const float> grad, float scale,
+                                 uint64_t* version) const {
   std::shared_lock lock(mutex_);
+  if (version != nullptr) *version = version_;
   return optimizer_->result_finite(*values_, grad, slots_, static_cast<int64_t>(version_), scale);
 }
 

@@ -42,11 +42,15 @@ class StoredTensor {
   // Applies scale * grad with the tensor's optimizer under an exclusive
   // lock. With `require_finite`, an update that would leave a value or slot
   // NaN or Inf (Optimizer::result_finite) is not applied: false, nothing
-  // changed (version included).
-  bool apply(std::span<const float> grad, float scale, bool require_finite = true);
+  // changed (version included). `checked_version`: the version at which
+  // update_finite() accepted this same update; if the tensor is still at it,
+  // the check is not made again.
+  bool apply(std::span<const float> grad, float scale, bool require_finite = true,
+             std::optional<uint64_t> checked_version = std::nullopt);
   uint64_t version() const;
-  // Whether apply(grad, scale) would be accepted now (Optimizer::result_finite).
-  bool update_finite(std::span<const float> grad, float scale) const;
+  // Whether apply(grad, scale) would be accepted now (Optimizer::result_finite);
+  // `version` (if given) gets the version it was decided at.
+  bool update_finite(std::span<const float> grad, float scale, uint64_t* version = nullptr) const;
 
   // A consistent copy of values, slots and version (for checkpoints), taken
   // under the shared lock: updates wait only for the copy.

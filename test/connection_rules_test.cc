@@ -86,3 +86,32 @@ TEST_CASE(
   CHECK(places.open() == 0);
   CHECK(places.anonymous_helloed() == 0);
 }
+
+TEST_CASE("connection places: connections before hello do not fill the places kept for the job") {
+  ConnectionPlaces places(8, 4);  // 2 kept before initJob: 6 for the others
+  for (int i = 0; i < 6; ++i) {
+    CHECK_FALSE(places.make_room_before_hello("10.0.0." + std::to_string(i % 2), false, 0));
+    places.opened("10.0.0." + std::to_string(i % 2), false);
+  }
+  CHECK(places.before_hello() == 6);
+  // Full: the next one gets the place of the oldest that has not said hello.
+  CHECK(places.make_room_before_hello("10.0.0.9", false, 0));
+  places.closed("10.0.0.0", false, Standing::kBeforeHello);
+  places.opened("10.0.0.9", false);
+  CHECK(places.before_hello() == 6);
+  // Anonymous connections count with them; members do not.
+  places.said_hello("10.0.0.9", false, Standing::kMember);
+  CHECK_FALSE(places.make_room_before_hello("10.0.0.9", false, 0));
+  places.said_hello("10.0.0.1", false, Standing::kAnonymous);
+  CHECK_FALSE(places.make_room_before_hello("10.0.0.9", false, 0));  // 4 before hello + 1 anonymous
+  places.opened("10.0.0.7", false);
+  CHECK(places.make_room_before_hello("10.0.0.8", false, 0));
+  // Not for a newcomer whose address is at its cap: it is refused anyway.
+  for (int i = 0; i < 4; ++i) places.opened("10.0.0.5", false);
+  CHECK_FALSE(places.make_room_before_hello("10.0.0.5", false, 0));
+  // Nothing is kept with fewer than 4 places: nothing to make room in.
+  ConnectionPlaces small(2, 0);
+  small.opened("10.0.0.1", false);
+  small.opened("10.0.0.1", false);
+  CHECK_FALSE(small.make_room_before_hello("10.0.0.2", false, 0));
+}

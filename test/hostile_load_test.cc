@@ -534,6 +534,55 @@ TEST_CASE("a peer whose calls are all refused is cut off after a run of them") {
   CHECK(client.list().empty());
 }
 
+TEST_CASE("with a token, peers without it cannot keep the job's workers out nor act as one") {
+  // 32 impostors from 8 addresses (4 each, the cap) say hello as worker 1
+  // without the token and stay connected. Before, they held all 24 places
+  // until their hello deadline (30 s here), and worker 1 found none.
+  TempDir dir;
+  PsdProcess psd({"--auth_token_file", token_file(dir, "s3cret"), "--max_connections", "24",
+                  "--max_connections_per_peer", "4", "--hello_timeout_secs", "30"});
+  ClientOptions chief_options = options_for(psd);
+  chief_options.auth_token = "s3cret";
+  chief_options.worker_index = 0;
+  chief_options.is_chief = true;
+  Client chief(chief_options);
+  chief.create({{.name = "w",
+                 .shape = {2},
+                 .optimizer = OptimizerConfig::sgd(1.0f),
+                 .init = InitConfig::constant(7)}});
+
+  std::vector<std::unique_ptr<RawConnection>> impostors;
+  int refused_for_token = 0;
+  for (int i = 0; i < 32; ++i) {
+    const std::string source = "127.0.0." + std::to_string(2 + i % 8);
+    impostors.push_back(std::make_unique<RawConnection>(psd.port(), source.c_str()));
+    if (auto why = impostors.back()->say_hello(1)) {
+      refused_for_token += why->find("authentication failed") != std::string::npos;
+    }
+  }
+  CHECK(refused_for_token >= 18);
+  // A call after the refused hello does nothing.
+  auto& last = *impostors.back();
+  const auto list = list_message(2);
+  last.send(list);
+  const auto after = last.await_return(2);
+  REQUIRE(after);
+  CHECK_THAT(*after, Catch::Contains("say hello first") || Catch::Contains("closed"));
+
+  // The real worker 1 gets a place at once, and the model is as the chief left it.
+  ClientOptions worker_options = options_for(psd);
+  worker_options.auth_token = "s3cret";
+  worker_options.worker_index = 1;
+  Client worker(worker_options);
+  worker.declare({{.name = "w", .shape = {2}}});
+  CHECK(worker.pull("w") == std::vector<float>{7, 7});
+  worker.push("w", std::vector<float>{1, 1});
+  CHECK(chief.pull("w") == std::vector<float>{6, 6});
+  CHECK_THAT(psd.log(), Catch::Contains("refused hello from 127.0.0.") &&
+                            Catch::Contains("that has not said hello: the places not kept"));
+  CHECK(psd.alive());
+}
+
 TEST_CASE("anonymous connections cannot take the places kept for the job's workers") {
   // A quarter of 24 places is kept: 18 anonymous connections at most.
   PsdProcess psd({"--max_connections", "24", "--max_connections_per_peer", "0"});

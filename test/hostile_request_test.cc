@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <random>
 #include <thread>
 
@@ -81,6 +82,14 @@ capnp::Text::Reader text(const std::string& s) { return capnp::Text::Reader(s.c_
 
 bool all_finite(const std::vector<float>& v) {
   return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
+// Empty if every value of `v` is `x`; else the first that is not (a short
+// failure message for a large tensor).
+std::string not_all(const std::vector<float>& v, float x) {
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (v[i] != x) return "[" + std::to_string(i) + "] = " + std::to_string(v[i]);
+  return "";
 }
 
 }  // namespace
@@ -218,6 +227,74 @@ TEST_CASE(
   c.push("w", std::vector<float>{-1, -1});
   CHECK(c.pull("w") == std::vector<float>{0, 0});
   CHECK(psd.alive());
+}
+
+TEST_CASE("an async push of tensors updated on the compute pool is refused whole") {
+  // Parts of 2 MiB are applied on psd's compute pool (over 1 MiB); both
+  // tensors go in one request. Before, each was checked as it was applied,
+  // so 'a' moved although the push was refused.
+  PsdProcess psd({"--max_tensor_mb", "8"});
+  ClientOptions o = options_for(psd);
+  o.part_bytes = 4u << 20;
+  o.chunk_bytes = 64u << 20;
+  o.max_request_bytes = 32u << 20;
+  Client c(o);
+  const std::size_t n = 1u << 19;
+  c.create({{.name = "a",
+             .shape = {n},
+             .optimizer = OptimizerConfig::sgd(1.0f),
+             .init = InitConfig::constant(0)},
+            {.name = "b",
+             .shape = {n},
+             .optimizer = OptimizerConfig::sgd(3e38f),
+             .init = InitConfig::constant(0)}});
+  const std::vector<float> one(n, 1.0f);
+  const std::vector<std::span<const float>> grads{one, one};
+  c.push({"a", "b"}, grads, 0);
+  CHECK(not_all(c.pull("a"), -1.0f) == "");
+  CHECK(not_all(c.pull("b"), -3e38f) == "");
+  // 'b' would reach -6e38: the whole push is refused, 'a' included.
+  CHECK_THROWS_WITH(c.push({"a", "b"}, grads, 0),
+                    Catch::Contains("'b'") && Catch::Contains("not applied"));
+  CHECK(not_all(c.pull("a"), -1.0f) == "");
+  CHECK(not_all(c.pull("b"), -3e38f) == "");
+  // Eight such pushes at once, every other one bad: each is applied whole or
+  // not at all, so 'a' moves once per good push.
+  const std::vector<float> zero(n, 0.0f);
+  const std::vector<std::span<const float>> good{one, zero}, bad{one, one};
+  std::vector<std::future<PushResult>> pushes;
+  for (int i = 0; i < 8; ++i) pushes.push_back(c.push_async({"a", "b"}, i % 2 ? bad : good, 0));
+  int refused = 0;
+  for (auto& f : pushes) {
+    try {
+      f.get();
+    } catch (const RequestError& e) {
+      CHECK_THAT(e.what(), Catch::Contains("not applied"));
+      ++refused;
+    }
+  }
+  CHECK(refused == 4);
+  CHECK(not_all(c.pull("a"), -5.0f) == "");
+  CHECK(all_finite(c.pull("b")));
+  CHECK(psd.alive());
+}
+
+TEST_CASE("a push split into several requests is all or nothing per request (docs/hardening.md)") {
+  // Default parts of 1 MiB, one per request: a 2 MiB tensor goes as two.
+  PsdProcess psd({"--max_tensor_mb", "8"});
+  Client c(options_for(psd));
+  const std::size_t n = 1u << 19, half = n / 2;
+  c.create({{.name = "w",
+             .shape = {n},
+             .optimizer = OptimizerConfig::sgd(3e38f),
+             .init = InitConfig::constant(0)}});
+  c.push("w", std::vector<float>(n, 1.0f));  // -3e38 everywhere
+  std::vector<float> g(n, -1.0f);
+  std::fill(g.begin() + half, g.end(), 1.0f);  // the second part would reach -6e38
+  CHECK_THROWS_WITH(c.push("w", g), Catch::Contains("not applied"));
+  const std::vector<float> w = c.pull("w");
+  CHECK(std::all_of(w.begin(), w.begin() + half, [](float x) { return x == 0.0f; }));
+  CHECK(std::all_of(w.begin() + half, w.end(), [](float x) { return x == -3e38f; }));
 }
 
 TEST_CASE("sync mode: a step whose averaged update would overflow leaves the tensor as it was") {

@@ -125,14 +125,43 @@ void EmbeddingTable::Unmap::operator()(float* p) const {
   if (p != nullptr) munmap(p, bytes);
 }
 
+namespace {
+constexpr std::size_t kHugePage = 2u << 20;
+}  // namespace
+
 EmbeddingTable::Array EmbeddingTable::map_array(std::size_t floats) {
-  constexpr std::size_t kHugePage = 2u << 20;
-  const std::size_t bytes = std::max<std::size_t>(1, floats * sizeof(float));
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  constexpr std::size_t kPage = 4096;
+  const std::size_t bytes =
+      (std::max<std::size_t>(1, floats * sizeof(float)) + kPage - 1) / kPage * kPage;
+  if (bytes < kHugePage) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    return Array(static_cast<float*>(p), Unmap{bytes});
+  }
+  // Huge pages need 2 MiB-aligned ranges: map a page more and give back the ends.
+  void* p =
+      mmap(nullptr, bytes + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();
+  const auto raw = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t start = (raw + kHugePage - 1) & ~uintptr_t(kHugePage - 1);
+  if (start > raw) munmap(p, start - raw);
+  const uintptr_t end = raw + bytes + kHugePage, used = start + bytes;
+  if (end > used) munmap(reinterpret_cast<void*>(used), end - used);
   // Before the first touch, so the pages come as huge ones (advice only: ignored without THP).
-  if (bytes >= kHugePage) madvise(p, bytes, MADV_HUGEPAGE);
-  return Array(static_cast<float*>(p), Unmap{bytes});
+  madvise(reinterpret_cast<void*>(start), bytes, MADV_HUGEPAGE);
+  return Array(reinterpret_cast<float*>(start), Unmap{bytes});
+}
+
+void EmbeddingTable::add_slabs() {
+  // Chunks of 1, 1, 2, 4 ... slabs, up to 2 MiB: a small table stays small,
+  // a large one is in huge pages.
+  const std::size_t slab_floats = std::size_t(kSlabRows) * spec_.dim;
+  const std::size_t most = std::max<std::size_t>(1, kHugePage / (slab_floats * sizeof(float)));
+  const std::size_t count = std::clamp<std::size_t>(slabs_[0].size(), 1, most);
+  for (auto& c : slabs_) {
+    chunks_.push_back(map_array(count * slab_floats));
+    for (std::size_t k = 0; k < count; ++k) c.push_back(chunks_.back().get() + k * slab_floats);
+  }
 }
 
 uint64_t EmbeddingTable::rows() const { return spec_.dynamic ? live_rows_ : fixed_rows_; }
@@ -149,7 +178,7 @@ uint64_t EmbeddingTable::bytes() const {
 
 float* EmbeddingTable::row(uint32_t component, uint64_t slot) const {
   if (!spec_.dynamic) return arrays_[component].get() + slot * spec_.dim;
-  return slabs_[component][slot / kSlabRows].get() + (slot % kSlabRows) * spec_.dim;
+  return slabs_[component][slot / kSlabRows] + (slot % kSlabRows) * spec_.dim;
 }
 
 void EmbeddingTable::init_row(uint64_t slot, uint64_t id) {
@@ -237,10 +266,7 @@ uint32_t EmbeddingTable::take_free_slot() {
   const uint64_t s = slot_ids_.size();
   if (s >= kEmpty - 1)
     throw RequestError(quoted(spec_) + " holds the most rows one shard can (2^32 - 2)");
-  if (s % kSlabRows == 0) {
-    for (auto& c : slabs_)
-      c.push_back(std::unique_ptr<float[]>(new float[std::size_t(kSlabRows) * spec_.dim]));
-  }
+  if (s / kSlabRows >= slabs_[0].size()) add_slabs();
   slot_ids_.push_back(0);
   if (spec_.on_limit == OnRowLimit::kEvictLru) {
     lru_prev_.push_back(kEmpty);

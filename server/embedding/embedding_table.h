@@ -117,8 +117,11 @@ class EmbeddingTable {
   std::vector<Array> arrays_;
 
   // Dynamic.
-  std::vector<std::vector<std::unique_ptr<float[]>>> slabs_;  // [component][slab]
-  std::vector<uint64_t> slot_ids_;                            // id of each slot
+  // [component][slab]: slabs cut from chunks that grow to 2 MiB (huge pages, as fixed tables').
+  std::vector<std::vector<float*>> slabs_;
+  std::vector<Array> chunks_;
+  void add_slabs();
+  std::vector<uint64_t> slot_ids_;  // id of each slot
   std::vector<uint32_t> free_slots_;
   uint64_t live_rows_ = 0;
   std::vector<uint64_t> keys_;    // index: ids

@@ -68,8 +68,9 @@ std::size_t RowBuffers::spare_bytes() const {
 }
 
 RowBuffers& RowBuffers::process() {
-  // 32 MiB: the replies of a few clients' batches in flight at once.
-  static RowBuffers* pool = new RowBuffers(32u << 20);
+  // 4 MiB: a few replies in flight while the socket takes them; kept small,
+  // as it adds to psd's memory beside the tables.
+  static RowBuffers* pool = new RowBuffers(4u << 20);
   return *pool;
 }
 

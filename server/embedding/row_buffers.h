@@ -8,7 +8,7 @@
 // Buffers come back when the last holder lets go (from any thread). Up to
 // `max_spare_bytes` of them are kept for reuse; more are freed.
 //
-//   RowBuffers pool(64 << 20);
+//   RowBuffers pool(4 << 20);
 //   std::shared_ptr<float> rows = pool.take(n);   // n floats, not initialised
 //   ... fill, send, drop: back to the pool
 #pragma once

@@ -89,6 +89,19 @@ struct Psd {
     waitpid(pid, nullptr, 0);
     std::filesystem::remove_all(dir);
   }
+  // Of its memory, how much is in 2 MiB pages (transparent huge pages).
+  uint64_t huge_page_bytes() const {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/smaps_rollup");
+    std::string key;
+    uint64_t kb = 0;
+    while (in >> key) {
+      if (key == "AnonHugePages:") {
+        in >> kb;
+        break;
+      }
+    }
+    return kb * 1024;
+  }
   uint64_t rss_bytes() const {
     std::ifstream in("/proc/" + std::to_string(pid) + "/status");
     std::string key;
@@ -413,6 +426,9 @@ int main(int argc, char** argv) {
     std::printf("  psd RSS for the table             %8.1f MB for %.1f MB raw (%.3fx)\n",
                 (psd.rss_bytes() - rss0) / 1e6, raw / 1e6,
                 double(psd.rss_bytes() - rss0) / double(raw));
+    // Huge pages are advice: where the kernel has no free 2 MiB pages, the
+    // table is in 4 KiB pages, and every random row costs a TLB miss more.
+    std::printf("  psd memory in 2 MiB pages         %8.1f MB\n", psd.huge_page_bytes() / 1e6);
 
     print("pull, uniform ids", measure(name, dim, uniform, false), mem_gather_rows_per_s);
     print("pull, skewed ids (rows * u^3)", measure(name, dim, skewed, false),

@@ -7,8 +7,9 @@ namespace ps {
 namespace {
 
 // An open-addressing set of a batch's distinct ids (load <= 1/2), each with
-// its index among them. Per thread and reused: a batch allocates nothing and
-// touches no fresh page (a plan is made on the caller's thread).
+// its index among them. Per thread (a plan is made on the caller's thread)
+// and reused, up to a size: the set of a batch like the one before it
+// allocates nothing and touches no fresh page.
 struct DistinctIds {
   static constexpr uint32_t kEmpty = UINT32_MAX;
   std::vector<uint64_t> keys;
@@ -31,6 +32,13 @@ struct DistinctIds {
         return next;
       }
       if (keys[h] == id) return index[h];
+    }
+  }
+  // The set of a very large batch (over a million ids) is not kept.
+  void trim() {
+    if (keys.size() > (2u << 20)) {
+      keys = {};
+      index = {};
     }
   }
 };
@@ -59,6 +67,7 @@ RowPlan plan_rows(std::span<const uint64_t> ids, const RowPlacement& placement, 
       plan.repeats.emplace_back(static_cast<uint32_t>(i), plan.first[u]);
     }
   }
+  seen.trim();
   plan.ids.resize(distinct);
   plan.first.resize(distinct);
   plan.has_duplicates = distinct != n;

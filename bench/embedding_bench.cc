@@ -3,10 +3,11 @@
 // scatter-adding the same random rows in memory on one core (the physical
 // limit of a shard's work), and plain loopback TCP bytes/s.
 //
-//   build/bench/embedding_bench                            # 10^7 x 32 fixed SGD table, 65,536-id
-//   batches build/bench/embedding_bench --rows 5000000 --dim 64 build/bench/embedding_bench
-//   --clients 3 --dynamic_rows 1000000
+//   build/bench/embedding_bench                    # 10^7 x 32 and 5*10^6 x 64 fixed SGD tables
+//   build/bench/embedding_bench --clients 3 --dynamic_rows 1000000
 //
+// Each fixed table is measured with 65,536-id batches; pull and push rates
+// are given as a share of the in-memory gather rate of the same row size.
 // Ids are uniform over the rows, or skewed (id = rows * u^3: a hot head, so
 // a batch has many repeated ids, which the client sends once). Reported:
 // medians over --reps batches, rows/s and payload GB/s (rows * dim * 4 bytes),
@@ -16,13 +17,16 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -84,6 +88,19 @@ struct Psd {
     kill(pid, SIGTERM);
     waitpid(pid, nullptr, 0);
     std::filesystem::remove_all(dir);
+  }
+  // Of its memory, how much is in 2 MiB pages (transparent huge pages).
+  uint64_t huge_page_bytes() const {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/smaps_rollup");
+    std::string key;
+    uint64_t kb = 0;
+    while (in >> key) {
+      if (key == "AnonHugePages:") {
+        in >> kb;
+        break;
+      }
+    }
+    return kb * 1024;
   }
   uint64_t rss_bytes() const {
     std::ifstream in("/proc/" + std::to_string(pid) + "/status");
@@ -188,9 +205,37 @@ double tcp_bytes_per_second(std::size_t bytes, int reps) {
   return double(bytes) / median(t);
 }
 
+// CPU time (all threads, user + system) of this process, and of psd from
+// its threads' schedstat: with the machine shared, wall-clock rates swing
+// with other load, while CPU time per batch says what the work costs.
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) / 1e9;
+}
+double self_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         double(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+double process_cpu_seconds(pid_t pid) {
+  double total = 0;
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator(dir, ec)) {
+    std::ifstream in(task.path() / "schedstat");
+    uint64_t ns = 0;
+    if (in >> ns) total += double(ns) / 1e9;
+  }
+  return total;
+}
+
 struct Rate {
   double rows_per_s = 0;
   double gb_per_s = 0;
+  double client_cpu_ms = 0;  // per batch, all clients
+  double psd_cpu_ms = 0;
 };
 
 Rate rate(std::size_t rows, uint32_t dim, double secs) {
@@ -198,8 +243,11 @@ Rate rate(std::size_t rows, uint32_t dim, double secs) {
 }
 
 void print(const char* what, Rate r, double reference_rows_per_s) {
-  std::printf("  %-34s %8.2f M rows/s  %6.2f GB/s  (%.2f of in-memory)\n", what, r.rows_per_s / 1e6,
-              r.gb_per_s, r.rows_per_s / reference_rows_per_s);
+  std::printf(
+      "  %-34s %8.2f M rows/s  %6.2f GB/s  (%.2f of gather)  cpu/batch: client %.2f ms, psd %.2f "
+      "ms\n",
+      what, r.rows_per_s / 1e6, r.gb_per_s, r.rows_per_s / reference_rows_per_s, r.client_cpu_ms,
+      r.psd_cpu_ms);
 }
 
 }  // namespace
@@ -213,6 +261,8 @@ int main(int argc, char** argv) {
   std::size_t batch = 65536;
   int reps = 11;
   int clients = 1;
+  uint64_t wide_rows = 5'000'000;
+  uint32_t wide_dim = 64;
   uint64_t dynamic_rows = 0;
   std::size_t request_kb = 1024;
   app.add_option("--psd", psd_binary, "psd binary to start")->capture_default_str();
@@ -224,54 +274,17 @@ int main(int argc, char** argv) {
   app.add_option("--clients", clients,
                  "clients pulling and pushing at once (each its own connection)")
       ->capture_default_str();
+  app.add_option("--wide_rows", wide_rows,
+                 "also a second fixed table of this many rows of --wide_dim floats (0: none)")
+      ->capture_default_str();
+  app.add_option("--wide_dim", wide_dim, "floats per row of the second fixed table")
+      ->capture_default_str();
   app.add_option("--dynamic_rows", dynamic_rows,
                  "also a dynamic table filled with this many rows (0: none)")
       ->capture_default_str();
   app.add_option("--request_kb", request_kb, "ClientOptions::max_request_bytes, KiB")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-
-  // The machine: in-memory gather / scatter-add on one core, loopback TCP.
-  std::vector<float> table(rows * dim, 0.5f);
-  auto uniform = make_batches(rows, batch, reps, false, 1);
-  auto skewed = make_batches(rows, batch, reps, true, 2);
-  std::vector<float> out(batch * dim), grads(batch * dim, 0.25f);
-  std::vector<double> tg, ts;
-  for (const auto& ids : uniform) {
-    auto t0 = Clock::now();
-    gather(table.data(), ids.data(), batch, dim, out.data());
-    tg.push_back(seconds_since(t0));
-    t0 = Clock::now();
-    scatter_add(table.data(), ids.data(), batch, dim, grads.data());
-    ts.push_back(seconds_since(t0));
-  }
-  table.clear();
-  table.shrink_to_fit();
-  const Rate mem_gather = rate(batch, dim, median(tg)), mem_scatter = rate(batch, dim, median(ts));
-  const double tcp = tcp_bytes_per_second(batch * dim * sizeof(float), reps);
-  // Client-side: dedup, split by shard and reassembly of one batch (3 shards' placement).
-  std::vector<double> tplan;
-  std::vector<float> rows_in(batch * dim, 1.0f);  // the replies' rows, as the client holds them
-  for (const auto& ids : uniform) {
-    auto t0 = Clock::now();
-    auto plan = ps::plan_rows(
-        std::span<const uint64_t>(reinterpret_cast<const uint64_t*>(ids.data()), ids.size()),
-        ps::RowPlacement(ps::TablePlacement::kMod, rows, 3), 8192, false);
-    ps::scatter_rows(plan, rows_in.data(), dim, out.data());
-    tplan.push_back(seconds_since(t0));
-  }
-
-  std::printf(
-      "embedding_bench: fixed table %llu x %u (SGD), batches of %zu ids, %d client(s), median of "
-      "%d\n",
-      (unsigned long long)rows, dim, batch, clients, reps);
-  std::printf("  in-memory gather, one core        %8.2f M rows/s  %6.2f GB/s\n",
-              mem_gather.rows_per_s / 1e6, mem_gather.gb_per_s);
-  std::printf("  in-memory scatter-add, one core   %8.2f M rows/s  %6.2f GB/s\n",
-              mem_scatter.rows_per_s / 1e6, mem_scatter.gb_per_s);
-  std::printf("  loopback TCP, %5.1f MB messages              %6.2f GB/s\n", batch * dim * 4 / 1e6,
-              tcp / 1e9);
-  std::printf("  client dedup+split+reassembly     %8.3f ms per batch\n", median(tplan) * 1e3);
 
   Psd psd(psd_binary);
   const std::string address = "127.0.0.1:" + std::to_string(psd.port);
@@ -280,32 +293,13 @@ int main(int argc, char** argv) {
   o.max_request_bytes = request_kb << 10;
   std::vector<std::unique_ptr<ps::Client>> cs;
   for (int c = 0; c < clients; ++c) cs.push_back(std::make_unique<ps::Client>(o));
-  const ps::TableSpec spec{
-      .name = "fixed", .dim = dim, .rows = rows, .optimizer = ps::RowOptimizerConfig::sgd(0.01f)};
-  const uint64_t rss0 = psd.rss_bytes();
-  cs[0]->create_tables({spec});
-  for (auto& c : cs) c->declare_tables({spec});
-  // Touch every row once so RSS counts the whole table.
-  {
-    std::vector<int64_t> ids(batch);
-    std::vector<float> g(batch * dim, 0.0f);
-    for (uint64_t first = 0; first < rows; first += batch) {
-      const std::size_t n = std::min<uint64_t>(batch, rows - first);
-      for (std::size_t i = 0; i < n; ++i) ids[i] = int64_t(first + i);
-      cs[0]->push_rows("fixed", std::span<const int64_t>(ids.data(), n),
-                       std::span<const float>(g.data(), n * dim));
-    }
-  }
-  const uint64_t raw = rows * dim * sizeof(float);
-  std::printf("  psd RSS for the table             %8.1f MB for %.1f MB raw (%.3fx)\n",
-              (psd.rss_bytes() - rss0) / 1e6, raw / 1e6,
-              double(psd.rss_bytes() - rss0) / double(raw));
 
   // Each client runs its batches; the rate counts every client's rows over the wall time.
-  auto measure = [&](const std::string& table, const std::vector<std::vector<int64_t>>& batches,
-                     bool push) {
+  auto measure = [&](const std::string& table, uint32_t dim,
+                     const std::vector<std::vector<int64_t>>& batches, bool push) {
     std::vector<std::vector<double>> times(clients);
     std::vector<std::thread> threads;
+    const double client0 = self_cpu_seconds(), psd0 = process_cpu_seconds(psd.pid);
     const auto t0 = Clock::now();
     for (int c = 0; c < clients; ++c) {
       threads.emplace_back([&, c] {
@@ -321,13 +315,130 @@ int main(int argc, char** argv) {
       });
     }
     for (auto& t : threads) t.join();
-    if (clients == 1) return rate(batch, dim, median(times[0]));
-    return rate(batch * batches.size() * clients, dim, seconds_since(t0));
+    const double wall = seconds_since(t0);
+    const double batches_run = double(batches.size() * clients);
+    Rate r = clients == 1 ? rate(batch, dim, median(times[0]))
+                          : rate(batch * batches.size() * clients, dim, wall);
+    r.client_cpu_ms = (self_cpu_seconds() - client0) / batches_run * 1e3;
+    r.psd_cpu_ms = (process_cpu_seconds(psd.pid) - psd0) / batches_run * 1e3;
+    return r;
   };
-  print("pull, uniform ids", measure("fixed", uniform, false), mem_gather.rows_per_s);
-  print("pull, skewed ids (rows * u^3)", measure("fixed", skewed, false), mem_gather.rows_per_s);
-  print("push (SGD), uniform ids", measure("fixed", uniform, true), mem_scatter.rows_per_s);
-  print("push (SGD), skewed ids", measure("fixed", skewed, true), mem_scatter.rows_per_s);
+
+  // One fixed SGD table of rows x dim: the machine's references for that
+  // row size (in-memory gather / scatter-add on one core, loopback TCP,
+  // the client's own work on a batch), psd's RSS, then pull and push.
+  double mem_gather_rows_per_s = 0;
+  auto fixed_table = [&](const std::string& name, uint64_t rows, uint32_t dim) {
+    std::vector<float> table(rows * dim, 0.5f);
+    auto uniform = make_batches(rows, batch, reps, false, 1);
+    auto skewed = make_batches(rows, batch, reps, true, 2);
+    std::vector<float> out(batch * dim), grads(batch * dim, 0.25f);
+    std::vector<double> tg, ts;
+    for (const auto& ids : uniform) {
+      auto t0 = Clock::now();
+      gather(table.data(), ids.data(), batch, dim, out.data());
+      tg.push_back(seconds_since(t0));
+      t0 = Clock::now();
+      scatter_add(table.data(), ids.data(), batch, dim, grads.data());
+      ts.push_back(seconds_since(t0));
+    }
+    table.clear();
+    table.shrink_to_fit();
+    // The same in 2 MiB pages (transparent huge pages, as psd's fixed tables).
+    std::vector<double> tgh, tsh;
+    {
+      const std::size_t bytes = rows * dim * sizeof(float);
+      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) throw std::runtime_error("mmap failed");
+      madvise(p, bytes, MADV_HUGEPAGE);
+      float* huge = static_cast<float*>(p);
+      std::fill_n(huge, rows * dim, 0.5f);
+      for (const auto& ids : uniform) {
+        auto t0 = Clock::now();
+        gather(huge, ids.data(), batch, dim, out.data());
+        tgh.push_back(seconds_since(t0));
+        t0 = Clock::now();
+        scatter_add(huge, ids.data(), batch, dim, grads.data());
+        tsh.push_back(seconds_since(t0));
+      }
+      munmap(p, bytes);
+    }
+    const Rate mem_gather_4k = rate(batch, dim, median(tg)),
+               mem_scatter_4k = rate(batch, dim, median(ts));
+    const Rate mem_gather = rate(batch, dim, median(tgh)),
+               mem_scatter = rate(batch, dim, median(tsh));
+    // Rates are given as a share of the faster gather.
+    mem_gather_rows_per_s = std::max(mem_gather.rows_per_s, mem_gather_4k.rows_per_s);
+    const double tcp = tcp_bytes_per_second(batch * dim * sizeof(float), reps);
+    // Client-side: dedup, split by shard and reassembly of one batch (3
+    // shards' placement), as pull_rows does it: each reply's rows (here one
+    // reused buffer of a request's size, as a reply just received is in
+    // cache) to their positions, then the repeated ids. CPU time of this
+    // thread, so other load on the machine does not count.
+    std::vector<double> tplan;
+    const uint32_t per_request = uint32_t((request_kb << 10) / (dim * sizeof(float) + 8));
+    std::vector<float> reply(std::size_t(per_request) * dim, 1.0f);
+    for (const auto& ids : uniform) {
+      const double t0 = thread_cpu_seconds();
+      auto plan = ps::plan_rows(
+          std::span<const uint64_t>(reinterpret_cast<const uint64_t*>(ids.data()), ids.size()),
+          ps::RowPlacement(ps::TablePlacement::kMod, rows, 3), per_request, false);
+      for (const auto& r : plan.requests)
+        ps::scatter_request(plan, r, reply.data(), dim, out.data());
+      ps::fill_repeats(plan, dim, out.data());
+      tplan.push_back(thread_cpu_seconds() - t0);
+    }
+
+    std::printf(
+        "embedding_bench: fixed table %llu x %u (SGD), batches of %zu ids, %d client(s), median "
+        "of %d\n",
+        (unsigned long long)rows, dim, batch, clients, reps);
+    std::printf("  in-memory gather, one core        %8.2f M rows/s  %6.2f GB/s  (4 KiB pages)\n",
+                mem_gather_4k.rows_per_s / 1e6, mem_gather_4k.gb_per_s);
+    std::printf("  in-memory scatter-add, one core   %8.2f M rows/s  %6.2f GB/s  (4 KiB pages)\n",
+                mem_scatter_4k.rows_per_s / 1e6, mem_scatter_4k.gb_per_s);
+    std::printf("  in-memory gather, one core        %8.2f M rows/s  %6.2f GB/s  (2 MiB pages)\n",
+                mem_gather.rows_per_s / 1e6, mem_gather.gb_per_s);
+    std::printf("  in-memory scatter-add, one core   %8.2f M rows/s  %6.2f GB/s  (2 MiB pages)\n",
+                mem_scatter.rows_per_s / 1e6, mem_scatter.gb_per_s);
+    std::printf("  loopback TCP, %5.1f MB messages              %6.2f GB/s\n",
+                batch * dim * 4 / 1e6, tcp / 1e9);
+    std::printf("  client dedup+split+reassembly     %8.3f ms CPU per batch\n",
+                median(tplan) * 1e3);
+
+    const ps::TableSpec spec{
+        .name = name, .dim = dim, .rows = rows, .optimizer = ps::RowOptimizerConfig::sgd(0.01f)};
+    const uint64_t rss0 = psd.rss_bytes();
+    cs[0]->create_tables({spec});
+    for (auto& c : cs) c->declare_tables({spec});
+    // Touch every row once so RSS counts the whole table.
+    {
+      std::vector<int64_t> ids(batch);
+      std::vector<float> g(batch * dim, 0.0f);
+      for (uint64_t first = 0; first < rows; first += batch) {
+        const std::size_t n = std::min<uint64_t>(batch, rows - first);
+        for (std::size_t i = 0; i < n; ++i) ids[i] = int64_t(first + i);
+        cs[0]->push_rows(name, std::span<const int64_t>(ids.data(), n),
+                         std::span<const float>(g.data(), n * dim));
+      }
+    }
+    const uint64_t raw = rows * dim * sizeof(float);
+    std::printf("  psd RSS for the table             %8.1f MB for %.1f MB raw (%.3fx)\n",
+                (psd.rss_bytes() - rss0) / 1e6, raw / 1e6,
+                double(psd.rss_bytes() - rss0) / double(raw));
+    // Huge pages are advice: where the kernel has no free 2 MiB pages, the
+    // table is in 4 KiB pages, and every random row costs a TLB miss more.
+    std::printf("  psd memory in 2 MiB pages         %8.1f MB\n", psd.huge_page_bytes() / 1e6);
+
+    print("pull, uniform ids", measure(name, dim, uniform, false), mem_gather_rows_per_s);
+    print("pull, skewed ids (rows * u^3)", measure(name, dim, skewed, false),
+          mem_gather_rows_per_s);
+    print("push (SGD), uniform ids", measure(name, dim, uniform, true), mem_gather_rows_per_s);
+    print("push (SGD), skewed ids", measure(name, dim, skewed, true), mem_gather_rows_per_s);
+  };
+  fixed_table("fixed", rows, dim);
+  const double mem_gather_first = mem_gather_rows_per_s;
+  if (wide_rows > 0) fixed_table("wide", wide_rows, wide_dim);
 
   if (dynamic_rows > 0) {
     const ps::TableSpec dyn{.name = "dyn",
@@ -354,9 +465,9 @@ int main(int argc, char** argv) {
     for (auto& b : dyn_batches) {
       for (auto& id : b) id = int64_t(uint64_t(id) * 2654435761ull);
     }
-    print("dynamic pull, uniform ids", measure("dyn", dyn_batches, false), mem_gather.rows_per_s);
-    print("dynamic push (SGD), uniform ids", measure("dyn", dyn_batches, true),
-          mem_scatter.rows_per_s);
+    print("dynamic pull, uniform ids", measure("dyn", dim, dyn_batches, false), mem_gather_first);
+    print("dynamic push (SGD), uniform ids", measure("dyn", dim, dyn_batches, true),
+          mem_gather_first);
   }
   return 0;
 }

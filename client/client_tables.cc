@@ -91,6 +91,9 @@ TableSpec Client::table_spec(const std::string& table, const char* what) const {
 
 namespace {
 
+// Gradients of at least this many bytes go out without a copy.
+constexpr std::size_t kMinExternalBytes = 4096;
+
 // Ids per request: a request's ids and rows fit the request size.
 uint32_t ids_per_request(uint64_t max_batch_bytes, uint32_t dim) {
   return static_cast<uint32_t>(
@@ -115,9 +118,8 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
                                                 ids_per_request(row_request_bytes(), dim), false));
   return impl_->run<int64_t>(
       [this, plan, table, dim, min_step, out]() {
-        // In plan order; every float is written by a reply before it is read (no zeroing pass).
-        auto rows =
-            std::shared_ptr<float[]>(new float[std::max<std::size_t>(1, plan->ids.size() * dim)]);
+        // Each reply's rows go straight from the message to their first
+        // position in `out`; repeated ids are copied from there at the end.
         auto step = std::make_shared<int64_t>(std::numeric_limits<int64_t>::max());
         kj::Vector<kj::Promise<void>> calls;
         for (const RowRequest& r : plan->requests) {
@@ -129,8 +131,8 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
             return req.send();
           };
           calls.add(impl_->retry->call(static_cast<int>(r.shard), kj::mv(send))
-                        .then([rows, step, r, dim,
-                               table](capnp::Response<wire::Shard::PullRowsResults>&& reply) {
+                        .then([plan, step, r, dim, table,
+                               out](capnp::Response<wire::Shard::PullRowsResults>&& reply) {
                           auto data = reply.getRows();
                           const std::size_t want = std::size_t(r.count) * dim * sizeof(float);
                           if (data.size() != want) {
@@ -140,12 +142,19 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
                                                std::to_string(r.count) + " rows, expected " +
                                                std::to_string(want));
                           }
-                          std::memcpy(rows.get() + std::size_t(r.first) * dim, data.begin(), want);
+                          if (reinterpret_cast<uintptr_t>(data.begin()) % alignof(float) == 0) {
+                            scatter_request(*plan, r, reinterpret_cast<const float*>(data.begin()),
+                                            dim, out.data());
+                          } else {
+                            std::vector<float> rows(std::size_t(r.count) * dim);
+                            std::memcpy(rows.data(), data.begin(), want);
+                            scatter_request(*plan, r, rows.data(), dim, out.data());
+                          }
                           *step = std::min(*step, reply.getStep());
                         }));
         }
-        return kj::joinPromises(calls.releaseAsArray()).then([plan, rows, step, dim, out] {
-          scatter_rows(*plan, rows.get(), dim, out.data());
+        return kj::joinPromises(calls.releaseAsArray()).then([plan, step, dim, out] {
+          fill_repeats(*plan, dim, out.data());
           return *step == std::numeric_limits<int64_t>::max() ? int64_t{0} : *step;
         });
       },
@@ -210,11 +219,25 @@ std::future<PushStatus> Client::start_push_rows(const std::string& table,
         for (const RowRequest& r : plan->requests) {
           const uint64_t id = impl_->new_request_id();  // kept across retries: applied once
           auto send = [plan, sums, r, table, dim, step, id](ShardConnection& c, int) {
-            auto req = c.shard.pushRowsRequest();
+            auto req = c.shard.pushRowsRequest(
+                capnp::MessageSize{uint64_t(r.count) + table.size() / 8 + 32, 0});
             req.setTable(table);
             req.setIds(kj::arrayPtr(plan->ids.data() + r.first, r.count));
-            req.setGrads(as_data(std::span<const float>(sums->data() + std::size_t(r.first) * dim,
-                                                        std::size_t(r.count) * dim)));
+            auto bytes = as_data(std::span<const float>(sums->data() + std::size_t(r.first) * dim,
+                                                        std::size_t(r.count) * dim));
+            if (c.stream && bytes.size() >= kMinExternalBytes &&
+                reinterpret_cast<uintptr_t>(bytes.begin()) % sizeof(capnp::word) == 0 &&
+                bytes.size() % sizeof(capnp::word) == 0) {
+              // Sent from the summed gradients without a copy, as a segment
+              // of its own; the stream keeps them until written (a retry's
+              // message included). Small ones are copied: a segment costs more.
+              req.adoptGrads(capnp::Orphanage::getForMessageContaining(
+                                 static_cast<wire::Shard::PushRowsParams::Builder>(req))
+                                 .referenceExternalData(bytes));
+              c.stream->hold_until_sent(bytes.begin(), sums);
+            } else {
+              req.setGrads(bytes);
+            }
             req.setStep(step);
             req.setRequestId(id);
             return req.send();

@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "server/checkpointer.h"
+#include "server/embedding/row_buffers.h"
 #include "server/shard_wire.h"
 #include "common/tensor_name.h"
 #include "ps/errors.h"
@@ -443,14 +444,36 @@ kj::Promise<void> ShardServiceImpl::pullRows(PullRowsContext context) {
     auto params = context.getParams();
     PullRowsRequest request{std::string_view(params.getTable().cStr(), params.getTable().size()),
                             ids_in_place(params.getIds(), "pullRows"), params.getMinStep()};
-    // The reply is sized for the rows up front: one segment, no copy after the gather.
-    return shard_.pull_rows(
-        caller_, request, [context](std::size_t floats, int64_t step) mutable -> float* {
-          auto results = context.getResults(capnp::MessageSize{floats / 2 + 16, 0});
-          results.setStep(step);
-          return reinterpret_cast<float*>(
-              results.initRows(static_cast<unsigned>(floats * sizeof(float))).begin());
+    // The rows are gathered into a reused buffer (never zero-filled) and sent
+    // from there as a segment of their own: no copy into the reply.
+    struct Gathered {
+      std::shared_ptr<float> rows;
+      std::size_t floats = 0;
+      int64_t step = 0;
+    };
+    auto gathered = std::make_shared<Gathered>();
+    auto filled =
+        shard_.pull_rows(caller_, request, [gathered](std::size_t floats, int64_t step) -> float* {
+          gathered->rows = RowBuffers::process().take(floats);
+          gathered->floats = floats;
+          gathered->step = step;
+          return gathered->rows.get();
         });
+    return filled.then([this, context, gathered]() mutable {
+      auto results = context.getResults(capnp::MessageSize{16, 0});
+      results.setStep(gathered->step);
+      auto bytes = kj::arrayPtr(reinterpret_cast<const kj::byte*>(gathered->rows.get()),
+                                gathered->floats * sizeof(float));
+      if (stream_ != nullptr && bytes.size() % sizeof(capnp::word) == 0 && bytes.size() >= 4096) {
+        // Large enough that a segment of its own costs less than a copy.
+        results.adoptRows(capnp::Orphanage::getForMessageContaining(
+                              static_cast<wire::Shard::PullRowsResults::Builder>(results))
+                              .referenceExternalData(bytes));
+        stream_->hold_until_sent(bytes.begin(), std::move(gathered->rows));
+      } else {
+        results.setRows(bytes);
+      }
+    });
   });
 }
 

@@ -10,6 +10,7 @@
 #include "common/embedding_placement.h"
 #include "ps/errors.h"
 #include "server/embedding/embedding_table.h"
+#include "server/embedding/row_buffers.h"
 
 using namespace ps;
 
@@ -316,4 +317,56 @@ TEST_CASE("a dynamic table's index stays exact through growth and many evictions
   });
   CHECK(seen == 500);
   CHECK(t.bytes() < 500 * 200 + 1024 * 4 * 40);
+}
+
+TEST_CASE("reply row buffers are reused, up to the pool's spare limit") {
+  RowBuffers pool(1u << 20);  // 1 MiB of spares
+  const float* first = nullptr;
+  {
+    auto a = pool.take(1000);
+    first = a.get();
+    CHECK(reinterpret_cast<uintptr_t>(first) % 64 == 0);
+    a.get()[999] = 1.0f;  // 1000 floats are there
+    CHECK(pool.spare_bytes() == 0);
+  }
+  CHECK(pool.spare_bytes() > 0);
+  {
+    // A smaller request reuses the spare; two at once need a second buffer.
+    auto b = pool.take(10);
+    CHECK(b.get() == first);
+    auto c = pool.take(10);
+    CHECK(c.get() != first);
+    CHECK(pool.spare_bytes() == 0);
+  }
+  CHECK(pool.spare_bytes() <= 1u << 20);
+  {
+    // One over the limit is freed, not kept.
+    auto big = pool.take((2u << 20) / sizeof(float));
+    big.get()[0] = 0;
+  }
+  CHECK(pool.spare_bytes() <= 1u << 20);
+}
+
+TEST_CASE("a dynamic table's rows stay put while it grows over many slabs") {
+  // Slabs come from chunks of growing size: every row keeps its values as
+  // new ones are added, and the table counts the memory of every slab.
+  TableSpec spec{.name = "d",
+                 .dim = 3,
+                 .dynamic = true,
+                 .placement = TablePlacement::kHash,
+                 .optimizer = RowOptimizerConfig::sgd(1.0f),
+                 .init = InitConfig::constant(0)};
+  EmbeddingTable t(spec, 0, 1);
+  const uint64_t n = 40 * EmbeddingTable::kSlabRows + 17;
+  std::vector<uint64_t> ids(n);
+  for (uint64_t i = 0; i < n; ++i) ids[i] = i * 7919 + 1;
+  std::vector<float> g(n * 3);
+  for (uint64_t i = 0; i < n * 3; ++i) g[i] = -float(i);
+  REQUIRE(t.check(ids, "push") == n);
+  t.push(ids, g, 1.0f);
+  std::vector<float> out(n * 3);
+  t.pull(ids, out.data());
+  for (uint64_t i = 0; i < n * 3; ++i) REQUIRE(out[i] == float(i));
+  CHECK(t.rows() == n);
+  CHECK(t.bytes() >= n * 3 * sizeof(float));
 }

@@ -1,7 +1,11 @@
 #include "server/embedding/embedding_table.h"
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <unordered_set>
 
 #include "ps/errors.h"
@@ -105,7 +109,7 @@ EmbeddingTable::EmbeddingTable(TableSpec spec, uint32_t shard, uint32_t shards)
   const std::size_t n = fixed_rows_ * spec_.dim;
   for (uint32_t c = 0; c < components(); ++c) {
     // Written in full below (no value-initialisation pass).
-    arrays_.push_back(std::unique_ptr<float[]>(new float[n]));
+    arrays_.push_back(map_array(n));
     if (c > 0) std::fill_n(arrays_.back().get(), n, optimizer_->slot_init(c - 1));
   }
   if (spec_.init.kind == InitKind::kZeros || spec_.init.kind == InitKind::kConstant) {
@@ -117,21 +121,64 @@ EmbeddingTable::EmbeddingTable(TableSpec spec, uint32_t shard, uint32_t shards)
 
 EmbeddingTable::~EmbeddingTable() = default;
 
+void EmbeddingTable::Unmap::operator()(float* p) const {
+  if (p != nullptr) munmap(p, bytes);
+}
+
+namespace {
+constexpr std::size_t kHugePage = 2u << 20;
+}  // namespace
+
+EmbeddingTable::Array EmbeddingTable::map_array(std::size_t floats) {
+  constexpr std::size_t kPage = 4096;
+  const std::size_t bytes =
+      (std::max<std::size_t>(1, floats * sizeof(float)) + kPage - 1) / kPage * kPage;
+  if (bytes < kHugePage) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    return Array(static_cast<float*>(p), Unmap{bytes});
+  }
+  // Huge pages need 2 MiB-aligned ranges: map a page more and give back the ends.
+  void* p =
+      mmap(nullptr, bytes + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  const auto raw = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t start = (raw + kHugePage - 1) & ~uintptr_t(kHugePage - 1);
+  if (start > raw) munmap(p, start - raw);
+  const uintptr_t end = raw + bytes + kHugePage, used = start + bytes;
+  if (end > used) munmap(reinterpret_cast<void*>(used), end - used);
+  // Before the first touch, so the pages come as huge ones (advice only: ignored without THP).
+  madvise(reinterpret_cast<void*>(start), bytes, MADV_HUGEPAGE);
+  return Array(reinterpret_cast<float*>(start), Unmap{bytes});
+}
+
+void EmbeddingTable::add_slabs() {
+  // Chunks of 1, 1, 2, 4 ... slabs, up to 2 MiB: a small table stays small,
+  // a large one is in huge pages.
+  const std::size_t slab_floats = std::size_t(kSlabRows) * spec_.dim;
+  const std::size_t most = std::max<std::size_t>(1, kHugePage / (slab_floats * sizeof(float)));
+  const std::size_t count = std::clamp<std::size_t>(slabs_[0].size(), 1, most);
+  for (auto& c : slabs_) {
+    chunks_.push_back(map_array(count * slab_floats));
+    for (std::size_t k = 0; k < count; ++k) c.push_back(chunks_.back().get() + k * slab_floats);
+  }
+}
+
 uint64_t EmbeddingTable::rows() const { return spec_.dynamic ? live_rows_ : fixed_rows_; }
 
 uint64_t EmbeddingTable::bytes() const {
   const uint64_t row_bytes = uint64_t(components()) * spec_.dim * sizeof(float);
-  if (!spec_.dynamic) return fixed_rows_ * row_bytes + mark_.size() * sizeof(uint32_t);
+  if (!spec_.dynamic) return fixed_rows_ * row_bytes;
   uint64_t slabs = 0;
   for (const auto& c : slabs_) slabs += c.size();
   return slabs * kSlabRows * row_bytes + slot_ids_.capacity() * sizeof(uint64_t) +
-         keys_.size() * (sizeof(uint64_t) + sizeof(uint32_t)) + mark_.size() * sizeof(uint32_t) +
+         keys_.size() * (sizeof(uint64_t) + sizeof(uint32_t)) +
          (lru_prev_.capacity() + lru_next_.capacity()) * sizeof(uint32_t);
 }
 
 float* EmbeddingTable::row(uint32_t component, uint64_t slot) const {
   if (!spec_.dynamic) return arrays_[component].get() + slot * spec_.dim;
-  return slabs_[component][slot / kSlabRows].get() + (slot % kSlabRows) * spec_.dim;
+  return slabs_[component][slot / kSlabRows] + (slot % kSlabRows) * spec_.dim;
 }
 
 void EmbeddingTable::init_row(uint64_t slot, uint64_t id) {
@@ -219,10 +266,7 @@ uint32_t EmbeddingTable::take_free_slot() {
   const uint64_t s = slot_ids_.size();
   if (s >= kEmpty - 1)
     throw RequestError(quoted(spec_) + " holds the most rows one shard can (2^32 - 2)");
-  if (s % kSlabRows == 0) {
-    for (auto& c : slabs_)
-      c.push_back(std::unique_ptr<float[]>(new float[std::size_t(kSlabRows) * spec_.dim]));
-  }
+  if (s / kSlabRows >= slabs_[0].size()) add_slabs();
   slot_ids_.push_back(0);
   if (spec_.on_limit == OnRowLimit::kEvictLru) {
     lru_prev_.push_back(kEmpty);
@@ -340,7 +384,24 @@ uint64_t EmbeddingTable::check(std::span<const uint64_t> ids, const char* what) 
 
 void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) {
   const std::size_t row_bytes = spec_.dim * sizeof(float);
-  if (spec_.dynamic && spec_.on_limit == OnRowLimit::kEvictLru) {
+  if (!spec_.dynamic) {
+    // Rows are random reads from a large array: the rows a few positions
+    // ahead are asked for while this one is copied, so their cache misses overlap.
+    constexpr std::size_t kAhead = 8;
+    const float* values = arrays_[0].get();
+    const std::size_t n = ids.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      if (i + kAhead < n) {
+        const auto* next = reinterpret_cast<const char*>(
+            values + placement_.local_row(ids[i + kAhead]) * spec_.dim);
+        for (std::size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(next + b);
+      }
+      std::memcpy(out + i * spec_.dim, values + placement_.local_row(ids[i]) * spec_.dim,
+                  row_bytes);
+    }
+    return;
+  }
+  if (spec_.on_limit == OnRowLimit::kEvictLru) {
     // Existing rows of the request first to the front: new ones evict others.
     for (uint64_t id : ids) {
       const uint32_t s = find(id);
@@ -348,7 +409,7 @@ void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) {
     }
   }
   for (std::size_t i = 0; i < ids.size(); ++i) {
-    std::memcpy(out + i * spec_.dim, row(0, local_slot(ids[i])), row_bytes);
+    std::memcpy(out + i * spec_.dim, row(0, find_or_insert(ids[i])), row_bytes);
   }
 }
 
@@ -361,34 +422,50 @@ void EmbeddingTable::push(std::span<const uint64_t> ids, std::span<const float> 
       if (s != kEmpty) touch(s);
     }
   }
-  std::vector<uint64_t> slots(ids.size());
-  for (std::size_t i = 0; i < ids.size(); ++i) slots[i] = local_slot(ids[i]);
-  // Duplicates: mark_[slot] = first position of the slot (valid where it agrees).
-  const uint64_t capacity = spec_.dynamic ? slot_ids_.size() : fixed_rows_;
-  if (mark_.size() < capacity)
-    mark_.resize(spec_.dynamic ? capacity + capacity / 2 + kSlabRows : capacity);
+  const std::size_t n = ids.size();
+  std::vector<uint64_t>& slots = push_slots_;
+  slots.resize(n);
+  for (std::size_t i = 0; i < n; ++i) slots[i] = local_slot(ids[i]);
+  // Repeated slots: the set maps a slot to its first position (load <= 1/2).
+  std::size_t capacity = 16;
+  while (capacity < 2 * n) capacity *= 2;
+  seen_slots_.resize(capacity);
+  seen_first_.assign(capacity, kEmpty);
+  const uint64_t mask = capacity - 1;
   std::vector<float> summed;    // gradients of duplicated ids, summed (allocated only if any)
   std::vector<uint32_t> first;  // per position: the first position of its slot
-  for (std::size_t i = 0; i < slots.size(); ++i) {
-    const uint32_t m = mark_[slots[i]];
-    if (m < i && slots[m] == slots[i]) {
-      if (summed.empty()) {
-        summed.assign(grads.begin(), grads.end());
-        first.resize(slots.size());
-        for (std::size_t k = 0; k < slots.size(); ++k) first[k] = static_cast<uint32_t>(k);
-      }
-      first[i] = m;
-      for (uint32_t j = 0; j < dim; ++j) summed[std::size_t(m) * dim + j] += grads[i * dim + j];
-    } else {
-      mark_[slots[i]] = static_cast<uint32_t>(i);
+  for (std::size_t i = 0; i < n; ++i) {
+    uint64_t h = mix_id(slots[i]) & mask;
+    while (seen_first_[h] != kEmpty && seen_slots_[h] != slots[i]) h = (h + 1) & mask;
+    if (seen_first_[h] == kEmpty) {
+      seen_slots_[h] = slots[i];
+      seen_first_[h] = static_cast<uint32_t>(i);
+      continue;
     }
+    const uint32_t m = seen_first_[h];
+    if (summed.empty()) {
+      summed.assign(grads.begin(), grads.end());
+      first.resize(n);
+      for (std::size_t k = 0; k < n; ++k) first[k] = static_cast<uint32_t>(k);
+    }
+    first[i] = m;
+    for (uint32_t j = 0; j < dim; ++j) summed[std::size_t(m) * dim + j] += grads[i * dim + j];
   }
   const float* g = summed.empty() ? grads.data() : summed.data();
   ++version_;
   float* slot_ptrs[4];
-  for (std::size_t i = 0; i < slots.size(); ++i) {
+  const uint32_t comps = components();
+  constexpr std::size_t kAhead = 4;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      // As in pull: the rows a few positions ahead are fetched while this one is updated.
+      for (uint32_t c = 0; c < comps; ++c) {
+        const auto* next = reinterpret_cast<const char*>(row(c, slots[i + kAhead]));
+        for (std::size_t b = 0; b < dim * sizeof(float); b += 64) __builtin_prefetch(next + b, 1);
+      }
+    }
     if (!first.empty() && first[i] != i) continue;
-    for (uint32_t c = 1; c < components(); ++c) slot_ptrs[c - 1] = row(c, slots[i]);
+    for (uint32_t c = 1; c < comps; ++c) slot_ptrs[c - 1] = row(c, slots[i]);
     optimizer_->apply(row(0, slots[i]), slot_ptrs, g + i * dim, dim, scale, version_);
   }
 }

@@ -104,13 +104,24 @@ class EmbeddingTable {
   uint64_t version_ = 0;
   uint64_t evictions_ = 0;
 
-  // Fixed: one array per component.
+  // Fixed: one array per component, in 2 MiB pages where the kernel has
+  // them (transparent huge pages): rows are read and written at random, and
+  // with 4 KiB pages nearly every row costs a TLB miss as well as a cache miss.
+  struct Unmap {
+    std::size_t bytes = 0;
+    void operator()(float* p) const;
+  };
+  using Array = std::unique_ptr<float[], Unmap>;
+  static Array map_array(std::size_t floats);
   uint64_t fixed_rows_ = 0;
-  std::vector<std::unique_ptr<float[]>> arrays_;
+  std::vector<Array> arrays_;
 
   // Dynamic.
-  std::vector<std::vector<std::unique_ptr<float[]>>> slabs_;  // [component][slab]
-  std::vector<uint64_t> slot_ids_;                            // id of each slot
+  // [component][slab]: slabs cut from chunks that grow to 2 MiB (huge pages, as fixed tables').
+  std::vector<std::vector<float*>> slabs_;
+  std::vector<Array> chunks_;
+  void add_slabs();
+  std::vector<uint64_t> slot_ids_;  // id of each slot
   std::vector<uint32_t> free_slots_;
   uint64_t live_rows_ = 0;
   std::vector<uint64_t> keys_;    // index: ids
@@ -119,9 +130,13 @@ class EmbeddingTable {
   std::vector<uint32_t> lru_prev_, lru_next_;  // kEvictLru only
   uint32_t lru_head_ = kEmpty, lru_tail_ = kEmpty;
 
-  // Push: first position of each slot in the request (a sparse set: valid
-  // only where ids agree, so it is never cleared).
-  std::vector<uint32_t> mark_;
+  // Push scratch, reused between requests: each position's slot, and an
+  // open-addressing set of the request's slots (slot, first position) that
+  // finds repeated ids. Sized by the request, not the table, so it stays in
+  // cache and costs no memory per row.
+  std::vector<uint64_t> push_slots_;
+  std::vector<uint64_t> seen_slots_;
+  std::vector<uint32_t> seen_first_;
 };
 
 }  // namespace ps

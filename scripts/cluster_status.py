@@ -80,7 +80,8 @@ def report(addrs, token, timeout):
             s = fetch(a, token, timeout)
         except (OSError, ValueError, urllib.error.URLError) as e:
             reason = getattr(e, "reason", e)
-            rows.append([f"?", a, f"unreachable: {reason}"])
+            reason = getattr(reason, "strerror", None) or str(reason)
+            rows.append(["?", a, f"unreachable: {reason.lower()}"])
             failed += 1
             continue
         steps = (f"{s['global_step']} of {s['train_steps']}" if s["train_steps"] > 0
@@ -104,7 +105,9 @@ def report(addrs, token, timeout):
     head = ["shard", "address", "global step", "progress", "steps/s", "samples/s", "workers",
             "waits", "state"]
     table = [head] + rows
-    widths = [max(len(r[i]) for r in table if i < len(r)) for i in range(len(head))]
+    # An unreachable shard's message spans the columns after its address.
+    widths = [max(len(r[i]) for r in table if i < len(r) and (len(r) > 3 or i < 2))
+              for i in range(len(head))]
     for r in table:
         if len(r) == 3:  # unreachable
             print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]}")
@@ -113,6 +116,8 @@ def report(addrs, token, timeout):
     if jobs:
         # The ETA of the job is the slowest shard's.
         eta = f", ETA {fmt_duration(max(etas))}" if etas else ""
+        if rows and all(r[-1] == "finished" for r in rows):
+            eta = ", finished"
         print(f"job: {'; '.join(sorted(jobs))}{eta}")
         if len(jobs) > 1:
             print("warning: the shards disagree on the job (started by different chiefs?)")

@@ -423,6 +423,15 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
         static_cast<long long>(data.train.size), spec.num_workers(), spec.num_ps(),
         start_global > 0 ? fmt::format("; going on from global step {}", start_global).c_str()
                          : "");
+    // psd keeps each tensor's optimizer as the job created it: a job going on
+    // from a checkpoint keeps its first run's schedule.
+    if (start_global > 0 && f.lr_schedule == "cosine") {
+      std::printf(
+          "worker %d (chief): the learning rate keeps the schedule the job was created with (psd "
+          "keeps it with the model): a cosine one ends at the first run's planned steps and "
+          "stays at its --lr_alpha x the rate from there\n",
+          worker);
+    }
   } else {
     std::printf("worker %d: model ready, training (%s)\n", worker,
                 to_string(session.job()).c_str());
@@ -542,7 +551,10 @@ int main(int argc, char** argv) {
   ps::TrainerFlags f;
   f.epochs = 5;
   f.learning_rate = 0.002f;
-  f.lr_decay = 0.6;
+  // Cosine over the planned steps: more epochs keep paying (docs/training.md,
+  // "The default schedule", has the measurement).
+  f.lr_schedule = "cosine";
+  f.lr_alpha = 0.1;  // an extended job (a larger --train_steps) goes on at 0.1 x the rate
   ps::add_trainer_flags(app, f);
   MnistFlags m;
   app.add_option("--hidden_units", m.hidden_units,

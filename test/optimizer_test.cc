@@ -2,6 +2,10 @@
 // rule, over several steps with varying gradients and sync-mode scales.
 #include <catch2/catch.hpp>
 
+#include <capnp/message.h>
+
+#include "common/wire_convert.h"
+
 #include <cmath>
 #include <random>
 
@@ -298,4 +302,19 @@ TEST_CASE(
     CHECK(w == w_before);
     CHECK(slots == slots_before);
   }
+}
+
+TEST_CASE("a cosine schedule crosses the wire whole (schedule, decay steps, alpha)") {
+  auto c = OptimizerConfig::adam(0.002f);
+  c.schedule = ps::LrSchedule::kCosineDecay;
+  c.decay_steps = 12345;
+  c.alpha = 0.1f;
+  capnp::MallocMessageBuilder message;
+  auto spec = message.initRoot<ps::wire::OptimizerSpec>();
+  ps::to_wire(c, spec);
+  const OptimizerConfig back = ps::from_wire(spec.asReader());
+  CHECK(back.schedule == ps::LrSchedule::kCosineDecay);
+  CHECK(back.decay_steps == 12345);
+  CHECK(back.alpha == 0.1f);
+  CHECK(back.learning_rate_at(12345) == Approx(0.0002));
 }

@@ -82,9 +82,12 @@ wait "$ev_pid"; rc=$?
 chief_figures=$(final_figures "$tmp/chief2.out")
 line=$(eval_line "$tmp/ev2.out" 300)
 echo "chief: $chief_figures; evaluator: $line"
-[[ -n "$chief_figures" && "$line" == *"| $chief_figures |"*"| final" ]] ||
+# (Its last line is marked final unless it had pulled that step before the chief ended the job.)
+[[ -n "$chief_figures" && "$line" == *"| $chief_figures |"* ]] ||
   fail "the pulling evaluator's final line does not show the chief's $chief_figures: $(cat "$tmp/ev2.out")"
-# It evaluated while the job trained too (steps before the last, increasing).
+grep -q "evaluated the job's last parameters (global step 300)" "$tmp/ev2.out" ||
+  fail "the pulling evaluator does not say it evaluated the last parameters: $(tail -n 2 "$tmp/ev2.out")"
+# It evaluated while the job trained too (steps increasing, none twice).
 steps=$(sed -n 's/^evaluator | global step \([0-9]*\) .*/\1/p' "$tmp/ev2.out" | tr '\n' ' ')
 sorted=$(echo "$steps" | tr ' ' '\n' | grep . | sort -n -u | tr '\n' ' ')
 [ "$steps" = "$sorted" ] || fail "evaluated steps not increasing (or repeated): $steps"

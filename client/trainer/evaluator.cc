@@ -126,9 +126,17 @@ EvaluatorResult run_evaluator(const EvaluatorOptions& o,
       } catch (const ConnectionError& e) {
         // psd exits once the job finished and its workers left.
         if (r.evaluations == 0) throw;
-        r.stopped_because = "psd went away (" + std::string(e.what()) + "): the job is over";
+        r.stopped_because =
+            "psd went away (" + std::string(e.what()) + "); psd exits once the job is done";
         return r;
       }
+    }
+    if (s && s->final && s->global_step == r.last_step) {
+      // Pulled at the last step while the chief was still finishing: done already.
+      r.saw_final = true;
+      r.stopped_because = "evaluated the job's last parameters (global step " +
+                          std::to_string(s->global_step) + ")";
+      return r;
     }
     if (s) {
       evaluate(*s);

@@ -1,6 +1,8 @@
 #include "ps/tensor_spec.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numbers>
 
 #include "ps/errors.h"
 
@@ -112,6 +114,15 @@ float OptimizerConfig::learning_rate_at(int64_t global_step) const {
       // As tf.train.piecewise_constant: the old rate holds at the boundary itself.
       for (int64_t b : boundaries) passed += global_step > b ? 1 : 0;
       return static_cast<float>(learning_rate * std::pow(static_cast<double>(decay_rate), passed));
+    }
+    case LrSchedule::kCosineDecay: {
+      // As tf.compat.v1.train.cosine_decay: alpha * lr from decay_steps on.
+      const double steps = static_cast<double>(decay_steps > 0 ? decay_steps : 1);
+      const double p =
+          std::min(static_cast<double>(std::max<int64_t>(global_step, 0)), steps) / steps;
+      const double cosine = 0.5 * (1.0 + std::cos(std::numbers::pi * p));
+      const double a = static_cast<double>(alpha);
+      return static_cast<float>(learning_rate * (a + (1.0 - a) * cosine));
     }
   }
   return learning_rate;

@@ -25,6 +25,7 @@ void to_wire(const OptimizerConfig& c, wire::OptimizerSpec::Builder out) {
   out.setStaircase(c.staircase);
   auto b = out.initBoundaries(static_cast<unsigned>(c.boundaries.size()));
   for (unsigned i = 0; i < c.boundaries.size(); ++i) b.set(i, c.boundaries[i]);
+  out.setAlpha(c.alpha);
 }
 
 OptimizerConfig from_wire(wire::OptimizerSpec::Reader in) {
@@ -42,13 +43,14 @@ OptimizerConfig from_wire(wire::OptimizerSpec::Reader in) {
   c.initial_accumulator = in.getInitialAccumulator();
   c.decay = in.getDecay();
   auto schedule = static_cast<unsigned>(in.getSchedule());
-  if (schedule > static_cast<unsigned>(LrSchedule::kPiecewise))
+  if (schedule > static_cast<unsigned>(LrSchedule::kCosineDecay))
     throw RequestError("unknown learning-rate schedule " + std::to_string(schedule));
   c.schedule = static_cast<LrSchedule>(schedule);
   c.decay_rate = in.getDecayRate();
   c.decay_steps = in.getDecaySteps();
   c.staircase = in.getStaircase();
   for (int64_t b : in.getBoundaries()) c.boundaries.push_back(b);
+  c.alpha = in.getAlpha();
   return c;
 }
 

@@ -366,7 +366,7 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
   const ps::JobConfig job = f.job_config(spec, steps);
   int64_t per_global = f.examples_per_global_step(spec);
   const ps::OptimizerConfig oc =
-      f.optimizer_config(std::max<int64_t>(1, data.train_total / per_global));
+      f.optimizer_config(std::max<int64_t>(1, data.train_total / per_global), steps);
   spdlog::info("{}: {}", spec.to_string(), to_string(job));
 
   WideDeep model(shape, c.embedding_dim, std::max(f.batch_size, c.eval_batch));

@@ -5,15 +5,19 @@
 //   mnist_trainer --job_name=ps     --task_index=0 --ps_hosts=127.0.0.1:2222 --worker_hosts=...
 //   mnist_trainer --job_name=worker --task_index=0 --ps_hosts=127.0.0.1:2222
 //                 --worker_hosts=127.0.0.1:2230,127.0.0.1:2231 [--sync_replicas] --epochs=5
+//   mnist_trainer --job_name=evaluator --checkpoint_dir=/tmp/ckpt --logdir=/tmp/tb
+//                 # evaluates each new checkpoint of the ps (or, with --ps_hosts, pulls from it)
 //   mnist_trainer --local --epochs=5       # one process, no ps: the same loop, for comparison
 //
 // Without --ps_hosts/--worker_hosts the cluster comes from TF_CONFIG or Slurm.
 // scripts/launch_local.sh starts a whole job on this machine.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 
 #include <CLI/CLI.hpp>
@@ -24,6 +28,7 @@
 #include "server/optimizer.h"  // psd's update rules, for --local with a non-SGD optimizer
 #include "ps/client.h"
 #include "ps/errors.h"
+#include "ps/evaluator.h"
 #include "ps/hooks.h"
 #include "ps/mlp.h"
 #include "ps/mnist.h"
@@ -46,8 +51,10 @@ struct MnistFlags {
   double target_accuracy = 0.85;
   bool stop_at_target = false;
   bool local = false;
-  bool scale_lr = true;      // sync: learning rate x sqrt(replicas aggregated)
-  std::string restore_from;  // chief: start the job from this checkpoint directory
+  bool scale_lr = true;            // sync: learning rate x sqrt(replicas aggregated)
+  std::string restore_from;        // chief: start the job from this checkpoint directory
+  double eval_secs = 10;           // evaluator: how often it looks for new parameters
+  double eval_timeout_secs = 300;  // evaluator: stops after this long with nothing new
 };
 
 double seconds(Clock::time_point a, Clock::time_point b) {
@@ -194,7 +201,7 @@ int run_local(const ps::TrainerFlags& f, const MnistFlags& m) {
                             : ps::steps_for_epochs(f.epochs, data.train.size, f.batch_size);
   if (steps <= 0) throw ps::ConfigError("give --train_steps or --epochs (both are 0)");
   const ps::OptimizerConfig oc =
-      f.optimizer_config(std::max<int64_t>(1, data.train.size / f.batch_size));
+      f.optimizer_config(std::max<int64_t>(1, data.train.size / f.batch_size), steps);
   // SGD runs in the engine (apply_sgd); other rules as psd applies them.
   std::unique_ptr<ps::Optimizer> opt;
   std::vector<std::vector<float>> slots;
@@ -255,6 +262,91 @@ int run_local(const ps::TrainerFlags& f, const MnistFlags& m) {
   return 0;
 }
 
+// --job_name=evaluator: evaluates the job's parameters as they change, from
+// the ps tasks' checkpoints (checkpoint_dir) or pulled from `ps_hosts`, in a
+// process of its own at a lower CPU priority, and writes the scalars the chief
+// writes to <logdir>/eval (TensorBoard shows them as a run beside the chief's).
+int run_evaluator_task(const ps::TrainerFlags& f, const MnistFlags& m,
+                       const std::string& checkpoint_dir,
+                       const std::vector<std::string>& ps_hosts) {
+  // Nice 10: on a machine shared with workers, they get the CPU first.
+  if (::setpriority(PRIO_PROCESS, 0, 10) != 0)
+    spdlog::warn("evaluator: could not lower its CPU priority (going on)");
+  if (checkpoint_dir.empty() && ps_hosts.empty()) {
+    throw ps::ConfigError(
+        "--job_name=evaluator reads the model from --checkpoint_dir (the ps tasks' checkpoints) "
+        "or pulls it from --ps_hosts: give one");
+  }
+  if (!(m.eval_secs > 0) || !(m.eval_timeout_secs > 0))
+    throw ps::ConfigError("--eval_secs and --eval_timeout_secs must be > 0");
+  auto data = load_data(f, m, "evaluator");
+  const ps::MlpShape shape = make_shape(m, data);
+  ps::Towers towers = make_towers(shape, f, -1);
+  std::unique_ptr<ps::SummaryWriter> summaries;
+  if (!f.logdir.empty()) summaries = std::make_unique<ps::SummaryWriter>(f.logdir + "/eval");
+  std::unique_ptr<ps::Client> client;
+  ps::EvaluatorOptions eo;
+  eo.checkpoint_dir = checkpoint_dir;
+  eo.interval = std::chrono::milliseconds(static_cast<int64_t>(m.eval_secs * 1000));
+  eo.timeout = std::chrono::milliseconds(static_cast<int64_t>(m.eval_timeout_secs * 1000));
+  for (const ps::TensorSlot& t : towers.layout().tensors()) eo.tensors.push_back(t.name);
+  if (checkpoint_dir.empty()) {
+    ps::ClientOptions co;  // a tool (worker_index -1): no worker of the job
+    co.ps_hosts = ps_hosts;
+    co.connect_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(f.connect_timeout_s * 1000));
+    co.call_timeout = std::max(co.call_timeout, co.connect_timeout);
+    co.dead_peer_timeout = std::chrono::seconds(f.dead_peer_secs);
+    co.auth_token_file = f.auth_token_file;
+    co.reconnect_timeout = std::chrono::seconds(2);  // psd exits when the job is done
+    client = std::make_unique<ps::Client>(co);
+    eo.client = client.get();
+  }
+  std::span<float> params = towers.host_params();
+  const auto start = Clock::now();
+  const ps::EvaluatorResult r = ps::run_evaluator(eo, [&](const ps::ParameterSnapshot& s) {
+    for (const ps::TensorSlot& t : towers.layout().tensors()) {
+      auto it = s.tensors.find(t.name);
+      if (it == s.tensors.end()) {
+        throw ps::ConfigError(
+            fmt::format("the job's model has no tensor '{}': is --hidden_units ({}) the chief's?",
+                        t.name, m.hidden_units));
+      }
+      if (it->second.size() != t.count) {
+        throw ps::ConfigError(fmt::format(
+            "tensor '{}' has {} values in the job, {} in this model: is --hidden_units ({}) the "
+            "chief's?",
+            t.name, it->second.size(), t.count, m.hidden_units));
+      }
+      std::copy(it->second.begin(), it->second.end(), params.begin() + t.offset);
+    }
+    towers.upload_params();
+    const Evaluation e = evaluate(towers, data);
+    std::printf(
+        "evaluator | global step %lld | validation accuracy %s | test accuracy %.4f | test "
+        "cross-entropy %.4f | %.1f s%s\n",
+        static_cast<long long>(s.global_step), validation_accuracy(e, data).c_str(),
+        e.test.accuracy(), e.test.loss, seconds(start, Clock::now()), s.final ? " | final" : "");
+    std::fflush(stdout);
+    if (summaries) {
+      summaries->add_scalar("accuracy/test", static_cast<float>(e.test.accuracy()), s.global_step);
+      summaries->add_scalar("cross_entropy/test", static_cast<float>(e.test.loss), s.global_step);
+      if (data.validation.size > 0) {
+        summaries->add_scalar("accuracy/validation", static_cast<float>(e.validation.accuracy()),
+                              s.global_step);
+        summaries->add_scalar("cross_entropy/validation", static_cast<float>(e.validation.loss),
+                              s.global_step);
+      }
+      summaries->flush();
+    }
+  });
+  std::printf("evaluator: done after %lld evaluations (last at global step %lld): %s\n",
+              static_cast<long long>(r.evaluations), static_cast<long long>(r.last_step),
+              r.stopped_because.c_str());
+  std::fflush(stdout);
+  return r.evaluations > 0 ? 0 : 1;
+}
+
 int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags& m) {
   // Sync steps average R gradients: a batch R times larger, which takes a
   // larger step (the square-root rule, suited to Adam).
@@ -269,7 +361,7 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
   int64_t per_global = f.examples_per_global_step(spec);
   const ps::JobConfig job = f.job_config(spec, steps);
   const ps::OptimizerConfig oc =
-      f.optimizer_config(std::max<int64_t>(1, data.train.size / per_global));
+      f.optimizer_config(std::max<int64_t>(1, data.train.size / per_global), steps);
   const bool chief = spec.is_chief();
   const int worker = spec.worker_index();
 
@@ -310,6 +402,15 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
         static_cast<long long>(data.train.size), spec.num_workers(), spec.num_ps(),
         start_global > 0 ? fmt::format("; going on from global step {}", start_global).c_str()
                          : "");
+    // psd keeps each tensor's optimizer as the job created it: a job going on
+    // from a checkpoint keeps its first run's schedule.
+    if (start_global > 0 && f.lr_schedule == "cosine") {
+      std::printf(
+          "worker %d (chief): the learning rate keeps the schedule the job was created with (psd "
+          "keeps it with the model): a cosine one ends at the first run's planned steps and "
+          "stays at its --lr_alpha x the rate from there\n",
+          worker);
+    }
   } else {
     std::printf("worker %d: model ready, training (%s)\n", worker,
                 to_string(session.job()).c_str());
@@ -421,7 +522,10 @@ int main(int argc, char** argv) {
   ps::TrainerFlags f;
   f.epochs = 5;
   f.learning_rate = 0.002f;
-  f.lr_decay = 0.6;
+  // Cosine over the planned steps: more epochs keep paying (docs/training.md,
+  // "The default schedule", has the measurement).
+  f.lr_schedule = "cosine";
+  f.lr_alpha = 0.1;  // an extended job (a larger --train_steps) goes on at 0.1 x the rate
   ps::add_trainer_flags(app, f);
   MnistFlags m;
   app.add_option("--hidden_units", m.hidden_units,
@@ -449,6 +553,12 @@ int main(int argc, char** argv) {
                  "chief: start the job from the newest checkpoint in this directory (a ps "
                  "--checkpoint_dir) and go "
                  "on from its step");
+  app.add_option("--eval_secs", m.eval_secs,
+                 "evaluator: look for new parameters (a checkpoint, or psd's step) this often")
+      ->capture_default_str();
+  app.add_option("--eval_timeout_secs", m.eval_timeout_secs,
+                 "evaluator: stop after this long without new parameters")
+      ->capture_default_str();
   app.add_flag("--local", m.local,
                "train in this process alone: no cluster, no psd (for comparison)");
   ps::PsTaskFlags psf;
@@ -466,5 +576,9 @@ int main(int argc, char** argv) {
            [&](int task, int num_ps, const std::string& address) {
              return ps::run_ps_task(task, num_ps, address, psf);
            },
-       .worker = [&](const ps::ClusterSpec& spec) { return run_worker(spec, f, m); }});
+       .worker = [&](const ps::ClusterSpec& spec) { return run_worker(spec, f, m); },
+       .evaluator =
+           [&](const std::vector<std::string>& ps_hosts) {
+             return run_evaluator_task(f, m, psf.options.checkpoint.dir, ps_hosts);
+           }});
 }

@@ -46,12 +46,14 @@ struct OptimizerSpec {
   decaySteps @11 :Int64 = 1;
   staircase @12 :Bool = false;
   boundaries @13 :List(Int64);
+  alpha @14 :Float32 = 0.0;        # cosineDecay: the final rate as a fraction of learningRate
 }
 
 enum LrSchedule {
   constant @0;
   exponentialDecay @1;
   piecewise @2;
+  cosineDecay @3;     # as tf.compat.v1.train.cosine_decay(lr, step, decaySteps, alpha)
 }
 
 enum InitKind {

@@ -23,6 +23,9 @@
 #   --unix             workers reach psd over Unix-domain sockets in the run directory (psd mode)
 #   --timeout S        stop everything after S seconds (default 0: none)
 #   --quiet            do not follow the chief on the terminal
+# The chief writes TensorBoard summaries to <run_dir>/tb unless a --logdir follows --;
+# the launcher prints the tensorboard command, each ps's status page, and the
+# scripts/cluster_status.py command that shows every shard in one table.
 # Environment: BUILD_DIR (default build), DATA_DIR (default data/fashion-mnist,
 # made by scripts/get_data.sh when missing; mnist_trainer and torch_mnist only).
 set -uo pipefail
@@ -156,11 +159,26 @@ ps_list=$(IFS=,; echo "${ps_hosts[*]}")
 worker_list=""
 for ((j = 0; j < workers; j++)); do worker_list+="${worker_list:+,}127.0.0.1:$((port_base + num_ps + j))"; done
 
+# The chief's TensorBoard summaries go to the run directory unless the flags name a --logdir.
+logdir=""
+for ((k = 0; k < ${#trainer_flags[@]}; k++)); do
+  case "${trainer_flags[$k]}" in
+    --logdir=* | --log_dir=*) logdir=${trainer_flags[$k]#*=} ;;
+    --logdir | --log_dir) logdir=${trainer_flags[$((k + 1))]:-} ;;
+  esac
+done
+if [ -z "$logdir" ]; then
+  logdir="$run_dir/tb"
+  trainer_flags+=(--logdir "$logdir")
+fi
+
 mode_flags=()
 [ "$sync" = 1 ] && mode_flags+=(--sync_replicas)
 [ "$staleness" != 0 ] && mode_flags+=(--max_staleness "$staleness")
 echo "launch_local: ps $ps_list, $workers workers, run directory $run_dir" >&2
 echo "launch_local: $trainer ${mode_flags[*]} ${data_flags[*]} ${trainer_flags[*]}" >&2
+echo "launch_local: TensorBoard: tensorboard --logdir $logdir" >&2
+[ ${#http_flags[@]} -gt 0 ] && echo "launch_local: every shard in one table: scripts/cluster_status.py $run_dir" >&2
 
 # --- workers (the chief last, so the others are already waiting for it) ---
 start_worker() {

@@ -259,8 +259,11 @@ void validate_optimizer(const OptimizerConfig& c) {
           "Adagrad's initial accumulator must be > 0");
   require(c.decay >= 0 && c.decay < 1, "RMSProp's decay must be in [0, 1)");
   require(std::isfinite(c.decay_rate) && c.decay_rate > 0, "decay rate must be finite and > 0");
-  require(c.schedule != LrSchedule::kExponentialDecay || c.decay_steps > 0,
+  require((c.schedule != LrSchedule::kExponentialDecay && c.schedule != LrSchedule::kCosineDecay) ||
+              c.decay_steps > 0,
           "decay steps must be > 0");
+  require(c.schedule != LrSchedule::kCosineDecay || (c.alpha >= 0 && c.alpha <= 1),
+          "cosine decay's alpha (the final fraction of the learning rate) must be in [0, 1]");
   require(
       c.schedule != LrSchedule::kExponentialDecay || c.decay_rate <= 1,
       "exponential decay's decay rate must be <= 1 (above, the learning rate grows without bound)");

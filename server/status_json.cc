@@ -1,5 +1,6 @@
 #include "server/status_json.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -70,7 +71,41 @@ const char* mode_name(SyncMode m) {
   return "?";
 }
 
+// Seconds of history the rates (and the ETA) are measured over.
+constexpr double kRateWindowSecs = 10;
+
 }  // namespace
+
+JobProgress job_progress(const Shard& shard, const ProgressHistory& history, double now_unix_secs) {
+  const JobState& job = shard.job();
+  JobProgress p;
+  const int64_t step = job.global_step();
+  const int64_t stop = job.config().train_steps;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  p.fraction =
+      stop > 0 ? std::min(1.0, static_cast<double>(step) / static_cast<double>(stop)) : nan;
+  // The oldest sample inside the window against now.
+  p.steps_per_sec = nan;
+  for (const ProgressSample& s : history.samples()) {
+    const double dt = now_unix_secs - s.unix_secs;
+    if (dt > kRateWindowSecs) continue;
+    if (dt >= 1.0 && step >= s.global_step)
+      p.steps_per_sec = static_cast<double>(step - s.global_step) / dt;
+    break;
+  }
+  p.eta_secs = nan;
+  if (job.finished() || (stop > 0 && step >= stop)) {
+    p.eta_secs = 0;
+  } else if (stop > 0 && std::isfinite(p.steps_per_sec) && p.steps_per_sec > 0) {
+    p.eta_secs = static_cast<double>(stop - step) / p.steps_per_sec;
+  }
+  p.samples_per_sec = 0;
+  for (const auto& [i, w] : job.workers()) {
+    if (w.connections > 0 && w.report && std::isfinite(w.report->samples_per_sec))
+      p.samples_per_sec += w.report->samples_per_sec;
+  }
+  return p;
+}
 
 ProgressSample sample_progress(const Shard& shard, double now_unix_secs) {
   ProgressSample s;
@@ -103,6 +138,15 @@ std::string status_json(const Shard& shard, const ProgressHistory& history, doub
       "out\":{},",
       job.global_step(), job.config().train_steps, c.pushes.load(), c.pulls.load(),
       c.bytes_in.load(), c.bytes_out.load());
+  // Progress, rates and ETA, so the page and scripts/cluster_status need no arithmetic.
+  const JobProgress p = job_progress(shard, history, now_unix_secs);
+  int workers_connected = 0;
+  for (const auto& [i, w] : job.workers()) workers_connected += w.connections > 0 ? 1 : 0;
+  o += fmt::format(
+      "\"progress\":{},\"steps_per_sec\":{},\"eta_secs\":{},\"samples_per_sec\":{},"
+      "\"workers_seen\":{},\"workers_connected\":{},",
+      number(p.fraction), number(p.steps_per_sec), number(p.eta_secs), number(p.samples_per_sec),
+      job.workers().size(), workers_connected);
   o += fmt::format("\"stale\":{},\"rejected\":{},\"connections\":{},\"now\":{},", c.stale.load(),
                    c.rejected.load(), c.connections.load(), number(now_unix_secs));
   o += fmt::format("\"last_checkpoint_step\":{},\"last_checkpoint_unix_secs\":{},",

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <regex>
 #include <thread>
 
 #include <capnp/ez-rpc.h>
@@ -276,4 +277,87 @@ TEST_CASE(
         std::string::npos);
   CHECK(status.body.find("\"rows_pulled\":5,\"rows_pushed\":2,\"evictions\":0}") !=
         std::string::npos);
+}
+
+namespace {
+
+// The raw JSON text of `key`'s value in a flat status.json member ("null", "12", ...).
+std::string json_value(const std::string& body, const std::string& key) {
+  std::smatch m;
+  if (std::regex_search(body, m, std::regex("\"" + key + "\":([^,\\]}]*)"))) return m[1].str();
+  return "";
+}
+double json_number(const std::string& body, const std::string& key) {
+  const std::string v = json_value(body, key);
+  INFO(key << " = '" << v << "'");
+  REQUIRE(!v.empty());
+  REQUIRE(v != "null");
+  return std::stod(v);
+}
+
+}  // namespace
+
+TEST_CASE("/status.json gives the job's progress, steps/s, ETA, samples/s and workers seen") {
+  MonitoredPsd m;
+  // No job yet: no progress, no ETA, no workers.
+  auto idle = ps::test::http_get(m.http_port, "/status.json");
+  REQUIRE(idle.status == 200);
+  CHECK(json_value(idle.body, "configured") == "false");
+  CHECK(json_value(idle.body, "progress") == "null");
+  CHECK(json_value(idle.body, "eta_secs") == "null");
+  CHECK(json_value(idle.body, "workers_seen") == "0");
+
+  const int64_t stop = 100000;
+  std::vector<std::unique_ptr<Client>> workers;
+  for (int i = 0; i < 2; ++i) {
+    ClientOptions o = worker_options(m.psd, i);
+    o.is_chief = i == 0;
+    workers.push_back(std::make_unique<Client>(o));
+  }
+  workers[0]->init_job(
+      JobConfig{.mode = SyncMode::kAsync, .total_replicas = 2, .train_steps = stop});
+  workers[0]->create(model());
+  workers[0]->set_ready();
+  workers[1]->declare(model());
+  // A little over two seconds of steps, so the one-second history holds a rate.
+  std::vector<float> w(16), b(4), gw(16, 0.001f), gb(4, 0.001f);
+  const auto start = std::chrono::steady_clock::now();
+  int64_t local = 0;
+  while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(2300)) {
+    ++local;
+    for (int i = 0; i < 2; ++i) {
+      workers[i]->pull({"w", "b"}, {w, b});
+      workers[i]->push_and_step({"w", "b"}, {gw, gb}, local - 1, local);
+      workers[i]->report(local, 1.0f, 0.5f, 1500.0f * float(i + 1), 0.1f);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (auto& c : workers) c->stats();  // the reports have been handled
+
+  auto answer = ps::test::http_get(m.http_port, "/status.json");
+  REQUIRE(answer.status == 200);
+  INFO(answer.body.substr(0, 1500));
+  const double step = json_number(answer.body, "global_step");
+  CHECK(step >= 2 * 10);
+  CHECK(json_number(answer.body, "train_steps") == stop);
+  CHECK(json_number(answer.body, "progress") == Approx(step / stop).epsilon(1e-9));
+  const double rate = json_number(answer.body, "steps_per_sec");
+  // Measured over the last (at most 10) seconds: between 0 and all steps in one second.
+  CHECK(rate > 0);
+  CHECK(rate <= step);
+  CHECK(json_number(answer.body, "eta_secs") == Approx((stop - step) / rate).epsilon(1e-6));
+  CHECK(json_number(answer.body, "samples_per_sec") == Approx(1500.0 + 3000.0));
+  CHECK(json_value(answer.body, "workers_seen") == "2");
+  CHECK(json_value(answer.body, "workers_connected") == "2");
+
+  // Worker 1 leaves: seen still, no longer connected, its samples/s no longer counted.
+  workers[1].reset();
+  for (int i = 0; i < 50; ++i) {
+    answer = ps::test::http_get(m.http_port, "/status.json");
+    if (json_value(answer.body, "workers_connected") == "1") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  CHECK(json_value(answer.body, "workers_connected") == "1");
+  CHECK(json_value(answer.body, "workers_seen") == "2");
+  CHECK(json_number(answer.body, "samples_per_sec") == Approx(1500.0));
 }

@@ -2,6 +2,10 @@
 // rule, over several steps with varying gradients and sync-mode scales.
 #include <catch2/catch.hpp>
 
+#include <capnp/message.h>
+
+#include "common/wire_convert.h"
+
 #include <cmath>
 #include <random>
 
@@ -44,6 +48,12 @@ struct Reference {
       int k = 0;
       for (auto b : c.boundaries) k += step > b;
       return base * std::pow(double(c.decay_rate), k);
+    }
+    if (c.schedule == ps::LrSchedule::kCosineDecay) {
+      const double p =
+          std::min<double>(double(step), double(c.decay_steps)) / double(c.decay_steps);
+      return base *
+             (c.alpha + (1.0 - c.alpha) * 0.5 * (1.0 + std::cos(3.14159265358979323846 * p)));
     }
     return base;
   }
@@ -154,6 +164,26 @@ TEST_CASE("learning-rate schedules match tf.train semantics") {
   CHECK(p.learning_rate_at(5) == Approx(0.001));
   CHECK(p.learning_rate_at(6) == Approx(0.0001));
   check_matches(p);
+
+  // tf.compat.v1.train.cosine_decay: lr at step 0, half of it (above alpha)
+  // half-way, alpha * lr from decay_steps on.
+  auto cos = OptimizerConfig::sgd(0.1f);
+  cos.schedule = ps::LrSchedule::kCosineDecay;
+  cos.decay_steps = 10;
+  CHECK(cos.learning_rate_at(0) == Approx(0.1));
+  CHECK(cos.learning_rate_at(5) == Approx(0.05));
+  CHECK(cos.learning_rate_at(10) == Approx(0.0).margin(1e-9));
+  CHECK(cos.learning_rate_at(25) == Approx(0.0).margin(1e-9));
+  cos.alpha = 0.2f;
+  CHECK(cos.learning_rate_at(5) == Approx(0.02 + 0.8 * 0.05));
+  CHECK(cos.learning_rate_at(2) ==
+        Approx(0.1 * (0.2 + 0.8 * 0.5 * (1 + std::cos(0.2 * 3.14159265358979323846)))));
+  CHECK(cos.learning_rate_at(40) == Approx(0.02));
+  check_matches(cos);
+  auto cos_adam = OptimizerConfig::adam(0.01f);
+  cos_adam.schedule = ps::LrSchedule::kCosineDecay;
+  cos_adam.decay_steps = 7;
+  check_matches(cos_adam);
 }
 
 TEST_CASE("optimizer configurations that cannot train are refused") {
@@ -186,6 +216,15 @@ TEST_CASE("optimizer configurations that cannot train are refused") {
   warmup.boundaries.assign(40, 5);
   CHECK_THROWS_WITH(ps::make_optimizer(warmup), Catch::Contains("overflows"));
   CHECK(OptimizerConfig::from_name("nesterov", 0.1f).nesterov);
+  auto cos = OptimizerConfig::sgd(0.1f);
+  cos.schedule = ps::LrSchedule::kCosineDecay;
+  cos.decay_steps = 0;
+  CHECK_THROWS_WITH(ps::make_optimizer(cos), Catch::Contains("decay steps"));
+  cos.decay_steps = 100;
+  cos.alpha = 1.5f;
+  CHECK_THROWS_WITH(ps::make_optimizer(cos), Catch::Contains("alpha"));
+  cos.alpha = 0.1f;
+  CHECK_NOTHROW(ps::make_optimizer(cos));
 }
 
 TEST_CASE("the vectorised updates equal the plain float32 formula bit for bit") {
@@ -263,4 +302,19 @@ TEST_CASE(
     CHECK(w == w_before);
     CHECK(slots == slots_before);
   }
+}
+
+TEST_CASE("a cosine schedule crosses the wire whole (schedule, decay steps, alpha)") {
+  auto c = OptimizerConfig::adam(0.002f);
+  c.schedule = ps::LrSchedule::kCosineDecay;
+  c.decay_steps = 12345;
+  c.alpha = 0.1f;
+  capnp::MallocMessageBuilder message;
+  auto spec = message.initRoot<ps::wire::OptimizerSpec>();
+  ps::to_wire(c, spec);
+  const OptimizerConfig back = ps::from_wire(spec.asReader());
+  CHECK(back.schedule == ps::LrSchedule::kCosineDecay);
+  CHECK(back.decay_steps == 12345);
+  CHECK(back.alpha == 0.1f);
+  CHECK(back.learning_rate_at(12345) == Approx(0.0002));
 }

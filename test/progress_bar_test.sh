@@ -2,7 +2,8 @@
 # scripts/launch_local.sh on a terminal follows the chief with a progress
 # bar and ETA (docs/first-hour.md), though the chief's streams go through
 # tee into its log: run in a pseudo-terminal, the bar shows there, and the
-# log holds the lines without the bar; the launcher names psd's status page.
+# log holds the lines without the bar; the launcher names psd's status page,
+# the TensorBoard command for the chief's summaries and the cluster_status command.
 #   test/progress_bar_test.sh BUILD_DIR
 set -uo pipefail
 build=$(cd "$1" && pwd)
@@ -47,6 +48,13 @@ if "ETA" in log or "\r" in log:
     fails.append("the bar went into the log")
 if "launch_local: ps0 status page: http://127.0.0.1:" not in text:
     fails.append("no status page address on the terminal")
+# Where the summaries are, and the one table of every shard (docs/first-hour.md).
+if f"launch_local: TensorBoard: tensorboard --logdir {tmp}/run/tb" not in text:
+    fails.append("no TensorBoard command on the terminal")
+elif not any(n.startswith("events.out.tfevents.") for n in os.listdir(f"{tmp}/run/tb")):
+    fails.append(f"no event files in {tmp}/run/tb, where the TensorBoard command points")
+if f"launch_local: every shard in one table: scripts/cluster_status.py {tmp}/run" not in text:
+    fails.append("no cluster_status command on the terminal")
 if "worker 0 | epoch" not in log:
     fails.append("no progress lines in the log")
 if fails:

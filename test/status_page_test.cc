@@ -159,6 +159,110 @@ TEST_CASE("the status page shows the workers and draws its charts in Chromium") 
   CHECK(psd.alive());
 }
 
+namespace {
+
+// The page as Chromium has rendered it after a few polls.
+std::string dump_dom(const std::string& url, const std::string& dir) {
+  auto args = chromium_args(dir + "/profile");
+  args.push_back("--dump-dom");
+  args.push_back(url);
+  const std::string dom_path = dir + "/dom.html";
+  REQUIRE(run_program(args, dom_path, 60) == 0);
+  return read_file(dom_path);
+}
+
+// The text of the element with `id` (no nested tags in the ones asked for).
+std::string element_text(const std::string& dom, const std::string& id) {
+  std::smatch m;
+  if (std::regex_search(dom, m, std::regex("id=\"" + id + "\"[^>]*>([^<]*)<"))) return m[1].str();
+  return "<no element " + id + ">";
+}
+
+std::string attribute(const std::string& tag, const std::string& name) {
+  std::smatch m;
+  if (std::regex_search(tag, m, std::regex(name + "=\"([^\"]*)\""))) return m[1].str();
+  return "";
+}
+
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("the status page: mode only once a job exists, no repeats, terminal units, progress") {
+  ps::test::TempDir dir;
+  PsdProcess psd({"--http_port", "any", "--http_port_file", dir.path() + "/http_port"});
+  const int http_port = ps::test::read_port_file(dir.path() + "/http_port");
+  const std::string url = "http://127.0.0.1:" + std::to_string(http_port) + "/";
+
+  // No job, no traffic: no mode yet, and an idle byte axis with distinct labels.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // two history samples
+  {
+    const std::string dom = dump_dom(url, dir.path());
+    INFO(dom.substr(0, 3000));
+    CHECK(element_text(dom, "c-mode") == "–");
+    CHECK(element_text(dom, "job") == "no job yet");
+    const std::string bytes = canvas_tag(dom, "chart-bytes");
+    CHECK(attribute(bytes, "data-rendered") == "1");
+    const std::string labels = attribute(bytes, "data-labels");
+    INFO("byte axis labels: " << labels);
+    CHECK(labels == "0 B|256 B|512 B|768 B|1.0 KiB");
+  }
+
+  // A job of two workers reporting 40,700 and 1,250,000 samples/s.
+  std::vector<std::unique_ptr<Client>> workers;
+  for (int i = 0; i < 2; ++i) {
+    ClientOptions o;
+    o.ps_hosts = {psd.address()};
+    o.worker_index = i;
+    o.is_chief = i == 0;
+    workers.push_back(std::make_unique<Client>(o));
+  }
+  workers[0]->init_job(
+      JobConfig{.mode = SyncMode::kAsync, .total_replicas = 2, .train_steps = 1000000});
+  const std::vector<TensorSpec> model = {
+      TensorSpec{.name = "w", .shape = {256}, .optimizer = OptimizerConfig::sgd(0.1f), .init = {}}};
+  workers[0]->create(model);
+  workers[0]->set_ready();
+  workers[1]->declare(model);
+  std::vector<float> w(256), g(256, 0.001f);
+  const float rates[2] = {40700.0f, 1250000.0f};
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t step = 1; std::chrono::steady_clock::now() - start < std::chrono::milliseconds(2300);
+       ++step) {
+    for (int i = 0; i < 2; ++i) {
+      workers[i]->pull("w", std::span<float>(w));
+      workers[i]->push_and_step({"w"}, {std::span<const float>(g)}, step - 1, step);
+      workers[i]->report(step, 0.5f, 0.9f, rates[i], 0.0002f);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (auto& c : workers) c->stats();
+  const std::string dom = dump_dom(url, dir.path());
+  INFO(dom.substr(0, 4000));
+  CHECK(element_text(dom, "c-mode") == "async");
+  const std::string title = element_text(dom, "title"), job = element_text(dom, "job");
+  INFO("header: " << title << " / " << job);
+  CHECK(count(title + job, "psd") == 1);
+  CHECK(count(title + job, "stop") == 1);
+  CHECK(count(title + job, "async") == 1);
+  CHECK(job == "job: async, 2 workers, stop at step 1000000");
+  // Progress and ETA: a small fraction of a million steps, hours away.
+  const std::string progress = element_text(dom, "c-progress");
+  CHECK(std::regex_match(progress, std::regex("0\\.[0-9]%, ETA [0-9]+h[0-9]{2}m[0-9]{2}s")));
+  // The terminal's units: 40.7k and 1.25M, the sum 1.29M; no exponents anywhere.
+  CHECK(element_text(dom, "c-samples") == "1.29M");
+  CHECK(dom.find(">40.7k<") != std::string::npos);
+  CHECK(dom.find(">1.25M<") != std::string::npos);
+  CHECK(dom.find(">0.000200<") != std::string::npos);  // the learning rate
+  CHECK(!std::regex_search(dom, std::regex(">[0-9.]+e[+-][0-9]+<")));
+  CHECK(element_text(dom, "c-workers") == "2 of 2 seen");
+  CHECK(psd.alive());
+}
+
 int main(int argc, char** argv) {
   if (chromium_path().empty()) {
     std::printf(

@@ -55,8 +55,15 @@ void add_trainer_flags(CLI::App& app, TrainerFlags& f) {
   app.add_option("--learning_rate", f.learning_rate, "learning rate")->capture_default_str();
   app.add_option("--optimizer", f.optimizer, "sgd, momentum, nesterov, adam, adagrad, rmsprop")
       ->capture_default_str();
+  app.add_option("--lr_schedule", f.lr_schedule,
+                 "learning rate over the job: exponential (x --lr_decay per epoch), constant, or "
+                 "cosine (down to --lr_alpha x the rate over the planned steps)")
+      ->capture_default_str();
   app.add_option("--lr_decay", f.lr_decay,
-                 "learning rate multiplied by this every epoch (1: constant)")
+                 "--lr_schedule exponential: learning rate multiplied by this every epoch")
+      ->capture_default_str();
+  app.add_option("--lr_alpha", f.lr_alpha,
+                 "--lr_schedule cosine: the final learning rate as a fraction of the first")
       ->capture_default_str();
   app.add_option("--data_dir", f.data_dir,
                  "directory with the four IDX files (scripts/get_data.sh)")
@@ -204,9 +211,19 @@ int64_t steps_for_epochs(double epochs, int64_t examples, int64_t examples_per_s
   return std::max<int64_t>(1, static_cast<int64_t>(steps));
 }
 
-OptimizerConfig TrainerFlags::optimizer_config(int64_t steps_per_epoch) const {
+OptimizerConfig TrainerFlags::optimizer_config(int64_t steps_per_epoch,
+                                               int64_t planned_steps) const {
   OptimizerConfig c = OptimizerConfig::from_name(optimizer, learning_rate);
-  if (lr_decay != 1.0 && steps_per_epoch > 0) {
+  if (lr_schedule == "cosine") {
+    if (planned_steps <= 0) {
+      throw ConfigError(
+          "--lr_schedule cosine falls over the planned steps, which this trainer does not "
+          "give: use --lr_schedule exponential or constant");
+    }
+    c.schedule = LrSchedule::kCosineDecay;
+    c.decay_steps = planned_steps;
+    c.alpha = static_cast<float>(lr_alpha);
+  } else if (lr_schedule == "exponential" && lr_decay != 1.0 && steps_per_epoch > 0) {
     c.schedule = LrSchedule::kExponentialDecay;
     c.decay_rate = static_cast<float>(lr_decay);
     c.decay_steps = steps_per_epoch;
@@ -228,10 +245,19 @@ void TrainerFlags::validate() const {
   if (sync_replicas && max_staleness > 0)
     throw ConfigError("--sync_replicas and --max_staleness exclude each other");
   if (!(lr_decay > 0 && lr_decay <= 1)) throw ConfigError("--lr_decay must be in (0, 1]");
+  if (lr_schedule != "exponential" && lr_schedule != "constant" && lr_schedule != "cosine") {
+    throw ConfigError("--lr_schedule '" + lr_schedule +
+                      "' is not a schedule: give exponential, constant or cosine");
+  }
+  if (lr_schedule != "exponential" && lr_decay != 1.0) {
+    throw ConfigError("--lr_decay applies to --lr_schedule exponential, not " + lr_schedule +
+                      ": give --lr_schedule exponential with it");
+  }
+  if (!(lr_alpha >= 0 && lr_alpha <= 1)) throw ConfigError("--lr_alpha must be in [0, 1]");
   if (num_gpus < 0) throw ConfigError("--num_gpus must be >= 0");
   if (!(connect_timeout_s > 0)) throw ConfigError("--connect_timeout must be > 0");
   if (log_every < 0) throw ConfigError("--log_every must be >= 0");
-  (void)optimizer_config();  // throws on an unknown name
+  (void)OptimizerConfig::from_name(optimizer, learning_rate);  // throws on an unknown name
 }
 
 std::vector<int> parse_positive_ints(const std::string& flag, const std::string& list,

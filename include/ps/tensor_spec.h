@@ -22,6 +22,8 @@ enum class LrSchedule {
   kConstant,
   kExponentialDecay,  // lr * decay_rate ^ (step / decay_steps), as tf.train.exponential_decay
   kPiecewise,         // lr * decay_rate ^ (number of boundaries passed): step-wise
+  kCosineDecay,       // lr * (alpha + (1 - alpha) * (1 + cos(pi * min(step, decay_steps) /
+                      // decay_steps)) / 2), as tf.compat.v1.train.cosine_decay
 };
 
 struct OptimizerConfig {
@@ -36,7 +38,8 @@ struct OptimizerConfig {
   float decay = 0.9f;                // RMSProp's moving-average decay
   LrSchedule schedule = LrSchedule::kConstant;
   float decay_rate = 1.0f;  // exponential / piecewise
-  int64_t decay_steps = 1;  // exponential
+  int64_t decay_steps = 1;  // exponential; cosine: the steps over which it falls to alpha * lr
+  float alpha = 0.0f;       // cosine: the final rate as a fraction of learning_rate, in [0, 1]
   bool staircase = false;   // exponential: integer division of step / decay_steps
   std::vector<int64_t>
       boundaries;  // piecewise: lr *= decay_rate for steps past each (tf.train.piecewise_constant)

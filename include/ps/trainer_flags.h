@@ -13,7 +13,8 @@
 //
 // Flags (TensorFlow's names): --job_name --task_index --ps_hosts
 // --worker_hosts --sync_replicas --replicas_to_aggregate --train_steps
-// --batch_size --learning_rate --optimizer --data_dir --logdir (--log_dir)
+// --batch_size --learning_rate --optimizer --lr_schedule --lr_decay --lr_alpha --data_dir --logdir
+// (--log_dir)
 // --seed --num_gpus; and --max_staleness (bounded staleness), --epochs,
 // --slurm_num_ps / --port_base (Slurm), --connect_timeout, --dead_peer_secs,
 // --auth_token_file.
@@ -56,7 +57,12 @@ struct TrainerFlags {
   int batch_size = 100;
   float learning_rate = 0.001f;
   std::string optimizer = "adam";
-  double lr_decay = 1.0;  // learning rate x this per epoch (exponential decay on the ps)
+  // The learning rate over the job, applied on the ps: "exponential" (x lr_decay per epoch;
+  // constant at lr_decay 1), "constant", or "cosine" (from learning_rate down to
+  // lr_alpha x learning_rate over the planned global steps, as tf's cosine_decay).
+  std::string lr_schedule = "exponential";
+  double lr_decay = 1.0;  // exponential: learning rate x this per epoch
+  double lr_alpha = 0.0;  // cosine: the final learning rate as a fraction of the first
   std::string data_dir = "data/fashion-mnist";
   std::string logdir;  // TensorBoard events (chief); empty: none
   uint64_t seed = 42;
@@ -96,9 +102,11 @@ struct TrainerFlags {
   int64_t global_steps(const ClusterSpec& spec, int64_t examples) const;
   // Examples consumed by one global step.
   int64_t examples_per_global_step(const ClusterSpec& spec) const;
-  // The optimizer named by --optimizer at --learning_rate, decaying by
-  // --lr_decay every `steps_per_epoch` updates (when both are set).
-  OptimizerConfig optimizer_config(int64_t steps_per_epoch = 0) const;
+  // The optimizer named by --optimizer at --learning_rate with the schedule of
+  // --lr_schedule: exponential decays by --lr_decay every `steps_per_epoch`
+  // updates (when both are set); cosine falls over `planned_steps` global steps
+  // (ConfigError when it is 0).
+  OptimizerConfig optimizer_config(int64_t steps_per_epoch = 0, int64_t planned_steps = 0) const;
   // Checks ranges (batch size, learning rate, ...); throws ConfigError.
   void validate() const;
 };

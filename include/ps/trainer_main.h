@@ -52,7 +52,11 @@ struct TrainerRoles {
   // until the job ends (ps::run_ps_task). Unset: a ps role is a ConfigError.
   std::function<int(int task_index, int num_ps, const std::string& self_address)> ps{};
   // --job_name=worker or chief: trains. Returns the exit code.
-  std::function<int(const ClusterSpec& spec)> worker{};
+  std::function<int(const ClusterSpec& spec)>
+      worker{};  // --job_name=evaluator (or a TF_CONFIG task of type evaluator): evaluates
+  // the job's parameters from `ps_hosts` (empty: the program's checkpoints)
+  // without being a task of the cluster. Unset: an evaluator is a ConfigError.
+  std::function<int(const std::vector<std::string>& ps_hosts)> evaluator{};
 };
 
 // In run_trainer_main(program, ...): roles.prepare, flags.validate(),

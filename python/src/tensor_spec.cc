@@ -55,7 +55,8 @@ void bind_tensor_spec(py::module_& m) {
                             "How the learning rate changes with the global step (applied on psd).")
       .value("CONSTANT", ps::LrSchedule::kConstant)
       .value("EXPONENTIAL_DECAY", ps::LrSchedule::kExponentialDecay)
-      .value("PIECEWISE", ps::LrSchedule::kPiecewise);
+      .value("PIECEWISE", ps::LrSchedule::kPiecewise)
+      .value("COSINE_DECAY", ps::LrSchedule::kCosineDecay);
   py::enum_<ps::InitKind>(m, "InitKind", "How psd fills a tensor it creates.")
       .value("ZEROS", ps::InitKind::kZeros)
       .value("CONSTANT", ps::InitKind::kConstant)
@@ -83,6 +84,7 @@ void bind_tensor_spec(py::module_& m) {
       .def_readwrite("schedule", &ps::OptimizerConfig::schedule)
       .def_readwrite("decay_rate", &ps::OptimizerConfig::decay_rate)
       .def_readwrite("decay_steps", &ps::OptimizerConfig::decay_steps)
+      .def_readwrite("alpha", &ps::OptimizerConfig::alpha)
       .def_readwrite("staircase", &ps::OptimizerConfig::staircase)
       .def_readwrite("boundaries", &ps::OptimizerConfig::boundaries)
       .def("learning_rate_at", &ps::OptimizerConfig::learning_rate_at, py::arg("global_step"),

@@ -225,7 +225,7 @@ std::future<PushStatus> Client::start_push_rows(const std::string& table,
             req.setIds(kj::arrayPtr(plan->ids.data() + r.first, r.count));
             auto bytes = as_data(std::span<const float>(sums->data() + std::size_t(r.first) * dim,
                                                         std::size_t(r.count) * dim));
-            if (c.stream && bytes.size() >= kMinExternalBytes &&
+            if (c.messages && bytes.size() >= kMinExternalBytes &&
                 reinterpret_cast<uintptr_t>(bytes.begin()) % sizeof(capnp::word) == 0 &&
                 bytes.size() % sizeof(capnp::word) == 0) {
               // Sent from the summed gradients without a copy, as a segment
@@ -234,7 +234,7 @@ std::future<PushStatus> Client::start_push_rows(const std::string& table,
               req.adoptGrads(capnp::Orphanage::getForMessageContaining(
                                  static_cast<wire::Shard::PushRowsParams::Builder>(req))
                                  .referenceExternalData(bytes));
-              c.stream->hold_until_sent(bytes.begin(), sums);
+              c.messages->connection().hold_until_sent(bytes.begin(), sums);
             } else {
               req.setGrads(bytes);
             }

@@ -464,12 +464,12 @@ kj::Promise<void> ShardServiceImpl::pullRows(PullRowsContext context) {
       results.setStep(gathered->step);
       auto bytes = kj::arrayPtr(reinterpret_cast<const kj::byte*>(gathered->rows.get()),
                                 gathered->floats * sizeof(float));
-      if (stream_ != nullptr && bytes.size() % sizeof(capnp::word) == 0 && bytes.size() >= 4096) {
+      if (connection_ != nullptr && bytes.size() % sizeof(capnp::word) == 0 && bytes.size() >= 4096) {
         // Large enough that a segment of its own costs less than a copy.
         results.adoptRows(capnp::Orphanage::getForMessageContaining(
                               static_cast<wire::Shard::PullRowsResults::Builder>(results))
                               .referenceExternalData(bytes));
-        stream_->hold_until_sent(bytes.begin(), std::move(gathered->rows));
+        connection_->hold_until_sent(bytes.begin(), std::move(gathered->rows));
       } else {
         results.setRows(bytes);
       }

@@ -372,6 +372,13 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   kj::Promise<void> pull_round(PullState& st, std::vector<std::size_t> which, int64_t min_step,
                                int round);
 
+  // One pull_rows call, and its requests `which` sent waiting for min_step;
+  // in sync mode read again until every shard's rows come from one step, as
+  // pull_round does. In client_tables.cc.
+  struct RowPull;
+  kj::Promise<void> pull_row_requests(std::shared_ptr<RowPull> st, std::vector<std::size_t> which,
+                                      int64_t min_step, int round);
+
   // Pushes the batches of `tensors` gradients (`grads` must stay valid until
   // the promise settles); done_step >= 0 reports that step to every shard.
   // In client_transfer.cc, next to pull's round.

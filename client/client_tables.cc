@@ -10,6 +10,7 @@
 #include "client/row_plan.h"
 #include "common/embedding_wire.h"
 #include "common/finite.h"
+#include "common/tensor_name.h"
 #include "ps/client.h"
 
 namespace ps {
@@ -40,6 +41,9 @@ void check_ids(const TableSpec& spec, std::span<const int64_t> ids, const char* 
 }  // namespace
 
 void Client::declare_tables(const std::vector<TableSpec>& tables) {
+  // psd's rule for names: a table the client knows has a name psd takes, so
+  // a request's name is never one that reads as another (Text stops at NUL).
+  for (const auto& t : tables) check_name(t.name, "declare_tables: table");
   std::lock_guard lock(impl_->placement_mutex);
   for (const auto& t : tables) impl_->tables[t.name] = t;
 }
@@ -47,6 +51,7 @@ void Client::declare_tables(const std::vector<TableSpec>& tables) {
 void Client::create_tables(const std::vector<TableSpec>& tables) {
   std::set<std::string> names;
   for (const auto& t : tables) {
+    check_name(t.name, "create_tables: table");
     if (!names.insert(t.name).second)
       throw ConfigError("create_tables: table '" + t.name + "' given twice");
   }
@@ -99,6 +104,72 @@ uint32_t ids_per_request(uint64_t max_batch_bytes, uint32_t dim) {
 
 }  // namespace
 
+// One pull_rows call: its plan, the rows as they come back (in plan order;
+// every float is written by a reply before it is read, so no zeroing pass),
+// and the step each request was read at.
+struct Client::Impl::RowPull {
+  std::shared_ptr<const RowPlan> plan;
+  std::string table;
+  uint32_t dim = 0;
+  std::unique_ptr<float[]> rows;
+  std::vector<int64_t> steps;
+};
+
+// Sends the requests `which` of st's plan, waiting for min_step. In sync mode
+// every shard's rows must come from one step, as a dense pull's do
+// (client_transfer.cc): a request read before the newest step another
+// returned is sent again for that step (a step closed between the two reads).
+kj::Promise<void> Client::Impl::pull_row_requests(std::shared_ptr<RowPull> st,
+                                                  std::vector<std::size_t> which, int64_t min_step,
+                                                  int round) {
+  Impl& impl = *this;
+  kj::Vector<kj::Promise<void>> calls;
+  for (std::size_t k : which) {
+    const RowRequest r = st->plan->requests[k];
+    auto send = [st, r, min_step](ShardConnection& c, int attempt) {
+      auto req = c.shard.pullRowsRequest();
+      req.setTable(st->table);
+      req.setIds(kj::arrayPtr(st->plan->ids.data() + r.first, r.count));
+      // A shard back from a restart at an older step may never reach the
+      // step asked for: read what it has (reconnector.h).
+      req.setMinStep(attempt > 0 && c.rolled_back ? std::min(min_step, c.hello_step) : min_step);
+      return req.send();
+    };
+    calls.add(
+        impl.retry->call(static_cast<int>(r.shard), kj::mv(send))
+            .then([&impl, st, r, k](capnp::Response<wire::Shard::PullRowsResults>&& reply) {
+              auto data = reply.getRows();
+              const std::size_t want = std::size_t(r.count) * st->dim * sizeof(float);
+              if (data.size() != want) {
+                throw RequestError("pull_rows: shard " + std::to_string(r.shard) + " answered " +
+                                   std::to_string(data.size()) + " bytes of table '" + st->table +
+                                   "' for " + std::to_string(r.count) + " rows, expected " +
+                                   std::to_string(want));
+              }
+              std::memcpy(st->rows.get() + std::size_t(r.first) * st->dim, data.begin(), want);
+              st->steps[k] = reply.getStep();
+              ShardConnection& c = *impl.shards[r.shard];
+              c.last_step = std::max(c.last_step, reply.getStep());
+            }));
+  }
+  return kj::joinPromises(calls.releaseAsArray()).then([&impl, st, round]() -> kj::Promise<void> {
+    if (impl.job_mode.load() != SyncMode::kSync || st->steps.empty()) return kj::READY_NOW;
+    const int64_t newest = *std::max_element(st->steps.begin(), st->steps.end());
+    std::vector<std::size_t> behind;
+    for (std::size_t k = 0; k < st->steps.size(); ++k) {
+      // A shard restarted from an older checkpoint is read as it is (see pull_round).
+      if (st->steps[k] < newest && !impl.shards[st->plan->requests[k].shard]->rolled_back)
+        behind.push_back(k);
+    }
+    if (behind.empty()) return kj::READY_NOW;
+    if (round >= 16) {
+      throw RequestError("pull_rows: shards kept moving to new steps; could not read table '" +
+                         st->table + "' at one step");
+    }
+    return impl.pull_row_requests(st, std::move(behind), newest, round + 1);
+  });
+}
+
 std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span<const int64_t> ids,
                                              std::span<float> out, int64_t min_step,
                                              int64_t* done) {
@@ -115,38 +186,18 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
                                                 ids_per_request(row_request_bytes(), dim), false));
   return impl_->run<int64_t>(
       [this, plan, table, dim, min_step, out]() {
-        // In plan order; every float is written by a reply before it is read (no zeroing pass).
-        auto rows =
-            std::shared_ptr<float[]>(new float[std::max<std::size_t>(1, plan->ids.size() * dim)]);
-        auto step = std::make_shared<int64_t>(std::numeric_limits<int64_t>::max());
-        kj::Vector<kj::Promise<void>> calls;
-        for (const RowRequest& r : plan->requests) {
-          auto send = [plan, r, table, min_step](ShardConnection& c, int) {
-            auto req = c.shard.pullRowsRequest();
-            req.setTable(table);
-            req.setIds(kj::arrayPtr(plan->ids.data() + r.first, r.count));
-            req.setMinStep(min_step);
-            return req.send();
-          };
-          calls.add(impl_->retry->call(static_cast<int>(r.shard), kj::mv(send))
-                        .then([rows, step, r, dim,
-                               table](capnp::Response<wire::Shard::PullRowsResults>&& reply) {
-                          auto data = reply.getRows();
-                          const std::size_t want = std::size_t(r.count) * dim * sizeof(float);
-                          if (data.size() != want) {
-                            throw RequestError("pull_rows: shard " + std::to_string(r.shard) +
-                                               " answered " + std::to_string(data.size()) +
-                                               " bytes of table '" + table + "' for " +
-                                               std::to_string(r.count) + " rows, expected " +
-                                               std::to_string(want));
-                          }
-                          std::memcpy(rows.get() + std::size_t(r.first) * dim, data.begin(), want);
-                          *step = std::min(*step, reply.getStep());
-                        }));
-        }
-        return kj::joinPromises(calls.releaseAsArray()).then([plan, rows, step, dim, out] {
-          scatter_rows(*plan, rows.get(), dim, out.data());
-          return *step == std::numeric_limits<int64_t>::max() ? int64_t{0} : *step;
+        auto st = std::make_shared<Impl::RowPull>();
+        st->plan = plan;
+        st->table = table;
+        st->dim = dim;
+        st->rows.reset(new float[std::max<std::size_t>(1, plan->ids.size() * dim)]);
+        st->steps.assign(plan->requests.size(), 0);
+        std::vector<std::size_t> all(plan->requests.size());
+        for (std::size_t k = 0; k < all.size(); ++k) all[k] = k;
+        return impl_->pull_row_requests(st, std::move(all), min_step, 0).then([st, out] {
+          scatter_rows(*st->plan, st->rows.get(), st->dim, out.data());
+          return st->steps.empty() ? int64_t{0}
+                                   : *std::min_element(st->steps.begin(), st->steps.end());
         });
       },
       "pull_rows: ", done);

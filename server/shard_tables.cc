@@ -9,12 +9,18 @@
 #include <spdlog/spdlog.h>
 
 #include "common/finite.h"
+#include "common/tensor_name.h"
 #include "ps/errors.h"
 #include "server/shard.h"
 
 namespace ps {
 
 ShardTable& ShardTables::get(std::string_view name, const char* what) {
+  try {
+    check_name(name, "table");  // the same rule as at create, on the full bytes sent
+  } catch (const RequestError& e) {
+    throw RequestError(std::string(what) + ": " + e.what());
+  }
   auto it = tables.find(name);
   if (it == tables.end()) {
     throw RequestError(std::string(what) + ": no table '" + std::string(name) +

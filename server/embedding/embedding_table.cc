@@ -4,6 +4,7 @@
 #include <cstring>
 #include <unordered_set>
 
+#include "common/tensor_name.h"
 #include "ps/errors.h"
 
 namespace ps {
@@ -29,10 +30,7 @@ std::string quoted(const TableSpec& s) { return "table '" + s.name + "'"; }
 }  // namespace
 
 void EmbeddingTable::validate(const TableSpec& s) {
-  if (s.name.empty() || s.name.size() > kMaxNameBytes) {
-    throw RequestError("createTables: a table name must have 1 to " +
-                       std::to_string(kMaxNameBytes) + " bytes");
-  }
+  check_name(s.name, "createTables: table");
   if (s.dim == 0 || s.dim > kMaxDim) {
     throw RequestError("createTables: " + quoted(s) + " has dim " + std::to_string(s.dim) +
                        "; it must be in [1, " + std::to_string(kMaxDim) + "]");

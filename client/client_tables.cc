@@ -8,6 +8,7 @@
 
 #include "client/client_impl.h"
 #include "client/row_plan.h"
+#include "client/table_rows.h"
 #include "common/embedding_wire.h"
 #include "common/finite.h"
 #include "common/tensor_name.h"
@@ -17,26 +18,6 @@ namespace ps {
 namespace {
 
 struct Nothing {};
-
-std::span<const uint64_t> as_unsigned(std::span<const int64_t> ids) {
-  return {reinterpret_cast<const uint64_t*>(ids.data()), ids.size()};
-}
-
-RowPlacement placement_of(const TableSpec& spec, uint32_t shards) {
-  return RowPlacement(spec.dynamic ? TablePlacement::kHash : spec.placement, spec.rows, shards);
-}
-
-// Ids a fixed table cannot have are refused before anything is sent.
-void check_ids(const TableSpec& spec, std::span<const int64_t> ids, const char* what) {
-  if (spec.dynamic) return;
-  for (int64_t id : ids) {
-    if (id < 0 || static_cast<uint64_t>(id) >= spec.rows) {
-      throw RequestError(std::string(what) + ": id " + std::to_string(id) + " is outside table '" +
-                         spec.name + "' of " + std::to_string(spec.rows) +
-                         " rows (nothing was sent)");
-    }
-  }
-}
 
 }  // namespace
 
@@ -93,16 +74,6 @@ TableSpec Client::table_spec(const std::string& table, const char* what) const {
   }
   return it->second;
 }
-
-namespace {
-
-// Ids per request: a request's ids and rows fit the request size.
-uint32_t ids_per_request(uint64_t max_batch_bytes, uint32_t dim) {
-  return static_cast<uint32_t>(
-      std::clamp<uint64_t>(max_batch_bytes / (uint64_t(dim) * sizeof(float) + 8), 1, 1u << 24));
-}
-
-}  // namespace
 
 // One pull_rows call: its plan, the rows as they come back (in plan order;
 // every float is written by a reply before it is read, so no zeroing pass),

@@ -32,6 +32,132 @@ struct RowReply {
 
 }  // namespace
 
+PullResult Client::pull_with_rows(const std::vector<std::string>& names,
+                                  const std::vector<std::span<float>>& out,
+                                  const std::vector<RowsOut>& rows, int64_t min_step) {
+  if (names.size() != out.size()) {
+    throw ConfigError("pull_with_rows: " + std::to_string(names.size()) + " names but " +
+                      std::to_string(out.size()) + " buffers");
+  }
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const uint64_t n = impl_->tensor_elements(names[i]);
+    if (out[i].size() != n) {
+      throw RequestError("pull_with_rows: buffer for '" + names[i] + "' holds " +
+                         std::to_string(out[i].size()) + " floats, tensor has " +
+                         std::to_string(n));
+    }
+  }
+  const uint64_t rollbacks_at_call = rollbacks();
+  std::vector<std::shared_ptr<Impl::RowPull>> tables;
+  std::vector<std::span<float>> row_out;
+  for (const RowsOut& r : rows) {
+    const TableSpec spec = table_spec(r.table, "pull_with_rows");
+    if (r.out.size() != r.ids.size() * spec.dim) {
+      throw ConfigError("pull_with_rows: table '" + r.table + "' has dim " +
+                        std::to_string(spec.dim) + ": " + std::to_string(r.ids.size()) +
+                        " ids need " + std::to_string(r.ids.size() * spec.dim) +
+                        " floats of output, got " + std::to_string(r.out.size()));
+    }
+    check_ids(spec, r.ids, "pull_with_rows");
+    auto t = std::make_shared<Impl::RowPull>();
+    t->plan = std::make_shared<const RowPlan>(
+        plan_rows(as_unsigned(r.ids), placement_of(spec, static_cast<uint32_t>(num_shards())),
+                  ids_per_request(row_request_bytes(), spec.dim), false));
+    t->table = r.table;
+    t->dim = spec.dim;
+    t->rows.reset(new float[std::max<std::size_t>(1, t->plan->ids.size() * spec.dim)]);
+    t->steps.assign(t->plan->requests.size(), 0);
+    t->rollbacks_at_call = rollbacks_at_call;
+    tables.push_back(std::move(t));
+    row_out.push_back(r.out);
+  }
+  auto batches = impl_->plan(names);
+  PullResult result;
+  impl_->run<PullResult>(
+      [this, batches = std::move(batches), out, tables, row_out, n = names.size(), min_step,
+       rollbacks_at_call]() mutable {
+        Impl& impl = *impl_;
+        auto dense = kj::heap<Impl::PullState>();
+        dense->batches = std::move(batches);
+        dense->out = std::move(out);
+        dense->steps.assign(dense->batches.size(), 0);
+        dense->versions.resize(dense->batches.size());
+        dense->from_shared.resize(dense->batches.size());
+        dense->rollbacks_at_call = rollbacks_at_call;
+        auto every = [](std::size_t count) {
+          std::vector<std::size_t> all(count);
+          for (std::size_t i = 0; i < count; ++i) all[i] = i;
+          return all;
+        };
+        // Every request goes out in this turn of the loop, on the same connections.
+        kj::Vector<kj::Promise<void>> calls;
+        calls.add(impl.pull_round(*dense, every(dense->batches.size()), min_step, 0));
+        for (const auto& t : tables)
+          calls.add(impl.pull_row_requests(t, every(t->plan->requests.size()), min_step, 0));
+        auto* raw = dense.get();
+        return kj::joinPromises(calls.releaseAsArray())
+            .then([&impl, raw, tables] { return impl.align_steps(*raw, tables, 0); })
+            .then([dense = kj::mv(dense), tables, row_out, n]() mutable {
+              PullResult r;
+              r.versions.assign(n, std::numeric_limits<uint64_t>::max());
+              r.step = std::numeric_limits<int64_t>::max();
+              for (std::size_t b = 0; b < dense->batches.size(); ++b) {
+                r.step = std::min(r.step, dense->steps[b]);
+                for (std::size_t i = 0; i < dense->batches[b].parts.size(); ++i) {
+                  auto& v = r.versions[dense->batches[b].parts[i].tensor];
+                  v = std::min(v, dense->versions[b][i]);
+                }
+              }
+              for (std::size_t t = 0; t < tables.size(); ++t) {
+                for (int64_t s : tables[t]->steps) r.step = std::min(r.step, s);
+                scatter_rows(*tables[t]->plan, tables[t]->rows.get(), tables[t]->dim,
+                             row_out[t].data());
+              }
+              if (r.step == std::numeric_limits<int64_t>::max()) r.step = 0;
+              return r;
+            });
+      },
+      "pull_with_rows: ", &result);
+  return result;
+}
+
+kj::Promise<void> Client::Impl::align_steps(PullState& dense,
+                                            std::vector<std::shared_ptr<RowPull>> tables,
+                                            int round) {
+  if (job_mode.load() != SyncMode::kSync) return kj::READY_NOW;
+  int64_t newest = std::numeric_limits<int64_t>::min();
+  for (int64_t s : dense.steps) newest = std::max(newest, s);
+  for (const auto& t : tables)
+    for (int64_t s : t->steps) newest = std::max(newest, s);
+  // A shard restarted from an older checkpoint is read as it is (pull_round).
+  auto behind = [&](uint32_t shard, int64_t step) {
+    return step < newest && !shards[shard]->rolled_back;
+  };
+  kj::Vector<kj::Promise<void>> calls;
+  std::vector<std::size_t> which;
+  for (std::size_t b = 0; b < dense.steps.size(); ++b)
+    if (behind(dense.batches[b].shard, dense.steps[b])) which.push_back(b);
+  bool any = !which.empty();
+  if (any) calls.add(pull_round(dense, std::move(which), newest, round + 1));
+  for (const auto& t : tables) {
+    std::vector<std::size_t> late;
+    for (std::size_t k = 0; k < t->steps.size(); ++k)
+      if (behind(t->plan->requests[k].shard, t->steps[k])) late.push_back(k);
+    if (late.empty()) continue;
+    any = true;
+    calls.add(pull_row_requests(t, std::move(late), newest, round + 1));
+  }
+  if (!any) return kj::READY_NOW;
+  if (round >= 16) {
+    throw RequestError(
+        "shards kept moving to new steps; could not read the tensors and rows at one step");
+  }
+  return kj::joinPromises(calls.releaseAsArray())
+      .then([this, &dense, tables = std::move(tables), round]() mutable {
+        return align_steps(dense, std::move(tables), round + 1);
+      });
+}
+
 PushResult Client::push_and_step(const std::vector<std::string>& names,
                                  const std::vector<std::span<const float>>& grads,
                                  const std::vector<RowGrads>& rows, int64_t step,

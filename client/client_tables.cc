@@ -75,17 +75,6 @@ TableSpec Client::table_spec(const std::string& table, const char* what) const {
   return it->second;
 }
 
-// One pull_rows call: its plan, the rows as they come back (in plan order;
-// every float is written by a reply before it is read, so no zeroing pass),
-// and the step each request was read at.
-struct Client::Impl::RowPull {
-  std::shared_ptr<const RowPlan> plan;
-  std::string table;
-  uint32_t dim = 0;
-  std::unique_ptr<float[]> rows;
-  std::vector<int64_t> steps;
-};
-
 // Sends the requests `which` of st's plan, waiting for min_step. In sync mode
 // every shard's rows must come from one step, as a dense pull's do
 // (client_transfer.cc): a request read before the newest step another
@@ -97,13 +86,14 @@ kj::Promise<void> Client::Impl::pull_row_requests(std::shared_ptr<RowPull> st,
   kj::Vector<kj::Promise<void>> calls;
   for (std::size_t k : which) {
     const RowRequest r = st->plan->requests[k];
-    auto send = [st, r, min_step](ShardConnection& c, int attempt) {
+    auto send = [&impl, st, r, min_step](ShardConnection& c, int attempt) {
       auto req = c.shard.pullRowsRequest();
       req.setTable(st->table);
       req.setIds(kj::arrayPtr(st->plan->ids.data() + r.first, r.count));
       // A shard back from a restart at an older step may never reach the
-      // step asked for: read what it has (reconnector.h).
-      req.setMinStep(attempt > 0 && c.rolled_back ? std::min(min_step, c.hello_step) : min_step);
+      // step asked for: read what it has (reconnector.h), as pull_round does.
+      const bool news = attempt > 0 || st->rollbacks_at_call != impl.rollbacks_now();
+      req.setMinStep(news && c.rolled_back ? std::min(min_step, c.hello_step) : min_step);
       return req.send();
     };
     calls.add(
@@ -155,9 +145,11 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
   auto plan =
       std::make_shared<const RowPlan>(plan_rows(as_unsigned(ids), placement_of(spec, num_shards()),
                                                 ids_per_request(row_request_bytes(), dim), false));
+  const uint64_t rollbacks_at_call = rollbacks();
   return impl_->run<int64_t>(
-      [this, plan, table, dim, min_step, out]() {
+      [this, plan, table, dim, min_step, out, rollbacks_at_call]() {
         auto st = std::make_shared<Impl::RowPull>();
+        st->rollbacks_at_call = rollbacks_at_call;
         st->plan = plan;
         st->table = table;
         st->dim = dim;

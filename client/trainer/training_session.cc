@@ -1,9 +1,6 @@
 #include "ps/training_session.h"
 
 #include <algorithm>
-#include <exception>
-#include <future>
-#include <limits>
 #include <map>
 
 #include <spdlog/spdlog.h>
@@ -298,41 +295,20 @@ int64_t TrainingSession::pull() {
     case SyncMode::kAsync:
       break;
   }
-  // What this step reads: the variables (0), and each table with ids (1 + i).
-  std::vector<bool> which(1 + tables_.size());
-  which[0] = !names_.empty();
-  for (std::size_t i = 0; i < tables_.size(); ++i) which[1 + i] = !tables_[i].ids.empty();
-  std::vector<int64_t> steps(which.size(), 0);
+  // The tables with ids this step, read with the variables at one step.
+  std::vector<RowsOut> rows;
+  for (const BoundTable& t : tables_) {
+    if (!t.ids.empty()) rows.push_back(RowsOut{t.spec.name, t.ids, t.rows});
+  }
+  int64_t step = 0;
   {
     Watching w(watch_.get(), options_.job.mode == SyncMode::kSync ? "pull for the next sync step"
                              : options_.job.mode == SyncMode::kBoundedStaleness
                                  ? "pull (waits for the slowest worker)"
                                  : "pull");
-    const uint64_t rollbacks = client_.rollbacks();
-    read(min_step, which, steps);
-    // Sync: variables and rows from one global step, as each pull's shards
-    // are (a step may close between two reads: the older ones are read
-    // again). Not across a restarted shard, which may never reach the
-    // others' step: each pull already reads it as it is.
-    for (int round = 0; options_.job.mode == SyncMode::kSync && client_.rollbacks() == rollbacks;
-         ++round) {
-      int64_t newest = std::numeric_limits<int64_t>::min();
-      for (std::size_t k = 0; k < which.size(); ++k)
-        if (which[k]) newest = std::max(newest, steps[k]);
-      std::vector<bool> behind(which.size());
-      bool any = false;
-      for (std::size_t k = 0; k < which.size(); ++k)
-        any |= (behind[k] = which[k] && steps[k] < newest);
-      if (!any) break;
-      if (round >= 16)
-        throw RequestError("pull: shards kept moving to new steps; could not read one step");
-      read(newest, behind, steps);
-    }
+    step = rows.empty() ? client_.pull(names_, values_, min_step).step
+                        : client_.pull_with_rows(names_, values_, rows, min_step).step;
   }
-  int64_t step = std::numeric_limits<int64_t>::max();
-  for (std::size_t k = 0; k < which.size(); ++k)
-    if (which[k]) step = std::min(step, steps[k]);
-  if (step == std::numeric_limits<int64_t>::max()) step = 0;
   pulled_step_ = step;
   if (options_.job.mode == SyncMode::kSync) {
     global_step_ = step;
@@ -340,31 +316,6 @@ int64_t TrainingSession::pull() {
     if (options_.job.train_steps > 0 && step >= options_.job.train_steps) stop_ = true;
   }
   return step;
-}
-
-void TrainingSession::read(int64_t min_step, const std::vector<bool>& which,
-                           std::vector<int64_t>& steps) {
-  std::vector<std::pair<std::size_t, std::future<int64_t>>> rows;
-  for (std::size_t i = 0; i < tables_.size(); ++i) {
-    if (!which[1 + i]) continue;
-    const BoundTable& t = tables_[i];
-    rows.emplace_back(1 + i, client_.pull_rows_async(t.spec.name, t.ids, t.rows, min_step));
-  }
-  std::exception_ptr failed;
-  try {
-    if (which[0]) steps[0] = client_.pull(names_, values_, min_step).step;
-  } catch (...) {
-    failed = std::current_exception();
-  }
-  // Every read ends before this returns: they write into the caller's buffers.
-  for (auto& [k, f] : rows) {
-    try {
-      steps[k] = f.get();
-    } catch (...) {
-      if (!failed) failed = std::current_exception();
-    }
-  }
-  if (failed) std::rethrow_exception(failed);
 }
 
 StepOutcome TrainingSession::push() {

@@ -177,6 +177,14 @@ struct PushResult {
   std::vector<PushStatus> row_status;  // per RowGrads of push_and_step; the worst over its shards
 };
 
+// One table's part of a step's pull (Client::pull_with_rows): the rows of
+// `ids` into `out`, ids.size() * dim floats, as pull_rows takes them.
+struct RowsOut {
+  std::string table;
+  std::span<const int64_t> ids;
+  std::span<float> out;
+};
+
 // One table's part of a step's push (Client::push_and_step): the gradients
 // of the rows of `ids`, ids.size() * dim floats, as push_rows takes them.
 struct RowGrads {
@@ -239,6 +247,15 @@ class Client {
   std::future<PushResult> push_and_step_async(std::vector<std::string> names,
                                               std::vector<std::span<const float>> grads,
                                               int64_t step, int64_t done_step);
+
+  // pull for a step that trains tables too: the tensors and the rows of
+  // each RowsOut, all requests sent at once. In sync mode all of them are
+  // read at one global step, as one pull's shards are (a shard restarted
+  // from an older checkpoint is read as it is). Returns the step read.
+  //   client.pull_with_rows({"w"}, {w}, {{"user", ids, rows}}, next_step);
+  PullResult pull_with_rows(const std::vector<std::string>& names,
+                            const std::vector<std::span<float>>& out,
+                            const std::vector<RowsOut>& rows, int64_t min_step = 0);
 
   // push_and_step for a step that trains tables too: the tensors' gradients,
   // each table's rows' gradients (at most one RowGrads per table) and the

@@ -127,9 +127,6 @@ class TrainingSession {
   void restore_tables(const RestoredModel& m);
   // Another worker: the tables added here are those the chief created.
   void check_tables_as_created();
-  // Reads, waiting for min_step, what `which` marks (0: the variables,
-  // 1 + i: table i's rows), all at once; steps[k]: the step k was read at.
-  void read(int64_t min_step, const std::vector<bool>& which, std::vector<int64_t>& steps);
   // Another worker: the variables as declared here are those the chief
   // created, with the same shapes, on the same shards; throws ConfigError.
   void check_declared_as_created();

@@ -34,7 +34,7 @@ struct RowReply {
 
 PullResult Client::pull_with_rows(const std::vector<std::string>& names,
                                   const std::vector<std::span<float>>& out,
-                                  const std::vector<RowsOut>& rows, int64_t min_step) {
+                                  const std::vector<RowsInto>& rows, int64_t min_step) {
   if (names.size() != out.size()) {
     throw ConfigError("pull_with_rows: " + std::to_string(names.size()) + " names but " +
                       std::to_string(out.size()) + " buffers");
@@ -50,7 +50,7 @@ PullResult Client::pull_with_rows(const std::vector<std::string>& names,
   const uint64_t rollbacks_at_call = rollbacks();
   std::vector<std::shared_ptr<Impl::RowPull>> tables;
   std::vector<std::span<float>> row_out;
-  for (const RowsOut& r : rows) {
+  for (const RowsInto& r : rows) {
     const TableSpec spec = table_spec(r.table, "pull_with_rows");
     if (r.out.size() != r.ids.size() * spec.dim) {
       throw ConfigError("pull_with_rows: table '" + r.table + "' has dim " +

@@ -358,6 +358,28 @@ TEST_CASE("table names are checked as tensor names are: at create and on every r
   CHECK(psd.alive());
 }
 
+TEST_CASE("a push of rows that would store NaN or Inf is refused whole, as a dense update is") {
+  PsdProcess psd;
+  RawShard raw(psd, 0);
+  // Next to FLT_MAX: one SGD step at learning rate 1e38 overflows.
+  raw.create(fixed("hot", 4, 2, 1e38f, InitConfig::constant(3e38f)));
+  // Adagrad: a large finite gradient overflows the accumulator (g^2).
+  raw.create(TableSpec{.name = "acc",
+                       .dim = 1,
+                       .rows = 4,
+                       .optimizer = RowOptimizerConfig::adagrad(0.1f),
+                       .init = InitConfig::constant(1)});
+  CHECK_THROWS_WITH(raw.push("hot", {1, 2}, {0, 0, -3, 0}), Catch::Contains("NaN or Inf"));
+  CHECK_THROWS_WITH(raw.push("acc", {0, 3}, {1, 1e20f}), Catch::Contains("NaN or Inf"));
+  // Repeated ids are summed first: each half passes alone, not their sum.
+  CHECK_THROWS_WITH(raw.push("hot", {1, 1}, {-1.5f, 0, -1.5f, 0}), Catch::Contains("NaN or Inf"));
+  CHECK(raw.pull("hot", {1, 2}) == std::vector<float>(4, 3e38f));  // nothing applied
+  CHECK(raw.pull("acc", {0, 3}) == std::vector<float>{1, 1});
+  CHECK(raw.push("hot", {2}, {1, 1}) == wire::PushStatus::APPLIED);  // a step that fits
+  for (float v : raw.pull("hot", {2})) CHECK(v == Approx(2e38f).epsilon(1e-6));
+  CHECK(psd.alive());
+}
+
 TEST_CASE("a retried push of rows (the same request id) is applied once") {
   PsdProcess psd;
   RawShard raw(psd, 0);

@@ -296,9 +296,9 @@ int64_t TrainingSession::pull() {
       break;
   }
   // The tables with ids this step, read with the variables at one step.
-  std::vector<RowsOut> rows;
+  std::vector<RowsInto> rows;
   for (const BoundTable& t : tables_) {
-    if (!t.ids.empty()) rows.push_back(RowsOut{t.spec.name, t.ids, t.rows});
+    if (!t.ids.empty()) rows.push_back(RowsInto{t.spec.name, t.ids, t.rows});
   }
   int64_t step = 0;
   {

@@ -179,7 +179,7 @@ struct PushResult {
 
 // One table's part of a step's pull (Client::pull_with_rows): the rows of
 // `ids` into `out`, ids.size() * dim floats, as pull_rows takes them.
-struct RowsOut {
+struct RowsInto {
   std::string table;
   std::span<const int64_t> ids;
   std::span<float> out;
@@ -249,13 +249,13 @@ class Client {
                                               int64_t step, int64_t done_step);
 
   // pull for a step that trains tables too: the tensors and the rows of
-  // each RowsOut, all requests sent at once. In sync mode all of them are
+  // each RowsInto, all requests sent at once. In sync mode all of them are
   // read at one global step, as one pull's shards are (a shard restarted
   // from an older checkpoint is read as it is). Returns the step read.
   //   client.pull_with_rows({"w"}, {w}, {{"user", ids, rows}}, next_step);
   PullResult pull_with_rows(const std::vector<std::string>& names,
                             const std::vector<std::span<float>>& out,
-                            const std::vector<RowsOut>& rows, int64_t min_step = 0);
+                            const std::vector<RowsInto>& rows, int64_t min_step = 0);
 
   // push_and_step for a step that trains tables too: the tensors' gradients,
   // each table's rows' gradients (at most one RowGrads per table) and the

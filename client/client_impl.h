@@ -22,6 +22,7 @@
 #include "common/random_bits.h"
 #include "client/reconnector.h"
 #include "client/request_plan.h"
+#include "client/row_plan.h"
 #include "client/shard_connection.h"
 #include "common/wire_convert.h"
 
@@ -372,6 +373,9 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     std::vector<int64_t> steps;
     std::vector<std::vector<uint64_t>> versions;
     std::vector<std::vector<bool>> from_shared;  // per batch and part: came through shared memory
+    // Client::rollbacks() when the pull was asked for: a shard found rolled
+    // back after it is read at the step it has (min_step predates that news).
+    uint64_t rollbacks_at_call = 0;
   };
 
   // Pulls the given batches (waiting for min_step). In sync mode all parts
@@ -381,6 +385,31 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   // In client_transfer.cc, next to push's round.
   kj::Promise<void> pull_round(PullState& st, std::vector<std::size_t> which, int64_t min_step,
                                int round);
+
+  uint64_t rollbacks_now() const { return retry ? retry->rollbacks() : 0; }
+
+  // One pull_rows call, and its requests `which` sent waiting for min_step;
+  // in sync mode read again until every shard's rows come from one step, as
+  // pull_round does. In client_tables.cc.
+  // Each reply's rows go straight to their first position in `out` (the
+  // caller's buffer, ids.size() * dim floats); fill_repeats copies repeated
+  // ids from there once every request is answered. steps[k]: request k's step.
+  struct RowPull {
+    std::shared_ptr<const RowPlan> plan;
+    std::string table;
+    uint32_t dim = 0;
+    float* out = nullptr;
+    std::vector<int64_t> steps;
+    uint64_t rollbacks_at_call = 0;  // as PullState's
+  };
+  kj::Promise<void> pull_row_requests(std::shared_ptr<RowPull> st, std::vector<std::size_t> which,
+                                      int64_t min_step, int round);
+
+  // pull_with_rows' last rounds (client_step.cc): in sync mode, tensors and
+  // rows read before the newest step any of them was read at are read again
+  // at it (but on shards restarted behind), as pull_round does for tensors.
+  kj::Promise<void> align_steps(PullState& dense, std::vector<std::shared_ptr<RowPull>> tables,
+                                int round);
 
   // Pushes the batches of `tensors` gradients (`grads` must stay valid until
   // the promise settles); done_step >= 0 reports that step to every shard.

@@ -8,8 +8,10 @@
 
 #include "client/client_impl.h"
 #include "client/row_plan.h"
+#include "client/table_rows.h"
 #include "common/embedding_wire.h"
 #include "common/finite.h"
+#include "common/tensor_name.h"
 #include "ps/client.h"
 
 namespace ps {
@@ -17,29 +19,12 @@ namespace {
 
 struct Nothing {};
 
-std::span<const uint64_t> as_unsigned(std::span<const int64_t> ids) {
-  return {reinterpret_cast<const uint64_t*>(ids.data()), ids.size()};
-}
-
-RowPlacement placement_of(const TableSpec& spec, uint32_t shards) {
-  return RowPlacement(spec.dynamic ? TablePlacement::kHash : spec.placement, spec.rows, shards);
-}
-
-// Ids a fixed table cannot have are refused before anything is sent.
-void check_ids(const TableSpec& spec, std::span<const int64_t> ids, const char* what) {
-  if (spec.dynamic) return;
-  for (int64_t id : ids) {
-    if (id < 0 || static_cast<uint64_t>(id) >= spec.rows) {
-      throw RequestError(std::string(what) + ": id " + std::to_string(id) + " is outside table '" +
-                         spec.name + "' of " + std::to_string(spec.rows) +
-                         " rows (nothing was sent)");
-    }
-  }
-}
-
 }  // namespace
 
 void Client::declare_tables(const std::vector<TableSpec>& tables) {
+  // psd's rule for names: a table the client knows has a name psd takes, so
+  // a request's name is never one that reads as another (Text stops at NUL).
+  for (const auto& t : tables) check_name(t.name, "declare_tables: table");
   std::lock_guard lock(impl_->placement_mutex);
   for (const auto& t : tables) impl_->tables[t.name] = t;
 }
@@ -47,6 +32,7 @@ void Client::declare_tables(const std::vector<TableSpec>& tables) {
 void Client::create_tables(const std::vector<TableSpec>& tables) {
   std::set<std::string> names;
   for (const auto& t : tables) {
+    check_name(t.name, "create_tables: table");
     if (!names.insert(t.name).second)
       throw ConfigError("create_tables: table '" + t.name + "' given twice");
   }
@@ -71,8 +57,6 @@ void Client::create_tables(const std::vector<TableSpec>& tables) {
   declare_tables(tables);
 }
 
-namespace {}  // namespace
-
 // Row requests are cut at ClientOptions::max_request_bytes (not at the
 // dense part size: a row is never split).
 uint64_t Client::row_request_bytes() const {
@@ -94,13 +78,69 @@ namespace {
 // Gradients of at least this many bytes go out without a copy.
 constexpr std::size_t kMinExternalBytes = 4096;
 
-// Ids per request: a request's ids and rows fit the request size.
-uint32_t ids_per_request(uint64_t max_batch_bytes, uint32_t dim) {
-  return static_cast<uint32_t>(
-      std::clamp<uint64_t>(max_batch_bytes / (uint64_t(dim) * sizeof(float) + 8), 1, 1u << 24));
-}
-
 }  // namespace
+
+// Sends the requests `which` of st's plan, waiting for min_step. In sync mode
+// every shard's rows must come from one step, as a dense pull's do
+// (client_transfer.cc): a request read before the newest step another
+// returned is sent again for that step (a step closed between the two reads).
+kj::Promise<void> Client::Impl::pull_row_requests(std::shared_ptr<RowPull> st,
+                                                  std::vector<std::size_t> which, int64_t min_step,
+                                                  int round) {
+  Impl& impl = *this;
+  kj::Vector<kj::Promise<void>> calls;
+  for (std::size_t k : which) {
+    const RowRequest r = st->plan->requests[k];
+    auto send = [&impl, st, r, min_step](ShardConnection& c, int attempt) {
+      auto req = c.shard.pullRowsRequest();
+      req.setTable(st->table);
+      req.setIds(kj::arrayPtr(st->plan->ids.data() + r.first, r.count));
+      // A shard back from a restart at an older step may never reach the
+      // step asked for: read what it has (reconnector.h), as pull_round does.
+      const bool news = attempt > 0 || st->rollbacks_at_call != impl.rollbacks_now();
+      req.setMinStep(news && c.rolled_back ? std::min(min_step, c.hello_step) : min_step);
+      return req.send();
+    };
+    calls.add(impl.retry->call(static_cast<int>(r.shard), kj::mv(send))
+                  .then([&impl, st, r, k](capnp::Response<wire::Shard::PullRowsResults>&& reply) {
+                    auto data = reply.getRows();
+                    const std::size_t want = std::size_t(r.count) * st->dim * sizeof(float);
+                    if (data.size() != want) {
+                      throw RequestError(
+                          "pull_rows: shard " + std::to_string(r.shard) + " answered " +
+                          std::to_string(data.size()) + " bytes of table '" + st->table + "' for " +
+                          std::to_string(r.count) + " rows, expected " + std::to_string(want));
+                    }
+                    const float* rows = reinterpret_cast<const float*>(data.begin());
+                    std::vector<float> aligned;
+                    if (reinterpret_cast<uintptr_t>(data.begin()) % alignof(float) != 0) {
+                      aligned.resize(std::size_t(r.count) * st->dim);
+                      std::memcpy(aligned.data(), data.begin(), want);
+                      rows = aligned.data();
+                    }
+                    scatter_request(*st->plan, r, rows, st->dim, st->out);
+                    st->steps[k] = reply.getStep();
+                    ShardConnection& c = *impl.shards[r.shard];
+                    c.last_step = std::max(c.last_step, reply.getStep());
+                  }));
+  }
+  return kj::joinPromises(calls.releaseAsArray()).then([&impl, st, round]() -> kj::Promise<void> {
+    if (impl.job_mode.load() != SyncMode::kSync || st->steps.empty()) return kj::READY_NOW;
+    const int64_t newest = *std::max_element(st->steps.begin(), st->steps.end());
+    std::vector<std::size_t> behind;
+    for (std::size_t k = 0; k < st->steps.size(); ++k) {
+      // A shard restarted from an older checkpoint is read as it is (see pull_round).
+      if (st->steps[k] < newest && !impl.shards[st->plan->requests[k].shard]->rolled_back)
+        behind.push_back(k);
+    }
+    if (behind.empty()) return kj::READY_NOW;
+    if (round >= 16) {
+      throw RequestError("pull_rows: shards kept moving to new steps; could not read table '" +
+                         st->table + "' at one step");
+    }
+    return impl.pull_row_requests(st, std::move(behind), newest, round + 1);
+  });
+}
 
 std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span<const int64_t> ids,
                                              std::span<float> out, int64_t min_step,
@@ -116,46 +156,22 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
   auto plan =
       std::make_shared<const RowPlan>(plan_rows(as_unsigned(ids), placement_of(spec, num_shards()),
                                                 ids_per_request(row_request_bytes(), dim), false));
+  const uint64_t rollbacks_at_call = rollbacks();
   return impl_->run<int64_t>(
-      [this, plan, table, dim, min_step, out]() {
-        // Each reply's rows go straight from the message to their first
-        // position in `out`; repeated ids are copied from there at the end.
-        auto step = std::make_shared<int64_t>(std::numeric_limits<int64_t>::max());
-        kj::Vector<kj::Promise<void>> calls;
-        for (const RowRequest& r : plan->requests) {
-          auto send = [plan, r, table, min_step](ShardConnection& c, int) {
-            auto req = c.shard.pullRowsRequest();
-            req.setTable(table);
-            req.setIds(kj::arrayPtr(plan->ids.data() + r.first, r.count));
-            req.setMinStep(min_step);
-            return req.send();
-          };
-          calls.add(impl_->retry->call(static_cast<int>(r.shard), kj::mv(send))
-                        .then([plan, step, r, dim, table,
-                               out](capnp::Response<wire::Shard::PullRowsResults>&& reply) {
-                          auto data = reply.getRows();
-                          const std::size_t want = std::size_t(r.count) * dim * sizeof(float);
-                          if (data.size() != want) {
-                            throw RequestError("pull_rows: shard " + std::to_string(r.shard) +
-                                               " answered " + std::to_string(data.size()) +
-                                               " bytes of table '" + table + "' for " +
-                                               std::to_string(r.count) + " rows, expected " +
-                                               std::to_string(want));
-                          }
-                          if (reinterpret_cast<uintptr_t>(data.begin()) % alignof(float) == 0) {
-                            scatter_request(*plan, r, reinterpret_cast<const float*>(data.begin()),
-                                            dim, out.data());
-                          } else {
-                            std::vector<float> rows(std::size_t(r.count) * dim);
-                            std::memcpy(rows.data(), data.begin(), want);
-                            scatter_request(*plan, r, rows.data(), dim, out.data());
-                          }
-                          *step = std::min(*step, reply.getStep());
-                        }));
-        }
-        return kj::joinPromises(calls.releaseAsArray()).then([plan, step, dim, out] {
-          fill_repeats(*plan, dim, out.data());
-          return *step == std::numeric_limits<int64_t>::max() ? int64_t{0} : *step;
+      [this, plan, table, dim, min_step, out, rollbacks_at_call]() {
+        auto st = std::make_shared<Impl::RowPull>();
+        st->rollbacks_at_call = rollbacks_at_call;
+        st->plan = plan;
+        st->table = table;
+        st->dim = dim;
+        st->out = out.data();
+        st->steps.assign(plan->requests.size(), 0);
+        std::vector<std::size_t> all(plan->requests.size());
+        for (std::size_t k = 0; k < all.size(); ++k) all[k] = k;
+        return impl_->pull_row_requests(st, std::move(all), min_step, 0).then([st] {
+          fill_repeats(*st->plan, st->dim, st->out);
+          return st->steps.empty() ? int64_t{0}
+                                   : *std::min_element(st->steps.begin(), st->steps.end());
         });
       },
       "pull_rows: ", done);

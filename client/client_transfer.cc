@@ -21,16 +21,18 @@ kj::Promise<void> Client::Impl::pull_round(PullState& st, std::vector<std::size_
     calls.add(
         retry
             ->call(batch.shard,
-                   [&st, b, min_step](ShardConnection& c, int attempt) {
+                   [this, &st, b, min_step](ShardConnection& c, int attempt) {
                      const ShardBatch& batch = st.batches[b];
                      auto req = c.shard.pullRequest();
                      auto names_out = req.initNames(static_cast<unsigned>(batch.parts.size()));
                      for (unsigned i = 0; i < batch.parts.size(); ++i)
                        names_out.set(i, batch.parts[i].part.stored_name);
                      // A shard back from a restart at an older step may never reach the
-                     // step asked for: read what it has (reconnector.h).
-                     req.setMinStep(attempt > 0 && c.rolled_back ? std::min(min_step, c.hello_step)
-                                                                 : min_step);
+                     // step asked for: read what it has (reconnector.h). Also when another
+                     // call found it so after this one was asked for, its min_step older news.
+                     const bool news = attempt > 0 || st.rollbacks_at_call != rollbacks_now();
+                     req.setMinStep(news && c.rolled_back ? std::min(min_step, c.hello_step)
+                                                          : min_step);
                      // Large parts come through shared memory where the connection has
                      // some (copied out when the reply is in), else are read from the
                      // socket straight into st.out (client_message_stream.h); held until
@@ -155,10 +157,12 @@ std::future<PullResult> Client::start_pull(std::vector<std::string> names,
     }
   }
   auto batches = impl_->plan(names);
+  const uint64_t rollbacks_at_call = rollbacks();
   return impl_->run<PullResult>(
-      [this, batches = std::move(batches), out = std::move(out), n = names.size(),
-       min_step]() mutable {
+      [this, batches = std::move(batches), out = std::move(out), n = names.size(), min_step,
+       rollbacks_at_call]() mutable {
         auto state = kj::heap<Impl::PullState>();
+        state->rollbacks_at_call = rollbacks_at_call;
         state->batches = std::move(batches);
         state->out = std::move(out);
         state->steps.assign(state->batches.size(), 0);

@@ -2,6 +2,7 @@
 
 #include <capnp/any.h>
 
+#include "common/tensor_name.h"
 #include "common/wire_convert.h"
 #include "ps/errors.h"
 
@@ -9,7 +10,7 @@ namespace ps {
 
 void to_wire(const TableSpec& s, uint32_t shard_index, uint32_t num_shards,
              wire::TableSpec::Builder out) {
-  out.setName(s.name);
+  out.setName(capnp::Text::Reader(s.name.c_str(), s.name.size()));  // every byte, NULs too
   out.setDim(s.dim);
   out.setRows(s.rows);
   out.setDynamic(s.dynamic);
@@ -34,7 +35,7 @@ void to_wire(const TableSpec& s, uint32_t shard_index, uint32_t num_shards,
 ShardTableSpec from_wire(wire::TableSpec::Reader in) {
   ShardTableSpec r;
   TableSpec& s = r.spec;
-  s.name = in.getName();
+  s.name = name_from_wire(in.getName(), "createTables: table");  // every byte sent
   s.dim = in.getDim();
   s.rows = in.getRows();
   s.dynamic = in.getDynamic();

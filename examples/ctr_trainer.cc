@@ -68,6 +68,7 @@ struct CtrFlags {
   uint64_t synthetic_seed = 1;
   int64_t synthetic_max_distinct = ps::CtrSyntheticOptions{}.max_distinct;
   double holdout = 0.1;
+  std::string restore_from;  // chief: start from this checkpoint directory, tables included
   int embedding_dim = 16;
   std::string hidden_units = "256,128";
   float embedding_learning_rate = 0.05f;  // Adagrad on the deep table
@@ -163,6 +164,8 @@ class WideDeep {
     wide_ = ps::dedup_ids(batch_.wide_ids);
     deep_rows_.resize(deep_.ids.size() * dim_);
     wide_rows_.resize(wide_.ids.size());
+    deep_grads_.resize(deep_rows_.size());  // sized now: bind() hands them to the session
+    wide_grads_.resize(wide_rows_.size());
     const int64_t b = batch_.size;
     if (deep_offsets_.size() != static_cast<size_t>(b * ps::kCtrCategorical + 1)) {
       deep_offsets_ = ps::fixed_offsets(b * ps::kCtrCategorical, 1);
@@ -178,10 +181,6 @@ class WideDeep {
                                                                         int64_t min_step) {
     return {client.pull_rows_async(kDeepTable, as_ids(deep_.ids), deep_rows_, min_step),
             client.pull_rows_async(kWideTable, as_ids(wide_.ids), wide_rows_, min_step)};
-  }
-  void pull_rows(ps::Client& client, int64_t min_step) {
-    client.pull_rows(kDeepTable, as_ids(deep_.ids), deep_rows_, min_step);
-    client.pull_rows(kWideTable, as_ids(wide_.ids), wide_rows_, min_step);
   }
 
   // x (B, 13 + 26 * dim) and the wide logits (B) from the pulled rows.
@@ -226,10 +225,11 @@ class WideDeep {
     return loss;
   }
 
-  std::pair<std::future<ps::PushStatus>, std::future<ps::PushStatus>> push_rows_async(
-      ps::Client& client, int64_t step) {
-    return {client.push_rows_async(kDeepTable, as_ids(deep_.ids), deep_grads_, step),
-            client.push_rows_async(kWideTable, as_ids(wide_.ids), wide_grads_, step)};
+  // The prepared batch's rows for the session's next step: its pull reads
+  // them with the dense weights, its push sends their gradients with theirs.
+  void bind(ps::TrainingSession& session) {
+    session.set_rows(kDeepTable, as_ids(deep_.ids), deep_rows_, deep_grads_);
+    session.set_rows(kWideTable, as_ids(wide_.ids), wide_rows_, wide_grads_);
   }
 
   // probs (B) of the prepared batch with the pulled rows.
@@ -371,16 +371,15 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
 
   WideDeep model(shape, c.embedding_dim, std::max(f.batch_size, c.eval_batch));
   ps::Client client(f.client_options(spec));
-  ps::TrainingSession session(client, {.job = job});
+  ps::TrainingSession session(client,
+                              {.job = job, .restore_from = chief ? c.restore_from : std::string()});
   const uint64_t seed =
       session.add_variables(model.head().layout().tensors(), model.head().params(),
                             model.head().grads(), oc, f.seed, "ctr/");
-  // The chief creates the tables before it marks the model ready; the others
-  // learn them once it is.
-  const std::vector<ps::TableSpec> tables = table_specs(c, seed);
-  if (chief) client.create_tables(tables);
+  // The chief creates the tables with the variables, before it marks the
+  // model ready; the others check them once it is.
+  for (const ps::TableSpec& t : table_specs(c, seed)) session.add_table(t);
   session.initialize();
-  if (!chief) client.declare_tables(tables);
   const ps::SyncMode mode = session.job().mode;
   if (session.job().train_steps > 0) steps = session.job().train_steps;
   per_global = session.examples_per_global_step(f.batch_size);
@@ -450,31 +449,17 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
     deep_rows += static_cast<double>(model.deep_rows());
     wide_rows += static_cast<double>(model.wide_rows());
     const auto t1 = Clock::now();
-    // Rows wait for the step the dense pull will read (sync: the next one;
-    // bounded staleness: within reach of the slowest worker).
-    const int64_t min_step = mode == ps::SyncMode::kSync               ? session.global_step()
-                             : mode == ps::SyncMode::kBoundedStaleness ? session.local_step()
-                                                                       : 0;
-    auto [deep_pull, wide_pull] = model.pull_rows_async(client, min_step);
+    // The rows and the dense weights in one pull, at one step in sync mode;
+    // their gradients and the step report in one push.
+    model.bind(session);
     pulled_step = session.pull();
-    const int64_t rows_step = std::min(deep_pull.get(), wide_pull.get());
     if (session.should_stop()) break;  // the job ended while this worker waited for its step
-    // Sync: rows read before the step the dense weights were read at (a step
-    // closed between the two) are read again, so the push's step fits both.
-    if (mode == ps::SyncMode::kSync && rows_step < pulled_step)
-      model.pull_rows(client, pulled_step);
     const auto t2 = Clock::now();
     model.forward();
     const double loss = model.backward();
     const auto t3 = Clock::now();
-    const int64_t push_step =
-        mode == ps::SyncMode::kBoundedStaleness ? session.local_step() : pulled_step;
-    auto [deep_push, wide_push] = model.push_rows_async(client, push_step);
     ps::StepOutcome out = session.push();
-    const ps::PushStatus deep_status = deep_push.get(), wide_status = wide_push.get();
     const auto t4 = Clock::now();
-    if (deep_status == ps::PushStatus::kStale || wide_status == ps::PushStatus::kStale)
-      out.stale = true;
     t_other += seconds(t0, t1);
     t_pull += seconds(t1, t2);
     t_compute += seconds(t2, t3);
@@ -608,6 +593,9 @@ int main(int argc, char** argv) {
   app.add_option("--summary_every", c.summary_every,
                  "chief: TensorBoard scalars every N local steps")
       ->capture_default_str();
+  app.add_option("--restore_from", c.restore_from,
+                 "chief: start the job from the newest checkpoint in this directory (a ps "
+                 "--checkpoint_dir), tables included, and go on from its step");
   ps::PsTaskFlags psf;
   ps::add_ps_task_flags(app, psf);
   CLI11_PARSE(app, argc, argv);

@@ -11,9 +11,12 @@
 // tool, chief or not), then up to 16 calls, each a method number and the
 // bytes of a Cap'n Proto message whose root becomes the call's parameters.
 // A call that would wait (waitReady, barrier, a pull for a later step) is
-// given a few turns of the loop and then cancelled. Checks, besides the
-// sanitizers': the connection still answers a list() at the end, unless
-// the input broke it.
+// given a few turns of the loop and then cancelled. The shard starts with
+// two embedding tables (a fixed "emb", a dynamic "dyn" at a row limit) for
+// the table methods (createTables to restoreRows) to reach. Checks, besides
+// the sanitizers': the connection still answers a list() at the end, unless
+// the input broke it, and the shard holds no NaN or Inf and no bad name
+// (shard_invariants.h).
 #include <sys/socket.h>
 
 #include <cstdint>
@@ -31,6 +34,7 @@
 #include "schema/ps.capnp.h"
 #include "server/shard.h"
 #include "fuzz/shard_env.h"
+#include "fuzz/shard_invariants.h"
 #include "server/shard_service.h"
 #include "common/net/socket_stream.h"
 
@@ -61,6 +65,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.limits.max_total_bytes = 8 << 20;
   options.limits.max_tensors = 64;
   ps::Shard shard(options, ps::fuzz::pool(), ps::fuzz::timer());
+  shard.create_tables({{{.name = "emb",
+                         .dim = 4,
+                         .rows = 16,
+                         .optimizer = ps::RowOptimizerConfig::adagrad(0.5f),
+                         .init = ps::InitConfig::uniform(-1, 1, 7)}},
+                       {{.name = "dyn",
+                         .dim = 2,
+                         .dynamic = true,
+                         .placement = ps::TablePlacement::kHash,
+                         .optimizer = ps::RowOptimizerConfig::lazy_adam(0.5f),
+                         .row_limit = 8,
+                         .on_limit = ps::OnRowLimit::kRefuse}}},
+                      false);
   {
     // psd's side, as server.cc builds a connection.
     auto server_socket = ps::wrap_socket(io.unixEventPort, fds[0]);
@@ -89,7 +106,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
     bool broken = false;
     for (int k = 0; k < kMaxCalls && in.remaining_bytes() > 0 && !broken; ++k) {
-      const uint16_t method = in.ConsumeIntegralInRange<uint16_t>(0, 15);
+      const uint16_t method = in.ConsumeIntegralInRange<uint16_t>(0, 19);  // hello .. restoreRows
       auto bytes = in.ConsumeBytes<uint8_t>(in.ConsumeIntegralInRange<size_t>(0, 1024));
       std::vector<uint64_t> words((bytes.size() + 7) / 8);  // capnp::word is not movable
       if (!bytes.empty()) std::memcpy(words.data(), bytes.data(), bytes.size());
@@ -127,5 +144,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   int t = 0;
   for (; t < 1024 && shard.counters().connections.load() > 0; ++t) turn(1);
   if (t == 1024) __builtin_trap();
+  ps::fuzz::check_shard_invariants(shard);
   return 0;
 }

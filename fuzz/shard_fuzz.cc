@@ -5,10 +5,16 @@
 // refuses a request (throws) has changed nothing, and whatever the request,
 // the shard stores no NaN or Inf and no name with a control character
 // (shard_invariants.h; a tensor with SGD at learning rate 1e38 is there to
-// be pushed past FLT_MAX).
+// be pushed past FLT_MAX). Embedding tables too: createTables, pullRows,
+// pushRows, listTables and restoreRows, over a fixed Adagrad table, a
+// dynamic FTRL table at a small row limit (evicting), and a fixed SGD table
+// at learning rate 1e38 next to FLT_MAX.
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <memory>
 #include <vector>
 
 #include <capnp/message.h>
@@ -20,6 +26,7 @@
 #include "server/shard_wire.h"
 #include "fuzz/shard_env.h"
 #include "fuzz/shard_invariants.h"
+#include "common/embedding_wire.h"
 #include "common/wire_convert.h"
 
 namespace {
@@ -27,6 +34,7 @@ namespace {
 // Everything a refused request must leave as it was.
 struct Digest {
   uint64_t tensors, bytes, versions, pushes, creates, steps_applied;
+  uint64_t tables, table_rows, table_rows_pushed;
   int64_t step;
   bool ready, configured, finished;
   float checksum;
@@ -35,6 +43,17 @@ struct Digest {
 
 Digest digest(ps::Shard& shard) {
   Digest d{};
+  for (const ps::TableReport& t : shard.list_tables()) {
+    d.tables += 1;
+    d.table_rows += t.rows_here;
+    d.versions += t.version;
+    d.table_rows_pushed += t.rows_pushed;
+  }
+  for (const ps::TableCheckpoint& t : ps::fuzz::table_rows(shard)) {
+    for (float x : t.values) d.checksum += x;
+    for (const auto& slot : t.slots)
+      for (float x : slot) d.checksum += x;
+  }
   d.tensors = shard.store().count();
   d.bytes = shard.store().bytes();
   for (ps::StoredTensor* t : shard.store().all()) {
@@ -77,6 +96,25 @@ void seed(ps::Shard& shard, bool sync) {
               specs[3]);
   ps::CreateReply reply;
   shard.create(ps::create_from_wire(params.asReader()), reply);
+  const std::vector<ps::ShardTableSpec> tables = {
+      {{.name = "emb",
+        .dim = 4,
+        .rows = 16,
+        .optimizer = ps::RowOptimizerConfig::adagrad(0.5f),
+        .init = ps::InitConfig::uniform(-1, 1, 7)}},
+      {{.name = "dyn",
+        .dim = 2,
+        .dynamic = true,
+        .placement = ps::TablePlacement::kHash,
+        .optimizer = ps::RowOptimizerConfig::ftrl(0.5f, 0.01f, 0.1f),
+        .row_limit = 8,
+        .on_limit = ps::OnRowLimit::kEvictLru}},
+      {{.name = "hot",
+        .dim = 2,
+        .rows = 4,
+        .optimizer = ps::RowOptimizerConfig::sgd(1e38f),
+        .init = ps::InitConfig::constant(3e38f)}}};
+  shard.create_tables(tables, false);
   if (sync) {
     capnp::MallocMessageBuilder j;
     auto job = j.initRoot<ps::wire::JobConfig>();
@@ -112,7 +150,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2 + sizeof(capnp::word)) return 0;
-  const uint8_t op = data[0] % 8;
+  const uint8_t op = data[0] % 13;
   const uint8_t who = data[1];
   const bool sync = who & 0x80;
   // Aligned copy, as the RPC layer's buffers are.
@@ -174,6 +212,70 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case 6:
         shard.hello(caller);
+        break;
+      // Tables, taken apart as shard_service.cc does.
+      case 8: {
+        auto params = reader.getRoot<ps::wire::Shard::CreateTablesParams>();
+        std::vector<ps::ShardTableSpec> specs;
+        for (auto t : params.getTables()) specs.push_back(ps::from_wire(t));
+        shard.create_tables(specs, params.getValidateOnly());
+        break;
+      }
+      case 9: {
+        auto params = reader.getRoot<ps::wire::Shard::PullRowsParams>();
+        auto rows = std::make_shared<std::vector<float>>();
+        pending =
+            shard.pull_rows(caller,
+                            {std::string_view(params.getTable().begin(), params.getTable().size()),
+                             ps::ids_in_place(params.getIds(), "pullRows"), params.getMinStep()},
+                            [rows](std::size_t floats, int64_t) {
+                              rows->assign(floats, std::numeric_limits<float>::quiet_NaN());
+                              return rows->data();
+                            });
+        pending = pending.then([rows] {
+          for (float x : *rows) {
+            if (!std::isfinite(x)) {
+              std::fprintf(stderr, "pullRows answered a non-finite value or a row not written\n");
+              __builtin_trap();
+            }
+          }
+        });
+        break;
+      }
+      case 10: {
+        auto params = reader.getRoot<ps::wire::Shard::PushRowsParams>();
+        auto grads = params.getGrads();
+        if (grads.size() % sizeof(float) != 0)
+          throw ps::RequestError("pushRows: gradients are not a whole number of float32s");
+        // Aligned, as the RPC layer's buffers are.
+        std::vector<float> g(grads.size() / sizeof(float));
+        if (!g.empty()) std::memcpy(g.data(), grads.begin(), grads.size());
+        shard.push_rows(caller,
+                        {std::string_view(params.getTable().begin(), params.getTable().size()),
+                         ps::ids_in_place(params.getIds(), "pushRows"), g, params.getStep(),
+                         params.getRequestId(), params.getDoneStep()});
+        break;
+      }
+      case 11: {
+        auto params = reader.getRoot<ps::wire::Shard::RestoreRowsParams>();
+        auto floats = [](capnp::Data::Reader d) {
+          if (d.size() % sizeof(float) != 0)
+            throw ps::RequestError("restoreRows: values are not a whole number of float32s");
+          std::vector<float> v(d.size() / sizeof(float));
+          if (!v.empty()) std::memcpy(v.data(), d.begin(), d.size());
+          return v;
+        };
+        const std::vector<float> values = floats(params.getValues());
+        std::vector<std::vector<float>> slots;
+        for (auto s : params.getSlots()) slots.push_back(floats(s));
+        std::vector<std::span<const float>> views(slots.begin(), slots.end());
+        shard.restore_rows(std::string_view(params.getTable().begin(), params.getTable().size()),
+                           ps::ids_in_place(params.getIds(), "restoreRows"), values, views,
+                           params.getVersion());
+        break;
+      }
+      case 12:
+        (void)shard.list_tables();
         break;
       default:
         for (ps::StoredTensor* t : shard.list())

@@ -9,12 +9,18 @@
 #include <spdlog/spdlog.h>
 
 #include "common/finite.h"
+#include "common/tensor_name.h"
 #include "ps/errors.h"
 #include "server/shard.h"
 
 namespace ps {
 
 ShardTable& ShardTables::get(std::string_view name, const char* what) {
+  try {
+    check_name(name, "table");  // the same rule as at create, on the full bytes sent
+  } catch (const RequestError& e) {
+    throw RequestError(std::string(what) + ": " + e.what());
+  }
   auto it = tables.find(name);
   if (it == tables.end()) {
     throw RequestError(std::string(what) + ": no table '" + std::string(name) +
@@ -224,6 +230,13 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
                  "pushRows: " + std::to_string(fresh) + " new rows of table '" + spec.name + "'");
   }
   const bool sync = job.mode == SyncMode::kSync;
+  // Applied now (not summed for a sync step): refused whole if it would
+  // store a NaN or Inf, as a dense update is.
+  if (!sync && !options_.allow_nonfinite && !t.table->update_finite(r.ids, r.grads, 1.0f)) {
+    throw RequestError("pushRows: the update would make a value or optimizer slot of table '" +
+                       spec.name +
+                       "' NaN or Inf (a gradient or learning rate too large); nothing was applied");
+  }
   if (sync) {
     if (caller.worker_index < 0)
       throw RequestError("pushRows: sync mode needs a worker index (say hello as a worker)");
@@ -317,10 +330,14 @@ void Shard::commit_table_step() {
     // or fewer when workers have left), as for dense tensors.
     try {
       t.table->check(slot.ids, "sync step");
-      t.table->push(slot.ids, slot.sum, 1.0f / static_cast<float>(slot.count));
+      const float scale = 1.0f / static_cast<float>(slot.count);
+      if (!options_.allow_nonfinite && !t.table->update_finite(slot.ids, slot.sum, scale))
+        throw RequestError("the step's update would make a value or optimizer slot NaN or Inf");
+      t.table->push(slot.ids, slot.sum, scale);
     } catch (const Error& e) {
-      // Only a dynamic table at its row limit can refuse the union of the
-      // workers' ids after each push alone passed.
+      // A dynamic table at its row limit can refuse the union of the
+      // workers' ids after each push alone passed, and their summed
+      // gradients can overflow where each alone did not.
       spdlog::error("sync step {}: table '{}' not updated: {}", job_.global_step(), name, e.what());
     }
     slot.clear();

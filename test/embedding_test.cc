@@ -65,6 +65,9 @@ std::vector<float> pull_rows(Client& c, const std::string& table, const std::vec
   return out;
 }
 
+// A Text field holding every byte of `s`, NULs included.
+capnp::Text::Reader text(const std::string& s) { return capnp::Text::Reader(s.c_str(), s.size()); }
+
 // A raw connection to one psd, for requests libpsclient would not send.
 struct RawShard {
   explicit RawShard(const PsdProcess& psd, int32_t worker_index = -1)
@@ -83,7 +86,7 @@ struct RawShard {
   }
   std::vector<float> pull(const std::string& table, const std::vector<uint64_t>& ids) {
     auto req = shard.pullRowsRequest();
-    req.setTable(table);
+    req.setTable(text(table));
     req.setIds(kj::arrayPtr(ids.data(), ids.size()));
     auto reply = req.send().wait(ws());
     auto rows = reply.getRows();
@@ -94,7 +97,7 @@ struct RawShard {
   wire::PushStatus push(const std::string& table, const std::vector<uint64_t>& ids,
                         const std::vector<float>& grads, uint64_t request_id = 0) {
     auto req = shard.pushRowsRequest();
-    req.setTable(table);
+    req.setTable(text(table));
     req.setIds(kj::arrayPtr(ids.data(), ids.size()));
     req.setGrads(kj::arrayPtr(reinterpret_cast<const kj::byte*>(grads.data()),
                               grads.size() * sizeof(float)));
@@ -373,6 +376,68 @@ TEST_CASE("bad table requests are refused with a clear error, change nothing, an
   CHECK(psd.alive());
 }
 
+TEST_CASE("table names are checked as tensor names are: at create and on every request") {
+  PsdProcess psd;
+  RawShard raw(psd, 0);
+  raw.create(fixed("a", 4, 1));
+  const std::string nul("a\0b", 3);
+  CHECK_THROWS_WITH(
+      raw.create(fixed(nul, 4, 1)),
+      Catch::Contains("createTables: table name holds control character 0x00 at byte 1"));
+  CHECK_THROWS_WITH(raw.create(fixed("tab\there", 4, 1)),
+                    Catch::Contains("control character 0x09"));
+  CHECK_THROWS_WITH(raw.create(fixed("del\x7f", 4, 1)), Catch::Contains("control character 0x7f"));
+  CHECK_THROWS_WITH(raw.create(fixed(std::string(513, 'x'), 4, 1)),
+                    Catch::Contains("1 to 512 bytes, got 513"));
+  // A request naming "a\0b" does not reach "a", and says why.
+  CHECK_THROWS_WITH(raw.pull(nul, {1}),
+                    Catch::Contains("pullRows: table name holds control character"));
+  CHECK_THROWS_WITH(raw.push(nul, {1}, {5}),
+                    Catch::Contains("pushRows: table name holds control character"));
+  auto restore = raw.shard.restoreRowsRequest();
+  restore.setTable(text(nul));
+  restore.initIds(1).set(0, 1);
+  const float value = 7;
+  restore.setValues(kj::arrayPtr(reinterpret_cast<const kj::byte*>(&value), sizeof(value)));
+  CHECK_THROWS_WITH(restore.send().wait(raw.ws()),
+                    Catch::Contains("restoreRows: table name holds control character"));
+  CHECK(raw.pull("a", {1}) == std::vector<float>{0});
+  // libpsclient refuses such a name before sending it (Text would cut it at the NUL).
+  Client client(options_for({&psd}));
+  CHECK_THROWS_WITH(client.create_tables({fixed(nul, 4, 1)}), Catch::Contains("control character"));
+  CHECK_THROWS_WITH(client.declare_tables({fixed(nul, 4, 1)}),
+                    Catch::Contains("control character"));
+  std::vector<float> row(1);
+  CHECK_THROWS_WITH(client.pull_rows(nul, std::vector<int64_t>{1}, row),
+                    Catch::Contains("no table"));
+  const auto tables = client.list_tables();
+  REQUIRE(tables.size() == 1);
+  CHECK(tables[0].name == "a");
+  CHECK(psd.alive());
+}
+
+TEST_CASE("a push of rows that would store NaN or Inf is refused whole, as a dense update is") {
+  PsdProcess psd;
+  RawShard raw(psd, 0);
+  // Next to FLT_MAX: one SGD step at learning rate 1e38 overflows.
+  raw.create(fixed("hot", 4, 2, 1e38f, InitConfig::constant(3e38f)));
+  // Adagrad: a large finite gradient overflows the accumulator (g^2).
+  raw.create(TableSpec{.name = "acc",
+                       .dim = 1,
+                       .rows = 4,
+                       .optimizer = RowOptimizerConfig::adagrad(0.1f),
+                       .init = InitConfig::constant(1)});
+  CHECK_THROWS_WITH(raw.push("hot", {1, 2}, {0, 0, -3, 0}), Catch::Contains("NaN or Inf"));
+  CHECK_THROWS_WITH(raw.push("acc", {0, 3}, {1, 1e20f}), Catch::Contains("NaN or Inf"));
+  // Repeated ids are summed first: each half passes alone, not their sum.
+  CHECK_THROWS_WITH(raw.push("hot", {1, 1}, {-1.5f, 0, -1.5f, 0}), Catch::Contains("NaN or Inf"));
+  CHECK(raw.pull("hot", {1, 2}) == std::vector<float>(4, 3e38f));  // nothing applied
+  CHECK(raw.pull("acc", {0, 3}) == std::vector<float>{1, 1});
+  CHECK(raw.push("hot", {2}, {1, 1}) == wire::PushStatus::APPLIED);  // a step that fits
+  for (float v : raw.pull("hot", {2})) CHECK(v == Approx(2e38f).epsilon(1e-6));
+  CHECK(psd.alive());
+}
+
 TEST_CASE("a retried push of rows (the same request id) is applied once") {
   PsdProcess psd;
   RawShard raw(psd, 0);
@@ -421,6 +486,31 @@ TEST_CASE(
   std::vector<float> after(12);
   CHECK(chief.pull_rows("emb", even, after, 2) == 2);
   CHECK(after == std::vector<float>{-3, -3, -4, -4, -1, -1, -1, -1, -1, -1, -1, -1});
+}
+
+TEST_CASE("sync mode: a pull of rows over several shards reads every shard at one step") {
+  PsdProcess ps0, ps1;
+  Client chief(options_for({&ps0, &ps1}, 0));
+  // Backup workers: one push closes a step, so the shards can be a step apart.
+  chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 1, .total_replicas = 2});
+  chief.create_tables({fixed("emb", 4, 1)});  // 'mod': ids 0, 2 on shard 0; 1, 3 on shard 1
+  chief.set_ready();
+  {
+    RawShard worker1(ps0, 1);  // step 0 closes on shard 0 only
+    CHECK(worker1.push("emb", {0}, {1}) == wire::PushStatus::ACCUMULATED);
+  }
+  std::thread closes_shard1([&] {
+    std::this_thread::sleep_for(300ms);
+    RawShard worker1(ps1, 1);
+    CHECK(worker1.push("emb", {1}, {2}) == wire::PushStatus::ACCUMULATED);
+  });
+  // Shard 0 is at step 1 and shard 1 at step 0: the rows of shard 1 are read
+  // again once it reaches step 1, never a mix of the two steps.
+  std::vector<float> rows(2);
+  const int64_t step = chief.pull_rows("emb", std::vector<int64_t>{0, 1}, rows);
+  closes_shard1.join();
+  CHECK(step == 1);
+  CHECK(rows == std::vector<float>{-1, -2});
 }
 
 TEST_CASE(

@@ -42,16 +42,51 @@ void TrainingSession::add_variable(const TensorSpec& spec, std::span<float> valu
   grads_.emplace_back(grads.data(), grads.size());
 }
 
+void TrainingSession::add_table(const TableSpec& spec) {
+  if (initialized_) throw ConfigError("add_table('" + spec.name + "') after initialize()");
+  for (const BoundTable& t : tables_) {
+    if (t.spec.name == spec.name) throw ConfigError("add_table: table '" + spec.name + "' twice");
+  }
+  tables_.push_back(BoundTable{spec, {}, {}, {}});
+}
+
+void TrainingSession::set_rows(const std::string& table, std::span<const int64_t> ids,
+                               std::span<float> rows, std::span<const float> grads) {
+  auto it = std::find_if(tables_.begin(), tables_.end(),
+                         [&](const BoundTable& t) { return t.spec.name == table; });
+  if (it == tables_.end()) throw ConfigError("set_rows: no table '" + table + "' (add_table it)");
+  const std::size_t n = ids.size() * it->spec.dim;
+  if (rows.size() != n || grads.size() != n) {
+    throw ConfigError("set_rows: table '" + table + "' has dim " + std::to_string(it->spec.dim) +
+                      ": " + std::to_string(ids.size()) + " ids need " + std::to_string(n) +
+                      " floats; the buffers hold " + std::to_string(rows.size()) + " and " +
+                      std::to_string(grads.size()));
+  }
+  it->ids = ids;
+  it->rows = rows;
+  it->grads = grads;
+}
+
 void TrainingSession::initialize() {
+  std::vector<TableSpec> table_specs;
+  for (const BoundTable& t : tables_) table_specs.push_back(t.spec);
   if (is_chief()) {
-    std::vector<TensorSpec> specs = options_.restore_from.empty() ? specs_ : restored_specs();
+    RestoredModel m;
+    if (!options_.restore_from.empty()) m = load_checkpoint(options_.restore_from);
+    std::vector<TensorSpec> specs = options_.restore_from.empty() ? specs_ : restored_specs(m);
     client_.init_job(options_.job);
     client_.create(specs);
+    if (!table_specs.empty()) {
+      client_.create_tables(table_specs);
+      if (!options_.restore_from.empty()) restore_tables(m);
+    }
+    // Only now may the workers start: the model is whole, tables included.
     client_.set_ready();
-    spdlog::info("chief: job configured ({}), {} variables created and initialised",
-                 to_string(options_.job), specs_.size());
+    spdlog::info("chief: job configured ({}), {} variables and {} tables created and initialised",
+                 to_string(options_.job), specs_.size(), tables_.size());
   } else {
     client_.declare(specs_);
+    if (!table_specs.empty()) client_.declare_tables(table_specs);
     const auto start = std::chrono::steady_clock::now();
     while (!client_.wait_ready(std::min(options_.ready_log_interval, options_.ready_timeout))) {
       const auto waited = std::chrono::steady_clock::now() - start;
@@ -67,6 +102,7 @@ void TrainingSession::initialize() {
     check_same_cluster(client_.job());
     options_.job = client_.job();
     check_declared_as_created();
+    check_tables_as_created();
   }
   // Bounded staleness measures every worker by its own step count: a
   // restarted worker going on from 0 was ignored until it passed its old
@@ -142,8 +178,64 @@ void TrainingSession::check_declared_as_created() {
   }
 }
 
-std::vector<TensorSpec> TrainingSession::restored_specs() {
-  RestoredModel m = load_checkpoint(options_.restore_from);
+void TrainingSession::check_tables_as_created() {
+  std::map<std::string, Client::TableInfo> created;
+  for (auto& t : client_.list_tables()) created.emplace(t.name, std::move(t));
+  for (const BoundTable& declared : tables_) {
+    const std::string here = "worker " + std::to_string(client_.options().worker_index) +
+                             ": table '" + declared.spec.name + "'";
+    auto it = created.find(declared.spec.name);
+    if (it == created.end()) {
+      throw ConfigError(here +
+                        " was not created by the chief: every worker must add the same tables");
+    }
+    const Client::TableInfo& c = it->second;
+    if (c.dim != declared.spec.dim || c.dynamic != declared.spec.dynamic ||
+        (!c.dynamic && c.rows != declared.spec.rows)) {
+      auto kind = [](bool dynamic, uint64_t rows) {
+        return dynamic ? std::string("dynamic") : "fixed with " + std::to_string(rows) + " rows";
+      };
+      throw ConfigError(here + " is added as " + kind(declared.spec.dynamic, declared.spec.rows) +
+                        ", dim " + std::to_string(declared.spec.dim) + "; the chief created it " +
+                        kind(c.dynamic, c.rows) + ", dim " + std::to_string(c.dim) +
+                        ": every worker must add the same tables");
+    }
+  }
+}
+
+void TrainingSession::restore_tables(const RestoredModel& m) {
+  for (const BoundTable& declared : tables_) {
+    const TableSpec& spec = declared.spec;
+    auto it = std::find_if(m.tables.begin(), m.tables.end(),
+                           [&](const RestoredTable& t) { return t.spec.name == spec.name; });
+    if (it == m.tables.end()) {
+      throw ConfigError("restore: table '" + spec.name + "' is not in the checkpoint under " +
+                        options_.restore_from);
+    }
+    const TableSpec& saved = it->spec;
+    if (saved.dim != spec.dim || saved.dynamic != spec.dynamic ||
+        (!spec.dynamic && saved.rows != spec.rows)) {
+      throw ConfigError("restore: table '" + spec.name + "' is added with dim " +
+                        std::to_string(spec.dim) + (spec.dynamic ? ", dynamic" : ", fixed") +
+                        ", the checkpoint's has dim " + std::to_string(saved.dim) +
+                        (saved.dynamic ? ", dynamic" : ", fixed") +
+                        " (fixed tables: the same rows too)");
+    }
+    // Slots mean something only to the optimizer that made them, and psd
+    // takes a row with all its optimizer's slots.
+    if (saved.optimizer.kind != spec.optimizer.kind) {
+      throw ConfigError("restore: table '" + spec.name +
+                        "' was trained with another row optimizer than it is added with");
+    }
+    client_.restore_rows(spec.name, it->ids, it->values, it->slots, it->version);
+  }
+  if (!tables_.empty()) {
+    spdlog::info("chief: restored {} tables from step {} of {}", tables_.size(), m.global_step,
+                 options_.restore_from);
+  }
+}
+
+std::vector<TensorSpec> TrainingSession::restored_specs(const RestoredModel& m) {
   options_.job.start_step = m.global_step;
   std::vector<TensorSpec> specs;
   for (const TensorSpec& declared : specs_) {
@@ -203,21 +295,27 @@ int64_t TrainingSession::pull() {
     case SyncMode::kAsync:
       break;
   }
-  PullResult r;
+  // The tables with ids this step, read with the variables at one step.
+  std::vector<RowsInto> rows;
+  for (const BoundTable& t : tables_) {
+    if (!t.ids.empty()) rows.push_back(RowsInto{t.spec.name, t.ids, t.rows});
+  }
+  int64_t step = 0;
   {
     Watching w(watch_.get(), options_.job.mode == SyncMode::kSync ? "pull for the next sync step"
                              : options_.job.mode == SyncMode::kBoundedStaleness
                                  ? "pull (waits for the slowest worker)"
                                  : "pull");
-    r = client_.pull(names_, values_, min_step);
+    step = rows.empty() ? client_.pull(names_, values_, min_step).step
+                        : client_.pull_with_rows(names_, values_, rows, min_step).step;
   }
-  pulled_step_ = r.step;
+  pulled_step_ = step;
   if (options_.job.mode == SyncMode::kSync) {
-    global_step_ = r.step;
+    global_step_ = step;
     // A worker that fell behind may find the job already done.
-    if (options_.job.train_steps > 0 && r.step >= options_.job.train_steps) stop_ = true;
+    if (options_.job.train_steps > 0 && step >= options_.job.train_steps) stop_ = true;
   }
-  return r.step;
+  return step;
 }
 
 StepOutcome TrainingSession::push() {
@@ -225,15 +323,21 @@ StepOutcome TrainingSession::push() {
       options_.job.mode == SyncMode::kBoundedStaleness ? local_step_ : pulled_step_;
   // The step report rides on the push: the shard counts it once the
   // gradients are in, without another round trip.
+  // Tables' rows go in the same step, every table's (a sync step counts
+  // each table; one without ids goes empty).
+  std::vector<RowGrads> rows;
+  for (const BoundTable& t : tables_) rows.push_back(RowGrads{t.spec.name, t.ids, t.grads});
   PushResult p;
   {
     Watching w(watch_.get(), "push");
-    p = client_.push_and_step(names_, grads_, step, local_step_);
+    p = client_.push_and_step(names_, grads_, rows, step, local_step_);
   }
 
   StepOutcome out;
   out.step = pulled_step_;
   for (PushStatus s : p.status)
+    out.stale = out.stale || s == PushStatus::kStale || s == PushStatus::kDuplicate;
+  for (PushStatus s : p.row_status)
     out.stale = out.stale || s == PushStatus::kStale || s == PushStatus::kDuplicate;
   if (out.stale) ++stale_steps_;
   ++local_step_;

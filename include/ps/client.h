@@ -191,6 +191,23 @@ struct PushResult {
   // whether the job reached train_steps (as step_done() answers).
   int64_t global_step = 0;
   bool stop = false;
+  std::vector<PushStatus> row_status;  // per RowGrads of push_and_step; the worst over its shards
+};
+
+// One table's part of a step's pull (Client::pull_with_rows): the rows of
+// `ids` into `out`, ids.size() * dim floats, as pull_rows takes them.
+struct RowsInto {
+  std::string table;
+  std::span<const int64_t> ids;
+  std::span<float> out;
+};
+
+// One table's part of a step's push (Client::push_and_step): the gradients
+// of the rows of `ids`, ids.size() * dim floats, as push_rows takes them.
+struct RowGrads {
+  std::string table;
+  std::span<const int64_t> ids;
+  std::span<const float> grads;
 };
 
 class Client {
@@ -247,6 +264,29 @@ class Client {
   std::future<PushResult> push_and_step_async(std::vector<std::string> names,
                                               std::vector<std::span<const float>> grads,
                                               int64_t step, int64_t done_step);
+
+  // pull for a step that trains tables too: the tensors and the rows of
+  // each RowsInto, all requests sent at once. In sync mode all of them are
+  // read at one global step, as one pull's shards are (a shard restarted
+  // from an older checkpoint is read as it is). Returns the step read.
+  //   client.pull_with_rows({"w"}, {w}, {{"user", ids, rows}}, next_step);
+  PullResult pull_with_rows(const std::vector<std::string>& names,
+                            const std::vector<std::span<float>>& out,
+                            const std::vector<RowsInto>& rows, int64_t min_step = 0);
+
+  // push_and_step for a step that trains tables too: the tensors' gradients,
+  // each table's rows' gradients (at most one RowGrads per table) and the
+  // step report go as one step. On each shard the report comes after that
+  // shard's tensors and rows, so a step counted done has all of them in.
+  // Checked whole first (lengths, ids, NaN/Inf): a refused call sends nothing.
+  //   client.push_and_step({"w"}, {grad_w}, {{"user", ids, row_grads}}, step, local_step);
+  PushResult push_and_step(const std::vector<std::string>& names,
+                           const std::vector<std::span<const float>>& grads,
+                           const std::vector<RowGrads>& rows, int64_t step, int64_t done_step);
+  std::future<PushResult> push_and_step_async(std::vector<std::string> names,
+                                              std::vector<std::span<const float>> grads,
+                                              std::vector<RowGrads> rows, int64_t step,
+                                              int64_t done_step);
 
   // --- Embedding tables (ps/embedding.h) ---
   // Creates each table's part on every shard (all shards check all tables
@@ -356,6 +396,11 @@ class Client {
   std::future<PushResult> start_push(std::vector<std::string> names,
                                      std::vector<std::span<const float>> grads, int64_t step,
                                      PushResult* done, int64_t done_step = -1);
+
+  std::future<PushResult> start_push_step(std::vector<std::string> names,
+                                          std::vector<std::span<const float>> grads,
+                                          std::vector<RowGrads> rows, int64_t step,
+                                          int64_t done_step, PushResult* done);
 
   TableSpec table_spec(const std::string& table, const char* what) const;
   uint64_t row_request_bytes() const;

@@ -16,6 +16,16 @@
 //     session.run_step([&] { compute_gradients(w, b, grad_w, grad_b); });
 //   }
 //   session.end();                                  // chief: psd may exit
+//
+// Embedding tables (ps/embedding.h) train in the same steps: add_table()
+// before initialize(), then each step set_rows() with the batch's ids and
+// the caller's row and gradient buffers before run_step():
+//   session.add_table(user_spec);                   // dim 16
+//   session.initialize();
+//   while (!session.should_stop()) {
+//     session.set_rows("user", ids, rows, row_grads);  // ids.size() * 16 floats each
+//     session.run_step([&] { compute(w, rows, grad_w, row_grads); });
+//   }
 #pragma once
 
 #include <chrono>
@@ -33,6 +43,7 @@
 namespace ps {
 
 class WaitWatcher;
+struct RestoredModel;
 
 struct SessionOptions {
   JobConfig job{};
@@ -42,8 +53,8 @@ struct SessionOptions {
   std::chrono::milliseconds ready_log_interval{5000};
   // Chief: start from the checkpoint under this directory (ps/checkpoint.h)
   // instead of the variables' initialisers: values, optimizer slots and
-  // update counts, and the global step. It may have been written by a job
-  // with another number of shards.
+  // update counts, and the global step; tables' rows and slots too. It may
+  // have been written by a job with another number of shards.
   std::string restore_from{};
 };
 
@@ -64,10 +75,22 @@ class TrainingSession {
   // `grads`. Both must have the tensor's element count and outlive the session.
   void add_variable(const TensorSpec& spec, std::span<float> values, std::span<float> grads);
 
-  // Chief: configures the job, creates and initialises the variables, marks
-  // the model ready. Others: wait for that (logging while they wait) and
-  // throw ConnectionError after ready_timeout; then check that they declared
-  // what the chief created (names, shapes, shards), or throw ConfigError.
+  // Binds an embedding table: the chief creates it in initialize() (with
+  // restore_from, with the checkpoint's rows and slots); the others check
+  // that the chief created it so. Before initialize().
+  void add_table(const TableSpec& spec);
+  // The rows of the next step of a table added: pull() reads the rows of
+  // `ids` into `rows`, push() sends `grads` (each ids.size() * dim floats).
+  // The buffers are the caller's and stay bound until set again. A table
+  // with no ids set is pushed empty (a sync step counts every table).
+  void set_rows(const std::string& table, std::span<const int64_t> ids, std::span<float> rows,
+                std::span<const float> grads);
+
+  // Chief: configures the job, creates and initialises the variables and
+  // tables, marks the model ready. Others: wait for that (logging while they
+  // wait) and throw ConnectionError after ready_timeout; then check that
+  // they declared what the chief created (names, shapes, shards; tables'
+  // dims and kinds), or throw ConfigError.
   void initialize();
 
   // Registers each tensor of one flat parameter buffer as a variable:
@@ -92,11 +115,14 @@ class TrainingSession {
     return seed;
   }
 
-  // Reads the variables for the next step, waiting as the mode requires
-  // (sync: the next global step; bounded staleness: until this worker is
-  // within max_staleness of the slowest). Returns the global step read.
+  // Reads the variables and the tables' rows for the next step, waiting as
+  // the mode requires (sync: the next global step; bounded staleness: until
+  // this worker is within max_staleness of the slowest). In sync mode all
+  // of them come from one global step (but for a shard restarted from an
+  // older checkpoint, read as it is). Returns the global step read.
   int64_t pull();
-  // Sends the gradients for the step last pulled and reports the step done.
+  // Sends the gradients and rows' gradients for the step last pulled and
+  // reports the step done, as one step (Client::push_and_step).
   StepOutcome push();
   // pull(), compute(), push().
   StepOutcome run_step(const std::function<void()>& compute);
@@ -127,7 +153,11 @@ class TrainingSession {
 
  private:
   // Chief with restore_from: the variables as the checkpoint holds them.
-  std::vector<TensorSpec> restored_specs();
+  std::vector<TensorSpec> restored_specs(const RestoredModel& m);
+  // Chief with restore_from, after create_tables: the tables' rows and slots.
+  void restore_tables(const RestoredModel& m);
+  // Another worker: the tables added here are those the chief created.
+  void check_tables_as_created();
   // Another worker: the variables as declared here are those the chief
   // created, with the same shapes, on the same shards; throws ConfigError.
   void check_declared_as_created();
@@ -141,6 +171,13 @@ class TrainingSession {
   std::vector<std::string> names_;
   std::vector<std::span<float>> values_;
   std::vector<std::span<const float>> grads_;
+  struct BoundTable {
+    TableSpec spec;
+    std::span<const int64_t> ids;
+    std::span<float> rows;
+    std::span<const float> grads;
+  };
+  std::vector<BoundTable> tables_;
   int64_t pulled_step_ = 0;
   int64_t next_sync_step_ = 0;
   int64_t global_step_ = 0;

@@ -6,8 +6,11 @@
 #include <cmath>
 #include <cstring>
 #include <new>
+#include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
+#include "common/tensor_name.h"
 #include "ps/errors.h"
 
 namespace ps {
@@ -33,10 +36,7 @@ std::string quoted(const TableSpec& s) { return "table '" + s.name + "'"; }
 }  // namespace
 
 void EmbeddingTable::validate(const TableSpec& s) {
-  if (s.name.empty() || s.name.size() > kMaxNameBytes) {
-    throw RequestError("createTables: a table name must have 1 to " +
-                       std::to_string(kMaxNameBytes) + " bytes");
-  }
+  check_name(s.name, "createTables: table");
   if (s.dim == 0 || s.dim > kMaxDim) {
     throw RequestError("createTables: " + quoted(s) + " has dim " + std::to_string(s.dim) +
                        "; it must be in [1, " + std::to_string(kMaxDim) + "]");
@@ -182,7 +182,12 @@ float* EmbeddingTable::row(uint32_t component, uint64_t slot) const {
 }
 
 void EmbeddingTable::init_row(uint64_t slot, uint64_t id) {
-  float* w = row(0, slot);
+  initial_values(id, row(0, slot));
+  for (uint32_t c = 1; c < components(); ++c)
+    std::fill_n(row(c, slot), spec_.dim, optimizer_->slot_init(c - 1));
+}
+
+void EmbeddingTable::initial_values(uint64_t id, float* w) const {
   const InitConfig& in = spec_.init;
   for (uint32_t j = 0; j < spec_.dim; ++j) {
     switch (in.kind) {
@@ -207,8 +212,6 @@ void EmbeddingTable::init_row(uint64_t slot, uint64_t id) {
         w[j] = 0.0f;
     }
   }
-  for (uint32_t c = 1; c < components(); ++c)
-    std::fill_n(row(c, slot), spec_.dim, optimizer_->slot_init(c - 1));
 }
 
 uint32_t EmbeddingTable::find(uint64_t id) const {
@@ -468,6 +471,45 @@ void EmbeddingTable::push(std::span<const uint64_t> ids, std::span<const float> 
     for (uint32_t c = 1; c < comps; ++c) slot_ptrs[c - 1] = row(c, slots[i]);
     optimizer_->apply(row(0, slots[i]), slot_ptrs, g + i * dim, dim, scale, version_);
   }
+}
+
+bool EmbeddingTable::update_finite(std::span<const uint64_t> ids, std::span<const float> grads,
+                                   float scale) const {
+  const uint32_t dim = spec_.dim, slots = components() - 1;
+  // Each distinct id once, its gradients summed, as push() applies them.
+  std::unordered_map<uint64_t, uint32_t> first;
+  first.reserve(ids.size());
+  std::vector<float> g(grads.begin(), grads.end());
+  std::vector<uint32_t> distinct;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    auto [it, fresh] = first.try_emplace(ids[i], static_cast<uint32_t>(i));
+    if (fresh) {
+      distinct.push_back(static_cast<uint32_t>(i));
+    } else {
+      for (uint32_t j = 0; j < dim; ++j) g[std::size_t(it->second) * dim + j] += grads[i * dim + j];
+    }
+  }
+  std::vector<float> w(dim), s(std::size_t(slots) * dim);
+  float* slot_ptrs[4];
+  for (uint32_t c = 0; c < slots; ++c) slot_ptrs[c] = s.data() + std::size_t(c) * dim;
+  for (uint32_t i : distinct) {
+    // The row as push() would find it: held, or (dynamic) created from the initializer.
+    const uint64_t slot = spec_.dynamic ? find(ids[i]) : placement_.local_row(ids[i]);
+    if (spec_.dynamic && slot == kEmpty) {
+      initial_values(ids[i], w.data());
+      for (uint32_t c = 0; c < slots; ++c) std::fill_n(slot_ptrs[c], dim, optimizer_->slot_init(c));
+    } else {
+      std::copy_n(row(0, slot), dim, w.data());
+      for (uint32_t c = 0; c < slots; ++c) std::copy_n(row(c + 1, slot), dim, slot_ptrs[c]);
+    }
+    optimizer_->apply(w.data(), slot_ptrs, g.data() + std::size_t(i) * dim, dim, scale,
+                      version_ + 1);
+    for (float x : w)
+      if (!std::isfinite(x)) return false;
+    for (float x : s)
+      if (!std::isfinite(x)) return false;
+  }
+  return true;
 }
 
 void EmbeddingTable::for_each_row(

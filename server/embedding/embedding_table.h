@@ -65,6 +65,12 @@ class EmbeddingTable {
   // Writes row ids[i] to out[i*dim ..], creating missing dynamic rows.
   // out holds ids.size() * dim floats. Call check() first.
   void pull(std::span<const uint64_t> ids, float* out);
+  // Whether push(ids, grads, scale) would leave every value and optimizer
+  // slot it touches finite (a large gradient, or a large learning rate, can
+  // overflow them): worked out on copies, the table unchanged. Call check()
+  // first.
+  bool update_finite(std::span<const uint64_t> ids, std::span<const float> grads,
+                     float scale) const;
   // Applies grads (ids.size() * dim floats, times `scale`) with the table's
   // optimizer; the gradients of an id named more than once are summed first
   // (as IndexedSlices are). Call check() first.
@@ -84,6 +90,7 @@ class EmbeddingTable {
   uint32_t components() const { return 1 + optimizer_->num_slots(); }
   float* row(uint32_t component, uint64_t slot) const;
   void init_row(uint64_t slot, uint64_t id);
+  void initial_values(uint64_t id, float* w) const;  // row id's values from the initializer
   // Dynamic: the slot of `id`, or kEmpty.
   uint32_t find(uint64_t id) const;
   // Dynamic: the slot of `id`, created (and initialised) when missing.

@@ -59,6 +59,7 @@
 #include "ps/client.h"
 #include "ps/errors.h"
 #include "schema/ps.capnp.h"
+#include "test/hand_built_rpc.h"
 
 extern char** environ;
 
@@ -143,31 +144,13 @@ uint64_t rss_kib(pid_t pid) {
 
 // --- Hand-built RPC messages (rpc.capnp) on the Shard bootstrap capability ---
 
-std::vector<char> flat(capnp::MessageBuilder& m) {
-  auto words = capnp::messageToFlatArray(m);
-  auto bytes = words.asChars();
-  return std::vector<char>(bytes.begin(), bytes.end());
-}
+using ps::test::bootstrap_message;
+using ps::test::call_message;
+using ps::test::flat;
 
-std::vector<char> bootstrap_message() {
-  capnp::MallocMessageBuilder m;
-  m.initRoot<capnp::rpc::Message>().initBootstrap().setQuestionId(0);
-  return flat(m);
-}
-
-template <typename Params, typename Fill>
-std::vector<char> call_message(uint32_t id, uint16_t method, Fill&& fill) {
-  capnp::MallocMessageBuilder m;
-  auto call = m.initRoot<capnp::rpc::Message>().initCall();
-  call.setQuestionId(id);
-  call.initTarget().initPromisedAnswer().setQuestionId(0);
-  call.setInterfaceId(capnp::typeId<ps::wire::Shard>());
-  call.setMethodId(method);
-  fill(call.initParams().getContent().initAs<Params>());
-  return flat(m);
-}
-
-constexpr uint16_t kHello = 0, kList = 4, kStats = 5;
+using ps::test::kHello;
+using ps::test::kList;
+using ps::test::kStats;
 
 // --- Raw sockets from a given loopback address ---
 

@@ -32,6 +32,7 @@
 #include "ps/client.h"
 #include "ps/errors.h"
 #include "schema/ps.capnp.h"
+#include "test/hand_built_rpc.h"
 #include "test/http_test_util.h"
 #include "test/psd_process.h"
 
@@ -69,32 +70,14 @@ ClientOptions options_for(const PsdProcess& psd) {
 
 // --- Hand-built RPC messages (rpc.capnp) on the Shard bootstrap capability ---
 
-constexpr uint16_t kHello = 0, kList = 4, kStats = 5, kCheckpoint = 13;
+using ps::test::kCheckpoint;
+using ps::test::kHello;
+using ps::test::kList;
+using ps::test::kStats;
 
-std::vector<char> flat(capnp::MessageBuilder& m) {
-  auto words = capnp::messageToFlatArray(m);
-  auto bytes = words.asChars();
-  return std::vector<char>(bytes.begin(), bytes.end());
-}
-
-std::vector<char> bootstrap_message() {
-  capnp::MallocMessageBuilder m;
-  m.initRoot<capnp::rpc::Message>().initBootstrap().setQuestionId(0);
-  return flat(m);
-}
-
-// A call of `method` on the bootstrap capability, question `id` (> 0).
-template <typename Params, typename Fill>
-std::vector<char> call_message(uint32_t id, uint16_t method, Fill&& fill) {
-  capnp::MallocMessageBuilder m;
-  auto call = m.initRoot<capnp::rpc::Message>().initCall();
-  call.setQuestionId(id);
-  call.initTarget().initPromisedAnswer().setQuestionId(0);
-  call.setInterfaceId(capnp::typeId<wire::Shard>());
-  call.setMethodId(method);
-  fill(call.initParams().getContent().initAs<Params>());
-  return flat(m);
-}
+using ps::test::bootstrap_message;
+using ps::test::call_message;
+using ps::test::flat;
 
 std::vector<char> hello_message(uint32_t id, int worker_index = -1, bool probe = false) {
   return call_message<wire::Shard::HelloParams>(id, kHello,

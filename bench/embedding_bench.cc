@@ -13,6 +13,8 @@
 // medians over --reps batches, rows/s and payload GB/s (rows * dim * 4 bytes),
 // client-side dedup + split + reassembly time of one batch, and psd's RSS
 // against the table's raw bytes.
+// One program, so that psd, the in-memory limits and plain TCP are measured
+// in the same run, in turn, under the same load.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>

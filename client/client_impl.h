@@ -1,6 +1,8 @@
 // libpsclient's Client internals, shared by client.cc (connection, job
 // coordination, listing) and client_transfer.cc (pull and push): the
 // connections, placement and call plumbing that every request goes through.
+// One header: these pieces are one object's state, which every client_*.cc
+// file reads.
 #pragma once
 
 #include <algorithm>

@@ -11,6 +11,7 @@
 //
 // Without --ps_hosts/--worker_hosts the cluster comes from TF_CONFIG or Slurm.
 // scripts/launch_local.sh starts a whole job on this machine.
+// One file, like the other example trainers: the whole program in one place.
 #include <sys/resource.h>
 #include <unistd.h>
 

@@ -1,3 +1,5 @@
+// One file for psd's listening side: accept, the connection rules (places,
+// TLS, refusals) and the housekeeping share the list of connections.
 #include "server/accept_retry.h"
 #include "server/server.h"
 

@@ -1,3 +1,5 @@
+// One file for the one table type: fixed and dynamic storage share the row
+// optimizers' apply, the gather and the checkpoint walk.
 #include "server/embedding/embedding_table.h"
 
 #include <sys/mman.h>

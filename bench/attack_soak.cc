@@ -108,13 +108,10 @@ Psd start_psd(const std::string& binary, const std::string& dir, int max_memory_
   const std::string log = dir + "/psd.log";
   posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  // Without MALLOC_PERTURB_ (meson test sets it): glibc would then fill
-  // every allocation, making resident the per-connection read buffers psd
-  // leaves untouched until data comes, which its budget does not count.
+  // With the environment as given: meson test sets MALLOC_PERTURB_, which
+  // makes resident all memory psd allocates, as an attack that touches it would.
   std::vector<char*> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (std::strncmp(*e, "MALLOC_PERTURB_=", 16) != 0) env.push_back(*e);
-  }
+  for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
   env.push_back(nullptr);
   Psd psd;
   if (posix_spawn(&psd.pid, binary.c_str(), &actions, nullptr, argv.data(), env.data()) != 0) {

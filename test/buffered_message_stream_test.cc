@@ -213,11 +213,11 @@ TEST_CASE("messages still in use keep their bytes while later ones are read") {
     writer.join();
     CHECK(messages.buffers_taken() == 2);
   }
-  SECTION("each let go before the next: the two buffers made at the start serve them all") {
+  SECTION("each let go before the next: one buffer serves them all, no spare is taken") {
     auto writer = write_in_pieces(pair.fds[1], concat(sent), 4, false);
     for (size_t i = 0; i < sent.size(); ++i) check_same(*read_one(loop, messages), sent[i]);
     writer.join();
-    CHECK(messages.buffers_taken() == 2);
+    CHECK(messages.buffers_taken() == 1);
   }
 }
 
@@ -376,6 +376,37 @@ TEST_CASE("random bytes give messages, an end or an error, nothing worse") {
     CHECK(ended);
     writer.join();
   }
+}
+
+TEST_CASE("buffers are taken at the first read, of the size the message limit needs") {
+  std::mt19937 rng(5);
+  std::vector<Message> sent;
+  for (int i = 0; i < 20; ++i) sent.push_back(make_message({1000, 3000}, rng));
+  Loop loop;
+  Pair pair;
+  auto socket = pair.reading_end(loop);
+  BufferedMessageStream messages(*socket);
+  CHECK(messages.buffers_taken() == 0);
+  CHECK(messages.buffer_bytes() == BufferedMessageStream::kBufferBytes);
+  messages.set_max_message_bytes(64u << 10);  // before hello
+  CHECK(messages.buffer_bytes() == (64u << 10));
+  auto writer = write_in_pieces(pair.fds[1], concat(sent), 3, false);
+  kj::Own<capnp::MessageReader> previous;
+  for (size_t i = 0; i < 10; ++i) {
+    auto reader = read_one(loop, messages);
+    check_same(*reader, sent[i]);
+    previous = kj::mv(reader);
+  }
+  CHECK(messages.buffers_taken() == 2);        // small ones: a message kept in use needs a second
+  messages.set_max_message_bytes(UINT64_MAX);  // after hello: full-size buffers, nothing lost
+  for (size_t i = 10; i < sent.size(); ++i) {
+    auto reader = read_one(loop, messages);
+    check_same(*reader, sent[i]);
+    previous = kj::mv(reader);
+  }
+  writer.join();
+  CHECK(messages.buffer_bytes() == BufferedMessageStream::kBufferBytes);
+  CHECK(messages.buffers_taken() == 3);  // one full-size buffer was enough after the change
 }
 
 TEST_CASE("small messages read one at a time reuse the fronts of two buffers") {

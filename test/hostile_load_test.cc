@@ -294,6 +294,31 @@ TEST_CASE("a peer that has not said hello may send only a small message") {
   CHECK(client.list().empty());
 }
 
+TEST_CASE("connections that never say hello cost psd little memory each") {
+  // glibc fills every allocation with MALLOC_PERTURB_ set, so memory psd
+  // allocates for a connection is resident even while no data has come.
+  ::setenv("MALLOC_PERTURB_", "165", 1);
+  PsdProcess psd({"--max_connections_per_peer", "0"});
+  constexpr int kPeers = 100;
+  constexpr uint64_t kBoundPerPeer = 256u << 10;
+  const uint64_t base = rss(psd.pid());
+  std::vector<std::unique_ptr<RawConnection>> peers;
+  for (int i = 0; i < kPeers; ++i) {
+    peers.push_back(std::make_unique<RawConnection>(psd.port()));
+    REQUIRE(peers.back()->connected());
+    REQUIRE(peers.back()->send(bootstrap_message()) == bootstrap_message().size());
+  }
+  // Each bootstrap answered: psd has read from every connection.
+  for (auto& p : peers) REQUIRE(p->await_return(0) == std::nullopt);
+  const uint64_t held = rss(psd.pid());
+  INFO("RSS " << base / 1024 << " KiB before, " << held / 1024 << " KiB with " << kPeers
+              << " peers without hello: " << (held - std::min(held, base)) / kPeers / 1024
+              << " KiB each");
+  CHECK(held < base + kPeers * kBoundPerPeer);
+  Client client(options_for(psd));
+  CHECK(client.list().empty());
+}
+
 TEST_CASE(
     "requests being received after hello count against the budget; the memory goes back "
     "afterwards") {

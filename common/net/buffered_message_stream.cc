@@ -13,10 +13,12 @@
 namespace ps {
 
 struct BufferedMessageStream::Buffer : kj::Refcounted {
-  explicit Buffer(MemoryBudget::Reservation r = {}) : reservation(kj::mv(r)) {}
+  Buffer(size_t size, MemoryBudget::Reservation r)
+      : reservation(kj::mv(r)), words(kj::heapArray<capnp::word>(size / sizeof(capnp::word))) {}
   MemoryBudget::Reservation reservation;  // given back after `words` is freed
-  kj::Array<capnp::word> words = kj::heapArray<capnp::word>(kBufferBytes / sizeof(capnp::word));
+  kj::Array<capnp::word> words;
   kj::byte* bytes() { return reinterpret_cast<kj::byte*>(words.begin()); }
+  size_t size() const { return words.size() * sizeof(capnp::word); }
 };
 
 // A message in place in a buffer (held), or in memory of its own.
@@ -58,17 +60,58 @@ kj::Array<kj::ArrayPtr<const capnp::word>> segments_at(const capnp::word* at, co
 }  // namespace
 
 BufferedMessageStream::BufferedMessageStream(SocketStream& stream, MemoryBudget* budget)
-    : stream_(stream), buffer_(kj::refcounted<Buffer>()), budget_(budget) {
-  // The RPC layer keeps each message until it has the next: with a second
-  // buffer, small messages alternate between the fronts of the two. These
-  // two are a connection's fixed cost (bounded by the number of
-  // connections), not counted; buffers taken beyond them are.
-  spares_.add(kj::refcounted<Buffer>());
-}
+    : stream_(stream), budget_(budget) {}
 
 BufferedMessageStream::~BufferedMessageStream() = default;
 
+size_t BufferedMessageStream::room_needed() const {
+  return static_cast<size_t>(std::min<uint64_t>(kMaxBufferedBytes, max_message_bytes_));
+}
+
+size_t BufferedMessageStream::buffer_bytes() const {
+  // While only small messages are accepted (before hello), one such message
+  // is all a buffer must hold; the unread bytes move to its front instead.
+  const size_t room = room_needed();
+  if (room >= kMaxBufferedBytes) return kBufferBytes;
+  return std::max<size_t>((room + sizeof(capnp::word) - 1) & ~(sizeof(capnp::word) - 1),
+                          sizeof(capnp::word));
+}
+
+kj::Own<BufferedMessageStream::Buffer> BufferedMessageStream::take_buffer(size_t size) {
+  // The first two buffers of a connection (of the current size) are its
+  // fixed cost, bounded by the number of connections, not counted; each one taken beyond them is,
+  // while messages in it are in use.
+  MemoryBudget::Reservation r;
+  const bool fixed = fixed_taken_ < 2;
+  if (budget_ != nullptr && !fixed) {
+    r = budget_->try_reserve(MemoryUse::kReceiving, size);
+    if (!r) {
+      kj::throwFatalException(
+          kj::Exception(kj::Exception::Type::OVERLOADED, __FILE__, __LINE__,
+                        kj::str("psd is out of memory for requests held in progress: ",
+                                budget_->describe().c_str())));
+    }
+  }
+  ++buffers_taken_;
+  if (fixed) ++fixed_taken_;
+  return kj::refcounted<Buffer>(size, kj::mv(r));
+}
+
 void BufferedMessageStream::make_room() {
+  const size_t size = buffer_bytes();
+  if (buffer_.get() == nullptr || buffer_->size() != size) {
+    // The first read, or the size changed (hello raised the message limit):
+    // a buffer of the size now needed, the unread bytes moved there. Spares
+    // of the old size are of no more use.
+    KJ_REQUIRE(end_ - pos_ <= size, "unread bytes exceed the read buffer", end_ - pos_, size);
+    fixed_taken_ = 0;  // those of the old size go with the messages in them
+    auto next = take_buffer(size);
+    if (buffer_.get() != nullptr) std::memcpy(next->bytes(), buffer_->bytes() + pos_, end_ - pos_);
+    spares_.clear();
+    buffer_ = kj::mv(next);
+    end_ -= pos_;
+    pos_ = 0;
+  }
   if (pos_ == end_) {
     // Nothing unread: start again at the front of a buffer no message uses
     // (this one, or a spare), where the pages are warm. Going on into the
@@ -83,14 +126,20 @@ void BufferedMessageStream::make_room() {
         }
       }
     }
+    if (buffer_->isShared() && fixed_taken_ < 2) {
+      // The second buffer, taken when first needed: a message is still in
+      // use in the first.
+      auto next = take_buffer(size);
+      spares_.add(kj::mv(buffer_));
+      buffer_ = kj::mv(next);
+    }
     if (!buffer_->isShared()) {
       pos_ = end_ = 0;
       return;
     }
   }
-  if (kBufferBytes - pos_ >= kMaxBufferedBytes) return;
-  const size_t unread =
-      end_ - pos_;  // < kMaxBufferedBytes, as pos_ > kBufferBytes - kMaxBufferedBytes
+  if (size - pos_ >= room_needed()) return;
+  const size_t unread = end_ - pos_;  // < room_needed(), as pos_ > size - room_needed()
   if (!buffer_->isShared()) {
     std::memmove(buffer_->bytes(), buffer_->bytes() + pos_, unread);
     pos_ = 0;
@@ -98,7 +147,8 @@ void BufferedMessageStream::make_room() {
     return;
   }
   // Messages in use point into this one: leave it to them, and go on in a
-  // spare they no longer use, or a new buffer.
+  // spare they no longer use, or a new buffer (the RPC layer keeps each
+  // message until it has the next, so small messages alternate between two).
   kj::Own<Buffer> next;
   for (auto& spare : spares_) {
     if (!spare->isShared()) {
@@ -108,20 +158,7 @@ void BufferedMessageStream::make_room() {
       break;
     }
   }
-  if (next.get() == nullptr) {
-    MemoryBudget::Reservation r;
-    if (budget_ != nullptr) {
-      r = budget_->try_reserve(MemoryUse::kReceiving, kBufferBytes);
-      if (!r) {
-        kj::throwFatalException(
-            kj::Exception(kj::Exception::Type::OVERLOADED, __FILE__, __LINE__,
-                          kj::str("psd is out of memory for requests held in progress: ",
-                                  budget_->describe().c_str())));
-      }
-    }
-    next = kj::refcounted<Buffer>(kj::mv(r));
-    ++buffers_taken_;
-  }
+  if (next.get() == nullptr) next = take_buffer(size);
   std::memcpy(next->bytes(), buffer_->bytes() + pos_, unread);
   if (spares_.size() < kMaxSpares) spares_.add(kj::mv(buffer_));
   buffer_ = kj::mv(next);
@@ -131,11 +168,11 @@ void BufferedMessageStream::make_room() {
 
 kj::Promise<bool> BufferedMessageStream::fill(size_t bytes) {
   if (end_ - pos_ >= bytes) return true;
-  KJ_ASSERT(pos_ + bytes <= kBufferBytes);
+  KJ_REQUIRE(pos_ + bytes <= buffer_->size(), "message header larger than the read buffer", bytes);
   // Not more than a 64 KiB tensor's message ahead: what is read past a
   // large message's header is copied into that message's own memory.
   const size_t need = pos_ + bytes - end_;
-  const size_t ask = std::max(need, std::min(kBufferBytes - end_, kReadAheadBytes));
+  const size_t ask = std::max(need, std::min(buffer_->size() - end_, kReadAheadBytes));
   return stream_.tryRead(buffer_->bytes() + end_, need, ask).then([this, bytes](size_t n) -> bool {
     end_ += n;
     if (end_ - pos_ >= bytes) return true;

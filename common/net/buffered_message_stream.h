@@ -17,6 +17,10 @@
 // again at the front of a buffer no message uses, where the pages are warm
 // (the RPC layer keeps each message until it has the next, so small
 // messages alternate between the fronts of two buffers).
+// Buffers are taken when first needed, not with the connection, and while
+// only small messages are accepted (set_max_message_bytes, before hello)
+// they are of that size: a peer that connects and never says hello costs
+// psd one such buffer, not two large ones.
 // Larger messages get memory of their own, filled by reads straight into it
 // (SocketStream reads of 64 KiB and more bypass its own buffer), so a 1 MiB
 // part is still copied once, by the kernel.
@@ -54,7 +58,7 @@ class BufferedMessageStream final : public capnp::MessageStream {
   static constexpr size_t kReadAheadBytes = 80u << 10;
 
   // With a `budget`, every large message's memory, and each buffer taken
-  // beyond the first two (while messages held in them are in use), are
+  // beyond a connection's first two (while messages held in them are in use), are
   // counted against it; one that does not fit ends the connection with an
   // error saying so (the budget must outlive the messages read).
   explicit BufferedMessageStream(SocketStream& stream, MemoryBudget* budget = nullptr);
@@ -63,9 +67,12 @@ class BufferedMessageStream final : public capnp::MessageStream {
   // What the RPC face above may ask of the socket (connection_control.h).
   ConnectionControl& connection() { return stream_; }
 
-  // Buffers allocated so far (for tests: a full one still in use was
-  // replaced, and no spare was free).
+  // Buffers allocated so far (for tests: none before the first read; more
+  // than two when a full one still in use was replaced and no spare was free).
   uint64_t buffers_taken() const { return buffers_taken_; }
+  // Size of the buffers taken now: kBufferBytes, or the largest message
+  // accepted when that is smaller.
+  size_t buffer_bytes() const;
 
   // Backpressure: while full() says so, the next message is not read, and
   // full() is asked again every `poll`. psd's connections say full while
@@ -121,9 +128,12 @@ class BufferedMessageStream final : public capnp::MessageStream {
   // Resolves once the buffer holds `bytes` unread bytes (false: the stream
   // ended with none unread).
   kj::Promise<bool> fill(size_t bytes);
-  // A buffer where a message of up to kMaxBufferedBytes starting at the
+  // A buffer where a message of up to room_needed() bytes starting at the
   // unread bytes fits, the unread bytes moved there if need be.
   void make_room();
+  size_t room_needed() const;
+  // A new buffer of `size` bytes, counted against the budget beyond the first two.
+  kj::Own<Buffer> take_buffer(size_t size);
   kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> read_after_header(
       capnp::ReaderOptions options);
   uint64_t charged_calls() const { return unfinished_ > kFreeCalls ? unfinished_ - kFreeCalls : 0; }
@@ -136,10 +146,11 @@ class BufferedMessageStream final : public capnp::MessageStream {
   static constexpr size_t kMaxSpares = 2;
 
   SocketStream& stream_;
-  kj::Own<Buffer> buffer_;
+  kj::Own<Buffer> buffer_;              // null until the first read
   kj::Vector<kj::Own<Buffer>> spares_;  // full buffers kept for reuse once no message uses them
   size_t pos_ = 0, end_ = 0;            // unread bytes: [pos_, end_) of buffer_
-  uint64_t buffers_taken_ = 2;
+  uint64_t buffers_taken_ = 0;
+  unsigned fixed_taken_ = 0;  // buffers of the current size taken without counting them
   std::function<bool()> full_;
   kj::Timer* timer_ = nullptr;
   kj::Duration poll_ = 1 * kj::MILLISECONDS;

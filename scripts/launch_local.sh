@@ -179,6 +179,14 @@ echo "launch_local: ps $ps_list, $workers workers, run directory $run_dir" >&2
 echo "launch_local: $trainer ${mode_flags[*]} ${data_flags[*]} ${trainer_flags[*]}" >&2
 echo "launch_local: TensorBoard: tensorboard --logdir $logdir" >&2
 [ ${#http_flags[@]} -gt 0 ] && echo "launch_local: every shard in one table: scripts/cluster_status.py $run_dir" >&2
+# psd 0's page with every other shard's page in ?shards=: one page for the cluster.
+if [ "$num_ps" -gt 1 ] && [ -s "$run_dir/ps0.http" ]; then
+  peers=""
+  for ((i = 1; i < num_ps; i++)); do
+    [ -s "$run_dir/ps$i.http" ] && peers+="${peers:+,}127.0.0.1:$(cat "$run_dir/ps$i.http")"
+  done
+  echo "launch_local: all shards on one page: http://127.0.0.1:$(cat "$run_dir/ps0.http")/?shards=$peers" >&2
+fi
 
 # --- workers (the chief last, so the others are already waiting for it) ---
 start_worker() {

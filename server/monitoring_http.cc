@@ -130,6 +130,7 @@ struct Headers {
   kj::HttpHeaderId cache_control = builder.add("Cache-Control");
   kj::HttpHeaderId authorization = builder.add("Authorization");
   kj::HttpHeaderId www_authenticate = builder.add("WWW-Authenticate");
+  kj::HttpHeaderId allow_origin = builder.add("Access-Control-Allow-Origin");
   kj::Own<kj::HttpHeaderTable> table = builder.build();
 };
 
@@ -365,7 +366,10 @@ struct MonitoringHttp::Impl final : public kj::HttpService, public kj::HttpServe
       return send(response, kPrometheusContentType, prometheus_text(shard, unix_now()));
     if (path == "/healthz") return send(response, "text/plain; charset=utf-8", "ok\n");
     if (path == "/status.json") {
-      return send(response, "application/json", status_json(shard, history, unix_now()));
+      // Any page may read it when anyone may (no token): so psd 0's page can show every shard
+      // (its ?shards= list) without psd fetching from its peers. With a token, same origin only.
+      return send(response, "application/json", status_json(shard, history, unix_now()), 200, "OK",
+                  token.empty());
     }
     if (path == "/" || path == "/index.html") {
       return send(response, "text/html; charset=utf-8",
@@ -388,9 +392,11 @@ struct MonitoringHttp::Impl final : public kj::HttpService, public kj::HttpServe
   }
 
   kj::Promise<void> send(Response& response, const char* content_type, std::string body,
-                         unsigned status = 200, const char* status_text = "OK") {
+                         unsigned status = 200, const char* status_text = "OK",
+                         bool any_origin = false) {
     kj::HttpHeaders h(*headers.table);
     h.set(kj::HttpHeaderId::CONTENT_TYPE, content_type);
+    if (any_origin) h.set(headers.allow_origin, "*");
     h.set(headers.cache_control, "no-store");  // live values: never serve them from a cache
     auto out = response.send(status, status_text, h, body.size());
     auto text = kj::heap<std::string>(std::move(body));

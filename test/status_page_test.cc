@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -261,6 +262,94 @@ TEST_CASE("the status page: mode only once a job exists, no repeats, terminal un
   CHECK(!std::regex_search(dom, std::regex(">[0-9.]+e[+-][0-9]+<")));
   CHECK(element_text(dom, "c-workers") == "2 of 2 seen");
   CHECK(psd.alive());
+}
+
+TEST_CASE("psd 0's page with ?shards= shows every shard's step, workers and a link to its page") {
+  ps::test::TempDir dir;
+  std::vector<std::unique_ptr<PsdProcess>> psds;
+  std::vector<int> http_ports;
+  for (int i = 0; i < 2; ++i) {
+    const std::string port_file = dir.path() + "/http_port" + std::to_string(i);
+    psds.push_back(std::make_unique<PsdProcess>(
+        std::vector<std::string>{"--shard_index", std::to_string(i), "--num_shards", "2",
+                                 "--http_port", "any", "--http_port_file", port_file}));
+    http_ports.push_back(ps::test::read_port_file(port_file));
+  }
+  // The pages of the other shards may read /status.json (no HTTP token here).
+  CHECK(ps::test::http_get(http_ports[1], "/status.json").headers["access-control-allow-origin"] ==
+        "*");
+
+  // One chief, a tensor on each shard, 7 steps.
+  ClientOptions o;
+  o.ps_hosts = {psds[0]->address(), psds[1]->address()};
+  o.worker_index = 0;
+  o.is_chief = true;
+  Client chief(o);
+  chief.init_job(JobConfig{.mode = SyncMode::kAsync, .total_replicas = 1, .train_steps = 100});
+  std::vector<TensorSpec> model;
+  for (const char* name : {"a", "b", "c", "d"})
+    model.push_back(TensorSpec{
+        .name = name, .shape = {16}, .optimizer = OptimizerConfig::sgd(0.1f), .init = {}});
+  chief.create(model);
+  chief.set_ready();
+  std::vector<float> g(16, 0.01f);
+  for (int64_t step = 1; step <= 7; ++step)
+    chief.push_and_step({"a", "b", "c", "d"}, {g, g, g, g}, step - 1, step);
+  chief.stats();
+
+  // Each shard's own answer, to compare the table with.
+  std::vector<std::string> steps;
+  for (int port : http_ports) {
+    std::smatch m;
+    const std::string json = ps::test::http_get(port, "/status.json").body;
+    REQUIRE(std::regex_search(json, m, std::regex("\"global_step\":([0-9]+)")));
+    steps.push_back(m[1].str());
+  }
+  INFO("global steps: " << steps[0] << ", " << steps[1]);
+  CHECK(steps[1] == "7");
+
+  // Shard 1, a dead address (port 1: nothing listens) and one that is no address at all.
+  const std::string peer = "127.0.0.1:" + std::to_string(http_ports[1]);
+  const std::string url = "http://127.0.0.1:" + std::to_string(http_ports[0]) + "/?shards=" + peer +
+                          ",127.0.0.1:1,javascript:alert(1)";
+  const std::string dom = dump_dom(url, dir.path());
+  INFO(dom.substr(std::min(dom.size(), dom.find("<section id=\"shards-section\"")), 2500));
+  std::smatch row;
+  for (int i = 0; i < 2; ++i) {
+    const std::string address = "127.0.0.1:" + std::to_string(http_ports[i]);
+    INFO("shard " << i << " at " << address);
+    REQUIRE(std::regex_search(dom, row,
+                              std::regex("<tr data-shard=\"" + address + "\"[^>]*>(.*?)</tr>")));
+    const std::string cells = row[1].str();
+    CHECK(cells.find("<td>" + std::to_string(i) + " of 2</td>") != std::string::npos);
+    CHECK(cells.find("<a href=\"http://" + address + "/\">") != std::string::npos);
+    CHECK(cells.find(">" + steps[i] + " of 100</td>") != std::string::npos);
+    CHECK(cells.find(">1 of 1 seen</td>") != std::string::npos);
+    CHECK(cells.find("<td>training</td>") != std::string::npos);
+  }
+  REQUIRE(
+      std::regex_search(dom, row, std::regex("<tr data-shard=\"127.0.0.1:1\"[^>]*>(.*?)</tr>")));
+  CHECK(row[1].str().find("unreachable") != std::string::npos);
+  CHECK(dom.find("data-shard=\"javascript") == std::string::npos);
+  CHECK(element_text(dom, "error") ==
+        "ignored ?shards= entry (not host:port): javascript:alert(1)");
+  CHECK(psds[0]->alive());
+  CHECK(psds[1]->alive());
+}
+
+TEST_CASE("with an HTTP token, /status.json is for its own page only (no CORS header)") {
+  ps::test::TempDir dir;
+  const std::string token_file = dir.path() + "/token";
+  std::ofstream(token_file) << "page-secret\n";
+  ::chmod(token_file.c_str(), 0600);
+  PsdProcess psd({"--http_port", "any", "--http_port_file", dir.path() + "/http_port",
+                  "--http_auth_token_file", token_file});
+  const int http_port = ps::test::read_port_file(dir.path() + "/http_port");
+  auto answer = ps::test::http_exchange(
+      http_port,
+      "GET /status.json HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer page-secret\r\n\r\n");
+  CHECK(answer.status == 200);
+  CHECK(answer.headers.count("access-control-allow-origin") == 0);
 }
 
 int main(int argc, char** argv) {

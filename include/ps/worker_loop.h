@@ -22,8 +22,8 @@
 //     wh.after_step(info, times);
 //   }
 //   wh.hooks.end(info);
-//   std::printf("%spull %.3f ms\n", ps::done_line_start(worker, session, secs, batch,
-//   "examples").c_str(),
+//   const std::string head = ps::done_line_start(worker, session, secs, batch, "examples");
+//   std::printf("%spull %.3f ms\n", head.c_str(),
 //               times.per_step_ms(times.pull, session.local_step()));
 //   ps::end_barrier(session, "my_trainer/end", spec.num_workers(), spec.worker_index());
 #pragma once

@@ -49,6 +49,7 @@
 #include "ps/trainer_flags.h"
 #include "ps/trainer_main.h"
 #include "ps/training_session.h"
+#include "ps/worker_loop.h"
 #include "server/ps_task.h"
 
 namespace {
@@ -399,24 +400,20 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
         static_cast<long long>(steps), epoch_of(steps), static_cast<long long>(data.train_total),
         spec.num_workers(), spec.num_ps());
   } else {
-    std::printf("worker %d: model ready, training (%s)\n", worker,
-                to_string(session.job()).c_str());
+    ps::print_model_ready(worker, session.job());
   }
   std::fflush(stdout);
 
-  std::unique_ptr<ps::SummaryWriter> summaries;
-  if (chief && !f.logdir.empty()) summaries = std::make_unique<ps::SummaryWriter>(f.logdir);
-  ps::HookList hooks;
-  auto& log = hooks.add<ps::LoggingHook>(
-      ps::LoggingHook::Options{.every_n = f.log_every, .worker = worker});
-  if (summaries) hooks.add<ps::SummaryHook>(*summaries, c.summary_every);
+  ps::WorkerHooks wh(chief ? f.logdir : std::string(), f.log_every, worker, c.summary_every);
+  ps::HookList& hooks = wh.hooks;
+  const std::unique_ptr<ps::SummaryWriter>& summaries = wh.summaries;
   const auto start = Clock::now();
   Evaluator ev{.client = client,
                .model = model,
                .data = data,
                .eval_batch = c.eval_batch,
                .summaries = summaries.get(),
-               .log = &log,
+               .log = wh.log,
                .start = start};
   int64_t pulled_step = 0;
   if (chief) {
@@ -429,16 +426,10 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
     hooks.add<ps::EveryNStepsHook>(
         every, [&](const ps::StepInfo&) { ev.run(pulled_step, epoch_of(pulled_step)); });
   }
-  hooks.add<ps::ReportHook>(client, f.log_every > 0 ? f.log_every : 100);
-  hooks.begin();
-
-  ps::StepInfo info;
-  info.train_steps = steps;
-  info.batch_size = f.batch_size;
-  info.examples_per_global_step = per_global;
+  ps::StepInfo info = wh.start(client, f.log_every, steps, f.batch_size, per_global);
   // Where a worker's time goes: pulling rows and weights (network, psd and, in
   // sync mode, waiting for the other workers), computing, pushing.
-  double t_pull = 0, t_compute = 0, t_push = 0, t_other = 0;
+  ps::StepTimes times;
   size_t cursor = 0;
   double deep_rows = 0, wide_rows = 0;  // distinct ids per step, summed
   while (!session.should_stop() && !hooks.stop_requested()) {
@@ -460,51 +451,36 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
     const auto t3 = Clock::now();
     ps::StepOutcome out = session.push();
     const auto t4 = Clock::now();
-    t_other += seconds(t0, t1);
-    t_pull += seconds(t1, t2);
-    t_compute += seconds(t2, t3);
-    t_push += seconds(t3, t4);
-    info.local_step = session.local_step();
-    info.global_step = out.global_step;
+    times.add_step(t0, t1, t2, t3, t4);
+    ps::fill_step_info(info, session, out, oc);
     info.epoch = epoch_of(out.global_step);
     info.loss = loss;
     info.accuracy = -1;
-    info.stale = out.stale;
-    info.stale_steps = session.stale_steps();
-    info.learning_rate = oc.learning_rate_at(out.global_step);
-    const auto t5 = Clock::now();
-    hooks.after_step(info);
-    t_other += seconds(t4, t5);
+    wh.after_step(info, times);
   }
   const double secs = seconds(start, Clock::now());
   hooks.end(info);
-  const double n = std::max<double>(1, static_cast<double>(session.local_step()));
-  const double step_total = std::max(1e-12, t_pull + t_compute + t_push + t_other);
+  const int64_t local = session.local_step();
+  const double n = std::max<double>(1, static_cast<double>(local));
+  const double step_total = times.total();
   std::printf(
-      "worker %d: done after %lld local steps in %s (%s examples/s on this worker, %llu stale); "
-      "per step: "
-      "pull %.3f ms (%.0f%%), compute %.3f ms (%.0f%%), push %.3f ms (%.0f%%), data+hooks %.3f ms "
-      "(%.0f%%)\n",
-      worker, static_cast<long long>(session.local_step()), ps::format_duration(secs).c_str(),
-      ps::format_rate(static_cast<double>(session.local_step()) * f.batch_size / secs).c_str(),
-      static_cast<unsigned long long>(session.stale_steps()), 1e3 * t_pull / n,
-      100 * t_pull / step_total, 1e3 * t_compute / n, 100 * t_compute / step_total,
-      1e3 * t_push / n, 100 * t_push / step_total, 1e3 * t_other / n, 100 * t_other / step_total);
+      "%spull %.3f ms (%.0f%%), compute %.3f ms (%.0f%%), push %.3f ms (%.0f%%), data+hooks %.3f "
+      "ms (%.0f%%)\n",
+      ps::done_line_start(worker, session, secs, f.batch_size, "examples").c_str(),
+      ps::StepTimes::per_step_ms(times.pull, local), 100 * times.pull / step_total,
+      ps::StepTimes::per_step_ms(times.compute, local), 100 * times.compute / step_total,
+      ps::StepTimes::per_step_ms(times.push, local), 100 * times.push / step_total,
+      ps::StepTimes::per_step_ms(times.other, local), 100 * times.other / step_total);
   std::printf(
       "SHARES worker=%d pull=%.3f compute=%.3f push=%.3f other=%.3f examples_per_sec=%.0f "
       "deep_rows_per_step=%.0f wide_rows_per_step=%.0f\n",
-      worker, t_pull / step_total, t_compute / step_total, t_push / step_total,
-      t_other / step_total, static_cast<double>(session.local_step()) * f.batch_size / secs,
+      worker, times.pull / step_total, times.compute / step_total, times.push / step_total,
+      times.other / step_total, static_cast<double>(session.local_step()) * f.batch_size / secs,
       deep_rows / n, wide_rows / n);
   std::fflush(stdout);
 
   // Everyone meets once more so the chief evaluates the final model.
-  try {
-    client.barrier("ctr_trainer/end", static_cast<uint32_t>(spec.num_workers()),
-                   std::chrono::seconds(60));
-  } catch (const ps::Error& e) {
-    spdlog::warn("worker {}: end barrier: {} (going on)", worker, e.what());
-  }
+  ps::end_barrier(session, "ctr_trainer/end", spec.num_workers(), worker);
   if (chief) {
     ps::PullResult final_pull = session.pull_latest();
     const int64_t global = std::max(final_pull.step, info.global_step);

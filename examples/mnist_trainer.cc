@@ -37,6 +37,7 @@
 #include "ps/trainer_flags.h"
 #include "ps/trainer_main.h"
 #include "ps/training_session.h"
+#include "ps/worker_loop.h"
 #include "server/ps_task.h"
 
 namespace {
@@ -413,22 +414,18 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
           worker);
     }
   } else {
-    std::printf("worker %d: model ready, training (%s)\n", worker,
-                to_string(session.job()).c_str());
+    ps::print_model_ready(worker, session.job());
   }
   std::fflush(stdout);
 
-  std::unique_ptr<ps::SummaryWriter> summaries;
-  if (chief && !f.logdir.empty()) summaries = std::make_unique<ps::SummaryWriter>(f.logdir);
-  ps::HookList hooks;
-  auto& log = hooks.add<ps::LoggingHook>(
-      ps::LoggingHook::Options{.every_n = f.log_every, .worker = worker});
-  if (summaries) hooks.add<ps::SummaryHook>(*summaries, m.summary_every);
+  ps::WorkerHooks wh(chief ? f.logdir : std::string(), f.log_every, worker, m.summary_every);
+  ps::HookList& hooks = wh.hooks;
+  const std::unique_ptr<ps::SummaryWriter>& summaries = wh.summaries;
   const auto start = Clock::now();
   Evaluator ev{.towers = towers,
                .data = data,
                .summaries = summaries.get(),
-               .log = &log,
+               .log = wh.log,
                .target = m.target_accuracy,
                .start = start};
   int64_t pulled_step = 0;
@@ -442,16 +439,10 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
     });
   }
   // psd's status page and /metrics show each worker's loss and speed.
-  hooks.add<ps::ReportHook>(client, f.log_every > 0 ? f.log_every : 100);
-  hooks.begin();
-
-  ps::StepInfo info;
-  info.train_steps = steps;
-  info.batch_size = f.batch_size;
-  info.examples_per_global_step = per_global;
+  ps::StepInfo info = wh.start(client, f.log_every, steps, f.batch_size, per_global);
   // Where a worker's time goes: waiting for the pull (network + the ps +, in
   // sync mode, the other workers), computing, pushing.
-  double t_pull = 0, t_compute = 0, t_push = 0, t_other = 0;
+  ps::StepTimes times;
   while (!session.should_stop() && !hooks.stop_requested()) {
     const auto t0 = Clock::now();
     ps::Batch b = shard.next_batch(f.batch_size);
@@ -465,42 +456,26 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
     const auto t3 = Clock::now();
     ps::StepOutcome out = session.push();
     const auto t4 = Clock::now();
-    t_other += seconds(t0, t1);
-    t_pull += seconds(t1, t2);
-    t_compute += seconds(t2, t3);
-    t_push += seconds(t3, t4);
-    info.local_step = session.local_step();
-    info.global_step = out.global_step;
+    times.add_step(t0, t1, t2, t3, t4);
+    ps::fill_step_info(info, session, out, oc);
     info.epoch = static_cast<double>(out.global_step) * per_global / data.train.size;
     info.loss = st.loss;
     info.accuracy = st.accuracy();
-    info.stale = out.stale;
-    info.stale_steps = session.stale_steps();
-    info.learning_rate = oc.learning_rate_at(out.global_step);
-    const auto t5 = Clock::now();
-    hooks.after_step(info);
-    t_other += seconds(t4, t5);
+    wh.after_step(info, times);
   }
   const double secs = seconds(start, Clock::now());
   hooks.end(info);
-  const double n = std::max<double>(1, static_cast<double>(session.local_step()));
-  std::printf(
-      "worker %d: done after %lld local steps in %s (%s samples/s on this worker, %llu stale); per "
-      "step: "
-      "pull %.3f ms, compute %.3f ms, push %.3f ms, data+hooks %.3f ms\n",
-      worker, static_cast<long long>(session.local_step()), ps::format_duration(secs).c_str(),
-      ps::format_rate(static_cast<double>(session.local_step()) * f.batch_size / secs).c_str(),
-      static_cast<unsigned long long>(session.stale_steps()), 1e3 * t_pull / n, 1e3 * t_compute / n,
-      1e3 * t_push / n, 1e3 * t_other / n);
+  const int64_t local = session.local_step();
+  std::printf("%spull %.3f ms, compute %.3f ms, push %.3f ms, data+hooks %.3f ms\n",
+              ps::done_line_start(worker, session, secs, f.batch_size, "samples").c_str(),
+              ps::StepTimes::per_step_ms(times.pull, local),
+              ps::StepTimes::per_step_ms(times.compute, local),
+              ps::StepTimes::per_step_ms(times.push, local),
+              ps::StepTimes::per_step_ms(times.other, local));
   std::fflush(stdout);
 
   // Everyone meets once more so the chief reads the final parameters.
-  try {
-    session.barrier("mnist_trainer/end", static_cast<uint32_t>(spec.num_workers()),
-                    std::chrono::seconds(60));
-  } catch (const ps::Error& e) {
-    spdlog::warn("worker {}: end barrier: {} (going on)", worker, e.what());
-  }
+  ps::end_barrier(session, "mnist_trainer/end", spec.num_workers(), worker);
   if (chief) {
     ps::PullResult final_pull = session.pull_latest();
     towers.upload_params();

@@ -284,6 +284,35 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     return placement.at(name).spec.num_elements();
   }
 
+  // What every push of tensors checks before anything is sent (`what` names
+  // the call in the messages). A step report (done_step >= 0) rides on one
+  // message per shard: psd refusing it would refuse that message alone and
+  // apply the others, so a refused call would still change values.
+  void check_push(const char* what, const std::vector<std::string>& names,
+                  const std::vector<std::span<const float>>& grads, int64_t done_step) {
+    if (names.size() != grads.size()) {
+      throw ConfigError(std::string(what) + ": " + std::to_string(names.size()) + " names but " +
+                        std::to_string(grads.size()) + " gradients");
+    }
+    if (done_step >= 0 && options.worker_index < 0) {
+      throw ConfigError(
+          "push_and_step: only workers report steps: set ClientOptions::worker_index (nothing was "
+          "sent)");
+    }
+    if (done_step >= 0 && !step_in_range(done_step)) {
+      throw RequestError("push_and_step: doneStep " + std::to_string(done_step) +
+                         " is out of range [0, 2^62] (nothing was sent)");
+    }
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      const uint64_t n = tensor_elements(names[i]);
+      if (grads[i].size() != n) {
+        throw RequestError(std::string(what) + ": gradient for '" + names[i] + "' has " +
+                           std::to_string(grads[i].size()) + " floats, tensor has " +
+                           std::to_string(n) + " (nothing was sent)");
+      }
+    }
+  }
+
   void connect() {
     if (options.ps_hosts.empty())
       throw ConfigError("no ps hosts given (ClientOptions::ps_hosts / --ps_hosts)");

@@ -179,30 +179,10 @@ std::future<PushResult> Client::start_push_step(std::vector<std::string> names,
                                                 std::vector<RowGrads> rows, int64_t step,
                                                 int64_t done_step, PushResult* done) {
   if (rows.empty()) return start_push(std::move(names), std::move(grads), step, done, done_step);
-  if (names.size() != grads.size()) {
-    throw ConfigError("push_and_step: " + std::to_string(names.size()) + " names but " +
-                      std::to_string(grads.size()) + " gradients");
-  }
-  if (done_step >= 0 && impl_->options.worker_index < 0) {
-    throw ConfigError(
-        "push_and_step: only workers report steps: set ClientOptions::worker_index (nothing was "
-        "sent)");
-  }
-  if (done_step >= 0 && !step_in_range(done_step)) {
-    throw RequestError("push_and_step: doneStep " + std::to_string(done_step) +
-                       " is out of range [0, 2^62] (nothing was sent)");
-  }
+  impl_->check_push("push_and_step", names, grads, done_step);
   if (!step_in_range(step)) {
     throw RequestError("push_and_step: step " + std::to_string(step) +
                        " is out of range [0, 2^62] (nothing was sent)");
-  }
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    const uint64_t n = impl_->tensor_elements(names[i]);
-    if (grads[i].size() != n) {
-      throw RequestError("push_and_step: gradient for '" + names[i] + "' has " +
-                         std::to_string(grads[i].size()) + " floats, tensor has " +
-                         std::to_string(n) + " (nothing was sent)");
-    }
   }
   const bool sync = impl_->job_mode.load() == SyncMode::kSync;
   const auto shards = static_cast<uint32_t>(num_shards());

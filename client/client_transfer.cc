@@ -376,29 +376,7 @@ std::future<PushResult> Client::push_and_step_async(std::vector<std::string> nam
 std::future<PushResult> Client::start_push(std::vector<std::string> names,
                                            std::vector<std::span<const float>> grads, int64_t step,
                                            PushResult* done, int64_t done_step) {
-  if (names.size() != grads.size())
-    throw ConfigError("push: " + std::to_string(names.size()) + " names but " +
-                      std::to_string(grads.size()) + " gradients");
-  // The step report rides on one message per shard: psd refusing it would
-  // refuse that message alone and apply the others, so a refused call would
-  // still change values. Checked before anything goes.
-  if (done_step >= 0 && impl_->options.worker_index < 0) {
-    throw ConfigError(
-        "push_and_step: only workers report steps: set ClientOptions::worker_index (nothing was "
-        "sent)");
-  }
-  if (done_step >= 0 && !step_in_range(done_step)) {
-    throw RequestError("push_and_step: doneStep " + std::to_string(done_step) +
-                       " is out of range [0, 2^62] (nothing was sent)");
-  }
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    const uint64_t n = impl_->tensor_elements(names[i]);
-    if (grads[i].size() != n) {
-      throw RequestError("push: gradient for '" + names[i] + "' has " +
-                         std::to_string(grads[i].size()) + " floats, tensor has " +
-                         std::to_string(n));
-    }
-  }
+  impl_->check_push("push", names, grads, done_step);
   auto batches = impl_->plan(names);
   const uint32_t summed = impl_->summed_per_step();
   return impl_->run<PushResult>(

@@ -40,6 +40,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench/bench_psd.h"
 #include "client/row_plan.h"
 #include "ps/client.h"
 
@@ -56,41 +57,10 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// A psd started by the benchmark, stopped at exit (and by the kernel if the
-// benchmark dies first).
-struct Psd {
-  pid_t pid = -1;
-  int port = 0;
-  std::string dir;
-  explicit Psd(const std::string& binary) {
-    dir = std::filesystem::temp_directory_path() / ("psd-emb-bench-" + std::to_string(getpid()));
-    std::filesystem::create_directories(dir);
-    const std::string port_file = dir + "/port";
-    const pid_t parent = getpid();
-    pid = fork();
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGTERM);
-      if (getppid() != parent) _exit(0);
-      std::vector<std::string> args = {binary,    "--port",          "0",    "--port_file",
-                                       port_file, "--log_level",     "warn", "--max_message_mb",
-                                       "128",     "--max_memory_mb", "16384"};
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    for (int i = 0; i < 1000 && port == 0; ++i) {
-      std::ifstream in(port_file);
-      if (!(in >> port)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    if (port == 0) throw std::runtime_error("psd did not start (is --psd right?)");
-  }
-  ~Psd() {
-    kill(pid, SIGTERM);
-    waitpid(pid, nullptr, 0);
-    std::filesystem::remove_all(dir);
-  }
+// The benchmark's psd (bench/bench_psd.h), and what it reports of its memory.
+struct Psd : ps::bench::BenchPsd {
+  explicit Psd(const std::string& binary)
+      : BenchPsd(binary, {"--max_memory_mb", "16384"}, "psd-emb-bench") {}
   // Of its memory, how much is in 2 MiB pages (transparent huge pages).
   uint64_t huge_page_bytes() const {
     std::ifstream in("/proc/" + std::to_string(pid) + "/smaps_rollup");

@@ -59,6 +59,7 @@
 
 #include <capnp/ez-rpc.h>
 
+#include "bench/bench_psd.h"
 #include "schema/ps.capnp.h"
 #include "ps/client.h"
 #include "ps/trainer_flags.h"
@@ -180,59 +181,35 @@ std::vector<double> tcp_transfer_samples(size_t bytes, int reps) {
   return times;
 }
 
-// A psd started by the benchmark, stopped at exit, and by the kernel if the
-// benchmark dies first (Ctrl-C, an uncaught exception): no daemons left.
-struct Psd {
-  pid_t pid = -1;
-  int port = 0;
-  std::string dir;
-  // With num_shards > 1, shard shard_index of a job of that many.
+// The benchmark's psd (bench/bench_psd.h), pinned to --psd_cpus. With
+// num_shards > 1, shard shard_index of a job of that many.
+struct Psd : ps::bench::BenchPsd {
   Psd(const std::string& binary, const std::string& unix_socket, int busy_poll_us,
-      int shard_index = 0, int num_shards = 1) {
-    dir = std::filesystem::temp_directory_path() /
-          ("psd-bench-" + std::to_string(getpid()) + "-" + std::to_string(rand()));
-    std::filesystem::create_directories(dir);
-    const std::string port_file = dir + "/port";
-    const pid_t parent = getpid();
-    pid = fork();
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGTERM);
-      if (getppid() != parent) _exit(0);  // died before the line above
-      std::vector<std::string> args = {binary,        "--port",           "0",
-                                       "--port_file", port_file,          "--log_level",
-                                       "warn",        "--max_message_mb", "128"};
-      if (busy_poll_us >= 0) {
-        args.push_back("--busy_poll_us");
-        args.push_back(std::to_string(busy_poll_us));
-      }
-      if (num_shards > 1) {
-        args.insert(args.end(), {"--shard_index", std::to_string(shard_index), "--num_shards",
-                                 std::to_string(num_shards)});
-      }
-      if (!unix_socket.empty()) {
-        args.push_back("--unix_socket");
-        args.push_back(unix_socket);
-      }
-      args.insert(args.end(), psd_extra_flags.begin(), psd_extra_flags.end());
-      args.insert(args.end(), psd_tls_flags.begin(), psd_tls_flags.end());
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      const cpu_set_t cpus = cpu_set_of(psd_cpus);
-      sched_setaffinity(0, sizeof(cpus), &cpus);
-      execv(argv[0], argv.data());
-      _exit(127);
+      int shard_index = 0, int num_shards = 1)
+      : BenchPsd(binary, flags(unix_socket, busy_poll_us, shard_index, num_shards), "psd-bench",
+                 [] {
+                   const cpu_set_t cpus = cpu_set_of(psd_cpus);
+                   sched_setaffinity(0, sizeof(cpus), &cpus);
+                 }) {}
+
+  static std::vector<std::string> flags(const std::string& unix_socket, int busy_poll_us,
+                                        int shard_index, int num_shards) {
+    std::vector<std::string> args;
+    if (busy_poll_us >= 0) {
+      args.push_back("--busy_poll_us");
+      args.push_back(std::to_string(busy_poll_us));
     }
-    for (int i = 0; i < 1000 && port == 0; ++i) {
-      std::ifstream in(port_file);
-      if (!(in >> port)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (num_shards > 1) {
+      args.insert(args.end(), {"--shard_index", std::to_string(shard_index), "--num_shards",
+                               std::to_string(num_shards)});
     }
-    if (port == 0) throw std::runtime_error("psd did not start (is --psd right?)");
-  }
-  ~Psd() {
-    kill(pid, SIGTERM);
-    waitpid(pid, nullptr, 0);
-    std::filesystem::remove_all(dir);
+    if (!unix_socket.empty()) {
+      args.push_back("--unix_socket");
+      args.push_back(unix_socket);
+    }
+    args.insert(args.end(), psd_extra_flags.begin(), psd_extra_flags.end());
+    args.insert(args.end(), psd_tls_flags.begin(), psd_tls_flags.end());
+    return args;
   }
 };
 

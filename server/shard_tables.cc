@@ -230,14 +230,18 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
                  "pushRows: " + std::to_string(fresh) + " new rows of table '" + spec.name + "'");
   }
   const bool sync = job.mode == SyncMode::kSync;
-  // Applied now (not summed for a sync step): refused whole if it would
-  // store a NaN or Inf, as a dense update is.
-  if (!sync && !options_.allow_nonfinite && !t.table->update_finite(r.ids, r.grads, 1.0f)) {
-    throw RequestError("pushRows: the update would make a value or optimizer slot of table '" +
-                       spec.name +
-                       "' NaN or Inf (a gradient or learning rate too large); nothing was applied");
-  }
-  if (sync) {
+  if (!sync) {
+    // Applied now (not summed for a sync step), before the request is
+    // counted: refused whole if it would store a NaN or Inf, as a dense
+    // update is.
+    if (options_.allow_nonfinite) {
+      t.table->push(r.ids, r.grads, 1.0f);
+    } else if (!t.table->push_if_finite(r.ids, r.grads, 1.0f)) {
+      throw RequestError(
+          "pushRows: the update would make a value or optimizer slot of table '" + spec.name +
+          "' NaN or Inf (a gradient or learning rate too large); nothing was applied");
+    }
+  } else {
     if (caller.worker_index < 0)
       throw RequestError("pushRows: sync mode needs a worker index (say hello as a worker)");
     if (step > job_.global_step()) {
@@ -296,8 +300,7 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
       }
     }
   } else {
-    t.table->push(r.ids, r.grads, 1.0f);
-    reply.status = GradientStatus::kApplied;
+    reply.status = GradientStatus::kApplied;  // above, before anything was counted
   }
   if (r.request_id != 0) {
     requests_.record(
@@ -331,9 +334,10 @@ void Shard::commit_table_step() {
     try {
       t.table->check(slot.ids, "sync step");
       const float scale = 1.0f / static_cast<float>(slot.count);
-      if (!options_.allow_nonfinite && !t.table->update_finite(slot.ids, slot.sum, scale))
+      if (options_.allow_nonfinite)
+        t.table->push(slot.ids, slot.sum, scale);
+      else if (!t.table->push_if_finite(slot.ids, slot.sum, scale))
         throw RequestError("the step's update would make a value or optimizer slot NaN or Inf");
-      t.table->push(slot.ids, slot.sum, scale);
     } catch (const Error& e) {
       // A dynamic table at its row limit can refuse the union of the
       // workers' ids after each push alone passed, and their summed

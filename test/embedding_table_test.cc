@@ -234,6 +234,69 @@ TEST_CASE("LazyAdam moves only the touched rows' moments") {
   });
 }
 
+// Every row's values and slots, by id, bit for bit.
+std::map<uint64_t, std::vector<float>> all_rows(const EmbeddingTable& t) {
+  std::map<uint64_t, std::vector<float>> m;
+  t.for_each_row([&](uint64_t id, const float* w, std::span<const float* const> slots) {
+    auto& r = m[id];
+    r.assign(w, w + t.dim());
+    for (const float* s : slots) r.insert(r.end(), s, s + t.dim());
+  });
+  return m;
+}
+
+TEST_CASE("push_if_finite applies as push does, or leaves the table exactly as it was") {
+  const auto adam = RowOptimizerConfig::lazy_adam(0.5f);
+  const InitConfig init = InitConfig::uniform(-1, 1, 3);
+  EmbeddingTable a(fixed_table(64, 4, adam, init), 0, 1), b(fixed_table(64, 4, adam, init), 0, 1);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (int round = 0; round < 3; ++round) {
+    std::vector<uint64_t> ids{7, 3, 7, 60, 0, 3};
+    std::vector<float> g(ids.size() * 4);
+    for (float& x : g) x = u(rng);
+    a.check(ids, "push");
+    REQUIRE(a.push_if_finite(ids, g, 1.0f));
+    push(b, ids, g);
+  }
+  CHECK(all_rows(a) == all_rows(b));
+  CHECK(a.version() == b.version());
+
+  SECTION("an update that overflows a later row restores the rows applied before it") {
+    // Row 9's second moment overflows (g^2 = Inf); rows 1 and 3 come first and
+    // were updated when it is found.
+    const auto before = all_rows(a);
+    const std::vector<uint64_t> ids{1, 3, 1, 9, 12};
+    std::vector<float> g(ids.size() * 4, 0.25f);
+    g[3 * 4 + 2] = 1e30f;
+    a.check(ids, "push");
+    CHECK_FALSE(a.push_if_finite(ids, g, 1.0f));
+    CHECK(all_rows(a) == before);
+    CHECK(a.version() == b.version());
+    // The table still takes the next update, as its twin does.
+    g[3 * 4 + 2] = 0.25f;
+    CHECK(a.push_if_finite(ids, g, 1.0f));
+    push(b, ids, g);
+    CHECK(all_rows(a) == all_rows(b));
+  }
+  SECTION("a dynamic table: existing rows restored, no row created") {
+    EmbeddingTable d(dynamic_table(2, 0, OnRowLimit::kRefuse, init), 0, 1);
+    push(d, {4, 5}, {1, 1, 1, 1});
+    const auto before = all_rows(d);
+    const uint64_t version = d.version();
+    d.check(std::vector<uint64_t>{4, 5}, "push");
+    CHECK_FALSE(d.push_if_finite(std::vector<uint64_t>{4, 5},
+                                 std::vector<float>{1, 1, -3e38f, -3e38f}, 2.0f));
+    CHECK(all_rows(d) == before);
+    d.check(std::vector<uint64_t>{4, 6}, "push");
+    CHECK_FALSE(d.push_if_finite(std::vector<uint64_t>{4, 6},
+                                 std::vector<float>{1, 1, -3e38f, -3e38f}, 2.0f));
+    CHECK(all_rows(d) == before);
+    CHECK(d.rows() == 2);
+    CHECK(d.version() == version);
+  }
+}
+
 TEST_CASE("bad ids and specs are refused before anything changes") {
   EmbeddingTable t(fixed_table(10, 2, RowOptimizerConfig::sgd(1)), 1, 2);
   CHECK_THROWS_WITH(t.check(std::vector<uint64_t>{1, 10}, "pullRows"),

@@ -33,6 +33,18 @@ float unit_normal(uint64_t seed, uint64_t id, uint64_t j) {
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
 }
 
+// Whether no float of a row is NaN or +-Inf (exponent bits all set): inline
+// and branch-free, as it runs once per row updated.
+bool row_finite(const float* v, uint32_t n) {
+  uint32_t bad = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, v + i, sizeof bits);
+    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
+}
+
 std::string quoted(const TableSpec& s) { return "table '" + s.name + "'"; }
 
 }  // namespace
@@ -420,6 +432,25 @@ void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) {
 
 void EmbeddingTable::push(std::span<const uint64_t> ids, std::span<const float> grads,
                           float scale) {
+  apply_push(ids, grads, scale, /*journal=*/false);
+}
+
+bool EmbeddingTable::push_if_finite(std::span<const uint64_t> ids, std::span<const float> grads,
+                                    float scale) {
+  if (spec_.dynamic) {
+    for (uint64_t id : ids) {
+      if (find(id) == kEmpty) {
+        if (!update_finite(ids, grads, scale)) return false;
+        push(ids, grads, scale);
+        return true;
+      }
+    }
+  }
+  return apply_push(ids, grads, scale, /*journal=*/true);
+}
+
+bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const float> grads,
+                                float scale, bool journal) {
   const uint32_t dim = spec_.dim;
   if (spec_.dynamic && spec_.on_limit == OnRowLimit::kEvictLru) {
     for (uint64_t id : ids) {
@@ -460,8 +491,12 @@ void EmbeddingTable::push(std::span<const uint64_t> ids, std::span<const float> 
   ++version_;
   float* slot_ptrs[4];
   const uint32_t comps = components();
+  const std::size_t row_floats = std::size_t(comps) * dim;
+  if (journal) undo_rows_.resize(n * row_floats);
+  std::size_t applied = 0;  // rows journaled (distinct positions, in order)
+  bool finite = true;
   constexpr std::size_t kAhead = 4;
-  for (std::size_t i = 0; i < n; ++i) {
+  for (std::size_t i = 0; i < n && finite; ++i) {
     if (i + kAhead < n) {
       // As in pull: the rows a few positions ahead are fetched while this one is updated.
       for (uint32_t c = 0; c < comps; ++c) {
@@ -470,9 +505,31 @@ void EmbeddingTable::push(std::span<const uint64_t> ids, std::span<const float> 
       }
     }
     if (!first.empty() && first[i] != i) continue;
+    if (journal) {
+      float* saved = undo_rows_.data() + applied * row_floats;
+      for (uint32_t c = 0; c < comps; ++c)
+        std::memcpy(saved + c * dim, row(c, slots[i]), dim * sizeof(float));
+      ++applied;
+    }
     for (uint32_t c = 1; c < comps; ++c) slot_ptrs[c - 1] = row(c, slots[i]);
     optimizer_->apply(row(0, slots[i]), slot_ptrs, g + i * dim, dim, scale, version_);
+    if (journal) {
+      for (uint32_t c = 0; c < comps && finite; ++c) finite = row_finite(row(c, slots[i]), dim);
+    }
   }
+  if (finite) return true;
+  // Put back every row journaled; positions are walked as above, so the
+  // k-th distinct position is the k-th row saved.
+  std::size_t k = 0;
+  for (std::size_t i = 0; i < n && k < applied; ++i) {
+    if (!first.empty() && first[i] != i) continue;
+    const float* saved = undo_rows_.data() + k * row_floats;
+    for (uint32_t c = 0; c < comps; ++c)
+      std::memcpy(row(c, slots[i]), saved + c * dim, dim * sizeof(float));
+    ++k;
+  }
+  --version_;
+  return false;
 }
 
 bool EmbeddingTable::update_finite(std::span<const uint64_t> ids, std::span<const float> grads,

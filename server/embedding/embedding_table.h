@@ -75,6 +75,13 @@ class EmbeddingTable {
   // optimizer; the gradients of an id named more than once are summed first
   // (as IndexedSlices are). Call check() first.
   void push(std::span<const uint64_t> ids, std::span<const float> grads, float scale);
+  // push(), unless it would store a NaN or Inf in a value or optimizer slot:
+  // then returns false and the table (rows, slots, version) is as before.
+  // One pass that keeps each touched row's old bytes and puts them back on
+  // failure; a push that would create dynamic rows is tried on copies first
+  // (update_finite), since undoing a creation could not bring back an
+  // evicted row. Call check() first.
+  bool push_if_finite(std::span<const uint64_t> ids, std::span<const float> grads, float scale);
 
   // For checkpoints: every row held (id and the values then each slot's
   // `dim` floats), in slot order.
@@ -144,6 +151,13 @@ class EmbeddingTable {
   std::vector<uint64_t> push_slots_;
   std::vector<uint64_t> seen_slots_;
   std::vector<uint32_t> seen_first_;
+  // push_if_finite's undo journal: every component of each row it updated,
+  // as it was before, in the order applied.
+  std::vector<float> undo_rows_;
+  // push() with an optional undo journal; false (and the rows restored) when
+  // a row it updated is not finite.
+  bool apply_push(std::span<const uint64_t> ids, std::span<const float> grads, float scale,
+                  bool journal);
 };
 
 }  // namespace ps

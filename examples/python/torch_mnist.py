@@ -154,6 +154,8 @@ def run_worker(spec, f):
         spec_i = psclient.TensorSpec(name, tuple(p.shape), optimizer=optimizer, init=init)
         values = p if device.type == "cpu" else torch.empty(p.shape, pin_memory=True)
         grads = torch.zeros(p.shape, pin_memory=device.type == "cuda")
+        if device.type == "cpu":
+            p.grad = grads  # backward adds into it in place: the push reads it, no copy
         session.add_variable(spec_i, values, grads)
         host.append((p, values, grads))
     session.initialize()
@@ -195,9 +197,10 @@ def run_worker(spec, f):
         batch_loss = torch.nn.functional.cross_entropy(logits, y)
         model.zero_grad(set_to_none=False)
         batch_loss.backward()
-        with torch.no_grad():
-            for p, values, grads in host:
-                grads.copy_(p.grad)
+        if device.type != "cpu":
+            with torch.no_grad():
+                for p, values, grads in host:
+                    grads.copy_(p.grad)
         t3 = clock()
         outcome = session.push()
         t4 = clock()

@@ -236,7 +236,7 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
     // update is.
     if (options_.allow_nonfinite) {
       t.table->push(r.ids, r.grads, 1.0f);
-    } else if (!t.table->push_if_finite(r.ids, r.grads, 1.0f)) {
+    } else if (!t.table->push_if_finite(r.ids, r.grads, 1.0f, fresh)) {
       throw RequestError(
           "pushRows: the update would make a value or optimizer slot of table '" + spec.name +
           "' NaN or Inf (a gradient or learning rate too large); nothing was applied");
@@ -332,11 +332,11 @@ void Shard::commit_table_step() {
     // The average over the workers that contributed (replicas_to_aggregate,
     // or fewer when workers have left), as for dense tensors.
     try {
-      t.table->check(slot.ids, "sync step");
+      const uint64_t fresh = t.table->check(slot.ids, "sync step");
       const float scale = 1.0f / static_cast<float>(slot.count);
       if (options_.allow_nonfinite)
         t.table->push(slot.ids, slot.sum, scale);
-      else if (!t.table->push_if_finite(slot.ids, slot.sum, scale))
+      else if (!t.table->push_if_finite(slot.ids, slot.sum, scale, fresh))
         throw RequestError("the step's update would make a value or optimizer slot NaN or Inf");
     } catch (const Error& e) {
       // A dynamic table at its row limit can refuse the union of the

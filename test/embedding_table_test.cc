@@ -256,7 +256,7 @@ TEST_CASE("push_if_finite applies as push does, or leaves the table exactly as i
     std::vector<float> g(ids.size() * 4);
     for (float& x : g) x = u(rng);
     a.check(ids, "push");
-    REQUIRE(a.push_if_finite(ids, g, 1.0f));
+    REQUIRE(a.push_if_finite(ids, g, 1.0f, 0));
     push(b, ids, g);
   }
   CHECK(all_rows(a) == all_rows(b));
@@ -270,12 +270,12 @@ TEST_CASE("push_if_finite applies as push does, or leaves the table exactly as i
     std::vector<float> g(ids.size() * 4, 0.25f);
     g[3 * 4 + 2] = 1e30f;
     a.check(ids, "push");
-    CHECK_FALSE(a.push_if_finite(ids, g, 1.0f));
+    CHECK_FALSE(a.push_if_finite(ids, g, 1.0f, 0));
     CHECK(all_rows(a) == before);
     CHECK(a.version() == b.version());
     // The table still takes the next update, as its twin does.
     g[3 * 4 + 2] = 0.25f;
-    CHECK(a.push_if_finite(ids, g, 1.0f));
+    CHECK(a.push_if_finite(ids, g, 1.0f, 0));
     push(b, ids, g);
     CHECK(all_rows(a) == all_rows(b));
   }
@@ -284,13 +284,13 @@ TEST_CASE("push_if_finite applies as push does, or leaves the table exactly as i
     push(d, {4, 5}, {1, 1, 1, 1});
     const auto before = all_rows(d);
     const uint64_t version = d.version();
-    d.check(std::vector<uint64_t>{4, 5}, "push");
-    CHECK_FALSE(d.push_if_finite(std::vector<uint64_t>{4, 5},
-                                 std::vector<float>{1, 1, -3e38f, -3e38f}, 2.0f));
+    const std::vector<float> g{1, 1, -3e38f, -3e38f};
+    const std::vector<uint64_t> old_ids{4, 5}, new_ids{4, 6};
+    CHECK(d.check(old_ids, "push") == 0);
+    CHECK_FALSE(d.push_if_finite(old_ids, g, 2.0f, 0));
     CHECK(all_rows(d) == before);
-    d.check(std::vector<uint64_t>{4, 6}, "push");
-    CHECK_FALSE(d.push_if_finite(std::vector<uint64_t>{4, 6},
-                                 std::vector<float>{1, 1, -3e38f, -3e38f}, 2.0f));
+    CHECK(d.check(new_ids, "push") == 1);
+    CHECK_FALSE(d.push_if_finite(new_ids, g, 2.0f, 1));
     CHECK(all_rows(d) == before);
     CHECK(d.rows() == 2);
     CHECK(d.version() == version);

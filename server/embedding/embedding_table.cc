@@ -436,15 +436,11 @@ void EmbeddingTable::push(std::span<const uint64_t> ids, std::span<const float> 
 }
 
 bool EmbeddingTable::push_if_finite(std::span<const uint64_t> ids, std::span<const float> grads,
-                                    float scale) {
-  if (spec_.dynamic) {
-    for (uint64_t id : ids) {
-      if (find(id) == kEmpty) {
-        if (!update_finite(ids, grads, scale)) return false;
-        push(ids, grads, scale);
-        return true;
-      }
-    }
+                                    float scale, uint64_t new_rows) {
+  if (new_rows > 0) {
+    if (!update_finite(ids, grads, scale)) return false;
+    push(ids, grads, scale);
+    return true;
   }
   return apply_push(ids, grads, scale, /*journal=*/true);
 }

@@ -78,10 +78,11 @@ class EmbeddingTable {
   // push(), unless it would store a NaN or Inf in a value or optimizer slot:
   // then returns false and the table (rows, slots, version) is as before.
   // One pass that keeps each touched row's old bytes and puts them back on
-  // failure; a push that would create dynamic rows is tried on copies first
-  // (update_finite), since undoing a creation could not bring back an
-  // evicted row. Call check() first.
-  bool push_if_finite(std::span<const uint64_t> ids, std::span<const float> grads, float scale);
+  // failure. `new_rows` is what check() returned for these ids: a push that
+  // creates dynamic rows is tried on copies first (update_finite), since
+  // undoing a creation could not bring back an evicted row.
+  bool push_if_finite(std::span<const uint64_t> ids, std::span<const float> grads, float scale,
+                      uint64_t new_rows);
 
   // For checkpoints: every row held (id and the values then each slot's
   // `dim` floats), in slot order.

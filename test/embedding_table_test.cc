@@ -6,11 +6,13 @@
 #include <map>
 #include <random>
 #include <set>
+#include <unordered_map>
 
 #include "common/embedding_placement.h"
 #include "ps/errors.h"
 #include "server/embedding/embedding_table.h"
 #include "server/embedding/row_buffers.h"
+#include "server/embedding/row_index.h"
 
 using namespace ps;
 
@@ -350,6 +352,37 @@ TEST_CASE("a dynamic table at its limit evicts the least recently touched rows")
                     Catch::Contains("over its limit"));
   pull(t, {3, 10, 11});  // 3 existing and touched first: 4 and 2 go
   CHECK(pull(t, {3})[0] == -3);
+}
+
+TEST_CASE("RowIndex matches a std::unordered_map through inserts, erases and growth") {
+  RowIndex index;
+  std::unordered_map<uint64_t, uint32_t> ref;
+  std::mt19937_64 rng(9);
+  // Ids from a small range so that erases hit, and ids whose hashes collide
+  // often enough to wrap probe runs around the array's end.
+  for (int op = 0; op < 200000; ++op) {
+    const uint64_t id = rng() % 50000 * 0x9e3779b97f4a7c15ull;
+    if (rng() % 3 == 0) {
+      index.erase(id);
+      ref.erase(id);
+    } else if (index.find(id) == RowIndex::kMissing) {
+      const auto slot = static_cast<uint32_t>(rng() % 1000000);
+      index.insert(id, slot);
+      ref[id] = slot;
+    }
+    if (op % 997 == 0) REQUIRE(index.size() == ref.size());
+  }
+  CHECK(index.size() == ref.size());
+  CHECK(index.capacity() >= 2 * ref.size());
+  for (const auto& [id, slot] : ref) REQUIRE(index.find(id) == slot);
+  std::size_t seen = 0;
+  index.for_each([&](uint64_t id, uint32_t slot) {
+    ++seen;
+    REQUIRE(ref.count(id) == 1);
+    REQUIRE(ref[id] == slot);
+  });
+  CHECK(seen == ref.size());
+  CHECK(index.find(12345) == RowIndex::kMissing);
 }
 
 TEST_CASE("a dynamic table's index stays exact through growth and many evictions") {

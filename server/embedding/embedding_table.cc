@@ -101,10 +101,10 @@ uint64_t EmbeddingTable::initial_bytes(const TableSpec& s, uint32_t shard, uint3
 
 uint64_t EmbeddingTable::bytes_per_dynamic_row(const TableSpec& s) {
   const uint64_t comps = 1 + RowOptimizer::make(s.optimizer, s.name)->num_slots();
-  // Values and slots, the slot's id, and about two index entries (load <= 1/2).
-  return comps * s.dim * sizeof(float) + sizeof(uint64_t) +
-         2 * (sizeof(uint64_t) + sizeof(uint32_t)) +
-         (s.on_limit == OnRowLimit::kEvictLru ? 2 * sizeof(uint32_t) : 0);
+  // Values and slots, about two index entries (load <= 1/2), and for LRU
+  // eviction the slot's id and list links.
+  return comps * s.dim * sizeof(float) + 2 * RowIndex::kEntryBytes +
+         (s.on_limit == OnRowLimit::kEvictLru ? sizeof(uint64_t) + 2 * sizeof(uint32_t) : 0);
 }
 
 EmbeddingTable::EmbeddingTable(TableSpec spec, uint32_t shard, uint32_t shards)
@@ -115,15 +115,13 @@ EmbeddingTable::EmbeddingTable(TableSpec spec, uint32_t shard, uint32_t shards)
   spec_.init.values.clear();
   if (spec_.dynamic) {
     slabs_.resize(components());
-    keys_.assign(1024, 0);
-    values_.assign(1024, kEmpty);
     return;
   }
   fixed_rows_ = placement_.rows_on(shard_);
   const std::size_t n = fixed_rows_ * spec_.dim;
   for (uint32_t c = 0; c < components(); ++c) {
     // Written in full below (no value-initialisation pass).
-    arrays_.push_back(map_array(n));
+    arrays_.push_back(map_array_of<float>(n));
     if (c > 0) std::fill_n(arrays_.back().get(), n, optimizer_->slot_init(c - 1));
   }
   if (spec_.init.kind == InitKind::kZeros || spec_.init.kind == InitKind::kConstant) {
@@ -135,45 +133,15 @@ EmbeddingTable::EmbeddingTable(TableSpec spec, uint32_t shard, uint32_t shards)
 
 EmbeddingTable::~EmbeddingTable() = default;
 
-void EmbeddingTable::Unmap::operator()(float* p) const {
-  if (p != nullptr) munmap(p, bytes);
-}
-
-namespace {
-constexpr std::size_t kHugePage = 2u << 20;
-}  // namespace
-
-EmbeddingTable::Array EmbeddingTable::map_array(std::size_t floats) {
-  constexpr std::size_t kPage = 4096;
-  const std::size_t bytes =
-      (std::max<std::size_t>(1, floats * sizeof(float)) + kPage - 1) / kPage * kPage;
-  if (bytes < kHugePage) {
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    return Array(static_cast<float*>(p), Unmap{bytes});
-  }
-  // Huge pages need 2 MiB-aligned ranges: map a page more and give back the ends.
-  void* p =
-      mmap(nullptr, bytes + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) throw std::bad_alloc();
-  const auto raw = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t start = (raw + kHugePage - 1) & ~uintptr_t(kHugePage - 1);
-  if (start > raw) munmap(p, start - raw);
-  const uintptr_t end = raw + bytes + kHugePage, used = start + bytes;
-  if (end > used) munmap(reinterpret_cast<void*>(used), end - used);
-  // Before the first touch, so the pages come as huge ones (advice only: ignored without THP).
-  madvise(reinterpret_cast<void*>(start), bytes, MADV_HUGEPAGE);
-  return Array(reinterpret_cast<float*>(start), Unmap{bytes});
-}
-
 void EmbeddingTable::add_slabs() {
+  constexpr std::size_t kHugePage = 2u << 20;
   // Chunks of 1, 1, 2, 4 ... slabs, up to 2 MiB: a small table stays small,
   // a large one is in huge pages.
   const std::size_t slab_floats = std::size_t(kSlabRows) * spec_.dim;
   const std::size_t most = std::max<std::size_t>(1, kHugePage / (slab_floats * sizeof(float)));
   const std::size_t count = std::clamp<std::size_t>(slabs_[0].size(), 1, most);
   for (auto& c : slabs_) {
-    chunks_.push_back(map_array(count * slab_floats));
+    chunks_.push_back(map_array_of<float>(count * slab_floats));
     for (std::size_t k = 0; k < count; ++k) c.push_back(chunks_.back().get() + k * slab_floats);
   }
 }
@@ -185,8 +153,7 @@ uint64_t EmbeddingTable::bytes() const {
   if (!spec_.dynamic) return fixed_rows_ * row_bytes;
   uint64_t slabs = 0;
   for (const auto& c : slabs_) slabs += c.size();
-  return slabs * kSlabRows * row_bytes + slot_ids_.capacity() * sizeof(uint64_t) +
-         keys_.size() * (sizeof(uint64_t) + sizeof(uint32_t)) +
+  return slabs * kSlabRows * row_bytes + index_.bytes() + slot_ids_.capacity() * sizeof(uint64_t) +
          (lru_prev_.capacity() + lru_next_.capacity()) * sizeof(uint32_t);
 }
 
@@ -228,64 +195,19 @@ void EmbeddingTable::initial_values(uint64_t id, float* w) const {
   }
 }
 
-uint32_t EmbeddingTable::find(uint64_t id) const {
-  const uint64_t mask = keys_.size() - 1;
-  for (uint64_t i = mix_id(id ^ 0x5bd1e995u) & mask;; i = (i + 1) & mask) {
-    if (values_[i] == kEmpty) return kEmpty;
-    if (keys_[i] == id) return values_[i];
-  }
-}
-
-void EmbeddingTable::grow_index() {
-  std::vector<uint64_t> keys(keys_.size() * 2, 0);
-  std::vector<uint32_t> values(keys_.size() * 2, kEmpty);
-  const uint64_t mask = keys.size() - 1;
-  for (std::size_t k = 0; k < keys_.size(); ++k) {
-    if (values_[k] == kEmpty) continue;
-    uint64_t i = mix_id(keys_[k] ^ 0x5bd1e995u) & mask;
-    while (values[i] != kEmpty) i = (i + 1) & mask;
-    keys[i] = keys_[k];
-    values[i] = values_[k];
-  }
-  keys_.swap(keys);
-  values_.swap(values);
-}
-
-// Backward-shift deletion: later entries of the probe run move up, so no
-// tombstones are needed.
-void EmbeddingTable::erase_from_index(uint64_t id) {
-  const uint64_t mask = keys_.size() - 1;
-  uint64_t i = mix_id(id ^ 0x5bd1e995u) & mask;
-  while (keys_[i] != id || values_[i] == kEmpty) {
-    if (values_[i] == kEmpty) return;
-    i = (i + 1) & mask;
-  }
-  values_[i] = kEmpty;
-  --index_used_;
-  for (uint64_t j = (i + 1) & mask; values_[j] != kEmpty; j = (j + 1) & mask) {
-    const uint64_t home = mix_id(keys_[j] ^ 0x5bd1e995u) & mask;
-    // Entry j may move to the hole at i if its home is not in (i, j].
-    const bool stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
-    if (stays) continue;
-    keys_[i] = keys_[j];
-    values_[i] = values_[j];
-    values_[j] = kEmpty;
-    i = j;
-  }
-}
-
 uint32_t EmbeddingTable::take_free_slot() {
   if (!free_slots_.empty()) {
     const uint32_t s = free_slots_.back();
     free_slots_.pop_back();
     return s;
   }
-  const uint64_t s = slot_ids_.size();
+  const uint64_t s = slots_used_;
   if (s >= kEmpty - 1)
     throw RequestError(quoted(spec_) + " holds the most rows one shard can (2^32 - 2)");
   if (s / kSlabRows >= slabs_[0].size()) add_slabs();
-  slot_ids_.push_back(0);
+  ++slots_used_;
   if (spec_.on_limit == OnRowLimit::kEvictLru) {
+    slot_ids_.push_back(0);
     lru_prev_.push_back(kEmpty);
     lru_next_.push_back(kEmpty);
   }
@@ -316,7 +238,7 @@ void EmbeddingTable::touch(uint32_t s) {
 void EmbeddingTable::evict_one() {
   const uint32_t victim = lru_tail_;
   lru_unlink(victim);
-  erase_from_index(slot_ids_[victim]);
+  index_.erase(slot_ids_[victim]);
   free_slots_.push_back(victim);
   --live_rows_;
   ++evictions_;
@@ -335,16 +257,10 @@ uint32_t EmbeddingTable::find_or_insert(uint64_t id) {
     }
     evict_one();
   }
-  if ((index_used_ + 1) * 2 > keys_.size()) grow_index();
   s = take_free_slot();
-  slot_ids_[s] = id;
+  if (spec_.on_limit == OnRowLimit::kEvictLru) slot_ids_[s] = id;
   init_row(s, id);
-  const uint64_t mask = keys_.size() - 1;
-  uint64_t i = mix_id(id ^ 0x5bd1e995u) & mask;
-  while (values_[i] != kEmpty) i = (i + 1) & mask;
-  keys_[i] = id;
-  values_[i] = s;
-  ++index_used_;
+  index_.insert(id, s);
   ++live_rows_;
   if (spec_.on_limit == OnRowLimit::kEvictLru) lru_push_front(s);
   return s;
@@ -371,7 +287,9 @@ uint64_t EmbeddingTable::check(std::span<const uint64_t> ids, const char* what) 
     return 0;
   }
   std::unordered_set<uint64_t> missing;
-  for (uint64_t id : ids) {
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    const uint64_t id = ids[k];
+    if (k + kIndexAhead < ids.size()) index_.prefetch(ids[k + kIndexAhead]);
     if (placement_.shard_of(id) != shard_) {
       throw RequestError(std::string(what) + ": id " + std::to_string(id) + " of " + quoted(spec_) +
                          " belongs on shard " + std::to_string(placement_.shard_of(id)) + ", not " +
@@ -418,15 +336,27 @@ void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) {
     }
     return;
   }
-  if (spec_.on_limit == OnRowLimit::kEvictLru) {
-    // Existing rows of the request first to the front: new ones evict others.
-    for (uint64_t id : ids) {
-      const uint32_t s = find(id);
-      if (s != kEmpty) touch(s);
-    }
+  // Rows are found through the index: the index entries of the ids
+  // kIndexAhead positions ahead, then the rows kAhead ahead, are asked for
+  // early so that their misses overlap. Existing rows go to the LRU front
+  // first, so that new ones evict others (check() allowed no more distinct
+  // ids than the limit): the slots found stay valid while rows are added.
+  const std::size_t n = ids.size();
+  std::vector<uint64_t>& slots = push_slots_;
+  slots.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i + kIndexAhead < n) index_.prefetch(ids[i + kIndexAhead]);
+    slots[i] = find(ids[i]);
+    if (slots[i] != kEmpty) touch(static_cast<uint32_t>(slots[i]));
   }
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    std::memcpy(out + i * spec_.dim, row(0, find_or_insert(ids[i])), row_bytes);
+  constexpr std::size_t kAhead = 8;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n && slots[i + kAhead] != kEmpty) {
+      const auto* next = reinterpret_cast<const char*>(row(0, slots[i + kAhead]));
+      for (std::size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(next + b);
+    }
+    const uint64_t slot = slots[i] != kEmpty ? slots[i] : find_or_insert(ids[i]);
+    std::memcpy(out + i * spec_.dim, row(0, slot), row_bytes);
   }
 }
 
@@ -457,7 +387,10 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
   const std::size_t n = ids.size();
   std::vector<uint64_t>& slots = push_slots_;
   slots.resize(n);
-  for (std::size_t i = 0; i < n; ++i) slots[i] = local_slot(ids[i]);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (spec_.dynamic && i + kIndexAhead < n) index_.prefetch(ids[i + kIndexAhead]);
+    slots[i] = local_slot(ids[i]);
+  }
   // Repeated slots: the set maps a slot to its first position (load <= 1/2).
   std::size_t capacity = 16;
   while (capacity < 2 * n) capacity *= 2;
@@ -578,9 +511,7 @@ void EmbeddingTable::for_each_row(
     for (uint64_t r = 0; r < fixed_rows_; ++r) emit(r, placement_.global_id(shard_, r));
     return;
   }
-  for (std::size_t k = 0; k < keys_.size(); ++k) {
-    if (values_[k] != kEmpty) emit(values_[k], keys_[k]);
-  }
+  index_.for_each([&](uint64_t id, uint32_t slot) { emit(slot, id); });
 }
 
 void EmbeddingTable::put_row(uint64_t id, const float* values,

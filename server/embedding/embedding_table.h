@@ -3,10 +3,9 @@
 //
 // Fixed tables are one contiguous array per component (values, then each
 // slot), indexed by the local row (common/embedding_placement.h). Dynamic
-// tables map an id to a row slot with an open-addressing hash table (linear
-// probing, ids and slots in two flat arrays: no node per row) and keep rows
-// in slabs of kSlabRows, so memory stays near the raw bytes; an evicted
-// row's slot is reused.
+// tables map an id to a row slot with a RowIndex (server/embedding/row_index.h:
+// open addressing, no node per row) and keep rows in slabs of kSlabRows, so
+// memory stays near the raw bytes; an evicted row's slot is reused.
 //
 // Every request is checked whole (check()) before anything changes: an id
 // outside a fixed table or owned by another shard, a dynamic table at its
@@ -23,6 +22,8 @@
 
 #include "common/embedding_placement.h"
 #include "ps/embedding.h"
+#include "server/embedding/huge_pages.h"
+#include "server/embedding/row_index.h"
 #include "server/embedding/row_optimizers.h"
 
 namespace ps {
@@ -94,18 +95,19 @@ class EmbeddingTable {
   void put_row(uint64_t id, const float* values, std::span<const float* const> slots);
 
  private:
-  static constexpr uint32_t kEmpty = UINT32_MAX;
+  static constexpr uint32_t kEmpty = RowIndex::kMissing;
   uint32_t components() const { return 1 + optimizer_->num_slots(); }
   float* row(uint32_t component, uint64_t slot) const;
   void init_row(uint64_t slot, uint64_t id);
   void initial_values(uint64_t id, float* w) const;  // row id's values from the initializer
   // Dynamic: the slot of `id`, or kEmpty.
-  uint32_t find(uint64_t id) const;
+  uint32_t find(uint64_t id) const { return index_.find(id); }
+  // Dynamic lookups ask for the index entries of the ids this many positions
+  // ahead, so that their cache misses overlap.
+  static constexpr std::size_t kIndexAhead = 16;
   // Dynamic: the slot of `id`, created (and initialised) when missing.
   uint32_t find_or_insert(uint64_t id);
   uint64_t local_slot(uint64_t id);  // fixed: local row; dynamic: find_or_insert
-  void grow_index();
-  void erase_from_index(uint64_t id);
   uint32_t take_free_slot();
   void evict_one();
   void touch(uint32_t slot);  // LRU: to the front
@@ -120,14 +122,8 @@ class EmbeddingTable {
   uint64_t evictions_ = 0;
 
   // Fixed: one array per component, in 2 MiB pages where the kernel has
-  // them (transparent huge pages): rows are read and written at random, and
-  // with 4 KiB pages nearly every row costs a TLB miss as well as a cache miss.
-  struct Unmap {
-    std::size_t bytes = 0;
-    void operator()(float* p) const;
-  };
+  // them (server/embedding/huge_pages.h).
   using Array = std::unique_ptr<float[], Unmap>;
-  static Array map_array(std::size_t floats);
   uint64_t fixed_rows_ = 0;
   std::vector<Array> arrays_;
 
@@ -136,13 +132,13 @@ class EmbeddingTable {
   std::vector<std::vector<float*>> slabs_;
   std::vector<Array> chunks_;
   void add_slabs();
-  std::vector<uint64_t> slot_ids_;  // id of each slot
+  uint64_t slots_used_ = 0;  // slots ever taken (free ones included)
   std::vector<uint32_t> free_slots_;
   uint64_t live_rows_ = 0;
-  std::vector<uint64_t> keys_;    // index: ids
-  std::vector<uint32_t> values_;  // index: slots (kEmpty: free)
-  uint64_t index_used_ = 0;
-  std::vector<uint32_t> lru_prev_, lru_next_;  // kEvictLru only
+  RowIndex index_;
+  // kEvictLru only: each slot's id (to find an evicted row in the index), the LRU list.
+  std::vector<uint64_t> slot_ids_;
+  std::vector<uint32_t> lru_prev_, lru_next_;
   uint32_t lru_head_ = kEmpty, lru_tail_ = kEmpty;
 
   // Push scratch, reused between requests: each position's slot, and an

@@ -1,0 +1,66 @@
+#include "server/embedding/row_index.h"
+
+#include "common/embedding_placement.h"
+
+namespace ps {
+
+RowIndex::RowIndex() : entries_(map_array_of<Entry>(1024)), capacity_(1024) {}
+
+uint64_t RowIndex::home(uint64_t id) const { return mix_id(id ^ 0x5bd1e995u) & (capacity_ - 1); }
+
+void RowIndex::prefetch(uint64_t id) const { __builtin_prefetch(entries_.get() + home(id)); }
+
+uint32_t RowIndex::find(uint64_t id) const {
+  const uint64_t mask = capacity_ - 1;
+  for (uint64_t i = home(id);; i = (i + 1) & mask) {
+    const Entry e = entries_[i];
+    if (e.slot_plus_one == 0) return kMissing;
+    if (e.id == id) return e.slot_plus_one - 1;
+  }
+}
+
+void RowIndex::insert(uint64_t id, uint32_t slot) {
+  if ((used_ + 1) * 2 > capacity_) grow();
+  const uint64_t mask = capacity_ - 1;
+  uint64_t i = home(id);
+  while (entries_[i].slot_plus_one != 0) i = (i + 1) & mask;
+  entries_[i] = Entry{id, slot + 1};
+  ++used_;
+}
+
+void RowIndex::grow() {
+  auto old = std::move(entries_);
+  const uint64_t old_capacity = capacity_;
+  entries_ = map_array_of<Entry>(capacity_ * 2);
+  capacity_ *= 2;
+  const uint64_t mask = capacity_ - 1;
+  for (uint64_t k = 0; k < old_capacity; ++k) {
+    const Entry e = old[k];
+    if (e.slot_plus_one == 0) continue;
+    uint64_t i = home(e.id);
+    while (entries_[i].slot_plus_one != 0) i = (i + 1) & mask;
+    entries_[i] = e;
+  }
+}
+
+void RowIndex::erase(uint64_t id) {
+  const uint64_t mask = capacity_ - 1;
+  uint64_t i = home(id);
+  for (;; i = (i + 1) & mask) {
+    if (entries_[i].slot_plus_one == 0) return;
+    if (entries_[i].id == id) break;
+  }
+  entries_[i].slot_plus_one = 0;
+  --used_;
+  for (uint64_t j = (i + 1) & mask; entries_[j].slot_plus_one != 0; j = (j + 1) & mask) {
+    const uint64_t h = home(entries_[j].id);
+    // Entry j may move to the hole at i if its home is not in (i, j].
+    const bool stays = i <= j ? (h > i && h <= j) : (h > i || h <= j);
+    if (stays) continue;
+    entries_[i] = entries_[j];
+    entries_[j].slot_plus_one = 0;
+    i = j;
+  }
+}
+
+}  // namespace ps

@@ -1,0 +1,61 @@
+// A dynamic table's id -> row slot map: open addressing with linear probing
+// in one array of 12-byte entries (id, slot + 1; 0 marks a free entry), at
+// most half full, in huge pages (server/embedding/huge_pages.h). A lookup
+// touches one cache line, rarely two, and no node per row; the pages of a
+// new array come zeroed, so growing needs no fill pass. Not thread-safe.
+//
+//   RowIndex index;
+//   index.insert(id, slot);
+//   for (i ...) { index.prefetch(ids[i + 16]); uint32_t s = index.find(ids[i]); ... }
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "server/embedding/huge_pages.h"
+
+namespace ps {
+
+class RowIndex {
+ public:
+  static constexpr uint32_t kMissing = UINT32_MAX;
+  static constexpr std::size_t kEntryBytes = 12;
+
+  RowIndex();
+  // The slot of `id`, or kMissing.
+  uint32_t find(uint64_t id) const;
+  // Asks for the cache line where find(id) starts, so that lookups of ids a
+  // few positions on overlap their misses.
+  void prefetch(uint64_t id) const;
+  // Adds `id` (absent) at `slot` (< kMissing - 1); doubles the array at half full.
+  void insert(uint64_t id, uint32_t slot);
+  // Removes `id` if present (backward-shift deletion: no tombstones).
+  void erase(uint64_t id);
+  uint64_t size() const { return used_; }
+  uint64_t capacity() const { return capacity_; }
+  uint64_t bytes() const { return capacity_ * sizeof(Entry); }
+  // fn(id, slot) for every entry, in array order.
+  template <typename Fn>
+  void for_each(Fn&& fn) const {
+    for (uint64_t i = 0; i < capacity_; ++i) {
+      const Entry e = entries_[i];
+      if (e.slot_plus_one != 0) fn(e.id, e.slot_plus_one - 1);
+    }
+  }
+
+ private:
+  struct __attribute__((packed)) Entry {
+    uint64_t id;
+    uint32_t slot_plus_one;
+  };
+  static_assert(sizeof(Entry) == kEntryBytes);
+  uint64_t home(uint64_t id) const;
+  void grow();
+
+  std::unique_ptr<Entry[], Unmap> entries_;
+  uint64_t capacity_ = 0;  // a power of two
+  uint64_t used_ = 0;
+};
+
+}  // namespace ps

@@ -20,7 +20,10 @@
 #                      runs with /usr/bin/python3 and PYTHONPATH=$BUILD_DIR/python
 #   --run_dir DIR      default runs/<timestamp>
 #   --psd_flags "F"    extra flags for every ps task (e.g. "--threads 1")
-#   --unix             workers reach psd over Unix-domain sockets in the run directory (psd mode)
+#   --tcp              workers and psd use TCP only. Otherwise (psd mode) each psd also listens
+#                      on a Unix socket in the run directory, and the workers, being on its
+#                      host, switch to it and move tensors through shared memory
+#   --unix             workers name psd by that socket (unix:PATH) instead of its TCP port
 #   --timeout S        stop everything after S seconds (default 0: none)
 #   --quiet            do not follow the chief on the terminal
 # The chief writes TensorBoard summaries to <run_dir>/tb unless a --logdir follows --;
@@ -32,7 +35,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 BUILD_DIR=${BUILD_DIR:-build}
-workers=3 num_ps=1 sync=0 staleness=0 ps_mode=psd port_base=22220 timeout=0 quiet=0 unix=0 psd_flags=""
+workers=3 num_ps=1 sync=0 staleness=0 ps_mode=psd port_base=22220 timeout=0 quiet=0 unix=0 tcp=0 psd_flags=""
 trainer="$BUILD_DIR/examples/mnist_trainer"
 run_dir=""
 die() { echo "launch_local: $*" >&2; exit 2; }
@@ -49,6 +52,7 @@ while [ $# -gt 0 ]; do
     --timeout) timeout=${2:?}; shift 2 ;;
     --quiet) quiet=1; shift ;;
     --unix) unix=1; shift ;;
+    --tcp) tcp=1; shift ;;
     --psd_flags) psd_flags=${2?}; shift 2 ;;
     --) shift; break ;;
     -h|--help) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 0 ;;  # the comment block above
@@ -109,6 +113,14 @@ trap cleanup EXIT
 
 # --- ps tasks ---
 ps_hosts=()
+# Each psd's Unix socket; a path over the kernel's 107 bytes cannot be bound: TCP only then.
+socket_paths=()
+for ((i = 0; i < num_ps; i++)); do socket_paths+=("$(cd "$run_dir" && pwd)/ps$i.sock"); done
+if [ "$tcp" = 0 ] && [ "$ps_mode" = psd ] && [ ${#socket_paths[$((num_ps - 1))]} -gt 100 ]; then
+  [ "$unix" = 1 ] && die "--unix: the socket path ${socket_paths[$((num_ps - 1))]} is too long (over 100 bytes); use a shorter --run_dir"
+  echo "launch_local: the run directory's path is too long for a Unix socket; workers use TCP only" >&2
+  tcp=1
+fi
 # Each ps serves its status page on a free port (several never clash), unless --psd_flags sets one.
 http_flags=()
 [[ " $psd_flags " == *" --http_port"* ]] || http_flags=(--http_port any)
@@ -118,7 +130,7 @@ for ((i = 0; i < num_ps; i++)); do
   [ ${#http_flags[@]} -gt 0 ] && http_flags=(--http_port any --http_port_file "$run_dir/ps$i.http")
   if [ "$ps_mode" = psd ]; then
     unix_flags=()
-    [ "$unix" = 1 ] && unix_flags=(--unix_socket "$(cd "$run_dir" && pwd)/ps$i.sock")
+    [ "$tcp" = 0 ] && unix_flags=(--unix_socket "${socket_paths[$i]}")
     # shellcheck disable=SC2086
     "$psd" --port 0 --port_file "$port_file" --shard_index "$i" --num_shards "$num_ps" "${unix_flags[@]}" \
       "${http_flags[@]}" $psd_flags \
@@ -149,8 +161,8 @@ for ((i = 0; i < num_ps; i++)); do
     exit 1
   fi
   [ -s "$run_dir/ps$i.http" ] && echo "launch_local: ps$i status page: http://127.0.0.1:$(cat "$run_dir/ps$i.http")/" >&2
-  if [ "$unix" = 1 ] && [ "$ps_mode" = psd ]; then
-    ps_hosts+=("unix:$(cd "$run_dir" && pwd)/ps$i.sock")
+  if [ "$unix" = 1 ] && [ "$tcp" = 0 ] && [ "$ps_mode" = psd ]; then
+    ps_hosts+=("unix:${socket_paths[$i]}")
   else
     ps_hosts+=("127.0.0.1:$(cat "$port_file")")
   fi

@@ -597,6 +597,43 @@ TEST_CASE("bad shared slices in row requests get clear errors, change nothing, p
     std::fill(floats, floats + 4800, -0.5f);
     raw.push_rows("emb", ids, id, 0, bytes);  // back to the original
   }
+  SECTION("random slices: accepted exactly when they fit, the table unchanged") {
+    const uint32_t id = raw.attach(*region);
+    const uint64_t size = region->size();
+    std::mt19937_64 rng(29);
+    auto pick = [&rng](std::initializer_list<uint64_t> from) {
+      return *(from.begin() + rng() % from.size());
+    };
+    int accepted = 0;
+    for (int round = 0; round < 400; ++round) {
+      std::memset(region->data(), 0, size);  // zero gradients: an accepted push changes nothing
+      const uint32_t r = static_cast<uint32_t>(pick({id, id, id, id + 1, 0}));
+      const uint64_t b =
+          pick({bytes, bytes, bytes, 0, bytes - 4, bytes + 4, bytes - 2, ~uint64_t{0} - 3});
+      const uint64_t at =
+          pick({0, 64, 2, 4, size - bytes, size - bytes + 4, size, uint64_t{1} << 63,
+                ~uint64_t{0} - 3, rng() % size, (rng() % (size / 4)) * 4});
+      const bool fits = r == id && at % 4 == 0 && b % 4 == 0 && at <= size && b <= size - at;
+      const bool push = rng() % 2 == 0;
+      const bool want = push ? fits && b == bytes : b == 0 || (fits && b == bytes);
+      bool got = true;
+      try {
+        if (push)
+          raw.push_rows("emb", ids, r, at, b);
+        else
+          raw.pull_rows("emb", ids, r, at, b);
+      } catch (const kj::Exception&) {
+        got = false;
+        raw.pull_rows("emb", ids, id, 0, 0);  // a good call: no cut-off after refusals in a row
+      }
+      INFO("round " << round << (push ? " push" : " pull") << " region " << r << " at " << at
+                    << " bytes " << b);
+      CHECK(got == want);
+      accepted += got;
+    }
+    CHECK(accepted > 50);
+    CHECK(local.shared_bytes() > before);
+  }
   SECTION("over TCP") {
     RawLocal tcp(local.psd.address());
     CHECK_THROWS_WITH(tcp.push_rows("emb", ids, 1, 0, bytes),

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <random>
 #include <thread>
 
@@ -264,11 +265,16 @@ TEST_CASE("pushes through shared memory from threads and processes sum exactly")
 TEST_CASE("psd serves on when clients sharing memory with it are killed mid-transfer") {
   LocalPsd local;
   const std::string worker = ps::test::program_path("PUSH_WORKER_BIN");
+  // A tensor of 4096 floats, or 512 table rows of 8 floats: 16 KiB a push either way.
+  const bool rows = GENERATE(false, true);
+  INFO((rows ? "table rows" : "a tensor"));
   std::vector<pid_t> pids;
   for (int p = 0; p < 3; ++p) {
-    pids.push_back(ps::test::spawn_logged(
-        {worker, "--ps_hosts", local.psd.address(), "--pushes", "100000000", "--value", "1"},
-        local.dir.path() + "/worker" + std::to_string(p) + ".log"));
+    std::vector<std::string> args = {
+        worker, "--ps_hosts", local.psd.address(), "--pushes", "100000000", "--value", "1"};
+    if (rows) args.push_back("--rows");
+    pids.push_back(
+        ps::test::spawn_logged(args, local.dir.path() + "/worker" + std::to_string(p) + ".log"));
   }
   // Until every worker is pushing, so the kills land mid-stream.
   Client watcher(local.options(0));
@@ -280,8 +286,17 @@ TEST_CASE("psd serves on when clients sharing memory with it are killed mid-tran
   for (pid_t pid : pids) waitpid(pid, nullptr, 0);
   REQUIRE(local.psd.alive());
   // Every push was applied whole or not at all.
-  watcher.declare({sgd_tensor("shared", {4096})});
-  auto v = watcher.pull("shared");
+  std::vector<float> v(4096);
+  if (rows) {
+    watcher.declare_tables(
+        {{.name = "rows", .dim = 8, .rows = 512, .optimizer = RowOptimizerConfig::sgd(1.0f)}});
+    std::vector<int64_t> ids(512);
+    std::iota(ids.begin(), ids.end(), 0);
+    watcher.pull_rows("rows", ids, v);
+  } else {
+    watcher.declare({sgd_tensor("shared", {4096})});
+    v = watcher.pull("shared");
+  }
   CHECK(v[0] < 0.0f);
   CHECK(std::count(v.begin(), v.end(), v[0]) == 4096);
   // And a new client shares memory with it as before.

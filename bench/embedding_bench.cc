@@ -5,6 +5,7 @@
 //
 //   build/bench/embedding_bench                    # 10^7 x 32 and 5*10^6 x 64 fixed SGD tables
 //   build/bench/embedding_bench --clients 3 --dynamic_rows 1000000
+//   build/bench/embedding_bench --same_host false   # TCP lines only
 //
 // Each fixed table is measured with 65,536-id batches; pull and push rates
 // are given as a share of the in-memory gather rate of the same row size.
@@ -13,6 +14,8 @@
 // medians over --reps batches, rows/s and payload GB/s (rows * dim * 4 bytes),
 // client-side dedup + split + reassembly time of one batch, and psd's RSS
 // against the table's raw bytes.
+// The TCP lines' clients reach psd over loopback TCP, as from another host;
+// the same-host lines' over psd's Unix socket, with and without shared memory.
 // One program, so that psd, the in-memory limits and plain TCP are measured
 // in the same run, in turn, under the same load.
 #include <arpa/inet.h>
@@ -58,9 +61,12 @@ double median(std::vector<double> v) {
 }
 
 // The benchmark's psd (bench/bench_psd.h), and what it reports of its memory.
+// A Unix socket too, for the same-host lines; the TCP lines' clients do not
+// switch to it (ClientOptions::prefer_unix_socket = false).
 struct Psd : ps::bench::BenchPsd {
-  explicit Psd(const std::string& binary)
-      : BenchPsd(binary, {"--max_memory_mb", "16384"}, "psd-emb-bench") {}
+  Psd(const std::string& binary, const std::string& unix_socket)
+      : BenchPsd(binary, {"--max_memory_mb", "16384", "--unix_socket", unix_socket},
+                 "psd-emb-bench") {}
   // Of its memory, how much is in 2 MiB pages (transparent huge pages).
   uint64_t huge_page_bytes() const {
     std::ifstream in("/proc/" + std::to_string(pid) + "/smaps_rollup");
@@ -256,19 +262,40 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--request_kb", request_kb, "ClientOptions::max_request_bytes, KiB")
       ->capture_default_str();
+  bool same_host = true;
+  app.add_option("--same_host", same_host,
+                 "also measure fixed tables' uniform pull and push over psd's Unix socket, with "
+                 "shared memory (ClientOptions::shared_memory_bytes) and without")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
-  Psd psd(psd_binary);
+  const std::string sock = (std::filesystem::temp_directory_path() /
+                            ("psd-emb-bench-" + std::to_string(getpid()) + ".sock"))
+                               .string();
+  Psd psd(psd_binary, sock);
   const std::string address = "127.0.0.1:" + std::to_string(psd.port);
   ps::ClientOptions o;
   o.ps_hosts = {address};
   o.max_request_bytes = request_kb << 10;
+  o.prefer_unix_socket = false;  // TCP, as a client on another host
+  o.shared_memory_bytes = 0;
   std::vector<std::unique_ptr<ps::Client>> cs;
   for (int c = 0; c < clients; ++c) cs.push_back(std::make_unique<ps::Client>(o));
+  // The same-host path: psd's Unix socket, with shared memory (the
+  // default) or without.
+  std::vector<std::unique_ptr<ps::Client>> shm, local;
+  if (same_host) {
+    ps::ClientOptions l = o;
+    l.ps_hosts = {"unix:" + sock};
+    for (int c = 0; c < clients; ++c) local.push_back(std::make_unique<ps::Client>(l));
+    l.shared_memory_bytes = ps::ClientOptions{}.shared_memory_bytes;
+    for (int c = 0; c < clients; ++c) shm.push_back(std::make_unique<ps::Client>(l));
+  }
 
   // Each client runs its batches; the rate counts every client's rows over the wall time.
-  auto measure = [&](const std::string& table, uint32_t dim,
-                     const std::vector<std::vector<int64_t>>& batches, bool push) {
+  auto measure_with = [&](std::vector<std::unique_ptr<ps::Client>>& cs, const std::string& table,
+                          uint32_t dim, const std::vector<std::vector<int64_t>>& batches,
+                          bool push) {
     std::vector<std::vector<double>> times(clients);
     std::vector<std::thread> threads;
     const double client0 = self_cpu_seconds(), psd0 = process_cpu_seconds(psd.pid);
@@ -295,6 +322,9 @@ int main(int argc, char** argv) {
     r.psd_cpu_ms = (process_cpu_seconds(psd.pid) - psd0) / batches_run * 1e3;
     return r;
   };
+  auto measure = [&](const std::string& table, uint32_t dim,
+                     const std::vector<std::vector<int64_t>>& batches,
+                     bool push) { return measure_with(cs, table, dim, batches, push); };
 
   // One fixed SGD table of rows x dim: the machine's references for that
   // row size (in-memory gather / scatter-add on one core, loopback TCP,
@@ -382,7 +412,8 @@ int main(int argc, char** argv) {
         .name = name, .dim = dim, .rows = rows, .optimizer = ps::RowOptimizerConfig::sgd(0.01f)};
     const uint64_t rss0 = psd.rss_bytes();
     cs[0]->create_tables({spec});
-    for (auto& c : cs) c->declare_tables({spec});
+    for (auto* group : {&cs, &shm, &local})
+      for (auto& c : *group) c->declare_tables({spec});
     // Touch every row once so RSS counts the whole table.
     {
       std::vector<int64_t> ids(batch);
@@ -407,6 +438,21 @@ int main(int argc, char** argv) {
           mem_gather_rows_per_s);
     print("push (SGD), uniform ids", measure(name, dim, uniform, true), mem_gather_rows_per_s);
     print("push (SGD), skewed ids", measure(name, dim, skewed, true), mem_gather_rows_per_s);
+    if (same_host) {
+      // psd's Unix socket with shared memory: each request's rows and
+      // gradients through the connection's region, not the socket.
+      const uint64_t shared0 = shm[0]->stats().at(0).shared_bytes;
+      print("same host, shared memory: pull", measure_with(shm, name, dim, uniform, false),
+            mem_gather_rows_per_s);
+      print("same host, shared memory: push", measure_with(shm, name, dim, uniform, true),
+            mem_gather_rows_per_s);
+      const uint64_t shared1 = shm[0]->stats().at(0).shared_bytes;
+      print("same host, Unix socket only: pull", measure_with(local, name, dim, uniform, false),
+            mem_gather_rows_per_s);
+      print("same host, Unix socket only: push", measure_with(local, name, dim, uniform, true),
+            mem_gather_rows_per_s);
+      std::printf("  through shared memory (psd's count)  %8.1f MB\n", (shared1 - shared0) / 1e6);
+    }
   };
   fixed_table("fixed", rows, dim);
   const double mem_gather_first = mem_gather_rows_per_s;

@@ -436,6 +436,15 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   kj::Promise<void> pull_row_requests(std::shared_ptr<RowPull> st, std::vector<std::size_t> which,
                                       int64_t min_step, int round);
 
+  // Sends one pushRows request `req` on `c` with the gradients `grads`
+  // (which lie in memory `owner` keeps): through the connection's shared
+  // memory when it has some and they are large enough, else referenced from
+  // `owner` without a copy (the stream holds it until written), else copied
+  // into the message. In client_tables.cc.
+  static kj::Promise<capnp::Response<wire::Shard::PushRowsResults>> send_row_grads(
+      capnp::Request<wire::Shard::PushRowsParams, wire::Shard::PushRowsResults> req,
+      ShardConnection& c, std::span<const float> grads, std::shared_ptr<const void> owner);
+
   // pull_with_rows' last rounds (client_step.cc): in sync mode, tensors and
   // rows read before the newest step any of them was read at are read again
   // at it (but on shards restarted behind), as pull_round does for tensors.

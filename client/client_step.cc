@@ -283,16 +283,18 @@ std::future<PushResult> Client::start_push_step(std::vector<std::string> names,
               auto req = c.shard.pushRowsRequest();
               req.setTable(part->table);
               req.setIds(kj::arrayPtr(part->plan->ids.data() + r.first, r.count));
-              req.setGrads(as_data(
-                  std::span<const float>(part->sums->data() + std::size_t(r.first) * part->dim,
-                                         std::size_t(r.count) * part->dim)));
               req.setStep(step);
               req.setRequestId(id);
               req.setDoneStep(reports);
-              return req.send().then([&c](capnp::Response<wire::Shard::PushRowsResults>&& reply) {
-                c.last_step = std::max(c.last_step, reply.getStep());
-                return RowReply{from_wire(reply.getStatus()), reply.getStep(), reply.getStop()};
-              });
+              return Impl::send_row_grads(kj::mv(req), c,
+                                          std::span<const float>(
+                                              part->sums->data() + std::size_t(r.first) * part->dim,
+                                              std::size_t(r.count) * part->dim),
+                                          part->sums)
+                  .then([&c](capnp::Response<wire::Shard::PushRowsResults>&& reply) {
+                    c.last_step = std::max(c.last_step, reply.getStep());
+                    return RowReply{from_wire(reply.getStatus()), reply.getStep(), reply.getStop()};
+                  });
             };
             calls.add(impl.retry->call(static_cast<int>(r.shard), kj::mv(send))
                           .then([res, t, r, reports](RowReply&& reply) {

@@ -99,10 +99,36 @@ kj::Promise<void> Client::Impl::pull_row_requests(std::shared_ptr<RowPull> st,
       // step asked for: read what it has (reconnector.h), as pull_round does.
       const bool news = attempt > 0 || st->rollbacks_at_call != impl.rollbacks_now();
       req.setMinStep(news && c.rolled_back ? std::min(min_step, c.hello_step) : min_step);
-      return req.send();
+      // Large parts come through shared memory where the connection has
+      // some: scattered from there once the reply is in, before the block
+      // goes back to the arena.
+      const uint64_t bytes = uint64_t(r.count) * st->dim * sizeof(float);
+      kj::Own<SharedBlocks> blocks;
+      if (c.arena) blocks = kj::heap<SharedBlocks>(c.arena);
+      const auto offset = blocks ? take_shared(*blocks, bytes) : std::nullopt;
+      if (offset) set_slice(req.initInto(), *c.arena, *offset, bytes);
+      return until_answered(
+          req.send().then([arena = c.arena, st, r,
+                           offset](capnp::Response<wire::Shard::PullRowsResults>&& reply) {
+            if (!reply.getInShared()) return kj::mv(reply);
+            if (!offset || reply.getRows().size() != 0) {
+              throw RequestError("pull_rows: shard " + std::to_string(r.shard) +
+                                 " answered rows in shared memory it was not given");
+            }
+            scatter_request(*st->plan, r, reinterpret_cast<const float*>(arena->at(*offset)),
+                            st->dim, st->out);
+            return kj::mv(reply);
+          }),
+          kj::mv(blocks));
     };
     calls.add(impl.retry->call(static_cast<int>(r.shard), kj::mv(send))
                   .then([&impl, st, r, k](capnp::Response<wire::Shard::PullRowsResults>&& reply) {
+                    ShardConnection& c = *impl.shards[r.shard];
+                    if (reply.getInShared()) {
+                      st->steps[k] = reply.getStep();
+                      c.last_step = std::max(c.last_step, reply.getStep());
+                      return;
+                    }
                     auto data = reply.getRows();
                     const std::size_t want = std::size_t(r.count) * st->dim * sizeof(float);
                     if (data.size() != want) {
@@ -120,7 +146,6 @@ kj::Promise<void> Client::Impl::pull_row_requests(std::shared_ptr<RowPull> st,
                     }
                     scatter_request(*st->plan, r, rows, st->dim, st->out);
                     st->steps[k] = reply.getStep();
-                    ShardConnection& c = *impl.shards[r.shard];
                     c.last_step = std::max(c.last_step, reply.getStep());
                   }));
   }
@@ -239,24 +264,13 @@ std::future<PushStatus> Client::start_push_rows(const std::string& table,
                 capnp::MessageSize{uint64_t(r.count) + table.size() / 8 + 32, 0});
             req.setTable(table);
             req.setIds(kj::arrayPtr(plan->ids.data() + r.first, r.count));
-            auto bytes = as_data(std::span<const float>(sums->data() + std::size_t(r.first) * dim,
-                                                        std::size_t(r.count) * dim));
-            if (c.messages && bytes.size() >= kMinExternalBytes &&
-                reinterpret_cast<uintptr_t>(bytes.begin()) % sizeof(capnp::word) == 0 &&
-                bytes.size() % sizeof(capnp::word) == 0) {
-              // Sent from the summed gradients without a copy, as a segment
-              // of its own; the stream keeps them until written (a retry's
-              // message included). Small ones are copied: a segment costs more.
-              req.adoptGrads(capnp::Orphanage::getForMessageContaining(
-                                 static_cast<wire::Shard::PushRowsParams::Builder>(req))
-                                 .referenceExternalData(bytes));
-              c.messages->connection().hold_until_sent(bytes.begin(), sums);
-            } else {
-              req.setGrads(bytes);
-            }
             req.setStep(step);
             req.setRequestId(id);
-            return req.send();
+            return Impl::send_row_grads(
+                kj::mv(req), c,
+                std::span<const float>(sums->data() + std::size_t(r.first) * dim,
+                                       std::size_t(r.count) * dim),
+                sums);
           };
           calls.add(impl_->retry->call(static_cast<int>(r.shard), kj::mv(send))
                         .then([worst](capnp::Response<wire::Shard::PushRowsResults>&& reply) {
@@ -280,6 +294,32 @@ PushStatus Client::push_rows(const std::string& table, std::span<const int64_t> 
 std::future<PushStatus> Client::push_rows_async(std::string table, std::span<const int64_t> ids,
                                                 std::span<const float> grads, int64_t step) {
   return start_push_rows(table, ids, grads, step, nullptr);
+}
+
+kj::Promise<capnp::Response<wire::Shard::PushRowsResults>> Client::Impl::send_row_grads(
+    capnp::Request<wire::Shard::PushRowsParams, wire::Shard::PushRowsResults> req,
+    ShardConnection& c, std::span<const float> grads, std::shared_ptr<const void> owner) {
+  auto bytes = as_data(grads);
+  kj::Own<SharedBlocks> blocks;
+  if (c.arena) blocks = kj::heap<SharedBlocks>(c.arena);
+  if (auto offset = blocks ? take_shared(*blocks, bytes.size()) : std::nullopt) {
+    // Copied into the connection's shared memory, held until psd answers.
+    std::memcpy(blocks->arena().at(*offset), bytes.begin(), bytes.size());
+    set_slice(req.initSharedGrads(), blocks->arena(), *offset, bytes.size());
+  } else if (c.messages && bytes.size() >= kMinExternalBytes &&
+             reinterpret_cast<uintptr_t>(bytes.begin()) % sizeof(capnp::word) == 0 &&
+             bytes.size() % sizeof(capnp::word) == 0) {
+    // Sent from the summed gradients without a copy, as a segment of its
+    // own; the stream keeps them until written (a retry's message
+    // included). Small ones are copied: a segment costs more.
+    req.adoptGrads(capnp::Orphanage::getForMessageContaining(
+                       static_cast<wire::Shard::PushRowsParams::Builder>(req))
+                       .referenceExternalData(bytes));
+    c.messages->connection().hold_until_sent(bytes.begin(), std::move(owner));
+  } else {
+    req.setGrads(bytes);
+  }
+  return until_answered(req.send(), kj::mv(blocks));
 }
 
 std::vector<Client::TableInfo> Client::list_tables() {

@@ -380,17 +380,25 @@ interface Shard {
   # optimizer is returned as is (created = false); another is an error.
   # A table whose rows would take psd past --max_memory_mb is refused.
 
-  pullRows @16 (table :Text, ids :List(UInt64), minStep :Int64) -> (rows :Data, step :Int64);
+  pullRows @16 (table :Text, ids :List(UInt64), minStep :Int64, into :SharedSlice)
+           -> (rows :Data, step :Int64, inShared :Bool);
   # The rows of `ids` (each this shard's), in order: ids.size() * dim
   # little-endian float32. A dynamic table creates the missing ones.
   # minStep as pull's. The ids travel as one packed list.
+  # into: unset or of size 0, or a slice of the connection's shared memory
+  # region of exactly ids.size() * dim * 4 bytes: the rows are written there
+  # (before the reply is sent) instead of in `rows`, and inShared is true.
 
   pushRows @17 (table :Text, ids :List(UInt64), grads :Data, step :Int64, requestId :UInt64,
-                doneStep :Int64 = -1) -> (status :PushStatus, step :Int64, stop :Bool);
+                doneStep :Int64 = -1, sharedGrads :SharedSlice)
+           -> (status :PushStatus, step :Int64, stop :Bool);
   # Gradients of the rows of `ids`: ids.size() * dim float32, summed per
   # repeated id. step, requestId and doneStep as push's: in sync mode a
   # table counts towards a step like a trainable tensor (a worker sends
   # every shard its part, empty where it has no ids there).
+  # sharedGrads: unset or of size 0, or the gradients in a slice of the
+  # connection's shared memory region (then `grads` is empty); psd copies
+  # them out before checking them.
 
   listTables @18 () -> (tables :List(TableMeta));
 

@@ -257,6 +257,10 @@ class Shard {
   const Histogram& push_staleness() const { return push_staleness_; }
   int64_t last_checkpoint_step() const { return counters_.last_checkpoint_step; }  // -1: none yet
   double last_checkpoint_unix_secs() const { return counters_.last_checkpoint_unix_secs; }
+  // The bytes a slice names in the caller's region; throws RequestError
+  // (naming `what`) for a slice that is not there (the RPC face's row paths use it too).
+  const std::byte* shared_slice(const Caller& caller, const SharedSliceRef& slice,
+                                const char* what) const;
 
  private:
   // `step` if within [0, kMaxStep]; else throws RequestError naming `what`.
@@ -325,10 +329,6 @@ class Shard {
   // Record: the request log's answer for a retry, then the step report.
   void record_push_answer(const Caller& caller, const PushRequest& request, PushReply& reply);
 
-  // The bytes a slice names in the caller's region; throws RequestError
-  // (naming `what`) for a slice that is not there.
-  const std::byte* shared_slice(const Caller& caller, const SharedSliceRef& slice,
-                                const char* what) const;
   // An async push whose update of a tensor applied on the event loop would
   // leave a value NaN or Inf is refused before any of it is applied (larger
   // tensors are checked on their strands: push_checked_whole). Throws

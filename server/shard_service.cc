@@ -445,26 +445,49 @@ kj::Promise<void> ShardServiceImpl::pullRows(PullRowsContext context) {
     PullRowsRequest request{std::string_view(params.getTable().cStr(), params.getTable().size()),
                             ids_in_place(params.getIds(), "pullRows"), params.getMinStep()};
     // The rows are gathered into a reused buffer (never zero-filled) and sent
-    // from there as a segment of their own: no copy into the reply.
+    // from there as a segment of their own: no copy into the reply. Or,
+    // where the caller names a slice of its shared memory, gathered there.
     struct Gathered {
       std::shared_ptr<float> rows;
       std::size_t floats = 0;
       int64_t step = 0;
+      float* shared = nullptr;  // the caller's slice (checked), or null
+      uint64_t shared_bytes = 0;
+      std::shared_ptr<SharedRegion> region;  // kept mapped until the rows are written
     };
     auto gathered = std::make_shared<Gathered>();
-    auto filled =
-        shard_.pull_rows(caller_, request, [gathered](std::size_t floats, int64_t step) -> float* {
-          gathered->rows = RowBuffers::process().take(floats);
+    if (params.hasInto() && params.getInto().getBytes() != 0) {
+      gathered->shared = shared_rows(params.getInto(), "pullRows");
+      gathered->shared_bytes = params.getInto().getBytes();
+      gathered->region = caller_.shared;
+    }
+    auto filled = shard_.pull_rows(
+        caller_, request, [this, gathered](std::size_t floats, int64_t step) -> float* {
           gathered->floats = floats;
           gathered->step = step;
+          if (gathered->shared != nullptr) {
+            if (gathered->shared_bytes != floats * sizeof(float)) {
+              throw RequestError("pullRows: the shared slice holds " +
+                                 std::to_string(gathered->shared_bytes) + " bytes, the rows " +
+                                 std::to_string(floats * sizeof(float)));
+            }
+            shard_.counters().shared_bytes += gathered->shared_bytes;
+            return gathered->shared;
+          }
+          gathered->rows = RowBuffers::process().take(floats);
           return gathered->rows.get();
         });
     return filled.then([this, context, gathered]() mutable {
       auto results = context.getResults(capnp::MessageSize{16, 0});
       results.setStep(gathered->step);
+      if (gathered->shared != nullptr) {
+        results.setInShared(true);
+        return;
+      }
       auto bytes = kj::arrayPtr(reinterpret_cast<const kj::byte*>(gathered->rows.get()),
                                 gathered->floats * sizeof(float));
-      if (connection_ != nullptr && bytes.size() % sizeof(capnp::word) == 0 && bytes.size() >= 4096) {
+      if (connection_ != nullptr && bytes.size() % sizeof(capnp::word) == 0 &&
+          bytes.size() >= 4096) {
         // Large enough that a segment of its own costs less than a copy.
         results.adoptRows(capnp::Orphanage::getForMessageContaining(
                               static_cast<wire::Shard::PullRowsResults::Builder>(results))
@@ -483,19 +506,45 @@ kj::Promise<void> ShardServiceImpl::pushRows(PushRowsContext context) {
     auto grads = params.getGrads();
     if (grads.size() % sizeof(float) != 0)
       throw RequestError("pushRows: gradients are not a whole number of float32s");
+    std::span<const float> values = as_floats(grads);
+    // Gradients in the caller's shared memory are copied out first: the
+    // caller can still write there, and what is applied must be what was checked.
+    std::shared_ptr<float> copied;
+    uint64_t shared_bytes = 0;
+    if (params.hasSharedGrads() && params.getSharedGrads().getBytes() != 0) {
+      if (grads.size() != 0)
+        throw RequestError("pushRows: gradients both in the message and in a shared slice");
+      shared_bytes = params.getSharedGrads().getBytes();
+      const float* src = shared_rows(params.getSharedGrads(), "pushRows");
+      copied = RowBuffers::process().take(shared_bytes / sizeof(float));
+      std::memcpy(copied.get(), src, shared_bytes);
+      values = std::span<const float>(copied.get(), shared_bytes / sizeof(float));
+    }
     PushRowsRequest request{std::string_view(params.getTable().cStr(), params.getTable().size()),
                             ids_in_place(params.getIds(), "pushRows"),
-                            as_floats(grads),
+                            values,
                             params.getStep(),
                             params.getRequestId(),
                             params.getDoneStep()};
     PushRowsReply reply = shard_.push_rows(caller_, request);
+    shard_.counters().shared_bytes += shared_bytes;
     auto results = context.getResults();
     results.setStatus(static_cast<wire::PushStatus>(reply.status));
     results.setStep(reply.step);
     results.setStop(reply.stop);
     return kj::READY_NOW;
   });
+}
+
+float* ShardServiceImpl::shared_rows(wire::SharedSlice::Reader slice, const char* what) const {
+  const SharedSliceRef ref{slice.getRegion(), slice.getOffset(), slice.getBytes()};
+  if (ref.offset % sizeof(float) != 0 || ref.bytes % sizeof(float) != 0) {
+    throw RequestError(std::string(what) + ": shared slice of " + std::to_string(ref.bytes) +
+                       " bytes at " + std::to_string(ref.offset) +
+                       " is not whole float32s at a float32 boundary");
+  }
+  // Checked to lie inside the caller's region (region id, offset and size).
+  return reinterpret_cast<float*>(const_cast<std::byte*>(shard_.shared_slice(caller_, ref, what)));
 }
 
 kj::Promise<void> ShardServiceImpl::listTables(ListTablesContext context) {

@@ -76,6 +76,10 @@ class ShardServiceImpl final : public wire::Shard::Server {
 
   // Checks the hello's token (constant time); throws RequestError.
   void check_token(capnp::Data::Reader token) const;
+  // A row request's slice of this connection's shared memory, as floats:
+  // throws RequestError (naming `what`) unless it lies inside the region and
+  // is whole float32s at a float32 boundary.
+  float* shared_rows(wire::SharedSlice::Reader slice, const char* what) const;
 
   Shard& shard_;
   std::weak_ptr<void> shard_alive_;  // Shard::lifetime()

@@ -104,10 +104,16 @@ TEST_CASE("a region shrunk and sealed while psd attaches it cannot fault psd") {
     Client setup(options_for(psd));
     setup.create(
         {{.name = "w", .shape = {1024}, .optimizer = OptimizerConfig::sgd(1.0f)}});  // 4 KiB
+    setup.create_tables({{.name = "emb",
+                          .dim = 8,
+                          .rows = 128,
+                          .optimizer = RowOptimizerConfig::sgd(1.0f)}});  // 128 ids: 4 KiB
   }
   constexpr uint64_t kBig = 1 << 20, kSmall = 4096;
+  std::vector<uint64_t> ids(128);
+  for (uint64_t i = 0; i < ids.size(); ++i) ids[i] = i;
   std::mt19937 random(7);
-  int tries = 0, accepted = 0, push_refused = 0;
+  int tries = 0, accepted = 0, push_refused = 0, rows_refused = 0;
   const auto until = std::chrono::steady_clock::now() + 6s;
   // The attack of issue 29: an unsealed memfd whose owner shrinks it to
   // 4 KiB and seals it while psd handles attachMemory. Taken in the old
@@ -152,12 +158,40 @@ TEST_CASE("a region shrunk and sealed while psd attaches it cannot fault psd") {
       } catch (const kj::Exception&) {
         ++push_refused;
       }
+      // Table rows from and into past the file's end: refused as well.
+      auto push_rows = raw.shard.pushRowsRequest();
+      push_rows.setTable("emb");
+      push_rows.setIds(kj::arrayPtr(ids.data(), ids.size()));
+      auto from = push_rows.initSharedGrads();
+      from.setRegion(region);
+      from.setOffset(kBig / 2);
+      from.setBytes(kSmall);
+      auto pull_rows = raw.shard.pullRowsRequest();
+      pull_rows.setTable("emb");
+      pull_rows.setIds(kj::arrayPtr(ids.data(), ids.size()));
+      auto into = pull_rows.initInto();
+      into.setRegion(region);
+      into.setOffset(kBig - kSmall);
+      into.setBytes(kSmall);
+      int refused = 0;
+      try {
+        push_rows.send().wait(raw.ws());
+      } catch (const kj::Exception&) {
+        ++refused;
+      }
+      try {
+        pull_rows.send().wait(raw.ws());
+      } catch (const kj::Exception&) {
+        ++refused;
+      }
+      rows_refused += refused == 2;
     }
     close(fd);
   }
   INFO(tries << " tries, " << accepted << " regions accepted");
   REQUIRE(psd.alive());
   CHECK(accepted == push_refused);
+  CHECK(accepted == rows_refused);
   // Sealed against shrinking but not F_SEAL_SEAL (more seals could still be
   // added): refused too.
   Raw raw("unix:" + sock);

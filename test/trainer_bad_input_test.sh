@@ -179,6 +179,34 @@ else
   echo "FAIL launch_local --timeout: exit $rc after $((SECONDS - start)) s:"; cat "$tmp/err"; failures=$((failures + 1))
 fi
 
+# launch_local.sh gives psd a Unix socket, which its workers switch to (and
+# so to shared memory); --tcp keeps them on TCP; a run directory whose
+# socket path is too long falls back to TCP with a line that says so.
+check_transport() {  # name, expected ("unix" or "tcp"), run dir, launch_local flags...
+  local name=$1 want=$2 dir=$3
+  shift 3
+  BUILD_DIR="$build" timeout 60 "$(dirname "$0")/../scripts/launch_local.sh" --quiet --workers 2 \
+    --run_dir "$dir" --trainer "$build/examples/linreg_trainer" "$@" -- --train_steps 50 --log_every 0 \
+    >/dev/null 2>"$tmp/transport.err"
+  local rc=$? got=tcp
+  grep -q "unix connected as worker" "$dir/ps0.log" 2>/dev/null && got=unix
+  if [ "$rc" = 0 ] && [ "$got" = "$want" ]; then
+    echo "ok   launch_local $name: workers on $got"
+  else
+    echo "FAIL launch_local $name: exit $rc, workers on $got (wanted $want):"; cat "$tmp/transport.err"
+    failures=$((failures + 1))
+  fi
+}
+check_transport "by default" unix "$tmp/unix"
+check_transport "--tcp" tcp "$tmp/tcp" --tcp
+long="$tmp/$(printf 'd%.0s' $(seq 1 90))"
+check_transport "with a socket path too long" tcp "$long"
+if grep -q "too long for a Unix socket" "$tmp/transport.err"; then
+  echo "ok   launch_local says it falls back to TCP"
+else
+  echo "FAIL launch_local did not say why it used TCP:"; cat "$tmp/transport.err"; failures=$((failures + 1))
+fi
+
 # A hang-up of launch_local.sh (its terminal closed) stops its processes
 # too (before, only INT and TERM did: psd and the workers ran on). Not
 # where SIGHUP is ignored already (under nohup): a shell cannot trap a

@@ -59,8 +59,10 @@ double median(std::vector<double> v) {
 
 // The benchmark's psd (bench/bench_psd.h), and what it reports of its memory.
 struct Psd : ps::bench::BenchPsd {
-  explicit Psd(const std::string& binary)
-      : BenchPsd(binary, {"--max_memory_mb", "16384"}, "psd-emb-bench") {}
+  Psd(const std::string& binary, unsigned busy_poll_us)
+      : BenchPsd(binary,
+                 {"--max_memory_mb", "16384", "--busy_poll_us", std::to_string(busy_poll_us)},
+                 "psd-emb-bench") {}
   // Of its memory, how much is in 2 MiB pages (transparent huge pages).
   uint64_t huge_page_bytes() const {
     std::ifstream in("/proc/" + std::to_string(pid) + "/smaps_rollup");
@@ -237,6 +239,7 @@ int main(int argc, char** argv) {
   uint32_t wide_dim = 64;
   uint64_t dynamic_rows = 0;
   std::size_t request_kb = 1024;
+  unsigned busy_poll_us = 50;
   app.add_option("--psd", psd_binary, "psd binary to start")->capture_default_str();
   app.add_option("--rows", rows, "rows of the fixed table")->capture_default_str();
   app.add_option("--dim", dim, "floats per row")->capture_default_str();
@@ -256,13 +259,18 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--request_kb", request_kb, "ClientOptions::max_request_bytes, KiB")
       ->capture_default_str();
+  app.add_option("--busy_poll_us", busy_poll_us,
+                 "psd's --busy_poll_us and the clients' ClientOptions::busy_poll (0: no polling, "
+                 "so that CPU per batch is the work alone)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
-  Psd psd(psd_binary);
+  Psd psd(psd_binary, busy_poll_us);
   const std::string address = "127.0.0.1:" + std::to_string(psd.port);
   ps::ClientOptions o;
   o.ps_hosts = {address};
   o.max_request_bytes = request_kb << 10;
+  o.busy_poll = std::chrono::microseconds(busy_poll_us);
   std::vector<std::unique_ptr<ps::Client>> cs;
   for (int c = 0; c < clients; ++c) cs.push_back(std::make_unique<ps::Client>(o));
 

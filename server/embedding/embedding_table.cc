@@ -12,7 +12,6 @@
 #include <unordered_set>
 #include <vector>
 
-#include "common/row_copy.h"
 #include "common/tensor_name.h"
 #include "ps/errors.h"
 
@@ -393,24 +392,17 @@ void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) {
   if (!spec_.dynamic) {
     // Rows are random reads from a large array: the rows a few positions
     // ahead are asked for while this one is copied, so their cache misses overlap.
-    // Each id's local row is worked out once, kAhead positions early, and
-    // kept in a ring until its row is copied.
     constexpr std::size_t kAhead = 8;
-    const uint32_t dim = spec_.dim;
     const float* values = arrays_[0].get();
     const std::size_t n = ids.size();
-    uint64_t ring[kAhead];
-    auto fetch = [&](std::size_t i) {
-      const uint64_t r = placement_.local_row(ids[i]);
-      ring[i % kAhead] = r;
-      const auto* at = reinterpret_cast<const char*>(values + r * dim);
-      for (std::size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(at + b);
-    };
-    for (std::size_t i = 0; i < std::min(n, kAhead); ++i) fetch(i);
     for (std::size_t i = 0; i < n; ++i) {
-      const uint64_t r = ring[i % kAhead];
-      if (i + kAhead < n) fetch(i + kAhead);
-      copy_row(out + i * dim, values + r * dim, dim);
+      if (i + kAhead < n) {
+        const auto* next = reinterpret_cast<const char*>(
+            values + placement_.local_row(ids[i + kAhead]) * spec_.dim);
+        for (std::size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(next + b);
+      }
+      std::memcpy(out + i * spec_.dim, values + placement_.local_row(ids[i]) * spec_.dim,
+                  row_bytes);
     }
     return;
   }
@@ -422,7 +414,7 @@ void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) {
     }
   }
   for (std::size_t i = 0; i < ids.size(); ++i) {
-    copy_row(out + i * spec_.dim, row(0, find_or_insert(ids[i])), spec_.dim);
+    std::memcpy(out + i * spec_.dim, row(0, find_or_insert(ids[i])), row_bytes);
   }
 }
 

@@ -60,9 +60,9 @@ PullResult Client::pull_with_rows(const std::vector<std::string>& names,
     }
     check_ids(spec, r.ids, "pull_with_rows");
     auto t = std::make_shared<Impl::RowPull>();
-    t->plan = std::make_shared<const RowPlan>(
-        plan_rows(as_unsigned(r.ids), placement_of(spec, static_cast<uint32_t>(num_shards())),
-                  ids_per_request(row_request_bytes(), spec.dim), false));
+    t->plan =
+        shared_row_plan(as_unsigned(r.ids), placement_of(spec, static_cast<uint32_t>(num_shards())),
+                        ids_per_request(row_request_bytes(), spec.dim), false);
     t->table = r.table;
     t->dim = spec.dim;
     t->out = r.out.data();
@@ -203,9 +203,9 @@ std::future<PushResult> Client::start_push_step(std::vector<std::string> names,
     // Every shard gets each table's part (maybe empty) in one message in sync
     // mode, as push_rows sends it.
     TablePart part{r.table, spec.dim, nullptr, nullptr};
-    part.plan = std::make_shared<const RowPlan>(plan_rows(
+    part.plan = shared_row_plan(
         as_unsigned(r.ids), placement_of(spec, shards),
-        ids_per_request(sync ? impl_->max_payload_bytes : row_request_bytes(), spec.dim), sync));
+        ids_per_request(sync ? impl_->max_payload_bytes : row_request_bytes(), spec.dim), sync);
     if (sync && part.plan->requests.size() > shards) {
       throw ConfigError(
           "push_and_step: in sync mode each shard's part of a table goes as one "

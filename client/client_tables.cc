@@ -178,9 +178,8 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
                       " floats of output, got " + std::to_string(out.size()));
   }
   check_ids(spec, ids, "pull_rows");
-  auto plan =
-      std::make_shared<const RowPlan>(plan_rows(as_unsigned(ids), placement_of(spec, num_shards()),
-                                                ids_per_request(row_request_bytes(), dim), false));
+  auto plan = shared_row_plan(as_unsigned(ids), placement_of(spec, num_shards()),
+                              ids_per_request(row_request_bytes(), dim), false);
   const uint64_t rollbacks_at_call = rollbacks();
   return impl_->run<int64_t>(
       [this, plan, table, dim, min_step, out, rollbacks_at_call]() {
@@ -234,9 +233,9 @@ std::future<PushStatus> Client::start_push_rows(const std::string& table,
   const bool sync = impl_->job_mode.load() == SyncMode::kSync;
   // Sync mode counts one push per worker, table and step on each shard: its
   // part for a shard goes as one message, however large.
-  auto plan = std::make_shared<const RowPlan>(
-      plan_rows(as_unsigned(ids), placement_of(spec, num_shards()),
-                ids_per_request(sync ? impl_->max_payload_bytes : row_request_bytes(), dim), sync));
+  auto plan = shared_row_plan(
+      as_unsigned(ids), placement_of(spec, num_shards()),
+      ids_per_request(sync ? impl_->max_payload_bytes : row_request_bytes(), dim), sync);
   if (sync && plan->requests.size() > static_cast<std::size_t>(num_shards())) {
     throw ConfigError(
         "push_rows: in sync mode each shard's part of a push goes as one message, and table '" +
@@ -368,8 +367,7 @@ void Client::restore_rows(const std::string& table, std::span<const int64_t> ids
   check_ids(spec, ids, "restore_rows");
   // Values and slots travel together: a request's ids get 1 + slots rows each.
   const uint32_t per = ids_per_request(row_request_bytes() / (1 + slots.size()), dim);
-  auto plan = std::make_shared<const RowPlan>(
-      plan_rows(as_unsigned(ids), placement_of(spec, num_shards()), per, false));
+  auto plan = shared_row_plan(as_unsigned(ids), placement_of(spec, num_shards()), per, false);
   if (plan->has_duplicates)
     throw ConfigError("restore_rows: table '" + table + "': an id is given twice");
   // Each component in plan order (shard by shard).

@@ -2,100 +2,185 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 
 namespace ps {
 namespace {
 
-// An open-addressing set of a batch's distinct ids (load <= 1/2), each with
-// its index among them. Per thread (a plan is made on the caller's thread)
-// and reused, up to a size: the set of a batch like the one before it
-// allocates nothing and touches no fresh page.
-struct DistinctIds {
-  static constexpr uint32_t kEmpty = UINT32_MAX;
-  std::vector<uint64_t> keys;
-  std::vector<uint32_t> index;
-  uint64_t mask = 0;
+// An id's slot in the hash set is fetched this many ids ahead, so that the
+// slots' cache misses overlap.
+constexpr std::size_t kAhead = 16;
+// Up to this many shards, each shard's distinct ids are written to a region
+// of their own as they are found, and the regions are then copied together;
+// with more, the distinct ids are grouped by a counting sort afterwards.
+constexpr uint32_t kMaxRegions = 16;
 
-  void reset(std::size_t n) {
-    std::size_t capacity = 16;
-    while (capacity < 2 * n) capacity *= 2;
-    if (keys.size() < capacity) keys.resize(capacity);
-    index.assign(capacity, kEmpty);
-    mask = capacity - 1;
-  }
-  // The id's index, or `next` after adding it with that index.
-  uint32_t find_or_add(uint64_t id, uint32_t next) {
-    for (uint64_t h = mix_id(id) & mask;; h = (h + 1) & mask) {
-      if (index[h] == kEmpty) {
-        keys[h] = id;
-        index[h] = next;
-        return next;
-      }
-      if (keys[h] == id) return index[h];
-    }
-  }
-  // The set of a very large batch (over a million ids) is not kept.
+// Per thread (a plan is made on the caller's thread), kept between batches up
+// to a size, so that a batch like the one before it allocates nothing:
+//  - the open-addressing set of the batch's distinct ids (load <= 1/4: a
+//    collision costs a mispredicted branch and a read elsewhere), whose slots
+//    hold only a place; the id at a place is read from `ids`;
+//  - the regions (several shards): per shard, its distinct ids and their
+//    first positions, at place shard * stride + k.
+struct PlanScratch {
+  static constexpr uint32_t kEmpty = UINT32_MAX;
+  PlanVector<uint32_t> slots;
+  PlanVector<uint64_t> ids;
+  PlanVector<uint32_t> first;
+  PlanVector<uint32_t> placed;  // counting sort: place -> plan index
+  std::vector<uint32_t> count;  // per region: its distinct ids
+  std::vector<uint32_t> start;  // per shard: its first plan index, then the end
+  std::vector<uint32_t> cursor;
+
   void trim() {
-    if (keys.size() > (2u << 20)) {
-      keys = {};
-      index = {};
-    }
+    if (slots.capacity() > (4u << 20) || ids.capacity() > (2u << 20)) *this = PlanScratch{};
   }
 };
 
+// Copies one row (dst and src do not overlap). A row whose size is a
+// multiple of 32 bytes (dim % 8 == 0, the usual case) is copied inline in
+// 32-byte steps rather than through a library call per row.
+inline void copy_row(float* __restrict dst, const float* __restrict src, uint32_t dim) {
+  if (dim % 8 == 0) {
+    for (uint32_t j = 0; j < dim; j += 8) __builtin_memcpy(dst + j, src + j, 32);
+  } else {
+    std::memcpy(dst, src, std::size_t(dim) * sizeof(float));
+  }
+}
+
+// Plans kept for reuse by shared_row_plan. Never destroyed, so that a plan
+// released during static destruction still finds it.
+struct PlanPool {
+  static constexpr std::size_t kKeep = 8;
+  std::mutex mutex;
+  std::vector<std::unique_ptr<RowPlan>> free;
+
+  std::unique_ptr<RowPlan> take() {
+    {
+      std::lock_guard lock(mutex);
+      if (!free.empty()) {
+        auto plan = std::move(free.back());
+        free.pop_back();
+        return plan;
+      }
+    }
+    return std::make_unique<RowPlan>();
+  }
+  void give(RowPlan* plan) {
+    std::unique_ptr<RowPlan> owned(plan);
+    if (plan->position.capacity() > (1u << 20)) return;  // a very large batch's: freed
+    std::lock_guard lock(mutex);
+    if (free.size() < kKeep) free.push_back(std::move(owned));
+  }
+};
+
+PlanPool& plan_pool() {
+  static PlanPool* pool = new PlanPool;
+  return *pool;
+}
+
 }  // namespace
 
-RowPlan plan_rows(std::span<const uint64_t> ids, const RowPlacement& placement, uint32_t max_ids,
-                  bool every_shard) {
-  RowPlan plan;
+void plan_rows_into(RowPlan& plan, std::span<const uint64_t> ids, const RowPlacement& placement,
+                    uint32_t max_ids, bool every_shard) {
+  constexpr uint32_t kEmpty = PlanScratch::kEmpty;
   const std::size_t n = ids.size();
-  thread_local DistinctIds seen;
-  seen.reset(n);
-  // First pass: each position's distinct index; the distinct ids in first-seen order.
+  const uint32_t shards = placement.shards();
+  thread_local PlanScratch sc;
+  int bits = 0;  // a region's stride: 2^bits >= n
+  while ((std::size_t(1) << bits) < n) ++bits;
+  uint32_t regions = shards <= kMaxRegions ? shards : 1;
+  if ((uint64_t(regions) << bits) > uint64_t(kEmpty)) regions = 1;
+  const uint64_t stride_mask = (uint64_t(1) << bits) - 1;
+  // One shard: the distinct ids go straight into the plan, in first-seen order.
+  const bool direct = shards == 1;
+  const std::size_t places = regions == 1 ? n : std::size_t(regions) << bits;
+  PlanVector<uint64_t>& place_ids = direct ? plan.ids : sc.ids;
+  PlanVector<uint32_t>& place_first = direct ? plan.first : sc.first;
+  place_ids.resize(places);
+  place_first.resize(places);
+  std::size_t capacity = 16;
+  while (capacity < 4 * n) capacity *= 2;
+  sc.slots.resize(std::max(sc.slots.size(), capacity));
+  uint32_t* slots = sc.slots.data();
+  std::fill_n(slots, capacity, kEmpty);
+  const uint64_t mask = capacity - 1;
+  sc.count.assign(regions, 0);
+  uint32_t* count = sc.count.data();
   plan.position.resize(n);
-  plan.ids.resize(n);
-  plan.first.resize(n);
-  uint32_t distinct = 0;
+  plan.repeats.clear();
+  plan.requests.clear();
+  uint64_t* pid = place_ids.data();
+  uint32_t* pfirst = place_first.data();
+  uint32_t* position = plan.position.data();
+  const uint64_t* in = ids.data();
+  // One pass in caller order: each position's place; each distinct id at the
+  // next place of its region (so a shard's ids keep first-seen order).
+  for (std::size_t i = 0; i < std::min(n, kAhead); ++i)
+    __builtin_prefetch(&slots[mix_id(in[i]) & mask], 1);
   for (std::size_t i = 0; i < n; ++i) {
-    const uint32_t u = seen.find_or_add(ids[i], distinct);
-    plan.position[i] = u;
-    if (u == distinct) {
-      plan.ids[distinct] = ids[i];
-      plan.first[distinct] = static_cast<uint32_t>(i);
-      ++distinct;
-    } else {
-      plan.repeats.emplace_back(static_cast<uint32_t>(i), plan.first[u]);
+    if (i + kAhead < n) __builtin_prefetch(&slots[mix_id(in[i + kAhead]) & mask], 1);
+    const uint64_t id = in[i];
+    for (uint64_t h = mix_id(id) & mask;; h = (h + 1) & mask) {
+      const uint32_t at = slots[h];
+      if (at == kEmpty) {
+        const uint32_t r = regions == 1 ? 0 : placement.shard_of(id);
+        const uint32_t place = (r << bits) + count[r]++;
+        slots[h] = place;
+        pid[place] = id;
+        pfirst[place] = static_cast<uint32_t>(i);
+        position[i] = place;
+        break;
+      }
+      if (pid[at] == id) {
+        position[i] = at;
+        plan.repeats.emplace_back(static_cast<uint32_t>(i), pfirst[at]);
+        break;
+      }
     }
   }
-  seen.trim();
-  plan.ids.resize(distinct);
-  plan.first.resize(distinct);
+  uint32_t distinct = 0;
+  for (uint32_t r = 0; r < regions; ++r) distinct += count[r];
   plan.has_duplicates = distinct != n;
-  const uint32_t shards = placement.shards();
-  std::vector<uint32_t> start(shards + 1, 0);
-  if (shards == 1) {
-    start[1] = distinct;  // one shard: first-seen order is already grouped
+  std::vector<uint32_t>& start = sc.start;
+  start.assign(shards + 1, 0);
+  if (direct) {
+    plan.ids.resize(distinct);
+    plan.first.resize(distinct);
+    start[1] = distinct;
+  } else if (regions == shards) {
+    // The regions copied together, and each position's place made its index.
+    plan.ids.resize(distinct);
+    plan.first.resize(distinct);
+    for (uint32_t s = 0; s < shards; ++s) {
+      start[s + 1] = start[s] + count[s];
+      std::copy_n(pid + (std::size_t(s) << bits), count[s], plan.ids.data() + start[s]);
+      std::copy_n(pfirst + (std::size_t(s) << bits), count[s], plan.first.data() + start[s]);
+    }
+    const uint32_t* region_start = start.data();
+    for (std::size_t i = 0; i < n; ++i) {
+      const uint32_t place = position[i];
+      position[i] = region_start[place >> bits] + uint32_t(place & stride_mask);
+    }
   } else {
-    // Group by shard (a counting sort keeps each shard's ids in first-seen order).
-    std::vector<uint32_t> shard_of(distinct);
+    // Many shards: a counting sort of the distinct ids (first-seen order) by shard.
+    sc.cursor.resize(distinct);  // the shard of each place
     for (uint32_t u = 0; u < distinct; ++u) {
-      shard_of[u] = placement.shard_of(plan.ids[u]);
-      ++start[shard_of[u] + 1];
+      sc.cursor[u] = placement.shard_of(pid[u]);
+      ++start[sc.cursor[u] + 1];
     }
     for (uint32_t s = 0; s < shards; ++s) start[s + 1] += start[s];
-    std::vector<uint32_t> cursor(start.begin(), start.end() - 1);
-    std::vector<uint32_t> grouped(distinct);  // distinct index -> plan index
-    std::vector<uint64_t> by_shard(distinct);
-    std::vector<uint32_t> first(distinct);
+    std::vector<uint32_t> next(start.begin(), start.end() - 1);
+    plan.ids.resize(distinct);
+    plan.first.resize(distinct);
+    sc.placed.resize(distinct);
     for (uint32_t u = 0; u < distinct; ++u) {
-      const uint32_t at = cursor[shard_of[u]]++;
-      grouped[u] = at;
-      by_shard[at] = plan.ids[u];
-      first[at] = plan.first[u];
+      const uint32_t at = next[sc.cursor[u]]++;
+      sc.placed[u] = at;
+      plan.ids[at] = pid[u];
+      plan.first[at] = pfirst[u];
     }
-    plan.ids.swap(by_shard);
-    plan.first.swap(first);
-    for (std::size_t i = 0; i < n; ++i) plan.position[i] = grouped[plan.position[i]];
+    for (std::size_t i = 0; i < n; ++i) position[i] = sc.placed[position[i]];
   }
   const uint32_t per = std::max<uint32_t>(1, max_ids);
   for (uint32_t s = 0; s < shards; ++s) {
@@ -104,22 +189,46 @@ RowPlan plan_rows(std::span<const uint64_t> ids, const RowPlacement& placement, 
       plan.requests.push_back({s, f, std::min(per, start[s + 1] - f)});
     }
   }
+  sc.trim();
+}
+
+RowPlan plan_rows(std::span<const uint64_t> ids, const RowPlacement& placement, uint32_t max_ids,
+                  bool every_shard) {
+  RowPlan plan;
+  plan_rows_into(plan, ids, placement, max_ids, every_shard);
   return plan;
+}
+
+std::shared_ptr<const RowPlan> shared_row_plan(std::span<const uint64_t> ids,
+                                               const RowPlacement& placement, uint32_t max_ids,
+                                               bool every_shard) {
+  PlanPool& pool = plan_pool();
+  std::unique_ptr<RowPlan> plan = pool.take();
+  plan_rows_into(*plan, ids, placement, max_ids, every_shard);
+  return std::shared_ptr<const RowPlan>(
+      plan.release(), [&pool](const RowPlan* p) { pool.give(const_cast<RowPlan*>(p)); });
 }
 
 void scatter_request(const RowPlan& plan, const RowRequest& r, const float* rows, uint32_t dim,
                      float* out) {
-  const std::size_t row_bytes = std::size_t(dim) * sizeof(float);
+  // The rows go to scattered places of the caller's buffer: each place is
+  // asked for (for writing) a few rows ahead, so the writes' misses overlap.
+  constexpr uint32_t kAheadRows = 8;
   const uint32_t* first = plan.first.data() + r.first;
+  const std::size_t row_bytes = std::size_t(dim) * sizeof(float);
   for (uint32_t k = 0; k < r.count; ++k) {
-    std::memcpy(out + std::size_t(first[k]) * dim, rows + std::size_t(k) * dim, row_bytes);
+    if (k + kAheadRows < r.count) {
+      const char* next =
+          reinterpret_cast<const char*>(out + std::size_t(first[k + kAheadRows]) * dim);
+      for (std::size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(next + b, 1);
+    }
+    copy_row(out + std::size_t(first[k]) * dim, rows + std::size_t(k) * dim, dim);
   }
 }
 
 void fill_repeats(const RowPlan& plan, uint32_t dim, float* out) {
-  const std::size_t row_bytes = std::size_t(dim) * sizeof(float);
   for (const auto& [position, first] : plan.repeats) {
-    std::memcpy(out + std::size_t(position) * dim, out + std::size_t(first) * dim, row_bytes);
+    copy_row(out + std::size_t(position) * dim, out + std::size_t(first) * dim, dim);
   }
 }
 
@@ -133,9 +242,8 @@ void scatter_rows(const RowPlan& plan, const float* rows, uint32_t dim, float* o
 void gather_gradients(const RowPlan& plan, const float* grads, uint32_t dim, float* summed) {
   if (!plan.has_duplicates) {
     // Each id once: its row is the gradient at its (only) position.
-    const std::size_t row_bytes = std::size_t(dim) * sizeof(float);
     for (std::size_t p = 0; p < plan.first.size(); ++p) {
-      std::memcpy(summed + p * dim, grads + std::size_t(plan.first[p]) * dim, row_bytes);
+      copy_row(summed + p * dim, grads + std::size_t(plan.first[p]) * dim, dim);
     }
     return;
   }

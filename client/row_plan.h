@@ -3,9 +3,16 @@
 // IndexedSlices are), grouped by shard (common/embedding_placement.h) and
 // cut into requests of at most `max_ids` ids, so that a large batch goes to
 // all shards at once in several messages each.
+//
+//   auto plan = shared_row_plan(ids, placement, max_ids, false);  // buffers reused
+//   for (const RowRequest& r : plan->requests) send(r.shard, &plan->ids[r.first], r.count);
+//   // as each request's rows arrive:
+//   scatter_request(*plan, r, rows, dim, out);
+//   fill_repeats(*plan, dim, out);  // once all are in
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -19,10 +26,34 @@ struct RowRequest {
   uint32_t count = 0;
 };
 
+// An allocator whose resize() leaves new elements uninitialised: a plan's
+// arrays are written in full before they are read, and zero-filling them
+// would cost a pass over memory per batch.
+template <class T>
+struct UninitAllocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = UninitAllocator<U>;
+  };
+  UninitAllocator() = default;
+  template <class U>
+  UninitAllocator(const UninitAllocator<U>&) noexcept {}
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    if constexpr (sizeof...(Args) == 0) {
+      ::new (static_cast<void*>(p)) U;
+    } else {
+      ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+    }
+  }
+};
+template <class T>
+using PlanVector = std::vector<T, UninitAllocator<T>>;
+
 struct RowPlan {
-  std::vector<uint64_t> ids;       // the distinct ids, grouped by shard
-  std::vector<uint32_t> position;  // per caller position: its id's index in `ids`
-  std::vector<uint32_t> first;     // per index in `ids`: the first caller position of that id
+  PlanVector<uint64_t> ids;       // the distinct ids, grouped by shard
+  PlanVector<uint32_t> position;  // per caller position: its id's index in `ids`
+  PlanVector<uint32_t> first;     // per index in `ids`: the first caller position of that id
   // Caller positions that repeat an earlier id: (position, first position of its id).
   std::vector<std::pair<uint32_t, uint32_t>> repeats;
   std::vector<RowRequest> requests;
@@ -32,6 +63,15 @@ struct RowPlan {
 // every_shard: a request (maybe empty) to each shard, as a sync step needs.
 RowPlan plan_rows(std::span<const uint64_t> ids, const RowPlacement& placement, uint32_t max_ids,
                   bool every_shard);
+// The same into `plan`, reusing its buffers (what it held before is replaced).
+void plan_rows_into(RowPlan& plan, std::span<const uint64_t> ids, const RowPlacement& placement,
+                    uint32_t max_ids, bool every_shard);
+// The same in a plan taken from a process-wide pool, to which it goes back
+// when the last reference is dropped: a batch like the one before it then
+// allocates nothing and touches no fresh page.
+std::shared_ptr<const RowPlan> shared_row_plan(std::span<const uint64_t> ids,
+                                               const RowPlacement& placement, uint32_t max_ids,
+                                               bool every_shard);
 
 // rows (ids.size() * dim floats, in plan order) to out (position order).
 void scatter_rows(const RowPlan& plan, const float* rows, uint32_t dim, float* out);

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/fast_divide.h"
 #include "ps/embedding.h"
 
 namespace ps {
@@ -22,20 +23,26 @@ class RowPlacement {
  public:
   // rows: a fixed table's row count (ignored for kHash).
   RowPlacement(TablePlacement kind, uint64_t rows, uint32_t shards)
-      : kind_(kind), rows_(rows), shards_(shards == 0 ? 1 : shards) {}
+      : kind_(kind),
+        rows_(rows),
+        shards_(shards == 0 ? 1 : shards),
+        per_(rows / shards_),
+        extra_(rows % shards_),
+        head_(extra_ * (per_ + 1)),
+        by_shards_(shards_),
+        by_per_(per_ == 0 ? 1 : per_),
+        by_per1_(per_ + 1) {}
 
   uint32_t shard_of(uint64_t id) const {
     switch (kind_) {
       case TablePlacement::kMod:
-        return static_cast<uint32_t>(id % shards_);
-      case TablePlacement::kDiv: {
-        const uint64_t per = rows_ / shards_, extra = rows_ % shards_;
-        const uint64_t head = extra * (per + 1);  // ids in the longer first `extra` shards
-        if (id < head) return static_cast<uint32_t>(id / (per + 1));
-        return static_cast<uint32_t>(extra + (per == 0 ? 0 : (id - head) / per));
-      }
+        return static_cast<uint32_t>(by_shards_.remainder(id));
+      case TablePlacement::kDiv:
+        // The first `extra` shards hold one row more: ids below head_ are theirs.
+        if (id < head_) return static_cast<uint32_t>(by_per1_.quotient(id));
+        return static_cast<uint32_t>(extra_ + (per_ == 0 ? 0 : by_per_.quotient(id - head_)));
       case TablePlacement::kHash:
-        return static_cast<uint32_t>(mix_id(id) % shards_);
+        return static_cast<uint32_t>(by_shards_.remainder(mix_id(id)));
     }
     return 0;
   }
@@ -43,7 +50,7 @@ class RowPlacement {
   uint64_t local_row(uint64_t id) const {
     switch (kind_) {
       case TablePlacement::kMod:
-        return id / shards_;
+        return by_shards_.quotient(id);
       case TablePlacement::kDiv:
         return id - first_id(shard_of(id));
       case TablePlacement::kHash:
@@ -61,19 +68,21 @@ class RowPlacement {
   uint64_t rows_on(uint32_t shard) const {
     if (kind_ == TablePlacement::kMod)
       return shard < rows_ ? (rows_ - shard + shards_ - 1) / shards_ : 0;
-    if (kind_ == TablePlacement::kDiv) return rows_ / shards_ + (shard < rows_ % shards_ ? 1 : 0);
+    if (kind_ == TablePlacement::kDiv) return per_ + (shard < extra_ ? 1 : 0);
     return 0;
   }
   uint32_t shards() const { return shards_; }
 
  private:
   uint64_t first_id(uint32_t shard) const {
-    const uint64_t per = rows_ / shards_, extra = rows_ % shards_;
-    return shard < extra ? shard * (per + 1) : extra * (per + 1) + (shard - extra) * per;
+    return shard < extra_ ? shard * (per_ + 1) : head_ + (shard - extra_) * per_;
   }
   TablePlacement kind_;
   uint64_t rows_;
   uint32_t shards_;
+  uint64_t per_, extra_, head_;  // kDiv: rows per shard, shards with one more, their ids
+  // Division by shards_, per_ and per_ + 1 without a `div` per id (common/fast_divide.h).
+  FastDivider by_shards_, by_per_, by_per1_;
 };
 
 }  // namespace ps

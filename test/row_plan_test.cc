@@ -3,9 +3,11 @@
 // each checked against a plain std::map reference.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <map>
 #include <random>
 #include <set>
+#include <unordered_map>
 
 #include "client/row_plan.h"
 
@@ -118,5 +120,157 @@ TEST_CASE("gradients of repeated ids are summed; without repeats they are moved"
     gather_gradients(plan, grads.data(), dim, summed.data());
     for (std::size_t p = 0; p < plan.ids.size(); ++p)
       for (uint32_t j = 0; j < dim; ++j) REQUIRE(summed[p * dim + j] == sums[plan.ids[p]][j]);
+  }
+}
+
+namespace {
+
+// What a plan must be, worked out the plain way: the distinct ids of each
+// shard in first-seen order, shard after shard (a std::unordered_map gives
+// each id's first position).
+struct ReferencePlan {
+  std::vector<uint64_t> ids;
+  std::vector<uint32_t> first, position;
+  std::vector<std::pair<uint32_t, uint32_t>> repeats;
+  std::vector<RowRequest> requests;
+};
+
+ReferencePlan reference_plan(const std::vector<uint64_t>& ids, const RowPlacement& place,
+                             uint32_t max_ids, bool every_shard) {
+  std::unordered_map<uint64_t, uint32_t> first_of;
+  std::vector<std::vector<uint32_t>> by_shard(place.shards());  // first positions
+  ReferencePlan ref;
+  for (uint32_t i = 0; i < ids.size(); ++i) {
+    auto [it, added] = first_of.emplace(ids[i], i);
+    if (added)
+      by_shard[place.shard_of(ids[i])].push_back(i);
+    else
+      ref.repeats.emplace_back(i, it->second);
+  }
+  std::unordered_map<uint64_t, uint32_t> index_of;
+  for (uint32_t s = 0; s < place.shards(); ++s) {
+    const auto begin = static_cast<uint32_t>(ref.ids.size());
+    for (uint32_t f : by_shard[s]) {
+      index_of[ids[f]] = static_cast<uint32_t>(ref.ids.size());
+      ref.ids.push_back(ids[f]);
+      ref.first.push_back(f);
+    }
+    const auto end = static_cast<uint32_t>(ref.ids.size());
+    if (begin == end && every_shard) ref.requests.push_back({s, begin, 0});
+    for (uint32_t f = begin; f < end; f += max_ids)
+      ref.requests.push_back({s, f, std::min(max_ids, end - f)});
+  }
+  for (uint64_t id : ids) ref.position.push_back(index_of[id]);
+  return ref;
+}
+
+void require_same(const RowPlan& plan, const ReferencePlan& ref) {
+  REQUIRE(std::vector<uint64_t>(plan.ids.begin(), plan.ids.end()) == ref.ids);
+  REQUIRE(std::vector<uint32_t>(plan.first.begin(), plan.first.end()) == ref.first);
+  REQUIRE(std::vector<uint32_t>(plan.position.begin(), plan.position.end()) == ref.position);
+  REQUIRE(plan.repeats == ref.repeats);
+  REQUIRE(plan.has_duplicates == !ref.repeats.empty());
+  REQUIRE(plan.requests.size() == ref.requests.size());
+  for (std::size_t k = 0; k < ref.requests.size(); ++k) {
+    REQUIRE(plan.requests[k].shard == ref.requests[k].shard);
+    REQUIRE(plan.requests[k].first == ref.requests[k].first);
+    REQUIRE(plan.requests[k].count == ref.requests[k].count);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("plan_rows equals a std::unordered_map reference, with plans and scratch reused") {
+  std::mt19937_64 rng(29);
+  const uint64_t rows = 10'000'000;
+  // Uniform, skewed (rows * u^3: a hot head), one id repeated, all distinct
+  // and consecutive, ids over the whole 64 bits (hash placement only).
+  auto batch = [&](int kind, std::size_t n) {
+    std::vector<uint64_t> ids(n);
+    std::uniform_real_distribution<double> u(0, 1);
+    for (std::size_t i = 0; i < n; ++i) {
+      switch (kind) {
+        case 0:
+          ids[i] = rng() % rows;
+          break;
+        case 1:
+          ids[i] = std::min<uint64_t>(rows - 1, uint64_t(rows * std::pow(u(rng), 3)));
+          break;
+        case 2:
+          ids[i] = 123457;
+          break;
+        case 3:
+          ids[i] = i;
+          break;
+        default:
+          ids[i] = rng();
+          break;
+      }
+    }
+    return ids;
+  };
+  RowPlan reused;  // one plan through every case: big batches, then small ones
+  int checked = 0;
+  for (std::size_t n : {65536u, 20000u, 1000u, 17u, 1u, 0u, 4096u}) {
+    for (int kind = 0; kind < 5; ++kind) {
+      for (TablePlacement placement :
+           {TablePlacement::kMod, TablePlacement::kDiv, TablePlacement::kHash}) {
+        if (kind == 4 && placement != TablePlacement::kHash) continue;
+        for (uint32_t shards : {1u, 2u, 3u, 16u, 17u, 40u}) {
+          for (bool every_shard : {false, true}) {
+            INFO(n << " ids of kind " << kind << ", placement " << int(placement) << ", " << shards
+                   << " shards, every_shard " << every_shard);
+            const RowPlacement place(placement, rows, shards);
+            const auto ids = batch(kind, n);
+            const uint32_t max_ids = n > 1000 ? 3000 : 7;
+            const ReferencePlan ref = reference_plan(ids, place, max_ids, every_shard);
+            plan_rows_into(reused, ids, place, max_ids, every_shard);
+            require_same(reused, ref);
+            require_same(*shared_row_plan(ids, place, max_ids, every_shard), ref);
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  CHECK(checked == 7 * (4 * 3 + 1) * 6 * 2);
+}
+
+TEST_CASE("rows and summed gradients of reused plans equal a reference's") {
+  std::mt19937_64 rng(31);
+  const uint32_t dim = 32;
+  RowPlan plan;
+  for (uint32_t shards : {1u, 3u, 20u}) {
+    for (uint64_t range : {10'000'000ull, 3000ull}) {  // few repeats, then many
+      INFO(shards << " shards, ids below " << range);
+      std::vector<uint64_t> ids(20000);
+      for (auto& id : ids) id = rng() % range;
+      plan_rows_into(plan, ids, RowPlacement(TablePlacement::kMod, range, shards), 2500, false);
+      auto value = [](uint64_t id, uint32_t j) { return float(id % 100000) * 64.0f + float(j); };
+      std::vector<float> out(ids.size() * dim, -1.0f);
+      for (const RowRequest& r : plan.requests) {
+        std::vector<float> reply(std::size_t(r.count) * dim);
+        for (uint32_t k = 0; k < r.count; ++k)
+          for (uint32_t j = 0; j < dim; ++j) reply[k * dim + j] = value(plan.ids[r.first + k], j);
+        scatter_request(plan, r, reply.data(), dim, out.data());
+      }
+      fill_repeats(plan, dim, out.data());
+      for (std::size_t i = 0; i < ids.size(); ++i)
+        for (uint32_t j = 0; j < dim; ++j) REQUIRE(out[i * dim + j] == value(ids[i], j));
+      // Gradients: small integers, so sums are exact in float.
+      std::vector<float> grads(ids.size() * dim);
+      for (std::size_t i = 0; i < grads.size(); ++i) grads[i] = float(int(rng() % 9) - 4);
+      std::unordered_map<uint64_t, std::vector<float>> sums;
+      for (std::size_t i = 0; i < ids.size(); ++i) {
+        auto& s = sums[ids[i]];
+        s.resize(dim);
+        for (uint32_t j = 0; j < dim; ++j) s[j] += grads[i * dim + j];
+      }
+      std::vector<float> summed(plan.ids.size() * dim);
+      gather_gradients(plan, grads.data(), dim, summed.data());
+      REQUIRE(sums.size() == plan.ids.size());
+      for (std::size_t p = 0; p < plan.ids.size(); ++p)
+        for (uint32_t j = 0; j < dim; ++j) REQUIRE(summed[p * dim + j] == sums[plan.ids[p]][j]);
+    }
   }
 }

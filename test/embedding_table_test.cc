@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -297,6 +298,28 @@ TEST_CASE("push_if_finite applies as push does, or leaves the table exactly as i
     CHECK(d.rows() == 2);
     CHECK(d.version() == version);
   }
+}
+
+TEST_CASE("SGD's safe gradient bound keeps the largest finite rows finite") {
+  for (float lr : {1e-3f, 1.0f, 1e30f}) {
+    for (std::size_t summed : {std::size_t{1}, std::size_t{3}, std::size_t{65536}}) {
+      const auto opt = RowOptimizer::make(RowOptimizerConfig::sgd(lr), "t");
+      const float bound = opt->safe_gradient_bound(0.5f, summed);
+      REQUIRE(bound > 0);
+      // The worst case: a row at +-FLT_MAX, `summed` gradients at the bound
+      // of the sign that pushes it out.
+      const float big = std::numeric_limits<float>::max();
+      const float g = std::nextafter(bound, 0.0f) * static_cast<float>(summed);
+      for (float w0 : {big, -big}) {
+        float w = w0;
+        const float grad = w0 > 0 ? -g : g;
+        opt->apply(&w, nullptr, &grad, 1, 0.5f, 1);
+        CHECK(std::isfinite(w));
+      }
+    }
+  }
+  // Optimizers whose slots grow with the gradients know no such bound.
+  CHECK(RowOptimizer::make(RowOptimizerConfig::adagrad(0.1f), "t")->safe_gradient_bound(1, 1) == 0);
 }
 
 TEST_CASE("bad ids and specs are refused before anything changes") {

@@ -12,6 +12,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/finite.h"
 #include "common/tensor_name.h"
 #include "ps/errors.h"
 
@@ -362,7 +363,7 @@ void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) {
 
 void EmbeddingTable::push(std::span<const uint64_t> ids, std::span<const float> grads,
                           float scale) {
-  apply_push(ids, grads, scale, /*journal=*/false);
+  apply_push(ids, grads, scale, /*check_first=*/false);
 }
 
 bool EmbeddingTable::push_if_finite(std::span<const uint64_t> ids, std::span<const float> grads,
@@ -372,11 +373,15 @@ bool EmbeddingTable::push_if_finite(std::span<const uint64_t> ids, std::span<con
     push(ids, grads, scale);
     return true;
   }
-  return apply_push(ids, grads, scale, /*journal=*/true);
+  // Where the optimizer bounds what such gradients can do (SGD), no row can
+  // become NaN or Inf: one pass over the gradients instead of over copies of the rows.
+  const float bound = optimizer_->safe_gradient_bound(scale, ids.size());
+  const bool safe = bound > 0 && all_finite(grads, bound);
+  return apply_push(ids, grads, scale, /*check_first=*/!safe);
 }
 
 bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const float> grads,
-                                float scale, bool journal) {
+                                float scale, bool check_first) {
   const uint32_t dim = spec_.dim;
   if (spec_.dynamic && spec_.on_limit == OnRowLimit::kEvictLru) {
     for (uint64_t id : ids) {
@@ -417,48 +422,43 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
     for (uint32_t j = 0; j < dim; ++j) summed[std::size_t(m) * dim + j] += grads[i * dim + j];
   }
   const float* g = summed.empty() ? grads.data() : summed.data();
-  ++version_;
   float* slot_ptrs[4];
   const uint32_t comps = components();
-  const std::size_t row_floats = std::size_t(comps) * dim;
-  if (journal) undo_rows_.resize(n * row_floats);
-  std::size_t applied = 0;  // rows journaled (distinct positions, in order)
-  bool finite = true;
   constexpr std::size_t kAhead = 4;
-  for (std::size_t i = 0; i < n && finite; ++i) {
-    if (i + kAhead < n) {
-      // As in pull: the rows a few positions ahead are fetched while this one is updated.
+  // As in pull: the rows a few positions ahead are fetched while this one is updated.
+  auto prefetch_row = [&](std::size_t i) {
+    for (uint32_t c = 0; c < comps; ++c) {
+      const auto* next = reinterpret_cast<const char*>(row(c, slots[i]));
+      for (std::size_t b = 0; b < dim * sizeof(float); b += 64) __builtin_prefetch(next + b, 1);
+    }
+  };
+  if (check_first) {
+    // Each distinct row updated on a copy in a row-sized scratch: the table is
+    // untouched until every row is known to stay finite, and the rows the
+    // second pass updates are then in cache (a request is at most a few MiB).
+    check_row_.resize(std::size_t(comps) * dim);
+    float* w = check_row_.data();
+    for (uint32_t c = 1; c < comps; ++c) slot_ptrs[c - 1] = w + std::size_t(c) * dim;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (i + kAhead < n) prefetch_row(i + kAhead);
+      if (!first.empty() && first[i] != i) continue;
       for (uint32_t c = 0; c < comps; ++c) {
-        const auto* next = reinterpret_cast<const char*>(row(c, slots[i + kAhead]));
-        for (std::size_t b = 0; b < dim * sizeof(float); b += 64) __builtin_prefetch(next + b, 1);
+        const float* __restrict from = row(c, slots[i]);
+        float* __restrict to = w + std::size_t(c) * dim;
+        for (uint32_t j = 0; j < dim; ++j) to[j] = from[j];
       }
+      optimizer_->apply(w, slot_ptrs, g + i * dim, dim, scale, version_ + 1);
+      if (!row_finite(w, comps * dim)) return false;
     }
+  }
+  ++version_;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!check_first && i + kAhead < n) prefetch_row(i + kAhead);
     if (!first.empty() && first[i] != i) continue;
-    if (journal) {
-      float* saved = undo_rows_.data() + applied * row_floats;
-      for (uint32_t c = 0; c < comps; ++c)
-        std::memcpy(saved + c * dim, row(c, slots[i]), dim * sizeof(float));
-      ++applied;
-    }
     for (uint32_t c = 1; c < comps; ++c) slot_ptrs[c - 1] = row(c, slots[i]);
     optimizer_->apply(row(0, slots[i]), slot_ptrs, g + i * dim, dim, scale, version_);
-    if (journal) {
-      for (uint32_t c = 0; c < comps && finite; ++c) finite = row_finite(row(c, slots[i]), dim);
-    }
   }
-  if (finite) return true;
-  // Put back every row journaled; positions are walked as above, so the
-  // k-th distinct position is the k-th row saved.
-  std::size_t k = 0;
-  for (std::size_t i = 0; i < n && k < applied; ++i) {
-    if (!first.empty() && first[i] != i) continue;
-    const float* saved = undo_rows_.data() + k * row_floats;
-    for (uint32_t c = 0; c < comps; ++c)
-      std::memcpy(row(c, slots[i]), saved + c * dim, dim * sizeof(float));
-    ++k;
-  }
-  --version_;
-  return false;
+  return true;
 }
 
 bool EmbeddingTable::update_finite(std::span<const uint64_t> ids, std::span<const float> grads,

@@ -78,10 +78,10 @@ class EmbeddingTable {
   void push(std::span<const uint64_t> ids, std::span<const float> grads, float scale);
   // push(), unless it would store a NaN or Inf in a value or optimizer slot:
   // then returns false and the table (rows, slots, version) is as before.
-  // One pass that keeps each touched row's old bytes and puts them back on
-  // failure. `new_rows` is what check() returned for these ids: a push that
-  // creates dynamic rows is tried on copies first (update_finite), since
-  // undoing a creation could not bring back an evicted row.
+  // Each row's update is tried on a row-sized copy first, then applied.
+  // `new_rows` is what check() returned for these ids: a push that creates
+  // dynamic rows goes through update_finite, which works out the rows it
+  // would create without creating them.
   bool push_if_finite(std::span<const uint64_t> ids, std::span<const float> grads, float scale,
                       uint64_t new_rows);
 
@@ -148,13 +148,12 @@ class EmbeddingTable {
   std::vector<uint64_t> push_slots_;
   std::vector<uint64_t> seen_slots_;
   std::vector<uint32_t> seen_first_;
-  // push_if_finite's undo journal: every component of each row it updated,
-  // as it was before, in the order applied.
-  std::vector<float> undo_rows_;
-  // push() with an optional undo journal; false (and the rows restored) when
-  // a row it updated is not finite.
+  // push_if_finite's scratch: one row and its slots, updated on a copy.
+  std::vector<float> check_row_;
+  // push(), first (with `check_first`) trying every row's update on a copy:
+  // false, and nothing changed, when one would not be finite.
   bool apply_push(std::span<const uint64_t> ids, std::span<const float> grads, float scale,
-                  bool journal);
+                  bool check_first);
 };
 
 }  // namespace ps

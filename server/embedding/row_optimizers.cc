@@ -1,6 +1,8 @@
 #include "server/embedding/row_optimizers.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "ps/errors.h"
 
@@ -16,6 +18,13 @@ class RowSgd final : public RowOptimizer {
              float scale, uint64_t) const override {
     const float a = config_.learning_rate * scale;
     for (uint32_t i = 0; i < dim; ++i) w[i] -= a * g[i];
+  }
+  // |a * g| under 2^102, below half the spacing of floats at FLT_MAX (2^103):
+  // w - a * g then rounds to at most FLT_MAX in magnitude for any finite w.
+  float safe_gradient_bound(float scale, std::size_t summed) const override {
+    const double step = std::fabs(double(config_.learning_rate) * scale) * double(summed);
+    const double bound = step > 0 ? 0x1p102 / step : std::numeric_limits<float>::max();
+    return static_cast<float>(std::min<double>(bound, std::numeric_limits<float>::max()));
   }
 };
 

@@ -10,6 +10,7 @@
 // table's updates (1 for the first).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -34,6 +35,11 @@ class RowOptimizer {
   // gradient (times `scale`); t the table's update count, from 1.
   virtual void apply(float* w, float* const* slots, const float* g, uint32_t dim, float scale,
                      uint64_t t) const = 0;
+  // A magnitude such that gradients all within it, each row's summed over at
+  // most `summed` positions, leave every finite row and slot finite: psd
+  // then applies a push without trying it on copies first. 0 where no such
+  // bound is known (the slots' own size matters).
+  virtual float safe_gradient_bound(float /*scale*/, std::size_t /*summed*/) const { return 0; }
 
  protected:
   explicit RowOptimizer(const RowOptimizerConfig& c) : config_(c) {}

@@ -240,17 +240,15 @@ void scatter_rows(const RowPlan& plan, const float* rows, uint32_t dim, float* o
 }
 
 void gather_gradients(const RowPlan& plan, const float* grads, uint32_t dim, float* summed) {
-  if (!plan.has_duplicates) {
-    // Each id once: its row is the gradient at its (only) position.
-    for (std::size_t p = 0; p < plan.first.size(); ++p) {
-      copy_row(summed + p * dim, grads + std::size_t(plan.first[p]) * dim, dim);
-    }
-    return;
+  // Each id's row starts as the gradient at its first position; the
+  // positions that repeat it are added after, in order (the same sums, bit
+  // for bit, as adding every position to zeros in position order).
+  for (std::size_t p = 0; p < plan.first.size(); ++p) {
+    copy_row(summed + p * dim, grads + std::size_t(plan.first[p]) * dim, dim);
   }
-  std::fill_n(summed, plan.ids.size() * dim, 0.0f);
-  for (std::size_t i = 0; i < plan.position.size(); ++i) {
-    float* __restrict dst = summed + std::size_t(plan.position[i]) * dim;
-    const float* __restrict src = grads + i * dim;
+  for (const auto& [position, first] : plan.repeats) {
+    float* __restrict dst = summed + std::size_t(plan.position[position]) * dim;
+    const float* __restrict src = grads + std::size_t(position) * dim;
     for (uint32_t j = 0; j < dim; ++j) dst[j] += src[j];
   }
 }

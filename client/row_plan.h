@@ -15,6 +15,7 @@
 #include <memory>
 #include <span>
 #include <vector>
+#include <utility>
 
 #include "common/embedding_placement.h"
 

@@ -507,25 +507,23 @@ kj::Promise<void> ShardServiceImpl::pushRows(PushRowsContext context) {
     if (grads.size() % sizeof(float) != 0)
       throw RequestError("pushRows: gradients are not a whole number of float32s");
     std::span<const float> values = as_floats(grads);
-    // Gradients in the caller's shared memory are copied out first: the
-    // caller can still write there, and what is applied must be what was checked.
-    std::shared_ptr<float> copied;
+    // Gradients in the caller's shared memory: Shard::push_rows copies them
+    // out as it checks them (PushRowsRequest::grads_shared).
     uint64_t shared_bytes = 0;
     if (params.hasSharedGrads() && params.getSharedGrads().getBytes() != 0) {
       if (grads.size() != 0)
         throw RequestError("pushRows: gradients both in the message and in a shared slice");
       shared_bytes = params.getSharedGrads().getBytes();
-      const float* src = shared_rows(params.getSharedGrads(), "pushRows");
-      copied = RowBuffers::process().take(shared_bytes / sizeof(float));
-      std::memcpy(copied.get(), src, shared_bytes);
-      values = std::span<const float>(copied.get(), shared_bytes / sizeof(float));
+      values = std::span<const float>(shared_rows(params.getSharedGrads(), "pushRows"),
+                                      shared_bytes / sizeof(float));
     }
     PushRowsRequest request{std::string_view(params.getTable().cStr(), params.getTable().size()),
                             ids_in_place(params.getIds(), "pushRows"),
                             values,
                             params.getStep(),
                             params.getRequestId(),
-                            params.getDoneStep()};
+                            params.getDoneStep(),
+                            shared_bytes != 0};
     PushRowsReply reply = shard_.push_rows(caller_, request);
     shard_.counters().shared_bytes += shared_bytes;
     auto results = context.getResults();

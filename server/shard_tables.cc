@@ -11,6 +11,7 @@
 #include "common/finite.h"
 #include "common/tensor_name.h"
 #include "ps/errors.h"
+#include "server/embedding/row_buffers.h"
 #include "server/shard.h"
 
 namespace ps {
@@ -221,8 +222,18 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
                        std::to_string(r.grads.size()));
   }
   const uint32_t summed = gradients_summed_per_step(job);
-  if (!options_.allow_nonfinite && !all_finite(r.grads, gradient_limit(summed))) {
-    throw RequestError(gradient_refusal(spec.name, r.grads, summed));
+  std::span<const float> grads = r.grads;
+  std::shared_ptr<float> copied;  // the gradients out of shared memory, as checked
+  bool finite;
+  if (r.grads_shared) {
+    copied = RowBuffers::process().take(r.grads.size());
+    finite = copy_all_finite(copied.get(), r.grads.data(), r.grads.size(), gradient_limit(summed));
+    grads = std::span<const float>(copied.get(), r.grads.size());
+  } else {
+    finite = options_.allow_nonfinite || all_finite(grads, gradient_limit(summed));
+  }
+  if (!options_.allow_nonfinite && !finite) {
+    throw RequestError(gradient_refusal(spec.name, grads, summed));
   }
   const uint64_t fresh = t.table->check(r.ids, "pushRows");
   if (fresh > 0) {
@@ -235,8 +246,8 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
     // counted: refused whole if it would store a NaN or Inf, as a dense
     // update is.
     if (options_.allow_nonfinite) {
-      t.table->push(r.ids, r.grads, 1.0f);
-    } else if (!t.table->push_if_finite(r.ids, r.grads, 1.0f, fresh)) {
+      t.table->push(r.ids, grads, 1.0f);
+    } else if (!t.table->push_if_finite(r.ids, grads, 1.0f, fresh)) {
       throw RequestError(
           "pushRows: the update would make a value or optimizer slot of table '" + spec.name +
           "' NaN or Inf (a gradient or learning rate too large); nothing was applied");
@@ -261,7 +272,7 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
   if (job.mode == SyncMode::kBoundedStaleness && worker)
     job_.record_staleness(step - job_.slowest_live_step());
   ++counters_.pushes;
-  counters_.bytes_in += r.grads.size_bytes();
+  counters_.bytes_in += grads.size_bytes();
   t.rows_pushed += r.ids.size();
   reply.step = job_.global_step();
 
@@ -286,11 +297,10 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
             slot.position.try_emplace(r.ids[i], static_cast<uint32_t>(slot.ids.size()));
         if (fresh_id) {
           slot.ids.push_back(r.ids[i]);
-          slot.sum.insert(slot.sum.end(), r.grads.begin() + i * dim,
-                          r.grads.begin() + (i + 1) * dim);
+          slot.sum.insert(slot.sum.end(), grads.begin() + i * dim, grads.begin() + (i + 1) * dim);
         } else {
           float* s = slot.sum.data() + std::size_t(it->second) * dim;
-          for (uint32_t j = 0; j < dim; ++j) s[j] += r.grads[i * dim + j];
+          for (uint32_t j = 0; j < dim; ++j) s[j] += grads[i * dim + j];
         }
       }
       reply.status = GradientStatus::kAccumulated;

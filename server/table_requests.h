@@ -32,6 +32,9 @@ struct PushRowsRequest {
   int64_t step = 0;
   uint64_t request_id = 0;
   int64_t done_step = -1;
+  // `grads` lies in the caller's shared memory, which the caller can still
+  // write: psd copies it out, checking it in the same pass, and applies the copy.
+  bool grads_shared = false;
 };
 
 struct PushRowsReply {

@@ -22,6 +22,41 @@ std::vector<uint64_t> random_ids(std::size_t n, uint64_t range, uint64_t seed) {
   return ids;
 }
 
+// Answers each request of `plan` as psd would, with value(id, j) for a row's
+// floats, scatters the replies and fills the repeats: every position must
+// then hold its id's row. Returns the rows in the caller's order.
+template <typename Value>
+std::vector<float> check_rows_land(const RowPlan& plan, const std::vector<uint64_t>& ids,
+                                   uint32_t dim, Value value) {
+  std::vector<float> out(ids.size() * dim, -1.0f);
+  for (const RowRequest& r : plan.requests) {
+    std::vector<float> reply(std::size_t(r.count) * dim);
+    for (uint32_t k = 0; k < r.count; ++k)
+      for (uint32_t j = 0; j < dim; ++j) reply[k * dim + j] = value(plan.ids[r.first + k], j);
+    scatter_request(plan, r, reply.data(), dim, out.data());
+  }
+  fill_repeats(plan, dim, out.data());
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    for (uint32_t j = 0; j < dim; ++j) REQUIRE(out[i * dim + j] == value(ids[i], j));
+  return out;
+}
+
+// gather_gradients against a std::map of each id's summed gradients (small
+// integers: exact in float).
+void check_summed(const RowPlan& plan, const std::vector<uint64_t>& ids,
+                  const std::vector<float>& grads, uint32_t dim) {
+  std::map<uint64_t, std::vector<float>> sums;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    auto& s = sums[ids[i]];
+    s.resize(dim);
+    for (uint32_t j = 0; j < dim; ++j) s[j] += grads[i * dim + j];
+  }
+  std::vector<float> summed(plan.ids.size() * dim);
+  gather_gradients(plan, grads.data(), dim, summed.data());
+  for (std::size_t p = 0; p < plan.ids.size(); ++p)
+    for (uint32_t j = 0; j < dim; ++j) REQUIRE(summed[p * dim + j] == sums[plan.ids[p]][j]);
+}
+
 }  // namespace
 
 TEST_CASE("plan_rows: distinct ids grouped by shard, in requests of at most max_ids") {
@@ -82,16 +117,7 @@ TEST_CASE("rows come back in the caller's order, however the replies are split")
     const RowPlan plan = plan_rows(ids, RowPlacement(TablePlacement::kHash, 0, 3), 97, false);
     // What psd sends for a row: values made from its id.
     auto value = [](uint64_t id, uint32_t j) { return float(id) * 100.0f + float(j); };
-    std::vector<float> out(ids.size() * dim, -1.0f);
-    for (const RowRequest& r : plan.requests) {
-      std::vector<float> reply(std::size_t(r.count) * dim);
-      for (uint32_t k = 0; k < r.count; ++k)
-        for (uint32_t j = 0; j < dim; ++j) reply[k * dim + j] = value(plan.ids[r.first + k], j);
-      scatter_request(plan, r, reply.data(), dim, out.data());
-    }
-    fill_repeats(plan, dim, out.data());
-    for (std::size_t i = 0; i < ids.size(); ++i)
-      for (uint32_t j = 0; j < dim; ++j) REQUIRE(out[i * dim + j] == value(ids[i], j));
+    const std::vector<float> out = check_rows_land(plan, ids, dim, value);
     // The same from one buffer in plan order.
     std::vector<float> rows(plan.ids.size() * dim), out2(ids.size() * dim);
     for (std::size_t p = 0; p < plan.ids.size(); ++p)
@@ -110,16 +136,7 @@ TEST_CASE("gradients of repeated ids are summed; without repeats they are moved"
     REQUIRE(plan.has_duplicates == repeats);
     std::vector<float> grads(ids.size() * dim);
     for (std::size_t i = 0; i < grads.size(); ++i) grads[i] = float(int(i % 9) - 4);
-    std::map<uint64_t, std::vector<float>> sums;  // small integers: exact in float
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      auto& s = sums[ids[i]];
-      s.resize(dim);
-      for (uint32_t j = 0; j < dim; ++j) s[j] += grads[i * dim + j];
-    }
-    std::vector<float> summed(plan.ids.size() * dim);
-    gather_gradients(plan, grads.data(), dim, summed.data());
-    for (std::size_t p = 0; p < plan.ids.size(); ++p)
-      for (uint32_t j = 0; j < dim; ++j) REQUIRE(summed[p * dim + j] == sums[plan.ids[p]][j]);
+    check_summed(plan, ids, grads, dim);
   }
 }
 
@@ -247,30 +264,12 @@ TEST_CASE("rows and summed gradients of reused plans equal a reference's") {
       for (auto& id : ids) id = rng() % range;
       plan_rows_into(plan, ids, RowPlacement(TablePlacement::kMod, range, shards), 2500, false);
       auto value = [](uint64_t id, uint32_t j) { return float(id % 100000) * 64.0f + float(j); };
-      std::vector<float> out(ids.size() * dim, -1.0f);
-      for (const RowRequest& r : plan.requests) {
-        std::vector<float> reply(std::size_t(r.count) * dim);
-        for (uint32_t k = 0; k < r.count; ++k)
-          for (uint32_t j = 0; j < dim; ++j) reply[k * dim + j] = value(plan.ids[r.first + k], j);
-        scatter_request(plan, r, reply.data(), dim, out.data());
-      }
-      fill_repeats(plan, dim, out.data());
-      for (std::size_t i = 0; i < ids.size(); ++i)
-        for (uint32_t j = 0; j < dim; ++j) REQUIRE(out[i * dim + j] == value(ids[i], j));
+      check_rows_land(plan, ids, dim, value);
       // Gradients: small integers, so sums are exact in float.
       std::vector<float> grads(ids.size() * dim);
       for (std::size_t i = 0; i < grads.size(); ++i) grads[i] = float(int(rng() % 9) - 4);
-      std::unordered_map<uint64_t, std::vector<float>> sums;
-      for (std::size_t i = 0; i < ids.size(); ++i) {
-        auto& s = sums[ids[i]];
-        s.resize(dim);
-        for (uint32_t j = 0; j < dim; ++j) s[j] += grads[i * dim + j];
-      }
-      std::vector<float> summed(plan.ids.size() * dim);
-      gather_gradients(plan, grads.data(), dim, summed.data());
-      REQUIRE(sums.size() == plan.ids.size());
-      for (std::size_t p = 0; p < plan.ids.size(); ++p)
-        for (uint32_t j = 0; j < dim; ++j) REQUIRE(summed[p * dim + j] == sums[plan.ids[p]][j]);
+      REQUIRE(std::set<uint64_t>(ids.begin(), ids.end()).size() == plan.ids.size());
+      check_summed(plan, ids, grads, dim);
     }
   }
 }

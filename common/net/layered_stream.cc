@@ -2,10 +2,11 @@
 
 #include <cstring>
 #include <memory>
-#include <unordered_map>
 #include <vector>
 
 #include <kj/debug.h>
+
+#include "common/net/send_holds.h"
 
 namespace ps {
 
@@ -30,18 +31,11 @@ class LayeredSocketStream final : public SocketStream {
     if (aborted_) {
       return KJ_EXCEPTION(DISCONNECTED, "connection cut (abort) before this write");
     }
-    std::vector<std::shared_ptr<const void>> released;
-    for (const auto& piece : pieces) {
-      auto it = holds_.find(piece.begin());
-      if (it == holds_.end()) continue;
-      released.push_back(std::move(it->second));
-      holds_.erase(it);
-    }
-    return explained(top_->write(pieces)).attach(kj::mv(released));
+    return explained(top_->write(pieces)).attach(holds_.take(pieces));
   }
 
   void hold_until_sent(const void* data, std::shared_ptr<const void> hold) override {
-    holds_.emplace(static_cast<const kj::byte*>(data), std::move(hold));
+    holds_.add(data, std::move(hold));
   }
 
   kj::Promise<void> read_exact(size_t bytes, kj::Function<kj::byte*(size_t)> where) override {
@@ -109,7 +103,7 @@ class LayeredSocketStream final : public SocketStream {
   SocketStream& socket_;
   ExplainFailure explain_;
   kj::ArrayPtr<const kj::byte> single_piece_;
-  std::unordered_multimap<const kj::byte*, std::shared_ptr<const void>> holds_;
+  SendHolds holds_;
   kj::Array<kj::byte> bounce_;
   uint64_t read_calls_ = 0;
   bool aborted_ = false;

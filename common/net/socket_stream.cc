@@ -19,7 +19,6 @@
 #include <cstring>
 #include <memory>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include <kj/debug.h>
@@ -27,6 +26,7 @@
 
 #include "common/net/busy_poll.h"
 #include "common/net/host_port.h"
+#include "common/net/send_holds.h"
 
 namespace ps {
 
@@ -77,18 +77,11 @@ class SocketStreamImpl final : public SocketStream {
 
   kj::Promise<void> write(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> pieces) override {
     if (holds_.empty()) return write_more(pieces, 0);
-    std::vector<std::shared_ptr<const void>> released;
-    for (const auto& piece : pieces) {
-      auto it = holds_.find(piece.begin());
-      if (it == holds_.end()) continue;
-      released.push_back(std::move(it->second));
-      holds_.erase(it);
-    }
-    return write_more(pieces, 0).attach(kj::mv(released));
+    return write_more(pieces, 0).attach(holds_.take(pieces));
   }
 
   void hold_until_sent(const void* data, std::shared_ptr<const void> hold) override {
-    holds_.emplace(static_cast<const kj::byte*>(data), std::move(hold));
+    holds_.add(data, std::move(hold));
   }
 
   kj::Promise<void> read_exact(size_t bytes, kj::Function<kj::byte*(size_t)> where) override {
@@ -432,7 +425,7 @@ class SocketStreamImpl final : public SocketStream {
       kLowWaterBytes;  // the most set_low_water is asked for (set_low_water_cap)
   kj::Maybe<kj::ForkedPromise<void>> disconnected_;
   kj::ArrayPtr<const kj::byte> single_piece_;
-  std::unordered_multimap<const kj::byte*, std::shared_ptr<const void>> holds_;
+  SendHolds holds_;
   BusyPoll* busy_poll_;
   bool aborted_ = false;  // abort(): no byte more is written
 };

@@ -82,6 +82,30 @@ TEST_CASE("CPU gradients match float64 finite differences", "[mlp][cpu]") {
   }
 }
 
+TEST_CASE("the TF32-operand reference rounds to 10 mantissa bits, ties away from zero", "[mlp]") {
+  const double ulp = std::ldexp(1.0, -10);  // TF32 spacing at 1
+  CHECK(round_to_tf32(1.0) == 1.0);
+  CHECK(round_to_tf32(1.0 + ulp / 4) == 1.0);
+  CHECK(round_to_tf32(1.0 + ulp / 2) == 1.0 + ulp);  // a tie goes away from zero
+  CHECK(round_to_tf32(-(1.0 + ulp / 2)) == -(1.0 + ulp));
+  CHECK(round_to_tf32(1.0 + 0.75 * ulp) == 1.0 + ulp);
+  CHECK(round_to_tf32(3.0 * std::ldexp(1.0, -130)) == 3.0 * std::ldexp(1.0, -130));  // subnormal
+  CHECK(std::isinf(round_to_tf32(INFINITY)));
+  CHECK(std::isnan(round_to_tf32(NAN)));
+
+  // Rounding the operands moves a gradient by about TF32's 2^-11 relative
+  // step, far more than float64 rounding and far less than 1.
+  const ps::MlpShape shape = make_shape(50, {33}, 10, ps::Activation::kSigmoid);
+  const std::vector<double> params = to_double(random_params(shape, 9));
+  const Batch batch = random_batch(shape, 20, 10);
+  const RefResult exact = reference(shape, params, batch.x.data(), batch.labels.data(), 20, true);
+  const RefResult tf32 =
+      reference(shape, params, batch.x.data(), batch.labels.data(), 20, true, GemmOperands::kTf32);
+  const double err = rel_error(tf32.grads.data(), exact.grads.data(), exact.grads.size());
+  CHECK(err > 1e-5);
+  CHECK(err < 1e-2);
+}
+
 TEST_CASE("CPU forward, loss and gradients match the float64 reference", "[mlp][cpu]") {
   const std::vector<ps::MlpShape> shapes = {
       make_shape(6, {5, 4}, 3, ps::Activation::kRelu),

@@ -40,10 +40,16 @@ TEST_CASE("GPU forward, loss and gradients match the float64 reference", "[mlp][
     for (int B : {1, 7, 100, 1000}) check_against_reference(kGpu, shape, B, 1e-4);
 }
 
-TEST_CASE("GPU with TF32 stays close to the reference", "[mlp][cuda]") {
-  // TF32 keeps 10 mantissa bits: expect ~1e-3, not 1e-4.
-  check_against_reference(kGpuTf32, make_shape(784, {129, 37}, 10, ps::Activation::kRelu), 100,
-                          2e-2);
+TEST_CASE("GPU with TF32 matches the TF32-operand reference", "[mlp][cuda]") {
+  // Against plain float64, TF32 rounding can flip a ReLU whose input is near
+  // zero, and one flip moves a layer-0 gradient by several percent; against a
+  // reference that rounds its products' operands the same way, what is left
+  // is float32 accumulation. Several seeds, so some of them flip.
+  const ps::MlpShape shape = make_shape(784, {129, 37}, 10, ps::Activation::kRelu);
+  for (uint64_t seed = 1; seed <= 5; ++seed)
+    check_against_reference(kGpuTf32, shape, 100, 5e-3, seed, GemmOperands::kTf32);
+  check_against_reference(kGpuTf32, make_shape(784, {100}, 10, ps::Activation::kRelu), 1000, 5e-3,
+                          1, GemmOperands::kTf32);
 }
 
 TEST_CASE("GPU matches the CPU engine on a large batch", "[mlp][cuda]") {

@@ -34,10 +34,12 @@ inline ps::MlpShape make_shape(int inputs, std::vector<int> hidden, int classes,
 }
 
 // Loss, #correct, every weight and bias gradient and the logits against the
-// float64 reference; gradients and logits poisoned with NaN first, so every
-// element must have been written.
+// float64 reference (its products' operands rounded as `gemm` says);
+// gradients and logits poisoned with NaN first, so every element must have
+// been written.
 inline void check_against_reference(const Factory& factory, const ps::MlpShape& shape, int B,
-                                    double tol, uint64_t seed = 1) {
+                                    double tol, uint64_t seed = 1,
+                                    GemmOperands gemm = GemmOperands::kFloat64) {
   INFO("shape " << shape.to_string() << ", batch " << B);
   ps::EngineOptions opt;
   opt.max_batch = B;
@@ -50,7 +52,7 @@ inline void check_against_reference(const Factory& factory, const ps::MlpShape& 
   std::fill(engine->host_grads().begin(), engine->host_grads().end(), kNaN);
 
   const RefResult ref =
-      reference(shape, to_double(params), batch.x.data(), batch.labels.data(), B, true);
+      reference(shape, to_double(params), batch.x.data(), batch.labels.data(), B, true, gemm);
   const ps::StepStats stats = engine->compute_gradients(batch.x, batch.labels);
   CHECK(stats.count == B);
   CHECK(std::abs(stats.loss - ref.loss) <= tol * std::max(1.0, std::abs(ref.loss)));

@@ -1,9 +1,13 @@
 // Float64 reference MLP in plain loops, for the engine tests: forward, mean
 // softmax cross-entropy, #correct, and the analytic gradient; plus helpers to
-// make random inputs and compare tensors.
+// make random inputs and compare tensors. With GemmOperands::kTf32 every matrix
+// product's operands are first rounded to TF32 (10 mantissa bits, to nearest,
+// as cuBLAS's TF32 mode does) and accumulated in float64: the result a TF32
+// engine should match, ReLU masks flipped by that rounding included.
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -20,13 +24,25 @@ struct RefResult {
   std::vector<double> grads;   // (P), layout order; empty unless asked for
 };
 
+enum class GemmOperands { kFloat64, kTf32 };
+
+// v as float rounded to 10 mantissa bits, ties away from zero (PTX cvt.rna.tf32.f32).
+inline double round_to_tf32(double v) {
+  const float f = static_cast<float>(v);
+  if (!std::isfinite(f)) return f;
+  const uint32_t bits = (std::bit_cast<uint32_t>(f) + 0x1000u) & 0xffffe000u;
+  return std::bit_cast<float>(bits);
+}
+
 inline double ref_act(double v, ps::Activation a) {
   return a == ps::Activation::kRelu ? std::max(v, 0.0) : 1.0 / (1.0 + std::exp(-v));
 }
 
 // params: flat, ps::ParamLayout order. x (B, inputs), labels (B).
 inline RefResult reference(const ps::MlpShape& shape, const std::vector<double>& params,
-                           const float* x, const int32_t* labels, int B, bool want_grads) {
+                           const float* x, const int32_t* labels, int B, bool want_grads,
+                           GemmOperands gemm = GemmOperands::kFloat64) {
+  const auto op = [gemm](double v) { return gemm == GemmOperands::kTf32 ? round_to_tf32(v) : v; };
   const ps::ParamLayout layout(shape);
   const int L = shape.num_layers();
   std::vector<std::vector<double>> acts(L + 1);  // acts[0] = x, acts[l+1] = output of layer l
@@ -40,7 +56,8 @@ inline RefResult reference(const ps::MlpShape& shape, const std::vector<double>&
       for (int o = 0; o < out; ++o) {
         double s = b[o];
         for (int k = 0; k < in; ++k)
-          s += acts[l][static_cast<size_t>(i) * in + k] * W[static_cast<size_t>(k) * out + o];
+          s += op(acts[l][static_cast<size_t>(i) * in + k]) *
+               op(W[static_cast<size_t>(k) * out + o]);
         acts[l + 1][static_cast<size_t>(i) * out + o] =
             l + 1 < L ? ref_act(s, shape.activation) : s;
       }
@@ -76,7 +93,8 @@ inline RefResult reference(const ps::MlpShape& shape, const std::vector<double>&
         const double g = dz[static_cast<size_t>(i) * out + o];
         db[o] += g;
         for (int k = 0; k < in; ++k)
-          dW[static_cast<size_t>(k) * out + o] += acts[l][static_cast<size_t>(i) * in + k] * g;
+          dW[static_cast<size_t>(k) * out + o] +=
+              op(acts[l][static_cast<size_t>(i) * in + k]) * op(g);
       }
     if (l == 0) break;
     std::vector<double> dx(static_cast<size_t>(B) * in, 0.0);
@@ -84,7 +102,7 @@ inline RefResult reference(const ps::MlpShape& shape, const std::vector<double>&
       for (int k = 0; k < in; ++k) {
         double s = 0;
         for (int o = 0; o < out; ++o)
-          s += dz[static_cast<size_t>(i) * out + o] * W[static_cast<size_t>(k) * out + o];
+          s += op(dz[static_cast<size_t>(i) * out + o]) * op(W[static_cast<size_t>(k) * out + o]);
         const double y = acts[l][static_cast<size_t>(i) * in + k];  // output of layer l-1
         const double d =
             shape.activation == ps::Activation::kRelu ? (y > 0 ? 1.0 : 0.0) : y * (1.0 - y);

@@ -178,7 +178,8 @@ def rpc_ps_main(rank, world, port, steps, batch, lr, data_dir, threads, result_f
             for p, v in zip(model.parameters(), params):
                 p.copy_(v)
         idx = torch.from_numpy(rng.integers(0, len(train_x), batch))
-        loss = torch.nn.functional.cross_entropy(model(train_x[idx]), train_y[idx])
+        x = torch_mnist.to_inputs(torch.index_select(train_x, 0, idx), "cpu")  # as torch_mnist's batches
+        loss = torch.nn.functional.cross_entropy(model(x), torch.index_select(train_y, 0, idx))
         model.zero_grad()
         loss.backward()
         rpc.rpc_sync("ps", ps_apply_grads, args=([p.grad for p in model.parameters()], lr))

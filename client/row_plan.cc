@@ -68,7 +68,8 @@ struct PlanPool {
   }
   void give(RowPlan* plan) {
     std::unique_ptr<RowPlan> owned(plan);
-    if (plan->position.capacity() > (1u << 20)) return;  // a very large batch's: freed
+    // A very large batch's: freed.
+    if (std::max(plan->first.capacity(), plan->repeats.capacity()) > (1u << 20)) return;
     std::lock_guard lock(mutex);
     if (free.size() < kKeep) free.push_back(std::move(owned));
   }
@@ -107,37 +108,46 @@ void plan_rows_into(RowPlan& plan, std::span<const uint64_t> ids, const RowPlace
   const uint64_t mask = capacity - 1;
   sc.count.assign(regions, 0);
   uint32_t* count = sc.count.data();
-  plan.position.resize(n);
   plan.repeats.clear();
   plan.requests.clear();
   uint64_t* pid = place_ids.data();
   uint32_t* pfirst = place_first.data();
-  uint32_t* position = plan.position.data();
   const uint64_t* in = ids.data();
-  // One pass in caller order: each position's place; each distinct id at the
-  // next place of its region (so a shard's ids keep first-seen order).
-  for (std::size_t i = 0; i < std::min(n, kAhead); ++i)
-    __builtin_prefetch(&slots[mix_id(in[i]) & mask], 1);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) __builtin_prefetch(&slots[mix_id(in[i + kAhead]) & mask], 1);
-    const uint64_t id = in[i];
-    for (uint64_t h = mix_id(id) & mask;; h = (h + 1) & mask) {
-      const uint32_t at = slots[h];
-      if (at == kEmpty) {
-        const uint32_t r = regions == 1 ? 0 : placement.shard_of(id);
-        const uint32_t place = (r << bits) + count[r]++;
-        slots[h] = place;
-        pid[place] = id;
-        pfirst[place] = static_cast<uint32_t>(i);
-        position[i] = place;
-        break;
-      }
-      if (pid[at] == id) {
-        position[i] = at;
-        plan.repeats.emplace_back(static_cast<uint32_t>(i), pfirst[at]);
-        break;
+  // One pass in caller order: each distinct id at the next place of its
+  // region (so a shard's ids keep first-seen order); a repeat keeps its id's
+  // place, made an index below. The loop is made once per way of finding a
+  // region, with the placement and the regions' next places in locals that
+  // the stores cannot alias (else they are read from memory for every id).
+  auto one_pass = [&](auto region_of) {
+    uint32_t next[kMaxRegions];
+    for (uint32_t r = 0; r < regions; ++r) next[r] = r << bits;
+    for (std::size_t i = 0; i < std::min(n, kAhead); ++i)
+      __builtin_prefetch(&slots[mix_id(in[i]) & mask], 1);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (i + kAhead < n) __builtin_prefetch(&slots[mix_id(in[i + kAhead]) & mask], 1);
+      const uint64_t id = in[i];
+      for (uint64_t h = mix_id(id) & mask;; h = (h + 1) & mask) {
+        const uint32_t at = slots[h];
+        if (at == kEmpty) {
+          const uint32_t place = next[region_of(id)]++;
+          slots[h] = place;
+          pid[place] = id;
+          pfirst[place] = static_cast<uint32_t>(i);
+          break;
+        }
+        if (pid[at] == id) {
+          plan.repeats.push_back({static_cast<uint32_t>(i), pfirst[at], at});
+          break;
+        }
       }
     }
+    for (uint32_t r = 0; r < regions; ++r) count[r] = next[r] - (r << bits);
+  };
+  if (regions == 1) {
+    one_pass([](uint64_t) { return 0u; });
+  } else {
+    const RowPlacement place_of = placement;
+    one_pass([&place_of](uint64_t id) { return place_of.shard_of(id); });
   }
   uint32_t distinct = 0;
   for (uint32_t r = 0; r < regions; ++r) distinct += count[r];
@@ -149,7 +159,7 @@ void plan_rows_into(RowPlan& plan, std::span<const uint64_t> ids, const RowPlace
     plan.first.resize(distinct);
     start[1] = distinct;
   } else if (regions == shards) {
-    // The regions copied together, and each position's place made its index.
+    // The regions copied together, and each repeat's place made its index.
     plan.ids.resize(distinct);
     plan.first.resize(distinct);
     for (uint32_t s = 0; s < shards; ++s) {
@@ -157,11 +167,8 @@ void plan_rows_into(RowPlan& plan, std::span<const uint64_t> ids, const RowPlace
       std::copy_n(pid + (std::size_t(s) << bits), count[s], plan.ids.data() + start[s]);
       std::copy_n(pfirst + (std::size_t(s) << bits), count[s], plan.first.data() + start[s]);
     }
-    const uint32_t* region_start = start.data();
-    for (std::size_t i = 0; i < n; ++i) {
-      const uint32_t place = position[i];
-      position[i] = region_start[place >> bits] + uint32_t(place & stride_mask);
-    }
+    for (RowRepeat& r : plan.repeats)
+      r.index = start[r.index >> bits] + uint32_t(r.index & stride_mask);
   } else {
     // Many shards: a counting sort of the distinct ids (first-seen order) by shard.
     sc.cursor.resize(distinct);  // the shard of each place
@@ -180,7 +187,7 @@ void plan_rows_into(RowPlan& plan, std::span<const uint64_t> ids, const RowPlace
       plan.ids[at] = pid[u];
       plan.first[at] = pfirst[u];
     }
-    for (std::size_t i = 0; i < n; ++i) position[i] = sc.placed[position[i]];
+    for (RowRepeat& r : plan.repeats) r.index = sc.placed[r.index];
   }
   const uint32_t per = std::max<uint32_t>(1, max_ids);
   for (uint32_t s = 0; s < shards; ++s) {
@@ -227,8 +234,8 @@ void scatter_request(const RowPlan& plan, const RowRequest& r, const float* rows
 }
 
 void fill_repeats(const RowPlan& plan, uint32_t dim, float* out) {
-  for (const auto& [position, first] : plan.repeats) {
-    copy_row(out + std::size_t(position) * dim, out + std::size_t(first) * dim, dim);
+  for (const RowRepeat& r : plan.repeats) {
+    copy_row(out + std::size_t(r.position) * dim, out + std::size_t(r.first) * dim, dim);
   }
 }
 
@@ -246,9 +253,9 @@ void gather_gradients(const RowPlan& plan, const float* grads, uint32_t dim, flo
   for (std::size_t p = 0; p < plan.first.size(); ++p) {
     copy_row(summed + p * dim, grads + std::size_t(plan.first[p]) * dim, dim);
   }
-  for (const auto& [position, first] : plan.repeats) {
-    float* __restrict dst = summed + std::size_t(plan.position[position]) * dim;
-    const float* __restrict src = grads + std::size_t(position) * dim;
+  for (const RowRepeat& r : plan.repeats) {
+    float* __restrict dst = summed + std::size_t(r.index) * dim;
+    const float* __restrict src = grads + std::size_t(r.position) * dim;
     for (uint32_t j = 0; j < dim; ++j) dst[j] += src[j];
   }
 }

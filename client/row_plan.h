@@ -15,7 +15,6 @@
 #include <memory>
 #include <span>
 #include <vector>
-#include <utility>
 
 #include "common/embedding_placement.h"
 
@@ -51,12 +50,18 @@ struct UninitAllocator : std::allocator<T> {
 template <class T>
 using PlanVector = std::vector<T, UninitAllocator<T>>;
 
+// A caller position that repeats an earlier id.
+struct RowRepeat {
+  uint32_t position = 0;
+  uint32_t first = 0;  // the first caller position of its id
+  uint32_t index = 0;  // its id's index in RowPlan::ids
+  bool operator==(const RowRepeat&) const = default;
+};
+
 struct RowPlan {
-  PlanVector<uint64_t> ids;       // the distinct ids, grouped by shard
-  PlanVector<uint32_t> position;  // per caller position: its id's index in `ids`
-  PlanVector<uint32_t> first;     // per index in `ids`: the first caller position of that id
-  // Caller positions that repeat an earlier id: (position, first position of its id).
-  std::vector<std::pair<uint32_t, uint32_t>> repeats;
+  PlanVector<uint64_t> ids;        // the distinct ids, grouped by shard
+  PlanVector<uint32_t> first;      // per index in `ids`: the first caller position of that id
+  std::vector<RowRepeat> repeats;  // in caller order
   std::vector<RowRequest> requests;
   bool has_duplicates = false;
 };

@@ -71,18 +71,21 @@ TEST_CASE("plan_rows: distinct ids grouped by shard, in requests of at most max_
       REQUIRE(plan.ids.size() == want.size());
       REQUIRE(std::set<uint64_t>(plan.ids.begin(), plan.ids.end()) == want);
       CHECK(plan.has_duplicates);
-      // Each position points at its id; `first` is each id's first position.
+      // `first` is each id's first position; each repeat names its id's
+      // first position and index, and every position that is not an id's
+      // first is a repeat, in caller order.
       std::map<uint64_t, uint32_t> first_seen;
-      for (uint32_t i = 0; i < ids.size(); ++i) {
-        REQUIRE(plan.ids[plan.position[i]] == ids[i]);
-        first_seen.emplace(ids[i], i);
-      }
+      std::vector<uint32_t> later;
+      for (uint32_t i = 0; i < ids.size(); ++i)
+        if (!first_seen.emplace(ids[i], i).second) later.push_back(i);
       for (std::size_t p = 0; p < plan.ids.size(); ++p)
         REQUIRE(plan.first[p] == first_seen[plan.ids[p]]);
-      CHECK(plan.repeats.size() == ids.size() - want.size());
-      for (auto [position, first] : plan.repeats) {
-        REQUIRE(ids[position] == ids[first]);
-        REQUIRE(first == first_seen[ids[position]]);
+      REQUIRE(plan.repeats.size() == later.size());
+      for (std::size_t k = 0; k < later.size(); ++k) {
+        const RowRepeat& r = plan.repeats[k];
+        REQUIRE(r.position == later[k]);
+        REQUIRE(r.first == first_seen[ids[r.position]]);
+        REQUIRE(plan.ids[r.index] == ids[r.position]);
       }
       // The requests cover the plan once, in order, each within one shard.
       uint32_t next = 0;
@@ -147,8 +150,8 @@ namespace {
 // each id's first position).
 struct ReferencePlan {
   std::vector<uint64_t> ids;
-  std::vector<uint32_t> first, position;
-  std::vector<std::pair<uint32_t, uint32_t>> repeats;
+  std::vector<uint32_t> first;
+  std::vector<RowRepeat> repeats;
   std::vector<RowRequest> requests;
 };
 
@@ -162,7 +165,7 @@ ReferencePlan reference_plan(const std::vector<uint64_t>& ids, const RowPlacemen
     if (added)
       by_shard[place.shard_of(ids[i])].push_back(i);
     else
-      ref.repeats.emplace_back(i, it->second);
+      ref.repeats.push_back({i, it->second, 0});
   }
   std::unordered_map<uint64_t, uint32_t> index_of;
   for (uint32_t s = 0; s < place.shards(); ++s) {
@@ -177,14 +180,13 @@ ReferencePlan reference_plan(const std::vector<uint64_t>& ids, const RowPlacemen
     for (uint32_t f = begin; f < end; f += max_ids)
       ref.requests.push_back({s, f, std::min(max_ids, end - f)});
   }
-  for (uint64_t id : ids) ref.position.push_back(index_of[id]);
+  for (RowRepeat& r : ref.repeats) r.index = index_of[ids[r.position]];
   return ref;
 }
 
 void require_same(const RowPlan& plan, const ReferencePlan& ref) {
   REQUIRE(std::vector<uint64_t>(plan.ids.begin(), plan.ids.end()) == ref.ids);
   REQUIRE(std::vector<uint32_t>(plan.first.begin(), plan.first.end()) == ref.first);
-  REQUIRE(std::vector<uint32_t>(plan.position.begin(), plan.position.end()) == ref.position);
   REQUIRE(plan.repeats == ref.repeats);
   REQUIRE(plan.has_duplicates == !ref.repeats.empty());
   REQUIRE(plan.requests.size() == ref.requests.size());

@@ -186,7 +186,7 @@ check_transport() {  # name, expected ("unix" or "tcp"), run dir, launch_local f
   local name=$1 want=$2 dir=$3
   shift 3
   BUILD_DIR="$build" timeout 60 "$(dirname "$0")/../scripts/launch_local.sh" --quiet --workers 2 \
-    --run_dir "$dir" --trainer "$build/examples/linreg_trainer" "$@" -- --train_steps 50 --log_every 0 \
+    --run_dir "$dir" --trainer "$build/examples/linreg_trainer" "$@" -- --train_steps 300 --log_every 0 \
     >/dev/null 2>"$tmp/transport.err"
   local rc=$? got=tcp
   grep -q "unix connected as worker" "$dir/ps0.log" 2>/dev/null && got=unix

@@ -6,6 +6,7 @@
 //   build/bench/embedding_bench                    # 10^7 x 32 and 5*10^6 x 64 fixed SGD tables
 //   build/bench/embedding_bench --clients 3 --dynamic_rows 1000000
 //   build/bench/embedding_bench --same_host false   # TCP lines only
+//   build/bench/embedding_bench --in_flight 2       # two calls at once per client
 //
 // Each fixed table is measured with 65,536-id batches; pull and push rates
 // are given as a share of the in-memory gather rate of the same row size.
@@ -34,8 +35,10 @@
 #include <ctime>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <random>
 #include <string>
 #include <thread>
@@ -265,6 +268,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--request_kb", request_kb, "ClientOptions::max_request_bytes, KiB")
       ->capture_default_str();
+  int in_flight = 1;
+  app.add_option("--in_flight", in_flight,
+                 "calls each client keeps going at once (pull_rows_async / push_rows_async), as a "
+                 "trainer that fetches the next batch's rows during a step; above 1, rates are "
+                 "rows over the wall time, not medians")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 16));
   bool same_host = true;
   app.add_option("--same_host", same_host,
                  "also measure fixed tables' uniform pull and push over psd's Unix socket, with "
@@ -310,22 +320,42 @@ int main(int argc, char** argv) {
     const auto t0 = Clock::now();
     for (int c = 0; c < clients; ++c) {
       threads.emplace_back([&, c] {
-        std::vector<float> buf(batch * dim, 0.001f);
-        for (const auto& ids : batches) {
-          const auto s = Clock::now();
-          if (push)
-            cs[c]->push_rows(table, ids, buf);
-          else
-            cs[c]->pull_rows(table, ids, buf);
-          times[c].push_back(seconds_since(s));
+        if (in_flight == 1) {
+          std::vector<float> buf(batch * dim, 0.001f);
+          for (const auto& ids : batches) {
+            const auto s = Clock::now();
+            if (push)
+              cs[c]->push_rows(table, ids, buf);
+            else
+              cs[c]->pull_rows(table, ids, buf);
+            times[c].push_back(seconds_since(s));
+          }
+          return;
         }
+        // A buffer per call in flight: call k reuses call k - in_flight's,
+        // which has been waited for.
+        std::vector<std::vector<float>> bufs(in_flight, std::vector<float>(batch * dim, 0.001f));
+        std::deque<std::future<ps::PushStatus>> pushes;
+        std::deque<std::future<int64_t>> pulls;
+        for (std::size_t k = 0; k < batches.size(); ++k) {
+          std::vector<float>& buf = bufs[k % in_flight];
+          if (push) {
+            if (pushes.size() == std::size_t(in_flight)) pushes.front().get(), pushes.pop_front();
+            pushes.push_back(cs[c]->push_rows_async(table, batches[k], buf));
+          } else {
+            if (pulls.size() == std::size_t(in_flight)) pulls.front().get(), pulls.pop_front();
+            pulls.push_back(cs[c]->pull_rows_async(table, batches[k], buf));
+          }
+        }
+        for (auto& f : pushes) f.get();
+        for (auto& f : pulls) f.get();
       });
     }
     for (auto& t : threads) t.join();
     const double wall = seconds_since(t0);
     const double batches_run = double(batches.size() * clients);
-    Rate r = clients == 1 ? rate(batch, dim, median(times[0]))
-                          : rate(batch * batches.size() * clients, dim, wall);
+    Rate r = clients == 1 && in_flight == 1 ? rate(batch, dim, median(times[0]))
+                                            : rate(batch * batches.size() * clients, dim, wall);
     r.client_cpu_ms = (self_cpu_seconds() - client0) / batches_run * 1e3;
     r.psd_cpu_ms = (process_cpu_seconds(psd.pid) - psd0) / batches_run * 1e3;
     return r;

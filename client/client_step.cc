@@ -21,7 +21,7 @@ struct TablePart {
   std::string table;
   uint32_t dim = 0;
   std::shared_ptr<const RowPlan> plan;
-  std::shared_ptr<const std::vector<float>> sums;  // plan order, repeated ids summed
+  std::shared_ptr<const float> sums;  // plan order, repeated ids summed (plan_order_gradients)
 };
 
 struct RowReply {
@@ -215,9 +215,7 @@ std::future<PushResult> Client::start_push_step(std::vector<std::string> names,
           " bytes); raise psd --max_message_mb or push fewer ids per step (nothing "
           "was sent)");
     }
-    auto sums = std::make_shared<std::vector<float>>(part.plan->ids.size() * spec.dim);
-    gather_gradients(*part.plan, r.grads.data(), spec.dim, sums->data());
-    part.sums = std::move(sums);
+    part.sums = plan_order_gradients(*part.plan, r.grads, spec.dim);
     tables.push_back(std::move(part));
   }
   auto batches = impl_->plan(names);
@@ -243,7 +241,7 @@ std::future<PushResult> Client::start_push_step(std::vector<std::string> names,
           }
           for (const TablePart& t : tables) {
             for (const RowRequest& r : t.plan->requests) {
-              const std::span<const float> g(t.sums->data() + std::size_t(r.first) * t.dim,
+              const std::span<const float> g(t.sums.get() + std::size_t(r.first) * t.dim,
                                              std::size_t(r.count) * t.dim);
               if (refuses(r.shard) && !all_finite(g, limit))
                 throw RequestError(gradient_refusal(t.table, g, summed) + " (nothing was sent)");
@@ -286,11 +284,11 @@ std::future<PushResult> Client::start_push_step(std::vector<std::string> names,
               req.setStep(step);
               req.setRequestId(id);
               req.setDoneStep(reports);
-              return Impl::send_row_grads(kj::mv(req), c,
-                                          std::span<const float>(
-                                              part->sums->data() + std::size_t(r.first) * part->dim,
-                                              std::size_t(r.count) * part->dim),
-                                          part->sums)
+              return Impl::send_row_grads(
+                         kj::mv(req), c,
+                         std::span<const float>(part->sums.get() + std::size_t(r.first) * part->dim,
+                                                std::size_t(r.count) * part->dim),
+                         part->sums)
                   .then([&c](capnp::Response<wire::Shard::PushRowsResults>&& reply) {
                     c.last_step = std::max(c.last_step, reply.getStep());
                     return RowReply{from_wire(reply.getStatus()), reply.getStep(), reply.getStop()};

@@ -249,9 +249,7 @@ std::future<PushStatus> Client::start_push_rows(const std::string& table,
       !all_finite(grads, gradient_limit(summed))) {
     throw RequestError(gradient_refusal(table, grads, summed) + " (nothing was sent)");
   }
-  auto sums = std::make_shared<std::vector<float>>(plan->ids.size() *
-                                                   dim);  // plan order, duplicates summed
-  gather_gradients(*plan, grads.data(), dim, sums->data());
+  std::shared_ptr<const float> sums = plan_order_gradients(*plan, grads, dim);
   return impl_->run<PushStatus>(
       [this, plan, sums, table, dim, step]() {
         auto worst = std::make_shared<PushStatus>(PushStatus::kApplied);
@@ -267,7 +265,7 @@ std::future<PushStatus> Client::start_push_rows(const std::string& table,
             req.setRequestId(id);
             return Impl::send_row_grads(
                 kj::mv(req), c,
-                std::span<const float>(sums->data() + std::size_t(r.first) * dim,
+                std::span<const float>(sums.get() + std::size_t(r.first) * dim,
                                        std::size_t(r.count) * dim),
                 sums);
           };

@@ -80,6 +80,41 @@ PlanPool& plan_pool() {
   return *pool;
 }
 
+// Plan-order gradient buffers kept for reuse, as plans are: a fresh one
+// costs its pages' faults and zeroing on every push.
+struct GradientPool {
+  static constexpr std::size_t kKeep = 8;
+  static constexpr std::size_t kMaxFloats = std::size_t(16) << 20;  // larger ones are freed
+  std::mutex mutex;
+  std::vector<std::unique_ptr<PlanVector<float>>> free;
+
+  std::shared_ptr<float> take(std::size_t floats) {
+    std::unique_ptr<PlanVector<float>> buf;
+    {
+      std::lock_guard lock(mutex);
+      if (!free.empty()) {
+        buf = std::move(free.back());
+        free.pop_back();
+      }
+    }
+    if (!buf) buf = std::make_unique<PlanVector<float>>();
+    buf->resize(floats);
+    PlanVector<float>* raw = buf.release();
+    return std::shared_ptr<float>(raw->data(), [this, raw](float*) { give(raw); });
+  }
+  void give(PlanVector<float>* buf) {
+    std::unique_ptr<PlanVector<float>> owned(buf);
+    if (buf->capacity() > kMaxFloats) return;
+    std::lock_guard lock(mutex);
+    if (free.size() < kKeep) free.push_back(std::move(owned));
+  }
+};
+
+GradientPool& gradient_pool() {
+  static GradientPool* pool = new GradientPool;
+  return *pool;
+}
+
 }  // namespace
 
 void plan_rows_into(RowPlan& plan, std::span<const uint64_t> ids, const RowPlacement& placement,
@@ -152,6 +187,7 @@ void plan_rows_into(RowPlan& plan, std::span<const uint64_t> ids, const RowPlace
   uint32_t distinct = 0;
   for (uint32_t r = 0; r < regions; ++r) distinct += count[r];
   plan.has_duplicates = distinct != n;
+  plan.in_caller_order = direct && !plan.has_duplicates;
   std::vector<uint32_t>& start = sc.start;
   start.assign(shards + 1, 0);
   if (direct) {
@@ -258,6 +294,15 @@ void gather_gradients(const RowPlan& plan, const float* grads, uint32_t dim, flo
     const float* __restrict src = grads + std::size_t(r.position) * dim;
     for (uint32_t j = 0; j < dim; ++j) dst[j] += src[j];
   }
+}
+
+std::shared_ptr<const float> plan_order_gradients(const RowPlan& plan, std::span<const float> grads,
+                                                  uint32_t dim) {
+  if (plan.in_caller_order)
+    return std::shared_ptr<const float>(std::shared_ptr<void>(), grads.data());
+  std::shared_ptr<float> summed = gradient_pool().take(plan.ids.size() * std::size_t(dim));
+  gather_gradients(plan, grads.data(), dim, summed.get());
+  return summed;
 }
 
 }  // namespace ps

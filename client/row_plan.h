@@ -64,6 +64,9 @@ struct RowPlan {
   std::vector<RowRepeat> repeats;  // in caller order
   std::vector<RowRequest> requests;
   bool has_duplicates = false;
+  // ids[p] is the caller's position p (one shard, no repeats): rows and
+  // gradients in plan order are the caller's own buffers.
+  bool in_caller_order = false;
 };
 
 // every_shard: a request (maybe empty) to each shard, as a sync step needs.
@@ -89,5 +92,11 @@ void scatter_request(const RowPlan& plan, const RowRequest& r, const float* rows
 void fill_repeats(const RowPlan& plan, uint32_t dim, float* out);
 // grads (position order) to summed (plan order): duplicates added up.
 void gather_gradients(const RowPlan& plan, const float* grads, uint32_t dim, float* summed);
+// The gradients to send, in plan order: `grads` itself where the plan is in
+// the caller's order (not owned: the caller keeps it until the push is
+// answered), else gather_gradients into a buffer from a process-wide pool,
+// to which it goes back when the last reference is dropped.
+std::shared_ptr<const float> plan_order_gradients(const RowPlan& plan, std::span<const float> grads,
+                                                  uint32_t dim);
 
 }  // namespace ps

@@ -53,8 +53,16 @@ void check_summed(const RowPlan& plan, const std::vector<uint64_t>& ids,
   }
   std::vector<float> summed(plan.ids.size() * dim);
   gather_gradients(plan, grads.data(), dim, summed.data());
-  for (std::size_t p = 0; p < plan.ids.size(); ++p)
-    for (uint32_t j = 0; j < dim; ++j) REQUIRE(summed[p * dim + j] == sums[plan.ids[p]][j]);
+  // What a push sends: the same values, from the caller's own buffer where
+  // the plan keeps the caller's order.
+  const std::shared_ptr<const float> sent = plan_order_gradients(plan, grads, dim);
+  CHECK((sent.get() == grads.data()) == plan.in_caller_order);
+  for (std::size_t p = 0; p < plan.ids.size(); ++p) {
+    for (uint32_t j = 0; j < dim; ++j) {
+      REQUIRE(summed[p * dim + j] == sums[plan.ids[p]][j]);
+      REQUIRE(sent.get()[p * dim + j] == summed[p * dim + j]);
+    }
+  }
 }
 
 }  // namespace
@@ -132,15 +140,32 @@ TEST_CASE("rows come back in the caller's order, however the replies are split")
 
 TEST_CASE("gradients of repeated ids are summed; without repeats they are moved") {
   const uint32_t dim = 5;
-  for (bool repeats : {true, false}) {
-    INFO("repeats " << repeats);
-    std::vector<uint64_t> ids = random_ids(4000, repeats ? 500 : (1ull << 40), 3);
-    const RowPlan plan = plan_rows(ids, RowPlacement(TablePlacement::kHash, 0, 2), 1000, false);
-    REQUIRE(plan.has_duplicates == repeats);
-    std::vector<float> grads(ids.size() * dim);
-    for (std::size_t i = 0; i < grads.size(); ++i) grads[i] = float(int(i % 9) - 4);
-    check_summed(plan, ids, grads, dim);
+  for (uint32_t shards : {1u, 2u}) {
+    for (bool repeats : {true, false}) {
+      INFO(shards << " shards, repeats " << repeats);
+      std::vector<uint64_t> ids = random_ids(4000, repeats ? 500 : (1ull << 40), 3);
+      const RowPlan plan =
+          plan_rows(ids, RowPlacement(TablePlacement::kHash, 0, shards), 1000, false);
+      REQUIRE(plan.has_duplicates == repeats);
+      // Only one shard and no repeats leave the caller's order as it is.
+      CHECK(plan.in_caller_order == (shards == 1 && !repeats));
+      std::vector<float> grads(ids.size() * dim);
+      for (std::size_t i = 0; i < grads.size(); ++i) grads[i] = float(int(i % 9) - 4);
+      check_summed(plan, ids, grads, dim);
+    }
   }
+}
+
+TEST_CASE("plan-order gradient buffers are reused") {
+  const uint32_t dim = 4;
+  const std::vector<uint64_t> ids = {7, 3, 7, 9};  // a repeat: summed into a pooled buffer
+  const RowPlan plan = plan_rows(ids, RowPlacement(TablePlacement::kHash, 0, 1), 100, false);
+  const std::vector<float> grads(ids.size() * dim, 1.0f);
+  const float* first = plan_order_gradients(plan, grads, dim).get();  // back to the pool at once
+  const std::shared_ptr<const float> again = plan_order_gradients(plan, grads, dim);
+  CHECK(again.get() == first);
+  CHECK(again.get()[0] == 2.0f);  // id 7's two rows
+  CHECK(again.get()[dim] == 1.0f);
 }
 
 namespace {

@@ -77,6 +77,8 @@ namespace {
 
 // Gradients of at least this many bytes go out without a copy.
 constexpr std::size_t kMinExternalBytes = 4096;
+// A large pull goes in parts of this many requests' ids (start_pull_rows).
+constexpr std::size_t kRequestsPerPullPart = 2;
 
 }  // namespace
 
@@ -178,27 +180,58 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
                       " floats of output, got " + std::to_string(out.size()));
   }
   check_ids(spec, ids, "pull_rows");
-  auto plan = shared_row_plan(as_unsigned(ids), placement_of(spec, num_shards()),
-                              ids_per_request(row_request_bytes(), dim), false);
+  const uint32_t per = ids_per_request(row_request_bytes(), dim);
   const uint64_t rollbacks_at_call = rollbacks();
-  return impl_->run<int64_t>(
-      [this, plan, table, dim, min_step, out, rollbacks_at_call]() {
-        auto st = std::make_shared<Impl::RowPull>();
-        st->rollbacks_at_call = rollbacks_at_call;
-        st->plan = plan;
-        st->table = table;
-        st->dim = dim;
-        st->out = out.data();
-        st->steps.assign(plan->requests.size(), 0);
-        std::vector<std::size_t> all(plan->requests.size());
-        for (std::size_t k = 0; k < all.size(); ++k) all[k] = k;
-        return impl_->pull_row_requests(st, std::move(all), min_step, 0).then([st] {
-          fill_repeats(*st->plan, st->dim, st->out);
-          return st->steps.empty() ? int64_t{0}
-                                   : *std::min_element(st->steps.begin(), st->steps.end());
-        });
-      },
-      "pull_rows: ", done);
+  // The pull of ids[first, first + count) into out's rows from `first` on:
+  // planned here, then sent, scattered and completed by the loop.
+  auto pull_of = [&](std::size_t first, std::size_t count) {
+    auto plan = shared_row_plan(as_unsigned(ids.subspan(first, count)),
+                                placement_of(spec, num_shards()), per, false);
+    float* to = out.data() + first * dim;
+    return [this, plan, table, dim, min_step, to, rollbacks_at_call]() {
+      auto st = std::make_shared<Impl::RowPull>();
+      st->rollbacks_at_call = rollbacks_at_call;
+      st->plan = plan;
+      st->table = table;
+      st->dim = dim;
+      st->out = to;
+      st->steps.assign(plan->requests.size(), 0);
+      std::vector<std::size_t> all(plan->requests.size());
+      for (std::size_t k = 0; k < all.size(); ++k) all[k] = k;
+      return impl_->pull_row_requests(st, std::move(all), min_step, 0).then([st] {
+        fill_repeats(*st->plan, st->dim, st->out);
+        return st->steps.empty() ? int64_t{0}
+                                 : *std::min_element(st->steps.begin(), st->steps.end());
+      });
+    };
+  };
+  // A large blocking pull outside sync mode goes in parts of two requests'
+  // ids, each sent as soon as it is planned (the loop's helper thread carries
+  // it), so that planning the next part overlaps the shards' work on those
+  // before it. A part deduplicates its own ids: an id in two parts is
+  // fetched twice. Sync mode reads every row at one step, so one plan.
+  const std::size_t part = std::size_t(per) * kRequestsPerPullPart;
+  if (done != nullptr && impl_->job_mode.load() != SyncMode::kSync && ids.size() > 2 * part) {
+    std::vector<std::future<int64_t>> parts;
+    for (std::size_t first = 0; first < ids.size(); first += part)
+      parts.push_back(impl_->submit<int64_t>(pull_of(first, std::min(part, ids.size() - first)),
+                                             "pull_rows: "));
+    // Every part is waited for, failed or not: none may write into `out`
+    // after this returns.
+    int64_t step = std::numeric_limits<int64_t>::max();
+    std::exception_ptr error;
+    for (auto& p : parts) {
+      try {
+        step = std::min(step, p.get());
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
+    *done = step;
+    return {};
+  }
+  return impl_->run<int64_t>(pull_of(0, ids.size()), "pull_rows: ", done);
 }
 
 int64_t Client::pull_rows(const std::string& table, std::span<const int64_t> ids,

@@ -227,6 +227,60 @@ TEST_CASE("rows spread over three shards by mod, div and hash; large batches in 
   CHECK(stats[0].rejected == 0);
 }
 
+TEST_CASE("a large pull goes in parts, each sent once planned; in sync mode as one plan") {
+  // One id, many times over: one plan fetches it once, each part once more.
+  // psd's bytes_out counts what was fetched.
+  PsdProcess ps;
+  ClientOptions o = options_for({&ps}, 0);
+  o.max_request_bytes = 64;  // 4 ids of dim 2 a request, so a part is 8 ids
+  const uint32_t dim = 2;
+  const std::vector<int64_t> same(100, 3);  // 13 parts of at most 8
+  std::vector<int64_t> mixed(100);
+  for (std::size_t i = 0; i < mixed.size(); ++i) mixed[i] = int64_t((i * 7) % 23);
+  auto fetched = [&](Client& c, const std::vector<int64_t>& ids) {
+    const uint64_t before = c.stats().at(0).bytes_out;
+    const auto rows = pull_rows(c, "t", ids, dim);
+    for (std::size_t i = 0; i < ids.size(); ++i) {  // row id holds (id, -id) after the push below
+      REQUIRE(rows[i * dim] == -float(ids[i]));
+      REQUIRE(rows[i * dim + 1] == float(ids[i]));
+    }
+    return (c.stats().at(0).bytes_out - before) / (dim * sizeof(float));
+  };
+  SECTION("async: parts") {
+    Client c(o);
+    c.init_job({.mode = SyncMode::kAsync, .total_replicas = 1});
+    c.create_tables({fixed("t", 30, dim)});
+    c.set_ready();
+    std::vector<int64_t> all(30);
+    std::vector<float> g(30 * dim);
+    for (int64_t id = 0; id < 30; ++id) {
+      all[id] = id;
+      g[id * dim] = float(id);
+      g[id * dim + 1] = -float(id);
+    }
+    c.push_rows("t", all, g);
+    CHECK(fetched(c, same) == 13);
+    CHECK(fetched(c, std::vector<int64_t>(16, 3)) == 1);  // two requests' worth: one plan
+    CHECK(fetched(c, mixed) <= 13 * 8);                   // every row right, parts or not
+  }
+  SECTION("sync: one plan") {
+    Client c(o);
+    c.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 1, .total_replicas = 1});
+    c.create_tables({fixed("t", 30, dim)});
+    c.set_ready();
+    std::vector<int64_t> all(30);
+    std::vector<float> g(30 * dim);
+    for (int64_t id = 0; id < 30; ++id) {
+      all[id] = id;
+      g[id * dim] = float(id);
+      g[id * dim + 1] = -float(id);
+    }
+    c.push_rows("t", all, g, 0);
+    CHECK(fetched(c, same) == 1);
+    CHECK(fetched(c, mixed) == 23);
+  }
+}
+
 TEST_CASE("large batches: rows sent from psd's reused buffers, gradients without a copy, exact") {
   // Requests of about 1 MiB (ClientOptions' default): psd sends each reply's
   // rows from a buffer it reuses, the client sends summed gradients from its

@@ -296,7 +296,9 @@ class Client {
   void declare_tables(const std::vector<TableSpec>& tables);
   // Reads the rows of `ids` into out (ids.size() * dim floats, row i at
   // out[i * dim]), each distinct id fetched once, from all its shards at
-  // once. A dynamic table creates rows it has not seen. Returns the global
+  // once. A large batch outside sync mode goes in parts of a few requests'
+  // ids, each sent as soon as it is planned; an id in two parts is fetched
+  // twice. A dynamic table creates rows it has not seen. Returns the global
   // step the rows were read at (waits for min_step, as pull).
   int64_t pull_rows(const std::string& table, std::span<const int64_t> ids, std::span<float> out,
                     int64_t min_step = 0);

@@ -109,8 +109,9 @@ const char* kPullRowsDoc = R"(Reads rows of an embedding table, in place.
                                          # out: float32, shape ids.shape + (dim,), C-contiguous
     rows = client.pull_rows('user', ids) # a new array of shape ids.shape + (dim,)
 
-Each distinct id is fetched once; a dynamic table creates rows it has not
-seen. min_step: wait until the shards reach this global step (sync mode).
+Each distinct id is fetched once (a large pull outside sync mode goes in
+parts, each fetching its own distinct ids); a dynamic table creates rows it
+has not seen. min_step: wait until the shards reach this global step (sync mode).
 Returns the global step the rows were read at, or the new array. Wrong
 dtype, layout or shape: ValueError, nothing sent. The GIL is released while waiting.)";
 

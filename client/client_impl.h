@@ -440,7 +440,11 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   // (which lie in memory `owner` keeps): through the connection's shared
   // memory when it has some and they are large enough, else referenced from
   // `owner` without a copy (the stream holds it until written), else copied
-  // into the message. In client_tables.cc.
+  // into the message. An `owner` that owns nothing (use_count() 0, as
+  // plan_order_gradients gives for the caller's own buffer) means the
+  // caller's memory: then the connection is cut if the call is given up
+  // before psd answers (cut_if_abandoned), as a dense push from the
+  // caller's buffer is. In client_tables.cc.
   static kj::Promise<capnp::Response<wire::Shard::PushRowsResults>> send_row_grads(
       capnp::Request<wire::Shard::PushRowsParams, wire::Shard::PushRowsResults> req,
       ShardConnection& c, std::span<const float> grads, std::shared_ptr<const void> owner);

@@ -345,6 +345,10 @@ kj::Promise<capnp::Response<wire::Shard::PushRowsResults>> Client::Impl::send_ro
     req.adoptGrads(capnp::Orphanage::getForMessageContaining(
                        static_cast<wire::Shard::PushRowsParams::Builder>(req))
                        .referenceExternalData(bytes));
+    if (owner.use_count() == 0) {
+      return cut_if_abandoned(until_answered(req.send(), kj::mv(blocks)),
+                              c.messages->connection().weak());
+    }
     c.messages->connection().hold_until_sent(bytes.begin(), std::move(owner));
   } else {
     req.setGrads(bytes);

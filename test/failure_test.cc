@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "ps/client.h"
+#include "ps/embedding.h"
 #include "ps/training_session.h"
 #include "test/psd_process.h"
 
@@ -480,6 +481,55 @@ TEST_CASE(
   client.pull("w", after);
   CHECK(after[0] == before[0] - 0.5f);
   CHECK(after[n - 1] == before[n - 1] - 0.5f);
+}
+
+TEST_CASE(
+    "a push of rows given up at call_timeout sends nothing more from the caller's buffer, and "
+    "the next call reconnects") {
+  // Distinct ids to one shard go out from the caller's gradients
+  // (plan_order_gradients), as a dense push's do.
+  PsdProcess psd;
+  ClientOptions o;
+  o.ps_hosts = {psd.address()};
+  o.prefer_unix_socket = false;
+  o.connect_timeout = 300ms;
+  o.call_timeout = 1500ms;
+  o.reconnect_timeout = 5s;
+  Client client(o);
+  const uint32_t dim = 4;
+  const std::size_t n = 1u << 20;  // 16 MiB of gradients: more than the sockets hold
+  client.create_tables(
+      {{.name = "t", .dim = dim, .rows = n, .optimizer = RowOptimizerConfig::sgd(1.0f)}});
+  std::vector<int64_t> ids(n);
+  for (std::size_t i = 0; i < n; ++i) ids[i] = int64_t(i);
+  std::vector<float> g(n * dim, 1.0f);
+  for (const bool async : {false, true}) {
+    INFO((async ? "push_rows_async" : "push_rows"));
+    ::kill(psd.pid(), SIGSTOP);
+    struct Resume {
+      pid_t pid;
+      ~Resume() { ::kill(pid, SIGCONT); }
+    } resume{psd.pid()};
+    auto push = [&] {
+      return async ? client.push_rows_async("t", ids, g).get() : client.push_rows("t", ids, g);
+    };
+    CHECK_THROWS_WITH(push(), Catch::Contains("no answer from psd"));
+    std::fill(g.begin(), g.end(), 1000.0f);  // the call is over: the caller reuses its buffer
+    ::kill(psd.pid(), SIGCONT);
+    std::this_thread::sleep_for(200ms);
+    std::vector<float> rows(n * dim);
+    client.pull_rows("t", ids, rows);
+    CHECK(std::count_if(rows.begin(), rows.end(), [](float v) { return v <= -999.0f; }) == 0);
+    std::fill(g.begin(), g.end(), 1.0f);
+  }
+  // The connection was cut; the next calls reconnect and work.
+  std::vector<float> before(n * dim), after(n * dim);
+  client.pull_rows("t", ids, before);
+  std::fill(g.begin(), g.end(), 0.5f);
+  client.push_rows("t", ids, g);
+  client.pull_rows("t", ids, after);
+  CHECK(after[0] == before[0] - 0.5f);
+  CHECK(after[n * dim - 1] == before[n * dim - 1] - 0.5f);
 }
 
 namespace {

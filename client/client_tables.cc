@@ -80,23 +80,6 @@ constexpr std::size_t kMinExternalBytes = 4096;
 // A large pull goes in parts of this many requests' ids (start_pull_rows).
 constexpr std::size_t kRequestsPerPullPart = 2;
 
-// Waits for every future, failed or not: none may still use the caller's
-// buffers once the call returns. Folds the values with `fold`, or rethrows
-// the first error.
-template <typename T, typename Fold>
-T wait_all(std::vector<std::future<T>>& futures, T value, Fold fold) {
-  std::exception_ptr error;
-  for (auto& f : futures) {
-    try {
-      value = fold(value, f.get());
-    } catch (...) {
-      if (!error) error = std::current_exception();
-    }
-  }
-  if (error) std::rethrow_exception(error);
-  return value;
-}
-
 }  // namespace
 
 // Sends the requests `which` of st's plan, waiting for min_step. In sync mode
@@ -233,8 +216,19 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
     for (std::size_t first = 0; first < ids.size(); first += part)
       parts.push_back(impl_->submit<int64_t>(pull_of(first, std::min(part, ids.size() - first)),
                                              "pull_rows: "));
-    *done = wait_all(parts, std::numeric_limits<int64_t>::max(),
-                     [](int64_t a, int64_t b) { return std::min(a, b); });
+    // Every part is waited for, failed or not: none may write into `out`
+    // after this returns.
+    int64_t step = std::numeric_limits<int64_t>::max();
+    std::exception_ptr error;
+    for (auto& p : parts) {
+      try {
+        step = std::min(step, p.get());
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
+    *done = step;
     return {};
   }
   return impl_->run<int64_t>(pull_of(0, ids.size()), "pull_rows: ", done);
@@ -270,75 +264,11 @@ std::future<PushStatus> Client::start_push_rows(const std::string& table,
   }
   check_ids(spec, ids, "push_rows");
   const bool sync = impl_->job_mode.load() == SyncMode::kSync;
-  // The loop's side of a push of `plan`'s ids: each request, its gradients
-  // from `sums` (plan order); the worst status over them.
-  auto sender = [this, &table, dim, step](std::shared_ptr<const RowPlan> plan,
-                                          std::shared_ptr<const float> sums) {
-    return [this, plan, sums, table, dim, step]() {
-      auto worst = std::make_shared<PushStatus>(PushStatus::kApplied);
-      kj::Vector<kj::Promise<void>> calls;
-      for (const RowRequest& r : plan->requests) {
-        const uint64_t id = impl_->new_request_id();  // kept across retries: applied once
-        auto send = [plan, sums, r, table, dim, step, id](ShardConnection& c, int) {
-          auto req = c.shard.pushRowsRequest(
-              capnp::MessageSize{uint64_t(r.count) + table.size() / 8 + 32, 0});
-          req.setTable(table);
-          req.setIds(kj::arrayPtr(plan->ids.data() + r.first, r.count));
-          req.setStep(step);
-          req.setRequestId(id);
-          return Impl::send_row_grads(
-              kj::mv(req), c,
-              std::span<const float>(sums.get() + std::size_t(r.first) * dim,
-                                     std::size_t(r.count) * dim),
-              sums);
-        };
-        calls.add(impl_->retry->call(static_cast<int>(r.shard), kj::mv(send))
-                      .then([worst](capnp::Response<wire::Shard::PushRowsResults>&& reply) {
-                        *worst = std::max(*worst, from_wire(reply.getStatus()));
-                      }));
-      }
-      return kj::joinPromises(calls.releaseAsArray()).then([plan, sums, worst] { return *worst; });
-    };
-  };
-  const uint32_t per = ids_per_request(sync ? impl_->max_payload_bytes : row_request_bytes(), dim);
-  const uint32_t summed = impl_->summed_per_step();
-  // A large blocking push outside sync mode goes in parts of about one
-  // request's ids, each sent as soon as it is planned, so that planning the
-  // next part overlaps the shards' work on those before it. The ids are
-  // split by a hash of the id (split_rows_by_id): all positions of an id are
-  // in one part, whose plan sums its gradients whole, as one plan would.
-  if (done != nullptr && !sync && ids.size() > 2 * std::size_t(per)) {
-    if (impl_->options.check_split_pushes && !all_finite(grads, gradient_limit(summed)))
-      throw RequestError(gradient_refusal(table, grads, summed) + " (nothing was sent)");
-    auto split = std::make_shared<RowParts>();
-    // Parts a little under a request's ids, so that few need a second one.
-    const auto parts = static_cast<uint32_t>((ids.size() * 8 / 7 + per - 1) / per);
-    split_rows_by_id(ids, parts, *split);
-    const RowPlacement placement = placement_of(spec, num_shards());
-    std::vector<std::future<PushStatus>> sent;
-    for (uint32_t k = 0; k < parts; ++k) {
-      const uint32_t first = split->start[k], count = split->start[k + 1] - first;
-      if (count == 0) continue;
-      auto plan =
-          shared_row_plan(as_unsigned(std::span<const int64_t>(split->ids.data() + first, count)),
-                          placement, per, false);
-      // The part's rows, gathered only now: the parts before it are on their way.
-      auto rows = std::make_shared<PlanVector<float>>();
-      rows->resize(std::size_t(count) * dim);
-      gather_rows(std::span<const uint32_t>(split->positions.data() + first, count), grads.data(),
-                  dim, rows->data());
-      std::shared_ptr<const float> sums =
-          plan_order_gradients(*plan, std::span<const float>(rows->data(), rows->size()), dim);
-      if (sums.use_count() == 0) sums = std::shared_ptr<const float>(rows, sums.get());
-      sent.push_back(impl_->submit<PushStatus>(sender(plan, sums), "push_rows: "));
-    }
-    *done = wait_all(sent, PushStatus::kApplied,
-                     [](PushStatus a, PushStatus b) { return std::max(a, b); });
-    return {};
-  }
   // Sync mode counts one push per worker, table and step on each shard: its
   // part for a shard goes as one message, however large.
-  auto plan = shared_row_plan(as_unsigned(ids), placement_of(spec, num_shards()), per, sync);
+  auto plan = shared_row_plan(
+      as_unsigned(ids), placement_of(spec, num_shards()),
+      ids_per_request(sync ? impl_->max_payload_bytes : row_request_bytes(), dim), sync);
   if (sync && plan->requests.size() > static_cast<std::size_t>(num_shards())) {
     throw ConfigError(
         "push_rows: in sync mode each shard's part of a push goes as one message, and table '" +
@@ -347,12 +277,41 @@ std::future<PushStatus> Client::start_push_rows(const std::string& table,
   }
   // psd refuses NaN/Inf per request; split over several, only a check here
   // keeps a bad gradient from being half applied.
+  const uint32_t summed = impl_->summed_per_step();
   if (plan->requests.size() > 1 && impl_->options.check_split_pushes &&
       !all_finite(grads, gradient_limit(summed))) {
     throw RequestError(gradient_refusal(table, grads, summed) + " (nothing was sent)");
   }
   std::shared_ptr<const float> sums = plan_order_gradients(*plan, grads, dim);
-  return impl_->run<PushStatus>(sender(plan, sums), "push_rows: ", done);
+  return impl_->run<PushStatus>(
+      [this, plan, sums, table, dim, step]() {
+        auto worst = std::make_shared<PushStatus>(PushStatus::kApplied);
+        kj::Vector<kj::Promise<void>> calls;
+        for (const RowRequest& r : plan->requests) {
+          const uint64_t id = impl_->new_request_id();  // kept across retries: applied once
+          auto send = [plan, sums, r, table, dim, step, id](ShardConnection& c, int) {
+            auto req = c.shard.pushRowsRequest(
+                capnp::MessageSize{uint64_t(r.count) + table.size() / 8 + 32, 0});
+            req.setTable(table);
+            req.setIds(kj::arrayPtr(plan->ids.data() + r.first, r.count));
+            req.setStep(step);
+            req.setRequestId(id);
+            return Impl::send_row_grads(
+                kj::mv(req), c,
+                std::span<const float>(sums.get() + std::size_t(r.first) * dim,
+                                       std::size_t(r.count) * dim),
+                sums);
+          };
+          calls.add(impl_->retry->call(static_cast<int>(r.shard), kj::mv(send))
+                        .then([worst](capnp::Response<wire::Shard::PushRowsResults>&& reply) {
+                          *worst = std::max(*worst, from_wire(reply.getStatus()));
+                        }));
+        }
+        return kj::joinPromises(calls.releaseAsArray()).then([plan, sums, worst] {
+          return *worst;
+        });
+      },
+      "push_rows: ", done);
 }
 
 PushStatus Client::push_rows(const std::string& table, std::span<const int64_t> ids,

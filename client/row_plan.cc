@@ -305,31 +305,4 @@ std::shared_ptr<const float> plan_order_gradients(const RowPlan& plan, std::span
   return summed;
 }
 
-void split_rows_by_id(std::span<const int64_t> ids, uint32_t parts, RowParts& out) {
-  const std::size_t n = ids.size();
-  parts = std::max<uint32_t>(1, parts);
-  // An id's part from the high bits of its hash (the plan's set uses the low ones).
-  std::vector<uint32_t> part_of(n);
-  out.start.assign(parts + 1, 0);
-  for (std::size_t i = 0; i < n; ++i) {
-    const uint64_t h = mix_id(static_cast<uint64_t>(ids[i]));
-    part_of[i] = static_cast<uint32_t>((static_cast<unsigned __int128>(h) * parts) >> 64);
-    ++out.start[part_of[i] + 1];
-  }
-  for (uint32_t k = 0; k < parts; ++k) out.start[k + 1] += out.start[k];
-  std::vector<uint32_t> next(out.start.begin(), out.start.end() - 1);
-  out.ids.resize(n);
-  out.positions.resize(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    const uint32_t at = next[part_of[i]]++;
-    out.ids[at] = ids[i];
-    out.positions[at] = static_cast<uint32_t>(i);
-  }
-}
-
-void gather_rows(std::span<const uint32_t> positions, const float* from, uint32_t dim, float* to) {
-  for (std::size_t k = 0; k < positions.size(); ++k)
-    copy_row(to + k * dim, from + std::size_t(positions[k]) * dim, dim);
-}
-
 }  // namespace ps

@@ -82,20 +82,6 @@ std::shared_ptr<const RowPlan> shared_row_plan(std::span<const uint64_t> ids,
                                                const RowPlacement& placement, uint32_t max_ids,
                                                bool every_shard);
 
-// A push's ids grouped into `parts` by a hash of the id: every position of
-// an id lands in the same part, so that its gradients are summed whole
-// there; within a part, positions keep the caller's order. Distinct ids make
-// parts of about equal size. Used to send a large push in parts, each as
-// soon as it is planned (its rows gathered then, gather_rows).
-struct RowParts {
-  std::vector<uint32_t> start;     // parts + 1: part k is [start[k], start[k + 1])
-  PlanVector<int64_t> ids;         // grouped by part
-  PlanVector<uint32_t> positions;  // each one's caller position
-};
-void split_rows_by_id(std::span<const int64_t> ids, uint32_t parts, RowParts& out);
-// to[k * dim ..] = from[positions[k] * dim ..] for each k.
-void gather_rows(std::span<const uint32_t> positions, const float* from, uint32_t dim, float* to);
-
 // rows (ids.size() * dim floats, in plan order) to out (position order).
 void scatter_rows(const RowPlan& plan, const float* rows, uint32_t dim, float* out);
 // The same in pieces, as replies arrive: one request's rows (r.count * dim

@@ -4,8 +4,6 @@
 // and psd still serves.
 #include <catch2/catch.hpp>
 
-#include <array>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -280,51 +278,6 @@ TEST_CASE("a large pull goes in parts, each sent once planned; in sync mode as o
     c.push_rows("t", all, g, 0);
     CHECK(fetched(c, same) == 1);
     CHECK(fetched(c, mixed) == 23);
-  }
-}
-
-TEST_CASE("a large push goes in parts split by id: repeated ids still summed whole") {
-  // Adagrad squares each id's summed gradient: an id whose positions were
-  // split over two parts would get two updates and other values. Against a
-  // float64 reference; in sync mode the push stays one message per shard.
-  const uint32_t dim = 2;
-  std::vector<int64_t> ids(400);
-  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = int64_t((i * 7) % 61);  // each id ~7 times
-  std::vector<float> g(ids.size() * dim);
-  for (std::size_t i = 0; i < g.size(); ++i) g[i] = float(int(i % 5) - 2) * 0.5f;
-  std::map<int64_t, std::array<double, 2>> sums;
-  for (std::size_t i = 0; i < ids.size(); ++i)
-    for (uint32_t j = 0; j < dim; ++j) sums[ids[i]][j] += g[i * dim + j];
-  for (const bool sync : {false, true}) {
-    INFO((sync ? "sync" : "async"));
-    PsdProcess ps;
-    ClientOptions o = options_for({&ps}, 0);
-    o.max_request_bytes = 64;  // 4 ids of dim 2 a request
-    Client c(o);
-    c.init_job(
-        sync ? JobConfig{.mode = SyncMode::kSync, .replicas_to_aggregate = 1, .total_replicas = 1}
-             : JobConfig{.mode = SyncMode::kAsync, .total_replicas = 1});
-    TableSpec spec = fixed("t", 61, dim);
-    spec.optimizer = RowOptimizerConfig::adagrad(0.5f, 0.1f);
-    c.create_tables({spec});
-    c.set_ready();
-    const uint64_t before = c.stats().at(0).pushes;
-    c.push_rows("t", ids, g, 0);
-    const uint64_t requests = c.stats().at(0).pushes - before;
-    if (sync)
-      CHECK(requests == 1);
-    else
-      CHECK(requests > 16);  // one plan would send 16 requests of 4 ids
-    std::vector<int64_t> all(61);
-    for (int64_t id = 0; id < 61; ++id) all[id] = id;
-    const auto rows = pull_rows(c, "t", all, dim);
-    for (int64_t id = 0; id < 61; ++id) {
-      for (uint32_t j = 0; j < dim; ++j) {
-        const double s = sums[id][j];
-        const double want = -0.5 * s / std::sqrt(0.1 + s * s);  // one Adagrad step from 0
-        REQUIRE(rows[id * dim + j] == Approx(want).margin(1e-6));
-      }
-    }
   }
 }
 

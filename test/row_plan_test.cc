@@ -156,52 +156,6 @@ TEST_CASE("gradients of repeated ids are summed; without repeats they are moved"
   }
 }
 
-TEST_CASE("split_rows_by_id: each id's positions in one part, in caller order; gather_rows") {
-  const uint32_t dim = 3;
-  for (uint32_t parts : {1u, 2u, 8u, 29u}) {
-    INFO(parts << " parts");
-    const auto u = random_ids(10000, 700, parts);  // many repeats
-    const std::vector<int64_t> ids(u.begin(), u.end());
-    RowParts split;
-    split_rows_by_id(ids, parts, split);
-    REQUIRE(split.start.size() == parts + 1);
-    REQUIRE(split.start.front() == 0);
-    REQUIRE(split.start.back() == ids.size());
-    std::map<int64_t, uint32_t> part_of;
-    std::vector<uint32_t> seen(ids.size(), 0);
-    for (uint32_t k = 0; k < parts; ++k) {
-      for (uint32_t at = split.start[k]; at < split.start[k + 1]; ++at) {
-        const uint32_t i = split.positions[at];
-        REQUIRE(ids[i] == split.ids[at]);
-        REQUIRE(part_of.emplace(split.ids[at], k).first->second == k);  // one part per id
-        if (at > split.start[k]) REQUIRE(split.positions[at - 1] < i);  // caller order
-        ++seen[i];
-      }
-    }
-    CHECK(std::all_of(seen.begin(), seen.end(), [](uint32_t c) { return c == 1; }));
-    // A part's rows gathered from the caller's positions.
-    std::vector<float> grads(ids.size() * dim);
-    for (std::size_t i = 0; i < grads.size(); ++i) grads[i] = float(i);
-    const uint32_t first = split.start[parts - 1], count = split.start[parts] - first;
-    std::vector<float> rows(std::size_t(count) * dim, -1.0f);
-    gather_rows(std::span<const uint32_t>(split.positions.data() + first, count), grads.data(), dim,
-                rows.data());
-    for (uint32_t k = 0; k < count; ++k)
-      for (uint32_t j = 0; j < dim; ++j)
-        REQUIRE(rows[std::size_t(k) * dim + j] ==
-                grads[std::size_t(split.positions[first + k]) * dim + j]);
-  }
-  // Distinct ids: parts of about equal size.
-  std::vector<int64_t> distinct(8000);
-  for (std::size_t i = 0; i < distinct.size(); ++i) distinct[i] = int64_t(i);
-  RowParts split;
-  split_rows_by_id(distinct, 8, split);
-  for (uint32_t k = 0; k < 8; ++k) {
-    CHECK(split.start[k + 1] - split.start[k] > 800);
-    CHECK(split.start[k + 1] - split.start[k] < 1200);
-  }
-}
-
 TEST_CASE("plan-order gradient buffers are reused") {
   const uint32_t dim = 4;
   const std::vector<uint64_t> ids = {7, 3, 7, 9};  // a repeat: summed into a pooled buffer

@@ -309,8 +309,6 @@ class Client {
   // mode the step the rows were pulled at (every shard gets its part, empty
   // or not, so the step completes everywhere). Returns the worst status over
   // the shards. NaN/Inf or a wrong length is refused before anything is sent.
-  // A large batch outside sync mode goes in parts split by id (all of an
-  // id's gradients in one part), each sent as soon as it is planned.
   PushStatus push_rows(const std::string& table, std::span<const int64_t> ids,
                        std::span<const float> grads, int64_t step = 0);
   std::future<PushStatus> push_rows_async(std::string table, std::span<const int64_t> ids,

@@ -246,26 +246,9 @@ TEST_CASE("a large pull goes in parts, each sent once planned; in sync mode as o
     }
     return (c.stats().at(0).bytes_out - before) / (dim * sizeof(float));
   };
-  SECTION("async: parts") {
-    Client c(o);
-    c.init_job({.mode = SyncMode::kAsync, .total_replicas = 1});
-    c.create_tables({fixed("t", 30, dim)});
-    c.set_ready();
-    std::vector<int64_t> all(30);
-    std::vector<float> g(30 * dim);
-    for (int64_t id = 0; id < 30; ++id) {
-      all[id] = id;
-      g[id * dim] = float(id);
-      g[id * dim + 1] = -float(id);
-    }
-    c.push_rows("t", all, g);
-    CHECK(fetched(c, same) == 13);
-    CHECK(fetched(c, std::vector<int64_t>(16, 3)) == 1);  // two requests' worth: one plan
-    CHECK(fetched(c, mixed) <= 13 * 8);                   // every row right, parts or not
-  }
-  SECTION("sync: one plan") {
-    Client c(o);
-    c.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 1, .total_replicas = 1});
+  // A job in `mode` whose table "t" has row id = (id, -id).
+  auto job = [&](Client& c, const JobConfig& mode) {
+    c.init_job(mode);
     c.create_tables({fixed("t", 30, dim)});
     c.set_ready();
     std::vector<int64_t> all(30);
@@ -276,6 +259,17 @@ TEST_CASE("a large pull goes in parts, each sent once planned; in sync mode as o
       g[id * dim + 1] = -float(id);
     }
     c.push_rows("t", all, g, 0);
+  };
+  SECTION("async: parts") {
+    Client c(o);
+    job(c, {.mode = SyncMode::kAsync, .total_replicas = 1});
+    CHECK(fetched(c, same) == 13);
+    CHECK(fetched(c, std::vector<int64_t>(16, 3)) == 1);  // two requests' worth: one plan
+    CHECK(fetched(c, mixed) <= 13 * 8);                   // every row right, parts or not
+  }
+  SECTION("sync: one plan") {
+    Client c(o);
+    job(c, {.mode = SyncMode::kSync, .replicas_to_aggregate = 1, .total_replicas = 1});
     CHECK(fetched(c, same) == 1);
     CHECK(fetched(c, mixed) == 23);
   }

@@ -30,6 +30,20 @@ using namespace std::chrono_literals;
 
 namespace {
 
+// Stops a psd (SIGSTOP) for the scope: it keeps its connections and
+// answers nothing. SIGCONT when the scope ends, a failed check included.
+struct StoppedPsd {
+  explicit StoppedPsd(pid_t p) : pid(p) { ::kill(pid, SIGSTOP); }
+  ~StoppedPsd() { ::kill(pid, SIGCONT); }
+  StoppedPsd(const StoppedPsd&) = delete;
+  StoppedPsd& operator=(const StoppedPsd&) = delete;
+  pid_t pid;
+};
+
+}  // namespace
+
+namespace {
+
 // A sync_worker process, stopped by PID when the test is done with it.
 class WorkerProcess {
  public:
@@ -452,11 +466,7 @@ TEST_CASE(
   std::vector<float> g(n, 1.0f);
   for (const bool async : {false, true}) {
     INFO((async ? "push_async" : "push"));
-    ::kill(psd.pid(), SIGSTOP);
-    struct Resume {
-      pid_t pid;
-      ~Resume() { ::kill(pid, SIGCONT); }
-    } resume{psd.pid()};
+    const StoppedPsd stopped(psd.pid());
     auto push = [&] {
       const std::vector<std::string> names = {"w"};
       const std::vector<std::span<const float>> grads = {g};
@@ -505,11 +515,7 @@ TEST_CASE(
   std::vector<float> g(n * dim, 1.0f);
   for (const bool async : {false, true}) {
     INFO((async ? "push_rows_async" : "push_rows"));
-    ::kill(psd.pid(), SIGSTOP);
-    struct Resume {
-      pid_t pid;
-      ~Resume() { ::kill(pid, SIGCONT); }
-    } resume{psd.pid()};
+    const StoppedPsd stopped(psd.pid());
     auto push = [&] {
       return async ? client.push_rows_async("t", ids, g).get() : client.push_rows("t", ids, g);
     };
@@ -613,11 +619,7 @@ TEST_CASE("a call after the Client sat idle longer than call_timeout gets its wh
     }
   }
   // And the timeout still fires for a psd that does not answer.
-  ::kill(psd.pid(), SIGSTOP);
-  struct Resume {
-    pid_t pid;
-    ~Resume() { ::kill(pid, SIGCONT); }
-  } resume{psd.pid()};
+  const StoppedPsd stopped(psd.pid());
   std::this_thread::sleep_for(1500ms);
   const auto start = std::chrono::steady_clock::now();
   CHECK_THROWS_WITH(client.pull("w"), Catch::Contains("no answer from psd within 1000 ms"));

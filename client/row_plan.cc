@@ -48,70 +48,53 @@ inline void copy_row(float* __restrict dst, const float* __restrict src, uint32_
   }
 }
 
-// Plans kept for reuse by shared_row_plan. Never destroyed, so that a plan
-// released during static destruction still finds it.
-struct PlanPool {
+// Objects kept for reuse, so that a batch like the one before it allocates
+// nothing and touches no fresh page: plans (shared_row_plan) and plan-order
+// gradient buffers (plan_order_gradients). take() hands out a kept one or a
+// new one; the shared_ptr's deleter gives it back, keeping at most kKeep and
+// none that `too_big` says grew too large. Never destroyed, so that an
+// object released during static destruction still finds its pool.
+template <typename T>
+class ReusePool {
+ public:
   static constexpr std::size_t kKeep = 8;
-  std::mutex mutex;
-  std::vector<std::unique_ptr<RowPlan>> free;
+  explicit ReusePool(bool (*too_big)(const T&)) : too_big_(too_big) {}
 
-  std::unique_ptr<RowPlan> take() {
+  std::shared_ptr<T> take() {
+    std::unique_ptr<T> object;
     {
-      std::lock_guard lock(mutex);
-      if (!free.empty()) {
-        auto plan = std::move(free.back());
-        free.pop_back();
-        return plan;
+      std::lock_guard lock(mutex_);
+      if (!free_.empty()) {
+        object = std::move(free_.back());
+        free_.pop_back();
       }
     }
-    return std::make_unique<RowPlan>();
+    if (!object) object = std::make_unique<T>();
+    return std::shared_ptr<T>(object.release(), [this](T* p) { give(p); });
   }
-  void give(RowPlan* plan) {
-    std::unique_ptr<RowPlan> owned(plan);
-    // A very large batch's: freed.
-    if (std::max(plan->first.capacity(), plan->repeats.capacity()) > (1u << 20)) return;
-    std::lock_guard lock(mutex);
-    if (free.size() < kKeep) free.push_back(std::move(owned));
+
+ private:
+  void give(T* p) {
+    std::unique_ptr<T> owned(p);
+    if (too_big_(*p)) return;
+    std::lock_guard lock(mutex_);
+    if (free_.size() < kKeep) free_.push_back(std::move(owned));
   }
+  bool (*too_big_)(const T&);
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<T>> free_;
 };
 
-PlanPool& plan_pool() {
-  static PlanPool* pool = new PlanPool;
+ReusePool<RowPlan>& plan_pool() {
+  static auto* pool = new ReusePool<RowPlan>([](const RowPlan& p) {
+    return std::max(p.first.capacity(), p.repeats.capacity()) > (1u << 20);  // a very large batch's
+  });
   return *pool;
 }
 
-// Plan-order gradient buffers kept for reuse, as plans are: a fresh one
-// costs its pages' faults and zeroing on every push.
-struct GradientPool {
-  static constexpr std::size_t kKeep = 8;
-  static constexpr std::size_t kMaxFloats = std::size_t(16) << 20;  // larger ones are freed
-  std::mutex mutex;
-  std::vector<std::unique_ptr<PlanVector<float>>> free;
-
-  std::shared_ptr<float> take(std::size_t floats) {
-    std::unique_ptr<PlanVector<float>> buf;
-    {
-      std::lock_guard lock(mutex);
-      if (!free.empty()) {
-        buf = std::move(free.back());
-        free.pop_back();
-      }
-    }
-    if (!buf) buf = std::make_unique<PlanVector<float>>();
-    buf->resize(floats);
-    PlanVector<float>* raw = buf.release();
-    return std::shared_ptr<float>(raw->data(), [this, raw](float*) { give(raw); });
-  }
-  void give(PlanVector<float>* buf) {
-    std::unique_ptr<PlanVector<float>> owned(buf);
-    if (buf->capacity() > kMaxFloats) return;
-    std::lock_guard lock(mutex);
-    if (free.size() < kKeep) free.push_back(std::move(owned));
-  }
-};
-
-GradientPool& gradient_pool() {
-  static GradientPool* pool = new GradientPool;
+ReusePool<PlanVector<float>>& gradient_pool() {
+  static auto* pool = new ReusePool<PlanVector<float>>(
+      [](const PlanVector<float>& v) { return v.capacity() > (std::size_t(16) << 20); });
   return *pool;
 }
 
@@ -245,11 +228,9 @@ RowPlan plan_rows(std::span<const uint64_t> ids, const RowPlacement& placement, 
 std::shared_ptr<const RowPlan> shared_row_plan(std::span<const uint64_t> ids,
                                                const RowPlacement& placement, uint32_t max_ids,
                                                bool every_shard) {
-  PlanPool& pool = plan_pool();
-  std::unique_ptr<RowPlan> plan = pool.take();
+  std::shared_ptr<RowPlan> plan = plan_pool().take();
   plan_rows_into(*plan, ids, placement, max_ids, every_shard);
-  return std::shared_ptr<const RowPlan>(
-      plan.release(), [&pool](const RowPlan* p) { pool.give(const_cast<RowPlan*>(p)); });
+  return plan;
 }
 
 void scatter_request(const RowPlan& plan, const RowRequest& r, const float* rows, uint32_t dim,
@@ -300,9 +281,10 @@ std::shared_ptr<const float> plan_order_gradients(const RowPlan& plan, std::span
                                                   uint32_t dim) {
   if (plan.in_caller_order)
     return std::shared_ptr<const float>(std::shared_ptr<void>(), grads.data());
-  std::shared_ptr<float> summed = gradient_pool().take(plan.ids.size() * std::size_t(dim));
-  gather_gradients(plan, grads.data(), dim, summed.get());
-  return summed;
+  std::shared_ptr<PlanVector<float>> summed = gradient_pool().take();
+  summed->resize(plan.ids.size() * std::size_t(dim));
+  gather_gradients(plan, grads.data(), dim, summed->data());
+  return std::shared_ptr<const float>(summed, summed->data());
 }
 
 }  // namespace ps

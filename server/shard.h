@@ -114,6 +114,7 @@ struct ShardCounters {
 };
 
 class Checkpointer;
+class EmbeddingTable;
 struct ShardTables;
 
 // A tensor of a checkpoint that a restore left out, and why.
@@ -346,6 +347,11 @@ class Shard {
                             kj::Vector<kj::Promise<void>>& work);
   void commit_sync_step();
   uint64_t trainable_count() const;
+  // Applies a table update (`new_rows`: what check() returned for the ids):
+  // false, and nothing changed, where it would store a NaN or Inf, unless
+  // --allow_nonfinite lets it through.
+  bool apply_table_update(EmbeddingTable& table, std::span<const uint64_t> ids,
+                          std::span<const float> grads, float scale, uint64_t new_rows);
   // Tables' part of sync steps (shard_tables.cc).
   void commit_table_step();
   void recheck_table_sync();

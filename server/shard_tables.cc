@@ -185,6 +185,13 @@ kj::Promise<void> Shard::pull_rows(const Caller& caller, PullRowsRequest r, Rows
   return wait.then(kj::mv(read));
 }
 
+bool Shard::apply_table_update(EmbeddingTable& table, std::span<const uint64_t> ids,
+                               std::span<const float> grads, float scale, uint64_t new_rows) {
+  if (!options_.allow_nonfinite) return table.push_if_finite(ids, grads, scale, new_rows);
+  table.push(ids, grads, scale);
+  return true;
+}
+
 PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
   const int64_t step = checked_step(r.step, "pushRows");
   if (r.done_step >= 0) checked_step(r.done_step, "pushRows (doneStep)");
@@ -245,9 +252,7 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
     // Applied now (not summed for a sync step), before the request is
     // counted: refused whole if it would store a NaN or Inf, as a dense
     // update is.
-    if (options_.allow_nonfinite) {
-      t.table->push(r.ids, grads, 1.0f);
-    } else if (!t.table->push_if_finite(r.ids, grads, 1.0f, fresh)) {
+    if (!apply_table_update(*t.table, r.ids, grads, 1.0f, fresh)) {
       throw RequestError(
           "pushRows: the update would make a value or optimizer slot of table '" + spec.name +
           "' NaN or Inf (a gradient or learning rate too large); nothing was applied");
@@ -344,9 +349,7 @@ void Shard::commit_table_step() {
     try {
       const uint64_t fresh = t.table->check(slot.ids, "sync step");
       const float scale = 1.0f / static_cast<float>(slot.count);
-      if (options_.allow_nonfinite)
-        t.table->push(slot.ids, slot.sum, scale);
-      else if (!t.table->push_if_finite(slot.ids, slot.sum, scale, fresh))
+      if (!apply_table_update(*t.table, slot.ids, slot.sum, scale, fresh))
         throw RequestError("the step's update would make a value or optimizer slot NaN or Inf");
     } catch (const Error& e) {
       // A dynamic table at its row limit can refuse the union of the

@@ -40,6 +40,18 @@ struct StoppedPsd {
   pid_t pid;
 };
 
+// A client of `psd` over TCP (large gradients go out from the caller's
+// buffer, not through shared memory) whose calls give up after 1.5 s.
+ClientOptions gives_up_soon(const PsdProcess& psd) {
+  ClientOptions o;
+  o.ps_hosts = {psd.address()};
+  o.prefer_unix_socket = false;
+  o.connect_timeout = 300ms;
+  o.call_timeout = 1500ms;
+  o.reconnect_timeout = 5s;
+  return o;
+}
+
 }  // namespace
 
 namespace {
@@ -454,13 +466,7 @@ TEST_CASE(
     "a push given up at call_timeout sends nothing more from the caller's buffer, and the next "
     "call reconnects") {
   PsdProcess psd;
-  ClientOptions o;
-  o.ps_hosts = {psd.address()};
-  o.prefer_unix_socket = false;  // TCP: the gradient goes out from the caller's buffer
-  o.connect_timeout = 300ms;
-  o.call_timeout = 1500ms;
-  o.reconnect_timeout = 5s;
-  Client client(o);
+  Client client(gives_up_soon(psd));
   const std::size_t n = 4u << 20;  // 16 MiB: more than the sockets hold while psd is stopped
   client.create({{.name = "w", .shape = {n}, .optimizer = OptimizerConfig::sgd(1.0f)}});
   std::vector<float> g(n, 1.0f);
@@ -499,13 +505,7 @@ TEST_CASE(
   // Distinct ids to one shard go out from the caller's gradients
   // (plan_order_gradients), as a dense push's do.
   PsdProcess psd;
-  ClientOptions o;
-  o.ps_hosts = {psd.address()};
-  o.prefer_unix_socket = false;
-  o.connect_timeout = 300ms;
-  o.call_timeout = 1500ms;
-  o.reconnect_timeout = 5s;
-  Client client(o);
+  Client client(gives_up_soon(psd));
   const uint32_t dim = 4;
   const std::size_t n = 1u << 20;  // 16 MiB of gradients: more than the sockets hold
   client.create_tables(

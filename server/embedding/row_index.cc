@@ -19,12 +19,16 @@ uint32_t RowIndex::find(uint64_t id) const {
   }
 }
 
+void RowIndex::place(Entry e) {
+  const uint64_t mask = capacity_ - 1;
+  uint64_t i = home(e.id);
+  while (entries_[i].slot_plus_one != 0) i = (i + 1) & mask;
+  entries_[i] = e;
+}
+
 void RowIndex::insert(uint64_t id, uint32_t slot) {
   if ((used_ + 1) * 2 > capacity_) grow();
-  const uint64_t mask = capacity_ - 1;
-  uint64_t i = home(id);
-  while (entries_[i].slot_plus_one != 0) i = (i + 1) & mask;
-  entries_[i] = Entry{id, slot + 1};
+  place(Entry{id, slot + 1});
   ++used_;
 }
 
@@ -33,13 +37,8 @@ void RowIndex::grow() {
   const uint64_t old_capacity = capacity_;
   entries_ = map_array_of<Entry>(capacity_ * 2);
   capacity_ *= 2;
-  const uint64_t mask = capacity_ - 1;
   for (uint64_t k = 0; k < old_capacity; ++k) {
-    const Entry e = old[k];
-    if (e.slot_plus_one == 0) continue;
-    uint64_t i = home(e.id);
-    while (entries_[i].slot_plus_one != 0) i = (i + 1) & mask;
-    entries_[i] = e;
+    if (old[k].slot_plus_one != 0) place(old[k]);
   }
 }
 

@@ -51,6 +51,8 @@ class RowIndex {
   };
   static_assert(sizeof(Entry) == kEntryBytes);
   uint64_t home(uint64_t id) const;
+  // Writes e at the first free entry from its id's home (there is one).
+  void place(Entry e);
   void grow();
 
   std::unique_ptr<Entry[], Unmap> entries_;

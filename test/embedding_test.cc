@@ -266,6 +266,13 @@ TEST_CASE("a large pull goes in parts, each sent once planned; in sync mode as o
     CHECK(fetched(c, same) == 13);
     CHECK(fetched(c, std::vector<int64_t>(16, 3)) == 1);  // two requests' worth: one plan
     CHECK(fetched(c, mixed) <= 13 * 8);                   // every row right, parts or not
+    // A bad id anywhere in a batch that would go in parts: refused before any part is sent.
+    std::vector<int64_t> bad = same;
+    bad.back() = 30;  // outside the table
+    std::vector<float> out(bad.size() * dim);
+    const uint64_t before = c.stats().at(0).bytes_out;
+    CHECK_THROWS_WITH(c.pull_rows("t", bad, out), Catch::Contains("outside table 't'"));
+    CHECK(c.stats().at(0).bytes_out == before);
   }
   SECTION("sync: one plan") {
     Client c(o);

@@ -9,7 +9,12 @@
 //   build/bench/embedding_bench --in_flight 2       # two calls at once per client
 //
 // Each fixed table is measured with 65,536-id batches; pull and push rates
-// are given as a share of the in-memory gather rate of the same row size.
+// are given as a share of the in-memory gather rate of the same row size,
+// measured again just before and just after each of them (--reps batches
+// each time, the median of both), so that a machine that slows down or
+// speeds up during the run moves both figures alike. Not batch by batch:
+// a gather right after a call to psd runs with the TLB and caches that
+// call left, slower than the machine can gather.
 // Ids are uniform over the rows, or skewed (id = rows * u^3: a hot head, so
 // a batch has many repeated ids, which the client sends once). Reported:
 // medians over --reps batches, rows/s and payload GB/s (rows * dim * 4 bytes),
@@ -219,19 +224,57 @@ struct Rate {
   double gb_per_s = 0;
   double client_cpu_ms = 0;  // per batch, all clients
   double psd_cpu_ms = 0;
+  double gather_rows_per_s = 0;  // the in-memory gather measured with it
 };
 
 Rate rate(std::size_t rows, uint32_t dim, double secs) {
   return {double(rows) / secs, double(rows) * dim * sizeof(float) / secs / 1e9};
 }
 
-void print(const char* what, Rate r, double reference_rows_per_s) {
+void print(const char* what, Rate r) {
   std::printf(
       "  %-34s %8.2f M rows/s  %6.2f GB/s  (%.2f of gather)  cpu/batch: client %.2f ms, psd %.2f "
-      "ms\n",
-      what, r.rows_per_s / 1e6, r.gb_per_s, r.rows_per_s / reference_rows_per_s, r.client_cpu_ms,
-      r.psd_cpu_ms);
+      "ms  gather %.2f M rows/s\n",
+      what, r.rows_per_s / 1e6, r.gb_per_s, r.rows_per_s / r.gather_rows_per_s, r.client_cpu_ms,
+      r.psd_cpu_ms, r.gather_rows_per_s / 1e6);
 }
+
+// A copy of a fixed table in memory, in 2 MiB pages (transparent huge pages,
+// as psd's fixed tables), kept while psd's copy is measured: the in-memory
+// gather of uniform ids from it is measured beside every psd figure.
+class MemoryTable {
+ public:
+  MemoryTable(uint64_t rows, uint32_t dim, std::vector<std::vector<int64_t>> uniform,
+              std::size_t batch)
+      : bytes_(rows * dim * sizeof(float)), dim_(dim), uniform_(std::move(uniform)),
+        out_(batch * dim) {
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("mmap failed");
+    madvise(p, bytes_, MADV_HUGEPAGE);
+    rows_ = static_cast<float*>(p);
+    std::fill_n(rows_, rows * dim, 0.5f);
+  }
+  ~MemoryTable() { munmap(rows_, bytes_); }
+  MemoryTable(const MemoryTable&) = delete;
+  MemoryTable& operator=(const MemoryTable&) = delete;
+
+  float* rows() { return rows_; }
+  // Seconds to gather the k-th batch of uniform ids (wrapping around).
+  double gather_seconds(std::size_t k) {
+    const auto& ids = uniform_[k % uniform_.size()];
+    const auto t0 = Clock::now();
+    gather(rows_, ids.data(), ids.size(), dim_, out_.data());
+    return seconds_since(t0);
+  }
+  std::size_t batch() const { return out_.size() / dim_; }
+
+ private:
+  std::size_t bytes_;
+  uint32_t dim_;
+  std::vector<std::vector<int64_t>> uniform_;
+  std::vector<float> out_;
+  float* rows_ = nullptr;
+};
 
 }  // namespace
 
@@ -312,9 +355,14 @@ int main(int argc, char** argv) {
 
   // Each client runs its batches; the rate counts every client's rows over the wall time.
   auto measure_with = [&](std::vector<std::unique_ptr<ps::Client>>& cs, const std::string& table,
-                          uint32_t dim, const std::vector<std::vector<int64_t>>& batches,
-                          bool push) {
+                          uint32_t dim, const std::vector<std::vector<int64_t>>& batches, bool push,
+                          MemoryTable& memory) {
     std::vector<std::vector<double>> times(clients);
+    std::vector<double> gathers;  // the in-memory reference, just before and just after
+    auto reference = [&] {
+      for (std::size_t k = 0; k < batches.size(); ++k) gathers.push_back(memory.gather_seconds(k));
+    };
+    reference();
     std::vector<std::thread> threads;
     const double client0 = self_cpu_seconds(), psd0 = process_cpu_seconds(psd.pid);
     const auto t0 = Clock::now();
@@ -358,17 +406,21 @@ int main(int argc, char** argv) {
                                             : rate(batch * batches.size() * clients, dim, wall);
     r.client_cpu_ms = (self_cpu_seconds() - client0) / batches_run * 1e3;
     r.psd_cpu_ms = (process_cpu_seconds(psd.pid) - psd0) / batches_run * 1e3;
+    reference();
+    r.gather_rows_per_s = double(memory.batch()) / median(gathers);
     return r;
   };
   auto measure = [&](const std::string& table, uint32_t dim,
-                     const std::vector<std::vector<int64_t>>& batches,
-                     bool push) { return measure_with(cs, table, dim, batches, push); };
+                     const std::vector<std::vector<int64_t>>& batches, bool push,
+                     MemoryTable& memory) {
+    return measure_with(cs, table, dim, batches, push, memory);
+  };
 
   // One fixed SGD table of rows x dim: the machine's references for that
   // row size (in-memory gather / scatter-add on one core, loopback TCP,
   // the client's own work on a batch), psd's RSS, then pull and push.
-  double mem_gather_rows_per_s = 0;
-  auto fixed_table = [&](const std::string& name, uint64_t rows, uint32_t dim) {
+  auto fixed_table = [&](const std::string& name, uint64_t rows,
+                         uint32_t dim) -> std::unique_ptr<MemoryTable> {
     std::vector<float> table(rows * dim, 0.5f);
     auto uniform = make_batches(rows, batch, reps, false, 1);
     auto skewed = make_batches(rows, batch, reps, true, 2);
@@ -384,31 +436,19 @@ int main(int argc, char** argv) {
     }
     table.clear();
     table.shrink_to_fit();
-    // The same in 2 MiB pages (transparent huge pages, as psd's fixed tables).
+    // The same in 2 MiB pages, kept for the gathers measured beside psd's figures.
+    auto memory = std::make_unique<MemoryTable>(rows, dim, uniform, batch);
     std::vector<double> tgh, tsh;
-    {
-      const std::size_t bytes = rows * dim * sizeof(float);
-      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED) throw std::runtime_error("mmap failed");
-      madvise(p, bytes, MADV_HUGEPAGE);
-      float* huge = static_cast<float*>(p);
-      std::fill_n(huge, rows * dim, 0.5f);
-      for (const auto& ids : uniform) {
-        auto t0 = Clock::now();
-        gather(huge, ids.data(), batch, dim, out.data());
-        tgh.push_back(seconds_since(t0));
-        t0 = Clock::now();
-        scatter_add(huge, ids.data(), batch, dim, grads.data());
-        tsh.push_back(seconds_since(t0));
-      }
-      munmap(p, bytes);
+    for (std::size_t k = 0; k < uniform.size(); ++k) {
+      tgh.push_back(memory->gather_seconds(k));
+      const auto t0 = Clock::now();
+      scatter_add(memory->rows(), uniform[k].data(), batch, dim, grads.data());
+      tsh.push_back(seconds_since(t0));
     }
     const Rate mem_gather_4k = rate(batch, dim, median(tg)),
                mem_scatter_4k = rate(batch, dim, median(ts));
     const Rate mem_gather = rate(batch, dim, median(tgh)),
                mem_scatter = rate(batch, dim, median(tsh));
-    // Rates are given as a share of the faster gather.
-    mem_gather_rows_per_s = std::max(mem_gather.rows_per_s, mem_gather_4k.rows_per_s);
     const double tcp = tcp_bytes_per_second(batch * dim * sizeof(float), reps);
     // Client-side: dedup, split by shard and reassembly of one batch, as
     // pull_rows does it, for 1 shard (this benchmark's psd) and 3 shards
@@ -483,29 +523,28 @@ int main(int argc, char** argv) {
     // table is in 4 KiB pages, and every random row costs a TLB miss more.
     std::printf("  psd memory in 2 MiB pages         %8.1f MB\n", psd.huge_page_bytes() / 1e6);
 
-    print("pull, uniform ids", measure(name, dim, uniform, false), mem_gather_rows_per_s);
-    print("pull, skewed ids (rows * u^3)", measure(name, dim, skewed, false),
-          mem_gather_rows_per_s);
-    print("push (SGD), uniform ids", measure(name, dim, uniform, true), mem_gather_rows_per_s);
-    print("push (SGD), skewed ids", measure(name, dim, skewed, true), mem_gather_rows_per_s);
+    print("pull, uniform ids", measure(name, dim, uniform, false, *memory));
+    print("pull, skewed ids (rows * u^3)", measure(name, dim, skewed, false, *memory));
+    print("push (SGD), uniform ids", measure(name, dim, uniform, true, *memory));
+    print("push (SGD), skewed ids", measure(name, dim, skewed, true, *memory));
     if (same_host) {
       // psd's Unix socket with shared memory: each request's rows and
       // gradients through the connection's region, not the socket.
       const uint64_t shared0 = shm[0]->stats().at(0).shared_bytes;
-      print("same host, shared memory: pull", measure_with(shm, name, dim, uniform, false),
-            mem_gather_rows_per_s);
-      print("same host, shared memory: push", measure_with(shm, name, dim, uniform, true),
-            mem_gather_rows_per_s);
+      print("same host, shared memory: pull",
+            measure_with(shm, name, dim, uniform, false, *memory));
+      print("same host, shared memory: push", measure_with(shm, name, dim, uniform, true, *memory));
       const uint64_t shared1 = shm[0]->stats().at(0).shared_bytes;
-      print("same host, Unix socket only: pull", measure_with(local, name, dim, uniform, false),
-            mem_gather_rows_per_s);
-      print("same host, Unix socket only: push", measure_with(local, name, dim, uniform, true),
-            mem_gather_rows_per_s);
+      print("same host, Unix socket only: pull",
+            measure_with(local, name, dim, uniform, false, *memory));
+      print("same host, Unix socket only: push",
+            measure_with(local, name, dim, uniform, true, *memory));
       std::printf("  through shared memory (psd's count)  %8.1f MB\n", (shared1 - shared0) / 1e6);
     }
+    return memory;
   };
-  fixed_table("fixed", rows, dim);
-  const double mem_gather_first = mem_gather_rows_per_s;
+  // The first table's copy stays for the dynamic table's lines (same row size).
+  std::unique_ptr<MemoryTable> first_memory = fixed_table("fixed", rows, dim);
   if (wide_rows > 0) fixed_table("wide", wide_rows, wide_dim);
 
   if (dynamic_rows > 0) {
@@ -533,9 +572,9 @@ int main(int argc, char** argv) {
     for (auto& b : dyn_batches) {
       for (auto& id : b) id = int64_t(uint64_t(id) * 2654435761ull);
     }
-    print("dynamic pull, uniform ids", measure("dyn", dim, dyn_batches, false), mem_gather_first);
-    print("dynamic push (SGD), uniform ids", measure("dyn", dim, dyn_batches, true),
-          mem_gather_first);
+    print("dynamic pull, uniform ids", measure("dyn", dim, dyn_batches, false, *first_memory));
+    print("dynamic push (SGD), uniform ids",
+          measure("dyn", dim, dyn_batches, true, *first_memory));
   }
   return 0;
 }

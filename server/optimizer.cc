@@ -7,67 +7,12 @@
 
 #include "ps/errors.h"
 #include "common/vector_clones.h"
+#include "server/update_kernels.h"
 
 namespace ps {
 namespace {
 
-// The loops are written plainly so the compiler vectorises them; each reads
-// and writes every array once, which keeps an update at memory speed.
-// Free functions, not the virtual apply()s: GCC cannot clone virtual ones.
-
-PS_VECTOR_CLONES void sgd(float* __restrict w, const float* __restrict g, std::size_t n, float a) {
-  for (std::size_t i = 0; i < n; ++i) w[i] -= a * g[i];
-}
-
-PS_VECTOR_CLONES void momentum(float* __restrict w, float* __restrict acc,
-                               const float* __restrict g, std::size_t n, float lr, float mu,
-                               float scale, bool nesterov) {
-  if (nesterov) {
-    for (std::size_t i = 0; i < n; ++i) {
-      const float gi = g[i] * scale;
-      acc[i] = mu * acc[i] + gi;
-      w[i] -= lr * (gi + mu * acc[i]);
-    }
-  } else {
-    for (std::size_t i = 0; i < n; ++i) {
-      acc[i] = mu * acc[i] + g[i] * scale;
-      w[i] -= lr * acc[i];
-    }
-  }
-}
-
-PS_VECTOR_CLONES void adam(float* __restrict w, float* __restrict m, float* __restrict v,
-                           const float* __restrict g, std::size_t n, float lr_t, float b1, float b2,
-                           float eps, float scale) {
-  for (std::size_t i = 0; i < n; ++i) {
-    const float gi = g[i] * scale;
-    m[i] = b1 * m[i] + (1.0f - b1) * gi;
-    v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-    w[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
-  }
-}
-
-PS_VECTOR_CLONES void adagrad(float* __restrict w, float* __restrict acc, const float* __restrict g,
-                              std::size_t n, float lr, float scale) {
-  for (std::size_t i = 0; i < n; ++i) {
-    const float gi = g[i] * scale;
-    acc[i] += gi * gi;
-    w[i] -= lr * gi / std::sqrt(acc[i]);
-  }
-}
-
-PS_VECTOR_CLONES void rmsprop(float* __restrict w, float* __restrict ms, float* __restrict mom,
-                              const float* __restrict g, std::size_t n, float lr, float rho,
-                              float mu, float eps, float scale) {
-  for (std::size_t i = 0; i < n; ++i) {
-    const float gi = g[i] * scale;
-    ms[i] = rho * ms[i] + (1.0f - rho) * gi * gi;
-    mom[i] = mu * mom[i] + lr * gi / std::sqrt(ms[i] + eps);
-    w[i] -= mom[i];
-  }
-}
-
-// The check passes: the same arithmetic as the update above, read only,
+// The check passes: the same arithmetic as the updates (update_kernels.h), read only,
 // flagging any result over `lim` in magnitude (or NaN: the compare fails).
 
 inline int over(float x, float lim) { return !(std::fabs(x) <= lim); }
@@ -136,7 +81,7 @@ class Sgd final : public Optimizer {
   std::vector<std::vector<float>> make_slots(std::size_t) const override { return {}; }
   void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>&,
              int64_t step, float scale) const override {
-    sgd(w.data(), g.data(), w.size(), config_.learning_rate_at(step) * scale);
+    update::sgd(w.data(), g.data(), w.size(), config_.learning_rate_at(step) * scale);
   }
   bool result_finite(std::span<const float> w, std::span<const float> g,
                      const std::vector<std::vector<float>>&, int64_t step,
@@ -155,7 +100,7 @@ class Momentum final : public Optimizer {
   }
   void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots,
              int64_t step, float scale) const override {
-    momentum(w.data(), slots[0].data(), g.data(), w.size(), config_.learning_rate_at(step),
+    update::momentum(w.data(), slots[0].data(), g.data(), w.size(), config_.learning_rate_at(step),
              config_.momentum, scale, config_.nesterov);
   }
   bool result_finite(std::span<const float> w, std::span<const float> g,
@@ -177,7 +122,7 @@ class Adam final : public Optimizer {
   }
   void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots,
              int64_t step, float scale) const override {
-    adam(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(), lr_t(step), config_.beta1,
+    update::adam(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(), lr_t(step), config_.beta1,
          config_.beta2, config_.epsilon, scale);
   }
   bool result_finite(std::span<const float> w, std::span<const float> g,
@@ -205,7 +150,7 @@ class Adagrad final : public Optimizer {
   }
   void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots,
              int64_t step, float scale) const override {
-    adagrad(w.data(), slots[0].data(), g.data(), w.size(), config_.learning_rate_at(step), scale);
+    update::adagrad(w.data(), slots[0].data(), g.data(), w.size(), config_.learning_rate_at(step), scale);
   }
   bool result_finite(std::span<const float> w, std::span<const float> g,
                      const std::vector<std::vector<float>>& slots, int64_t step,
@@ -225,7 +170,7 @@ class RmsProp final : public Optimizer {
   }
   void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots,
              int64_t step, float scale) const override {
-    rmsprop(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(),
+    update::rmsprop(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(),
             config_.learning_rate_at(step), config_.decay, config_.momentum, config_.epsilon,
             scale);
   }

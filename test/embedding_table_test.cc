@@ -358,7 +358,7 @@ TEST_CASE("SGD's safe gradient bound keeps the largest finite rows finite") {
       for (float w0 : {big, -big}) {
         float w = w0;
         const float grad = w0 > 0 ? -g : g;
-        opt->apply(&w, nullptr, &grad, 1, 0.5f, 1);
+        opt->apply(&w, nullptr, &grad, 1, opt->step(0.5f, 1));
         CHECK(std::isfinite(w));
       }
     }

@@ -424,7 +424,7 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
   const float* g = summed.empty() ? grads.data() : summed.data();
   float* slot_ptrs[4];
   const uint32_t comps = components();
-  constexpr std::size_t kAhead = 4;
+  constexpr std::size_t kAhead = 8;
   // As in pull: the rows a few positions ahead are fetched while this one is updated.
   auto prefetch_row = [&](std::size_t i) {
     for (uint32_t c = 0; c < comps; ++c) {
@@ -432,6 +432,7 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
       for (std::size_t b = 0; b < dim * sizeof(float); b += 64) __builtin_prefetch(next + b, 1);
     }
   };
+  const RowOptimizer::Step step = optimizer_->step(scale, version_ + 1);
   if (check_first) {
     // Each distinct row updated on a copy in a row-sized scratch: the table is
     // untouched until every row is known to stay finite, and the rows the
@@ -447,7 +448,7 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
         float* __restrict to = w + std::size_t(c) * dim;
         for (uint32_t j = 0; j < dim; ++j) to[j] = from[j];
       }
-      optimizer_->apply(w, slot_ptrs, g + i * dim, dim, scale, version_ + 1);
+      optimizer_->apply(w, slot_ptrs, g + i * dim, dim, step);
       if (!row_finite(w, comps * dim)) return false;
     }
   }
@@ -456,7 +457,7 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
     if (!check_first && i + kAhead < n) prefetch_row(i + kAhead);
     if (!first.empty() && first[i] != i) continue;
     for (uint32_t c = 1; c < comps; ++c) slot_ptrs[c - 1] = row(c, slots[i]);
-    optimizer_->apply(row(0, slots[i]), slot_ptrs, g + i * dim, dim, scale, version_);
+    optimizer_->apply(row(0, slots[i]), slot_ptrs, g + i * dim, dim, step);
   }
   return true;
 }
@@ -478,6 +479,7 @@ bool EmbeddingTable::update_finite(std::span<const uint64_t> ids, std::span<cons
     }
   }
   std::vector<float> w(dim), s(std::size_t(slots) * dim);
+  const RowOptimizer::Step step = optimizer_->step(scale, version_ + 1);
   float* slot_ptrs[4];
   for (uint32_t c = 0; c < slots; ++c) slot_ptrs[c] = s.data() + std::size_t(c) * dim;
   for (uint32_t i : distinct) {
@@ -490,8 +492,7 @@ bool EmbeddingTable::update_finite(std::span<const uint64_t> ids, std::span<cons
       std::copy_n(row(0, slot), dim, w.data());
       for (uint32_t c = 0; c < slots; ++c) std::copy_n(row(c + 1, slot), dim, slot_ptrs[c]);
     }
-    optimizer_->apply(w.data(), slot_ptrs, g.data() + std::size_t(i) * dim, dim, scale,
-                      version_ + 1);
+    optimizer_->apply(w.data(), slot_ptrs, g.data() + std::size_t(i) * dim, dim, step);
     for (float x : w)
       if (!std::isfinite(x)) return false;
     for (float x : s)

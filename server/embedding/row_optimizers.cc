@@ -5,19 +5,21 @@
 #include <limits>
 
 #include "ps/errors.h"
+#include "server/update_kernels.h"
 
 namespace ps {
 namespace {
+
+// Each row's update is the dense optimizers' loop over its dim floats
+// (server/update_kernels.h): the same arithmetic, vectorised the same way.
 
 class RowSgd final : public RowOptimizer {
  public:
   using RowOptimizer::RowOptimizer;
   uint32_t num_slots() const override { return 0; }
   float slot_init(uint32_t) const override { return 0; }
-  void apply(float* __restrict w, float* const*, const float* __restrict g, uint32_t dim,
-             float scale, uint64_t) const override {
-    const float a = config_.learning_rate * scale;
-    for (uint32_t i = 0; i < dim; ++i) w[i] -= a * g[i];
+  void apply(float* w, float* const*, const float* g, uint32_t dim, const Step& s) const override {
+    update::sgd(w, g, dim, s.learning_rate * s.scale);
   }
   // |a * g| under 2^102, below half the spacing of floats at FLT_MAX (2^103):
   // w - a * g then rounds to at most FLT_MAX in magnitude for any finite w.
@@ -33,15 +35,9 @@ class RowAdagrad final : public RowOptimizer {
   using RowOptimizer::RowOptimizer;
   uint32_t num_slots() const override { return 1; }
   float slot_init(uint32_t) const override { return config_.initial_accumulator; }
-  void apply(float* __restrict w, float* const* slots, const float* __restrict g, uint32_t dim,
-             float scale, uint64_t) const override {
-    float* __restrict acc = slots[0];
-    const float lr = config_.learning_rate;
-    for (uint32_t i = 0; i < dim; ++i) {
-      const float gi = g[i] * scale;
-      acc[i] += gi * gi;
-      w[i] -= lr * gi / std::sqrt(acc[i]);
-    }
+  void apply(float* w, float* const* slots, const float* g, uint32_t dim,
+             const Step& s) const override {
+    update::adagrad(w, slots[0], g, dim, s.learning_rate, s.scale);
   }
 };
 
@@ -50,50 +46,29 @@ class RowLazyAdam final : public RowOptimizer {
   using RowOptimizer::RowOptimizer;
   uint32_t num_slots() const override { return 2; }
   float slot_init(uint32_t) const override { return 0; }
-  void apply(float* __restrict w, float* const* slots, const float* __restrict g, uint32_t dim,
-             float scale, uint64_t t) const override {
-    float* __restrict m = slots[0];
-    float* __restrict v = slots[1];
-    const float b1 = config_.beta1, b2 = config_.beta2, eps = config_.epsilon;
+  Step step(float scale, uint64_t t) const override {
     const double td = static_cast<double>(t);
-    const float lr_t =
-        static_cast<float>(config_.learning_rate * std::sqrt(1.0 - std::pow(double(b2), td)) /
-                           (1.0 - std::pow(double(b1), td)));
-    for (uint32_t i = 0; i < dim; ++i) {
-      const float gi = g[i] * scale;
-      m[i] = b1 * m[i] + (1 - b1) * gi;
-      v[i] = b2 * v[i] + (1 - b2) * gi * gi;
-      w[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
-    }
+    return {scale, static_cast<float>(config_.learning_rate *
+                                      std::sqrt(1.0 - std::pow(double(config_.beta2), td)) /
+                                      (1.0 - std::pow(double(config_.beta1), td)))};
+  }
+  void apply(float* w, float* const* slots, const float* g, uint32_t dim,
+             const Step& s) const override {
+    update::adam(w, slots[0], slots[1], g, dim, s.learning_rate, config_.beta1, config_.beta2,
+                 config_.epsilon, s.scale);
   }
 };
 
-// tf.train.FtrlOptimizer (l2_shrinkage 0):
-//   acc' = acc + g^2
-//   linear += g - (acc'^-p - acc^-p) / lr * w
-//   quadratic = acc'^-p / lr + 2 l2
-//   w = |linear| > l1 ? (sign(linear) l1 - linear) / quadratic : 0
+// tf.train.FtrlOptimizer (l2_shrinkage 0): update::ftrl.
 class RowFtrl final : public RowOptimizer {
  public:
   using RowOptimizer::RowOptimizer;
   uint32_t num_slots() const override { return 2; }
   float slot_init(uint32_t k) const override { return k == 0 ? config_.initial_accumulator : 0.0f; }
-  void apply(float* __restrict w, float* const* slots, const float* __restrict g, uint32_t dim,
-             float scale, uint64_t) const override {
-    float* __restrict acc = slots[0];
-    float* __restrict lin = slots[1];
-    const float lr = config_.learning_rate, l1 = config_.l1, l2 = config_.l2, p = -config_.lr_power;
-    const bool sqrt_power = config_.lr_power == -0.5f;
-    for (uint32_t i = 0; i < dim; ++i) {
-      const float gi = g[i] * scale;
-      const float acc_new = acc[i] + gi * gi;
-      const float pow_new = sqrt_power ? std::sqrt(acc_new) : std::pow(acc_new, p);
-      const float pow_old = sqrt_power ? std::sqrt(acc[i]) : std::pow(acc[i], p);
-      lin[i] += gi - (pow_new - pow_old) / lr * w[i];
-      const float quadratic = pow_new / lr + 2 * l2;
-      w[i] = std::fabs(lin[i]) > l1 ? ((lin[i] > 0 ? l1 : -l1) - lin[i]) / quadratic : 0.0f;
-      acc[i] = acc_new;
-    }
+  void apply(float* w, float* const* slots, const float* g, uint32_t dim,
+             const Step& s) const override {
+    update::ftrl(w, slots[0], slots[1], g, dim, s.learning_rate, config_.l1, config_.l2,
+                 config_.lr_power, s.scale);
   }
 };
 

@@ -31,10 +31,18 @@ class RowOptimizer {
   virtual uint32_t num_slots() const = 0;
   // The value every float of slot k starts at.
   virtual float slot_init(uint32_t k) const = 0;
+  // What every row of one update shares, worked out once per update rather
+  // than per row: the gradients' scale, and LazyAdam's bias-corrected
+  // learning rate for t, the table's update count (from 1).
+  struct Step {
+    float scale = 1;
+    float learning_rate = 0;
+  };
+  virtual Step step(float scale, uint64_t /*t*/) const { return {scale, config_.learning_rate}; }
   // Updates one row: w and slots[k] point at its `dim` floats; g is the
-  // gradient (times `scale`); t the table's update count, from 1.
-  virtual void apply(float* w, float* const* slots, const float* g, uint32_t dim, float scale,
-                     uint64_t t) const = 0;
+  // gradient (times s.scale).
+  virtual void apply(float* w, float* const* slots, const float* g, uint32_t dim,
+                     const Step& s) const = 0;
   // A magnitude such that gradients all within it, each row's summed over at
   // most `summed` positions, leave every finite row and slot finite: psd
   // then applies a push without trying it on copies first. 0 where no such

@@ -3,9 +3,14 @@
 // streaming memory bandwidth measured in the same run: an in-place a*x+y on
 // one thread (y += a*x: two arrays read, one written, counted as 3 streams,
 // the same accounting as for the updates).
+// Then embedding-table rows: how fast a table applies pushed rows with each
+// row-wise optimizer (SGD, Adagrad, LazyAdam, FTRL), in requests of 8,192
+// random ids as psd gets them, against an in-memory scatter-add of the same
+// rows into a plain array on one thread, measured in turn with it.
 //
-//   build/bench/apply_bench                  # 1M and 64M floats
+//   build/bench/apply_bench                  # 1M and 64M floats; a 10^6 x 32 table
 //   build/bench/apply_bench --sizes 1M,16M --reps 20
+//   build/bench/apply_bench --sizes "" --table_rows 10000000   # rows only, 10^7 x 32
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,8 +19,16 @@
 
 #include <CLI/CLI.hpp>
 
+#include <sys/mman.h>
+
+#include <cstring>
+#include <random>
+#include <stdexcept>
+
+#include "ps/embedding.h"
 #include "ps/trainer_flags.h"
 #include "ps/tensor_spec.h"
+#include "server/embedding/embedding_table.h"
 #include "server/tensor_store.h"
 
 namespace {
@@ -57,6 +70,80 @@ std::size_t parse_count(const std::string& s) {
   return std::stoull(num) * mult;
 }
 
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// In memory, one thread: table[ids[i]] -= 0.01 * g[i], over a plain array in
+// 2 MiB pages (as psd's tables): the rows' own traffic, with no optimizer.
+__attribute__((noinline)) void scatter_sgd(float* table, const uint64_t* ids, std::size_t n,
+                                           uint32_t dim, const float* g) {
+  for (std::size_t i = 0; i < n; ++i) {
+    float* __restrict row = table + ids[i] * dim;
+    const float* __restrict gi = g + i * dim;
+    for (uint32_t j = 0; j < dim; ++j) row[j] -= 0.01f * gi[j];
+  }
+}
+
+// Table pushes of `request` random ids at a time, per row-wise optimizer,
+// each block of requests after a block of the in-memory scatter-add.
+void bench_rows(uint64_t rows, uint32_t dim, int reps) {
+  constexpr std::size_t kRequest = 8192;  // ids in a 1 MiB request of 32-float rows
+  constexpr int kBlock = 8;               // requests per block, in turn with the reference
+  const std::size_t bytes = rows * dim * sizeof(float);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::runtime_error("mmap failed");
+  madvise(p, bytes, MADV_HUGEPAGE);
+  float* plain = static_cast<float*>(p);
+  std::fill_n(plain, rows * dim, 0.5f);
+  std::mt19937_64 rng(7);
+  std::vector<uint64_t> ids(kRequest);
+  std::vector<float> g(kRequest * dim, 1e-3f);
+  std::printf("\nrows: a %llu x %u table, requests of %zu random ids, median of %d\n",
+              (unsigned long long)rows, dim, kRequest, reps * kBlock);
+  std::printf("%-10s %7s %12s %16s %14s\n", "optimizer", "arrays", "M rows/s",
+              "scatter-add M/s", "of scatter-add");
+  struct Case {
+    const char* name;
+    ps::RowOptimizerConfig config;
+    int arrays;  // row-sized arrays read and written per row: the row and its slots
+  };
+  for (const Case& c : {Case{"sgd", ps::RowOptimizerConfig::sgd(0.01f), 1},
+                        Case{"adagrad", ps::RowOptimizerConfig::adagrad(0.01f), 2},
+                        Case{"lazy_adam", ps::RowOptimizerConfig::lazy_adam(1e-3f), 3},
+                        Case{"ftrl", ps::RowOptimizerConfig::ftrl(0.01f, 1e-3f, 1e-3f), 3}}) {
+    ps::EmbeddingTable table({.name = "t", .dim = dim, .rows = rows, .optimizer = c.config}, 0, 1);
+    {  // every row touched once, so that the measured pushes find them in memory
+      std::vector<uint64_t> all(kRequest);
+      std::vector<float> zero(kRequest * dim, 0.0f);
+      for (uint64_t first = 0; first < rows; first += kRequest) {
+        const std::size_t n = std::min<uint64_t>(kRequest, rows - first);
+        for (std::size_t i = 0; i < n; ++i) all[i] = first + i;
+        table.push(std::span(all.data(), n), std::span<const float>(zero.data(), n * dim), 1.0f);
+      }
+    }
+    std::vector<double> ours, reference;
+    for (int r = 0; r < reps; ++r) {
+      for (int k = 0; k < kBlock; ++k) {
+        for (auto& id : ids) id = rng() % rows;
+        const auto t0 = Clock::now();
+        scatter_sgd(plain, ids.data(), kRequest, dim, g.data());
+        reference.push_back(seconds_since(t0));
+      }
+      for (int k = 0; k < kBlock; ++k) {
+        for (auto& id : ids) id = rng() % rows;
+        const auto t0 = Clock::now();
+        if (!table.push_if_finite(ids, g, 1.0f, 0)) throw std::runtime_error("push refused");
+        ours.push_back(seconds_since(t0));
+      }
+    }
+    const double rate = kRequest / median(ours), limit = kRequest / median(reference);
+    std::printf("%-10s %7d %12.2f %16.2f %13.0f%%\n", c.name, c.arrays, rate / 1e6, limit / 1e6,
+                100.0 * rate / limit);
+  }
+  munmap(p, bytes);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -65,13 +152,23 @@ int main(int argc, char** argv) {
   int reps = 15;
   app.add_option("--sizes", sizes_flag, "tensor sizes in floats")->capture_default_str();
   app.add_option("--reps", reps, "repetitions (median reported)")->capture_default_str();
+  uint64_t table_rows = 1'000'000;
+  uint32_t dim = 32;
+  int row_reps = 16;
+  app.add_option("--table_rows", table_rows, "rows of the embedding table (0: no rows section)")
+      ->capture_default_str();
+  app.add_option("--dim", dim, "floats per table row")->capture_default_str();
+  app.add_option("--row_reps", row_reps, "blocks of 8 requests per optimizer, in turn with the "
+                 "in-memory reference")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   std::vector<std::size_t> sizes;
   for (const std::string& s : ps::split_list(sizes_flag)) sizes.push_back(parse_count(s));
+  if (sizes.empty() && table_rows == 0) return 0;
 
-  std::printf("%-10s %-6s %12s %12s %10s %14s\n", "floats", "opt", "updates/s", "GB/s touched",
-              "axpy GB/s", "of bandwidth");
+  if (!sizes.empty())
+    std::printf("%-10s %-6s %12s %12s %10s %14s\n", "floats", "opt", "updates/s", "GB/s touched",
+                "axpy GB/s", "of bandwidth");
   for (std::size_t n : sizes) {
     const double triad = axpy_bytes_per_second(n, reps);
     struct Case {
@@ -97,5 +194,6 @@ int main(int argc, char** argv) {
                   triad / 1e9, 100.0 * bytes / triad);
     }
   }
+  if (table_rows > 0) bench_rows(table_rows, dim, row_reps);
   return 0;
 }

@@ -12,69 +12,6 @@
 namespace ps {
 namespace {
 
-// The check passes: the same arithmetic as the updates (update_kernels.h), read only,
-// flagging any result over `lim` in magnitude (or NaN: the compare fails).
-
-inline int over(float x, float lim) { return !(std::fabs(x) <= lim); }
-
-PS_VECTOR_CLONES bool sgd_ok(const float* __restrict w, const float* __restrict g, std::size_t n,
-                             float a, float lim) {
-  int bad = 0;
-  for (std::size_t i = 0; i < n; ++i) bad |= over(w[i] - a * g[i], lim);
-  return bad == 0;
-}
-
-PS_VECTOR_CLONES bool momentum_ok(const float* __restrict w, const float* __restrict acc,
-                                  const float* __restrict g, std::size_t n, float lr, float mu,
-                                  float scale, bool nesterov, float lim) {
-  int bad = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const float gi = g[i] * scale;
-    const float a = mu * acc[i] + gi;
-    bad |= over(a, lim) | over(nesterov ? w[i] - lr * (gi + mu * a) : w[i] - lr * a, lim);
-  }
-  return bad == 0;
-}
-
-PS_VECTOR_CLONES bool adam_ok(const float* __restrict w, const float* __restrict m,
-                              const float* __restrict v, const float* __restrict g, std::size_t n,
-                              float lr_t, float b1, float b2, float eps, float scale, float lim) {
-  int bad = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const float gi = g[i] * scale;
-    const float mi = b1 * m[i] + (1.0f - b1) * gi;
-    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-    bad |= over(mi, lim) | over(vi, lim) | over(w[i] - lr_t * mi / (std::sqrt(vi) + eps), lim);
-  }
-  return bad == 0;
-}
-
-PS_VECTOR_CLONES bool adagrad_ok(const float* __restrict w, const float* __restrict acc,
-                                 const float* __restrict g, std::size_t n, float lr, float scale,
-                                 float lim) {
-  int bad = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const float gi = g[i] * scale;
-    const float a = acc[i] + gi * gi;
-    bad |= over(a, lim) | over(w[i] - lr * gi / std::sqrt(a), lim);
-  }
-  return bad == 0;
-}
-
-PS_VECTOR_CLONES bool rmsprop_ok(const float* __restrict w, const float* __restrict ms,
-                                 const float* __restrict mom, const float* __restrict g,
-                                 std::size_t n, float lr, float rho, float mu, float eps,
-                                 float scale, float lim) {
-  int bad = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const float gi = g[i] * scale;
-    const float s = rho * ms[i] + (1.0f - rho) * gi * gi;
-    const float mo = mu * mom[i] + lr * gi / std::sqrt(s + eps);
-    bad |= over(s, lim) | over(mo, lim) | over(w[i] - mo, lim);
-  }
-  return bad == 0;
-}
-
 class Sgd final : public Optimizer {
  public:
   using Optimizer::Optimizer;
@@ -86,7 +23,7 @@ class Sgd final : public Optimizer {
   bool result_finite(std::span<const float> w, std::span<const float> g,
                      const std::vector<std::vector<float>>&, int64_t step,
                      float scale) const override {
-    return sgd_ok(w.data(), g.data(), w.size(), config_.learning_rate_at(step) * scale,
+    return update::sgd_ok(w.data(), g.data(), w.size(), config_.learning_rate_at(step) * scale,
                   kResultLimit);
   }
 };
@@ -106,7 +43,7 @@ class Momentum final : public Optimizer {
   bool result_finite(std::span<const float> w, std::span<const float> g,
                      const std::vector<std::vector<float>>& slots, int64_t step,
                      float scale) const override {
-    return momentum_ok(w.data(), slots[0].data(), g.data(), w.size(),
+    return update::momentum_ok(w.data(), slots[0].data(), g.data(), w.size(),
                        config_.learning_rate_at(step), config_.momentum, scale, config_.nesterov,
                        kResultLimit);
   }
@@ -128,7 +65,7 @@ class Adam final : public Optimizer {
   bool result_finite(std::span<const float> w, std::span<const float> g,
                      const std::vector<std::vector<float>>& slots, int64_t step,
                      float scale) const override {
-    return adam_ok(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(), lr_t(step),
+    return update::adam_ok(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(), lr_t(step),
                    config_.beta1, config_.beta2, config_.epsilon, scale, kResultLimit);
   }
 
@@ -155,7 +92,7 @@ class Adagrad final : public Optimizer {
   bool result_finite(std::span<const float> w, std::span<const float> g,
                      const std::vector<std::vector<float>>& slots, int64_t step,
                      float scale) const override {
-    return adagrad_ok(w.data(), slots[0].data(), g.data(), w.size(), config_.learning_rate_at(step),
+    return update::adagrad_ok(w.data(), slots[0].data(), g.data(), w.size(), config_.learning_rate_at(step),
                       scale, kResultLimit);
   }
 };
@@ -177,7 +114,7 @@ class RmsProp final : public Optimizer {
   bool result_finite(std::span<const float> w, std::span<const float> g,
                      const std::vector<std::vector<float>>& slots, int64_t step,
                      float scale) const override {
-    return rmsprop_ok(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(),
+    return update::rmsprop_ok(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(),
                       config_.learning_rate_at(step), config_.decay, config_.momentum,
                       config_.epsilon, scale, kResultLimit);
   }

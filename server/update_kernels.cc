@@ -90,4 +90,96 @@ PS_VECTOR_CLONES void ftrl(float* __restrict w, float* __restrict acc, float* __
   }
 }
 
+// The check passes: the same arithmetic as the updates above, read only.
+
+namespace {
+
+inline int over(float x, float lim) { return !(std::fabs(x) <= lim); }
+
+}  // namespace
+
+PS_VECTOR_CLONES bool sgd_ok(const float* __restrict w, const float* __restrict g, std::size_t n,
+                             float a, float lim) {
+  int bad = 0;
+  for (std::size_t i = 0; i < n; ++i) bad |= over(w[i] - a * g[i], lim);
+  return bad == 0;
+}
+
+PS_VECTOR_CLONES bool momentum_ok(const float* __restrict w, const float* __restrict acc,
+                                  const float* __restrict g, std::size_t n, float lr, float mu,
+                                  float scale, bool nesterov, float lim) {
+  int bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float gi = g[i] * scale;
+    const float a = mu * acc[i] + gi;
+    bad |= over(a, lim) | over(nesterov ? w[i] - lr * (gi + mu * a) : w[i] - lr * a, lim);
+  }
+  return bad == 0;
+}
+
+PS_VECTOR_CLONES bool adam_ok(const float* __restrict w, const float* __restrict m,
+                              const float* __restrict v, const float* __restrict g, std::size_t n,
+                              float lr_t, float b1, float b2, float eps, float scale, float lim) {
+  int bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float gi = g[i] * scale;
+    const float mi = b1 * m[i] + (1.0f - b1) * gi;
+    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+    bad |= over(mi, lim) | over(vi, lim) | over(w[i] - lr_t * mi / (std::sqrt(vi) + eps), lim);
+  }
+  return bad == 0;
+}
+
+PS_VECTOR_CLONES bool adagrad_ok(const float* __restrict w, const float* __restrict acc,
+                                 const float* __restrict g, std::size_t n, float lr, float scale,
+                                 float lim) {
+  int bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float gi = g[i] * scale;
+    const float a = acc[i] + gi * gi;
+    bad |= over(a, lim) | over(w[i] - lr * gi / std::sqrt(a), lim);
+  }
+  return bad == 0;
+}
+
+PS_VECTOR_CLONES bool rmsprop_ok(const float* __restrict w, const float* __restrict ms,
+                                 const float* __restrict mom, const float* __restrict g,
+                                 std::size_t n, float lr, float rho, float mu, float eps,
+                                 float scale, float lim) {
+  int bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float gi = g[i] * scale;
+    const float s = rho * ms[i] + (1.0f - rho) * gi * gi;
+    const float mo = mu * mom[i] + lr * gi / std::sqrt(s + eps);
+    bad |= over(s, lim) | over(mo, lim) | over(w[i] - mo, lim);
+  }
+  return bad == 0;
+}
+
+PS_VECTOR_CLONES bool ftrl_ok(const float* __restrict w, const float* __restrict acc,
+                              const float* __restrict lin, const float* __restrict g,
+                              std::size_t n, float lr, float l1, float l2, float lr_power,
+                              float scale, float lim) {
+  int bad = 0;
+  auto check = [&](auto power) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const float gi = g[i] * scale;
+      const float acc_new = acc[i] + gi * gi;
+      const float pow_new = power(acc_new);
+      const float pow_old = power(acc[i]);
+      const float l = lin[i] + (gi - (pow_new - pow_old) / lr * w[i]);
+      const float quadratic = pow_new / lr + 2 * l2;
+      const float shrunk = (std::copysign(l1, l) - l) / quadratic;
+      bad |= over(acc_new, lim) | over(l, lim) | over(std::fabs(l) > l1 ? shrunk : 0.0f, lim);
+    }
+  };
+  if (lr_power == -0.5f) {
+    check([](float a) { return std::sqrt(a); });
+  } else {
+    const float p = -lr_power;
+    check([p](float a) { return std::pow(a, p); });
+  }
+  return bad == 0;
+}
+
 }  // namespace ps::update

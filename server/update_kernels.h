@@ -32,4 +32,20 @@ void rmsprop(float* w, float* ms, float* mom, const float* g, std::size_t n, flo
 void ftrl(float* w, float* acc, float* lin, const float* g, std::size_t n, float lr, float l1,
           float l2, float lr_power, float scale);
 
+// The checks: each the same arithmetic as its update, read only, false if
+// any value or slot the update would write is over `lim` in magnitude or
+// NaN (lim = FLT_MAX: would not stay finite). The same bits as the update
+// computes, so a check that passes is an update that stays within lim.
+bool sgd_ok(const float* w, const float* g, std::size_t n, float a, float lim);
+bool momentum_ok(const float* w, const float* acc, const float* g, std::size_t n, float lr,
+                 float mu, float scale, bool nesterov, float lim);
+bool adam_ok(const float* w, const float* m, const float* v, const float* g, std::size_t n,
+             float lr_t, float b1, float b2, float eps, float scale, float lim);
+bool adagrad_ok(const float* w, const float* acc, const float* g, std::size_t n, float lr,
+                float scale, float lim);
+bool rmsprop_ok(const float* w, const float* ms, const float* mom, const float* g, std::size_t n,
+                float lr, float rho, float mu, float eps, float scale, float lim);
+bool ftrl_ok(const float* w, const float* acc, const float* lin, const float* g, std::size_t n,
+             float lr, float l1, float l2, float lr_power, float scale, float lim);
+
 }  // namespace ps::update

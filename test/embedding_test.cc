@@ -490,6 +490,18 @@ TEST_CASE("a push of rows that would store NaN or Inf is refused whole, as a den
   CHECK(raw.pull("acc", {0, 3}) == std::vector<float>{1, 1});
   CHECK(raw.push("hot", {2}, {1, 1}) == wire::PushStatus::APPLIED);  // a step that fits
   for (float v : raw.pull("hot", {2})) CHECK(v == Approx(2e38f).epsilon(1e-6));
+  // LazyAdam and FTRL: a larger one overflows the second moment ((1 - b2) g^2)
+  // and the accumulator; row 0's update alone would fit.
+  for (const auto& [name, optimizer] : {std::pair{"adam", RowOptimizerConfig::lazy_adam(0.1f)},
+                                        std::pair{"ftrl", RowOptimizerConfig::ftrl(0.1f)}}) {
+    INFO(name);
+    raw.create(TableSpec{
+        .name = name, .dim = 1, .rows = 4, .optimizer = optimizer, .init = InitConfig::constant(1)});
+    CHECK_THROWS_WITH(raw.push(name, {0, 3}, {1, 1e22f}), Catch::Contains("NaN or Inf"));
+    CHECK(raw.pull(name, {0, 3}) == std::vector<float>{1, 1});
+    CHECK(raw.push(name, {0}, {1}) == wire::PushStatus::APPLIED);
+    CHECK(raw.pull(name, {0})[0] != 1.0f);
+  }
   CHECK(psd.alive());
 }
 

@@ -34,18 +34,6 @@ float unit_normal(uint64_t seed, uint64_t id, uint64_t j) {
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
 }
 
-// Whether no float of a row is NaN or +-Inf (exponent bits all set): inline
-// and branch-free, as it runs once per row updated.
-bool row_finite(const float* v, uint32_t n) {
-  uint32_t bad = 0;
-  for (uint32_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, v + i, sizeof bits);
-    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-  }
-  return bad == 0;
-}
-
 std::string quoted(const TableSpec& s) { return "table '" + s.name + "'"; }
 
 }  // namespace
@@ -434,22 +422,16 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
   };
   const RowOptimizer::Step step = optimizer_->step(scale, version_ + 1);
   if (check_first) {
-    // Each distinct row updated on a copy in a row-sized scratch: the table is
-    // untouched until every row is known to stay finite, and the rows the
-    // second pass updates are then in cache (a request is at most a few MiB).
-    check_row_.resize(std::size_t(comps) * dim);
-    float* w = check_row_.data();
-    for (uint32_t c = 1; c < comps; ++c) slot_ptrs[c - 1] = w + std::size_t(c) * dim;
+    // Each distinct row's update worked out without writing it (the same
+    // arithmetic as the update): the table is untouched until every row is
+    // known to stay finite, and the rows the second pass updates are then in
+    // cache (a request is at most a few MiB).
     for (std::size_t i = 0; i < n; ++i) {
       if (i + kAhead < n) prefetch_row(i + kAhead);
       if (!first.empty() && first[i] != i) continue;
-      for (uint32_t c = 0; c < comps; ++c) {
-        const float* __restrict from = row(c, slots[i]);
-        float* __restrict to = w + std::size_t(c) * dim;
-        for (uint32_t j = 0; j < dim; ++j) to[j] = from[j];
-      }
-      optimizer_->apply(w, slot_ptrs, g + i * dim, dim, step);
-      if (!row_finite(w, comps * dim)) return false;
+      for (uint32_t c = 1; c < comps; ++c) slot_ptrs[c - 1] = row(c, slots[i]);
+      if (!optimizer_->stays_finite(row(0, slots[i]), slot_ptrs, g + i * dim, dim, step))
+        return false;
     }
   }
   ++version_;

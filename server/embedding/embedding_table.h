@@ -78,7 +78,8 @@ class EmbeddingTable {
   void push(std::span<const uint64_t> ids, std::span<const float> grads, float scale);
   // push(), unless it would store a NaN or Inf in a value or optimizer slot:
   // then returns false and the table (rows, slots, version) is as before.
-  // Each row's update is tried on a row-sized copy first, then applied.
+  // Each row's update is first worked out without being written
+  // (RowOptimizer::stays_finite), then applied.
   // `new_rows` is what check() returned for these ids: a push that creates
   // dynamic rows goes through update_finite, which works out the rows it
   // would create without creating them.
@@ -148,10 +149,8 @@ class EmbeddingTable {
   std::vector<uint64_t> push_slots_;
   std::vector<uint64_t> seen_slots_;
   std::vector<uint32_t> seen_first_;
-  // push_if_finite's scratch: one row and its slots, updated on a copy.
-  std::vector<float> check_row_;
-  // push(), first (with `check_first`) trying every row's update on a copy:
-  // false, and nothing changed, when one would not be finite.
+  // push(), first (with `check_first`) working out every row's update
+  // without writing it: false, and nothing changed, when one would not be finite.
   bool apply_push(std::span<const uint64_t> ids, std::span<const float> grads, float scale,
                   bool check_first);
 };

@@ -13,6 +13,9 @@ namespace {
 // Each row's update is the dense optimizers' loop over its dim floats
 // (server/update_kernels.h): the same arithmetic, vectorised the same way.
 
+// Within FLT_MAX in magnitude (and not NaN): finite.
+constexpr float kFloatMax = std::numeric_limits<float>::max();
+
 class RowSgd final : public RowOptimizer {
  public:
   using RowOptimizer::RowOptimizer;
@@ -20,6 +23,10 @@ class RowSgd final : public RowOptimizer {
   float slot_init(uint32_t) const override { return 0; }
   void apply(float* w, float* const*, const float* g, uint32_t dim, const Step& s) const override {
     update::sgd(w, g, dim, s.learning_rate * s.scale);
+  }
+  bool stays_finite(const float* w, float* const*, const float* g, uint32_t dim,
+                     const Step& s) const override {
+    return update::sgd_ok(w, g, dim, s.learning_rate * s.scale, kFloatMax);
   }
   // |a * g| under 2^102, below half the spacing of floats at FLT_MAX (2^103):
   // w - a * g then rounds to at most FLT_MAX in magnitude for any finite w.
@@ -39,6 +46,10 @@ class RowAdagrad final : public RowOptimizer {
              const Step& s) const override {
     update::adagrad(w, slots[0], g, dim, s.learning_rate, s.scale);
   }
+  bool stays_finite(const float* w, float* const* slots, const float* g, uint32_t dim,
+                     const Step& s) const override {
+    return update::adagrad_ok(w, slots[0], g, dim, s.learning_rate, s.scale, kFloatMax);
+  }
 };
 
 class RowLazyAdam final : public RowOptimizer {
@@ -57,6 +68,11 @@ class RowLazyAdam final : public RowOptimizer {
     update::adam(w, slots[0], slots[1], g, dim, s.learning_rate, config_.beta1, config_.beta2,
                  config_.epsilon, s.scale);
   }
+  bool stays_finite(const float* w, float* const* slots, const float* g, uint32_t dim,
+                     const Step& s) const override {
+    return update::adam_ok(w, slots[0], slots[1], g, dim, s.learning_rate, config_.beta1,
+                           config_.beta2, config_.epsilon, s.scale, kFloatMax);
+  }
 };
 
 // tf.train.FtrlOptimizer (l2_shrinkage 0): update::ftrl.
@@ -69,6 +85,11 @@ class RowFtrl final : public RowOptimizer {
              const Step& s) const override {
     update::ftrl(w, slots[0], slots[1], g, dim, s.learning_rate, config_.l1, config_.l2,
                  config_.lr_power, s.scale);
+  }
+  bool stays_finite(const float* w, float* const* slots, const float* g, uint32_t dim,
+                     const Step& s) const override {
+    return update::ftrl_ok(w, slots[0], slots[1], g, dim, s.learning_rate, config_.l1,
+                           config_.l2, config_.lr_power, s.scale, kFloatMax);
   }
 };
 

@@ -62,32 +62,49 @@ PS_VECTOR_CLONES void rmsprop(float* __restrict w, float* __restrict ms, float* 
   }
 }
 
+namespace {
+
+// One float's FTRL step: the new accumulator, linear term and weight.
+// A select, not a branch: copysign(l1, lin) differs from (lin > 0 ? l1 : -l1)
+// only where |lin| <= l1 sets w to 0; so the loops around it vectorise.
+struct FtrlStep {
+  float acc, lin, w;
+};
+template <typename Power>
+inline FtrlStep ftrl_step(float w, float acc, float lin, float g, float lr, float l1, float l2,
+                          Power power) {
+  const float acc_new = acc + g * g;
+  const float pow_new = power(acc_new);
+  const float l = lin + (g - (pow_new - power(acc)) / lr * w);
+  const float shrunk = (std::copysign(l1, l) - l) / (pow_new / lr + 2 * l2);
+  return {acc_new, l, std::fabs(l) > l1 ? shrunk : 0.0f};
+}
+
+// fn(power) with acc^-lr_power as a function: the usual power, -1/2, as sqrt,
+// which vectorises (pow does not).
+template <typename Fn>
+inline void with_power(float lr_power, Fn fn) {
+  if (lr_power == -0.5f) {
+    fn([](float a) { return std::sqrt(a); });
+  } else {
+    const float p = -lr_power;
+    fn([p](float a) { return std::pow(a, p); });
+  }
+}
+
+}  // namespace
+
 PS_VECTOR_CLONES void ftrl(float* __restrict w, float* __restrict acc, float* __restrict lin,
                            const float* __restrict g, std::size_t n, float lr, float l1, float l2,
                            float lr_power, float scale) {
-  // The usual power, -1/2, as a loop of its own: sqrt vectorises, pow does not.
-  // A select, not a branch, in both: copysign(l1, lin) differs from
-  // (lin > 0 ? l1 : -l1) only where |lin| <= l1 sets w to 0.
-  auto update = [&](auto power) {
+  with_power(lr_power, [&](auto power) {
     for (std::size_t i = 0; i < n; ++i) {
-      const float gi = g[i] * scale;
-      const float acc_new = acc[i] + gi * gi;
-      const float pow_new = power(acc_new);
-      const float pow_old = power(acc[i]);
-      const float l = lin[i] + (gi - (pow_new - pow_old) / lr * w[i]);
-      const float quadratic = pow_new / lr + 2 * l2;
-      const float shrunk = (std::copysign(l1, l) - l) / quadratic;
-      w[i] = std::fabs(l) > l1 ? shrunk : 0.0f;
-      lin[i] = l;
-      acc[i] = acc_new;
+      const FtrlStep s = ftrl_step(w[i], acc[i], lin[i], g[i] * scale, lr, l1, l2, power);
+      acc[i] = s.acc;
+      lin[i] = s.lin;
+      w[i] = s.w;
     }
-  };
-  if (lr_power == -0.5f) {
-    update([](float a) { return std::sqrt(a); });
-  } else {
-    const float p = -lr_power;
-    update([p](float a) { return std::pow(a, p); });
-  }
+  });
 }
 
 // The check passes: the same arithmetic as the updates above, read only.
@@ -161,24 +178,12 @@ PS_VECTOR_CLONES bool ftrl_ok(const float* __restrict w, const float* __restrict
                               std::size_t n, float lr, float l1, float l2, float lr_power,
                               float scale, float lim) {
   int bad = 0;
-  auto check = [&](auto power) {
+  with_power(lr_power, [&](auto power) {
     for (std::size_t i = 0; i < n; ++i) {
-      const float gi = g[i] * scale;
-      const float acc_new = acc[i] + gi * gi;
-      const float pow_new = power(acc_new);
-      const float pow_old = power(acc[i]);
-      const float l = lin[i] + (gi - (pow_new - pow_old) / lr * w[i]);
-      const float quadratic = pow_new / lr + 2 * l2;
-      const float shrunk = (std::copysign(l1, l) - l) / quadratic;
-      bad |= over(acc_new, lim) | over(l, lim) | over(std::fabs(l) > l1 ? shrunk : 0.0f, lim);
+      const FtrlStep s = ftrl_step(w[i], acc[i], lin[i], g[i] * scale, lr, l1, l2, power);
+      bad |= over(s.acc, lim) | over(s.lin, lim) | over(s.w, lim);
     }
-  };
-  if (lr_power == -0.5f) {
-    check([](float a) { return std::sqrt(a); });
-  } else {
-    const float p = -lr_power;
-    check([p](float a) { return std::pow(a, p); });
-  }
+  });
   return bad == 0;
 }
 

@@ -101,8 +101,8 @@ void bench_rows(uint64_t rows, uint32_t dim, int reps) {
   std::vector<float> g(kRequest * dim, 1e-3f);
   std::printf("\nrows: a %llu x %u table, requests of %zu random ids, median of %d\n",
               (unsigned long long)rows, dim, kRequest, reps * kBlock);
-  std::printf("%-10s %7s %12s %16s %14s\n", "optimizer", "arrays", "M rows/s",
-              "scatter-add M/s", "of scatter-add");
+  std::printf("%-10s %7s %12s %16s %14s\n", "optimizer", "arrays", "M rows/s", "scatter-add M/s",
+              "of scatter-add");
   struct Case {
     const char* name;
     ps::RowOptimizerConfig config;
@@ -158,8 +158,10 @@ int main(int argc, char** argv) {
   app.add_option("--table_rows", table_rows, "rows of the embedding table (0: no rows section)")
       ->capture_default_str();
   app.add_option("--dim", dim, "floats per table row")->capture_default_str();
-  app.add_option("--row_reps", row_reps, "blocks of 8 requests per optimizer, in turn with the "
-                 "in-memory reference")->capture_default_str();
+  app.add_option("--row_reps", row_reps,
+                 "blocks of 8 requests per optimizer, in turn with the "
+                 "in-memory reference")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   std::vector<std::size_t> sizes;

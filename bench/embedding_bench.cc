@@ -246,7 +246,9 @@ class MemoryTable {
  public:
   MemoryTable(uint64_t rows, uint32_t dim, std::vector<std::vector<int64_t>> uniform,
               std::size_t batch)
-      : bytes_(rows * dim * sizeof(float)), dim_(dim), uniform_(std::move(uniform)),
+      : bytes_(rows * dim * sizeof(float)),
+        dim_(dim),
+        uniform_(std::move(uniform)),
         out_(batch * dim) {
     void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::runtime_error("mmap failed");
@@ -573,8 +575,7 @@ int main(int argc, char** argv) {
       for (auto& id : b) id = int64_t(uint64_t(id) * 2654435761ull);
     }
     print("dynamic pull, uniform ids", measure("dyn", dim, dyn_batches, false, *first_memory));
-    print("dynamic push (SGD), uniform ids",
-          measure("dyn", dim, dyn_batches, true, *first_memory));
+    print("dynamic push (SGD), uniform ids", measure("dyn", dim, dyn_batches, true, *first_memory));
   }
   return 0;
 }

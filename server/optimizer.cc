@@ -24,7 +24,7 @@ class Sgd final : public Optimizer {
                      const std::vector<std::vector<float>>&, int64_t step,
                      float scale) const override {
     return update::sgd_ok(w.data(), g.data(), w.size(), config_.learning_rate_at(step) * scale,
-                  kResultLimit);
+                          kResultLimit);
   }
 };
 
@@ -38,14 +38,14 @@ class Momentum final : public Optimizer {
   void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots,
              int64_t step, float scale) const override {
     update::momentum(w.data(), slots[0].data(), g.data(), w.size(), config_.learning_rate_at(step),
-             config_.momentum, scale, config_.nesterov);
+                     config_.momentum, scale, config_.nesterov);
   }
   bool result_finite(std::span<const float> w, std::span<const float> g,
                      const std::vector<std::vector<float>>& slots, int64_t step,
                      float scale) const override {
     return update::momentum_ok(w.data(), slots[0].data(), g.data(), w.size(),
-                       config_.learning_rate_at(step), config_.momentum, scale, config_.nesterov,
-                       kResultLimit);
+                               config_.learning_rate_at(step), config_.momentum, scale,
+                               config_.nesterov, kResultLimit);
   }
 };
 
@@ -59,14 +59,15 @@ class Adam final : public Optimizer {
   }
   void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots,
              int64_t step, float scale) const override {
-    update::adam(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(), lr_t(step), config_.beta1,
-         config_.beta2, config_.epsilon, scale);
+    update::adam(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(), lr_t(step),
+                 config_.beta1, config_.beta2, config_.epsilon, scale);
   }
   bool result_finite(std::span<const float> w, std::span<const float> g,
                      const std::vector<std::vector<float>>& slots, int64_t step,
                      float scale) const override {
-    return update::adam_ok(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(), lr_t(step),
-                   config_.beta1, config_.beta2, config_.epsilon, scale, kResultLimit);
+    return update::adam_ok(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(),
+                           lr_t(step), config_.beta1, config_.beta2, config_.epsilon, scale,
+                           kResultLimit);
   }
 
  private:
@@ -87,13 +88,14 @@ class Adagrad final : public Optimizer {
   }
   void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots,
              int64_t step, float scale) const override {
-    update::adagrad(w.data(), slots[0].data(), g.data(), w.size(), config_.learning_rate_at(step), scale);
+    update::adagrad(w.data(), slots[0].data(), g.data(), w.size(), config_.learning_rate_at(step),
+                    scale);
   }
   bool result_finite(std::span<const float> w, std::span<const float> g,
                      const std::vector<std::vector<float>>& slots, int64_t step,
                      float scale) const override {
-    return update::adagrad_ok(w.data(), slots[0].data(), g.data(), w.size(), config_.learning_rate_at(step),
-                      scale, kResultLimit);
+    return update::adagrad_ok(w.data(), slots[0].data(), g.data(), w.size(),
+                              config_.learning_rate_at(step), scale, kResultLimit);
   }
 };
 
@@ -108,15 +110,15 @@ class RmsProp final : public Optimizer {
   void apply(std::span<float> w, std::span<const float> g, std::vector<std::vector<float>>& slots,
              int64_t step, float scale) const override {
     update::rmsprop(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(),
-            config_.learning_rate_at(step), config_.decay, config_.momentum, config_.epsilon,
-            scale);
+                    config_.learning_rate_at(step), config_.decay, config_.momentum,
+                    config_.epsilon, scale);
   }
   bool result_finite(std::span<const float> w, std::span<const float> g,
                      const std::vector<std::vector<float>>& slots, int64_t step,
                      float scale) const override {
     return update::rmsprop_ok(w.data(), slots[0].data(), slots[1].data(), g.data(), w.size(),
-                      config_.learning_rate_at(step), config_.decay, config_.momentum,
-                      config_.epsilon, scale, kResultLimit);
+                              config_.learning_rate_at(step), config_.decay, config_.momentum,
+                              config_.epsilon, scale, kResultLimit);
   }
 };
 

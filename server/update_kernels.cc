@@ -174,9 +174,9 @@ PS_VECTOR_CLONES bool rmsprop_ok(const float* __restrict w, const float* __restr
 }
 
 PS_VECTOR_CLONES bool ftrl_ok(const float* __restrict w, const float* __restrict acc,
-                              const float* __restrict lin, const float* __restrict g,
-                              std::size_t n, float lr, float l1, float l2, float lr_power,
-                              float scale, float lim) {
+                              const float* __restrict lin, const float* __restrict g, std::size_t n,
+                              float lr, float l1, float l2, float lr_power, float scale,
+                              float lim) {
   int bad = 0;
   with_power(lr_power, [&](auto power) {
     for (std::size_t i = 0; i < n; ++i) {

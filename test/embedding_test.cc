@@ -495,8 +495,11 @@ TEST_CASE("a push of rows that would store NaN or Inf is refused whole, as a den
   for (const auto& [name, optimizer] : {std::pair{"adam", RowOptimizerConfig::lazy_adam(0.1f)},
                                         std::pair{"ftrl", RowOptimizerConfig::ftrl(0.1f)}}) {
     INFO(name);
-    raw.create(TableSpec{
-        .name = name, .dim = 1, .rows = 4, .optimizer = optimizer, .init = InitConfig::constant(1)});
+    raw.create(TableSpec{.name = name,
+                         .dim = 1,
+                         .rows = 4,
+                         .optimizer = optimizer,
+                         .init = InitConfig::constant(1)});
     CHECK_THROWS_WITH(raw.push(name, {0, 3}, {1, 1e22f}), Catch::Contains("NaN or Inf"));
     CHECK(raw.pull(name, {0, 3}) == std::vector<float>{1, 1});
     CHECK(raw.push(name, {0}, {1}) == wire::PushStatus::APPLIED);

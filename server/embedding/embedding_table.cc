@@ -462,23 +462,23 @@ bool EmbeddingTable::update_finite(std::span<const uint64_t> ids, std::span<cons
   }
   std::vector<float> w(dim), s(std::size_t(slots) * dim);
   const RowOptimizer::Step step = optimizer_->step(scale, version_ + 1);
-  float* slot_ptrs[4];
-  for (uint32_t c = 0; c < slots; ++c) slot_ptrs[c] = s.data() + std::size_t(c) * dim;
+  const float* row_ptrs[4];
   for (uint32_t i : distinct) {
     // The row as push() would find it: held, or (dynamic) created from the initializer.
     const uint64_t slot = spec_.dynamic ? find(ids[i]) : placement_.local_row(ids[i]);
+    const float* values = w.data();
     if (spec_.dynamic && slot == kEmpty) {
       initial_values(ids[i], w.data());
-      for (uint32_t c = 0; c < slots; ++c) std::fill_n(slot_ptrs[c], dim, optimizer_->slot_init(c));
+      for (uint32_t c = 0; c < slots; ++c) {
+        std::fill_n(s.data() + std::size_t(c) * dim, dim, optimizer_->slot_init(c));
+        row_ptrs[c] = s.data() + std::size_t(c) * dim;
+      }
     } else {
-      std::copy_n(row(0, slot), dim, w.data());
-      for (uint32_t c = 0; c < slots; ++c) std::copy_n(row(c + 1, slot), dim, slot_ptrs[c]);
+      values = row(0, slot);
+      for (uint32_t c = 0; c < slots; ++c) row_ptrs[c] = row(c + 1, slot);
     }
-    optimizer_->apply(w.data(), slot_ptrs, g.data() + std::size_t(i) * dim, dim, step);
-    for (float x : w)
-      if (!std::isfinite(x)) return false;
-    for (float x : s)
-      if (!std::isfinite(x)) return false;
+    if (!optimizer_->stays_finite(values, row_ptrs, g.data() + std::size_t(i) * dim, dim, step))
+      return false;
   }
   return true;
 }

@@ -24,8 +24,8 @@ class RowSgd final : public RowOptimizer {
   void apply(float* w, float* const*, const float* g, uint32_t dim, const Step& s) const override {
     update::sgd(w, g, dim, s.learning_rate * s.scale);
   }
-  bool stays_finite(const float* w, float* const*, const float* g, uint32_t dim,
-                     const Step& s) const override {
+  bool stays_finite(const float* w, const float* const*, const float* g, uint32_t dim,
+                    const Step& s) const override {
     return update::sgd_ok(w, g, dim, s.learning_rate * s.scale, kFloatMax);
   }
   // |a * g| under 2^102, below half the spacing of floats at FLT_MAX (2^103):
@@ -46,8 +46,8 @@ class RowAdagrad final : public RowOptimizer {
              const Step& s) const override {
     update::adagrad(w, slots[0], g, dim, s.learning_rate, s.scale);
   }
-  bool stays_finite(const float* w, float* const* slots, const float* g, uint32_t dim,
-                     const Step& s) const override {
+  bool stays_finite(const float* w, const float* const* slots, const float* g, uint32_t dim,
+                    const Step& s) const override {
     return update::adagrad_ok(w, slots[0], g, dim, s.learning_rate, s.scale, kFloatMax);
   }
 };
@@ -68,8 +68,8 @@ class RowLazyAdam final : public RowOptimizer {
     update::adam(w, slots[0], slots[1], g, dim, s.learning_rate, config_.beta1, config_.beta2,
                  config_.epsilon, s.scale);
   }
-  bool stays_finite(const float* w, float* const* slots, const float* g, uint32_t dim,
-                     const Step& s) const override {
+  bool stays_finite(const float* w, const float* const* slots, const float* g, uint32_t dim,
+                    const Step& s) const override {
     return update::adam_ok(w, slots[0], slots[1], g, dim, s.learning_rate, config_.beta1,
                            config_.beta2, config_.epsilon, s.scale, kFloatMax);
   }
@@ -86,10 +86,10 @@ class RowFtrl final : public RowOptimizer {
     update::ftrl(w, slots[0], slots[1], g, dim, s.learning_rate, config_.l1, config_.l2,
                  config_.lr_power, s.scale);
   }
-  bool stays_finite(const float* w, float* const* slots, const float* g, uint32_t dim,
-                     const Step& s) const override {
-    return update::ftrl_ok(w, slots[0], slots[1], g, dim, s.learning_rate, config_.l1,
-                           config_.l2, config_.lr_power, s.scale, kFloatMax);
+  bool stays_finite(const float* w, const float* const* slots, const float* g, uint32_t dim,
+                    const Step& s) const override {
+    return update::ftrl_ok(w, slots[0], slots[1], g, dim, s.learning_rate, config_.l1, config_.l2,
+                           config_.lr_power, s.scale, kFloatMax);
   }
 };
 

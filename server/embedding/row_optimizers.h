@@ -45,8 +45,8 @@ class RowOptimizer {
                      const Step& s) const = 0;
   // Whether apply() with the same arguments would leave the row and its
   // slots finite; reads them only (the same arithmetic, the same bits).
-  virtual bool stays_finite(const float* w, float* const* slots, const float* g, uint32_t dim,
-                             const Step& s) const = 0;
+  virtual bool stays_finite(const float* w, const float* const* slots, const float* g, uint32_t dim,
+                            const Step& s) const = 0;
   // A magnitude such that gradients all within it, each row's summed over at
   // most `summed` positions, leave every finite row and slot finite: psd
   // then applies a push without trying it on copies first. 0 where no such

@@ -4,9 +4,11 @@
 // one thread (y += a*x: two arrays read, one written, counted as 3 streams,
 // the same accounting as for the updates).
 // Then embedding-table rows: how fast a table applies pushed rows with each
-// row-wise optimizer (SGD, Adagrad, LazyAdam, FTRL), in requests of 8,192
-// random ids as psd gets them, against an in-memory scatter-add of the same
-// rows into a plain array on one thread, measured in turn with it.
+// row-wise optimizer (SGD, Adagrad, LazyAdam, FTRL; and Adagrad on a dynamic
+// table at its row limit with LRU eviction, whose every row touched moves in
+// the LRU list), in requests of 8,192 random ids as psd gets them, against
+// an in-memory scatter-add of the same rows into a plain array on one
+// thread, measured in turn with it.
 //
 //   build/bench/apply_bench                  # 1M and 64M floats; a 10^6 x 32 table
 //   build/bench/apply_bench --sizes 1M,16M --reps 20
@@ -101,18 +103,28 @@ void bench_rows(uint64_t rows, uint32_t dim, int reps) {
   std::vector<float> g(kRequest * dim, 1e-3f);
   std::printf("\nrows: a %llu x %u table, requests of %zu random ids, median of %d\n",
               (unsigned long long)rows, dim, kRequest, reps * kBlock);
-  std::printf("%-10s %7s %12s %16s %14s\n", "optimizer", "arrays", "M rows/s", "scatter-add M/s",
+  std::printf("%-26s %7s %12s %16s %14s\n", "optimizer", "arrays", "M rows/s", "scatter-add M/s",
               "of scatter-add");
   struct Case {
     const char* name;
     ps::RowOptimizerConfig config;
-    int arrays;  // row-sized arrays read and written per row: the row and its slots
+    int arrays;                // row-sized arrays read and written per row: the row and its slots
+    bool dynamic_lru = false;  // a dynamic table at its row limit, LRU eviction on
   };
-  for (const Case& c : {Case{"sgd", ps::RowOptimizerConfig::sgd(0.01f), 1},
-                        Case{"adagrad", ps::RowOptimizerConfig::adagrad(0.01f), 2},
-                        Case{"lazy_adam", ps::RowOptimizerConfig::lazy_adam(1e-3f), 3},
-                        Case{"ftrl", ps::RowOptimizerConfig::ftrl(0.01f, 1e-3f, 1e-3f), 3}}) {
-    ps::EmbeddingTable table({.name = "t", .dim = dim, .rows = rows, .optimizer = c.config}, 0, 1);
+  for (const Case& c :
+       {Case{"sgd", ps::RowOptimizerConfig::sgd(0.01f), 1},
+        Case{"adagrad", ps::RowOptimizerConfig::adagrad(0.01f), 2},
+        Case{"lazy_adam", ps::RowOptimizerConfig::lazy_adam(1e-3f), 3},
+        Case{"ftrl", ps::RowOptimizerConfig::ftrl(0.01f, 1e-3f, 1e-3f), 3},
+        Case{"adagrad, dynamic with LRU", ps::RowOptimizerConfig::adagrad(0.01f), 2, true}}) {
+    ps::TableSpec spec{.name = "t", .dim = dim, .rows = rows, .optimizer = c.config};
+    if (c.dynamic_lru) {
+      spec.dynamic = true;
+      spec.placement = ps::TablePlacement::kHash;
+      spec.row_limit = rows;
+      spec.on_limit = ps::OnRowLimit::kEvictLru;
+    }
+    ps::EmbeddingTable table(spec, 0, 1);
     {  // every row touched once, so that the measured pushes find them in memory
       std::vector<uint64_t> all(kRequest);
       std::vector<float> zero(kRequest * dim, 0.0f);
@@ -138,7 +150,7 @@ void bench_rows(uint64_t rows, uint32_t dim, int reps) {
       }
     }
     const double rate = kRequest / median(ours), limit = kRequest / median(reference);
-    std::printf("%-10s %7d %12.2f %16.2f %13.0f%%\n", c.name, c.arrays, rate / 1e6, limit / 1e6,
+    std::printf("%-26s %7d %12.2f %16.2f %13.0f%%\n", c.name, c.arrays, rate / 1e6, limit / 1e6,
                 100.0 * rate / limit);
   }
   munmap(p, bytes);

@@ -143,7 +143,7 @@ uint64_t EmbeddingTable::bytes() const {
   uint64_t slabs = 0;
   for (const auto& c : slabs_) slabs += c.size();
   return slabs * kSlabRows * row_bytes + index_.bytes() + slot_ids_.capacity() * sizeof(uint64_t) +
-         (lru_prev_.capacity() + lru_next_.capacity()) * sizeof(uint32_t);
+         lru_.capacity() * sizeof(LruLink);
 }
 
 float* EmbeddingTable::row(uint32_t component, uint64_t slot) const {
@@ -197,23 +197,21 @@ uint32_t EmbeddingTable::take_free_slot() {
   ++slots_used_;
   if (spec_.on_limit == OnRowLimit::kEvictLru) {
     slot_ids_.push_back(0);
-    lru_prev_.push_back(kEmpty);
-    lru_next_.push_back(kEmpty);
+    lru_.push_back(LruLink{});
   }
   return static_cast<uint32_t>(s);
 }
 
 void EmbeddingTable::lru_unlink(uint32_t s) {
-  const uint32_t p = lru_prev_[s], n = lru_next_[s];
-  (p == kEmpty ? lru_head_ : lru_next_[p]) = n;
-  (n == kEmpty ? lru_tail_ : lru_prev_[n]) = p;
-  lru_prev_[s] = lru_next_[s] = kEmpty;
+  const LruLink link = lru_[s];
+  (link.prev == kEmpty ? lru_head_ : lru_[link.prev].next) = link.next;
+  (link.next == kEmpty ? lru_tail_ : lru_[link.next].prev) = link.prev;
+  lru_[s] = LruLink{};
 }
 
 void EmbeddingTable::lru_push_front(uint32_t s) {
-  lru_prev_[s] = kEmpty;
-  lru_next_[s] = lru_head_;
-  if (lru_head_ != kEmpty) lru_prev_[lru_head_] = s;
+  lru_[s] = LruLink{kEmpty, lru_head_};
+  if (lru_head_ != kEmpty) lru_[lru_head_].prev = s;
   lru_head_ = s;
   if (lru_tail_ == kEmpty) lru_tail_ = s;
 }
@@ -231,6 +229,31 @@ void EmbeddingTable::evict_one() {
   free_slots_.push_back(victim);
   --live_rows_;
   ++evictions_;
+}
+
+void EmbeddingTable::find_and_touch(std::span<const uint64_t> ids, std::vector<uint64_t>& slots) {
+  const std::size_t n = ids.size();
+  slots.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i + kIndexAhead < n) index_.prefetch(ids[i + kIndexAhead]);
+    slots[i] = find(ids[i]);
+  }
+  if (spec_.on_limit != OnRowLimit::kEvictLru) return;
+  // Each touch unlinks a node whose neighbours are anywhere in the list: a
+  // slot's node is asked for kNodeAhead positions ahead, and once it is in,
+  // kNeighbourAhead positions ahead, its neighbours (if they move before
+  // then, the fetch was only wasted).
+  constexpr std::size_t kNodeAhead = 16, kNeighbourAhead = 8;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i + kNodeAhead < n && slots[i + kNodeAhead] != kEmpty)
+      __builtin_prefetch(&lru_[slots[i + kNodeAhead]], 1);
+    if (i + kNeighbourAhead < n && slots[i + kNeighbourAhead] != kEmpty) {
+      const LruLink link = lru_[slots[i + kNeighbourAhead]];
+      if (link.prev != kEmpty) __builtin_prefetch(&lru_[link.prev], 1);
+      if (link.next != kEmpty) __builtin_prefetch(&lru_[link.next], 1);
+    }
+    if (slots[i] != kEmpty) touch(static_cast<uint32_t>(slots[i]));
+  }
 }
 
 uint32_t EmbeddingTable::find_or_insert(uint64_t id) {
@@ -332,12 +355,7 @@ void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) {
   // ids than the limit): the slots found stay valid while rows are added.
   const std::size_t n = ids.size();
   std::vector<uint64_t>& slots = push_slots_;
-  slots.resize(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (i + kIndexAhead < n) index_.prefetch(ids[i + kIndexAhead]);
-    slots[i] = find(ids[i]);
-    if (slots[i] != kEmpty) touch(static_cast<uint32_t>(slots[i]));
-  }
+  find_and_touch(ids, slots);
   constexpr std::size_t kAhead = 8;
   for (std::size_t i = 0; i < n; ++i) {
     if (i + kAhead < n && slots[i + kAhead] != kEmpty) {
@@ -371,18 +389,22 @@ bool EmbeddingTable::push_if_finite(std::span<const uint64_t> ids, std::span<con
 bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const float> grads,
                                 float scale, bool check_first) {
   const uint32_t dim = spec_.dim;
-  if (spec_.dynamic && spec_.on_limit == OnRowLimit::kEvictLru) {
-    for (uint64_t id : ids) {
-      const uint32_t s = find(id);
-      if (s != kEmpty) touch(s);
-    }
-  }
   const std::size_t n = ids.size();
   std::vector<uint64_t>& slots = push_slots_;
   slots.resize(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (spec_.dynamic && i + kIndexAhead < n) index_.prefetch(ids[i + kIndexAhead]);
-    slots[i] = local_slot(ids[i]);
+  if (spec_.dynamic && spec_.on_limit == OnRowLimit::kEvictLru) {
+    // The rows already held are touched before any new one is inserted, so
+    // that no insertion evicts a row of this push; only the new ids are then
+    // inserted.
+    find_and_touch(ids, slots);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (slots[i] == kEmpty) slots[i] = find_or_insert(ids[i]);
+    }
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (spec_.dynamic && i + kIndexAhead < n) index_.prefetch(ids[i + kIndexAhead]);
+      slots[i] = local_slot(ids[i]);
+    }
   }
   // Repeated slots: the set maps a slot to its first position (load <= 1/2).
   std::size_t capacity = 16;

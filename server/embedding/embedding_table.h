@@ -109,6 +109,9 @@ class EmbeddingTable {
   // Dynamic: the slot of `id`, created (and initialised) when missing.
   uint32_t find_or_insert(uint64_t id);
   uint64_t local_slot(uint64_t id);  // fixed: local row; dynamic: find_or_insert
+  // Dynamic: slots[i] = the slot of ids[i], or kEmpty where not held; with
+  // kEvictLru, the rows held then go to the LRU front, in order.
+  void find_and_touch(std::span<const uint64_t> ids, std::vector<uint64_t>& slots);
   uint32_t take_free_slot();
   void evict_one();
   void touch(uint32_t slot);  // LRU: to the front
@@ -137,9 +140,13 @@ class EmbeddingTable {
   std::vector<uint32_t> free_slots_;
   uint64_t live_rows_ = 0;
   RowIndex index_;
-  // kEvictLru only: each slot's id (to find an evicted row in the index), the LRU list.
+  // kEvictLru only: each slot's id (to find an evicted row in the index), the
+  // LRU list (a slot's two links side by side: one cache miss per node).
   std::vector<uint64_t> slot_ids_;
-  std::vector<uint32_t> lru_prev_, lru_next_;
+  struct LruLink {
+    uint32_t prev = kEmpty, next = kEmpty;
+  };
+  std::vector<LruLink> lru_;
   uint32_t lru_head_ = kEmpty, lru_tail_ = kEmpty;
 
   // Push scratch, reused between requests: each position's slot, and an

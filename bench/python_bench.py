@@ -5,6 +5,7 @@ torch.distributed.rpc parameter server (PyTorch's tutorial design), in one run.
     PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py calls      # per-call cost
     PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py exchange   # a step's exchange, vs rpc
     PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py training   # samples/s, 1 ps + 3 workers
+    PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py step       # one step's compute, no psd
     PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py all
 
 calls: one psd on 127.0.0.1 (TCP); psclient (NumPy arrays, in place) and the
@@ -19,6 +20,13 @@ training: examples/python/torch_mnist.py, build/examples/mnist_trainer (1 ps
 parameter server (a PS process holding the model; 3 trainers rpc_sync to fetch
 the parameters and to send gradients), the same MLP, data, batch (100 per
 worker), SGD 0.1 and global steps, taken in turn --runs times; medians.
+step: torch_mnist.py's forward and backward alone (its batch gather from
+bytes included, no psd), written as the example writes it and in other
+ways a PyTorch user might (torch.autograd.grad, torch.nn.functional calls,
+TorchScript), against the same arithmetic with no autograd (the gradients
+by hand), in turn for --rounds rounds of --step_reps steps; beside them
+mnist_trainer's Eigen engine on the same step (build/bench/mlp_bench --cpu,
+before and after). malloc is tuned as psclient.Client tunes it.
 Every PyTorch process runs with torch.set_num_threads(--threads). Prints the
 load (uptime) before and after, and the BLAS that PyTorch's matrix products
 run on (Debian's python3-torch uses whatever libblas.so.3 is: the reference
@@ -64,6 +72,114 @@ def torch_blas(threads):
             if "blas" in os.path.basename(path) or "mkl" in os.path.basename(path):
                 libs.add(os.path.realpath(path))
     return ", ".join(sorted(libs)) or "none found", ms
+
+
+def bench_step(args):
+    """One training step's compute in PyTorch, several ways, and Eigen's (mlp_bench --cpu)."""
+    import ctypes
+    import torch
+    sys.path.insert(0, str(TOP / "examples" / "python"))
+    import torch_mnist
+    # As psclient.Client does (common/malloc_tuning.cc): large freed blocks kept for reuse.
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-3, 512 << 20)  # M_MMAP_THRESHOLD
+    libc.mallopt(-1, 1 << 30)    # M_TRIM_THRESHOLD
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(1)
+    F = torch.nn.functional
+    images = torch.randint(0, 256, (55000, 784), dtype=torch.uint8)
+    labels = torch.randint(0, 10, (55000,))
+
+    def batch():
+        idx = torch.randint(0, 55000, (100,))
+        return torch_mnist.to_inputs(torch.index_select(images, 0, idx), "cpu"), torch.index_select(labels, 0, idx)
+
+    def with_grads(model):
+        params = list(model.parameters())
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        return params, [p.grad for p in params]
+
+    model = torch_mnist.Mlp()
+    params, grads = with_grads(model)
+    w1, b1, w2, b2 = params
+
+    def example():  # as examples/python/torch_mnist.py writes it
+        x, y = batch()
+        loss = F.cross_entropy(model(x), y)
+        model.zero_grad(set_to_none=False)
+        loss.backward()
+
+    def autograd_grad():
+        x, y = batch()
+        loss = F.cross_entropy(model(x), y)
+        with torch.no_grad():
+            for g, new in zip(grads, torch.autograd.grad(loss, params)):
+                g.copy_(new)
+
+    def functional():
+        x, y = batch()
+        loss = F.cross_entropy(F.linear(F.relu(F.linear(x, w1, b1)), w2, b2), y)
+        model.zero_grad(set_to_none=False)
+        loss.backward()
+
+    scripted, traced = torch.jit.script(torch_mnist.Mlp()), torch.jit.trace(torch_mnist.Mlp(), torch.rand(100, 784))
+    with_grads(scripted)
+    with_grads(traced)
+
+    def jit(module):
+        def step():
+            x, y = batch()
+            loss = F.cross_entropy(module(x), y)
+            for p in module.parameters():
+                p.grad.zero_()
+            loss.backward()
+        return step
+
+    rows = torch.arange(100)
+
+    def by_hand():  # the same arithmetic, no autograd: softmax - one-hot, then three products
+        x, y = batch()
+        with torch.no_grad():
+            h = torch.addmm(b1, x, w1.t()).relu_()
+            p = torch.softmax(torch.addmm(b2, h, w2.t()), 1)
+            p[rows, y] -= 1
+            p *= 1.0 / len(y)
+            torch.mm(p.t(), h, out=grads[2])
+            torch.sum(p, 0, out=grads[3])
+            dh = torch.mm(p, w2).mul_(h > 0)
+            torch.mm(dh.t(), x, out=grads[0])
+            torch.sum(dh, 0, out=grads[1])
+
+    variants = [("torch_mnist.py's step (modules, loss.backward())", example),
+                ("torch.autograd.grad", autograd_grad), ("torch.nn.functional calls", functional),
+                ("torch.jit.script", jit(scripted)), ("torch.jit.trace", jit(traced)),
+                ("by hand, no autograd", by_hand)]
+
+    def eigen():
+        out = subprocess.run([str(BUILD / "bench" / "mlp_bench"), "--cpu"], capture_output=True, text=True)
+        m = re.search(r"compute_gradients:\s+([0-9.]+) ms/step", out.stdout)
+        return float(m.group(1)) if m else None
+
+    eigen_ms = [eigen()]
+    times = {name: [] for name, _ in variants}
+    for _ in range(args.rounds):
+        for name, fn in variants:
+            for _ in range(50):
+                fn()
+            t0 = time.perf_counter()
+            for _ in range(args.step_reps):
+                fn()
+            times[name].append((time.perf_counter() - t0) / args.step_reps * 1e3)
+    eigen_ms.append(eigen())
+    print(f"step: {uptime()}; 784-100-10, batch 100, torch threads {args.threads}, "
+          f"{args.rounds} rounds of {args.step_reps} steps (medians; ms per step)")
+    for name, v in times.items():
+        print(f"  {name:50s} {statistics.median(v):.3f}  [{min(v):.3f}-{max(v):.3f}]")
+    known = [e for e in eigen_ms if e is not None]
+    if known:
+        print(f"  {'mnist_trainer engine (mlp_bench --cpu, Eigen)':50s} "
+              f"{statistics.median(known):.3f}  (before and after: {', '.join(f'{e:.3f}' for e in known)})")
 
 
 def start_psd():
@@ -387,7 +503,7 @@ def bench_training(args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["calls", "exchange", "training", "all"])
+    p.add_argument("what", choices=["calls", "exchange", "training", "step", "all"])
     p.add_argument("--reps", type=int, default=200,
                    help="calls: repetitions per block for 4 KiB (4 MiB: a quarter, 64 MiB: a twentieth)")
     p.add_argument("--blocks", type=int, default=5, help="calls: blocks, each side in turn")
@@ -400,7 +516,9 @@ def main():
     p.add_argument("--launch_flags", default="", help="training: more flags for scripts/launch_local.sh "
                    "(psclient and mnist_trainer), e.g. --unix")
     p.add_argument("--trainers", default="psclient,cpp,rpc", help="training: which to run (psclient, cpp, rpc)")
-    p.add_argument("--threads", type=int, default=1, help="training: torch.set_num_threads in every PyTorch process")
+    p.add_argument("--threads", type=int, default=1, help="training, step: torch.set_num_threads in every PyTorch process")
+    p.add_argument("--rounds", type=int, default=6, help="step: rounds, each running every variant in turn")
+    p.add_argument("--step_reps", type=int, default=1500, help="step: steps per variant per round")
     args = p.parse_args()
     if args.what in ("calls", "all"):
         bench_calls(args)
@@ -408,6 +526,8 @@ def main():
         bench_exchange(args)
     if args.what in ("training", "all"):
         bench_training(args)
+    if args.what in ("step", "all"):
+        bench_step(args)
 
 
 if __name__ == "__main__":

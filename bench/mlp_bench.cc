@@ -1,7 +1,9 @@
 // mlp_bench: time the MLP engines.
 //
 //   mlp_bench          GPU (when built with CUDA and a device exists)
-//   mlp_bench --cpu    CPU engine: time per step, samples/s (784-100-10, batch 100)
+//   mlp_bench --cpu    CPU engine: time per step, samples/s (784-100-10, batch 100);
+//                      the wide & deep head (LogisticMlp, 429-256-128-1, batch 512)
+//   PS_CPU_BASELINE=1 mlp_bench --cpu   the same without the AVX2 + FMA builds
 //   mlp_bench --quick  fewer repetitions
 //
 // GPU: one training step (forward + backward + SGD on the device, CUDA graph)
@@ -19,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "ps/logistic_mlp.h"
 #include "ps/mlp.h"
 #include "ps_config.h"
 
@@ -129,6 +132,28 @@ void bench_cpu(int reps) {
       time_per_call([&] { engine->evaluate(eval.x, eval.labels); }, nop, reps, 0.3);
   std::printf("  evaluate 10000 samples:        %8.3f ms       %9.0f samples/s\n", eval_s * 1e3,
               10000 / eval_s);
+
+  // ctr_trainer's dense head: 13 dense features + 26 fields x 16, its input
+  // gradient included (the embedding bags below need it).
+  const ps::MlpShape head_shape{.inputs = 13 + 26 * 16, .hidden = {256, 128}, .classes = 1};
+  const int head_batch = 512;
+  ps::LogisticMlp head(head_shape, head_batch);
+  ps::init_params(head_shape, head.params(), 1);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  std::vector<float> hx(static_cast<size_t>(head_batch) * head_shape.inputs), labels(head_batch);
+  for (float& v : hx) v = u(rng);
+  for (float& v : labels) v = u(rng) < 0.25f ? 1.0f : 0.0f;
+  std::vector<float> dx(hx.size()), dlogit(head_batch);
+  const double head_s =
+      time_per_call([&] { head.compute_gradients(hx, labels, {}, dx, dlogit); }, nop, reps, 0.3);
+  double flops = 0;  // forward, weight gradients and input gradients: 3 products per layer
+  for (int l = 0; l < head_shape.num_layers(); ++l)
+    flops += 3.0 * 2.0 * head_batch * head_shape.layer_in(l) * head_shape.layer_out(l);
+  std::printf("wide & deep head (LogisticMlp): %s, batch %d\n", head_shape.to_string().c_str(),
+              head_batch);
+  std::printf("  compute_gradients (with dx):   %8.3f ms/step  %9.0f samples/s  %6.1f GFLOP/s\n",
+              head_s * 1e3, head_batch / head_s, flops / head_s * 1e-9);
 }
 
 #if PS_HAVE_CUDA

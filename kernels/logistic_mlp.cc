@@ -1,28 +1,30 @@
-// LogisticMlp: Eigen on row-major maps of buffers sized for max_batch, so a
-// step allocates nothing.
+// LogisticMlp: checks and buffers; the arithmetic is in logistic_mlp_math.cc.
 #include "ps/logistic_mlp.h"
 
 #include <algorithm>
-#include <cmath>
+#include <cstdlib>
 
-#include <Eigen/Core>
 #include <fmt/format.h>
 
+#include "kernels/logistic_mlp_math.h"
 #include "ps/errors.h"
 
 namespace ps {
 namespace {
 
-using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using MatMap = Eigen::Map<RowMat>;
-using ConstMatMap = Eigen::Map<const RowMat>;
-using ConstRowMap = Eigen::Map<const Eigen::RowVectorXf>;
-using RowMap = Eigen::Map<Eigen::RowVectorXf>;
-
-// log(1 + e^z) without overflow.
-double softplus(double z) { return z > 0 ? z + std::log1p(std::exp(-z)) : std::log1p(std::exp(z)); }
-float sigmoid(float z) {
-  return z >= 0 ? 1.0f / (1.0f + std::exp(-z)) : std::exp(z) / (1.0f + std::exp(z));
+// The build of the arithmetic this CPU runs: AVX2 + FMA where it has them,
+// unless PS_CPU_BASELINE=1 (tests, comparisons), as make_cpu_engine chooses.
+const detail::LogisticMlpMath& math() {
+  static const detail::LogisticMlpMath chosen = [] {
+#if PS_HAVE_CPU_AVX2
+    const char* baseline = std::getenv("PS_CPU_BASELINE");
+    if (!(baseline && *baseline == '1') && __builtin_cpu_supports("avx2") &&
+        __builtin_cpu_supports("fma"))
+      return detail::logistic_mlp_math_avx2();
+#endif
+    return detail::logistic_mlp_math_baseline();
+  }();
+  return chosen;
 }
 
 }  // namespace
@@ -44,6 +46,10 @@ LogisticMlp::LogisticMlp(const MlpShape& shape, int max_batch)
   }
 }
 
+detail::LogisticMlpState LogisticMlp::state() {
+  return {shape_, layout_, params_.data(), grads_.data(), acts_, dbuf_};
+}
+
 void LogisticMlp::check(std::span<const float> x, int64_t n, std::span<const float> extra_logit,
                         const char* what) const {
   if (x.size() != static_cast<size_t>(n) * shape_.inputs)
@@ -55,26 +61,7 @@ void LogisticMlp::check(std::span<const float> x, int64_t n, std::span<const flo
 }
 
 void LogisticMlp::forward(const float* x, const float* extra_logit, int batch) {
-  const int num_layers = shape_.num_layers();
-  const float* in = x;
-  for (int l = 0; l < num_layers; ++l) {
-    const int n_in = shape_.layer_in(l), n_out = shape_.layer_out(l);
-    ConstMatMap X(in, batch, n_in);                                          // (B, in)
-    ConstMatMap W(params_.data() + layout_.weights(l).offset, n_in, n_out);  // (in, out)
-    ConstRowMap b(params_.data() + layout_.biases(l).offset, n_out);         // (out)
-    MatMap Y(acts_[l].data(), batch, n_out);                                 // (B, out)
-    Y.noalias() = X * W;
-    Y.rowwise() += b;
-    if (l + 1 < num_layers) {
-      if (shape_.activation == Activation::kRelu)
-        Y = Y.cwiseMax(0.0f);
-      else
-        Y = (1.0f + (-Y.array()).exp()).inverse().matrix();
-    }
-    in = acts_[l].data();
-  }
-  if (extra_logit)
-    for (int i = 0; i < batch; ++i) acts_.back()[i] += extra_logit[i];
+  math().forward(state(), x, extra_logit, batch);
 }
 
 double LogisticMlp::compute_gradients(std::span<const float> x, std::span<const float> labels,
@@ -100,41 +87,8 @@ double LogisticMlp::compute_gradients(std::span<const float> x, std::span<const 
 
   const int batch = static_cast<int>(n);
   forward(x.data(), extra_logit.empty() ? nullptr : extra_logit.data(), batch);
-  // Loss, and dL/dz of the logit (B, 1) in place: (sigmoid(z) - y) / B.
-  float* z = acts_.back().data();
-  double loss = 0;
-  const float inv_batch = 1.0f / static_cast<float>(batch);
-  for (int i = 0; i < batch; ++i) {
-    loss += softplus(z[i]) - static_cast<double>(labels[i]) * z[i];
-    z[i] = (sigmoid(z[i]) - labels[i]) * inv_batch;
-  }
-  if (!dlogit.empty()) std::copy_n(z, batch, dlogit.begin());
-
-  const int num_layers = shape_.num_layers();
-  const float* dz = z;  // (B, out_l): dL/d(pre-activation) of layer l
-  int next = 0;
-  for (int l = num_layers - 1; l >= 0; --l) {
-    const int n_in = shape_.layer_in(l), n_out = shape_.layer_out(l);
-    ConstMatMap X(l == 0 ? x.data() : acts_[l - 1].data(), batch, n_in);  // (B, in)
-    ConstMatMap dZ(dz, batch, n_out);                                     // (B, out)
-    MatMap dW(grads_.data() + layout_.weights(l).offset, n_in, n_out);    // (in, out)
-    RowMap db(grads_.data() + layout_.biases(l).offset, n_out);           // (out)
-    dW.noalias() = X.transpose() * dZ;
-    db = dZ.colwise().sum();
-    if (l == 0 && dx.empty()) break;
-    ConstMatMap W(params_.data() + layout_.weights(l).offset, n_in, n_out);
-    MatMap dX(l == 0 ? dx.data() : dbuf_[next].data(), batch, n_in);  // (B, in)
-    dX.noalias() = dZ * W.transpose();
-    if (l == 0) break;
-    auto Y = ConstMatMap(acts_[l - 1].data(), batch, n_in).array();  // output of layer l-1
-    if (shape_.activation == Activation::kRelu)
-      dX = (Y > 0.0f).select(dX.array(), 0.0f).matrix();
-    else
-      dX.array() *= Y * (1.0f - Y);
-    dz = dbuf_[next].data();
-    next ^= 1;
-  }
-  return loss / batch;
+  return math().gradients(state(), x.data(), labels.data(), batch, dx.empty() ? nullptr : dx.data(),
+                          dlogit.empty() ? nullptr : dlogit.data());
 }
 
 void LogisticMlp::predict(std::span<const float> x, std::span<const float> extra_logit,
@@ -145,7 +99,7 @@ void LogisticMlp::predict(std::span<const float> x, std::span<const float> extra
     const int batch = static_cast<int>(std::min<int64_t>(max_batch_, n - start));
     forward(x.data() + start * shape_.inputs,
             extra_logit.empty() ? nullptr : extra_logit.data() + start, batch);
-    for (int i = 0; i < batch; ++i) probs[start + i] = sigmoid(acts_.back()[i]);
+    for (int i = 0; i < batch; ++i) probs[start + i] = math().sigmoid(acts_.back()[i]);
   }
 }
 

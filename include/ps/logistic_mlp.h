@@ -29,6 +29,9 @@
 #include "ps/mlp.h"
 
 namespace ps {
+namespace detail {
+struct LogisticMlpState;
+}
 
 class LogisticMlp {
  public:
@@ -59,6 +62,7 @@ class LogisticMlp {
              const char* what) const;
   // acts_[l] (B, out_l); the last (B, 1) holds head logit + extra_logit.
   void forward(const float* x, const float* extra_logit, int batch);
+  detail::LogisticMlpState state();  // the buffers, for the arithmetic
 
   MlpShape shape_;
   ParamLayout layout_;

@@ -161,8 +161,8 @@ class WideDeep {
   // Lays out a batch and deduplicates its ids per table.
   void prepare(std::span<const ps::CtrExample> examples) {
     ps::make_ctr_batch(examples, crosses_, batch_);
-    deep_ = ps::dedup_ids(batch_.ids);
-    wide_ = ps::dedup_ids(batch_.wide_ids);
+    ps::dedup_ids_into(batch_.ids, deep_);
+    ps::dedup_ids_into(batch_.wide_ids, wide_);
     deep_rows_.resize(deep_.ids.size() * dim_);
     wide_rows_.resize(wide_.ids.size());
     deep_grads_.resize(deep_rows_.size());  // sized now: bind() hands them to the session

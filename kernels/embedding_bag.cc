@@ -2,11 +2,12 @@
 // deduplication, and the CudaEmbeddingBag stand-in of a build without CUDA.
 #include "ps/embedding_bag.h"
 
-#include <unordered_map>
+#include <algorithm>
 
 #include <Eigen/Core>
 #include <fmt/format.h>
 
+#include "common/embedding_placement.h"
 #include "ps/errors.h"
 #include "ps_config.h"
 
@@ -54,16 +55,34 @@ float bag_scale(BagCombiner combiner, int64_t count) {
 
 }  // namespace
 
+void dedup_ids_into(std::span<const uint64_t> ids, UniqueIds& u) {
+  u.ids.clear();
+  u.index.resize(ids.size());
+  // An open-addressing set at most half full, whose slots hold an index into
+  // u.ids (-1: empty), kept per thread so that a batch like the one before it
+  // allocates nothing; a node-based map cost a malloc per distinct id.
+  thread_local std::vector<int32_t> slots;
+  std::size_t capacity = 16;
+  while (capacity < 2 * ids.size()) capacity *= 2;
+  if (slots.size() < capacity) slots.resize(capacity);
+  std::fill_n(slots.begin(), capacity, -1);
+  const uint64_t mask = capacity - 1;
+  for (size_t j = 0; j < ids.size(); ++j) {
+    const uint64_t id = ids[j];
+    uint64_t h = mix_id(id) & mask;
+    while (slots[h] >= 0 && u.ids[static_cast<size_t>(slots[h])] != id) h = (h + 1) & mask;
+    if (slots[h] < 0) {
+      slots[h] = static_cast<int32_t>(u.ids.size());
+      u.ids.push_back(id);
+    }
+    u.index[j] = slots[h];
+  }
+  if (slots.size() > (std::size_t{1} << 24)) slots = {};  // a very large batch's: not kept
+}
+
 UniqueIds dedup_ids(std::span<const uint64_t> ids) {
   UniqueIds u;
-  u.index.resize(ids.size());
-  std::unordered_map<uint64_t, int32_t> seen;
-  seen.reserve(ids.size());
-  for (size_t j = 0; j < ids.size(); ++j) {
-    const auto [it, fresh] = seen.try_emplace(ids[j], static_cast<int32_t>(u.ids.size()));
-    if (fresh) u.ids.push_back(ids[j]);
-    u.index[j] = it->second;
-  }
+  dedup_ids_into(ids, u);
   return u;
 }
 

@@ -46,6 +46,9 @@ struct UniqueIds {
   std::vector<int32_t> index;  // (N), values in [0, U)
 };
 UniqueIds dedup_ids(std::span<const uint64_t> ids);
+// The same into `out`, reusing its vectors: a batch like the one before it
+// allocates nothing.
+void dedup_ids_into(std::span<const uint64_t> ids, UniqueIds& out);
 
 // CSR offsets of `bags` bags of `per_bag` ids each: 0, per_bag, 2 * per_bag, ...
 std::vector<int64_t> fixed_offsets(int64_t bags, int per_bag);

@@ -1,4 +1,7 @@
 // The CPU embedding bag against the float64 reference; id deduplication.
+#include <map>
+#include <random>
+
 #include <catch2/catch.hpp>
 
 #include "test/embedding_bag_checks.h"
@@ -24,6 +27,28 @@ TEST_CASE("dedup_ids keeps first-appearance order and maps every position", "[em
   const ps::UniqueIds empty = ps::dedup_ids({});
   CHECK(empty.ids.empty());
   CHECK(empty.index.empty());
+}
+
+TEST_CASE("dedup_ids_into reuses its vectors and matches a map on large batches",
+          "[embedding_bag]") {
+  std::mt19937_64 rng(11);
+  ps::UniqueIds u;
+  // Batches that shrink and grow, ids from a range small enough to repeat
+  // often, some spread over all 64 bits: each against a std::map reference.
+  for (std::size_t n : {20000u, 3u, 50000u, 0u, 777u}) {
+    std::vector<uint64_t> ids(n);
+    for (auto& id : ids) id = rng() % 3 == 0 ? rng() : rng() % (n / 4 + 1);
+    ps::dedup_ids_into(ids, u);
+    std::map<uint64_t, int32_t> first;
+    std::vector<uint64_t> order;
+    REQUIRE(u.index.size() == n);
+    for (std::size_t j = 0; j < n; ++j) {
+      auto [it, fresh] = first.try_emplace(ids[j], static_cast<int32_t>(order.size()));
+      if (fresh) order.push_back(ids[j]);
+      REQUIRE(u.index[j] == it->second);
+    }
+    CHECK(u.ids == order);
+  }
 }
 
 TEST_CASE("fixed_offsets", "[embedding_bag]") {

@@ -392,19 +392,16 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
   const std::size_t n = ids.size();
   std::vector<uint64_t>& slots = push_slots_;
   slots.resize(n);
-  if (spec_.dynamic && spec_.on_limit == OnRowLimit::kEvictLru) {
-    // The rows already held are touched before any new one is inserted, so
-    // that no insertion evicts a row of this push; only the new ids are then
-    // inserted.
+  if (spec_.dynamic) {
+    // The rows already held are found (and, with LRU eviction, touched)
+    // before any new one is inserted, so that no insertion evicts a row of
+    // this push; only the new ids are then inserted.
     find_and_touch(ids, slots);
     for (std::size_t i = 0; i < n; ++i) {
       if (slots[i] == kEmpty) slots[i] = find_or_insert(ids[i]);
     }
   } else {
-    for (std::size_t i = 0; i < n; ++i) {
-      if (spec_.dynamic && i + kIndexAhead < n) index_.prefetch(ids[i + kIndexAhead]);
-      slots[i] = local_slot(ids[i]);
-    }
+    for (std::size_t i = 0; i < n; ++i) slots[i] = placement_.local_row(ids[i]);
   }
   // Repeated slots: the set maps a slot to its first position (load <= 1/2).
   std::size_t capacity = 16;

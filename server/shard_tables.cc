@@ -425,11 +425,13 @@ void Shard::restore_rows(std::string_view table, std::span<const uint64_t> ids,
   }
   if (!all_finite(values))
     throw RequestError("restoreRows: table '" + name + "' has a NaN or Inf value");
-  for (const auto& s : slots) {
-    if (s.size() != values.size())
+  for (uint32_t k = 0; k < slots.size(); ++k) {
+    if (slots[k].size() != values.size())
       throw RequestError("restoreRows: a slot of table '" + name + "' has the wrong size");
-    if (!all_finite(s))
+    if (!all_finite(slots[k]))
       throw RequestError("restoreRows: table '" + name + "' has a NaN or Inf slot value");
+    if (const char* violation = t.table->optimizer().slot_violation(k, slots[k]))
+      throw RequestError("restoreRows: table '" + name + "': " + violation);
   }
   const uint64_t fresh = t.table->check(ids, "restoreRows");
   if (fresh > 0) {

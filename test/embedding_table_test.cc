@@ -363,8 +363,59 @@ TEST_CASE("SGD's safe gradient bound keeps the largest finite rows finite") {
       }
     }
   }
-  // Optimizers whose slots grow with the gradients know no such bound.
-  CHECK(RowOptimizer::make(RowOptimizerConfig::adagrad(0.1f), "t")->safe_gradient_bound(1, 1) == 0);
+  // LazyAdam's and FTRL's slots need more than the gradients' size: no bound.
+  CHECK(RowOptimizer::make(RowOptimizerConfig::lazy_adam(0.1f), "t")->safe_gradient_bound(1, 1) ==
+        0);
+  CHECK(RowOptimizer::make(RowOptimizerConfig::ftrl(0.1f), "t")->safe_gradient_bound(1, 1) == 0);
+}
+
+TEST_CASE("Adagrad's safe gradient bound keeps every finite row with acc > 0 finite") {
+  // The bound promises that the update stays finite without trying it:
+  // stays_finite must agree, and the update done must be finite, at the
+  // extremes a row can hold (w at +-FLT_MAX, acc from the smallest positive
+  // float to FLT_MAX) and gradients from subnormal to the bound.
+  const float big = std::numeric_limits<float>::max(),
+              tiny = std::numeric_limits<float>::denorm_min();
+  int checked = 0;
+  for (float lr : {1e-3f, 1.0f, 1e30f, 0x1p100f, 1e38f, big}) {
+    for (float scale : {0.25f, 1.0f}) {
+      for (std::size_t summed : {std::size_t{1}, std::size_t{3}, std::size_t{65536}}) {
+        const auto opt = RowOptimizer::make(RowOptimizerConfig::adagrad(lr), "t");
+        const float bound = opt->safe_gradient_bound(scale, summed);
+        INFO("lr " << lr << " scale " << scale << " summed " << summed << " bound " << bound);
+        if (lr <= 1e30f) CHECK(bound > 0);  // a usable learning rate takes the fast path
+        if (bound == 0) continue;
+        const float at_bound = std::nextafter(bound, 0.0f) * static_cast<float>(summed);
+        for (float g0 : {at_bound, at_bound / 3, 1.0f, 0x1p-70f, 0x1p-76f, tiny, 0.0f}) {
+          if (g0 > at_bound) continue;
+          for (float w0 : {big, -big, 0.0f}) {
+            for (float acc0 : {tiny, 1e-30f, 0.1f, big}) {
+              for (float sign : {1.0f, -1.0f}) {
+                float w = w0, acc = acc0;
+                float* slots[] = {&acc};
+                const float g = sign * g0;
+                const auto step = opt->step(scale, 1);
+                CHECK(opt->stays_finite(&w, slots, &g, 1, step));
+                opt->apply(&w, slots, &g, 1, step);
+                CHECK(std::isfinite(w));
+                CHECK(std::isfinite(acc));
+                CHECK(acc > 0);
+                ++checked;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK(checked > 500);
+  // Beyond the bound the check decides: a gradient that overflows acc is caught.
+  const auto opt = RowOptimizer::make(RowOptimizerConfig::adagrad(0.1f), "t");
+  float w = 1, acc = big;
+  float* slots[] = {&acc};
+  const float g = 0x1p60f;
+  CHECK(g > opt->safe_gradient_bound(1, 1));
+  CHECK_FALSE(opt->stays_finite(&w, slots, &g, 1, opt->step(1, 1)));
 }
 
 TEST_CASE("bad ids and specs are refused before anything changes") {

@@ -508,6 +508,53 @@ TEST_CASE("a push of rows that would store NaN or Inf is refused whole, as a den
   CHECK(psd.alive());
 }
 
+TEST_CASE("restored rows must keep the optimizer's slot invariants, or nothing is restored") {
+  PsdProcess psd;
+  Client client(options_for({&psd}));
+  const std::vector<int64_t> ids{1, 2};
+  const std::vector<float> values{5, 6};
+  struct Case {
+    const char* table;
+    RowOptimizerConfig optimizer;
+    std::vector<std::vector<float>> bad, good;
+    const char* error;
+  };
+  const float tiny = std::numeric_limits<float>::denorm_min();
+  for (const Case& c : {Case{"ada",
+                             RowOptimizerConfig::adagrad(0.1f),
+                             {{0.5f, 0.0f}},
+                             {{0.5f, tiny}},
+                             "Adagrad's accumulator must be > 0"},
+                        Case{"ada_negative",
+                             RowOptimizerConfig::adagrad(0.1f),
+                             {{-1.0f, 1.0f}},
+                             {{1, 1}},
+                             "Adagrad's accumulator must be > 0"},
+                        Case{"adam",
+                             RowOptimizerConfig::lazy_adam(0.1f),
+                             {{-3.0f, 3.0f}, {1.0f, -1e-30f}},
+                             {{-3.0f, 3.0f}, {1.0f, 0.0f}},
+                             "second moment (v) must be >= 0"},
+                        Case{"ftrl",
+                             RowOptimizerConfig::ftrl(0.1f),
+                             {{0.0f, 2.0f}, {-7.0f, 7.0f}},
+                             {{tiny, 2.0f}, {-7.0f, 7.0f}},
+                             "FTRL's accumulator must be > 0"}}) {
+    INFO(c.table);
+    client.create_tables({TableSpec{.name = c.table,
+                                    .dim = 1,
+                                    .rows = 4,
+                                    .optimizer = c.optimizer,
+                                    .init = InitConfig::constant(1)}});
+    CHECK_THROWS_WITH(client.restore_rows(c.table, ids, values, c.bad, 7),
+                      Catch::Contains("restoreRows") && Catch::Contains(c.error));
+    CHECK(pull_rows(client, c.table, ids, 1) == std::vector<float>{1, 1});
+    client.restore_rows(c.table, ids, values, c.good, 7);
+    CHECK(pull_rows(client, c.table, ids, 1) == values);
+  }
+  CHECK(psd.alive());
+}
+
 TEST_CASE("a retried push of rows (the same request id) is applied once") {
   PsdProcess psd;
   RawShard raw(psd, 0);

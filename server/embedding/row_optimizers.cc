@@ -16,6 +16,13 @@ namespace {
 // Within FLT_MAX in magnitude (and not NaN): finite.
 constexpr float kFloatMax = std::numeric_limits<float>::max();
 
+bool all_positive(std::span<const float> v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return x > 0; });
+}
+bool all_non_negative(std::span<const float> v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return x >= 0; });
+}
+
 class RowSgd final : public RowOptimizer {
  public:
   using RowOptimizer::RowOptimizer;
@@ -50,6 +57,22 @@ class RowAdagrad final : public RowOptimizer {
                     const Step& s) const override {
     return update::adagrad_ok(w, slots[0], g, dim, s.learning_rate, s.scale, kFloatMax);
   }
+  // With acc > 0 (kept by every update and checked on restore): |g| <= 2^50
+  // keeps acc + g^2 within half a spacing of FLT_MAX, so finite; and
+  // |g| / sqrt(acc + g^2) <= sqrt(2) even where g^2 is subnormal, so the step
+  // lr g / sqrt(acc) stays under 2^102 for lr <= 2^100, as SGD's does (lr g
+  // itself kept finite).
+  float safe_gradient_bound(float scale, std::size_t summed) const override {
+    const double lr = config_.learning_rate;
+    if (!(lr <= 0x1p100)) return 0;
+    const double g = std::min(0x1p50, double(std::numeric_limits<float>::max()) / (4 * lr));
+    const double per = std::fabs(double(scale)) * double(summed);
+    const double bound = per > 0 ? g / per : std::numeric_limits<float>::max();
+    return static_cast<float>(std::min<double>(bound, std::numeric_limits<float>::max()));
+  }
+  const char* slot_violation(uint32_t, std::span<const float> acc) const override {
+    return all_positive(acc) ? nullptr : "Adagrad's accumulator must be > 0";
+  }
 };
 
 class RowLazyAdam final : public RowOptimizer {
@@ -73,6 +96,10 @@ class RowLazyAdam final : public RowOptimizer {
     return update::adam_ok(w, slots[0], slots[1], g, dim, s.learning_rate, config_.beta1,
                            config_.beta2, config_.epsilon, s.scale, kFloatMax);
   }
+  const char* slot_violation(uint32_t k, std::span<const float> values) const override {
+    return k == 0 || all_non_negative(values) ? nullptr
+                                              : "LazyAdam's second moment (v) must be >= 0";
+  }
 };
 
 // tf.train.FtrlOptimizer (l2_shrinkage 0): update::ftrl.
@@ -90,6 +117,9 @@ class RowFtrl final : public RowOptimizer {
                     const Step& s) const override {
     return update::ftrl_ok(w, slots[0], slots[1], g, dim, s.learning_rate, config_.l1, config_.l2,
                            config_.lr_power, s.scale, kFloatMax);
+  }
+  const char* slot_violation(uint32_t k, std::span<const float> values) const override {
+    return k != 0 || all_positive(values) ? nullptr : "FTRL's accumulator must be > 0";
   }
 };
 

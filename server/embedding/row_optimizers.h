@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "ps/embedding.h"
@@ -52,6 +53,12 @@ class RowOptimizer {
   // then applies a push without trying it on copies first. 0 where no such
   // bound is known (the slots' own size matters).
   virtual float safe_gradient_bound(float /*scale*/, std::size_t /*summed*/) const { return 0; }
+  // What restored values of slot k must satisfy beyond being finite (the
+  // invariant the updates keep, which safe_gradient_bound relies on), as
+  // "must be > 0"; nullptr if every value is fine.
+  virtual const char* slot_violation(uint32_t /*k*/, std::span<const float> /*values*/) const {
+    return nullptr;
+  }
 
  protected:
   explicit RowOptimizer(const RowOptimizerConfig& c) : config_(c) {}

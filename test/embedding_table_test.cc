@@ -15,6 +15,7 @@
 #include "common/embedding_placement.h"
 #include "ps/errors.h"
 #include "server/embedding/embedding_table.h"
+#include "server/embedding/first_positions.h"
 #include "server/embedding/row_buffers.h"
 #include "server/embedding/row_index.h"
 
@@ -342,6 +343,65 @@ TEST_CASE("push_if_finite applies as push does, or leaves the table exactly as i
     CHECK(all_rows(d) == before);
     CHECK(d.rows() == 2);
     CHECK(d.version() == version);
+  }
+}
+
+TEST_CASE("a push creating dynamic rows within the safe bound applies as push does") {
+  // SGD and Adagrad skip the check of the rows such a push would create;
+  // LazyAdam checks them on copies first (update_finite). All three must
+  // end bit for bit where push() does, with repeated new ids summed.
+  const InitConfig init = InitConfig::uniform(-1, 1, 9);
+  for (const auto& opt : {RowOptimizerConfig::sgd(0.5f), RowOptimizerConfig::adagrad(0.5f),
+                          RowOptimizerConfig::lazy_adam(0.5f)}) {
+    INFO(row_optimizer_name(opt.kind));
+    TableSpec spec = dynamic_table(3, 100, OnRowLimit::kEvictLru, init);
+    spec.optimizer = opt;
+    EmbeddingTable a(spec, 0, 1), b(spec, 0, 1);
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> u(-2, 2);
+    std::uniform_int_distribution<uint64_t> id(0, 150);  // new ids, repeats, evictions
+    for (int round = 0; round < 40; ++round) {
+      std::vector<uint64_t> ids(12);
+      for (auto& x : ids) x = id(rng);
+      ids[5] = ids[2];  // a repeated id in every request
+      std::vector<float> g(ids.size() * 3);
+      for (float& x : g) x = u(rng);
+      const uint64_t fresh = a.check(ids, "push");
+      REQUIRE(a.push_if_finite(ids, g, 0.5f, fresh));
+      push(b, ids, g, 0.5f);
+    }
+    CHECK(all_rows(a) == all_rows(b));
+    CHECK(a.version() == b.version());
+    CHECK(a.evictions() > 0);
+  }
+}
+
+TEST_CASE("check() counts each new id of a dynamic table once") {
+  EmbeddingTable d(dynamic_table(2), 0, 1);
+  push(d, {4, 5}, {1, 1, 1, 1});
+  CHECK(d.check(std::vector<uint64_t>{6, 4, 6, 8, 8, 8, 5}, "push") == 2);
+  CHECK(d.check(std::vector<uint64_t>{4, 5, 4}, "push") == 0);
+  CHECK(d.check(std::vector<uint64_t>{9}, "push") == 1);
+  EmbeddingTable limited(dynamic_table(2, 3), 0, 1);
+  push(limited, {1, 2}, {1, 1, 1, 1});
+  CHECK(limited.check(std::vector<uint64_t>{3, 3, 1, 3}, "push") == 1);  // 3 rows: at the limit
+  CHECK_THROWS_WITH(limited.check(std::vector<uint64_t>{3, 7, 3}, "push"),
+                    Catch::Contains("adds 2 new ids"));
+}
+
+TEST_CASE("FirstPositions finds each key's first position, from request to request") {
+  FirstPositions seen;
+  std::mt19937_64 rng(3);
+  for (std::size_t n : {std::size_t{50}, std::size_t{5000}, std::size_t{7}, std::size_t{300}}) {
+    std::uniform_int_distribution<uint64_t> key(0, n / 2 + 1);  // many repeats
+    std::vector<uint64_t> keys(n);
+    for (auto& k : keys) k = key(rng) * 0x9e3779b97f4a7c15ull;
+    std::map<uint64_t, uint32_t> ref;
+    seen.reset(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      const uint32_t expected = ref.try_emplace(keys[i], i).first->second;
+      CHECK(seen.first(keys[i], i) == expected);
+    }
   }
 }
 

@@ -8,8 +8,6 @@
 #include <cmath>
 #include <cstring>
 #include <new>
-#include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "common/finite.h"
@@ -298,7 +296,8 @@ uint64_t EmbeddingTable::check(std::span<const uint64_t> ids, const char* what) 
     }
     return 0;
   }
-  std::unordered_set<uint64_t> missing;
+  uint64_t missing = 0;  // distinct ids not held
+  ids_seen_.reset(ids.size());
   for (std::size_t k = 0; k < ids.size(); ++k) {
     const uint64_t id = ids[k];
     if (k + kIndexAhead < ids.size()) index_.prefetch(ids[k + kIndexAhead]);
@@ -307,26 +306,29 @@ uint64_t EmbeddingTable::check(std::span<const uint64_t> ids, const char* what) 
                          " belongs on shard " + std::to_string(placement_.shard_of(id)) + ", not " +
                          std::to_string(shard_) + " (clients disagree on the number of shards?)");
     }
-    if (find(id) == kEmpty) missing.insert(id);
+    if (find(id) == kEmpty && ids_seen_.first(id, uint32_t(k)) == k) ++missing;
   }
-  if (spec_.row_limit == 0 || missing.empty()) return missing.size();
-  if (spec_.on_limit == OnRowLimit::kRefuse && live_rows_ + missing.size() > spec_.row_limit) {
+  if (spec_.row_limit == 0 || missing == 0) return missing;
+  if (spec_.on_limit == OnRowLimit::kRefuse && live_rows_ + missing > spec_.row_limit) {
     throw RequestError(std::string(what) + ": " + quoted(spec_) + " is at its limit of " +
                        std::to_string(spec_.row_limit) + " rows on shard " +
                        std::to_string(shard_) + " (it holds " + std::to_string(live_rows_) +
-                       "; this request adds " + std::to_string(missing.size()) + " new ids)");
+                       "; this request adds " + std::to_string(missing) + " new ids)");
   }
   if (spec_.on_limit == OnRowLimit::kEvictLru && ids.size() > spec_.row_limit) {
     // Rows of this request must not evict each other.
-    std::unordered_set<uint64_t> distinct(ids.begin(), ids.end());
-    if (distinct.size() > spec_.row_limit) {
-      throw RequestError(std::string(what) + ": " + std::to_string(distinct.size()) +
-                         " distinct ids of " + quoted(spec_) +
-                         " in one request, over its limit of " + std::to_string(spec_.row_limit) +
-                         " rows on shard " + std::to_string(shard_));
+    uint64_t distinct = 0;
+    ids_seen_.reset(ids.size());
+    for (std::size_t k = 0; k < ids.size(); ++k)
+      distinct += ids_seen_.first(ids[k], uint32_t(k)) == k;
+    if (distinct > spec_.row_limit) {
+      throw RequestError(std::string(what) + ": " + std::to_string(distinct) + " distinct ids of " +
+                         quoted(spec_) + " in one request, over its limit of " +
+                         std::to_string(spec_.row_limit) + " rows on shard " +
+                         std::to_string(shard_));
     }
   }
-  return missing.size();
+  return missing;
 }
 
 void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) {
@@ -374,15 +376,16 @@ void EmbeddingTable::push(std::span<const uint64_t> ids, std::span<const float> 
 
 bool EmbeddingTable::push_if_finite(std::span<const uint64_t> ids, std::span<const float> grads,
                                     float scale, uint64_t new_rows) {
-  if (new_rows > 0) {
+  // Where the optimizer bounds what such gradients can do (SGD, Adagrad), no
+  // row, held or new, can become NaN or Inf: one pass over the gradients
+  // instead of one over the rows.
+  const float bound = optimizer_->safe_gradient_bound(scale, ids.size());
+  const bool safe = bound > 0 && all_finite(grads, bound);
+  if (new_rows > 0 && !safe) {
     if (!update_finite(ids, grads, scale)) return false;
     push(ids, grads, scale);
     return true;
   }
-  // Where the optimizer bounds what such gradients can do (SGD), no row can
-  // become NaN or Inf: one pass over the gradients instead of over copies of the rows.
-  const float bound = optimizer_->safe_gradient_bound(scale, ids.size());
-  const bool safe = bound > 0 && all_finite(grads, bound);
   return apply_push(ids, grads, scale, /*check_first=*/!safe);
 }
 
@@ -403,23 +406,12 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
   } else {
     for (std::size_t i = 0; i < n; ++i) slots[i] = placement_.local_row(ids[i]);
   }
-  // Repeated slots: the set maps a slot to its first position (load <= 1/2).
-  std::size_t capacity = 16;
-  while (capacity < 2 * n) capacity *= 2;
-  seen_slots_.resize(capacity);
-  seen_first_.assign(capacity, kEmpty);
-  const uint64_t mask = capacity - 1;
+  seen_slots_.reset(n);
   std::vector<float> summed;    // gradients of duplicated ids, summed (allocated only if any)
   std::vector<uint32_t> first;  // per position: the first position of its slot
   for (std::size_t i = 0; i < n; ++i) {
-    uint64_t h = mix_id(slots[i]) & mask;
-    while (seen_first_[h] != kEmpty && seen_slots_[h] != slots[i]) h = (h + 1) & mask;
-    if (seen_first_[h] == kEmpty) {
-      seen_slots_[h] = slots[i];
-      seen_first_[h] = static_cast<uint32_t>(i);
-      continue;
-    }
-    const uint32_t m = seen_first_[h];
+    const uint32_t m = seen_slots_.first(slots[i], static_cast<uint32_t>(i));
+    if (m == i) continue;
     if (summed.empty()) {
       summed.assign(grads.begin(), grads.end());
       first.resize(n);
@@ -467,16 +459,15 @@ bool EmbeddingTable::update_finite(std::span<const uint64_t> ids, std::span<cons
                                    float scale) const {
   const uint32_t dim = spec_.dim, slots = components() - 1;
   // Each distinct id once, its gradients summed, as push() applies them.
-  std::unordered_map<uint64_t, uint32_t> first;
-  first.reserve(ids.size());
+  ids_seen_.reset(ids.size());
   std::vector<float> g(grads.begin(), grads.end());
   std::vector<uint32_t> distinct;
   for (std::size_t i = 0; i < ids.size(); ++i) {
-    auto [it, fresh] = first.try_emplace(ids[i], static_cast<uint32_t>(i));
-    if (fresh) {
-      distinct.push_back(static_cast<uint32_t>(i));
+    const uint32_t m = ids_seen_.first(ids[i], static_cast<uint32_t>(i));
+    if (m == i) {
+      distinct.push_back(m);
     } else {
-      for (uint32_t j = 0; j < dim; ++j) g[std::size_t(it->second) * dim + j] += grads[i * dim + j];
+      for (uint32_t j = 0; j < dim; ++j) g[std::size_t(m) * dim + j] += grads[i * dim + j];
     }
   }
   std::vector<float> w(dim), s(std::size_t(slots) * dim);

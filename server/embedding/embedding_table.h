@@ -22,6 +22,7 @@
 
 #include "common/embedding_placement.h"
 #include "ps/embedding.h"
+#include "server/embedding/first_positions.h"
 #include "server/embedding/huge_pages.h"
 #include "server/embedding/row_index.h"
 #include "server/embedding/row_optimizers.h"
@@ -79,10 +80,11 @@ class EmbeddingTable {
   // push(), unless it would store a NaN or Inf in a value or optimizer slot:
   // then returns false and the table (rows, slots, version) is as before.
   // Each row's update is first worked out without being written
-  // (RowOptimizer::stays_finite), then applied.
+  // (RowOptimizer::stays_finite), then applied, unless every gradient is
+  // within the optimizer's safe_gradient_bound.
   // `new_rows` is what check() returned for these ids: a push that creates
-  // dynamic rows goes through update_finite, which works out the rows it
-  // would create without creating them.
+  // dynamic rows and must be checked goes through update_finite, which works
+  // out the rows it would create without creating them.
   bool push_if_finite(std::span<const uint64_t> ids, std::span<const float> grads, float scale,
                       uint64_t new_rows);
 
@@ -149,13 +151,12 @@ class EmbeddingTable {
   std::vector<LruLink> lru_;
   uint32_t lru_head_ = kEmpty, lru_tail_ = kEmpty;
 
-  // Push scratch, reused between requests: each position's slot, and an
-  // open-addressing set of the request's slots (slot, first position) that
-  // finds repeated ids. Sized by the request, not the table, so it stays in
-  // cache and costs no memory per row.
+  // Request scratch, reused between requests: each position's slot; the
+  // request's slots' first positions (a push's repeated ids); the ids'
+  // (check()'s and update_finite()'s).
   std::vector<uint64_t> push_slots_;
-  std::vector<uint64_t> seen_slots_;
-  std::vector<uint32_t> seen_first_;
+  FirstPositions seen_slots_;
+  mutable FirstPositions ids_seen_;
   // push(), first (with `check_first`) working out every row's update
   // without writing it: false, and nothing changed, when one would not be finite.
   bool apply_push(std::span<const uint64_t> ids, std::span<const float> grads, float scale,

@@ -1,0 +1,49 @@
+// The first position of each key in a request (ids or slots): an
+// open-addressing set sized by the request (at most half full), whose arrays
+// are kept from one request to the next, so that finding repeated keys
+// allocates nothing and stays in cache however large the table.
+//
+//   FirstPositions seen;
+//   seen.reset(ids.size());
+//   for (uint32_t i = 0; i < ids.size(); ++i)
+//     if (seen.first(ids[i], i) != i) { /* ids[i] repeats an earlier id */ }
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "common/embedding_placement.h"
+
+namespace ps {
+
+class FirstPositions {
+ public:
+  // Forgets every key; the next calls may add up to `n` keys.
+  void reset(std::size_t n) {
+    std::size_t capacity = 16;
+    while (capacity < 2 * n) capacity *= 2;
+    keys_.resize(capacity);
+    first_.assign(capacity, kNone);
+    mask_ = capacity - 1;
+  }
+  // The position `key` was first added at since reset(); `pos` (and the key
+  // is added) if it is new.
+  uint32_t first(uint64_t key, uint32_t pos) {
+    uint64_t h = mix_id(key) & mask_;
+    while (first_[h] != kNone && keys_[h] != key) h = (h + 1) & mask_;
+    if (first_[h] == kNone) {
+      keys_[h] = key;
+      first_[h] = pos;
+    }
+    return first_[h];
+  }
+
+ private:
+  static constexpr uint32_t kNone = UINT32_MAX;
+  std::vector<uint64_t> keys_;
+  std::vector<uint32_t> first_;
+  uint64_t mask_ = 0;
+};
+
+}  // namespace ps

@@ -276,13 +276,19 @@ std::future<PushStatus> Client::start_push_rows(const std::string& table,
         " bytes); raise psd --max_message_mb or push fewer ids per step (nothing was sent)");
   }
   // psd refuses NaN/Inf per request; split over several, only a check here
-  // keeps a bad gradient from being half applied.
+  // keeps a bad gradient from being half applied. What is checked is what
+  // psd gets: the sums of repeated ids (two finite gradients can sum to Inf).
   const uint32_t summed = impl_->summed_per_step();
-  if (plan->requests.size() > 1 && impl_->options.check_split_pushes &&
-      !all_finite(grads, gradient_limit(summed))) {
-    throw RequestError(gradient_refusal(table, grads, summed) + " (nothing was sent)");
-  }
   std::shared_ptr<const float> sums = plan_order_gradients(*plan, grads, dim);
+  const std::span<const float> sent(sums.get(), plan->ids.size() * std::size_t(dim));
+  if (plan->requests.size() > 1 && impl_->options.check_split_pushes &&
+      !all_finite(sent, gradient_limit(summed))) {
+    if (!all_finite(grads, gradient_limit(summed)))
+      throw RequestError(gradient_refusal(table, grads, summed) + " (nothing was sent)");
+    throw RequestError("push_rows: the gradients of an id that table '" + table +
+                       "' gets more than once in the batch sum to Inf or past the limit psd "
+                       "accepts (refused, nothing was sent)");
+  }
   return impl_->run<PushStatus>(
       [this, plan, sums, table, dim, step]() {
         auto worst = std::make_shared<PushStatus>(PushStatus::kApplied);

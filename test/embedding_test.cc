@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <map>
 #include <random>
 #include <thread>
@@ -505,6 +506,28 @@ TEST_CASE("a push of rows that would store NaN or Inf is refused whole, as a den
     CHECK(raw.push(name, {0}, {1}) == wire::PushStatus::APPLIED);
     CHECK(raw.pull(name, {0})[0] != 1.0f);
   }
+  CHECK(psd.alive());
+}
+
+TEST_CASE("a push split over requests is checked as psd gets it: repeated ids' sums included") {
+  PsdProcess psd;
+  ClientOptions o = options_for({&psd});
+  o.max_request_bytes = 4096;  // a few hundred rows per request: the push below takes several
+  Client client(o);
+  client.create_tables({fixed("emb", 2000, 2, 1.0f, InitConfig::constant(1))});
+  std::vector<int64_t> ids(1500);
+  std::iota(ids.begin(), ids.end(), 0);
+  ids.back() = 0;  // id 0 twice, at the start and at the end
+  std::vector<float> g(ids.size() * 2, 0.5f);
+  g[0] = g[g.size() - 2] = 3e38f;  // each finite; their sum is Inf
+  CHECK_THROWS_WITH(client.push_rows("emb", ids, g),
+                    Catch::Contains("more than once") && Catch::Contains("nothing was sent"));
+  std::vector<int64_t> all(2000);
+  std::iota(all.begin(), all.end(), 0);
+  CHECK(pull_rows(client, "emb", all, 2) == std::vector<float>(4000, 1.0f));  // none applied
+  g[0] = 1.0f;  // the same push with a finite sum goes through, whole
+  client.push_rows("emb", ids, g);
+  CHECK(pull_rows(client, "emb", {1, 1498}, 2) == std::vector<float>(4, 0.5f));
   CHECK(psd.alive());
 }
 

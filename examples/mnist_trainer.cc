@@ -466,12 +466,12 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
   const double secs = seconds(start, Clock::now());
   hooks.end(info);
   const int64_t local = session.local_step();
-  std::printf("%spull %.3f ms, compute %.3f ms, push %.3f ms, data+hooks %.3f ms\n",
+  std::printf("%spull %.3f ms, compute %.3f ms, push %.3f ms, data+hooks %.3f ms; CPU %.3f ms\n",
               ps::done_line_start(worker, session, secs, f.batch_size, "samples").c_str(),
               ps::StepTimes::per_step_ms(times.pull, local),
               ps::StepTimes::per_step_ms(times.compute, local),
               ps::StepTimes::per_step_ms(times.push, local),
-              ps::StepTimes::per_step_ms(times.other, local));
+              ps::StepTimes::per_step_ms(times.other, local), times.cpu_per_step_ms(local));
   std::fflush(stdout);
 
   // Everyone meets once more so the chief reads the final parameters.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <ctime>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -46,6 +47,12 @@ void StepTimes::add_step(Clock::time_point t0, Clock::time_point t1, Clock::time
 }
 
 double StepTimes::total() const { return std::max(1e-12, pull + compute + push + other); }
+
+double StepTimes::process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
 
 double StepTimes::per_step_ms(double phase, int64_t local_steps) {
   return 1e3 * phase / std::max<double>(1, static_cast<double>(local_steps));

@@ -184,6 +184,7 @@ def run_worker(spec, f):
     # and backward (with the copies to and from the parameters), the push, the rest.
     t_pull = t_compute = t_push = t_other = 0.0
     clock = time.perf_counter
+    cpu_at_start = time.process_time()  # this process's CPU, all threads: a step's cost on shared cores
     while not session.should_stop:
         t0 = clock()
         if pos + f.batch_size > len(order):
@@ -228,7 +229,8 @@ def run_worker(spec, f):
     print(f"worker {worker}: done after {session.local_step} local steps in {secs:.1f} s "
           f"({session.local_step * f.batch_size / secs:.0f} samples/s on this worker, {session.stale_steps} stale); "
           f"per step: pull {1e3 * t_pull / n:.3f} ms, compute {1e3 * t_compute / n:.3f} ms, "
-          f"push {1e3 * t_push / n:.3f} ms, data {1e3 * t_other / n:.3f} ms", flush=True)
+          f"push {1e3 * t_push / n:.3f} ms, data {1e3 * t_other / n:.3f} ms; "
+          f"CPU {1e3 * (time.process_time() - cpu_at_start) / n:.3f} ms", flush=True)
 
     # Everyone meets once more so that the chief reads the final parameters.
     try:

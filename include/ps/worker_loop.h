@@ -82,8 +82,16 @@ struct StepTimes {
   double total() const;
   // Milliseconds a step of `phase` seconds over `local_steps` steps (at least 1).
   static double per_step_ms(double phase, int64_t local_steps);
+  // CPU seconds this process (all its threads) has used so far.
+  static double process_cpu_seconds();
+  // Milliseconds of this process's CPU per step since these times were made:
+  // what a step costs where workers share cores (waits on the network cost none).
+  double cpu_per_step_ms(int64_t local_steps) const {
+    return per_step_ms(process_cpu_seconds() - cpu_at_start, local_steps);
+  }
 
   double pull = 0, compute = 0, push = 0, other = 0;  // other: data and hooks
+  double cpu_at_start = process_cpu_seconds();
 };
 
 // Sets the fields of `info` a step of `session` decides: local and global

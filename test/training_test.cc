@@ -10,12 +10,14 @@
 #include <barrier>
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <random>
 #include <thread>
 
 #include "server/optimizer.h"
 #include "ps/client.h"
 #include "ps/training_session.h"
+#include "ps/worker_loop.h"
 #include "test/psd_process.h"
 
 using namespace ps;
@@ -675,4 +677,21 @@ TEST_CASE("psd exits by itself once the chief ends the job and the workers leave
     std::this_thread::sleep_for(10ms);
   }
   CHECK(exited);
+}
+
+TEST_CASE("StepTimes counts this process's CPU per step, not the time spent waiting") {
+  ps::StepTimes times;
+  // 40 ms of this process's CPU by std::clock (however loaded the machine,
+  // within 10 s), then 100 ms asleep.
+  const std::clock_t cpu0 = std::clock();
+  const auto start = std::chrono::steady_clock::now();
+  volatile double x = 0;
+  while (std::clock() - cpu0 < CLOCKS_PER_SEC / 25 &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(10))
+    x = x + 1;
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const double one = times.cpu_per_step_ms(1);
+  CHECK(one >= 39);  // the spin
+  CHECK(one < 90);   // not the sleep
+  CHECK(times.cpu_per_step_ms(10) == Approx(one / 10).epsilon(0.1));
 }

@@ -392,7 +392,8 @@ TEST_CASE("check() counts each new id of a dynamic table once") {
 TEST_CASE("FirstPositions finds each key's first position, from request to request") {
   FirstPositions seen;
   std::mt19937_64 rng(3);
-  for (std::size_t n : {std::size_t{50}, std::size_t{5000}, std::size_t{7}, std::size_t{300}}) {
+  for (std::size_t n : {std::size_t{50}, std::size_t{5000}, std::size_t{600000}, std::size_t{7},
+                        std::size_t{300}}) {  // 600,000 then 7: the arrays given back
     std::uniform_int_distribution<uint64_t> key(0, n / 2 + 1);  // many repeats
     std::vector<uint64_t> keys(n);
     for (auto& k : keys) k = key(rng) * 0x9e3779b97f4a7c15ull;

@@ -297,7 +297,7 @@ uint64_t EmbeddingTable::check(std::span<const uint64_t> ids, const char* what) 
     return 0;
   }
   uint64_t missing = 0;  // distinct ids not held
-  ids_seen_.reset(ids.size());
+  seen_.reset(ids.size());
   for (std::size_t k = 0; k < ids.size(); ++k) {
     const uint64_t id = ids[k];
     if (k + kIndexAhead < ids.size()) index_.prefetch(ids[k + kIndexAhead]);
@@ -306,7 +306,7 @@ uint64_t EmbeddingTable::check(std::span<const uint64_t> ids, const char* what) 
                          " belongs on shard " + std::to_string(placement_.shard_of(id)) + ", not " +
                          std::to_string(shard_) + " (clients disagree on the number of shards?)");
     }
-    if (find(id) == kEmpty && ids_seen_.first(id, uint32_t(k)) == k) ++missing;
+    if (find(id) == kEmpty && seen_.first(id, uint32_t(k)) == k) ++missing;
   }
   if (spec_.row_limit == 0 || missing == 0) return missing;
   if (spec_.on_limit == OnRowLimit::kRefuse && live_rows_ + missing > spec_.row_limit) {
@@ -318,9 +318,8 @@ uint64_t EmbeddingTable::check(std::span<const uint64_t> ids, const char* what) 
   if (spec_.on_limit == OnRowLimit::kEvictLru && ids.size() > spec_.row_limit) {
     // Rows of this request must not evict each other.
     uint64_t distinct = 0;
-    ids_seen_.reset(ids.size());
-    for (std::size_t k = 0; k < ids.size(); ++k)
-      distinct += ids_seen_.first(ids[k], uint32_t(k)) == k;
+    seen_.reset(ids.size());
+    for (std::size_t k = 0; k < ids.size(); ++k) distinct += seen_.first(ids[k], uint32_t(k)) == k;
     if (distinct > spec_.row_limit) {
       throw RequestError(std::string(what) + ": " + std::to_string(distinct) + " distinct ids of " +
                          quoted(spec_) + " in one request, over its limit of " +
@@ -406,11 +405,11 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
   } else {
     for (std::size_t i = 0; i < n; ++i) slots[i] = placement_.local_row(ids[i]);
   }
-  seen_slots_.reset(n);
+  seen_.reset(n);
   std::vector<float> summed;    // gradients of duplicated ids, summed (allocated only if any)
   std::vector<uint32_t> first;  // per position: the first position of its slot
   for (std::size_t i = 0; i < n; ++i) {
-    const uint32_t m = seen_slots_.first(slots[i], static_cast<uint32_t>(i));
+    const uint32_t m = seen_.first(slots[i], static_cast<uint32_t>(i));
     if (m == i) continue;
     if (summed.empty()) {
       summed.assign(grads.begin(), grads.end());
@@ -459,11 +458,11 @@ bool EmbeddingTable::update_finite(std::span<const uint64_t> ids, std::span<cons
                                    float scale) const {
   const uint32_t dim = spec_.dim, slots = components() - 1;
   // Each distinct id once, its gradients summed, as push() applies them.
-  ids_seen_.reset(ids.size());
+  seen_.reset(ids.size());
   std::vector<float> g(grads.begin(), grads.end());
   std::vector<uint32_t> distinct;
   for (std::size_t i = 0; i < ids.size(); ++i) {
-    const uint32_t m = ids_seen_.first(ids[i], static_cast<uint32_t>(i));
+    const uint32_t m = seen_.first(ids[i], static_cast<uint32_t>(i));
     if (m == i) {
       distinct.push_back(m);
     } else {

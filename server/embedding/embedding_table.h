@@ -151,12 +151,11 @@ class EmbeddingTable {
   std::vector<LruLink> lru_;
   uint32_t lru_head_ = kEmpty, lru_tail_ = kEmpty;
 
-  // Request scratch, reused between requests: each position's slot; the
-  // request's slots' first positions (a push's repeated ids); the ids'
-  // (check()'s and update_finite()'s).
+  // Request scratch, reused between requests: each position's slot, and
+  // the repeated keys (ids in check() and update_finite(), slots in
+  // apply_push(), which run one after another, never nested).
   std::vector<uint64_t> push_slots_;
-  FirstPositions seen_slots_;
-  mutable FirstPositions ids_seen_;
+  mutable FirstPositions seen_;
   // push(), first (with `check_first`) working out every row's update
   // without writing it: false, and nothing changed, when one would not be finite.
   bool apply_push(std::span<const uint64_t> ids, std::span<const float> grads, float scale,

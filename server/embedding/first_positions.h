@@ -9,6 +9,7 @@
 //     if (seen.first(ids[i], i) != i) { /* ids[i] repeats an earlier id */ }
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -19,10 +20,15 @@ namespace ps {
 
 class FirstPositions {
  public:
-  // Forgets every key; the next calls may add up to `n` keys.
+  // Forgets every key; the next calls may add up to `n` keys. Arrays much
+  // larger than `n` needs (one outsized request) are given back.
   void reset(std::size_t n) {
     std::size_t capacity = 16;
     while (capacity < 2 * n) capacity *= 2;
+    if (keys_.size() > std::max<std::size_t>(4 * capacity, kKeepEntries)) {
+      keys_ = {};
+      first_ = {};
+    }
     keys_.resize(capacity);
     first_.assign(capacity, kNone);
     mask_ = capacity - 1;
@@ -41,6 +47,7 @@ class FirstPositions {
 
  private:
   static constexpr uint32_t kNone = UINT32_MAX;
+  static constexpr std::size_t kKeepEntries = std::size_t{1} << 20;  // 12 MiB
   std::vector<uint64_t> keys_;
   std::vector<uint32_t> first_;
   uint64_t mask_ = 0;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -18,6 +19,7 @@
 #include "server/embedding/first_positions.h"
 #include "server/embedding/row_buffers.h"
 #include "server/embedding/row_index.h"
+#include "test/colliding_ids.h"
 
 using namespace ps;
 
@@ -645,4 +647,31 @@ TEST_CASE("a dynamic table's rows stay put while it grows over many slabs") {
   for (uint64_t i = 0; i < n * 3; ++i) REQUIRE(out[i] == float(i));
   CHECK(t.rows() == n);
   CHECK(t.bytes() >= n * 3 * sizeof(float));
+}
+
+TEST_CASE("ids chosen to collide under a fixed hash key do not cluster in psd's tables") {
+  using ps::test::colliding_ids;
+  using ps::test::unmix_id;
+  for (uint64_t id : {uint64_t{0}, uint64_t{1}, uint64_t{0xdeadbeefcafe}, ~uint64_t{0}})
+    CHECK(unmix_id(mix_id(id)) == id);
+  // Against the key psd used before keys were drawn, and against none.
+  for (uint64_t fixed_key : {uint64_t{0x5bd1e995u}, uint64_t{0}}) {
+    INFO("fixed key " << fixed_key);
+    const std::vector<uint64_t> ids = colliding_ids(200000, fixed_key);
+    REQUIRE((mix_id(ids[7] ^ fixed_key) & 0xffffffffu) ==
+            (mix_id(ids[9] ^ fixed_key) & 0xffffffffu));
+    // A request of them (FirstPositions) and a dynamic table's index: in one
+    // cluster, n^2 / 2 = 2e10 probes each (tens of seconds); spread, milliseconds.
+    auto start = std::chrono::steady_clock::now();
+    FirstPositions seen;
+    seen.reset(ids.size());
+    for (uint32_t i = 0; i < ids.size(); ++i) REQUIRE(seen.first(ids[i], i) == i);
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(2));
+    start = std::chrono::steady_clock::now();
+    RowIndex index;
+    for (uint32_t i = 0; i < ids.size(); ++i) index.insert(ids[i], i);
+    CHECK(index.longest_probe() < 200);
+    for (uint32_t i = 0; i < ids.size(); ++i) REQUIRE(index.find(ids[i]) == i);
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(2));
+  }
 }

@@ -22,6 +22,7 @@
 #include "ps/checkpoint.h"
 #include "ps/client.h"
 #include "schema/ps.capnp.h"
+#include "test/colliding_ids.h"
 #include "test/psd_process.h"
 
 using namespace ps;
@@ -528,6 +529,24 @@ TEST_CASE("a push split over requests is checked as psd gets it: repeated ids' s
   g[0] = 1.0f;  // the same push with a finite sum goes through, whole
   client.push_rows("emb", ids, g);
   CHECK(pull_rows(client, "emb", {1, 1498}, 2) == std::vector<float>(4, 0.5f));
+  CHECK(psd.alive());
+}
+
+TEST_CASE("ids a client picks to collide in psd's hash tables are served as fast as any") {
+  // 200,000 new ids of a dynamic table in one push, chosen to share one home
+  // under the fixed key psd's index used (and under none, as its request
+  // set did): in one cluster, some 2e10 probes (minutes of psd's loop).
+  PsdProcess psd;
+  RawShard raw(psd, 0);
+  raw.create(dynamic("d", 1));
+  for (uint64_t fixed_key : {uint64_t{0x5bd1e995u}, uint64_t{0}}) {
+    INFO("fixed key " << fixed_key);
+    const std::vector<uint64_t> ids = ps::test::colliding_ids(200000, fixed_key);
+    const auto start = std::chrono::steady_clock::now();
+    CHECK(raw.push("d", ids, std::vector<float>(ids.size(), 0.5f)) == wire::PushStatus::APPLIED);
+    CHECK(raw.pull("d", {ids.front(), ids[123456], ids.back()}) == std::vector<float>(3, -0.5f));
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+  }
   CHECK(psd.alive());
 }
 

@@ -1,7 +1,9 @@
 // The first position of each key in a request (ids or slots): an
 // open-addressing set sized by the request (at most half full), whose arrays
 // are kept from one request to the next, so that finding repeated keys
-// allocates nothing and stays in cache however large the table.
+// allocates nothing and stays in cache however large the table. Positions
+// are keyed per set (server/embedding/hash_key.h): keys a client picks to
+// collide do not.
 //
 //   FirstPositions seen;
 //   seen.reset(ids.size());
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "common/embedding_placement.h"
+#include "server/embedding/hash_key.h"
 
 namespace ps {
 
@@ -36,7 +39,7 @@ class FirstPositions {
   // The position `key` was first added at since reset(); `pos` (and the key
   // is added) if it is new.
   uint32_t first(uint64_t key, uint32_t pos) {
-    uint64_t h = mix_id(key) & mask_;
+    uint64_t h = mix_id(key ^ hash_key_) & mask_;
     while (first_[h] != kNone && keys_[h] != key) h = (h + 1) & mask_;
     if (first_[h] == kNone) {
       keys_[h] = key;
@@ -51,6 +54,7 @@ class FirstPositions {
   std::vector<uint64_t> keys_;
   std::vector<uint32_t> first_;
   uint64_t mask_ = 0;
+  uint64_t hash_key_ = random_hash_key();
 };
 
 }  // namespace ps

@@ -1,12 +1,25 @@
 #include "server/embedding/row_index.h"
 
+#include <algorithm>
+
 #include "common/embedding_placement.h"
+#include "server/embedding/hash_key.h"
 
 namespace ps {
 
-RowIndex::RowIndex() : entries_(map_array_of<Entry>(1024)), capacity_(1024) {}
+RowIndex::RowIndex()
+    : entries_(map_array_of<Entry>(1024)), capacity_(1024), key_(random_hash_key()) {}
 
-uint64_t RowIndex::home(uint64_t id) const { return mix_id(id ^ 0x5bd1e995u) & (capacity_ - 1); }
+uint64_t RowIndex::home(uint64_t id) const { return mix_id(id ^ key_) & (capacity_ - 1); }
+
+uint64_t RowIndex::longest_probe() const {
+  uint64_t longest = 0;
+  for (uint64_t i = 0; i < capacity_; ++i) {
+    if (entries_[i].slot_plus_one != 0)
+      longest = std::max(longest, (i - home(entries_[i].id)) & (capacity_ - 1));
+  }
+  return longest;
+}
 
 void RowIndex::prefetch(uint64_t id) const { __builtin_prefetch(entries_.get() + home(id)); }
 

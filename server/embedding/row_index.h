@@ -2,7 +2,9 @@
 // in one array of 12-byte entries (id, slot + 1; 0 marks a free entry), at
 // most half full, in huge pages (server/embedding/huge_pages.h). A lookup
 // touches one cache line, rarely two, and no node per row; the pages of a
-// new array come zeroed, so growing needs no fill pass. Not thread-safe.
+// new array come zeroed, so growing needs no fill pass. Positions are keyed
+// per index (server/embedding/hash_key.h): ids a client picks to collide
+// do not. Not thread-safe.
 //
 //   RowIndex index;
 //   index.insert(id, slot);
@@ -35,6 +37,9 @@ class RowIndex {
   uint64_t size() const { return used_; }
   uint64_t capacity() const { return capacity_; }
   uint64_t bytes() const { return capacity_ * sizeof(Entry); }
+  // How far from its home the farthest entry lies: the longest walk a
+  // lookup makes (a scan of the whole array; for tests and diagnostics).
+  uint64_t longest_probe() const;
   // fn(id, slot) for every entry, in array order.
   template <typename Fn>
   void for_each(Fn&& fn) const {
@@ -57,6 +62,7 @@ class RowIndex {
 
   std::unique_ptr<Entry[], Unmap> entries_;
   uint64_t capacity_ = 0;  // a power of two
+  uint64_t key_;           // this index's hash key (server/embedding/hash_key.h)
   uint64_t used_ = 0;
 };
 

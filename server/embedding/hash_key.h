@@ -1,5 +1,5 @@
 // Keys for psd's own hash tables of ids a client chooses (a dynamic table's
-// index, a request's repeated ids). Their positions come from mix_id, which
+// index, a request's repeated ids, a sync step's sums per id). Their positions come from mix_id, which
 // is public and invertible: with a fixed key a client could pick ids that
 // all land on one entry, and every insert and lookup of them would walk the
 // whole cluster (quadratic work from one request, a slow table for good).
@@ -11,8 +11,11 @@
 //   const uint64_t home = mix_id(id ^ key) & (capacity - 1);
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <random>
+
+#include "common/embedding_placement.h"
 
 namespace ps {
 
@@ -24,5 +27,13 @@ inline uint64_t random_hash_key() {
   return (uint64_t{rd()} << 32) ^ rd();
 #endif
 }
+
+// The same for a standard container keyed by id (whose own hash of an
+// integer is the integer: multiples of the bucket count share a bucket).
+//   std::unordered_map<uint64_t, uint32_t, KeyedIdHash> position;
+struct KeyedIdHash {
+  uint64_t key = random_hash_key();
+  std::size_t operator()(uint64_t id) const { return mix_id(id ^ key); }
+};
 
 }  // namespace ps

@@ -297,14 +297,15 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
     } else {
       slot.contributors.push_back(caller.worker_index);
       ++slot.count;
+      slot.position.reserve(r.ids.size());
       for (std::size_t i = 0; i < r.ids.size(); ++i) {
-        auto [it, fresh_id] =
-            slot.position.try_emplace(r.ids[i], static_cast<uint32_t>(slot.ids.size()));
-        if (fresh_id) {
+        const auto next = static_cast<uint32_t>(slot.ids.size());
+        const uint32_t at = slot.position.first(r.ids[i], next);
+        if (at == next) {
           slot.ids.push_back(r.ids[i]);
           slot.sum.insert(slot.sum.end(), grads.begin() + i * dim, grads.begin() + (i + 1) * dim);
         } else {
-          float* s = slot.sum.data() + std::size_t(it->second) * dim;
+          float* s = slot.sum.data() + std::size_t(at) * dim;
           for (uint32_t j = 0; j < dim; ++j) s[j] += grads[i * dim + j];
         }
       }

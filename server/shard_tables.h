@@ -12,21 +12,21 @@
 
 #include "common/memory_budget.h"
 #include "server/embedding/embedding_table.h"
-#include "server/embedding/hash_key.h"
+#include "server/embedding/first_positions.h"
 
 namespace ps {
 
 // One table's gradients for the current sync step: per distinct id, the
 // sum of the workers' gradients.
 struct TableSyncSlot {
-  std::unordered_map<uint64_t, uint32_t, KeyedIdHash> position;  // id -> index in ids
+  FirstPositions position;  // id -> its index in ids
   std::vector<uint64_t> ids;
   std::vector<float> sum;  // ids.size() * dim
   uint32_t count = 0;      // workers that contributed
   std::vector<int> contributors;
   bool complete = false;
   void clear() {
-    position.clear();
+    position.clear();  // keeps its arrays for the next step
     ids.clear();
     sum.clear();
     count = 0;

@@ -432,6 +432,27 @@ TEST_CASE("SGD's safe gradient bound keeps the largest finite rows finite") {
   CHECK(RowOptimizer::make(RowOptimizerConfig::ftrl(0.1f), "t")->safe_gradient_bound(1, 1) == 0);
 }
 
+TEST_CASE("FirstPositions grows over several requests and clears for the next step") {
+  // As a sync step's sums: each worker's request adds ids, some seen before.
+  FirstPositions seen;
+  std::mt19937_64 rng(8);
+  for (int step = 0; step < 3; ++step) {
+    seen.clear();
+    std::map<uint64_t, uint32_t> ref;
+    for (std::size_t n : {std::size_t{10}, std::size_t{3000}, std::size_t{40000}}) {
+      seen.reserve(n);
+      std::uniform_int_distribution<uint64_t> key(0, 30000);  // repeats within and across
+      for (std::size_t i = 0; i < n; ++i) {
+        const uint64_t k = key(rng);
+        const auto next = static_cast<uint32_t>(ref.size());
+        const uint32_t expected = ref.try_emplace(k, next).first->second;
+        REQUIRE(seen.first(k, next) == expected);
+      }
+      CHECK(seen.size() == ref.size());
+    }
+  }
+}
+
 TEST_CASE("Adagrad's safe gradient bound keeps every finite row with acc > 0 finite") {
   // The bound promises that the update stays finite without trying it:
   // stays_finite must agree, and the update done must be finite, at the

@@ -35,15 +35,45 @@ class FirstPositions {
     keys_.resize(capacity);
     first_.assign(capacity, kNone);
     mask_ = capacity - 1;
+    size_ = 0;
   }
-  // The position `key` was first added at since reset(); `pos` (and the key
-  // is added) if it is new.
+  // Forgets every key, keeping the arrays (a set refilled to about the same
+  // size again and again, as a sync step's ids).
+  void clear() {
+    std::fill(first_.begin(), first_.end(), kNone);
+    size_ = 0;
+  }
+  // Room for `more` keys beyond those held: the arrays grow (the keys held
+  // placed anew) to keep the set at most half full.
+  void reserve(std::size_t more) {
+    if (2 * (size_ + more) <= first_.size()) return;
+    std::size_t capacity = std::max<std::size_t>(16, first_.size());
+    while (capacity < 2 * (size_ + more)) capacity *= 2;
+    std::vector<uint64_t> keys(capacity);
+    std::vector<uint32_t> first(capacity, kNone);
+    const uint64_t mask = capacity - 1;
+    for (std::size_t i = 0; i < first_.size(); ++i) {
+      if (first_[i] == kNone) continue;
+      uint64_t h = mix_id(keys_[i] ^ hash_key_) & mask;
+      while (first[h] != kNone) h = (h + 1) & mask;
+      keys[h] = keys_[i];
+      first[h] = first_[i];
+    }
+    keys_.swap(keys);
+    first_.swap(first);
+    mask_ = mask;
+  }
+  std::size_t size() const { return size_; }
+  // The position `key` was first added at since reset() or clear(); `pos`
+  // (and the key is added) if it is new. Call within the room reset() or
+  // reserve() made.
   uint32_t first(uint64_t key, uint32_t pos) {
     uint64_t h = mix_id(key ^ hash_key_) & mask_;
     while (first_[h] != kNone && keys_[h] != key) h = (h + 1) & mask_;
     if (first_[h] == kNone) {
       keys_[h] = key;
       first_[h] = pos;
+      ++size_;
     }
     return first_[h];
   }
@@ -54,6 +84,7 @@ class FirstPositions {
   std::vector<uint64_t> keys_;
   std::vector<uint32_t> first_;
   uint64_t mask_ = 0;
+  std::size_t size_ = 0;  // keys held
   uint64_t hash_key_ = random_hash_key();
 };
 

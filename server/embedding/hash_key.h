@@ -11,11 +11,8 @@
 //   const uint64_t home = mix_id(id ^ key) & (capacity - 1);
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 #include <random>
-
-#include "common/embedding_placement.h"
 
 namespace ps {
 
@@ -27,13 +24,5 @@ inline uint64_t random_hash_key() {
   return (uint64_t{rd()} << 32) ^ rd();
 #endif
 }
-
-// The same for a standard container keyed by id (whose own hash of an
-// integer is the integer: multiples of the bucket count share a bucket).
-//   std::unordered_map<uint64_t, uint32_t, KeyedIdHash> position;
-struct KeyedIdHash {
-  uint64_t key = random_hash_key();
-  std::size_t operator()(uint64_t id) const { return mix_id(id ^ key); }
-};
 
 }  // namespace ps

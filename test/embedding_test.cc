@@ -551,9 +551,10 @@ TEST_CASE("ids a client picks to collide in psd's hash tables are served as fast
 }
 
 TEST_CASE("a sync step's gradients of ids picked to collide are summed as fast as any") {
-  // psd sums a sync step's gradients per id in a hash map. With the
-  // standard library's hash of an integer (the integer itself) and its
-  // bucket count known, ids that are multiples of that count share a bucket.
+  // psd sums a sync step's gradients per id in a hash table. In a standard
+  // map (whose hash of an integer is the integer itself, its bucket count
+  // known), ids that are multiples of that count share a bucket; psd's own
+  // keyed set spreads them.
   constexpr std::size_t kIds = 200000;
   std::unordered_map<uint64_t, uint32_t> probe;
   for (uint64_t i = 0; i < kIds; ++i) probe.try_emplace(i, 0);

@@ -275,22 +275,31 @@ std::future<PushStatus> Client::start_push_rows(const std::string& table,
         table + "' gets more than psd accepts in one (" + std::to_string(impl_->max_payload_bytes) +
         " bytes); raise psd --max_message_mb or push fewer ids per step (nothing was sent)");
   }
-  // psd refuses NaN/Inf per request; split over several, only a check here
-  // keeps a bad gradient from being half applied. What is checked is what
-  // psd gets: the sums of repeated ids (two finite gradients can sum to Inf).
   const uint32_t summed = impl_->summed_per_step();
   std::shared_ptr<const float> sums = plan_order_gradients(*plan, grads, dim);
-  const std::span<const float> sent(sums.get(), plan->ids.size() * std::size_t(dim));
-  if (plan->requests.size() > 1 && impl_->options.check_split_pushes &&
-      !all_finite(sent, gradient_limit(summed))) {
-    if (!all_finite(grads, gradient_limit(summed)))
-      throw RequestError(gradient_refusal(table, grads, summed) + " (nothing was sent)");
-    throw RequestError("push_rows: the gradients of an id that table '" + table +
-                       "' gets more than once in the batch sum to Inf or past the limit psd "
-                       "accepts (refused, nothing was sent)");
-  }
   return impl_->run<PushStatus>(
-      [this, plan, sums, table, dim, step]() {
+      [this, plan, sums, table, dim, step, grads, summed]() {
+        // psd refuses NaN/Inf per request; split over several, only a check
+        // here keeps a bad gradient from being half applied (skipped for
+        // shards run with --allow_nonfinite, as a dense push's). What is
+        // checked is what psd gets: the sums of repeated ids (two finite
+        // gradients can sum to Inf).
+        if (plan->requests.size() > 1 && impl_->options.check_split_pushes) {
+          const float limit = gradient_limit(summed);
+          for (const RowRequest& r : plan->requests) {
+            const ShardConnection* shard = impl_->shards[r.shard].get();
+            if (shard != nullptr && shard->allows_nonfinite) continue;
+            if (all_finite(std::span<const float>(sums.get() + std::size_t(r.first) * dim,
+                                                  std::size_t(r.count) * dim),
+                           limit))
+              continue;
+            if (!all_finite(grads, limit))
+              throw RequestError(gradient_refusal(table, grads, summed) + " (nothing was sent)");
+            throw RequestError("the gradients of an id that table '" + table +
+                               "' gets more than once in the batch sum to Inf or past the limit "
+                               "psd accepts (refused, nothing was sent)");
+          }
+        }
         auto worst = std::make_shared<PushStatus>(PushStatus::kApplied);
         kj::Vector<kj::Promise<void>> calls;
         for (const RowRequest& r : plan->requests) {

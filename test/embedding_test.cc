@@ -532,6 +532,24 @@ TEST_CASE("a push split over requests is checked as psd gets it: repeated ids' s
   CHECK(psd.alive());
 }
 
+TEST_CASE("a split push of rows to a psd that allows NaN/Inf is sent, as a dense one is") {
+  PsdProcess psd({"--allow_nonfinite"});
+  ClientOptions o = options_for({&psd});
+  o.max_request_bytes = 4096;  // several requests
+  Client client(o);
+  client.create_tables({fixed("emb", 2000, 2, 1.0f, InitConfig::constant(1))});
+  std::vector<int64_t> ids(1500);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::vector<float> g(ids.size() * 2, 0.5f);
+  g[2 * 700] = std::numeric_limits<float>::quiet_NaN();
+  client.push_rows("emb", ids, g);  // psd takes NaN: the client does not refuse it for psd
+  const std::vector<float> rows = pull_rows(client, "emb", {1, 700, 1499}, 2);
+  CHECK(rows[0] == 0.5f);
+  CHECK(std::isnan(rows[2]));
+  CHECK(rows[3] == 0.5f);
+  CHECK(rows[4] == 0.5f);
+}
+
 TEST_CASE("ids a client picks to collide in psd's hash tables are served as fast as any") {
   // 200,000 new ids of a dynamic table in one push, chosen to share one home
   // under the fixed key psd's index used (and under none, as its request

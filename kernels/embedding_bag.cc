@@ -7,7 +7,7 @@
 #include <Eigen/Core>
 #include <fmt/format.h>
 
-#include "common/embedding_placement.h"
+#include "common/first_positions.h"
 #include "ps/errors.h"
 #include "ps_config.h"
 
@@ -58,26 +58,16 @@ float bag_scale(BagCombiner combiner, int64_t count) {
 void dedup_ids_into(std::span<const uint64_t> ids, UniqueIds& u) {
   u.ids.clear();
   u.index.resize(ids.size());
-  // An open-addressing set at most half full, whose slots hold an index into
-  // u.ids (-1: empty), kept per thread so that a batch like the one before it
-  // allocates nothing; a node-based map cost a malloc per distinct id.
-  thread_local std::vector<int32_t> slots;
-  std::size_t capacity = 16;
-  while (capacity < 2 * ids.size()) capacity *= 2;
-  if (slots.size() < capacity) slots.resize(capacity);
-  std::fill_n(slots.begin(), capacity, -1);
-  const uint64_t mask = capacity - 1;
+  // Kept per thread, so that a batch like the one before it allocates
+  // nothing (a node-based map cost a malloc per distinct id).
+  thread_local FirstPositions seen;
+  seen.reset(ids.size());
   for (size_t j = 0; j < ids.size(); ++j) {
-    const uint64_t id = ids[j];
-    uint64_t h = mix_id(id) & mask;
-    while (slots[h] >= 0 && u.ids[static_cast<size_t>(slots[h])] != id) h = (h + 1) & mask;
-    if (slots[h] < 0) {
-      slots[h] = static_cast<int32_t>(u.ids.size());
-      u.ids.push_back(id);
-    }
-    u.index[j] = slots[h];
+    const auto next = static_cast<uint32_t>(u.ids.size());
+    const uint32_t at = seen.first(ids[j], next);
+    if (at == next) u.ids.push_back(ids[j]);
+    u.index[j] = static_cast<int32_t>(at);
   }
-  if (slots.size() > (std::size_t{1} << 24)) slots = {};  // a very large batch's: not kept
 }
 
 UniqueIds dedup_ids(std::span<const uint64_t> ids) {

@@ -349,9 +349,11 @@ class Shard {
   uint64_t trainable_count() const;
   // Applies a table update (`new_rows`: what check() returned for the ids):
   // false, and nothing changed, where it would store a NaN or Inf, unless
-  // --allow_nonfinite lets it through.
+  // --allow_nonfinite lets it through. `within_bound`: as
+  // EmbeddingTable::push_if_finite's.
   bool apply_table_update(EmbeddingTable& table, std::span<const uint64_t> ids,
-                          std::span<const float> grads, float scale, uint64_t new_rows);
+                          std::span<const float> grads, float scale, uint64_t new_rows,
+                          std::optional<bool> within_bound = std::nullopt);
   // Tables' part of sync steps (shard_tables.cc).
   void commit_table_step();
   void recheck_table_sync();

@@ -186,8 +186,10 @@ kj::Promise<void> Shard::pull_rows(const Caller& caller, PullRowsRequest r, Rows
 }
 
 bool Shard::apply_table_update(EmbeddingTable& table, std::span<const uint64_t> ids,
-                               std::span<const float> grads, float scale, uint64_t new_rows) {
-  if (!options_.allow_nonfinite) return table.push_if_finite(ids, grads, scale, new_rows);
+                               std::span<const float> grads, float scale, uint64_t new_rows,
+                               std::optional<bool> within_bound) {
+  if (!options_.allow_nonfinite)
+    return table.push_if_finite(ids, grads, scale, new_rows, within_bound);
   table.push(ids, grads, scale);
   return true;
 }
@@ -229,16 +231,27 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
                        std::to_string(r.grads.size()));
   }
   const uint32_t summed = gradients_summed_per_step(job);
+  const bool sync = job.mode == SyncMode::kSync;
+  // An async push is applied now: the pass that refuses NaN/Inf also tells
+  // whether every gradient is within the table's safe bound (the smaller
+  // limit first; the larger only where that fails).
+  const float limit = gradient_limit(summed);
+  const float bound =
+      sync || options_.allow_nonfinite ? 0.0f : t.table->safe_gradient_bound(1.0f, r.ids.size());
+  const float first = bound > 0 ? std::min(limit, bound) : limit;
   std::span<const float> grads = r.grads;
   std::shared_ptr<float> copied;  // the gradients out of shared memory, as checked
   bool finite;
   if (r.grads_shared) {
     copied = RowBuffers::process().take(r.grads.size());
-    finite = copy_all_finite(copied.get(), r.grads.data(), r.grads.size(), gradient_limit(summed));
+    finite = copy_all_finite(copied.get(), r.grads.data(), r.grads.size(), first);
     grads = std::span<const float>(copied.get(), r.grads.size());
   } else {
-    finite = options_.allow_nonfinite || all_finite(grads, gradient_limit(summed));
+    finite = options_.allow_nonfinite || all_finite(grads, first);
   }
+  std::optional<bool> within_bound;
+  if (bound > 0) within_bound = finite;
+  if (!finite && first < limit) finite = all_finite(grads, limit);
   if (!options_.allow_nonfinite && !finite) {
     throw RequestError(gradient_refusal(spec.name, grads, summed));
   }
@@ -247,12 +260,11 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
     check_memory(fresh * EmbeddingTable::bytes_per_dynamic_row(spec),
                  "pushRows: " + std::to_string(fresh) + " new rows of table '" + spec.name + "'");
   }
-  const bool sync = job.mode == SyncMode::kSync;
   if (!sync) {
     // Applied now (not summed for a sync step), before the request is
     // counted: refused whole if it would store a NaN or Inf, as a dense
     // update is.
-    if (!apply_table_update(*t.table, r.ids, grads, 1.0f, fresh)) {
+    if (!apply_table_update(*t.table, r.ids, grads, 1.0f, fresh, within_bound)) {
       throw RequestError(
           "pushRows: the update would make a value or optimizer slot of table '" + spec.name +
           "' NaN or Inf (a gradient or learning rate too large); nothing was applied");

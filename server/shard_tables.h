@@ -12,7 +12,7 @@
 
 #include "common/memory_budget.h"
 #include "server/embedding/embedding_table.h"
-#include "server/embedding/first_positions.h"
+#include "common/first_positions.h"
 
 namespace ps {
 

@@ -1,6 +1,6 @@
 // Ids chosen to collide in a hash table that places them by
 // mix_id(id ^ key) with a known key: what a hostile client could send if
-// psd's tables used a fixed key (server/embedding/hash_key.h).
+// psd's tables used a fixed key (common/hash_key.h).
 #pragma once
 
 #include <cstddef>

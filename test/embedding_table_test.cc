@@ -16,7 +16,7 @@
 #include "common/embedding_placement.h"
 #include "ps/errors.h"
 #include "server/embedding/embedding_table.h"
-#include "server/embedding/first_positions.h"
+#include "common/first_positions.h"
 #include "server/embedding/row_buffers.h"
 #include "server/embedding/row_index.h"
 #include "test/colliding_ids.h"

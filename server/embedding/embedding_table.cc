@@ -374,12 +374,13 @@ void EmbeddingTable::push(std::span<const uint64_t> ids, std::span<const float> 
 }
 
 bool EmbeddingTable::push_if_finite(std::span<const uint64_t> ids, std::span<const float> grads,
-                                    float scale, uint64_t new_rows) {
+                                    float scale, uint64_t new_rows,
+                                    std::optional<bool> within_bound) {
   // Where the optimizer bounds what such gradients can do (SGD, Adagrad), no
   // row, held or new, can become NaN or Inf: one pass over the gradients
   // instead of one over the rows.
-  const float bound = optimizer_->safe_gradient_bound(scale, ids.size());
-  const bool safe = bound > 0 && all_finite(grads, bound);
+  const float bound = safe_gradient_bound(scale, ids.size());
+  const bool safe = bound > 0 && (within_bound ? *within_bound : all_finite(grads, bound));
   if (new_rows > 0 && !safe) {
     if (!update_finite(ids, grads, scale)) return false;
     push(ids, grads, scale);

@@ -16,13 +16,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "common/embedding_placement.h"
 #include "ps/embedding.h"
-#include "server/embedding/first_positions.h"
+#include "common/first_positions.h"
 #include "server/embedding/huge_pages.h"
 #include "server/embedding/row_index.h"
 #include "server/embedding/row_optimizers.h"
@@ -85,8 +86,15 @@ class EmbeddingTable {
   // `new_rows` is what check() returned for these ids: a push that creates
   // dynamic rows and must be checked goes through update_finite, which works
   // out the rows it would create without creating them.
+  // `within_bound`, where given, says whether every gradient is within
+  // safe_gradient_bound(scale, ids.size()): a caller that checks the
+  // gradients anyway works both out in one pass.
   bool push_if_finite(std::span<const uint64_t> ids, std::span<const float> grads, float scale,
-                      uint64_t new_rows);
+                      uint64_t new_rows, std::optional<bool> within_bound = std::nullopt);
+  // The optimizer's safe_gradient_bound for a push of `ids` ids (0: none).
+  float safe_gradient_bound(float scale, std::size_t ids) const {
+    return optimizer_->safe_gradient_bound(scale, ids);
+  }
 
   // For checkpoints: every row held (id and the values then each slot's
   // `dim` floats), in slot order.

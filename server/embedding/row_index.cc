@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "common/embedding_placement.h"
-#include "server/embedding/hash_key.h"
+#include "common/hash_key.h"
 
 namespace ps {
 

@@ -3,7 +3,7 @@
 // most half full, in huge pages (server/embedding/huge_pages.h). A lookup
 // touches one cache line, rarely two, and no node per row; the pages of a
 // new array come zeroed, so growing needs no fill pass. Positions are keyed
-// per index (server/embedding/hash_key.h): ids a client picks to collide
+// per index (common/hash_key.h): ids a client picks to collide
 // do not. Not thread-safe.
 //
 //   RowIndex index;
@@ -62,7 +62,7 @@ class RowIndex {
 
   std::unique_ptr<Entry[], Unmap> entries_;
   uint64_t capacity_ = 0;  // a power of two
-  uint64_t key_;           // this index's hash key (server/embedding/hash_key.h)
+  uint64_t key_;           // this index's hash key (common/hash_key.h)
   uint64_t used_ = 0;
 };
 

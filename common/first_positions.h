@@ -2,7 +2,7 @@
 // open-addressing set sized by the request (at most half full), whose arrays
 // are kept from one request to the next, so that finding repeated keys
 // allocates nothing and stays in cache however large the table. Positions
-// are keyed per set (server/embedding/hash_key.h): keys a client picks to
+// are keyed per set (common/hash_key.h): keys a client picks to
 // collide do not.
 //
 //   FirstPositions seen;
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "common/embedding_placement.h"
-#include "server/embedding/hash_key.h"
+#include "common/hash_key.h"
 
 namespace ps {
 

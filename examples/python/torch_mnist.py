@@ -125,6 +125,7 @@ class Mlp(torch.nn.Module):
 
 
 def evaluate(model, x, y, device):
+    model.eval()  # a graphed module (CUDA) runs its own forward outside training mode: any batch size
     with torch.no_grad():
         logits = model(to_inputs(x, device))
         loss = torch.nn.functional.cross_entropy(logits, y.to(device)).item()
@@ -153,18 +154,34 @@ def run_worker(spec, f):
         optimizer.decay_rate = f.lr_decay
         optimizer.decay_steps = max(1, len(train_x) // (f.batch_size * replicas))
     model = Mlp().to(device)
-    # Pulls land in the parameters themselves (on the CPU) or in pinned host
-    # copies moved to the GPU; pushes read host gradient buffers.
-    host = []
-    for i, (name, p) in enumerate(model.named_parameters()):
+    cuda = device.type == "cuda"
+    # On the CPU, pulls land in the parameters themselves and pushes read
+    # their .grad, which backward adds into in place: no copies. With CUDA,
+    # the parameters and their gradients are views of one device block each,
+    # and psd's side of them of one pinned host block each: a step moves each
+    # way with a single copy.
+    params = list(model.named_parameters())
+    if cuda:
+        total = sum(p.numel() for _, p in params)
+        host_values, host_grads = torch.empty(total, pin_memory=True), torch.zeros(total, pin_memory=True)
+        dev_values, dev_grads = torch.zeros(total, device=device), torch.zeros(total, device=device)
+    host, at = [], 0
+    for i, (name, p) in enumerate(params):
         init = psclient.glorot_uniform(f.seed + i) if p.dim() == 2 else psclient.zeros()
         spec_i = psclient.TensorSpec(name, tuple(p.shape), optimizer=optimizer, init=init)
-        values = p if device.type == "cpu" else torch.empty(p.shape, pin_memory=True)
-        grads = torch.zeros(p.shape, pin_memory=device.type == "cuda")
-        if device.type == "cpu":
-            p.grad = grads  # backward adds into it in place: the push reads it, no copy
+        if cuda:
+            values, grads = (block[at:at + p.numel()].view(p.shape) for block in (host_values, host_grads))
+            p.data, p.grad = (block[at:at + p.numel()].view(p.shape) for block in (dev_values, dev_grads))
+            at += p.numel()
+        else:
+            values, grads = p, torch.zeros(p.shape)
+            p.grad = grads
         session.add_variable(spec_i, values, grads)
         host.append((p, values, grads))
+    if cuda:
+        # Forward and backward as CUDA graphs: a small batch is a few
+        # launches instead of dozens (training mode, this batch size only).
+        model = torch.cuda.make_graphed_callables(model, (torch.zeros(f.batch_size, 784, device=device),))
     session.initialize()
     steps = session.job.train_steps or steps
     per_global = f.batch_size * (session.job.replicas_to_aggregate if session.job.mode == psclient.SyncMode.SYNC else 1)
@@ -196,20 +213,19 @@ def run_worker(spec, f):
         t2 = clock()
         if session.should_stop:
             break  # the job ended while this worker waited for its step
-        with torch.no_grad():
-            for p, values, grads in host:
-                if values is not p:
-                    p.copy_(values, non_blocking=True)
+        if cuda:
+            dev_values.copy_(host_values, non_blocking=True)
         x = to_inputs(torch.index_select(train_x, 0, idx), device)
         y = torch.index_select(train_y, 0, idx).to(device, non_blocking=True)
         logits = model(x)
         batch_loss = torch.nn.functional.cross_entropy(logits, y)
-        model.zero_grad(set_to_none=False)
+        if cuda:
+            dev_grads.zero_()
+        else:
+            model.zero_grad(set_to_none=False)
         batch_loss.backward()
-        if device.type != "cpu":
-            with torch.no_grad():
-                for p, values, grads in host:
-                    grads.copy_(p.grad)
+        if cuda:
+            host_grads.copy_(dev_grads)  # waits for the backward pass
         t3 = clock()
         outcome = session.push()
         t4 = clock()
@@ -238,11 +254,9 @@ def run_worker(spec, f):
     except psclient.Error as e:
         print(f"worker {worker}: end barrier: {e} (going on)", file=sys.stderr)
     if chief:
-        final = client.pull({name: values for (name, _), (_, values, _) in zip(model.named_parameters(), host)})
-        with torch.no_grad():
-            for p, values, _ in host:
-                if values is not p:
-                    p.copy_(values)
+        final = client.pull({name: values for (name, _), (_, values, _) in zip(params, host)})
+        if cuda:
+            dev_values.copy_(host_values)
         accuracy, test_loss = evaluate(model, test_x, test_y, device)
         global_step = max(final.step, session.global_step)
         samples = global_step * per_global

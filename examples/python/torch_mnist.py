@@ -155,29 +155,32 @@ def run_worker(spec, f):
         optimizer.decay_steps = max(1, len(train_x) // (f.batch_size * replicas))
     model = Mlp().to(device)
     cuda = device.type == "cuda"
-    # On the CPU, pulls land in the parameters themselves and pushes read
-    # their .grad, which backward adds into in place: no copies. With CUDA,
-    # the parameters and their gradients are views of one device block each,
-    # and psd's side of them of one pinned host block each: a step moves each
-    # way with a single copy.
+    # The gradients psd gets are views of one block, zeroed with one call a
+    # step. On the CPU, pulls land in the parameters themselves and the
+    # parameters' .grad are those views, which backward adds into in place:
+    # no copies. With CUDA, the parameters and their .grad are views of one
+    # device block each, and pulls land in one pinned host block: a step
+    # moves each way with a single copy.
     params = list(model.named_parameters())
+    total = sum(p.numel() for _, p in params)
+    host_grads = torch.zeros(total, pin_memory=cuda)
     if cuda:
-        total = sum(p.numel() for _, p in params)
-        host_values, host_grads = torch.empty(total, pin_memory=True), torch.zeros(total, pin_memory=True)
+        host_values = torch.empty(total, pin_memory=True)
         dev_values, dev_grads = torch.zeros(total, device=device), torch.zeros(total, device=device)
-    host, at = [], 0
+    values_of, at = {}, 0  # name -> where pulls land
     for i, (name, p) in enumerate(params):
         init = psclient.glorot_uniform(f.seed + i) if p.dim() == 2 else psclient.zeros()
         spec_i = psclient.TensorSpec(name, tuple(p.shape), optimizer=optimizer, init=init)
+        part = slice(at, at + p.numel())
+        at += p.numel()
+        grads = host_grads[part].view(p.shape)
         if cuda:
-            values, grads = (block[at:at + p.numel()].view(p.shape) for block in (host_values, host_grads))
-            p.data, p.grad = (block[at:at + p.numel()].view(p.shape) for block in (dev_values, dev_grads))
-            at += p.numel()
+            values = host_values[part].view(p.shape)
+            p.data, p.grad = dev_values[part].view(p.shape), dev_grads[part].view(p.shape)
         else:
-            values, grads = p, torch.zeros(p.shape)
-            p.grad = grads
+            values, p.grad = p, grads
         session.add_variable(spec_i, values, grads)
-        host.append((p, values, grads))
+        values_of[name] = values
     if cuda:
         # Forward and backward as CUDA graphs: a small batch is a few
         # launches instead of dozens (training mode, this batch size only).
@@ -219,10 +222,7 @@ def run_worker(spec, f):
         y = torch.index_select(train_y, 0, idx).to(device, non_blocking=True)
         logits = model(x)
         batch_loss = torch.nn.functional.cross_entropy(logits, y)
-        if cuda:
-            dev_grads.zero_()
-        else:
-            model.zero_grad(set_to_none=False)
+        (dev_grads if cuda else host_grads).zero_()
         batch_loss.backward()
         if cuda:
             host_grads.copy_(dev_grads)  # waits for the backward pass
@@ -254,7 +254,7 @@ def run_worker(spec, f):
     except psclient.Error as e:
         print(f"worker {worker}: end barrier: {e} (going on)", file=sys.stderr)
     if chief:
-        final = client.pull({name: values for (name, _), (_, values, _) in zip(params, host)})
+        final = client.pull(values_of)
         if cuda:
             dev_values.copy_(host_values)
         accuracy, test_loss = evaluate(model, test_x, test_y, device)

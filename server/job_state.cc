@@ -11,6 +11,12 @@
 namespace ps {
 
 void validate_job_config(const JobConfig& config) {
+  if (config.total_replicas > kMaxWorkers || config.replicas_to_aggregate > kMaxWorkers) {
+    throw RequestError("initJob: a job has at most " + std::to_string(kMaxWorkers) +
+                       " workers, not " +
+                       std::to_string(std::max(config.total_replicas,
+                                               config.replicas_to_aggregate)));
+  }
   if (config.mode == SyncMode::kSync && config.replicas_to_aggregate == 0) {
     throw RequestError("initJob: sync mode needs replicas_to_aggregate >= 1");
   }

@@ -20,6 +20,11 @@ enum class SyncMode {
 inline constexpr int64_t kMaxStep = int64_t{1} << 62;
 inline constexpr bool step_in_range(int64_t step) { return step >= 0 && step <= kMaxStep; }
 
+// The most workers a job may declare (total_replicas, replicas_to_aggregate):
+// far beyond any job, and small enough that psd's per-worker bookkeeping
+// and worker indices (int) stay small.
+inline constexpr uint32_t kMaxWorkers = uint32_t{1} << 16;
+
 struct JobConfig {
   SyncMode mode = SyncMode::kAsync;
   uint32_t replicas_to_aggregate =

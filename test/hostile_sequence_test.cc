@@ -1,0 +1,60 @@
+// Hostile sequences of requests against a real psd: what one request alone
+// cannot do, a client does across several (a job configured with absurd
+// numbers, then a wait that psd reports on). psd refuses the bad input with a
+// clear error and serves on.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include <capnp/ez-rpc.h>
+#include <kj/async-io.h>
+
+#include "schema/ps.capnp.h"
+#include "test/psd_process.h"
+
+using namespace ps;
+using ps::test::PsdProcess;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A raw Cap'n Proto connection that has said hello as `worker`.
+struct Raw {
+  explicit Raw(const std::string& address, int worker = -1, bool chief = false)
+      : rpc(address), shard(rpc.getMain<wire::Shard>()) {
+    auto req = shard.helloRequest();
+    req.setProtocolVersion(wire::K_PROTOCOL_VERSION);
+    req.setWorkerIndex(worker);
+    req.setIsChief(chief);
+    req.send().wait(ws());
+  }
+  kj::WaitScope& ws() { return rpc.getWaitScope(); }
+  // The error initJob gives (empty: accepted).
+  std::string init_job(wire::SyncMode mode, uint32_t aggregate, uint32_t total) {
+    auto req = shard.initJobRequest();
+    auto c = req.initConfig();
+    c.setMode(mode);
+    c.setReplicasToAggregate(aggregate);
+    c.setTotalReplicas(total);
+    kj::Maybe<kj::Exception> result = kj::runCatchingExceptions([&] { req.send().wait(ws()); });
+    KJ_IF_MAYBE (e, result) { return e->getDescription().cStr(); }
+    return "";
+  }
+  capnp::EzRpcClient rpc;
+  wire::Shard::Client shard;
+};
+
+}  // namespace
+
+TEST_CASE("a job of more workers than psd can tell apart is refused") {
+  PsdProcess psd;
+  Raw tool(psd.address());
+  // Worker indices are 31-bit: a larger count would refuse every worker.
+  const std::string error = tool.init_job(wire::SyncMode::ASYNC, 0, 4'000'000'000u);
+  CHECK_THAT(error, Catch::Contains("at most"));
+  CHECK(tool.init_job(wire::SyncMode::ASYNC, 0, 4) == "");
+  Raw worker(psd.address(), 3);  // served on
+  CHECK(psd.alive());
+}

@@ -12,10 +12,9 @@ namespace ps {
 
 void validate_job_config(const JobConfig& config) {
   if (config.total_replicas > kMaxWorkers || config.replicas_to_aggregate > kMaxWorkers) {
-    throw RequestError("initJob: a job has at most " + std::to_string(kMaxWorkers) +
-                       " workers, not " +
-                       std::to_string(std::max(config.total_replicas,
-                                               config.replicas_to_aggregate)));
+    throw RequestError(
+        "initJob: a job has at most " + std::to_string(kMaxWorkers) + " workers, not " +
+        std::to_string(std::max(config.total_replicas, config.replicas_to_aggregate)));
   }
   if (config.mode == SyncMode::kSync && config.replicas_to_aggregate == 0) {
     throw RequestError("initJob: sync mode needs replicas_to_aggregate >= 1");
@@ -309,10 +308,17 @@ void JobState::drop_abandoned(Barrier& b) {
 }
 
 std::string JobState::missing_workers(const std::vector<int>& present) const {
+  std::vector<int> here = present;
+  std::sort(here.begin(), here.end());
   std::string out;
+  uint32_t unnamed = 0;
   for (uint32_t i = 0; i < config_.total_replicas; ++i) {
     const int w = static_cast<int>(i);
-    if (std::find(present.begin(), present.end(), w) != present.end()) continue;
+    if (std::binary_search(here.begin(), here.end(), w)) continue;
+    if (out.size() >= kMaxWaitLine) {
+      ++unnamed;
+      continue;
+    }
     auto it = workers_.find(w);
     const char* why = it == workers_.end() || it->second.given_up ? "never connected"
                       : it->second.connections == 0               ? "disconnected"
@@ -320,22 +326,29 @@ std::string JobState::missing_workers(const std::vector<int>& present) const {
                                                                   : "connected, not there yet";
     out += (out.empty() ? "" : ", ") + std::to_string(w) + " (" + why + ")";
   }
+  if (unnamed > 0) out += " and " + std::to_string(unnamed) + " more";
   return out;
 }
 
 std::vector<std::string> JobState::barrier_waits(kj::Duration older_than) {
   std::vector<std::string> out;
   const kj::TimePoint now = timer_.now();
+  std::size_t unsaid = 0;
   for (auto& [name, b] : barriers_) {
     drop_abandoned(b);
     if (b.waiting.empty() || now - b.since < older_than) continue;
+    if (out.size() >= kMaxBarrierLines) {
+      ++unsaid;
+      continue;
+    }
     std::vector<int> here;
     std::string has;
     for (int w : b.who) {
       if (w < 0) continue;
       here.push_back(w);
-      has += (has.empty() ? "" : ", ") + std::to_string(w);
+      if (has.size() < kMaxWaitLine) has += (has.empty() ? "" : ", ") + std::to_string(w);
     }
+    if (has.size() >= kMaxWaitLine) has += ", ...";
     const std::string missing = missing_workers(here);
     out.push_back(
         fmt::format("barrier '{}' waits for {} callers, has {} (workers {}){}; {} s of {} s", name,
@@ -343,15 +356,17 @@ std::vector<std::string> JobState::barrier_waits(kj::Duration older_than) {
                     missing.empty() ? "" : "; missing workers " + missing,
                     (now - b.since) / kj::SECONDS, b.timeout / kj::SECONDS));
   }
+  if (unsaid > 0) out.push_back(fmt::format("and {} more barriers wait", unsaid));
   return out;
 }
 
 bool JobState::give_up_on_absent(const std::vector<int>& present) {
+  std::vector<int> here = present;
+  std::sort(here.begin(), here.end());
   bool changed = false;
   for (uint32_t i = 0; i < config_.total_replicas; ++i) {
     const int w = static_cast<int>(i);
-    if (workers_.count(w) || std::find(present.begin(), present.end(), w) != present.end())
-      continue;
+    if (workers_.count(w) || std::binary_search(here.begin(), here.end(), w)) continue;
     WorkerRecord& r = workers_[w];
     r.given_up = true;
     changed = true;

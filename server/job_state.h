@@ -110,12 +110,16 @@ class JobState {
                                 int worker = -1);
 
   // The job's workers not in `present`, each with why: "2 (never
-  // connected), 3 (disconnected)"; empty when none is missing.
+  // connected), 3 (disconnected)"; empty when none is missing. Names about
+  // kMaxWaitLine bytes' worth, then counts the rest ("and 40 more").
   std::string missing_workers(const std::vector<int>& present) const;
   // One line for each barrier that has waited longer than `older_than`:
   // what it waits for and whom ("barrier 'x' waits for 3 callers, has
   // workers 0, 1; missing workers 2 (never connected); it gives up at 60 s").
+  // At most kMaxBarrierLines of them, then one line that counts the rest.
   std::vector<std::string> barrier_waits(kj::Duration older_than);
+  static constexpr std::size_t kMaxWaitLine = 512;
+  static constexpr std::size_t kMaxBarrierLines = 8;
   // Declared workers that never connected, once a sync step waited for them
   // longer than the worker timeout: taken as lost, as a worker that left.
   // Returns whether any was newly given up on.

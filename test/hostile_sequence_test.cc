@@ -39,7 +39,9 @@ struct Raw {
     c.setReplicasToAggregate(aggregate);
     c.setTotalReplicas(total);
     kj::Maybe<kj::Exception> result = kj::runCatchingExceptions([&] { req.send().wait(ws()); });
-    KJ_IF_MAYBE (e, result) { return e->getDescription().cStr(); }
+    KJ_IF_MAYBE (e, result) {
+      return e->getDescription().cStr();
+    }
     return "";
   }
   capnp::EzRpcClient rpc;
@@ -56,5 +58,38 @@ TEST_CASE("a job of more workers than psd can tell apart is refused") {
   CHECK_THAT(error, Catch::Contains("at most"));
   CHECK(tool.init_job(wire::SyncMode::ASYNC, 0, 4) == "");
   Raw worker(psd.address(), 3);  // served on
+  CHECK(psd.alive());
+}
+
+TEST_CASE("many barriers waiting in a job of many workers are described in a few lines") {
+  PsdProcess psd;
+  Raw chief(psd.address(), 0, true);
+  REQUIRE(chief.init_job(wire::SyncMode::ASYNC, 0, 1024) == "");
+  // One client, 2,000 barriers no one else enters: psd describes each
+  // wait older than 5 s, every second, and in each stats reply.
+  Raw waiter(psd.address(), 1);
+  std::vector<capnp::RemotePromise<wire::Shard::BarrierResults>> waiting;
+  for (int i = 0; i < 2000; ++i) {
+    auto barrier = waiter.shard.barrierRequest();
+    barrier.setName("b" + std::to_string(i));
+    barrier.setCount(2);
+    barrier.setTimeoutMs(30'000);
+    waiting.push_back(barrier.send());
+  }
+  // The event loop runs meanwhile, so that the calls go out.
+  waiter.rpc.getIoProvider().getTimer().afterDelay(7 * kj::SECONDS).wait(waiter.ws());
+  Raw probe(psd.address(), 2);
+  const auto start = std::chrono::steady_clock::now();
+  auto stats = probe.shard.statsRequest().send().wait(probe.ws());
+  const auto took = std::chrono::steady_clock::now() - start;
+  CHECK(took < 1s);
+  std::size_t bytes = 0, lines = 0;
+  for (auto w : stats.getStats().getWaits()) {
+    bytes += w.size();
+    ++lines;
+  }
+  INFO(lines << " lines, " << bytes << " bytes");
+  CHECK(bytes < 16384);
+  CHECK(lines >= 1);
   CHECK(psd.alive());
 }

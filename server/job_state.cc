@@ -79,6 +79,11 @@ void JobState::configure(const JobConfig& config) {
 void JobState::check_worker(int worker_index) const {
   if (worker_index < -1)
     throw RequestError("worker index " + std::to_string(worker_index) + " is invalid");
+  if (worker_index >= static_cast<int>(kMaxWorkers)) {
+    throw RequestError("worker index " + std::to_string(worker_index) +
+                       " is out of range: a job has at most " + std::to_string(kMaxWorkers) +
+                       " workers");
+  }
   if (configured_ && config_.total_replicas > 0 &&
       worker_index >= static_cast<int>(config_.total_replicas)) {
     throw RequestError("worker index " + std::to_string(worker_index) + " is outside the job's " +

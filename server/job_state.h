@@ -55,7 +55,7 @@ class JobState {
   const JobConfig& config() const { return config_; }
 
   // Connection bookkeeping. Throws RequestError for an index outside the job
-  // or a second live chief.
+  // (or at kMaxWorkers and above, job or not) or a second live chief.
   void connect(int worker_index, bool is_chief, const std::string& peer);
   void disconnect(int worker_index, bool is_chief);
   void check_worker(int worker_index) const;

@@ -93,3 +93,31 @@ TEST_CASE("many barriers waiting in a job of many workers are described in a few
   CHECK(lines >= 1);
   CHECK(psd.alive());
 }
+
+TEST_CASE("hellos with worker indices beyond any job leave psd no record of them") {
+  // No job yet (or one of totalReplicas 0): psd keeps a record per worker
+  // index it has seen, so a client that reconnects under ever new indices
+  // would grow them, and every stats reply, without bound.
+  PsdProcess psd;
+  int refused = 0;
+  for (int i = 0; i < 300; ++i) {
+    const int index = i == 0 ? 2'147'483'647 : 65'536 + i;
+    capnp::EzRpcClient rpc(psd.address());
+    auto shard = rpc.getMain<wire::Shard>();
+    auto req = shard.helloRequest();
+    req.setProtocolVersion(wire::K_PROTOCOL_VERSION);
+    req.setWorkerIndex(index);
+    kj::Maybe<kj::Exception> error =
+        kj::runCatchingExceptions([&] { req.send().wait(rpc.getWaitScope()); });
+    KJ_IF_MAYBE (e, error) {
+      CHECK_THAT(e->getDescription().cStr(), Catch::Contains("at most"));
+      ++refused;
+    }
+  }
+  CHECK(refused == 300);
+  Raw probe(psd.address());
+  auto stats = probe.shard.statsRequest().send().wait(probe.ws());
+  CHECK(stats.getStats().getWorkers().size() == 0);
+  Raw worker(psd.address(), 65'535);  // the largest index served
+  CHECK(psd.alive());
+}

@@ -91,20 +91,26 @@ kj::Promise<Checkpointer::Written> Checkpointer::checkpoint(int64_t step) {
 }
 
 kj::Promise<Checkpointer::Written> Checkpointer::take(int64_t step, bool anyway) {
-  MemoryBudget::Reservation reservation;
-  if (budget_ != nullptr) {
+  // Reserved as the snapshot is taken: a wait for a later step holds none.
+  auto reservation = std::make_shared<MemoryBudget::Reservation>();
+  auto reserve = [this, anyway, reservation]() -> std::string {
+    if (budget_ == nullptr) return "";
     uint64_t bytes = 0;
     for (const StoredTensor* t : shard_.store().all())
       bytes += t->size() * sizeof(float) * (1 + t->num_slots());
-    reservation = anyway ? budget_->reserve_anyway(MemoryUse::kSnapshots, bytes)
-                         : budget_->try_reserve(MemoryUse::kSnapshots, bytes);
-    if (!reservation) {
-      throw RequestError("checkpoint: no memory for a snapshot of " + std::to_string(bytes >> 20) +
-                         " MiB now: " + budget_->describe());
-    }
+    *reservation = anyway ? budget_->reserve_anyway(MemoryUse::kSnapshots, bytes)
+                          : budget_->try_reserve(MemoryUse::kSnapshots, bytes);
+    if (*reservation) return "";
+    return "checkpoint: no memory for a snapshot of " + std::to_string(bytes >> 20) +
+           " MiB now: " + budget_->describe();
+  };
+  const bool later = step >= 0 && step > shard_.job().global_step();
+  if (!later) {
+    const std::string refusal = reserve();
+    if (!refusal.empty()) throw RequestError(refusal);
   }
   const uint64_t signature = change_signature();
-  return shard_.snapshot_at_step(step)
+  return shard_.snapshot_at_step(step, later ? std::function<std::string()>(reserve) : nullptr)
       .then([this, signature](std::shared_ptr<ShardCheckpoint> c) {
         // Saved only once written: a failed write (disk full, a bad directory)
         // is tried again at the next period even if nothing changes, so an idle

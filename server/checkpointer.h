@@ -61,8 +61,9 @@ class Checkpointer {
   // Snapshots taken now (step -1 or a step reached) are taken one at a
   // time: each waits until the one before it is written, so pipelined
   // requests hold one copy of the shard, not one each. Each snapshot counts
-  // against the memory budget until written; one for a later step is
-  // refused when it does not fit.
+  // against the memory budget from when it is taken until written; one for
+  // a later step reserves nothing while it waits, and is refused when its
+  // step comes if it does not fit then.
   kj::Promise<Written> checkpoint(int64_t step = -1);
 
   // Writes a checkpoint every every_secs when the shard changed; never

@@ -22,6 +22,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -213,7 +214,10 @@ class Shard {
   // The same, at global step `step`: now if the job is there, or at the
   // moment it gets there (before any later commit). step < 0: now. A sync
   // step already passed is an error; other modes take the first step >= it.
-  kj::Promise<std::shared_ptr<ShardCheckpoint>> snapshot_at_step(int64_t step);
+  // `admit`, if set, runs just before a later step's snapshot is taken; a
+  // non-empty answer refuses that snapshot, with it as the error.
+  kj::Promise<std::shared_ptr<ShardCheckpoint>> snapshot_at_step(
+      int64_t step, std::function<std::string()> admit = {});
   // Loads a checkpoint into an empty shard (at start-up), running the
   // checks of the live requests on it. Throws ps::Error (the shard left
   // empty) for a file of another shard, a job initJob would refuse, or a
@@ -398,8 +402,11 @@ class Shard {
   RequestLog requests_;
   Checkpointer* checkpointer_ = nullptr;
   std::vector<SkippedTensor> restore_skipped_;
-  std::multimap<int64_t, kj::Own<kj::PromiseFulfiller<std::shared_ptr<ShardCheckpoint>>>>
-      step_snapshots_;
+  struct StepSnapshot {
+    kj::Own<kj::PromiseFulfiller<std::shared_ptr<ShardCheckpoint>>> fulfiller;
+    std::function<std::string()> admit;
+  };
+  std::multimap<int64_t, StepSnapshot> step_snapshots_;
   kj::TaskSet tasks_;  // sync-step applies nobody waits for
   std::unique_ptr<ShardTables> tables_;
   // Expires first when the Shard goes (the last member): see lifetime().

@@ -63,7 +63,8 @@ kj::Promise<std::shared_ptr<ShardCheckpoint>> Shard::snapshot() {
   return kj::joinPromises(copies.releaseAsArray()).then([c] { return c; });
 }
 
-kj::Promise<std::shared_ptr<ShardCheckpoint>> Shard::snapshot_at_step(int64_t step) {
+kj::Promise<std::shared_ptr<ShardCheckpoint>> Shard::snapshot_at_step(
+    int64_t step, std::function<std::string()> admit) {
   const int64_t now = job_.global_step();
   if (step < 0 || step == now) return snapshot();
   if (step < now) {
@@ -77,19 +78,28 @@ kj::Promise<std::shared_ptr<ShardCheckpoint>> Shard::snapshot_at_step(int64_t st
   // dropped with each new one, so a client asking for far steps and giving
   // up cannot grow the list.
   for (auto it = step_snapshots_.begin(); it != step_snapshots_.end();) {
-    it = it->second->isWaiting() ? std::next(it) : step_snapshots_.erase(it);
+    it = it->second.fulfiller->isWaiting() ? std::next(it) : step_snapshots_.erase(it);
   }
   auto paf = kj::newPromiseAndFulfiller<std::shared_ptr<ShardCheckpoint>>();
-  step_snapshots_.emplace(step, kj::mv(paf.fulfiller));
+  step_snapshots_.emplace(step, StepSnapshot{kj::mv(paf.fulfiller), std::move(admit)});
   return kj::mv(paf.promise);
 }
 
 void Shard::step_reached() {
   const int64_t now = job_.global_step();
   while (!step_snapshots_.empty() && step_snapshots_.begin()->first <= now) {
-    auto fulfiller = kj::mv(step_snapshots_.begin()->second);
+    auto fulfiller = kj::mv(step_snapshots_.begin()->second.fulfiller);
+    auto admit = std::move(step_snapshots_.begin()->second.admit);
     step_snapshots_.erase(step_snapshots_.begin());
     if (!fulfiller->isWaiting()) continue;  // its caller went away
+    if (admit) {
+      const std::string refusal = admit();
+      if (!refusal.empty()) {
+        fulfiller->reject(kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__,
+                                        kj::str(refusal.c_str())));
+        continue;
+      }
+    }
     // snapshot() queues its copies now, inside this commit; only waiting for
     // them to finish happens later.
     tasks_.add(snapshot()

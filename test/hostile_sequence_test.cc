@@ -11,6 +11,7 @@
 #include <capnp/ez-rpc.h>
 #include <kj/async-io.h>
 
+#include "ps/client.h"
 #include "schema/ps.capnp.h"
 #include "test/psd_process.h"
 
@@ -119,5 +120,52 @@ TEST_CASE("hellos with worker indices beyond any job leave psd no record of them
   auto stats = probe.shard.statsRequest().send().wait(probe.ws());
   CHECK(stats.getStats().getWorkers().size() == 0);
   Raw worker(psd.address(), 65'535);  // the largest index served
+  CHECK(psd.alive());
+}
+
+TEST_CASE("checkpoints asked for far steps do not hold psd's memory budget while they wait") {
+  ps::test::TempDir dir;
+  PsdProcess psd({"--max_memory_mb", "64", "--checkpoint_dir", dir.path()});
+  ClientOptions o;
+  o.ps_hosts = {psd.address()};
+  Client client(o);
+  constexpr std::size_t kFloats = 4 << 20;  // 16 MiB, and as much to snapshot
+  client.create({{.name = "w", .shape = {kFloats}, .optimizer = OptimizerConfig::sgd(0.0f)}});
+  // Tiny requests for a step the job may never reach.
+  Raw asker(psd.address());
+  std::vector<capnp::RemotePromise<wire::Shard::CheckpointResults>> waiting;
+  for (int i = 0; i < 8; ++i) {
+    auto req = asker.shard.checkpointRequest();
+    req.setStep(1'000'000'000 + i);
+    waiting.push_back(req.send());
+  }
+  asker.rpc.getIoProvider().getTimer().afterDelay(500 * kj::MILLISECONDS).wait(asker.ws());
+  // A worker's 16 MiB push still fits.
+  std::vector<float> grad(kFloats, 1.0f);
+  CHECK_NOTHROW(client.push("w", grad));
+  // When a step comes, its checkpoints that fit are written, the rest refused.
+  std::vector<capnp::RemotePromise<wire::Shard::CheckpointResults>> at_one;
+  for (int i = 0; i < 6; ++i) {
+    auto req = asker.shard.checkpointRequest();
+    req.setStep(1);
+    at_one.push_back(req.send());
+  }
+  asker.rpc.getIoProvider().getTimer().afterDelay(200 * kj::MILLISECONDS).wait(asker.ws());
+  Raw worker(psd.address(), 0);
+  auto done = worker.shard.stepDoneRequest();
+  done.setStep(0);
+  CHECK(done.send().wait(worker.ws()).getGlobalStep() == 1);
+  int written = 0, refused = 0;
+  for (auto& p : at_one) {
+    kj::Maybe<kj::Exception> error = kj::runCatchingExceptions([&] { p.wait(asker.ws()); });
+    KJ_IF_MAYBE (e, error) {
+      CHECK_THAT(e->getDescription().cStr(), Catch::Contains("no memory for a snapshot"));
+      ++refused;
+    } else {
+      ++written;
+    }
+  }
+  CHECK(written >= 1);
+  CHECK(refused >= 1);
   CHECK(psd.alive());
 }

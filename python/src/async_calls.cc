@@ -16,29 +16,35 @@ AsyncCalls::~AsyncCalls() { stop(); }
 void AsyncCalls::add(std::unique_ptr<AsyncCall> call) {
   std::lock_guard lock(state_->mu);
   state_->queue.push_back(std::move(call));
-  if (!thread_.joinable()) {
+  if (!state_->running) {
+    std::thread thread(run, state_);
+    state_->running = true;
     state_->stopping = false;
-    thread_ = std::thread(run, state_);
+    state_->thread_id = thread.get_id();
+    thread.detach();
   }
-  state_->cv.notify_one();
+  state_->cv.notify_all();
 }
 
 void AsyncCalls::stop() {
-  if (!thread_.joinable()) return;
+  const std::shared_ptr<State> state = state_;
+  uint64_t ended = 0;
   {
-    std::lock_guard lock(state_->mu);
-    state_->stopping = true;
-    state_->cv.notify_one();
-  }
-  if (thread_.get_id() == std::this_thread::get_id()) {
-    // Called from one of the thread's own callbacks: it drains its queue
-    // and ends by itself; a later add() starts a new one on a new state.
-    thread_.detach();
-    state_ = std::make_shared<State>();
-    return;
+    std::lock_guard lock(state->mu);
+    if (!state->running) return;
+    state->stopping = true;
+    ended = state->ended;
+    state->cv.notify_all();
+    if (state->thread_id == std::this_thread::get_id()) {
+      // Called from one of the thread's own callbacks: it drains its queue
+      // and ends by itself; a later add() starts a new one on a new state.
+      state_ = std::make_shared<State>();
+      return;
+    }
   }
   py::gil_scoped_release nogil;
-  thread_.join();
+  std::unique_lock lock(state->mu);
+  state->cv.wait(lock, [&] { return state->ended != ended; });
 }
 
 void AsyncCalls::run(std::shared_ptr<State> state) {
@@ -47,7 +53,12 @@ void AsyncCalls::run(std::shared_ptr<State> state) {
     {
       std::unique_lock lock(state->mu);
       state->cv.wait(lock, [&] { return state->stopping || !state->queue.empty(); });
-      if (state->queue.empty()) return;
+      if (state->queue.empty()) {
+        state->running = false;
+        ++state->ended;
+        state->cv.notify_all();
+        return;
+      }
       call = std::move(state->queue.front());
       state->queue.pop_front();
     }

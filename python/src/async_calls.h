@@ -7,6 +7,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -86,25 +87,28 @@ class AsyncCalls {
   AsyncCalls(const AsyncCalls&) = delete;
   AsyncCalls& operator=(const AsyncCalls&) = delete;
 
-  // GIL held. Starts the completing thread on first use.
+  // GIL held. Starts the completing thread when none is running.
   void add(std::unique_ptr<AsyncCall> call);
   // Waits (GIL released) for every call added so far to be completed, and
-  // ends the thread. GIL held on entry. add() may be called again later.
+  // ends the thread; callers in several threads all wait. GIL held on
+  // entry. add() may be called again later.
   void stop();
 
  private:
-  // Shared with the thread, which may outlive this object (detached when
-  // the last reference to the Client goes in one of its own callbacks).
+  // Shared with the thread, which is detached and ends by itself once
+  // stopping with its queue empty.
   struct State {
     std::mutex mu;
     std::condition_variable cv;
     std::deque<std::unique_ptr<AsyncCall>> queue;
-    bool stopping = false;
+    bool running = false;   // a thread serves this queue
+    bool stopping = false;  // it ends once the queue is empty
+    uint64_t ended = 0;     // threads that have ended
+    std::thread::id thread_id;
   };
   static void run(std::shared_ptr<State> state);
 
   std::shared_ptr<State> state_ = std::make_shared<State>();
-  std::thread thread_;
 };
 
 // A concurrent.futures.Future of `future`'s value, converted by `convert`

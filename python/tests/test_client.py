@@ -4,6 +4,8 @@ import asyncio
 import builtins
 import concurrent.futures
 import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -244,3 +246,39 @@ def test_tls_ca_reaches_a_tls_psd_and_a_plaintext_client_is_told(start_psd, tmp_
     with pytest.raises(psclient.ConnectionError, match="TLS certificate check"):
         psclient.Client([psd.address], tls_ca=str(tmp_path / "ca.crt"), tls_server_name="other.example",
                         connect_timeout=2)
+
+
+CLOSE_FROM_TWO_THREADS = r"""
+import sys, threading, time, numpy as np, psclient
+address = sys.argv[1]
+c = psclient.Client([address], worker_index=0, is_chief=True, call_timeout=30)
+c.init_job(psclient.JobConfig(mode="sync", replicas_to_aggregate=1, total_replicas=1))
+c.create([psclient.TensorSpec("w", 4, optimizer=psclient.sgd(1.0))])
+c.set_ready()
+out = np.zeros(4, np.float32)
+pulled = c.pull_async("w", out, min_step=1)  # waits for global step 1
+closers = [threading.Thread(target=c.close, daemon=True) for _ in range(2)]
+for t in closers:
+    t.start()
+time.sleep(0.3)
+assert not pulled.done()
+assert all(t.is_alive() for t in closers)  # both wait for the pull
+with psclient.Client([address], worker_index=0) as other:
+    other.declare([psclient.TensorSpec("w", 4, optimizer=psclient.sgd(1.0))])
+    other.push_and_step("w", np.ones(4, np.float32), step=0, done_step=0)
+for t in closers:
+    t.join(10)
+assert not any(t.is_alive() for t in closers), "a close() never returned"
+assert c.closed and pulled.result(timeout=0).step >= 1
+assert (out == -1).all(), out
+c.close()
+print("closed")
+"""
+
+
+def test_close_from_two_threads_waits_for_calls_and_returns(psd, python_env):
+    # In a child process: a close() that never returns would hang this one at exit.
+    child = subprocess.run([sys.executable, "-c", CLOSE_FROM_TWO_THREADS, psd.address], env=python_env,
+                           capture_output=True, text=True, timeout=60)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout == "closed\n"

@@ -32,14 +32,6 @@ std::set<PyClient*>& open_clients() {
   return *clients;
 }
 
-std::chrono::milliseconds to_ms(double seconds, const char* what) {
-  if (!(seconds >= 0) || seconds > 1e9) {
-    throw py::value_error(std::string(what) + " must be a number of seconds >= 0, got " +
-                          std::to_string(seconds));
-  }
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000 + 0.5));
-}
-
 std::vector<std::string> to_hosts(py::handle hosts) {
   std::vector<std::string> out;
   if (py::isinstance<py::str>(hosts)) {
@@ -163,6 +155,14 @@ step: the global step the parameters were pulled at. Returns a PushResult
 applies nothing. Wrong dtype, layout or size: ValueError, nothing sent.)";
 
 }  // namespace
+
+std::chrono::milliseconds to_ms(double seconds, const char* what) {
+  if (!(seconds >= 0) || seconds > 1e9) {
+    throw py::value_error(std::string(what) + " must be a number of seconds >= 0 and <= 1e9, got " +
+                          std::to_string(seconds));
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000 + 0.5));
+}
 
 PyClient::PyClient(ps::ClientOptions options)
     : client_(std::make_shared<ps::Client>(std::move(options))) {}
@@ -346,7 +346,8 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
              o.check_split_pushes = check_split_pushes;
              o.prefer_unix_socket = prefer_unix_socket;
              o.shared_memory_bytes = shared_memory_bytes;
-             if (!(busy_poll_us >= 0)) throw py::value_error("busy_poll_us must be >= 0");
+             if (!(busy_poll_us >= 0) || busy_poll_us > 1e15)
+               throw py::value_error("busy_poll_us must be >= 0 and <= 1e15");
              o.busy_poll = std::chrono::microseconds(static_cast<int64_t>(busy_poll_us));
              o.tune_malloc = tune_malloc;
              if (tls_ca) o.tls_ca = *tls_ca;

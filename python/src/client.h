@@ -5,6 +5,7 @@
 // pull_rows(table, ids) can make an array of the right shape.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -20,6 +21,10 @@
 namespace psclient_py {
 
 namespace py = pybind11;
+
+// A duration in seconds from Python; ValueError (naming `what`) unless
+// 0 <= seconds <= 1e9.
+std::chrono::milliseconds to_ms(double seconds, const char* what);
 
 class PyClient {
  public:

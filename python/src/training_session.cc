@@ -67,14 +67,13 @@ add_variable are held by the session and must keep their storage.)")
       .def(py::init([](PyClient& client, const std::string& mode, uint32_t replicas_to_aggregate,
                        uint32_t total_replicas, uint32_t max_staleness, int64_t train_steps,
                        double ready_timeout, const std::string& restore_from) {
-             if (!(ready_timeout >= 0)) throw py::value_error("ready_timeout must be >= 0 seconds");
+             const auto ready_ms = to_ms(ready_timeout, "ready_timeout");
              auto s = std::make_unique<PySession>();
              s->client = client.shared_client();
              ps::SessionOptions o;
              o.job = {parse_mode(mode), replicas_to_aggregate, total_replicas,
                       max_staleness,    train_steps,           0};
-             o.ready_timeout =
-                 std::chrono::milliseconds(static_cast<int64_t>(ready_timeout * 1000));
+             o.ready_timeout = ready_ms;
              o.restore_from = restore_from;
              s->session = std::make_unique<ps::TrainingSession>(*s->client, std::move(o));
              return s;

@@ -201,6 +201,11 @@ def test_connection_error_and_closed_client():
     assert str(port) in str(refused.value)
     with pytest.raises(ValueError, match="placement"):
         psclient.Client([f"127.0.0.1:{port}"], placement="random")
+    for bad in (float("inf"), float("nan"), -1.0):
+        with pytest.raises(ValueError, match="busy_poll_us"):
+            psclient.Client([f"127.0.0.1:{port}"], busy_poll_us=bad)
+        with pytest.raises(ValueError, match="call_timeout"):
+            psclient.Client([f"127.0.0.1:{port}"], call_timeout=bad)
 
 
 def test_closed_client_refuses_calls(psd):

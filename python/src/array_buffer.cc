@@ -138,7 +138,16 @@ ArrayBuffer ArrayBuffer::acquire(py::handle obj, bool writable, const std::strin
     if (device != "cpu")
       throw py::value_error(what + " must be in CPU memory, got a tensor on " + device);
   }
-  py::object capsule = source.attr("__dlpack__")();
+  py::object capsule;
+  try {
+    capsule = source.attr("__dlpack__")();
+  } catch (py::error_already_set& e) {
+    // The exporter refused: a dtype or layout DLPack cannot describe.
+    if (!e.matches(PyExc_RuntimeError) && !e.matches(PyExc_TypeError) &&
+        !e.matches(PyExc_BufferError))
+      throw;
+    throw py::value_error(what + " cannot be read as an array: " + std::string(py::str(e.value())));
+  }
   auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
   if (managed == nullptr) throw py::error_already_set();
   // Ours now: the capsule no longer frees it; ~ArrayBuffer calls the deleter.

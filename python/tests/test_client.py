@@ -107,7 +107,6 @@ def test_torch_tensors_in_place(client):
         client.push("w", torch.zeros(5))
 
 
-
 def test_torch_tensors_dlpack_cannot_export_are_value_errors(client):
     torch = pytest.importorskip("torch")
     for tensor in (torch.zeros(2, 3, dtype=torch.bool), torch.zeros(2, 3).to_sparse()):
@@ -116,6 +115,7 @@ def test_torch_tensors_dlpack_cannot_export_are_value_errors(client):
         with pytest.raises(ValueError, match="cannot be read as an array"):
             client.push_async("w", tensor)
     assert client.stats()[0].pushes == 0
+
 
 def test_futures_and_asyncio(client):
     grad = np.ones((2, 3), np.float32)

@@ -87,13 +87,13 @@ def test_add_variable_refuses_wrong_arrays(psd):
             psclient.TrainingSession(c, mode="eventually")
 
 
-
 @pytest.mark.parametrize("timeout", [float("inf"), 1e300, -1.0, float("nan")])
 def test_ready_timeout_out_of_range_refused(psd, timeout):
     # Beyond int64 milliseconds it used to wrap negative: a worker gave up at once.
     with psclient.Client([psd.address], worker_index=1) as c:
         with pytest.raises(ValueError, match="ready_timeout must be a number of seconds"):
             psclient.TrainingSession(c, ready_timeout=timeout)
+
 
 def test_checkpoint_and_restore(start_psd, tmp_path):
     ckpt = tmp_path / "ckpt"

@@ -66,6 +66,7 @@ struct Connection {
   ConnectionPlaces::Standing standing = ConnectionPlaces::Standing::kBeforeHello;
   // Closed to make room before its hello: its place is already given back.
   bool closed_for_room = false;
+  uint64_t accepted = 0;  // its place in the order of accepts
 
   // Each queued reply holds a message builder whose first segment is capnp's
   // suggested size (8 KiB) however little it carries.
@@ -207,8 +208,9 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
   }
 
   // Serves a connection the rules let in (counted in `places` as opened).
+  // `when`: its place in the order of accepts (0: now).
   void serve(kj::Own<SocketStream> stream, std::string peer, std::string host, bool local,
-             pid_t pid) {
+             pid_t pid, uint64_t when = 0) {
     capnp::ReaderOptions reader;
     reader.traversalLimitInWords = options.shard.max_message_bytes / sizeof(capnp::word) + 1024;
     reader.nestingLimit = 64;
@@ -243,6 +245,7 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
     *self = &*it;
     it->host = host;
     it->local = local;
+    it->accepted = when != 0 ? when : ++accept_count;
     it->messages.set_max_message_bytes(kMaxMessageBeforeHello);
     it->messages.yield_every(kMessagesPerTurn, io.provider->getTimer());
     it->messages.limit_unfinished_calls(kMaxUnfinishedCalls, kBytesPerUnfinishedCall);
@@ -265,15 +268,25 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
   // (counted as opened, before hello) is served once its handshake is done.
   // A plaintext client is answered, in its own protocol, that psd needs
   // TLS; a failed or late handshake closes the connection with a line in
-  // the log. Either way psd serves on.
+  // the log. Either way psd serves on. Until its handshake ends it is a
+  // connection before hello like any other: the oldest may be closed to
+  // make room (close_oldest_before_hello).
   void serve_tls(kj::Own<SocketStream> socket, std::string peer, std::string host) {
-    auto closed = [this, host] {
-      places.closed(host, false, ConnectionPlaces::Standing::kBeforeHello);
+    auto h = handshakes.emplace(handshakes.end());
+    h->host = host;
+    h->accepted = ++accept_count;
+    auto closed = [this, host, h] {
+      if (!h->closed_for_room) places.closed(host, false, ConnectionPlaces::Standing::kBeforeHello);
+      handshakes.erase(h);
     };
-    tasks->add(secure(kj::mv(socket), peer)
+    tasks->add(h->canceler.wrap(secure(kj::mv(socket), peer))
                    .then(
-                       [this, peer, host, closed](TlsServer::Accepted a) mutable {
-                         if (!a.plaintext) return serve(kj::mv(a.stream), peer, host, false, 0);
+                       [this, peer, host, h, closed](TlsServer::Accepted a) mutable {
+                         if (!a.plaintext) {
+                           const uint64_t when = h->accepted;
+                           handshakes.erase(h);
+                           return serve(kj::mv(a.stream), peer, host, false, 0, when);
+                         }
                          closed();
                          uint64_t suppressed = 0;
                          if (log_limiter.allow(peer, "plaintext on TLS", &suppressed)) {
@@ -338,19 +351,39 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
   // Ends the longest-open connection that has not said hello, and gives its
   // place back now (ConnectionPlaces::make_room_before_hello).
   void close_oldest_before_hello() {
-    for (Connection& c : connections) {  // in the order they were accepted
+    Connection* oldest = nullptr;
+    for (Connection& c : connections) {
       if (c.standing != ConnectionPlaces::Standing::kBeforeHello || c.closed_for_room) continue;
-      uint64_t suppressed = 0;
-      if (log_limiter.allow(c.host, "closed for room", &suppressed)) {
-        spdlog::info(
-            "closing a connection from {} that has not said hello: the places not kept for the "
-            "job's workers are full, and a new connection needs one{}",
-            c.host, LogLimiter::note(suppressed));
+      if (oldest == nullptr || c.accepted < oldest->accepted) oldest = &c;
+    }
+    Handshake* shaking = nullptr;
+    for (Handshake& h : handshakes) {  // in the order they were accepted
+      if (!h.closed_for_room) {
+        shaking = &h;
+        break;
       }
-      places.closed(c.host, c.local, c.standing);
-      c.closed_for_room = true;
-      c.stream->abort();
+    }
+    if (shaking != nullptr && (oldest == nullptr || shaking->accepted < oldest->accepted)) {
+      log_closed_for_room(shaking->host);
+      places.closed(shaking->host, false, ConnectionPlaces::Standing::kBeforeHello);
+      shaking->closed_for_room = true;
+      shaking->canceler.cancel("closed to make room before its TLS handshake ended");
       return;
+    }
+    if (oldest == nullptr) return;
+    log_closed_for_room(oldest->host);
+    places.closed(oldest->host, oldest->local, oldest->standing);
+    oldest->closed_for_room = true;
+    oldest->stream->abort();
+  }
+
+  void log_closed_for_room(const std::string& host) {
+    uint64_t suppressed = 0;
+    if (log_limiter.allow(host, "closed for room", &suppressed)) {
+      spdlog::info(
+          "closing a connection from {} that has not said hello: the places not kept for the "
+          "job's workers are full, and a new connection needs one{}",
+          host, LogLimiter::note(suppressed));
     }
   }
 
@@ -436,6 +469,15 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
   std::list<Connection> connections;
   std::list<Connection> refused;
   unsigned refusing = 0;           // refusals waiting for their TLS handshake
+  // Admitted connections whose TLS handshake is under way, oldest first.
+  struct Handshake {
+    std::string host;
+    uint64_t accepted = 0;
+    bool closed_for_room = false;  // its place is already given back
+    kj::Canceler canceler;
+  };
+  std::list<Handshake> handshakes;
+  uint64_t accept_count = 0;  // connections admitted so far: their order
   std::unique_ptr<TlsServer> tls;  // --tls_cert: the TCP port speaks TLS
   kj::Own<kj::TaskSet> tasks;
   std::unique_ptr<MonitoringHttp> http;  // with --http_port

@@ -329,3 +329,31 @@ TEST_CASE("the HTTP port speaks HTTPS with the same certificate") {
   CHECK_FALSE(run("curl -sS --max-time 5 --cacert " + pki.path("other-ca.crt") + " " + url));
   check_serves(psd, pki);
 }
+
+TEST_CASE("peers that connect to the TLS port and never handshake cannot keep a client out") {
+  if (!have_openssl()) std::exit(77);
+  Pki pki;
+  auto args = pki.psd_args();
+  args.insert(args.end(), {"--max_connections", "8"});
+  PsdProcess psd(args);
+  std::vector<int> silent;
+  for (int i = 0; i < 8; ++i) {
+    const int fd = tcp_connect(psd.port());
+    REQUIRE(fd >= 0);
+    silent.push_back(fd);
+  }
+  std::this_thread::sleep_for(200ms);  // all accepted, none near the hello deadline
+  ClientOptions o = options_for(psd, pki.path("ca.crt"));
+  o.worker_index = 0;
+  std::string what;
+  try {
+    Client c(o);
+    c.create({{.name = "probe", .shape = {1}, .init = InitConfig::constant(3)}});
+    CHECK(c.pull("probe") == std::vector<float>{3});
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  CHECK(what == "");
+  for (int fd : silent) ::close(fd);
+  CHECK(psd.alive());
+}

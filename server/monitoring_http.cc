@@ -223,23 +223,43 @@ struct MonitoringHttp::Impl final : public kj::HttpService, public kj::HttpServe
     return s;
   }
 
-  // One open HTTP connection; cancelling it closes it.
-  struct Conn {
-    explicit Conn(kj::Own<AnswerTrackingStream> s) : stream(kj::mv(s)), peer(peer_host(*stream)) {}
-    kj::Own<AnswerTrackingStream> stream;
+  // A place among kMaxConnections: an open HTTP connection or a TLS
+  // handshake for one; cancelling it closes it.
+  struct Place {
+    explicit Place(std::string p) : peer(std::move(p)) {}
+    virtual ~Place() = default;
     std::string peer;
     kj::Canceler canceler;
     bool evicted = false;
   };
+  struct Conn : Place {
+    explicit Conn(kj::Own<AnswerTrackingStream> s) : Place(peer_host(*s)), stream(kj::mv(s)) {}
+    kj::Own<AnswerTrackingStream> stream;
+  };
+
+  // Takes a place for `place` (closing another when all are taken) while
+  // `work` runs; eviction cancels `work`.
+  template <typename T>
+  kj::Promise<T> hold(kj::Own<Place> place, kj::Promise<T> work) {
+    const auto live =
+        std::count_if(open.begin(), open.end(), [](const Place* c) { return !c->evicted; });
+    if (live >= kMaxConnections) evict_one();
+    Place* p = place.get();
+    open.push_back(p);
+    auto it = std::prev(open.end());
+    // The wrapped promise goes before `place` (attachments outlive it).
+    return p->canceler.wrap(kj::mv(work))
+        .attach(kj::defer([this, it] { open.erase(it); }), kj::mv(place));
+  }
 
   // Closes the oldest connection of the peer address holding the most, to
   // make room for a new one: a flood from one address only displaces
   // itself, and a newcomer is always served.
   void evict_one() {
     std::map<std::string, int> per_peer;
-    for (Conn* c : open) per_peer[c->peer] += !c->evicted;
-    Conn* victim = nullptr;
-    for (Conn* c : open) {  // oldest first
+    for (Place* c : open) per_peer[c->peer] += !c->evicted;
+    Place* victim = nullptr;
+    for (Place* c : open) {  // oldest first
       if (c->evicted) continue;
       if (victim == nullptr || per_peer[c->peer] > per_peer[victim->peer]) victim = c;
     }
@@ -259,23 +279,19 @@ struct MonitoringHttp::Impl final : public kj::HttpService, public kj::HttpServe
             [this, &listener](kj::Own<kj::AsyncIoStream> stream) {
               if (tls != nullptr) {
                 // HTTPS: served once the handshake is done, within the request
-                // deadline; at most kMaxConnections handshakes at once.
-                if (handshaking >= kMaxConnections) return accept_loop(listener);
-                ++handshaking;
-                connections.add(
+                // deadline; a handshake holds a place like a connection.
+                auto place = kj::heap<Place>(peer_host(*stream));
+                auto shaken =
                     tls->accept_stream(kj::mv(stream))
-                        .then([this](kj::Own<kj::AsyncIoStream> session) {
-                          --handshaking;
-                          serve(kj::mv(session));
-                        })
-                        .exclusiveJoin(
-                            timer.afterDelay(kRequestDeadline).then([]() -> kj::Promise<void> {
-                              return KJ_EXCEPTION(DISCONNECTED, "no TLS handshake in time");
-                            }))
-                        .catch_([this](kj::Exception&& e) {
-                          --handshaking;
-                          kj::throwFatalException(kj::mv(e));
-                        }));
+                        .exclusiveJoin(timer.afterDelay(kRequestDeadline)
+                                           .then([]() -> kj::Promise<kj::Own<kj::AsyncIoStream>> {
+                                             return KJ_EXCEPTION(DISCONNECTED,
+                                                                 "no TLS handshake in time");
+                                           }));
+                connections.add(hold(kj::mv(place), kj::mv(shaken))
+                                    .then([this](kj::Own<kj::AsyncIoStream> session) {
+                                      serve(kj::mv(session));
+                                    }));
               } else {
                 serve(kj::mv(stream));
               }
@@ -290,14 +306,8 @@ struct MonitoringHttp::Impl final : public kj::HttpService, public kj::HttpServe
   }
 
   void serve(kj::Own<kj::AsyncIoStream> stream) {
-    const auto live =
-        std::count_if(open.begin(), open.end(), [](const Conn* c) { return !c->evicted; });
-    if (live >= kMaxConnections) evict_one();
     auto conn = kj::heap<Conn>(kj::heap<AnswerTrackingStream>(kj::mv(stream)));
-    Conn* c = conn.get();
-    open.push_back(c);
-    auto it = std::prev(open.end());
-    AnswerTrackingStream& stream_ref = *c->stream;
+    AnswerTrackingStream& stream_ref = *conn->stream;
     auto served = server.listenHttpCleanDrain(stream_ref)
                       .then([this, &stream_ref](bool) -> kj::Promise<void> {
                         if (stream_ref.unanswered_bytes() < kOversizedHeadBytes)
@@ -306,9 +316,7 @@ struct MonitoringHttp::Impl final : public kj::HttpService, public kj::HttpServe
                         return stream_ref.write(kHeadTooLarge.begin(), kHeadTooLarge.size())
                             .then([this, &stream_ref] { return drain_then_close(stream_ref); });
                       });
-    // The wrapped promise goes before `conn` (attachments outlive it).
-    connections.add(c->canceler.wrap(kj::mv(served))
-                        .attach(kj::defer([this, it] { open.erase(it); }), kj::mv(conn)));
+    connections.add(hold<void>(kj::mv(conn), kj::mv(served)));
   }
 
   // kj::HttpServerCallbacks: asked as each response starts. Closes after
@@ -412,9 +420,8 @@ struct MonitoringHttp::Impl final : public kj::HttpService, public kj::HttpServe
   Shard& shard;
   kj::Timer& timer;
   TlsServer* tls;           // null: plain HTTP
-  int handshaking = 0;      // TLS handshakes under way
   const std::string token;  // empty: no authentication
-  std::list<Conn*> open;    // oldest first
+  std::list<Place*> open;   // oldest first
   bool close_this_response = false;
   ProgressHistory history;
   Headers headers;

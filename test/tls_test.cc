@@ -357,3 +357,31 @@ TEST_CASE("peers that connect to the TLS port and never handshake cannot keep a 
   for (int fd : silent) ::close(fd);
   CHECK(psd.alive());
 }
+
+TEST_CASE("peers that connect to the HTTPS port and never handshake cannot keep /healthz out") {
+  if (!have_openssl()) std::exit(77);
+  if (std::system("curl --version >/dev/null 2>&1") != 0) {
+    WARN("curl not installed: HTTPS not checked");
+    return;
+  }
+  Pki pki;
+  TempDir dir;
+  auto args = pki.psd_args();
+  args.insert(args.end(), {"--http_port", "any", "--http_port_file", dir.path() + "/http_port"});
+  PsdProcess psd(args);
+  const int port = ps::test::read_port_file(dir.path() + "/http_port");
+  std::vector<int> silent;
+  for (int i = 0; i < 80; ++i) {
+    const int fd = tcp_connect(port);
+    REQUIRE(fd >= 0);
+    silent.push_back(fd);
+  }
+  std::this_thread::sleep_for(200ms);
+  const std::string out = dir.path() + "/healthz";
+  const std::string url = "https://127.0.0.1:" + std::to_string(port) + "/healthz";
+  // From another address, as a prober elsewhere would be.
+  CHECK(run("curl -sS --max-time 2 --interface 127.0.0.2 --cacert " + pki.path("ca.crt") +
+            " -o " + out + " " + url));
+  for (int fd : silent) ::close(fd);
+  CHECK(psd.alive());
+}

@@ -4,12 +4,23 @@
 
 #include <fmt/format.h>
 
+#include "server/utf8_text.h"
+
 namespace ps {
 namespace {
 
+// A label value: escaped as the text format wants, and bytes that are not
+// UTF-8 as U+FFFD (Prometheus refuses a whole scrape with one such value).
 std::string escape_label(const std::string& v) {
   std::string out;
-  for (char c : v) {
+  for (std::size_t i = 0; i < v.size();) {
+    const char c = v[i];
+    const std::size_t n = utf8_sequence(v, i);
+    if (n == 0) {
+      out += "\xef\xbf\xbd";
+      ++i;
+      continue;
+    }
     if (c == '\\')
       out += "\\\\";
     else if (c == '"')
@@ -17,7 +28,8 @@ std::string escape_label(const std::string& v) {
     else if (c == '\n')
       out += "\\n";
     else
-      out += c;
+      out.append(v, i, n);
+    i += n;
   }
   return out;
 }

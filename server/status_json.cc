@@ -6,29 +6,10 @@
 
 #include <fmt/format.h>
 
+#include "server/utf8_text.h"
+
 namespace ps {
 namespace {
-
-// Length of the valid UTF-8 sequence at s[i], or 0 if there is none.
-std::size_t utf8_sequence(const std::string& s, std::size_t i) {
-  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = byte(i);
-  std::size_t n = c < 0x80           ? 1
-                  : (c >> 5) == 0x6  ? 2
-                  : (c >> 4) == 0xe  ? 3
-                  : (c >> 3) == 0x1e ? 4
-                                     : 0;
-  if (n == 0 || i + n > s.size()) return 0;
-  for (std::size_t k = 1; k < n; ++k) {
-    if ((byte(i + k) & 0xc0) != 0x80) return 0;
-  }
-  uint32_t cp = n == 1 ? c : c & (0x7f >> n);
-  for (std::size_t k = 1; k < n; ++k) cp = (cp << 6) | (byte(i + k) & 0x3f);
-  const uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
-  if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-    return 0;  // overlong, too large, surrogate
-  return n;
-}
 
 // Tensor names come from clients: escape everything JSON requires, and
 // bytes that are not UTF-8 (JSON text must be) as U+FFFD.

@@ -240,6 +240,45 @@ TEST_CASE("/status.json stays valid JSON text whatever bytes a tensor name holds
   CHECK(answer.body.find('\xff') == std::string::npos);  // JSON text is UTF-8
 }
 
+namespace {
+
+// Whether `s` is UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
+bool is_utf8(const std::string& s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const std::size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    uint32_t cp = n == 1 ? c : c & (0x7f >> n);
+    for (std::size_t k = 1; k < n; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      if ((b & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (b & 0x3f);
+    }
+    const uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += n;
+  }
+  return true;
+}
+
+}  // namespace
+
+// Prometheus refuses a whole scrape whose label value is not UTF-8.
+TEST_CASE("/metrics stays UTF-8 whatever bytes a table name holds") {
+  MonitoredPsd m;
+  Client client(worker_options(m.psd, -1));
+  const std::string name = std::string("t\"\\") + "\xff\xc3" + "<\xc3\xa9>" + "\xed\xa0\x80";
+  client.create_tables({TableSpec{.name = name, .dim = 2, .rows = 4}});
+  auto answer = ps::test::http_get(m.http_port, "/metrics");
+  REQUIRE(answer.status == 200);
+  CHECK(is_utf8(answer.body));
+  PromText prom(answer.body);
+  const std::string shown = std::string("t\"\\") + "\xef\xbf\xbd\xef\xbf\xbd" + "<\xc3\xa9>" +
+                            "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd";
+  CHECK(prom.value("ps_table_rows", {{"table", shown}}) == 4);
+  CHECK(is_utf8(ps::test::http_get(m.http_port, "/status.json").body));
+}
+
 TEST_CASE(
     "/metrics and /status.json show each embedding table's rows, bytes, traffic and evictions") {
   MonitoredPsd m;

@@ -4,13 +4,17 @@
 // slice or region refused with the tensor unchanged.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <numeric>
 #include <random>
@@ -656,4 +660,46 @@ TEST_CASE("bad shared slices in row requests get clear errors, change nothing, p
   }
   CHECK(original() == ones);
   CHECK(local.psd.alive());
+}
+
+// psd opens what a client's descriptor names: a terminal must not become
+// psd's controlling terminal, whose hangup would end psd (SIGHUP).
+TEST_CASE("a terminal handed to attachMemory cannot end psd") {
+  ps::test::TempDir dir;
+  const std::string sock = dir.path() + "/psd.sock", log = dir.path() + "/psd.log";
+  // A session leader without a terminal, as psd is under systemd or in a container.
+  const pid_t pid = ps::test::spawn_logged(
+      {ps::test::program_path("PSD_BIN"), "--port", "0", "--unix_socket", sock}, log,
+      [] { return setsid() > 0; });
+  for (int i = 0; i < 100 && !std::filesystem::exists(sock); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  REQUIRE(std::filesystem::exists(sock));
+  const int master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+  REQUIRE(master >= 0);
+  REQUIRE(grantpt(master) == 0);
+  REQUIRE(unlockpt(master) == 0);
+  const int terminal = open(ptsname(master), O_RDWR | O_NOCTTY | O_CLOEXEC);
+  REQUIRE(terminal >= 0);
+  {
+    RawLocal raw("unix:" + sock);
+    auto req = raw.shard.attachMemoryRequest();
+    req.setFd(terminal);
+    req.setBytes(4096);
+    CHECK_THROWS_WITH(req.send().wait(raw.ws()), Catch::Contains("attachMemory:"));
+  }
+  ::close(terminal);
+  ::close(master);  // hangs the terminal up
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  int status = 0;
+  const pid_t gone = waitpid(pid, &status, WNOHANG);
+  if (gone == pid) {
+    std::ifstream in(log);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    INFO("psd exited; signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << "\n" << text);
+    CHECK(gone == 0);
+  } else {
+    CHECK(gone == 0);
+    kill(pid, SIGTERM);
+    waitpid(pid, &status, 0);
+  }
 }

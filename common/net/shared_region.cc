@@ -64,7 +64,14 @@ std::unique_ptr<SharedRegion> SharedRegion::open_peer(pid_t pid, int peer_fd, ui
                                                       std::span<const std::byte> token) {
   if (pid <= 0 || peer_fd < 0) throw RequestError("attachMemory: no such descriptor");
   const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(peer_fd);
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  // Only a file is opened, and never so that opening has an effect: a
+  // terminal would become psd's controlling one (its hangup ends psd), a
+  // device could block the event loop.
+  struct stat target {};
+  if (::stat(path.c_str(), &target) != 0)
+    throw RequestError("attachMemory: " + os_error("cannot open " + path));
+  if (!S_ISREG(target.st_mode)) throw RequestError("attachMemory: descriptor is not a memory file");
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0) throw RequestError("attachMemory: " + os_error("cannot open " + path));
   auto refuse = [fd](const std::string& why) {
     ::close(fd);

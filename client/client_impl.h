@@ -419,6 +419,22 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
 
   uint64_t rollbacks_now() const { return retry ? retry->rollbacks() : 0; }
 
+  // A restarted shard is read at the step it has (rolled_back) until a sync
+  // read of every shard finds it at the newest step among them; from then on
+  // it is read at one step with the others. `reads`: (shard, step) per request.
+  void note_caught_up(const std::vector<std::pair<uint32_t, int64_t>>& reads) {
+    std::vector<int64_t> lowest(shards.size(), std::numeric_limits<int64_t>::max());
+    int64_t newest = std::numeric_limits<int64_t>::min();
+    for (const auto& [shard, step] : reads) {
+      lowest[shard] = std::min(lowest[shard], step);
+      newest = std::max(newest, step);
+    }
+    for (int64_t s : lowest)
+      if (s == std::numeric_limits<int64_t>::max()) return;  // a shard not read
+    for (std::size_t i = 0; i < shards.size(); ++i)
+      if (shards[i]->rolled_back && lowest[i] >= newest) shards[i]->rolled_back = false;
+  }
+
   // One pull_rows call, and its requests `which` sent waiting for min_step;
   // in sync mode read again until every shard's rows come from one step, as
   // pull_round does. In client_tables.cc.

@@ -146,7 +146,16 @@ kj::Promise<void> Client::Impl::align_steps(PullState& dense,
     any = true;
     calls.add(pull_row_requests(t, std::move(late), newest, round + 1));
   }
-  if (!any) return kj::READY_NOW;
+  if (!any) {
+    std::vector<std::pair<uint32_t, int64_t>> reads;
+    for (std::size_t b = 0; b < dense.steps.size(); ++b)
+      reads.emplace_back(static_cast<uint32_t>(dense.batches[b].shard), dense.steps[b]);
+    for (const auto& t : tables)
+      for (std::size_t k = 0; k < t->steps.size(); ++k)
+        reads.emplace_back(t->plan->requests[k].shard, t->steps[k]);
+    note_caught_up(reads);
+    return kj::READY_NOW;
+  }
   if (round >= 16) {
     throw RequestError(
         "shards kept moving to new steps; could not read the tensors and rows at one step");

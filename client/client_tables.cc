@@ -160,7 +160,13 @@ kj::Promise<void> Client::Impl::pull_row_requests(std::shared_ptr<RowPull> st,
       if (st->steps[k] < newest && !impl.shards[st->plan->requests[k].shard]->rolled_back)
         behind.push_back(k);
     }
-    if (behind.empty()) return kj::READY_NOW;
+    if (behind.empty()) {
+      std::vector<std::pair<uint32_t, int64_t>> reads;
+      for (std::size_t k = 0; k < st->steps.size(); ++k)
+        reads.emplace_back(st->plan->requests[k].shard, st->steps[k]);
+      impl.note_caught_up(reads);
+      return kj::READY_NOW;
+    }
     if (round >= 16) {
       throw RequestError("pull_rows: shards kept moving to new steps; could not read table '" +
                          st->table + "' at one step");

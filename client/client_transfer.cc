@@ -130,7 +130,13 @@ kj::Promise<void> Client::Impl::pull_round(PullState& st, std::vector<std::size_
       // wait for good. Its values are read as they are.
       if (st.steps[b] < newest && !shards[st.batches[b].shard]->rolled_back) behind.push_back(b);
     }
-    if (behind.empty()) return kj::READY_NOW;
+    if (behind.empty()) {
+      std::vector<std::pair<uint32_t, int64_t>> reads;
+      for (std::size_t b = 0; b < st.steps.size(); ++b)
+        reads.emplace_back(static_cast<uint32_t>(st.batches[b].shard), st.steps[b]);
+      note_caught_up(reads);
+      return kj::READY_NOW;
+    }
     if (round >= 16)
       throw RequestError("shards kept moving to new steps; could not read one consistent step");
     return pull_round(st, std::move(behind), newest, round + 1);

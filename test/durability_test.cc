@@ -657,3 +657,49 @@ TEST_CASE(
   client.pull_rows("emb", ids, rows);
   for (float r : rows) CHECK(r == Approx(-0.1f * 10).epsilon(1e-5));
 }
+
+TEST_CASE(
+    "sync, 2 shards: a restarted shard, once at the others' step, is again read at one step with "
+    "them") {
+  TempDir dir;
+  auto args = [&](int i) {
+    return std::vector<std::string>{"--checkpoint_dir", dir.path(),     "--shard_index",
+                                    std::to_string(i),  "--num_shards", "2"};
+  };
+  auto s0 = std::make_unique<PsdProcess>(args(0));
+  PsdProcess s1(args(1));
+  const int port0 = s0->port();
+  ClientOptions o = options_for({s0.get(), &s1}, 0);
+  o.call_timeout = 20s;
+  o.connect_timeout = 5s;
+  Client chief(o);
+  const TensorSpec a{.name = "a", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f)};
+  const TensorSpec b{.name = "b", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f)};
+  chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 1, .total_replicas = 2});
+  chief.create({a, b});  // a on shard 0, b on shard 1
+  chief.set_ready();
+  REQUIRE(chief.list().at(0).shards == std::vector<int>{0});
+  Client other(options_for({s0.get(), &s1}, 1));
+  other.declare({a, b});
+  const std::vector<float> one(2, 1.0f);
+  std::vector<float> va(2), vb(2);
+  const std::vector<std::span<float>> out = {va, vb};
+  // Shard 0 restarts at the step it was at (a new process): the chief's
+  // next pull finds it so, and reads both shards at step 0.
+  REQUIRE(s0->stop() == 0);
+  s0 = std::make_unique<PsdProcess>(args(0), port0);
+  CHECK(chief.pull({"a", "b"}, out).step == 0);
+  CHECK(chief.rollbacks() == 1);
+  // Shard 1 moves to step 1 alone (worker 1's b closes it: 1 of 2 replicas).
+  other.push({"b"}, {std::span<const float>(one)}, 0);
+  // Shard 0 is not behind from its restart: a pull waits for it to reach
+  // step 1 rather than read a at step 0 beside b at step 1.
+  auto pulled = chief.pull_async({"a", "b"}, out, 0);
+  const bool early = pulled.wait_for(500ms) == std::future_status::ready;
+  other.push({"a"}, {std::span<const float>(one)}, 0);
+  const PullResult r = pulled.get();
+  CHECK_FALSE(early);
+  CHECK(r.step == 1);
+  CHECK(va == std::vector<float>(2, -1.0f));
+  CHECK(vb == std::vector<float>(2, -1.0f));
+}

@@ -64,8 +64,9 @@ kj::Promise<void> Reconnector::reconnect(int index, uint64_t generation,
                                             "checkpoint, and the model is lost; start psd with "
                                             "--checkpoint_dir to survive restarts")));
                 }
-                fresh->rolled_back = new_process || back;
-                if (fresh->rolled_back) ++rollbacks_;
+                // The same psd, not yet caught up since its restart, stays marked.
+                fresh->rolled_back = new_process || back || slot->rolled_back;
+                if (new_process || back) ++rollbacks_;
                 if (back) {
                   spdlog::warn(
                       "shard {} is back at global step {} (this client had seen step {}): it "

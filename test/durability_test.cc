@@ -5,6 +5,8 @@
 // splitting it would duplicate them.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -702,4 +704,53 @@ TEST_CASE(
   CHECK(r.step == 1);
   CHECK(va == std::vector<float>(2, -1.0f));
   CHECK(vb == std::vector<float>(2, -1.0f));
+}
+
+TEST_CASE(
+    "sync, 2 shards: a restarted shard still catching up is read at its own step after a "
+    "reconnection to the same psd") {
+  TempDir dir;
+  auto args = [&](int i) {
+    return std::vector<std::string>{"--checkpoint_dir", dir.path(),     "--shard_index",
+                                    std::to_string(i),  "--num_shards", "2"};
+  };
+  auto s0 = std::make_unique<PsdProcess>(args(0));
+  PsdProcess s1(args(1));
+  const int port0 = s0->port();
+  const TensorSpec a{.name = "a", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f)};
+  const TensorSpec b{.name = "b", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f)};
+  const std::vector<float> one(2, 1.0f);
+  const std::vector<std::span<const float>> grads = {one, one};
+  {
+    ClientOptions o = options_for({s0.get(), &s1}, 0);
+    o.call_timeout = 30s;
+    Client setup(o);
+    setup.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 1, .total_replicas = 1});
+    setup.create({a, b});  // a on shard 0, b on shard 1
+    setup.set_ready();
+    for (int64_t s = 0; s < 2; ++s) setup.push({"a", "b"}, grads, s);
+    REQUIRE(setup.checkpoint().step == 2);
+    for (int64_t s = 2; s < 5; ++s) setup.push({"a", "b"}, grads, s);
+  }
+  // Gives up on a call after 3 s: a pull waiting for a step that never comes fails.
+  ClientOptions o = options_for({s0.get(), &s1}, 0);
+  o.is_chief = false;
+  o.prefer_unix_socket = false;  // the push below goes out from its buffer
+  o.connect_timeout = 1s;
+  o.call_timeout = 3s;
+  Client worker(o);
+  worker.declare({a, b});
+  s0->kill();
+  s0 = std::make_unique<PsdProcess>(args(0), port0);  // back at step 2; shard 1 is at 5
+  std::vector<float> va(2), vb(2);
+  const std::vector<std::span<float>> out = {va, vb};
+  CHECK(worker.pull({"a", "b"}, out).step == 2);
+  // The connection to shard 0 is cut (a call given up), the psd the same.
+  {
+    ::kill(s0->pid(), SIGSTOP);
+    CHECK_THROWS_AS(worker.push({"a"}, {std::span<const float>(one)}, 1), ConnectionError);
+    ::kill(s0->pid(), SIGCONT);
+  }
+  // Shard 0 has not caught up yet: read at its step, not waited for at 5.
+  CHECK(worker.pull({"a", "b"}, out).step == 2);
 }

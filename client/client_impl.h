@@ -419,7 +419,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
 
   uint64_t rollbacks_now() const { return retry ? retry->rollbacks() : 0; }
 
-  // A restarted shard is read at the step it has (rolled_back) until a sync
+  // A restarted shard is read at the step it has (catching_up) until a sync
   // read of every shard finds it at the newest step among them; from then on
   // it is read at one step with the others. `reads`: (shard, step) per request.
   void note_caught_up(const std::vector<std::pair<uint32_t, int64_t>>& reads) {
@@ -432,7 +432,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     for (int64_t s : lowest)
       if (s == std::numeric_limits<int64_t>::max()) return;  // a shard not read
     for (std::size_t i = 0; i < shards.size(); ++i)
-      if (shards[i]->rolled_back && lowest[i] >= newest) shards[i]->rolled_back = false;
+      if (lowest[i] >= newest) shards[i]->catching_up = false;
   }
 
   // One pull_rows call, and its requests `which` sent waiting for min_step;

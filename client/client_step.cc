@@ -130,7 +130,7 @@ kj::Promise<void> Client::Impl::align_steps(PullState& dense,
     for (int64_t s : t->steps) newest = std::max(newest, s);
   // A shard restarted from an older checkpoint is read as it is (pull_round).
   auto behind = [&](uint32_t shard, int64_t step) {
-    return step < newest && !shards[shard]->rolled_back;
+    return step < newest && !shards[shard]->catching_up;
   };
   kj::Vector<kj::Promise<void>> calls;
   std::vector<std::size_t> which;

@@ -157,7 +157,7 @@ kj::Promise<void> Client::Impl::pull_row_requests(std::shared_ptr<RowPull> st,
     std::vector<std::size_t> behind;
     for (std::size_t k = 0; k < st->steps.size(); ++k) {
       // A shard restarted from an older checkpoint is read as it is (see pull_round).
-      if (st->steps[k] < newest && !impl.shards[st->plan->requests[k].shard]->rolled_back)
+      if (st->steps[k] < newest && !impl.shards[st->plan->requests[k].shard]->catching_up)
         behind.push_back(k);
     }
     if (behind.empty()) {

@@ -128,7 +128,7 @@ kj::Promise<void> Client::Impl::pull_round(PullState& st, std::vector<std::size_
       // others' step until training, at its step, brings it there
       // (pushes for its step are stale elsewhere): waiting for it would
       // wait for good. Its values are read as they are.
-      if (st.steps[b] < newest && !shards[st.batches[b].shard]->rolled_back) behind.push_back(b);
+      if (st.steps[b] < newest && !shards[st.batches[b].shard]->catching_up) behind.push_back(b);
     }
     if (behind.empty()) {
       std::vector<std::pair<uint32_t, int64_t>> reads;

@@ -64,9 +64,9 @@ kj::Promise<void> Reconnector::reconnect(int index, uint64_t generation,
                                             "checkpoint, and the model is lost; start psd with "
                                             "--checkpoint_dir to survive restarts")));
                 }
-                // The same psd, not yet caught up since its restart, stays marked.
-                fresh->rolled_back = new_process || back || slot->rolled_back;
-                if (new_process || back) ++rollbacks_;
+                fresh->rolled_back = new_process || back;
+                fresh->catching_up = fresh->rolled_back || slot->catching_up;
+                if (fresh->rolled_back) ++rollbacks_;
                 if (back) {
                   spdlog::warn(
                       "shard {} is back at global step {} (this client had seen step {}): it "

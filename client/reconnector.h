@@ -22,9 +22,9 @@
 // seen (restored from a checkpoint), or is another psd process than before
 // (ShardInfo.instanceId: restarted, so what this client sent after its last
 // checkpoint may be lost, even where the step is the one last seen), the
-// connection is marked rolled_back (kept across reconnections to the same
-// psd, cleared once a sync read finds it at the others' step) and
-// rollbacks() goes up: a retried pull
+// connection is marked rolled_back and catching_up (the latter kept across
+// reconnections to the same psd, cleared once a sync read finds it at the
+// others' step), and rollbacks() goes up: a retried pull
 // reads the step the shard has instead of waiting for one it may never
 // reach, TrainingSession goes on from there, and a retried sync push for a
 // step the shard has not reached is reported stale (see client_transfer.cc).

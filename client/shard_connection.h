@@ -46,6 +46,9 @@ struct ShardConnection {
   uint64_t tensors = 0;  // ShardInfo.tensors at hello
   int64_t last_step = 0;
   bool rolled_back = false;
+  // Restarted and not yet read at the others' step: sync reads take it as
+  // it is (kept across reconnections to the same psd).
+  bool catching_up = false;
   // Memory shared with psd (a Unix-socket connection psd let attach one);
   // null: everything goes over the socket.
   std::shared_ptr<SharedArena> arena;

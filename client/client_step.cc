@@ -50,6 +50,9 @@ PullResult Client::pull_with_rows(const std::vector<std::string>& names,
   const uint64_t rollbacks_at_call = rollbacks();
   std::vector<std::shared_ptr<Impl::RowPull>> tables;
   std::vector<std::span<float>> row_out;
+  // In sync mode every shard is read (maybe for no rows), as push_and_step
+  // sends to every shard: the step read is one every shard has reached.
+  const bool sync = impl_->job_mode.load() == SyncMode::kSync;
   for (const RowsInto& r : rows) {
     const TableSpec spec = table_spec(r.table, "pull_with_rows");
     if (r.out.size() != r.ids.size() * spec.dim) {
@@ -62,7 +65,7 @@ PullResult Client::pull_with_rows(const std::vector<std::string>& names,
     auto t = std::make_shared<Impl::RowPull>();
     t->plan =
         shared_row_plan(as_unsigned(r.ids), placement_of(spec, static_cast<uint32_t>(num_shards())),
-                        ids_per_request(row_request_bytes(), spec.dim), false);
+                        ids_per_request(row_request_bytes(), spec.dim), sync);
     t->table = r.table;
     t->dim = spec.dim;
     t->out = r.out.data();

@@ -754,3 +754,69 @@ TEST_CASE(
   // Shard 0 has not caught up yet: read at its step, not waited for at 5.
   CHECK(worker.pull({"a", "b"}, out).step == 2);
 }
+
+TEST_CASE(
+    "sync, 2 shards: a step's pull waits for every shard its push goes to, though no id or "
+    "tensor of it is there") {
+  PsdProcess s0({"--shard_index", "0", "--num_shards", "2"}),
+      s1({"--shard_index", "1", "--num_shards", "2"});
+  Client chief(options_for({&s0, &s1}, 0));
+  const TensorSpec w{.name = "w", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f)};
+  const TableSpec emb{
+      .name = "emb", .dim = 2, .rows = 4, .optimizer = RowOptimizerConfig::sgd(1.0f)};
+  chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2});
+  chief.create({w});  // on shard 0; the table's odd ids are on shard 1
+  chief.create_tables({emb});
+  chief.set_ready();
+  const std::vector<int64_t> ids = {0};  // on shard 0
+  const std::vector<float> one(2, 1.0f);
+  // Worker 1's step 0 has reached shard 0; its part for shard 1 has not yet.
+  capnp::EzRpcClient rpc(s0.address());
+  auto shard = rpc.getMain<wire::Shard>();
+  auto hello = shard.helloRequest();
+  hello.setProtocolVersion(wire::K_PROTOCOL_VERSION);
+  hello.setWorkerIndex(1);
+  hello.send().wait(rpc.getWaitScope());
+  const auto bytes = kj::arrayPtr(reinterpret_cast<const capnp::byte*>(one.data()), 8);
+  {
+    auto req = shard.pushRequest();
+    req.setRequestId(1);
+    auto g = req.initGrads(1);
+    g[0].setName("w");
+    g[0].setValues(bytes);
+    req.send().wait(rpc.getWaitScope());
+  }
+  {
+    auto req = shard.pushRowsRequest();
+    req.setRequestId(2);
+    req.setTable("emb");
+    req.initIds(1).set(0, 0);
+    req.setGrads(bytes);
+    req.send().wait(rpc.getWaitScope());
+  }
+  const std::vector<RowGrads> grads = {{"emb", ids, one}};
+  chief.push_and_step({"w"}, {std::span<const float>(one)}, grads, 0, 0);  // shard 0 at step 1
+  std::vector<float> vw(2), rows(2);
+  const std::vector<RowsInto> into = {{"emb", ids, rows}};
+  auto pulled = std::async(std::launch::async, [&] {
+    return chief.pull_with_rows({"w"}, {std::span<float>(vw)}, into, 1);
+  });
+  // Shard 1 is still at step 0: a push for step 1 there would be refused.
+  const bool early = pulled.wait_for(500ms) == std::future_status::ready;
+  {
+    capnp::EzRpcClient rpc1(s1.address());
+    auto shard1 = rpc1.getMain<wire::Shard>();
+    auto hello1 = shard1.helloRequest();
+    hello1.setProtocolVersion(wire::K_PROTOCOL_VERSION);
+    hello1.setWorkerIndex(1);
+    hello1.send().wait(rpc1.getWaitScope());
+    auto req = shard1.pushRowsRequest();
+    req.setRequestId(3);
+    req.setTable("emb");
+    req.send().wait(rpc1.getWaitScope());
+  }
+  CHECK_FALSE(early);
+  CHECK(pulled.get().step == 1);
+  CHECK(chief.push_and_step({"w"}, {std::span<const float>(one)}, grads, 1, 1).row_status ==
+        std::vector<PushStatus>{PushStatus::kAccumulated});
+}

@@ -295,10 +295,12 @@ int64_t TrainingSession::pull() {
     case SyncMode::kAsync:
       break;
   }
-  // The tables with ids this step, read with the variables at one step.
+  // The tables with ids this step, read with the variables at one step; in
+  // sync mode every table, as push() sends every table to every shard.
   std::vector<RowsInto> rows;
   for (const BoundTable& t : tables_) {
-    if (!t.ids.empty()) rows.push_back(RowsInto{t.spec.name, t.ids, t.rows});
+    if (!t.ids.empty() || options_.job.mode == SyncMode::kSync)
+      rows.push_back(RowsInto{t.spec.name, t.ids, t.rows});
   }
   int64_t step = 0;
   {

@@ -268,7 +268,8 @@ class Client {
   // pull for a step that trains tables too: the tensors and the rows of
   // each RowsInto, all requests sent at once. In sync mode all of them are
   // read at one global step, as one pull's shards are (a shard restarted
-  // from an older checkpoint is read as it is). Returns the step read.
+  // from an older checkpoint is read as it is), and every shard is read,
+  // as push_and_step sends to every one. Returns the step read.
   //   client.pull_with_rows({"w"}, {w}, {{"user", ids, rows}}, next_step);
   PullResult pull_with_rows(const std::vector<std::string>& names,
                             const std::vector<std::span<float>>& out,

@@ -32,7 +32,7 @@ ShardTable& ShardTables::get(std::string_view name, const char* what) {
 
 uint64_t ShardTables::bytes() const {
   uint64_t n = 0;
-  for (const auto& [name, t] : tables) n += t.table->bytes();
+  for (const auto& [name, t] : tables) n += t.table->bytes() + bookkeeping_bytes(name);
   return n;
 }
 
@@ -92,6 +92,7 @@ std::vector<TableReport> Shard::create_tables(const std::vector<ShardTableSpec>&
                                               bool validate_only) {
   std::set<std::string> names;
   uint64_t new_bytes = 0;
+  std::size_t new_tables = 0;
   for (const ShardTableSpec& s : specs) {
     EmbeddingTable::validate(s.spec);
     const std::string& name = s.spec.name;
@@ -119,8 +120,17 @@ std::vector<TableReport> Shard::create_tables(const std::vector<ShardTableSpec>&
       }
       continue;
     }
-    const uint64_t b = EmbeddingTable::initial_bytes(s.spec, s.shard_index, s.num_shards);
+    const uint64_t b = EmbeddingTable::initial_bytes(s.spec, s.shard_index, s.num_shards) +
+                       ShardTables::bookkeeping_bytes(name);
     new_bytes = b > UINT64_MAX - new_bytes ? UINT64_MAX : new_bytes + b;
+    ++new_tables;
+  }
+  const uint64_t max_tables = options_.limits.max_tables;
+  if (new_tables > max_tables - std::min<uint64_t>(max_tables, tables_->tables.size())) {
+    throw RequestError("createTables: a shard holds at most " + std::to_string(max_tables) +
+                       " tables; this one has " +
+                       std::to_string(tables_->tables.size()) + " and the request adds " +
+                       std::to_string(new_tables));
   }
   check_memory(new_bytes, "createTables: the new tables (" + std::to_string(new_bytes) + " bytes)");
   std::vector<TableReport> out;

@@ -52,7 +52,16 @@ struct ShardTables {
 
   // Throws RequestError naming `what` for a table that is not here.
   ShardTable& get(std::string_view name, const char* what);
+  // Rows, slots and indexes, and each table's bookkeeping.
   uint64_t bytes() const;
+
+  // What a table holds beyond its rows, slots and index (the EmbeddingTable,
+  // its scratch sets, the map's node, its name): many small tables must not
+  // hold more memory than the budget counts.
+  static uint64_t bookkeeping_bytes(std::string_view name) {
+    return kTableBookkeepingBytes + 3 * name.size();
+  }
+  static constexpr uint64_t kTableBookkeepingBytes = 8 << 10;
 };
 
 }  // namespace ps

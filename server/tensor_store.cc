@@ -84,8 +84,11 @@ TensorStore::TensorStore(StoreLimits limits, MemoryBudget* budget)
       reserved_(budget ? budget->reserve_anyway(MemoryUse::kTensors, 0)
                        : MemoryBudget::Reservation()) {}
 
-uint64_t TensorStore::footprint(const TensorSpec& spec, uint64_t n) {
-  return n * sizeof(float) * (1 + make_optimizer(spec.optimizer)->make_slots(0).size());
+uint64_t TensorStore::footprint(const TensorSpec& spec, uint64_t n,
+                                const std::optional<PartMeta>& part) {
+  const uint64_t names = spec.name.size() + (part ? part->full_name.size() : 0);
+  return n * sizeof(float) * (1 + make_optimizer(spec.optimizer)->make_slots(0).size()) +
+         kTensorBookkeepingBytes + kNameCopies * names;
 }
 
 void TensorStore::validate(const TensorSpec& spec, const std::optional<PartMeta>& part,
@@ -197,7 +200,7 @@ void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<Pa
                        std::to_string(limits_.max_total_bytes) + " bytes");
   }
   if (budget_ != nullptr) {
-    const uint64_t need = footprint(spec, n);
+    const uint64_t need = footprint(spec, n, part);
     const uint64_t free = budget_->available();
     if (before.bytes > free || need > free - before.bytes) {
       budget_->count_refusal();
@@ -208,7 +211,7 @@ void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<Pa
   }
   if (pending != nullptr) {
     // With a budget, what the tensor will hold, slots included (the budget's measure).
-    pending->bytes += budget_ != nullptr ? footprint(spec, n) : n * sizeof(float);
+    pending->bytes += budget_ != nullptr ? footprint(spec, n, part) : n * sizeof(float);
     ++pending->tensors;
   }
 }
@@ -219,7 +222,7 @@ std::pair<StoredTensor*, bool> TensorStore::create(const TensorSpec& spec,
   validate_locked(spec, part, nullptr, Values::kGiven);
   if (auto it = tensors_.find(spec.name); it != tensors_.end()) return {it->second.get(), false};
   if (budget_ != nullptr) {
-    const uint64_t need = footprint(spec, spec.num_elements());
+    const uint64_t need = footprint(spec, spec.num_elements(), part);
     if (!reserved_.try_resize(reserved_.bytes() + need)) {
       throw RequestError("create: tensor '" + spec.name +
                          "' would take psd over its memory limit: " + budget_->describe());

@@ -78,6 +78,7 @@ struct StoreLimits {
   uint64_t max_tensor_bytes = 1ull << 32;  // one tensor (or part)
   uint64_t max_total_bytes = 1ull << 40;
   uint64_t max_tensors = 1u << 20;
+  uint64_t max_tables = 1u << 16;  // embedding tables (each walked by every status page)
 };
 
 class TensorStore {
@@ -127,8 +128,12 @@ class TensorStore {
   void validate_locked(const TensorSpec& spec, const std::optional<PartMeta>& part,
                        Pending* pending, Values values) const;
 
-  // Bytes a tensor of `n` elements holds with its optimizer's slots.
-  static uint64_t footprint(const TensorSpec& spec, uint64_t n);
+  // Bytes a tensor of `n` elements holds with its optimizer's slots and its
+  // bookkeeping (the StoredTensor, its spec, the map's node, its names):
+  // many tiny tensors must not hold more memory than the budget counts.
+  static uint64_t footprint(const TensorSpec& spec, uint64_t n, const std::optional<PartMeta>& part);
+  static constexpr uint64_t kTensorBookkeepingBytes = 1024;
+  static constexpr uint64_t kNameCopies = 3;
 
   const StoreLimits limits_;
   MemoryBudget* const budget_;

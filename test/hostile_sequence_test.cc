@@ -5,13 +5,16 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <capnp/ez-rpc.h>
 #include <kj/async-io.h>
 
 #include "ps/client.h"
+#include "ps/embedding.h"
 #include "schema/ps.capnp.h"
 #include "test/psd_process.h"
 
@@ -48,6 +51,26 @@ struct Raw {
   capnp::EzRpcClient rpc;
   wire::Shard::Client shard;
 };
+
+// A process's resident memory, from /proc.
+uint64_t rss_bytes(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  uint64_t kib = 0;
+  while (status >> key) {
+    if (key == "VmRSS:") {
+      status >> kib;
+      break;
+    }
+  }
+  return kib << 10;
+}
+
+ClientOptions options_for(const PsdProcess& psd) {
+  ClientOptions o;
+  o.ps_hosts = {psd.address()};
+  return o;
+}
 
 }  // namespace
 
@@ -168,4 +191,56 @@ TEST_CASE("checkpoints asked for far steps do not hold psd's memory budget while
   CHECK(written >= 1);
   CHECK(refused >= 1);
   CHECK(psd.alive());
+}
+
+// A one-float tensor or a one-row table takes psd far more memory than its
+// values (the objects, the maps' nodes, the names): counted, so that a client
+// creating many cannot take psd past --max_memory_mb.
+TEST_CASE("many tiny tensors cannot take psd past its memory budget") {
+  PsdProcess psd({"--max_memory_mb", "64"});
+  Client client(options_for(psd));
+  const uint64_t before = rss_bytes(psd.pid());
+  const std::string pad(400, 'x');
+  std::size_t created = 0;
+  std::string refusal;
+  for (int batch = 0; batch < 100 && refusal.empty(); ++batch) {
+    std::vector<TensorSpec> specs;
+    for (int k = 0; k < 1000; ++k)
+      specs.push_back({.name = std::to_string(batch * 1000 + k) + pad, .shape = {1}});
+    try {
+      client.create(specs);
+      created += specs.size();
+    } catch (const RequestError& e) {
+      refusal = e.what();
+    }
+  }
+  CHECK_THAT(refusal, Catch::Contains("memory limit"));
+  CHECK(created < 64'000);
+  CHECK(rss_bytes(psd.pid()) - before < (uint64_t{64} << 20));
+  client.create({{.name = "after", .shape = {1}}});  // served on, if not for more tensors
+}
+
+TEST_CASE("many tiny tables cannot take psd past its memory budget") {
+  PsdProcess psd({"--max_memory_mb", "64"});
+  Client client(options_for(psd));
+  const uint64_t before = rss_bytes(psd.pid());
+  std::size_t created = 0;
+  std::string refusal;
+  for (int batch = 0; batch < 40 && refusal.empty(); ++batch) {
+    std::vector<TableSpec> specs;
+    for (int k = 0; k < 500; ++k)
+      specs.push_back({.name = "t" + std::to_string(batch * 500 + k), .dim = 1, .rows = 1});
+    try {
+      client.create_tables(specs);
+      created += specs.size();
+    } catch (const RequestError& e) {
+      refusal = e.what();
+    }
+  }
+  CHECK_THAT(refusal, Catch::Contains("memory limit"));
+  CHECK(created < 8'200);
+  CHECK(rss_bytes(psd.pid()) - before < (uint64_t{64} << 20));
+  std::vector<float> row(1);
+  client.pull_rows("t0", std::vector<int64_t>{0}, row);
+  CHECK(row[0] == 0.0f);
 }

@@ -251,3 +251,20 @@ TEST_CASE("initJob and report take plain types; their refusals change nothing") 
   CHECK(r->accuracy == 0.5f);
   CHECK(r->unix_secs > 0);
 }
+
+TEST_CASE("a shard holds at most limits.max_tables tables; a request past it creates none") {
+  ps::ShardOptions options;
+  options.limits.max_tables = 3;
+  Fixture f(options);
+  auto table = [](std::string name) {
+    return ps::ShardTableSpec{.spec = {.name = std::move(name), .dim = 2, .rows = 4}};
+  };
+  f.shard.create_tables({table("a"), table("b")}, false);
+  f.shard.create_tables({table("a"), table("b")}, false);  // again: nothing new
+  refused(
+      f, [&] { f.shard.create_tables({table("c"), table("d")}, false); },
+      "a shard holds at most 3 tables; this one has 2 and the request adds 2");
+  CHECK(f.shard.list_tables().size() == 2);
+  f.shard.create_tables({table("c")}, false);
+  CHECK(f.shard.list_tables().size() == 3);
+}

@@ -309,12 +309,10 @@ class Shard {
   // Record, route and record the answer of a checked push.
   kj::Promise<void> commit_push(const Caller& caller, const PushRequest& request, PushReply& reply,
                                 PushWork work);
-  // An async push with a tensor updated on the compute pool, when another
-  // tensor of it (or an earlier such push of that tensor, still being
-  // checked) could be refused after it: every update is checked first, on
-  // the tensors' strands, and then all are applied, or none. Later pushes of
-  // the same pool tensors wait until this one's updates are queued, so what
-  // is applied is what was checked.
+  // An async push with a tensor updated on the compute pool: every update is
+  // checked first, on the tensors' strands, and then all are applied (and the
+  // request counted), or none. Later pushes of the same pool tensors wait
+  // until this one's updates are queued, so what is applied is what was checked.
   kj::Promise<void> push_checked_whole(const Caller& caller, const PushRequest& request,
                                        PushReply& reply, PushWork work);
   bool needs_whole_check(const PushWork& work) const;

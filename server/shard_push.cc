@@ -36,11 +36,10 @@ kj::Promise<void> Shard::commit_push(const Caller& caller, const PushRequest& re
 
 bool Shard::needs_whole_check(const PushWork& work) const {
   if (options_.allow_nonfinite || job_.config().mode == SyncMode::kSync) return false;
+  // Any pool tensor, even a push's only one: a refusal found as it is
+  // applied would come after the push's request id and step report count.
   for (const auto& [t, g] : work.grads) {
-    if (runs_inline(t)) continue;
-    // A push whose only tensor is on the pool is checked whole as it is
-    // applied, unless a push being checked holds that tensor.
-    if (work.grads.size() > 1 || push_gates_.contains(t)) return true;
+    if (!runs_inline(t)) return true;
   }
   return false;
 }

@@ -268,3 +268,29 @@ TEST_CASE("a shard holds at most limits.max_tables tables; a request past it cre
   f.shard.create_tables({table("c")}, false);
   CHECK(f.shard.list_tables().size() == 3);
 }
+
+TEST_CASE("an async push refused for an overflowing update counts no step report and no request id") {
+  ps::ShardOptions options;
+  options.inline_bytes = GENERATE(uint64_t{1} << 20, uint64_t{0});  // on the loop, on the pool
+  Fixture f(options);
+  f.create_sgd("w", {3e38f, 0}, 1.0f);
+  const Digest before = f.digest();
+  // Refused on the loop (a RequestError) or from the pool (a failed promise).
+  std::string message;
+  try {
+    f.push(f.w1, {{"w", {-3e38f, 1}}}, 0, /*id=*/5, /*done_step=*/0);
+  } catch (const ps::RequestError& e) {
+    message = e.what();
+  } catch (const kj::Exception& e) {
+    message = e.getDescription().cStr();
+  }
+  CHECK_THAT(message, Catch::Contains("NaN or Inf"));
+  CHECK(f.digest() == before);
+  CHECK(f.shard.job().worker(1).step == 0);
+  // The same id is a new request: applied, its step report counted.
+  auto later = f.push(f.w1, {{"w", {1, 1}}}, 0, 5, 0);
+  CHECK(later.status == std::vector<GradientStatus>{GradientStatus::kApplied});
+  CHECK(later.step == 1);
+  CHECK(f.values("w") == std::vector<float>{3e38f - 1, -1});
+  CHECK(f.shard.counters().duplicate_requests == 0);
+}

@@ -225,11 +225,15 @@ uint64_t Shard::trainable_count() const {
   return n + table_count();
 }
 
-std::pair<int64_t, bool> Shard::step_done(const Caller& caller, int64_t step) {
+void Shard::check_step_done(const Caller& caller, int64_t step) const {
   if (caller.worker_index < 0)
     throw RequestError("stepDone: only workers report steps (say hello with a worker index)");
   checked_step(step, "stepDone");
   job_.check_worker(caller.worker_index);
+}
+
+std::pair<int64_t, bool> Shard::step_done(const Caller& caller, int64_t step) {
+  check_step_done(caller, step);
   saw_worker(caller.worker_index);
   WorkerRecord& w = job_.worker(caller.worker_index);
   w.step = std::max(w.step, step + 1);
@@ -248,10 +252,11 @@ std::pair<int64_t, bool> Shard::step_done_request(const Caller& caller, int64_t 
     ++counters_.duplicate_requests;
     return {job_.global_step(), job_.stop_reached()};
   }
-  auto answer = step_done(caller, step);
+  check_step_done(caller, step);
+  // Logged before the step counts: a checkpoint taken at the step it reaches holds the id.
   if (request_id != 0)
-    requests_.record(caller.worker_index, RecentRequest{request_id, answer.first, {}});
-  return answer;
+    requests_.record(caller.worker_index, RecentRequest{request_id, job_.global_step(), {}});
+  return step_done(caller, step);
 }
 
 void Shard::report(const Caller& caller, WorkerReport r) {

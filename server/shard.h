@@ -268,6 +268,8 @@ class Shard {
                                 const char* what) const;
 
  private:
+  // step_done's checks: throws RequestError.
+  void check_step_done(const Caller& caller, int64_t step) const;
   // `step` if within [0, kMaxStep]; else throws RequestError naming `what`.
   static int64_t checked_step(int64_t step, const char* what);
   // Per-tensor sums for the current sync step.

@@ -220,3 +220,23 @@ TEST_CASE("gradients and values through the caller's shared memory, and its refu
       },
       "pull: shared slice of 16 bytes at 4090 lies outside the region");
 }
+
+TEST_CASE("an async checkpoint at the step a stepDone reaches keeps its request id") {
+  std::shared_ptr<ps::ShardCheckpoint> saved;
+  {
+    Fixture f;
+    f.create_sgd("w", {0}, 1.0f);
+    auto at_one = f.shard.snapshot_at_step(1);
+    CHECK(f.shard.step_done_request(f.w1, 0, /*request_id=*/9).first == 1);
+    saved = f.io.wait(kj::mv(at_one));
+  }
+  REQUIRE(saved->global_step == 1);
+  // Restarted from it, the stepDone retried (its reply lost) is not counted again.
+  Fixture r;
+  for (auto* w : {&r.chief, &r.w1, &r.w2}) r.shard.goodbye(*w);
+  r.shard.restore(*saved);
+  for (auto* w : {&r.chief, &r.w1, &r.w2}) r.shard.hello(*w);
+  CHECK(r.shard.step_done_request(r.w1, 0, 9).first == 1);
+  CHECK(r.shard.job().global_step() == 1);
+  CHECK(r.shard.counters().duplicate_requests == 1);
+}

@@ -5,8 +5,10 @@
 
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -126,6 +128,48 @@ pid_t peer_pid(kj::AsyncIoStream& stream) {
   }
   return 0;
 }
+
+// Makes `path` free for psd's Unix socket: nothing there, or a stale socket
+// (removed). Refuses a socket another process listens on, and any other
+// file: neither is psd's to remove.
+void claim_unix_socket_path(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return;
+  const std::string where = "psd: cannot listen on unix:" + path + " (--unix_socket): ";
+  if (!S_ISSOCK(st.st_mode)) {
+    throw ConfigError(where + "the path exists and is not a socket (psd removes only a stale "
+                              "socket there): give a path of its own");
+  }
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() < sizeof(addr.sun_path)) {
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+      const bool listening =
+          ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 || errno == EAGAIN;
+      ::close(fd);
+      if (listening) {
+        throw ConfigError(where + "another process listens there (another psd?): stop it, or "
+                                  "give another path");
+      }
+    }
+  }
+  ::unlink(path.c_str());
+}
+
+// The socket file psd bound (device and inode), so that psd removes it
+// at exit only while it is still its own.
+struct FileId {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  static FileId of(const std::string& path) {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) return {};
+    return {st.st_dev, st.st_ino};
+  }
+  bool operator==(const FileId&) const = default;
+};
 
 }  // namespace
 
@@ -505,8 +549,9 @@ void PsServer::run(kj::Promise<void> stop) {
                       " (--bind, --port): " + for_people(e.getDescription().cStr()));
   }
   const int port = static_cast<int>(tcp->getPort());
+  FileId unix_socket_file;
   if (!o.unix_socket.empty()) {
-    ::unlink(o.unix_socket.c_str());
+    claim_unix_socket_path(o.unix_socket);
     try {
       local = io.provider->getNetwork()
                   .parseAddress("unix:" + o.unix_socket)
@@ -516,6 +561,7 @@ void PsServer::run(kj::Promise<void> stop) {
       throw ConfigError("psd: cannot listen on unix:" + o.unix_socket +
                         " (--unix_socket): " + for_people(e.getDescription().cStr()));
     }
+    unix_socket_file = FileId::of(o.unix_socket);
   }
   kj::Own<kj::ConnectionReceiver> http;
   if (o.http_port) {
@@ -604,7 +650,9 @@ void PsServer::run(kj::Promise<void> stop) {
     impl_->shard.set_checkpointer(nullptr);
     impl_->checkpointer = nullptr;
   }
-  if (!o.unix_socket.empty()) ::unlink(o.unix_socket.c_str());
+  if (!o.unix_socket.empty() && unix_socket_file != FileId{} &&
+      FileId::of(o.unix_socket) == unix_socket_file)
+    ::unlink(o.unix_socket.c_str());
 }
 
 void serve_until_signal(const ServerOptions& options) {

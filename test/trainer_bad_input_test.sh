@@ -100,6 +100,38 @@ for _ in $(seq 50); do [ -s "$tmp/busy.port" ] && break; sleep 0.1; done
 expect "psd on a port in use" 2 "psd: cannot listen on 127.0.0.1:$(cat "$tmp/busy.port") \(--bind, --port\): address already in use \(another process" -- \
   "${its_log[@]}" "$build/server/psd" --port "$(cat "$tmp/busy.port")"
 kill "$busy" 2>/dev/null; wait "$busy" 2>/dev/null
+# --unix_socket: another psd's socket, or any other file at the path, is
+# refused and left alone; a stale socket is replaced.
+"$build/server/psd" --port 0 --port_file "$tmp/first.port" --unix_socket "$tmp/first.sock" >"$tmp/first.log" 2>&1 &
+first=$!
+for _ in $(seq 100); do [ -s "$tmp/first.port" ] && break; sleep 0.05; done
+expect "psd on another psd's Unix socket" 2 "psd: cannot listen on unix:$tmp/first.sock \(--unix_socket\): another process listens there" -- \
+  "${its_log[@]}" "$build/server/psd" --port 0 --unix_socket "$tmp/first.sock"
+if python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).connect(sys.argv[1])' "$tmp/first.sock" 2>/dev/null; then
+  echo "ok   the first psd still listens on its Unix socket"
+else
+  echo "FAIL the second psd took the first one's Unix socket away"; failures=$((failures + 1))
+fi
+kill "$first" 2>/dev/null; wait "$first" 2>/dev/null
+printf 'keep me\n' >"$tmp/not-a-socket"
+expect "psd --unix_socket on a regular file" 2 "psd: cannot listen on unix:$tmp/not-a-socket \(--unix_socket\): the path exists and is not a socket" -- \
+  "${its_log[@]}" "$build/server/psd" --port 0 --unix_socket "$tmp/not-a-socket"
+if [ "$(cat "$tmp/not-a-socket" 2>/dev/null)" = "keep me" ]; then
+  echo "ok   psd left the file at --unix_socket as it was"
+else
+  echo "FAIL psd removed the file at --unix_socket"; failures=$((failures + 1))
+fi
+# A stale socket (its psd gone) is replaced.
+python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' "$tmp/stale.sock"
+"$build/server/psd" --port 0 --port_file "$tmp/stale.port" --unix_socket "$tmp/stale.sock" >"$tmp/stale.log" 2>&1 &
+stale=$!
+for _ in $(seq 100); do [ -s "$tmp/stale.port" ] && break; sleep 0.05; done
+if [ -s "$tmp/stale.port" ]; then
+  echo "ok   psd replaces a stale socket at --unix_socket"
+else
+  echo "FAIL psd did not start on a stale socket's path:"; cat "$tmp/stale.log"; failures=$((failures + 1))
+fi
+kill "$stale" 2>/dev/null; wait "$stale" 2>/dev/null
 expect "psd --bind unknown host" 2 "psd: cannot listen on no-such-host.invalid:0 \(--bind, --port\): unknown host name" -- \
   "${its_log[@]}" "$build/server/psd" --port 0 --bind no-such-host.invalid
 expect "ps task --nice out of range" 2 "mnist_trainer: error: --nice must be in -20..19" -- \

@@ -336,13 +336,29 @@ struct Evaluator {
   }
 };
 
-int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const CtrFlags& c) {
-  const bool chief = spec.is_chief();
-  const int worker = spec.worker_index();
-  if (c.holdout < 0 || c.holdout >= 1) throw ps::ConfigError("--holdout must be in [0, 1)");
+// The flags psd would refuse, refused here first: the chief configures the
+// job and creates the dense variables before the tables, and a refusal
+// there would leave psd holding them.
+void check_flags(const CtrFlags& c) {
+  if (!(c.holdout >= 0 && c.holdout < 1)) throw ps::ConfigError("--holdout must be in [0, 1)");
   if (c.embedding_dim < 1 || c.embedding_dim > 1024)
     throw ps::ConfigError("--embedding_dim must be in [1, 1024]");
   if (c.eval_batch < 1) throw ps::ConfigError("--eval_batch must be >= 1");
+  if (c.synthetic < 0) throw ps::ConfigError("--synthetic must be >= 0 (0: read --train_file)");
+  for (const auto& [flag, v] : {std::pair{"--embedding_learning_rate", c.embedding_learning_rate},
+                                std::pair{"--wide_learning_rate", c.wide_learning_rate}}) {
+    if (!(std::isfinite(v) && v > 0)) throw ps::ConfigError(std::string(flag) + " must be > 0");
+  }
+  for (const auto& [flag, v] : {std::pair{"--ftrl_l1", c.ftrl_l1}, std::pair{"--ftrl_l2", c.ftrl_l2},
+                                std::pair{"--embedding_init", c.embedding_init}}) {
+    if (!(std::isfinite(v) && v >= 0)) throw ps::ConfigError(std::string(flag) + " must be >= 0");
+  }
+  (void)make_shape(c);  // --hidden_units
+}
+
+int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const CtrFlags& c) {
+  const bool chief = spec.is_chief();
+  const int worker = spec.worker_index();
   if (f.num_gpus > 0)
     throw ps::ConfigError("--num_gpus: ctr_trainer computes on the CPU (give --num_gpus 0)");
   const ps::MlpShape shape = make_shape(c);
@@ -578,6 +594,7 @@ int main(int argc, char** argv) {
   return ps::run_trainer_roles(
       "ctr_trainer", f,
       {.prepare = [&] { ps::apply_log_level(psf); },
+       .check = [&] { check_flags(c); },
        .ps =
            [&](int task, int num_ps, const std::string& address) {
              return ps::run_ps_task(task, num_ps, address, psf);

@@ -157,6 +157,27 @@ expect "more replicas than workers" 2 "replicas_to_aggregate=3 is more than the 
   "$build/examples/linreg_trainer" --job_name worker --task_index 0 --ps_hosts 127.0.0.1:2 \
   --worker_hosts 127.0.0.1:3,127.0.0.1:4 --sync_replicas --replicas_to_aggregate 3
 
+# ctr_trainer's table flags are refused before it connects: the chief that
+# psd refuses at its tables has configured the job and created the dense
+# variables, and a corrected run (here with other --hidden_units) is then
+# refused by that psd until it restarts.
+"$build/server/psd" --port 0 --port_file "$tmp/ctr.port" >"$tmp/ctr.log" 2>&1 &
+ctr_psd=$!
+for _ in $(seq 100); do [ -s "$tmp/ctr.port" ] && break; sleep 0.05; done
+ctr=("$build/examples/ctr_trainer" --job_name worker --task_index 0 --ps_hosts "127.0.0.1:$(cat "$tmp/ctr.port")"
+     --train_steps 3 --log_every 0)
+for bad in "--embedding_learning_rate 0" "--wide_learning_rate nan" "--ftrl_l1 -1" "--ftrl_l2 inf" "--embedding_init nan"; do
+  # shellcheck disable=SC2086
+  expect "ctr_trainer $bad" 2 "ctr_trainer: error: ${bad%% *} must be" -- "${ctr[@]}" --synthetic 2000 --hidden_units 64 $bad
+done
+expect "ctr_trainer --synthetic -5" 2 "ctr_trainer: error: --synthetic must be >= 0" -- "${ctr[@]}" --synthetic -5
+if timeout 60 "${ctr[@]}" --synthetic 2000 >"$tmp/out" 2>&1; then
+  echo "ok   ctr_trainer trains on that psd after the refusals"
+else
+  echo "FAIL ctr_trainer on a psd a refused run had used:"; tail -n 3 "$tmp/out"; failures=$((failures + 1))
+fi
+kill "$ctr_psd" 2>/dev/null; wait "$ctr_psd" 2>/dev/null
+
 # Out-of-range flags are refused by the flag parser itself (CLI11 adds a
 # "Run with --help" line, so not through expect's one-line rule).
 for pair in "$trainer --local --train_steps 1|--busy_poll_us" "$build/server/psd --port 0|--busy_poll_us" \

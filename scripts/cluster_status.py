@@ -11,6 +11,7 @@ Exit code: 0 when every shard answered, 1 when one did not, 2 for bad arguments.
 import argparse
 import glob
 import json
+import math
 import os
 import re
 import sys
@@ -42,6 +43,16 @@ def fmt_duration(s):
     return f"{t // 3600}h{t // 60 % 60:02}m{t % 60:02}s"
 
 
+def bad_argument(message):
+    print(f"cluster_status: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def port_of(text):
+    """A port number in 1..65535, or None."""
+    return int(text) if re.fullmatch(r"[1-9]\d{0,4}", text) and int(text) <= 65535 else None
+
+
 def addresses(args):
     """The HTTP addresses to ask: from a run directory's ps<i>.http files, or as given."""
     out = []
@@ -50,15 +61,25 @@ def addresses(args):
             files = sorted(glob.glob(os.path.join(a, "ps*.http")),
                            key=lambda p: int(re.sub(r"\D", "", os.path.basename(p)) or 0))
             if not files:
-                raise SystemExit(f"cluster_status: {a} has no ps<i>.http files (launch_local.sh writes "
-                                 "them when the ps tasks serve HTTP)")
-            out += [f"127.0.0.1:{open(f).read().strip()}" for f in files]
+                bad_argument(f"{a} has no ps<i>.http files (launch_local.sh writes "
+                             "them when the ps tasks serve HTTP)")
+            for f in files:
+                try:
+                    text = open(f).read().strip()
+                except OSError as e:
+                    bad_argument(f"cannot read {f}: {e.strerror}")
+                if port_of(text) is None:
+                    bad_argument(f"{f} holds '{text[:20]}', not a port number (written by psd "
+                                 "--http_port_file)")
+                out.append(f"127.0.0.1:{text}")
         else:
             a = a.rstrip("/")
             a = a[len("http://"):] if a.startswith("http://") else a
-            if not re.fullmatch(r"[^/:\s]+:\d+", a):
-                print(f"cluster_status: '{a}' is neither a run directory nor host:port", file=sys.stderr)
-                sys.exit(2)
+            m = re.fullmatch(r"([^/:\s]+):(\d+)", a)
+            if not m:
+                bad_argument(f"'{a}' is neither a run directory nor host:port")
+            if port_of(m.group(2)) is None:
+                bad_argument(f"'{a}': the port must be a number in 1..65535")
             out.append(a)
     return out
 
@@ -134,7 +155,16 @@ def main():
     p.add_argument("--token_file", help="psd --auth_token_file (or --http_auth_token_file)")
     p.add_argument("--timeout", type=float, default=3, help="seconds to wait for each psd")
     a = p.parse_args()
-    token = open(a.token_file).read().strip() if a.token_file else ""
+    if not (math.isfinite(a.timeout) and a.timeout > 0):
+        bad_argument(f"--timeout must be a number of seconds > 0, not {a.timeout}")
+    if not (math.isfinite(a.watch) and a.watch >= 0):
+        bad_argument(f"--watch must be a number of seconds >= 0 (0: once), not {a.watch}")
+    token = ""
+    if a.token_file:
+        try:
+            token = open(a.token_file).read().strip()
+        except OSError as e:
+            bad_argument(f"--token_file {a.token_file}: {e.strerror}")
     addrs = addresses(a.where)
     while True:
         failed = report(addrs, token, a.timeout)

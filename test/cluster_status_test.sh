@@ -65,5 +65,23 @@ python3 "$status" "127.0.0.1:$free" >"$tmp/none.txt" 2>&1; rc=$?
 [ "$rc" = 1 ] || fail "an unreachable shard: exit $rc, not 1"
 grep -qE "127\.0\.0\.1:$free +unreachable: connection refused" "$tmp/none.txt" || fail "the unreachable shard is not named: $(cat "$tmp/none.txt")"
 
+# 5. Bad arguments: one line naming the argument, exit 2, no traceback.
+bad() {  # NAME MESSAGE_REGEX ARGS...
+  local name=$1 want=$2; shift 2
+  timeout 20 python3 "$status" "$@" >"$tmp/bad.txt" 2>&1; local rc=$?
+  if [ "$rc" != 2 ] || [ "$(wc -l <"$tmp/bad.txt")" != 1 ] || ! grep -qE -- "$want" "$tmp/bad.txt"; then
+    fail "$name: exit $rc (want 2), want one line /$want/: $(cat "$tmp/bad.txt")"
+  fi
+}
+mkdir -p "$tmp/badrun" "$tmp/norun"
+echo garbage >"$tmp/badrun/ps0.http"
+bad "missing --token_file" "^cluster_status: --token_file $tmp/nope: No such file" --token_file "$tmp/nope" "127.0.0.1:$free"
+bad "--timeout 0" "^cluster_status: --timeout must be" --timeout 0 "127.0.0.1:$free"
+bad "--timeout nan" "^cluster_status: --timeout must be" --timeout nan "127.0.0.1:$free"
+bad "--watch nan" "^cluster_status: --watch must be" --watch nan "127.0.0.1:$free"
+bad "port 99999" "^cluster_status: '127.0.0.1:99999': the port must be" 127.0.0.1:99999
+bad "garbage in ps0.http" "^cluster_status: .*ps0.http holds 'garbage', not a port number" "$tmp/badrun"
+bad "no ps<i>.http" "^cluster_status: .* has no ps<i>.http files" "$tmp/norun"
+
 [ "$failures" = 0 ] && echo "cluster_status: all checks passed"
 exit "$failures"

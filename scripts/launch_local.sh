@@ -41,6 +41,10 @@ run_dir=""
 die() { echo "launch_local: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
+    --workers | --ps | --max_staleness | --ps_mode | --port_base | --trainer | --run_dir | --timeout | --psd_flags)
+      [ $# -ge 2 ] || die "$1 needs a value" ;;
+  esac
+  case "$1" in
     --workers) workers=${2:?}; shift 2 ;;
     --ps) num_ps=${2:?}; shift 2 ;;
     --sync) sync=1; shift ;;
@@ -63,13 +67,18 @@ trainer_flags=("$@")
 [[ "$workers" =~ ^[1-9][0-9]*$ ]] || die "--workers must be a positive integer"
 [[ "$num_ps" =~ ^[1-9][0-9]*$ ]] || die "--ps must be a positive integer"
 [[ "$ps_mode" == psd || "$ps_mode" == trainer ]] || die "--ps_mode must be psd or trainer"
+[[ "$staleness" =~ ^(0|[1-9][0-9]*)$ ]] || die "--max_staleness must be a whole number (0: async)"
+[[ "$timeout" =~ ^(0|[1-9][0-9]*)$ ]] || die "--timeout must be a whole number of seconds (0: none)"
+{ [[ "$port_base" =~ ^[1-9][0-9]{0,4}$ ]] && [ $((port_base + num_ps + workers - 1)) -le 65535 ]; } ||
+  die "--port_base must leave room for $((num_ps + workers)) ports in 1..65535"
 trainer_cmd=("$trainer")
 if [[ "$trainer" == *.py ]]; then
   [ -f "$trainer" ] || die "$trainer not found"
   trainer_cmd=(/usr/bin/python3 "$trainer")
   export PYTHONPATH="$BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}" PSD_BIN="$BUILD_DIR/server/psd"
 else
-  [ -x "$trainer" ] || die "$trainer not found: build first (scripts/setup.sh)"
+  [ -e "$trainer" ] || die "$trainer not found: build first (scripts/setup.sh)"
+  [ -f "$trainer" ] && [ -x "$trainer" ] || die "$trainer is not an executable file (--trainer)"
 fi
 psd="$BUILD_DIR/server/psd"
 [ "$ps_mode" = trainer ] || [ -x "$psd" ] || die "$psd not found: build first (scripts/setup.sh)"

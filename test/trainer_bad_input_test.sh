@@ -219,6 +219,24 @@ else
   echo "FAIL launch_local --help: $help"; failures=$((failures + 1))
 fi
 
+# launch_local.sh refuses a bad option value before it starts anything.
+for args in "--timeout abc|--timeout must be a whole number" "--max_staleness x|--max_staleness must be a whole number" \
+            "--port_base 65535|--port_base must leave room for 4 ports" "--workers|--workers needs a value" \
+            "--trainer $build/examples|is not an executable file"; do
+  want=${args#*|}
+  # shellcheck disable=SC2086
+  BUILD_DIR="$build" timeout 60 "$(dirname "$0")/../scripts/launch_local.sh" --quiet --run_dir "$tmp/never" ${args%|*} \
+    >/dev/null 2>"$tmp/err"
+  rc=$?
+  if [ "$rc" = 2 ] && [ "$(wc -l <"$tmp/err")" = 1 ] && grep -q -- "^launch_local: .*$want" "$tmp/err" && [ ! -e "$tmp/never" ]; then
+    echo "ok   launch_local ${args%|*}: $(cat "$tmp/err")"
+  else
+    echo "FAIL launch_local ${args%|*}: exit $rc (want 2, one line /$want/, nothing started):"; cat "$tmp/err"
+    failures=$((failures + 1))
+  fi
+  rm -rf "$tmp/never"
+done
+
 # launch_local.sh --timeout ends a job that runs on (before, it waited for
 # some process to end before it looked at the clock: a hung job hung it).
 start=$SECONDS

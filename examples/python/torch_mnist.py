@@ -23,6 +23,7 @@ import pathlib
 import shutil
 import sys
 import time
+import zlib
 
 import numpy as np
 import torch
@@ -63,9 +64,36 @@ def parse_flags(argv):
     return p.parse_known_args(argv)
 
 
+class BadInput(Exception):
+    """A flag or a data file the program cannot use: one line, exit code 2."""
+
+
+def check_flags(f):
+    finite = math.isfinite
+    checks = [
+        (f.batch_size >= 1, "--batch_size must be >= 1"),
+        (finite(f.learning_rate) and f.learning_rate > 0, "--learning_rate must be > 0"),
+        (f.train_steps >= 0, "--train_steps must be >= 0"),
+        (finite(f.epochs) and f.epochs >= 0, "--epochs must be a finite number >= 0"),
+        (f.train_steps > 0 or f.epochs > 0, "give --train_steps or --epochs (both are 0)"),
+        (f.validation_size >= 0, "--validation_size must be >= 0"),
+        (0 < f.lr_decay <= 1, "--lr_decay must be in (0, 1]"),
+        (finite(f.connect_timeout) and f.connect_timeout > 0, "--connect_timeout must be > 0"),
+        (f.log_every >= 0, "--log_every must be >= 0"),
+        (f.threads >= 1, "--threads must be >= 1"),
+        (f.replicas_to_aggregate >= 0, "--replicas_to_aggregate must be >= 0"),
+        (f.max_staleness >= 0, "--max_staleness must be >= 0"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise BadInput(message)
+
+
 def cluster_spec(f):
     if f.ps_hosts or f.worker_hosts:
-        return psclient.ClusterSpec.from_flags(f.ps_hosts, f.worker_hosts, f.job_name or "worker", f.task_index)
+        # --ps_hosts alone: one worker, as mnist_trainer (workers do not listen).
+        return psclient.ClusterSpec.from_flags(f.ps_hosts, f.worker_hosts or "127.0.0.1:1", f.job_name or "worker",
+                                               f.task_index)
     return psclient.ClusterSpec.from_environment(num_ps=f.num_ps, port_base=f.port_base)
 
 
@@ -81,32 +109,60 @@ def exec_psd(spec, f, psd_flags):
     os.execv(psd, args + psd_flags)
 
 
-def read_idx(path):
-    """An IDX file (plain or gzipped) as a NumPy array."""
-    if not os.path.exists(path) and os.path.exists(path + ".gz"):
+def read_idx(path, ndim):
+    """An IDX file of uint8 with `ndim` dimensions (plain or gzipped) as a NumPy array."""
+    if not os.path.isfile(path) and os.path.isfile(path + ".gz"):
         path += ".gz"
-    with open(path, "rb") as f:
-        raw = f.read()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    ndim = raw[3]
+    if not os.path.isfile(path):
+        raise BadInput(f"{path}[.gz] not found (--data_dir; scripts/get_data.sh provides Fashion-MNIST)")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as e:
+        raise BadInput(f"{path}: cannot read: {e}") from None
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise BadInput(f"{path}: truncated: the file ends inside the header")
+    if raw[:4] != bytes([0, 0, 8, ndim]):
+        raise BadInput(f"{path}: wrong magic number 0x{raw[:4].hex()} (expected 0x000008{ndim:02x}, "
+                       f"uint8 with {ndim} dimension{'s' if ndim > 1 else ''})")
     shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim))
-    return np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim).reshape(shape)
+    if len(raw) - header < math.prod(shape):
+        raise BadInput(f"{path}: truncated: the header says {'x'.join(map(str, shape))} bytes of data, "
+                       f"the file has {len(raw) - header}")
+    return np.frombuffer(raw, np.uint8, count=math.prod(shape), offset=header).reshape(shape)
 
 
 def load_data(data_dir, validation_size):
     """Images stay bytes (a quarter of the memory, and of what a batch moves);
     to_inputs() makes a batch of them the model's float inputs."""
     def images(name):
-        x = read_idx(os.path.join(data_dir, name))
+        x = read_idx(os.path.join(data_dir, name), 3)
+        if x.shape[1:] != (28, 28):
+            raise BadInput(f"{os.path.join(data_dir, name)}: images of {x.shape[1]}x{x.shape[2]}, not 28x28")
         return torch.from_numpy(x.reshape(len(x), -1).copy())
 
-    def labels(name):
-        return torch.from_numpy(read_idx(os.path.join(data_dir, name)).astype(np.int64))
+    def labels(name, count):
+        y = read_idx(os.path.join(data_dir, name), 1)
+        if len(y) != count:
+            raise BadInput(f"{os.path.join(data_dir, name)} has {len(y)} labels for {count} images")
+        if len(y) and y.max() > 9:
+            raise BadInput(f"{os.path.join(data_dir, name)}: label {y.max()} out of range 0..9")
+        return torch.from_numpy(y.astype(np.int64))
 
-    train_x, train_y = images("train-images-idx3-ubyte"), labels("train-labels-idx1-ubyte")
+    train_x = images("train-images-idx3-ubyte")
+    train_y = labels("train-labels-idx1-ubyte", len(train_x))
+    test_x = images("t10k-images-idx3-ubyte")
+    test_y = labels("t10k-labels-idx1-ubyte", len(test_x))
+    if len(test_x) == 0:
+        raise BadInput(f"{data_dir}: the test set holds no images: there is nothing to test on")
+    if validation_size >= len(train_x):
+        raise BadInput(f"--validation_size {validation_size} must be in 0..{len(train_x) - 1} "
+                       f"(the training set has {len(train_x)} images)")
     n = len(train_x) - validation_size
-    return train_x[:n], train_y[:n], images("t10k-images-idx3-ubyte"), labels("t10k-labels-idx1-ubyte")
+    return train_x[:n], train_y[:n], test_x, test_y
 
 
 def to_inputs(images, device):
@@ -274,6 +330,7 @@ def run_worker(spec, f):
 def main(argv):
     f, rest = parse_flags(argv)
     try:
+        check_flags(f)
         spec = cluster_spec(f)
         if spec.is_ps:
             exec_psd(spec, f, rest)
@@ -282,6 +339,9 @@ def main(argv):
         if not spec.is_worker:
             raise SystemExit(f"torch_mnist: nothing to do for {spec}")
         return run_worker(spec, f)
+    except BadInput as e:
+        print(f"torch_mnist: error: {e}", file=sys.stderr)
+        return 2
     except psclient.Error as e:
         print(f"torch_mnist: {type(e).__name__}: {e}", file=sys.stderr)
         return 1

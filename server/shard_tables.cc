@@ -265,7 +265,20 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
   if (!options_.allow_nonfinite && !finite) {
     throw RequestError(gradient_refusal(spec.name, grads, summed));
   }
-  const uint64_t fresh = t.table->check(r.ids, "pushRows");
+  // A sync push the open step does not take (stale, a backup worker's
+  // after enough arrived, a repeat) creates no rows: its ids are checked,
+  // not the room for them.
+  const TableSyncSlot& open_step = t.sync;
+  const bool creates_rows =
+      !sync || (step == job_.global_step() && !open_step.complete &&
+                std::find(open_step.contributors.begin(), open_step.contributors.end(),
+                          caller.worker_index) == open_step.contributors.end());
+  uint64_t fresh = 0;
+  if (creates_rows) {
+    fresh = t.table->check(r.ids, "pushRows");
+  } else {
+    t.table->check_ids(r.ids, "pushRows");
+  }
   if (fresh > 0) {
     check_memory(fresh * EmbeddingTable::bytes_per_dynamic_row(spec),
                  "pushRows: " + std::to_string(fresh) + " new rows of table '" + spec.name + "'");

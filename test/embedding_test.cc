@@ -689,6 +689,33 @@ TEST_CASE(
   CHECK(after == std::vector<float>{-3, -3, -4, -4, -1, -1, -1, -1, -1, -1, -1, -1});
 }
 
+TEST_CASE(
+    "sync mode: a late push with new ids is reported stale, not refused, when the table is at its "
+    "row limit") {
+  // A backup worker's push comes after its step closed: its rows are never
+  // created, so the table's row limit (or psd's memory) has nothing to say.
+  PsdProcess psd;
+  Client chief(options_for({&psd}, 0)), backup(options_for({&psd}, 1));
+  const TableSpec spec = dynamic("dyn", 1, 2);  // at most 2 rows, refused past them
+  chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 1, .total_replicas = 2});
+  chief.create_tables({spec});
+  chief.set_ready();
+  backup.declare_tables({spec});
+  REQUIRE(backup.wait_ready(5s));
+  CHECK(chief.push_rows("dyn", std::vector<int64_t>{1, 2}, std::vector<float>{1, 1}, 0) ==
+        PushStatus::kAccumulated);  // 1 of 1 replicas: step 0 applied
+  CHECK(chief.list_tables().at(0).rows == 2);
+  // The same step from the backup worker, with ids the table has no room for.
+  CHECK(backup.push_rows("dyn", std::vector<int64_t>{3, 4}, std::vector<float>{1, 1}, 0) ==
+        PushStatus::kStale);
+  // In the open step, new ids past the limit are still refused.
+  CHECK_THROWS_WITH(
+      backup.push_rows("dyn", std::vector<int64_t>{3}, std::vector<float>{1}, 1),
+      Catch::Contains("at its limit of 2 rows"));
+  CHECK(chief.list_tables().at(0).rows == 2);
+  CHECK(pull_rows(chief, "dyn", {1, 2}, 1) == std::vector<float>{-1, -1});
+}
+
 TEST_CASE("sync mode: a pull of rows over several shards reads every shard at one step") {
   PsdProcess ps0, ps1;
   Client chief(options_for({&ps0, &ps1}, 0));

@@ -280,20 +280,23 @@ uint64_t EmbeddingTable::local_slot(uint64_t id) {
   return spec_.dynamic ? find_or_insert(id) : placement_.local_row(id);
 }
 
+void EmbeddingTable::check_ids(std::span<const uint64_t> ids, const char* what) const {
+  for (uint64_t id : ids) {
+    if (!spec_.dynamic && id >= spec_.rows) {
+      throw RequestError(std::string(what) + ": id " + std::to_string(id) + " is outside " +
+                         quoted(spec_) + " of " + std::to_string(spec_.rows) + " rows");
+    }
+    if (placement_.shard_of(id) != shard_) {
+      throw RequestError(std::string(what) + ": id " + std::to_string(id) + " of " + quoted(spec_) +
+                         " belongs on shard " + std::to_string(placement_.shard_of(id)) + ", not " +
+                         std::to_string(shard_) + " (clients disagree on the number of shards?)");
+    }
+  }
+}
+
 uint64_t EmbeddingTable::check(std::span<const uint64_t> ids, const char* what) const {
   if (!spec_.dynamic) {
-    for (uint64_t id : ids) {
-      if (id >= spec_.rows) {
-        throw RequestError(std::string(what) + ": id " + std::to_string(id) + " is outside " +
-                           quoted(spec_) + " of " + std::to_string(spec_.rows) + " rows");
-      }
-      if (placement_.shard_of(id) != shard_) {
-        throw RequestError(std::string(what) + ": id " + std::to_string(id) + " of " +
-                           quoted(spec_) + " belongs on shard " +
-                           std::to_string(placement_.shard_of(id)) + ", not " +
-                           std::to_string(shard_) + " (clients disagree on the number of shards?)");
-      }
-    }
+    check_ids(ids, what);
     return 0;
   }
   uint64_t missing = 0;  // distinct ids not held
@@ -301,11 +304,7 @@ uint64_t EmbeddingTable::check(std::span<const uint64_t> ids, const char* what) 
   for (std::size_t k = 0; k < ids.size(); ++k) {
     const uint64_t id = ids[k];
     if (k + kIndexAhead < ids.size()) index_.prefetch(ids[k + kIndexAhead]);
-    if (placement_.shard_of(id) != shard_) {
-      throw RequestError(std::string(what) + ": id " + std::to_string(id) + " of " + quoted(spec_) +
-                         " belongs on shard " + std::to_string(placement_.shard_of(id)) + ", not " +
-                         std::to_string(shard_) + " (clients disagree on the number of shards?)");
-    }
+    if (placement_.shard_of(id) != shard_) check_ids(ids.subspan(k, 1), what);
     if (find(id) == kEmpty && seen_.first(id, uint32_t(k)) == k) ++missing;
   }
   if (spec_.row_limit == 0 || missing == 0) return missing;

@@ -64,6 +64,9 @@ class EmbeddingTable {
   // distinct rows a pull or push of them would create (dynamic tables).
   // `what` starts the error message ("pullRows").
   uint64_t check(std::span<const uint64_t> ids, const char* what) const;
+  // The same checks of the ids alone, for a request that creates no rows
+  // (the table's row limit does not apply).
+  void check_ids(std::span<const uint64_t> ids, const char* what) const;
 
   // Writes row ids[i] to out[i*dim ..], creating missing dynamic rows.
   // out holds ids.size() * dim floats. Call check() first.

@@ -222,7 +222,7 @@ namespace {
 // have its other requests applied. Such a push is checked here first, so
 // that one refused is refused whole, with psd's own message. Only the parts
 // bound for shards that refuse them (psd without --allow_nonfinite) count.
-// In sync mode psd also refuses values over FLT_MAX / replicas_to_aggregate
+// In sync mode psd also refuses values over about FLT_MAX / replicas_to_aggregate
 // (their sum would overflow): `summed` is that divisor, 1 otherwise.
 // A push that reports a step (done_step >= 0) also sends a stepDone to each
 // shard it has no gradient for: those count as requests too, or a refused

@@ -35,7 +35,14 @@ uint32_t gradients_summed_per_step(const JobConfig& job) {
 }
 
 float gradient_limit(uint32_t summed) {
-  return std::numeric_limits<float>::max() / static_cast<float>(std::max<uint32_t>(summed, 1));
+  constexpr float kMax = std::numeric_limits<float>::max();
+  if (summed <= 1) return kMax;
+  // Each of the summed - 1 float additions may round up by a factor of at
+  // most 1 + 2^-24; the bound is then rounded down to a float.
+  const double bound =
+      double(kMax) / (double(summed) * std::pow(1.0 + 0x1p-24, double(summed - 1)));
+  const auto limit = static_cast<float>(bound);
+  return double(limit) > bound ? std::nextafter(limit, 0.0f) : limit;
 }
 
 std::string gradient_refusal(std::string_view tensor, std::span<const float> values,

@@ -31,8 +31,9 @@ bool copy_all_finite(float* __restrict dst, const float* __restrict src, std::si
 uint32_t gradients_summed_per_step(const JobConfig& job);
 
 // The largest magnitude psd accepts in a gradient of which `summed` are
-// added up: within FLT_MAX / summed their sum stays finite (two workers'
-// 3e38, whose average is finite, summed to Inf and was applied).
+// added up: about FLT_MAX / summed, low enough that their sum, added one at
+// a time in float, stays finite (two workers' 3e38, whose average is
+// finite, summed to Inf and was applied).
 float gradient_limit(uint32_t summed);
 
 // psd's refusal of a push whose gradient for `tensor` failed

@@ -72,6 +72,30 @@ TEST_CASE("gradient_limit keeps the sum of that many gradients finite, and no mo
   }
 }
 
+TEST_CASE("gradient_limit holds for every count, however the float sum rounds") {
+  // psd adds the workers' gradients one at a time in float: each addition
+  // rounds, and the rounded limit itself may lie just above FLT_MAX / summed.
+  // Float addition is monotone, so n values within the limit sum to no more
+  // (in magnitude) than n copies of it.
+  int overflows = 0, low = 0;
+  uint32_t first_overflow = 0;
+  for (uint32_t summed = 2; summed <= 5000; ++summed) {
+    const float limit = gradient_limit(summed);
+    float up = 0, down = 0;
+    for (uint32_t i = 0; i < summed; ++i) {
+      up += limit;
+      down -= limit;
+    }
+    if (!std::isfinite(up) || !std::isfinite(down)) {
+      if (overflows++ == 0) first_overflow = summed;
+    }
+    low += double(limit) < double(kMax) / summed * (1 - 1e-3);  // not much below the quotient
+  }
+  INFO("first count whose sum overflows: " << first_overflow);
+  CHECK(overflows == 0);
+  CHECK(low == 0);
+}
+
 TEST_CASE("gradient_refusal names the tensor and why: NaN/Inf, or sync mode's overflow bound") {
   const std::vector<float> nan{1.0f, kNaN};
   const std::vector<float> big{1.0f, 3e38f};

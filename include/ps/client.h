@@ -103,7 +103,7 @@ struct ClientOptions {
   // A push that goes out as several requests (more than max_request_bytes,
   // tensors over several shards, or push_and_step reporting the step to
   // shards it has no gradient for) is checked for NaN/Inf (and in sync mode
-  // for values over FLT_MAX / replicas_to_aggregate, whose sum would
+  // for values over about FLT_MAX / replicas_to_aggregate, whose sum would
   // overflow) here before any of it is sent, since psd can only refuse the
   // request a bad value is in
   // and would apply the others. The check reads the gradients once more,

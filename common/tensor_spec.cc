@@ -26,12 +26,12 @@ void glorot_fans(const std::vector<uint64_t>& shape, uint64_t* fan_in, uint64_t*
   } else if (shape.size() == 1) {
     *fan_in = *fan_out = shape[0];
   } else {
-    uint64_t in = 1;  // saturates at UINT64_MAX rather than wrapping
-    for (std::size_t i = 0; i + 1 < shape.size(); ++i) {
-      in = shape[i] != 0 && in > UINT64_MAX / shape[i] ? UINT64_MAX : in * shape[i];
-    }
-    *fan_in = in;
-    *fan_out = shape.back();
+    // Saturating products: UINT64_MAX rather than a wrapped count.
+    auto times = [](uint64_t a, uint64_t b) { return b != 0 && a > UINT64_MAX / b ? UINT64_MAX : a * b; };
+    uint64_t receptive = 1;  // a convolution kernel's spatial size
+    for (std::size_t i = 0; i + 2 < shape.size(); ++i) receptive = times(receptive, shape[i]);
+    *fan_in = times(receptive, shape[shape.size() - 2]);
+    *fan_out = times(receptive, shape.back());
   }
 }
 

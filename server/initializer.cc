@@ -31,9 +31,9 @@ bool usable_scale(double x) {
 double glorot_fan_sum(const std::vector<uint64_t>& shape) {
   if (shape.empty()) return 2.0;
   if (shape.size() == 1) return 2.0 * static_cast<double>(shape[0]);
-  double fan_in = 1;
-  for (std::size_t i = 0; i + 1 < shape.size(); ++i) fan_in *= static_cast<double>(shape[i]);
-  return fan_in + static_cast<double>(shape.back());
+  double receptive = 1;
+  for (std::size_t i = 0; i + 2 < shape.size(); ++i) receptive *= static_cast<double>(shape[i]);
+  return receptive * (static_cast<double>(shape[shape.size() - 2]) + static_cast<double>(shape.back()));
 }
 
 void validate_initializer(const InitConfig& init, const std::string& name,

@@ -170,6 +170,21 @@ TEST_CASE("initializers produce the documented distributions") {
   }
   CHECK(std::fabs(mean / v.size()) < 0.01 * limit);
 
+  // A 3x3 convolution kernel, 16 channels in, 32 out: TensorFlow's fans are
+  // 9 * 16 and 9 * 32, so the values fill [-sqrt(6 / 432), sqrt(6 / 432)].
+  std::vector<float> kernel(3 * 3 * 16 * 32);
+  initialize(kernel, InitConfig::glorot_uniform(5), {3, 3, 16, 32}, 0);
+  const float conv_limit = std::sqrt(6.0f / 432.0f);
+  float largest = 0;
+  for (float x : kernel) largest = std::max(largest, std::fabs(x));
+  CHECK(largest <= conv_limit);
+  CHECK(largest > 0.99f * conv_limit);
+  uint64_t fan_in = 0, fan_out = 0;
+  glorot_fans({3, 3, 16, 32}, &fan_in, &fan_out);
+  CHECK((fan_in == 144 && fan_out == 288));
+  glorot_fans({7}, &fan_in, &fan_out);
+  CHECK((fan_in == 7 && fan_out == 7));
+
   initialize(v, InitConfig::truncated_normal(1.0f, 0.5f, 4), {20000}, 0);
   double m = 0, sq = 0;
   for (float x : v) {

@@ -120,8 +120,9 @@ struct TensorSpec {
   uint64_t num_bytes() const { return num_elements() * sizeof(float); }
 };
 
-// Fan-in / fan-out as Glorot initialisation counts them (TF's convention:
-// the last dimension is fan-out, the product of the others fan-in).
+// Fan-in / fan-out as Glorot initialisation counts them, as TensorFlow
+// does: (in, out) for a matrix; for a convolution kernel (..., in, out)
+// each times the product of the leading (spatial) dimensions.
 void glorot_fans(const std::vector<uint64_t>& shape, uint64_t* fan_in, uint64_t* fan_out);
 
 std::string shape_to_string(const std::vector<uint64_t>& shape);

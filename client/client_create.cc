@@ -2,7 +2,9 @@
 // their shards. A create that takes several requests runs in two rounds
 // (every shard checks all of its part, then every shard creates), so that
 // a call psd would refuse anywhere creates nothing anywhere.
+#include <algorithm>
 #include <map>
+#include <set>
 
 #include "client/client_impl.h"
 #include "common/finite.h"
@@ -147,6 +149,34 @@ class Declarations {
   bool kept_ = false;
 };
 
+// Where this call's tensors already are: (stored name, shard) of each piece,
+// by logical name.
+using Stored = std::map<std::string, std::vector<std::pair<std::string, int>>>;
+
+// A tensor another client created placed otherwise (another placement
+// policy, chunk_bytes or part_bytes, or another declaration order) would be
+// created a second time where this client places it, and the two would
+// train apart. Refused before anything is sent.
+void refuse_other_placement(const Placement& placement, const std::vector<TensorSpec>& specs,
+                            const Stored& stored) {
+  for (const auto& spec : specs) {
+    auto it = stored.find(spec.name);
+    if (it == stored.end()) continue;
+    const std::vector<Part>& parts = placement.at(spec.name).parts;
+    for (const auto& [name, shard] : it->second) {
+      const bool ours = std::any_of(parts.begin(), parts.end(), [&](const Part& p) {
+        return p.stored_name == name && p.shard == shard;
+      });
+      if (ours) continue;
+      throw ConfigError("create: tensor '" + spec.name + "' exists as '" + name + "' on shard " +
+                        std::to_string(shard) +
+                        ", where this client does not place it: every worker must declare the "
+                        "same tensors in the same order, with the same ClientOptions::placement, "
+                        "chunk_bytes and part_bytes (nothing was created)");
+    }
+  }
+}
+
 }  // namespace
 
 void Client::create(const std::vector<TensorSpec>& specs) {
@@ -160,6 +190,24 @@ void Client::create(const std::vector<TensorSpec>& specs) {
     names.push_back(s.name);
     copies.push_back((s.init.kind == InitKind::kValues ? 1 : 0) +
                      static_cast<uint32_t>(s.slots.size()));
+  }
+  if (num_shards() > 1) {
+    std::set<std::string> wanted(names.begin(), names.end());
+    Stored stored =
+        impl_
+            ->on_every_shard<Stored>(
+                [](ShardConnection& s) { return s.shard.listRequest().send(); },
+                [&wanted](Stored& out, int shard,
+                          capnp::Response<wire::Shard::ListResults>& reply) {
+                  for (auto t : reply.getTensors()) {
+                    std::string full = t.hasPart() ? t.getPart().getFullName() : t.getName();
+                    if (wanted.count(full) != 0) out[full].emplace_back(t.getName(), shard);
+                  }
+                },
+                "create: ")
+            .get();
+    std::lock_guard lock(impl_->placement_mutex);
+    refuse_other_placement(impl_->placement, specs, stored);
   }
   auto batches = impl_->plan(names, copies);
   for (const ShardBatch& b : batches) {

@@ -274,6 +274,56 @@ TEST_CASE("a tensor split over 3 shards round-trips bit-exactly") {
   CHECK(std::memcmp(out.data(), expected.data(), n * 4) == 0);
 }
 
+TEST_CASE("a create placed otherwise than the tensors' creator's is refused, creating nothing") {
+  // Created a second time where this client places them, the copies
+  // trained apart: one worker's pushes never reached the other's pulls.
+  PsdProcess a, b;
+  ClientOptions first = options_for({&a, &b});
+  first.chunk_bytes = 1u << 20;
+  first.part_bytes = 256u << 10;
+  Client creator(first);
+  const std::size_t n = 512 * 1024;  // two chunks of four parts
+  creator.create({sgd_tensor("big", {1000}), sgd_tensor("x", {10}), sgd_tensor("y", {10}),
+                  sgd_tensor("w", {n})});
+  const uint64_t tensors = creator.stats()[0].tensors + creator.stats()[1].tensors;
+
+  SECTION("another chunk size") {
+    ClientOptions o = first;
+    o.chunk_bytes = 2u << 20;  // all of "w" on one shard
+    Client other(o);
+    CHECK_THROWS_AS(other.create({sgd_tensor("w", {n})}), ConfigError);
+    CHECK_THROWS_WITH(other.create({sgd_tensor("w", {n})}),
+                      Catch::Contains("'w/part_0' on shard 1") && Catch::Contains("chunk_bytes"));
+  }
+  SECTION("another placement policy") {
+    ClientOptions o = first;
+    o.placement = PlacementPolicy::kGreedyBytes;
+    Client other(o);
+    CHECK_THROWS_WITH(other.create({sgd_tensor("big", {1000}), sgd_tensor("x", {10}),
+                                    sgd_tensor("y", {10})}),
+                      Catch::Contains("'y' on shard 0"));
+    // The refused create left the placement as it was.
+    CHECK_FALSE(other.placement().contains("big"));
+  }
+  SECTION("another part size, a tensor stored whole elsewhere") {
+    ClientOptions o = first;
+    o.chunk_bytes = 4096;
+    o.part_bytes = 2048;  // "big" in two parts
+    Client other(o);
+    CHECK_THROWS_WITH(other.create({sgd_tensor("big", {1000}), sgd_tensor("x", {10}),
+                                    sgd_tensor("y", {10})}),
+                      Catch::Contains("'big' exists as 'big' on shard 0"));
+  }
+  SECTION("the same options: an idempotent create") {
+    Client other(first);
+    other.create({sgd_tensor("big", {1000}), sgd_tensor("x", {10}), sgd_tensor("y", {10}),
+                  sgd_tensor("w", {n})});
+    other.push("y", std::vector<float>(10, 1.0f));
+    CHECK(creator.pull("y") == std::vector<float>(10, -1.0f));
+  }
+  CHECK(creator.stats()[0].tensors + creator.stats()[1].tensors == tensors);
+}
+
 TEST_CASE("a NaN or Inf anywhere in a push that goes out as several requests refuses all of it") {
   // psd checks each request whole; the client checks a push it splits.
   const std::size_t n = 100'003;  // 7 parts of 64 KiB over 3 shards

@@ -229,6 +229,10 @@ class Client {
   // A create that fails leaves the placement as it was (unless another
   // thread declared tensors meanwhile): the refused shape can be declared
   // as psd has it, and later tensors are placed as on other workers.
+  // Over several shards, a tensor some other client created placed
+  // otherwise (another placement policy, chunk_bytes or part_bytes, another
+  // declaration order) throws ConfigError before anything is sent: a second
+  // copy where this client places it would train apart from the first.
   void create(const std::vector<TensorSpec>& specs);
   // Places without creating: for workers that wait for the chief's init.
   void declare(const std::vector<TensorSpec>& specs);

@@ -26,17 +26,22 @@ const char* memory_use_name(MemoryUse use) {
 MemoryBudget::MemoryBudget(uint64_t limit_bytes)
     : limit_(limit_bytes > 0 ? limit_bytes : default_limit()) {}
 
-uint64_t MemoryBudget::default_limit() {
+uint64_t MemoryBudget::machine_bytes() {
   std::ifstream meminfo("/proc/meminfo");
   std::string line;
   while (std::getline(meminfo, line)) {
     if (line.rfind("MemTotal:", 0) == 0) {
       std::istringstream in(line.substr(9));
       uint64_t kib = 0;
-      if (in >> kib && kib > 0) return kib * 1024 / 4 * 3;
+      if (in >> kib && kib > 0) return kib * 1024;
     }
   }
-  return uint64_t{4} << 30;
+  return 0;
+}
+
+uint64_t MemoryBudget::default_limit() {
+  const uint64_t machine = machine_bytes();
+  return machine > 0 ? machine / 4 * 3 : uint64_t{4} << 30;
 }
 
 MemoryBudget::Reservation& MemoryBudget::Reservation::operator=(Reservation&& o) noexcept {

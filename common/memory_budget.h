@@ -37,6 +37,8 @@ class MemoryBudget {
   // 3/4 of the machine's memory (MemTotal in /proc/meminfo; 4 GiB if it
   // cannot be read).
   static uint64_t default_limit();
+  // The machine's memory (MemTotal); 0 if unknown.
+  static uint64_t machine_bytes();
 
   // Bytes held for one purpose; movable, gives them back when destroyed.
   class Reservation {

@@ -54,6 +54,7 @@ std::vector<std::string> expand_range(std::string_view inside, std::string_view 
       bad(list, q(item) + " is not a number or lo-hi range");
     if (lo > hi) bad(list, "range " + q(item) + " runs backwards");
     if (hi - lo >= kMaxHosts) bad(list, "range " + q(item) + " is too large");
+    if (hi - lo >= kMaxHosts - out.size()) bad(list, "too many hosts");
     for (unsigned long long v = lo; v <= hi; ++v) {
       std::string n = std::to_string(v);
       if (n.size() < lo_s.size()) n.insert(0, lo_s.size() - n.size(), '0');
@@ -89,6 +90,7 @@ void expand_one(std::string_view expr, std::string_view list, std::vector<std::s
     acc = std::move(next);
     i = close + 1;
   }
+  if (acc.size() > kMaxHosts - out.size()) bad(list, "too many hosts");
   for (auto& a : acc) {
     if (a.empty()) bad(list, "empty host name");
     out.push_back(std::move(a));

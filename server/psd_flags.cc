@@ -5,6 +5,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/memory_budget.h"
+
 #include "common/auth_token.h"
 #include "common/net/host_port.h"
 #include "ps/cluster_spec.h"
@@ -15,6 +17,10 @@
 namespace ps {
 
 namespace {
+
+constexpr int kMaxSizeMb = 1 << 24;
+constexpr unsigned kMaxThreads = 1024;
+constexpr int kMaxCheckpointSecs = 366 * 86400;
 
 // Registers `name` unless a trainer already has it (kTrainer): then the
 // trainer's option stays the only one, and its value, where given, is taken.
@@ -59,7 +65,12 @@ void add_durability_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
                  "TLS: require client certificates signed by a CA in this PEM file");
   app.add_option("--max_tensors_per_client", o.shard.max_tensors_per_client,
                  "tensors one connection may create (0: no limit)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](const std::string& v) {
+            return v.find('-') == std::string::npos ? std::string() : "must be >= 0";
+          },
+          "NONNEGATIVE"));
   app.add_option("--worker_timeout_secs", o.shard.worker_timeout_secs,
                  "sync mode: stop waiting for a connected worker silent this long (0: wait while "
                  "it is connected)")
@@ -289,9 +300,24 @@ void finish_psd_flags(ServerOptions& o, PsdFlagValues& x, const std::optional<Ps
   }
   if (!o.http_port_file.empty() && !o.http_port)
     throw ConfigError("--http_port_file needs --http_port");
-  if (x.max_message_mb <= 0 || x.max_tensor_mb <= 0) throw ConfigError("size limits must be > 0");
-  if (x.max_memory_mb < 0)
-    throw ConfigError("--max_memory_mb must be >= 0 (0: 3/4 of this machine's memory)");
+  // NaN fails every comparison: each check is written to pass only good values.
+  if (!(x.max_message_mb > 0 && x.max_message_mb <= kMaxSizeMb))
+    throw ConfigError("--max_message_mb must be in (0, " + std::to_string(kMaxSizeMb) + "]");
+  if (!(x.max_tensor_mb > 0 && x.max_tensor_mb <= kMaxSizeMb))
+    throw ConfigError("--max_tensor_mb must be in (0, " + std::to_string(kMaxSizeMb) + "]");
+  const uint64_t machine = MemoryBudget::machine_bytes();
+  const double machine_mb = static_cast<double>(machine > 0 ? machine >> 20 : kMaxSizeMb);
+  if (!(x.max_memory_mb >= 0 && x.max_memory_mb <= machine_mb))
+    throw ConfigError(fmt::format(
+        "--max_memory_mb must be in 0..{} (this machine's memory; 0: 3/4 of it), not {}",
+        machine_mb, x.max_memory_mb));
+  if (!(x.hello_timeout_secs >= 0.1 && x.hello_timeout_secs <= 3600))
+    throw ConfigError("--hello_timeout_secs must be in 0.1..3600");
+  if (!(x.request_timeout_secs >= 0.1 && x.request_timeout_secs <= 86400))
+    throw ConfigError("--request_timeout_secs must be in 0.1..86400");
+  if (o.threads > kMaxThreads)
+    throw ConfigError("--threads must be in 0.." + std::to_string(kMaxThreads));
+  if (o.max_connections < 1) throw ConfigError("--max_connections must be >= 1");
   o.shard.max_message_bytes = static_cast<uint64_t>(x.max_message_mb * (1 << 20));
   o.shard.limits.max_tensor_bytes = static_cast<uint64_t>(x.max_tensor_mb * (1 << 20));
   o.max_memory_bytes = static_cast<uint64_t>(x.max_memory_mb * (1 << 20));
@@ -300,7 +326,9 @@ void finish_psd_flags(ServerOptions& o, PsdFlagValues& x, const std::optional<Ps
   o.shard.max_shared_memory_bytes = static_cast<uint64_t>(x.max_shared_memory_mb) << 20;
   if (!x.auth_token_file.empty()) o.shard.auth_token = read_auth_token(x.auth_token_file);
   if (!x.http_auth_token_file.empty()) o.http_auth_token = read_auth_token(x.http_auth_token_file);
-  if (o.checkpoint.every_secs < 0) throw ConfigError("--checkpoint_secs must be >= 0");
+  if (!(o.checkpoint.every_secs >= 0 && o.checkpoint.every_secs <= kMaxCheckpointSecs))
+    throw ConfigError("--checkpoint_secs must be in 0.." + std::to_string(kMaxCheckpointSecs) +
+                      " (0: only on SIGTERM and on request)");
   if (o.checkpoint.keep < 1) throw ConfigError("--keep_checkpoints must be >= 1");
   if (o.checkpoint.every_secs > 0 && o.checkpoint.dir.empty())
     throw ConfigError("--checkpoint_secs needs --checkpoint_dir");

@@ -31,6 +31,9 @@ int main(int argc, char** argv) {
   } catch (const kj::Exception& e) {
     spdlog::error("{}", ps::for_people(e.getDescription().cStr()));
     return 1;
+  } catch (const std::exception& e) {
+    spdlog::error("psd: {}", e.what());
+    return 1;
   }
   spdlog::info("psd exited cleanly");
   return 0;

@@ -2,6 +2,7 @@
 // TLS, refusals) and the housekeeping share the list of connections.
 #include "server/accept_retry.h"
 #include "server/server.h"
+#include "common/checkpoint/checkpoint_file.h"
 
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -35,11 +36,19 @@ namespace ps {
 
 namespace {
 
-void write_port_file(const std::string& path, int port) {
+void write_port_file(const std::string& path, int port, const char* flag) {
   // Written whole and renamed, so a reader never sees a partial number.
   std::string tmp = path + ".tmp";
-  { std::ofstream(tmp) << port << "\n"; }
-  std::rename(tmp.c_str(), path.c_str());
+  bool written = false;
+  {
+    std::ofstream out(tmp);
+    written = static_cast<bool>(out << port << "\n") && static_cast<bool>(out.flush());
+  }
+  if (!written || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(tmp.c_str());
+    throw ConfigError(std::string("psd: cannot write ") + flag + " " + path + ": " + why);
+  }
 }
 
 // One accepted connection: its stream, the messages read from it in place
@@ -538,7 +547,14 @@ void PsServer::run(kj::Promise<void> stop) {
   kj::AsyncIoContext& io = impl_->io;
   kj::Own<kj::ConnectionReceiver> tcp, local;
   // Restore before listening: no client ever sees the shard half-loaded.
-  if (impl_->checkpointer) impl_->checkpointer->restore();
+  if (impl_->checkpointer) {
+    try {
+      check_checkpoint_dir(o.checkpoint.dir, o.shard.shard_index, o.shard.num_shards);
+    } catch (const Error& e) {
+      throw ConfigError(std::string("--checkpoint_dir: ") + e.what());
+    }
+    impl_->checkpointer->restore();
+  }
   try {
     auto addr = io.provider->getNetwork()
                     .parseAddress(o.bind, static_cast<uint>(o.port))
@@ -574,11 +590,11 @@ void PsServer::run(kj::Promise<void> stop) {
     }
     // Before port_file: whoever waits for port_file may read this one at once.
     if (!o.http_port_file.empty())
-      write_port_file(o.http_port_file, static_cast<int>(http->getPort()));
+      write_port_file(o.http_port_file, static_cast<int>(http->getPort()), "--http_port_file");
     spdlog::info("psd shard {} serving HTTP (/metrics, /healthz, status page) on {}://{}:{}/",
                  o.shard.shard_index, impl_->tls ? "https" : "http", o.bind, http->getPort());
   }
-  if (!o.port_file.empty()) write_port_file(o.port_file, port);
+  if (!o.port_file.empty()) write_port_file(o.port_file, port, "--port_file");
   const int send_buffer_kb = same_host_send_buffer_bytes() >> 10;
   spdlog::info(
       "psd shard {}/{} listening on {}:{}{}{} ({} compute threads, same-host TCP send buffer {}, "

@@ -200,6 +200,9 @@ TEST_CASE("Slurm host list expansion") {
   CHECK_CONFIG_ERROR(expand_hostlist("node[a-b]"), "not a number");
   CHECK_CONFIG_ERROR(expand_hostlist("node[]"), "empty range");
   CHECK_CONFIG_ERROR(expand_hostlist("n[0-99999999]"), "too large");
+  // Each range below the limit, together above it: refused before they are expanded.
+  CHECK_CONFIG_ERROR(expand_hostlist("a[0-999999],b[0-999999]"), "too many hosts");
+  CHECK_CONFIG_ERROR(expand_hostlist("n[0-999999,0-999999,0-999999]"), "too many hosts");
 }
 
 TEST_CASE("Slurm tasks per node") {

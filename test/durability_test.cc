@@ -109,8 +109,9 @@ TEST_CASE(
     "since") {
   TempDir dir;
   const std::string shard_dir = shard_checkpoint_dir(dir.path(), 0, 1);
+  PsdProcess psd(ckpt_args(dir, 0.2));  // makes shard_dir: a file there is refused at start
+  std::filesystem::remove(shard_dir);
   std::ofstream(shard_dir) << "a file where the shard's directory goes: every write fails";
-  PsdProcess psd(ckpt_args(dir, 0.2));
   Client c(options_for({&psd}));
   c.create({{.name = "w", .shape = {4}, .optimizer = OptimizerConfig::sgd(1.0f)}});
   c.push("w", std::vector<float>{1, 2, 3, 4});

@@ -261,6 +261,16 @@ std::string shard_checkpoint_dir(const std::string& dir, uint32_t shard_index,
   return dir + "/shard-" + std::to_string(shard_index) + "-of-" + std::to_string(num_shards);
 }
 
+void check_checkpoint_dir(const std::string& dir, uint32_t shard_index, uint32_t num_shards) {
+  const std::string shard_dir = shard_checkpoint_dir(dir, shard_index, num_shards);
+  make_dirs(shard_dir);
+  const std::string probe = shard_dir + "/.write-test";
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error("checkpoint: cannot write in " + shard_dir + ": " + errno_text());
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
 std::optional<uint64_t> checkpoint_tensor_count(const std::string& path) {
   try {
     FileReader in(path);

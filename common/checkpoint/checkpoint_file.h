@@ -86,6 +86,10 @@ struct CheckpointFile {
 
 std::string shard_checkpoint_dir(const std::string& dir, uint32_t shard_index, uint32_t num_shards);
 
+// Creates the shard's directory and checks that a file can be written
+// there. Throws ps::Error naming the path and the reason.
+void check_checkpoint_dir(const std::string& dir, uint32_t shard_index, uint32_t num_shards);
+
 // Writes atomically; returns the final path. Never replaces a valid file of
 // the same step that holds more tensors (a restore that left bad tensors
 // out must not lose the good file's copy of them): the new file then goes

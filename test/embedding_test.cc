@@ -822,3 +822,111 @@ TEST_CASE(
     }
   }
 }
+
+TEST_CASE(
+    "a checkpoint restores into 1->3, 3->2 and 2->1 shards: split tensors with their slots, mod, "
+    "div and dynamic tables, uneven sizes, and trains on as a run that did not stop") {
+  const std::vector<std::pair<int, int>> moves = {{1, 3}, {3, 2}, {2, 1}};
+  const std::vector<TensorSpec> tensors = {
+      {.name = "big",
+       .shape = {1001},
+       .optimizer = OptimizerConfig::adam(0.02f),
+       .init = InitConfig::normal(0, 1, 3)},
+      {.name = "mom",
+       .shape = {7},
+       .optimizer = OptimizerConfig::with_momentum(0.05f, 0.9f),
+       .init = InitConfig::normal(0, 1, 4)}};
+  auto table = [](std::string name, TablePlacement p) {
+    return TableSpec{.name = std::move(name),
+                     .dim = 3,
+                     .rows = 11,
+                     .placement = p,
+                     .optimizer = RowOptimizerConfig::adagrad(0.5f),
+                     .init = InitConfig::uniform(-1, 1, 5)};
+  };
+  const std::vector<TableSpec> tables = {
+      table("tmod", TablePlacement::kMod), table("tdiv", TablePlacement::kDiv),
+      TableSpec{.name = "dyn",
+                .dim = 3,
+                .dynamic = true,
+                .placement = TablePlacement::kHash,
+                .optimizer = RowOptimizerConfig::ftrl(0.5f, 0.01f, 0.1f)}};
+  std::vector<int64_t> all(11);
+  std::iota(all.begin(), all.end(), 0);
+  const std::vector<int64_t> dyn_ids = {5, -7, 1000000007, 42, 3};
+  auto train = [&](Client& c, float k) {
+    std::vector<float> g(1001), m(7);
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = k * std::sin(0.1f * static_cast<float>(i));
+    for (std::size_t i = 0; i < m.size(); ++i) m[i] = k * (static_cast<float>(i) - 3);
+    c.push({"big", "mom"}, {std::span<const float>(g), std::span<const float>(m)});
+    std::vector<float> rg(all.size() * 3);
+    for (std::size_t i = 0; i < rg.size(); ++i) rg[i] = k * (static_cast<float>(i % 5) - 2);
+    c.push_rows("tmod", all, rg);
+    c.push_rows("tdiv", all, rg);
+    c.push_rows("dyn", dyn_ids, std::vector<float>(rg.begin(), rg.begin() + 15));
+  };
+  auto read = [&](Client& c) {
+    std::vector<float> out = c.pull("big");
+    const std::vector<float> m = c.pull("mom");
+    out.insert(out.end(), m.begin(), m.end());
+    for (const char* t : {"tmod", "tdiv"}) {
+      const auto r = pull_rows(c, t, all, 3);
+      out.insert(out.end(), r.begin(), r.end());
+    }
+    const auto d = pull_rows(c, "dyn", dyn_ids, 3);
+    out.insert(out.end(), d.begin(), d.end());
+    return out;
+  };
+  auto start = [](int n, const std::vector<std::string>& extra) {
+    std::vector<std::unique_ptr<PsdProcess>> out;
+    for (int i = 0; i < n; ++i) {
+      std::vector<std::string> args = extra;
+      args.insert(args.end(),
+                  {"--shard_index", std::to_string(i), "--num_shards", std::to_string(n)});
+      out.push_back(std::make_unique<PsdProcess>(args));
+    }
+    return out;
+  };
+  auto options = [](const std::vector<std::unique_ptr<PsdProcess>>& shards, uint64_t chunk) {
+    ClientOptions o;
+    for (const auto& s : shards) o.ps_hosts.push_back(s->address());
+    o.worker_index = 0;
+    o.is_chief = true;
+    o.chunk_bytes = chunk;
+    return o;
+  };
+  for (const auto& [from, to] : moves) {
+    DYNAMIC_SECTION(from << " shards into " << to) {
+      ps::test::TempDir dir;
+      std::vector<float> saved, after;
+      {
+        auto shards = start(from, {"--checkpoint_dir", dir.path()});
+        Client client(options(shards, 1024));  // "big" in 4 parts, the last one short
+        client.create(tensors);
+        client.create_tables(tables);
+        train(client, 1.0f);
+        train(client, -0.5f);
+        saved = read(client);
+        REQUIRE(client.checkpoint().paths.size() == static_cast<std::size_t>(from));
+        train(client, 0.75f);
+        after = read(client);
+        for (auto& s : shards) s->kill();
+      }
+      auto shards = start(to, {});
+      Client client(options(shards, 1536));
+      RestoredModel m = restore_from_checkpoint(client, dir.path());
+      CHECK(m.num_shards == static_cast<uint32_t>(from));
+      CHECK(read(client) == saved);
+      train(client, 0.75f);
+      CHECK(read(client) == after);
+      for (const auto& t : client.list_tables()) {
+        if (t.name == "dyn") continue;
+        const RowPlacement place(t.name == "tmod" ? TablePlacement::kMod : TablePlacement::kDiv,
+                                 11, static_cast<uint32_t>(to));
+        REQUIRE(t.rows_per_shard.size() == static_cast<std::size_t>(to));
+        for (uint32_t s = 0; s < static_cast<uint32_t>(to); ++s)
+          CHECK(t.rows_per_shard[s] == place.rows_on(s));
+      }
+    }
+  }
+}

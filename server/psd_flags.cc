@@ -5,9 +5,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include "common/memory_budget.h"
-
 #include "common/auth_token.h"
+#include "common/memory_budget.h"
 #include "common/net/host_port.h"
 #include "ps/cluster_spec.h"
 #include "server/process_priority.h"

@@ -522,6 +522,10 @@ TEST_CASE("bad ids and specs are refused before anything changes") {
   auto d = dynamic_table(2);
   d.placement = TablePlacement::kMod;
   CHECK_THROWS_AS(EmbeddingTable::validate(d), RequestError);
+  // A fixed table placed by hash would hold no rows here, yet take ids < rows.
+  CHECK_THROWS_WITH(EmbeddingTable::validate(fixed_table(100, 2, RowOptimizerConfig::sgd(1), {},
+                                                         TablePlacement::kHash)),
+                    Catch::Contains("is fixed: its rows are placed by 'mod' or 'div'"));
 }
 
 TEST_CASE("a dynamic table creates rows on first touch and refuses new ids at its limit") {

@@ -411,6 +411,8 @@ TEST_CASE("bad table requests are refused with a clear error, change nothing, an
     CHECK_THROWS_WITH(client.create_tables({fixed("big", 1 << 20, 1)}),
                       Catch::Contains("--max_memory_mb"));
     CHECK_THROWS_WITH(client.create_tables({fixed("zero", 0, 1)}), Catch::Contains("0 rows"));
+    CHECK_THROWS_WITH(client.create_tables({fixed("hashed", 100, 64, 1, {}, TablePlacement::kHash)}),
+                      Catch::Contains("placed by 'mod' or 'div'"));
     CHECK(client.list_tables().size() == 2);
   }
   SECTION("a pull whose reply is over the message limit") {

@@ -50,6 +50,10 @@ void EmbeddingTable::validate(const TableSpec& s) {
     throw RequestError("createTables: " + quoted(s) +
                        " is dynamic: its ids are placed by hash, not 'mod' or 'div'");
   }
+  if (!s.dynamic && s.placement != TablePlacement::kMod && s.placement != TablePlacement::kDiv) {
+    throw RequestError("createTables: " + quoted(s) +
+                       " is fixed: its rows are placed by 'mod' or 'div', not 'hash'");
+  }
   if (!s.dynamic && (s.row_limit != 0 || s.on_limit != OnRowLimit::kRefuse)) {
     throw RequestError("createTables: " + quoted(s) +
                        " is fixed: a row limit is for dynamic tables");

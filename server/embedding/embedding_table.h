@@ -36,8 +36,8 @@ class EmbeddingTable {
   static constexpr uint32_t kMaxDim = 1u << 16;
 
   // Throws RequestError for a spec psd cannot hold (dim 0 or over kMaxDim,
-  // a fixed table of 0 rows, a dynamic one with a placement other than
-  // hash, an initializer tables do not support, a bad optimizer).
+  // a fixed table of 0 rows or placed by hash, a dynamic one with a
+  // placement other than hash, an initializer tables do not support, a bad optimizer).
   static void validate(const TableSpec& spec);
   // The bytes a new table takes on `shard` before any dynamic row exists.
   static uint64_t initial_bytes(const TableSpec& spec, uint32_t shard, uint32_t shards);

@@ -474,11 +474,9 @@ void Shard::restore_rows(std::string_view table, std::span<const uint64_t> ids,
     check_memory(fresh * EmbeddingTable::bytes_per_dynamic_row(t.table->spec()),
                  "restoreRows: " + std::to_string(fresh) + " new rows of table '" + name + "'");
   }
-  std::vector<const float*> slot_rows(slots.size());
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    for (std::size_t k = 0; k < slots.size(); ++k) slot_rows[k] = slots[k].data() + i * dim;
-    t.table->put_row(ids[i], values.data() + i * dim, slot_rows);
-  }
+  std::vector<const float*> slot_data(slots.size());
+  for (std::size_t k = 0; k < slots.size(); ++k) slot_data[k] = slots[k].data();
+  t.table->put_rows(ids, values.data(), slot_data);
   t.table->set_version(std::max(t.table->version(), version));
 }
 

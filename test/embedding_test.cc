@@ -369,6 +369,21 @@ TEST_CASE("a dynamic table evicting its least recently touched rows counts evict
   CHECK(t.rows == 2);
 }
 
+TEST_CASE("a restore into a table at its limit evicts none of the rows it restores") {
+  PsdProcess psd;
+  Client client(options_for({&psd}));
+  client.create_tables({dynamic("d", 1, 2, OnRowLimit::kEvictLru)});
+  client.push_rows("d", std::vector<int64_t>{1, 2}, std::vector<float>{1, 2});
+  pull_rows(client, "d", {2}, 1);  // 1 is the least recently used
+  // 3 is new, 1 is held: 2 alone makes room, as a pull or push of {3, 1} would.
+  client.restore_rows("d", std::vector<int64_t>{3, 1}, std::vector<float>{30, 10}, {}, 1);
+  auto t = client.list_tables().at(0);
+  CHECK(t.evictions == 1);
+  CHECK(t.rows == 2);
+  CHECK(pull_rows(client, "d", {3, 1}, 1) == std::vector<float>{30, 10});
+  CHECK(client.list_tables().at(0).evictions == 1);
+}
+
 TEST_CASE("bad table requests are refused with a clear error, change nothing, and psd serves on") {
   PsdProcess psd({"--max_memory_mb", "1", "--max_message_mb", "2"});
   Client client(options_for({&psd}));

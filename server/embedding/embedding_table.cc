@@ -510,14 +510,22 @@ void EmbeddingTable::for_each_row(
   index_.for_each([&](uint64_t id, uint32_t slot) { emit(slot, id); });
 }
 
-void EmbeddingTable::put_row(uint64_t id, const float* values,
-                             std::span<const float* const> slots) {
-  const uint64_t one[1] = {id};
-  check(one, "restore");
-  const uint64_t s = local_slot(id);
-  std::memcpy(row(0, s), values, spec_.dim * sizeof(float));
-  for (uint32_t c = 1; c < components() && c - 1 < slots.size(); ++c) {
-    std::memcpy(row(c, s), slots[c - 1], spec_.dim * sizeof(float));
+void EmbeddingTable::put_rows(std::span<const uint64_t> ids, const float* values,
+                              std::span<const float* const> slots) {
+  const uint32_t dim = spec_.dim;
+  std::vector<uint64_t>& where = push_slots_;
+  if (spec_.dynamic) {
+    find_and_touch(ids, where);
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      if (where[i] == kEmpty) where[i] = find_or_insert(ids[i]);
+  } else {
+    where.resize(ids.size());
+    for (std::size_t i = 0; i < ids.size(); ++i) where[i] = placement_.local_row(ids[i]);
+  }
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    std::memcpy(row(0, where[i]), values + i * dim, dim * sizeof(float));
+    for (uint32_t c = 1; c < components() && c - 1 < slots.size(); ++c)
+      std::memcpy(row(c, where[i]), slots[c - 1] + i * dim, dim * sizeof(float));
   }
 }
 

@@ -103,10 +103,12 @@ class EmbeddingTable {
   // `dim` floats), in slot order.
   void for_each_row(const std::function<void(uint64_t id, const float* values,
                                              std::span<const float* const> slots)>& fn) const;
-  // For restores: sets row `id` (which must be this shard's) to the given
-  // values and slots, creating it if needed; a dynamic table at its limit
-  // refuses (RequestError).
-  void put_row(uint64_t id, const float* values, std::span<const float* const> slots);
+  // For restores: sets row ids[i] to values[i*dim ..] and each slot k to
+  // slots[k][i*dim ..], creating missing dynamic rows; with kEvictLru the
+  // rows held are touched first, so a new row evicts none of them. Call
+  // check() first.
+  void put_rows(std::span<const uint64_t> ids, const float* values,
+                std::span<const float* const> slots);
 
  private:
   static constexpr uint32_t kEmpty = RowIndex::kMissing;

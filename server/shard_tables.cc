@@ -120,8 +120,10 @@ std::vector<TableReport> Shard::create_tables(const std::vector<ShardTableSpec>&
       }
       continue;
     }
-    const uint64_t b = EmbeddingTable::initial_bytes(s.spec, s.shard_index, s.num_shards) +
-                       ShardTables::bookkeeping_bytes(name);
+    // Saturating: initial_bytes says UINT64_MAX for a table too large to count.
+    const uint64_t rows = EmbeddingTable::initial_bytes(s.spec, s.shard_index, s.num_shards);
+    const uint64_t extra = ShardTables::bookkeeping_bytes(name);
+    const uint64_t b = rows > UINT64_MAX - extra ? UINT64_MAX : rows + extra;
     new_bytes = b > UINT64_MAX - new_bytes ? UINT64_MAX : new_bytes + b;
     ++new_tables;
   }

@@ -294,3 +294,12 @@ TEST_CASE("an async push refused for an overflowing update counts no step report
   CHECK(f.values("w") == std::vector<float>{3e38f - 1, -1});
   CHECK(f.shard.counters().duplicate_requests == 0);
 }
+
+TEST_CASE("a fixed table too large to count is refused, not allocated") {
+  // Its size saturates at UINT64_MAX; with the table's bookkeeping added it
+  // must stay there, not wrap to a size that passes the memory check.
+  Fixture f;
+  const ps::ShardTableSpec huge{.spec = {.name = "huge", .dim = 4, .rows = UINT64_MAX}};
+  refused(f, [&] { f.shard.create_tables({huge}, false); }, "over its limit");
+  CHECK(f.shard.list_tables().empty());
+}

@@ -262,3 +262,24 @@ TEST_CASE(
   CHECK(rates[0].second > 0);
   CHECK(rates[0].second <= 40);
 }
+
+TEST_CASE("a tag that is not UTF-8 is written as valid UTF-8") {
+  // A protobuf string field with bad UTF-8 makes TensorBoard's reader stop at
+  // that record.
+  ps_test::TempDir t;
+  std::string path;
+  {
+    ps::SummaryWriter w(t / "run");
+    path = w.path();
+    w.add_scalar("caf\xe9/loss", 1.0f, 1);        // Latin-1
+    w.add_scalar("d\xc3\xa9j\xc3\xa0", 2.0f, 2);  // valid: kept
+    w.add_scalar("cut\xe2\x82", 3.0f, 3);         // a sequence cut short
+    w.add_scalar("\xed\xa0\x80x", 4.0f, 4);       // a surrogate
+  }
+  auto scalars = read_scalars(path);
+  REQUIRE(scalars.size() == 4);
+  CHECK(scalars[0].tag == "caf\xef\xbf\xbd/loss");
+  CHECK(scalars[1].tag == "d\xc3\xa9j\xc3\xa0");
+  CHECK(scalars[2].tag == "cut\xef\xbf\xbd\xef\xbf\xbd");
+  CHECK(scalars[3].tag == "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbdx");
+}

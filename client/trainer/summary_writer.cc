@@ -53,6 +53,47 @@ void put_bytes(std::string& out, int field, std::string_view v) {
   out.append(v);
 }
 
+// Length of the valid UTF-8 sequence at s[i], or 0 (overlong forms,
+// surrogates and code points past U+10FFFF are not valid).
+size_t utf8_sequence(std::string_view s, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = byte(i);
+  const size_t n = c < 0x80           ? 1
+                   : (c >> 5) == 0x6  ? 2
+                   : (c >> 4) == 0xe  ? 3
+                   : (c >> 3) == 0x1e ? 4
+                                      : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  uint32_t cp = n == 1 ? c : c & (0x7f >> n);
+  for (size_t k = 1; k < n; ++k) {
+    if ((byte(i + k) & 0xc0) != 0x80) return 0;
+    cp = (cp << 6) | (byte(i + k) & 0x3f);
+  }
+  const uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+  return n;
+}
+
+// A tag is a protobuf string: TensorBoard's reader rejects the whole record
+// (and stops reading the file) on bad UTF-8. Each bad byte becomes U+FFFD.
+void put_utf8(std::string& out, int field, std::string_view v, std::string& scratch) {
+  size_t i = 0;
+  while (i < v.size() && utf8_sequence(v, i) > 0) i += utf8_sequence(v, i);
+  if (i == v.size()) return put_bytes(out, field, v);
+  scratch.assign(v.substr(0, i));
+  while (i < v.size()) {
+    const size_t n = utf8_sequence(v, i);
+    if (n == 0) {
+      scratch += "\xEF\xBF\xBD";
+      ++i;
+    } else {
+      scratch.append(v.substr(i, n));
+      i += n;
+    }
+  }
+  put_bytes(out, field, scratch);
+}
+
 double now_seconds() {
   using namespace std::chrono;
   return duration<double>(system_clock::now().time_since_epoch()).count();
@@ -101,7 +142,7 @@ void SummaryWriter::add_scalar(std::string_view tag, float value, int64_t step) 
   const double t = now_seconds();
   std::lock_guard lock(mu_);
   value_.clear();
-  put_bytes(value_, 1, tag);
+  put_utf8(value_, 1, tag, tag_);
   put_float(value_, 2, value);
   summary_.clear();
   put_bytes(summary_, 1, value_);

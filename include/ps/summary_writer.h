@@ -16,8 +16,10 @@
 // file_version = "brain.Event:2", then one Event per scalar:
 //   Event{wall_time=1 (double), step=2 (int64),
 //         summary=5 {value=1 {tag=1 (string), simple_value=2 (float)}}}
-// Thread-safe. I/O failures throw ps::Error; a logdir that cannot be created
-// throws ps::ConfigError.
+// A tag that is not valid UTF-8 is written with U+FFFD for each bad byte
+// (TensorBoard cannot read a file with such a tag). Thread-safe. I/O
+// failures throw ps::Error; a logdir that cannot be created throws
+// ps::ConfigError.
 #pragma once
 
 #include <chrono>
@@ -54,6 +56,7 @@ class SummaryWriter {
   std::string event_;    // scratch for one Event, reused
   std::string value_;    // scratch for Summary.Value, reused
   std::string summary_;  // scratch for Summary, reused
+  std::string tag_;      // scratch for a tag made valid UTF-8
   std::chrono::steady_clock::time_point last_flush_;
 };
 

@@ -283,3 +283,43 @@ TEST_CASE("a tag that is not UTF-8 is written as valid UTF-8") {
   CHECK(scalars[2].tag == "cut\xef\xbf\xbd\xef\xbf\xbd");
   CHECK(scalars[3].tag == "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbdx");
 }
+
+namespace {
+struct CountingHook : ps::TrainingHook {
+  std::vector<int64_t>& seen;
+  explicit CountingHook(std::vector<int64_t>& s) : seen(s) {}
+  void after_step(const ps::StepInfo& s) override { seen.push_back(s.local_step); }
+};
+}  // namespace
+
+TEST_CASE("HookList: a call that repeats the last local step reaches no hook") {
+  // run_step() that found the job already done runs no step; a loop calling
+  // after_step() after it anyway must not fire the hooks again.
+  ps_test::TempDir t;
+  std::string path;
+  std::vector<int64_t> seen;
+  int fired = 0;
+  {
+    ps::SummaryWriter w(t / "run");
+    path = w.path();
+    ps::HookList hooks;
+    hooks.add<CountingHook>(seen);
+    hooks.add<ps::SummaryHook>(w, 2);
+    hooks.add<ps::EveryNStepsHook>(2, [&](const ps::StepInfo&) { ++fired; });
+    hooks.begin();
+    hooks.after_step({.local_step = 1, .global_step = 1, .loss = 1.0});
+    hooks.after_step({.local_step = 2, .global_step = 2, .loss = 1.0});
+    hooks.after_step({.local_step = 2, .global_step = 3, .loss = 0.0});  // no step ran
+    hooks.end({.local_step = 2, .global_step = 3});
+  }
+  CHECK(seen == std::vector<int64_t>{1, 2});
+  CHECK(fired == 1);
+  int losses = 0;
+  for (const Scalar& s : read_scalars(path)) {
+    if (s.tag == "loss") {
+      ++losses;
+      CHECK(s.value == 1.0f);
+    }
+  }
+  CHECK(losses == 1);
+}

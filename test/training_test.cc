@@ -16,6 +16,7 @@
 
 #include "server/optimizer.h"
 #include "ps/client.h"
+#include "ps/hooks.h"
 #include "ps/training_session.h"
 #include "ps/worker_loop.h"
 #include "test/psd_process.h"
@@ -398,6 +399,60 @@ TEST_CASE("backup workers: one slow worker of four does not slow the job") {
   INFO("3 fast workers: " << fast3 << " steps/s; 3 fast + 1 slow with backup: " << with_slow
                           << " steps/s");
   CHECK(with_slow >= 0.8 * fast3);
+}
+
+TEST_CASE("a worker that finds the job done runs its hooks once per step, not again") {
+  // Sync with a backup worker: the slow one's pull finds the job done, and
+  // run_step() returns without a step. The documented loop calls after_step().
+  PsdProcess psd;
+  const JobConfig job{
+      .mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 3, .train_steps = 12};
+  struct Record : TrainingHook {
+    std::vector<int64_t>& steps;
+    explicit Record(std::vector<int64_t>& s) : steps(s) {}
+    void after_step(const StepInfo& s) override { steps.push_back(s.local_step); }
+  };
+  std::vector<std::vector<int64_t>> seen(3);
+  std::vector<int> no_step(3, 0);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int w = 0; w < 3; ++w) {
+    threads.emplace_back([&, w] {
+      try {
+        Client client(worker_options({&psd}, w));
+        TrainingSession session(client, {.job = job});
+        std::vector<float> v(8), g(8, 0.01f);
+        session.add_variable({.name = "v", .shape = {8}, .optimizer = OptimizerConfig::sgd(0.1f)},
+                             v, g);
+        session.initialize();
+        HookList hooks;
+        hooks.add<Record>(seen[w]);
+        hooks.begin();
+        StepInfo info;
+        while (!session.should_stop()) {
+          const int64_t before = session.local_step();
+          auto out = session.run_step([&] { std::this_thread::sleep_for(w == 2 ? 200ms : 10ms); });
+          if (session.local_step() == before) ++no_step[w];
+          info.local_step = session.local_step();
+          info.global_step = out.global_step;
+          hooks.after_step(info);
+        }
+        hooks.end(info);
+      } catch (const std::exception& e) {
+        UNSCOPED_INFO("worker " << w << ": " << e.what());
+        ++failures;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  REQUIRE(failures == 0);
+  INFO("the slow worker's run_step() calls without a step: " << no_step[2]);
+  CHECK(no_step[2] == 1);  // the case this test is about did happen
+  for (int w = 0; w < 3; ++w) {
+    INFO("worker " << w);
+    CHECK(std::adjacent_find(seen[w].begin(), seen[w].end(), std::greater_equal<int64_t>()) ==
+          seen[w].end());  // strictly increasing
+  }
 }
 
 TEST_CASE("bounded staleness keeps every worker within max_staleness of the slowest") {

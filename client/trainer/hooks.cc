@@ -38,6 +38,10 @@ void HookList::begin() {
   for (auto& h : hooks_) h->begin();
 }
 void HookList::after_step(const StepInfo& s) {
+  // The local step of the call before: no step ran (run_step() found the
+  // job done). Local step 0 passes, for loops that do not count it.
+  if (s.local_step > 0 && s.local_step == last_local_) return;
+  last_local_ = s.local_step;
   for (auto& h : hooks_) h->after_step(s);
 }
 void HookList::end(const StepInfo& s) {

@@ -68,12 +68,15 @@ class HookList {
   }
   void add(std::unique_ptr<TrainingHook> h) { hooks_.push_back(std::move(h)); }
   void begin();
+  // A call with the same (non-zero) local_step as the one before reaches no
+  // hook: no step ran, e.g. run_step() found the job already done.
   void after_step(const StepInfo& s);
   void end(const StepInfo& s);
   bool stop_requested() const;
 
  private:
   std::vector<std::unique_ptr<TrainingHook>> hooks_;
+  int64_t last_local_ = -1;
 };
 
 // A line every N local steps (worker, epoch, global and local step, loss,

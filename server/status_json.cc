@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "server/utf8_text.h"
+#include "common/utf8_text.h"
 
 namespace ps {
 namespace {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "common/utf8_text.h"
 #include "ps/errors.h"
 
 namespace ps {
@@ -51,27 +52,6 @@ void put_bytes(std::string& out, int field, std::string_view v) {
   put_tag(out, field, 2);  // length-delimited
   put_varint(out, v.size());
   out.append(v);
-}
-
-// Length of the valid UTF-8 sequence at s[i], or 0 (overlong forms,
-// surrogates and code points past U+10FFFF are not valid).
-size_t utf8_sequence(std::string_view s, size_t i) {
-  const auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = byte(i);
-  const size_t n = c < 0x80           ? 1
-                   : (c >> 5) == 0x6  ? 2
-                   : (c >> 4) == 0xe  ? 3
-                   : (c >> 3) == 0x1e ? 4
-                                      : 0;
-  if (n == 0 || i + n > s.size()) return 0;
-  uint32_t cp = n == 1 ? c : c & (0x7f >> n);
-  for (size_t k = 1; k < n; ++k) {
-    if ((byte(i + k) & 0xc0) != 0x80) return 0;
-    cp = (cp << 6) | (byte(i + k) & 0x3f);
-  }
-  const uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
-  if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
-  return n;
 }
 
 // A tag is a protobuf string: TensorBoard's reader rejects the whole record

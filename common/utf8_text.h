@@ -1,4 +1,5 @@
-// UTF-8 checks for text psd shows that a client chose (names on the HTTP pages).
+// UTF-8 checks for text a peer chose that psd or a trainer writes where
+// UTF-8 is required (names on the HTTP pages, TensorBoard tags).
 #pragma once
 
 #include <cstddef>

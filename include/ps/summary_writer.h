@@ -4,8 +4,11 @@
 //   ps::SummaryWriter summaries(flags.log_dir);  // creates the directory
 //   summaries.add_scalar("loss", loss, step);
 //   summaries.add_scalar("accuracy/validation", acc, step);
-//   summaries.flush();                          // also done every 64 KiB,
-//                                               // every 10 s and at exit
+//   summaries.flush();                          // also done by add_scalar once
+//                                               // 64 KiB or 10 s have gathered,
+//                                               // and at exit (no timer: a
+//                                               // writer that waits long
+//                                               // between scalars flushes)
 //   // tensorboard --logdir <log_dir>
 //
 // File: <logdir>/events.out.tfevents.<unix secs>.<hostname> (".<pid>.<n>"

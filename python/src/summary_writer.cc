@@ -14,7 +14,8 @@ void bind_summary_writer(py::module_& m) {
     with psclient.SummaryWriter('runs/job1') as summaries:
         summaries.add_scalar('loss', 0.25, step=100)
 
-Flushed every 64 KiB, every 10 s, by flush() and when closed or collected.)")
+Flushed by add_scalar once 64 KiB or 10 s have gathered (there is no timer),
+by flush() and when closed or collected.)")
       .def(py::init<std::string>(), py::arg("logdir"),
            "Creates logdir (ConfigError if it cannot) and a new file in it.")
       .def("add_scalar", &ps::SummaryWriter::add_scalar, py::arg("tag"), py::arg("value"),

@@ -421,8 +421,7 @@ int main(int argc, char** argv) {
   // One fixed SGD table of rows x dim: the machine's references for that
   // row size (in-memory gather / scatter-add on one core, loopback TCP,
   // the client's own work on a batch), psd's RSS, then pull and push.
-  auto fixed_table = [&](const std::string& name, uint64_t rows,
-                         uint32_t dim) -> std::unique_ptr<MemoryTable> {
+  auto fixed_table = [&](const std::string& name, uint64_t rows, uint32_t dim) {
     std::vector<float> table(rows * dim, 0.5f);
     auto uniform = make_batches(rows, batch, reps, false, 1);
     auto skewed = make_batches(rows, batch, reps, true, 2);
@@ -543,10 +542,8 @@ int main(int argc, char** argv) {
             measure_with(local, name, dim, uniform, true, *memory));
       std::printf("  through shared memory (psd's count)  %8.1f MB\n", (shared1 - shared0) / 1e6);
     }
-    return memory;
   };
-  // The first table's copy stays for the dynamic table's lines (same row size).
-  std::unique_ptr<MemoryTable> first_memory = fixed_table("fixed", rows, dim);
+  fixed_table("fixed", rows, dim);
   if (wide_rows > 0) fixed_table("wide", wide_rows, wide_dim);
 
   if (dynamic_rows > 0) {
@@ -570,12 +567,15 @@ int main(int argc, char** argv) {
     std::printf("  dynamic table: %llu rows, psd RSS %8.1f MB for %.1f MB raw (%.3fx)\n",
                 (unsigned long long)dynamic_rows, (psd.rss_bytes() - before) / 1e6, draw / 1e6,
                 double(psd.rss_bytes() - before) / double(draw));
+    // The ids' rows in order of creation, as the fill above made them: the
+    // in-memory reference gathers those rows of a table of as many rows.
     auto dyn_batches = make_batches(dynamic_rows, batch, reps, false, 3);
+    MemoryTable dyn_memory(dynamic_rows, dim, dyn_batches, batch);
     for (auto& b : dyn_batches) {
       for (auto& id : b) id = int64_t(uint64_t(id) * 2654435761ull);
     }
-    print("dynamic pull, uniform ids", measure("dyn", dim, dyn_batches, false, *first_memory));
-    print("dynamic push (SGD), uniform ids", measure("dyn", dim, dyn_batches, true, *first_memory));
+    print("dynamic pull, uniform ids", measure("dyn", dim, dyn_batches, false, dyn_memory));
+    print("dynamic push (SGD), uniform ids", measure("dyn", dim, dyn_batches, true, dyn_memory));
   }
   return 0;
 }

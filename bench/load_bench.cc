@@ -15,6 +15,7 @@
 #include <barrier>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,6 +32,7 @@ using Clock = std::chrono::steady_clock;
 struct ClientResult {
   std::vector<double> latency_us;
   std::string error;
+  Clock::time_point begin, finish;  // of its first call and its last
 };
 
 double percentile(const std::vector<double>& sorted, double q) {
@@ -106,8 +108,9 @@ int main(int argc, char** argv) {
             {{.name = name, .shape = {floats}, .optimizer = ps::OptimizerConfig::sgd(0.0f)}});
         start.arrive_and_wait();
         started = true;
-        const auto end = Clock::now() + std::chrono::duration<double>(seconds);
-        for (auto t0 = Clock::now(); t0 < end;) {
+        out.begin = Clock::now();
+        const auto end = out.begin + std::chrono::duration<double>(seconds);
+        for (auto t0 = out.begin; t0 < end;) {
           if (op == "push") {
             client.push(name, values);
           } else {
@@ -117,6 +120,7 @@ int main(int argc, char** argv) {
           out.latency_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
           t0 = t1;
         }
+        out.finish = Clock::now();
       } catch (const std::exception& e) {
         out.error = e.what();
         failed = true;
@@ -128,7 +132,10 @@ int main(int argc, char** argv) {
   start.arrive_and_wait();
   for (auto& t : threads) t.join();
 
+  // The rate over the time from the first client's first call to the last
+  // call's end: each client's last call ends past --seconds.
   size_t total = 0;
+  std::optional<Clock::time_point> begin, finish;
   for (int c = 0; c < clients; ++c) {
     ClientResult& r = results[static_cast<size_t>(c)];
     if (!r.error.empty()) {
@@ -137,6 +144,8 @@ int main(int argc, char** argv) {
     }
     std::sort(r.latency_us.begin(), r.latency_us.end());
     total += r.latency_us.size();
+    begin = begin ? std::min(*begin, r.begin) : r.begin;
+    finish = finish ? std::max(*finish, r.finish) : r.finish;
     std::printf("client %d: %zu %s, latency us p10 %.0f p50 %.0f p90 %.0f p99 %.0f max %.0f\n", c,
                 r.latency_us.size(), op == "push" ? "pushes" : "pulls",
                 percentile(r.latency_us, 0.1), percentile(r.latency_us, 0.5),
@@ -146,6 +155,8 @@ int main(int argc, char** argv) {
   std::printf(
       "%d client%s, %zu KiB %s, %s: %.2f GB/s together\n", clients, clients == 1 ? "" : "s",
       size_kb, op.c_str(), spread == "all" ? "every client to every psd" : "one psd each",
-      static_cast<double>(total) * static_cast<double>(floats * sizeof(float)) / seconds / 1e9);
+      begin ? static_cast<double>(total) * static_cast<double>(floats * sizeof(float)) /
+                  std::chrono::duration<double>(*finish - *begin).count() / 1e9
+            : 0.0);
   return failed ? 1 : 0;
 }

@@ -152,11 +152,10 @@ int main(int argc, char** argv) {
                 percentile(r.latency_us, 0.9), percentile(r.latency_us, 0.99),
                 r.latency_us.empty() ? 0.0 : r.latency_us.back());
   }
-  std::printf(
-      "%d client%s, %zu KiB %s, %s: %.2f GB/s together\n", clients, clients == 1 ? "" : "s",
-      size_kb, op.c_str(), spread == "all" ? "every client to every psd" : "one psd each",
-      begin ? static_cast<double>(total) * static_cast<double>(floats * sizeof(float)) /
-                  std::chrono::duration<double>(*finish - *begin).count() / 1e9
-            : 0.0);
+  std::printf("%d client%s, %zu KiB %s, %s: %.2f GB/s together\n", clients, clients == 1 ? "" : "s",
+              size_kb, op.c_str(), spread == "all" ? "every client to every psd" : "one psd each",
+              begin ? static_cast<double>(total) * static_cast<double>(floats * sizeof(float)) /
+                          std::chrono::duration<double>(*finish - *begin).count() / 1e9
+                    : 0.0);
   return failed ? 1 : 0;
 }

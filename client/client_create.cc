@@ -163,7 +163,10 @@ void refuse_other_placement(const Placement& placement, const std::vector<Tensor
     auto it = stored.find(spec.name);
     if (it == stored.end()) continue;
     const std::vector<Part>& parts = placement.at(spec.name).parts;
-    for (const auto& [name, shard] : it->second) {
+    for (const auto& entry : it->second) {
+      // Not a structured binding: clang before 16 cannot capture those.
+      const auto& name = entry.first;
+      const auto& shard = entry.second;
       const bool ours = std::any_of(parts.begin(), parts.end(), [&](const Part& p) {
         return p.stored_name == name && p.shard == shard;
       });

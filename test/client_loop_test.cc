@@ -63,8 +63,8 @@ TEST_CASE("many threads at once: every piece of work runs exactly once") {
             return ++on_loop;
           });
         });
-        REQUIRE(got > 0);
-        ++done;
+        // Catch2's assertions are not thread-safe: checked on the main thread.
+        if (got > 0) ++done;
       }
     });
   }

@@ -32,6 +32,19 @@
 
 #include "common/net/busy_poll.h"
 
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+extern "C" void __tsan_acquire(void* addr);
+extern "C" void __tsan_release(void* addr);
+#define PS_TSAN_ACQUIRE(a) __tsan_acquire((void*)(a))
+#define PS_TSAN_RELEASE(a) __tsan_release((void*)(a))
+#endif
+#endif
+#ifndef PS_TSAN_ACQUIRE
+#define PS_TSAN_ACQUIRE(a) ((void)0)
+#define PS_TSAN_RELEASE(a) ((void)0)
+#endif
+
 namespace ps {
 
 // kj's timer reads the clock only when its loop polls or waits, and this
@@ -66,8 +79,15 @@ class ClientLoop {
     // Another thread runs the loop: hand the work over, and have the helper
     // run the loop until it is done should that thread leave first.
     keep();
-    return executor_->executeSync(
-        [this, &f] { return as_promise(f).attach(kj::defer([this] { release(); })); });
+    PS_TSAN_RELEASE(&f);
+    KJ_DEFER(PS_TSAN_ACQUIRE(&f));
+    return executor_->executeSync([this, &f] {
+      PS_TSAN_ACQUIRE(&f);
+      return as_promise(f).attach(kj::defer([this, &f] {
+        PS_TSAN_RELEASE(&f);
+        release();
+      }));
+    });
   }
 
   // Marks work that outlives the run() that started it; the helper thread

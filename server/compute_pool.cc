@@ -57,8 +57,12 @@ kj::Promise<void> ComputePool::run(uint64_t key, std::function<void()> fn) {
   };
   auto task = std::make_shared<Task>();
   auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
+  // fn is owned by the promise, so what it captures is destroyed on the KJ
+  // thread, never on a pool thread after the promise has settled.
+  auto owned = std::make_unique<std::function<void()>>(std::move(fn));
+  std::function<void()>* f = owned.get();
   asio::post(strands_[key % strands_.size()],
-             [fn = std::move(fn), fulfiller = kj::mv(paf.fulfiller), task]() mutable {
+             [f, fulfiller = kj::mv(paf.fulfiller), task]() mutable {
                {
                  std::lock_guard lock(task->mutex);
                  if (task->state == Task::kCancelled) return;
@@ -66,7 +70,7 @@ kj::Promise<void> ComputePool::run(uint64_t key, std::function<void()> fn) {
                }
                std::exception_ptr error;
                try {
-                 fn();
+                 (*f)();
                } catch (...) {
                  error = std::current_exception();
                }
@@ -80,7 +84,7 @@ kj::Promise<void> ComputePool::run(uint64_t key, std::function<void()> fn) {
                else
                  fulfiller->fulfill();
              });
-  return paf.promise.attach(kj::defer([task] {
+  return paf.promise.attach(kj::defer([task, owned = std::move(owned)] {
     std::unique_lock lock(task->mutex);
     if (task->state == Task::kQueued) task->state = Task::kCancelled;
     task->cv.wait(lock, [&] { return task->state != Task::kRunning; });

@@ -60,7 +60,13 @@ bool StoredTensor::apply(std::span<const float> grad, float scale, bool require_
   }
   // Views are only taken under the shared lock, so none can appear now; a
   // count that is stale high (a view being dropped) costs one copy.
-  if (values_.use_count() > 1) values_ = std::make_shared<std::vector<float>>(*values_);
+  if (values_.use_count() > 1) {
+    values_ = std::make_shared<std::vector<float>>(*values_);
+  } else {
+    // use_count() is a relaxed read: an acquire on the count (a copy's
+    // increment) orders the last view holder's reads before the writes below.
+    std::shared_ptr<std::vector<float>>(values_).reset();
+  }
   optimizer_->apply(*values_, grad, slots_, static_cast<int64_t>(version_), scale);
   ++version_;
   return true;

@@ -89,7 +89,7 @@ def test_add_variable_refuses_wrong_arrays(psd):
 
 @pytest.mark.parametrize("timeout", [float("inf"), 1e300, -1.0, float("nan")])
 def test_ready_timeout_out_of_range_refused(psd, timeout):
-    # Beyond int64 milliseconds it used to wrap negative: a worker gave up at once.
+    # Past int64 milliseconds (or not a number): refused, never wrapped to a negative wait.
     with psclient.Client([psd.address], worker_index=1) as c:
         with pytest.raises(ValueError, match="ready_timeout must be a number of seconds"):
             psclient.TrainingSession(c, ready_timeout=timeout)

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace ps {
@@ -27,6 +28,26 @@ inline std::size_t utf8_sequence(std::string_view s, std::size_t i) {
   const uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
   if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
   return n;
+}
+
+// `s` itself when it is valid UTF-8; else a copy in `scratch` with each
+// byte that is not part of a valid sequence as U+FFFD.
+inline std::string_view valid_utf8(std::string_view s, std::string& scratch) {
+  std::size_t i = 0;
+  for (std::size_t n; i < s.size() && (n = utf8_sequence(s, i)) > 0;) i += n;
+  if (i == s.size()) return s;
+  scratch.assign(s.substr(0, i));
+  while (i < s.size()) {
+    const std::size_t n = utf8_sequence(s, i);
+    if (n == 0) {
+      scratch += "\xef\xbf\xbd";
+      ++i;
+    } else {
+      scratch.append(s.substr(i, n));
+      i += n;
+    }
+  }
+  return scratch;
 }
 
 }  // namespace ps

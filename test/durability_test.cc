@@ -487,17 +487,27 @@ TEST_CASE(
   for (std::size_t i = 0; i < v.size(); ++i) CHECK(before[i] - v[i] == Approx(0.03).epsilon(1e-3));
 }
 
+// Two shards of one job, checkpointing into one directory; shard 0 can be
+// started again on its port, from its latest checkpoint.
+struct TwoCheckpointingShards {
+  std::vector<std::string> args(int i) const {
+    return {"--checkpoint_dir", dir.path(),     "--shard_index",
+            std::to_string(i),  "--num_shards", "2"};
+  }
+  void restart_0() { s0 = std::make_unique<PsdProcess>(args(0), port0); }
+
+  TempDir dir;
+  std::unique_ptr<PsdProcess> s0 = std::make_unique<PsdProcess>(args(0));
+  PsdProcess s1{args(1)};
+  const int port0 = s0->port();
+};
+
 TEST_CASE(
     "sync, 2 shards: one restarted from an older checkpoint is caught up by training, not waited "
     "for") {
-  TempDir dir;
-  auto args = [&](int i) {
-    return std::vector<std::string>{"--checkpoint_dir", dir.path(),     "--shard_index",
-                                    std::to_string(i),  "--num_shards", "2"};
-  };
-  auto s0 = std::make_unique<PsdProcess>(args(0));
-  PsdProcess s1(args(1));
-  const int port0 = s0->port();
+  TwoCheckpointingShards shards;
+  std::unique_ptr<PsdProcess>& s0 = shards.s0;
+  PsdProcess& s1 = shards.s1;
   ClientOptions o;
   o.ps_hosts = {s0->address(), s1.address()};
   o.worker_index = 0;
@@ -522,7 +532,7 @@ TEST_CASE(
   REQUIRE(client.checkpoint().step == 2);
   for (int s = 0; s < 3; ++s) session.run_step([] {});
   s0->kill();
-  s0 = std::make_unique<PsdProcess>(args(0), port0);  // back at step 2; shard 1 is at 5
+  shards.restart_0();  // back at step 2; shard 1 is at 5
   const auto start = std::chrono::steady_clock::now();
   int steps = 0;
   while (!session.should_stop() && steps < 50) {
@@ -613,14 +623,9 @@ TEST_CASE(
 TEST_CASE(
     "sync, 2 shards with a table: one restarted from an older checkpoint is caught up by "
     "training, not waited for") {
-  TempDir dir;
-  auto args = [&](int i) {
-    return std::vector<std::string>{"--checkpoint_dir", dir.path(),     "--shard_index",
-                                    std::to_string(i),  "--num_shards", "2"};
-  };
-  auto s0 = std::make_unique<PsdProcess>(args(0));
-  PsdProcess s1(args(1));
-  const int port0 = s0->port();
+  TwoCheckpointingShards shards;
+  std::unique_ptr<PsdProcess>& s0 = shards.s0;
+  PsdProcess& s1 = shards.s1;
   ClientOptions o = options_for({s0.get(), &s1}, 0);
   o.call_timeout = 20s;
   o.connect_timeout = 5s;
@@ -645,7 +650,7 @@ TEST_CASE(
   REQUIRE(client.checkpoint().step == 2);
   for (int s = 0; s < 3; ++s) step();
   s0->kill();
-  s0 = std::make_unique<PsdProcess>(args(0), port0);  // back at step 2; shard 1 is at 5
+  shards.restart_0();  // back at step 2; shard 1 is at 5
   const auto start = std::chrono::steady_clock::now();
   int steps = 0;
   while (!session.should_stop() && steps < 50) {
@@ -664,14 +669,9 @@ TEST_CASE(
 TEST_CASE(
     "sync, 2 shards: a restarted shard, once at the others' step, is again read at one step with "
     "them") {
-  TempDir dir;
-  auto args = [&](int i) {
-    return std::vector<std::string>{"--checkpoint_dir", dir.path(),     "--shard_index",
-                                    std::to_string(i),  "--num_shards", "2"};
-  };
-  auto s0 = std::make_unique<PsdProcess>(args(0));
-  PsdProcess s1(args(1));
-  const int port0 = s0->port();
+  TwoCheckpointingShards shards;
+  std::unique_ptr<PsdProcess>& s0 = shards.s0;
+  PsdProcess& s1 = shards.s1;
   ClientOptions o = options_for({s0.get(), &s1}, 0);
   o.call_timeout = 20s;
   o.connect_timeout = 5s;
@@ -690,7 +690,7 @@ TEST_CASE(
   // Shard 0 restarts at the step it was at (a new process): the chief's
   // next pull finds it so, and reads both shards at step 0.
   REQUIRE(s0->stop() == 0);
-  s0 = std::make_unique<PsdProcess>(args(0), port0);
+  shards.restart_0();
   CHECK(chief.pull({"a", "b"}, out).step == 0);
   CHECK(chief.rollbacks() == 1);
   // Shard 1 moves to step 1 alone (worker 1's b closes it: 1 of 2 replicas).
@@ -710,14 +710,9 @@ TEST_CASE(
 TEST_CASE(
     "sync, 2 shards: a restarted shard still catching up is read at its own step after a "
     "reconnection to the same psd") {
-  TempDir dir;
-  auto args = [&](int i) {
-    return std::vector<std::string>{"--checkpoint_dir", dir.path(),     "--shard_index",
-                                    std::to_string(i),  "--num_shards", "2"};
-  };
-  auto s0 = std::make_unique<PsdProcess>(args(0));
-  PsdProcess s1(args(1));
-  const int port0 = s0->port();
+  TwoCheckpointingShards shards;
+  std::unique_ptr<PsdProcess>& s0 = shards.s0;
+  PsdProcess& s1 = shards.s1;
   const TensorSpec a{.name = "a", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f)};
   const TensorSpec b{.name = "b", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f)};
   const std::vector<float> one(2, 1.0f);
@@ -742,7 +737,7 @@ TEST_CASE(
   Client worker(o);
   worker.declare({a, b});
   s0->kill();
-  s0 = std::make_unique<PsdProcess>(args(0), port0);  // back at step 2; shard 1 is at 5
+  shards.restart_0();  // back at step 2; shard 1 is at 5
   std::vector<float> va(2), vb(2);
   const std::vector<std::span<float>> out = {va, vb};
   CHECK(worker.pull({"a", "b"}, out).step == 2);

@@ -49,15 +49,7 @@ constexpr uint64_t kMiB = 1u << 20;
 // stacks and arenas, the kernel's view of a fresh process.
 constexpr uint64_t kOverhead = 64 * kMiB;
 
-uint64_t status_bytes(pid_t pid, const char* field) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  const std::string key = std::string(field) + ":";
-  while (std::getline(status, line)) {
-    if (line.rfind(key, 0) == 0) return std::stoull(line.substr(key.size())) * 1024;
-  }
-  return 0;
-}
+using ps::test::status_bytes;
 uint64_t rss(pid_t pid) { return status_bytes(pid, "VmRSS"); }
 uint64_t peak_rss(pid_t pid) { return status_bytes(pid, "VmHWM"); }
 

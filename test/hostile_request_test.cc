@@ -31,6 +31,7 @@
 #include "schema/ps.capnp.h"
 #include "test/http_test_util.h"
 #include "test/psd_process.h"
+#include "test/raw_shard.h"
 
 using namespace ps;
 using ps::test::PsdProcess;
@@ -46,18 +47,9 @@ ClientOptions options_for(const PsdProcess& psd) {
   return o;
 }
 
-// A raw Cap'n Proto connection that has said hello (as worker `worker`, the
-// chief if asked): sends what libpsclient never would.
-struct Raw {
-  explicit Raw(const std::string& address, int worker = -1, bool chief = false)
-      : rpc(address), shard(rpc.getMain<wire::Shard>()) {
-    auto req = shard.helloRequest();
-    req.setProtocolVersion(wire::K_PROTOCOL_VERSION);
-    req.setWorkerIndex(worker);
-    req.setIsChief(chief);
-    req.send().wait(ws());
-  }
-  kj::WaitScope& ws() { return rpc.getWaitScope(); }
+// test/raw_shard.h's connection, with the calls these tests send.
+struct Raw : ps::test::RawShard {
+  using RawShard::RawShard;
   std::vector<std::string> names() {
     std::vector<std::string> out;
     auto reply = shard.listRequest().send().wait(ws());
@@ -73,8 +65,6 @@ struct Raw {
     std::memcpy(out.data(), data.begin(), data.size());
     return out;
   }
-  capnp::EzRpcClient rpc;
-  wire::Shard::Client shard;
 };
 
 // A Text field holding every byte of `s`, NULs included.

@@ -5,7 +5,6 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,6 +16,7 @@
 #include "ps/embedding.h"
 #include "schema/ps.capnp.h"
 #include "test/psd_process.h"
+#include "test/raw_shard.h"
 
 using namespace ps;
 using ps::test::PsdProcess;
@@ -24,17 +24,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// A raw Cap'n Proto connection that has said hello as `worker`.
-struct Raw {
-  explicit Raw(const std::string& address, int worker = -1, bool chief = false)
-      : rpc(address), shard(rpc.getMain<wire::Shard>()) {
-    auto req = shard.helloRequest();
-    req.setProtocolVersion(wire::K_PROTOCOL_VERSION);
-    req.setWorkerIndex(worker);
-    req.setIsChief(chief);
-    req.send().wait(ws());
-  }
-  kj::WaitScope& ws() { return rpc.getWaitScope(); }
+// test/raw_shard.h's connection, with initJob.
+struct Raw : ps::test::RawShard {
+  using RawShard::RawShard;
   // The error initJob gives (empty: accepted).
   std::string init_job(wire::SyncMode mode, uint32_t aggregate, uint32_t total) {
     auto req = shard.initJobRequest();
@@ -48,23 +40,9 @@ struct Raw {
     }
     return "";
   }
-  capnp::EzRpcClient rpc;
-  wire::Shard::Client shard;
 };
 
-// A process's resident memory, from /proc.
-uint64_t rss_bytes(pid_t pid) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  std::string key;
-  uint64_t kib = 0;
-  while (status >> key) {
-    if (key == "VmRSS:") {
-      status >> kib;
-      break;
-    }
-  }
-  return kib << 10;
-}
+uint64_t rss_bytes(pid_t pid) { return ps::test::status_bytes(pid, "VmRSS"); }
 
 ClientOptions options_for(const PsdProcess& psd) {
   ClientOptions o;

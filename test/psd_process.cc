@@ -170,4 +170,14 @@ int PsdProcess::stop(int timeout_ms) {
   return -1;
 }
 
+uint64_t status_bytes(pid_t pid, const char* field) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  const std::string key = std::string(field) + ":";
+  while (std::getline(status, line)) {
+    if (line.rfind(key, 0) == 0) return std::stoull(line.substr(key.size())) * 1024;
+  }
+  return 0;
+}
+
 }  // namespace ps::test

@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -62,6 +63,10 @@ pid_t spawn_logged(const std::vector<std::string>& args, const std::string& log,
 // at once, worker p pushing `pushes` gradients of value p + 1 to its
 // 4096-float tensor "shared"; returns how many exited with status 0.
 int run_push_workers(const std::string& address, int count, int pushes);
+
+// A byte count from /proc/<pid>/status (a "kB" field such as "VmRSS" or
+// "VmHWM"); 0 if there is none.
+uint64_t status_bytes(pid_t pid, const char* field);
 
 // Path of a program built next to the tests (from the environment variable
 // the meson test sets, e.g. PSD_BIN).

@@ -54,26 +54,6 @@ void put_bytes(std::string& out, int field, std::string_view v) {
   out.append(v);
 }
 
-// A tag is a protobuf string: TensorBoard's reader rejects the whole record
-// (and stops reading the file) on bad UTF-8. Each bad byte becomes U+FFFD.
-void put_utf8(std::string& out, int field, std::string_view v, std::string& scratch) {
-  size_t i = 0;
-  while (i < v.size() && utf8_sequence(v, i) > 0) i += utf8_sequence(v, i);
-  if (i == v.size()) return put_bytes(out, field, v);
-  scratch.assign(v.substr(0, i));
-  while (i < v.size()) {
-    const size_t n = utf8_sequence(v, i);
-    if (n == 0) {
-      scratch += "\xEF\xBF\xBD";
-      ++i;
-    } else {
-      scratch.append(v.substr(i, n));
-      i += n;
-    }
-  }
-  put_bytes(out, field, scratch);
-}
-
 double now_seconds() {
   using namespace std::chrono;
   return duration<double>(system_clock::now().time_since_epoch()).count();
@@ -122,7 +102,9 @@ void SummaryWriter::add_scalar(std::string_view tag, float value, int64_t step) 
   const double t = now_seconds();
   std::lock_guard lock(mu_);
   value_.clear();
-  put_utf8(value_, 1, tag, tag_);
+  // A tag is a protobuf string: TensorBoard's reader rejects the whole
+  // record (and stops reading the file) on bad UTF-8.
+  put_bytes(value_, 1, valid_utf8(tag, tag_));
   put_float(value_, 2, value);
   summary_.clear();
   put_bytes(summary_, 1, value_);

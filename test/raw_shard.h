@@ -1,0 +1,29 @@
+// A raw Cap'n Proto connection to psd that has said hello (as worker
+// `worker`, the chief if asked), for tests that send what libpsclient never
+// would. Tests derive from it to add the calls they need.
+#pragma once
+
+#include <string>
+
+#include <capnp/ez-rpc.h>
+
+#include "schema/ps.capnp.h"
+
+namespace ps::test {
+
+struct RawShard {
+  explicit RawShard(const std::string& address, int worker = -1, bool chief = false)
+      : rpc(address), shard(rpc.getMain<wire::Shard>()) {
+    auto req = shard.helloRequest();
+    req.setProtocolVersion(wire::K_PROTOCOL_VERSION);
+    req.setWorkerIndex(worker);
+    req.setIsChief(chief);
+    req.send().wait(ws());
+  }
+  kj::WaitScope& ws() { return rpc.getWaitScope(); }
+
+  capnp::EzRpcClient rpc;
+  wire::Shard::Client shard;
+};
+
+}  // namespace ps::test

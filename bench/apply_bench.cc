@@ -2,10 +2,12 @@
 // as updates per second and bytes touched per second, against the machine's
 // streaming memory bandwidth measured in the same run: an in-place a*x+y on
 // one thread (y += a*x: two arrays read, one written, counted as 3 streams,
-// the same accounting as for the updates). Each optimizer twice: as psd
-// applies by default, its NaN/Inf check first (a read-only pass over the
-// values, slots and gradient, counted in the streams), and unchecked, as
-// with psd --allow_nonfinite.
+// the same accounting as for the updates). Each optimizer three ways: its
+// NaN/Inf check first (a read-only pass over the values, slots and gradient,
+// counted in the streams), as psd applies a gradient too large for the
+// optimizer's safe bound, and Adam always; with the gradient known to be
+// within that bound (SGD and Adagrad only), as psd applies those by
+// default, no check pass; and unchecked, as with psd --allow_nonfinite.
 // Then embedding-table rows: how fast a table applies pushed rows with each
 // row-wise optimizer (SGD, Adagrad, LazyAdam, FTRL; and Adagrad on a dynamic
 // table at its row limit with LRU eviction, whose every row touched moves in
@@ -184,7 +186,7 @@ int main(int argc, char** argv) {
   if (sizes.empty() && table_rows == 0) return 0;
 
   if (!sizes.empty())
-    std::printf("%-10s %-16s %7s %12s %12s %10s %14s\n", "floats", "opt", "streams", "updates/s",
+    std::printf("%-10s %-18s %7s %12s %12s %10s %14s\n", "floats", "opt", "streams", "updates/s",
                 "GB/s touched", "axpy GB/s", "of bandwidth");
   for (std::size_t n : sizes) {
     const double triad = axpy_bytes_per_second(n, reps);
@@ -195,23 +197,32 @@ int main(int argc, char** argv) {
       int check_arrays;  // float arrays its NaN/Inf check reads per element
     };
     for (const Case& c : {Case{"sgd", ps::OptimizerConfig::sgd(1e-3f), 3, 2},
+                          Case{"adagrad", ps::OptimizerConfig::adagrad(1e-3f), 5, 3},
                           Case{"adam", ps::OptimizerConfig::adam(1e-3f), 7, 4}}) {
       ps::TensorSpec spec{.name = "t", .shape = {n}, .optimizer = c.config};
       ps::StoredTensor tensor(0, spec, std::nullopt);
-      std::vector<float> grad(n, 1e-3f);
+      const float g = 1e-3f;
+      std::vector<float> grad(n, g);
       tensor.apply(grad, 1.0f);  // warm: first touch of slots
-      for (const bool checked : {true, false}) {
+      enum class Way { kChecked, kInBound, kUnchecked };
+      for (const Way way : {Way::kChecked, Way::kInBound, Way::kUnchecked}) {
+        if (way == Way::kInBound && !tensor.within_safe_bound(g, 1.0f)) continue;
+        ps::KnownUpdate known;
+        if (way == Way::kInBound) known.grad_max = g;  // as psd knows it from its arrival check
         std::vector<double> t;
         for (int r = 0; r < reps; ++r) {
           auto t0 = Clock::now();
-          if (!tensor.apply(grad, 1.0f, checked)) throw std::runtime_error("update refused");
+          if (!tensor.apply(grad, 1.0f, way != Way::kUnchecked, known))
+            throw std::runtime_error("update refused");
           t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
         }
         const double s = median(t);
-        const int streams = c.arrays + (checked ? c.check_arrays : 0);
+        const int streams = c.arrays + (way == Way::kChecked ? c.check_arrays : 0);
         const double bytes = double(streams) * n * sizeof(float) / s;
-        const std::string name = std::string(c.name) + (checked ? "" : ", unchecked");
-        std::printf("%-10zu %-16s %7d %12.1f %12.2f %10.2f %13.0f%%\n", n, name.c_str(), streams,
+        const std::string name = std::string(c.name) + (way == Way::kChecked   ? ", checked"
+                                                        : way == Way::kInBound ? ", in bound"
+                                                                               : ", unchecked");
+        std::printf("%-10zu %-18s %7d %12.1f %12.2f %10.2f %13.0f%%\n", n, name.c_str(), streams,
                     1.0 / s, bytes / 1e9, triad / 1e9, 100.0 * bytes / triad);
       }
     }

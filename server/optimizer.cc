@@ -12,6 +12,16 @@
 namespace ps {
 namespace {
 
+// The largest learning rate the schedule reaches at any step: the first,
+// but for a piecewise schedule that grows (make_optimizer refuses a
+// decaying schedule with a rate above 1, and cosine's alpha above 1).
+double max_learning_rate(const OptimizerConfig& c) {
+  const double lr = std::fabs(double(c.learning_rate));
+  if (c.schedule == LrSchedule::kPiecewise && c.decay_rate > 1)
+    return lr * std::pow(double(c.decay_rate), double(c.boundaries.size()));
+  return lr;
+}
+
 class Sgd final : public Optimizer {
  public:
   using Optimizer::Optimizer;
@@ -25,6 +35,9 @@ class Sgd final : public Optimizer {
                      float scale) const override {
     return update::sgd_ok(w.data(), g.data(), w.size(), config_.learning_rate_at(step) * scale,
                           kResultLimit);
+  }
+  float safe_gradient_bound(float scale) const override {
+    return update::sgd_safe_gradient_bound(max_learning_rate(config_), scale, 1);
   }
 };
 
@@ -96,6 +109,10 @@ class Adagrad final : public Optimizer {
                      float scale) const override {
     return update::adagrad_ok(w.data(), slots[0].data(), g.data(), w.size(),
                               config_.learning_rate_at(step), scale, kResultLimit);
+  }
+  // Its accumulator stays > 0: made so, kept so, checked on restore (validate_slots).
+  float safe_gradient_bound(float scale) const override {
+    return update::adagrad_safe_gradient_bound(max_learning_rate(config_), scale, 1);
   }
 };
 

@@ -41,6 +41,12 @@ class Optimizer {
                              const std::vector<std::vector<float>>& slots, int64_t step,
                              float scale) const = 0;
 
+  // A magnitude such that apply() with every |g| within it leaves every
+  // finite weight and slot finite at any step (the schedule's largest
+  // learning rate): psd, which checks each gradient as it arrives, then
+  // skips result_finite()'s pass. 0 where no such bound is known.
+  virtual float safe_gradient_bound(float /*scale*/) const { return 0; }
+
   // apply() only when result_finite(): false (nothing changed) otherwise.
   // This is what keeps a finite gradient with an extreme hyper-parameter
   // (SGD at learning rate 3e38) from storing Inf.

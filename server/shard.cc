@@ -177,11 +177,11 @@ kj::Promise<void> Shard::run_on(StoredTensor* t, std::function<void()> fn) {
 }
 
 void Shard::timed_apply(StoredTensor* t, std::span<const float> g, float scale,
-                        std::optional<uint64_t> checked_version) {
+                        const KnownUpdate& known) {
   // steady_clock::now() is a vDSO call, not a system call: negligible next
   // to an apply.
   const auto start = std::chrono::steady_clock::now();
-  const bool applied = t->apply(g, scale, !options_.allow_nonfinite, checked_version);
+  const bool applied = t->apply(g, scale, !options_.allow_nonfinite, known);
   apply_latency_.observe(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   if (!applied) {

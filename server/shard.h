@@ -278,6 +278,7 @@ class Shard {
     uint32_t count = 0;      // the rest on the event loop
     std::vector<int> contributors;
     bool complete = false;
+    double grad_max_sum = 0;  // of the contributions' PushGrad::grad_max: bounds |sum|
   };
   // Gradients a sync step waits for in `slot`, given the workers that have
   // left (shard_recovery.cc).
@@ -298,8 +299,17 @@ class Shard {
                                  std::shared_ptr<SharedRegion> shared, PullReply& reply);
 
   // --- push's steps (shard_push.cc) ---
+  struct PushGrad {
+    StoredTensor* tensor;
+    std::span<const float> values;
+    // Every |value| is at most this, as checked on arrival: half the
+    // tensor's safe gradient bound where the values are within it (half, so
+    // that a sync step's sum of such gradients is within the bound of their
+    // average), else the gradient limit (infinity when nothing is checked).
+    float grad_max;
+  };
   struct PushWork {
-    std::vector<std::pair<StoredTensor*, std::span<const float>>> grads;
+    std::vector<PushGrad> grads;
     // Gradients that came in shared memory, copied out (kept until applied).
     std::shared_ptr<std::vector<std::unique_ptr<float[]>>> copied;
     uint64_t bytes = 0;
@@ -338,17 +348,15 @@ class Shard {
   // leave a value NaN or Inf is refused before any of it is applied (larger
   // tensors are checked on their strands: push_checked_whole). Throws
   // RequestError (shard_checks.cc).
-  void refuse_nonfinite_updates(
-      const std::vector<std::pair<StoredTensor*, std::span<const float>>>& work) const;
+  void refuse_nonfinite_updates(const std::vector<PushGrad>& work) const;
   // Tensors up to ShardOptions::inline_bytes are worked on in the event
   // loop; larger ones on the compute pool (run_on decides).
   bool runs_inline(const StoredTensor* t) const;
   kj::Promise<void> run_on(StoredTensor* t, std::function<void()> fn);
   // t->apply(g, scale), timed into apply_latency_; runs on any thread.
   void timed_apply(StoredTensor* t, std::span<const float> g, float scale,
-                   std::optional<uint64_t> checked_version = std::nullopt);
-  GradientStatus offer_sync(StoredTensor* t, int worker, std::span<const float> g,
-                            kj::Vector<kj::Promise<void>>& work);
+                   const KnownUpdate& known = {});
+  GradientStatus offer_sync(const PushGrad& grad, int worker, kj::Vector<kj::Promise<void>>& work);
   void commit_sync_step();
   uint64_t trainable_count() const;
   // Applies a table update (`new_rows`: what check() returned for the ids):

@@ -20,12 +20,11 @@ void Shard::check_can_be_ready() const {
   }
 }
 
-void Shard::refuse_nonfinite_updates(
-    const std::vector<std::pair<StoredTensor*, std::span<const float>>>& work) const {
+void Shard::refuse_nonfinite_updates(const std::vector<PushGrad>& work) const {
   if (options_.allow_nonfinite) return;
-  for (const auto& [t, g] : work) {
-    if (runs_inline(t) && !t->update_finite(g, 1.0f)) {
-      throw RequestError("push: " + nonfinite_update_refusal(t->spec()));
+  for (const PushGrad& g : work) {
+    if (runs_inline(g.tensor) && !g.tensor->update_finite(g.values, 1.0f, g.grad_max)) {
+      throw RequestError("push: " + nonfinite_update_refusal(g.tensor->spec()));
     }
   }
 }

@@ -3,6 +3,7 @@
 // once every trainable tensor has its gradients), record the answer.
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <set>
 
 #include <spdlog/spdlog.h>
@@ -36,10 +37,11 @@ kj::Promise<void> Shard::commit_push(const Caller& caller, const PushRequest& re
 
 bool Shard::needs_whole_check(const PushWork& work) const {
   if (options_.allow_nonfinite || job_.config().mode == SyncMode::kSync) return false;
-  // Any pool tensor, even a push's only one: a refusal found as it is
-  // applied would come after the push's request id and step report count.
-  for (const auto& [t, g] : work.grads) {
-    if (!runs_inline(t)) return true;
+  // Any pool tensor, even a push's only one, whose update may fail: a
+  // refusal found as it is applied would come after the push's request id
+  // and step report count.
+  for (const PushGrad& g : work.grads) {
+    if (!runs_inline(g.tensor) && !g.tensor->within_safe_bound(g.grad_max, 1.0f)) return true;
   }
   return false;
 }
@@ -67,7 +69,8 @@ kj::Promise<void> Shard::push_checked_whole(const Caller& caller, const PushRequ
   auto open = std::make_shared<kj::ForkedPromise<void>>(paf.promise.fork());
   state->gate = kj::mv(paf.fulfiller);
   state->gate_id = ++next_gate_id_;
-  for (const auto& [t, g] : state->work.grads) {
+  for (const PushGrad& g : state->work.grads) {
+    StoredTensor* t = g.tensor;
     if (runs_inline(t)) continue;
     auto it = push_gates_.find(t);
     if (it != push_gates_.end()) {
@@ -82,11 +85,11 @@ kj::Promise<void> Shard::push_checked_whole(const Caller& caller, const PushRequ
         // Each pool tensor's update checked on its strand, behind every update queued before.
         kj::Vector<kj::Promise<void>> checks;
         for (std::size_t i = 0; i < state->work.grads.size(); ++i) {
-          StoredTensor* t = state->work.grads[i].first;
-          if (runs_inline(t)) continue;
-          std::span<const float> g = state->work.grads[i].second;
-          checks.add(pool_.run(t->id(), [t, g, state, i] {
-            state->finite[i] = t->update_finite(g, 1.0f, &state->versions[i]);
+          const PushGrad& g = state->work.grads[i];
+          if (runs_inline(g.tensor)) continue;
+          checks.add(pool_.run(g.tensor->id(), [g, state, i] {
+            state->finite[i] =
+                g.tensor->update_finite(g.values, 1.0f, g.grad_max, &state->versions[i]);
           }));
         }
         return kj::joinPromises(checks.releaseAsArray());
@@ -94,15 +97,15 @@ kj::Promise<void> Shard::push_checked_whole(const Caller& caller, const PushRequ
       .then([this, state, &reply]() -> kj::Promise<void> {
         // On the event loop, in one go: the verdict, then every update queued.
         KJ_DEFER({
-          for (const auto& [t, g] : state->work.grads) {
-            auto it = push_gates_.find(t);
+          for (const PushGrad& g : state->work.grads) {
+            auto it = push_gates_.find(g.tensor);
             if (it != push_gates_.end() && it->second.id == state->gate_id) push_gates_.erase(it);
           }
           state->gate->fulfill();
         });
         std::vector<std::optional<uint64_t>> checked(state->work.grads.size());
         for (std::size_t i = 0; i < state->work.grads.size(); ++i) {
-          StoredTensor* t = state->work.grads[i].first;
+          StoredTensor* t = state->work.grads[i].tensor;
           if (runs_inline(t)) continue;
           if (!state->finite[i]) {
             ++counters_.rejected;
@@ -168,6 +171,11 @@ Shard::PushWork Shard::check_push(const Caller& caller, const PushRequest& reque
     }
     if (!seen.insert(&t).second)
       throw RequestError("push: tensor '" + t.spec().name + "' appears twice in one request");
+    // The pass that refuses NaN/Inf also tells whether every value is
+    // within half the safe bound (PushGrad::grad_max): the smaller limit
+    // first, the larger only where that fails.
+    const float half_bound = t.safe_gradient_bound(1.0f) / 2;
+    const float first = half_bound > 0 ? std::min(limit, half_bound) : limit;
     std::span<const float> values;
     bool finite;
     if (g.shared) {
@@ -176,16 +184,20 @@ Shard::PushWork Shard::check_push(const Caller& caller, const PushRequest& reque
                            "' has both values and a shared slice");
       const auto* src = reinterpret_cast<const float*>(shared_slice(caller, *g.shared, "push"));
       work.copied->push_back(std::unique_ptr<float[]>(new float[t.size()]));
-      finite = copy_all_finite(work.copied->back().get(), src, t.size(), limit);
+      finite = copy_all_finite(work.copied->back().get(), src, t.size(), first);
       values = std::span<const float>(work.copied->back().get(), t.size());
       work.shared_bytes += got;
     } else {
       values = g.values;
-      finite = options_.allow_nonfinite || all_finite(values, limit);
+      finite = options_.allow_nonfinite || all_finite(values, first);
     }
-    if (!options_.allow_nonfinite && !finite)
-      throw RequestError(gradient_refusal(t.spec().name, values, summed));
-    work.grads.emplace_back(&t, values);
+    float grad_max = std::numeric_limits<float>::infinity();  // nothing known
+    if (!options_.allow_nonfinite) {
+      grad_max = finite ? first : limit;
+      if (!finite && first < limit) finite = all_finite(values, limit);
+      if (!finite) throw RequestError(gradient_refusal(t.spec().name, values, summed));
+    }
+    work.grads.push_back({&t, values, grad_max});
     work.bytes += got;
   }
   if (job_.config().mode != SyncMode::kSync) refuse_nonfinite_updates(work.grads);
@@ -237,16 +249,17 @@ void Shard::route_push(const Caller& caller, int64_t step, const PushWork& work,
   }
   for (std::size_t i = 0; i < work.grads.size(); ++i) {
     // Not a structured binding: clang before 16 cannot capture those.
-    StoredTensor* t = work.grads[i].first;
-    std::span<const float> g = work.grads[i].second;
+    const PushGrad& g = work.grads[i];
+    StoredTensor* t = g.tensor;
     if (sync && t->spec().trainable) {
-      const GradientStatus s = offer_sync(t, caller.worker_index, g, pending);
+      const GradientStatus s = offer_sync(g, caller.worker_index, pending);
       if (s == GradientStatus::kStale && worker) ++worker->stale;
       reply.status[i] = s;
     } else {
-      const std::optional<uint64_t> checked =
-          work.checked_versions.empty() ? std::nullopt : work.checked_versions[i];
-      pending.add(run_on(t, [this, t, g, checked] { timed_apply(t, g, 1.0f, checked); }));
+      const KnownUpdate known{
+          g.grad_max, work.checked_versions.empty() ? std::nullopt : work.checked_versions[i]};
+      std::span<const float> values = g.values;
+      pending.add(run_on(t, [this, t, values, known] { timed_apply(t, values, 1.0f, known); }));
     }
   }
 }
@@ -270,8 +283,10 @@ void Shard::record_push_answer(const Caller& caller, const PushRequest& request,
   }
 }
 
-GradientStatus Shard::offer_sync(StoredTensor* t, int worker, std::span<const float> g,
+GradientStatus Shard::offer_sync(const PushGrad& grad, int worker,
                                  kj::Vector<kj::Promise<void>>& pending) {
+  StoredTensor* t = grad.tensor;
+  std::span<const float> g = grad.values;
   SyncSlot& slot = sync_[t];
   if (slot.complete) {
     ++counters_.stale;  // a backup worker's gradient, after enough arrived
@@ -285,6 +300,7 @@ GradientStatus Shard::offer_sync(StoredTensor* t, int worker, std::span<const fl
   if (slot.sum.size() != t->size())
     slot.sum.resize(t->size());  // once per tensor; reused every step
   const bool first = slot.count++ == 0;
+  slot.grad_max_sum = (first ? 0.0 : slot.grad_max_sum) + double(grad.grad_max);
   float* sum = slot.sum.data();
   pending.add(run_on(t, [sum, g, first] {
     if (first) {
@@ -311,9 +327,15 @@ void Shard::commit_sync_step() {
     // fewer when workers have left (shard_recovery.cc).
     const float scale = 1.0f / static_cast<float>(slot.count);
     std::span<const float> sum(slot.sum);
+    // |sum| is within the contributions' bounds added up, grown by each
+    // float addition's rounding (and this conversion's).
+    const double sum_max = slot.grad_max_sum * (1 + double(slot.count) * 0x1p-23);
+    KnownUpdate known;
+    if (sum_max <= std::numeric_limits<float>::max()) known.grad_max = static_cast<float>(sum_max);
     // Queued on the tensor's strand behind this step's sums and ahead of the
     // next step's, and ahead of every read that starts after this point.
-    tasks_.add(run_on(tensor, [this, tensor, sum, scale] { timed_apply(tensor, sum, scale); }));
+    tasks_.add(run_on(
+        tensor, [this, tensor, sum, scale, known] { timed_apply(tensor, sum, scale, known); }));
     slot.count = 0;
     slot.contributors.clear();
     slot.complete = false;

@@ -52,9 +52,10 @@ StoredTensor::View StoredTensor::view() const {
 }
 
 bool StoredTensor::apply(std::span<const float> grad, float scale, bool require_finite,
-                         std::optional<uint64_t> checked_version) {
+                         const KnownUpdate& known) {
   std::unique_lock lock(mutex_);
-  if (require_finite && checked_version != version_ &&
+  if (require_finite && known.checked_version != version_ &&
+      !within_safe_bound(known.grad_max, scale) &&
       !optimizer_->result_finite(*values_, grad, slots_, static_cast<int64_t>(version_), scale)) {
     return false;
   }
@@ -72,10 +73,11 @@ bool StoredTensor::apply(std::span<const float> grad, float scale, bool require_
   return true;
 }
 
-bool StoredTensor::update_finite(std::span<const float> grad, float scale,
+bool StoredTensor::update_finite(std::span<const float> grad, float scale, float grad_max,
                                  uint64_t* version) const {
   std::shared_lock lock(mutex_);
   if (version != nullptr) *version = version_;
+  if (within_safe_bound(grad_max, scale)) return true;
   return optimizer_->result_finite(*values_, grad, slots_, static_cast<int64_t>(version_), scale);
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -18,6 +19,18 @@
 #include "ps/tensor_spec.h"
 
 namespace ps {
+
+// What a caller already knows of an update, so that apply() and
+// update_finite() check no more than they must.
+struct KnownUpdate {
+  // Every |grad value| is at most this (psd checks each gradient as it
+  // arrives): within safe_gradient_bound(scale), the update cannot leave
+  // NaN or Inf, and is not tried first.
+  float grad_max = std::numeric_limits<float>::infinity();
+  // The version at which update_finite() accepted this same update; while
+  // the tensor is still at it, the check is not made again.
+  std::optional<uint64_t> checked_version;
+};
 
 class StoredTensor {
  public:
@@ -42,15 +55,22 @@ class StoredTensor {
   // Applies scale * grad with the tensor's optimizer under an exclusive
   // lock. With `require_finite`, an update that would leave a value or slot
   // NaN or Inf (Optimizer::result_finite) is not applied: false, nothing
-  // changed (version included). `checked_version`: the version at which
-  // update_finite() accepted this same update; if the tensor is still at it,
-  // the check is not made again.
+  // changed (version included).
   bool apply(std::span<const float> grad, float scale, bool require_finite = true,
-             std::optional<uint64_t> checked_version = std::nullopt);
+             const KnownUpdate& known = {});
   uint64_t version() const;
   // Whether apply(grad, scale) would be accepted now (Optimizer::result_finite);
-  // `version` (if given) gets the version it was decided at.
-  bool update_finite(std::span<const float> grad, float scale, uint64_t* version = nullptr) const;
+  // `grad_max` as KnownUpdate's; `version` (if given) gets the version it was decided at.
+  bool update_finite(std::span<const float> grad, float scale,
+                     float grad_max = std::numeric_limits<float>::infinity(),
+                     uint64_t* version = nullptr) const;
+  // The optimizer's: gradients within it need no check (Optimizer::safe_gradient_bound).
+  float safe_gradient_bound(float scale) const { return optimizer_->safe_gradient_bound(scale); }
+  // Whether gradients of at most grad_max in magnitude are within it (0: no bound).
+  bool within_safe_bound(float grad_max, float scale) const {
+    const float bound = safe_gradient_bound(scale);
+    return bound > 0 && grad_max <= bound;
+  }
 
   // A consistent copy of values, slots and version (for checkpoints), taken
   // under the shared lock: updates wait only for the copy.
@@ -131,7 +151,8 @@ class TensorStore {
   // Bytes a tensor of `n` elements holds with its optimizer's slots and its
   // bookkeeping (the StoredTensor, its spec, the map's node, its names):
   // many tiny tensors must not hold more memory than the budget counts.
-  static uint64_t footprint(const TensorSpec& spec, uint64_t n, const std::optional<PartMeta>& part);
+  static uint64_t footprint(const TensorSpec& spec, uint64_t n,
+                            const std::optional<PartMeta>& part);
   static constexpr uint64_t kTensorBookkeepingBytes = 1024;
   static constexpr uint64_t kNameCopies = 3;
 

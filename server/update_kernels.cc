@@ -1,6 +1,8 @@
 #include "server/update_kernels.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "common/vector_clones.h"
 
@@ -185,6 +187,29 @@ PS_VECTOR_CLONES bool ftrl_ok(const float* __restrict w, const float* __restrict
     }
   });
   return bad == 0;
+}
+
+// |a * g| under 2^102, below half the spacing of floats at FLT_MAX (2^103):
+// w - a * g then rounds to at most FLT_MAX in magnitude for any finite w.
+float sgd_safe_gradient_bound(double lr, double scale, double summed) {
+  constexpr double kMax = std::numeric_limits<float>::max();
+  const double step = std::fabs(lr * scale) * summed;
+  if (std::isnan(step)) return 0;
+  return static_cast<float>(std::min(step > 0 ? 0x1p102 / step : kMax, kMax));
+}
+
+// With acc > 0: |g| <= 2^50 keeps acc + g^2 within half a spacing of
+// FLT_MAX, so finite; and |g| / sqrt(acc + g^2) <= sqrt(2) even where g^2 is
+// subnormal, so the step lr g / sqrt(acc) stays under 2^102 for
+// lr <= 2^100, as SGD's does (lr g itself kept finite).
+float adagrad_safe_gradient_bound(double lr, double scale, double summed) {
+  constexpr double kMax = std::numeric_limits<float>::max();
+  lr = std::fabs(lr);
+  if (!(lr <= 0x1p100)) return 0;
+  const double g = std::min(0x1p50, kMax / (4 * lr));
+  const double per = std::fabs(scale) * summed;
+  if (std::isnan(per)) return 0;
+  return static_cast<float>(std::min(per > 0 ? g / per : kMax, kMax));
 }
 
 }  // namespace ps::update

@@ -48,4 +48,12 @@ bool rmsprop_ok(const float* w, const float* ms, const float* mom, const float* 
 bool ftrl_ok(const float* w, const float* acc, const float* lin, const float* g, std::size_t n,
              float lr, float l1, float l2, float lr_power, float scale, float lim);
 
+// Safe gradient bounds: with every |g| at most the bound (g being the sum
+// of at most `summed` gradients), the update leaves every finite weight and
+// slot finite, so it needs no check pass. `lr`: the largest learning rate
+// the update can use. 0 where no bound holds.
+float sgd_safe_gradient_bound(double lr, double scale, double summed);
+// Needs every accumulator > 0, which the updates keep and restores check.
+float adagrad_safe_gradient_bound(double lr, double scale, double summed);
+
 }  // namespace ps::update

@@ -7,6 +7,7 @@
 #include "common/wire_convert.h"
 
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "server/optimizer.h"
@@ -302,6 +303,62 @@ TEST_CASE(
     CHECK(w == w_before);
     CHECK(slots == slots_before);
   }
+}
+
+TEST_CASE(
+    "SGD's and Adagrad's safe gradient bounds keep the largest finite weights finite at every step "
+    "of the schedule") {
+  // psd applies a gradient within the bound without trying it first: the
+  // worst case, a weight at +-FLT_MAX and a gradient at the bound pushing
+  // it out, must stay finite at every step, schedules that raise the rate
+  // included, for a sync average's scale too.
+  const float big = std::numeric_limits<float>::max();
+  auto piecewise_up = [](OptimizerConfig c) {  // x10 past each of three boundaries
+    c.schedule = ps::LrSchedule::kPiecewise;
+    c.decay_rate = 10;
+    c.boundaries = {10, 20, 30};
+    return c;
+  };
+  auto cosine = [](OptimizerConfig c) {
+    c.schedule = ps::LrSchedule::kCosineDecay;
+    c.decay_steps = 50;
+    c.alpha = 0.5f;
+    return c;
+  };
+  const std::vector<OptimizerConfig> configs = {
+      OptimizerConfig::sgd(1e-3f),        OptimizerConfig::sgd(1),
+      OptimizerConfig::sgd(1e30f),        piecewise_up(OptimizerConfig::sgd(1e20f)),
+      cosine(OptimizerConfig::sgd(0.1f)), OptimizerConfig::adagrad(0.1f),
+      OptimizerConfig::adagrad(1e30f),    piecewise_up(OptimizerConfig::adagrad(1e20f))};
+  int checked = 0;
+  for (const auto& config : configs) {
+    const auto opt = ps::make_optimizer(config);
+    for (float scale : {1.0f, 1.0f / 3, 0.25f}) {
+      const float bound = opt->safe_gradient_bound(scale);
+      INFO("optimizer kind " << static_cast<int>(config.kind) << " lr " << config.learning_rate
+                             << " scale " << scale << " bound " << bound);
+      REQUIRE(bound > 0);
+      for (int64_t step : {0, 15, 25, 35, 1000}) {
+        for (float acc : {0.1f, std::numeric_limits<float>::denorm_min(), big}) {
+          std::vector<float> w{big, -big, 0.0f, big};
+          const std::vector<float> g{-bound, bound, bound, -bound / 3};
+          auto slots = opt->make_slots(w.size());
+          for (auto& slot : slots) std::fill(slot.begin(), slot.end(), acc);
+          opt->apply(w, g, slots, step, scale);
+          for (float x : w) CHECK(std::isfinite(x));
+          for (const auto& slot : slots)
+            for (float x : slot) CHECK((std::isfinite(x) && x > 0));
+          ++checked;
+        }
+      }
+    }
+  }
+  CHECK(checked == 8 * 3 * 5 * 3);
+  // Where the slots' own size matters, no bound.
+  for (const auto& config :
+       {OptimizerConfig::with_momentum(0.1f, 0.9f), OptimizerConfig::adam(0.1f),
+        OptimizerConfig::rmsprop(0.1f, 0.9f, 0.5f)})
+    CHECK(ps::make_optimizer(config)->safe_gradient_bound(1) == 0);
 }
 
 TEST_CASE("a cosine schedule crosses the wire whole (schedule, decay steps, alpha)") {

@@ -64,6 +64,44 @@ TEST_CASE("a view never changes: updates while it is held go to a copy") {
   CHECK(*now.values == std::vector<float>(4, 1.0f));
 }
 
+TEST_CASE("apply skips its overflow check only for a gradient known to be within the safe bound") {
+  // SGD at learning rate 3e38: a step of 1.0 from -3e38 passes -FLT_MAX.
+  TensorSpec s = spec("w", {2}, InitConfig::constant(-3e38f));
+  s.optimizer = OptimizerConfig::sgd(3e38f);
+  TensorStore store;
+  auto [t, created] = store.create(s, std::nullopt);
+  REQUIRE(created);
+  const float bound = t->safe_gradient_bound(1.0f);
+  REQUIRE(bound > 0);
+  REQUIRE(bound < 1.0f);
+  // Known as it is, above the bound: tried first and refused, nothing changed.
+  const std::vector<float> g{1.0f, 1.0f};
+  KnownUpdate known;
+  known.grad_max = 1.0f;
+  CHECK_FALSE(t->update_finite(g, 1.0f, known.grad_max));
+  CHECK_FALSE(t->apply(g, 1.0f, true, known));
+  CHECK(t->version() == 0);
+  CHECK(read(*t) == std::vector<float>(2, -3e38f));
+  // Within the bound: applied without the check, and finite as the bound promises.
+  const std::vector<float> small{bound, -bound};
+  known.grad_max = bound;
+  CHECK(t->update_finite(small, 1.0f, known.grad_max));
+  CHECK(t->apply(small, 1.0f, true, known));
+  CHECK(t->version() == 1);
+  const std::vector<float> expected{-3e38f - 3e38f * bound, -3e38f + 3e38f * bound};
+  CHECK(read(*t) == expected);
+  for (float x : read(*t)) CHECK(std::isfinite(x));
+  // Adam has no bound: a gradient said to be tiny is still tried.
+  TensorSpec a = spec("a", {1}, InitConfig::constant(-3e38f));
+  a.optimizer = OptimizerConfig::adam(3e38f);
+  auto [adam, made] = store.create(a, std::nullopt);
+  REQUIRE(made);
+  CHECK(adam->safe_gradient_bound(1.0f) == 0);
+  known.grad_max = 0;
+  CHECK_FALSE(adam->apply(std::vector<float>{1.0f}, 1.0f, true, known));
+  CHECK(adam->version() == 0);
+}
+
 TEST_CASE("bad specs are refused with the tensor's name") {
   TensorStore store(
       StoreLimits{.max_tensor_bytes = 1024, .max_total_bytes = 2048, .max_tensors = 3});

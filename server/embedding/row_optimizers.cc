@@ -35,12 +35,8 @@ class RowSgd final : public RowOptimizer {
                     const Step& s) const override {
     return update::sgd_ok(w, g, dim, s.learning_rate * s.scale, kFloatMax);
   }
-  // |a * g| under 2^102, below half the spacing of floats at FLT_MAX (2^103):
-  // w - a * g then rounds to at most FLT_MAX in magnitude for any finite w.
   float safe_gradient_bound(float scale, std::size_t summed) const override {
-    const double step = std::fabs(double(config_.learning_rate) * scale) * double(summed);
-    const double bound = step > 0 ? 0x1p102 / step : std::numeric_limits<float>::max();
-    return static_cast<float>(std::min<double>(bound, std::numeric_limits<float>::max()));
+    return update::sgd_safe_gradient_bound(config_.learning_rate, scale, double(summed));
   }
 };
 
@@ -57,18 +53,8 @@ class RowAdagrad final : public RowOptimizer {
                     const Step& s) const override {
     return update::adagrad_ok(w, slots[0], g, dim, s.learning_rate, s.scale, kFloatMax);
   }
-  // With acc > 0 (kept by every update and checked on restore): |g| <= 2^50
-  // keeps acc + g^2 within half a spacing of FLT_MAX, so finite; and
-  // |g| / sqrt(acc + g^2) <= sqrt(2) even where g^2 is subnormal, so the step
-  // lr g / sqrt(acc) stays under 2^102 for lr <= 2^100, as SGD's does (lr g
-  // itself kept finite).
   float safe_gradient_bound(float scale, std::size_t summed) const override {
-    const double lr = config_.learning_rate;
-    if (!(lr <= 0x1p100)) return 0;
-    const double g = std::min(0x1p50, double(std::numeric_limits<float>::max()) / (4 * lr));
-    const double per = std::fabs(double(scale)) * double(summed);
-    const double bound = per > 0 ? g / per : std::numeric_limits<float>::max();
-    return static_cast<float>(std::min<double>(bound, std::numeric_limits<float>::max()));
+    return update::adagrad_safe_gradient_bound(config_.learning_rate, scale, double(summed));
   }
   const char* slot_violation(uint32_t, std::span<const float> acc) const override {
     return all_positive(acc) ? nullptr : "Adagrad's accumulator must be > 0";

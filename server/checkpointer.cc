@@ -1,6 +1,8 @@
 #include "server/checkpointer.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <map>
 
 #include <spdlog/spdlog.h>
 
@@ -178,7 +180,28 @@ std::string Checkpointer::restore() {
   }
   spdlog::info("no checkpoint to restore in {}",
                shard_checkpoint_dir(options_.dir, o.shard_index, o.num_shards));
+  warn_other_shard_counts();
   return "";
+}
+
+void Checkpointer::warn_other_shard_counts() const {
+  // Checkpoints of a job with another number of shards are not this
+  // shard's to restore: say so, rather than start empty beside them.
+  const uint32_t shards = shard_.options().num_shards;
+  std::map<uint32_t, int64_t> newest;  // shard count -> newest step
+  for (const auto& file : list_all_checkpoints(options_.dir)) {
+    if (file.num_shards == shards) continue;
+    auto [it, added] = newest.try_emplace(file.num_shards, file.step);
+    if (!added) it->second = std::max(it->second, file.step);
+  }
+  for (const auto& [count, step] : newest) {
+    spdlog::warn(
+        "{} holds checkpoints of a job of {} ps shards (newest step {}), and this psd is one of {}: "
+        "it starts empty. To go on from them, start {} psd tasks (--ps_hosts with {} hosts), or "
+        "restore them into {} from the chief (TrainingSession's restore_from = {}; "
+        "docs/training.md, Re-sharding)",
+        options_.dir, count, step, shards, count, count, shards, options_.dir);
+  }
 }
 
 }  // namespace ps

@@ -73,6 +73,9 @@ class Checkpointer {
   const CheckpointOptions& options() const { return options_; }
 
  private:
+  // restore() found nothing: logs a warning per other shard count whose
+  // checkpoints lie in the directory (a job restarted with other --ps_hosts).
+  void warn_other_shard_counts() const;
   struct Job {
     std::shared_ptr<ShardCheckpoint> checkpoint;
     std::shared_ptr<std::string>

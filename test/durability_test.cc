@@ -131,6 +131,31 @@ TEST_CASE(
   CHECK(read_checkpoint(files[0].path).tensors.at(0).values == std::vector<float>{-1, -2, -3, -4});
 }
 
+TEST_CASE("a psd of another shard count than the checkpoints beside it says so as it starts empty") {
+  TempDir dir;
+  for (uint32_t shard = 0; shard < 3; ++shard) {  // a 3-shard job's files, steps 5 and 7
+    for (int64_t step : {5, 7}) {
+      ShardCheckpoint c;
+      c.shard_index = shard;
+      c.num_shards = 3;
+      c.global_step = step;
+      write_checkpoint(dir.path(), c);
+    }
+  }
+  PsdProcess psd(ckpt_args(dir));  // shard 0 of 1
+  CHECK_THAT(psd.log(), Catch::Contains("no checkpoint to restore"));
+  CHECK_THAT(psd.log(), Catch::Contains("holds checkpoints of a job of 3 ps shards (newest step 7), "
+                                        "and this psd is one of 1: it starts empty"));
+  Client c(options_for({&psd}));
+  CHECK(c.list().empty());
+  // Its own files are restored, and then nothing is said of the others.
+  c.create({{.name = "w", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f)}});
+  c.checkpoint();
+  PsdProcess again(ckpt_args(dir));
+  CHECK_THAT(again.log(), Catch::Contains("restored"));
+  CHECK_THAT(again.log(), !Catch::Contains("ps shards"));
+}
+
 TEST_CASE("a damaged newest checkpoint is reported and skipped; the next older one is restored") {
   TempDir dir;
   int port = 0;

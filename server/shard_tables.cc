@@ -244,12 +244,14 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
   }
   const uint32_t summed = gradients_summed_per_step(job);
   const bool sync = job.mode == SyncMode::kSync;
-  // An async push is applied now: the pass that refuses NaN/Inf also tells
-  // whether every gradient is within the table's safe bound (the smaller
-  // limit first; the larger only where that fails).
+  // The pass that refuses NaN/Inf also tells whether every gradient is
+  // within the table's safe bound (the smaller limit first; the larger only
+  // where that fails). In sync mode, half of it: a step's sum of such
+  // pushes, averaged, is then within it too (TableSyncSlot::within_bound).
   const float limit = gradient_limit(summed);
-  const float bound =
-      sync || options_.allow_nonfinite ? 0.0f : t.table->safe_gradient_bound(1.0f, r.ids.size());
+  const float bound = options_.allow_nonfinite
+                          ? 0.0f
+                          : t.table->safe_gradient_bound(1.0f, r.ids.size()) / (sync ? 2 : 1);
   const float first = bound > 0 ? std::min(limit, bound) : limit;
   std::span<const float> grads = r.grads;
   std::shared_ptr<float> copied;  // the gradients out of shared memory, as checked
@@ -334,6 +336,7 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
     } else {
       slot.contributors.push_back(caller.worker_index);
       ++slot.count;
+      slot.within_bound = slot.within_bound && within_bound.value_or(false);
       slot.position.reserve(r.ids.size());
       for (std::size_t i = 0; i < r.ids.size(); ++i) {
         const auto next = static_cast<uint32_t>(slot.ids.size());
@@ -387,7 +390,9 @@ void Shard::commit_table_step() {
     try {
       const uint64_t fresh = t.table->check(slot.ids, "sync step");
       const float scale = 1.0f / static_cast<float>(slot.count);
-      if (!apply_table_update(*t.table, slot.ids, slot.sum, scale, fresh))
+      const std::optional<bool> within =
+          slot.within_bound ? std::optional<bool>(true) : std::nullopt;
+      if (!apply_table_update(*t.table, slot.ids, slot.sum, scale, fresh, within))
         throw RequestError("the step's update would make a value or optimizer slot NaN or Inf");
     } catch (const Error& e) {
       // A dynamic table at its row limit can refuse the union of the

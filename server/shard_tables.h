@@ -25,6 +25,11 @@ struct TableSyncSlot {
   uint32_t count = 0;      // workers that contributed
   std::vector<int> contributors;
   bool complete = false;
+  // Every push summed was within half the table's safe bound for its own
+  // ids (C / (2 n) for n ids, C the optimizer's constant): each id's sum is
+  // then within count C / 2, its average within C / 2, and the step's
+  // update needs no check pass.
+  bool within_bound = true;
   void clear() {
     position.clear();  // keeps its arrays for the next step
     ids.clear();
@@ -32,6 +37,7 @@ struct TableSyncSlot {
     count = 0;
     contributors.clear();
     complete = false;
+    within_bound = true;
   }
 };
 

@@ -97,8 +97,10 @@ struct RawShard {
     return out;
   }
   wire::PushStatus push(const std::string& table, const std::vector<uint64_t>& ids,
-                        const std::vector<float>& grads, uint64_t request_id = 0) {
+                        const std::vector<float>& grads, uint64_t request_id = 0,
+                        int64_t step = 0) {
     auto req = shard.pushRowsRequest();
+    req.setStep(step);
     req.setTable(text(table));
     req.setIds(kj::arrayPtr(ids.data(), ids.size()));
     req.setGrads(kj::arrayPtr(reinterpret_cast<const kj::byte*>(grads.data()),
@@ -582,6 +584,29 @@ TEST_CASE("ids a client picks to collide in psd's hash tables are served as fast
     CHECK(raw.pull("d", {ids.front(), ids[123456], ids.back()}) == std::vector<float>(3, -0.5f));
     CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
   }
+  CHECK(psd.alive());
+}
+
+TEST_CASE("a sync step's rows are applied without a check only when every push was within bound") {
+  // SGD at learning rate 1e38 from 3e38: a step of -1 overflows; one of
+  // -1e-9 (under half the safe bound of 2^102 / 1e38, about 5e-8) cannot.
+  PsdProcess psd;
+  Client chief(options_for({&psd}, 0));
+  chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2});
+  chief.create_tables({fixed("hot", 4, 1, 1e38f, InitConfig::constant(3e38f))});
+  chief.set_ready();
+  RawShard w0(psd, 0), w1(psd, 1);
+  // Step 0: two small gradients for id 1 (and a repeat of it in one push),
+  // applied: 3e38 - 1e38 * (-1e-9 - 2e-9) / 2.
+  CHECK(w0.push("hot", {1}, {-1e-9f}) == wire::PushStatus::ACCUMULATED);
+  CHECK(w1.push("hot", {1, 1}, {-1e-9f, -1e-9f}) == wire::PushStatus::ACCUMULATED);
+  const float after = 3e38f - 1e38f * ((-1e-9f + (-1e-9f + -1e-9f)) * 0.5f);
+  CHECK(w0.pull("hot", {1, 2}) == std::vector<float>{after, 3e38f});
+  // Step 1: each gradient finite, their average overflows: nothing applied.
+  CHECK(w0.push("hot", {1, 2}, {-1e-9f, -1.0f}, 0, 1) == wire::PushStatus::ACCUMULATED);
+  CHECK(w1.push("hot", {2}, {-1.0f}, 0, 1) == wire::PushStatus::ACCUMULATED);
+  CHECK(w0.pull("hot", {1, 2}) == std::vector<float>{after, 3e38f});
+  CHECK_THAT(psd.log(), Catch::Contains("table 'hot' not updated"));
   CHECK(psd.alive());
 }
 

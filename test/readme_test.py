@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks that the commands of README.md and docs/*.md exist: every `scripts/X`,
 `build/...` and source-tree Python program named in their shell code (fenced
-sh/bash blocks, indented code blocks, and inline code that starts with one)
+sh/bash blocks, indented code blocks, and inline code that starts with one, or
+with a program's name and a flag: `psd --nice -10`)
 must exist and be executable; every --flag written on a command line of a
 program that has a --help (psd, the trainers and examples, the benchmarks,
 launch_local.sh, the Python tools) must appear in that --help; every test or
@@ -35,6 +36,17 @@ WITH_HELP = ('psd', 'mnist_trainer', 'linreg_trainer', 'hello_cluster', 'hello_p
              'ctr_trainer', 'make_ctr_data', 'launch_local.sh', 'cluster_status.py',
              'check_events.py', 'embedding_bench', 'push_pull_bench', 'load_bench', 'apply_bench',
              'attack_soak', 'mlp_bench', 'python_bench.py', 'torch_mnist.py')
+# Inline code that starts with one of these names and writes a flag (`psd --nice -10`) is a
+# command of that program too.
+PROGRAM_PATHS = {'psd': 'build/server/psd', 'mnist_trainer': 'build/examples/mnist_trainer',
+                 'linreg_trainer': 'build/examples/linreg_trainer', 'hello_cluster': 'build/examples/hello_cluster',
+                 'hello_push_pull': 'build/examples/hello_push_pull', 'ctr_trainer': 'build/examples/ctr_trainer',
+                 'make_ctr_data': 'build/examples/make_ctr_data', 'embedding_bench': 'build/bench/embedding_bench',
+                 'push_pull_bench': 'build/bench/push_pull_bench', 'load_bench': 'build/bench/load_bench',
+                 'apply_bench': 'build/bench/apply_bench', 'attack_soak': 'build/bench/attack_soak',
+                 'mlp_bench': 'build/bench/mlp_bench', 'launch_local.sh': 'scripts/launch_local.sh',
+                 'cluster_status.py': 'scripts/cluster_status.py', 'check_events.py': 'scripts/check_events.py',
+                 'python_bench.py': 'bench/python_bench.py', 'torch_mnist.py': 'examples/python/torch_mnist.py'}
 SEPARATORS = ('&&', '||', '|', ';', '&', '(', ')')
 ASSIGNMENT = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*=')
 REDIRECTION = re.compile(r'\d*>&\d+|\d*>>?\s*\S+|<\s*\S+')
@@ -77,6 +89,8 @@ def command_lines(text):
         previous_blank = not line.strip()
         for span in re.findall(r'`([^`]+)`', line):
             if re.match(r'(scripts|build)/\S*[^/\s]( |$)', span):
+                out.append((number, span, 'inline'))
+            elif span.split(' ', 1)[0] in PROGRAM_PATHS and ' --' in span or span.startswith('meson test '):
                 out.append((number, span, 'inline'))
     # Lines ending in a backslash go on on the next one, and so do quotes left open.
     joined = []
@@ -242,6 +256,8 @@ def main():
                 i += 1
             return
         program = words[0]
+        if program in PROGRAM_PATHS:
+            program = PROGRAM_PATHS[program]
         path = resolve(program)
         if path is None:
             return

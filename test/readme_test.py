@@ -161,14 +161,20 @@ def build_option(build, name):
     return None
 
 
-def meson_tests(build):
-    """Names and suites (with and without the project prefix) of the build's tests."""
+def meson_tests(source, build):
+    """Names and suites (with and without the project prefix) of the build's tests, and
+    of those the meson.build files declare (a CUDA test exists only where nvcc is)."""
     try:
         with open(os.path.join(build, 'meson-info', 'intro-tests.json')) as f:
             tests = json.load(f)
     except (OSError, ValueError):
         return None
     names = set()
+    for path in glob.glob(os.path.join(source, '**', 'meson.build'), recursive=True):
+        with open(path, encoding='utf-8') as f:
+            text = f.read()
+        names.update(re.findall(r"\btest\(\s*'([^']+)'", text))
+        names.update(re.findall(r"suite:\s*'([^']+)'", text))
     for t in tests:
         names.add(t['name'])
         for s in t['suite']:
@@ -184,7 +190,7 @@ def main():
     source, build = sys.argv[1], sys.argv[2]
     python = build_option(build, 'python') or sys.executable
     bench_built = build_option(build, 'bench') is not False
-    tests = meson_tests(build)
+    tests = meson_tests(source, build)
     pages = ['README.md'] + sorted(os.path.relpath(p, source) for p in glob.glob(os.path.join(source, 'docs', '*.md')))
     problems, skipped = [], set()
     counts = {'commands': 0, 'flags': 0, 'tests': 0}

@@ -542,6 +542,8 @@ int main(int argc, char** argv) {
   f.learning_rate = 0.001f;
   f.data_dir = "data/ctr";
   ps::add_trainer_flags(app, f);
+  app.get_option("--data_dir")
+      ->description("directory of train.tsv, Criteo TSV layout (scripts/make_ctr_data.sh)");
   CtrFlags c;
   app.add_option("--train_file", c.train_file,
                  "training data, Criteo TSV layout (default: <data_dir>/train.tsv)");

@@ -3,6 +3,7 @@
 # machine, 1 psd + 3 workers through scripts/launch_local.sh (async, 3
 # epochs of the 784-100-10 MLP), ending with the test accuracy.
 #   scripts/demo.sh [-- more trainer flags]
+case "${1:-}" in -h | --help) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 0 ;; esac  # the comment block above
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}

@@ -6,6 +6,7 @@
 # .gz) works as --data_dir, e.g. the original MNIST.
 #
 # Usage: scripts/get_data.sh [DATA_DIR]     (default ./data/fashion-mnist)
+case "${1:-}" in -h | --help) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 0 ;; esac  # the comment block above
 set -eu
 
 DEST=${1:-./data/fashion-mnist}

@@ -7,6 +7,7 @@
 #   scripts/make_ctr_data.sh /tmp/small.tsv 10000 --seed 7 --max_distinct 100000
 #
 # Environment: BUILD_DIR (default build), where examples/make_ctr_data is built.
+case "${1:-}" in -h | --help) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 0 ;; esac  # the comment block above
 set -euo pipefail
 if [ $# -lt 2 ]; then
   sed -n '2,9p' "$0" >&2

@@ -3,6 +3,7 @@
 # libpsclient, the examples, tests and benchmarks into ./build.
 #   scripts/setup.sh              # as root, or as a user with sudo
 #   BUILD_DIR=build-asan MESON_ARGS="-Db_sanitize=address,undefined" scripts/setup.sh
+case "${1:-}" in -h | --help) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 0 ;; esac  # the comment block above
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

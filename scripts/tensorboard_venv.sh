@@ -8,6 +8,7 @@
 #
 # Does nothing when DIR already imports tensorboard. Needs PyPI (pip); exits
 # 1 with one line on stderr when the environment cannot be made.
+case "${1:-}" in -h | --help) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 0 ;; esac  # the comment block above
 set -euo pipefail
 dir=${1:-build/venv-tb}
 py=${PYTHON:-python3}

@@ -49,7 +49,8 @@ void add_trainer_flags(CLI::App& app, TrainerFlags& f) {
       "bounded staleness: no worker more than N steps ahead of the slowest (0: plain async)");
   app.add_option("--train_steps", f.train_steps, "global steps to train (0: use --epochs)");
   app.add_option("--epochs", f.epochs,
-                 "epochs over the training set, all workers together (when --train_steps is 0)");
+                 "epochs over the training set, all workers together (when --train_steps is 0)")
+      ->capture_default_str();
   app.add_option("--batch_size", f.batch_size, "examples per step and worker")
       ->capture_default_str();
   app.add_option("--learning_rate", f.learning_rate, "learning rate")->capture_default_str();

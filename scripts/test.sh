@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds (installing what is missing) and runs the whole test suite.
 #   scripts/test.sh
-#   scripts/test.sh embedding_test psd_flags   # meson test's arguments: only these tests
+#   scripts/test.sh embedding psd_flags   # meson test's arguments: only these tests
 case "${1:-}" in -h | --help) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 0 ;; esac  # the comment block above
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -7,6 +7,7 @@
 #
 #   bench/soak.sh [build dir] [duration secs]
 # Stops only the processes it started (by PID).
+case "${1:-}" in -h | --help) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 0 ;; esac  # the comment block above
 set -euo pipefail
 BUILD=${1:-build}
 DURATION=${2:-600}

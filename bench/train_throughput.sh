@@ -6,6 +6,7 @@
 #
 #   bench/train_throughput.sh [EPOCHS] [-- extra trainer flags]     (default 5 epochs)
 # Environment: BUILD_DIR (build), WORKERS (3), PSD_FLAGS (extra psd flags, e.g. "--busy_poll_us 50").
+case "${1:-}" in -h | --help) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 0 ;; esac  # the comment block above
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}

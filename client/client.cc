@@ -58,7 +58,8 @@ std::vector<TensorInfo> Client::list() {
       impl_
           ->on_every_shard<Collected>(
               [](ShardConnection& s) { return s.shard.listRequest().send(); },
-              [](Collected& out, int shard, capnp::Response<wire::Shard::ListResults>& reply) {
+              [this](Collected& out, int shard, capnp::Response<wire::Shard::ListResults>& reply) {
+                check_reply_list(impl_->shard_name_at(shard), "tensors", reply.getTensors());
                 for (auto t : reply.getTensors()) {
                   TensorInfo info;
                   info.name = t.hasPart() ? t.getPart().getFullName() : t.getName();
@@ -99,6 +100,7 @@ std::vector<ShardStats> Client::stats() {
               [](ShardConnection& s) { return s.shard.statsRequest().send(); },
               [this](Collected& out, int shard, capnp::Response<wire::Shard::StatsResults>& reply) {
                 auto st = reply.getStats();
+                check_reply_list(impl_->shard_name_at(shard), "workers", st.getWorkers());
                 ShardStats o;
                 o.shard = shard;
                 o.address = impl_->options.ps_hosts[shard];
@@ -191,12 +193,7 @@ std::future<Client::StepDone> Client::step_done_async(int64_t local_step) {
   // One id for the call, kept across retries: each shard counts it once.
   const uint64_t id = impl_->new_request_id();
   return impl_->on_every_shard<StepDone>(
-      [local_step, id](ShardConnection& s) {
-        auto req = s.shard.stepDoneRequest();
-        req.setStep(local_step);
-        req.setRequestId(id);
-        return req.send();
-      },
+      [local_step, id](ShardConnection& s) { return send_step_done(s, local_step, id); },
       [](StepDone& d, int shard, capnp::Response<wire::Shard::StepDoneResults>& reply) {
         if (shard == 0)
           d.global_step = reply.getGlobalStep();  // shard 0 holds the job's step, as TF's ps 0

@@ -200,8 +200,9 @@ void Client::create(const std::vector<TensorSpec>& specs) {
         impl_
             ->on_every_shard<Stored>(
                 [](ShardConnection& s) { return s.shard.listRequest().send(); },
-                [&wanted](Stored& out, int shard,
-                          capnp::Response<wire::Shard::ListResults>& reply) {
+                [this, &wanted](Stored& out, int shard,
+                                capnp::Response<wire::Shard::ListResults>& reply) {
+                  check_reply_list(impl_->shard_name_at(shard), "tensors", reply.getTensors());
                   for (auto t : reply.getTensors()) {
                     std::string full = t.hasPart() ? t.getPart().getFullName() : t.getName();
                     if (wanted.count(full) != 0) out[full].emplace_back(t.getName(), shard);

@@ -132,6 +132,52 @@ inline PushStatus from_wire(wire::PushStatus s) {
   return PushStatus::kStale;
 }
 
+// A reply is checked against what was asked before any of it is used as a
+// size, a count or a step: a psd of another version, a broken one or
+// anything else listening on its port must fail the call with what was
+// wrong, never make the client read or write out of bounds or report what
+// psd never did. The messages name the shard as "shard 0 (host:port)".
+inline std::string shard_name(int index, const std::string& address) {
+  return "shard " + std::to_string(index) + " (" + address + ")";
+}
+inline std::string shard_name(const ShardConnection& c) { return shard_name(c.index, c.address); }
+
+// A step in a reply: psd's global steps are in [0, 2^62] (ps/job.h).
+inline int64_t reply_step(const ShardConnection& c, int64_t step) {
+  if (!step_in_range(step)) {
+    throw RequestError(shard_name(c) + " replied step " + std::to_string(step) +
+                       ", outside [0, 2^62]");
+  }
+  return step;
+}
+
+// Reports local step `step` done to the shard (stepDone with request id
+// `id`); the reply's global step is checked.
+inline kj::Promise<capnp::Response<wire::Shard::StepDoneResults>> send_step_done(ShardConnection& c,
+                                                                                 int64_t step,
+                                                                                 uint64_t id) {
+  auto req = c.shard.stepDoneRequest();
+  req.setStep(step);
+  req.setRequestId(id);
+  return req.send().then([&c](capnp::Response<wire::Shard::StepDoneResults>&& reply) {
+    reply_step(c, reply.getGlobalStep());
+    return kj::mv(reply);
+  });
+}
+
+// A list of structs in a reply, whose elements psd always sends with their
+// fields: a list pointer of a few bytes can claim up to 2^29 elements of no
+// size, which Cap'n Proto reads as defaults and a client copying them out
+// would turn into gigabytes. Each element must take a word of the message.
+template <typename List>
+void check_reply_list(const std::string& shard, const char* what, List list) {
+  if (list.size() > 0 && list.totalSize().wordCount < list.size()) {
+    throw RequestError(shard + " replied a list of " + std::to_string(list.size()) + " " + what +
+                       " that takes " + std::to_string(list.totalSize().wordCount) +
+                       " words of its message (each takes at least one)");
+  }
+}
+
 struct Client::Impl : kj::TaskSet::ErrorHandler {
   explicit Impl(ClientOptions o)
       : options(std::move(o)),
@@ -277,6 +323,11 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
                                const std::vector<uint32_t>& copies = {}) {
     std::lock_guard lock(placement_mutex);
     return plan_batches(placement, names, max_batch_bytes, copies);
+  }
+
+  // shard_name of shard `index` as configured.
+  std::string shard_name_at(int index) const {
+    return shard_name(index, options.ps_hosts[static_cast<std::size_t>(index)]);
   }
 
   uint64_t tensor_elements(const std::string& name) {

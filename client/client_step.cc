@@ -302,8 +302,9 @@ std::future<PushResult> Client::start_push_step(std::vector<std::string> names,
                                                 std::size_t(r.count) * part->dim),
                          part->sums)
                   .then([&c](capnp::Response<wire::Shard::PushRowsResults>&& reply) {
-                    c.last_step = std::max(c.last_step, reply.getStep());
-                    return RowReply{from_wire(reply.getStatus()), reply.getStep(), reply.getStop()};
+                    const int64_t step = reply_step(c, reply.getStep());
+                    c.last_step = std::max(c.last_step, step);
+                    return RowReply{from_wire(reply.getStatus()), step, reply.getStop()};
                   });
             };
             calls.add(impl.retry->call(static_cast<int>(r.shard), kj::mv(send))
@@ -322,10 +323,7 @@ std::future<PushResult> Client::start_push_step(std::vector<std::string> names,
           if (last[shard].first != SIZE_MAX) continue;
           const uint64_t id = impl.new_request_id();
           auto send = [done_step, id](ShardConnection& c, int) {
-            auto req = c.shard.stepDoneRequest();
-            req.setStep(done_step);
-            req.setRequestId(id);
-            return req.send();
+            return send_step_done(c, done_step, id);
           };
           calls.add(impl.retry->call(static_cast<int>(shard), kj::mv(send))
                         .then([shard, res](capnp::Response<wire::Shard::StepDoneResults>&& reply) {

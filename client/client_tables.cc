@@ -110,11 +110,12 @@ kj::Promise<void> Client::Impl::pull_row_requests(std::shared_ptr<RowPull> st,
       const auto offset = blocks ? take_shared(*blocks, bytes) : std::nullopt;
       if (offset) set_slice(req.initInto(), *c.arena, *offset, bytes);
       return until_answered(
-          req.send().then([arena = c.arena, st, r,
+          req.send().then([&c, arena = c.arena, st, r,
                            offset](capnp::Response<wire::Shard::PullRowsResults>&& reply) {
+            reply_step(c, reply.getStep());
             if (!reply.getInShared()) return kj::mv(reply);
             if (!offset || reply.getRows().size() != 0) {
-              throw RequestError("pull_rows: shard " + std::to_string(r.shard) +
+              throw RequestError(shard_name(c) +
                                  " answered rows in shared memory it was not given");
             }
             scatter_request(*st->plan, r, reinterpret_cast<const float*>(arena->at(*offset)),
@@ -134,10 +135,10 @@ kj::Promise<void> Client::Impl::pull_row_requests(std::shared_ptr<RowPull> st,
                     auto data = reply.getRows();
                     const std::size_t want = std::size_t(r.count) * st->dim * sizeof(float);
                     if (data.size() != want) {
-                      throw RequestError(
-                          "pull_rows: shard " + std::to_string(r.shard) + " answered " +
-                          std::to_string(data.size()) + " bytes of table '" + st->table + "' for " +
-                          std::to_string(r.count) + " rows, expected " + std::to_string(want));
+                      throw RequestError(shard_name(c) + " replied " + std::to_string(data.size()) +
+                                         " bytes for " + std::to_string(r.count) +
+                                         " rows of table '" + st->table + "', expected " +
+                                         std::to_string(want));
                     }
                     const float* rows = reinterpret_cast<const float*>(data.begin());
                     std::vector<float> aligned;
@@ -382,25 +383,27 @@ std::vector<Client::TableInfo> Client::list_tables() {
     std::map<std::string, TableInfo> tables;
   };
   const int shards = num_shards();
-  auto collected = impl_
-                       ->on_every_shard<Collected>(
-                           [](ShardConnection& s) { return s.shard.listTablesRequest().send(); },
-                           [shards](Collected& out, int shard,
-                                    capnp::Response<wire::Shard::ListTablesResults>& reply) {
-                             for (auto t : reply.getTables()) {
-                               TableInfo& info = out.tables[t.getName()];
-                               info.name = t.getName();
-                               info.dim = t.getDim();
-                               info.dynamic = t.getDynamic();
-                               info.rows = info.dynamic ? info.rows + t.getRowsHere() : t.getRows();
-                               info.bytes += t.getBytes();
-                               info.evictions += t.getEvictions();
-                               info.rows_per_shard.resize(shards);
-                               info.rows_per_shard[shard] = t.getRowsHere();
-                             }
-                           },
-                           "listTables: ")
-                       .get();
+  auto collected =
+      impl_
+          ->on_every_shard<Collected>(
+              [](ShardConnection& s) { return s.shard.listTablesRequest().send(); },
+              [this, shards](Collected& out, int shard,
+                             capnp::Response<wire::Shard::ListTablesResults>& reply) {
+                check_reply_list(impl_->shard_name_at(shard), "tables", reply.getTables());
+                for (auto t : reply.getTables()) {
+                  TableInfo& info = out.tables[t.getName()];
+                  info.name = t.getName();
+                  info.dim = t.getDim();
+                  info.dynamic = t.getDynamic();
+                  info.rows = info.dynamic ? info.rows + t.getRowsHere() : t.getRows();
+                  info.bytes += t.getBytes();
+                  info.evictions += t.getEvictions();
+                  info.rows_per_shard.resize(shards);
+                  info.rows_per_shard[shard] = t.getRowsHere();
+                }
+              },
+              "listTables: ")
+          .get();
   std::vector<TableInfo> out;
   for (auto& [name, info] : collected.tables) out.push_back(std::move(info));
   return out;

@@ -71,7 +71,8 @@ kj::Promise<void> Client::Impl::pull_round(PullState& st, std::vector<std::size_
                                 req.send().then(
                                     [&c, &st, b, shared_at = std::move(shared_at)](
                                         capnp::Response<wire::Shard::PullResults>&& reply) {
-                                      c.last_step = std::max(c.last_step, reply.getStep());
+                                      c.last_step =
+                                          std::max(c.last_step, reply_step(c, reply.getStep()));
                                       // Out of shared memory before its blocks are released.
                                       const ShardBatch& batch = st.batches[b];
                                       auto tensors = reply.getTensors();
@@ -90,12 +91,13 @@ kj::Promise<void> Client::Impl::pull_round(PullState& st, std::vector<std::size_
                                 kj::mv(blocks))
                          .attach(kj::mv(expect));
                    })
-            .then([&st, b](capnp::Response<wire::Shard::PullResults>&& reply) {
+            .then([this, &st, b](capnp::Response<wire::Shard::PullResults>&& reply) {
               const ShardBatch& batch = st.batches[b];
               auto tensors = reply.getTensors();
               if (tensors.size() != batch.parts.size()) {
-                throw RequestError("shard answered " + std::to_string(tensors.size()) +
-                                   " tensors for " + std::to_string(batch.parts.size()));
+                throw RequestError(shard_name(*shards[batch.shard]) + " replied " +
+                                   std::to_string(tensors.size()) + " tensors for " +
+                                   std::to_string(batch.parts.size()) + " asked");
               }
               st.versions[b].resize(tensors.size());
               for (unsigned i = 0; i < tensors.size(); ++i) {
@@ -106,10 +108,11 @@ kj::Promise<void> Client::Impl::pull_round(PullState& st, std::vector<std::size_
                   continue;
                 }
                 if (data.size() != ref.part.count * sizeof(float)) {
-                  throw RequestError("'" + ref.part.stored_name + "' came back with " +
-                                     std::to_string(data.size()) + " bytes, expected " +
+                  throw RequestError(shard_name(*shards[batch.shard]) + " replied " +
+                                     std::to_string(data.size()) + " bytes for tensor '" +
+                                     ref.part.stored_name + "' of " +
                                      std::to_string(ref.part.count * sizeof(float)) +
-                                     " (was it created with another shape or chunk size?)");
+                                     " bytes (was it created with another shape or chunk size?)");
                 }
                 float* dest = st.out[ref.tensor].data() + ref.part.offset;
                 if (data.begin() != reinterpret_cast<const kj::byte*>(dest))
@@ -315,10 +318,17 @@ kj::Promise<PushResult> Client::Impl::push_round(std::vector<ShardBatch> batches
       }
       auto sent = until_answered(req.send(), kj::mv(blocks));
       if (from_caller) sent = cut_if_abandoned(kj::mv(sent), c.messages->connection().weak());
-      return sent.then([&c](capnp::Response<wire::Shard::PushResults>&& reply) {
+      return sent.then([&c, batch](capnp::Response<wire::Shard::PushResults>&& reply) {
+        // One status per gradient sent, in order: a missing one would read
+        // as applied, an extra one as another tensor's.
+        auto status = reply.getStatus();
+        if (status.size() != batch->parts.size()) {
+          throw RequestError(shard_name(c) + " replied " + std::to_string(status.size()) +
+                             " statuses for " + std::to_string(batch->parts.size()) + " gradients");
+        }
         BatchReply r;
-        for (auto st : reply.getStatus()) r.status.push_back(from_wire(st));
-        r.step = reply.getStep();
+        for (auto st : status) r.status.push_back(from_wire(st));
+        r.step = reply_step(c, reply.getStep());
         r.stop = reply.getStop();
         c.last_step = std::max(c.last_step, r.step);
         return r;
@@ -330,7 +340,7 @@ kj::Promise<PushResult> Client::Impl::push_round(std::vector<ShardBatch> batches
                       if (batch->shard == 0) res->global_step = reply.step;
                       res->stop = res->stop || reply.stop;
                     }
-                    for (unsigned i = 0; i < reply.status.size() && i < batch->parts.size(); ++i) {
+                    for (unsigned i = 0; i < reply.status.size(); ++i) {
                       auto& slot = res->status[batch->parts[i].tensor];
                       slot = std::max(slot, reply.status[i]);
                     }
@@ -341,10 +351,7 @@ kj::Promise<PushResult> Client::Impl::push_round(std::vector<ShardBatch> batches
     if (reported[shard]) continue;
     const uint64_t id = new_request_id();  // kept across retries, as a push's
     auto send = [done_step, id](ShardConnection& c, int) {
-      auto req = c.shard.stepDoneRequest();
-      req.setStep(done_step);
-      req.setRequestId(id);
-      return req.send();
+      return send_step_done(c, done_step, id);
     };
     calls.add(retry->call(static_cast<int>(shard), kj::mv(send))
                   .then([shard, res = result.get()](

@@ -132,6 +132,23 @@ kj::Promise<kj::Own<ShardConnection>> share_memory(kj::Own<ShardConnection> conn
       .then([conn = kj::mv(conn)]() mutable { return kj::mv(conn); });
 }
 
+// What makes a hello's answer one this client cannot go on with (empty:
+// nothing): another protocol version (psd refuses one itself; a peer that
+// does not would be read wrong), or steps no psd has.
+std::string hello_problem(wire::ShardInfo::Reader info) {
+  if (info.getProtocolVersion() != wire::K_PROTOCOL_VERSION) {
+    return "speaks protocol version " + std::to_string(info.getProtocolVersion()) +
+           ", this client " + std::to_string(wire::K_PROTOCOL_VERSION);
+  }
+  if (!step_in_range(info.getGlobalStep()))
+    return "said global step " + std::to_string(info.getGlobalStep()) + ", outside [0, 2^62]";
+  if (info.getWorkerStep() != -1 && !step_in_range(info.getWorkerStep())) {
+    return "said this worker's step was " + std::to_string(info.getWorkerStep()) +
+           ", outside [0, 2^62]";
+  }
+  return "";
+}
+
 kj::Promise<kj::Own<ShardConnection>> say_hello(kj::Own<ShardConnection> conn,
                                                 const HelloParams& hello) {
   auto req = hello_request(*conn, hello, false);
@@ -139,6 +156,11 @@ kj::Promise<kj::Own<ShardConnection>> say_hello(kj::Own<ShardConnection> conn,
                              capnp::Response<wire::Shard::HelloResults>&& reply) mutable
                          -> kj::Promise<kj::Own<ShardConnection>> {
     auto info = reply.getInfo();
+    const std::string problem = hello_problem(info);
+    if (!problem.empty()) {
+      return kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__,
+                           kj::str("psd at ", conn->address, " ", problem));
+    }
     conn->max_message_bytes = info.getMaxMessageBytes();
     conn->worker_step = info.getWorkerStep();
     conn->allows_nonfinite = info.getAllowsNonfinite();

@@ -93,6 +93,46 @@ TEST_CASE("lying shard: a pull answered with the wrong byte count fails naming t
                                "shape or chunk size?)"));
 }
 
+TEST_CASE("lying shard: a large pull answered with another size fails within its buffer",
+          "[lying]") {
+  // 128 KiB: sent as a segment of its own, which the client reads straight
+  // into the caller's buffer when its size is the one asked for
+  // (common/net/client_message_stream.h).
+  constexpr uint32_t kFloats = 1u << 15;
+  const int extra = GENERATE(0, -8, 8, -4);
+  LyingShard shard({.pull = [extra](auto params, auto results) {
+    auto tensors = results.initTensors(1);
+    tensors[0].setName(params.getNames()[0]);
+    auto values = tensors[0].initValues(kFloats * sizeof(float) + extra);
+    std::memset(values.begin(), 0x3f, values.size());
+    results.setTag(params.getTag());
+    results.setStep(1);
+  }});
+  Client client(shard.options());
+  client.declare({{.name = "w", .shape = {kFloats}}});
+  std::vector<float> out(kFloats + 4, 5.0f);  // w word-aligned, with guards either side
+  const std::span<float> w(out.data() + 2, kFloats);
+  INFO(extra << " bytes more than the tensor has");
+  if (extra == 0) {
+    client.pull("w", w);
+    float expected;
+    std::memset(&expected, 0x3f, sizeof(expected));
+    CHECK(w.front() == expected);
+    CHECK(w.back() == expected);
+  } else {
+    REQUIRE_THROWS_MATCHES(
+        client.pull("w", w), RequestError,
+        Catch::Matchers::Message("pull: shard 0 (" + shard.address() + ") replied " +
+                                 std::to_string(kFloats * sizeof(float) + extra) +
+                                 " bytes for tensor 'w' of " +
+                                 std::to_string(kFloats * sizeof(float)) +
+                                 " bytes (was it created with another shape or chunk size?)"));
+  }
+  // Nothing was written next to the buffer.
+  CHECK(out.front() == 5.0f);
+  CHECK(out.back() == 5.0f);
+}
+
 TEST_CASE("lying shard: a pull answered with another number of tensors fails naming the shard",
           "[lying]") {
   LyingShard shard({.pull = [](auto params, auto results) {

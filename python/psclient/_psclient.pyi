@@ -9,7 +9,8 @@ import numpy as np
 import numpy.typing as npt
 
 # A C-contiguous float32 array: NumPy array, PyTorch CPU tensor, or anything
-# with the buffer protocol or __dlpack__.
+# with the buffer protocol or __dlpack__ (not a lazily negated torch view:
+# x.conj().imag needs .resolve_neg()).
 FloatArray = Any
 # Row ids of an embedding table: an int64 or uint64 array (NumPy or PyTorch CPU), any shape.
 IdArray = Any

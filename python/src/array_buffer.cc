@@ -133,6 +133,18 @@ ArrayBuffer ArrayBuffer::acquire(py::handle obj, bool writable, const std::strin
       obj.attr("requires_grad").cast<bool>()) {
     source = obj.attr("detach")();
   }
+  // A lazily negated or conjugated view (x.conj().imag is one) holds the
+  // negated values in memory, and DLPack v0.x exports that memory without
+  // saying so: a push would send, and a pull would write, the wrong sign.
+  for (const char* lazy : {"is_neg", "is_conj"}) {
+    if (py::hasattr(source, lazy) && source.attr(lazy)().cast<bool>()) {
+      throw py::value_error(what + " is a lazily " +
+                            (lazy[3] == 'n' ? "negated" : "conjugated") + " torch view (" + lazy +
+                            "() is True): its memory holds other values than it shows; pass " +
+                            (lazy[3] == 'n' ? ".resolve_neg()" : ".resolve_conj()") +
+                            " (a copy), or a plain tensor for a pull");
+    }
+  }
   if (py::hasattr(source, "device") && py::hasattr(source.attr("device"), "type")) {
     const std::string device = py::str(source.attr("device").attr("type"));
     if (device != "cpu")

@@ -4,7 +4,8 @@
 // (NumPy arrays, memoryview, array.array) or with __dlpack__ (PyTorch CPU
 // tensors; one that requires grad is used through .detach(), the same
 // storage). Refused with ValueError (wrong dtype, not C-contiguous,
-// read-only for a pull, not on the CPU) or TypeError (no array at all)
+// read-only for a pull, not on the CPU, a torch view whose is_neg() or
+// is_conj() is set) or TypeError (no array at all)
 // before anything is sent.
 //
 // Holds the array (and its export) until destroyed, so a buffer lent to an

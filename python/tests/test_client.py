@@ -117,6 +117,21 @@ def test_torch_tensors_dlpack_cannot_export_are_value_errors(client):
     assert client.stats()[0].pushes == 0
 
 
+def test_torch_negated_views_refused_not_written_with_the_wrong_sign(client):
+    # x.conj().imag is a float32 view whose memory holds the negated values.
+    torch = pytest.importorskip("torch")
+    client.push("w", np.ones((2, 3), np.float32))  # w = -0.5
+    for view in (torch._neg_view(torch.zeros(2, 3)), torch.zeros(2, 3, dtype=torch.cfloat).conj().imag):
+        assert view.is_neg()
+        for call in (client.pull, client.pull_async, client.push, client.push_async):
+            with pytest.raises(ValueError, match=r"negated torch view .*resolve_neg"):
+                call("w", view)
+        assert torch.equal(view, torch.zeros(2, 3))  # nothing written
+    assert client.stats()[0].pushes == 1
+    np.testing.assert_array_equal(client.pull("w"), np.full((2, 3), -0.5))
+    client.push("w", torch._neg_view(torch.ones(2, 3)).resolve_neg())  # a copy with the values shown
+
+
 def test_futures_and_asyncio(client):
     grad = np.ones((2, 3), np.float32)
     futures = [client.push_async("w", grad) for _ in range(10)]

@@ -116,6 +116,7 @@ ArrayBuffer ArrayBuffer::acquire(py::handle obj, bool writable, const std::strin
     }
     b.data_ = b.view_.buf;
     b.size_ = static_cast<std::size_t>(b.view_.len / b.view_.itemsize);
+    b.bytes_ = static_cast<std::size_t>(b.view_.len);
     b.shape_.assign(b.view_.shape, b.view_.shape + b.view_.ndim);
     return b;
   }
@@ -189,13 +190,21 @@ ArrayBuffer ArrayBuffer::acquire(py::handle obj, bool writable, const std::strin
   if (!contiguous) throw py::value_error(what + " must be C-contiguous (use .contiguous())");
   b.data_ = static_cast<char*>(t.data) + t.byte_offset;
   b.size_ = count;
+  b.bytes_ = count * (t.dtype.bits / 8);
   b.shape_.assign(t.shape, t.shape + t.ndim);
   return b;
+}
+
+bool ArrayBuffer::overlaps(const ArrayBuffer& other) const {
+  if (bytes_ == 0 || other.bytes_ == 0) return false;
+  const auto a = reinterpret_cast<uintptr_t>(data_), b = reinterpret_cast<uintptr_t>(other.data_);
+  return a < b + other.bytes_ && b < a + bytes_;
 }
 
 ArrayBuffer::ArrayBuffer(ArrayBuffer&& other) noexcept
     : data_(other.data_),
       size_(other.size_),
+      bytes_(other.bytes_),
       unsigned_(other.unsigned_),
       shape_(std::move(other.shape_)),
       view_(other.view_),

@@ -43,6 +43,8 @@ class ArrayBuffer {
   std::span<const int64_t> id_span() const { return {static_cast<const int64_t*>(data_), size_}; }
   bool unsigned_ids() const { return unsigned_; }
   std::size_t size() const { return size_; }  // elements
+  // Whether the two share any byte of memory.
+  bool overlaps(const ArrayBuffer& other) const;
   // The array's shape (for messages and new arrays).
   const std::vector<py::ssize_t>& shape() const { return shape_; }
 
@@ -54,6 +56,7 @@ class ArrayBuffer {
 
   void* data_ = nullptr;
   std::size_t size_ = 0;
+  std::size_t bytes_ = 0;
   bool unsigned_ = false;
   std::vector<py::ssize_t> shape_;
   Py_buffer view_{};

@@ -82,6 +82,13 @@ RowRequest gather_rows(PyClient& self, const std::string& op, const std::string&
   }
   const std::string what = op + ": " + (is_pull ? "out" : "grads") + " for '" + table + "'";
   r.buffers.push_back(ArrayBuffer::floats(rows, is_pull, what));
+  // libpsclient reads the ids while rows arrive (a large pull plans its
+  // parts as earlier ones land): rows written over them would be ids never
+  // checked, and a shard index out of range.
+  if (is_pull && r.buffers[1].overlaps(id_buffer)) {
+    throw py::value_error(what + " shares memory with the ids: a pull would overwrite the ids it "
+                                 "is reading (pass separate arrays)");
+  }
   const auto& shape = r.buffers[1].shape();
   const std::vector<py::ssize_t> flat = {n, dim};
   if (shape != want && shape != flat) {
@@ -106,7 +113,8 @@ RowRequest gather_rows(PyClient& self, const std::string& op, const std::string&
 const char* kPullRowsDoc = R"(Reads rows of an embedding table, in place.
 
     client.pull_rows('user', ids, out)   # ids: int64/uint64 array (NumPy or torch), any shape
-                                         # out: float32, shape ids.shape + (dim,), C-contiguous
+                                         # out: float32, shape ids.shape + (dim,), C-contiguous,
+                                         # not sharing memory with ids
     rows = client.pull_rows('user', ids) # a new array of shape ids.shape + (dim,)
 
 Each distinct id is fetched once (a large pull outside sync mode goes in

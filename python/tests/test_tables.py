@@ -3,6 +3,8 @@ against a NumPy reference (SGD and Adagrad), duplicated ids summed, uint64
 and torch ids, async calls, and every refusal leaving psd's table unchanged."""
 
 import asyncio
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -210,3 +212,34 @@ def test_declare_tables_on_a_second_client(client):
         worker.declare_tables([psclient.TableSpec("sgd", DIM, rows=ROWS)])
         worker.push_rows("sgd", IDS, GOOD)
     np.testing.assert_array_equal(client.pull_rows("sgd", IDS), np.full((3, DIM), 0.5))
+
+
+# In a child: before the refusal, a large pull whose rows landed on its own
+# ids planned later parts from the row bytes and crashed the interpreter.
+ALIASED_PULL = """
+import sys, numpy as np, psclient
+n, dim = 2_000_000, 4
+with psclient.Client(sys.argv[1:], max_request_bytes=65536) as c:
+    c.create_tables([psclient.TableSpec("t", dim, rows=n, placement="div", init=psclient.constant(1.0))])
+    for call in (c.pull_rows, c.pull_rows_async) * 3:
+        raw = np.zeros(n * dim, np.float32)
+        ids = raw.view(np.int64)[:n]   # the first half of out's bytes
+        ids[:] = np.arange(n)
+        try:
+            call("t", ids, raw.reshape(n, dim))
+        except ValueError as e:
+            print(e)
+        assert (ids == np.arange(n)).all(), "the ids were written over"
+    out = np.zeros((3, dim), np.float32)
+    c.pull_rows("t", np.array([0, 1, 2]), out)  # separate arrays: fine
+    np.testing.assert_array_equal(out, 1)
+"""
+
+
+def test_pull_rows_into_memory_shared_with_the_ids_is_refused(start_psd, python_env):
+    shards = [start_psd(), start_psd()]
+    child = subprocess.run([sys.executable, "-c", ALIASED_PULL, *[s.address for s in shards]],
+                           env=python_env, capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stderr[-2000:]
+    lines = child.stdout.splitlines()
+    assert len(lines) == 6 and all("shares memory with the ids" in line for line in lines), lines

@@ -2,6 +2,7 @@
 // shard (client/row_plan.h); its requests go to all shards at once, and the
 // rows come back into the caller's buffer in the caller's order.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -187,6 +188,16 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
                       " floats of output, got " + std::to_string(out.size()));
   }
   check_ids(spec, ids, "pull_rows");
+  // A large pull plans its later parts from `ids` while earlier rows land in
+  // `out`: rows written over the ids would be ids never checked.
+  const auto id_at = reinterpret_cast<uintptr_t>(ids.data()),
+             out_at = reinterpret_cast<uintptr_t>(out.data());
+  if (!ids.empty() && !out.empty() && id_at < out_at + out.size_bytes() &&
+      out_at < id_at + ids.size_bytes()) {
+    throw ConfigError("pull_rows: out for table '" + table +
+                      "' shares memory with the ids: the rows would overwrite the ids being read "
+                      "(pass separate buffers; nothing was sent)");
+  }
   const uint32_t per = ids_per_request(row_request_bytes(), dim);
   const uint64_t rollbacks_at_call = rollbacks();
   // The pull of ids[first, first + count) into out's rows from `first` on:

@@ -452,6 +452,24 @@ TEST_CASE("bad table requests are refused with a clear error, change nothing, an
   CHECK(psd.alive());
 }
 
+TEST_CASE("pull_rows refuses an out that shares memory with its ids, before anything is sent") {
+  // A large pull plans later parts from the ids while rows land in out:
+  // rows written over the ids would be ids never checked.
+  PsdProcess psd;
+  Client c(options_for({&psd}));
+  c.create_tables({fixed("t", 8, 1)});
+  std::vector<int64_t> buffer{1, 2, 3, 4, 0, 0};
+  const std::span<const int64_t> ids(buffer.data(), 4);
+  auto* floats = reinterpret_cast<float*>(buffer.data());
+  CHECK_THROWS_WITH(c.pull_rows("t", ids, std::span<float>(floats + 6, 4)),
+                    Catch::Contains("shares memory with the ids"));
+  CHECK(buffer == std::vector<int64_t>{1, 2, 3, 4, 0, 0});
+  // Right after the ids, not over them: pulled.
+  c.pull_rows("t", ids, std::span<float>(floats + 8, 4));
+  CHECK(std::vector<float>(floats + 8, floats + 12) == std::vector<float>(4, 0.0f));
+  CHECK(c.stats()[0].pulls > 0);
+}
+
 TEST_CASE("table names are checked as tensor names are: at create and on every request") {
   PsdProcess psd;
   RawShard raw(psd, 0);

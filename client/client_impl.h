@@ -433,13 +433,10 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   }
 
   HelloParams hello_params() const {
-    return {options.worker_index,
-            options.is_chief,
-            options.auth_token,
-            options.prefer_unix_socket,
-            options.shared_memory_bytes,
-            options.dead_peer_timeout,
-            tls,
+    return {options.worker_index,       client_id,
+            options.is_chief,           options.auth_token,
+            options.prefer_unix_socket, options.shared_memory_bytes,
+            options.dead_peer_timeout,  tls,
             options.tls_server_name};
   }
 
@@ -546,6 +543,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
 
   ClientOptions options;
   std::atomic<uint64_t> next_request_id{random_u64() << 8 | 1};
+  const uint64_t client_id = random_u64() | 1;  // never 0 (0: no id)
   std::mutex job_mutex;
   JobConfig job;
   std::atomic<SyncMode> job_mode{SyncMode::kAsync};

@@ -88,6 +88,7 @@ capnp::Request<wire::Shard::HelloParams, wire::Shard::HelloResults> hello_reques
   auto req = conn.shard.helloRequest();
   req.setProtocolVersion(wire::K_PROTOCOL_VERSION);
   req.setWorkerIndex(probe ? -1 : hello.worker_index);
+  req.setClientId(hello.client_id);
   req.setIsChief(!probe && hello.is_chief);
   req.setProbe(probe);
   if (!hello.auth_token.empty()) {

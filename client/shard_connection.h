@@ -57,6 +57,7 @@ struct ShardConnection {
 // Who this client is, said in every hello, and how its connections are made.
 struct HelloParams {
   int worker_index = -1;
+  uint64_t client_id = 0;  // random per Client: psd's request-id window for a client with no index
   bool is_chief = false;
   std::string auth_token;
   bool prefer_unix_socket = true;          // ClientOptions::prefer_unix_socket

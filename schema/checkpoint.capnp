@@ -24,6 +24,7 @@ struct RecentRequest {
 struct WorkerRequests {
   workerIndex @0 :Int32;
   recent @1 :List(RecentRequest);
+  clientId @2 :UInt64;         # a client without a worker index (workerIndex -1): its hello's clientId
 }
 
 struct Header {

@@ -277,9 +277,13 @@ struct TableStats {
 }
 
 interface Shard {
-  hello @0 (protocolVersion :UInt32, workerIndex :Int32, authToken :Data, isChief :Bool, probe :Bool)
+  hello @0 (protocolVersion :UInt32, workerIndex :Int32, authToken :Data, isChief :Bool, probe :Bool,
+            clientId :UInt64)
         -> (info :ShardInfo);
   # workerIndex is -1 for a client that is not a training worker (tools).
+  # clientId: drawn at random per client (0: not given); a client without a
+  # worker index has its own window of recent request ids under it, so that
+  # its retried pushes are recognised however much other such clients push.
   # Refused: a worker index outside the configured job, a second live chief.
   # probe: only asks for `info` (the token is still checked); the connection
   # has not said hello after it and may say the real one next, or close (a

@@ -1,33 +1,62 @@
 #include "server/request_log.h"
 
+#include <algorithm>
+
 namespace ps {
 
-const RecentRequest* RequestLog::find(int worker, uint64_t id) const {
-  auto it = recent_.find(worker);
-  if (it == recent_.end()) return nullptr;
+const RecentRequest* RequestLog::find(const Requester& who, uint64_t id) const {
+  auto it = windows_.find(who);
+  if (it == windows_.end()) return nullptr;
   // Newest first: a retry is almost always of one of the last few pushes.
-  for (auto r = it->second.rbegin(); r != it->second.rend(); ++r) {
+  const auto& recent = it->second.recent;
+  for (auto r = recent.rbegin(); r != recent.rend(); ++r) {
     if (r->id == id) return &*r;
   }
   return nullptr;
 }
 
-void RequestLog::record(int worker, RecentRequest request) {
-  auto& window = recent_[worker];
-  window.push_back(std::move(request));
-  while (window.size() > per_worker_) window.pop_front();
+void RequestLog::record(const Requester& who, RecentRequest request) {
+  auto it = windows_.find(who);
+  if (it == windows_.end()) {
+    const bool by_client = who.worker < 0 && who.client != 0;
+    if (by_client && clients_ >= max_clients_) {
+      // A linear scan, only when a new client's window would pass the bound.
+      auto oldest = windows_.end();
+      for (auto w = windows_.begin(); w != windows_.end(); ++w) {
+        const bool w_by_client = w->first.worker < 0 && w->first.client != 0;
+        if (w_by_client && (oldest == windows_.end() || w->second.used < oldest->second.used))
+          oldest = w;
+      }
+      windows_.erase(oldest);
+      --clients_;
+    }
+    it = windows_.emplace(who, Window{}).first;
+    if (by_client) ++clients_;
+  }
+  Window& window = it->second;
+  window.used = ++clock_;
+  window.recent.push_back(std::move(request));
+  while (window.recent.size() > per_window_) window.recent.pop_front();
 }
 
-std::map<int, std::vector<RecentRequest>> RequestLog::save() const {
-  std::map<int, std::vector<RecentRequest>> out;
-  for (const auto& [worker, window] : recent_) out[worker].assign(window.begin(), window.end());
-  return out;
+void RequestLog::save(std::map<int, std::vector<RecentRequest>>& by_worker,
+                      std::map<uint64_t, std::vector<RecentRequest>>& by_client) const {
+  for (const auto& [who, window] : windows_) {
+    auto& out = who.worker >= 0 || who.client == 0 ? by_worker[who.worker] : by_client[who.client];
+    out.assign(window.recent.begin(), window.recent.end());
+  }
 }
 
-void RequestLog::load(const std::map<int, std::vector<RecentRequest>>& saved) {
-  recent_.clear();
-  for (const auto& [worker, list] : saved) {
-    for (const auto& r : list) record(worker, r);
+void RequestLog::load(const std::map<int, std::vector<RecentRequest>>& by_worker,
+                      const std::map<uint64_t, std::vector<RecentRequest>>& by_client) {
+  windows_.clear();
+  clients_ = 0;
+  clock_ = 0;
+  for (const auto& [worker, list] : by_worker) {
+    for (const auto& r : list) record(requester(worker, 0), r);
+  }
+  for (const auto& [client, list] : by_client) {
+    for (const auto& r : list) record(requester(-1, client), r);
   }
 }
 

@@ -248,14 +248,14 @@ std::pair<int64_t, bool> Shard::step_done(const Caller& caller, int64_t step) {
 std::pair<int64_t, bool> Shard::step_done_request(const Caller& caller, int64_t step,
                                                   uint64_t request_id) {
   if (request_id != 0 && caller.worker_index >= 0 &&
-      requests_.find(caller.worker_index, request_id) != nullptr) {
+      requests_.find(requester(caller), request_id) != nullptr) {
     ++counters_.duplicate_requests;
     return {job_.global_step(), job_.stop_reached()};
   }
   check_step_done(caller, step);
   // Logged before the step counts: a checkpoint taken at the step it reaches holds the id.
   if (request_id != 0)
-    requests_.record(caller.worker_index, RecentRequest{request_id, job_.global_step(), {}});
+    requests_.record(requester(caller), RecentRequest{request_id, job_.global_step(), {}});
   return step_done(caller, step);
 }
 

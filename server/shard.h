@@ -127,6 +127,7 @@ struct SkippedTensor {
 // Who is calling: set per connection by hello.
 struct Caller {
   int worker_index = -1;
+  uint64_t client_id = 0;  // hello's: keys the request-id window of a caller with no worker index
   bool is_chief = false;
   std::string peer{};
   // The peer process, for a connection on psd's Unix socket (0: other).
@@ -408,6 +409,9 @@ class Shard {
   Histogram apply_latency_;
   Histogram push_staleness_;
   RequestLog requests_;
+  static RequestLog::Requester requester(const Caller& c) {
+    return RequestLog::requester(c.worker_index, c.client_id);
+  }
   Checkpointer* checkpointer_ = nullptr;
   std::vector<SkippedTensor> restore_skipped_;
   struct StepSnapshot {

@@ -132,7 +132,7 @@ void Shard::check_push_caller(const Caller& caller, const PushRequest& request) 
 
 bool Shard::answer_retry(const Caller& caller, const PushRequest& request, PushReply& reply) {
   if (request.request_id == 0) return false;
-  const RecentRequest* seen = requests_.find(caller.worker_index, request.request_id);
+  const RecentRequest* seen = requests_.find(requester(caller), request.request_id);
   if (seen == nullptr) return false;
   ++counters_.duplicate_requests;
   reply.step = seen->step;
@@ -270,7 +270,7 @@ void Shard::record_push_answer(const Caller& caller, const PushRequest& request,
     RecentRequest r{request.request_id, job_.global_step(), {}};
     r.statuses.reserve(reply.status.size());
     for (GradientStatus s : reply.status) r.statuses.push_back(static_cast<uint8_t>(s));
-    requests_.record(caller.worker_index, std::move(r));
+    requests_.record(requester(caller), std::move(r));
   }
   if (job_.config().mode == SyncMode::kSync && complete_tensors_ > 0 &&
       complete_tensors_ >= trainable_count()) {

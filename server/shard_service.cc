@@ -151,6 +151,7 @@ kj::Promise<void> ShardServiceImpl::hello(HelloContext context) {
     }
     Caller caller = caller_;
     caller.worker_index = params.getWorkerIndex();
+    caller.client_id = params.getClientId();
     caller.is_chief = params.getIsChief();
     shard_.job().check_worker(
         caller.worker_index);  // a bad index is refused before the place rules

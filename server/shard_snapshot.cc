@@ -32,7 +32,7 @@ kj::Promise<std::shared_ptr<ShardCheckpoint>> Shard::snapshot() {
   c->ready = job_.ready();
   c->unix_secs =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  c->requests = requests_.save();
+  requests_.save(c->requests, c->client_requests);
   // A sync push counted towards the step in progress is not in the saved
   // values (the step's sums are not saved): forget its id too, so a worker
   // retrying it after a restart has it counted again instead of answered.
@@ -160,7 +160,7 @@ std::vector<SkippedTensor> Shard::restore(const ShardCheckpoint& c) {
     job_.restore(false, JobConfig{}, 0, false);
     throw;
   }
-  requests_.load(c.requests);
+  requests_.load(c.requests, c.client_requests);
   counters_.last_checkpoint_step = c.global_step;
   counters_.last_checkpoint_unix_secs = c.unix_secs;
   restore_skipped_ = skipped;

@@ -130,9 +130,8 @@ std::vector<TableReport> Shard::create_tables(const std::vector<ShardTableSpec>&
   const uint64_t max_tables = options_.limits.max_tables;
   if (new_tables > max_tables - std::min<uint64_t>(max_tables, tables_->tables.size())) {
     throw RequestError("createTables: a shard holds at most " + std::to_string(max_tables) +
-                       " tables; this one has " +
-                       std::to_string(tables_->tables.size()) + " and the request adds " +
-                       std::to_string(new_tables));
+                       " tables; this one has " + std::to_string(tables_->tables.size()) +
+                       " and the request adds " + std::to_string(new_tables));
   }
   check_memory(new_bytes, "createTables: the new tables (" + std::to_string(new_bytes) + " bytes)");
   std::vector<TableReport> out;
@@ -217,7 +216,7 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
   saw_worker(caller.worker_index);
   PushRowsReply reply;
   if (r.request_id != 0) {
-    if (const RecentRequest* seen = requests_.find(caller.worker_index, r.request_id)) {
+    if (const RecentRequest* seen = requests_.find(requester(caller), r.request_id)) {
       // A retry of a push already applied (its reply was lost).
       ++counters_.duplicate_requests;
       reply.step = seen->step;
@@ -360,7 +359,7 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
   }
   if (r.request_id != 0) {
     requests_.record(
-        caller.worker_index,
+        requester(caller),
         RecentRequest{r.request_id, job_.global_step(), {static_cast<uint8_t>(reply.status)}});
   }
   if (sync && complete_tensors_ > 0 && complete_tensors_ >= trainable_count()) commit_sync_step();

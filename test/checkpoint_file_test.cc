@@ -30,6 +30,8 @@ ShardCheckpoint sample(uint32_t shard = 0, uint32_t shards = 1, int64_t step = 7
   c.ready = true;
   c.unix_secs = 1234.5;
   c.requests[1] = {{42, 6, {1, 1}}, {43, 7, {2}}};
+  c.requests[-1] = {{50, 2, {1}}};                  // clients that gave no client id
+  c.client_requests[0xfeedbeefull] = {{77, 5, {1}}};  // a client without a worker index
   TensorCheckpoint t;
   t.spec = {.name = "w", .shape = {2, 3}, .optimizer = OptimizerConfig::adam(0.1f)};
   t.version = 9;
@@ -67,6 +69,10 @@ TEST_CASE("a checkpoint file round-trips everything it holds") {
   CHECK(c.requests.at(1).size() == 2);
   CHECK(c.requests.at(1)[1].id == 43);
   CHECK(c.requests.at(1)[0].statuses == std::vector<uint8_t>{1, 1});
+  CHECK(c.requests.at(-1).at(0).id == 50);
+  REQUIRE(c.client_requests.size() == 1);
+  CHECK(c.client_requests.at(0xfeedbeefull).at(0).id == 77);
+  CHECK(c.client_requests.at(0xfeedbeefull).at(0).step == 5);
   REQUIRE(c.tensors.size() == 2);
   CHECK(c.tensors[0].spec.name == "w");
   CHECK(c.tensors[0].spec.optimizer.kind == OptimizerKind::kAdam);

@@ -24,6 +24,7 @@
 #include "ps/client.h"
 #include "ps/training_session.h"
 #include "test/psd_process.h"
+#include "test/raw_shard.h"
 
 using namespace ps;
 using ps::test::PsdProcess;
@@ -131,7 +132,8 @@ TEST_CASE(
   CHECK(read_checkpoint(files[0].path).tensors.at(0).values == std::vector<float>{-1, -2, -3, -4});
 }
 
-TEST_CASE("a psd of another shard count than the checkpoints beside it says so as it starts empty") {
+TEST_CASE(
+    "a psd of another shard count than the checkpoints beside it says so as it starts empty") {
   TempDir dir;
   for (uint32_t shard = 0; shard < 3; ++shard) {  // a 3-shard job's files, steps 5 and 7
     for (int64_t step : {5, 7}) {
@@ -144,8 +146,9 @@ TEST_CASE("a psd of another shard count than the checkpoints beside it says so a
   }
   PsdProcess psd(ckpt_args(dir));  // shard 0 of 1
   CHECK_THAT(psd.log(), Catch::Contains("no checkpoint to restore"));
-  CHECK_THAT(psd.log(), Catch::Contains("holds checkpoints of a job of 3 ps shards (newest step 7), "
-                                        "and this psd is one of 1: it starts empty"));
+  CHECK_THAT(psd.log(),
+             Catch::Contains("holds checkpoints of a job of 3 ps shards (newest step 7), "
+                             "and this psd is one of 1: it starts empty"));
   Client c(options_for({&psd}));
   CHECK(c.list().empty());
   // Its own files are restored, and then nothing is said of the others.
@@ -266,6 +269,59 @@ TEST_CASE("a push retried with the same request id is applied once") {
   CHECK(c.pull("w") == std::vector<float>{-1, -2});  // ...but applied once
   CHECK(push(78) == wire::PushStatus::APPLIED);
   CHECK(c.pull("w") == std::vector<float>{-2, -4});
+}
+
+TEST_CASE(
+    "a client without a worker index keeps its own request-id window, across other clients' "
+    "pushes and a restart") {
+  TempDir dir;
+  // Pushes of {1, 2} at SGD learning rate 1, as a client with no worker index.
+  struct Anonymous : ps::test::RawShard {
+    Anonymous(const PsdProcess& psd, uint64_t client)
+        : RawShard(psd.address(), -1, false, client) {}
+    wire::PushStatus push(uint64_t id) {
+      auto req = shard.pushRequest();
+      req.setRequestId(id);
+      auto g = req.initGrads(1);
+      g[0].setName("w");
+      const float grad[2] = {1, 2};
+      g[0].setValues(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(grad), sizeof(grad)));
+      return req.send().wait(ws()).getStatus()[0];
+    }
+  };
+  auto psd = std::make_unique<PsdProcess>(ckpt_args(dir));
+  const int port = psd->port();
+  {
+    Client c(options_for({psd.get()}));
+    c.create({{.name = "w", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f)}});
+  }
+  {
+    Anonymous a(*psd, 0xA11CE);
+    CHECK(a.push(77) == wire::PushStatus::APPLIED);
+  }
+  {
+    // Another such client pushes more than a window holds (512).
+    Anonymous b(*psd, 0xB0B);
+    for (uint64_t id = 1000; id < 1600; ++id) REQUIRE(b.push(id) == wire::PushStatus::APPLIED);
+  }
+  auto w_now = [&] {
+    Client c(options_for({psd.get()}));
+    c.declare({{.name = "w", .shape = {2}}});
+    return c.pull("w");
+  };
+  CHECK(w_now() == std::vector<float>{-601, -1202});
+  {
+    Anonymous a_again(*psd, 0xA11CE);  // a's retry, on a new connection
+    CHECK(a_again.push(77) == wire::PushStatus::APPLIED);
+  }
+  CHECK(w_now() == std::vector<float>{-601, -1202});  // answered, not applied again
+  REQUIRE(psd->stop() == 0);
+  psd = std::make_unique<PsdProcess>(ckpt_args(dir), port);
+  {
+    Anonymous a_after_restart(*psd, 0xA11CE);
+    CHECK(a_after_restart.push(77) == wire::PushStatus::APPLIED);
+  }
+  CHECK(w_now() == std::vector<float>{-601, -1202});
 }
 
 TEST_CASE("psd restarted by SIGTERM under load: every push is applied exactly once") {

@@ -240,3 +240,43 @@ TEST_CASE("an async checkpoint at the step a stepDone reaches keeps its request 
   CHECK(r.shard.job().global_step() == 1);
   CHECK(r.shard.counters().duplicate_requests == 1);
 }
+
+TEST_CASE("the request log keeps a window per worker and per client id, bounded, across a save") {
+  using ps::RecentRequest;
+  using ps::RequestLog;
+  RequestLog log(/*per_window=*/3, /*max_clients=*/2);
+  auto client = [](uint64_t id) { return RequestLog::requester(-1, id); };
+  log.record(client(1), RecentRequest{10, 0, {}});
+  log.record(client(2), RecentRequest{20, 0, {}});
+  for (int w = 0; w < 5; ++w) log.record(RequestLog::requester(w, 99), RecentRequest{30, 0, {}});
+  CHECK(log.find(client(1), 10) != nullptr);
+  CHECK(log.find(client(2), 10) == nullptr);                    // each client its own window
+  CHECK(log.find(RequestLog::requester(3, 1), 30) != nullptr);  // a worker's is by index alone
+  // A third client's window drops the least recently used one (client 1's
+  // was recorded into first); workers' windows are not bounded by it.
+  log.record(client(2), RecentRequest{21, 0, {}});
+  log.record(client(3), RecentRequest{40, 0, {}});
+  CHECK(log.client_windows() == 2);
+  CHECK(log.find(client(1), 10) == nullptr);
+  CHECK(log.find(client(2), 20) != nullptr);
+  CHECK(log.find(client(3), 40) != nullptr);
+  for (int w = 0; w < 5; ++w) CHECK(log.find(RequestLog::requester(w, 0), 30) != nullptr);
+  // A window holds the last per_window ids.
+  for (uint64_t id = 41; id <= 43; ++id) log.record(client(3), RecentRequest{id, 0, {}});
+  CHECK(log.find(client(3), 40) == nullptr);
+  CHECK(log.find(client(3), 41) != nullptr);
+  // Clients that gave no id share one window, kept with the workers'.
+  log.record(client(0), RecentRequest{50, 0, {}});
+  std::map<int, std::vector<RecentRequest>> by_worker;
+  std::map<uint64_t, std::vector<RecentRequest>> by_client;
+  log.save(by_worker, by_client);
+  CHECK(by_worker.size() == 6);  // workers 0-4 and the clients without an id (-1)
+  CHECK(by_worker.at(-1).at(0).id == 50);
+  CHECK(by_client.size() == 2);
+  RequestLog restored(3, 2);
+  restored.load(by_worker, by_client);
+  CHECK(restored.find(client(2), 21) != nullptr);
+  CHECK(restored.find(client(3), 43) != nullptr);
+  CHECK(restored.find(client(0), 50) != nullptr);
+  CHECK(restored.find(RequestLog::requester(4, 0), 30) != nullptr);
+}

@@ -315,10 +315,12 @@ std::string write_checkpoint(const std::string& dir, const ShardCheckpoint& c, b
       h.setTensorCount(c.tensors.size());
       h.setTableCount(c.tables.size());
       h.setServerVersion("psd");
-      auto reqs = h.initRequests(static_cast<unsigned>(c.requests.size()));
+      auto reqs =
+          h.initRequests(static_cast<unsigned>(c.requests.size() + c.client_requests.size()));
       unsigned i = 0;
-      for (const auto& [worker, recent] : c.requests) {
+      auto put = [&](int worker, uint64_t client, const std::vector<RecentRequest>& recent) {
         reqs[i].setWorkerIndex(worker);
+        reqs[i].setClientId(client);
         auto list = reqs[i].initRecent(static_cast<unsigned>(recent.size()));
         for (unsigned j = 0; j < recent.size(); ++j) {
           list[j].setId(recent[j].id);
@@ -326,7 +328,9 @@ std::string write_checkpoint(const std::string& dir, const ShardCheckpoint& c, b
           list[j].setStatuses(kj::arrayPtr(recent[j].statuses.data(), recent[j].statuses.size()));
         }
         ++i;
-      }
+      };
+      for (const auto& [worker, recent] : c.requests) put(worker, 0, recent);
+      for (const auto& [client, recent] : c.client_requests) put(-1, client, recent);
       out.message(m);
     }
     for (const auto& t : c.tensors) {
@@ -417,7 +421,9 @@ ShardCheckpoint read_checkpoint(const std::string& path) {
     c.unix_secs = h.getUnixSecs();
     count = h.getTensorCount();
     for (auto w : h.getRequests()) {
-      auto& list = c.requests[w.getWorkerIndex()];
+      auto& list = w.getWorkerIndex() < 0 && w.getClientId() != 0
+                       ? c.client_requests[w.getClientId()]
+                       : c.requests[w.getWorkerIndex()];
       for (auto r : w.getRecent()) {
         auto st = r.getStatuses();
         list.push_back({r.getId(), r.getStep(), std::vector<uint8_t>(st.begin(), st.end())});

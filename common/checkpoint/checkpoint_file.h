@@ -73,6 +73,9 @@ struct ShardCheckpoint {
   bool ready = false;
   double unix_secs = 0;
   std::map<int, std::vector<RecentRequest>> requests;  // by worker index, oldest first
+  // Clients without a worker index, by their hello's client id (those that
+  // gave none: requests[-1]), oldest first.
+  std::map<uint64_t, std::vector<RecentRequest>> client_requests;
   std::vector<TensorCheckpoint> tensors;
   std::vector<TableCheckpoint> tables;
 };

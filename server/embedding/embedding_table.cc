@@ -507,6 +507,13 @@ void EmbeddingTable::for_each_row(
     for (uint64_t r = 0; r < fixed_rows_; ++r) emit(r, placement_.global_id(shard_, r));
     return;
   }
+  if (spec_.on_limit == OnRowLimit::kEvictLru) {
+    // Least recently used first: put_rows() puts each row it creates at the
+    // front, so a restore of the rows in this order rebuilds the LRU order
+    // (in index order, the rows a restored table evicted first were any).
+    for (uint32_t s = lru_tail_; s != kEmpty; s = lru_[s].prev) emit(s, slot_ids_[s]);
+    return;
+  }
   index_.for_each([&](uint64_t id, uint32_t slot) { emit(slot, id); });
 }
 

@@ -100,7 +100,8 @@ class EmbeddingTable {
   }
 
   // For checkpoints: every row held (id and the values then each slot's
-  // `dim` floats), in slot order.
+  // `dim` floats); with kEvictLru the least recently used first, so that
+  // put_rows() of the rows in this order restores the LRU order.
   void for_each_row(const std::function<void(uint64_t id, const float* values,
                                              std::span<const float* const> slots)>& fn) const;
   // For restores: sets row ids[i] to values[i*dim ..] and each slot k to

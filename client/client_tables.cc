@@ -450,7 +450,16 @@ void Client::restore_rows(const std::string& table, std::span<const int64_t> ids
       ->submit<Nothing>(
           [this, plan, parts, table, dim, version]() {
             kj::Vector<kj::Promise<void>> calls;
-            for (const RowRequest& r : plan->requests) {
+            // Every shard takes the version, those that get no rows too: a
+            // row created there later is updated as the table's next
+            // update (LazyAdam's bias correction counts them), not its first.
+            std::vector<RowRequest> requests = plan->requests;
+            std::vector<bool> has_rows(impl_->shards.size());
+            for (const RowRequest& r : requests) has_rows[r.shard] = true;
+            for (uint32_t s = 0; s < has_rows.size(); ++s) {
+              if (!has_rows[s]) requests.push_back(RowRequest{.shard = s, .first = 0, .count = 0});
+            }
+            for (const RowRequest& r : requests) {
               auto send = [plan, parts, r, table, dim, version](ShardConnection& c, int) {
                 auto req = c.shard.restoreRowsRequest();
                 req.setTable(table);

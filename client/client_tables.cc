@@ -435,6 +435,7 @@ void Client::restore_rows(const std::string& table, std::span<const int64_t> ids
       throw ConfigError("restore_rows: a slot of table '" + table + "' has the wrong size");
   }
   check_ids(spec, ids, "restore_rows");
+  check_restore_fits(spec, ids, static_cast<uint32_t>(num_shards()), "restore_rows");
   // Values and slots travel together: a request's ids get 1 + slots rows each.
   const uint32_t per = ids_per_request(row_request_bytes() / (1 + slots.size()), dim);
   auto plan = shared_row_plan(as_unsigned(ids), placement_of(spec, num_shards()), per, false);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "common/embedding_placement.h"
 #include "ps/embedding.h"
@@ -35,6 +36,28 @@ inline void check_ids(const TableSpec& spec, std::span<const int64_t> ids, const
                          spec.name + "' of " + std::to_string(spec.rows) +
                          " rows (nothing was sent)");
     }
+  }
+}
+
+// A restore of `ids` into a dynamic table with a row limit: the limit is
+// per shard, and rows restored past it would be lost (evicted by the
+// restore's own later rows, or refused after earlier ones were set). Refused
+// whole before anything is sent when a shard of `shards` would get more of
+// them than the limit (ConfigError naming the table, shard and counts).
+inline void check_restore_fits(const TableSpec& spec, std::span<const int64_t> ids, uint32_t shards,
+                               const char* what) {
+  if (!spec.dynamic || spec.row_limit == 0 || ids.size() <= spec.row_limit) return;
+  const RowPlacement place = placement_of(spec, shards);
+  std::vector<uint64_t> per_shard(shards == 0 ? 1 : shards);
+  for (int64_t id : ids) ++per_shard[place.shard_of(static_cast<uint64_t>(id))];
+  for (uint32_t s = 0; s < per_shard.size(); ++s) {
+    if (per_shard[s] <= spec.row_limit) continue;
+    throw ConfigError(std::string(what) + ": table '" + spec.name + "' would hold " +
+                      std::to_string(per_shard[s]) + " rows on shard " + std::to_string(s) +
+                      " of " + std::to_string(per_shard.size()) + ", over its row limit of " +
+                      std::to_string(spec.row_limit) +
+                      " (the limit is per shard: restore into more shards or raise row_limit); "
+                      "nothing was restored");
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "client/table_rows.h"
 #include "client/trainer/wait_watcher.h"
 #include "ps/checkpoint.h"
 
@@ -74,6 +75,7 @@ void TrainingSession::initialize() {
     RestoredModel m;
     if (!options_.restore_from.empty()) m = load_checkpoint(options_.restore_from);
     std::vector<TensorSpec> specs = options_.restore_from.empty() ? specs_ : restored_specs(m);
+    if (!options_.restore_from.empty()) check_restored_tables(m);
     client_.init_job(options_.job);
     client_.create(specs);
     if (!table_specs.empty()) {
@@ -203,7 +205,7 @@ void TrainingSession::check_tables_as_created() {
   }
 }
 
-void TrainingSession::restore_tables(const RestoredModel& m) {
+void TrainingSession::check_restored_tables(const RestoredModel& m) const {
   for (const BoundTable& declared : tables_) {
     const TableSpec& spec = declared.spec;
     auto it = std::find_if(m.tables.begin(), m.tables.end(),
@@ -227,6 +229,16 @@ void TrainingSession::restore_tables(const RestoredModel& m) {
       throw ConfigError("restore: table '" + spec.name +
                         "' was trained with another row optimizer than it is added with");
     }
+    check_restore_fits(spec, it->ids, static_cast<uint32_t>(client_.num_shards()), "restore");
+  }
+}
+
+void TrainingSession::restore_tables(const RestoredModel& m) {
+  for (const BoundTable& declared : tables_) {
+    const TableSpec& spec = declared.spec;
+    auto it = std::find_if(m.tables.begin(), m.tables.end(),
+                           [&](const RestoredTable& t) { return t.spec.name == spec.name; });
+    if (it == m.tables.end()) continue;  // check_restored_tables refused it
     client_.restore_rows(spec.name, it->ids, it->values, it->slots, it->version);
   }
   if (!tables_.empty()) {

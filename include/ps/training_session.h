@@ -154,6 +154,11 @@ class TrainingSession {
  private:
   // Chief with restore_from: the variables as the checkpoint holds them.
   std::vector<TensorSpec> restored_specs(const RestoredModel& m);
+  // Chief with restore_from, before anything is created: ConfigError for a
+  // table that is not in the checkpoint, or is there with another dim, kind,
+  // row count or row optimizer, or whose rows would not fit its row limit
+  // on this job's shards.
+  void check_restored_tables(const RestoredModel& m) const;
   // Chief with restore_from, after create_tables: the tables' rows and slots.
   void restore_tables(const RestoredModel& m);
   // Another worker: the tables added here are those the chief created.

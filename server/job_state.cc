@@ -297,10 +297,27 @@ kj::Promise<uint32_t> JobState::barrier(const std::string& name, uint32_t count,
   b.waiting.push_back(kj::mv(paf.fulfiller));
   b.who.push_back(worker);
   return paf.promise.exclusiveJoin(
-      timer_.afterDelay(timeout).then([name, count]() -> kj::Promise<uint32_t> {
+      timer_.afterDelay(timeout).then([this, name, count, timeout]() -> kj::Promise<uint32_t> {
+        // Who came and who never did, as the barrier's wait line says it.
+        std::vector<int> here;
+        std::size_t had = 0;
+        if (auto it = barriers_.find(name); it != barriers_.end()) {
+          had = it->second.waiting.size();
+          for (int w : it->second.who)
+            if (w >= 0) here.push_back(w);
+        }
+        std::string has;
+        for (int w : here) has += (has.empty() ? "" : ", ") + std::to_string(w);
+        const std::string missing = missing_workers(here);
         return kj::Exception(
             kj::Exception::Type::FAILED, __FILE__, __LINE__,
-            kj::str("barrier '", name.c_str(), "' timed out waiting for ", count, " workers"));
+            kj::str(fmt::format("barrier '{}' timed out after {:g} s waiting for {} callers, had {} "
+                                "(workers {}){}",
+                                name, static_cast<double>(timeout / kj::MILLISECONDS) / 1000,
+                                count, had,
+                                has.empty() ? "none" : has,
+                                missing.empty() ? "" : "; missing workers " + missing)
+                        .c_str()));
       }));
 }
 

@@ -2,7 +2,8 @@
 # No silent waits: a worker whose psd is not up says what it waits for; a
 # declared worker that never starts is named, every few seconds, by the
 # chief, psd's log and psd's status page, at sync step 0 and at the end
-# barrier; a sync job goes on without it after --worker_timeout_secs.
+# barrier; a sync job goes on without it after --worker_timeout_secs; each
+# worker line says how long it waits at most (a worker waiting for the chief too).
 #   test/silent_waits_test.sh BUILD_DIR
 set -uo pipefail
 source "$(dirname "$0")/trainer_test_lib.sh"
@@ -44,7 +45,7 @@ chief() {
 start_psd psd2
 chief sync --sync_replicas
 want="sync step 0 waits for workers 1 \(never connected\)"
-wait_for "$tmp/sync.out" "worker 0: pull for the next sync step: waiting [0-9]+ s; psd: $want" 15 ||
+wait_for "$tmp/sync.out" "worker 0: pull for the next sync step: waiting [0-9]+ s of [0-9]+ s; psd: $want" 15 ||
   fail "sync: the chief does not say what step 0 waits for: $(tail -n 5 "$tmp/sync.out")"
 wait_for "$tmp/psd2.log" "$want.*--worker_timeout_secs is 0" 5 ||
   fail "sync: psd's log does not say what step 0 waits for: $(tail -n 5 "$tmp/psd2.log")"
@@ -68,9 +69,18 @@ stop "$chief_pid" "$psd_pid"
 start_psd psd4
 chief async
 want="barrier 'mnist_trainer/end' waits for 2 callers, has 1 \(workers 0\); missing workers 1 \(never connected\)"
-wait_for "$tmp/async.out" "worker 0: barrier: waiting [0-9]+ s; psd: $want" 20 ||
+wait_for "$tmp/async.out" "worker 0: barrier: waiting [0-9]+ s of 60 s; psd: $want" 20 ||
   fail "async: the chief does not say what the end barrier waits for: $(tail -n 5 "$tmp/async.out")"
 grep -qE "$want" "$tmp/psd4.log" || fail "async: psd's log does not name the missing worker: $(tail -n 5 "$tmp/psd4.log")"
 stop "$chief_pid" "$psd_pid"
+
+# 5. A worker waiting for the chief says for how long it will wait.
+start_psd psd5
+"$trainer" --job_name=worker --task_index 1 --ps_hosts "127.0.0.1:$psd_port" \
+  --worker_hosts 127.0.0.1:1,127.0.0.1:2 "${common[@]}" >"$tmp/nochief.out" 2>&1 &
+worker_pid=$!; pids+=("$worker_pid")
+wait_for "$tmp/nochief.out" "worker 1: waiting for the chief \(worker 0\) to initialise the model \([0-9]+ s of 300 s\)" 15 ||
+  fail "no chief: worker 1 does not say how long it waits for the chief: $(tail -n 5 "$tmp/nochief.out")"
+stop "$worker_pid" "$psd_pid"
 
 [ "$failures" = 0 ] && echo "PASS: every long wait says what it waits for" || exit 1

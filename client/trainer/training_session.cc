@@ -14,8 +14,8 @@ namespace ps {
 namespace {
 // Marks a call under way for the WaitWatcher (none: nothing), to its end.
 struct Watching {
-  Watching(WaitWatcher* w, const char* what) : watch(w) {
-    if (watch) watch->begin(what);
+  Watching(WaitWatcher* w, const char* what, std::chrono::milliseconds limit) : watch(w) {
+    if (watch) watch->begin(what, limit);
   }
   ~Watching() {
     if (watch) watch->end();
@@ -97,9 +97,10 @@ void TrainingSession::initialize() {
                               std::to_string(options_.ready_timeout.count() / 1000) +
                               " s (is worker 0 running?)");
       }
-      spdlog::info("worker {}: waiting for the chief to initialise the model ({} s)",
+      spdlog::info("worker {}: waiting for the chief (worker 0) to initialise the model ({} s of {} s)",
                    client_.options().worker_index,
-                   std::chrono::duration_cast<std::chrono::seconds>(waited).count());
+                   std::chrono::duration_cast<std::chrono::seconds>(waited).count(),
+                   options_.ready_timeout.count() / 1000);
     }
     check_same_cluster(client_.job());
     options_.job = client_.job();
@@ -319,7 +320,8 @@ int64_t TrainingSession::pull() {
     Watching w(watch_.get(), options_.job.mode == SyncMode::kSync ? "pull for the next sync step"
                              : options_.job.mode == SyncMode::kBoundedStaleness
                                  ? "pull (waits for the slowest worker)"
-                                 : "pull");
+                                 : "pull",
+               client_.options().call_timeout);
     step = rows.empty() ? client_.pull(names_, values_, min_step).step
                         : client_.pull_with_rows(names_, values_, rows, min_step).step;
   }
@@ -343,7 +345,7 @@ StepOutcome TrainingSession::push() {
   for (const BoundTable& t : tables_) rows.push_back(RowGrads{t.spec.name, t.ids, t.grads});
   PushResult p;
   {
-    Watching w(watch_.get(), "push");
+    Watching w(watch_.get(), "push", client_.options().call_timeout);
     p = client_.push_and_step(names_, grads_, rows, step, local_step_);
   }
 
@@ -382,7 +384,7 @@ StepOutcome TrainingSession::run_step(const std::function<void()>& compute) {
 
 uint32_t TrainingSession::barrier(const std::string& name, uint32_t count,
                                   std::chrono::milliseconds timeout) {
-  Watching w(watch_.get(), "barrier");
+  Watching w(watch_.get(), "barrier", timeout);
   return client_.barrier(name, count, timeout);
 }
 

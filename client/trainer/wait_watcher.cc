@@ -2,6 +2,7 @@
 
 #include <set>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "ps/errors.h"
@@ -28,8 +29,9 @@ WaitWatcher::~WaitWatcher() {
   thread_.join();
 }
 
-void WaitWatcher::begin(const char* what) {
+void WaitWatcher::begin(const char* what, std::chrono::milliseconds limit) {
   since_ns_.store(now_ns(), std::memory_order_relaxed);
+  limit_ms_.store(limit.count(), std::memory_order_relaxed);
   what_.store(what, std::memory_order_release);
 }
 
@@ -43,6 +45,7 @@ void WaitWatcher::run() {
   while (!wake_.wait_for(lock, std::chrono::seconds(1), [this] { return stop_; })) {
     const char* what = what_.load(std::memory_order_acquire);
     const int64_t since = since_ns_.load(std::memory_order_relaxed);
+    const int64_t limit_ms = limit_ms_.load(std::memory_order_relaxed);
     const int64_t now = now_ns();
     const int64_t every = std::chrono::nanoseconds(every_).count();
     if (what == nullptr || now - since < every) continue;
@@ -57,11 +60,14 @@ void WaitWatcher::run() {
       lines.insert(std::string("(could not ask psd what it waits for: ") + e.what() + ")");
     }
     const int64_t secs = (now - since) / 1'000'000'000;
+    const std::string waited =
+        limit_ms > 0 ? fmt::format("waiting {} s of {} s", secs, (limit_ms + 999) / 1000)
+                     : fmt::format("waiting {} s (no limit)", secs);
     if (lines.empty()) {
-      spdlog::info("worker {}: {}: waiting {} s", worker_, what, secs);
+      spdlog::info("worker {}: {}: {}", worker_, what, waited);
     } else {
       for (const std::string& l : lines)
-        spdlog::info("worker {}: {}: waiting {} s; psd: {}", worker_, what, secs, l);
+        spdlog::info("worker {}: {}: {}; psd: {}", worker_, what, waited, l);
     }
     lock.lock();
   }

@@ -4,7 +4,10 @@
 // The calling thread only stores two atomics per call.
 //
 //   WaitWatcher watch(client, worker_index);
-//   watch.begin("sync step 3");  client.pull(...);  watch.end();
+//   watch.begin("sync step 3", limit);  client.pull(...);  watch.end();
+//
+// Each line says how long the call may wait at most ("waiting 10 s of 60 s",
+// or "(no limit)" for a limit of 0).
 #pragma once
 
 #include <atomic>
@@ -26,8 +29,10 @@ class WaitWatcher {
   WaitWatcher(const WaitWatcher&) = delete;
   WaitWatcher& operator=(const WaitWatcher&) = delete;
 
-  // `what` must outlive the call (a string literal, or a member).
-  void begin(const char* what);
+  // `what` must outlive the call (a string literal, or a member); `limit`:
+  // the longest the call may wait (0: no limit). One call at a time: a
+  // second begin() replaces the first.
+  void begin(const char* what, std::chrono::milliseconds limit);
   void end();
 
  private:
@@ -38,6 +43,7 @@ class WaitWatcher {
   const std::chrono::milliseconds every_;
   std::atomic<const char*> what_{nullptr};
   std::atomic<int64_t> since_ns_{0};
+  std::atomic<int64_t> limit_ms_{0};
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stop_ = false;

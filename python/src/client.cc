@@ -165,7 +165,8 @@ std::chrono::milliseconds to_ms(double seconds, const char* what) {
 }
 
 PyClient::PyClient(ps::ClientOptions options)
-    : client_(std::make_shared<ps::Client>(std::move(options))) {}
+    : client_(std::make_shared<ps::Client>(std::move(options))),
+      watch_(std::make_shared<ps::WaitWatcher>(*client_, client_->options().worker_index)) {}
 
 PyClient::~PyClient() { close(); }
 
@@ -183,7 +184,9 @@ void PyClient::close() {
   open_clients().erase(this);
   async_calls_.stop();
   std::shared_ptr<ps::Client> c = std::move(client_);
+  std::shared_ptr<ps::WaitWatcher> w = std::move(watch_);
   py::gil_scoped_release nogil;
+  w.reset();  // its thread stops (a call under way holds it until it returns)
   c.reset();  // disconnects, unless a call in another thread or a TrainingSession still holds it
 }
 
@@ -412,6 +415,8 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
             ps::PullResult result;
             {
               py::gil_scoped_release nogil;
+              WaitScope w(min_step > 0 ? self.watcher() : nullptr, "pull (waits for min_step)",
+                          c->options().call_timeout);
               result = c->pull(r.names, spans, min_step);
             }
             if (r.new_array) return r.new_array;
@@ -545,6 +550,8 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
             auto c = self.shared_client();
             const auto ms = to_ms(timeout, "timeout");
             py::gil_scoped_release nogil;
+            WaitScope w(self.watcher(), "wait_ready: waiting for the chief to initialise the model",
+                        ms);
             return c->wait_ready(ms);
           },
           py::arg("timeout"),
@@ -581,6 +588,7 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
             auto c = self.shared_client();
             const auto ms = to_ms(timeout, "timeout");
             py::gil_scoped_release nogil;
+            WaitScope w(self.watcher(), "barrier", ms);
             return c->barrier(name, count, ms);
           },
           py::arg("name"), py::arg("count"), py::arg("timeout") = 60.0,
@@ -611,6 +619,8 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
           [](PyClient& self, int64_t step) {
             auto c = self.shared_client();
             py::gil_scoped_release nogil;
+            WaitScope w(step >= 0 ? self.watcher() : nullptr,
+                        "checkpoint (waits for its global step)", c->options().call_timeout);
             return c->checkpoint(step);
           },
           py::arg("step") = -1,

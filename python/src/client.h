@@ -15,6 +15,7 @@
 #include <pybind11/pybind11.h>
 
 #include "ps/client.h"
+#include "client/trainer/wait_watcher.h"
 #include "ps/embedding.h"
 #include "python/src/async_calls.h"
 
@@ -25,6 +26,26 @@ namespace py = pybind11;
 // A duration in seconds from Python; ValueError (naming `what`) unless
 // 0 <= seconds <= 1e9.
 std::chrono::milliseconds to_ms(double seconds, const char* what);
+
+// Marks a blocking call under way (made with the GIL released): while it
+// lasts, the Client's WaitWatcher says every 5 s on stderr what it waits
+// for and for how long at most, as TrainingSession's calls do.
+class WaitScope {
+ public:
+  WaitScope(std::shared_ptr<ps::WaitWatcher> watch, const char* what,
+            std::chrono::milliseconds limit)
+      : watch_(std::move(watch)) {
+    if (watch_) watch_->begin(what, limit);
+  }
+  ~WaitScope() {
+    if (watch_) watch_->end();
+  }
+  WaitScope(const WaitScope&) = delete;
+  WaitScope& operator=(const WaitScope&) = delete;
+
+ private:
+  std::shared_ptr<ps::WaitWatcher> watch_;
+};
 
 class PyClient {
  public:
@@ -51,9 +72,12 @@ class PyClient {
   void remember_tables(const std::vector<ps::TableSpec>& tables);
 
   AsyncCalls& async_calls() { return async_calls_; }
+  // For a WaitScope around a call that may wait long; nullptr once closed.
+  std::shared_ptr<ps::WaitWatcher> watcher() const { return watch_; }
 
  private:
   std::shared_ptr<ps::Client> client_;
+  std::shared_ptr<ps::WaitWatcher> watch_;  // over *client_; goes before it
   std::map<std::string, std::vector<uint64_t>> shapes_;
   std::map<std::string, ps::TableSpec> tables_;
   AsyncCalls async_calls_;

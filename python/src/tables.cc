@@ -272,6 +272,8 @@ refuses new ids or evicts the least recently used rows.)")
             int64_t step = 0;
             {
               py::gil_scoped_release nogil;
+              WaitScope w(min_step > 0 ? self.watcher() : nullptr,
+                          "pull_rows (waits for min_step)", c->options().call_timeout);
               step = c->pull_rows(table, r.ids(), r.rows(), min_step);
             }
             if (r.new_array) return r.new_array;

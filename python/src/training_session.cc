@@ -29,6 +29,7 @@ ps::SyncMode parse_mode(const std::string& mode) {
 // session lives) and the arrays bound to it. Destroyed with the GIL held.
 struct PySession {
   std::shared_ptr<ps::Client> client;
+  std::shared_ptr<ps::WaitWatcher> watch;  // the Client's: says what checkpoint(step) waits for
   std::vector<ArrayBuffer> buffers;
   std::unique_ptr<ps::TrainingSession> session;
   ~PySession() { session.reset(); }  // before the buffers it points into
@@ -70,6 +71,7 @@ add_variable are held by the session and must keep their storage.)")
              const auto ready_ms = to_ms(ready_timeout, "ready_timeout");
              auto s = std::make_unique<PySession>();
              s->client = client.shared_client();
+             s->watch = client.watcher();
              ps::SessionOptions o;
              o.job = {parse_mode(mode), replicas_to_aggregate, total_replicas,
                       max_staleness,    train_steps,           0};
@@ -170,6 +172,8 @@ add_variable are held by the session and must keep their storage.)")
           "checkpoint",
           [](PySession& self, int64_t step) {
             py::gil_scoped_release nogil;
+            WaitScope w(step >= 0 ? self.watch : nullptr, "checkpoint (waits for its global step)",
+                        self.client->options().call_timeout);
             return self.client->checkpoint(step);
           },
           py::arg("step") = -1,

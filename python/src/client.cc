@@ -410,12 +410,13 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
           "pull",
           [](PyClient& self, py::object tensors, py::object out, int64_t min_step) -> py::object {
             auto c = self.shared_client();
+            auto watch = self.watcher();  // with the GIL: close() may move it
             Request r = gather(self, "pull", tensors, out, true);
             const auto spans = r.out();
             ps::PullResult result;
             {
               py::gil_scoped_release nogil;
-              WaitScope w(min_step > 0 ? self.watcher() : nullptr, "pull (waits for min_step)",
+              WaitScope w(min_step > 0 ? watch : nullptr, "pull (waits for min_step)",
                           c->options().call_timeout);
               result = c->pull(r.names, spans, min_step);
             }
@@ -548,9 +549,10 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
           "wait_ready",
           [](PyClient& self, double timeout) {
             auto c = self.shared_client();
+            auto watch = self.watcher();  // with the GIL: close() may move it
             const auto ms = to_ms(timeout, "timeout");
             py::gil_scoped_release nogil;
-            WaitScope w(self.watcher(), "wait_ready: waiting for the chief to initialise the model",
+            WaitScope w(watch, "wait_ready: waiting for the chief to initialise the model",
                         ms);
             return c->wait_ready(ms);
           },
@@ -586,9 +588,10 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
           "barrier",
           [](PyClient& self, const std::string& name, uint32_t count, double timeout) {
             auto c = self.shared_client();
+            auto watch = self.watcher();  // with the GIL: close() may move it
             const auto ms = to_ms(timeout, "timeout");
             py::gil_scoped_release nogil;
-            WaitScope w(self.watcher(), "barrier", ms);
+            WaitScope w(watch, "barrier", ms);
             return c->barrier(name, count, ms);
           },
           py::arg("name"), py::arg("count"), py::arg("timeout") = 60.0,
@@ -618,8 +621,9 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
           "checkpoint",
           [](PyClient& self, int64_t step) {
             auto c = self.shared_client();
+            auto watch = self.watcher();  // with the GIL: close() may move it
             py::gil_scoped_release nogil;
-            WaitScope w(step >= 0 ? self.watcher() : nullptr,
+            WaitScope w(step >= 0 ? watch : nullptr,
                         "checkpoint (waits for its global step)", c->options().call_timeout);
             return c->checkpoint(step);
           },

@@ -268,11 +268,12 @@ refuses new ids or evicts the least recently used rows.)")
           [](PyClient& self, const std::string& table, py::object ids, py::object out,
              int64_t min_step) -> py::object {
             auto c = self.shared_client();
+            auto watch = self.watcher();  // with the GIL: close() may move it
             RowRequest r = gather_rows(self, "pull_rows", table, ids, out, true);
             int64_t step = 0;
             {
               py::gil_scoped_release nogil;
-              WaitScope w(min_step > 0 ? self.watcher() : nullptr,
+              WaitScope w(min_step > 0 ? watch : nullptr,
                           "pull_rows (waits for min_step)", c->options().call_timeout);
               step = c->pull_rows(table, r.ids(), r.rows(), min_step);
             }

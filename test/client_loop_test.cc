@@ -162,3 +162,31 @@ TEST_CASE("calls handed over while kept work runs come back once it ends") {
   // 1872-1880 of 2000 here; with the wait, one in a long preemption at most.
   REQUIRE(after_here >= after * 97 / 100);
 }
+
+// Work that throws as it starts, handed over (here: from a thread with a KJ
+// loop of its own), fails its run() and counts as done: before, its keep()
+// was never released, the helper stayed on the loop for good, and every
+// later call of every thread was handed over to it.
+TEST_CASE("work that throws on the hand-over path leaves no kept work behind") {
+  ps::ClientLoop loop;
+  std::thread own_loop([&] {
+    kj::UnixEventPort port;
+    kj::EventLoop own(port);
+    kj::WaitScope scope(own);
+    for (int i = 0; i < 3; ++i) {
+      try {
+        loop.run([]() -> int { throw std::runtime_error("refused as it starts"); });
+      } catch (const kj::Exception&) {
+      }
+    }
+  });
+  own_loop.join();
+  const auto me = std::this_thread::get_id();
+  int here = 0;
+  const auto end = std::chrono::steady_clock::now() + 2s;
+  while (here < 50 && std::chrono::steady_clock::now() < end) {
+    here += loop.run([] { return std::this_thread::get_id(); }) == me;
+    std::this_thread::sleep_for(1ms);
+  }
+  REQUIRE(here == 50);
+}

@@ -11,6 +11,17 @@
 // std::future are both offered; buffers passed to an async call must stay
 // alive (and, for pushes, unchanged) until its future is ready.
 //
+// Threads: calls under way at once (from several threads, or async calls
+// in flight) reach psd and finish in no set order, and their futures may
+// become ready in any order; a call started after another returned (or its
+// future became ready) comes after it. They must not share a buffer that
+// one of them writes (a pull's `out`). The destructor must not run while
+// another thread is inside a method of this Client (a blocking call, or one
+// starting an async call): join or stop those threads first. Async calls
+// still in flight then are given up: their futures fail with
+// ConnectionError ("destroyed with this call in flight"), and nothing is
+// written into their buffers after the destructor returns.
+//
 // Example (psd running on 127.0.0.1:2222):
 //   ps::ClientOptions opts;
 //   opts.ps_hosts = {"127.0.0.1:2222"};

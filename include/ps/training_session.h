@@ -66,6 +66,8 @@ struct StepOutcome {
   bool stop = false;        // the job reached train_steps
 };
 
+// One thread drives a TrainingSession; its Client may serve other threads
+// at the same time (an evaluator's pulls, say), as ps/client.h allows.
 class TrainingSession {
  public:
   TrainingSession(Client& client, SessionOptions options);

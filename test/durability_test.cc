@@ -52,6 +52,22 @@ void gradient(std::span<const float> w, std::span<float> g) {
   for (std::size_t i = 0; i < w.size(); ++i) g[i] = w[i] - std::sin(0.01f * static_cast<float>(i));
 }
 
+// A client with no worker index (client id `client`, 0: none) that pushes
+// {1, 2} to tensor 'w' with a request id it picks.
+struct RawPusher : ps::test::RawShard {
+  explicit RawPusher(const PsdProcess& psd, uint64_t client = 0)
+      : RawShard(psd.address(), -1, false, client) {}
+  wire::PushStatus push(uint64_t id) {
+    auto req = shard.pushRequest();
+    req.setRequestId(id);
+    auto g = req.initGrads(1);
+    g[0].setName("w");
+    const float grad[2] = {1, 2};
+    g[0].setValues(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(grad), sizeof(grad)));
+    return req.send().wait(ws()).getStatus()[0];
+  }
+};
+
 }  // namespace
 
 TEST_CASE(
@@ -249,21 +265,8 @@ TEST_CASE("a push retried with the same request id is applied once") {
   PsdProcess psd;
   Client c(options_for({&psd}));
   c.create({{.name = "w", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f)}});
-  capnp::EzRpcClient rpc(psd.address());
-  auto shard = rpc.getMain<wire::Shard>();
-  auto hello = shard.helloRequest();
-  hello.setProtocolVersion(wire::K_PROTOCOL_VERSION);
-  hello.setWorkerIndex(-1);
-  hello.send().wait(rpc.getWaitScope());
-  auto push = [&](uint64_t id) {
-    auto req = shard.pushRequest();
-    req.setRequestId(id);
-    auto g = req.initGrads(1);
-    g[0].setName("w");
-    const float grad[2] = {1, 2};
-    g[0].setValues(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(grad), sizeof(grad)));
-    return req.send().wait(rpc.getWaitScope()).getStatus()[0];
-  };
+  RawPusher raw(psd);
+  auto push = [&](uint64_t id) { return raw.push(id); };
   CHECK(push(77) == wire::PushStatus::APPLIED);
   CHECK(push(77) == wire::PushStatus::APPLIED);      // the same answer again...
   CHECK(c.pull("w") == std::vector<float>{-1, -2});  // ...but applied once
@@ -275,20 +278,6 @@ TEST_CASE(
     "a client without a worker index keeps its own request-id window, across other clients' "
     "pushes and a restart") {
   TempDir dir;
-  // Pushes of {1, 2} at SGD learning rate 1, as a client with no worker index.
-  struct Anonymous : ps::test::RawShard {
-    Anonymous(const PsdProcess& psd, uint64_t client)
-        : RawShard(psd.address(), -1, false, client) {}
-    wire::PushStatus push(uint64_t id) {
-      auto req = shard.pushRequest();
-      req.setRequestId(id);
-      auto g = req.initGrads(1);
-      g[0].setName("w");
-      const float grad[2] = {1, 2};
-      g[0].setValues(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(grad), sizeof(grad)));
-      return req.send().wait(ws()).getStatus()[0];
-    }
-  };
   auto psd = std::make_unique<PsdProcess>(ckpt_args(dir));
   const int port = psd->port();
   {
@@ -296,12 +285,12 @@ TEST_CASE(
     c.create({{.name = "w", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f)}});
   }
   {
-    Anonymous a(*psd, 0xA11CE);
+    RawPusher a(*psd, 0xA11CE);
     CHECK(a.push(77) == wire::PushStatus::APPLIED);
   }
   {
     // Another such client pushes more than a window holds (512).
-    Anonymous b(*psd, 0xB0B);
+    RawPusher b(*psd, 0xB0B);
     for (uint64_t id = 1000; id < 1600; ++id) REQUIRE(b.push(id) == wire::PushStatus::APPLIED);
   }
   auto w_now = [&] {
@@ -311,14 +300,14 @@ TEST_CASE(
   };
   CHECK(w_now() == std::vector<float>{-601, -1202});
   {
-    Anonymous a_again(*psd, 0xA11CE);  // a's retry, on a new connection
+    RawPusher a_again(*psd, 0xA11CE);  // a's retry, on a new connection
     CHECK(a_again.push(77) == wire::PushStatus::APPLIED);
   }
   CHECK(w_now() == std::vector<float>{-601, -1202});  // answered, not applied again
   REQUIRE(psd->stop() == 0);
   psd = std::make_unique<PsdProcess>(ckpt_args(dir), port);
   {
-    Anonymous a_after_restart(*psd, 0xA11CE);
+    RawPusher a_after_restart(*psd, 0xA11CE);
     CHECK(a_after_restart.push(77) == wire::PushStatus::APPLIED);
   }
   CHECK(w_now() == std::vector<float>{-601, -1202});

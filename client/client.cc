@@ -162,10 +162,10 @@ void Client::init_job(const JobConfig& config) {
 }
 
 void Client::set_ready() {
-  impl_
-      ->on_every_shard<Nothing>([](ShardConnection& s) { return s.shard.setReadyRequest().send(); },
-                                [](Nothing&, int, auto&) {}, "setReady: ")
-      .get();
+  impl_->wait_interruptibly(impl_->on_every_shard<Nothing>(
+                                [](ShardConnection& s) { return s.shard.setReadyRequest().send(); },
+                                [](Nothing&, int, auto&) {}, "setReady: "),
+                            "setReady: ");
 }
 
 bool Client::wait_ready(std::chrono::milliseconds timeout) {
@@ -173,20 +173,18 @@ bool Client::wait_ready(std::chrono::milliseconds timeout) {
     bool all = true;
   };
   const auto ms = static_cast<uint32_t>(std::clamp<int64_t>(timeout.count(), 0, 3'600'000));
-  return impl_
-      ->on_every_shard<Ready>(
-          [ms](ShardConnection& s) {
-            auto req = s.shard.waitReadyRequest();
-            req.setTimeoutMs(ms);
-            return req.send();
-          },
-          [this](Ready& r, int, capnp::Response<wire::Shard::WaitReadyResults>& reply) {
-            r.all = r.all && reply.getReady();
-            if (reply.getReady()) impl_->learn_job(reply.getJob());
-          },
-          "waitReady: ", std::chrono::milliseconds(ms))
-      .get()
-      .all;
+  auto ready = impl_->on_every_shard<Ready>(
+      [ms](ShardConnection& s) {
+        auto req = s.shard.waitReadyRequest();
+        req.setTimeoutMs(ms);
+        return req.send();
+      },
+      [this](Ready& r, int, capnp::Response<wire::Shard::WaitReadyResults>& reply) {
+        r.all = r.all && reply.getReady();
+        if (reply.getReady()) impl_->learn_job(reply.getJob());
+      },
+      "waitReady: ", std::chrono::milliseconds(ms));
+  return impl_->wait_interruptibly(std::move(ready), "waitReady: ").all;
 }
 
 std::future<Client::StepDone> Client::step_done_async(int64_t local_step) {
@@ -202,23 +200,24 @@ std::future<Client::StepDone> Client::step_done_async(int64_t local_step) {
       "stepDone: ");
 }
 
-Client::StepDone Client::step_done(int64_t local_step) { return step_done_async(local_step).get(); }
+Client::StepDone Client::step_done(int64_t local_step) {
+  return impl_->wait_interruptibly(step_done_async(local_step), "stepDone: ");
+}
 
 Client::Checkpoint Client::checkpoint(int64_t step) {
-  return impl_
-      ->on_every_shard<Checkpoint>(
-          [step](ShardConnection& s) {
-            auto req = s.shard.checkpointRequest();
-            req.setStep(step);
-            return req.send();
-          },
-          [](Checkpoint& c, int shard, capnp::Response<wire::Shard::CheckpointResults>& reply) {
-            if (c.paths.size() <= static_cast<std::size_t>(shard)) c.paths.resize(shard + 1);
-            c.paths[shard] = reply.getPath();
-            c.step = reply.getStep();
-          },
-          "checkpoint: ")
-      .get();
+  auto done = impl_->on_every_shard<Checkpoint>(
+      [step](ShardConnection& s) {
+        auto req = s.shard.checkpointRequest();
+        req.setStep(step);
+        return req.send();
+      },
+      [](Checkpoint& c, int shard, capnp::Response<wire::Shard::CheckpointResults>& reply) {
+        if (c.paths.size() <= static_cast<std::size_t>(shard)) c.paths.resize(shard + 1);
+        c.paths[shard] = reply.getPath();
+        c.step = reply.getStep();
+      },
+      "checkpoint: ");
+  return impl_->wait_interruptibly(std::move(done), "checkpoint: ");
 }
 
 uint64_t Client::rollbacks() const { return impl_->retry ? impl_->retry->rollbacks() : 0; }
@@ -231,32 +230,30 @@ uint32_t Client::barrier(const std::string& name, uint32_t count,
     uint32_t n = 0;
   };
   const auto ms = static_cast<uint32_t>(std::clamp<int64_t>(timeout.count(), 0, 3'600'000));
-  return impl_
-      ->submit<Arrived>(
-          [this, name, count, ms] {
-            return impl_->retry
-                ->call(0,
-                       [name, count, ms](ShardConnection& c, int) {
-                         auto req = c.shard.barrierRequest();
-                         req.setName(name);
-                         req.setCount(count);
-                         req.setTimeoutMs(ms);
-                         return req.send();
-                       })
-                .then([](capnp::Response<wire::Shard::BarrierResults>&& r) {
-                  return Arrived{r.getArrived()};
-                });
-          },
-          "barrier: ", std::chrono::milliseconds(ms))
-      .get()
-      .n;
+  auto arrived = impl_->submit<Arrived>(
+      [this, name, count, ms] {
+        return impl_->retry
+            ->call(0,
+                   [name, count, ms](ShardConnection& c, int) {
+                     auto req = c.shard.barrierRequest();
+                     req.setName(name);
+                     req.setCount(count);
+                     req.setTimeoutMs(ms);
+                     return req.send();
+                   })
+            .then([](capnp::Response<wire::Shard::BarrierResults>&& r) {
+              return Arrived{r.getArrived()};
+            });
+      },
+      "barrier: ", std::chrono::milliseconds(ms));
+  return impl_->wait_interruptibly(std::move(arrived), "barrier: ").n;
 }
 
 void Client::finish() {
-  impl_
-      ->on_every_shard<Nothing>([](ShardConnection& s) { return s.shard.finishRequest().send(); },
-                                [](Nothing&, int, auto&) {}, "finish: ")
-      .get();
+  impl_->wait_interruptibly(impl_->on_every_shard<Nothing>(
+                                [](ShardConnection& s) { return s.shard.finishRequest().send(); },
+                                [](Nothing&, int, auto&) {}, "finish: "),
+                            "finish: ");
 }
 
 void Client::report(int64_t step, float loss, float accuracy, float samples_per_sec,

@@ -278,6 +278,19 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     return std::move(*value);
   }
 
+  // The result of a call that writes nothing into the caller's buffers,
+  // waited for on this thread; options.interrupted (if set) is asked every
+  // 100 ms and gives the wait up: the call goes on on the loop, unheard.
+  template <typename T>
+  T wait_interruptibly(std::future<T> result, const std::string& context) {
+    if (options.interrupted) {
+      while (result.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+        if (options.interrupted()) throw InterruptedError(context + "interrupted while waiting");
+      }
+    }
+    return result.get();
+  }
+
   // Blocking (`done` given): the result goes to *done and the future is
   // empty. Otherwise a future.
   template <typename T, typename Op>

@@ -110,6 +110,26 @@ TEST_CASE("push then pull gives exactly the SGD result") {
   CHECK(infos[1].shape == std::vector<uint64_t>{2, 2});
 }
 
+TEST_CASE("a waiting call ends when ClientOptions::interrupted says so") {
+  PsdProcess psd;
+  ClientOptions o = options_for({&psd});
+  const auto start = std::chrono::steady_clock::now();
+  std::atomic<int> asked{0};
+  o.interrupted = [&] {
+    ++asked;
+    return std::chrono::steady_clock::now() - start > std::chrono::milliseconds(500);
+  };
+  Client client(o);
+  CHECK_THROWS_AS(client.barrier("never", 2, std::chrono::seconds(30)), InterruptedError);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  CHECK(waited < std::chrono::seconds(3));
+  CHECK(asked >= 3);  // every 100 ms while it waited
+  // A call that does not wait is not interrupted, and the Client goes on.
+  client.create({{.name = "w", .shape = {2}, .optimizer = OptimizerConfig::sgd(1.0f)}});
+  client.push("w", std::vector<float>{1, 2});
+  CHECK(client.pull("w") == std::vector<float>{-1, -2});
+}
+
 TEST_CASE("concurrent pushes from threads sum exactly") {
   PsdProcess psd;
   const int threads = 4, pushes = 100, n = 1000;

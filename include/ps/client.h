@@ -35,6 +35,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <span>
@@ -72,6 +73,13 @@ struct ClientOptions {
   // call reconnects): once the call has failed, nothing more is read from
   // the caller's buffer.
   std::chrono::milliseconds call_timeout{300000};
+  // Asked every 100 ms by a call that waits without writing into the
+  // caller's buffers (wait_ready, barrier, checkpoint, step_done, set_ready,
+  // finish), on the calling thread: true gives the call up with
+  // InterruptedError. Its request may still be under way at psd (a barrier
+  // counts this caller). Python's psclient sets it so that Ctrl-C ends the
+  // wait. Empty: never asked.
+  std::function<bool()> interrupted;
   // When a connection breaks (psd killed, restarted), how long to keep
   // reconnecting before a call fails; 0: fail at once. Retried pushes are
   // applied once (request ids). See docs/operations.md, "Durability and

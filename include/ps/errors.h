@@ -33,4 +33,10 @@ class ConnectionError : public Error {
   using Error::Error;
 };
 
+// A waiting call given up because ClientOptions::interrupted said so.
+class InterruptedError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace ps

@@ -355,6 +355,14 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
              o.tune_malloc = tune_malloc;
              if (tls_ca) o.tls_ca = *tls_ca;
              if (tls_server_name) o.tls_server_name = *tls_server_name;
+             // Ctrl-C ends a wait (barrier, wait_ready, ...): Python's signal
+             // handlers run here, on the waiting thread (only the main thread
+             // runs them), and the exception one raises is what the call
+             // raises (errors.cc).
+             o.interrupted = [] {
+               py::gil_scoped_acquire gil;
+               return PyErr_CheckSignals() != 0;
+             };
              std::unique_ptr<PyClient> c;
              {
                py::gil_scoped_release nogil;

@@ -29,6 +29,9 @@ PyObject* new_exception(py::module_& m, const char* name, const char* doc, py::t
 PyObject* type_of(std::exception_ptr error, std::string* message) {
   try {
     std::rethrow_exception(error);
+  } catch (const ps::InterruptedError& e) {
+    *message = e.what();
+    return PyExc_KeyboardInterrupt;
   } catch (const ps::ConnectionError& e) {
     *message = e.what();
     return connection_error_type;
@@ -88,6 +91,9 @@ void bind_errors(py::module_& m) {
   py::register_exception_translator([](std::exception_ptr error) {
     try {
       std::rethrow_exception(error);
+    } catch (const ps::InterruptedError& e) {
+      // The signal handler's own exception (KeyboardInterrupt) is already set.
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_KeyboardInterrupt, e.what());
     } catch (const ps::Error&) {
       std::string message;
       PyObject* type = type_of(error, &message);

@@ -69,3 +69,29 @@ except Exception as e:
                          capture_output=True, text=True, timeout=30)
     assert re.search(r"barrier 'py/end' timed out after 2 s waiting for 2 callers, had 1 \(workers 0\); "
                      r"missing workers 1 \(never connected\)", out.stdout + out.stderr), out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("who,call", [
+    ("worker_index=0, is_chief=True", 'c.barrier("py/never", 2, timeout=30)'),
+    ("worker_index=1", "c.wait_ready(30)"),
+])
+def test_ctrl_c_ends_a_long_wait(start_psd, python_env, who, call):
+    # SIGINT one second into a 30 s wait: KeyboardInterrupt within a few
+    # seconds, not when the wait ends.
+    psd = start_psd()
+    code = f"""
+import os, signal, sys, threading, time, psclient
+c = psclient.Client([sys.argv[1]], {who})
+threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+start = time.monotonic()
+try:
+    {call}
+    print("returned")
+except KeyboardInterrupt:
+    print(f"interrupted after {{time.monotonic() - start:.1f}} s")
+"""
+    out = subprocess.run([sys.executable, "-c", code, psd.address], env=python_env,
+                         capture_output=True, text=True, timeout=60)
+    m = re.search(r"interrupted after ([0-9.]+) s", out.stdout)
+    assert m, out.stdout + out.stderr
+    assert 0.9 <= float(m.group(1)) < 5, out.stdout

@@ -158,9 +158,10 @@ for ((i = 0; i < num_ps; i++)); do
 done
 for ((i = 0; i < num_ps; i++)); do
   port_file="$run_dir/ps$i.port"
-  for _ in $(seq 300); do
+  for n in $(seq 300); do
     [ -s "$port_file" ] && break
     kill -0 "${pids[$i]}" 2>/dev/null || break
+    [ "$n" = 60 ] && echo "launch_local: waiting for ps$i to listen (3 s of 15 s; its log: $run_dir/ps$i.log)" >&2
     sleep 0.05
   done
   if [ ! -s "$port_file" ]; then
@@ -276,10 +277,11 @@ while [ "$remaining" -gt 0 ]; do
   workers_left=0
   for k in "${!pids[@]}"; do [[ "${names[$k]}" == worker* && -z "${status[$k]:-}" ]] && workers_left=1; done
   if [ "$workers_left" = 0 ] && [ "$remaining" -gt 0 ]; then
-    for _ in $(seq 100); do
+    for n in $(seq 100); do
       alive=0
       for k in "${!pids[@]}"; do [ -z "${status[$k]:-}" ] && kill -0 "${pids[$k]}" 2>/dev/null && alive=1; done
       [ $alive = 0 ] && break
+      [ "$n" = 30 ] && echo "launch_local: the workers are done; waiting for the ps tasks to exit (3 s of 10 s)" >&2
       sleep 0.1
     done
     for k in "${!pids[@]}"; do

@@ -3,7 +3,8 @@
 # declared worker that never starts is named, every few seconds, by the
 # chief, psd's log and psd's status page, at sync step 0 and at the end
 # barrier; a sync job goes on without it after --worker_timeout_secs; each
-# worker line says how long it waits at most (a worker waiting for the chief too).
+# worker line says how long it waits at most (a worker waiting for the chief too);
+# launch_local.sh says when a psd is slow to start listening.
 #   test/silent_waits_test.sh BUILD_DIR
 set -uo pipefail
 source "$(dirname "$0")/trainer_test_lib.sh"
@@ -82,5 +83,15 @@ worker_pid=$!; pids+=("$worker_pid")
 wait_for "$tmp/nochief.out" "worker 1: waiting for the chief \(worker 0\) to initialise the model \([0-9]+ s of 300 s\)" 15 ||
   fail "no chief: worker 1 does not say how long it waits for the chief: $(tail -n 5 "$tmp/nochief.out")"
 stop "$worker_pid" "$psd_pid"
+
+# 6. launch_local.sh waiting for a psd that is slow to listen says so.
+mkdir -p "$tmp/slow/server"
+printf '#!/bin/sh\nsleep 4\nexec "%s" "$@"\n' "$build/server/psd" >"$tmp/slow/server/psd"
+chmod +x "$tmp/slow/server/psd"
+BUILD_DIR="$tmp/slow" timeout 60 "$here/../scripts/launch_local.sh" --quiet --run_dir "$tmp/slowrun" \
+  --trainer "$trainer" -- "${common[@]}" >"$tmp/slow.out" 2>&1 ||
+  fail "slow psd: launch_local failed: $(tail -n 5 "$tmp/slow.out")"
+grep -q "launch_local: waiting for ps0 to listen (3 s of 15 s" "$tmp/slow.out" ||
+  fail "slow psd: launch_local did not say it waits: $(head -n 3 "$tmp/slow.out")"
 
 [ "$failures" = 0 ] && echo "PASS: every long wait says what it waits for" || exit 1

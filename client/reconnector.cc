@@ -30,7 +30,7 @@ kj::Promise<void> Reconnector::reconnect(int index, uint64_t generation,
   pending.generation = generation;
   pending.done = false;
   auto attempt =
-      connect_shard(io_, index, address, timeout_, hello_)
+      connect_shard(io_, index, address, timeout_, hello_, "ClientOptions::reconnect_timeout")
           .then(
               [this, index](kj::Own<ShardConnection> fresh) {
                 kj::Own<ShardConnection>& slot = shards_[index];

@@ -283,16 +283,16 @@ kj::Promise<kj::Own<ShardConnection>> connect_and_hello(kj::UnixEventPort& io, i
 // started before its psd would otherwise sit in silence for the whole
 // connect timeout. Never resolves; the caller drops it once connected.
 kj::Promise<void> say_still_waiting(kj::Timer& timer, int index, std::string address,
-                                    kj::TimePoint start, std::chrono::milliseconds timeout) {
+                                    kj::TimePoint start, std::chrono::milliseconds timeout,
+                                    const char* timeout_name) {
   constexpr kj::Duration kEvery = 5 * kj::SECONDS;
-  return timer.afterDelay(kEvery).then([&timer, index, address, start, timeout]() {
+  return timer.afterDelay(kEvery).then([&timer, index, address, start, timeout, timeout_name]() {
     // Rounded: the timer counts from the loop's last look at the clock, a
     // little before `start`, so it fires a hair under each whole period.
     const int64_t waited = (clock_now() - start + kj::SECONDS / 2) / kj::SECONDS;
-    spdlog::info(
-        "waiting for ps {} (shard {}): {} s of {} s (--connect_timeout); is psd running there?",
-        address, index, waited, timeout.count() / 1000);
-    return say_still_waiting(timer, index, address, start, timeout);
+    spdlog::info("waiting for ps {} (shard {}): {} s of {} s ({}); is psd running there?", address,
+                 index, waited, timeout.count() / 1000, timeout_name);
+    return say_still_waiting(timer, index, address, start, timeout, timeout_name);
   });
 }
 
@@ -311,7 +311,8 @@ std::string shard_order_problem(const ShardConnection& c, std::size_t index, std
 kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::UnixEventPort& io, int index,
                                                     std::string address,
                                                     std::chrono::milliseconds timeout,
-                                                    const HelloParams& hello) {
+                                                    const HelloParams& hello,
+                                                    const char* timeout_name) {
   auto deadline = clock_now() + timeout.count() * kj::MILLISECONDS;
   // The retries above end at the deadline; an attempt under way would not:
   // a peer that accepts and never answers hello (a stopped psd, something
@@ -330,7 +331,7 @@ kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::UnixEventPort& io, int i
                     address, waited / 1000.0));
               }))
       .exclusiveJoin(
-          say_still_waiting(io.getTimer(), index, address, clock_now(), timeout)
+          say_still_waiting(io.getTimer(), index, address, clock_now(), timeout, timeout_name)
               .then([]() -> kj::Promise<kj::Own<ShardConnection>> { return kj::NEVER_DONE; }));
 }
 

@@ -81,11 +81,14 @@ std::string shard_order_problem(const ShardConnection& c, std::size_t index, std
 // until `timeout` has passed, then says hello. Rejects with a DISCONNECTED
 // kj::Exception naming the address and the last error, at the latest
 // kHelloGrace after `timeout` (a peer that accepts and never answers).
+// While it waits it says so every 5 s, naming `timeout_name`, the setting
+// the timeout came from.
 constexpr kj::Duration kHelloGrace = 5 * kj::SECONDS;
 kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::UnixEventPort& io, int index,
                                                     std::string address,
                                                     std::chrono::milliseconds timeout,
-                                                    const HelloParams& hello);
+                                                    const HelloParams& hello,
+                                                    const char* timeout_name = "--connect_timeout");
 
 // A DISCONNECTED exception (a shard unreachable or gone) with this message.
 kj::Exception disconnected(std::string message);

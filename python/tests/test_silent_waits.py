@@ -95,3 +95,29 @@ except KeyboardInterrupt:
     m = re.search(r"interrupted after ([0-9.]+) s", out.stdout)
     assert m, out.stdout + out.stderr
     assert 0.9 <= float(m.group(1)) < 5, out.stdout
+
+
+def test_a_reconnect_says_which_setting_bounds_it(start_psd, python_env):
+    # psd stopped under a connected client: the next call reconnects, and its
+    # lines name reconnect_timeout (they named --connect_timeout).
+    psd = start_psd()
+    code = """
+import sys, psclient
+c = psclient.Client([sys.argv[1]], reconnect_timeout=7)
+c.create([psclient.TensorSpec("w", [2])])
+print("stop", flush=True)
+sys.stdin.readline()
+try:
+    c.pull("w")
+except Exception as e:
+    print("error:", e, file=sys.stderr)
+"""
+    child = subprocess.Popen([sys.executable, "-c", code, psd.address], env=python_env, text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert child.stdout.readline().strip() == "stop"
+    psd.stop()
+    child.stdin.write("\n")
+    child.stdin.flush()
+    out, _ = child.communicate(timeout=60)
+    assert re.search(r"waiting for ps 127\.0\.0\.1:\d+ \(shard 0\): 5 s of 7 s "
+                     r"\(ClientOptions::reconnect_timeout\)", out), out

@@ -18,20 +18,19 @@ const RecentRequest* RequestLog::find(const Requester& who, uint64_t id) const {
 void RequestLog::record(const Requester& who, RecentRequest request) {
   auto it = windows_.find(who);
   if (it == windows_.end()) {
-    const bool by_client = who.worker < 0 && who.client != 0;
-    if (by_client && clients_ >= max_clients_) {
+    if (who.by_client() && clients_ >= max_clients_) {
       // A linear scan, only when a new client's window would pass the bound.
       auto oldest = windows_.end();
       for (auto w = windows_.begin(); w != windows_.end(); ++w) {
-        const bool w_by_client = w->first.worker < 0 && w->first.client != 0;
-        if (w_by_client && (oldest == windows_.end() || w->second.used < oldest->second.used))
+        if (w->first.by_client() &&
+            (oldest == windows_.end() || w->second.used < oldest->second.used))
           oldest = w;
       }
       windows_.erase(oldest);
       --clients_;
     }
     it = windows_.emplace(who, Window{}).first;
-    if (by_client) ++clients_;
+    if (who.by_client()) ++clients_;
   }
   Window& window = it->second;
   window.used = ++clock_;
@@ -42,7 +41,7 @@ void RequestLog::record(const Requester& who, RecentRequest request) {
 void RequestLog::save(std::map<int, std::vector<RecentRequest>>& by_worker,
                       std::map<uint64_t, std::vector<RecentRequest>>& by_client) const {
   for (const auto& [who, window] : windows_) {
-    auto& out = who.worker >= 0 || who.client == 0 ? by_worker[who.worker] : by_client[who.client];
+    auto& out = who.by_client() ? by_client[who.client] : by_worker[who.worker];
     out.assign(window.recent.begin(), window.recent.end());
   }
 }

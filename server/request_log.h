@@ -37,6 +37,9 @@ class RequestLog {
     int worker = -1;      // >= 0: a worker, whatever its client id
     uint64_t client = 0;  // a client without a worker index (0: none given)
     auto operator<=>(const Requester&) const = default;
+    // A client without a worker index that gave an id: its window counts
+    // towards max_clients.
+    bool by_client() const { return worker < 0 && client != 0; }
   };
   static Requester requester(int worker_index, uint64_t client_id) {
     return worker_index >= 0 ? Requester{worker_index, 0} : Requester{-1, client_id};

@@ -105,6 +105,14 @@ struct Errors {
   }
 };
 
+// One psd, reconnecting for up to 10 s (the restart cases).
+ClientOptions reconnecting_options(const PsdProcess& psd) {
+  ClientOptions o;
+  o.ps_hosts = {psd.address()};
+  o.reconnect_timeout = 10s;
+  return o;
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -405,10 +413,7 @@ TEST_CASE(
   const std::vector<std::string> args = {"--checkpoint_dir", dir.path()};
   auto psd = std::make_unique<PsdProcess>(args);
   const int port = psd->port();
-  ClientOptions o;
-  o.ps_hosts = {psd->address()};
-  o.reconnect_timeout = 10s;
-  Client client(o);
+  Client client(reconnecting_options(*psd));
   constexpr int kThreads = 4, kPushes = 120;
   std::vector<TensorSpec> specs = {sgd("shared", 256)};
   for (int t = 0; t < kThreads; ++t) specs.push_back(sgd("own" + std::to_string(t), 16));
@@ -458,10 +463,7 @@ TEST_CASE(
                                          "0.05"};
   auto psd = std::make_unique<PsdProcess>(args);
   const int port = psd->port();
-  ClientOptions o;
-  o.ps_hosts = {psd->address()};
-  o.reconnect_timeout = 10s;
-  Client client(o);
+  Client client(reconnecting_options(*psd));
   client.create({sgd("w", 4096)});
   client.checkpoint();  // the model is on disk before the kill
   Watchdog watchdog(90s, "SIGKILL with calls in flight");

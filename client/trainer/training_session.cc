@@ -11,19 +11,6 @@
 
 namespace ps {
 
-namespace {
-// Marks a call under way for the WaitWatcher (none: nothing), to its end.
-struct Watching {
-  Watching(WaitWatcher* w, const char* what, std::chrono::milliseconds limit) : watch(w) {
-    if (watch) watch->begin(what, limit);
-  }
-  ~Watching() {
-    if (watch) watch->end();
-  }
-  WaitWatcher* watch;
-};
-}  // namespace
-
 TrainingSession::TrainingSession(Client& client, SessionOptions options)
     : client_(client), options_(std::move(options)) {}
 
@@ -317,11 +304,12 @@ int64_t TrainingSession::pull() {
   }
   int64_t step = 0;
   {
-    Watching w(watch_.get(), options_.job.mode == SyncMode::kSync ? "pull for the next sync step"
-                             : options_.job.mode == SyncMode::kBoundedStaleness
-                                 ? "pull (waits for the slowest worker)"
-                                 : "pull",
-               client_.options().call_timeout);
+    WaitWatcher::Scope w(watch_.get(),
+                         options_.job.mode == SyncMode::kSync ? "pull for the next sync step"
+                         : options_.job.mode == SyncMode::kBoundedStaleness
+                             ? "pull (waits for the slowest worker)"
+                             : "pull",
+                         client_.options().call_timeout);
     step = rows.empty() ? client_.pull(names_, values_, min_step).step
                         : client_.pull_with_rows(names_, values_, rows, min_step).step;
   }
@@ -345,7 +333,7 @@ StepOutcome TrainingSession::push() {
   for (const BoundTable& t : tables_) rows.push_back(RowGrads{t.spec.name, t.ids, t.grads});
   PushResult p;
   {
-    Watching w(watch_.get(), "push", client_.options().call_timeout);
+    WaitWatcher::Scope w(watch_.get(), "push", client_.options().call_timeout);
     p = client_.push_and_step(names_, grads_, rows, step, local_step_);
   }
 
@@ -384,7 +372,7 @@ StepOutcome TrainingSession::run_step(const std::function<void()>& compute) {
 
 uint32_t TrainingSession::barrier(const std::string& name, uint32_t count,
                                   std::chrono::milliseconds timeout) {
-  Watching w(watch_.get(), "barrier", timeout);
+  WaitWatcher::Scope w(watch_.get(), "barrier", timeout);
   return client_.barrier(name, count, timeout);
 }
 

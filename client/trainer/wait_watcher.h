@@ -35,6 +35,23 @@ class WaitWatcher {
   void begin(const char* what, std::chrono::milliseconds limit);
   void end();
 
+  // begin() now and end() when the scope ends (a throw included); a null
+  // watcher: nothing.
+  class Scope {
+   public:
+    Scope(WaitWatcher* watch, const char* what, std::chrono::milliseconds limit) : watch_(watch) {
+      if (watch_) watch_->begin(what, limit);
+    }
+    ~Scope() {
+      if (watch_) watch_->end();
+    }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    WaitWatcher* watch_;
+  };
+
  private:
   void run();
 

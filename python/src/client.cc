@@ -424,8 +424,8 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
             ps::PullResult result;
             {
               py::gil_scoped_release nogil;
-              WaitScope w(min_step > 0 ? watch : nullptr, "pull (waits for min_step)",
-                          c->options().call_timeout);
+              ps::WaitWatcher::Scope w(min_step > 0 ? watch.get() : nullptr,
+                                       "pull (waits for min_step)", c->options().call_timeout);
               result = c->pull(r.names, spans, min_step);
             }
             if (r.new_array) return r.new_array;
@@ -560,8 +560,8 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
             auto watch = self.watcher();  // with the GIL: close() may move it
             const auto ms = to_ms(timeout, "timeout");
             py::gil_scoped_release nogil;
-            WaitScope w(watch, "wait_ready: waiting for the chief to initialise the model",
-                        ms);
+            ps::WaitWatcher::Scope w(
+                watch.get(), "wait_ready: waiting for the chief to initialise the model", ms);
             return c->wait_ready(ms);
           },
           py::arg("timeout"),
@@ -599,7 +599,7 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
             auto watch = self.watcher();  // with the GIL: close() may move it
             const auto ms = to_ms(timeout, "timeout");
             py::gil_scoped_release nogil;
-            WaitScope w(watch, "barrier", ms);
+            ps::WaitWatcher::Scope w(watch.get(), "barrier", ms);
             return c->barrier(name, count, ms);
           },
           py::arg("name"), py::arg("count"), py::arg("timeout") = 60.0,
@@ -631,7 +631,7 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
             auto c = self.shared_client();
             auto watch = self.watcher();  // with the GIL: close() may move it
             py::gil_scoped_release nogil;
-            WaitScope w(step >= 0 ? watch : nullptr,
+            ps::WaitWatcher::Scope w(step >= 0 ? watch.get() : nullptr,
                         "checkpoint (waits for its global step)", c->options().call_timeout);
             return c->checkpoint(step);
           },

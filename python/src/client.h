@@ -27,26 +27,6 @@ namespace py = pybind11;
 // 0 <= seconds <= 1e9.
 std::chrono::milliseconds to_ms(double seconds, const char* what);
 
-// Marks a blocking call under way (made with the GIL released): while it
-// lasts, the Client's WaitWatcher says every 5 s on stderr what it waits
-// for and for how long at most, as TrainingSession's calls do.
-class WaitScope {
- public:
-  WaitScope(std::shared_ptr<ps::WaitWatcher> watch, const char* what,
-            std::chrono::milliseconds limit)
-      : watch_(std::move(watch)) {
-    if (watch_) watch_->begin(what, limit);
-  }
-  ~WaitScope() {
-    if (watch_) watch_->end();
-  }
-  WaitScope(const WaitScope&) = delete;
-  WaitScope& operator=(const WaitScope&) = delete;
-
- private:
-  std::shared_ptr<ps::WaitWatcher> watch_;
-};
-
 class PyClient {
  public:
   explicit PyClient(ps::ClientOptions options);  // connects; call with the GIL released
@@ -72,7 +52,8 @@ class PyClient {
   void remember_tables(const std::vector<ps::TableSpec>& tables);
 
   AsyncCalls& async_calls() { return async_calls_; }
-  // For a WaitScope around a call that may wait long; nullptr once closed.
+  // For a WaitWatcher::Scope around a call that may wait long (taken with
+  // the GIL held, kept while the call lasts); nullptr once closed.
   std::shared_ptr<ps::WaitWatcher> watcher() const { return watch_; }
 
  private:

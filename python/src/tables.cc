@@ -86,8 +86,9 @@ RowRequest gather_rows(PyClient& self, const std::string& op, const std::string&
   // parts as earlier ones land): rows written over them would be ids never
   // checked, and a shard index out of range.
   if (is_pull && r.buffers[1].overlaps(id_buffer)) {
-    throw py::value_error(what + " shares memory with the ids: a pull would overwrite the ids it "
-                                 "is reading (pass separate arrays)");
+    throw py::value_error(what +
+                          " shares memory with the ids: a pull would overwrite the ids it "
+                          "is reading (pass separate arrays)");
   }
   const auto& shape = r.buffers[1].shape();
   const std::vector<py::ssize_t> flat = {n, dim};
@@ -273,8 +274,8 @@ refuses new ids or evicts the least recently used rows.)")
             int64_t step = 0;
             {
               py::gil_scoped_release nogil;
-              WaitScope w(min_step > 0 ? watch : nullptr,
-                          "pull_rows (waits for min_step)", c->options().call_timeout);
+              ps::WaitWatcher::Scope w(min_step > 0 ? watch.get() : nullptr,
+                                       "pull_rows (waits for min_step)", c->options().call_timeout);
               step = c->pull_rows(table, r.ids(), r.rows(), min_step);
             }
             if (r.new_array) return r.new_array;

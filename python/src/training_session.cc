@@ -172,8 +172,9 @@ add_variable are held by the session and must keep their storage.)")
           "checkpoint",
           [](PySession& self, int64_t step) {
             py::gil_scoped_release nogil;
-            WaitScope w(step >= 0 ? self.watch : nullptr, "checkpoint (waits for its global step)",
-                        self.client->options().call_timeout);
+            ps::WaitWatcher::Scope w(step >= 0 ? self.watch.get() : nullptr,
+                                     "checkpoint (waits for its global step)",
+                                     self.client->options().call_timeout);
             return self.client->checkpoint(step);
           },
           py::arg("step") = -1,

@@ -190,21 +190,26 @@ int64_t JobState::slowest_live_step() const {
   return slowest == std::numeric_limits<int64_t>::max() ? 0 : slowest;
 }
 
-kj::Promise<void> JobState::wait_for_staleness(int64_t step) {
+kj::Promise<void> JobState::hold(std::multimap<int64_t, HeldPull>& waiters, int64_t step,
+                                 int worker) {
+  sweep_abandoned();
+  auto paf = kj::newPromiseAndFulfiller<void>();
+  waiters.emplace(step, HeldPull{kj::mv(paf.fulfiller), worker, timer_.now()});
+  return kj::mv(paf.promise);
+}
+
+kj::Promise<void> JobState::wait_for_staleness(int64_t step, int worker) {
   if (config_.mode != SyncMode::kBoundedStaleness) return kj::READY_NOW;
   if (step - slowest_live_step() <= static_cast<int64_t>(config_.max_staleness))
     return kj::READY_NOW;
   ++staleness_waits_;
-  sweep_abandoned();
-  auto paf = kj::newPromiseAndFulfiller<void>();
-  staleness_waiters_.emplace(step, kj::mv(paf.fulfiller));
-  return kj::mv(paf.promise);
+  return hold(staleness_waiters_, step, worker);
 }
 
 void JobState::recheck_staleness_waiters() {
   const int64_t limit = slowest_live_step() + static_cast<int64_t>(config_.max_staleness);
   while (!staleness_waiters_.empty() && staleness_waiters_.begin()->first <= limit) {
-    staleness_waiters_.begin()->second->fulfill();
+    staleness_waiters_.begin()->second.fulfiller->fulfill();
     staleness_waiters_.erase(staleness_waiters_.begin());
   }
 }
@@ -212,7 +217,7 @@ void JobState::recheck_staleness_waiters() {
 void JobState::advance_step() {
   ++global_step_;
   while (!step_waiters_.empty() && step_waiters_.begin()->first <= global_step_) {
-    step_waiters_.begin()->second->fulfill();
+    step_waiters_.begin()->second.fulfiller->fulfill();
     step_waiters_.erase(step_waiters_.begin());
   }
   recheck_staleness_waiters();
@@ -237,7 +242,7 @@ void JobState::sweep_abandoned() {
   // isWaiting() is not const.)
   for (auto* waiters : {&step_waiters_, &staleness_waiters_}) {
     for (auto it = waiters->begin(); it != waiters->end();)
-      it = abandoned(it->second) ? waiters->erase(it) : std::next(it);
+      it = abandoned(it->second.fulfiller) ? waiters->erase(it) : std::next(it);
   }
   std::erase_if(ready_waiters_, abandoned);
   for (auto& [name, b] : barriers_) drop_abandoned(b);
@@ -245,12 +250,9 @@ void JobState::sweep_abandoned() {
   next_sweep_ = std::max(kFirstSweep, 2 * held_waits());
 }
 
-kj::Promise<void> JobState::wait_for_step(int64_t step) {
+kj::Promise<void> JobState::wait_for_step(int64_t step, int worker) {
   if (step <= global_step_) return kj::READY_NOW;
-  sweep_abandoned();
-  auto paf = kj::newPromiseAndFulfiller<void>();
-  step_waiters_.emplace(step, kj::mv(paf.fulfiller));
-  return kj::mv(paf.promise);
+  return hold(step_waiters_, step, worker);
 }
 
 void JobState::set_ready() {
@@ -329,59 +331,6 @@ void JobState::drop_abandoned(Barrier& b) {
   }
 }
 
-std::string JobState::missing_workers(const std::vector<int>& present) const {
-  std::vector<int> here = present;
-  std::sort(here.begin(), here.end());
-  std::string out;
-  uint32_t unnamed = 0;
-  for (uint32_t i = 0; i < config_.total_replicas; ++i) {
-    const int w = static_cast<int>(i);
-    if (std::binary_search(here.begin(), here.end(), w)) continue;
-    if (out.size() >= kMaxWaitLine) {
-      ++unnamed;
-      continue;
-    }
-    auto it = workers_.find(w);
-    const char* why = it == workers_.end() || it->second.given_up ? "never connected"
-                      : it->second.connections == 0               ? "disconnected"
-                      : it->second.hung                           ? "silent"
-                                                                  : "connected, not there yet";
-    out += (out.empty() ? "" : ", ") + std::to_string(w) + " (" + why + ")";
-  }
-  if (unnamed > 0) out += " and " + std::to_string(unnamed) + " more";
-  return out;
-}
-
-std::vector<std::string> JobState::barrier_waits(kj::Duration older_than) {
-  std::vector<std::string> out;
-  const kj::TimePoint now = timer_.now();
-  std::size_t unsaid = 0;
-  for (auto& [name, b] : barriers_) {
-    drop_abandoned(b);
-    if (b.waiting.empty() || now - b.since < older_than) continue;
-    if (out.size() >= kMaxBarrierLines) {
-      ++unsaid;
-      continue;
-    }
-    std::vector<int> here;
-    std::string has;
-    for (int w : b.who) {
-      if (w < 0) continue;
-      here.push_back(w);
-      if (has.size() < kMaxWaitLine) has += (has.empty() ? "" : ", ") + std::to_string(w);
-    }
-    if (has.size() >= kMaxWaitLine) has += ", ...";
-    const std::string missing = missing_workers(here);
-    out.push_back(
-        fmt::format("barrier '{}' waits for {} callers, has {} (workers {}){}; {} s of {} s", name,
-                    b.count, b.waiting.size(), has.empty() ? "none" : has,
-                    missing.empty() ? "" : "; missing workers " + missing,
-                    (now - b.since) / kj::SECONDS, b.timeout / kj::SECONDS));
-  }
-  if (unsaid > 0) out.push_back(fmt::format("and {} more barriers wait", unsaid));
-  return out;
-}
-
 bool JobState::give_up_on_absent(const std::vector<int>& present) {
   std::vector<int> here = present;
   std::sort(here.begin(), here.end());
@@ -400,8 +349,10 @@ bool JobState::give_up_on_absent(const std::vector<int>& present) {
 }
 
 void JobState::finish() {
-  if (!finished_)
+  if (!finished_) {
     spdlog::info("job finished at global step {}; exiting once workers disconnect", global_step_);
+    finished_since_ = timer_.now();
+  }
   finished_ = true;
   maybe_done();
 }

@@ -84,8 +84,9 @@ class JobState {
   int64_t recorded_step(int worker_index) const;
   // The smallest step among connected workers (bounded staleness).
   int64_t slowest_live_step() const;
-  // Resolves once `step - slowest_live_step() <= max_staleness`.
-  kj::Promise<void> wait_for_staleness(int64_t step);
+  // Resolves once `step - slowest_live_step() <= max_staleness`. `worker`
+  // is the caller's worker index (-1: not a worker), named in waits.
+  kj::Promise<void> wait_for_staleness(int64_t step, int worker = -1);
   uint64_t staleness_waits() const { return staleness_waits_; }
   void record_staleness(int64_t age) { max_staleness_seen_ = std::max(max_staleness_seen_, age); }
   int64_t max_staleness_seen() const { return max_staleness_seen_; }
@@ -94,7 +95,8 @@ class JobState {
   void advance_step();  // releases the pulls waiting for the new step
   // A worker reported progress: bounded-staleness waiters may go on.
   void worker_progressed() { recheck_staleness_waiters(); }
-  kj::Promise<void> wait_for_step(int64_t step);
+  // Resolves once the global step reaches `step`; `worker` as above.
+  kj::Promise<void> wait_for_step(int64_t step, int worker = -1);
   bool stop_reached() const {
     return config_.train_steps > 0 && global_step_ >= config_.train_steps;
   }
@@ -118,6 +120,18 @@ class JobState {
   // workers 0, 1; missing workers 2 (never connected); it gives up at 60 s").
   // At most kMaxBarrierLines of them, then one line that counts the rest.
   std::vector<std::string> barrier_waits(kj::Duration older_than);
+  // The bounded-staleness pulls held longer than `older_than`, as one line:
+  // whose, for which step and how long, the slowest workers they wait for
+  // and max_staleness. Empty when none.
+  std::vector<std::string> staleness_waits(kj::Duration older_than);
+  // The sync pulls held longer than `older_than` for a later step, as one
+  // line that names the workers that have not pushed for the current step.
+  // For a step no gradient has started (a started one has its own line).
+  std::vector<std::string> unstarted_step_waits(kj::Duration older_than);
+  // With an on_done callback (psd --exit_when_done): once the job has been
+  // finished longer than `older_than` and workers are still connected, one
+  // line naming them (and their addresses). Empty otherwise.
+  std::vector<std::string> exit_waits(kj::Duration older_than) const;
   static constexpr std::size_t kMaxWaitLine = 512;
   static constexpr std::size_t kMaxBarrierLines = 8;
   // Declared workers that never connected, once a sync step waited for them
@@ -144,10 +158,23 @@ class JobState {
   int64_t global_step_ = 0;
   bool ready_ = false;
   bool finished_ = false;
+  kj::TimePoint finished_since_ = kj::origin<kj::TimePoint>();
   std::optional<int> chief_;
   std::map<int, WorkerRecord> workers_;
-  std::multimap<int64_t, kj::Own<kj::PromiseFulfiller<void>>> step_waiters_;
-  std::multimap<int64_t, kj::Own<kj::PromiseFulfiller<void>>> staleness_waiters_;
+  // A pull held until a step (sync) or the slowest worker (bounded staleness).
+  struct HeldPull {
+    kj::Own<kj::PromiseFulfiller<void>> fulfiller;
+    int worker = -1;  // the caller's worker index, -1: not a worker
+    kj::TimePoint since = kj::origin<kj::TimePoint>();
+  };
+  kj::Promise<void> hold(std::multimap<int64_t, HeldPull>& waiters, int64_t step, int worker);
+  // "0 (for step 7, 12 s), 2 (for step 8, 6 s)": the live ones of `waiters`
+  // held longer than `older_than`, one per worker and step; sets `first` to
+  // the smallest step among them. Empty when none.
+  std::string held_pulls(std::multimap<int64_t, HeldPull>& waiters, kj::Duration older_than,
+                         int64_t& first);
+  std::multimap<int64_t, HeldPull> step_waiters_;
+  std::multimap<int64_t, HeldPull> staleness_waiters_;
   std::vector<kj::Own<kj::PromiseFulfiller<bool>>> ready_waiters_;
   struct Barrier {
     uint32_t count = 0;  // callers it waits for: every caller must ask the same

@@ -241,7 +241,9 @@ class Shard {
   kj::Promise<void> watch_workers(kj::Timer& timer);
   // What the job waits for, one line each, for waits older than
   // `older_than`: the sync step and the workers it misses, barriers
-  // (JobState::barrier_waits). For psd's log, status page and stats.
+  // (JobState::barrier_waits), sync pulls for a step no gradient has
+  // started, bounded-staleness pulls, and psd's exit once the job is done
+  // (server/job_waits.cc). For psd's log, status page and stats.
   std::vector<std::string> waits(kj::Duration older_than);
   // waits() as the watcher last found them (a few seconds old at most).
   const std::vector<std::string>& current_waits() const { return current_waits_; }

@@ -25,8 +25,9 @@ kj::Promise<void> Shard::pull(const Caller& caller, const PullRequest& request, 
   const SyncMode mode = job_.config().mode;
   if (mode == SyncMode::kAsync)
     return read_tensors(std::move(plan.tensors), plan.into, caller.shared, reply);
-  kj::Promise<void> wait = mode == SyncMode::kSync ? job_.wait_for_step(plan.min_step)
-                                                   : job_.wait_for_staleness(plan.min_step);
+  kj::Promise<void> wait = mode == SyncMode::kSync
+                               ? job_.wait_for_step(plan.min_step, caller.worker_index)
+                               : job_.wait_for_staleness(plan.min_step, caller.worker_index);
   return wait.then([this, plan = std::move(plan), shared = caller.shared, &reply]() mutable {
     return read_tensors(std::move(plan.tensors), plan.into, std::move(shared), reply);
   });

@@ -117,6 +117,13 @@ std::vector<std::string> Shard::waits(kj::Duration older_than) {
                     pending_step_, missing.empty() ? "?" : missing,
                     (now - pending_since_) / kj::SECONDS, has.empty() ? "none" : has, rule));
   }
+  auto add = [&out](std::vector<std::string> lines) {
+    for (std::string& l : lines) out.push_back(std::move(l));
+  };
+  if (pending_step_ < 0 && job_.config().mode == SyncMode::kSync)
+    add(job_.unstarted_step_waits(older_than));
+  add(job_.staleness_waits(older_than));
+  add(job_.exit_waits(older_than));
   return out;
 }
 

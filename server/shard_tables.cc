@@ -191,8 +191,8 @@ kj::Promise<void> Shard::pull_rows(const Caller& caller, PullRowsRequest r, Rows
   }
   t.table->check(r.ids, "pullRows");  // refused now rather than after the wait
   kj::Promise<void> wait = job_.config().mode == SyncMode::kSync
-                               ? job_.wait_for_step(min_step)
-                               : job_.wait_for_staleness(min_step);
+                               ? job_.wait_for_step(min_step, caller.worker_index)
+                               : job_.wait_for_staleness(min_step, caller.worker_index);
   return wait.then(kj::mv(read));
 }
 

@@ -1,11 +1,17 @@
 """No wait longer than a few seconds is silent, from Python too: a Client call
 that blocks (barrier, pull with min_step, wait_ready, checkpoint at a step)
 says every 5 s (psclient's log: spdlog, on stdout as psd's and the trainers') what it waits for and how long it will wait at most,
-as TrainingSession's calls do (test/silent_waits_test.sh for the trainers)."""
+as TrainingSession's calls do (test/silent_waits_test.sh for the trainers).
+psd's own log names the pulls it holds (sync, for a step no gradient has
+started; bounded staleness, for the slowest worker) and, once the job is
+finished, the workers it waits for to exit."""
 
+import json
 import re
 import subprocess
 import sys
+import time
+import urllib.request
 
 import pytest
 
@@ -121,3 +127,130 @@ except Exception as e:
     out, _ = child.communicate(timeout=60)
     assert re.search(r"waiting for ps 127\.0\.0\.1:\d+ \(shard 0\): 5 s of 7 s "
                      r"\(ClientOptions::reconnect_timeout\)", out), out
+
+
+def wait_for_line(psd, pattern, seconds):
+    """The first match of `pattern` in psd's log within `seconds`, else None."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        m = re.search(pattern, psd.log())
+        if m:
+            return m
+        time.sleep(0.2)
+    return None
+
+
+def staged(code, address, python_env):
+    """A child running `code` that prints 'waiting' when its wait has begun and
+    reads a line from stdin before it ends it."""
+    child = subprocess.Popen([sys.executable, "-c", code, address], env=python_env, text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    line = child.stdout.readline().strip()
+    if line != "waiting":
+        child.kill()
+        pytest.fail(f"the child did not start its wait: {line}{child.communicate()[0]}")
+    return child
+
+
+def go_on(child):
+    child.stdin.write("\n")
+    child.stdin.flush()
+    return child.communicate(timeout=20)[0]
+
+
+def test_a_bounded_staleness_pull_names_the_slowest_worker(start_psd, python_env, tmp_path):
+    # Worker 0 at step 7 pulls; worker 1, the slowest, is at step 2; max_staleness 2.
+    http_file = tmp_path / "http"
+    psd = start_psd("--http_port", "any", "--http_port_file", str(http_file))
+    code = """
+import sys, numpy as np, psclient
+w0 = psclient.Client([sys.argv[1]], worker_index=0, is_chief=True, call_timeout=30)
+w0.init_job(psclient.JobConfig(mode="bounded_staleness", total_replicas=2, max_staleness=2))
+w0.create([psclient.TensorSpec("w", [2])])
+w0.set_ready()
+w1 = psclient.Client([sys.argv[1]], worker_index=1, call_timeout=30)
+w1.declare([psclient.TensorSpec("w", [2])])
+g = np.zeros(2, dtype=np.float32)
+w1.push("w", g, step=2)
+w0.push("w", g, step=7)
+pulled = w0.pull_async("w", min_step=7)
+print("waiting", flush=True)
+sys.stdin.readline()
+w1.push("w", g, step=5)
+pulled.result(timeout=10)
+print("released", flush=True)
+"""
+    child = staged(code, psd.address, python_env)
+    try:
+        want = (r"bounded staleness: pulls of workers 0 \(for step 7, \d+ s\) wait for the slowest, "
+                r"workers 1 \(at step 2\): max_staleness is 2")
+        m = wait_for_line(psd, want, 12)
+        assert m, psd.log()
+        line = psd.log()[m.start():].splitlines()[0]
+        assert "the first goes on when the slowest reach step 5 or disconnect" in line, line
+        status = json.load(urllib.request.urlopen(
+            f"http://127.0.0.1:{http_file.read_text().strip()}/status.json", timeout=5))
+        assert any(re.search(want, w) for w in status["waits"]), status["waits"]
+    finally:
+        out = go_on(child)
+    assert "released" in out, out
+
+
+def test_a_sync_pull_names_the_workers_its_step_waits_for_before_any_gradient(start_psd, python_env):
+    # A sync job of 2 workers at step 0, no gradient yet; worker 0's pull waits for step 1.
+    psd = start_psd()
+    code = """
+import sys, numpy as np, psclient
+w0 = psclient.Client([sys.argv[1]], worker_index=0, is_chief=True, call_timeout=30)
+w0.init_job(psclient.JobConfig(mode="sync", replicas_to_aggregate=2, total_replicas=2))
+w0.create([psclient.TensorSpec("w", [2])])
+w0.set_ready()
+w1 = psclient.Client([sys.argv[1]], worker_index=1, call_timeout=30)
+w1.declare([psclient.TensorSpec("w", [2])])
+pulled = w0.pull_async("w", min_step=1)
+print("waiting", flush=True)
+sys.stdin.readline()
+g = np.zeros(2, dtype=np.float32)
+w0.push("w", g, step=0)
+w1.push("w", g, step=0)
+pulled.result(timeout=10)
+print("released", flush=True)
+"""
+    child = staged(code, psd.address, python_env)
+    try:
+        want = (r"sync pulls of workers 0 \(for step 1, \d+ s\) wait for step 0, which has no gradient yet: "
+                r"workers 0 \(connected, not there yet\), 1 \(connected, not there yet\) have not pushed for it")
+        assert wait_for_line(psd, want, 12), psd.log()
+    finally:
+        out = go_on(child)
+    assert "released" in out, out
+
+
+def test_psd_names_the_workers_it_waits_for_to_exit_once_the_job_is_done(start_psd, python_env):
+    # The chief finishes the job and leaves; worker 1 stays connected until told.
+    psd = start_psd()
+    worker = staged("""
+import sys, psclient
+w1 = psclient.Client([sys.argv[1]], worker_index=1)
+print("waiting", flush=True)
+sys.stdin.readline()
+w1.close()
+print("closed", flush=True)
+""", psd.address, python_env)
+    try:
+        chief = subprocess.run([sys.executable, "-c", """
+import sys, psclient
+c = psclient.Client([sys.argv[1]], worker_index=0, is_chief=True)
+c.init_job(psclient.JobConfig(total_replicas=2))
+c.finish()
+""", psd.address], env=python_env, capture_output=True, text=True, timeout=30)
+        assert chief.returncode == 0, chief.stdout + chief.stderr
+        want = (r"job finished \d+ s ago \(at global step 0\); psd exits once workers 1 "
+                r"\((127\.0\.0\.1:\d+|unix:[^)]*)\) disconnect: end them "
+                r"\(--exit_when_done; with --exit_when_done false psd serves on instead\)")
+        assert wait_for_line(psd, want, 12), psd.log()
+        assert psd.proc.poll() is None
+    finally:
+        out = go_on(worker)
+    assert "closed" in out, out
+    assert psd.proc.wait(10) == 0, psd.log()

@@ -26,6 +26,7 @@
 #include "client/request_plan.h"
 #include "client/row_plan.h"
 #include "client/shard_connection.h"
+#include "client/unanswered.h"
 #include "common/wire_convert.h"
 
 namespace ps {
@@ -94,6 +95,17 @@ template <typename T>
 kj::Promise<T> until_answered(kj::Promise<T> call, kj::Own<SharedBlocks> blocks) {
   if (!blocks || blocks->empty()) return call;
   return tell_when_answered(kj::mv(call), kj::mv(blocks));
+}
+
+// `call` to shard `index`, counted in `unanswered` (if given) until psd
+// answers it or it is given up. Evaluated eagerly: kj runs a continuation
+// only when its result is asked for, and a join asks once every branch is
+// in, which would leave a shard that answered early counted until then.
+template <typename T>
+kj::Promise<T> counted(Unanswered* unanswered, int index, kj::Promise<T> call) {
+  if (unanswered == nullptr) return call;
+  return tell_when_answered(kj::mv(call), kj::heap<Unanswered::Mark>(*unanswered, index))
+      .eagerlyEvaluate(nullptr);
 }
 
 // A request that goes out from the caller's memory (a push's gradient,
@@ -252,31 +264,63 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     bool settled = false;
   };
 
-  // Runs op() with the loop and waits for its result: on the calling
-  // thread when no other thread runs the loop (client_loop.h).
+  // Runs op(&unanswered) with the loop and waits for its result: on the
+  // calling thread when no other thread runs the loop (client_loop.h). op
+  // counts each request it sends in `unanswered` (counted()): a call with
+  // no answer for 5 s says whom it waits for (unanswered.h).
+  // options.interrupted, if set, is asked every 100 ms on this thread;
+  // true gives the call up as call_timeout does (its promise destroyed:
+  // nothing more is written into a pull's buffers nor read from a push's)
+  // and throws InterruptedError.
   template <typename T, typename Op>
   T call(Op op, const std::string& context) {
     std::exception_ptr error;
     std::optional<T> value;
+    Unanswered unanswered;  // the loop's
+    auto work = [&]() -> kj::Promise<void> {
+      kj::Promise<T> promise = nullptr;
+      try {
+        promise = op(&unanswered);
+      } catch (...) {
+        error = std::current_exception();
+        return kj::READY_NOW;
+      }
+      return with_timeout(kj::mv(promise))
+          .then([&](T&& v) { value.emplace(std::move(v)); },
+                [&](kj::Exception&& e) { error = translate(e, context); })
+          .exclusiveJoin(say_still_waiting(loop, unanswered, context, options.call_timeout,
+                                           options.ps_hosts, clock_now()));
+    };
+    bool answered = true;
+    std::exception_ptr stop_error;  // thrown by options.interrupted
+    auto stop = [&]() noexcept {
+      try {
+        return options.interrupted();
+      } catch (...) {
+        stop_error = std::current_exception();
+        return true;
+      }
+    };
     try {
-      loop.run([&]() -> kj::Promise<void> {
-        kj::Promise<T> promise = nullptr;
-        try {
-          promise = op();
-        } catch (...) {
-          error = std::current_exception();
-          return kj::READY_NOW;
-        }
-        return with_timeout(kj::mv(promise))
-            .then([&](T&& v) { value.emplace(std::move(v)); },
-                  [&](kj::Exception&& e) { error = translate(e, context); });
-      });
+      if (options.interrupted) {
+        answered = loop.run_interruptible(work, stop, kInterruptEvery);
+      } else {
+        loop.run(work);
+      }
     } catch (const kj::Exception& e) {
       error = translate(e, context);
+    }
+    if (stop_error) std::rethrow_exception(stop_error);
+    if (!answered) {
+      throw InterruptedError(context +
+                             "interrupted while waiting for psd's answer; the call was given up");
     }
     if (error) std::rethrow_exception(error);
     return std::move(*value);
   }
+
+  // How often a blocking call asks options.interrupted.
+  static constexpr kj::Duration kInterruptEvery = 100 * kj::MILLISECONDS;
 
   // The result of a call that writes nothing into the caller's buffers,
   // waited for on this thread; options.interrupted (if set) is asked every
@@ -293,9 +337,12 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
 
   // Blocking (`done` given): the result goes to *done and the future is
   // empty. Otherwise a future.
+  // op(Unanswered*) as call() takes it; an async call passes nullptr.
   template <typename T, typename Op>
   std::future<T> run(Op op, std::string context, T* done) {
-    if (done == nullptr) return submit<T>(std::move(op), std::move(context));
+    if (done == nullptr) {
+      return submit<T>([op = std::move(op)]() mutable { return op(nullptr); }, std::move(context));
+    }
     *done = call<T>(std::move(op), context);
     return {};
   }
@@ -468,6 +515,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     // Client::rollbacks() when the pull was asked for: a shard found rolled
     // back after it is read at the step it has (min_step predates that news).
     uint64_t rollbacks_at_call = 0;
+    Unanswered* unanswered = nullptr;  // a blocking call's (call()); null: not counted
   };
 
   // Pulls the given batches (waiting for min_step). In sync mode all parts
@@ -509,6 +557,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     float* out = nullptr;
     std::vector<int64_t> steps;
     uint64_t rollbacks_at_call = 0;  // as PullState's
+    Unanswered* unanswered = nullptr;  // as PullState's
   };
   kj::Promise<void> pull_row_requests(std::shared_ptr<RowPull> st, std::vector<std::size_t> which,
                                       int64_t min_step, int round);
@@ -534,10 +583,11 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
 
   // Pushes the batches of `tensors` gradients (`grads` must stay valid until
   // the promise settles); done_step >= 0 reports that step to every shard.
-  // In client_transfer.cc, next to pull's round.
+  // Its requests are counted in `unanswered` (if given). In
+  // client_transfer.cc, next to pull's round.
   kj::Promise<PushResult> push_round(std::vector<ShardBatch> batches,
                                      std::vector<std::span<const float>> grads, std::size_t tensors,
-                                     int64_t step, int64_t done_step);
+                                     int64_t step, int64_t done_step, Unanswered* unanswered);
 
   // How many gradients psd sums per step before it divides (sync mode's
   // replicas_to_aggregate; 1 otherwise): it bounds the values it accepts.

@@ -78,9 +78,11 @@ PullResult Client::pull_with_rows(const std::vector<std::string>& names,
   PullResult result;
   impl_->run<PullResult>(
       [this, batches = std::move(batches), out, tables, row_out, n = names.size(), min_step,
-       rollbacks_at_call]() mutable {
+       rollbacks_at_call](Unanswered* unanswered) mutable {
         Impl& impl = *impl_;
         auto dense = kj::heap<Impl::PullState>();
+        dense->unanswered = unanswered;
+        for (const auto& t : tables) t->unanswered = unanswered;
         dense->batches = std::move(batches);
         dense->out = std::move(out);
         dense->steps.assign(dense->batches.size(), 0);
@@ -234,7 +236,7 @@ std::future<PushResult> Client::start_push_step(std::vector<std::string> names,
   const uint32_t summed = impl_->summed_per_step();
   return impl_->run<PushResult>(
       [this, batches = std::move(batches), names = std::move(names), grads = std::move(grads),
-       tables = std::move(tables), step, done_step, sync, summed]() mutable {
+       tables = std::move(tables), step, done_step, sync, summed](Unanswered* unanswered) mutable {
         Impl& impl = *impl_;
         // The step goes out as several requests: psd refusing one (NaN/Inf,
         // or a value whose sum would overflow) would leave the others
@@ -267,7 +269,8 @@ std::future<PushResult> Client::start_push_step(std::vector<std::string> names,
         res->step = std::numeric_limits<int64_t>::max();
         kj::Vector<kj::Promise<void>> calls;
         // The tensors first: their requests are on the wire before the rows'.
-        calls.add(impl.push_round(std::move(batches), std::move(grads), names.size(), step, -1)
+        calls.add(impl.push_round(std::move(batches), std::move(grads), names.size(), step, -1,
+                                  unanswered)
                       .then([res, has_dense](PushResult&& dense) {
                         res->status = std::move(dense.status);
                         if (has_dense) res->step = std::min(res->step, dense.step);
@@ -307,7 +310,8 @@ std::future<PushResult> Client::start_push_step(std::vector<std::string> names,
                     return RowReply{from_wire(reply.getStatus()), step, reply.getStop()};
                   });
             };
-            calls.add(impl.retry->call(static_cast<int>(r.shard), kj::mv(send))
+            calls.add(counted(unanswered, static_cast<int>(r.shard),
+                              impl.retry->call(static_cast<int>(r.shard), kj::mv(send)))
                           .then([res, t, r, reports](RowReply&& reply) {
                             res->row_status[t] = std::max(res->row_status[t], reply.status);
                             res->step = std::min(res->step, reply.step);
@@ -325,7 +329,8 @@ std::future<PushResult> Client::start_push_step(std::vector<std::string> names,
           auto send = [done_step, id](ShardConnection& c, int) {
             return send_step_done(c, done_step, id);
           };
-          calls.add(impl.retry->call(static_cast<int>(shard), kj::mv(send))
+          calls.add(counted(unanswered, static_cast<int>(shard),
+                            impl.retry->call(static_cast<int>(shard), kj::mv(send)))
                         .then([shard, res](capnp::Response<wire::Shard::StepDoneResults>&& reply) {
                           if (shard == 0) res->global_step = reply.getGlobalStep();
                           res->stop = res->stop || reply.getStop();

@@ -125,7 +125,8 @@ kj::Promise<void> Client::Impl::pull_row_requests(std::shared_ptr<RowPull> st,
           }),
           kj::mv(blocks));
     };
-    calls.add(impl.retry->call(static_cast<int>(r.shard), kj::mv(send))
+    calls.add(counted(st->unanswered, static_cast<int>(r.shard),
+                      impl.retry->call(static_cast<int>(r.shard), kj::mv(send)))
                   .then([&impl, st, r, k](capnp::Response<wire::Shard::PullRowsResults>&& reply) {
                     ShardConnection& c = *impl.shards[r.shard];
                     if (reply.getInShared()) {
@@ -206,9 +207,10 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
     auto plan = shared_row_plan(as_unsigned(ids.subspan(first, count)),
                                 placement_of(spec, num_shards()), per, false);
     float* to = out.data() + first * dim;
-    return [this, plan, table, dim, min_step, to, rollbacks_at_call]() {
+    return [this, plan, table, dim, min_step, to, rollbacks_at_call](Unanswered* unanswered) {
       auto st = std::make_shared<Impl::RowPull>();
       st->rollbacks_at_call = rollbacks_at_call;
+      st->unanswered = unanswered;
       st->plan = plan;
       st->table = table;
       st->dim = dim;
@@ -230,10 +232,32 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
   // fetched twice. Sync mode reads every row at one step, so one plan.
   const std::size_t part = std::size_t(per) * kRequestsPerPullPart;
   if (done != nullptr && impl_->job_mode.load() != SyncMode::kSync && ids.size() > 2 * part) {
+    // The parts are given up together on options.interrupted, as call()
+    // gives a call up: each is destroyed on the loop (kj::Canceler) before
+    // this throws. The canceler is the loop's.
+    auto canceler = std::make_unique<kj::Canceler>();
     std::vector<std::future<int64_t>> parts;
     for (std::size_t first = 0; first < ids.size(); first += part)
-      parts.push_back(impl_->submit<int64_t>(pull_of(first, std::min(part, ids.size() - first)),
-                                             "pull_rows: "));
+      parts.push_back(impl_->submit<int64_t>(
+          [op = pull_of(first, std::min(part, ids.size() - first)), c = canceler.get()] {
+            return c->wrap(op(nullptr));
+          },
+          "pull_rows: "));
+    bool interrupted = false;
+    for (auto& p : parts) {
+      while (!interrupted && impl_->options.interrupted &&
+             p.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+        interrupted = impl_->options.interrupted();
+      }
+    }
+    impl_->loop.run([&canceler] {
+      canceler->cancel("interrupted");
+      canceler = nullptr;
+    });
+    if (interrupted) {
+      throw InterruptedError(
+          "pull_rows: interrupted while waiting for psd's answer; the call was given up");
+    }
     // Every part is waited for, failed or not: none may write into `out`
     // after this returns.
     int64_t step = std::numeric_limits<int64_t>::max();
@@ -296,7 +320,7 @@ std::future<PushStatus> Client::start_push_rows(const std::string& table,
   const uint32_t summed = impl_->summed_per_step();
   std::shared_ptr<const float> sums = plan_order_gradients(*plan, grads, dim);
   return impl_->run<PushStatus>(
-      [this, plan, sums, table, dim, step, grads, summed]() {
+      [this, plan, sums, table, dim, step, grads, summed](Unanswered* unanswered) {
         // psd refuses NaN/Inf per request; split over several, only a check
         // here keeps a bad gradient from being half applied (skipped for
         // shards run with --allow_nonfinite, as a dense push's). What is
@@ -335,7 +359,8 @@ std::future<PushStatus> Client::start_push_rows(const std::string& table,
                                        std::size_t(r.count) * dim),
                 sums);
           };
-          calls.add(impl_->retry->call(static_cast<int>(r.shard), kj::mv(send))
+          calls.add(counted(unanswered, static_cast<int>(r.shard),
+                            impl_->retry->call(static_cast<int>(r.shard), kj::mv(send)))
                         .then([worst](capnp::Response<wire::Shard::PushRowsResults>&& reply) {
                           *worst = std::max(*worst, from_wire(reply.getStatus()));
                         }));

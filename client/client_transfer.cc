@@ -19,8 +19,9 @@ kj::Promise<void> Client::Impl::pull_round(PullState& st, std::vector<std::size_
   for (std::size_t b : which) {
     const ShardBatch& batch = st.batches[b];
     calls.add(
-        retry
-            ->call(batch.shard,
+        counted(st.unanswered, batch.shard,
+                retry->call(
+                    batch.shard,
                    [this, &st, b, min_step](ShardConnection& c, int attempt) {
                      const ShardBatch& batch = st.batches[b];
                      auto req = c.shard.pullRequest();
@@ -90,7 +91,7 @@ kj::Promise<void> Client::Impl::pull_round(PullState& st, std::vector<std::size_
                                     }),
                                 kj::mv(blocks))
                          .attach(kj::mv(expect));
-                   })
+                   }))
             .then([this, &st, b](capnp::Response<wire::Shard::PullResults>&& reply) {
               const ShardBatch& batch = st.batches[b];
               auto tensors = reply.getTensors();
@@ -169,9 +170,10 @@ std::future<PullResult> Client::start_pull(std::vector<std::string> names,
   const uint64_t rollbacks_at_call = rollbacks();
   return impl_->run<PullResult>(
       [this, batches = std::move(batches), out = std::move(out), n = names.size(), min_step,
-       rollbacks_at_call]() mutable {
+       rollbacks_at_call](Unanswered* unanswered) mutable {
         auto state = kj::heap<Impl::PullState>();
         state->rollbacks_at_call = rollbacks_at_call;
+        state->unanswered = unanswered;
         state->batches = std::move(batches);
         state->out = std::move(out);
         state->steps.assign(state->batches.size(), 0);
@@ -257,7 +259,7 @@ void refuse_nonfinite_split_push(const std::vector<ShardBatch>& batches,
 kj::Promise<PushResult> Client::Impl::push_round(std::vector<ShardBatch> batches,
                                                  std::vector<std::span<const float>> grads,
                                                  std::size_t tensors, int64_t step,
-                                                 int64_t done_step) {
+                                                 int64_t done_step, Unanswered* unanswered) {
   auto result = kj::heap<PushResult>();
   result->status.assign(tensors, PushStatus::kApplied);
   result->step = std::numeric_limits<int64_t>::max();
@@ -334,7 +336,7 @@ kj::Promise<PushResult> Client::Impl::push_round(std::vector<ShardBatch> batches
         return r;
       });
     };
-    calls.add(retry->call(batch->shard, kj::mv(send))
+    calls.add(counted(unanswered, batch->shard, retry->call(batch->shard, kj::mv(send)))
                   .then([batch, reports, res = result.get()](BatchReply&& reply) {
                     if (reports >= 0) {
                       if (batch->shard == 0) res->global_step = reply.step;
@@ -353,7 +355,8 @@ kj::Promise<PushResult> Client::Impl::push_round(std::vector<ShardBatch> batches
     auto send = [done_step, id](ShardConnection& c, int) {
       return send_step_done(c, done_step, id);
     };
-    calls.add(retry->call(static_cast<int>(shard), kj::mv(send))
+    calls.add(counted(unanswered, static_cast<int>(shard),
+                      retry->call(static_cast<int>(shard), kj::mv(send)))
                   .then([shard, res = result.get()](
                             capnp::Response<wire::Shard::StepDoneResults>&& reply) {
                     if (shard == 0) res->global_step = reply.getGlobalStep();
@@ -394,12 +397,12 @@ std::future<PushResult> Client::start_push(std::vector<std::string> names,
   const uint32_t summed = impl_->summed_per_step();
   return impl_->run<PushResult>(
       [this, batches = std::move(batches), names = std::move(names), grads = std::move(grads), step,
-       done_step, summed]() mutable {
+       done_step, summed](Unanswered* unanswered) mutable {
         if (impl_->options.check_split_pushes) {
           refuse_nonfinite_split_push(batches, names, grads, impl_->shards, done_step, summed);
         }
         return impl_->push_round(std::move(batches), std::move(grads), names.size(), step,
-                                 done_step);
+                                 done_step, unanswered);
       },
       "push: ", done);
 }

@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -115,6 +116,36 @@ class ClientLoop {
     });
   }
 
+  // As run(), for an f() that returns a kj::Promise<void>, and giving it
+  // up on request: while this thread waits for the promise, it asks stop()
+  // every `every` (on this thread, outside the loop's continuations,
+  // whichever thread runs the loop). Once stop() returns true the promise
+  // is destroyed, on the loop, before run_interruptible returns false
+  // (nothing of the work runs after that); true: the promise completed.
+  // stop() must not throw, nor use what this loop serves.
+  template <typename F, typename Stop>
+  bool run_interruptible(F&& f, Stop&& stop, kj::Duration every) {
+    std::unique_lock drive = take_loop();
+    if (drive.owns_lock()) {
+      std::optional<kj::WaitScope> scope;
+      if (enter(scope)) {
+        KJ_DEFER(leave(scope, drive));
+        // Dropping the fork (at return) destroys the work.
+        auto work = kj::evalNow([&f] { return as_promise(f); }).fork();
+        for (;;) {
+          bool ticked = false;
+          work.addBranch()
+              .exclusiveJoin(after(every).then([&ticked] { ticked = true; }))
+              .wait(*scope);
+          if (!ticked) return true;
+          if (stop()) return false;
+        }
+      }
+      drive.unlock();  // this thread runs a KJ loop of its own: hand over
+    }
+    return hand_over_interruptible(f, stop, every);
+  }
+
   // Marks work that outlives the run() that started it; the helper thread
   // runs the loop until release() has been called as often. keep() from any
   // thread; release() only from the loop (attach it to the work's promise).
@@ -137,6 +168,66 @@ class ClientLoop {
   kj::Promise<void> after(kj::Duration delay) { return timer().atTime(clock_now() + delay); }
 
  private:
+  // run_interruptible's work handed to the thread that runs the loop: this
+  // thread waits for its outcome in slices of `every`, asking stop() in
+  // between, and cancels it through the loop's executor (kj::Canceler:
+  // destroyed before cancel() returns) when stop() says so.
+  template <typename F, typename Stop>
+  bool hand_over_interruptible(F& f, Stop& stop, kj::Duration every) {
+    struct Handover {
+      std::mutex mutex;
+      std::condition_variable settled;
+      bool done = false;                         // under mutex
+      kj::Maybe<kj::Exception> error;            // under mutex
+      kj::Canceler* canceler = nullptr;          // loop thread: null once the work is gone
+    };
+    auto h = std::make_shared<Handover>();
+    auto settle = [h](kj::Maybe<kj::Exception> e) {
+      std::lock_guard lock(h->mutex);
+      h->done = true;
+      h->error = kj::mv(e);
+      h->settled.notify_all();
+    };
+    keep();
+    // ThreadSanitizer and executeSync: as in run().
+    PS_TSAN_RELEASE(&f);
+    PS_TSAN_IGNORE_BEGIN();
+    executor_->executeSync([this, h, &f, settle] {
+      PS_TSAN_ACQUIRE(&f);
+      auto canceler = kj::heap<kj::Canceler>();
+      h->canceler = canceler.get();
+      auto work = kj::evalNow([&f] { return as_promise(f); });
+      canceler->wrap(kj::mv(work))
+          .then([settle] { settle(nullptr); },
+                [settle](kj::Exception&& e) { settle(kj::mv(e)); })
+          .attach(kj::defer([this, h] {
+                    h->canceler = nullptr;
+                    release();
+                  }),
+                  kj::mv(canceler))
+          .detach([](kj::Exception&&) {});
+      PS_TSAN_RELEASE(&f);
+    });
+    PS_TSAN_ACQUIRE(&f);
+    PS_TSAN_IGNORE_END();
+    const auto slice = std::chrono::nanoseconds(every / kj::NANOSECONDS);
+    std::unique_lock lock(h->mutex);
+    while (!h->settled.wait_for(lock, slice, [&h] { return h->done; })) {
+      lock.unlock();
+      const bool give_up = stop();
+      lock.lock();
+      if (give_up && !h->done) {
+        lock.unlock();
+        executor_->executeSync([h] {
+          if (h->canceler != nullptr) h->canceler->cancel("interrupted");
+        });
+        return false;
+      }
+    }
+    KJ_IF_MAYBE(e, h->error) { kj::throwFatalException(kj::mv(*e)); }
+    return true;
+  }
+
   // f()'s result as a promise (f may return void, a value or a promise).
   template <typename F>
   static kj::PromiseForResult<F&, void> as_promise(F& f) {

@@ -1,0 +1,55 @@
+#include "client/unanswered.h"
+
+#include <spdlog/spdlog.h>
+
+namespace ps {
+namespace {
+
+constexpr kj::Duration kFirst = 5 * kj::SECONDS;
+constexpr kj::Duration kEvery = 10 * kj::SECONDS;
+
+kj::Promise<void> say_at(ClientLoop& loop, const Unanswered& calls, const std::string& context,
+                         std::chrono::milliseconds limit, const std::vector<std::string>& hosts,
+                         kj::TimePoint start, kj::TimePoint at) {
+  return loop.timer().atTime(at).then([&loop, &calls, &context, limit, &hosts, start, at] {
+    // Rounded: the timer may fire a hair before or after each whole period.
+    const int64_t waited = (clock_now() - start + kj::SECONDS / 2) / kj::SECONDS;
+    spdlog::info("{}", still_waiting_line(context, waited, limit, calls.shards(), hosts));
+    return say_at(loop, calls, context, limit, hosts, start, at + kEvery);
+  });
+}
+
+}  // namespace
+
+std::vector<int> Unanswered::shards() const {
+  std::vector<int> out;
+  for (const auto& [index, count] : pending_) out.push_back(index);
+  return out;
+}
+
+std::string still_waiting_line(const std::string& context, int64_t waited,
+                               std::chrono::milliseconds limit, const std::vector<int>& shards,
+                               const std::vector<std::string>& hosts) {
+  std::string line = context + "waiting " + std::to_string(waited) + " s ";
+  if (limit.count() > 0) {
+    line += "of " + std::to_string((limit.count() + 500) / 1000) +
+            " s (ClientOptions::call_timeout)";
+  } else {
+    line += "(no limit: ClientOptions::call_timeout is 0)";
+  }
+  line += " for psd's answer";
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    const auto index = static_cast<std::size_t>(shards[i]);
+    line += (i == 0 ? " from shard " : ", shard ") + std::to_string(shards[i]);
+    if (index < hosts.size()) line += " (" + hosts[index] + ")";
+  }
+  return line;
+}
+
+kj::Promise<void> say_still_waiting(ClientLoop& loop, const Unanswered& calls,
+                                    const std::string& context, std::chrono::milliseconds limit,
+                                    const std::vector<std::string>& hosts, kj::TimePoint start) {
+  return say_at(loop, calls, context, limit, hosts, start, start + kFirst);
+}
+
+}  // namespace ps

@@ -7,7 +7,9 @@ started; bounded staleness, for the slowest worker) and, once the job is
 finished, the workers it waits for to exit."""
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -254,3 +256,58 @@ c.finish()
         out = go_on(worker)
     assert "closed" in out, out
     assert psd.proc.wait(10) == 0, psd.log()
+
+def test_ctrl_c_ends_a_pull_from_a_stopped_psd(start_psd, python_env):
+    # psd stopped (SIGSTOP) under a connected client: SIGINT 0.3 s into a pull
+    # raises KeyboardInterrupt at once, not at call_timeout; the array keeps
+    # what it had, and once psd runs again the next pull returns its values.
+    psd = start_psd()
+    code = """
+import os, signal, sys, threading, time
+import numpy as np, psclient
+c = psclient.Client([sys.argv[1]], call_timeout=10)
+c.create([psclient.TensorSpec("w", [1000], optimizer=psclient.sgd(1.0))])
+c.push("w", np.full(1000, 0.5, dtype=np.float32))
+out = np.full(1000, 7.0, dtype=np.float32)
+print("stop", flush=True)
+sys.stdin.readline()
+threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+start = time.monotonic()
+try:
+    c.pull("w", out)
+    print("returned", flush=True)
+except KeyboardInterrupt:
+    print(f"interrupted after {time.monotonic() - start:.1f} s", flush=True)
+print("resume", flush=True)
+sys.stdin.readline()
+time.sleep(0.3)
+print("untouched" if (out == 7.0).all() else "written", flush=True)
+print("pulled", sorted(set(c.pull("w").tolist())), flush=True)
+"""
+    child = subprocess.Popen([sys.executable, "-c", code, psd.address], env=python_env, text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        line = child.stdout.readline()
+        assert line.strip() == "stop", line + child.stdout.read()
+        os.kill(psd.proc.pid, signal.SIGSTOP)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        seen = ""
+        while not re.search(r"interrupted after|returned", seen):
+            line = child.stdout.readline()
+            assert line, seen
+            seen += line
+        m = re.search(r"interrupted after ([0-9.]+) s", seen)
+        assert m, seen
+        assert 0.2 <= float(m.group(1)) < 2
+        assert child.stdout.readline().strip() == "resume"
+        os.kill(psd.proc.pid, signal.SIGCONT)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        out, _ = child.communicate(timeout=30)
+        assert "untouched\npulled [-0.5]\n" in out, out
+    finally:
+        os.kill(psd.proc.pid, signal.SIGCONT)
+        if child.poll() is None:
+            child.kill()
+            child.wait()

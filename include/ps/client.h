@@ -73,12 +73,16 @@ struct ClientOptions {
   // call reconnects): once the call has failed, nothing more is read from
   // the caller's buffer.
   std::chrono::milliseconds call_timeout{300000};
-  // Asked every 100 ms by a call that waits without writing into the
-  // caller's buffers (wait_ready, barrier, checkpoint, step_done, set_ready,
-  // finish), on the calling thread: true gives the call up with
-  // InterruptedError. Its request may still be under way at psd (a barrier
-  // counts this caller). Python's psclient sets it so that Ctrl-C ends the
-  // wait. Empty: never asked.
+  // Asked every 100 ms, on the calling thread, by every blocking call while
+  // it waits (wait_ready, barrier, checkpoint, step_done, set_ready, finish,
+  // and the blocking pull, push, push_and_step, pull_rows, push_rows and
+  // pull_with_rows); true gives the call up with InterruptedError. A pull
+  // or push is given up as call_timeout gives it up: nothing more is
+  // written into the caller's buffers nor read from them once it has
+  // thrown, and the Client stays usable. A request may still be under way
+  // at psd (a barrier counts this caller; a push may have been applied).
+  // Must not use the Client. Not asked by the *_async calls. Python's
+  // psclient sets it so that Ctrl-C ends the wait. Empty: never asked.
   std::function<bool()> interrupted;
   // When a connection breaks (psd killed, restarted), how long to keep
   // reconnecting before a call fails; 0: fail at once. Retried pushes are

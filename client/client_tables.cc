@@ -249,9 +249,10 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
              p.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
         interrupted = impl_->options.interrupted();
       }
+      if (!interrupted) p.wait();
     }
-    impl_->loop.run([&canceler] {
-      canceler->cancel("interrupted");
+    impl_->loop.run([&canceler, interrupted] {
+      if (interrupted) canceler->cancel("interrupted");
       canceler = nullptr;
     });
     if (interrupted) {

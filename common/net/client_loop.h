@@ -178,30 +178,31 @@ class ClientLoop {
       std::mutex mutex;
       std::condition_variable settled;
       bool done = false;                         // under mutex
-      kj::Maybe<kj::Exception> error;            // under mutex
+      kj::Maybe<kj::Exception> error;            // loop thread, read once done
       kj::Canceler* canceler = nullptr;          // loop thread: null once the work is gone
     };
     auto h = std::make_shared<Handover>();
-    auto settle = [h](kj::Maybe<kj::Exception> e) {
-      std::lock_guard lock(h->mutex);
-      h->done = true;
-      h->error = kj::mv(e);
-      h->settled.notify_all();
-    };
     keep();
     // ThreadSanitizer and executeSync: as in run().
     PS_TSAN_RELEASE(&f);
     PS_TSAN_IGNORE_BEGIN();
-    executor_->executeSync([this, h, &f, settle] {
+    executor_->executeSync([this, h, &f] {
       PS_TSAN_ACQUIRE(&f);
       auto canceler = kj::heap<kj::Canceler>();
       h->canceler = canceler.get();
       auto work = kj::evalNow([&f] { return as_promise(f); });
+      // The outcome is told once the work's promises are destroyed, not when
+      // its last continuation runs: what they hold (the caller's frame)
+      // must be gone before the caller returns.
       canceler->wrap(kj::mv(work))
-          .then([settle] { settle(nullptr); },
-                [settle](kj::Exception&& e) { settle(kj::mv(e)); })
+          .then([] {}, [h](kj::Exception&& e) { h->error = kj::mv(e); })
           .attach(kj::defer([this, h] {
                     h->canceler = nullptr;
+                    {
+                      std::lock_guard lock(h->mutex);
+                      h->done = true;
+                      h->settled.notify_all();
+                    }
                     release();
                   }),
                   kj::mv(canceler))

@@ -257,6 +257,7 @@ c.finish()
     assert "closed" in out, out
     assert psd.proc.wait(10) == 0, psd.log()
 
+
 def test_ctrl_c_ends_a_pull_from_a_stopped_psd(start_psd, python_env):
     # psd stopped (SIGSTOP) under a connected client: SIGINT 0.3 s into a pull
     # raises KeyboardInterrupt at once, not at call_timeout; the array keeps

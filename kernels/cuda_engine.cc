@@ -14,10 +14,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <tuple>
 
 #include <fmt/format.h>
 
+#include "kernels/cublas_gemm.h"
 #include "kernels/cuda_check.h"
 #include "kernels/engine_impl.h"
 #include "kernels/mlp_kernels.h"
@@ -29,7 +31,6 @@ namespace {
 using kernels::Act;
 
 constexpr size_t kAlign = 256;  // bytes, for every sub-buffer of d_work_
-constexpr size_t kCublasWorkspace = 32u << 20;
 
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
@@ -169,12 +170,7 @@ class CudaEngine final : public MlpEngine {
       cudaCheck(cudaEventCreateWithFlags(&h2d_done_[s], cudaEventDisableTiming));
       cudaCheck(cudaEventCreateWithFlags(&slot_free_[s], cudaEventDisableTiming));
     }
-    cublasCheck(cublasCreate(&cublas_));
-    cublasCheck(cublasSetStream(cublas_, stream_));  // resets the workspace: set it after
-    cudaCheck(cudaMalloc(&cublas_workspace_, kCublasWorkspace));
-    cublasCheck(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspace));
-    cublasCheck(
-        cublasSetMathMode(cublas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    gemm_ = std::make_unique<CublasGemm>(stream_, tf32_);
 
     const size_t P = layout().total();
     cudaCheck(cudaMalloc(&d_params_, P * sizeof(float)));
@@ -253,8 +249,7 @@ class CudaEngine final : public MlpEngine {
     if (copy_stream_) cudaStreamSynchronize(copy_stream_);
     for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
     graphs_.clear();
-    if (cublas_) cublasDestroy(cublas_);
-    cudaFree(cublas_workspace_);
+    gemm_.reset();
     cudaFree(d_params_);
     cudaFree(d_grads_);
     cudaFree(d_work_);
@@ -269,7 +264,6 @@ class CudaEngine final : public MlpEngine {
     cudaFreeHost(h_stats_);
     if (stream_) cudaStreamDestroy(stream_);
     if (copy_stream_) cudaStreamDestroy(copy_stream_);
-    cublas_ = nullptr;
     stream_ = copy_stream_ = nullptr;
   }
 
@@ -285,33 +279,13 @@ class CudaEngine final : public MlpEngine {
     return shape().activation == Activation::kRelu ? kernels::kActRelu : kernels::kActSigmoid;
   }
 
-  // Row-major Y (B, out) = X (B, in) · W (in, out) is, in cuBLAS's column-major
-  // view, Y^T (out, B) = W^T (out, in) · X^T (in, B): no transposes, W first.
-  void gemm_forward(const float* X, const float* W, float* Y, int B, int in, int out) {
-    const float one = 1.0f, zero = 0.0f;
-    cublasCheck(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, out, B, in, &one, W, out, X, in,
-                            &zero, Y, out));
-  }
-  // dW (in, out) = X^T (in, B) · dZ (B, out)  <=>  dW^T (out, in) = dZ^T (out, B) · X (B, in).
-  void gemm_weight_grad(const float* X, const float* dZ, float* dW, int B, int in, int out) {
-    const float one = 1.0f, zero = 0.0f;
-    cublasCheck(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, out, in, B, &one, dZ, out, X, in,
-                            &zero, dW, out));
-  }
-  // dX (B, in) = dZ (B, out) · W^T (out, in)  <=>  dX^T (in, B) = W (in, out) · dZ^T (out, B).
-  void gemm_input_grad(const float* dZ, const float* W, float* dX, int B, int in, int out) {
-    const float one = 1.0f, zero = 0.0f;
-    cublasCheck(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, in, B, out, &one, W, out, dZ, out,
-                            &zero, dX, in));
-  }
-
   // d_acts_[l] (B, out_l) = act(x_l · W_l + b_l); the last one holds the logits.
   void forward(const float* x, int B) {
     const int L = shape().num_layers();
     const float* in = x;
     for (int l = 0; l < L; ++l) {
       const int n_in = shape().layer_in(l), n_out = shape().layer_out(l);
-      gemm_forward(in, d_params_ + layout().weights(l).offset, d_acts_[l], B, n_in, n_out);
+      gemm_->forward(in, d_params_ + layout().weights(l).offset, d_acts_[l], B, n_in, n_out);
       kernels::bias_act_forward(d_acts_[l], d_params_ + layout().biases(l).offset, B, n_out,
                                 l + 1 < L ? hidden_act() : kernels::kActNone, stream_);
       in = d_acts_[l];
@@ -329,10 +303,10 @@ class CudaEngine final : public MlpEngine {
       kernels::act_backward_bias_grad(
           dz, l + 1 < L ? d_acts_[l] : nullptr, d_grads_ + layout().biases(l).offset, d_partial_, B,
           n_out, l + 1 < L ? hidden_act() : kernels::kActNone, sm_count_, stream_);
-      gemm_weight_grad(l == 0 ? x : d_acts_[l - 1], dz, d_grads_ + layout().weights(l).offset, B,
-                       n_in, n_out);
+      gemm_->weight_grad(l == 0 ? x : d_acts_[l - 1], dz, d_grads_ + layout().weights(l).offset, B,
+                         n_in, n_out);
       if (l == 0) break;
-      gemm_input_grad(dz, W, d_dbuf_[next], B, n_in, n_out);
+      gemm_->input_grad(dz, W, d_dbuf_[next], B, n_in, n_out);
       dz = d_dbuf_[next];
       next ^= 1;
     }
@@ -389,8 +363,7 @@ class CudaEngine final : public MlpEngine {
   cudaStream_t stream_ = nullptr, copy_stream_ = nullptr;
   cudaEvent_t h2d_done_[2] = {nullptr, nullptr};
   cudaEvent_t slot_free_[2] = {nullptr, nullptr};
-  cublasHandle_t cublas_ = nullptr;
-  void* cublas_workspace_ = nullptr;
+  std::unique_ptr<CublasGemm> gemm_;  // on stream_
 
   float* d_params_ = nullptr;               // (P) layout()
   float* d_grads_ = nullptr;                // (P) layout()

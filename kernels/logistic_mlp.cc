@@ -1,4 +1,6 @@
 // LogisticMlp: checks and buffers; the arithmetic is in logistic_mlp_math.cc.
+// Also the checks CudaLogisticMlp shares, and its stand-in in a build without
+// CUDA.
 #include "ps/logistic_mlp.h"
 
 #include <algorithm>
@@ -6,8 +8,10 @@
 
 #include <fmt/format.h>
 
+#include "kernels/logistic_mlp_checks.h"
 #include "kernels/logistic_mlp_math.h"
 #include "ps/errors.h"
+#include "ps_config.h"
 
 namespace ps {
 namespace {
@@ -29,13 +33,51 @@ const detail::LogisticMlpMath& math() {
 
 }  // namespace
 
-LogisticMlp::LogisticMlp(const MlpShape& shape, int max_batch)
-    : shape_(shape), layout_((shape.validate(), shape)), max_batch_(max_batch) {
+namespace detail {
+
+void check_logistic_mlp_config(const MlpShape& shape, int max_batch, const char* who) {
+  shape.validate();
   if (shape.classes != 1)
-    throw ConfigError(fmt::format("LogisticMlp: the output must be one logit (classes = 1), got {}",
-                                  shape.classes));
+    throw ConfigError(
+        fmt::format("{}: the output must be one logit (classes = 1), got {}", who, shape.classes));
   if (max_batch < 1)
-    throw ConfigError(fmt::format("LogisticMlp: max_batch must be >= 1, got {}", max_batch));
+    throw ConfigError(fmt::format("{}: max_batch must be >= 1, got {}", who, max_batch));
+}
+
+void check_logistic_mlp_input(const MlpShape& shape, std::span<const float> x, int64_t n,
+                              std::span<const float> extra_logit, const char* what) {
+  if (x.size() != static_cast<size_t>(n) * shape.inputs)
+    throw Error(fmt::format("{}: x holds {} floats, {} examples x {} inputs need {}", what,
+                            x.size(), n, shape.inputs, n * shape.inputs));
+  if (!extra_logit.empty() && extra_logit.size() != static_cast<size_t>(n))
+    throw Error(fmt::format("{}: extra_logit holds {} floats for {} examples", what,
+                            extra_logit.size(), n));
+}
+
+void check_logistic_mlp_gradients_args(const MlpShape& shape, int max_batch,
+                                       std::span<const float> x, std::span<const float> labels,
+                                       std::span<const float> extra_logit,
+                                       std::span<const float> dx, std::span<const float> dlogit,
+                                       const char* what) {
+  const int64_t n = static_cast<int64_t>(labels.size());
+  if (n < 1 || n > max_batch)
+    throw Error(fmt::format("{}: batch of {} outside [1, max_batch {}]", what, n, max_batch));
+  check_logistic_mlp_input(shape, x, n, extra_logit, what);
+  if (!dx.empty() && dx.size() != x.size())
+    throw Error(fmt::format("{}: dx holds {} floats, x {}", what, dx.size(), x.size()));
+  if (!dlogit.empty() && dlogit.size() != static_cast<size_t>(n))
+    throw Error(fmt::format("{}: dlogit holds {} floats for {} examples", what, dlogit.size(), n));
+  for (int64_t i = 0; i < n; ++i)
+    if (!(labels[i] >= 0.0f && labels[i] <= 1.0f))
+      throw Error(fmt::format("{}: label {} of example {} is outside [0, 1]", what, labels[i], i));
+}
+
+}  // namespace detail
+
+LogisticMlp::LogisticMlp(const MlpShape& shape, int max_batch)
+    : shape_(shape),
+      layout_((detail::check_logistic_mlp_config(shape, max_batch, "LogisticMlp"), shape)),
+      max_batch_(max_batch) {
   params_.assign(layout_.total(), 0.0f);
   grads_.assign(layout_.total(), 0.0f);
   for (int l = 0; l < shape.num_layers(); ++l)
@@ -50,16 +92,6 @@ detail::LogisticMlpState LogisticMlp::state() {
   return {shape_, layout_, params_.data(), grads_.data(), acts_, dbuf_};
 }
 
-void LogisticMlp::check(std::span<const float> x, int64_t n, std::span<const float> extra_logit,
-                        const char* what) const {
-  if (x.size() != static_cast<size_t>(n) * shape_.inputs)
-    throw Error(fmt::format("LogisticMlp::{}: x holds {} floats, {} examples x {} inputs need {}",
-                            what, x.size(), n, shape_.inputs, n * shape_.inputs));
-  if (!extra_logit.empty() && extra_logit.size() != static_cast<size_t>(n))
-    throw Error(fmt::format("LogisticMlp::{}: extra_logit holds {} floats for {} examples", what,
-                            extra_logit.size(), n));
-}
-
 void LogisticMlp::forward(const float* x, const float* extra_logit, int batch) {
   math().forward(state(), x, extra_logit, batch);
 }
@@ -67,25 +99,9 @@ void LogisticMlp::forward(const float* x, const float* extra_logit, int batch) {
 double LogisticMlp::compute_gradients(std::span<const float> x, std::span<const float> labels,
                                       std::span<const float> extra_logit, std::span<float> dx,
                                       std::span<float> dlogit) {
-  const int64_t n = static_cast<int64_t>(labels.size());
-  if (n < 1 || n > max_batch_)
-    throw Error(fmt::format("LogisticMlp::compute_gradients: batch of {} outside [1, max_batch {}]",
-                            n, max_batch_));
-  check(x, n, extra_logit, "compute_gradients");
-  if (!dx.empty() && dx.size() != x.size())
-    throw Error(fmt::format("LogisticMlp::compute_gradients: dx holds {} floats, x {}", dx.size(),
-                            x.size()));
-  if (!dlogit.empty() && dlogit.size() != static_cast<size_t>(n))
-    throw Error(
-        fmt::format("LogisticMlp::compute_gradients: dlogit holds {} floats for {} examples",
-                    dlogit.size(), n));
-  for (int64_t i = 0; i < n; ++i)
-    if (!(labels[i] >= 0.0f && labels[i] <= 1.0f))
-      throw Error(
-          fmt::format("LogisticMlp::compute_gradients: label {} of example {} is outside [0, 1]",
-                      labels[i], i));
-
-  const int batch = static_cast<int>(n);
+  detail::check_logistic_mlp_gradients_args(shape_, max_batch_, x, labels, extra_logit, dx, dlogit,
+                                            "LogisticMlp::compute_gradients");
+  const int batch = static_cast<int>(labels.size());
   forward(x.data(), extra_logit.empty() ? nullptr : extra_logit.data(), batch);
   return math().gradients(state(), x.data(), labels.data(), batch, dx.empty() ? nullptr : dx.data(),
                           dlogit.empty() ? nullptr : dlogit.data());
@@ -94,7 +110,7 @@ double LogisticMlp::compute_gradients(std::span<const float> x, std::span<const 
 void LogisticMlp::predict(std::span<const float> x, std::span<const float> extra_logit,
                           std::span<float> probs) {
   const int64_t n = static_cast<int64_t>(probs.size());
-  check(x, n, extra_logit, "predict");
+  detail::check_logistic_mlp_input(shape_, x, n, extra_logit, "LogisticMlp::predict");
   for (int64_t start = 0; start < n; start += max_batch_) {
     const int batch = static_cast<int>(std::min<int64_t>(max_batch_, n - start));
     forward(x.data() + start * shape_.inputs,
@@ -102,5 +118,21 @@ void LogisticMlp::predict(std::span<const float> x, std::span<const float> extra
     for (int i = 0; i < batch; ++i) probs[start + i] = math().sigmoid(acts_.back()[i]);
   }
 }
+
+#if !PS_HAVE_CUDA
+struct CudaLogisticMlp::Impl {};
+CudaLogisticMlp::CudaLogisticMlp(const MlpShape& shape, int max_batch, int, bool)
+    : shape_(shape), layout_(shape), max_batch_(max_batch) {
+  throw Error("CudaLogisticMlp: this build has no CUDA support (configure with -Dcuda=enabled)");
+}
+CudaLogisticMlp::~CudaLogisticMlp() = default;
+std::string CudaLogisticMlp::device_description() const { return {}; }
+double CudaLogisticMlp::compute_gradients(std::span<const float>, std::span<const float>,
+                                          std::span<const float>, std::span<float>,
+                                          std::span<float>) {
+  return 0;
+}
+void CudaLogisticMlp::predict(std::span<const float>, std::span<const float>, std::span<float>) {}
+#endif
 
 }  // namespace ps

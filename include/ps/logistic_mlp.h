@@ -20,10 +20,20 @@
 //
 // Bad input (a batch over max_batch, sizes that do not match, labels outside
 // [0, 1]) throws ps::Error and changes nothing.
+//
+// CudaLogisticMlp is the same head on one GPU (cuBLAS), with the same API:
+// host spans in and out, params() and grads() on the host (params() is
+// uploaded at every call, so a trainer pulls into it as for LogisticMlp),
+// device buffers allocated once for max_batch.
+//
+//   ps::CudaLogisticMlp head(shape, /*max_batch=*/512, /*device=*/0, /*tf32=*/false);
+//   client.pull(..., head.params());
+//   double loss = head.compute_gradients(x, labels, wide_logit, dx, dlogit);
 #pragma once
 
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "ps/mlp.h"
@@ -58,8 +68,6 @@ class LogisticMlp {
                std::span<float> probs);
 
  private:
-  void check(std::span<const float> x, int64_t n, std::span<const float> extra_logit,
-             const char* what) const;
   // acts_[l] (B, out_l); the last (B, 1) holds head logit + extra_logit.
   void forward(const float* x, const float* extra_logit, int batch);
   detail::LogisticMlpState state();  // the buffers, for the arithmetic
@@ -71,6 +79,44 @@ class LogisticMlp {
   std::vector<float> grads_;              // (P)
   std::vector<std::vector<float>> acts_;  // per layer (max_batch, out_l)
   std::vector<float> dbuf_[2];            // (max_batch, widest hidden) ping-pong
+};
+
+// LogisticMlp's contract on a CUDA device. Not thread-safe: one per thread.
+// Results match LogisticMlp's to float rounding (the products are cuBLAS's,
+// with TF32's coarser rounding when tf32 is asked for).
+class CudaLogisticMlp {
+ public:
+  // shape.classes must be 1 (throws ConfigError otherwise); throws ps::Error
+  // when this build has no CUDA or there is no such device.
+  CudaLogisticMlp(const MlpShape& shape, int max_batch, int device = 0, bool tf32 = false);
+  ~CudaLogisticMlp();
+  CudaLogisticMlp(const CudaLogisticMlp&) = delete;
+  CudaLogisticMlp& operator=(const CudaLogisticMlp&) = delete;
+
+  const MlpShape& shape() const { return shape_; }
+  const ParamLayout& layout() const { return layout_; }
+  int max_batch() const { return max_batch_; }
+  std::string device_description() const;  // device, name, FP32 or TF32
+
+  std::span<float> params() { return params_; }  // (P) layout(), host memory
+  std::span<float> grads() { return grads_; }    // (P) layout(), after compute_gradients
+
+  // As LogisticMlp::compute_gradients.
+  double compute_gradients(std::span<const float> x, std::span<const float> labels,
+                           std::span<const float> extra_logit = {}, std::span<float> dx = {},
+                           std::span<float> dlogit = {});
+
+  // As LogisticMlp::predict.
+  void predict(std::span<const float> x, std::span<const float> extra_logit,
+               std::span<float> probs);
+
+ private:
+  struct Impl;
+  MlpShape shape_;
+  ParamLayout layout_;
+  int max_batch_;
+  std::unique_ptr<Impl> impl_;
+  std::span<float> params_, grads_;  // pinned host memory of impl_
 };
 
 }  // namespace ps

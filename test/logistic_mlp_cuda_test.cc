@@ -1,0 +1,170 @@
+// CudaLogisticMlp (the wide & deep head on a GPU) against the float64
+// reference of test/logistic_mlp_reference.h: loss, parameter gradients,
+// input gradient, logit gradient and probabilities, in FP32 (against plain
+// float64) and in TF32 (against the reference with TF32-rounded product
+// operands); new params() are used by the next call; bad input. Exits 77
+// (meson: SKIP) when there is no CUDA device.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "ps/errors.h"
+#include "ps/logistic_mlp.h"
+#include "ps/mlp.h"
+#include "test/logistic_mlp_reference.h"
+
+using namespace logistic_test;
+
+namespace {
+
+// How close a result must be to its reference: |got - ref| <= rel * |ref| +
+// floor * (largest |ref| of the quantity). FP32 rounds each partial sum to
+// float. In TF32 the reference rounds the products' operands as the GPU does,
+// but sums in float64 what the GPU sums in float from operands it rounded
+// after its own float rounding, so the bound is looser and follows the
+// magnitudes the layers carry, as mlp_cuda's TF32 bound does (docs/ctr.md).
+struct Tolerance {
+  double rel, floor, loss;
+};
+constexpr Tolerance kFp32{1e-4, 1e-5, 1e-5};
+constexpr Tolerance kTf32{5e-3, 5e-3, 1e-3};
+
+template <typename Got>
+void check_close(const char* what, const Got& got, const std::vector<double>& ref,
+                 const Tolerance& tol) {
+  REQUIRE(got.size() == ref.size());
+  double largest = 0;
+  for (double r : ref) largest = std::max(largest, std::abs(r));
+  size_t bad = 0, first_bad = 0;
+  double worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double err = std::abs(static_cast<double>(got[i]) - ref[i]);
+    const double allowed = tol.rel * std::abs(ref[i]) + tol.floor * largest;
+    if (!(err <= allowed)) {
+      if (bad++ == 0) first_bad = i;
+    }
+    worst = std::max(worst, largest > 0 ? err / largest : err);
+  }
+  INFO(what << ": " << bad << " of " << ref.size() << " outside the tolerance (first at "
+            << first_bad << "); worst error / largest |ref| " << worst);
+  CHECK(bad == 0);
+}
+
+// One compute_gradients and one predict of `head` on case c, against the reference.
+void check_head(ps::CudaLogisticMlp& head, const Case& c, bool tf32) {
+  const Tolerance& tol = tf32 ? kTf32 : kFp32;
+  const int B = static_cast<int>(c.labels.size());
+  std::copy(c.params.begin(), c.params.end(), head.params().begin());
+  std::vector<float> dx(c.x.size(), NAN), dlogit(B, NAN), probs(B, NAN);
+  const double loss = head.compute_gradients(c.x, c.labels, c.extra, dx, dlogit);
+  const Ref r = reference(c.shape, to_double(c.params), to_double(c.x), to_double(c.labels),
+                          to_double(c.extra),
+                          tf32 ? mlp_test::GemmOperands::kTf32 : mlp_test::GemmOperands::kFloat64);
+  CHECK(loss == Approx(r.loss).epsilon(tol.loss));
+  check_close("grads", head.grads(), r.grads, tol);
+  check_close("dx", dx, r.dx, tol);
+  check_close("dlogit", dlogit, r.dlogit, tol);
+  head.predict(c.x, c.extra, probs);
+  check_close("probs", probs, r.probs, tol);
+}
+
+}  // namespace
+
+TEST_CASE("CudaLogisticMlp matches the float64 reference", "[logistic_mlp][cuda]") {
+  struct Shape {
+    ps::MlpShape shape;
+    int max_batch;
+    std::vector<int> batches;
+  };
+  const std::vector<Shape> cases = {
+      // ctr_trainer's head: 13 dense + 26 fields x 16; a full batch, a smaller one, one example.
+      {{.inputs = 13 + 26 * 16, .hidden = {256, 128}, .classes = 1}, 512, {512, 100, 1}},
+      {{.inputs = 37, .hidden = {24, 9}, .classes = 1, .activation = ps::Activation::kSigmoid},
+       64,
+       {64, 13, 1}},
+      {{.inputs = 9, .hidden = {}, .classes = 1}, 32, {32, 5}},  // logistic regression
+  };
+  for (bool tf32 : {false, true})
+    for (const Shape& s : cases) {
+      ps::CudaLogisticMlp head(s.shape, s.max_batch, 0, tf32);
+      for (int B : s.batches)
+        for (bool with_extra : {false, true}) {
+          INFO(s.shape.to_string()
+               << " max_batch " << s.max_batch << " B " << B << " extra " << with_extra << " tf32 "
+               << tf32 << " on " << head.device_description());
+          // The same head for every batch: each call uploads params() and the batch anew.
+          check_head(head, make_case(s.shape, B, with_extra, 200 + B + with_extra), tf32);
+        }
+    }
+}
+
+TEST_CASE("CudaLogisticMlp: results without dx or dlogit, and extreme logits",
+          "[logistic_mlp][cuda]") {
+  const ps::MlpShape shape{.inputs = 1, .hidden = {}, .classes = 1};
+  ps::CudaLogisticMlp head(shape, 2);
+  head.params()[0] = 1;  // weight; bias 0
+  const std::vector<float> x{200, -200}, labels{0, 1};
+  std::vector<float> dlogit(2);
+  const double loss = head.compute_gradients(x, labels, {}, {}, dlogit);
+  CHECK(loss == Approx(200).epsilon(1e-6));
+  CHECK(dlogit[0] == Approx(0.5));
+  CHECK(dlogit[1] == Approx(-0.5));
+  CHECK(head.grads()[0] == Approx(200));  // d/dw: 0.5 * 200 + (-0.5) * (-200)
+  CHECK(head.compute_gradients(x, labels) == Approx(200).epsilon(1e-6));
+}
+
+TEST_CASE("CudaLogisticMlp: predict over more than max_batch examples", "[logistic_mlp][cuda]") {
+  const ps::MlpShape shape{.inputs = 6, .hidden = {8}, .classes = 1};
+  const Case c = make_case(shape, 50, true, 4);
+  ps::CudaLogisticMlp small(shape, 7);
+  std::copy(c.params.begin(), c.params.end(), small.params().begin());
+  std::vector<float> probs(50);
+  small.predict(c.x, c.extra, probs);
+  const Ref r = reference(shape, to_double(c.params), to_double(c.x), to_double(c.labels),
+                          to_double(c.extra));
+  check_close("probs", probs, r.probs, kFp32);
+}
+
+TEST_CASE("CudaLogisticMlp refuses bad input and changes nothing", "[logistic_mlp][cuda]") {
+  const ps::MlpShape shape{.inputs = 3, .hidden = {4}, .classes = 1};
+  CHECK_THROWS_AS(ps::CudaLogisticMlp(ps::MlpShape{.inputs = 3, .hidden = {4}, .classes = 2}, 4),
+                  ps::ConfigError);
+  CHECK_THROWS_AS(ps::CudaLogisticMlp(shape, 0), ps::ConfigError);
+  CHECK_THROWS_AS(ps::CudaLogisticMlp(shape, 4, ps::cuda_device_count()), ps::Error);
+  ps::CudaLogisticMlp head(shape, 4);
+  std::fill(head.params().begin(), head.params().end(), 0.5f);
+  std::fill(head.grads().begin(), head.grads().end(), -3.0f);
+  const std::vector<float> x(6, 1.0f), labels{0, 1};
+  std::vector<float> short_dx(5, -3.0f), dlogit(2, -3.0f), long_dlogit(3, -3.0f);
+  CHECK_THROWS_AS(head.compute_gradients(std::vector<float>(5, 1.0f), labels),
+                  ps::Error);                                                         // x size
+  CHECK_THROWS_AS(head.compute_gradients(x, std::vector<float>{0, 2}), ps::Error);    // label > 1
+  CHECK_THROWS_AS(head.compute_gradients(x, std::vector<float>{0, NAN}), ps::Error);  // NaN label
+  CHECK_THROWS_AS(head.compute_gradients(x, labels, std::vector<float>{1}),
+                  ps::Error);  // extra size
+  CHECK_THROWS_AS(head.compute_gradients(x, labels, {}, short_dx, dlogit), ps::Error);  // dx size
+  CHECK_THROWS_AS(head.compute_gradients(x, labels, {}, {}, long_dlogit),
+                  ps::Error);  // dlogit size
+  CHECK_THROWS_AS(head.compute_gradients(std::vector<float>(15, 1.0f), std::vector<float>(5, 0)),
+                  ps::Error);                                  // > max
+  CHECK_THROWS_AS(head.compute_gradients({}, {}), ps::Error);  // empty
+  std::vector<float> probs(3);
+  CHECK_THROWS_AS(head.predict(x, {}, probs), ps::Error);  // x holds 2 examples, not 3
+  CHECK(std::all_of(head.params().begin(), head.params().end(), [](float p) { return p == 0.5f; }));
+  CHECK(std::all_of(head.grads().begin(), head.grads().end(), [](float g) { return g == -3.0f; }));
+  CHECK(std::all_of(short_dx.begin(), short_dx.end(), [](float g) { return g == -3.0f; }));
+  CHECK(std::all_of(dlogit.begin(), dlogit.end(), [](float g) { return g == -3.0f; }));
+  CHECK(std::all_of(long_dlogit.begin(), long_dlogit.end(), [](float g) { return g == -3.0f; }));
+}
+
+int main(int argc, char** argv) {
+  if (ps::cuda_device_count() == 0) {
+    std::printf("SKIPPED: no CUDA device\n");
+    return 77;
+  }
+  return Catch::Session().run(argc, argv);
+}

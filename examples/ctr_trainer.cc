@@ -15,6 +15,10 @@
 //               data/ctr/train.tsv
 //   scripts/launch_local.sh --trainer build/examples/ctr_trainer -- --synthetic 300000
 //
+// --num_gpus 1 runs the deep part (its embedding bags and the dense head) on
+// the worker's GPU (ps::CudaEmbeddingBag, ps::CudaLogisticMlp); the wide part,
+// a sum of scalar weights per example, stays on the CPU.
+//
 // Data: a file in the Criteo TSV layout (--train_file, default
 // <--data_dir>/train.tsv; the last --holdout of it is held out unless
 // --eval_file is given), or --synthetic N examples drawn in memory from the
@@ -30,7 +34,9 @@
 #include <cmath>
 #include <cstdio>
 #include <future>
+#include <memory>
 #include <optional>
+#include <string>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -149,13 +155,112 @@ std::span<const int64_t> as_ids(const std::vector<uint64_t>& ids) {
   return {reinterpret_cast<const int64_t*>(ids.data()), ids.size()};
 }
 
-// The model's worker-side state: the dense head and the buffers of a step.
+// The deep part's arithmetic, on the CPU or on one GPU: its embedding bags
+// (sums of the rows of each bag) and the dense head (ps::LogisticMlp's API).
+class DeepPart {
+ public:
+  virtual ~DeepPart() = default;
+  virtual std::string where() const = 0;
+  virtual const ps::ParamLayout& layout() const = 0;
+  virtual std::span<float> params() = 0;
+  virtual std::span<float> grads() = 0;
+  virtual void bags_forward(std::span<const float> rows, int dim, std::span<const int64_t> offsets,
+                            std::span<const int32_t> index, std::span<float> out) = 0;
+  virtual void bags_backward(std::span<const float> grad_out, int dim,
+                             std::span<const int64_t> offsets, std::span<const int32_t> index,
+                             std::span<float> grad_rows) = 0;
+  virtual double compute_gradients(std::span<const float> x, std::span<const float> labels,
+                                   std::span<const float> extra_logit, std::span<float> dx,
+                                   std::span<float> dlogit) = 0;
+  virtual void predict(std::span<const float> x, std::span<const float> extra_logit,
+                       std::span<float> probs) = 0;
+};
+
+// The CPU's embedding bags, with ps::CudaEmbeddingBag's member functions.
+struct CpuBags {
+  void forward(std::span<const float> rows, int dim, std::span<const int64_t> offsets,
+               std::span<const int32_t> index, ps::BagCombiner combiner, std::span<float> out) {
+    ps::embedding_bag_forward(rows, dim, offsets, index, combiner, out);
+  }
+  void backward(std::span<const float> grad_out, int dim, std::span<const int64_t> offsets,
+                std::span<const int32_t> index, ps::BagCombiner combiner,
+                std::span<float> grad_rows) {
+    ps::embedding_bag_backward(grad_out, dim, offsets, index, combiner, grad_rows);
+  }
+};
+
+// DeepPart over a head class (ps::LogisticMlp, ps::CudaLogisticMlp) and a
+// bags class (CpuBags, ps::CudaEmbeddingBag), both made in place by the
+// functions given.
+template <class Head, class Bags>
+class DeepPartOn final : public DeepPart {
+ public:
+  DeepPartOn(const auto& make_head, const auto& make_bags)
+      : head_(make_head()), bags_(make_bags()) {}
+
+  std::string where() const override {
+    if constexpr (requires { head_.device_description(); })
+      return head_.device_description();
+    else
+      return "the CPU";
+  }
+  const ps::ParamLayout& layout() const override { return head_.layout(); }
+  std::span<float> params() override { return head_.params(); }
+  std::span<float> grads() override { return head_.grads(); }
+  void bags_forward(std::span<const float> rows, int dim, std::span<const int64_t> offsets,
+                    std::span<const int32_t> index, std::span<float> out) override {
+    bags_.forward(rows, dim, offsets, index, ps::BagCombiner::kSum, out);
+  }
+  void bags_backward(std::span<const float> grad_out, int dim, std::span<const int64_t> offsets,
+                     std::span<const int32_t> index, std::span<float> grad_rows) override {
+    bags_.backward(grad_out, dim, offsets, index, ps::BagCombiner::kSum, grad_rows);
+  }
+  double compute_gradients(std::span<const float> x, std::span<const float> labels,
+                           std::span<const float> extra_logit, std::span<float> dx,
+                           std::span<float> dlogit) override {
+    return head_.compute_gradients(x, labels, extra_logit, dx, dlogit);
+  }
+  void predict(std::span<const float> x, std::span<const float> extra_logit,
+               std::span<float> probs) override {
+    head_.predict(x, extra_logit, probs);
+  }
+
+ private:
+  Head head_;
+  Bags bags_;
+};
+
+// The deep part on the CPU (num_gpus 0) or on CUDA device `device` (num_gpus
+// 1); throws ConfigError, naming --num_gpus, when that GPU cannot be used.
+std::unique_ptr<DeepPart> make_deep_part(const ps::MlpShape& shape, int max_batch, int num_gpus,
+                                         int device) {
+  if (num_gpus == 0) {
+    return std::make_unique<DeepPartOn<ps::LogisticMlp, CpuBags>>(
+        [&] { return ps::LogisticMlp(shape, max_batch); }, [] { return CpuBags{}; });
+  }
+  if (num_gpus > 1)
+    throw ps::ConfigError(fmt::format(
+        "--num_gpus={}: ctr_trainer computes on one GPU per worker (give --num_gpus 0 or 1)",
+        num_gpus));
+  try {
+    return std::make_unique<DeepPartOn<ps::CudaLogisticMlp, ps::CudaEmbeddingBag>>(
+        [&] { return ps::CudaLogisticMlp(shape, max_batch, device); },
+        [&] { return ps::CudaEmbeddingBag(device); });
+  } catch (const ps::ConfigError&) {
+    throw;
+  } catch (const ps::Error& e) {
+    throw ps::ConfigError(fmt::format("--num_gpus=1: {}", e.what()));
+  }
+}
+
+// The model's worker-side state: the deep part, the wide part's feature
+// crosses and the buffers of a step.
 class WideDeep {
  public:
-  WideDeep(const ps::MlpShape& shape, int dim, int max_batch)
-      : dim_(dim), head_(shape, max_batch), crosses_(ps::default_ctr_crosses()) {}
+  WideDeep(std::unique_ptr<DeepPart> deep, int dim)
+      : dim_(dim), deep_part_(std::move(deep)), crosses_(ps::default_ctr_crosses()) {}
 
-  ps::LogisticMlp& head() { return head_; }
+  DeepPart& head() { return *deep_part_; }  // its layout(), params() and grads() are the head's
   int wide_per_example() const { return ps::kCtrCategorical + static_cast<int>(crosses_.size()); }
 
   // Lays out a batch and deduplicates its ids per table.
@@ -189,8 +294,7 @@ class WideDeep {
     const int64_t b = batch_.size;
     const int emb = ps::kCtrCategorical * dim_, in = ps::kCtrDense + emb;
     emb_.resize(b * emb);
-    ps::embedding_bag_forward(deep_rows_, dim_, deep_offsets_, deep_.index, ps::BagCombiner::kSum,
-                              emb_);
+    deep_part_->bags_forward(deep_rows_, dim_, deep_offsets_, deep_.index, emb_);
     x_.resize(b * in);
     for (int64_t i = 0; i < b; ++i) {
       std::copy_n(batch_.dense.data() + i * ps::kCtrDense, ps::kCtrDense, x_.data() + i * in);
@@ -209,7 +313,7 @@ class WideDeep {
     const int emb = ps::kCtrCategorical * dim_, in = ps::kCtrDense + emb;
     dx_.resize(b * in);
     dlogit_.resize(b);
-    const double loss = head_.compute_gradients(x_, batch_.labels, wide_logit_, dx_, dlogit_);
+    const double loss = deep_part_->compute_gradients(x_, batch_.labels, wide_logit_, dx_, dlogit_);
     const float scale = static_cast<float>(b);
     for (int64_t i = 0; i < b; ++i) {
       const float* src = dx_.data() + i * in + ps::kCtrDense;
@@ -219,8 +323,7 @@ class WideDeep {
     }
     deep_grads_.resize(deep_rows_.size());
     wide_grads_.resize(wide_rows_.size());
-    ps::embedding_bag_backward(emb_, dim_, deep_offsets_, deep_.index, ps::BagCombiner::kSum,
-                               deep_grads_);
+    deep_part_->bags_backward(emb_, dim_, deep_offsets_, deep_.index, deep_grads_);
     ps::embedding_bag_backward(dlogit_, 1, wide_offsets_, wide_.index, ps::BagCombiner::kSum,
                                wide_grads_);
     return loss;
@@ -236,13 +339,13 @@ class WideDeep {
   // probs (B) of the prepared batch with the pulled rows.
   void predict(std::span<float> probs) {
     forward();
-    head_.predict(x_, wide_logit_, probs);
+    deep_part_->predict(x_, wide_logit_, probs);
   }
   std::span<const float> labels() const { return batch_.labels; }
 
  private:
   int dim_;
-  ps::LogisticMlp head_;
+  std::unique_ptr<DeepPart> deep_part_;
   std::vector<ps::FieldCross> crosses_;
   ps::CtrBatch batch_;
   ps::UniqueIds deep_, wide_;
@@ -359,9 +462,11 @@ void check_flags(const CtrFlags& c) {
 int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const CtrFlags& c) {
   const bool chief = spec.is_chief();
   const int worker = spec.worker_index();
-  if (f.num_gpus > 0)
-    throw ps::ConfigError("--num_gpus: ctr_trainer computes on the CPU (give --num_gpus 0)");
   const ps::MlpShape shape = make_shape(c);
+  // The deep part first: a GPU that cannot be used fails before the data loads.
+  WideDeep model(make_deep_part(shape, std::max(f.batch_size, c.eval_batch), f.num_gpus,
+                                spec.local_gpu() >= 0 ? spec.local_gpu() : 0),
+                 c.embedding_dim);
   // Data first: a bad file fails before anything connects.
   const auto load_start = Clock::now();
   const CtrDataSet data = load_data(f, c, worker, spec.num_workers(), chief);
@@ -373,6 +478,8 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
               static_cast<long long>(data.train_total),
               chief ? fmt::format(", {} held out", data.holdout.size()).c_str() : "",
               seconds(load_start, Clock::now()));
+  std::printf("worker %d: deep part (embedding bags + dense head) on %s\n", worker,
+              model.head().where().c_str());
   if (data.planted) {
     std::printf("planted model on the held-out part: log-loss %.5f AUC %.5f\n",
                 data.planted->holdout_log_loss, data.planted->holdout_auc);
@@ -386,7 +493,6 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
       f.optimizer_config(std::max<int64_t>(1, data.train_total / per_global), steps);
   spdlog::info("{}: {}", spec.to_string(), to_string(job));
 
-  WideDeep model(shape, c.embedding_dim, std::max(f.batch_size, c.eval_batch));
   ps::Client client(f.client_options(spec));
   ps::TrainingSession session(client,
                               {.job = job, .restore_from = chief ? c.restore_from : std::string()});

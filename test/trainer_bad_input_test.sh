@@ -171,6 +171,14 @@ for bad in "--embedding_learning_rate 0" "--wide_learning_rate nan" "--ftrl_l1 -
   expect "ctr_trainer $bad" 2 "ctr_trainer: error: ${bad%% *} must be" -- "${ctr[@]}" --synthetic 2000 --hidden_units 64 $bad
 done
 expect "ctr_trainer --synthetic -5" 2 "ctr_trainer: error: --synthetic must be >= 0" -- "${ctr[@]}" --synthetic -5
+# --num_gpus: one GPU per worker at most, and that one usable (refused before the data loads).
+expect "ctr_trainer --num_gpus 2" 2 "ctr_trainer: error: --num_gpus=2: ctr_trainer computes on one GPU per worker" -- \
+  "${ctr[@]}" --synthetic 2000 --num_gpus 2
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  expect "ctr_trainer --num_gpus 1 without a GPU" 2 \
+    "ctr_trainer: error: --num_gpus=1: CudaLogisticMlp: (this build has no CUDA support|device 0 requested, 0 CUDA device)" -- \
+    "${ctr[@]}" --synthetic 2000 --num_gpus 1
+fi
 if timeout 60 "${ctr[@]}" --synthetic 2000 >"$tmp/out" 2>&1; then
   echo "ok   ctr_trainer trains on that psd after the refusals"
 else

@@ -10,8 +10,10 @@
 // for 784-100-10 at batch 100/1000/10000 and 784-1024-1024-10 at batch
 // 100/10000/100000, FP32 and TF32, as ms and TFLOP/s next to a large cuBLAS
 // SGEMM measured in the same run; for the big net the sum of its cuBLAS GEMMs
-// alone vs the full step; parameter upload/download in GB/s. Medians of
-// several repetitions.
+// alone vs the full step; parameter upload/download in GB/s; the wide & deep
+// head (CudaLogisticMlp, 429-256-128-1, batch 512) in FP32 and TF32, its host
+// copies included as a trainer calls it, comparable with the --cpu figure.
+// Medians of several repetitions.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -96,6 +98,39 @@ double step_flops(const ps::MlpShape& shape, int batch) {
   return 2.0 * macs * batch;
 }
 
+// ctr_trainer's dense head: 13 dense features + 26 fields x 16, at its
+// default batch, with random inputs and labels.
+struct HeadBatch {
+  ps::MlpShape shape{.inputs = 13 + 26 * 16, .hidden = {256, 128}, .classes = 1};
+  int batch = 512;
+  std::vector<float> x, labels, dx, dlogit;
+  HeadBatch() {
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    x.resize(static_cast<size_t>(batch) * shape.inputs);
+    labels.resize(batch);
+    for (float& v : x) v = u(rng);
+    for (float& v : labels) v = u(rng) < 0.25f ? 1.0f : 0.0f;
+    dx.resize(x.size());
+    dlogit.resize(batch);
+  }
+  // Forward, weight gradients and input gradients: 3 products per layer.
+  double flops() const {
+    double f = 0;
+    for (int l = 0; l < shape.num_layers(); ++l)
+      f += 3.0 * 2.0 * batch * shape.layer_in(l) * shape.layer_out(l);
+    return f;
+  }
+};
+
+// One compute_gradients (with dx and dlogit) of `head`, LogisticMlp or CudaLogisticMlp.
+template <class Head>
+double time_head_step(Head& head, HeadBatch& h, int reps) {
+  ps::init_params(h.shape, head.params(), 1);
+  return time_per_call([&] { head.compute_gradients(h.x, h.labels, {}, h.dx, h.dlogit); }, [] {},
+                       reps, 0.3);
+}
+
 void bench_cpu(int reps) {
   const ps::MlpShape shape = make_shape({100});
   const int batch = 100;
@@ -133,27 +168,14 @@ void bench_cpu(int reps) {
   std::printf("  evaluate 10000 samples:        %8.3f ms       %9.0f samples/s\n", eval_s * 1e3,
               10000 / eval_s);
 
-  // ctr_trainer's dense head: 13 dense features + 26 fields x 16, its input
-  // gradient included (the embedding bags below need it).
-  const ps::MlpShape head_shape{.inputs = 13 + 26 * 16, .hidden = {256, 128}, .classes = 1};
-  const int head_batch = 512;
-  ps::LogisticMlp head(head_shape, head_batch);
-  ps::init_params(head_shape, head.params(), 1);
-  std::mt19937 rng(3);
-  std::uniform_real_distribution<float> u(0.0f, 1.0f);
-  std::vector<float> hx(static_cast<size_t>(head_batch) * head_shape.inputs), labels(head_batch);
-  for (float& v : hx) v = u(rng);
-  for (float& v : labels) v = u(rng) < 0.25f ? 1.0f : 0.0f;
-  std::vector<float> dx(hx.size()), dlogit(head_batch);
-  const double head_s =
-      time_per_call([&] { head.compute_gradients(hx, labels, {}, dx, dlogit); }, nop, reps, 0.3);
-  double flops = 0;  // forward, weight gradients and input gradients: 3 products per layer
-  for (int l = 0; l < head_shape.num_layers(); ++l)
-    flops += 3.0 * 2.0 * head_batch * head_shape.layer_in(l) * head_shape.layer_out(l);
-  std::printf("wide & deep head (LogisticMlp): %s, batch %d\n", head_shape.to_string().c_str(),
-              head_batch);
+  // The wide & deep head, its input gradient included (the embedding bags below need it).
+  HeadBatch h;
+  ps::LogisticMlp head(h.shape, h.batch);
+  const double head_s = time_head_step(head, h, reps);
+  std::printf("wide & deep head (LogisticMlp): %s, batch %d\n", h.shape.to_string().c_str(),
+              h.batch);
   std::printf("  compute_gradients (with dx):   %8.3f ms/step  %9.0f samples/s  %6.1f GFLOP/s\n",
-              head_s * 1e3, head_batch / head_s, flops / head_s * 1e-9);
+              head_s * 1e3, h.batch / head_s, h.flops() / head_s * 1e-9);
 }
 
 #if PS_HAVE_CUDA
@@ -311,6 +333,18 @@ void bench_gpu(int reps) {
       engine->layout().total(), bytes * 1e-6, bytes / up * 1e-9, up * 1e3, bytes / down * 1e-9,
       down * 1e3);
   cublasDestroy(h);
+
+  // The wide & deep head as ctr_trainer --num_gpus 1 calls it: params and the
+  // batch uploaded, gradients, dx and dlogit downloaded, every step.
+  HeadBatch hb;
+  std::printf("\nwide & deep head (CudaLogisticMlp): %s, batch %d, host copies included\n",
+              hb.shape.to_string().c_str(), hb.batch);
+  for (bool tf32 : {false, true}) {
+    ps::CudaLogisticMlp head(hb.shape, hb.batch, 0, tf32);
+    const double s = time_head_step(head, hb, reps);
+    std::printf("  %s compute_gradients (with dx): %8.3f ms/step  %9.0f samples/s  %6.1f GFLOP/s\n",
+                tf32 ? "TF32" : "FP32", s * 1e3, hb.batch / s, hb.flops() / s * 1e-9);
+  }
 }
 
 #endif  // PS_HAVE_CUDA

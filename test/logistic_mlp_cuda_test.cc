@@ -27,11 +27,16 @@ namespace {
 // but sums in float64 what the GPU sums in float from operands it rounded
 // after its own float rounding, so the bound is looser and follows the
 // magnitudes the layers carry, as mlp_cuda's TF32 bound does (docs/ctr.md).
+// TF32 also flips the odd hidden ReLU whose input is near zero, which moves
+// that unit's whole contribution to the input gradient: there, a few
+// elements (`outliers`, a share of the quantity) may be off, as long as the
+// quantity as a whole is within `norm` in relative L2 error.
 struct Tolerance {
   double rel, floor, loss;
+  double outliers = 0, norm = 0;
 };
 constexpr Tolerance kFp32{1e-4, 1e-5, 1e-5};
-constexpr Tolerance kTf32{5e-3, 5e-3, 1e-3};
+constexpr Tolerance kTf32{5e-3, 5e-3, 1e-3, 5e-3, 2e-2};
 
 template <typename Got>
 void check_close(const char* what, const Got& got, const std::vector<double>& ref,
@@ -40,7 +45,7 @@ void check_close(const char* what, const Got& got, const std::vector<double>& re
   double largest = 0;
   for (double r : ref) largest = std::max(largest, std::abs(r));
   size_t bad = 0, first_bad = 0;
-  double worst = 0;
+  double worst = 0, err2 = 0, ref2 = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     const double err = std::abs(static_cast<double>(got[i]) - ref[i]);
     const double allowed = tol.rel * std::abs(ref[i]) + tol.floor * largest;
@@ -48,10 +53,18 @@ void check_close(const char* what, const Got& got, const std::vector<double>& re
       if (bad++ == 0) first_bad = i;
     }
     worst = std::max(worst, largest > 0 ? err / largest : err);
+    err2 += err * err;
+    ref2 += ref[i] * ref[i];
   }
+  const double rel_l2 = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
   INFO(what << ": " << bad << " of " << ref.size() << " outside the tolerance (first at "
-            << first_bad << "); worst error / largest |ref| " << worst);
-  CHECK(bad == 0);
+            << first_bad << "); worst error / largest |ref| " << worst << "; relative L2 error "
+            << rel_l2);
+  CHECK(static_cast<double>(bad) <= tol.outliers * static_cast<double>(ref.size()));
+  if (tol.norm > 0) CHECK(rel_l2 <= tol.norm);
+  if (tol.outliers > 0)
+    std::printf("TF32 %-6s %zu of %zu elements outside the tolerance, relative L2 error %.2g\n",
+                what, bad, ref.size(), rel_l2);
 }
 
 // One compute_gradients and one predict of `head` on case c, against the reference.

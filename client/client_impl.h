@@ -285,11 +285,13 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
         error = std::current_exception();
         return kj::READY_NOW;
       }
-      return with_timeout(kj::mv(promise))
+      // One timer for the call: its wait lines and call_timeout.
+      return promise
+          .exclusiveJoin(watch_call(loop, unanswered, context, options.call_timeout,
+                                    options.ps_hosts, clock_now())
+                             .then([]() -> T { KJ_UNREACHABLE; }))
           .then([&](T&& v) { value.emplace(std::move(v)); },
-                [&](kj::Exception&& e) { error = translate(e, context); })
-          .exclusiveJoin(say_still_waiting(loop, unanswered, context, options.call_timeout,
-                                           options.ps_hosts, clock_now()));
+                [&](kj::Exception&& e) { error = translate(e, context); });
     };
     bool answered = true;
     std::exception_ptr stop_error;  // thrown by options.interrupted

@@ -2,21 +2,33 @@
 
 #include <spdlog/spdlog.h>
 
+#include "client/shard_connection.h"
+
 namespace ps {
 namespace {
 
 constexpr kj::Duration kFirst = 5 * kj::SECONDS;
 constexpr kj::Duration kEvery = 10 * kj::SECONDS;
 
-kj::Promise<void> say_at(ClientLoop& loop, const Unanswered& calls, const std::string& context,
-                         std::chrono::milliseconds limit, const std::vector<std::string>& hosts,
-                         kj::TimePoint start, kj::TimePoint at) {
-  return loop.timer().atTime(at).then([&loop, &calls, &context, limit, &hosts, start, at] {
-    // Rounded: the timer may fire a hair before or after each whole period.
-    const int64_t waited = (clock_now() - start + kj::SECONDS / 2) / kj::SECONDS;
-    spdlog::info("{}", still_waiting_line(context, waited, limit, calls.shards(), hosts));
-    return say_at(loop, calls, context, limit, hosts, start, at + kEvery);
-  });
+kj::Promise<void> watch_from(ClientLoop& loop, const Unanswered& calls, const std::string& context,
+                             std::chrono::milliseconds limit, const std::vector<std::string>& hosts,
+                             kj::TimePoint start, kj::TimePoint next_line) {
+  const bool limited = limit.count() > 0;
+  const kj::TimePoint deadline = start + limit.count() * kj::MILLISECONDS;
+  const bool gives_up = limited && deadline <= next_line;
+  return loop.timer()
+      .atTime(gives_up ? deadline : next_line)
+      .then([&loop, &calls, &context, limit, &hosts, start, next_line,
+             gives_up]() -> kj::Promise<void> {
+        if (gives_up) {
+          return disconnected("no answer from psd within " + std::to_string(limit.count()) +
+                              " ms (ClientOptions::call_timeout)");
+        }
+        // Rounded: the timer may fire a hair before or after each whole period.
+        const int64_t waited = (clock_now() - start + kj::SECONDS / 2) / kj::SECONDS;
+        spdlog::info("{}", still_waiting_line(context, waited, limit, calls.shards(), hosts));
+        return watch_from(loop, calls, context, limit, hosts, start, next_line + kEvery);
+      });
 }
 
 }  // namespace
@@ -46,10 +58,10 @@ std::string still_waiting_line(const std::string& context, int64_t waited,
   return line;
 }
 
-kj::Promise<void> say_still_waiting(ClientLoop& loop, const Unanswered& calls,
-                                    const std::string& context, std::chrono::milliseconds limit,
-                                    const std::vector<std::string>& hosts, kj::TimePoint start) {
-  return say_at(loop, calls, context, limit, hosts, start, start + kFirst);
+kj::Promise<void> watch_call(ClientLoop& loop, const Unanswered& calls, const std::string& context,
+                             std::chrono::milliseconds limit, const std::vector<std::string>& hosts,
+                             kj::TimePoint start) {
+  return watch_from(loop, calls, context, limit, hosts, start, start + kFirst);
 }
 
 }  // namespace ps

@@ -57,11 +57,14 @@ std::string still_waiting_line(const std::string& context, int64_t waited,
                                std::chrono::milliseconds limit, const std::vector<int>& shards,
                                const std::vector<std::string>& hosts);
 
-// Logs still_waiting_line 5 s after `start`, then every 10 s; never settles
-// (join it with the call: it ends when the call does). `calls`, `context`
-// and `hosts` must outlive it.
-kj::Promise<void> say_still_waiting(ClientLoop& loop, const Unanswered& calls,
-                                    const std::string& context, std::chrono::milliseconds limit,
-                                    const std::vector<std::string>& hosts, kj::TimePoint start);
+// One timer chain per blocking call: logs still_waiting_line 5 s after
+// `start`, then every 10 s, and fails with call_timeout's error ("no answer
+// from psd within N ms (ClientOptions::call_timeout)", DISCONNECTED) once
+// `limit` (0: none) has passed; never resolves otherwise (join it with the
+// call: it ends when the call does). `calls`, `context` and `hosts` must
+// outlive it.
+kj::Promise<void> watch_call(ClientLoop& loop, const Unanswered& calls, const std::string& context,
+                             std::chrono::milliseconds limit, const std::vector<std::string>& hosts,
+                             kj::TimePoint start);
 
 }  // namespace ps

@@ -228,6 +228,10 @@ def bench_calls(args):
     import psclient
     if not (BUILD / "bench" / "push_pull_bench").exists():
         raise SystemExit(f"{BUILD}/bench/push_pull_bench is missing: ninja -C {BUILD} bench/push_pull_bench")
+    unknown = set(args.sizes.split(",")) - set(SIZES)
+    if unknown:
+        raise SystemExit(f"--sizes: {','.join(sorted(unknown))} unknown (give some of {','.join(SIZES)})")
+    sizes = {label: n for label, n in SIZES.items() if label in args.sizes.split(",")}
     print(f"calls: {uptime()}", flush=True)
     proc, address = start_psd()
     py = {label: ([], []) for label in SIZES}
@@ -236,13 +240,13 @@ def bench_calls(args):
         with psclient.Client([address]) as c:
             path = c.connection_addresses()[0]
             buffers = {}
-            for label, nbytes in SIZES.items():
+            for label, nbytes in sizes.items():
                 c.create([psclient.TensorSpec("py_" + label, nbytes // 4, optimizer=psclient.sgd(0.0))])
                 buffers[label] = np.zeros(nbytes // 4, np.float32)
                 buffers[label].fill(1.0)  # touched, as the C++ side's zero-filled vector
                 buffers[label].fill(0.0)
             for block in range(args.blocks):
-                for label, nbytes in SIZES.items():
+                for label, nbytes in sizes.items():
                     reps = reps_for(nbytes, args.reps)
                     # Alternate which goes first, so neither always follows the other's traffic.
                     order = [("py", lambda: python_block(c, label, buffers[label], reps)),
@@ -259,7 +263,7 @@ def bench_calls(args):
           f"(push_pull_bench --ps_hosts) in turn, {args.blocks} blocks; medians of the blocks' medians:")
     print(f"  {'size':>4} | {'push us':>9} {'C++ us':>9} {'GB/s':>6} {'C++':>6} {'py/C++':>6} | "
           f"{'pull us':>9} {'C++ us':>9} {'GB/s':>6} {'C++':>6} {'py/C++':>6}")
-    for label, nbytes in SIZES.items():
+    for label, nbytes in sizes.items():
         cols = []
         for k in (0, 1):
             p, q = statistics.median(py[label][k]), statistics.median(cpp[label][k])
@@ -507,6 +511,7 @@ def main():
     p.add_argument("--reps", type=int, default=200,
                    help="calls: repetitions per block for 4 KiB (4 MiB: a quarter, 64 MiB: a twentieth)")
     p.add_argument("--blocks", type=int, default=5, help="calls: blocks, each side in turn")
+    p.add_argument("--sizes", default=",".join(SIZES), help=f"calls: which of {','.join(SIZES)}")
     p.add_argument("--cpp_timeout", type=float, default=300, help="calls: seconds allowed to one push_pull_bench block")
     p.add_argument("--runs", type=int, default=3, help="training: runs of each trainer, in turn")
     p.add_argument("--epochs", type=float, default=5, help="training: epochs (global steps of 100 examples)")

@@ -15,6 +15,7 @@
 #include "ps/errors.h"
 #include "ps/logistic_mlp.h"
 #include "ps/mlp.h"
+#include "test/logistic_head_checks.h"
 #include "test/logistic_mlp_reference.h"
 
 using namespace logistic_test;
@@ -93,14 +94,16 @@ TEST_CASE("CudaLogisticMlp matches the float64 reference", "[logistic_mlp][cuda]
     int max_batch;
     std::vector<int> batches;
   };
-  const std::vector<Shape> cases = {
-      // ctr_trainer's head: 13 dense + 26 fields x 16; a full batch, a smaller one, one example.
-      {{.inputs = 13 + 26 * 16, .hidden = {256, 128}, .classes = 1}, 512, {512, 100, 1}},
-      {{.inputs = 37, .hidden = {24, 9}, .classes = 1, .activation = ps::Activation::kSigmoid},
-       64,
-       {64, 13, 1}},
-      {{.inputs = 9, .hidden = {}, .classes = 1}, 32, {32, 5}},  // logistic regression
-  };
+  // ctr_trainer's head (13 dense + 26 fields x 16), a sigmoid-hidden net and
+  // logistic regression; for each a full batch, smaller ones, one example.
+  const ps::MlpShape ctr{.inputs = 13 + 26 * 16, .hidden = {256, 128}, .classes = 1};
+  const ps::MlpShape sigmoid{
+      .inputs = 37, .hidden = {24, 9}, .classes = 1, .activation = ps::Activation::kSigmoid};
+  const ps::MlpShape logistic{.inputs = 9, .hidden = {}, .classes = 1};
+  std::vector<Shape> cases;
+  cases.push_back({ctr, 512, {512, 100, 1}});
+  cases.push_back({sigmoid, 64, {64, 13, 1}});
+  cases.push_back({logistic, 32, {32, 5}});
   for (bool tf32 : {false, true})
     for (const Shape& s : cases) {
       ps::CudaLogisticMlp head(s.shape, s.max_batch, 0, tf32);
@@ -117,17 +120,7 @@ TEST_CASE("CudaLogisticMlp matches the float64 reference", "[logistic_mlp][cuda]
 
 TEST_CASE("CudaLogisticMlp: results without dx or dlogit, and extreme logits",
           "[logistic_mlp][cuda]") {
-  const ps::MlpShape shape{.inputs = 1, .hidden = {}, .classes = 1};
-  ps::CudaLogisticMlp head(shape, 2);
-  head.params()[0] = 1;  // weight; bias 0
-  const std::vector<float> x{200, -200}, labels{0, 1};
-  std::vector<float> dlogit(2);
-  const double loss = head.compute_gradients(x, labels, {}, {}, dlogit);
-  CHECK(loss == Approx(200).epsilon(1e-6));
-  CHECK(dlogit[0] == Approx(0.5));
-  CHECK(dlogit[1] == Approx(-0.5));
-  CHECK(head.grads()[0] == Approx(200));  // d/dw: 0.5 * 200 + (-0.5) * (-200)
-  CHECK(head.compute_gradients(x, labels) == Approx(200).epsilon(1e-6));
+  check_extreme_logits<ps::CudaLogisticMlp>();
 }
 
 TEST_CASE("CudaLogisticMlp: predict over more than max_batch examples", "[logistic_mlp][cuda]") {
@@ -143,35 +136,9 @@ TEST_CASE("CudaLogisticMlp: predict over more than max_batch examples", "[logist
 }
 
 TEST_CASE("CudaLogisticMlp refuses bad input and changes nothing", "[logistic_mlp][cuda]") {
+  check_refuses_bad_input<ps::CudaLogisticMlp>();
   const ps::MlpShape shape{.inputs = 3, .hidden = {4}, .classes = 1};
-  CHECK_THROWS_AS(ps::CudaLogisticMlp(ps::MlpShape{.inputs = 3, .hidden = {4}, .classes = 2}, 4),
-                  ps::ConfigError);
-  CHECK_THROWS_AS(ps::CudaLogisticMlp(shape, 0), ps::ConfigError);
-  CHECK_THROWS_AS(ps::CudaLogisticMlp(shape, 4, ps::cuda_device_count()), ps::Error);
-  ps::CudaLogisticMlp head(shape, 4);
-  std::fill(head.params().begin(), head.params().end(), 0.5f);
-  std::fill(head.grads().begin(), head.grads().end(), -3.0f);
-  const std::vector<float> x(6, 1.0f), labels{0, 1};
-  std::vector<float> short_dx(5, -3.0f), dlogit(2, -3.0f), long_dlogit(3, -3.0f);
-  CHECK_THROWS_AS(head.compute_gradients(std::vector<float>(5, 1.0f), labels),
-                  ps::Error);                                                         // x size
-  CHECK_THROWS_AS(head.compute_gradients(x, std::vector<float>{0, 2}), ps::Error);    // label > 1
-  CHECK_THROWS_AS(head.compute_gradients(x, std::vector<float>{0, NAN}), ps::Error);  // NaN label
-  CHECK_THROWS_AS(head.compute_gradients(x, labels, std::vector<float>{1}),
-                  ps::Error);  // extra size
-  CHECK_THROWS_AS(head.compute_gradients(x, labels, {}, short_dx, dlogit), ps::Error);  // dx size
-  CHECK_THROWS_AS(head.compute_gradients(x, labels, {}, {}, long_dlogit),
-                  ps::Error);  // dlogit size
-  CHECK_THROWS_AS(head.compute_gradients(std::vector<float>(15, 1.0f), std::vector<float>(5, 0)),
-                  ps::Error);                                  // > max
-  CHECK_THROWS_AS(head.compute_gradients({}, {}), ps::Error);  // empty
-  std::vector<float> probs(3);
-  CHECK_THROWS_AS(head.predict(x, {}, probs), ps::Error);  // x holds 2 examples, not 3
-  CHECK(std::all_of(head.params().begin(), head.params().end(), [](float p) { return p == 0.5f; }));
-  CHECK(std::all_of(head.grads().begin(), head.grads().end(), [](float g) { return g == -3.0f; }));
-  CHECK(std::all_of(short_dx.begin(), short_dx.end(), [](float g) { return g == -3.0f; }));
-  CHECK(std::all_of(dlogit.begin(), dlogit.end(), [](float g) { return g == -3.0f; }));
-  CHECK(std::all_of(long_dlogit.begin(), long_dlogit.end(), [](float g) { return g == -3.0f; }));
+  CHECK_THROWS_AS(ps::CudaLogisticMlp(shape, 4, ps::cuda_device_count()), ps::Error);  // no such device
 }
 
 int main(int argc, char** argv) {

@@ -9,6 +9,7 @@
 
 #include "ps/errors.h"
 #include "ps/logistic_mlp.h"
+#include "test/logistic_head_checks.h"
 #include "test/logistic_mlp_reference.h"
 
 using namespace logistic_test;
@@ -71,15 +72,7 @@ TEST_CASE("The float64 reference's gradients match finite differences", "[logist
 }
 
 TEST_CASE("LogisticMlp: extreme logits give a finite loss", "[logistic_mlp]") {
-  const ps::MlpShape shape{.inputs = 1, .hidden = {}, .classes = 1};
-  ps::LogisticMlp head(shape, 2);
-  head.params()[0] = 1;  // weight; bias 0
-  const std::vector<float> x{200, -200}, labels{0, 1};
-  std::vector<float> dlogit(2);
-  const double loss = head.compute_gradients(x, labels, {}, {}, dlogit);
-  CHECK(loss == Approx(200).epsilon(1e-6));
-  CHECK(dlogit[0] == Approx(0.5));
-  CHECK(dlogit[1] == Approx(-0.5));
+  check_extreme_logits<ps::LogisticMlp>();
 }
 
 TEST_CASE("LogisticMlp: predict over more than max_batch examples", "[logistic_mlp]") {
@@ -95,23 +88,5 @@ TEST_CASE("LogisticMlp: predict over more than max_batch examples", "[logistic_m
 }
 
 TEST_CASE("LogisticMlp refuses bad input and changes nothing", "[logistic_mlp]") {
-  const ps::MlpShape shape{.inputs = 3, .hidden = {4}, .classes = 1};
-  CHECK_THROWS_AS(ps::LogisticMlp(ps::MlpShape{.inputs = 3, .hidden = {4}, .classes = 2}, 4),
-                  ps::ConfigError);
-  CHECK_THROWS_AS(ps::LogisticMlp(shape, 0), ps::ConfigError);
-  ps::LogisticMlp head(shape, 4);
-  std::fill(head.grads().begin(), head.grads().end(), -3.0f);
-  const std::vector<float> x(6, 1.0f), labels{0, 1};
-  std::vector<float> short_dx(5, -3.0f);
-  CHECK_THROWS_AS(head.compute_gradients(std::vector<float>(5, 1.0f), labels),
-                  ps::Error);                                                         // x size
-  CHECK_THROWS_AS(head.compute_gradients(x, std::vector<float>{0, 2}), ps::Error);    // label > 1
-  CHECK_THROWS_AS(head.compute_gradients(x, std::vector<float>{0, NAN}), ps::Error);  // NaN label
-  CHECK_THROWS_AS(head.compute_gradients(x, labels, std::vector<float>{1}),
-                  ps::Error);                                                   // extra size
-  CHECK_THROWS_AS(head.compute_gradients(x, labels, {}, short_dx), ps::Error);  // dx size
-  CHECK_THROWS_AS(head.compute_gradients(std::vector<float>(15, 1.0f), std::vector<float>(5, 0)),
-                  ps::Error);                                  // > max
-  CHECK_THROWS_AS(head.compute_gradients({}, {}), ps::Error);  // empty
-  CHECK(std::all_of(head.grads().begin(), head.grads().end(), [](float g) { return g == -3.0f; }));
+  check_refuses_bad_input<ps::LogisticMlp>();
 }

@@ -79,16 +79,28 @@ except Exception as e:
                      r"missing workers 1 \(never connected\)", out.stdout + out.stderr), out.stdout + out.stderr
 
 
+SYNC_JOB = ('c.init_job(psclient.JobConfig(mode="sync", replicas_to_aggregate=2, total_replicas=2)); '
+            'c.create([psclient.TensorSpec("w", [2])]); c.set_ready(); ')
+
+
 @pytest.mark.parametrize("who,call", [
     ("worker_index=0, is_chief=True", 'c.barrier("py/never", 2, timeout=30)'),
     ("worker_index=1", "c.wait_ready(30)"),
-])
+    # A sync pull for a step that worker 1 never pushes to: a blocking pull.
+    ("worker_index=0, is_chief=True, call_timeout=30", SYNC_JOB + 'c.pull("w", min_step=1)'),
+    # The same wait inside a TrainingSession step.
+    ("worker_index=0, is_chief=True, call_timeout=30",
+     'v, g = np.zeros(2, np.float32), np.zeros(2, np.float32); '
+     's = psclient.TrainingSession(c, mode="sync", replicas_to_aggregate=2, total_replicas=2); '
+     's.add_variable(psclient.TensorSpec("w", [2]), v, g); s.initialize(); '
+     's.pull(); s.push(); s.pull()'),
+], ids=["barrier", "wait_ready", "sync_pull", "session_pull"])
 def test_ctrl_c_ends_a_long_wait(start_psd, python_env, who, call):
     # SIGINT one second into a 30 s wait: KeyboardInterrupt within a few
     # seconds, not when the wait ends.
     psd = start_psd()
     code = f"""
-import os, signal, sys, threading, time, psclient
+import os, signal, sys, threading, time, numpy as np, psclient
 c = psclient.Client([sys.argv[1]], {who})
 threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
 start = time.monotonic()

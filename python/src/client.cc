@@ -23,7 +23,16 @@
 #include "python/src/array_buffer.h"
 
 namespace psclient_py {
+
 namespace {
+
+// The ident of Python's main thread, the one thread that runs signal
+// handlers (read with the GIL held).
+unsigned long main_thread_id() {
+  static const unsigned long id =
+      py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+  return id;
+}
 
 // Clients not yet closed, closed by an atexit hook: their completer threads
 // must not outlive the interpreter. Guarded by the GIL.
@@ -355,11 +364,13 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
              o.tune_malloc = tune_malloc;
              if (tls_ca) o.tls_ca = *tls_ca;
              if (tls_server_name) o.tls_server_name = *tls_server_name;
-             // Ctrl-C ends a wait (barrier, wait_ready, ...): Python's signal
-             // handlers run here, on the waiting thread (only the main thread
-             // runs them), and the exception one raises is what the call
-             // raises (errors.cc).
-             o.interrupted = [] {
+             // Ctrl-C ends a wait (barrier, wait_ready, a blocking pull, ...):
+             // Python's signal handlers run here, on the waiting thread, and
+             // the exception one raises is what the call raises (errors.cc).
+             // Only the main thread runs them: a call waiting on another
+             // thread does not take the GIL every 100 ms to learn nothing.
+             o.interrupted = [main = main_thread_id()] {
+               if (PyThread_get_thread_ident() != main) return false;
                py::gil_scoped_acquire gil;
                return PyErr_CheckSignals() != 0;
              };

@@ -238,11 +238,10 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
     auto canceler = std::make_unique<kj::Canceler>();
     std::vector<std::future<int64_t>> parts;
     for (std::size_t first = 0; first < ids.size(); first += part)
-      parts.push_back(impl_->submit<int64_t>(
-          [op = pull_of(first, std::min(part, ids.size() - first)), c = canceler.get()] {
-            return c->wrap(op(nullptr));
-          },
-          "pull_rows: "));
+      parts.push_back(
+          impl_->submit<int64_t>([op = pull_of(first, std::min(part, ids.size() - first)),
+                                  c = canceler.get()] { return c->wrap(op(nullptr)); },
+                                 "pull_rows: "));
     bool interrupted = false;
     for (auto& p : parts) {
       while (!interrupted && impl_->options.interrupted &&

@@ -22,76 +22,76 @@ kj::Promise<void> Client::Impl::pull_round(PullState& st, std::vector<std::size_
         counted(st.unanswered, batch.shard,
                 retry->call(
                     batch.shard,
-                   [this, &st, b, min_step](ShardConnection& c, int attempt) {
-                     const ShardBatch& batch = st.batches[b];
-                     auto req = c.shard.pullRequest();
-                     auto names_out = req.initNames(static_cast<unsigned>(batch.parts.size()));
-                     for (unsigned i = 0; i < batch.parts.size(); ++i)
-                       names_out.set(i, batch.parts[i].part.stored_name);
-                     // A shard back from a restart at an older step may never reach the
-                     // step asked for: read what it has (reconnector.h). Also when another
-                     // call found it so after this one was asked for, its min_step older news.
-                     const bool news = attempt > 0 || st.rollbacks_at_call != rollbacks_now();
-                     req.setMinStep(news && c.rolled_back ? std::min(min_step, c.hello_step)
-                                                          : min_step);
-                     // Large parts come through shared memory where the connection has
-                     // some (copied out when the reply is in), else are read from the
-                     // socket straight into st.out (client_message_stream.h); held until
-                     // the reply is in.
-                     kj::Own<SharedBlocks> blocks;
-                     if (c.arena) blocks = kj::heap<SharedBlocks>(c.arena);
-                     std::vector<int64_t> shared_at(batch.parts.size(), -1);
-                     for (unsigned i = 0; blocks && i < batch.parts.size(); ++i) {
-                       if (auto offset =
-                               take_shared(*blocks, batch.parts[i].part.count * sizeof(float)))
-                         shared_at[i] = *offset;
-                     }
-                     if (blocks && !blocks->empty()) {
-                       auto into = req.initInto(static_cast<unsigned>(batch.parts.size()));
-                       for (unsigned i = 0; i < batch.parts.size(); ++i) {
-                         if (shared_at[i] >= 0)
-                           set_slice(into[i], *c.arena, shared_at[i],
-                                     batch.parts[i].part.count * sizeof(float));
-                       }
-                     }
-                     kj::Own<ClientMessageStream::Expectation> expect;
-                     if (batch.bytes >= ClientMessageStream::kMinLandingBytes) {
-                       std::vector<kj::ArrayPtr<kj::byte>> dest(batch.parts.size());
-                       for (unsigned i = 0; i < batch.parts.size(); ++i) {
-                         if (shared_at[i] >= 0) continue;
-                         const PartRef& ref = batch.parts[i];
-                         auto part = st.out[ref.tensor].subspan(ref.part.offset, ref.part.count);
-                         dest[i] = kj::arrayPtr(reinterpret_cast<kj::byte*>(part.data()),
-                                                part.size_bytes());
-                       }
-                       expect = c.messages->expect(std::move(dest));
-                       req.setTag(expect->tag());
-                     }
-                     st.from_shared[b].assign(batch.parts.size(), false);
-                     return until_answered(
-                                req.send().then(
-                                    [&c, &st, b, shared_at = std::move(shared_at)](
-                                        capnp::Response<wire::Shard::PullResults>&& reply) {
-                                      c.last_step =
-                                          std::max(c.last_step, reply_step(c, reply.getStep()));
-                                      // Out of shared memory before its blocks are released.
-                                      const ShardBatch& batch = st.batches[b];
-                                      auto tensors = reply.getTensors();
-                                      for (unsigned i = 0;
-                                           i < batch.parts.size() && i < tensors.size(); ++i) {
-                                        if (shared_at[i] < 0 || tensors[i].getValues().size() != 0)
-                                          continue;
-                                        const PartRef& ref = batch.parts[i];
-                                        std::memcpy(st.out[ref.tensor].data() + ref.part.offset,
-                                                    c.arena->at(shared_at[i]),
-                                                    ref.part.count * sizeof(float));
-                                        st.from_shared[b][i] = true;
-                                      }
-                                      return kj::mv(reply);
-                                    }),
-                                kj::mv(blocks))
-                         .attach(kj::mv(expect));
-                   }))
+                    [this, &st, b, min_step](ShardConnection& c, int attempt) {
+                      const ShardBatch& batch = st.batches[b];
+                      auto req = c.shard.pullRequest();
+                      auto names_out = req.initNames(static_cast<unsigned>(batch.parts.size()));
+                      for (unsigned i = 0; i < batch.parts.size(); ++i)
+                        names_out.set(i, batch.parts[i].part.stored_name);
+                      // A shard back from a restart at an older step may never reach the
+                      // step asked for: read what it has (reconnector.h). Also when another
+                      // call found it so after this one was asked for, its min_step older news.
+                      const bool news = attempt > 0 || st.rollbacks_at_call != rollbacks_now();
+                      req.setMinStep(news && c.rolled_back ? std::min(min_step, c.hello_step)
+                                                           : min_step);
+                      // Large parts come through shared memory where the connection has
+                      // some (copied out when the reply is in), else are read from the
+                      // socket straight into st.out (client_message_stream.h); held until
+                      // the reply is in.
+                      kj::Own<SharedBlocks> blocks;
+                      if (c.arena) blocks = kj::heap<SharedBlocks>(c.arena);
+                      std::vector<int64_t> shared_at(batch.parts.size(), -1);
+                      for (unsigned i = 0; blocks && i < batch.parts.size(); ++i) {
+                        if (auto offset =
+                                take_shared(*blocks, batch.parts[i].part.count * sizeof(float)))
+                          shared_at[i] = *offset;
+                      }
+                      if (blocks && !blocks->empty()) {
+                        auto into = req.initInto(static_cast<unsigned>(batch.parts.size()));
+                        for (unsigned i = 0; i < batch.parts.size(); ++i) {
+                          if (shared_at[i] >= 0)
+                            set_slice(into[i], *c.arena, shared_at[i],
+                                      batch.parts[i].part.count * sizeof(float));
+                        }
+                      }
+                      kj::Own<ClientMessageStream::Expectation> expect;
+                      if (batch.bytes >= ClientMessageStream::kMinLandingBytes) {
+                        std::vector<kj::ArrayPtr<kj::byte>> dest(batch.parts.size());
+                        for (unsigned i = 0; i < batch.parts.size(); ++i) {
+                          if (shared_at[i] >= 0) continue;
+                          const PartRef& ref = batch.parts[i];
+                          auto part = st.out[ref.tensor].subspan(ref.part.offset, ref.part.count);
+                          dest[i] = kj::arrayPtr(reinterpret_cast<kj::byte*>(part.data()),
+                                                 part.size_bytes());
+                        }
+                        expect = c.messages->expect(std::move(dest));
+                        req.setTag(expect->tag());
+                      }
+                      st.from_shared[b].assign(batch.parts.size(), false);
+                      return until_answered(
+                                 req.send().then(
+                                     [&c, &st, b, shared_at = std::move(shared_at)](
+                                         capnp::Response<wire::Shard::PullResults>&& reply) {
+                                       c.last_step =
+                                           std::max(c.last_step, reply_step(c, reply.getStep()));
+                                       // Out of shared memory before its blocks are released.
+                                       const ShardBatch& batch = st.batches[b];
+                                       auto tensors = reply.getTensors();
+                                       for (unsigned i = 0;
+                                            i < batch.parts.size() && i < tensors.size(); ++i) {
+                                         if (shared_at[i] < 0 || tensors[i].getValues().size() != 0)
+                                           continue;
+                                         const PartRef& ref = batch.parts[i];
+                                         std::memcpy(st.out[ref.tensor].data() + ref.part.offset,
+                                                     c.arena->at(shared_at[i]),
+                                                     ref.part.count * sizeof(float));
+                                         st.from_shared[b][i] = true;
+                                       }
+                                       return kj::mv(reply);
+                                     }),
+                                 kj::mv(blocks))
+                          .attach(kj::mv(expect));
+                    }))
             .then([this, &st, b](capnp::Response<wire::Shard::PullResults>&& reply) {
               const ShardBatch& batch = st.batches[b];
               auto tensors = reply.getTensors();

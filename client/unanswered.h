@@ -3,7 +3,8 @@
 // 5 s says so, and again every 10 s, naming the call, those shards with
 // their addresses, the time waited and the limit (ClientOptions::call_timeout):
 //
-//   pull: waiting 5 s of 300 s (ClientOptions::call_timeout) for psd's answer from shard 1 (10.0.0.2:2222)
+//   pull: waiting 5 s of 300 s (ClientOptions::call_timeout) for psd's answer from shard 1
+//   (10.0.0.2:2222)
 //
 // A pull in sync mode rightly waits for its step there: the line says the
 // call waits, not that anything is wrong (psd's log says what it waits for).

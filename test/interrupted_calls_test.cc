@@ -88,7 +88,8 @@ class KeptLines : public spdlog::sinks::base_sink<std::mutex> {
 struct CapturedLog {
   CapturedLog() : sink(std::make_shared<KeptLines>()), previous(spdlog::default_logger()) {
     auto logger = std::make_shared<spdlog::logger>(
-        "captured", spdlog::sinks_init_list{sink, std::make_shared<spdlog::sinks::stderr_color_sink_mt>()});
+        "captured",
+        spdlog::sinks_init_list{sink, std::make_shared<spdlog::sinks::stderr_color_sink_mt>()});
     logger->set_level(spdlog::level::info);
     spdlog::set_default_logger(logger);
   }
@@ -107,7 +108,8 @@ ClientOptions options_for(const std::vector<std::string>& hosts, Interrupter* st
   return o;
 }
 
-constexpr std::size_t kFloats = 16u << 20;  // 64 MiB: more than the sockets hold while psd is stopped
+constexpr std::size_t kFloats = 16u
+                                << 20;  // 64 MiB: more than the sockets hold while psd is stopped
 
 }  // namespace
 
@@ -140,8 +142,8 @@ TEST_CASE(
       CHECK(took < 1500ms);
       CHECK(stop.asks >= 2);
       CHECK_FALSE(stop.other_thread);
-      CHECK_THROWS_WITH(client.pull(name, out), Catch::Contains("pull: ") &&
-                                                    Catch::Contains("interrupted"));
+      CHECK_THROWS_WITH(client.pull(name, out),
+                        Catch::Contains("pull: ") && Catch::Contains("interrupted"));
       // psd answers both pulls now: nothing of it may reach `out`.
       stopped.resume();
       std::this_thread::sleep_for(700ms);
@@ -209,6 +211,8 @@ TEST_CASE("a blocking pull with no answer for 5 s says whom it waits for, once e
   for (const auto& line : log.sink->lines())
     if (line.find("pull: waiting") != std::string::npos) waits.push_back(line);
   REQUIRE(waits.size() == 1);
-  CHECK(waits[0] == "pull: waiting 5 s of 8 s (ClientOptions::call_timeout) for psd's answer "
-                    "from shard 1 (" + psd1.address() + ")");
+  CHECK(waits[0] ==
+        "pull: waiting 5 s of 8 s (ClientOptions::call_timeout) for psd's answer "
+        "from shard 1 (" +
+            psd1.address() + ")");
 }

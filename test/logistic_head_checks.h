@@ -37,8 +37,7 @@ void check_extreme_logits() {
 template <class Head>
 void check_refuses_bad_input() {
   const ps::MlpShape shape{.inputs = 3, .hidden = {4}, .classes = 1};
-  CHECK_THROWS_AS(Head(ps::MlpShape{.inputs = 3, .hidden = {4}, .classes = 2}, 4),
-                  ps::ConfigError);
+  CHECK_THROWS_AS(Head(ps::MlpShape{.inputs = 3, .hidden = {4}, .classes = 2}, 4), ps::ConfigError);
   CHECK_THROWS_AS(Head(shape, 0), ps::ConfigError);
   Head head(shape, 4);
   std::fill(head.params().begin(), head.params().end(), 0.5f);

@@ -138,7 +138,8 @@ TEST_CASE("CudaLogisticMlp: predict over more than max_batch examples", "[logist
 TEST_CASE("CudaLogisticMlp refuses bad input and changes nothing", "[logistic_mlp][cuda]") {
   check_refuses_bad_input<ps::CudaLogisticMlp>();
   const ps::MlpShape shape{.inputs = 3, .hidden = {4}, .classes = 1};
-  CHECK_THROWS_AS(ps::CudaLogisticMlp(shape, 4, ps::cuda_device_count()), ps::Error);  // no such device
+  CHECK_THROWS_AS(ps::CudaLogisticMlp(shape, 4, ps::cuda_device_count()),
+                  ps::Error);  // no such device
 }
 
 int main(int argc, char** argv) {

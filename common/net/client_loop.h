@@ -177,9 +177,9 @@ class ClientLoop {
     struct Handover {
       std::mutex mutex;
       std::condition_variable settled;
-      bool done = false;                         // under mutex
-      kj::Maybe<kj::Exception> error;            // loop thread, read once done
-      kj::Canceler* canceler = nullptr;          // loop thread: null once the work is gone
+      bool done = false;                 // under mutex
+      kj::Maybe<kj::Exception> error;    // loop thread, read once done
+      kj::Canceler* canceler = nullptr;  // loop thread: null once the work is gone
     };
     auto h = std::make_shared<Handover>();
     keep();
@@ -225,7 +225,9 @@ class ClientLoop {
         return false;
       }
     }
-    KJ_IF_MAYBE(e, h->error) { kj::throwFatalException(kj::mv(*e)); }
+    KJ_IF_MAYBE (e, h->error) {
+      kj::throwFatalException(kj::mv(*e));
+    }
     return true;
   }
 

@@ -7,6 +7,8 @@
 #include <limits>
 #include <set>
 
+#include <spdlog/spdlog.h>
+
 #include "client/client_impl.h"
 #include "client/row_plan.h"
 #include "client/table_rows.h"
@@ -242,13 +244,27 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
           impl_->submit<int64_t>([op = pull_of(first, std::min(part, ids.size() - first)),
                                   c = canceler.get()] { return c->wrap(op(nullptr)); },
                                  "pull_rows: "));
+    // Waited for in slices of 100 ms on this thread: options.interrupted
+    // is asked between them, and a wait of 5 s says so (then every 10 s).
     bool interrupted = false;
+    const auto start = std::chrono::steady_clock::now();
+    auto next_line = start + std::chrono::seconds(5);
     for (auto& p : parts) {
-      while (!interrupted && impl_->options.interrupted &&
+      while (!interrupted &&
              p.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
-        interrupted = impl_->options.interrupted();
+        if (impl_->options.interrupted) interrupted = impl_->options.interrupted();
+        const auto now = std::chrono::steady_clock::now();
+        if (now < next_line) continue;
+        next_line += std::chrono::seconds(10);
+        const auto pending = std::count_if(parts.begin(), parts.end(), [](auto& f) {
+          return f.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+        });
+        spdlog::info("{}for psd's answers to {} of {} parts of {} ids",
+                     waiting_prefix("pull_rows: ",
+                                    std::chrono::round<std::chrono::seconds>(now - start).count(),
+                                    impl_->options.call_timeout),
+                     pending, parts.size(), ids.size());
       }
-      if (!interrupted) p.wait();
     }
     impl_->loop.run([&canceler, interrupted] {
       if (interrupted) canceler->cancel("interrupted");

@@ -39,17 +39,22 @@ std::vector<int> Unanswered::shards() const {
   return out;
 }
 
+std::string waiting_prefix(const std::string& context, int64_t waited,
+                           std::chrono::milliseconds limit) {
+  std::string line = context + "waiting " + std::to_string(waited) + " s ";
+  if (limit.count() > 0) {
+    line += "of " + std::to_string((limit.count() + 500) / 1000) +
+            " s (ClientOptions::call_timeout) ";
+  } else {
+    line += "(no limit: ClientOptions::call_timeout is 0) ";
+  }
+  return line;
+}
+
 std::string still_waiting_line(const std::string& context, int64_t waited,
                                std::chrono::milliseconds limit, const std::vector<int>& shards,
                                const std::vector<std::string>& hosts) {
-  std::string line = context + "waiting " + std::to_string(waited) + " s ";
-  if (limit.count() > 0) {
-    line +=
-        "of " + std::to_string((limit.count() + 500) / 1000) + " s (ClientOptions::call_timeout)";
-  } else {
-    line += "(no limit: ClientOptions::call_timeout is 0)";
-  }
-  line += " for psd's answer";
+  std::string line = waiting_prefix(context, waited, limit) + "for psd's answer";
   for (std::size_t i = 0; i < shards.size(); ++i) {
     const auto index = static_cast<std::size_t>(shards[i]);
     line += (i == 0 ? " from shard " : ", shard ") + std::to_string(shards[i]);

@@ -51,6 +51,12 @@ class Unanswered {
   std::map<int, int> pending_;
 };
 
+// "pull: waiting 5 s of 300 s (ClientOptions::call_timeout) ": how every
+// blocking call's wait line begins, `waited` seconds into a call limited to
+// `limit` (0: none).
+std::string waiting_prefix(const std::string& context, int64_t waited,
+                           std::chrono::milliseconds limit);
+
 // The wait line (above) for `context` ("pull: "), `waited` seconds into a
 // call limited to `limit` (0: none), waiting on `shards` of `hosts`
 // (ClientOptions::ps_hosts).

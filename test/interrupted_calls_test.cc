@@ -216,3 +216,31 @@ TEST_CASE("a blocking pull with no answer for 5 s says whom it waits for, once e
         "from shard 1 (" +
             psd1.address() + ")");
 }
+
+TEST_CASE("a large blocking pull_rows, sent in parts, with no answer for 5 s says so") {
+  // Small requests, so that 20,000 ids go out in several parts of two
+  // requests each (Client::pull_rows outside sync mode).
+  PsdProcess psd;
+  Interrupter stop;
+  CapturedLog log;
+  ClientOptions o = options_for({psd.address()}, &stop);
+  o.max_request_bytes = 64u << 10;
+  Client client(o);
+  client.create_tables({{.name = "emb", .dim = 4, .rows = 100000}});
+  std::vector<int64_t> ids(20000);
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i * 5);
+  std::vector<float> rows(ids.size() * 4, 7.0f);
+  StoppedPsd stopped(psd.pid());
+  stop.arm(6500ms);
+  CHECK_THROWS_AS(client.pull_rows("emb", ids, rows), InterruptedError);
+  std::vector<std::string> waits;
+  for (const auto& line : log.sink->lines())
+    if (line.find("pull_rows: waiting") != std::string::npos) waits.push_back(line);
+  REQUIRE(waits.size() == 1);
+  CHECK_THAT(waits[0],
+             Catch::Matches("pull_rows: waiting 5 s of 8 s \\(ClientOptions::call_timeout\\) for "
+                            "psd's answers to ([0-9]+) of \\1 parts of 20000 ids"));
+  stopped.resume();
+  std::this_thread::sleep_for(300ms);
+  CHECK(std::count(rows.begin(), rows.end(), 7.0f) == static_cast<std::ptrdiff_t>(rows.size()));
+}

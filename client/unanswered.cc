@@ -43,8 +43,8 @@ std::string waiting_prefix(const std::string& context, int64_t waited,
                            std::chrono::milliseconds limit) {
   std::string line = context + "waiting " + std::to_string(waited) + " s ";
   if (limit.count() > 0) {
-    line += "of " + std::to_string((limit.count() + 500) / 1000) +
-            " s (ClientOptions::call_timeout) ";
+    line +=
+        "of " + std::to_string((limit.count() + 500) / 1000) + " s (ClientOptions::call_timeout) ";
   } else {
     line += "(no limit: ClientOptions::call_timeout is 0) ";
   }

@@ -244,3 +244,36 @@ TEST_CASE("a large blocking pull_rows, sent in parts, with no answer for 5 s say
   std::this_thread::sleep_for(300ms);
   CHECK(std::count(rows.begin(), rows.end(), 7.0f) == static_cast<std::ptrdiff_t>(rows.size()));
 }
+
+TEST_CASE(
+    "a blocking pull handed to the loop's thread (an async pull in flight) is given up by "
+    "ClientOptions::interrupted too, writing nothing more") {
+  PsdProcess psd;
+  Interrupter stop;
+  ClientOptions o = options_for({psd.address()}, &stop);
+  o.prefer_unix_socket = false;
+  o.shared_memory_bytes = 0;
+  Client client(o);
+  client.create({{.name = "w", .shape = {kFloats}, .optimizer = OptimizerConfig::sgd(1.0f)}});
+  client.push("w", std::vector<float>(kFloats, 0.5f));  // w = -0.5
+  std::vector<float> first(kFloats, 7.0f), out(kFloats, 7.0f);
+  {
+    StoppedPsd stopped(psd.pid());
+    // While this pull waits, the client's helper thread runs its loop, and
+    // the blocking pull below is handed to that thread.
+    auto pending = client.pull_async({"w"}, {std::span<float>(first)});
+    stop.arm(300ms);
+    const auto start = Clock::now();
+    CHECK_THROWS_AS(client.pull("w", out), InterruptedError);
+    const auto took = Clock::now() - start;
+    CHECK(took >= 250ms);
+    CHECK(took < 1500ms);
+    CHECK(stop.asks >= 2);
+    CHECK_FALSE(stop.other_thread);
+    stopped.resume();
+    pending.get();  // the async pull was not given up
+    std::this_thread::sleep_for(500ms);
+  }
+  CHECK(std::count(out.begin(), out.end(), 7.0f) == static_cast<std::ptrdiff_t>(kFloats));
+  CHECK(std::count(first.begin(), first.end(), -0.5f) == static_cast<std::ptrdiff_t>(kFloats));
+}

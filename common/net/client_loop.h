@@ -219,9 +219,12 @@ class ClientLoop {
       lock.lock();
       if (give_up && !h->done) {
         lock.unlock();
+        // As above: executeSync's own hand-back is invisible to TSan.
+        PS_TSAN_IGNORE_BEGIN();
         executor_->executeSync([h] {
           if (h->canceler != nullptr) h->canceler->cancel("interrupted");
         });
+        PS_TSAN_IGNORE_END();
         return false;
       }
     }

@@ -98,6 +98,20 @@ struct CapturedLog {
   std::shared_ptr<spdlog::logger> previous;
 };
 
+// `call()` given up by `stop`, armed for 300 ms: InterruptedError within
+// 0.25-1.5 s (not at call_timeout), every ask made on this thread.
+template <class F>
+void check_given_up_soon(Interrupter& stop, F call) {
+  stop.arm(300ms);
+  const auto start = Clock::now();
+  CHECK_THROWS_AS(call(), InterruptedError);
+  const auto took = Clock::now() - start;
+  CHECK(took >= 250ms);
+  CHECK(took < 1500ms);
+  CHECK(stop.asks >= 2);
+  CHECK_FALSE(stop.other_thread);
+}
+
 ClientOptions options_for(const std::vector<std::string>& hosts, Interrupter* stop) {
   ClientOptions o;
   o.ps_hosts = hosts;
@@ -134,14 +148,7 @@ TEST_CASE(
     std::vector<float> out(kFloats, 7.0f);
     {
       StoppedPsd stopped(psd.pid());
-      stop.arm(300ms);
-      const auto start = Clock::now();
-      CHECK_THROWS_AS(client.pull(name, out), InterruptedError);
-      const auto took = Clock::now() - start;
-      CHECK(took >= 250ms);
-      CHECK(took < 1500ms);
-      CHECK(stop.asks >= 2);
-      CHECK_FALSE(stop.other_thread);
+      check_given_up_soon(stop, [&] { client.pull(name, out); });
       CHECK_THROWS_WITH(client.pull(name, out),
                         Catch::Contains("pull: ") && Catch::Contains("interrupted"));
       // psd answers both pulls now: nothing of it may reach `out`.
@@ -169,13 +176,7 @@ TEST_CASE(
   std::vector<float> g(kFloats, 1.0f);
   {
     StoppedPsd stopped(psd.pid());
-    stop.arm(300ms);
-    const auto start = Clock::now();
-    CHECK_THROWS_AS(client.push("w", g), InterruptedError);
-    const auto took = Clock::now() - start;
-    CHECK(took >= 250ms);
-    CHECK(took < 1500ms);
-    CHECK_FALSE(stop.other_thread);
+    check_given_up_soon(stop, [&] { client.push("w", g); });
     // The call is over: its caller reuses the buffer. None of this may
     // reach psd.
     std::fill(g.begin(), g.end(), 1000.0f);
@@ -262,14 +263,7 @@ TEST_CASE(
     // While this pull waits, the client's helper thread runs its loop, and
     // the blocking pull below is handed to that thread.
     auto pending = client.pull_async({"w"}, {std::span<float>(first)});
-    stop.arm(300ms);
-    const auto start = Clock::now();
-    CHECK_THROWS_AS(client.pull("w", out), InterruptedError);
-    const auto took = Clock::now() - start;
-    CHECK(took >= 250ms);
-    CHECK(took < 1500ms);
-    CHECK(stop.asks >= 2);
-    CHECK_FALSE(stop.other_thread);
+    check_given_up_soon(stop, [&] { client.pull("w", out); });
     stopped.resume();
     pending.get();  // the async pull was not given up
     std::this_thread::sleep_for(500ms);

@@ -381,7 +381,8 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
   if (session.job().train_steps > 0) steps = session.job().train_steps;
   // A job restored from a checkpoint goes on from its step: one already at
   // its stop step has nothing left to train.
-  const int64_t start_global = client.stats().front().global_step;
+  const ps::ShardStats stats = client.stats().front();
+  const int64_t start_global = stats.global_step;
   if (steps > 0 && start_global >= steps) {
     std::printf(
         "worker %d: the job already finished at global step %lld (its stop step): nothing to "
@@ -389,6 +390,11 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
         "on, run it again with more --train_steps or --epochs.\n",
         worker, static_cast<long long>(start_global));
     std::fflush(stdout);
+    // A worker started after the others trained the job through is the one
+    // their end barrier waits for: it arrives there too, unless the chief
+    // has ended the job already (a job restored at its stop step).
+    if (!chief && !stats.finished)
+      ps::end_barrier(session, "mnist_trainer/end", spec.num_workers(), worker);
     if (chief) session.end();  // the ps tasks exit once every worker has disconnected
     return 0;
   }

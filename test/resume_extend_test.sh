@@ -80,4 +80,23 @@ kill "$ps_pid" 2>/dev/null; wait "$ps_pid" 2>/dev/null; ps_pid=
 [ "$rc" != 0 ] || fail "a stop step below the job's step: exit 0"
 grep -q "global step 35" "$tmp/lower.err" || fail "a stop step below the job's step: $(cat "$tmp/lower.err")"
 
-[ "$failures" = 0 ] && echo "PASS: resume, extend, finished re-run, --restore_from" || exit 1
+# 6. A worker started after the chief trained the job through finds it
+# finished, and meets the chief at the end barrier instead of leaving it
+# waiting there for a minute.
+pair=(--ps_hosts "127.0.0.1:$port" --worker_hosts 127.0.0.1:1,127.0.0.1:2)
+start_ps ps6
+timeout 60 "$trainer" --job_name=worker --task_index=0 "${pair[@]}" "${common[@]}" --train_steps 10 \
+  >"$tmp/early.out" 2>&1 &
+early_pid=$!
+for i in $(seq 200); do grep -q "worker 0: done after" "$tmp/early.out" && break; sleep 0.1; done
+grep -q "worker 0: done after" "$tmp/early.out" || fail "late worker: the chief did not train: $(cat "$tmp/early.out")"
+late_start=$(date +%s)
+timeout 60 "$trainer" --job_name=worker --task_index=1 "${pair[@]}" "${common[@]}" --train_steps 10 \
+  >"$tmp/late.out" 2>&1 || fail "late worker: exit $?: $(tail -n 3 "$tmp/late.out")"
+wait "$early_pid" || fail "late worker: the chief exited $?: $(tail -n 3 "$tmp/early.out")"
+took=$(( $(date +%s) - late_start ))
+grep -q "already finished at global step" "$tmp/late.out" || fail "late worker: $(cat "$tmp/late.out")"
+[ "$took" -le 15 ] || fail "late worker: the chief waited ${took} s at its end barrier for the late worker"
+wait_ps
+
+[ "$failures" = 0 ] && echo "PASS: resume, extend, finished re-run, --restore_from, a late worker" || exit 1

@@ -234,8 +234,8 @@ def bench_calls(args):
     sizes = {label: n for label, n in SIZES.items() if label in args.sizes.split(",")}
     print(f"calls: {uptime()}", flush=True)
     proc, address = start_psd()
-    py = {label: ([], []) for label in SIZES}
-    cpp = {label: ([], []) for label in SIZES}
+    py = {label: ([], []) for label in sizes}
+    cpp = {label: ([], []) for label in sizes}
     try:
         with psclient.Client([address]) as c:
             path = c.connection_addresses()[0]

@@ -305,7 +305,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     };
     try {
       if (options.interrupted) {
-        answered = loop.run_interruptible(work, stop, kInterruptEvery);
+        answered = loop.run_interruptible(work, stop, kAskInterruptedEvery.count() * kj::MILLISECONDS);
       } else {
         loop.run(work);
       }
@@ -322,7 +322,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   }
 
   // How often a blocking call asks options.interrupted.
-  static constexpr kj::Duration kInterruptEvery = 100 * kj::MILLISECONDS;
+  static constexpr std::chrono::milliseconds kAskInterruptedEvery{100};
 
   // The result of a call that writes nothing into the caller's buffers,
   // waited for on this thread; options.interrupted (if set) is asked every
@@ -330,7 +330,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   template <typename T>
   T wait_interruptibly(std::future<T> result, const std::string& context) {
     if (options.interrupted) {
-      while (result.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+      while (result.wait_for(kAskInterruptedEvery) != std::future_status::ready) {
         if (options.interrupted()) throw InterruptedError(context + "interrupted while waiting");
       }
     }
@@ -352,11 +352,9 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   template <typename T>
   kj::Promise<T> with_timeout(kj::Promise<T> p, std::chrono::milliseconds waits = {}) {
     if (options.call_timeout.count() <= 0) return p;
-    const auto ms = (options.call_timeout + waits).count();
-    return p.exclusiveJoin(loop.after(ms * kj::MILLISECONDS).then([ms]() -> kj::Promise<T> {
-      return disconnected("no answer from psd within " + std::to_string(ms) +
-                          " ms (ClientOptions::call_timeout)");
-    }));
+    const auto limit = options.call_timeout + waits;
+    return p.exclusiveJoin(loop.after(limit.count() * kj::MILLISECONDS)
+                               .then([limit]() -> kj::Promise<T> { return call_timeout_error(limit); }));
   }
 
   // Sends one request to every shard (make(shard) builds and sends it) and

@@ -244,14 +244,14 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
           impl_->submit<int64_t>([op = pull_of(first, std::min(part, ids.size() - first)),
                                   c = canceler.get()] { return c->wrap(op(nullptr)); },
                                  "pull_rows: "));
-    // Waited for in slices of 100 ms on this thread: options.interrupted
+    // Waited for in slices of kAskInterruptedEvery on this thread: options.interrupted
     // is asked between them, and a wait of 5 s says so (then every 10 s).
     bool interrupted = false;
     const auto start = std::chrono::steady_clock::now();
     auto next_line = start + std::chrono::seconds(5);
     for (auto& p : parts) {
       while (!interrupted &&
-             p.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+             p.wait_for(Impl::kAskInterruptedEvery) != std::future_status::ready) {
         if (impl_->options.interrupted) interrupted = impl_->options.interrupted();
         const auto now = std::chrono::steady_clock::now();
         if (now < next_line) continue;

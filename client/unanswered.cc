@@ -21,8 +21,7 @@ kj::Promise<void> watch_from(ClientLoop& loop, const Unanswered& calls, const st
       .then([&loop, &calls, &context, limit, &hosts, start, next_line,
              gives_up]() -> kj::Promise<void> {
         if (gives_up) {
-          return disconnected("no answer from psd within " + std::to_string(limit.count()) +
-                              " ms (ClientOptions::call_timeout)");
+          return call_timeout_error(limit);
         }
         // Rounded: the timer may fire a hair before or after each whole period.
         const int64_t waited = (clock_now() - start + kj::SECONDS / 2) / kj::SECONDS;
@@ -37,6 +36,11 @@ std::vector<int> Unanswered::shards() const {
   std::vector<int> out;
   for (const auto& [index, count] : pending_) out.push_back(index);
   return out;
+}
+
+kj::Exception call_timeout_error(std::chrono::milliseconds limit) {
+  return disconnected("no answer from psd within " + std::to_string(limit.count()) +
+                      " ms (ClientOptions::call_timeout)");
 }
 
 std::string waiting_prefix(const std::string& context, int64_t waited,

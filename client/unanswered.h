@@ -51,6 +51,10 @@ class Unanswered {
   std::map<int, int> pending_;
 };
 
+// What a call given up at ClientOptions::call_timeout (`limit`) fails
+// with: DISCONNECTED, "no answer from psd within N ms (ClientOptions::call_timeout)".
+kj::Exception call_timeout_error(std::chrono::milliseconds limit);
+
 // "pull: waiting 5 s of 300 s (ClientOptions::call_timeout) ": how every
 // blocking call's wait line begins, `waited` seconds into a call limited to
 // `limit` (0: none).

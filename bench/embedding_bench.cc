@@ -7,6 +7,7 @@
 //   build/bench/embedding_bench --clients 3 --dynamic_rows 1000000
 //   build/bench/embedding_bench --same_host false   # TCP lines only
 //   build/bench/embedding_bench --in_flight 2       # two calls at once per client
+//   build/bench/embedding_bench --table_threads 4   # psd spreads a request over 4 threads
 //
 // Each fixed table is measured with 65,536-id batches; pull and push rates
 // are given as a share of the in-memory gather rate of the same row size,
@@ -15,6 +16,8 @@
 // speeds up during the run moves both figures alike. Not batch by batch:
 // a gather right after a call to psd runs with the TLB and caches that
 // call left, slower than the machine can gather.
+// Beside them, psd's own table code (server/embedding) in this process, on
+// one thread and on several: what --table_threads gains where cores are free.
 // Ids are uniform over the rows, or skewed (id = rows * u^3: a hot head, so
 // a batch has many repeated ids, which the client sends once). Reported:
 // medians over --reps batches, rows/s and payload GB/s (rows * dim * 4 bytes),
@@ -54,6 +57,8 @@
 #include "bench/bench_psd.h"
 #include "client/row_plan.h"
 #include "ps/client.h"
+#include "server/compute_pool.h"
+#include "server/embedding/embedding_table.h"
 
 namespace {
 
@@ -72,11 +77,16 @@ double median(std::vector<double> v) {
 // A Unix socket too, for the same-host lines; the TCP lines' clients do not
 // switch to it (ClientOptions::prefer_unix_socket = false).
 struct Psd : ps::bench::BenchPsd {
-  Psd(const std::string& binary, const std::string& unix_socket, unsigned busy_poll_us)
-      : BenchPsd(binary,
-                 {"--max_memory_mb", "16384", "--unix_socket", unix_socket, "--busy_poll_us",
-                  std::to_string(busy_poll_us)},
-                 "psd-emb-bench") {}
+  Psd(const std::string& binary, const std::string& unix_socket, unsigned busy_poll_us,
+      unsigned table_threads)
+      : BenchPsd(binary, flags(unix_socket, busy_poll_us, table_threads), "psd-emb-bench") {}
+  static std::vector<std::string> flags(const std::string& unix_socket, unsigned busy_poll_us,
+                                        unsigned table_threads) {
+    std::vector<std::string> f{"--max_memory_mb", "16384",          "--unix_socket",
+                               unix_socket,       "--busy_poll_us", std::to_string(busy_poll_us)};
+    if (table_threads > 0) f.insert(f.end(), {"--table_threads", std::to_string(table_threads)});
+    return f;
+  }
   // Of its memory, how much is in 2 MiB pages (transparent huge pages).
   uint64_t huge_page_bytes() const {
     std::ifstream in("/proc/" + std::to_string(pid) + "/smaps_rollup");
@@ -329,12 +339,17 @@ int main(int argc, char** argv) {
                  "psd's --busy_poll_us and the clients' ClientOptions::busy_poll (0: no polling, "
                  "so that CPU per batch is the work alone)")
       ->capture_default_str();
+  unsigned table_threads = 0;
+  app.add_option("--table_threads", table_threads,
+                 "psd's --table_threads (0: psd's default); the in-memory line of psd's table "
+                 "code compares this many threads (0: every core) with one")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   const std::string sock = (std::filesystem::temp_directory_path() /
                             ("psd-emb-bench-" + std::to_string(getpid()) + ".sock"))
                                .string();
-  Psd psd(psd_binary, sock, busy_poll_us);
+  Psd psd(psd_binary, sock, busy_poll_us, table_threads);
   const std::string address = "127.0.0.1:" + std::to_string(psd.port);
   ps::ClientOptions o;
   o.ps_hosts = {address};
@@ -479,6 +494,39 @@ int main(int argc, char** argv) {
       return median(t);
     };
     const double plan_1 = plan_cpu(1), plan_3 = plan_cpu(3);
+    // psd's own table code (server/embedding), in this process: a push then
+    // a pull of each uniform batch, on one thread and spread over `threads`
+    // (psd --table_threads), the two tables taking turns batch by batch.
+    const unsigned threads =
+        table_threads > 0 ? table_threads : std::max(1u, std::thread::hardware_concurrency());
+    Rate psd_push[2], psd_pull[2];
+    {
+      ps::ComputePool pool(threads - 1);
+      const ps::TableSpec spec{
+          .name = name, .dim = dim, .rows = rows, .optimizer = ps::RowOptimizerConfig::sgd(0.01f)};
+      ps::EmbeddingTable one(spec, 0, 1),
+          spread(spec, 0, 1, ps::RunParts{threads, [&](std::size_t parts, const ps::PartFn&fn) {
+                                            pool.run_parts(parts, threads - 1, fn);
+                                          }});
+      std::vector<double> push_s[2], pull_s[2];
+      for (const auto& ids : uniform) {
+        const std::span<const uint64_t> u(reinterpret_cast<const uint64_t*>(ids.data()),
+                                          ids.size());
+        for (int k = 0; k < 2; ++k) {
+          ps::EmbeddingTable& t = k ? spread : one;
+          auto t0 = Clock::now();
+          t.push(u, grads, 1.0f);
+          push_s[k].push_back(seconds_since(t0));
+          t0 = Clock::now();
+          t.pull(u, out.data());
+          pull_s[k].push_back(seconds_since(t0));
+        }
+      }
+      for (int k = 0; k < 2; ++k) {
+        psd_push[k] = rate(batch, dim, median(push_s[k]));
+        psd_pull[k] = rate(batch, dim, median(pull_s[k]));
+      }
+    }
 
     std::printf(
         "embedding_bench: fixed table %llu x %u (SGD), batches of %zu ids, %d client(s), median "
@@ -498,6 +546,12 @@ int main(int argc, char** argv) {
         "  client dedup+split+reassembly     %8.3f ms CPU per batch (1 shard), %.3f ms (3 "
         "shards)\n",
         plan_1 * 1e3, plan_3 * 1e3);
+    std::printf(
+        "  psd's table code in memory: push %6.2f M rows/s on 1 thread, %6.2f on %u (%.2fx); "
+        "pull %6.2f, %6.2f (%.2fx)\n",
+        psd_push[0].rows_per_s / 1e6, psd_push[1].rows_per_s / 1e6, threads,
+        psd_push[1].rows_per_s / psd_push[0].rows_per_s, psd_pull[0].rows_per_s / 1e6,
+        psd_pull[1].rows_per_s / 1e6, psd_pull[1].rows_per_s / psd_pull[0].rows_per_s);
 
     const ps::TableSpec spec{
         .name = name, .dim = dim, .rows = rows, .optimizer = ps::RowOptimizerConfig::sgd(0.01f)};

@@ -7,7 +7,10 @@
 // the same IEEE operations, only more of them at a time.
 #pragma once
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Not under ThreadSanitizer: a clone's resolver runs while the program is
+// relocated, before TSan's runtime is up, and crashes there.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__)
 #define PS_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define PS_VECTOR_CLONES

@@ -1,5 +1,7 @@
 #include "server/compute_pool.h"
 
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -89,6 +91,35 @@ kj::Promise<void> ComputePool::run(uint64_t key, std::function<void()> fn) {
     if (task->state == Task::kQueued) task->state = Task::kCancelled;
     task->cv.wait(lock, [&] { return task->state != Task::kRunning; });
   }));
+}
+
+void ComputePool::run_parts(std::size_t parts, unsigned helpers,
+                            const std::function<void(std::size_t)>& fn) {
+  if (parts > 1) helpers = std::min<std::size_t>({helpers, threads_, parts - 1});
+  if (parts <= 1 || joined_ || helpers == 0) {
+    for (std::size_t p = 0; p < parts; ++p) fn(p);
+    return;
+  }
+  // Parts are handed out by one counter: whoever asks next takes the next
+  // part. The state outlives this call for helpers that start late; fn is
+  // called only for parts taken, all of which finish before this returns.
+  struct Parts {
+    const std::function<void(std::size_t)>* fn;
+    std::size_t count;
+    std::atomic<std::size_t> next{0}, done{0};
+  };
+  auto state = std::make_shared<Parts>();
+  state->fn = &fn;
+  state->count = parts;
+  auto take = [](Parts& s) {
+    for (std::size_t p; (p = s.next.fetch_add(1)) < s.count;) {
+      (*s.fn)(p);
+      if (s.done.fetch_add(1) + 1 == s.count) s.done.notify_all();
+    }
+  };
+  for (unsigned h = 0; h < helpers; ++h) asio::post(pool_, [state, take] { take(*state); });
+  take(*state);
+  for (std::size_t d; (d = state->done.load()) < parts;) state->done.wait(d);
 }
 
 }  // namespace ps

@@ -182,6 +182,12 @@ void add_psd_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x, PsdFrontDo
   app.add_option("--threads", o.threads,
                  "psd: compute threads applying updates (0: on the network thread)")
       ->capture_default_str();
+  // Half the cores: a psd host usually runs workers or other shards too.
+  o.shard.table_threads = std::max(1u, std::thread::hardware_concurrency() / 2);
+  app.add_option("--table_threads", o.shard.table_threads,
+                 "psd: threads one large embedding-table pull or push is spread over, the "
+                 "network thread's included (1: that thread alone)")
+      ->capture_default_str();
   if (CLI::Option* opt =
           add_or_share(app, x, "--log_level", x.log_level, "trace, debug, info, warn, error")) {
     opt->capture_default_str();
@@ -316,6 +322,8 @@ void finish_psd_flags(ServerOptions& o, PsdFlagValues& x, const std::optional<Ps
     throw ConfigError("--request_timeout_secs must be in 0.1..86400");
   if (o.threads > kMaxThreads)
     throw ConfigError("--threads must be in 0.." + std::to_string(kMaxThreads));
+  if (o.shard.table_threads < 1 || o.shard.table_threads > kMaxThreads + 1)
+    throw ConfigError("--table_threads must be in 1.." + std::to_string(kMaxThreads + 1));
   if (o.max_connections < 1) throw ConfigError("--max_connections must be >= 1");
   o.shard.max_message_bytes = static_cast<uint64_t>(x.max_message_mb * (1 << 20));
   o.shard.limits.max_tensor_bytes = static_cast<uint64_t>(x.max_tensor_mb * (1 << 20));

@@ -597,12 +597,14 @@ void PsServer::run(kj::Promise<void> stop) {
   if (!o.port_file.empty()) write_port_file(o.port_file, port, "--port_file");
   const int send_buffer_kb = same_host_send_buffer_bytes() >> 10;
   spdlog::info(
-      "psd shard {}/{} listening on {}:{}{}{} ({} compute threads, same-host TCP send buffer {}, "
+      "psd shard {}/{} listening on {}:{}{}{} ({} compute threads, {} for a large table request, "
+      "same-host TCP send buffer {}, "
       "memory budget {} MiB (--max_memory_mb))",
       o.shard.shard_index, o.shard.num_shards, o.bind, port,
       impl_->tls ? (o.tls.client_ca.empty() ? " (TLS)" : " (TLS, client certificates required)")
                  : "",
       o.unix_socket.empty() ? "" : " and unix:" + o.unix_socket, o.threads,
+      std::min(o.shard.table_threads, o.threads + 1),
       send_buffer_kb > 0 ? std::to_string(send_buffer_kb) + " KiB" : "autotuned",
       impl_->budget.limit() >> 20);
 

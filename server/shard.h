@@ -52,6 +52,9 @@ struct ShardOptions {
   uint32_t num_shards = 1;
   bool allow_nonfinite = false;            // accept NaN/Inf gradients (refused by default)
   uint64_t inline_bytes = 1u << 20;        // smaller updates and reads run on the event loop
+  // Threads one large embedding-table pull or push is spread over: the
+  // event loop's and up to table_threads - 1 of the compute pool's.
+  unsigned table_threads = 1;
   uint64_t max_message_bytes = 80u << 20;  // advertised to clients; enforced by the RPC reader
   StoreLimits limits;
   std::string auth_token;   // non-empty: hello must carry it

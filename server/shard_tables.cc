@@ -141,7 +141,13 @@ std::vector<TableReport> Shard::create_tables(const std::vector<ShardTableSpec>&
     bool created = false;
     if (it == tables_->tables.end()) {
       ShardTable t;
-      t.table = std::make_unique<EmbeddingTable>(s.spec, s.shard_index, s.num_shards);
+      const unsigned helpers =
+          std::min(std::max(options_.table_threads, 1u), pool_.threads() + 1) - 1;
+      t.table = std::make_unique<EmbeddingTable>(
+          s.spec, s.shard_index, s.num_shards,
+          RunParts{helpers + 1, [this, helpers](std::size_t parts, const PartFn& fn) {
+                     pool_.run_parts(parts, helpers, fn);
+                   }});
       t.num_shards = s.num_shards;
       it = tables_->tables.emplace(s.spec.name, std::move(t)).first;
       created = true;

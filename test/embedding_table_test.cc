@@ -15,6 +15,7 @@
 
 #include "common/embedding_placement.h"
 #include "ps/errors.h"
+#include "server/compute_pool.h"
 #include "server/embedding/embedding_table.h"
 #include "common/first_positions.h"
 #include "server/embedding/row_buffers.h"
@@ -698,5 +699,57 @@ TEST_CASE("ids chosen to collide under a fixed hash key do not cluster in psd's 
     CHECK(index.longest_probe() < 200);
     for (uint32_t i = 0; i < ids.size(); ++i) REQUIRE(index.find(ids[i]) == i);
     CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(2));
+  }
+}
+
+TEST_CASE("a table spread over threads ends bit for bit where one thread leaves it") {
+  // A large request is cut into parts: repeats found by row, updates by
+  // position range. Every optimizer, fixed and dynamic (LRU eviction too),
+  // repeats within and across parts, the checked path (LazyAdam, FTRL: no
+  // safe bound) and a refused update: the spread table and its one-thread
+  // twin hold the same bits, rows and versions after every request.
+  ComputePool pool(3);
+  const RunParts spread{
+      4, [&pool](std::size_t parts, const PartFn& fn) { pool.run_parts(parts, 3, fn); }};
+  const InitConfig init = InitConfig::uniform(-1, 1, 5);
+  for (const auto& opt :
+       {RowOptimizerConfig::sgd(0.5f), RowOptimizerConfig::adagrad(0.5f, 0.1f),
+        RowOptimizerConfig::lazy_adam(0.05f), RowOptimizerConfig::ftrl(0.1f, 0.01f, 0.1f)}) {
+    for (int kind = 0; kind < 3; ++kind) {  // fixed, dynamic, dynamic with LRU eviction
+      INFO(row_optimizer_name(opt.kind) << ", kind " << kind);
+      TableSpec spec = kind == 0   ? fixed_table(40000, 8, opt, init)
+                       : kind == 1 ? dynamic_table(8, 0, OnRowLimit::kRefuse, init)
+                                   : dynamic_table(8, 30000, OnRowLimit::kEvictLru, init);
+      spec.optimizer = opt;
+      EmbeddingTable one(spec, 0, 1), many(spec, 0, 1, spread);
+      std::mt19937_64 rng(17 + kind);
+      std::uniform_real_distribution<float> u(-1, 1);
+      for (int round = 0; round < 12; ++round) {
+        const std::size_t n = round % 4 == 3 ? 500 : 20000 + rng() % 9000;  // small ones stay whole
+        std::vector<uint64_t> ids(n);
+        for (auto& id : ids) {
+          const double x = double(rng() % 1000000) / 1e6;
+          id = uint64_t(40000 * x * x * x);  // a hot head: many repeats
+        }
+        std::vector<float> g(n * 8);
+        for (auto& x : g) x = u(rng);
+        if (round == 5) g[(n / 2) * 8 + 3] = 3e38f;  // Adam and FTRL refuse; SGD/Adagrad check
+        const uint64_t fresh = one.check(ids, "push");
+        REQUIRE(many.check(ids, "push") == fresh);
+        const bool applied = one.push_if_finite(ids, g, 0.5f, fresh);
+        REQUIRE(many.push_if_finite(ids, g, 0.5f, fresh) == applied);
+        REQUIRE(many.version() == one.version());
+        REQUIRE(many.rows() == one.rows());
+        if (round % 3 == 0) REQUIRE(all_rows(many) == all_rows(one));
+        // A pull of the same ids reads the same rows.
+        std::vector<float> a(n * 8), b(n * 8);
+        one.pull(ids, a.data());
+        many.pull(ids, b.data());
+        REQUIRE(a == b);
+      }
+      REQUIRE(all_rows(many) == all_rows(one));
+      if (kind == 2) CHECK(one.evictions() > 0);
+      CHECK(many.evictions() == one.evictions());
+    }
   }
 }

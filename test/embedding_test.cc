@@ -291,56 +291,61 @@ TEST_CASE("large batches: rows sent from psd's reused buffers, gradients without
   // rows from a buffer it reuses, the client sends summed gradients from its
   // own memory, and the rows go from the replies straight to the caller's
   // positions. An odd dim makes some requests' rows end off a word boundary
-  // (those are copied instead).
-  PsdProcess ps0, ps1;
-  Client client(options_for({&ps0, &ps1}));
-  const uint64_t rows = 50000;
-  client.create_tables(
-      {fixed("w32", rows, 32, 1, InitConfig::uniform(-1, 1, 3)),
-       fixed("w5", rows, 5, 1, InitConfig::uniform(-1, 1, 4), TablePlacement::kDiv),
-       dynamic("h", 32)});
-  std::mt19937_64 rng(11);
-  std::vector<int64_t> ids(40000);
-  for (auto& id : ids) id = int64_t(rng() % rows);  // about a third repeat an earlier id
-  for (const auto& [name, dim] :
-       std::vector<std::pair<std::string, uint32_t>>{{"w32", 32}, {"w5", 5}, {"h", 32}}) {
-    INFO("table " << name);
-    std::vector<int64_t> batch = ids;
-    if (name == "h") {
-      for (auto& id : batch) id = int64_t(uint64_t(id) * 0x9e3779b97f4a7c15ull);
-    }
-    std::vector<float> grads(batch.size() * dim);
-    for (std::size_t i = 0; i < grads.size(); ++i) grads[i] = float(int(i % 7) - 3);
-    std::map<int64_t, std::vector<float>> sums;
-    for (std::size_t i = 0; i < batch.size(); ++i) {
-      auto& s = sums[batch[i]];
-      s.resize(dim);
-      for (uint32_t j = 0; j < dim; ++j) s[j] += grads[i * dim + j];
-    }
-    auto before = pull_rows(client, name, batch, dim);
-    // Every position of an id gets the same row.
-    std::map<int64_t, std::size_t> first;
-    for (std::size_t i = 0; i < batch.size(); ++i) {
-      auto [it, fresh] = first.emplace(batch[i], i);
-      if (!fresh) {
-        REQUIRE(std::equal(before.begin() + i * dim, before.begin() + (i + 1) * dim,
-                           before.begin() + it->second * dim));
+  // (those are copied instead). psd on one thread a request, then with each
+  // request's rows spread over three (--table_threads).
+  for (const char* table_threads : {"1", "3"}) {
+    INFO("--table_threads " << table_threads);
+    const std::vector<std::string> flags{"--threads", "3", "--table_threads", table_threads};
+    PsdProcess ps0(flags), ps1(flags);
+    Client client(options_for({&ps0, &ps1}));
+    const uint64_t rows = 50000;
+    client.create_tables(
+        {fixed("w32", rows, 32, 1, InitConfig::uniform(-1, 1, 3)),
+         fixed("w5", rows, 5, 1, InitConfig::uniform(-1, 1, 4), TablePlacement::kDiv),
+         dynamic("h", 32)});
+    std::mt19937_64 rng(11);
+    std::vector<int64_t> ids(40000);
+    for (auto& id : ids) id = int64_t(rng() % rows);  // about a third repeat an earlier id
+    for (const auto& [name, dim] :
+         std::vector<std::pair<std::string, uint32_t>>{{"w32", 32}, {"w5", 5}, {"h", 32}}) {
+      INFO("table " << name);
+      std::vector<int64_t> batch = ids;
+      if (name == "h") {
+        for (auto& id : batch) id = int64_t(uint64_t(id) * 0x9e3779b97f4a7c15ull);
+      }
+      std::vector<float> grads(batch.size() * dim);
+      for (std::size_t i = 0; i < grads.size(); ++i) grads[i] = float(int(i % 7) - 3);
+      std::map<int64_t, std::vector<float>> sums;
+      for (std::size_t i = 0; i < batch.size(); ++i) {
+        auto& s = sums[batch[i]];
+        s.resize(dim);
+        for (uint32_t j = 0; j < dim; ++j) s[j] += grads[i * dim + j];
+      }
+      auto before = pull_rows(client, name, batch, dim);
+      // Every position of an id gets the same row.
+      std::map<int64_t, std::size_t> first;
+      for (std::size_t i = 0; i < batch.size(); ++i) {
+        auto [it, fresh] = first.emplace(batch[i], i);
+        if (!fresh) {
+          REQUIRE(std::equal(before.begin() + i * dim, before.begin() + (i + 1) * dim,
+                             before.begin() + it->second * dim));
+        }
+      }
+      REQUIRE(client.push_rows(name, batch, grads) == PushStatus::kApplied);
+      auto after = pull_rows(client, name, batch, dim);
+      for (std::size_t i = 0; i < batch.size(); ++i) {
+        for (uint32_t j = 0; j < dim; ++j) {
+          REQUIRE(after[i * dim + j] == before[i * dim + j] - sums[batch[i]][j]);
+        }
       }
     }
-    REQUIRE(client.push_rows(name, batch, grads) == PushStatus::kApplied);
-    auto after = pull_rows(client, name, batch, dim);
-    for (std::size_t i = 0; i < batch.size(); ++i) {
-      for (uint32_t j = 0; j < dim; ++j) {
-        REQUIRE(after[i * dim + j] == before[i * dim + j] - sums[batch[i]][j]);
-      }
-    }
+    // Row i of a fixed table starts as drawn from (seed, i), whichever path brought it.
+    std::vector<int64_t> one = {ids[0]};
+    auto alone = pull_rows(client, "w5", one, 5);
+    auto in_batch = pull_rows(client, "w5", ids, 5);
+    CHECK(std::equal(alone.begin(), alone.end(), in_batch.begin()));
+    CHECK(client.stats()[0].rejected == 0);
   }
-  // Row i of a fixed table starts as drawn from (seed, i), whichever path brought it.
-  std::vector<int64_t> one = {ids[0]};
-  auto alone = pull_rows(client, "w5", one, 5);
-  auto in_batch = pull_rows(client, "w5", ids, 5);
-  CHECK(std::equal(alone.begin(), alone.end(), in_batch.begin()));
-  CHECK(client.stats()[0].rejected == 0);
 }
 
 TEST_CASE("a dynamic table takes any 64-bit id, and refuses new ones at its row limit") {

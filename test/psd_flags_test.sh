@@ -21,6 +21,8 @@ refused() {
 }
 
 refused threads_huge '--threads' --threads 100000
+refused table_threads_zero '--table_threads' --table_threads 0
+refused table_threads_huge '--table_threads' --table_threads 100000
 refused message_nan '--max_message_mb' --max_message_mb nan
 refused message_huge '--max_message_mb' --max_message_mb 1e30
 refused message_zero '--max_message_mb' --max_message_mb 0

@@ -98,11 +98,12 @@ uint64_t EmbeddingTable::bytes_per_dynamic_row(const TableSpec& s) {
          (s.on_limit == OnRowLimit::kEvictLru ? sizeof(uint64_t) + 2 * sizeof(uint32_t) : 0);
 }
 
-EmbeddingTable::EmbeddingTable(TableSpec spec, uint32_t shard, uint32_t shards)
+EmbeddingTable::EmbeddingTable(TableSpec spec, uint32_t shard, uint32_t shards, RunParts run_parts)
     : spec_(std::move(spec)),
       shard_(shard),
       placement_(spec_.dynamic ? TablePlacement::kHash : spec_.placement, spec_.rows, shards),
-      optimizer_(RowOptimizer::make(spec_.optimizer, spec_.name)) {
+      optimizer_(RowOptimizer::make(spec_.optimizer, spec_.name)),
+      run_parts_(std::move(run_parts)) {
   spec_.init.values.clear();
   if (spec_.dynamic) {
     slabs_.resize(components());
@@ -333,41 +334,62 @@ uint64_t EmbeddingTable::check(std::span<const uint64_t> ids, const char* what) 
   return missing;
 }
 
+std::size_t EmbeddingTable::parts_for(std::size_t n) const {
+  if (run_parts_.threads <= 1 || !run_parts_.run) return 1;
+  // A few parts a thread, so that one thread late to start (the pool busy
+  // elsewhere) leaves little for the others to wait on.
+  const std::size_t most = std::min<std::size_t>(kMaxParts, 4 * run_parts_.threads);
+  return std::clamp<std::size_t>(n / kPartRows, 1, most);
+}
+
+void EmbeddingTable::for_parts(std::size_t parts, const PartFn& fn) {
+  if (parts > 1) return run_parts_.run(parts, fn);
+  fn(0);
+}
+
 void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) {
   const std::size_t row_bytes = spec_.dim * sizeof(float);
+  const std::size_t n = ids.size(), parts = parts_for(n);
+  // Rows are random reads from a large array: the rows a few positions
+  // ahead are asked for while this one is copied, so their cache misses
+  // overlap. Each part copies a range of positions.
+  constexpr std::size_t kAhead = 8;
+  auto range = [n, parts](std::size_t p) { return std::pair(n * p / parts, n * (p + 1) / parts); };
   if (!spec_.dynamic) {
-    // Rows are random reads from a large array: the rows a few positions
-    // ahead are asked for while this one is copied, so their cache misses overlap.
-    constexpr std::size_t kAhead = 8;
     const float* values = arrays_[0].get();
-    const std::size_t n = ids.size();
-    for (std::size_t i = 0; i < n; ++i) {
-      if (i + kAhead < n) {
-        const auto* next = reinterpret_cast<const char*>(
-            values + placement_.local_row(ids[i + kAhead]) * spec_.dim);
-        for (std::size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(next + b);
+    for_parts(parts, [&](std::size_t p) {
+      const auto [lo, hi] = range(p);
+      for (std::size_t i = lo; i < hi; ++i) {
+        if (i + kAhead < hi) {
+          const auto* next = reinterpret_cast<const char*>(
+              values + placement_.local_row(ids[i + kAhead]) * spec_.dim);
+          for (std::size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(next + b);
+        }
+        std::memcpy(out + i * spec_.dim, values + placement_.local_row(ids[i]) * spec_.dim,
+                    row_bytes);
       }
-      std::memcpy(out + i * spec_.dim, values + placement_.local_row(ids[i]) * spec_.dim,
-                  row_bytes);
-    }
+    });
     return;
   }
-  // Rows are found through the index: the index entries of the ids
-  // kIndexAhead positions ahead, then the rows kAhead ahead, are asked for
-  // early so that their misses overlap. Existing rows go to the LRU front
-  // first, so that new ones evict others (check() allowed no more distinct
-  // ids than the limit): the slots found stay valid while rows are added.
-  const std::size_t n = ids.size();
+  // Rows are found through the index (the entries of the ids kIndexAhead
+  // positions ahead asked for early). Existing rows go to the LRU front
+  // first and are copied, then missing ones are created (evicting others:
+  // check() allowed no more distinct ids than the limit), one after another.
   std::vector<uint64_t>& slots = push_slots_;
   find_and_touch(ids, slots);
-  constexpr std::size_t kAhead = 8;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (i + kAhead < n && slots[i + kAhead] != kEmpty) {
-      const auto* next = reinterpret_cast<const char*>(row(0, slots[i + kAhead]));
-      for (std::size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(next + b);
+  for_parts(parts, [&](std::size_t p) {
+    const auto [lo, hi] = range(p);
+    for (std::size_t i = lo; i < hi; ++i) {
+      if (i + kAhead < hi && slots[i + kAhead] != kEmpty) {
+        const auto* next = reinterpret_cast<const char*>(row(0, slots[i + kAhead]));
+        for (std::size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(next + b);
+      }
+      if (slots[i] != kEmpty) std::memcpy(out + i * spec_.dim, row(0, slots[i]), row_bytes);
     }
-    const uint64_t slot = slots[i] != kEmpty ? slots[i] : find_or_insert(ids[i]);
-    std::memcpy(out + i * spec_.dim, row(0, slot), row_bytes);
+  });
+  for (std::size_t i = 0; i < n; ++i) {
+    if (slots[i] == kEmpty)
+      std::memcpy(out + i * spec_.dim, row(0, find_or_insert(ids[i])), row_bytes);
   }
 }
 
@@ -392,6 +414,62 @@ bool EmbeddingTable::push_if_finite(std::span<const uint64_t> ids, std::span<con
   return apply_push(ids, grads, scale, /*check_first=*/!safe);
 }
 
+void EmbeddingTable::group_slots_by_part(std::size_t parts) {
+  const std::vector<uint64_t>& slots = push_slots_;
+  const std::size_t n = slots.size();
+  part_begin_.assign(parts + 1, 0);
+  if (parts == 1) {  // every position, in order: no list needed
+    part_order_.clear();
+    part_begin_[1] = static_cast<uint32_t>(n);
+    return;
+  }
+  part_order_.resize(n);
+  // A counting sort of the positions by their slot's part: stable, so each
+  // part's positions stay in request order.
+  auto part_of = [parts](uint64_t slot) { return ((mix_id(slot) >> 32) * parts) >> 32; };
+  for (uint64_t slot : slots) ++part_begin_[part_of(slot) + 1];
+  for (std::size_t p = 0; p < parts; ++p) part_begin_[p + 1] += part_begin_[p];
+  std::vector<uint32_t> next(part_begin_.begin(), part_begin_.end() - 1);
+  for (std::size_t i = 0; i < n; ++i)
+    part_order_[next[part_of(slots[i])]++] = static_cast<uint32_t>(i);
+}
+
+void EmbeddingTable::sum_repeats(std::size_t part, const float* grads) {
+  const uint32_t dim = spec_.dim;
+  PartSums& p = part_sums_[part];
+  p.seen.reset(part_begin_[part + 1] - part_begin_[part]);
+  p.sums.clear();
+  auto position = [&](uint32_t i) {
+    const uint32_t m = p.seen.first(push_slots_[i], i);
+    if (m == i) {
+      summed_at_[i] = kOwnGradient;
+      return;
+    }
+    // A repeat: the row's gradients are summed in request order (as the
+    // first position's gradient plus each later one's).
+    if (summed_at_[m] == kOwnGradient) {
+      summed_at_[m] = (p.sums.size() / dim) << kPartBits | part;
+      p.sums.insert(p.sums.end(), grads + std::size_t(m) * dim, grads + std::size_t(m + 1) * dim);
+    }
+    float* sum = p.sums.data() + (summed_at_[m] >> kPartBits) * dim;
+    for (uint32_t j = 0; j < dim; ++j) sum[j] += grads[std::size_t(i) * dim + j];
+    summed_at_[i] = kRepeat;
+  };
+  if (part_order_.empty()) {  // one part
+    for (uint32_t i = 0; i < part_begin_[1]; ++i) position(i);
+  } else {
+    const std::span<const uint32_t> positions(part_order_.data() + part_begin_[part],
+                                              part_begin_[part + 1] - part_begin_[part]);
+    for (const uint32_t i : positions) position(i);
+  }
+}
+
+const float* EmbeddingTable::gradient_at(std::size_t i, const float* grads) const {
+  const uint64_t at = summed_at_[i];
+  if (at == kOwnGradient) return grads + i * spec_.dim;
+  return part_sums_[at & ((1u << kPartBits) - 1)].sums.data() + (at >> kPartBits) * spec_.dim;
+}
+
 bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const float> grads,
                                 float scale, bool check_first) {
   const uint32_t dim = spec_.dim;
@@ -409,22 +487,16 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
   } else {
     for (std::size_t i = 0; i < n; ++i) slots[i] = placement_.local_row(ids[i]);
   }
-  seen_.reset(n);
-  std::vector<float> summed;    // gradients of duplicated ids, summed (allocated only if any)
-  std::vector<uint32_t> first;  // per position: the first position of its slot
-  for (std::size_t i = 0; i < n; ++i) {
-    const uint32_t m = seen_.first(slots[i], static_cast<uint32_t>(i));
-    if (m == i) continue;
-    if (summed.empty()) {
-      summed.assign(grads.begin(), grads.end());
-      first.resize(n);
-      for (std::size_t k = 0; k < n; ++k) first[k] = static_cast<uint32_t>(k);
-    }
-    first[i] = m;
-    for (uint32_t j = 0; j < dim; ++j) summed[std::size_t(m) * dim + j] += grads[i * dim + j];
-  }
-  const float* g = summed.empty() ? grads.data() : summed.data();
-  float* slot_ptrs[4];
+  // Repeated rows are found and their gradients summed in parts by row (a
+  // row's every position in one part). The updates then go in parts by
+  // position range, reading the gradients in order: each row is updated
+  // once, at its first position, so no two parts write the same row.
+  const std::size_t parts = parts_for(n);
+  group_slots_by_part(parts);
+  summed_at_.resize(n);
+  if (part_sums_.size() < parts) part_sums_.resize(parts);
+  for_parts(parts, [&](std::size_t part) { sum_repeats(part, grads.data()); });
+
   const uint32_t comps = components();
   constexpr std::size_t kAhead = 8;
   // As in pull: the rows a few positions ahead are fetched while this one is updated.
@@ -434,27 +506,41 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
       for (std::size_t b = 0; b < dim * sizeof(float); b += 64) __builtin_prefetch(next + b, 1);
     }
   };
+  auto range = [n, parts](std::size_t p) { return std::pair(n * p / parts, n * (p + 1) / parts); };
   const RowOptimizer::Step step = optimizer_->step(scale, version_ + 1);
   if (check_first) {
     // Each distinct row's update worked out without writing it (the same
     // arithmetic as the update): the table is untouched until every row is
     // known to stay finite, and the rows the second pass updates are then in
     // cache (a request is at most a few MiB).
-    for (std::size_t i = 0; i < n; ++i) {
-      if (i + kAhead < n) prefetch_row(i + kAhead);
-      if (!first.empty() && first[i] != i) continue;
-      for (uint32_t c = 1; c < comps; ++c) slot_ptrs[c - 1] = row(c, slots[i]);
-      if (!optimizer_->stays_finite(row(0, slots[i]), slot_ptrs, g + i * dim, dim, step))
-        return false;
-    }
+    std::vector<char> finite(parts, 1);
+    for_parts(parts, [&](std::size_t part) {
+      const auto [lo, hi] = range(part);
+      const float* slot_ptrs[4];
+      for (std::size_t i = lo; i < hi; ++i) {
+        if (i + kAhead < hi) prefetch_row(i + kAhead);
+        if (summed_at_[i] == kRepeat) continue;
+        for (uint32_t c = 1; c < comps; ++c) slot_ptrs[c - 1] = row(c, slots[i]);
+        if (!optimizer_->stays_finite(row(0, slots[i]), slot_ptrs, gradient_at(i, grads.data()),
+                                      dim, step)) {
+          finite[part] = 0;
+          return;
+        }
+      }
+    });
+    if (std::find(finite.begin(), finite.end(), 0) != finite.end()) return false;
   }
   ++version_;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (!check_first && i + kAhead < n) prefetch_row(i + kAhead);
-    if (!first.empty() && first[i] != i) continue;
-    for (uint32_t c = 1; c < comps; ++c) slot_ptrs[c - 1] = row(c, slots[i]);
-    optimizer_->apply(row(0, slots[i]), slot_ptrs, g + i * dim, dim, step);
-  }
+  for_parts(parts, [&](std::size_t part) {
+    const auto [lo, hi] = range(part);
+    float* slot_ptrs[4];
+    for (std::size_t i = lo; i < hi; ++i) {
+      if (!check_first && i + kAhead < hi) prefetch_row(i + kAhead);
+      if (summed_at_[i] == kRepeat) continue;
+      for (uint32_t c = 1; c < comps; ++c) slot_ptrs[c - 1] = row(c, slots[i]);
+      optimizer_->apply(row(0, slots[i]), slot_ptrs, gradient_at(i, grads.data()), dim, step);
+    }
+  });
   return true;
 }
 

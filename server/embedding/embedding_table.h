@@ -10,7 +10,9 @@
 // Every request is checked whole (check()) before anything changes: an id
 // outside a fixed table or owned by another shard, a dynamic table at its
 // row limit with OnRowLimit::kRefuse, throws RequestError. Not thread-safe:
-// psd calls it from its event loop.
+// psd calls it from its event loop. A large pull or push is cut into parts
+// by row (a repeated id stays in one part), which the table's RunParts may
+// run on several threads at once; the call returns when all are done.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +29,7 @@
 #include "server/embedding/huge_pages.h"
 #include "server/embedding/row_index.h"
 #include "server/embedding/row_optimizers.h"
+#include "server/embedding/run_parts.h"
 
 namespace ps {
 
@@ -44,7 +47,9 @@ class EmbeddingTable {
   // The bytes one more row of a dynamic table takes (values, slots, index).
   static uint64_t bytes_per_dynamic_row(const TableSpec& spec);
 
-  EmbeddingTable(TableSpec spec, uint32_t shard, uint32_t shards);
+  // run_parts spreads a large request's parts over threads (run_parts.h);
+  // by default the caller does all the work.
+  EmbeddingTable(TableSpec spec, uint32_t shard, uint32_t shards, RunParts run_parts = {});
   ~EmbeddingTable();
   EmbeddingTable(const EmbeddingTable&) = delete;
   EmbeddingTable& operator=(const EmbeddingTable&) = delete;
@@ -166,10 +171,40 @@ class EmbeddingTable {
   uint32_t lru_head_ = kEmpty, lru_tail_ = kEmpty;
 
   // Request scratch, reused between requests: each position's slot, and
-  // the repeated keys (ids in check() and update_finite(), slots in
-  // apply_push(), which run one after another, never nested).
+  // the repeated ids in check() and update_finite() (which run one after
+  // another, never nested).
   std::vector<uint64_t> push_slots_;
   mutable FirstPositions seen_;
+
+  // A request of n ids is cut into parts_for(n) parts, each worked on by one
+  // thread: at least kPartRows ids a part, so that handing one to another
+  // thread costs little beside its work; one part where run_parts_ has one thread.
+  static constexpr std::size_t kPartRows = 1024, kMaxParts = 16;
+  std::size_t parts_for(std::size_t n) const;
+  RunParts run_parts_;
+  void for_parts(std::size_t parts, const PartFn& fn);
+  // A push's repeated rows are found in parts by row: the positions of each
+  // part (part_order_ from part_begin_[p]: a slot's positions all in one
+  // part, in request order), and per
+  // part the repeated slots' gradients summed. summed_at_[i]: kOwnGradient
+  // (the row's only position), kRepeat (a later position of a row, applied
+  // at its first), or where the row's summed gradient is (its index in its
+  // part's sums, then kPartBits bits of the part).
+  static constexpr uint64_t kOwnGradient = UINT64_MAX, kRepeat = UINT64_MAX - 1;
+  static constexpr uint32_t kPartBits = 5;
+  static_assert(kMaxParts <= (1u << kPartBits));
+  struct PartSums {
+    FirstPositions seen;
+    std::vector<float> sums;
+  };
+  std::vector<uint32_t> part_order_, part_begin_;
+  std::vector<uint64_t> summed_at_;
+  std::vector<PartSums> part_sums_;
+  // From push_slots_; with one part, part_order_ stays empty (every position).
+  void group_slots_by_part(std::size_t parts);
+  void sum_repeats(std::size_t part, const float* grads);
+  // Position i's gradient: its own, or its row's sum.
+  const float* gradient_at(std::size_t i, const float* grads) const;
   // push(), first (with `check_first`) working out every row's update
   // without writing it: false, and nothing changed, when one would not be finite.
   bool apply_push(std::span<const uint64_t> ids, std::span<const float> grads, float scale,

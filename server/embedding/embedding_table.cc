@@ -235,12 +235,16 @@ void EmbeddingTable::evict_one() {
 }
 
 void EmbeddingTable::find_and_touch(std::span<const uint64_t> ids, std::vector<uint64_t>& slots) {
-  const std::size_t n = ids.size();
+  const std::size_t n = ids.size(), parts = parts_for(n);
   slots.resize(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (i + kIndexAhead < n) index_.prefetch(ids[i + kIndexAhead]);
-    slots[i] = find(ids[i]);
-  }
+  // Lookups only read the index: in parts by position range.
+  for_parts(parts, [&](std::size_t p) {
+    const std::size_t lo = n * p / parts, hi = n * (p + 1) / parts;
+    for (std::size_t i = lo; i < hi; ++i) {
+      if (i + kIndexAhead < hi) index_.prefetch(ids[i + kIndexAhead]);
+      slots[i] = find(ids[i]);
+    }
+  });
   if (spec_.on_limit != OnRowLimit::kEvictLru) return;
   // Each touch unlinks a node whose neighbours are anywhere in the list: a
   // slot's node is asked for kNodeAhead positions ahead, and once it is in,

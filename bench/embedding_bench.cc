@@ -290,6 +290,67 @@ class MemoryTable {
 
 }  // namespace
 
+// psd's own table code (server/embedding), in this process: a push then a
+// pull of each batch, on one thread and spread over `threads` (psd
+// --table_threads; 0: every core), the two tables taking turns batch by
+// batch. A dynamic table's rows are created first by a pull of `fill`.
+struct TableCodeRates {
+  unsigned threads = 1;
+  Rate push[2], pull[2];  // [0]: one thread
+  void print() const {
+    std::printf(
+        "  psd's table code in memory: push %6.2f M rows/s on 1 thread, %6.2f on %u (%.2fx); "
+        "pull %6.2f, %6.2f (%.2fx)\n",
+        push[0].rows_per_s / 1e6, push[1].rows_per_s / 1e6, threads,
+        push[1].rows_per_s / push[0].rows_per_s, pull[0].rows_per_s / 1e6, pull[1].rows_per_s / 1e6,
+        pull[1].rows_per_s / pull[0].rows_per_s);
+  }
+};
+
+TableCodeRates psd_table_code(const ps::TableSpec& spec,
+                              const std::vector<std::vector<int64_t>>& batches, unsigned threads,
+                              const std::vector<int64_t>& fill = {}) {
+  TableCodeRates r;
+  r.threads = threads > 0 ? threads : std::max(1u, std::thread::hardware_concurrency());
+  const std::size_t batch = batches.at(0).size();
+  auto as_ids = [](const std::vector<int64_t>& ids) {
+    return std::span<const uint64_t>(reinterpret_cast<const uint64_t*>(ids.data()), ids.size());
+  };
+  ps::ComputePool pool(r.threads - 1);
+  const unsigned helpers = r.threads - 1;
+  ps::EmbeddingTable one(spec, 0, 1),
+      spread(spec, 0, 1, ps::RunParts{r.threads, [&](std::size_t parts, const ps::PartFn&fn) {
+                                        pool.run_parts(parts, helpers, fn);
+                                      }});
+  std::vector<float> out(batch * spec.dim), grads(batch * spec.dim, 0.25f);
+  for (std::size_t first = 0; first < fill.size(); first += batch) {
+    const std::vector<int64_t> part(fill.begin() + first,
+                                    fill.begin() + std::min(fill.size(), first + batch));
+    for (ps::EmbeddingTable* t : {&one, &spread}) {
+      t->check(as_ids(part), "fill");
+      t->pull(as_ids(part), out.data());
+    }
+  }
+  std::vector<double> push_s[2], pull_s[2];
+  for (const auto& ids : batches) {
+    for (int k = 0; k < 2; ++k) {
+      ps::EmbeddingTable& t = k ? spread : one;
+      t.check(as_ids(ids), "push");
+      auto t0 = Clock::now();
+      t.push(as_ids(ids), grads, 1.0f);
+      push_s[k].push_back(seconds_since(t0));
+      t0 = Clock::now();
+      t.pull(as_ids(ids), out.data());
+      pull_s[k].push_back(seconds_since(t0));
+    }
+  }
+  for (int k = 0; k < 2; ++k) {
+    r.push[k] = rate(batch, spec.dim, median(push_s[k]));
+    r.pull[k] = rate(batch, spec.dim, median(pull_s[k]));
+  }
+  return r;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"Embedding-table pull/push rates against psd, with in-memory and TCP references"};
   std::string psd_binary =
@@ -494,40 +555,12 @@ int main(int argc, char** argv) {
       return median(t);
     };
     const double plan_1 = plan_cpu(1), plan_3 = plan_cpu(3);
-    // psd's own table code (server/embedding), in this process: a push then
-    // a pull of each uniform batch, on one thread and spread over `threads`
-    // (psd --table_threads), the two tables taking turns batch by batch.
-    const unsigned threads =
-        table_threads > 0 ? table_threads : std::max(1u, std::thread::hardware_concurrency());
-    Rate psd_push[2], psd_pull[2];
-    {
-      ps::ComputePool pool(threads - 1);
-      const ps::TableSpec spec{
-          .name = name, .dim = dim, .rows = rows, .optimizer = ps::RowOptimizerConfig::sgd(0.01f)};
-      ps::EmbeddingTable one(spec, 0, 1),
-          spread(spec, 0, 1, ps::RunParts{threads, [&](std::size_t parts, const ps::PartFn&fn) {
-                                            pool.run_parts(parts, threads - 1, fn);
-                                          }});
-      std::vector<double> push_s[2], pull_s[2];
-      for (const auto& ids : uniform) {
-        const std::span<const uint64_t> u(reinterpret_cast<const uint64_t*>(ids.data()),
-                                          ids.size());
-        for (int k = 0; k < 2; ++k) {
-          ps::EmbeddingTable& t = k ? spread : one;
-          auto t0 = Clock::now();
-          t.push(u, grads, 1.0f);
-          push_s[k].push_back(seconds_since(t0));
-          t0 = Clock::now();
-          t.pull(u, out.data());
-          pull_s[k].push_back(seconds_since(t0));
-        }
-      }
-      for (int k = 0; k < 2; ++k) {
-        psd_push[k] = rate(batch, dim, median(push_s[k]));
-        psd_pull[k] = rate(batch, dim, median(pull_s[k]));
-      }
-    }
-
+    const TableCodeRates table_code =
+        psd_table_code(ps::TableSpec{.name = name,
+                                     .dim = dim,
+                                     .rows = rows,
+                                     .optimizer = ps::RowOptimizerConfig::sgd(0.01f)},
+                       uniform, table_threads);
     std::printf(
         "embedding_bench: fixed table %llu x %u (SGD), batches of %zu ids, %d client(s), median "
         "of %d\n",
@@ -546,12 +579,7 @@ int main(int argc, char** argv) {
         "  client dedup+split+reassembly     %8.3f ms CPU per batch (1 shard), %.3f ms (3 "
         "shards)\n",
         plan_1 * 1e3, plan_3 * 1e3);
-    std::printf(
-        "  psd's table code in memory: push %6.2f M rows/s on 1 thread, %6.2f on %u (%.2fx); "
-        "pull %6.2f, %6.2f (%.2fx)\n",
-        psd_push[0].rows_per_s / 1e6, psd_push[1].rows_per_s / 1e6, threads,
-        psd_push[1].rows_per_s / psd_push[0].rows_per_s, psd_pull[0].rows_per_s / 1e6,
-        psd_pull[1].rows_per_s / 1e6, psd_pull[1].rows_per_s / psd_pull[0].rows_per_s);
+    table_code.print();
 
     const ps::TableSpec spec{
         .name = name, .dim = dim, .rows = rows, .optimizer = ps::RowOptimizerConfig::sgd(0.01f)};
@@ -628,6 +656,9 @@ int main(int argc, char** argv) {
     for (auto& b : dyn_batches) {
       for (auto& id : b) id = int64_t(uint64_t(id) * 2654435761ull);
     }
+    std::vector<int64_t> fill(dynamic_rows);
+    for (uint64_t i = 0; i < dynamic_rows; ++i) fill[i] = int64_t(i * 2654435761ull);
+    psd_table_code(dyn, dyn_batches, table_threads, fill).print();
     print("dynamic pull, uniform ids", measure("dyn", dim, dyn_batches, false, dyn_memory));
     print("dynamic push (SGD), uniform ids", measure("dyn", dim, dyn_batches, true, dyn_memory));
   }

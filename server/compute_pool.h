@@ -30,12 +30,12 @@ class ComputePool {
   kj::Promise<void> run(uint64_t key, std::function<void()> fn);
 
   // Calls fn(0) .. fn(parts - 1) on the calling thread and on up to
-  // helpers pool threads (at most threads()) at once, returning (on the
-  // caller) once every call has returned. The caller takes parts too, so a pool busy with other
-  // work only means the caller does more of them; a helper that starts
-  // after the last part was taken does nothing. fn must not throw. For one
-  // large update that must be done before the caller goes on (an embedding
-  // table's push, whose rows fall apart into independent parts).
+  // `helpers` pool threads (at most threads()) at once, returning (on the
+  // caller) once every call has returned. The caller takes parts too, so a
+  // pool busy with other work only means the caller does more of them; a
+  // helper that starts after the last part was taken does nothing. fn must
+  // not throw. For one large piece of work the caller waits for anyway (an
+  // embedding table's pull or push, whose rows fall into independent parts).
   void run_parts(std::size_t parts, unsigned helpers, const std::function<void(std::size_t)>& fn);
 
   unsigned threads() const { return threads_; }

@@ -11,8 +11,9 @@
 // outside a fixed table or owned by another shard, a dynamic table at its
 // row limit with OnRowLimit::kRefuse, throws RequestError. Not thread-safe:
 // psd calls it from its event loop. A large pull or push is cut into parts
-// by row (a repeated id stays in one part), which the table's RunParts may
-// run on several threads at once; the call returns when all are done.
+// that no two write the same row of (a push's repeated ids are summed within
+// one part first), which the table's RunParts may run on several threads at
+// once; the call returns when all are done.
 #pragma once
 
 #include <cstdint>
@@ -185,8 +186,8 @@ class EmbeddingTable {
   void for_parts(std::size_t parts, const PartFn& fn);
   // A push's repeated rows are found in parts by row: the positions of each
   // part (part_order_ from part_begin_[p]: a slot's positions all in one
-  // part, in request order), and per
-  // part the repeated slots' gradients summed. summed_at_[i]: kOwnGradient
+  // part, in request order), and per part the repeated slots' gradients
+  // summed. summed_at_[i]: kOwnGradient
   // (the row's only position), kRepeat (a later position of a row, applied
   // at its first), or where the row's summed gradient is (its index in its
   // part's sums, then kPartBits bits of the part).

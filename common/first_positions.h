@@ -64,6 +64,9 @@ class FirstPositions {
     mask_ = mask;
   }
   std::size_t size() const { return size_; }
+  std::size_t bytes() const {  // memory held
+    return keys_.capacity() * sizeof(uint64_t) + first_.capacity() * sizeof(uint32_t);
+  }
   // The position `key` was first added at since reset() or clear(); `pos`
   // (and the key is added) if it is new. Call within the room reset() or
   // reserve() made.

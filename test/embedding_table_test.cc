@@ -753,3 +753,36 @@ TEST_CASE("a table spread over threads ends bit for bit where one thread leaves 
     }
   }
 }
+
+TEST_CASE("an outsized request's scratch is given back after it, a usual one's kept") {
+  // A client may send one request of millions of ids: the memory psd worked
+  // it with must not stay pinned to the table, uncounted, afterwards.
+  ComputePool pool(1);
+  for (unsigned threads : {1u, 2u}) {
+    INFO(threads << " threads");
+    const RunParts run{
+        threads, [&pool](std::size_t parts, const PartFn& fn) { pool.run_parts(parts, 1, fn); }};
+    for (bool dynamic : {false, true}) {
+      INFO((dynamic ? "dynamic" : "fixed"));
+      TableSpec spec =
+          dynamic ? dynamic_table(1) : fixed_table(4000000, 1, RowOptimizerConfig::sgd(1));
+      EmbeddingTable t(spec, 0, 1, run);
+      std::vector<uint64_t> usual(5000), outsized(EmbeddingTable::kKeepScratchIds + 1000);
+      std::iota(usual.begin(), usual.end(), 0);
+      // Distinct ids, none of them among the usual ones.
+      for (std::size_t i = 0; i < outsized.size(); ++i) outsized[i] = 5000 + (i * 7919) % 3995000;
+      push(t, usual, std::vector<float>(usual.size(), 1.0f));
+      const std::size_t kept = t.scratch_bytes();
+      CHECK(kept >= usual.size() * sizeof(uint64_t));  // reused by the next request
+      push(t, outsized, std::vector<float>(outsized.size(), 1.0f));
+      CHECK(t.scratch_bytes() == 0);
+      pull(t, outsized);
+      CHECK(t.scratch_bytes() == 0);
+      // The table works on, with the rows the outsized push moved.
+      CHECK(pull(t, {5000 + 7919})[0] == -1.0f);
+      push(t, usual, std::vector<float>(usual.size(), 1.0f));
+      CHECK(t.scratch_bytes() > 0);
+      CHECK(pull(t, {1})[0] == -2.0f);
+    }
+  }
+}

@@ -351,7 +351,26 @@ void EmbeddingTable::for_parts(std::size_t parts, const PartFn& fn) {
   fn(0);
 }
 
+std::size_t EmbeddingTable::scratch_bytes() const {
+  std::size_t b = push_slots_.capacity() * sizeof(uint64_t) +
+                  summed_at_.capacity() * sizeof(uint64_t) +
+                  part_order_.capacity() * sizeof(uint32_t) + seen_.bytes();
+  for (const PartSums& p : part_sums_) b += p.seen.bytes() + p.sums.capacity() * sizeof(float);
+  return b;
+}
+
+EmbeddingTable::ReleaseScratchAfter::~ReleaseScratchAfter() {
+  if (ids <= kKeepScratchIds) return;
+  // Swapped with empty ones: assigning {} would keep the capacity.
+  std::vector<uint64_t>().swap(table.push_slots_);
+  std::vector<uint64_t>().swap(table.summed_at_);
+  std::vector<uint32_t>().swap(table.part_order_);
+  std::vector<PartSums>().swap(table.part_sums_);
+  table.seen_ = FirstPositions{};
+}
+
 void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) {
+  const ReleaseScratchAfter release{*this, ids.size()};
   const std::size_t row_bytes = spec_.dim * sizeof(float);
   const std::size_t n = ids.size(), parts = parts_for(n);
   // Rows are random reads from a large array: the rows a few positions
@@ -476,6 +495,7 @@ const float* EmbeddingTable::gradient_at(std::size_t i, const float* grads) cons
 
 bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const float> grads,
                                 float scale, bool check_first) {
+  const ReleaseScratchAfter release{*this, ids.size()};
   const uint32_t dim = spec_.dim;
   const std::size_t n = ids.size();
   std::vector<uint64_t>& slots = push_slots_;
@@ -609,6 +629,7 @@ void EmbeddingTable::for_each_row(
 
 void EmbeddingTable::put_rows(std::span<const uint64_t> ids, const float* values,
                               std::span<const float* const> slots) {
+  const ReleaseScratchAfter release{*this, ids.size()};
   const uint32_t dim = spec_.dim;
   std::vector<uint64_t>& where = push_slots_;
   if (spec_.dynamic) {

@@ -63,6 +63,11 @@ class EmbeddingTable {
   uint64_t rows() const;   // rows held here now
   uint64_t bytes() const;  // memory of values, slots and index
   uint64_t evictions() const { return evictions_; }
+  // Memory kept from one request to the next for their work (each
+  // position's slot, repeats, parts); given back after a request of more
+  // than kKeepScratchIds ids, so that a rare outsized one does not pin it.
+  std::size_t scratch_bytes() const;
+  static constexpr std::size_t kKeepScratchIds = std::size_t{1} << 20;
   uint64_t version() const { return version_; }  // updates applied
   void set_version(uint64_t v) { version_ = v; }
 
@@ -201,6 +206,13 @@ class EmbeddingTable {
   std::vector<uint32_t> part_order_, part_begin_;
   std::vector<uint64_t> summed_at_;
   std::vector<PartSums> part_sums_;
+  // Gives the scratch back (scratch_bytes) when the request had more than
+  // kKeepScratchIds ids: the destructor of one made at a call's start.
+  struct ReleaseScratchAfter {
+    EmbeddingTable& table;
+    std::size_t ids;
+    ~ReleaseScratchAfter();
+  };
   // From push_slots_; with one part, part_order_ stays empty (every position).
   void group_slots_by_part(std::size_t parts);
   void sum_repeats(std::size_t part, const float* grads);

@@ -65,9 +65,10 @@ class EmbeddingTable {
   uint64_t evictions() const { return evictions_; }
   // Memory kept from one request to the next for their work (each
   // position's slot, repeats, parts); given back after a request of more
-  // than kKeepScratchIds ids, so that a rare outsized one does not pin it.
+  // than kKeepScratchIds ids (the most a client's default 1 MiB request
+  // carries), so that an outsized one does not pin it.
   std::size_t scratch_bytes() const;
-  static constexpr std::size_t kKeepScratchIds = std::size_t{1} << 20;
+  static constexpr std::size_t kKeepScratchIds = std::size_t{1} << 17;
   uint64_t version() const { return version_; }  // updates applied
   void set_version(uint64_t v) { version_ = v; }
 

@@ -786,3 +786,17 @@ TEST_CASE("an outsized request's scratch is given back after it, a usual one's k
     }
   }
 }
+
+TEST_CASE("a request's scratch is given back when its repeats' sums outgrow the bound") {
+  // Few ids, wide rows, every row repeated: the summed gradients alone pass
+  // kKeepScratchBytes, and are not kept.
+  const uint32_t dim = 16384;
+  EmbeddingTable t(fixed_table(1000, dim, RowOptimizerConfig::sgd(1)), 0, 1);
+  std::vector<uint64_t> ids;
+  for (uint64_t id = 0; id < 300; ++id) ids.insert(ids.end(), {id, id});
+  push(t, ids, std::vector<float>(ids.size() * dim, 0.5f));
+  CHECK(t.scratch_bytes() <= EmbeddingTable::kKeepScratchBytes);
+  CHECK(pull(t, {299})[dim - 1] == -1.0f);  // the repeats summed
+  push(t, {1, 2}, std::vector<float>(2 * dim, 1.0f));
+  CHECK(t.scratch_bytes() > 0);
+}

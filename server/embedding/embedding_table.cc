@@ -360,7 +360,7 @@ std::size_t EmbeddingTable::scratch_bytes() const {
 }
 
 EmbeddingTable::ReleaseScratchAfter::~ReleaseScratchAfter() {
-  if (ids <= kKeepScratchIds) return;
+  if (ids <= kKeepScratchIds && table.scratch_bytes() <= kKeepScratchBytes) return;
   // Swapped with empty ones: assigning {} would keep the capacity.
   std::vector<uint64_t>().swap(table.push_slots_);
   std::vector<uint64_t>().swap(table.summed_at_);

@@ -66,9 +66,11 @@ class EmbeddingTable {
   // Memory kept from one request to the next for their work (each
   // position's slot, repeats, parts); given back after a request of more
   // than kKeepScratchIds ids (the most a client's default 1 MiB request
-  // carries), so that an outsized one does not pin it.
+  // carries) or that leaves more than kKeepScratchBytes, so that an
+  // outsized request does not pin it.
   std::size_t scratch_bytes() const;
   static constexpr std::size_t kKeepScratchIds = std::size_t{1} << 17;
+  static constexpr std::size_t kKeepScratchBytes = std::size_t{16} << 20;
   uint64_t version() const { return version_; }  // updates applied
   void set_version(uint64_t v) { version_ = v; }
 
@@ -207,8 +209,9 @@ class EmbeddingTable {
   std::vector<uint32_t> part_order_, part_begin_;
   std::vector<uint64_t> summed_at_;
   std::vector<PartSums> part_sums_;
-  // Gives the scratch back (scratch_bytes) when the request had more than
-  // kKeepScratchIds ids: the destructor of one made at a call's start.
+  // Gives the scratch back (scratch_bytes) after a request of more than
+  // kKeepScratchIds ids or when it holds more than kKeepScratchBytes: the
+  // destructor of one made at a call's start.
   struct ReleaseScratchAfter {
     EmbeddingTable& table;
     std::size_t ids;

@@ -565,12 +565,30 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
   ++version_;
   for_parts(parts, [&](std::size_t part) {
     const auto [lo, hi] = range(part);
+    // Locals, not members or captures, which the optimizer's call might
+    // alias (the compiler would load them again for every row); a fixed
+    // table's rows found from its arrays' bases.
+    const uint64_t* const slot = slots.data();
+    const uint64_t* const at = summed_at_.data();
+    const float* const g = grads.data();
+    const RowOptimizer* const optimizer = optimizer_.get();
+    const uint32_t d = dim, nc = comps;
+    const bool fixed = !spec_.dynamic;
+    float* base[4] = {};
+    for (uint32_t c = 0; fixed && c < nc; ++c) base[c] = arrays_[c].get();
+    auto row_at = [&](uint32_t c, uint64_t s) { return fixed ? base[c] + s * d : row(c, s); };
     float* slot_ptrs[4];
     for (std::size_t i = lo; i < hi; ++i) {
-      if (!check_first && i + kAhead < hi) prefetch_row(i + kAhead);
-      if (summed_at_[i] == kRepeat) continue;
-      for (uint32_t c = 1; c < comps; ++c) slot_ptrs[c - 1] = row(c, slots[i]);
-      optimizer_->apply(row(0, slots[i]), slot_ptrs, gradient_at(i, grads.data()), dim, step);
+      if (!check_first && i + kAhead < hi) {
+        for (uint32_t c = 0; c < nc; ++c) {
+          const auto* next = reinterpret_cast<const char*>(row_at(c, slot[i + kAhead]));
+          for (std::size_t b = 0; b < d * sizeof(float); b += 64) __builtin_prefetch(next + b, 1);
+        }
+      }
+      if (at[i] == kRepeat) continue;
+      for (uint32_t c = 1; c < nc; ++c) slot_ptrs[c - 1] = row_at(c, slot[i]);
+      optimizer->apply(row_at(0, slot[i]), slot_ptrs,
+                       at[i] == kOwnGradient ? g + i * d : gradient_at(i, g), d, step);
     }
   });
   return true;

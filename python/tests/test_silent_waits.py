@@ -166,6 +166,22 @@ def staged(code, address, python_env):
     return child
 
 
+def two_workers(job):
+    """Python that starts a job of two workers on the psd at sys.argv[1]
+    (JobConfig(job)): w0, the chief, creates tensor "w" of 2 floats, w1
+    declares it; g is a gradient of zeros."""
+    return f"""
+import sys, numpy as np, psclient
+w0 = psclient.Client([sys.argv[1]], worker_index=0, is_chief=True, call_timeout=30)
+w0.init_job(psclient.JobConfig({job}))
+w0.create([psclient.TensorSpec("w", [2])])
+w0.set_ready()
+w1 = psclient.Client([sys.argv[1]], worker_index=1, call_timeout=30)
+w1.declare([psclient.TensorSpec("w", [2])])
+g = np.zeros(2, dtype=np.float32)
+"""
+
+
 def go_on(child):
     child.stdin.write("\n")
     child.stdin.flush()
@@ -176,15 +192,7 @@ def test_a_bounded_staleness_pull_names_the_slowest_worker(start_psd, python_env
     # Worker 0 at step 7 pulls; worker 1, the slowest, is at step 2; max_staleness 2.
     http_file = tmp_path / "http"
     psd = start_psd("--http_port", "any", "--http_port_file", str(http_file))
-    code = """
-import sys, numpy as np, psclient
-w0 = psclient.Client([sys.argv[1]], worker_index=0, is_chief=True, call_timeout=30)
-w0.init_job(psclient.JobConfig(mode="bounded_staleness", total_replicas=2, max_staleness=2))
-w0.create([psclient.TensorSpec("w", [2])])
-w0.set_ready()
-w1 = psclient.Client([sys.argv[1]], worker_index=1, call_timeout=30)
-w1.declare([psclient.TensorSpec("w", [2])])
-g = np.zeros(2, dtype=np.float32)
+    code = two_workers('mode="bounded_staleness", total_replicas=2, max_staleness=2') + """
 w1.push("w", g, step=2)
 w0.push("w", g, step=7)
 pulled = w0.pull_async("w", min_step=7)
@@ -213,18 +221,10 @@ print("released", flush=True)
 def test_a_sync_pull_names_the_workers_its_step_waits_for_before_any_gradient(start_psd, python_env):
     # A sync job of 2 workers at step 0, no gradient yet; worker 0's pull waits for step 1.
     psd = start_psd()
-    code = """
-import sys, numpy as np, psclient
-w0 = psclient.Client([sys.argv[1]], worker_index=0, is_chief=True, call_timeout=30)
-w0.init_job(psclient.JobConfig(mode="sync", replicas_to_aggregate=2, total_replicas=2))
-w0.create([psclient.TensorSpec("w", [2])])
-w0.set_ready()
-w1 = psclient.Client([sys.argv[1]], worker_index=1, call_timeout=30)
-w1.declare([psclient.TensorSpec("w", [2])])
+    code = two_workers('mode="sync", replicas_to_aggregate=2, total_replicas=2') + """
 pulled = w0.pull_async("w", min_step=1)
 print("waiting", flush=True)
 sys.stdin.readline()
-g = np.zeros(2, dtype=np.float32)
 w0.push("w", g, step=0)
 w1.push("w", g, step=0)
 pulled.result(timeout=10)

@@ -495,9 +495,7 @@ void EmbeddingTable::sum_repeats(std::size_t part, const float* grads) {
   }
 }
 
-const float* EmbeddingTable::gradient_at(std::size_t i, const float* grads) const {
-  const uint64_t at = summed_at_[i];
-  if (at == kOwnGradient) return grads + i * spec_.dim;
+const float* EmbeddingTable::summed_gradient(uint64_t at) const {
   return part_sums_[at & ((1u << kPartBits) - 1)].sums.data() + (at >> kPartBits) * spec_.dim;
 }
 
@@ -529,17 +527,43 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
   if (part_sums_.size() < parts) part_sums_.resize(parts);
   for_parts(parts, [&](std::size_t part) { sum_repeats(part, grads.data()); });
 
-  const uint32_t comps = components();
-  constexpr std::size_t kAhead = 8;
-  // As in pull: the rows a few positions ahead are fetched while this one is updated.
-  auto prefetch_row = [&](std::size_t i) {
-    for (uint32_t c = 0; c < comps; ++c) {
-      const auto* next = reinterpret_cast<const char*>(row(c, slots[i]));
-      for (std::size_t b = 0; b < dim * sizeof(float); b += 64) __builtin_prefetch(next + b, 1);
+  // One part's view of the request, its pointers in locals: read through
+  // members or captures, they were loaded again after every row's
+  // (virtual) optimizer call. A fixed table's rows come from its arrays'
+  // bases. The rows a few positions ahead are fetched while this one is
+  // worked on, as in pull.
+  struct PartView {
+    const EmbeddingTable& table;
+    const uint64_t* slot;
+    const uint64_t* at;
+    const float* grads;
+    uint32_t dim, comps;
+    bool fixed;
+    float* base[4] = {};
+    float* row(uint32_t c, std::size_t i) const {
+      return fixed ? base[c] + slot[i] * dim : table.row(c, slot[i]);
+    }
+    void prefetch(std::size_t i) const {
+      for (uint32_t c = 0; c < comps; ++c) {
+        const auto* next = reinterpret_cast<const char*>(row(c, i));
+        for (std::size_t b = 0; b < dim * sizeof(float); b += 64) __builtin_prefetch(next + b, 1);
+      }
+    }
+    bool repeat(std::size_t i) const { return at[i] == kRepeat; }
+    const float* gradient(std::size_t i) const {
+      return at[i] == kOwnGradient ? grads + i * dim : table.summed_gradient(at[i]);
     }
   };
+  auto view = [&] {
+    PartView v{*this, slots.data(), summed_at_.data(), grads.data(),
+               dim,   components(), !spec_.dynamic};
+    for (uint32_t c = 0; v.fixed && c < v.comps; ++c) v.base[c] = arrays_[c].get();
+    return v;
+  };
+  constexpr std::size_t kAhead = 8;
   auto range = [n, parts](std::size_t p) { return std::pair(n * p / parts, n * (p + 1) / parts); };
-  const RowOptimizer::Step step = optimizer_->step(scale, version_ + 1);
+  const RowOptimizer* const optimizer = optimizer_.get();
+  const RowOptimizer::Step step = optimizer->step(scale, version_ + 1);
   if (check_first) {
     // Each distinct row's update worked out without writing it (the same
     // arithmetic as the update): the table is untouched until every row is
@@ -548,13 +572,13 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
     std::vector<char> finite(parts, 1);
     for_parts(parts, [&](std::size_t part) {
       const auto [lo, hi] = range(part);
+      const PartView v = view();
       const float* slot_ptrs[4];
       for (std::size_t i = lo; i < hi; ++i) {
-        if (i + kAhead < hi) prefetch_row(i + kAhead);
-        if (summed_at_[i] == kRepeat) continue;
-        for (uint32_t c = 1; c < comps; ++c) slot_ptrs[c - 1] = row(c, slots[i]);
-        if (!optimizer_->stays_finite(row(0, slots[i]), slot_ptrs, gradient_at(i, grads.data()),
-                                      dim, step)) {
+        if (i + kAhead < hi) v.prefetch(i + kAhead);
+        if (v.repeat(i)) continue;
+        for (uint32_t c = 1; c < v.comps; ++c) slot_ptrs[c - 1] = v.row(c, i);
+        if (!optimizer->stays_finite(v.row(0, i), slot_ptrs, v.gradient(i), v.dim, step)) {
           finite[part] = 0;
           return;
         }
@@ -565,30 +589,13 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
   ++version_;
   for_parts(parts, [&](std::size_t part) {
     const auto [lo, hi] = range(part);
-    // Locals, not members or captures, which the optimizer's call might
-    // alias (the compiler would load them again for every row); a fixed
-    // table's rows found from its arrays' bases.
-    const uint64_t* const slot = slots.data();
-    const uint64_t* const at = summed_at_.data();
-    const float* const g = grads.data();
-    const RowOptimizer* const optimizer = optimizer_.get();
-    const uint32_t d = dim, nc = comps;
-    const bool fixed = !spec_.dynamic;
-    float* base[4] = {};
-    for (uint32_t c = 0; fixed && c < nc; ++c) base[c] = arrays_[c].get();
-    auto row_at = [&](uint32_t c, uint64_t s) { return fixed ? base[c] + s * d : row(c, s); };
+    const PartView v = view();
     float* slot_ptrs[4];
     for (std::size_t i = lo; i < hi; ++i) {
-      if (!check_first && i + kAhead < hi) {
-        for (uint32_t c = 0; c < nc; ++c) {
-          const auto* next = reinterpret_cast<const char*>(row_at(c, slot[i + kAhead]));
-          for (std::size_t b = 0; b < d * sizeof(float); b += 64) __builtin_prefetch(next + b, 1);
-        }
-      }
-      if (at[i] == kRepeat) continue;
-      for (uint32_t c = 1; c < nc; ++c) slot_ptrs[c - 1] = row_at(c, slot[i]);
-      optimizer->apply(row_at(0, slot[i]), slot_ptrs,
-                       at[i] == kOwnGradient ? g + i * d : gradient_at(i, g), d, step);
+      if (!check_first && i + kAhead < hi) v.prefetch(i + kAhead);
+      if (v.repeat(i)) continue;
+      for (uint32_t c = 1; c < v.comps; ++c) slot_ptrs[c - 1] = v.row(c, i);
+      optimizer->apply(v.row(0, i), slot_ptrs, v.gradient(i), v.dim, step);
     }
   });
   return true;

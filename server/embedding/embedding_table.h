@@ -220,8 +220,8 @@ class EmbeddingTable {
   // From push_slots_; with one part, part_order_ stays empty (every position).
   void group_slots_by_part(std::size_t parts);
   void sum_repeats(std::size_t part, const float* grads);
-  // Position i's gradient: its own, or its row's sum.
-  const float* gradient_at(std::size_t i, const float* grads) const;
+  // The summed gradient that summed_at_ value `at` (not kOwnGradient or kRepeat) names.
+  const float* summed_gradient(uint64_t at) const;
   // push(), first (with `check_first`) working out every row's update
   // without writing it: false, and nothing changed, when one would not be finite.
   bool apply_push(std::span<const uint64_t> ids, std::span<const float> grads, float scale,

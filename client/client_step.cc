@@ -296,6 +296,7 @@ std::future<PushResult> Client::start_push_step(std::vector<std::string> names,
               auto req = c.shard.pushRowsRequest();
               req.setTable(part->table);
               req.setIds(kj::arrayPtr(part->plan->ids.data() + r.first, r.count));
+              req.setIdsDistinct(true);  // a plan names each id once, its gradients summed
               req.setStep(step);
               req.setRequestId(id);
               req.setDoneStep(reports);

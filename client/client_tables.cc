@@ -367,6 +367,7 @@ std::future<PushStatus> Client::start_push_rows(const std::string& table,
                 capnp::MessageSize{uint64_t(r.count) + table.size() / 8 + 32, 0});
             req.setTable(table);
             req.setIds(kj::arrayPtr(plan->ids.data() + r.first, r.count));
+            req.setIdsDistinct(true);  // a plan names each id once, its gradients summed
             req.setStep(step);
             req.setRequestId(id);
             return Impl::send_row_grads(

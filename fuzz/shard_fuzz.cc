@@ -253,7 +253,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         shard.push_rows(caller,
                         {std::string_view(params.getTable().begin(), params.getTable().size()),
                          ps::ids_in_place(params.getIds(), "pushRows"), g, params.getStep(),
-                         params.getRequestId(), params.getDoneStep()});
+                         params.getRequestId(), params.getDoneStep(), /*grads_shared=*/false,
+                         params.getIdsDistinct()});
         break;
       }
       case 11: {

@@ -394,7 +394,7 @@ interface Shard {
   # (before the reply is sent) instead of in `rows`, and inShared is true.
 
   pushRows @17 (table :Text, ids :List(UInt64), grads :Data, step :Int64, requestId :UInt64,
-                doneStep :Int64 = -1, sharedGrads :SharedSlice)
+                doneStep :Int64 = -1, sharedGrads :SharedSlice, idsDistinct :Bool)
            -> (status :PushStatus, step :Int64, stop :Bool);
   # Gradients of the rows of `ids`: ids.size() * dim float32, summed per
   # repeated id. step, requestId and doneStep as push's: in sync mode a
@@ -403,6 +403,10 @@ interface Shard {
   # sharedGrads: unset or of size 0, or the gradients in a slice of the
   # connection's shared memory region (then `grads` is empty); psd copies
   # them out before checking them.
+  # idsDistinct: the sender names no id twice (libpsclient sums repeats
+  # before sending). psd may then skip its own search for repeats: where it
+  # does, an id named twice anyway gets each gradient as its own update, in
+  # order, as from separate pushes.
 
   listTables @18 () -> (tables :List(TableMeta));
 

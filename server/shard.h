@@ -43,6 +43,7 @@
 #include "server/shard_requests.h"
 #include "server/tensor_store.h"
 #include "common/embedding_wire.h"
+#include "server/embedding/embedding_table.h"
 #include "server/table_requests.h"
 
 namespace ps {
@@ -118,7 +119,6 @@ struct ShardCounters {
 };
 
 class Checkpointer;
-class EmbeddingTable;
 struct ShardTables;
 
 // A tensor of a checkpoint that a restore left out, and why.
@@ -367,11 +367,11 @@ class Shard {
   uint64_t trainable_count() const;
   // Applies a table update (`new_rows`: what check() returned for the ids):
   // false, and nothing changed, where it would store a NaN or Inf, unless
-  // --allow_nonfinite lets it through. `within_bound`: as
+  // --allow_nonfinite lets it through. `within_bound` and `repeats`: as
   // EmbeddingTable::push_if_finite's.
   bool apply_table_update(EmbeddingTable& table, std::span<const uint64_t> ids,
                           std::span<const float> grads, float scale, uint64_t new_rows,
-                          std::optional<bool> within_bound = std::nullopt);
+                          std::optional<bool> within_bound, EmbeddingTable::Repeats repeats);
   // Tables' part of sync steps (shard_tables.cc).
   void commit_table_step();
   void recheck_table_sync();

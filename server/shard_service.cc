@@ -524,7 +524,8 @@ kj::Promise<void> ShardServiceImpl::pushRows(PushRowsContext context) {
                             params.getStep(),
                             params.getRequestId(),
                             params.getDoneStep(),
-                            shared_bytes != 0};
+                            shared_bytes != 0,
+                            params.getIdsDistinct()};
     PushRowsReply reply = shard_.push_rows(caller_, request);
     shard_.counters().shared_bytes += shared_bytes;
     auto results = context.getResults();

@@ -204,10 +204,10 @@ kj::Promise<void> Shard::pull_rows(const Caller& caller, PullRowsRequest r, Rows
 
 bool Shard::apply_table_update(EmbeddingTable& table, std::span<const uint64_t> ids,
                                std::span<const float> grads, float scale, uint64_t new_rows,
-                               std::optional<bool> within_bound) {
+                               std::optional<bool> within_bound, EmbeddingTable::Repeats repeats) {
   if (!options_.allow_nonfinite)
-    return table.push_if_finite(ids, grads, scale, new_rows, within_bound);
-  table.push(ids, grads, scale);
+    return table.push_if_finite(ids, grads, scale, new_rows, within_bound, repeats);
+  table.push(ids, grads, scale, repeats);
   return true;
 }
 
@@ -296,7 +296,9 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
     // Applied now (not summed for a sync step), before the request is
     // counted: refused whole if it would store a NaN or Inf, as a dense
     // update is.
-    if (!apply_table_update(*t.table, r.ids, grads, 1.0f, fresh, within_bound)) {
+    const auto repeats =
+        r.ids_distinct ? EmbeddingTable::Repeats::kSenderSaysNone : EmbeddingTable::Repeats::kMaybe;
+    if (!apply_table_update(*t.table, r.ids, grads, 1.0f, fresh, within_bound, repeats)) {
       throw RequestError(
           "pushRows: the update would make a value or optimizer slot of table '" + spec.name +
           "' NaN or Inf (a gradient or learning rate too large); nothing was applied");
@@ -397,7 +399,9 @@ void Shard::commit_table_step() {
       const float scale = 1.0f / static_cast<float>(slot.count);
       const std::optional<bool> within =
           slot.within_bound ? std::optional<bool>(true) : std::nullopt;
-      if (!apply_table_update(*t.table, slot.ids, slot.sum, scale, fresh, within))
+      // slot.ids holds each id once (slot.position): no search for repeats.
+      if (!apply_table_update(*t.table, slot.ids, slot.sum, scale, fresh, within,
+                              EmbeddingTable::Repeats::kNone))
         throw RequestError("the step's update would make a value or optimizer slot NaN or Inf");
     } catch (const Error& e) {
       // A dynamic table at its row limit can refuse the union of the

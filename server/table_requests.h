@@ -35,6 +35,8 @@ struct PushRowsRequest {
   // `grads` lies in the caller's shared memory, which the caller can still
   // write: psd copies it out, checking it in the same pass, and applies the copy.
   bool grads_shared = false;
+  // The sender says no id is named twice (EmbeddingTable::Repeats::kSenderSaysNone).
+  bool ids_distinct = false;
 };
 
 struct PushRowsReply {

@@ -754,6 +754,101 @@ TEST_CASE("a table spread over threads ends bit for bit where one thread leaves 
   }
 }
 
+TEST_CASE(
+    "a push said to hold no repeats skips the search, and a lie is applied as separate pushes") {
+  using Repeats = EmbeddingTable::Repeats;
+  const InitConfig init = InitConfig::uniform(-1, 1, 5);
+  std::mt19937_64 rng(23);
+  std::uniform_real_distribution<float> u(-1, 1);
+  auto grads = [&](std::size_t n, uint32_t dim) {
+    std::vector<float> g(n * dim);
+    for (auto& x : g) x = u(rng);
+    return g;
+  };
+  const auto optimizers = {RowOptimizerConfig::sgd(0.5f), RowOptimizerConfig::adagrad(0.5f, 0.1f),
+                           RowOptimizerConfig::lazy_adam(0.05f),
+                           RowOptimizerConfig::ftrl(0.1f, 0.01f, 0.1f)};
+
+  SECTION("distinct ids: the same bits whatever the push says") {
+    for (const auto& opt : optimizers) {
+      for (bool dynamic : {false, true}) {
+        INFO(row_optimizer_name(opt.kind) << (dynamic ? ", dynamic" : ", fixed"));
+        TableSpec spec = dynamic ? dynamic_table(4, 0, OnRowLimit::kRefuse, init)
+                                 : fixed_table(5000, 4, opt, init);
+        spec.optimizer = opt;
+        EmbeddingTable searched(spec, 0, 1), said(spec, 0, 1), own(spec, 0, 1);
+        for (int round = 0; round < 6; ++round) {
+          std::vector<uint64_t> ids(5000);
+          std::iota(ids.begin(), ids.end(), 0);
+          std::shuffle(ids.begin(), ids.end(), rng);
+          ids.resize(300 + rng() % 3000);
+          const auto g = grads(ids.size(), 4);
+          const uint64_t fresh = searched.check(ids, "push");
+          REQUIRE(said.check(ids, "push") == fresh);
+          REQUIRE(own.check(ids, "push") == fresh);
+          REQUIRE(searched.push_if_finite(ids, g, 0.5f, fresh));
+          REQUIRE(said.push_if_finite(ids, g, 0.5f, fresh, std::nullopt, Repeats::kSenderSaysNone));
+          REQUIRE(own.push_if_finite(ids, g, 0.5f, fresh, std::nullopt, Repeats::kNone));
+        }
+        REQUIRE(all_rows(said) == all_rows(searched));
+        REQUIRE(all_rows(own) == all_rows(searched));
+        CHECK(said.version() == searched.version());
+      }
+    }
+  }
+
+  SECTION("a lie, one thread, gradients within the bound: each position its own update") {
+    // Row 5 is named twice. Trusted, its two gradients are two updates in
+    // order: the rows end where a push without the repeat and then one of
+    // the repeat alone leave them (Adagrad's differ from one summed update).
+    for (const auto& opt :
+         {RowOptimizerConfig::sgd(0.5f), RowOptimizerConfig::adagrad(0.5f, 0.1f)}) {
+      INFO(row_optimizer_name(opt.kind));
+      const auto spec = fixed_table(16, 4, opt, init);
+      EmbeddingTable lied(spec, 0, 1), separate(spec, 0, 1), summed(spec, 0, 1);
+      const std::vector<uint64_t> ids = {5, 7, 5, 9};
+      const auto g = grads(ids.size(), 4);
+      lied.check(ids, "push");
+      REQUIRE(lied.push_if_finite(ids, g, 1.0f, 0, std::nullopt, Repeats::kSenderSaysNone));
+      std::vector<float> first(g.begin(), g.begin() + 8);
+      first.insert(first.end(), g.begin() + 12, g.end());
+      push(separate, {5, 7, 9}, first);
+      push(separate, {5}, {g.begin() + 8, g.begin() + 12});
+      push(summed, ids, g);
+      REQUIRE(all_rows(lied) == all_rows(separate));
+      if (opt.kind == RowOptimizerKind::kAdagrad) CHECK(all_rows(lied) != all_rows(summed));
+    }
+  }
+
+  SECTION("where a lie could hurt the table, the repeats are still found and summed") {
+    ComputePool pool(3);
+    const RunParts spread{
+        4, [&pool](std::size_t parts, const PartFn& fn) { pool.run_parts(parts, 3, fn); }};
+    for (const auto& opt : optimizers) {
+      // Checked optimizers (LazyAdam, FTRL), a gradient outside SGD's and
+      // Adagrad's bound, and a request in parts on several threads.
+      const bool checked =
+          opt.kind == RowOptimizerKind::kLazyAdam || opt.kind == RowOptimizerKind::kFtrl;
+      for (int how = checked ? 0 : 1; how < 3; ++how) {
+        INFO(row_optimizer_name(opt.kind) << ", case " << how);
+        const auto spec = fixed_table(3000, 4, opt, init);
+        const RunParts threads = how == 2 ? spread : RunParts{};
+        EmbeddingTable lied(spec, 0, 1, threads), searched(spec, 0, 1);
+        std::vector<uint64_t> ids(how == 2 ? 6000 : 400);
+        for (auto& id : ids) id = rng() % 3000;  // repeats
+        auto g = grads(ids.size(), 4);
+        if (how == 1) g[7] = 1e37f;
+        lied.check(ids, "push");
+        searched.check(ids, "push");
+        const bool applied = searched.push_if_finite(ids, g, 1.0f, 0);
+        REQUIRE(lied.push_if_finite(ids, g, 1.0f, 0, std::nullopt, Repeats::kSenderSaysNone) ==
+                applied);
+        REQUIRE(all_rows(lied) == all_rows(searched));
+      }
+    }
+  }
+}
+
 TEST_CASE("an outsized request's scratch is given back after it, a usual one's kept") {
   // A client may send one request of millions of ids: the memory psd worked
   // it with must not stay pinned to the table, uncounted, afterwards.

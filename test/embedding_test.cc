@@ -97,9 +97,10 @@ struct RawShard {
     return out;
   }
   wire::PushStatus push(const std::string& table, const std::vector<uint64_t>& ids,
-                        const std::vector<float>& grads, uint64_t request_id = 0,
-                        int64_t step = 0) {
+                        const std::vector<float>& grads, uint64_t request_id = 0, int64_t step = 0,
+                        bool ids_distinct = false) {
     auto req = shard.pushRowsRequest();
+    req.setIdsDistinct(ids_distinct);
     req.setStep(step);
     req.setTable(text(table));
     req.setIds(kj::arrayPtr(ids.data(), ids.size()));
@@ -572,6 +573,48 @@ TEST_CASE("a push split over requests is checked as psd gets it: repeated ids' s
   client.push_rows("emb", ids, g);
   CHECK(pull_rows(client, "emb", {1, 1498}, 2) == std::vector<float>(4, 0.5f));
   CHECK(psd.alive());
+}
+
+TEST_CASE("a push that says its ids are distinct and repeats one is applied as separate pushes") {
+  // libpsclient sums repeats and says so (idsDistinct), and psd skips its
+  // search for them. A sender that says so wrongly gets each of a repeated
+  // id's gradients as its own update, as if it had pushed them one by one;
+  // where that could hurt the table (a request psd spreads over threads) the
+  // repeats are summed as for any push. psd serves on either way.
+  for (const char* threads : {"1", "3"}) {
+    INFO("--table_threads " << threads);
+    PsdProcess psd({"--table_threads", threads});
+    RawShard raw(psd, 0);
+    TableSpec spec = fixed("lied", 5000, 2, 1.0f, InitConfig::constant(1));
+    spec.optimizer = RowOptimizerConfig::adagrad(0.5f, 0.1f);
+    raw.create(spec);
+    spec.name = "separate";
+    raw.create(spec);
+    spec.name = "summed";
+    raw.create(spec);
+    // 4,000 ids (psd with 3 table threads cuts them in parts), id 7 twice.
+    std::vector<uint64_t> ids(4000);
+    std::iota(ids.begin(), ids.end(), 0);
+    ids[3999] = 7;
+    std::vector<float> g(ids.size() * 2, 0.25f);
+    g[2 * 3999] = g[2 * 3999 + 1] = 2.0f;
+    CHECK(raw.push("lied", ids, g, 0, 0, /*ids_distinct=*/true) == wire::PushStatus::APPLIED);
+    CHECK(raw.push("summed", ids, g) == wire::PushStatus::APPLIED);
+    raw.push("separate", std::vector<uint64_t>(ids.begin(), ids.end() - 1),
+             std::vector<float>(g.begin(), g.end() - 2));
+    raw.push("separate", {7}, {2.0f, 2.0f});
+    const std::vector<uint64_t> some = {0, 7, 3998};
+    const auto lied = raw.pull("lied", some), separate = raw.pull("separate", some),
+               summed = raw.pull("summed", some);
+    if (std::string(threads) == "1") {
+      CHECK(lied == separate);
+    } else {
+      CHECK(lied == summed);
+    }
+    CHECK(separate != summed);  // Adagrad: two updates are not one of their sum
+    CHECK(lied[0] == summed[0]);
+    CHECK(psd.alive());
+  }
 }
 
 TEST_CASE("a split push of rows to a psd that allows NaN/Inf is sent, as a dense one is") {

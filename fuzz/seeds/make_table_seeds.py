@@ -14,7 +14,7 @@ import os, struct, subprocess, tempfile
 MIRROR = """@0xd1c0a3b2e4f50617;
 using Ps = import "/schema/ps.capnp";
 struct PullRows { table @0 :Text; ids @1 :List(UInt64); minStep @2 :Int64; }
-struct PushRows { table @0 :Text; ids @1 :List(UInt64); grads @2 :Data; step @3 :Int64; requestId @4 :UInt64; doneStep @5 :Int64 = -1; }
+struct PushRows { table @0 :Text; ids @1 :List(UInt64); grads @2 :Data; step @3 :Int64; requestId @4 :UInt64; doneStep @5 :Int64 = -1; sharedGrads @6 :Ps.SharedSlice; idsDistinct @7 :Bool; }
 struct RestoreRows { table @0 :Text; ids @1 :List(UInt64); values @2 :Data; slots @3 :List(Data); version @4 :UInt64; }
 struct CreateTables { tables @0 :List(Ps.TableSpec); validateOnly @1 :Bool; }
 struct Empty {}
@@ -34,19 +34,21 @@ msgs = {
  'push_emb': ('PushRows', '(table = "emb", ids = [1, 3, 3], grads = %s, step = 0, requestId = 9)' % f32(*([0.5]*12))),
  'push_dyn': ('PushRows', '(table = "dyn", ids = [5, 6], grads = %s, step = 0, requestId = 11, doneStep = 0)' % f32(1, -1, 2, -2)),
  'push_hot': ('PushRows', '(table = "hot", ids = [2], grads = %s)' % f32(-3.0, 3.0)),
+ # Says its ids are distinct and repeats one (psd may take its word).
+ 'push_lie': ('PushRows', '(table = "emb", ids = [2, 4, 2], grads = %s, requestId = 13, idsDistinct = true)' % f32(*([0.25]*12))),
  'restore_emb': ('RestoreRows', '(table = "emb", ids = [4, 5], values = %s, slots = [%s], version = 3)' % (f32(*([1.0]*8)), f32(*([0.2]*8)))),
  'create_tables': ('CreateTables', '(tables = [(name = "new", dim = 3, rows = 10, optimizer = (kind = lazyAdam, learningRate = 0.1), numShards = 1), (name = "d2", dim = 2, dynamic = true, placement = hash, rowLimit = 4, onLimit = evictLru, numShards = 1)], validateOnly = false)'),
  'list': ('Empty', '()'),
 }
 bins = {k: enc(t, x) for k, (t, x) in msgs.items()}
-ops = {'create_tables': 8, 'pull_emb': 9, 'pull_dyn': 9, 'push_emb': 10, 'push_dyn': 10, 'push_hot': 10, 'restore_emb': 11, 'list': 12}
+ops = {'create_tables': 8, 'pull_emb': 9, 'pull_dyn': 9, 'push_emb': 10, 'push_dyn': 10, 'push_hot': 10, 'push_lie': 10, 'restore_emb': 11, 'list': 12}
 SHARD = 'fuzz/seeds/shard'
 os.makedirs(SHARD, exist_ok=True)
 for k, b in bins.items():
     for who in (1, 0x81):  # worker 0, async and sync
         open(os.path.join(SHARD, '%s_%02x' % (k, who)), 'wb').write(bytes([ops[k], who]) + b)
 # rpc_fuzz: [msgs...][per call from the back: low, high, method][hello]
-methods = {'create_tables': 15, 'pull_emb': 16, 'pull_dyn': 16, 'push_emb': 17, 'push_dyn': 17, 'push_hot': 17, 'list': 18, 'restore_emb': 19}
+methods = {'create_tables': 15, 'pull_emb': 16, 'pull_dyn': 16, 'push_emb': 17, 'push_dyn': 17, 'push_hot': 17, 'push_lie': 17, 'list': 18, 'restore_emb': 19}
 RPC = 'fuzz/seeds/rpc'
 os.makedirs(RPC, exist_ok=True)
 def rpc(calls, hello):
@@ -56,6 +58,6 @@ def rpc(calls, hello):
         n = len(bins[c])
         back = bytes([n & 0xff, n >> 8, methods[c]]) + back
     return front + back + bytes([hello])
-open(os.path.join(RPC, 'tables_worker'), 'wb').write(rpc(['pull_emb', 'push_emb', 'push_dyn', 'pull_dyn', 'restore_emb', 'list', 'create_tables', 'push_hot'], 0x07))
+open(os.path.join(RPC, 'tables_worker'), 'wb').write(rpc(['pull_emb', 'push_emb', 'push_dyn', 'pull_dyn', 'restore_emb', 'list', 'create_tables', 'push_hot', 'push_lie'], 0x07))
 open(os.path.join(RPC, 'tables_tool'), 'wb').write(rpc(['list', 'pull_emb', 'restore_emb', 'create_tables'], 0x01))
 print(len(os.listdir(SHARD)), 'shard_fuzz seeds,', len(os.listdir(RPC)), 'rpc_fuzz seeds')

@@ -424,14 +424,17 @@ void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) {
   }
 }
 
-void EmbeddingTable::push(std::span<const uint64_t> ids, std::span<const float> grads,
-                          float scale) {
-  apply_push(ids, grads, scale, /*check_first=*/false);
+void EmbeddingTable::push(std::span<const uint64_t> ids, std::span<const float> grads, float scale,
+                          Repeats repeats) {
+  // Unchecked: a sender's word is not enough here (its gradients may be
+  // outside the safe bound).
+  if (repeats == Repeats::kSenderSaysNone) repeats = Repeats::kMaybe;
+  apply_push(ids, grads, scale, /*check_first=*/false, repeats);
 }
 
 bool EmbeddingTable::push_if_finite(std::span<const uint64_t> ids, std::span<const float> grads,
                                     float scale, uint64_t new_rows,
-                                    std::optional<bool> within_bound) {
+                                    std::optional<bool> within_bound, Repeats repeats) {
   // Where the optimizer bounds what such gradients can do (SGD, Adagrad), no
   // row, held or new, can become NaN or Inf: one pass over the gradients
   // instead of one over the rows.
@@ -439,10 +442,10 @@ bool EmbeddingTable::push_if_finite(std::span<const uint64_t> ids, std::span<con
   const bool safe = bound > 0 && (within_bound ? *within_bound : all_finite(grads, bound));
   if (new_rows > 0 && !safe) {
     if (!update_finite(ids, grads, scale)) return false;
-    push(ids, grads, scale);
+    push(ids, grads, scale, repeats);
     return true;
   }
-  return apply_push(ids, grads, scale, /*check_first=*/!safe);
+  return apply_push(ids, grads, scale, /*check_first=*/!safe, repeats);
 }
 
 void EmbeddingTable::group_slots_by_part(std::size_t parts) {
@@ -500,7 +503,7 @@ const float* EmbeddingTable::summed_gradient(uint64_t at) const {
 }
 
 bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const float> grads,
-                                float scale, bool check_first) {
+                                float scale, bool check_first, Repeats repeats) {
   const ReleaseScratchAfter release{*this, ids.size()};
   const uint32_t dim = spec_.dim;
   const std::size_t n = ids.size();
@@ -521,11 +524,18 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
   // row's every position in one part). The updates then go in parts by
   // position range, reading the gradients in order: each row is updated
   // once, at its first position, so no two parts write the same row.
+  // Without repeats, each position is its own row's only one: no search.
+  // A sender's word is taken where a lie only makes its repeats separate
+  // updates (Repeats): one part, updates that need no check.
   const std::size_t parts = parts_for(n);
-  group_slots_by_part(parts);
-  summed_at_.resize(n);
-  if (part_sums_.size() < parts) part_sums_.resize(parts);
-  for_parts(parts, [&](std::size_t part) { sum_repeats(part, grads.data()); });
+  const bool search = repeats == Repeats::kMaybe ||
+                      (repeats == Repeats::kSenderSaysNone && (parts > 1 || check_first));
+  if (search) {
+    group_slots_by_part(parts);
+    summed_at_.resize(n);
+    if (part_sums_.size() < parts) part_sums_.resize(parts);
+    for_parts(parts, [&](std::size_t part) { sum_repeats(part, grads.data()); });
+  }
 
   // One part's view of the request, its pointers in locals: read through
   // members or captures, they were loaded again after every row's
@@ -535,7 +545,7 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
   struct PartView {
     const EmbeddingTable& table;
     const uint64_t* slot;
-    const uint64_t* at;
+    const uint64_t* at;  // summed_at_, or null: every position its row's only one
     const float* grads;
     uint32_t dim, comps;
     bool fixed;
@@ -549,14 +559,15 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
         for (std::size_t b = 0; b < dim * sizeof(float); b += 64) __builtin_prefetch(next + b, 1);
       }
     }
-    bool repeat(std::size_t i) const { return at[i] == kRepeat; }
+    bool repeat(std::size_t i) const { return at != nullptr && at[i] == kRepeat; }
     const float* gradient(std::size_t i) const {
-      return at[i] == kOwnGradient ? grads + i * dim : table.summed_gradient(at[i]);
+      return at == nullptr || at[i] == kOwnGradient ? grads + i * dim
+                                                    : table.summed_gradient(at[i]);
     }
   };
   auto view = [&] {
-    PartView v{*this, slots.data(), summed_at_.data(), grads.data(),
-               dim,   components(), !spec_.dynamic};
+    PartView v{*this,        slots.data(),  search ? summed_at_.data() : nullptr, grads.data(), dim,
+               components(), !spec_.dynamic};
     for (uint32_t c = 0; v.fixed && c < v.comps; ++c) v.base[c] = arrays_[c].get();
     return v;
   };

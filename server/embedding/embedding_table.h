@@ -91,10 +91,24 @@ class EmbeddingTable {
   // first.
   bool update_finite(std::span<const uint64_t> ids, std::span<const float> grads,
                      float scale) const;
+  // What a push knows of its repeated ids. psd looks for them (a hash set
+  // over the request) so that an id's gradients are summed before the
+  // optimizer, as IndexedSlices are; a push that has none can skip that.
+  enum class Repeats {
+    kMaybe,  // looked for
+    // The sender says there are none (pushRows' idsDistinct). Taken on
+    // trust only where a lie cannot hurt the table: one part (no two
+    // threads write one row) and gradients within the safe bound (each
+    // position's own update stays finite). A repeat then gets each of its
+    // gradients as its own update, in order, as from separate pushes.
+    kSenderSaysNone,
+    kNone,  // psd's own list of distinct ids (a sync step's union)
+  };
   // Applies grads (ids.size() * dim floats, times `scale`) with the table's
   // optimizer; the gradients of an id named more than once are summed first
-  // (as IndexedSlices are). Call check() first.
-  void push(std::span<const uint64_t> ids, std::span<const float> grads, float scale);
+  // (as IndexedSlices are). Call check() first. `repeats`: kMaybe or kNone.
+  void push(std::span<const uint64_t> ids, std::span<const float> grads, float scale,
+            Repeats repeats = Repeats::kMaybe);
   // push(), unless it would store a NaN or Inf in a value or optimizer slot:
   // then returns false and the table (rows, slots, version) is as before.
   // Each row's update is first worked out without being written
@@ -107,7 +121,8 @@ class EmbeddingTable {
   // safe_gradient_bound(scale, ids.size()): a caller that checks the
   // gradients anyway works both out in one pass.
   bool push_if_finite(std::span<const uint64_t> ids, std::span<const float> grads, float scale,
-                      uint64_t new_rows, std::optional<bool> within_bound = std::nullopt);
+                      uint64_t new_rows, std::optional<bool> within_bound = std::nullopt,
+                      Repeats repeats = Repeats::kMaybe);
   // The optimizer's safe_gradient_bound for a push of `ids` ids (0: none).
   float safe_gradient_bound(float scale, std::size_t ids) const {
     return optimizer_->safe_gradient_bound(scale, ids);
@@ -223,9 +238,11 @@ class EmbeddingTable {
   // The summed gradient that summed_at_ value `at` (not kOwnGradient or kRepeat) names.
   const float* summed_gradient(uint64_t at) const;
   // push(), first (with `check_first`) working out every row's update
-  // without writing it: false, and nothing changed, when one would not be finite.
+  // without writing it: false, and nothing changed, when one would not be
+  // finite. kSenderSaysNone only where check_first or the gradients are
+  // within the safe bound.
   bool apply_push(std::span<const uint64_t> ids, std::span<const float> grads, float scale,
-                  bool check_first);
+                  bool check_first, Repeats repeats);
 };
 
 }  // namespace ps

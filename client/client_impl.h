@@ -562,18 +562,17 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   kj::Promise<void> pull_row_requests(std::shared_ptr<RowPull> st, std::vector<std::size_t> which,
                                       int64_t min_step, int round);
 
-  // Sends one pushRows request `req` on `c` with the gradients `grads`
-  // (which lie in memory `owner` keeps): through the connection's shared
-  // memory when it has some and they are large enough, else referenced from
-  // `owner` without a copy (the stream holds it until written), else copied
-  // into the message. An `owner` that owns nothing (use_count() 0, as
-  // plan_order_gradients gives for the caller's own buffer) means the
-  // caller's memory: then the connection is cut if the call is given up
-  // before psd answers (cut_if_abandoned), as a dense push from the
-  // caller's buffer is. In client_tables.cc.
+  // Sends one pushRows request `req` on `c` with request r's gradients
+  // from `g`: written straight into the connection's shared memory when it
+  // has some and they are large enough, else referenced from where they lie
+  // without a copy (the stream holds them until written), else copied into
+  // the message. Rows that lie in the caller's own buffer
+  // (PushGradients::in_callers_buffer) cut the connection if the call is
+  // given up before psd answers (cut_if_abandoned), as a dense push from
+  // the caller's buffer does. In client_tables.cc.
   static kj::Promise<capnp::Response<wire::Shard::PushRowsResults>> send_row_grads(
       capnp::Request<wire::Shard::PushRowsParams, wire::Shard::PushRowsResults> req,
-      ShardConnection& c, std::span<const float> grads, std::shared_ptr<const void> owner);
+      ShardConnection& c, std::shared_ptr<PushGradients> g, const RowRequest& r);
 
   // pull_with_rows' last rounds (client_step.cc): in sync mode, tensors and
   // rows read before the newest step any of them was read at are read again

@@ -21,7 +21,7 @@ struct TablePart {
   std::string table;
   uint32_t dim = 0;
   std::shared_ptr<const RowPlan> plan;
-  std::shared_ptr<const float> sums;  // plan order, repeated ids summed (plan_order_gradients)
+  std::shared_ptr<PushGradients> sums;  // plan order, repeated ids summed
 };
 
 struct RowReply {
@@ -229,7 +229,7 @@ std::future<PushResult> Client::start_push_step(std::vector<std::string> names,
           " bytes); raise psd --max_message_mb or push fewer ids per step (nothing "
           "was sent)");
     }
-    part.sums = plan_order_gradients(*part.plan, r.grads, spec.dim);
+    part.sums = std::make_shared<PushGradients>(part.plan, r.grads, spec.dim);
     tables.push_back(std::move(part));
   }
   auto batches = impl_->plan(names);
@@ -254,11 +254,12 @@ std::future<PushResult> Client::start_push_step(std::vector<std::string> names,
             }
           }
           for (const TablePart& t : tables) {
+            if (t.sums->all_within(limit)) continue;
             for (const RowRequest& r : t.plan->requests) {
-              const std::span<const float> g(t.sums.get() + std::size_t(r.first) * t.dim,
-                                             std::size_t(r.count) * t.dim);
-              if (refuses(r.shard) && !all_finite(g, limit))
-                throw RequestError(gradient_refusal(t.table, g, summed) + " (nothing was sent)");
+              if (!refuses(r.shard) || t.sums->within(r, limit)) continue;
+              std::vector<float> g(std::size_t(r.count) * t.dim);
+              t.sums->write(r, g.data());
+              throw RequestError(gradient_refusal(t.table, g, summed) + " (nothing was sent)");
             }
           }
         }
@@ -300,11 +301,7 @@ std::future<PushResult> Client::start_push_step(std::vector<std::string> names,
               req.setStep(step);
               req.setRequestId(id);
               req.setDoneStep(reports);
-              return Impl::send_row_grads(
-                         kj::mv(req), c,
-                         std::span<const float>(part->sums.get() + std::size_t(r.first) * part->dim,
-                                                std::size_t(r.count) * part->dim),
-                         part->sums)
+              return Impl::send_row_grads(kj::mv(req), c, part->sums, r)
                   .then([&c](capnp::Response<wire::Shard::PushRowsResults>&& reply) {
                     const int64_t step = reply_step(c, reply.getStep());
                     c.last_step = std::max(c.last_step, step);

@@ -334,23 +334,21 @@ std::future<PushStatus> Client::start_push_rows(const std::string& table,
         " bytes); raise psd --max_message_mb or push fewer ids per step (nothing was sent)");
   }
   const uint32_t summed = impl_->summed_per_step();
-  std::shared_ptr<const float> sums = plan_order_gradients(*plan, grads, dim);
+  auto sums = std::make_shared<PushGradients>(plan, grads, dim);
   return impl_->run<PushStatus>(
-      [this, plan, sums, table, dim, step, grads, summed](Unanswered* unanswered) {
+      [this, plan, sums, table, step, grads, summed](Unanswered* unanswered) {
         // psd refuses NaN/Inf per request; split over several, only a check
         // here keeps a bad gradient from being half applied (skipped for
         // shards run with --allow_nonfinite, as a dense push's). What is
         // checked is what psd gets: the sums of repeated ids (two finite
         // gradients can sum to Inf).
-        if (plan->requests.size() > 1 && impl_->options.check_split_pushes) {
-          const float limit = gradient_limit(summed);
+        const float limit = gradient_limit(summed);
+        if (plan->requests.size() > 1 && impl_->options.check_split_pushes &&
+            !sums->all_within(limit)) {
           for (const RowRequest& r : plan->requests) {
             const ShardConnection* shard = impl_->shards[r.shard].get();
             if (shard != nullptr && shard->allows_nonfinite) continue;
-            if (all_finite(std::span<const float>(sums.get() + std::size_t(r.first) * dim,
-                                                  std::size_t(r.count) * dim),
-                           limit))
-              continue;
+            if (sums->within(r, limit)) continue;
             if (!all_finite(grads, limit))
               throw RequestError(gradient_refusal(table, grads, summed) + " (nothing was sent)");
             throw RequestError("the gradients of an id that table '" + table +
@@ -362,7 +360,7 @@ std::future<PushStatus> Client::start_push_rows(const std::string& table,
         kj::Vector<kj::Promise<void>> calls;
         for (const RowRequest& r : plan->requests) {
           const uint64_t id = impl_->new_request_id();  // kept across retries: applied once
-          auto send = [plan, sums, r, table, dim, step, id](ShardConnection& c, int) {
+          auto send = [plan, sums, r, table, step, id](ShardConnection& c, int) {
             auto req = c.shard.pushRowsRequest(
                 capnp::MessageSize{uint64_t(r.count) + table.size() / 8 + 32, 0});
             req.setTable(table);
@@ -370,11 +368,7 @@ std::future<PushStatus> Client::start_push_rows(const std::string& table,
             req.setIdsDistinct(true);  // a plan names each id once, its gradients summed
             req.setStep(step);
             req.setRequestId(id);
-            return Impl::send_row_grads(
-                kj::mv(req), c,
-                std::span<const float>(sums.get() + std::size_t(r.first) * dim,
-                                       std::size_t(r.count) * dim),
-                sums);
+            return Impl::send_row_grads(kj::mv(req), c, sums, r);
           };
           calls.add(counted(unanswered, static_cast<int>(r.shard),
                             impl_->retry->call(static_cast<int>(r.shard), kj::mv(send)))
@@ -403,28 +397,31 @@ std::future<PushStatus> Client::push_rows_async(std::string table, std::span<con
 
 kj::Promise<capnp::Response<wire::Shard::PushRowsResults>> Client::Impl::send_row_grads(
     capnp::Request<wire::Shard::PushRowsParams, wire::Shard::PushRowsResults> req,
-    ShardConnection& c, std::span<const float> grads, std::shared_ptr<const void> owner) {
-  auto bytes = as_data(grads);
+    ShardConnection& c, std::shared_ptr<PushGradients> g, const RowRequest& r) {
+  const std::size_t size = std::size_t(r.count) * g->dim() * sizeof(float);
   kj::Own<SharedBlocks> blocks;
   if (c.arena) blocks = kj::heap<SharedBlocks>(c.arena);
-  if (auto offset = blocks ? take_shared(*blocks, bytes.size()) : std::nullopt) {
-    // Copied into the connection's shared memory, held until psd answers.
-    std::memcpy(blocks->arena().at(*offset), bytes.begin(), bytes.size());
-    set_slice(req.initSharedGrads(), blocks->arena(), *offset, bytes.size());
-  } else if (c.messages && bytes.size() >= kMinExternalBytes &&
-             reinterpret_cast<uintptr_t>(bytes.begin()) % sizeof(capnp::word) == 0 &&
-             bytes.size() % sizeof(capnp::word) == 0) {
-    // Sent from the summed gradients without a copy, as a segment of its
+  if (auto offset = blocks ? take_shared(*blocks, size) : std::nullopt) {
+    // Written into the connection's shared memory, held until psd answers.
+    g->write(r, reinterpret_cast<float*>(blocks->arena().at(*offset)));
+    set_slice(req.initSharedGrads(), blocks->arena(), *offset, size);
+    return until_answered(req.send(), kj::mv(blocks));
+  }
+  auto bytes = as_data(g->rows(r));
+  if (c.messages && bytes.size() >= kMinExternalBytes &&
+      reinterpret_cast<uintptr_t>(bytes.begin()) % sizeof(capnp::word) == 0 &&
+      bytes.size() % sizeof(capnp::word) == 0) {
+    // Sent from where the rows lie without a copy, as a segment of its
     // own; the stream keeps them until written (a retry's message
     // included). Small ones are copied: a segment costs more.
     req.adoptGrads(capnp::Orphanage::getForMessageContaining(
                        static_cast<wire::Shard::PushRowsParams::Builder>(req))
                        .referenceExternalData(bytes));
-    if (owner.use_count() == 0) {
+    if (g->in_callers_buffer()) {
       return cut_if_abandoned(until_answered(req.send(), kj::mv(blocks)),
                               c.messages->connection().weak());
     }
-    c.messages->connection().hold_until_sent(bytes.begin(), std::move(owner));
+    c.messages->connection().hold_until_sent(bytes.begin(), std::move(g));
   } else {
     req.setGrads(bytes);
   }

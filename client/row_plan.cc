@@ -4,6 +4,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "common/finite.h"
+
 namespace ps {
 namespace {
 
@@ -50,7 +52,7 @@ inline void copy_row(float* __restrict dst, const float* __restrict src, uint32_
 
 // Objects kept for reuse, so that a batch like the one before it allocates
 // nothing and touches no fresh page: plans (shared_row_plan) and plan-order
-// gradient buffers (plan_order_gradients). take() hands out a kept one or a
+// gradient buffers (PushGradients). take() hands out a kept one or a
 // new one; the shared_ptr's deleter gives it back, keeping at most kKeep and
 // none that `too_big` says grew too large. Never destroyed, so that an
 // object released during static destruction still finds its pool.
@@ -277,14 +279,59 @@ void gather_gradients(const RowPlan& plan, const float* grads, uint32_t dim, flo
   }
 }
 
-std::shared_ptr<const float> plan_order_gradients(const RowPlan& plan, std::span<const float> grads,
-                                                  uint32_t dim) {
-  if (plan.in_caller_order)
-    return std::shared_ptr<const float>(std::shared_ptr<void>(), grads.data());
-  std::shared_ptr<PlanVector<float>> summed = gradient_pool().take();
-  summed->resize(plan.ids.size() * std::size_t(dim));
-  gather_gradients(plan, grads.data(), dim, summed->data());
-  return std::shared_ptr<const float>(summed, summed->data());
+PushGradients::PushGradients(std::shared_ptr<const RowPlan> plan, std::span<const float> grads,
+                             uint32_t dim)
+    : plan_(std::move(plan)), grads_(grads), dim_(dim) {
+  if (plan_->in_caller_order) return;
+  buffer_ = gradient_pool().take();
+  buffer_->resize(plan_->ids.size() * std::size_t(dim));
+  if (plan_->repeats.empty()) return;
+  // Each repeated id's sum starts as its first position's gradient and adds
+  // the later ones in caller order: the bits gather_gradients gives.
+  sum_of_.resize(plan_->ids.size());
+  std::fill(sum_of_.begin(), sum_of_.end(), kOwn);
+  for (const RowRepeat& r : plan_->repeats) {
+    uint32_t& at = sum_of_[r.index];
+    if (at == kOwn) {
+      at = static_cast<uint32_t>(sums_.size() / dim);
+      sums_.resize(sums_.size() + dim);
+      copy_row(sums_.data() + std::size_t(at) * dim, grads.data() + std::size_t(r.first) * dim,
+               dim);
+    }
+    float* __restrict dst = sums_.data() + std::size_t(at) * dim;
+    const float* __restrict src = grads.data() + std::size_t(r.position) * dim;
+    for (uint32_t j = 0; j < dim; ++j) dst[j] += src[j];
+  }
+}
+
+const float* PushGradients::row_of(uint32_t index) const {
+  if (!sum_of_.empty() && sum_of_[index] != kOwn)
+    return sums_.data() + std::size_t(sum_of_[index]) * dim_;
+  return grads_.data() + std::size_t(plan_->first[index]) * dim_;
+}
+
+bool PushGradients::all_within(float limit) const {
+  return all_finite(grads_, limit) && all_finite(sums_, limit);
+}
+
+bool PushGradients::within(const RowRequest& r, float limit) const {
+  for (uint32_t k = r.first; k < r.first + r.count; ++k) {
+    if (!all_finite(std::span<const float>(row_of(k), dim_), limit)) return false;
+  }
+  return true;
+}
+
+void PushGradients::write(const RowRequest& r, float* dst) const {
+  for (uint32_t k = 0; k < r.count; ++k)
+    copy_row(dst + std::size_t(k) * dim_, row_of(r.first + k), dim_);
+}
+
+std::span<const float> PushGradients::rows(const RowRequest& r) {
+  const std::size_t n = std::size_t(r.count) * dim_;
+  if (plan_->in_caller_order) return grads_.subspan(std::size_t(r.first) * dim_, n);
+  float* dst = buffer_->data() + std::size_t(r.first) * dim_;
+  write(r, dst);
+  return {dst, n};
 }
 
 }  // namespace ps

@@ -92,11 +92,44 @@ void scatter_request(const RowPlan& plan, const RowRequest& r, const float* rows
 void fill_repeats(const RowPlan& plan, uint32_t dim, float* out);
 // grads (position order) to summed (plan order): duplicates added up.
 void gather_gradients(const RowPlan& plan, const float* grads, uint32_t dim, float* summed);
-// The gradients to send, in plan order: `grads` itself where the plan is in
-// the caller's order (not owned: the caller keeps it until the push is
-// answered), else gather_gradients into a buffer from a process-wide pool,
-// to which it goes back when the last reference is dropped.
-std::shared_ptr<const float> plan_order_gradients(const RowPlan& plan, std::span<const float> grads,
-                                                  uint32_t dim);
+// A push's gradients in plan order, worked out request by request as each
+// request is sent, so that psd applies the first while the client sums the
+// rest: the sums of repeated ids (a few rows) are made at once, every other
+// row is read from the caller's gradients where it lies. The caller keeps
+// `grads` until the last request is answered.
+//
+//   auto g = std::make_shared<PushGradients>(plan, grads, dim);
+//   if (!g->all_within(limit))                  // before any request goes
+//     for (r : plan->requests) if (!g->within(r, limit)) refuse();
+//   send(r, g->rows(r));                        // or g->write(r, shared_block)
+class PushGradients {
+ public:
+  PushGradients(std::shared_ptr<const RowPlan> plan, std::span<const float> grads, uint32_t dim);
+  // Whether every caller gradient and every repeated id's sum is finite and
+  // within `limit`: then so is every row sent (one pass over the caller's
+  // gradients, not one over the plan-order rows).
+  bool all_within(float limit) const;
+  // Whether request r's rows are (as all_finite() of them).
+  bool within(const RowRequest& r, float limit) const;
+  // Request r's rows in plan order: the caller's own where the plan is in
+  // its order, else written to a buffer this holds. Requests may be asked
+  // for on another thread than the one that made this, one at a time.
+  std::span<const float> rows(const RowRequest& r);
+  // Request r's rows in plan order, written to dst (r.count * dim floats).
+  void write(const RowRequest& r, float* dst) const;
+  // Whether rows() gives spans of the caller's own gradients.
+  bool in_callers_buffer() const { return plan_->in_caller_order; }
+  uint32_t dim() const { return dim_; }
+
+ private:
+  const float* row_of(uint32_t index) const;  // plan index -> its (summed) gradient
+  static constexpr uint32_t kOwn = UINT32_MAX;
+  std::shared_ptr<const RowPlan> plan_;
+  std::span<const float> grads_;
+  uint32_t dim_;
+  PlanVector<float> sums_;       // one row per repeated id
+  PlanVector<uint32_t> sum_of_;  // per plan index: its row in sums_, or kOwn (none if no repeats)
+  std::shared_ptr<PlanVector<float>> buffer_;  // rows()' plan-order rows (from a pool)
+};
 
 }  // namespace ps

@@ -503,7 +503,7 @@ TEST_CASE(
     "a push of rows given up at call_timeout sends nothing more from the caller's buffer, and "
     "the next call reconnects") {
   // Distinct ids to one shard go out from the caller's gradients
-  // (plan_order_gradients), as a dense push's do.
+  // (PushGradients::rows), as a dense push's do.
   PsdProcess psd;
   Client client(gives_up_soon(psd));
   const uint32_t dim = 4;

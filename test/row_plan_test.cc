@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -53,15 +54,25 @@ void check_summed(const RowPlan& plan, const std::vector<uint64_t>& ids,
   }
   std::vector<float> summed(plan.ids.size() * dim);
   gather_gradients(plan, grads.data(), dim, summed.data());
-  // What a push sends: the same values, from the caller's own buffer where
-  // the plan keeps the caller's order.
-  const std::shared_ptr<const float> sent = plan_order_gradients(plan, grads, dim);
-  CHECK((sent.get() == grads.data()) == plan.in_caller_order);
   for (std::size_t p = 0; p < plan.ids.size(); ++p) {
-    for (uint32_t j = 0; j < dim; ++j) {
-      REQUIRE(summed[p * dim + j] == sums[plan.ids[p]][j]);
-      REQUIRE(sent.get()[p * dim + j] == summed[p * dim + j]);
+    for (uint32_t j = 0; j < dim; ++j) REQUIRE(summed[p * dim + j] == sums[plan.ids[p]][j]);
+  }
+  // What a push sends, request by request: the same values, from the
+  // caller's own buffer where the plan keeps the caller's order.
+  PushGradients sent(std::make_shared<const RowPlan>(plan), grads, dim);
+  CHECK(sent.in_callers_buffer() == plan.in_caller_order);
+  CHECK(sent.all_within(std::numeric_limits<float>::max()));
+  for (const RowRequest& r : plan.requests) {
+    std::vector<float> written(std::size_t(r.count) * dim);
+    sent.write(r, written.data());
+    const std::span<const float> rows = sent.rows(r);
+    REQUIRE(rows.size() == written.size());
+    CHECK((rows.data() == grads.data() + std::size_t(r.first) * dim) == plan.in_caller_order);
+    for (std::size_t k = 0; k < written.size(); ++k) {
+      REQUIRE(written[k] == summed[std::size_t(r.first) * dim + k]);
+      REQUIRE(rows[k] == written[k]);
     }
+    CHECK(sent.within(r, std::numeric_limits<float>::max()));
   }
 }
 
@@ -156,16 +167,35 @@ TEST_CASE("gradients of repeated ids are summed; without repeats they are moved"
   }
 }
 
-TEST_CASE("plan-order gradient buffers are reused") {
+TEST_CASE("a push's gradients: buffers reused, and refused where a row or a sum is out of bounds") {
   const uint32_t dim = 4;
-  const std::vector<uint64_t> ids = {7, 3, 7, 9};  // a repeat: summed into a pooled buffer
-  const RowPlan plan = plan_rows(ids, RowPlacement(TablePlacement::kHash, 0, 1), 100, false);
-  const std::vector<float> grads(ids.size() * dim, 1.0f);
-  const float* first = plan_order_gradients(plan, grads, dim).get();  // back to the pool at once
-  const std::shared_ptr<const float> again = plan_order_gradients(plan, grads, dim);
-  CHECK(again.get() == first);
-  CHECK(again.get()[0] == 2.0f);  // id 7's two rows
-  CHECK(again.get()[dim] == 1.0f);
+  const std::vector<uint64_t> ids = {7, 3, 7, 9};  // a repeat: rows from a pooled buffer
+  const auto plan = std::make_shared<const RowPlan>(
+      plan_rows(ids, RowPlacement(TablePlacement::kHash, 0, 1), 2, false));
+  REQUIRE(plan->requests.size() == 2);  // {7, 3}, {9}
+  std::vector<float> grads(ids.size() * dim, 1.0f);
+  const float* first = PushGradients(plan, grads, dim).rows(plan->requests[0]).data();
+  PushGradients again(plan, grads, dim);  // the first's buffer, back in the pool
+  const std::span<const float> rows = again.rows(plan->requests[0]);
+  CHECK(rows.data() == first);
+  CHECK(rows[0] == 2.0f);  // id 7's two rows
+  CHECK(rows[dim] == 1.0f);
+
+  const float big = 3e38f, limit = std::numeric_limits<float>::max();
+  grads[0] = grads[2 * dim] = big;  // id 7's two gradients: each finite, their sum Inf
+  PushGradients summed_inf(plan, grads, dim);
+  CHECK(!summed_inf.all_within(limit));
+  CHECK(!summed_inf.within(plan->requests[0], limit));
+  CHECK(summed_inf.within(plan->requests[1], limit));
+  grads[0] = grads[2 * dim] = 1.0f;
+  grads[3 * dim + 1] = std::numeric_limits<float>::quiet_NaN();  // id 9's
+  PushGradients nan(plan, grads, dim);
+  CHECK(!nan.all_within(limit));
+  CHECK(nan.within(plan->requests[0], limit));
+  CHECK(!nan.within(plan->requests[1], limit));
+  grads[3 * dim + 1] = 5.0f;  // within a limit of 8, not one of 4
+  CHECK(PushGradients(plan, grads, dim).all_within(8.0f));
+  CHECK(!PushGradients(plan, grads, dim).within(plan->requests[1], 4.0f));
 }
 
 namespace {

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "common/finite.h"
+#include "common/row_bytes.h"
 
 namespace ps {
 namespace {
@@ -241,15 +242,16 @@ void scatter_request(const RowPlan& plan, const RowRequest& r, const float* rows
   // asked for (for writing) a few rows ahead, so the writes' misses overlap.
   constexpr uint32_t kAheadRows = 8;
   const uint32_t* first = plan.first.data() + r.first;
-  const std::size_t row_bytes = std::size_t(dim) * sizeof(float);
-  for (uint32_t k = 0; k < r.count; ++k) {
-    if (k + kAheadRows < r.count) {
-      const char* next =
-          reinterpret_cast<const char*>(out + std::size_t(first[k + kAheadRows]) * dim);
-      for (std::size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(next + b, 1);
+  with_row_bytes(std::size_t(dim) * sizeof(float), [&](auto bytes) {
+    for (uint32_t k = 0; k < r.count; ++k) {
+      if (k + kAheadRows < r.count) {
+        const char* next =
+            reinterpret_cast<const char*>(out + std::size_t(first[k + kAheadRows]) * dim);
+        for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(next + b, 1);
+      }
+      std::memcpy(out + std::size_t(first[k]) * dim, rows + std::size_t(k) * dim, bytes);
     }
-    copy_row(out + std::size_t(first[k]) * dim, rows + std::size_t(k) * dim, dim);
-  }
+  });
 }
 
 void fill_repeats(const RowPlan& plan, uint32_t dim, float* out) {
@@ -322,8 +324,10 @@ bool PushGradients::within(const RowRequest& r, float limit) const {
 }
 
 void PushGradients::write(const RowRequest& r, float* dst) const {
-  for (uint32_t k = 0; k < r.count; ++k)
-    copy_row(dst + std::size_t(k) * dim_, row_of(r.first + k), dim_);
+  with_row_bytes(std::size_t(dim_) * sizeof(float), [&](auto bytes) {
+    for (uint32_t k = 0; k < r.count; ++k)
+      std::memcpy(dst + std::size_t(k) * dim_, row_of(r.first + k), bytes);
+  });
 }
 
 std::span<const float> PushGradients::rows(const RowRequest& r) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/finite.h"
+#include "common/row_bytes.h"
 #include "common/tensor_name.h"
 #include "ps/errors.h"
 
@@ -379,23 +380,25 @@ void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) {
   constexpr std::size_t kAhead = 8;
   auto range = [n, parts](std::size_t p) { return std::pair(n * p / parts, n * (p + 1) / parts); };
   if (!spec_.dynamic) {
-    for_parts(parts, [&](std::size_t p) {
-      const auto [lo, hi] = range(p);
-      // Locals, not members or captures, which a row's copy might alias:
-      // the compiler would load them again for every row.
-      const RowPlacement place = placement_;
-      const std::size_t dim = spec_.dim;
-      const float* const values = arrays_[0].get();
-      const uint64_t* const id = ids.data();
-      float* const dst = out;
-      for (std::size_t i = lo; i < hi; ++i) {
-        if (i + kAhead < hi) {
-          const auto* next =
-              reinterpret_cast<const char*>(values + place.local_row(id[i + kAhead]) * dim);
-          for (std::size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(next + b);
+    with_row_bytes(row_bytes, [&](auto bytes) {
+      for_parts(parts, [&](std::size_t p) {
+        const auto [lo, hi] = range(p);
+        // Locals, not members or captures, which a row's copy might alias:
+        // the compiler would load them again for every row.
+        const RowPlacement place = placement_;
+        const std::size_t dim = spec_.dim;
+        const float* const values = arrays_[0].get();
+        const uint64_t* const id = ids.data();
+        float* const dst = out;
+        for (std::size_t i = lo; i < hi; ++i) {
+          if (i + kAhead < hi) {
+            const auto* next =
+                reinterpret_cast<const char*>(values + place.local_row(id[i + kAhead]) * dim);
+            for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(next + b);
+          }
+          std::memcpy(dst + i * dim, values + place.local_row(id[i]) * dim, bytes);
         }
-        std::memcpy(dst + i * dim, values + place.local_row(id[i]) * dim, row_bytes);
-      }
+      });
     });
     return;
   }
@@ -405,18 +408,20 @@ void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) {
   // check() allowed no more distinct ids than the limit), one after another.
   std::vector<uint64_t>& slots = push_slots_;
   find_and_touch(ids, slots);
-  for_parts(parts, [&](std::size_t p) {
-    const auto [lo, hi] = range(p);
-    const uint64_t* const slot = slots.data();  // locals, as above
-    const std::size_t dim = spec_.dim;
-    float* const dst = out;
-    for (std::size_t i = lo; i < hi; ++i) {
-      if (i + kAhead < hi && slot[i + kAhead] != kEmpty) {
-        const auto* next = reinterpret_cast<const char*>(row(0, slot[i + kAhead]));
-        for (std::size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(next + b);
+  with_row_bytes(row_bytes, [&](auto bytes) {
+    for_parts(parts, [&](std::size_t p) {
+      const auto [lo, hi] = range(p);
+      const uint64_t* const slot = slots.data();  // locals, as above
+      const std::size_t dim = spec_.dim;
+      float* const dst = out;
+      for (std::size_t i = lo; i < hi; ++i) {
+        if (i + kAhead < hi && slot[i + kAhead] != kEmpty) {
+          const auto* next = reinterpret_cast<const char*>(row(0, slot[i + kAhead]));
+          for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(next + b);
+        }
+        if (slot[i] != kEmpty) std::memcpy(dst + i * dim, row(0, slot[i]), bytes);
       }
-      if (slot[i] != kEmpty) std::memcpy(dst + i * dim, row(0, slot[i]), row_bytes);
-    }
+    });
   });
   for (std::size_t i = 0; i < n; ++i) {
     if (slots[i] == kEmpty)

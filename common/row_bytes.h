@@ -1,0 +1,39 @@
+// Rows of an embedding table copied with their size known to the compiler.
+//
+//   with_row_bytes(dim * sizeof(float), [&](auto bytes) {
+//     for (i ...) std::memcpy(dst + i * dim, src_of(i), bytes);  // inline moves
+//   });
+//
+// A memcpy of a constant size is a few vector moves in place; of a runtime
+// size it is a library call per row, which psd's gather and the client's
+// scatter of 65,536 small rows a batch pay for every row.
+#pragma once
+
+#include <cstddef>
+#include <type_traits>
+
+namespace ps {
+
+// Calls fn(bytes) with bytes as a std::integral_constant for the usual row
+// sizes (8, 16, 32 or 64 floats), else as the std::size_t itself.
+template <class Fn>
+inline void with_row_bytes(std::size_t bytes, Fn&& fn) {
+  switch (bytes) {
+    case 32:
+      fn(std::integral_constant<std::size_t, 32>{});
+      break;
+    case 64:
+      fn(std::integral_constant<std::size_t, 64>{});
+      break;
+    case 128:
+      fn(std::integral_constant<std::size_t, 128>{});
+      break;
+    case 256:
+      fn(std::integral_constant<std::size_t, 256>{});
+      break;
+    default:
+      fn(bytes);
+  }
+}
+
+}  // namespace ps

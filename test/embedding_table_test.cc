@@ -754,6 +754,30 @@ TEST_CASE("a table spread over threads ends bit for bit where one thread leaves 
   }
 }
 
+TEST_CASE("pulls copy every row whole, whatever its size") {
+  // Rows of 8 to 64 floats are copied with their size known to the compiler,
+  // others by size at run time (common/row_bytes.h): each must land whole.
+  for (uint32_t dim : {1u, 3u, 8u, 16u, 32u, 64u, 100u}) {
+    for (bool dynamic : {false, true}) {
+      INFO("dim " << dim << (dynamic ? ", dynamic" : ", fixed"));
+      TableSpec spec =
+          dynamic ? dynamic_table(dim) : fixed_table(500, dim, RowOptimizerConfig::sgd(1));
+      EmbeddingTable t(spec, 0, 1);
+      std::vector<uint64_t> ids(300);
+      for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = (i * 37) % 500;
+      std::vector<float> g(ids.size() * dim);
+      for (std::size_t i = 0; i < ids.size(); ++i)
+        for (uint32_t j = 0; j < dim; ++j) g[i * dim + j] = -float(ids[i] * 1000 + j);
+      push(t, ids, g);  // from zeros, SGD at rate 1: row id holds id * 1000 + j
+      std::reverse(ids.begin(), ids.end());
+      ids.push_back(ids.front());  // a repeat
+      const std::vector<float> rows = pull(t, ids);
+      for (std::size_t i = 0; i < ids.size(); ++i)
+        for (uint32_t j = 0; j < dim; ++j) REQUIRE(rows[i * dim + j] == float(ids[i] * 1000 + j));
+    }
+  }
+}
+
 TEST_CASE(
     "a push said to hold no repeats skips the search, and a lie is applied as separate pushes") {
   using Repeats = EmbeddingTable::Repeats;

@@ -92,11 +92,11 @@ void scatter_request(const RowPlan& plan, const RowRequest& r, const float* rows
 void fill_repeats(const RowPlan& plan, uint32_t dim, float* out);
 // grads (position order) to summed (plan order): duplicates added up.
 void gather_gradients(const RowPlan& plan, const float* grads, uint32_t dim, float* summed);
-// A push's gradients in plan order, worked out request by request as each
-// request is sent, so that psd applies the first while the client sums the
-// rest: the sums of repeated ids (a few rows) are made at once, every other
-// row is read from the caller's gradients where it lies. The caller keeps
-// `grads` until the last request is answered.
+// A push's gradients in plan order, written request by request as each
+// request is built: the sums of repeated ids (a few rows) are made at once,
+// every other row is read from the caller's gradients where it lies, and on
+// the same host written straight into shared memory (no buffer between).
+// The caller keeps `grads` until the last request is answered.
 //
 //   auto g = std::make_shared<PushGradients>(plan, grads, dim);
 //   if (!g->all_within(limit))                  // before any request goes

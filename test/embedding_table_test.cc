@@ -842,6 +842,22 @@ TEST_CASE(
       REQUIRE(all_rows(lied) == all_rows(separate));
       if (opt.kind == RowOptimizerKind::kAdagrad) CHECK(all_rows(lied) != all_rows(summed));
     }
+    // A dynamic table at its limit, evicting by LRU: a new id named twice is
+    // one new row, created once, and the push evicts none of its own rows.
+    TableSpec lru = dynamic_table(4, 3, OnRowLimit::kEvictLru, init);
+    lru.optimizer = RowOptimizerConfig::adagrad(0.5f, 0.1f);
+    EmbeddingTable lied(lru, 0, 1), separate(lru, 0, 1);
+    const auto start = grads(3, 4);
+    for (EmbeddingTable* t : {&lied, &separate}) push(*t, {1, 2, 3}, start);
+    const std::vector<uint64_t> ids = {4, 2, 4};  // 4 is new: row 1, the oldest, goes
+    const auto g = grads(ids.size(), 4);
+    REQUIRE(lied.check(ids, "push") == 1);
+    REQUIRE(lied.push_if_finite(ids, g, 1.0f, 1, std::nullopt, Repeats::kSenderSaysNone));
+    push(separate, {4, 2}, {g.begin(), g.begin() + 8});
+    push(separate, {4}, {g.begin() + 8, g.end()});
+    CHECK(lied.rows() == 3);
+    CHECK(lied.evictions() == 1);
+    REQUIRE(all_rows(lied) == all_rows(separate));
   }
 
   SECTION("where a lie could hurt the table, the repeats are still found and summed") {

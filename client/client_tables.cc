@@ -82,6 +82,9 @@ namespace {
 constexpr std::size_t kMinExternalBytes = 4096;
 // A large pull goes in parts of this many requests' ids (start_pull_rows).
 constexpr std::size_t kRequestsPerPullPart = 2;
+// A reply of rows gathered into shared memory at least this large takes psd
+// longer to gather (some 2,000 rows and more) than the loop polls for.
+constexpr uint64_t kSleepForRowBytes = 256 * 1024;
 
 }  // namespace
 
@@ -112,19 +115,27 @@ kj::Promise<void> Client::Impl::pull_row_requests(std::shared_ptr<RowPull> st,
       if (c.arena) blocks = kj::heap<SharedBlocks>(c.arena);
       const auto offset = blocks ? take_shared(*blocks, bytes) : std::nullopt;
       if (offset) set_slice(req.initInto(), *c.arena, *offset, bytes);
+      // Such a reply comes once psd has gathered every row (a quarter of a
+      // millisecond for a 1 MiB request, five times the polling budget):
+      // a large one is slept for, not polled for on a core the client's
+      // other work needs (docs/performance.md).
+      kj::Own<ClientLoop::PollingHold> hold;
+      if (offset && bytes >= kSleepForRowBytes) hold = kj::heap<ClientLoop::PollingHold>(impl.loop);
       return until_answered(
-          req.send().then([&c, arena = c.arena, st, r,
-                           offset](capnp::Response<wire::Shard::PullRowsResults>&& reply) {
-            reply_step(c, reply.getStep());
-            if (!reply.getInShared()) return kj::mv(reply);
-            if (!offset || reply.getRows().size() != 0) {
-              throw RequestError(shard_name(c) +
-                                 " answered rows in shared memory it was not given");
-            }
-            scatter_request(*st->plan, r, reinterpret_cast<const float*>(arena->at(*offset)),
-                            st->dim, st->out);
-            return kj::mv(reply);
-          }),
+          req.send()
+              .attach(kj::mv(hold))
+              .then([&c, arena = c.arena, st, r,
+                     offset](capnp::Response<wire::Shard::PullRowsResults>&& reply) {
+                reply_step(c, reply.getStep());
+                if (!reply.getInShared()) return kj::mv(reply);
+                if (!offset || reply.getRows().size() != 0) {
+                  throw RequestError(shard_name(c) +
+                                     " answered rows in shared memory it was not given");
+                }
+                scatter_request(*st->plan, r, reinterpret_cast<const float*>(arena->at(*offset)),
+                                st->dim, st->out);
+                return kj::mv(reply);
+              }),
           kj::mv(blocks));
     };
     calls.add(counted(st->unanswered, static_cast<int>(r.shard),

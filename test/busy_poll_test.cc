@@ -116,6 +116,22 @@ TEST_CASE("a polling event port sees a socket event while polling, and sleeps wi
   }
 }
 
+TEST_CASE("a polling event port sleeps at once while a hold is on, and polls again after") {
+  kj::UnixEventPort port;
+  PollingEventPort polling(port, 200000us, OnContention::kIgnore);
+  kj::EventLoop loop(polling);
+  kj::WaitScope ws(loop);
+  polling.hold();  // as a same-host row pull waiting for psd's gather
+  polling.hold();  // two in flight
+  wait_for_byte_sent_later(port, ws, 2ms);
+  polling.release();
+  wait_for_byte_sent_later(port, ws, 2ms);
+  CHECK(polling.polled_waits() == 0);  // the byte came while it slept
+  polling.release();
+  wait_for_byte_sent_later(port, ws, 2ms);
+  CHECK(polling.polled_waits() >= 1);  // its budget untouched by the held waits
+}
+
 TEST_CASE("a polling event port passes on wake-ups from other threads") {
   kj::UnixEventPort port;
   PollingEventPort polling(port, 200000us);

@@ -84,6 +84,7 @@ bool CpuContention::contended(Clock::time_point now) {
 
 bool PollingEventPort::wait() {
   const auto start = Clock::now();
+  if (holds_.load(std::memory_order_relaxed) > 0) return inner_.wait();  // the budget untouched
   if (budget_.current().count() > 0 && !contention_.contended(start)) {
     const auto deadline = start + budget_.current();
     do {

@@ -30,6 +30,7 @@
 //   kj::EventLoop loop(polling);
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -114,8 +115,16 @@ class PollingEventPort final : public kj::EventPort {
   // Waits that ended while polling (for tests and benchmarks).
   uint64_t polled_waits() const { return polled_waits_; }
 
+  // While any hold is on (taken on any thread), waits sleep at once: the
+  // loop awaits something known to take longer than a poll (a reply psd
+  // must first gather many rows for), and polling would only keep a core
+  // from the threads doing that work.
+  void hold() { holds_.fetch_add(1, std::memory_order_relaxed); }
+  void release() { holds_.fetch_sub(1, std::memory_order_relaxed); }
+
  private:
   kj::UnixEventPort& inner_;
+  std::atomic<int> holds_{0};
   PollBudget budget_;
   CpuContention contention_;
   bool runnable_ = false;

@@ -167,6 +167,20 @@ class ClientLoop {
   // `delay` from now on the clock itself (see clock_now).
   kj::Promise<void> after(kj::Duration delay) { return timer().atTime(clock_now() + delay); }
 
+  // While one is alive, the loop's waits do not poll (PollingEventPort::hold).
+  //   auto hold = kj::heap<ClientLoop::PollingHold>(loop);
+  //   return long_wait.attach(kj::mv(hold));
+  class PollingHold {
+   public:
+    explicit PollingHold(ClientLoop& loop) : port_(*loop.polling_) { port_.hold(); }
+    ~PollingHold() { port_.release(); }
+    PollingHold(const PollingHold&) = delete;
+    PollingHold& operator=(const PollingHold&) = delete;
+
+   private:
+    PollingEventPort& port_;
+  };
+
  private:
   // run_interruptible's work handed to the thread that runs the loop: this
   // thread waits for its outcome in slices of `every`, asking stop() in

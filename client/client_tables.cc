@@ -83,7 +83,7 @@ constexpr std::size_t kMinExternalBytes = 4096;
 // A large pull goes in parts of this many requests' ids (start_pull_rows).
 constexpr std::size_t kRequestsPerPullPart = 2;
 // A reply of rows gathered into shared memory at least this large takes psd
-// longer to gather (some 2,000 rows and more) than the loop polls for.
+// longer to gather than the loop polls for.
 constexpr uint64_t kSleepForRowBytes = 256 * 1024;
 
 }  // namespace
@@ -115,10 +115,9 @@ kj::Promise<void> Client::Impl::pull_row_requests(std::shared_ptr<RowPull> st,
       if (c.arena) blocks = kj::heap<SharedBlocks>(c.arena);
       const auto offset = blocks ? take_shared(*blocks, bytes) : std::nullopt;
       if (offset) set_slice(req.initInto(), *c.arena, *offset, bytes);
-      // Such a reply comes once psd has gathered every row (a quarter of a
-      // millisecond for a 1 MiB request, five times the polling budget):
-      // a large one is slept for, not polled for on a core the client's
-      // other work needs (docs/performance.md).
+      // Such a reply comes once psd has gathered every row: a large one is
+      // slept for, not polled for on a core the client's other work needs
+      // (docs/embedding.md, "Same host").
       kj::Own<ClientLoop::PollingHold> hold;
       if (offset && bytes >= kSleepForRowBytes) hold = kj::heap<ClientLoop::PollingHold>(impl.loop);
       return until_answered(

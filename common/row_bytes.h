@@ -5,8 +5,8 @@
 //   });
 //
 // A memcpy of a constant size is a few vector moves in place; of a runtime
-// size it is a library call per row, which psd's gather and the client's
-// scatter of 65,536 small rows a batch pay for every row.
+// size it is a library call, which psd's gather and the client's scatter
+// would pay for every row (docs/embedding.md, "What makes it fast").
 #pragma once
 
 #include <cstddef>

@@ -244,11 +244,8 @@ void scatter_request(const RowPlan& plan, const RowRequest& r, const float* rows
   const uint32_t* first = plan.first.data() + r.first;
   with_row_bytes(std::size_t(dim) * sizeof(float), [&](auto bytes) {
     for (uint32_t k = 0; k < r.count; ++k) {
-      if (k + kAheadRows < r.count) {
-        const char* next =
-            reinterpret_cast<const char*>(out + std::size_t(first[k + kAheadRows]) * dim);
-        for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(next + b, 1);
-      }
+      if (k + kAheadRows < r.count)
+        prefetch_row<RowAccess::kWrite>(out + std::size_t(first[k + kAheadRows]) * dim, bytes);
       std::memcpy(out + std::size_t(first[k]) * dim, rows + std::size_t(k) * dim, bytes);
     }
   });
@@ -284,9 +281,6 @@ void gather_gradients(const RowPlan& plan, const float* grads, uint32_t dim, flo
 PushGradients::PushGradients(std::shared_ptr<const RowPlan> plan, std::span<const float> grads,
                              uint32_t dim)
     : plan_(std::move(plan)), grads_(grads), dim_(dim) {
-  if (plan_->in_caller_order) return;
-  buffer_ = gradient_pool().take();
-  buffer_->resize(plan_->ids.size() * std::size_t(dim));
   if (plan_->repeats.empty()) return;
   // Each repeated id's sum starts as its first position's gradient and adds
   // the later ones in caller order: the bits gather_gradients gives.
@@ -333,6 +327,10 @@ void PushGradients::write(const RowRequest& r, float* dst) const {
 std::span<const float> PushGradients::rows(const RowRequest& r) {
   const std::size_t n = std::size_t(r.count) * dim_;
   if (plan_->in_caller_order) return grads_.subspan(std::size_t(r.first) * dim_, n);
+  if (!buffer_) {  // taken only where a request does not go through shared memory
+    buffer_ = gradient_pool().take();
+    buffer_->resize(plan_->ids.size() * std::size_t(dim_));
+  }
   float* dst = buffer_->data() + std::size_t(r.first) * dim_;
   write(r, dst);
   return {dst, n};

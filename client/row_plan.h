@@ -129,7 +129,8 @@ class PushGradients {
   uint32_t dim_;
   PlanVector<float> sums_;       // one row per repeated id
   PlanVector<uint32_t> sum_of_;  // per plan index: its row in sums_, or kOwn (none if no repeats)
-  std::shared_ptr<PlanVector<float>> buffer_;  // rows()' plan-order rows (from a pool)
+  std::shared_ptr<PlanVector<float>>
+      buffer_;  // rows()' plan-order rows (from a pool, at its first call)
 };
 
 }  // namespace ps

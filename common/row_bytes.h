@@ -36,4 +36,14 @@ inline void with_row_bytes(std::size_t bytes, Fn&& fn) {
   }
 }
 
+// Asks for the `bytes` of a row at p a cache line at a time (kWrite: with
+// the intent to write it), so that its misses overlap work on other rows.
+enum class RowAccess { kRead, kWrite };
+template <RowAccess kAccess = RowAccess::kRead>
+inline void prefetch_row(const void* p, std::size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (std::size_t b = 0; b < bytes; b += 64)
+    __builtin_prefetch(c + b, kAccess == RowAccess::kWrite);
+}
+
 }  // namespace ps

@@ -240,7 +240,7 @@ void EmbeddingTable::find_and_touch(std::span<const uint64_t> ids, std::vector<u
   slots.resize(n);
   // Lookups only read the index: in parts by position range.
   for_parts(parts, [&](std::size_t p) {
-    const std::size_t lo = n * p / parts, hi = n * (p + 1) / parts;
+    const auto [lo, hi] = part_range(n, parts, p);
     for (std::size_t i = lo; i < hi; ++i) {
       if (i + kIndexAhead < hi) index_.prefetch(ids[i + kIndexAhead]);
       slots[i] = find(ids[i]);
@@ -378,11 +378,10 @@ void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) {
   // ahead are asked for while this one is copied, so their cache misses
   // overlap. Each part copies a range of positions.
   constexpr std::size_t kAhead = 8;
-  auto range = [n, parts](std::size_t p) { return std::pair(n * p / parts, n * (p + 1) / parts); };
   if (!spec_.dynamic) {
     with_row_bytes(row_bytes, [&](auto bytes) {
       for_parts(parts, [&](std::size_t p) {
-        const auto [lo, hi] = range(p);
+        const auto [lo, hi] = part_range(n, parts, p);
         // Locals, not members or captures, which a row's copy might alias:
         // the compiler would load them again for every row.
         const RowPlacement place = placement_;
@@ -391,11 +390,7 @@ void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) {
         const uint64_t* const id = ids.data();
         float* const dst = out;
         for (std::size_t i = lo; i < hi; ++i) {
-          if (i + kAhead < hi) {
-            const auto* next =
-                reinterpret_cast<const char*>(values + place.local_row(id[i + kAhead]) * dim);
-            for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(next + b);
-          }
+          if (i + kAhead < hi) prefetch_row(values + place.local_row(id[i + kAhead]) * dim, bytes);
           std::memcpy(dst + i * dim, values + place.local_row(id[i]) * dim, bytes);
         }
       });
@@ -410,15 +405,13 @@ void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) {
   find_and_touch(ids, slots);
   with_row_bytes(row_bytes, [&](auto bytes) {
     for_parts(parts, [&](std::size_t p) {
-      const auto [lo, hi] = range(p);
+      const auto [lo, hi] = part_range(n, parts, p);
       const uint64_t* const slot = slots.data();  // locals, as above
       const std::size_t dim = spec_.dim;
       float* const dst = out;
       for (std::size_t i = lo; i < hi; ++i) {
-        if (i + kAhead < hi && slot[i + kAhead] != kEmpty) {
-          const auto* next = reinterpret_cast<const char*>(row(0, slot[i + kAhead]));
-          for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(next + b);
-        }
+        if (i + kAhead < hi && slot[i + kAhead] != kEmpty)
+          prefetch_row(row(0, slot[i + kAhead]), bytes);
         if (slot[i] != kEmpty) std::memcpy(dst + i * dim, row(0, slot[i]), bytes);
       }
     });
@@ -559,10 +552,8 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
       return fixed ? base[c] + slot[i] * dim : table.row(c, slot[i]);
     }
     void prefetch(std::size_t i) const {
-      for (uint32_t c = 0; c < comps; ++c) {
-        const auto* next = reinterpret_cast<const char*>(row(c, i));
-        for (std::size_t b = 0; b < dim * sizeof(float); b += 64) __builtin_prefetch(next + b, 1);
-      }
+      for (uint32_t c = 0; c < comps; ++c)
+        prefetch_row<RowAccess::kWrite>(row(c, i), dim * sizeof(float));
     }
     bool repeat(std::size_t i) const { return at != nullptr && at[i] == kRepeat; }
     const float* gradient(std::size_t i) const {
@@ -577,7 +568,6 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
     return v;
   };
   constexpr std::size_t kAhead = 8;
-  auto range = [n, parts](std::size_t p) { return std::pair(n * p / parts, n * (p + 1) / parts); };
   const RowOptimizer* const optimizer = optimizer_.get();
   const RowOptimizer::Step step = optimizer->step(scale, version_ + 1);
   if (check_first) {
@@ -587,7 +577,7 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
     // cache (a request is at most a few MiB).
     std::vector<char> finite(parts, 1);
     for_parts(parts, [&](std::size_t part) {
-      const auto [lo, hi] = range(part);
+      const auto [lo, hi] = part_range(n, parts, part);
       const PartView v = view();
       const float* slot_ptrs[4];
       for (std::size_t i = lo; i < hi; ++i) {
@@ -604,7 +594,7 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
   }
   ++version_;
   for_parts(parts, [&](std::size_t part) {
-    const auto [lo, hi] = range(part);
+    const auto [lo, hi] = part_range(n, parts, part);
     const PartView v = view();
     float* slot_ptrs[4];
     for (std::size_t i = lo; i < hi; ++i) {

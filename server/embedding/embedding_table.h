@@ -22,6 +22,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/embedding_placement.h"
@@ -205,6 +206,11 @@ class EmbeddingTable {
   // thread costs little beside its work; one part where run_parts_ has one thread.
   static constexpr std::size_t kPartRows = 1024, kMaxParts = 16;
   std::size_t parts_for(std::size_t n) const;
+  // Part p of `parts` equal ranges of positions [0, n): [first, end).
+  static std::pair<std::size_t, std::size_t> part_range(std::size_t n, std::size_t parts,
+                                                        std::size_t p) {
+    return {n * p / parts, n * (p + 1) / parts};
+  }
   RunParts run_parts_;
   void for_parts(std::size_t parts, const PartFn& fn);
   // A push's repeated rows are found in parts by row: the positions of each

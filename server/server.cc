@@ -588,13 +588,13 @@ void PsServer::run(kj::Promise<void> stop) {
       throw ConfigError(fmt::format("psd: cannot listen for HTTP on {}:{} (--http_port): {}",
                                     o.bind, *o.http_port, for_people(e.getDescription().cStr())));
     }
-    // Before port_file: whoever waits for port_file may read this one at once.
-    if (!o.http_port_file.empty())
-      write_port_file(o.http_port_file, static_cast<int>(http->getPort()), "--http_port_file");
     spdlog::info("psd shard {} serving HTTP (/metrics, /healthz, status page) on {}://{}:{}/",
                  o.shard.shard_index, impl_->tls ? "https" : "http", o.bind, http->getPort());
+    // After its log line and before port_file: whoever waits for port_file
+    // may read this one, and the log, at once.
+    if (!o.http_port_file.empty())
+      write_port_file(o.http_port_file, static_cast<int>(http->getPort()), "--http_port_file");
   }
-  if (!o.port_file.empty()) write_port_file(o.port_file, port, "--port_file");
   const int send_buffer_kb = same_host_send_buffer_bytes() >> 10;
   spdlog::info(
       "psd shard {}/{} listening on {}:{}{}{} ({} compute threads, {} for a large table request, "
@@ -607,6 +607,8 @@ void PsServer::run(kj::Promise<void> stop) {
       std::min(o.shard.table_threads, o.threads + 1),
       send_buffer_kb > 0 ? std::to_string(send_buffer_kb) + " KiB" : "autotuned",
       impl_->budget.limit() >> 20);
+  // After the line above: whoever waits for port_file may read the log at once.
+  if (!o.port_file.empty()) write_port_file(o.port_file, port, "--port_file");
 
   auto serving =
       impl_->accept_loop(*tcp, "tcp").exclusiveJoin(impl_->housekeeping(io.provider->getTimer()));

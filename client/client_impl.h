@@ -516,6 +516,10 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     // back after it is read at the step it has (min_step predates that news).
     uint64_t rollbacks_at_call = 0;
     Unanswered* unanswered = nullptr;  // a blocking call's (call()); null: not counted
+    // Part of a pull_with_rows: its steps are aligned with the tables' by
+    // align_steps, which alone sees every read (a restarted shard is caught
+    // up only when every read of the call finds it at the newest step).
+    bool aligned_by_caller = false;
   };
 
   // Pulls the given batches (waiting for min_step). In sync mode all parts
@@ -558,6 +562,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     std::vector<int64_t> steps;
     uint64_t rollbacks_at_call = 0;  // as PullState's
     Unanswered* unanswered = nullptr;  // as PullState's
+    bool aligned_by_caller = false;    // as PullState's
   };
   kj::Promise<void> pull_row_requests(std::shared_ptr<RowPull> st, std::vector<std::size_t> which,
                                       int64_t min_step, int round);

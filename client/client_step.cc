@@ -71,6 +71,7 @@ PullResult Client::pull_with_rows(const std::vector<std::string>& names,
     t->out = r.out.data();
     t->steps.assign(t->plan->requests.size(), 0);
     t->rollbacks_at_call = rollbacks_at_call;
+    t->aligned_by_caller = true;
     tables.push_back(std::move(t));
     row_out.push_back(r.out);
   }
@@ -89,6 +90,7 @@ PullResult Client::pull_with_rows(const std::vector<std::string>& names,
         dense->versions.resize(dense->batches.size());
         dense->from_shared.resize(dense->batches.size());
         dense->rollbacks_at_call = rollbacks_at_call;
+        dense->aligned_by_caller = true;
         auto every = [](std::size_t count) {
           std::vector<std::size_t> all(count);
           for (std::size_t i = 0; i < count; ++i) all[i] = i;

@@ -167,7 +167,8 @@ kj::Promise<void> Client::Impl::pull_row_requests(std::shared_ptr<RowPull> st,
                   }));
   }
   return kj::joinPromises(calls.releaseAsArray()).then([&impl, st, round]() -> kj::Promise<void> {
-    if (impl.job_mode.load() != SyncMode::kSync || st->steps.empty()) return kj::READY_NOW;
+    if (impl.job_mode.load() != SyncMode::kSync || st->steps.empty() || st->aligned_by_caller)
+      return kj::READY_NOW;
     const int64_t newest = *std::max_element(st->steps.begin(), st->steps.end());
     std::vector<std::size_t> behind;
     for (std::size_t k = 0; k < st->steps.size(); ++k) {

@@ -124,7 +124,8 @@ kj::Promise<void> Client::Impl::pull_round(PullState& st, std::vector<std::size_
             }));
   }
   return kj::joinPromises(calls.releaseAsArray()).then([this, &st, round]() -> kj::Promise<void> {
-    if (job_mode.load() != SyncMode::kSync || st.steps.empty()) return kj::READY_NOW;
+    if (job_mode.load() != SyncMode::kSync || st.steps.empty() || st.aligned_by_caller)
+      return kj::READY_NOW;
     const int64_t newest = *std::max_element(st.steps.begin(), st.steps.end());
     std::vector<std::size_t> behind;
     for (std::size_t b = 0; b < st.steps.size(); ++b) {

@@ -3,7 +3,9 @@
 // host's port). It listens on 127.0.0.1 (a free port), answers hello as a
 // one-shard psd would, and each other call it is given a handler for as the
 // handler writes the results: well-formed Cap'n Proto, wrong in one way.
-// A call without a handler fails as unimplemented.
+// A call without a handler fails as unimplemented. A handler that throws
+// DISCONNECTED plays a psd killed mid-call: the client reconnects and says
+// hello again, so the hello handler can play the psd that restarted.
 //
 //   LyingShard shard({.push = [](auto, auto results) { results.initStatus(0); }});
 //   ps::Client client(shard.options());

@@ -24,6 +24,9 @@
 // client-side dedup + split + reassembly time of one batch, and psd's RSS
 // against the table's raw bytes.
 // The TCP lines' clients reach psd over loopback TCP, as from another host;
+// beside each of them plain loopback TCP is measured too (a batch's row
+// bytes as one message, just before and just after, the mean of both), and
+// the rows' GB/s given as a share of it: what the socket alone carries;
 // the same-host lines' over psd's Unix socket, with and without shared memory.
 // One program, so that psd, the in-memory limits and plain TCP are measured
 // in the same run, in turn, under the same load.
@@ -235,6 +238,7 @@ struct Rate {
   double client_cpu_ms = 0;  // per batch, all clients
   double psd_cpu_ms = 0;
   double gather_rows_per_s = 0;  // the in-memory gather measured with it
+  double tcp_bytes_per_s = 0;    // over TCP: plain loopback TCP measured with it (0: not)
 };
 
 Rate rate(std::size_t rows, uint32_t dim, double secs) {
@@ -244,9 +248,15 @@ Rate rate(std::size_t rows, uint32_t dim, double secs) {
 void print(const char* what, Rate r) {
   std::printf(
       "  %-34s %8.2f M rows/s  %6.2f GB/s  (%.2f of gather)  cpu/batch: client %.2f ms, psd %.2f "
-      "ms  gather %.2f M rows/s\n",
+      "ms  gather %.2f M rows/s",
       what, r.rows_per_s / 1e6, r.gb_per_s, r.rows_per_s / r.gather_rows_per_s, r.client_cpu_ms,
       r.psd_cpu_ms, r.gather_rows_per_s / 1e6);
+  // The rows' bytes against what loopback TCP alone carries (ids and
+  // framing not counted): the share of the socket's own limit.
+  if (r.tcp_bytes_per_s > 0)
+    std::printf("  TCP %.2f GB/s (%.2f of it)", r.tcp_bytes_per_s / 1e9,
+                r.gb_per_s * 1e9 / r.tcp_bytes_per_s);
+  std::printf("\n");
 }
 
 // A copy of a fixed table in memory, in 2 MiB pages (transparent huge pages,
@@ -434,11 +444,13 @@ int main(int argc, char** argv) {
   // Each client runs its batches; the rate counts every client's rows over the wall time.
   auto measure_with = [&](std::vector<std::unique_ptr<ps::Client>>& cs, const std::string& table,
                           uint32_t dim, const std::vector<std::vector<int64_t>>& batches, bool push,
-                          MemoryTable& memory) {
+                          MemoryTable& memory, bool over_tcp) {
     std::vector<std::vector<double>> times(clients);
     std::vector<double> gathers;  // the in-memory reference, just before and just after
+    std::vector<double> tcp;      // loopback TCP of a batch's row bytes, likewise (over TCP)
     auto reference = [&] {
       for (std::size_t k = 0; k < batches.size(); ++k) gathers.push_back(memory.gather_seconds(k));
+      if (over_tcp) tcp.push_back(tcp_bytes_per_second(batch * dim * sizeof(float), 5));
     };
     reference();
     std::vector<std::thread> threads;
@@ -486,12 +498,13 @@ int main(int argc, char** argv) {
     r.psd_cpu_ms = (process_cpu_seconds(psd.pid) - psd0) / batches_run * 1e3;
     reference();
     r.gather_rows_per_s = double(memory.batch()) / median(gathers);
+    if (over_tcp) r.tcp_bytes_per_s = (tcp[0] + tcp[1]) / 2;
     return r;
   };
   auto measure = [&](const std::string& table, uint32_t dim,
                      const std::vector<std::vector<int64_t>>& batches, bool push,
                      MemoryTable& memory) {
-    return measure_with(cs, table, dim, batches, push, memory);
+    return measure_with(cs, table, dim, batches, push, memory, true);
   };
 
   // One fixed SGD table of rows x dim: the machine's references for that
@@ -615,13 +628,14 @@ int main(int argc, char** argv) {
       // gradients through the connection's region, not the socket.
       const uint64_t shared0 = shm[0]->stats().at(0).shared_bytes;
       print("same host, shared memory: pull",
-            measure_with(shm, name, dim, uniform, false, *memory));
-      print("same host, shared memory: push", measure_with(shm, name, dim, uniform, true, *memory));
+            measure_with(shm, name, dim, uniform, false, *memory, false));
+      print("same host, shared memory: push",
+            measure_with(shm, name, dim, uniform, true, *memory, false));
       const uint64_t shared1 = shm[0]->stats().at(0).shared_bytes;
       print("same host, Unix socket only: pull",
-            measure_with(local, name, dim, uniform, false, *memory));
+            measure_with(local, name, dim, uniform, false, *memory, false));
       print("same host, Unix socket only: push",
-            measure_with(local, name, dim, uniform, true, *memory));
+            measure_with(local, name, dim, uniform, true, *memory, false));
       std::printf("  through shared memory (psd's count)  %8.1f MB\n", (shared1 - shared0) / 1e6);
     }
   };

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <type_traits>
+#include <utility>
 
 namespace ps {
 
@@ -18,22 +19,11 @@ namespace ps {
 // sizes (8, 16, 32 or 64 floats), else as the std::size_t itself.
 template <class Fn>
 inline void with_row_bytes(std::size_t bytes, Fn&& fn) {
-  switch (bytes) {
-    case 32:
-      fn(std::integral_constant<std::size_t, 32>{});
-      break;
-    case 64:
-      fn(std::integral_constant<std::size_t, 64>{});
-      break;
-    case 128:
-      fn(std::integral_constant<std::size_t, 128>{});
-      break;
-    case 256:
-      fn(std::integral_constant<std::size_t, 256>{});
-      break;
-    default:
-      fn(bytes);
+  const bool usual = [&]<std::size_t... kBytes>(std::index_sequence<kBytes...>) {
+    return ((bytes == kBytes && (fn(std::integral_constant<std::size_t, kBytes>{}), true)) || ...);
   }
+  (std::index_sequence<32, 64, 128, 256>{});
+  if (!usual) fn(bytes);
 }
 
 // Asks for the `bytes` of a row at p a cache line at a time (kWrite: with

@@ -3,7 +3,7 @@
 //   mlp_bench          GPU (when built with CUDA and a device exists)
 //   mlp_bench --cpu    CPU engine: time per step, samples/s (784-100-10, batch 100);
 //                      the wide & deep head (LogisticMlp, 429-256-128-1, batch 512)
-//   PS_CPU_BASELINE=1 mlp_bench --cpu   the same without the AVX2 + FMA builds
+//   PS_CPU_ISA=avx2 mlp_bench --cpu     the same with the AVX2 + FMA build (or baseline, avx512)
 //   mlp_bench --quick  fewer repetitions
 //
 // GPU: one training step (forward + backward + SGD on the device, CUDA graph)
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "ps/logistic_mlp.h"
+#include "bench/fma_peak.h"
 #include "ps/mlp.h"
 #include "ps_config.h"
 
@@ -149,6 +150,16 @@ void bench_cpu(int reps) {
   const double train_s = time_per_call([&] { engine->train_step(x, y, 0.01f); }, nop, reps, 0.3);
   std::printf("  batch %d, compute_gradients: %8.3f ms/step  %9.0f samples/s  %6.1f GFLOP/s\n",
               batch, grad_s * 1e3, batch / grad_s, step_flops(shape, batch) / grad_s * 1e-9);
+  // The physical limit: this core's FMA rate with the build's vectors.
+  const std::string description = engine->device_description();
+  const size_t open = description.find('('), close = description.find(')');
+  const std::string simd = open == std::string::npos || close == std::string::npos
+                               ? std::string()
+                               : description.substr(open + 1, close - open - 1);
+  const double peak = fma_peak_gflops(simd);
+  if (peak > 0)
+    std::printf("  this core's FMA peak (%s):   %6.1f GFLOP/s; the step reaches %.2f of it\n",
+                simd.c_str(), peak, step_flops(shape, batch) / grad_s * 1e-9 / peak);
   std::printf("  batch %d, train_step (+SGD):  %8.3f ms/step  %9.0f samples/s\n", batch,
               train_s * 1e3, batch / train_s);
 
@@ -176,6 +187,7 @@ void bench_cpu(int reps) {
               h.batch);
   std::printf("  compute_gradients (with dx):   %8.3f ms/step  %9.0f samples/s  %6.1f GFLOP/s\n",
               head_s * 1e3, h.batch / head_s, h.flops() / head_s * 1e-9);
+  if (peak > 0) std::printf("  (%.2f of this core's FMA peak)\n", h.flops() / head_s * 1e-9 / peak);
 }
 
 #if PS_HAVE_CUDA

@@ -34,6 +34,7 @@ BLAS unless OpenBLAS is installed; see docs/python.md).
 """
 
 import argparse
+import ctypes
 import math
 import os
 import pathlib
@@ -71,12 +72,21 @@ def torch_blas(threads):
             path = line.split()[-1]
             if "blas" in os.path.basename(path) or "mkl" in os.path.basename(path):
                 libs.add(os.path.realpath(path))
-    return ", ".join(sorted(libs)) or "none found", ms
+    described = []
+    for lib in sorted(libs):
+        try:  # OpenBLAS names the kernels it runs: its choice for this CPU, or OPENBLAS_CORETYPE's
+            corename = ctypes.CDLL(lib).openblas_get_corename
+            corename.restype = ctypes.c_char_p
+            forced = os.environ.get("OPENBLAS_CORETYPE")
+            how = f"as OPENBLAS_CORETYPE={forced} in the environment asks" if forced else "its choice for this CPU"
+            described.append(f"{lib} ({corename().decode()} kernels, {how})")
+        except (OSError, AttributeError):
+            described.append(lib)
+    return ", ".join(described) or "none found", ms
 
 
 def bench_step(args):
     """One training step's compute in PyTorch, several ways, and Eigen's (mlp_bench --cpu)."""
-    import ctypes
     import torch
     sys.path.insert(0, str(TOP / "examples" / "python"))
     import torch_mnist
@@ -156,9 +166,12 @@ def bench_step(args):
                 ("torch.jit.script", jit(scripted)), ("torch.jit.trace", jit(traced)),
                 ("by hand, no autograd", by_hand)]
 
+    eigen_build = []  # the ISA build mlp_bench's engine ran (kernels/cpu_isa.h)
+
     def eigen():
         out = subprocess.run([str(BUILD / "bench" / "mlp_bench"), "--cpu"], capture_output=True, text=True)
         m = re.search(r"compute_gradients:\s+([0-9.]+) ms/step", out.stdout)
+        eigen_build[:] = re.findall(r"Eigen [0-9.]+ \(([^)]*)\)", out.stdout)[:1]
         return float(m.group(1)) if m else None
 
     eigen_ms = [eigen()]
@@ -174,11 +187,12 @@ def bench_step(args):
     eigen_ms.append(eigen())
     print(f"step: {uptime()}; 784-100-10, batch 100, torch threads {args.threads}, "
           f"{args.rounds} rounds of {args.step_reps} steps (medians; ms per step)")
+    print(f"PyTorch's BLAS: {torch_blas(args.threads)[0]}")
     for name, v in times.items():
         print(f"  {name:50s} {statistics.median(v):.3f}  [{min(v):.3f}-{max(v):.3f}]")
     known = [e for e in eigen_ms if e is not None]
     if known:
-        print(f"  {'mnist_trainer engine (mlp_bench --cpu, Eigen)':50s} "
+        print(f"  {'mnist_trainer engine (mlp_bench --cpu, Eigen ' + ''.join(eigen_build) + ')':50s} "
               f"{statistics.median(known):.3f}  (before and after: {', '.join(f'{e:.3f}' for e in known)})")
 
 

@@ -2,10 +2,11 @@
 // buffers, so a step allocates nothing. Single-threaded on purpose: Towers
 // runs one engine per core.
 //
-// Built twice on x86-64 (see meson.build): a baseline variant and one with
-// -mavx2 -mfma, picked at run time. The AVX2 build renames Eigen's namespace
-// (-DEigen=ps_eigen_avx2) so that no Eigen template instantiated with AVX2
-// can be merged by the linker into code that must run without it.
+// Built once per CPU ISA on x86-64 (baseline, AVX2 + FMA, AVX-512; see
+// meson.build), picked at run time (cpu_isa.h). Each build renames Eigen's
+// namespace (-DEigen=ps_eigen_avx2, ...) so that no Eigen template
+// instantiated with wider vectors can be merged by the linker into code that
+// must run without them.
 #ifndef PS_CPU_ENGINE_FACTORY
 #define PS_CPU_ENGINE_FACTORY new_cpu_engine_baseline
 #endif
@@ -72,7 +73,9 @@ class CpuEngine final : public MlpEngine {
   bool on_gpu() const override { return false; }
 
   std::string device_description() const override {
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX512F__)
+    const char* simd = "AVX-512";
+#elif defined(__AVX2__) && defined(__FMA__)
     const char* simd = "AVX2+FMA";
 #else
     const char* simd = Eigen::SimdInstructionSetsInUse();

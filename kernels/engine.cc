@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include "kernels/cpu_isa.h"
 #include "kernels/engine_impl.h"
 #include "ps/errors.h"
 #include "ps/mlp.h"
@@ -259,14 +260,18 @@ void check_fits_in_memory(const MlpShape& shape, const EngineOptions& options) {
 
 std::unique_ptr<MlpEngine> make_cpu_engine(const MlpShape& shape, const EngineOptions& options) {
   check_fits_in_memory(shape, options);
-#if PS_HAVE_CPU_AVX2
-  // PS_CPU_BASELINE=1 forces the baseline build (tests, comparisons).
-  const char* baseline = std::getenv("PS_CPU_BASELINE");
-  if (!(baseline && *baseline == '1') && __builtin_cpu_supports("avx2") &&
-      __builtin_cpu_supports("fma"))
-    return detail::new_cpu_engine_avx2(shape, options);
+  switch (detail::cpu_isa()) {
+#if PS_HAVE_CPU_AVX512
+    case detail::CpuIsa::kAvx512:
+      return detail::new_cpu_engine_avx512(shape, options);
 #endif
-  return detail::new_cpu_engine_baseline(shape, options);
+#if PS_HAVE_CPU_AVX2
+    case detail::CpuIsa::kAvx2:
+      return detail::new_cpu_engine_avx2(shape, options);
+#endif
+    default:
+      return detail::new_cpu_engine_baseline(shape, options);
+  }
 }
 
 std::unique_ptr<MlpEngine> make_cuda_engine(const MlpShape& shape, const EngineOptions& options) {

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/cpu_isa.h"
 #include "kernels/logistic_mlp_checks.h"
 #include "kernels/logistic_mlp_math.h"
 #include "ps/errors.h"
@@ -16,17 +17,21 @@
 namespace ps {
 namespace {
 
-// The build of the arithmetic this CPU runs: AVX2 + FMA where it has them,
-// unless PS_CPU_BASELINE=1 (tests, comparisons), as make_cpu_engine chooses.
+// The build of the arithmetic this CPU runs, as make_cpu_engine chooses.
 const detail::LogisticMlpMath& math() {
   static const detail::LogisticMlpMath chosen = [] {
-#if PS_HAVE_CPU_AVX2
-    const char* baseline = std::getenv("PS_CPU_BASELINE");
-    if (!(baseline && *baseline == '1') && __builtin_cpu_supports("avx2") &&
-        __builtin_cpu_supports("fma"))
-      return detail::logistic_mlp_math_avx2();
+    switch (detail::cpu_isa()) {
+#if PS_HAVE_CPU_AVX512
+      case detail::CpuIsa::kAvx512:
+        return detail::logistic_mlp_math_avx512();
 #endif
-    return detail::logistic_mlp_math_baseline();
+#if PS_HAVE_CPU_AVX2
+      case detail::CpuIsa::kAvx2:
+        return detail::logistic_mlp_math_avx2();
+#endif
+      default:
+        return detail::logistic_mlp_math_baseline();
+    }
   }();
   return chosen;
 }

@@ -1,8 +1,7 @@
 // Internal: LogisticMlp's arithmetic (kernels/logistic_mlp_math.cc), built
-// once for the baseline ISA and, on x86-64, once more with AVX2 + FMA in a
-// namespace of its own, as cpu_engine.cc is; LogisticMlp picks one when it
-// is made (PS_CPU_BASELINE=1 forces the baseline). The caller has checked
-// the sizes: every buffer is as LogisticMlp allocates it.
+// once for each CPU ISA as cpu_engine.cc is; LogisticMlp picks one when it
+// is made (kernels/cpu_isa.h). The caller has checked the sizes: every
+// buffer is as LogisticMlp allocates it.
 #pragma once
 
 #include <vector>
@@ -35,5 +34,6 @@ struct LogisticMlpMath {
 
 LogisticMlpMath logistic_mlp_math_baseline();
 LogisticMlpMath logistic_mlp_math_avx2();
+LogisticMlpMath logistic_mlp_math_avx512();
 
 }  // namespace ps::detail

@@ -3,7 +3,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <limits>
+#include <string>
 
 #include "test/mlp_engine_checks.h"
 #include "test/mlp_reference.h"
@@ -169,4 +171,25 @@ TEST_CASE("engine factories", "[mlp]") {
     CHECK_FALSE(ps::make_engine(shape)->on_gpu());  // falls back to the CPU
   }
   CHECK_THROWS_AS(ps::make_cpu_engine(shape, ps::EngineOptions{.max_batch = 0}), ps::ConfigError);
+}
+
+// meson.build runs this program once per CPU build with PS_CPU_ISA set: each
+// run must measure the build it names, and a wrong name must not fall back.
+TEST_CASE("PS_CPU_ISA picks the build that runs, and refuses an unknown one", "[mlp][cpu]") {
+  const ps::MlpShape shape = make_shape(10, {4}, 3, ps::Activation::kRelu);
+  const char* asked = std::getenv("PS_CPU_ISA");
+  const std::string isa = asked ? asked : "";
+  const std::string description = ps::make_cpu_engine(shape)->device_description();
+  INFO("PS_CPU_ISA=" << isa << ": " << description);
+  if (isa == "avx512") CHECK(description.find("AVX-512") != std::string::npos);
+  if (isa == "avx2") CHECK(description.find("AVX2+FMA") != std::string::npos);
+  if (isa == "baseline") CHECK(description.find("AVX") == std::string::npos);
+
+  ::setenv("PS_CPU_ISA", "sse9", 1);
+  CHECK_THROWS_WITH(ps::make_cpu_engine(shape),
+                    "PS_CPU_ISA=sse9: unknown (expected baseline, avx2 or avx512)");
+  if (asked)
+    ::setenv("PS_CPU_ISA", isa.c_str(), 1);
+  else
+    ::unsetenv("PS_CPU_ISA");
 }

@@ -33,9 +33,9 @@ PS_VECTOR_CLONES void momentum(float* __restrict w, float* __restrict acc,
   }
 }
 
-PS_VECTOR_CLONES void adam(float* __restrict w, float* __restrict m, float* __restrict v,
-                           const float* __restrict g, std::size_t n, float lr_t, float b1, float b2,
-                           float eps, float scale) {
+PS_WIDE_VECTOR_CLONES void adam(float* __restrict w, float* __restrict m, float* __restrict v,
+                                const float* __restrict g, std::size_t n, float lr_t, float b1,
+                                float b2, float eps, float scale) {
   for (std::size_t i = 0; i < n; ++i) {
     const float gi = g[i] * scale;
     m[i] = b1 * m[i] + (1.0f - b1) * gi;
@@ -44,8 +44,9 @@ PS_VECTOR_CLONES void adam(float* __restrict w, float* __restrict m, float* __re
   }
 }
 
-PS_VECTOR_CLONES void adagrad(float* __restrict w, float* __restrict acc, const float* __restrict g,
-                              std::size_t n, float lr, float scale) {
+PS_WIDE_VECTOR_CLONES void adagrad(float* __restrict w, float* __restrict acc,
+                                   const float* __restrict g, std::size_t n, float lr,
+                                   float scale) {
   for (std::size_t i = 0; i < n; ++i) {
     const float gi = g[i] * scale;
     acc[i] += gi * gi;
@@ -53,9 +54,9 @@ PS_VECTOR_CLONES void adagrad(float* __restrict w, float* __restrict acc, const 
   }
 }
 
-PS_VECTOR_CLONES void rmsprop(float* __restrict w, float* __restrict ms, float* __restrict mom,
-                              const float* __restrict g, std::size_t n, float lr, float rho,
-                              float mu, float eps, float scale) {
+PS_WIDE_VECTOR_CLONES void rmsprop(float* __restrict w, float* __restrict ms, float* __restrict mom,
+                                   const float* __restrict g, std::size_t n, float lr, float rho,
+                                   float mu, float eps, float scale) {
   for (std::size_t i = 0; i < n; ++i) {
     const float gi = g[i] * scale;
     ms[i] = rho * ms[i] + (1.0f - rho) * gi * gi;
@@ -96,9 +97,9 @@ inline void with_power(float lr_power, Fn fn) {
 
 }  // namespace
 
-PS_VECTOR_CLONES void ftrl(float* __restrict w, float* __restrict acc, float* __restrict lin,
-                           const float* __restrict g, std::size_t n, float lr, float l1, float l2,
-                           float lr_power, float scale) {
+PS_WIDE_VECTOR_CLONES void ftrl(float* __restrict w, float* __restrict acc, float* __restrict lin,
+                                const float* __restrict g, std::size_t n, float lr, float l1,
+                                float l2, float lr_power, float scale) {
   with_power(lr_power, [&](auto power) {
     for (std::size_t i = 0; i < n; ++i) {
       const FtrlStep s = ftrl_step(w[i], acc[i], lin[i], g[i] * scale, lr, l1, l2, power);
@@ -136,9 +137,10 @@ PS_VECTOR_CLONES bool momentum_ok(const float* __restrict w, const float* __rest
   return bad == 0;
 }
 
-PS_VECTOR_CLONES bool adam_ok(const float* __restrict w, const float* __restrict m,
-                              const float* __restrict v, const float* __restrict g, std::size_t n,
-                              float lr_t, float b1, float b2, float eps, float scale, float lim) {
+PS_WIDE_VECTOR_CLONES bool adam_ok(const float* __restrict w, const float* __restrict m,
+                                   const float* __restrict v, const float* __restrict g,
+                                   std::size_t n, float lr_t, float b1, float b2, float eps,
+                                   float scale, float lim) {
   int bad = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const float gi = g[i] * scale;
@@ -149,9 +151,9 @@ PS_VECTOR_CLONES bool adam_ok(const float* __restrict w, const float* __restrict
   return bad == 0;
 }
 
-PS_VECTOR_CLONES bool adagrad_ok(const float* __restrict w, const float* __restrict acc,
-                                 const float* __restrict g, std::size_t n, float lr, float scale,
-                                 float lim) {
+PS_WIDE_VECTOR_CLONES bool adagrad_ok(const float* __restrict w, const float* __restrict acc,
+                                      const float* __restrict g, std::size_t n, float lr,
+                                      float scale, float lim) {
   int bad = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const float gi = g[i] * scale;
@@ -161,10 +163,10 @@ PS_VECTOR_CLONES bool adagrad_ok(const float* __restrict w, const float* __restr
   return bad == 0;
 }
 
-PS_VECTOR_CLONES bool rmsprop_ok(const float* __restrict w, const float* __restrict ms,
-                                 const float* __restrict mom, const float* __restrict g,
-                                 std::size_t n, float lr, float rho, float mu, float eps,
-                                 float scale, float lim) {
+PS_WIDE_VECTOR_CLONES bool rmsprop_ok(const float* __restrict w, const float* __restrict ms,
+                                      const float* __restrict mom, const float* __restrict g,
+                                      std::size_t n, float lr, float rho, float mu, float eps,
+                                      float scale, float lim) {
   int bad = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const float gi = g[i] * scale;
@@ -175,10 +177,10 @@ PS_VECTOR_CLONES bool rmsprop_ok(const float* __restrict w, const float* __restr
   return bad == 0;
 }
 
-PS_VECTOR_CLONES bool ftrl_ok(const float* __restrict w, const float* __restrict acc,
-                              const float* __restrict lin, const float* __restrict g, std::size_t n,
-                              float lr, float l1, float l2, float lr_power, float scale,
-                              float lim) {
+PS_WIDE_VECTOR_CLONES bool ftrl_ok(const float* __restrict w, const float* __restrict acc,
+                                   const float* __restrict lin, const float* __restrict g,
+                                   std::size_t n, float lr, float l1, float l2, float lr_power,
+                                   float scale, float lim) {
   int bad = 0;
   with_power(lr_power, [&](auto power) {
     for (std::size_t i = 0; i < n; ++i) {

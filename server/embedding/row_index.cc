@@ -2,15 +2,12 @@
 
 #include <algorithm>
 
-#include "common/embedding_placement.h"
 #include "common/hash_key.h"
 
 namespace ps {
 
 RowIndex::RowIndex()
     : entries_(map_array_of<Entry>(1024)), capacity_(1024), key_(random_hash_key()) {}
-
-uint64_t RowIndex::home(uint64_t id) const { return mix_id(id ^ key_) & (capacity_ - 1); }
 
 uint64_t RowIndex::longest_probe() const {
   uint64_t longest = 0;
@@ -19,17 +16,6 @@ uint64_t RowIndex::longest_probe() const {
       longest = std::max(longest, (i - home(entries_[i].id)) & (capacity_ - 1));
   }
   return longest;
-}
-
-void RowIndex::prefetch(uint64_t id) const { __builtin_prefetch(entries_.get() + home(id)); }
-
-uint32_t RowIndex::find(uint64_t id) const {
-  const uint64_t mask = capacity_ - 1;
-  for (uint64_t i = home(id);; i = (i + 1) & mask) {
-    const Entry e = entries_[i];
-    if (e.slot_plus_one == 0) return kMissing;
-    if (e.id == id) return e.slot_plus_one - 1;
-  }
 }
 
 void RowIndex::place(Entry e) {

@@ -562,6 +562,36 @@ TEST_CASE("a dynamic table at its limit evicts the least recently touched rows")
   CHECK(pull(t, {3})[0] == -3);
 }
 
+// check() keeps the slots it found for the read or write that follows it;
+// one that follows other ids, or a changed index, must look them up again.
+TEST_CASE("a dynamic pull reads the right rows whatever check() saw before it") {
+  EmbeddingTable t(dynamic_table(1, 4, OnRowLimit::kEvictLru), 0, 1);
+  push(t, {1, 2, 3, 4}, {1, 2, 3, 4});  // rows -1 -2 -3 -4
+  std::vector<float> out(4);
+
+  // Checked one order, read another of the same length.
+  const std::vector<uint64_t> a{1, 2, 3, 4}, b{4, 3, 2, 1};
+  t.check(a, "pullRows");
+  t.pull(b, out.data());
+  CHECK(out == std::vector<float>{-4, -3, -2, -1});
+
+  // Checked, then rows evicted (their slots taken by new ids) before the
+  // read, with no check() between: 4 and 3, the least recent (b touched
+  // 4 3 2 1), make way for 5 and 6, and come back as new rows (0).
+  t.check(a, "pullRows");
+  t.push(std::vector<uint64_t>{5, 6}, std::vector<float>{5, 6}, 1.0f);
+  REQUIRE(t.evictions() == 2);
+  t.pull(a, out.data());
+  CHECK(out == std::vector<float>{-1, -2, 0, 0});
+
+  // The same ids as checked, index unchanged: the kept slots are used.
+  const std::vector<uint64_t> c{2, 1, 4};  // 4 was created by the pull above
+  std::vector<float> three(3);
+  t.check(c, "pullRows");
+  t.pull(c, three.data());
+  CHECK(three == std::vector<float>{-2, -1, 0});
+}
+
 TEST_CASE("RowIndex matches a std::unordered_map through inserts, erases and growth") {
   RowIndex index;
   std::unordered_map<uint64_t, uint32_t> ref;

@@ -237,15 +237,22 @@ void EmbeddingTable::evict_one() {
 
 void EmbeddingTable::find_and_touch(std::span<const uint64_t> ids, std::vector<uint64_t>& slots) {
   const std::size_t n = ids.size(), parts = parts_for(n);
-  slots.resize(n);
-  // Lookups only read the index: in parts by position range.
-  for_parts(parts, [&](std::size_t p) {
-    const auto [lo, hi] = part_range(n, parts, p);
-    for (std::size_t i = lo; i < hi; ++i) {
-      if (i + kIndexAhead < hi) index_.prefetch(ids[i + kIndexAhead]);
-      slots[i] = find(ids[i]);
-    }
-  });
+  const bool checked = checked_.valid && checked_.index_changes == index_.changes() &&
+                       std::equal(ids.begin(), ids.end(), checked_.ids.begin(), checked_.ids.end());
+  checked_.valid = false;
+  if (checked) {
+    slots.swap(checked_.slots);
+  } else {
+    slots.resize(n);
+    // Lookups only read the index: in parts by position range.
+    for_parts(parts, [&](std::size_t p) {
+      const auto [lo, hi] = part_range(n, parts, p);
+      for (std::size_t i = lo; i < hi; ++i) {
+        if (i + kIndexAhead < hi) index_.prefetch(ids[i + kIndexAhead]);
+        slots[i] = find(ids[i]);
+      }
+    });
+  }
   if (spec_.on_limit != OnRowLimit::kEvictLru) return;
   // Each touch unlinks a node whose neighbours are anywhere in the list: a
   // slot's node is asked for kNodeAhead positions ahead, and once it is in,
@@ -311,12 +318,19 @@ uint64_t EmbeddingTable::check(std::span<const uint64_t> ids, const char* what) 
   }
   uint64_t missing = 0;  // distinct ids not held
   seen_.reset(ids.size());
+  checked_.valid = false;
+  checked_.slots.resize(ids.size());
   for (std::size_t k = 0; k < ids.size(); ++k) {
     const uint64_t id = ids[k];
     if (k + kIndexAhead < ids.size()) index_.prefetch(ids[k + kIndexAhead]);
     if (placement_.shard_of(id) != shard_) check_ids(ids.subspan(k, 1), what);
-    if (find(id) == kEmpty && seen_.first(id, uint32_t(k)) == k) ++missing;
+    const uint32_t slot = find(id);
+    checked_.slots[k] = slot;
+    if (slot == kEmpty && seen_.first(id, uint32_t(k)) == k) ++missing;
   }
+  checked_.ids.assign(ids.begin(), ids.end());
+  checked_.index_changes = index_.changes();
+  checked_.valid = true;
   if (spec_.row_limit == 0 || missing == 0) return missing;
   if (spec_.on_limit == OnRowLimit::kRefuse && live_rows_ + missing > spec_.row_limit) {
     throw RequestError(std::string(what) + ": " + quoted(spec_) + " is at its limit of " +
@@ -354,6 +368,7 @@ void EmbeddingTable::for_parts(std::size_t parts, const PartFn& fn) {
 
 std::size_t EmbeddingTable::scratch_bytes() const {
   std::size_t b = push_slots_.capacity() * sizeof(uint64_t) +
+                  (checked_.ids.capacity() + checked_.slots.capacity()) * sizeof(uint64_t) +
                   summed_at_.capacity() * sizeof(uint64_t) +
                   part_order_.capacity() * sizeof(uint32_t) + seen_.bytes();
   for (const PartSums& p : part_sums_) b += p.seen.bytes() + p.sums.capacity() * sizeof(float);
@@ -364,6 +379,7 @@ EmbeddingTable::ReleaseScratchAfter::~ReleaseScratchAfter() {
   if (ids <= kKeepScratchIds && table.scratch_bytes() <= kKeepScratchBytes) return;
   // Swapped with empty ones: assigning {} would keep the capacity.
   std::vector<uint64_t>().swap(table.push_slots_);
+  table.checked_ = Checked{};
   std::vector<uint64_t>().swap(table.summed_at_);
   std::vector<uint32_t>().swap(table.part_order_);
   std::vector<PartSums>().swap(table.part_sums_);

@@ -200,6 +200,16 @@ class EmbeddingTable {
   // another, never nested).
   std::vector<uint64_t> push_slots_;
   mutable FirstPositions seen_;
+  // A dynamic table's check() keeps the slots it found, and the ids it was
+  // given; find_and_touch() on the same ids, with the index unchanged since,
+  // takes them instead of looking every id up again (a request checks, then
+  // reads or writes, one after the other).
+  struct Checked {
+    std::vector<uint64_t> ids, slots;
+    uint64_t index_changes = 0;
+    bool valid = false;
+  };
+  mutable Checked checked_;
 
   // A request of n ids is cut into parts_for(n) parts, each worked on by one
   // thread: at least kPartRows ids a part, so that handing one to another

@@ -29,6 +29,7 @@ void RowIndex::insert(uint64_t id, uint32_t slot) {
   if ((used_ + 1) * 2 > capacity_) grow();
   place(Entry{id, slot + 1});
   ++used_;
+  ++changes_;
 }
 
 void RowIndex::grow() {
@@ -36,6 +37,7 @@ void RowIndex::grow() {
   const uint64_t old_capacity = capacity_;
   entries_ = map_array_of<Entry>(capacity_ * 2);
   capacity_ *= 2;
+  ++changes_;
   for (uint64_t k = 0; k < old_capacity; ++k) {
     if (old[k].slot_plus_one != 0) place(old[k]);
   }
@@ -50,6 +52,7 @@ void RowIndex::erase(uint64_t id) {
   }
   entries_[i].slot_plus_one = 0;
   --used_;
+  ++changes_;
   for (uint64_t j = (i + 1) & mask; entries_[j].slot_plus_one != 0; j = (j + 1) & mask) {
     const uint64_t h = home(entries_[j].id);
     // Entry j may move to the hole at i if its home is not in (i, j].

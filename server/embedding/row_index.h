@@ -44,6 +44,9 @@ class RowIndex {
   // Removes `id` if present (backward-shift deletion: no tombstones).
   void erase(uint64_t id);
   uint64_t size() const { return used_; }
+  // Counts inserts, erases and growths: a slot found while it is unchanged
+  // is still the id's slot.
+  uint64_t changes() const { return changes_; }
   uint64_t capacity() const { return capacity_; }
   uint64_t bytes() const { return capacity_ * sizeof(Entry); }
   // How far from its home the farthest entry lies: the longest walk a
@@ -73,6 +76,7 @@ class RowIndex {
   uint64_t capacity_ = 0;  // a power of two
   uint64_t key_;           // this index's hash key (common/hash_key.h)
   uint64_t used_ = 0;
+  uint64_t changes_ = 0;
 };
 
 }  // namespace ps

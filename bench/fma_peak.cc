@@ -58,15 +58,15 @@ __attribute__((target("avx2,fma"))) float fma_chains_avx2(long iters) {
 
 }  // namespace
 
-double fma_peak_gflops(std::string_view simd) {
+double fma_peak_gflops(ps::detail::CpuIsa isa) {
 #if defined(__x86_64__)
-  if (simd == "AVX-512")
+  if (isa == ps::detail::CpuIsa::kAvx512)
     return 2.0 * 16 * kChains * kIters * 1e-9 /
            best_seconds([] { g_sink = fma_chains_avx512(kIters); });
-  if (simd == "AVX2+FMA")
+  if (isa == ps::detail::CpuIsa::kAvx2)
     return 2.0 * 8 * kChains * kIters * 1e-9 /
            best_seconds([] { g_sink = fma_chains_avx2(kIters); });
 #endif
-  (void)simd;
+  (void)isa;
   return 0.0;
 }

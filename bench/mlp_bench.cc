@@ -151,15 +151,12 @@ void bench_cpu(int reps) {
   std::printf("  batch %d, compute_gradients: %8.3f ms/step  %9.0f samples/s  %6.1f GFLOP/s\n",
               batch, grad_s * 1e3, batch / grad_s, step_flops(shape, batch) / grad_s * 1e-9);
   // The physical limit: this core's FMA rate with the build's vectors.
-  const std::string description = engine->device_description();
-  const size_t open = description.find('('), close = description.find(')');
-  const std::string simd = open == std::string::npos || close == std::string::npos
-                               ? std::string()
-                               : description.substr(open + 1, close - open - 1);
-  const double peak = fma_peak_gflops(simd);
+  const ps::detail::CpuIsa isa = ps::detail::cpu_isa();
+  const double peak = fma_peak_gflops(isa);
   if (peak > 0)
     std::printf("  this core's FMA peak (%s):   %6.1f GFLOP/s; the step reaches %.2f of it\n",
-                simd.c_str(), peak, step_flops(shape, batch) / grad_s * 1e-9 / peak);
+                ps::detail::cpu_isa_name(isa), peak,
+                step_flops(shape, batch) / grad_s * 1e-9 / peak);
   std::printf("  batch %d, train_step (+SGD):  %8.3f ms/step  %9.0f samples/s\n", batch,
               train_s * 1e3, batch / train_s);
 

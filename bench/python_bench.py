@@ -72,13 +72,13 @@ def torch_blas(threads):
             path = line.split()[-1]
             if "blas" in os.path.basename(path) or "mkl" in os.path.basename(path):
                 libs.add(os.path.realpath(path))
+    forced = os.environ.get("OPENBLAS_CORETYPE")
+    how = f"as OPENBLAS_CORETYPE={forced} in the environment asks" if forced else "its choice for this CPU"
     described = []
     for lib in sorted(libs):
         try:  # OpenBLAS names the kernels it runs: its choice for this CPU, or OPENBLAS_CORETYPE's
             corename = ctypes.CDLL(lib).openblas_get_corename
             corename.restype = ctypes.c_char_p
-            forced = os.environ.get("OPENBLAS_CORETYPE")
-            how = f"as OPENBLAS_CORETYPE={forced} in the environment asks" if forced else "its choice for this CPU"
             described.append(f"{lib} ({corename().decode()} kernels, {how})")
         except (OSError, AttributeError):
             described.append(lib)

@@ -10,7 +10,7 @@
 namespace ps::detail {
 namespace {
 
-// What this binary has and this CPU runs.
+// What this binary has and this CPU runs (test/meson.build asks the same).
 bool can_run(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kBaseline:

@@ -37,7 +37,6 @@ void RowIndex::grow() {
   const uint64_t old_capacity = capacity_;
   entries_ = map_array_of<Entry>(capacity_ * 2);
   capacity_ *= 2;
-  ++changes_;
   for (uint64_t k = 0; k < old_capacity; ++k) {
     if (old[k].slot_plus_one != 0) place(old[k]);
   }

@@ -44,8 +44,8 @@ class RowIndex {
   // Removes `id` if present (backward-shift deletion: no tombstones).
   void erase(uint64_t id);
   uint64_t size() const { return used_; }
-  // Counts inserts, erases and growths: a slot found while it is unchanged
-  // is still the id's slot.
+  // Counts inserts and erases (growing moves entries, not slots): a slot
+  // found while it is unchanged is still the id's slot.
   uint64_t changes() const { return changes_; }
   uint64_t capacity() const { return capacity_; }
   uint64_t bytes() const { return capacity_ * sizeof(Entry); }

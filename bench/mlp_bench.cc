@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "ps/embedding_bag.h"
 #include "ps/logistic_mlp.h"
 #include "bench/fma_peak.h"
 #include "ps/mlp.h"
@@ -124,6 +125,35 @@ struct HeadBatch {
   }
 };
 
+// ctr_trainer's deep embedding bags at its defaults: 512 examples x 26
+// fields, one row of 16 floats each, from the batch's 6,470 distinct rows
+// (its SHARES line's deep_rows_per_step).
+struct BagBatch {
+  static constexpr int dim = 16;
+  int distinct = 6470;
+  std::vector<float> rows, out, grad_out, grad_rows;
+  std::vector<int64_t> offsets = ps::fixed_offsets(512 * 26, 1);
+  std::vector<int32_t> index;
+  BagBatch() {
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    rows.resize(static_cast<size_t>(distinct) * dim);
+    for (float& v : rows) v = u(rng);
+    index.resize(offsets.back());
+    for (int32_t& i : index) i = static_cast<int32_t>(rng() % distinct);
+    out.resize(index.size() * dim);
+    grad_out.resize(out.size());
+    for (float& v : grad_out) v = u(rng);
+    grad_rows.resize(rows.size());
+  }
+  // The limit: the same rows gathered by memcpy of a size the compiler
+  // knows, the bytes the forward moves.
+  void gather() {
+    for (size_t j = 0; j < index.size(); ++j)
+      std::memcpy(out.data() + j * dim, rows.data() + size_t(index[j]) * dim, dim * sizeof(float));
+  }
+};
+
 // One compute_gradients (with dx and dlogit) of `head`, LogisticMlp or CudaLogisticMlp.
 template <class Head>
 double time_head_step(Head& head, HeadBatch& h, int reps) {
@@ -185,6 +215,29 @@ void bench_cpu(int reps) {
   std::printf("  compute_gradients (with dx):   %8.3f ms/step  %9.0f samples/s  %6.1f GFLOP/s\n",
               head_s * 1e3, h.batch / head_s, h.flops() / head_s * 1e-9);
   if (peak > 0) std::printf("  (%.2f of this core's FMA peak)\n", h.flops() / head_s * 1e-9 / peak);
+
+  BagBatch b;
+  const double gather_s = time_per_call([&] { b.gather(); }, nop, reps, 0.3);
+  const double fwd_s = time_per_call(
+      [&] {
+        ps::embedding_bag_forward(b.rows, b.dim, b.offsets, b.index, ps::BagCombiner::kSum, b.out);
+      },
+      nop, reps, 0.3);
+  const double bwd_s = time_per_call(
+      [&] {
+        ps::embedding_bag_backward(b.grad_out, b.dim, b.offsets, b.index, ps::BagCombiner::kSum,
+                                   b.grad_rows);
+      },
+      nop, reps, 0.3);
+  std::printf(
+      "embedding bags (ctr_trainer's deep part): %zu bags of one row of %d floats, "
+      "from %d rows\n",
+      b.index.size(), b.dim, b.distinct);
+  std::printf("  the same rows gathered by memcpy: %8.3f ms (the limit)\n", gather_s * 1e3);
+  std::printf("  forward:                          %8.3f ms (%.2f of the limit)\n", fwd_s * 1e3,
+              gather_s / fwd_s);
+  std::printf("  backward (zeroed, scatter-added): %8.3f ms (%.2f of the limit)\n", bwd_s * 1e3,
+              gather_s / bwd_s);
 }
 
 #if PS_HAVE_CUDA

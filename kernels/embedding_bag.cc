@@ -3,6 +3,9 @@
 #include "ps/embedding_bag.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include <Eigen/Core>
 #include <fmt/format.h>
@@ -28,7 +31,11 @@ void check_embedding_bag_args(size_t table_floats, int dim, std::span<const int6
                             bag_floats, bags, dim, bags * dim));
   if (offsets.front() != 0)
     throw Error(fmt::format("{}: offsets[0] must be 0, got {}", what, offsets.front()));
-  for (size_t n = 0; n < bags; ++n)
+  // Each check is a pass without branches (it vectorises), then, only when
+  // it failed, a second pass that finds the first bad entry for the message.
+  bool decreasing = false;
+  for (size_t n = 0; n < bags; ++n) decreasing |= offsets[n + 1] < offsets[n];
+  for (size_t n = 0; decreasing && n < bags; ++n)
     if (offsets[n + 1] < offsets[n])
       throw Error(fmt::format("{}: offsets decrease at bag {} ({} -> {})", what, n, offsets[n],
                               offsets[n + 1]));
@@ -36,7 +43,11 @@ void check_embedding_bag_args(size_t table_floats, int dim, std::span<const int6
     throw Error(fmt::format("{}: offsets end at {} but index holds {} entries", what,
                             offsets.back(), index.size()));
   const int64_t rows = static_cast<int64_t>(table_floats / dim);
-  for (size_t j = 0; j < index.size(); ++j)
+  // As unsigned, a negative index is larger than any row count.
+  const auto limit = static_cast<uint32_t>(std::min<int64_t>(rows, INT32_MAX));
+  bool outside = false;
+  for (size_t j = 0; j < index.size(); ++j) outside |= static_cast<uint32_t>(index[j]) >= limit;
+  for (size_t j = 0; outside && j < index.size(); ++j)
     if (index[j] < 0 || index[j] >= rows)
       throw Error(
           fmt::format("{}: index[{}] = {} is outside the {} rows", what, j, index[j], rows));
@@ -46,11 +57,74 @@ void check_embedding_bag_args(size_t table_floats, int dim, std::span<const int6
 
 namespace {
 
-using ConstRow = Eigen::Map<const Eigen::VectorXf>;
-using Row = Eigen::Map<Eigen::VectorXf>;
-
 float bag_scale(BagCombiner combiner, int64_t count) {
   return combiner == BagCombiner::kMean && count > 0 ? 1.0f / static_cast<float>(count) : 1.0f;
+}
+
+// Calls f with the row size as a compile-time constant for the sizes tables
+// use most (Eigen then unrolls a row into a few vector instructions), or 0
+// for any other: the row loops below cost several times as much with the
+// size known only at run time.
+template <class F>
+void with_dim(int dim, F&& f) {
+  switch (dim) {
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 8:
+      return f(std::integral_constant<int, 8>{});
+    case 16:
+      return f(std::integral_constant<int, 16>{});
+    case 32:
+      return f(std::integral_constant<int, 32>{});
+    case 64:
+      return f(std::integral_constant<int, 64>{});
+    default:
+      return f(std::integral_constant<int, 0>{});
+  }
+}
+
+// A row of D floats (D == 0: of dim floats, known at run time).
+template <int D>
+using RowVector = Eigen::Matrix<float, D == 0 ? Eigen::Dynamic : D, 1>;
+
+template <int D>
+void forward_bags(const float* rows, int dim, std::span<const int64_t> offsets,
+                  std::span<const int32_t> index, BagCombiner combiner, float* out) {
+  using ConstRow = Eigen::Map<const RowVector<D>>;
+  using Row = Eigen::Map<RowVector<D>>;
+  const int d = D == 0 ? dim : D;
+  const size_t bags = offsets.size() - 1;
+  for (size_t n = 0; n < bags; ++n) {
+    const int64_t lo = offsets[n], hi = offsets[n + 1];
+    float* const y = out + n * d;
+    if (hi - lo == 1) {  // one row: its sum and its mean are the row itself
+      std::memcpy(y, rows + size_t(index[lo]) * d, d * sizeof(float));
+      continue;
+    }
+    Row sum(y, d);  // (D)
+    sum.setZero();
+    for (int64_t j = lo; j < hi; ++j) sum += ConstRow(rows + size_t(index[j]) * d, d);
+    if (combiner == BagCombiner::kMean) sum *= bag_scale(combiner, hi - lo);
+  }
+}
+
+template <int D>
+void backward_bags(const float* grad_out, int dim, std::span<const int64_t> offsets,
+                   std::span<const int32_t> index, BagCombiner combiner, float* grad_rows) {
+  using ConstRow = Eigen::Map<const RowVector<D>>;
+  using Row = Eigen::Map<RowVector<D>>;
+  const int d = D == 0 ? dim : D;
+  const size_t bags = offsets.size() - 1;
+  for (size_t n = 0; n < bags; ++n) {
+    const int64_t lo = offsets[n], hi = offsets[n + 1];
+    const ConstRow g(grad_out + n * d, d);  // (D)
+    if (combiner == BagCombiner::kMean && hi - lo > 1) {
+      const float scale = bag_scale(combiner, hi - lo);
+      for (int64_t j = lo; j < hi; ++j) Row(grad_rows + size_t(index[j]) * d, d) += scale * g;
+    } else {
+      for (int64_t j = lo; j < hi; ++j) Row(grad_rows + size_t(index[j]) * d, d) += g;
+    }
+  }
 }
 
 }  // namespace
@@ -89,14 +163,9 @@ void embedding_bag_forward(std::span<const float> rows, int dim, std::span<const
                            std::span<float> out) {
   detail::check_embedding_bag_args(rows.size(), dim, offsets, index, out.size(),
                                    "embedding_bag_forward");
-  const size_t bags = offsets.size() - 1;
-  for (size_t n = 0; n < bags; ++n) {
-    Row y(out.data() + n * dim, dim);  // (D)
-    y.setZero();
-    for (int64_t j = offsets[n]; j < offsets[n + 1]; ++j)
-      y += ConstRow(rows.data() + size_t(index[j]) * dim, dim);
-    y *= bag_scale(combiner, offsets[n + 1] - offsets[n]);
-  }
+  with_dim(dim, [&](auto d) {
+    forward_bags<decltype(d)::value>(rows.data(), dim, offsets, index, combiner, out.data());
+  });
 }
 
 void embedding_bag_backward(std::span<const float> grad_out, int dim,
@@ -105,13 +174,10 @@ void embedding_bag_backward(std::span<const float> grad_out, int dim,
   detail::check_embedding_bag_args(grad_rows.size(), dim, offsets, index, grad_out.size(),
                                    "embedding_bag_backward");
   std::fill(grad_rows.begin(), grad_rows.end(), 0.0f);
-  const size_t bags = offsets.size() - 1;
-  for (size_t n = 0; n < bags; ++n) {
-    const float scale = bag_scale(combiner, offsets[n + 1] - offsets[n]);
-    const ConstRow g(grad_out.data() + n * dim, dim);  // (D)
-    for (int64_t j = offsets[n]; j < offsets[n + 1]; ++j)
-      Row(grad_rows.data() + size_t(index[j]) * dim, dim) += scale * g;
-  }
+  with_dim(dim, [&](auto d) {
+    backward_bags<decltype(d)::value>(grad_out.data(), dim, offsets, index, combiner,
+                                      grad_rows.data());
+  });
 }
 
 #if !PS_HAVE_CUDA

@@ -65,6 +65,12 @@ TEST_CASE("CPU embedding bag matches the float64 reference, repeated ids summed"
   check_against_reference(kForward, kBackward, 512 * 26, 16, 20000, 1,
                           4);  // wide & deep: one id per field
   check_against_reference(kForward, kBackward, 300, 64, 50, 40, 5);  // long bags
+  // Every row size with its own compiled loops (1, 8, 16, 32, 64) and two
+  // without (3 above, 100): bags of zero, one and many rows.
+  check_against_reference(kForward, kBackward, 200, 1, 100, 30, 6);  // the wide part's bags
+  check_against_reference(kForward, kBackward, 150, 8, 60, 5, 7);
+  check_against_reference(kForward, kBackward, 150, 32, 60, 5, 8);
+  check_against_reference(kForward, kBackward, 60, 100, 40, 4, 9);
 }
 
 TEST_CASE("CPU embedding bag: one id per bag is a gather, backward a scatter-add",

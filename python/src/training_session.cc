@@ -5,7 +5,9 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,11 +31,51 @@ ps::SyncMode parse_mode(const std::string& mode) {
 // session lives) and the arrays bound to it. Destroyed with the GIL held.
 struct PySession {
   std::shared_ptr<ps::Client> client;
+  py::object py_client;  // its PyClient: tables added here are known there after initialize()
   std::shared_ptr<ps::WaitWatcher> watch;  // the Client's: says what checkpoint(step) waits for
   std::vector<ArrayBuffer> buffers;
+  std::vector<ps::TableSpec> tables;
+  std::map<std::string, std::vector<ArrayBuffer>> rows;  // per table: the last set_rows' arrays
   std::unique_ptr<ps::TrainingSession> session;
   ~PySession() { session.reset(); }  // before the buffers it points into
 };
+
+// set_rows' arrays for one table, checked as Client.pull_rows checks its
+// own: ids int64/uint64; rows (written by pulls) and grads (read by
+// pushes) float32, C-contiguous, of shape ids.shape + (dim,) or (n, dim);
+// rows not sharing memory with the ids.
+std::vector<ArrayBuffer> rows_arrays(const ps::TableSpec& spec, py::handle ids, py::handle rows,
+                                     py::handle grads) {
+  const std::string& table = spec.name;
+  std::vector<ArrayBuffer> b;
+  b.reserve(3);
+  b.push_back(ArrayBuffer::ids(ids, "set_rows: ids for '" + table + "'"));
+  b.push_back(ArrayBuffer::floats(rows, true, "set_rows: rows for '" + table + "'"));
+  b.push_back(ArrayBuffer::floats(grads, false, "set_rows: grads for '" + table + "'"));
+  const auto n = static_cast<py::ssize_t>(b[0].size());
+  const auto dim = static_cast<py::ssize_t>(spec.dim);
+  std::vector<py::ssize_t> want = b[0].shape();
+  want.push_back(dim);
+  const std::vector<py::ssize_t> flat = {n, dim};
+  for (int k : {1, 2}) {
+    const auto& shape = b[k].shape();
+    if (shape == want || shape == flat) continue;
+    std::string got = "(";
+    for (std::size_t i = 0; i < shape.size(); ++i)
+      got += (i ? ", " : "") + std::to_string(shape[i]);
+    got += shape.size() == 1 ? ",)" : ")";
+    throw py::value_error("set_rows: " + std::string(k == 1 ? "rows" : "grads") + " for '" + table +
+                          "' has shape " + got + "; " + std::to_string(n) + " ids of dim " +
+                          std::to_string(dim) + " need (" + std::to_string(n) + ", " +
+                          std::to_string(dim) + ")");
+  }
+  if (b[1].overlaps(b[0])) {
+    throw py::value_error("set_rows: rows for '" + table +
+                          "' share memory with the ids: a pull would overwrite the ids it is "
+                          "reading (pass separate arrays)");
+  }
+  return b;
+}
 
 }  // namespace
 
@@ -65,12 +107,15 @@ void bind_training_session(py::module_& m) {
 
 The client needs worker_index (and is_chief for the chief). Arrays bound with
 add_variable are held by the session and must keep their storage.)")
-      .def(py::init([](PyClient& client, const std::string& mode, uint32_t replicas_to_aggregate,
-                       uint32_t total_replicas, uint32_t max_staleness, int64_t train_steps,
-                       double ready_timeout, const std::string& restore_from) {
+      .def(py::init([](py::object client_obj, const std::string& mode,
+                       uint32_t replicas_to_aggregate, uint32_t total_replicas,
+                       uint32_t max_staleness, int64_t train_steps, double ready_timeout,
+                       const std::string& restore_from) {
+             PyClient& client = client_obj.cast<PyClient&>();
              const auto ready_ms = to_ms(ready_timeout, "ready_timeout");
              auto s = std::make_unique<PySession>();
              s->client = client.shared_client();
+             s->py_client = client_obj;
              s->watch = client.watcher();
              ps::SessionOptions o;
              o.job = {parse_mode(mode), replicas_to_aggregate, total_replicas,
@@ -110,15 +155,55 @@ add_variable are held by the session and must keep their storage.)")
           "Binds a variable to arrays: pulls write `values`, pushes read `grads` (float32, the "
           "tensor's size).")
       .def(
+          "add_table",
+          [](PySession& self, const ps::TableSpec& spec) {
+            self.session->add_table(spec);
+            self.tables.push_back(spec);
+          },
+          py::arg("spec"),
+          "Binds an embedding table (a TableSpec) to the session, before initialize(): the chief "
+          "creates it, the others check it; each step then pulls and pushes the rows set_rows() "
+          "names.")
+      .def(
+          "set_rows",
+          [](PySession& self, const std::string& table, py::object ids, py::object rows,
+             py::object grads) {
+            auto spec = std::find_if(self.tables.begin(), self.tables.end(),
+                                     [&](const ps::TableSpec& t) { return t.name == table; });
+            if (spec == self.tables.end())
+              throw ps::ConfigError("set_rows: no table '" + table + "' (add_table it)");
+            std::vector<ArrayBuffer> arrays = rows_arrays(*spec, ids, rows, grads);
+            self.session->set_rows(table, arrays[0].id_span(), arrays[1].span(), arrays[2].span());
+            self.rows[table] = std::move(arrays);  // the arrays set before are let go now
+          },
+          py::arg("table"), py::arg("ids"), py::arg("rows"), py::arg("grads"),
+          R"(The rows of a table's next steps: pull() writes the rows of `ids` into `rows`,
+push() sends `grads` for them (float32 arrays of shape ids.shape + (dim,)).
+
+    session.add_table(psclient.TableSpec("user", 16, dynamic=True))
+    session.initialize()
+    while not session.should_stop:
+        ids = batch_ids()                                   # int64 array
+        rows = np.empty(ids.shape + (16,), np.float32)
+        grads = np.empty_like(rows)
+        session.set_rows("user", ids, rows, grads)          # held until set again
+        session.run_step(lambda: compute(rows, grads))
+
+A table whose rows were never set is pushed empty (a sync step counts every
+table). Wrong dtype, layout or shape: ValueError, nothing bound.)")
+      .def(
           "initialize",
           [](PySession& self) {
-            py::gil_scoped_release nogil;
-            self.session->initialize();
+            {
+              py::gil_scoped_release nogil;
+              self.session->initialize();
+            }
+            self.py_client.cast<PyClient&>().remember_tables(self.tables);
           },
-          "Chief: configures the job, creates and initialises the variables, marks the model "
-          "ready. Others wait "
+          "Chief: configures the job, creates and initialises the variables and tables, marks "
+          "the model ready. Others wait "
           "(ConnectionError after ready_timeout) and check they declared what the chief created "
-          "(ConfigError).")
+          "(ConfigError). Afterwards the Client knows the tables (Client.pull_rows).")
       .def(
           "pull",
           [](PySession& self) {

@@ -116,3 +116,97 @@ def test_checkpoint_and_restore(start_psd, tmp_path):
         session.initialize()
         assert session.pull() == 3
         np.testing.assert_array_equal(w, np.full(4, -6, np.float32))
+
+
+def test_session_steps_carry_table_rows_sync(psd):
+    # Two workers, sync: each step pulls the batch's rows with the dense
+    # weights and pushes their gradients; psd averages the two workers' sums
+    # per id (repeated ids within a worker summed first, as IndexedSlices).
+    dense = psclient.TensorSpec("w", 2, optimizer=psclient.sgd(1.0), init=psclient.constant(0))
+    table = psclient.TableSpec("emb", 3, rows=10, optimizer=psclient.RowOptimizerConfig.sgd(1.0),
+                               init=psclient.constant(1.0))
+    ids = {0: np.array([2, 5, 2], np.int64), 1: np.array([5, 7], np.int64)}
+    seen, after = {}, {}
+
+    def worker(client, i):
+        session = psclient.TrainingSession(client, mode="sync", replicas_to_aggregate=2, total_replicas=2,
+                                           train_steps=3, ready_timeout=30)
+        w, gw = np.empty(2, np.float32), np.zeros(2, np.float32)
+        session.add_variable(dense, w, gw)
+        session.add_table(table)
+        session.initialize()
+        rows = np.full((len(ids[i]), 3), np.nan, np.float32)
+        grads = np.full_like(rows, i + 1.0)  # worker 0 pushes 1 per id occurrence, worker 1 pushes 2
+        session.set_rows("emb", ids[i], rows, grads)
+        pulled = []
+        while not session.should_stop:
+            session.run_step(lambda: pulled.append(rows.copy()))
+        seen[i] = pulled
+        if session.is_chief:
+            client.barrier("read", 2, timeout=30)
+            after[i] = client.pull_rows("emb", np.array([2, 5, 7, 0], np.int64))  # the Client knows the table
+            session.end()
+        else:
+            client.barrier("read", 2, timeout=30)
+
+    run_workers(psd.address, 2, worker)
+    # Per step, id 2: worker 0 sums 1 + 1, worker 1 has none: (2 + 0) / 2 = 1.
+    # Id 5: (1 + 2) / 2 = 1.5. Id 7: (0 + 2) / 2 = 1. Every step reads the last one's values.
+    want = {2: [1.0, 0.0, -1.0], 5: [1.0, -0.5, -2.0], 7: [1.0, 0.0, -1.0]}
+    for i in (0, 1):
+        assert len(seen[i]) == 3
+        for step, rows in enumerate(seen[i]):
+            for k, id_ in enumerate(ids[i]):
+                np.testing.assert_array_equal(rows[k], np.full(3, want[int(id_)][step], np.float32))
+    np.testing.assert_array_equal(after[0], np.array([[-2.0] * 3, [-3.5] * 3, [-2.0] * 3, [1.0] * 3], np.float32))
+
+
+def test_session_rows_async_into_torch_tensors(psd):
+    torch = pytest.importorskip("torch")
+    table = psclient.TableSpec("user", 4, dynamic=True, optimizer=psclient.RowOptimizerConfig.sgd(0.5),
+                               init=psclient.constant(2.0))
+    with psclient.Client([psd.address], worker_index=0, is_chief=True) as c:
+        session = psclient.TrainingSession(c, mode="async", ready_timeout=30)
+        session.add_table(table)
+        session.initialize()
+        ids = torch.tensor([10**12, 7, 10**12], dtype=torch.int64)
+        rows = torch.zeros(3, 4)
+        grads = torch.ones(3, 4)
+        session.set_rows("user", ids, rows, grads)
+        for step in range(4):
+            session.pull()
+            # id 10**12 twice: its gradients summed, 2 per step; id 7: 1 per step (lr 0.5).
+            assert torch.equal(rows[0], torch.full((4,), 2.0 - step * 1.0))
+            assert torch.equal(rows[1], torch.full((4,), 2.0 - step * 0.5))
+            session.push()
+        session.end()
+
+
+def test_session_rows_refused_before_anything_is_bound(psd):
+    table = psclient.TableSpec("emb", 4, rows=100)
+    with psclient.Client([psd.address], worker_index=0, is_chief=True) as c:
+        session = psclient.TrainingSession(c, ready_timeout=30)
+        ids = np.arange(5, dtype=np.int64)
+        with pytest.raises(psclient.ConfigError, match="no table 'emb'"):
+            session.set_rows("emb", ids, np.empty((5, 4), np.float32), np.empty((5, 4), np.float32))
+        session.add_table(table)
+        with pytest.raises(psclient.ConfigError, match="twice"):
+            session.add_table(table)
+        with pytest.raises(ValueError, match=r"rows for 'emb' has shape \(5, 3\)"):
+            session.set_rows("emb", ids, np.empty((5, 3), np.float32), np.empty((5, 4), np.float32))
+        with pytest.raises(ValueError, match=r"grads for 'emb' has shape \(4, 4\)"):
+            session.set_rows("emb", ids, np.empty((5, 4), np.float32), np.empty((4, 4), np.float32))
+        with pytest.raises(ValueError, match="float32"):
+            session.set_rows("emb", ids, np.empty((5, 4), np.float64), np.empty((5, 4), np.float32))
+        with pytest.raises(ValueError, match="int64"):
+            session.set_rows("emb", ids.astype(np.float32), np.empty((5, 4), np.float32),
+                             np.empty((5, 4), np.float32))
+        both = np.zeros(40, np.float32)  # ids in its first 40 bytes; rows right after them are fine
+        session.set_rows("emb", both[:10].view(np.int64), both[10:30].reshape(5, 4), np.empty((5, 4), np.float32))
+        with pytest.raises(ValueError, match="share memory with the ids"):
+            session.set_rows("emb", both[:10].view(np.int64), both[8:28].reshape(5, 4), np.empty((5, 4), np.float32))
+        session.set_rows("emb", ids, np.empty((5, 4), np.float32), np.empty((5, 4), np.float32))
+        session.initialize()
+        with pytest.raises(psclient.ConfigError, match="after initialize"):
+            session.add_table(psclient.TableSpec("late", 2, rows=4))
+        session.end()

@@ -35,7 +35,7 @@ SHELL_BLOCKS = ('sh', 'bash', 'shell', 'console')
 WITH_HELP = ('psd', 'mnist_trainer', 'linreg_trainer', 'hello_cluster', 'hello_push_pull',
              'ctr_trainer', 'make_ctr_data', 'launch_local.sh', 'cluster_status.py',
              'check_events.py', 'embedding_bench', 'push_pull_bench', 'load_bench', 'apply_bench',
-             'attack_soak', 'mlp_bench', 'python_bench.py', 'torch_mnist.py')
+             'attack_soak', 'mlp_bench', 'python_bench.py', 'torch_mnist.py', 'torch_ctr.py')
 # Inline code that starts with one of these names and writes a flag (`psd --nice -10`) is a
 # command of that program too.
 PROGRAM_PATHS = {'psd': 'build/server/psd', 'mnist_trainer': 'build/examples/mnist_trainer',
@@ -46,7 +46,8 @@ PROGRAM_PATHS = {'psd': 'build/server/psd', 'mnist_trainer': 'build/examples/mni
                  'apply_bench': 'build/bench/apply_bench', 'attack_soak': 'build/bench/attack_soak',
                  'mlp_bench': 'build/bench/mlp_bench', 'launch_local.sh': 'scripts/launch_local.sh',
                  'cluster_status.py': 'scripts/cluster_status.py', 'check_events.py': 'scripts/check_events.py',
-                 'python_bench.py': 'bench/python_bench.py', 'torch_mnist.py': 'examples/python/torch_mnist.py'}
+                 'python_bench.py': 'bench/python_bench.py', 'torch_mnist.py': 'examples/python/torch_mnist.py',
+                 'torch_ctr.py': 'examples/python/torch_ctr.py'}
 SEPARATORS = ('&&', '||', '|', ';', '&', '(', ')')
 ASSIGNMENT = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*=')
 REDIRECTION = re.compile(r'\d*>&\d+|\d*>>?\s*\S+|<\s*\S+')

@@ -19,8 +19,6 @@ import argparse
 import gzip
 import math
 import os
-import pathlib
-import shutil
 import sys
 import time
 import zlib
@@ -28,23 +26,14 @@ import zlib
 import numpy as np
 import torch
 
+import cluster_flags  # beside this file
 import psclient
+from cluster_flags import BadInput
 
-SOURCE_DIR = pathlib.Path(__file__).resolve().parents[2]
 
-
-def parse_flags(argv):
+def parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--ps_hosts", default="", help="comma-separated host:port of the ps tasks")
-    p.add_argument("--worker_hosts", default="", help="comma-separated host:port of the workers (chief first)")
-    p.add_argument("--job_name", default="", help="ps, worker or chief")
-    p.add_argument("--task_index", type=int, default=0)
-    p.add_argument("--num_ps", type=int, default=1, help="Slurm: the first N tasks are ps")
-    p.add_argument("--port_base", type=int, default=2222, help="Slurm: task ports start here")
-    p.add_argument("--sync_replicas", action="store_true", help="average the workers' gradients per step")
-    p.add_argument("--replicas_to_aggregate", type=int, default=0, help="sync: gradients per step (0: every worker)")
-    p.add_argument("--max_staleness", type=int, default=0, help="> 0: bounded staleness (async otherwise)")
-    p.add_argument("--train_steps", type=int, default=0, help="global steps; 0: from --epochs")
+    cluster_flags.add(p)
     p.add_argument("--epochs", type=float, default=5)
     p.add_argument("--batch_size", type=int, default=100)
     p.add_argument("--learning_rate", type=float, default=0.001)
@@ -53,60 +42,20 @@ def parse_flags(argv):
     p.add_argument("--scale_lr", type=int, default=1, help="sync: learning rate x sqrt(replicas aggregated)")
     p.add_argument("--data_dir", default="data/fashion-mnist", help="the four (Fashion-)MNIST IDX files")
     p.add_argument("--validation_size", type=int, default=5000, help="training examples held out")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--log_every", type=int, default=100, help="a progress line every N local steps")
-    p.add_argument("--logdir", default="", help="chief: TensorBoard summaries here")
-    p.add_argument("--threads", type=int, default=1, help="PyTorch CPU threads per worker")
     p.add_argument("--device", default="auto", help="auto (CUDA when there is a GPU), cpu or cuda")
-    p.add_argument("--connect_timeout", type=float, default=30)
-    p.add_argument("--port_file", default="", help="ps: psd writes its port here")
-    p.add_argument("--psd", default="", help="ps: the psd binary (default: $PSD_BIN, build/server/psd, psd on PATH)")
-    return p.parse_known_args(argv)
-
-
-class BadInput(Exception):
-    """A flag or a data file the program cannot use: one line, exit code 2."""
+    return p
 
 
 def check_flags(f):
     finite = math.isfinite
-    checks = [
+    cluster_flags.check(f, [
         (f.batch_size >= 1, "--batch_size must be >= 1"),
         (finite(f.learning_rate) and f.learning_rate > 0, "--learning_rate must be > 0"),
-        (f.train_steps >= 0, "--train_steps must be >= 0"),
         (finite(f.epochs) and f.epochs >= 0, "--epochs must be a finite number >= 0"),
         (f.train_steps > 0 or f.epochs > 0, "give --train_steps or --epochs (both are 0)"),
         (f.validation_size >= 0, "--validation_size must be >= 0"),
         (0 < f.lr_decay <= 1, "--lr_decay must be in (0, 1]"),
-        (finite(f.connect_timeout) and f.connect_timeout > 0, "--connect_timeout must be > 0"),
-        (f.log_every >= 0, "--log_every must be >= 0"),
-        (f.threads >= 1, "--threads must be >= 1"),
-        (f.replicas_to_aggregate >= 0, "--replicas_to_aggregate must be >= 0"),
-        (f.max_staleness >= 0, "--max_staleness must be >= 0"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise BadInput(message)
-
-
-def cluster_spec(f):
-    if f.ps_hosts or f.worker_hosts:
-        # --ps_hosts alone: one worker, as mnist_trainer (workers do not listen).
-        return psclient.ClusterSpec.from_flags(f.ps_hosts, f.worker_hosts or "127.0.0.1:1", f.job_name or "worker",
-                                               f.task_index)
-    return psclient.ClusterSpec.from_environment(num_ps=f.num_ps, port_base=f.port_base)
-
-
-def exec_psd(spec, f, psd_flags):
-    """--job_name=ps: this process becomes psd, shard task_index of the ps hosts."""
-    psd = f.psd or os.environ.get("PSD_BIN") or str(SOURCE_DIR / "build" / "server" / "psd")
-    if not os.access(psd, os.X_OK):
-        psd = shutil.which("psd") or psd
-    args = [psd, "--ps_hosts", ",".join(spec.ps_hosts), "--task_index", str(spec.task_index)]
-    if f.port_file:
-        args += ["--port_file", f.port_file]
-    sys.stdout.flush()
-    os.execv(psd, args + psd_flags)
+    ])
 
 
 def read_idx(path, ndim):
@@ -328,23 +277,7 @@ def run_worker(spec, f):
 
 
 def main(argv):
-    f, rest = parse_flags(argv)
-    try:
-        check_flags(f)
-        spec = cluster_spec(f)
-        if spec.is_ps:
-            exec_psd(spec, f, rest)
-        if rest:
-            raise SystemExit(f"torch_mnist: unknown flags {' '.join(rest)}")
-        if not spec.is_worker:
-            raise SystemExit(f"torch_mnist: nothing to do for {spec}")
-        return run_worker(spec, f)
-    except BadInput as e:
-        print(f"torch_mnist: error: {e}", file=sys.stderr)
-        return 2
-    except psclient.Error as e:
-        print(f"torch_mnist: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+    return cluster_flags.main("torch_mnist", parser(), check_flags, run_worker, argv)
 
 
 if __name__ == "__main__":

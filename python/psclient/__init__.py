@@ -21,7 +21,9 @@ anything is sent.
 
 Embedding tables: client.create_tables([psclient.TableSpec("user", 16, rows=1000)]),
 then client.pull_rows("user", ids, out) / client.push_rows("user", ids, grads)
-with int64 (or uint64) ids. See docs/python.md.
+with int64 (or uint64) ids. Click-through data as ctr_trainer reads it:
+psclient.read_ctr(path) and psclient.ctr_synthetic(n), with roc_auc and
+log_loss. See docs/python.md.
 """
 
 from ._psclient import (
@@ -57,13 +59,17 @@ from ._psclient import (
     adagrad,
     adam,
     constant,
+    ctr_synthetic,
     from_values,
     glorot_normal,
     glorot_uniform,
+    log_loss,
     momentum,
     normal,
     optimizer,
+    read_ctr,
     rmsprop,
+    roc_auc,
     sgd,
     truncated_normal,
     uniform,

@@ -16,5 +16,6 @@ void bind_tables(py::module_& m);  // tables.cc: TableSpec, RowOptimizerConfig, 
 void bind_training_session(py::module_& m);  // training_session.cc: TrainingSession
 void bind_cluster_spec(py::module_& m);      // cluster_spec.cc: ClusterSpec
 void bind_summary_writer(py::module_& m);    // summary_writer.cc: SummaryWriter
+void bind_ctr_data(py::module_& m);  // ctr_data.cc: read_ctr, ctr_synthetic, roc_auc, log_loss
 
 }  // namespace psclient_py

@@ -12,4 +12,5 @@ PYBIND11_MODULE(_psclient, m) {
   psclient_py::bind_training_session(m);
   psclient_py::bind_cluster_spec(m);
   psclient_py::bind_summary_writer(m);
+  psclient_py::bind_ctr_data(m);
 }

@@ -89,6 +89,31 @@ def python_env():
     return env
 
 
+def run_example_workers(example, ps_address, env, log_dir, flags, workers=3, port_base=22330, timeout=280):
+    """Starts `workers` processes of an example trainer against psd (the chief last, so the others
+    already wait for it), waits for them, asserts every one exited 0; returns the chief's log."""
+    worker_hosts = ",".join(f"127.0.0.1:{port_base + i}" for i in range(workers))  # nominal: workers do not listen
+    procs, logs = [], []
+    for i in reversed(range(workers)):
+        log = open(log_dir / f"worker{i}.log", "w")
+        args = [sys.executable, str(example), "--ps_hosts", ps_address, "--worker_hosts", worker_hosts,
+                "--job_name", "worker", "--task_index", str(i), "--log_every", "0", *flags]
+        procs.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT))
+        logs.append(log)
+    try:
+        codes = [p.wait(timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for log in logs:
+            log.close()
+    chief = (log_dir / "worker0.log").read_text()
+    assert codes == [0] * workers, chief + "".join((log_dir / f"worker{i}.log").read_text() for i in range(1, workers))
+    return chief
+
+
 def pytest_sessionfinish(session, exitstatus):
     """With PS_SKIP_AS_77 set, a run whose tests all skipped exits 77: meson test reports SKIP, not OK."""
     if not os.environ.get("PS_SKIP_AS_77") or exitstatus != 0:

@@ -1,0 +1,278 @@
+#!/usr/bin/env python3
+"""torch_ctr: wide & deep click-through prediction in PyTorch, its tables and weights on psd.
+
+examples/ctr_trainer's model, data and features, written in PyTorch: the 26
+categorical fields of each example are ids in one dynamic embedding table of
+rows (--embedding_dim floats, Adagrad on psd), the 13 dense features and the
+26 rows feed an MLP (429-256-128-1) whose weights are dense tensors on psd
+(Adam), and a wide linear part adds one weight per field value and per cross
+of neighbouring fields, from a dynamic table of one float per id (FTRL on
+psd). Each step is one TrainingSession step: it pulls the batch's distinct
+rows and the weights, runs forward and backward in PyTorch, and pushes the
+weights' gradients and the rows' gradients, which psd sums per id.
+
+    scripts/launch_local.sh --trainer examples/python/torch_ctr.py -- --synthetic 300000   # 1 ps + 3 workers
+    torch_ctr.py --job_name=worker --task_index=0 --ps_hosts=127.0.0.1:2222 \\
+                 --worker_hosts=127.0.0.1:2230,127.0.0.1:2231 --train_file=data/ctr/train.tsv
+
+Data: a file in the Criteo TSV layout (--train_file; --eval_file, else the
+last --holdout of it), as scripts/make_ctr_data.sh writes, or --synthetic N
+examples of ctr_trainer's planted model drawn in memory; then the chief also
+prints the planted model's own held-out AUC, the best any learner can do.
+The chief ends with a RESULT line as ctr_trainer's. Without
+--ps_hosts/--worker_hosts the cluster comes from TF_CONFIG or Slurm.
+"""
+
+import argparse
+import math
+import sys
+import time
+
+import numpy as np
+import torch
+
+import cluster_flags  # beside this file
+import psclient
+from cluster_flags import BadInput
+
+DEEP_TABLE = "ctr/deep_embeddings"
+WIDE_TABLE = "ctr/wide_weights"
+DENSE, FIELDS = 13, 26
+
+
+def parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    cluster_flags.add(p)
+    p.add_argument("--train_file", default="data/ctr/train.tsv", help="Criteo TSV layout")
+    p.add_argument("--eval_file", default="", help="held-out examples (default: the last --holdout of the training file)")
+    p.add_argument("--holdout", type=float, default=0.1, help="share of the examples held out for evaluation")
+    p.add_argument("--synthetic", type=int, default=0, help="> 0: this many examples of the planted model instead of a file")
+    p.add_argument("--synthetic_seed", type=int, default=1)
+    p.add_argument("--synthetic_max_distinct", type=int, default=1000000, help="distinct values of the last field")
+    p.add_argument("--epochs", type=float, default=1)
+    p.add_argument("--batch_size", type=int, default=512)
+    p.add_argument("--learning_rate", type=float, default=0.001, help="Adam on the MLP's weights")
+    p.add_argument("--embedding_dim", type=int, default=16)
+    p.add_argument("--embedding_learning_rate", type=float, default=0.05, help="Adagrad on the deep table")
+    p.add_argument("--embedding_init", type=float, default=0.0, help="rows start uniform in [-x, x]")
+    p.add_argument("--wide_learning_rate", type=float, default=0.01, help="FTRL on the wide table")
+    p.add_argument("--ftrl_l1", type=float, default=0.0)
+    p.add_argument("--ftrl_l2", type=float, default=0.0)
+    p.add_argument("--eval_batch", type=int, default=4096)
+    return p
+
+
+def check_flags(f):
+    finite = math.isfinite
+    cluster_flags.check(f, [
+        (f.batch_size >= 1, "--batch_size must be >= 1"),
+        (finite(f.epochs) and f.epochs >= 0, "--epochs must be a finite number >= 0"),
+        (f.train_steps > 0 or f.epochs > 0, "give --train_steps or --epochs (both are 0)"),
+        (0 <= f.holdout < 1, "--holdout must be in [0, 1)"),
+        (f.synthetic >= 0, "--synthetic must be >= 0"),
+        (1 <= f.embedding_dim <= 1024, "--embedding_dim must be in 1..1024"),
+        (f.eval_batch >= 1, "--eval_batch must be >= 1"),
+    ] + [(finite(v) and v > 0, f"--{name} must be > 0") for name, v in
+         (("learning_rate", f.learning_rate), ("embedding_learning_rate", f.embedding_learning_rate),
+          ("wide_learning_rate", f.wide_learning_rate))] + [
+        (finite(v) and v >= 0, f"--{name} must be >= 0") for name, v in
+        (("ftrl_l1", f.ftrl_l1), ("ftrl_l2", f.ftrl_l2), ("embedding_init", f.embedding_init))])
+
+
+def load_data(f, worker, workers, chief):
+    """(this worker's training share, the held-out examples or None, training examples over all workers,
+    the planted model's (log-loss, AUC) on the held-out part or None)."""
+    if f.synthetic > 0:
+        opts = dict(seed=f.synthetic_seed, max_distinct=f.synthetic_max_distinct, holdout=f.holdout)
+        train = psclient.ctr_synthetic(f.synthetic, part="train", worker=worker, workers=workers, **opts)
+        total = f.synthetic - round(f.synthetic * f.holdout) if f.holdout > 0 else f.synthetic
+        held, planted = None, None
+        if chief:
+            held = psclient.ctr_synthetic(f.synthetic, part="holdout", **opts)
+            total = f.synthetic - len(held["labels"])
+            if len(held["labels"]):
+                planted = (psclient.log_loss(held["labels"], held["planted"]),
+                           psclient.roc_auc(held["labels"], held["planted"]))
+        return train, held, total, planted
+    try:
+        every = psclient.read_ctr(f.train_file)
+    except psclient.ConfigError as e:
+        raise BadInput(f"{e} (--train_file; scripts/make_ctr_data.sh writes one, or use --synthetic N)") from None
+    n = len(every["labels"])
+    end = n if f.eval_file else round(n * (1 - f.holdout))
+    if end <= 0:
+        raise BadInput(f"{f.train_file}: no training examples (after holding out {f.holdout})")
+    train = {k: v[worker:end:workers] for k, v in every.items()}
+    held = None
+    if chief:
+        held = psclient.read_ctr(f.eval_file) if f.eval_file else {k: v[end:] for k, v in every.items()}
+    return train, held, end, None
+
+
+class Mlp(torch.nn.Module):
+    """The deep part's head: dense features and the fields' rows in, one logit out."""
+
+    def __init__(self, inputs):
+        super().__init__()
+        self.layers = torch.nn.Sequential(torch.nn.Linear(inputs, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128),
+                                          torch.nn.ReLU(), torch.nn.Linear(128, 1))
+
+    def forward(self, x):
+        return self.layers(x).squeeze(1)
+
+
+def logits(mlp, dense, rows, index, wide_rows, wide_index):
+    """Each example's logit: the MLP over its dense features and its fields' rows, plus its wide weights' sum."""
+    b = dense.shape[0]
+    x = torch.cat([dense, rows[index].view(b, -1)], 1)
+    return mlp(x) + wide_rows[wide_index].view(b, -1).sum(1)
+
+
+def distinct(ids):
+    """The distinct ids of a batch (a table pulls each once) and each position's index among them."""
+    unique, index = np.unique(ids.reshape(-1), return_inverse=True)
+    return unique, torch.from_numpy(index.reshape(-1).astype(np.int64))
+
+
+def evaluate(client, mlp, held, dim, batch):
+    """(log-loss, AUC) of the model on the held-out examples, rows read as the tables hold them now
+    (a dynamic table creates held-out ids it has not seen, with their initial values)."""
+    probs = np.empty(len(held["labels"]), np.float64)
+    with torch.no_grad():
+        for lo in range(0, len(probs), batch):
+            hi = min(lo + batch, len(probs))
+            ids, index = distinct(held["ids"][lo:hi])
+            wide_ids, wide_index = distinct(held["wide_ids"][lo:hi])
+            rows = torch.from_numpy(client.pull_rows(DEEP_TABLE, ids)).view(-1, dim)
+            wide_rows = torch.from_numpy(client.pull_rows(WIDE_TABLE, wide_ids)).view(-1)
+            z = logits(mlp, torch.from_numpy(held["dense"][lo:hi]), rows, index, wide_rows, wide_index)
+            probs[lo:hi] = torch.sigmoid(z.double()).numpy()
+    return psclient.log_loss(held["labels"], probs), psclient.roc_auc(held["labels"], probs)
+
+
+def run_worker(spec, f):
+    torch.set_num_threads(f.threads)
+    torch.manual_seed(f.seed)
+    workers, worker, chief = spec.num_workers, spec.worker_index, spec.is_chief
+    train, held, total, planted = load_data(f, worker, workers, chief)
+    if len(train["labels"]) == 0:
+        raise BadInput(f"worker {worker} has no training examples ({total} for {workers} workers)")
+    dim, b = f.embedding_dim, f.batch_size
+    replicas = (f.replicas_to_aggregate or workers) if f.sync_replicas else 1
+    steps = f.train_steps or max(1, math.ceil(f.epochs * total / (b * replicas)))
+    mode = "sync" if f.sync_replicas else ("bounded_staleness" if f.max_staleness > 0 else "async")
+
+    client = psclient.Client(spec.ps_hosts, worker_index=worker, is_chief=chief, connect_timeout=f.connect_timeout)
+    session = psclient.TrainingSession(client, mode=mode, replicas_to_aggregate=replicas if f.sync_replicas else 0,
+                                       total_replicas=workers, max_staleness=f.max_staleness, train_steps=steps)
+    # The MLP's weights: pulls land in the parameters themselves, and their
+    # .grad are views of one block that backward adds into (zeroed once a step).
+    mlp = Mlp(DENSE + FIELDS * dim)
+    params = list(mlp.named_parameters())
+    grads = torch.zeros(sum(p.numel() for _, p in params))
+    at, values_of = 0, {}  # name -> the parameter pulls land in
+    for i, (name, p) in enumerate(params):
+        init = psclient.glorot_uniform(f.seed + i) if p.dim() == 2 else psclient.zeros()
+        p.grad = grads[at:at + p.numel()].view(p.shape)
+        at += p.numel()
+        values_of["ctr/" + name] = p
+        session.add_variable(psclient.TensorSpec("ctr/" + name, tuple(p.shape), optimizer=psclient.adam(f.learning_rate),
+                                                 init=init), p, p.grad)
+    row_init = psclient.uniform(-f.embedding_init, f.embedding_init, f.seed) if f.embedding_init > 0 else psclient.zeros()
+    session.add_table(psclient.TableSpec(DEEP_TABLE, dim, dynamic=True, init=row_init,
+                                         optimizer=psclient.RowOptimizerConfig.adagrad(f.embedding_learning_rate)))
+    session.add_table(psclient.TableSpec(WIDE_TABLE, 1, dynamic=True, optimizer=psclient.RowOptimizerConfig.ftrl(
+        f.wide_learning_rate, f.ftrl_l1, f.ftrl_l2)))
+    session.initialize()
+    steps = session.job.train_steps or steps
+    per_global = b * (session.job.replicas_to_aggregate if session.job.mode == psclient.SyncMode.SYNC else 1)
+    if chief:
+        print(f"worker {worker} (chief): wide & deep, {FIELDS} fields x {dim} + {DENSE} dense -> 256-128-1, batch {b}, "
+              f"{mode}, {steps} global steps ({steps * per_global / total:.2f} epochs of {total} examples), "
+              f"{workers} workers, {spec.num_ps} ps", flush=True)
+        if planted:
+            print(f"planted model on the {len(held['labels'])} held-out examples: log-loss {planted[0]:.5f}, "
+                  f"AUC {planted[1]:.5f}", flush=True)
+    summaries = psclient.SummaryWriter(f.logdir) if chief and f.logdir else None
+
+    n = len(train["labels"])
+    rng = np.random.default_rng(f.seed + worker)
+    order, pos = rng.permutation(n), 0
+    start, cpu_at_start = time.monotonic(), time.process_time()
+    while not session.should_stop:
+        if pos + b > n:
+            order, pos = rng.permutation(n), 0
+        idx = np.sort(order[pos:pos + b]) if b <= n else np.arange(n)
+        pos += b
+        ids, index = distinct(train["ids"][idx])
+        wide_ids, wide_index = distinct(train["wide_ids"][idx])
+        rows, row_grads = torch.empty(len(ids), dim), torch.empty(len(ids), dim)
+        wide_rows, wide_grads = torch.empty(len(wide_ids), 1), torch.empty(len(wide_ids), 1)
+        session.set_rows(DEEP_TABLE, ids, rows, row_grads)
+        session.set_rows(WIDE_TABLE, wide_ids, wide_rows, wide_grads)
+        session.pull()
+        if session.should_stop:
+            break  # the job ended while this worker waited for its step
+        rows.requires_grad_()
+        wide_rows.requires_grad_()
+        labels = torch.from_numpy(train["labels"][idx])
+        z = logits(mlp, torch.from_numpy(train["dense"][idx]), rows, index, wide_rows.view(-1), wide_index)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(z, labels)
+        grads.zero_()
+        loss.backward()
+        # The weights take the mean loss's gradient; the rows the summed
+        # loss's (each example's own), as per-row Adagrad and FTRL take them.
+        row_grads.copy_(rows.grad).mul_(len(idx))
+        wide_grads.copy_(wide_rows.grad).mul_(len(idx))
+        outcome = session.push()
+        local = session.local_step
+        if f.log_every and local % f.log_every == 0:
+            rate = local * b / (time.monotonic() - start)
+            print(f"worker {worker} | local step {local} | global step {outcome.global_step} | "
+                  f"epoch {outcome.global_step * per_global / total:.2f} | loss {loss.item():.4f} | "
+                  f"{rate:.0f} examples/s", flush=True)
+            session.report(loss.item(), 0.0, rate, f.learning_rate)
+            if summaries:
+                summaries.add_scalar("loss", loss.item(), outcome.global_step)
+    secs = time.monotonic() - start
+    steps_done = max(1, session.local_step)
+    print(f"worker {worker}: done after {session.local_step} local steps in {secs:.1f} s "
+          f"({session.local_step * b / secs:.0f} examples/s on this worker, {session.stale_steps} stale); "
+          f"CPU {1e3 * (time.process_time() - cpu_at_start) / steps_done:.3f} ms per step", flush=True)
+
+    # Everyone meets once more so that the chief evaluates the final model.
+    try:
+        client.barrier("torch_ctr/end", workers, timeout=60)
+    except psclient.Error as e:
+        print(f"worker {worker}: end barrier: {e} (going on)", file=sys.stderr)
+    if chief:
+        final = client.pull(values_of)  # the weights as they ended
+        global_step = max(final.step, session.global_step)
+        examples_per_sec = global_step * per_global / secs
+        if held is not None and len(held["labels"]):
+            log_loss, auc = evaluate(client, mlp, held, dim, f.eval_batch)
+            print(f"\n== {mode}: held-out log-loss {log_loss:.5f}, AUC {auc:.5f} on {len(held['labels'])} examples")
+            if summaries:
+                summaries.add_scalar("auc/holdout", auc, global_step)
+                summaries.add_scalar("log_loss/holdout", log_loss, global_step)
+        else:
+            log_loss = auc = -1.0
+        print(f"== {global_step} global steps, {global_step * per_global / total:.2f} epochs in {secs:.1f} s: "
+              f"{examples_per_sec:.0f} examples/s", flush=True)
+        planted_ll, planted_auc = planted or (-1.0, -1.0)
+        print(f"RESULT mode={mode} holdout_log_loss={log_loss:.5f} holdout_auc={auc:.5f} "
+              f"planted_log_loss={planted_ll:.5f} planted_auc={planted_auc:.5f} seconds={secs:.3f} "
+              f"examples_per_sec={examples_per_sec:.0f}", flush=True)
+        if summaries:
+            summaries.flush()
+        session.end()  # the ps tasks exit once every worker has disconnected
+    client.close()
+    return 0
+
+
+def main(argv):
+    return cluster_flags.main("torch_ctr", parser(), check_flags, run_worker, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

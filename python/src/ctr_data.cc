@@ -1,0 +1,159 @@
+// Click-through data for Python trainers (include/ps/ctr_data.h,
+// ctr_synthetic.h, binary_metrics.h): the features ctr_trainer makes, as
+// NumPy arrays, and the metrics it reports. Parsing and generating run with
+// the GIL released.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ps/binary_metrics.h"
+#include "ps/ctr_data.h"
+#include "ps/ctr_synthetic.h"
+#include "ps/errors.h"
+#include "python/src/array_buffer.h"
+#include "python/src/bindings.h"
+
+namespace psclient_py {
+namespace {
+
+template <class T>
+py::array_t<T> array_of(const std::vector<T>& v, std::vector<py::ssize_t> shape) {
+  py::array_t<T> a(shape);
+  if (!v.empty()) std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(T));
+  return a;
+}
+
+// The examples' features as ctr_trainer's steps take them (ps::CtrBatch),
+// plus the planted model's click probabilities where there is one.
+py::dict features(const std::vector<ps::CtrExample>& examples, const std::vector<double>* planted) {
+  ps::CtrBatch b;
+  const std::vector<ps::FieldCross> crosses = ps::default_ctr_crosses();
+  {
+    py::gil_scoped_release nogil;
+    ps::make_ctr_batch(examples, crosses, b);
+  }
+  const auto n = static_cast<py::ssize_t>(examples.size());
+  const auto wide = static_cast<py::ssize_t>(ps::kCtrCategorical + crosses.size());
+  py::dict d;
+  d["labels"] = array_of(b.labels, {n});
+  d["dense"] = array_of(b.dense, {n, ps::kCtrDense});
+  d["ids"] = array_of(b.ids, {n, ps::kCtrCategorical});
+  d["wide_ids"] = array_of(b.wide_ids, {n, wide});
+  if (planted != nullptr) d["planted"] = array_of(*planted, {n});
+  return d;
+}
+
+std::vector<float> labels_of(py::handle labels, const char* what) {
+  ArrayBuffer b = ArrayBuffer::floats(labels, false, std::string(what) + ": labels");
+  return {b.span().begin(), b.span().end()};
+}
+
+std::vector<double> probs_of(py::handle probs, std::size_t n, const char* what) {
+  auto a = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(probs);
+  if (!a) throw py::type_error(std::string(what) + ": probabilities must be an array of numbers");
+  if (static_cast<std::size_t>(a.size()) != n) {
+    throw py::value_error(std::string(what) + ": " + std::to_string(a.size()) +
+                          " probabilities for " + std::to_string(n) + " labels");
+  }
+  return {a.data(), a.data() + a.size()};
+}
+
+}  // namespace
+
+void bind_ctr_data(py::module_& m) {
+  m.def(
+      "read_ctr",
+      [](const std::string& path, int64_t max_examples) {
+        std::vector<ps::CtrExample> examples;
+        {
+          py::gil_scoped_release nogil;
+          examples = ps::read_ctr_file(path, max_examples);
+        }
+        return features(examples, nullptr);
+      },
+      py::arg("path"), py::arg("max_examples") = -1,
+      R"(Reads a click-through file in the Criteo TSV layout (label, I1..I13, C1..C26)
+into the features ctr_trainer trains on, as a dict of NumPy arrays:
+
+    d = psclient.read_ctr("data/ctr/train.tsv")
+    d["labels"]    # (N,) float32, 0 or 1
+    d["dense"]     # (N, 13) float32, sign(x) * log(1 + |x|), 0 where missing
+    d["ids"]       # (N, 26) uint64, one id per categorical field (its own id when missing)
+    d["wide_ids"]  # (N, 39) uint64, the 26 ids, then one per cross of neighbouring fields
+
+The ids are ctr_trainer's (include/ps/ctr_data.h), so tables and checkpoints
+are shared with it. A malformed line raises ConfigError "path:line: why".)");
+
+  m.def(
+      "ctr_synthetic",
+      [](int64_t examples, uint64_t seed, int64_t max_distinct, double holdout,
+         const std::string& part, int64_t worker, int64_t workers) {
+        if (part != "train" && part != "holdout")
+          throw py::value_error("ctr_synthetic: part must be 'train' or 'holdout', got '" + part +
+                                "'");
+        if (workers < 1 || worker < 0 || worker >= workers) {
+          throw py::value_error("ctr_synthetic: worker " + std::to_string(worker) + " of " +
+                                std::to_string(workers) + " workers");
+        }
+        ps::CtrSyntheticOptions opt;
+        opt.examples = examples;
+        opt.seed = seed;
+        opt.max_distinct = max_distinct;
+        opt.holdout_fraction = holdout;
+        opt.validate();
+        std::vector<ps::CtrExample> out;
+        std::vector<double> planted;
+        {
+          py::gil_scoped_release nogil;
+          const ps::CtrSynthetic gen(opt);
+          // Example i is a function of (seed, i): each worker draws its own share.
+          const int64_t begin = part == "train" ? worker : gen.holdout_begin();
+          const int64_t end = part == "train" ? gen.holdout_begin() : examples;
+          const int64_t stride = part == "train" ? workers : 1;
+          for (int64_t i = begin; i < end; i += stride)
+            planted.push_back(gen.example(i, out.emplace_back()));
+        }
+        return features(out, &planted);
+      },
+      py::arg("examples"), py::kw_only(), py::arg("seed") = 1,
+      py::arg("max_distinct") = ps::CtrSyntheticOptions{}.max_distinct,
+      py::arg("holdout") = ps::CtrSyntheticOptions{}.holdout_fraction, py::arg("part") = "train",
+      py::arg("worker") = 0, py::arg("workers") = 1,
+      R"(Examples from ctr_trainer's planted logistic model (--synthetic), in memory,
+as read_ctr's dict plus "planted" (N,) float64, each example's true click
+probability (the best any learner can predict):
+
+    train = psclient.ctr_synthetic(1_000_000, part="train", worker=1, workers=3)  # every 3rd
+    held = psclient.ctr_synthetic(1_000_000, part="holdout")   # the last `holdout` fraction
+    best_auc = psclient.roc_auc(held["labels"], held["planted"])
+
+The same (examples, seed, max_distinct, holdout) give the same examples as
+ctr_trainer --synthetic and scripts/make_ctr_data.sh.)");
+
+  m.def(
+      "roc_auc",
+      [](py::handle labels, py::handle probs) {
+        const std::vector<float> l = labels_of(labels, "roc_auc");
+        const std::vector<double> p = probs_of(probs, l.size(), "roc_auc");
+        return ps::roc_auc(l, p);
+      },
+      py::arg("labels"), py::arg("probs"),
+      "Area under the ROC curve of scores against 0/1 labels (float32), ties counted half; "
+      "ctr_trainer's auc/holdout.");
+  m.def(
+      "log_loss",
+      [](py::handle labels, py::handle probs) {
+        const std::vector<float> l = labels_of(labels, "log_loss");
+        const std::vector<double> p = probs_of(probs, l.size(), "log_loss");
+        return ps::log_loss(l, p);
+      },
+      py::arg("labels"), py::arg("probs"),
+      "Mean cross-entropy of click probabilities against 0/1 labels (float32), probabilities "
+      "clipped to [1e-15, 1 - 1e-15]; ctr_trainer's log_loss/holdout.");
+}
+
+}  // namespace psclient_py

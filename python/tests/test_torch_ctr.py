@@ -1,0 +1,60 @@
+"""examples/python/torch_ctr.py: 1 ps + 3 PyTorch workers, async and sync,
+reach a held-out AUC within 0.01 of the planted model's on 500,000 generated
+examples (as test/ctr_trainer_test.sh asks of ctr_trainer); bad flags and
+files are one line and exit 2. SKIP without PyTorch."""
+
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from conftest import SOURCE_DIR, run_example_workers
+
+EXAMPLE = SOURCE_DIR / "examples" / "python" / "torch_ctr.py"
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_three_workers_reach_the_planted_auc(psd, python_env, tmp_path, mode):
+    pytest.importorskip("torch")
+    flags = ["--synthetic", "500000", "--synthetic_max_distinct", "30000", "--logdir", str(tmp_path / "tb")]
+    chief = run_example_workers(EXAMPLE, psd.address, python_env, tmp_path,
+                                flags + (["--sync_replicas"] if mode == "sync" else []), port_base=22430)
+    result = re.search(rf"^RESULT mode={mode} holdout_log_loss=([0-9.]+) holdout_auc=([0-9.]+) "
+                       r"planted_log_loss=([0-9.]+) planted_auc=([0-9.]+) ", chief, re.M)
+    assert result, chief
+    print(chief[chief.find("=="):])
+    log_loss, auc, planted_log_loss, planted_auc = map(float, result.groups())
+    assert 0.5 < planted_auc < 1 and planted_log_loss > 0
+    assert auc >= planted_auc - 0.01, chief
+    assert log_loss <= planted_log_loss + 0.02, chief
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*")), "no TensorBoard events written"
+    with __import__("psclient").Client([psd.address]) as c:  # the tables psd holds: every worker's rows
+        tables = {t.name: t for t in c.list_tables()}
+    assert tables["ctr/deep_embeddings"].dim == 16 and tables["ctr/deep_embeddings"].rows > 100000
+    assert tables["ctr/wide_weights"].dim == 1 and tables["ctr/wide_weights"].rows > tables["ctr/deep_embeddings"].rows
+
+
+@pytest.mark.parametrize("flags, want", [
+    (["--batch_size", "0", "--synthetic", "1000"], "--batch_size must be >= 1"),
+    (["--embedding_learning_rate", "nan", "--synthetic", "1000"], "--embedding_learning_rate must be > 0"),
+    (["--holdout", "1", "--synthetic", "1000"], "--holdout must be in \\[0, 1\\)"),
+    (["--train_file", "/nonexistent/train.tsv"], "/nonexistent/train.tsv.*scripts/make_ctr_data.sh"),
+    (["file:bad"], "bad.tsv:2:"),
+])
+def test_bad_input(python_env, tmp_path, flags, want):
+    """Bad flags and data files: one line, exit code 2, before anything connects (no psd here)."""
+    pytest.importorskip("torch")
+    if flags == ["file:bad"]:
+        good = "1\t" + "\t".join(["3"] * 13) + "\t" + "\t".join(["68fd1e64"] * 26)
+        (tmp_path / "bad.tsv").write_text(good + "\n" + "1\tnot a number\n")
+        flags = ["--train_file", str(tmp_path / "bad.tsv")]
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))  # nothing listens there
+    args = [sys.executable, str(EXAMPLE), "--job_name", "worker", "--ps_hosts", f"127.0.0.1:{port.getsockname()[1]}",
+            "--worker_hosts", "127.0.0.1:1", "--train_steps", "2", "--connect_timeout", "1", *flags]
+    r = subprocess.run(args, env=python_env, capture_output=True, text=True, timeout=60)
+    port.close()
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and re.search(f"^torch_ctr: error: .*{want}", r.stderr), r.stderr

@@ -130,8 +130,8 @@ def logits(mlp, dense, rows, index, wide_rows, wide_index):
 
 def distinct(ids):
     """The distinct ids of a batch (a table pulls each once) and each position's index among them."""
-    unique, index = np.unique(ids.reshape(-1), return_inverse=True)
-    return unique, torch.from_numpy(index.reshape(-1).astype(np.int64))
+    unique, index = psclient.dedup_ids(ids)
+    return unique, torch.from_numpy(index.reshape(-1))
 
 
 def evaluate(client, mlp, held, dim, batch):
@@ -259,6 +259,8 @@ def run_worker(spec, f):
             log_loss = auc = -1.0
         print(f"== {global_step} global steps, {global_step * per_global / total:.2f} epochs in {secs:.1f} s: "
               f"{examples_per_sec:.0f} examples/s", flush=True)
+        print("== tables: " + ", ".join(f"{t.name} {t.rows} rows of {t.dim} ({t.bytes / 2**20:.1f} MiB)"
+                                         for t in client.list_tables()), flush=True)
         planted_ll, planted_auc = planted or (-1.0, -1.0)
         print(f"RESULT mode={mode} holdout_log_loss={log_loss:.5f} holdout_auc={auc:.5f} "
               f"planted_log_loss={planted_ll:.5f} planted_auc={planted_auc:.5f} seconds={secs:.3f} "

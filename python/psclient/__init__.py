@@ -60,6 +60,7 @@ from ._psclient import (
     adam,
     constant,
     ctr_synthetic,
+    dedup_ids,
     from_values,
     glorot_normal,
     glorot_uniform,

@@ -374,6 +374,9 @@ class SummaryWriter:
     def __enter__(self) -> "SummaryWriter": ...
     def __exit__(self, *args: Any) -> None: ...
 
+# A batch's distinct ids (the input's dtype, first-appearance order) and each position's index among them (int64).
+def dedup_ids(ids: IdArray) -> Tuple[npt.NDArray[Any], npt.NDArray[np.int64]]: ...
+
 # Click-through data (include/ps/ctr_data.h): dicts of NumPy arrays with keys
 # labels (N,) float32, dense (N, 13) float32, ids (N, 26) uint64,
 # wide_ids (N, 39) uint64, and planted (N,) float64 for ctr_synthetic.

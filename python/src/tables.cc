@@ -8,11 +8,13 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/first_positions.h"
 #include "ps/embedding.h"
 #include "ps/errors.h"
 #include "python/src/array_buffer.h"
@@ -137,6 +139,47 @@ layout or shape: ValueError, nothing sent.)";
 }  // namespace
 
 void bind_tables(py::module_& m) {
+  m.def(
+      "dedup_ids",
+      [](py::object ids) {
+        ArrayBuffer in = ArrayBuffer::ids(ids, "dedup_ids: ids");
+        const std::span<const int64_t> all = in.id_span();
+        std::vector<int64_t> unique;
+        py::array_t<int64_t> index(in.shape());
+        int64_t* at = index.mutable_data();
+        {
+          py::gil_scoped_release nogil;
+          // Kept per thread, as ps::dedup_ids_into's: a batch like the one before allocates
+          // nothing.
+          thread_local ps::FirstPositions seen;
+          seen.reset(all.size());
+          for (std::size_t j = 0; j < all.size(); ++j) {
+            const auto next = static_cast<uint32_t>(unique.size());
+            const uint32_t first = seen.first(static_cast<uint64_t>(all[j]), next);
+            if (first == next) unique.push_back(all[j]);
+            at[j] = first;
+          }
+        }
+        py::array out = in.unsigned_ids() ? py::array(py::array_t<uint64_t>(unique.size()))
+                                          : py::array(py::array_t<int64_t>(unique.size()));
+        if (!unique.empty())
+          std::memcpy(out.mutable_data(), unique.data(), unique.size() * sizeof(int64_t));
+        return py::make_tuple(out, index);
+      },
+      py::arg("ids"),
+      R"(A batch's distinct ids and, for each position, the index of its id among them:
+what a table pulls once and what a model indexes its rows with.
+
+    unique, index = psclient.dedup_ids(ids)     # ids: int64 or uint64, any shape
+    rows = torch.empty(len(unique), dim)
+    client.pull_rows("user", unique, rows)
+    emb = rows[torch.from_numpy(index)]          # ids.shape + (dim,); autograd sums a repeated
+                                                 # id's gradients into its one row
+
+unique keeps the ids' dtype, in order of first appearance; index is int64 of
+ids' shape. A hash set, not a sort: several times as fast as np.unique on a
+batch.)");
+
   py::enum_<ps::RowOptimizerKind>(m, "RowOptimizerKind",
                                   "Optimizer psd applies to the rows a push touches.")
       .value("SGD", ps::RowOptimizerKind::kSgd)

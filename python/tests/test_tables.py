@@ -243,3 +243,34 @@ def test_pull_rows_into_memory_shared_with_the_ids_is_refused(start_psd, python_
     assert child.returncode == 0, child.stderr[-2000:]
     lines = child.stdout.splitlines()
     assert len(lines) == 6 and all("shares memory with the ids" in line for line in lines), lines
+
+
+def test_dedup_ids_matches_first_appearance_and_keeps_the_dtype():
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, 300, size=(40, 26)).astype(np.int64) * 1_000_003 - 5  # repeats, negatives
+    unique, index = psclient.dedup_ids(ids)
+    assert unique.dtype == np.int64 and index.dtype == np.int64 and index.shape == ids.shape
+    np.testing.assert_array_equal(unique[index], ids)
+    _, first = np.unique(ids.reshape(-1), return_index=True)
+    np.testing.assert_array_equal(unique, ids.reshape(-1)[np.sort(first)])  # first-appearance order
+
+    big = np.array([2**64 - 1, 7, 2**63, 7, 2**64 - 1], np.uint64)  # every 64 bits kept
+    unique, index = psclient.dedup_ids(big)
+    assert unique.dtype == np.uint64
+    np.testing.assert_array_equal(unique, np.array([2**64 - 1, 7, 2**63], np.uint64))
+    np.testing.assert_array_equal(index, [0, 1, 2, 1, 0])
+
+    unique, index = psclient.dedup_ids(np.empty((0,), np.int64))
+    assert unique.shape == (0,) and index.shape == (0,)
+    with pytest.raises(ValueError, match="int64"):
+        psclient.dedup_ids(np.zeros(4, np.float32))
+    with pytest.raises(ValueError, match="contiguous"):
+        psclient.dedup_ids(np.arange(10, dtype=np.int64)[::2])
+
+
+def test_dedup_ids_of_a_torch_tensor():
+    torch = pytest.importorskip("torch")
+    ids = torch.tensor([[3, 9], [9, 3], [4, 3]], dtype=torch.int64)
+    unique, index = psclient.dedup_ids(ids)
+    np.testing.assert_array_equal(unique, [3, 9, 4])
+    assert torch.equal(torch.from_numpy(unique)[torch.from_numpy(index)], ids)

@@ -59,6 +59,8 @@ def parser():
     p.add_argument("--ftrl_l1", type=float, default=0.0)
     p.add_argument("--ftrl_l2", type=float, default=0.0)
     p.add_argument("--eval_batch", type=int, default=4096)
+    p.add_argument("--restore_from", default="", help="chief: start from the newest checkpoint in this directory "
+                   "(a ps --checkpoint_dir), tables included, and go on from its step")
     return p
 
 
@@ -164,7 +166,8 @@ def run_worker(spec, f):
 
     client = psclient.Client(spec.ps_hosts, worker_index=worker, is_chief=chief, connect_timeout=f.connect_timeout)
     session = psclient.TrainingSession(client, mode=mode, replicas_to_aggregate=replicas if f.sync_replicas else 0,
-                                       total_replicas=workers, max_staleness=f.max_staleness, train_steps=steps)
+                                       total_replicas=workers, max_staleness=f.max_staleness, train_steps=steps,
+                                       restore_from=f.restore_from if chief else "")
     # The MLP's weights: pulls land in the parameters themselves, and their
     # .grad are views of one block that backward adds into (zeroed once a step).
     mlp = Mlp(DENSE + FIELDS * dim)
@@ -198,7 +201,7 @@ def run_worker(spec, f):
     n = len(train["labels"])
     rng = np.random.default_rng(f.seed + worker)
     order, pos = rng.permutation(n), 0
-    start, cpu_at_start = time.monotonic(), time.process_time()
+    start, cpu_at_start, first_step = time.monotonic(), time.process_time(), None
     while not session.should_stop:
         if pos + b > n:
             order, pos = rng.permutation(n), 0
@@ -210,7 +213,9 @@ def run_worker(spec, f):
         wide_rows, wide_grads = torch.empty(len(wide_ids), 1), torch.empty(len(wide_ids), 1)
         session.set_rows(DEEP_TABLE, ids, rows, row_grads)
         session.set_rows(WIDE_TABLE, wide_ids, wide_rows, wide_grads)
-        session.pull()
+        step_read = session.pull()
+        if first_step is None:
+            first_step = step_read  # a restored job starts past 0
         if session.should_stop:
             break  # the job ended while this worker waited for its step
         rows.requires_grad_()
@@ -248,7 +253,7 @@ def run_worker(spec, f):
     if chief:
         final = client.pull(values_of)  # the weights as they ended
         global_step = max(final.step, session.global_step)
-        examples_per_sec = global_step * per_global / secs
+        examples_per_sec = (global_step - (first_step or 0)) * per_global / secs
         if held is not None and len(held["labels"]):
             log_loss, auc = evaluate(client, mlp, held, dim, f.eval_batch)
             print(f"\n== {mode}: held-out log-loss {log_loss:.5f}, AUC {auc:.5f} on {len(held['labels'])} examples")

@@ -210,3 +210,59 @@ def test_session_rows_refused_before_anything_is_bound(psd):
         with pytest.raises(psclient.ConfigError, match="after initialize"):
             session.add_table(psclient.TableSpec("late", 2, rows=4))
         session.end()
+
+
+def test_session_tables_restore_into_two_shards(start_psd, tmp_path):
+    # A checkpoint of a session with a fixed and a dynamic Adagrad table on one
+    # shard, restored by a chief over two shards: the rows read back as saved,
+    # and the next step (which needs the accumulators) equals that same step
+    # on the original shard, bit for bit.
+    ckpt = tmp_path / "ckpt"
+    first = start_psd("--checkpoint_dir", str(ckpt))
+    opt = psclient.RowOptimizerConfig.adagrad(0.5, initial_accumulator=0.1)
+    tables = [psclient.TableSpec("fixed", 3, rows=50, optimizer=opt, init=psclient.uniform(-1, 1, seed=3)),
+              psclient.TableSpec("grown", 2, dynamic=True, optimizer=opt, init=psclient.constant(0.5))]
+    ids = {"fixed": np.array([4, 17, 4, 49], np.int64), "grown": np.array([10**15, 3, 77], np.int64)}
+    rng = np.random.default_rng(9)
+    grads = {t.name: rng.standard_normal((len(ids[t.name]), t.dim)).astype(np.float32) for t in tables}
+
+    def bind(session):
+        rows = {}
+        for t in tables:
+            session.add_table(t)
+        for t in tables:
+            rows[t.name] = np.empty((len(ids[t.name]), t.dim), np.float32)
+        return rows
+
+    with psclient.Client([first.address], worker_index=0, is_chief=True) as c:
+        session = psclient.TrainingSession(c, mode="async")
+        rows = bind(session)
+        session.initialize()
+        for t in tables:
+            session.set_rows(t.name, ids[t.name], rows[t.name], grads[t.name])
+        for _ in range(3):
+            session.run_step(lambda: None)
+        saved = session.checkpoint()
+        assert saved.step == 3
+        session.pull()
+        before = {name: r.copy() for name, r in rows.items()}
+        session.push()  # step 4 on the original shard: the reference
+        session.pull()
+        want = {name: r.copy() for name, r in rows.items()}
+
+    shards = [start_psd(), start_psd()]
+    with psclient.Client([s.address for s in shards], worker_index=0, is_chief=True) as c:
+        session = psclient.TrainingSession(c, mode="async", restore_from=str(ckpt))
+        rows = bind(session)
+        session.initialize()
+        for t in tables:
+            session.set_rows(t.name, ids[t.name], rows[t.name], grads[t.name])
+        assert session.pull() == 3
+        for name in before:
+            np.testing.assert_array_equal(rows[name], before[name])
+        session.push()
+        session.pull()
+        for name in want:
+            np.testing.assert_array_equal(rows[name], want[name])
+        info = {t.name: t for t in c.list_tables()}
+        assert info["fixed"].rows_per_shard == [25, 25] and sum(info["grown"].rows_per_shard) == 3

@@ -100,13 +100,15 @@ void bind_training_session(py::module_& m) {
     session = psclient.TrainingSession(client, mode='sync', replicas_to_aggregate=3,
                                        total_replicas=3, train_steps=1000)
     session.add_variable(spec_w, w, grad_w)   # float32 arrays: pulls land in w, pushes read grad_w
+    session.add_table(user_table)             # an embedding table (TableSpec), optional
     session.initialize()                      # chief creates and initialises, others wait
     while not session.should_stop:
+        session.set_rows('user', ids, rows, row_grads)  # this batch's rows (see set_rows)
         session.run_step(compute_gradients)   # pull, compute_gradients(), push
     session.end()                             # chief: psd may exit
 
 The client needs worker_index (and is_chief for the chief). Arrays bound with
-add_variable are held by the session and must keep their storage.)")
+add_variable and set_rows are held by the session and must keep their storage.)")
       .def(py::init([](py::object client_obj, const std::string& mode,
                        uint32_t replicas_to_aggregate, uint32_t total_replicas,
                        uint32_t max_staleness, int64_t train_steps, double ready_timeout,

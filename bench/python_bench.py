@@ -6,6 +6,7 @@ torch.distributed.rpc parameter server (PyTorch's tutorial design), in one run.
     PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py exchange   # a step's exchange, vs rpc
     PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py training   # samples/s, 1 ps + 3 workers
     PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py step       # one step's compute, no psd
+    PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py ctr        # wide & deep: torch_ctr vs ctr_trainer
     PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py all
 
 calls: one psd on 127.0.0.1 (TCP); psclient (NumPy arrays, in place) and the
@@ -27,6 +28,10 @@ TorchScript), against the same arithmetic with no autograd (the gradients
 by hand), in turn for --rounds rounds of --step_reps steps; beside them
 mnist_trainer's Eigen engine on the same step (build/bench/mlp_bench --cpu,
 before and after). malloc is tuned as psclient.Client tunes it.
+ctr: examples/python/torch_ctr.py and build/examples/ctr_trainer, 1 ps + 3
+workers each through launch_local.sh, async and sync, on --ctr_examples
+generated examples (batch 512 per worker, one epoch), in turn --runs times;
+examples/s and held-out AUC, medians, beside the planted model's AUC.
 Every PyTorch process runs with torch.set_num_threads(--threads). Prints the
 load (uptime) before and after, and the BLAS that PyTorch's matrix products
 run on (Debian's python3-torch uses whatever libblas.so.3 is: the reference
@@ -519,15 +524,56 @@ def bench_training(args):
     print(f"training: {uptime()}", flush=True)
 
 
+def bench_ctr(args):
+    blas, ms = torch_blas(args.threads)
+    print(f"ctr: {uptime()}; 1 ps + 3 workers, {args.ctr_examples} generated examples (30,000 distinct values at "
+          f"most per field), batch 512 per worker, one epoch\nPyTorch's BLAS: {blas}", flush=True)
+    run = tempfile.mkdtemp(prefix="pybench_ctr_")
+    trainers = {"torch_ctr.py": "examples/python/torch_ctr.py", "ctr_trainer": str(BUILD / "examples" / "ctr_trainer")}
+    rates = {(t, m): [] for t in trainers for m in ("async", "sync")}
+    aucs = {key: [] for key in rates}
+    planted = None
+    for r in range(args.runs):
+        for mode in ("async", "sync"):
+            for name, trainer in trainers.items():
+                run_dir = os.path.join(run, f"{name}.{mode}.{r}")
+                flags = ["--quiet", "--trainer", trainer, "--run_dir", run_dir] + (["--sync"] if mode == "sync" else [])
+                out = subprocess.run(["scripts/launch_local.sh", *flags, "--", "--synthetic", str(args.ctr_examples),
+                                      "--synthetic_max_distinct", "30000", "--batch_size", "512", "--log_every", "0"],
+                                     cwd=TOP, capture_output=True, text=True)
+                log = open(os.path.join(run_dir, "worker0.log")).read() if os.path.exists(
+                    os.path.join(run_dir, "worker0.log")) else ""
+                m = re.search(r"^RESULT .*holdout_auc=([0-9.]+) .*planted_auc=([0-9.]+) .*examples_per_sec=([0-9]+)",
+                              log, re.M)
+                if out.returncode != 0 or not m:
+                    print(f"{name} {mode}: failed\n{out.stderr[-2000:]}\n{log[-2000:]}")
+                    continue
+                aucs[(name, mode)].append(float(m.group(1)))
+                planted = float(m.group(2))
+                rates[(name, mode)].append(float(m.group(3)))
+                print(f"run {r + 1}: {name} {mode}: {float(m.group(3)):.0f} examples/s, held-out AUC {m.group(1)}",
+                      flush=True)
+    print(f"\nmedians over the runs (the planted model's AUC: {planted}):")
+    for mode in ("async", "sync"):
+        med = {t: statistics.median(rates[(t, mode)]) for t in trainers if rates[(t, mode)]}
+        for t in med:
+            print(f"  {mode} {t}: {med[t]:.0f} examples/s ({', '.join(f'{x:.0f}' for x in rates[(t, mode)])}), "
+                  f"AUC {statistics.median(aucs[(t, mode)]):.4f}")
+        if len(med) == 2:
+            print(f"  {mode} torch_ctr.py / ctr_trainer: {med['torch_ctr.py'] / med['ctr_trainer']:.2f}x")
+    print(f"ctr: {uptime()}", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["calls", "exchange", "training", "step", "all"])
+    p.add_argument("what", choices=["calls", "exchange", "training", "step", "ctr", "all"])
     p.add_argument("--reps", type=int, default=200,
                    help="calls: repetitions per block for 4 KiB (4 MiB: a quarter, 64 MiB: a twentieth)")
     p.add_argument("--blocks", type=int, default=5, help="calls: blocks, each side in turn")
     p.add_argument("--sizes", default=",".join(SIZES), help=f"calls: which of {','.join(SIZES)}")
     p.add_argument("--cpp_timeout", type=float, default=300, help="calls: seconds allowed to one push_pull_bench block")
-    p.add_argument("--runs", type=int, default=3, help="training: runs of each trainer, in turn")
+    p.add_argument("--runs", type=int, default=3, help="training, ctr: runs of each trainer, in turn")
+    p.add_argument("--ctr_examples", type=int, default=500000, help="ctr: generated examples per run")
     p.add_argument("--epochs", type=float, default=5, help="training: epochs (global steps of 100 examples)")
     p.add_argument("--steps", type=int, default=0, help="training: steps per worker instead of --epochs")
     p.add_argument("--psd_flags", default="", help="training: more flags for psd (psclient and mnist_trainer), "
@@ -547,6 +593,8 @@ def main():
         bench_training(args)
     if args.what in ("step", "all"):
         bench_step(args)
+    if args.what in ("ctr", "all"):
+        bench_ctr(args)
 
 
 if __name__ == "__main__":

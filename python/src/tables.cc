@@ -144,6 +144,10 @@ void bind_tables(py::module_& m) {
       [](py::object ids) {
         ArrayBuffer in = ArrayBuffer::ids(ids, "dedup_ids: ids");
         const std::span<const int64_t> all = in.id_span();
+        if (all.size() >= UINT32_MAX) {  // positions are 32-bit, as a request's
+          throw py::value_error("dedup_ids: " + std::to_string(all.size()) +
+                                " ids, more than one call takes (2^32 - 2)");
+        }
         std::vector<int64_t> unique;
         py::array_t<int64_t> index(in.shape());
         int64_t* at = index.mutable_data();

@@ -53,6 +53,7 @@ def parser():
     p.add_argument("--batch_size", type=int, default=512)
     p.add_argument("--learning_rate", type=float, default=0.001, help="Adam on the MLP's weights")
     p.add_argument("--embedding_dim", type=int, default=16)
+    p.add_argument("--hidden_units", default="256,128", help="the MLP's hidden layers, comma-separated")
     p.add_argument("--embedding_learning_rate", type=float, default=0.05, help="Adagrad on the deep table")
     p.add_argument("--embedding_init", type=float, default=0.0, help="rows start uniform in [-x, x]")
     p.add_argument("--wide_learning_rate", type=float, default=0.01, help="FTRL on the wide table")
@@ -74,11 +75,21 @@ def check_flags(f):
         (f.synthetic >= 0, "--synthetic must be >= 0"),
         (1 <= f.embedding_dim <= 1024, "--embedding_dim must be in 1..1024"),
         (f.eval_batch >= 1, "--eval_batch must be >= 1"),
+        (hidden_units(f.hidden_units) is not None, "--hidden_units must be positive integers, comma-separated"),
     ] + [(finite(v) and v > 0, f"--{name} must be > 0") for name, v in
          (("learning_rate", f.learning_rate), ("embedding_learning_rate", f.embedding_learning_rate),
           ("wide_learning_rate", f.wide_learning_rate))] + [
         (finite(v) and v >= 0, f"--{name} must be >= 0") for name, v in
         (("ftrl_l1", f.ftrl_l1), ("ftrl_l2", f.ftrl_l2), ("embedding_init", f.embedding_init))])
+
+
+def hidden_units(text):
+    """'256,128' -> [256, 128]; None when it is not a list of positive integers."""
+    try:
+        units = [int(u) for u in text.split(",")]
+    except ValueError:
+        return None
+    return units if units and all(u > 0 for u in units) else None
 
 
 def load_data(f, worker, workers, chief):
@@ -112,12 +123,15 @@ def load_data(f, worker, workers, chief):
 
 
 class Mlp(torch.nn.Module):
-    """The deep part's head: dense features and the fields' rows in, one logit out."""
+    """The deep part's head: dense features and the fields' rows in, ReLU hidden layers, one logit out."""
 
-    def __init__(self, inputs):
+    def __init__(self, inputs, hidden):
         super().__init__()
-        self.layers = torch.nn.Sequential(torch.nn.Linear(inputs, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128),
-                                          torch.nn.ReLU(), torch.nn.Linear(128, 1))
+        layers, width = [], inputs
+        for units in hidden:
+            layers += [torch.nn.Linear(width, units), torch.nn.ReLU()]
+            width = units
+        self.layers = torch.nn.Sequential(*layers, torch.nn.Linear(width, 1))
 
     def forward(self, x):
         return self.layers(x).squeeze(1)
@@ -170,7 +184,8 @@ def run_worker(spec, f):
                                        restore_from=f.restore_from if chief else "")
     # The MLP's weights: pulls land in the parameters themselves, and their
     # .grad are views of one block that backward adds into (zeroed once a step).
-    mlp = Mlp(DENSE + FIELDS * dim)
+    hidden = hidden_units(f.hidden_units)
+    mlp = Mlp(DENSE + FIELDS * dim, hidden)
     params = list(mlp.named_parameters())
     grads = torch.zeros(sum(p.numel() for _, p in params))
     at, values_of = 0, {}  # name -> the parameter pulls land in
@@ -190,7 +205,8 @@ def run_worker(spec, f):
     steps = session.job.train_steps or steps
     per_global = b * (session.job.replicas_to_aggregate if session.job.mode == psclient.SyncMode.SYNC else 1)
     if chief:
-        print(f"worker {worker} (chief): wide & deep, {FIELDS} fields x {dim} + {DENSE} dense -> 256-128-1, batch {b}, "
+        print(f"worker {worker} (chief): wide & deep, {FIELDS} fields x {dim} + {DENSE} dense -> "
+              f"{'-'.join(map(str, hidden))}-1, batch {b}, "
               f"{mode}, {steps} global steps ({steps * per_global / total:.2f} epochs of {total} examples), "
               f"{workers} workers, {spec.num_ps} ps", flush=True)
         if planted:

@@ -40,6 +40,7 @@ def test_three_workers_reach_the_planted_auc(psd, python_env, tmp_path, mode):
     (["--batch_size", "0", "--synthetic", "1000"], "--batch_size must be >= 1"),
     (["--embedding_learning_rate", "nan", "--synthetic", "1000"], "--embedding_learning_rate must be > 0"),
     (["--holdout", "1", "--synthetic", "1000"], "--holdout must be in \\[0, 1\\)"),
+    (["--hidden_units", "256,0", "--synthetic", "1000"], "--hidden_units must be positive integers"),
     (["--train_file", "/nonexistent/train.tsv"], "/nonexistent/train.tsv.*scripts/make_ctr_data.sh"),
     (["file:bad"], "bad.tsv:2:"),
 ])

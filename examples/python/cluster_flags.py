@@ -80,6 +80,15 @@ def exec_psd(spec, f, psd_flags):
     os.execv(psd, args + psd_flags)
 
 
+def end_barrier(client, name, workers, worker):
+    """Every worker meets once more after training, so that the chief reads the final model. A barrier that
+    fails (a worker gone) is reported and the worker goes on: the model is on psd either way."""
+    try:
+        client.barrier(name, workers, timeout=60)
+    except psclient.Error as e:
+        print(f"worker {worker}: end barrier: {e} (going on)", file=sys.stderr)
+
+
 def main(name, parser, check_flags, run_worker, argv):
     """Parses argv, becomes psd for the ps role, else runs run_worker(spec, flags).
     Bad input: one line on stderr, exit 2; a psclient error: one line, exit 1."""

@@ -261,11 +261,7 @@ def run_worker(spec, f):
           f"({session.local_step * b / secs:.0f} examples/s on this worker, {session.stale_steps} stale); "
           f"CPU {1e3 * (time.process_time() - cpu_at_start) / steps_done:.3f} ms per step", flush=True)
 
-    # Everyone meets once more so that the chief evaluates the final model.
-    try:
-        client.barrier("torch_ctr/end", workers, timeout=60)
-    except psclient.Error as e:
-        print(f"worker {worker}: end barrier: {e} (going on)", file=sys.stderr)
+    cluster_flags.end_barrier(client, "torch_ctr/end", workers, worker)  # then the chief evaluates the final model
     if chief:
         final = client.pull(values_of)  # the weights as they ended
         global_step = max(final.step, session.global_step)

@@ -253,11 +253,7 @@ def run_worker(spec, f):
           f"push {1e3 * t_push / n:.3f} ms, data {1e3 * t_other / n:.3f} ms; "
           f"CPU {1e3 * (time.process_time() - cpu_at_start) / n:.3f} ms", flush=True)
 
-    # Everyone meets once more so that the chief reads the final parameters.
-    try:
-        client.barrier("torch_mnist/end", workers, timeout=60)
-    except psclient.Error as e:
-        print(f"worker {worker}: end barrier: {e} (going on)", file=sys.stderr)
+    cluster_flags.end_barrier(client, "torch_mnist/end", workers, worker)  # then the chief reads the final parameters
     if chief:
         final = client.pull(values_of)
         if cuda:

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "common/embedding_placement.h"
@@ -90,5 +91,23 @@ class FirstPositions {
   std::size_t size_ = 0;  // keys held
   uint64_t hash_key_ = random_hash_key();
 };
+
+// The distinct keys of `keys` in order of first appearance, into `unique`
+// (cleared first), and for each position j the index of keys[j] among them,
+// into index[j] (keys.size() entries; fewer than 2^32 keys): a batch's ids
+// deduplicated, as a table pulls them once. `seen` is the caller's, kept
+// between calls so that a batch like the one before allocates nothing.
+template <class Index>
+void distinct_keys(std::span<const uint64_t> keys, FirstPositions& seen,
+                   std::vector<uint64_t>& unique, Index* index) {
+  unique.clear();
+  seen.reset(keys.size());
+  for (std::size_t j = 0; j < keys.size(); ++j) {
+    const auto next = static_cast<uint32_t>(unique.size());
+    const uint32_t at = seen.first(keys[j], next);
+    if (at == next) unique.push_back(keys[j]);
+    index[j] = static_cast<Index>(at);
+  }
+}
 
 }  // namespace ps

@@ -130,18 +130,11 @@ void backward_bags(const float* grad_out, int dim, std::span<const int64_t> offs
 }  // namespace
 
 void dedup_ids_into(std::span<const uint64_t> ids, UniqueIds& u) {
-  u.ids.clear();
   u.index.resize(ids.size());
   // Kept per thread, so that a batch like the one before it allocates
   // nothing (a node-based map cost a malloc per distinct id).
   thread_local FirstPositions seen;
-  seen.reset(ids.size());
-  for (size_t j = 0; j < ids.size(); ++j) {
-    const auto next = static_cast<uint32_t>(u.ids.size());
-    const uint32_t at = seen.first(ids[j], next);
-    if (at == next) u.ids.push_back(ids[j]);
-    u.index[j] = static_cast<int32_t>(at);
-  }
+  distinct_keys(ids, seen, u.ids, u.index.data());
 }
 
 UniqueIds dedup_ids(std::span<const uint64_t> ids) {

@@ -47,19 +47,19 @@ py::dict features(const std::vector<ps::CtrExample>& examples, const std::vector
   return d;
 }
 
-std::vector<float> labels_of(py::handle labels, const char* what) {
-  ArrayBuffer b = ArrayBuffer::floats(labels, false, std::string(what) + ": labels");
-  return {b.span().begin(), b.span().end()};
-}
-
-std::vector<double> probs_of(py::handle probs, std::size_t n, const char* what) {
-  auto a = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(probs);
-  if (!a) throw py::type_error(std::string(what) + ": probabilities must be an array of numbers");
-  if (static_cast<std::size_t>(a.size()) != n) {
-    throw py::value_error(std::string(what) + ": " + std::to_string(a.size()) +
-                          " probabilities for " + std::to_string(n) + " labels");
+// A metric of 0/1 labels (float32) and click probabilities (any numbers,
+// read as float64), checked to be as many.
+template <class Metric>
+double binary_metric(py::handle labels, py::handle probs, const char* what, Metric metric) {
+  ArrayBuffer l = ArrayBuffer::floats(labels, false, std::string(what) + ": labels");
+  auto p = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(probs);
+  if (!p) throw py::type_error(std::string(what) + ": probabilities must be an array of numbers");
+  if (static_cast<std::size_t>(p.size()) != l.size()) {
+    throw py::value_error(std::string(what) + ": " + std::to_string(p.size()) +
+                          " probabilities for " + std::to_string(l.size()) + " labels");
   }
-  return {a.data(), a.data() + a.size()};
+  return metric(std::span<const float>(l.span()),
+                std::span<const double>(p.data(), static_cast<std::size_t>(p.size())));
 }
 
 }  // namespace
@@ -137,9 +137,8 @@ ctr_trainer --synthetic and scripts/make_ctr_data.sh.)");
   m.def(
       "roc_auc",
       [](py::handle labels, py::handle probs) {
-        const std::vector<float> l = labels_of(labels, "roc_auc");
-        const std::vector<double> p = probs_of(probs, l.size(), "roc_auc");
-        return ps::roc_auc(l, p);
+        return binary_metric(labels, probs, "roc_auc",
+                             [](auto l, auto p) { return ps::roc_auc(l, p); });
       },
       py::arg("labels"), py::arg("probs"),
       "Area under the ROC curve of scores against 0/1 labels (float32), ties counted half; "
@@ -147,9 +146,8 @@ ctr_trainer --synthetic and scripts/make_ctr_data.sh.)");
   m.def(
       "log_loss",
       [](py::handle labels, py::handle probs) {
-        const std::vector<float> l = labels_of(labels, "log_loss");
-        const std::vector<double> p = probs_of(probs, l.size(), "log_loss");
-        return ps::log_loss(l, p);
+        return binary_metric(labels, probs, "log_loss",
+                             [](auto l, auto p) { return ps::log_loss(l, p); });
       },
       py::arg("labels"), py::arg("probs"),
       "Mean cross-entropy of click probabilities against 0/1 labels (float32), probabilities "

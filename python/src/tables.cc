@@ -21,6 +21,7 @@
 #include "python/src/async_calls.h"
 #include "python/src/bindings.h"
 #include "python/src/client.h"
+#include "python/src/row_arrays.h"
 
 namespace psclient_py {
 namespace {
@@ -32,6 +33,26 @@ std::string shape_string(const std::vector<py::ssize_t>& shape) {
   }
   return s + (shape.size() == 1 ? ",)" : ")");
 }
+
+}  // namespace
+
+void check_row_shape(const ps::TableSpec& spec, const ArrayBuffer& ids, const ArrayBuffer& rows,
+                     const std::string& what) {
+  const auto n = static_cast<py::ssize_t>(ids.size());
+  const auto dim = static_cast<py::ssize_t>(spec.dim);
+  std::vector<py::ssize_t> want = ids.shape();
+  want.push_back(dim);
+  const std::vector<py::ssize_t> flat = {n, dim};
+  const auto& shape = rows.shape();
+  if (shape != want && shape != flat) {
+    throw py::value_error(what + " has shape " + shape_string(shape) + "; " + std::to_string(n) +
+                          " ids of table '" + spec.name + "' (dim " + std::to_string(dim) +
+                          ") need " + shape_string(want) +
+                          (want == flat ? "" : " or " + shape_string(flat)));
+  }
+}
+
+namespace {
 
 ps::TablePlacement to_placement(const std::string& s) {
   if (s == "mod") return ps::TablePlacement::kMod;
@@ -74,11 +95,9 @@ RowRequest gather_rows(PyClient& self, const std::string& op, const std::string&
   r.buffers.reserve(2);  // id_buffer below stays valid
   r.buffers.push_back(ArrayBuffer::ids(ids, op + ": ids for '" + table + "'"));
   const ArrayBuffer& id_buffer = r.buffers[0];
-  const auto n = static_cast<py::ssize_t>(id_buffer.size());
-  const auto dim = static_cast<py::ssize_t>(spec->dim);
-  std::vector<py::ssize_t> want = id_buffer.shape();
-  want.push_back(dim);
   if (rows.is_none()) {
+    std::vector<py::ssize_t> want = id_buffer.shape();
+    want.push_back(static_cast<py::ssize_t>(spec->dim));
     r.new_array = py::array_t<float>(want);
     rows = r.new_array;
   }
@@ -92,13 +111,7 @@ RowRequest gather_rows(PyClient& self, const std::string& op, const std::string&
                           " shares memory with the ids: a pull would overwrite the ids it "
                           "is reading (pass separate arrays)");
   }
-  const auto& shape = r.buffers[1].shape();
-  const std::vector<py::ssize_t> flat = {n, dim};
-  if (shape != want && shape != flat) {
-    throw py::value_error(what + " has shape " + shape_string(shape) + "; " + std::to_string(n) +
-                          " ids of table '" + table + "' (dim " + std::to_string(dim) + ") need " +
-                          shape_string(want) + (want == flat ? "" : " or " + shape_string(flat)));
-  }
+  check_row_shape(*spec, id_buffer, r.buffers[1], what);
   // Unsigned ids keep their 64 bits; a fixed table's range is checked here
   // so that the message shows them as the caller wrote them.
   if (id_buffer.unsigned_ids() && !spec->dynamic) {
@@ -148,26 +161,20 @@ void bind_tables(py::module_& m) {
           throw py::value_error("dedup_ids: " + std::to_string(all.size()) +
                                 " ids, more than one call takes (2^32 - 2)");
         }
-        std::vector<int64_t> unique;
+        std::vector<uint64_t> unique;
         py::array_t<int64_t> index(in.shape());
-        int64_t* at = index.mutable_data();
         {
           py::gil_scoped_release nogil;
-          // Kept per thread, as ps::dedup_ids_into's: a batch like the one before allocates
-          // nothing.
+          // Kept per thread, as ps::dedup_ids_into's: a batch like the one
+          // before allocates nothing.
           thread_local ps::FirstPositions seen;
-          seen.reset(all.size());
-          for (std::size_t j = 0; j < all.size(); ++j) {
-            const auto next = static_cast<uint32_t>(unique.size());
-            const uint32_t first = seen.first(static_cast<uint64_t>(all[j]), next);
-            if (first == next) unique.push_back(all[j]);
-            at[j] = first;
-          }
+          ps::distinct_keys({reinterpret_cast<const uint64_t*>(all.data()), all.size()}, seen,
+                            unique, index.mutable_data());
         }
         py::array out = in.unsigned_ids() ? py::array(py::array_t<uint64_t>(unique.size()))
                                           : py::array(py::array_t<int64_t>(unique.size()));
         if (!unique.empty())
-          std::memcpy(out.mutable_data(), unique.data(), unique.size() * sizeof(int64_t));
+          std::memcpy(out.mutable_data(), unique.data(), unique.size() * sizeof(uint64_t));
         return py::make_tuple(out, index);
       },
       py::arg("ids"),

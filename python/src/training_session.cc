@@ -16,6 +16,7 @@
 #include "python/src/bindings.h"
 #include "python/src/client.h"
 #include "python/src/array_buffer.h"
+#include "python/src/row_arrays.h"
 
 namespace psclient_py {
 namespace {
@@ -52,23 +53,8 @@ std::vector<ArrayBuffer> rows_arrays(const ps::TableSpec& spec, py::handle ids, 
   b.push_back(ArrayBuffer::ids(ids, "set_rows: ids for '" + table + "'"));
   b.push_back(ArrayBuffer::floats(rows, true, "set_rows: rows for '" + table + "'"));
   b.push_back(ArrayBuffer::floats(grads, false, "set_rows: grads for '" + table + "'"));
-  const auto n = static_cast<py::ssize_t>(b[0].size());
-  const auto dim = static_cast<py::ssize_t>(spec.dim);
-  std::vector<py::ssize_t> want = b[0].shape();
-  want.push_back(dim);
-  const std::vector<py::ssize_t> flat = {n, dim};
-  for (int k : {1, 2}) {
-    const auto& shape = b[k].shape();
-    if (shape == want || shape == flat) continue;
-    std::string got = "(";
-    for (std::size_t i = 0; i < shape.size(); ++i)
-      got += (i ? ", " : "") + std::to_string(shape[i]);
-    got += shape.size() == 1 ? ",)" : ")";
-    throw py::value_error("set_rows: " + std::string(k == 1 ? "rows" : "grads") + " for '" + table +
-                          "' has shape " + got + "; " + std::to_string(n) + " ids of dim " +
-                          std::to_string(dim) + " need (" + std::to_string(n) + ", " +
-                          std::to_string(dim) + ")");
-  }
+  check_row_shape(spec, b[0], b[1], "set_rows: rows for '" + table + "'");
+  check_row_shape(spec, b[0], b[2], "set_rows: grads for '" + table + "'");
   if (b[1].overlaps(b[0])) {
     throw py::value_error("set_rows: rows for '" + table +
                           "' share memory with the ids: a pull would overwrite the ids it is "

@@ -19,9 +19,10 @@
 // the worker's GPU (ps::CudaEmbeddingBag, ps::CudaLogisticMlp); the wide part,
 // a sum of scalar weights per example, stays on the CPU.
 //
-// Data: a file in the Criteo TSV layout (--train_file, default
-// <--data_dir>/train.tsv; the last --holdout of it is held out unless
-// --eval_file is given), or --synthetic N examples drawn in memory from the
+// Data: a file in the Criteo TSV layout or a CSV with a header as Avazu's
+// (--train_file, default <--data_dir>/train.tsv; the last --holdout of it is
+// held out unless --eval_file is given; each worker reads and holds its
+// share, ps::read_ctr_share), or --synthetic N examples drawn in memory from the
 // planted model of ps/ctr_synthetic.h (its own held-out log-loss and AUC are
 // printed: the best any learner can do). Each step: dedup the batch's ids per
 // table, pull the rows of both tables (async, at once) and the dense weights,
@@ -133,20 +134,34 @@ CtrDataSet load_data(const ps::TrainerFlags& f, const CtrFlags& c, int worker, i
     return d;
   }
   const std::string path = c.train_file.empty() ? f.data_dir + "/train.tsv" : c.train_file;
-  std::vector<ps::CtrExample> all = ps::read_ctr_file(path);
-  int64_t train_end = static_cast<int64_t>(all.size());
-  if (!c.eval_file.empty()) {
-    if (chief) d.holdout = ps::read_ctr_file(c.eval_file);
-  } else {
-    train_end =
-        static_cast<int64_t>(std::llround(static_cast<double>(all.size()) * (1.0 - c.holdout)));
-    if (chief) d.holdout.assign(all.begin() + train_end, all.end());
-  }
-  if (train_end <= 0)
+  ps::CtrShareOptions opt;
+  opt.worker = worker;
+  opt.workers = workers;
+  opt.holdout = c.eval_file.empty() ? c.holdout : 0.0;
+  opt.keep_holdout = chief && c.eval_file.empty();
+  // A large file (Criteo's 11 GB train.txt) takes minutes: say how far.
+  const auto start = std::chrono::steady_clock::now();
+  opt.progress = [&](const std::string& doing, uint64_t done, uint64_t total) {
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (total > 0) {
+      std::printf("worker %d: %s %s: %.0f%% of %.2f GB, %.0f s\n", worker, doing.c_str(),
+                  path.c_str(), 100.0 * static_cast<double>(done) / static_cast<double>(total),
+                  static_cast<double>(total) / 1e9, secs);
+    } else {
+      std::printf("worker %d: %s %s: %.2f GB, %.0f s\n", worker, doing.c_str(), path.c_str(),
+                  static_cast<double>(done) / 1e9, secs);
+    }
+    std::fflush(stdout);
+  };
+  ps::CtrShare share = ps::read_ctr_share(path, opt);
+  if (share.train_end <= 0)
     throw ps::ConfigError(path + ": no training examples (after holding out " +
-                          std::to_string(c.holdout) + ")");
-  d.train_total = train_end;
-  for (int64_t i = worker; i < train_end; i += workers) d.train.push_back(all[i]);
+                          std::to_string(opt.holdout) + ")");
+  d.train_total = share.train_end;
+  d.train = std::move(share.train);
+  if (chief)
+    d.holdout = c.eval_file.empty() ? std::move(share.holdout) : ps::read_ctr_file(c.eval_file);
   return d;
 }
 
@@ -652,7 +667,8 @@ int main(int argc, char** argv) {
       ->description("directory of train.tsv, Criteo TSV layout (scripts/make_ctr_data.sh)");
   CtrFlags c;
   app.add_option("--train_file", c.train_file,
-                 "training data, Criteo TSV layout (default: <data_dir>/train.tsv)");
+                 "training data: Criteo's TSV layout, or a CSV with a header as Avazu's train.csv "
+                 "(default: <data_dir>/train.tsv)");
   app.add_option("--eval_file", c.eval_file,
                  "held-out data (default: the last --holdout of the training data)");
   app.add_option("--synthetic", c.synthetic,

@@ -1,8 +1,9 @@
-// Writes synthetic click data in the Criteo TSV layout from a planted
-// logistic model (ps/ctr_synthetic.h) and prints that model's log-loss and
-// AUC on the held-out part: the best any learner can do on the file.
+// Writes synthetic click data in the Criteo TSV layout (or Avazu's CSV) from
+// a planted logistic model (ps/ctr_synthetic.h) and prints that model's
+// log-loss and AUC on the held-out part: the best any learner can do on the file.
 //
 //   build/examples/make_ctr_data --out data/ctr/synthetic.tsv --examples 1000000
+//   build/examples/make_ctr_data --out data/ctr/avazu.csv --layout avazu
 //   scripts/make_ctr_data.sh data/ctr/synthetic.tsv 1000000      # the same
 #include <chrono>
 #include <cstdio>
@@ -15,10 +16,12 @@
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "make_ctr_data: synthetic click data (Criteo TSV layout) from a planted logistic model"};
+      "make_ctr_data: synthetic click data (Criteo's TSV or Avazu's CSV layout) from a planted "
+      "logistic model"};
   ps::CtrSyntheticOptions opt;
   std::string out_path;
-  app.add_option("--out", out_path, "file to write (one example a line)")->required();
+  app.add_option("--out", out_path, "file to write (one example a line; avazu: after a header)")
+      ->required();
   app.add_option("--examples", opt.examples, "examples to write")->capture_default_str();
   app.add_option("--seed", opt.seed, "generator seed (the same seed writes the same file)")
       ->capture_default_str();
@@ -38,14 +41,27 @@ int main(int argc, char** argv) {
   app.add_option("--weight_decay", opt.weight_decay,
                  "rank r's weight std dev is weight_scale * r^-decay")
       ->capture_default_str();
+  std::string layout = "criteo";
+  app.add_option("--layout", layout,
+                 "criteo: Criteo's TSV (label, I1..I13, C1..C26); avazu: Avazu's train.csv "
+                 "(id, click, hour, 21 categorical columns; the planted model then uses those "
+                 "21 fields only)")
+      ->check(CLI::IsMember({"criteo", "avazu"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  const bool avazu = layout == "avazu";
+  if (avazu) {
+    opt.categorical_fields = 21;
+    opt.dense_fields = 0;
+  }
 
   try {
     const ps::CtrSynthetic gen(opt);
     std::ofstream out(out_path, std::ios::binary | std::ios::trunc);
     if (!out) throw ps::ConfigError(out_path + ": cannot open for writing");
     const auto start = std::chrono::steady_clock::now();
-    const ps::CtrPlantedStats s = ps::write_ctr_synthetic(gen, out);
+    const ps::CtrPlantedStats s = ps::write_ctr_synthetic(
+        gen, out, avazu ? ps::CtrFileLayout::kAvazuCsv : ps::CtrFileLayout::kCriteoTsv);
     out.close();
     if (!out) throw ps::Error(out_path + ": write failed");
     const double secs =
@@ -58,8 +74,9 @@ int main(int argc, char** argv) {
         static_cast<long long>(gen.distinct(ps::kCtrCategorical - 1)), opt.zipf_exponent);
     std::printf("click rate: %.4f before the held-out part, %.4f in it\n", s.train_ctr,
                 s.holdout_ctr);
-    std::printf("held-out part: the last %lld lines (from line %lld)\n",
-                static_cast<long long>(s.holdout), static_cast<long long>(gen.holdout_begin() + 1));
+    std::printf("held-out part: the last %lld examples (from line %lld)\n",
+                static_cast<long long>(s.holdout),
+                static_cast<long long>(gen.holdout_begin() + 1 + (avazu ? 1 : 0)));
     std::printf("planted model on the held-out part: log-loss %.5f AUC %.5f\n", s.holdout_log_loss,
                 s.holdout_auc);
     return 0;

@@ -6,12 +6,15 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
 #include <unistd.h>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "client/trainer/zipf.h"
 #include "ps/binary_metrics.h"
@@ -351,4 +354,290 @@ TEST_CASE("Generator options are checked", "[ctr][generator]") {
   refused([](auto& o) { o.weight_scale = NAN; });
   refused([](auto& o) { o.crosses = {{3, 3}}; });
   refused([](auto& o) { o.crosses = {{0, 26}}; });
+  refused([](auto& o) { o.categorical_fields = 0; });
+  refused([](auto& o) { o.categorical_fields = 27; });
+  refused([](auto& o) { o.dense_fields = 14; });
+  refused([](auto& o) {  // a planted cross over a field not drawn
+    o.categorical_fields = 5;
+    o.crosses = {{4, 5}};
+  });
+}
+
+// --- CSV with a header (Avazu's train.csv) ---
+
+namespace {
+
+const std::string kAvazuHeader =
+    "id,click,hour,C1,banner_pos,site_id,site_domain,site_category,app_id,app_domain,"
+    "app_category,device_id,device_ip,device_model,device_type,device_conn_type,C14,C15,C16,C17,"
+    "C18,C19,C20,C21";
+// A line of Avazu's train.csv.
+const std::string kAvazuLine =
+    "1000009418151094273,0,14102100,1005,0,1fbe01fe,f3845767,28905ebd,ecad2386,7801e8d9,07d7df22,"
+    "a99f214a,ddd2926e,44956a24,1,2,15706,320,50,1722,0,35,-1,79";
+
+}  // namespace
+
+TEST_CASE("CSV layout: Avazu's header and a line of its train.csv", "[ctr][reader][csv]") {
+  const ps::CtrCsvLayout l = ps::CtrCsvLayout::from_header(kAvazuHeader + "\r");
+  REQUIRE(l.columns() == 24);
+  CHECK(l.field_of(0) == -1);   // id
+  CHECK(l.field_of(1) == -1);   // click
+  CHECK(l.field_of(2) == -1);   // hour
+  CHECK(l.field_of(3) == 0);    // C1
+  CHECK(l.field_of(23) == 20);  // C21
+  CHECK(l.hour_field() == 21);
+  // FNV-1a of the text, pinned (the ids of a trained table depend on it).
+  CHECK(ps::ctr_text_value("1fbe01fe") == 1106813613u);
+  CHECK(ps::ctr_text_value("1005") == 530040331u);
+  CHECK(ps::ctr_text_value("-1") == 348981803u);
+  CHECK(ps::ctr_text_value("") == 2166136261u);
+
+  ps::CtrExample e;
+  e.dense_present.set();  // parse() resets what a CSV line has no value for
+  std::string why;
+  REQUIRE(l.parse(kAvazuLine + "\r", e, &why));
+  CHECK(e.label == 0.0f);
+  CHECK(e.dense_present.none());
+  CHECK(e.categorical[0] == ps::ctr_text_value("1005"));      // C1
+  CHECK(e.categorical[2] == ps::ctr_text_value("1fbe01fe"));  // site_id
+  CHECK(e.categorical[8] == ps::ctr_text_value("a99f214a"));  // device_id
+  CHECK(e.categorical[19] == ps::ctr_text_value("-1"));       // C20
+  CHECK(e.categorical[20] == ps::ctr_text_value("79"));       // C21
+  CHECK(e.categorical[21] == 0);                              // hour of the day: 00
+  CHECK(e.categorical[22] == 2);  // 2014-10-21 was a Tuesday (0 = Sunday)
+  CHECK(e.categorical_present.count() == 23);
+  CHECK_FALSE(e.categorical_present[23]);
+
+  // An empty value is missing; the hour and weekday follow the date.
+  std::string line = kAvazuLine;
+  line.replace(line.find("1fbe01fe"), 8, "");
+  line.replace(line.find("14102100"), 8, "14103023");
+  line.replace(line.find(",0,"), 3, ",1,");
+  REQUIRE(l.parse(line, e, &why));
+  CHECK(e.label == 1.0f);
+  CHECK_FALSE(e.categorical_present[2]);
+  CHECK(e.categorical[21] == 23);
+  CHECK(e.categorical[22] == 4);  // a Thursday
+  line.replace(line.find("14103023"), 8, "14102612");
+  REQUIRE(l.parse(line, e, &why));
+  CHECK(e.categorical[21] == 12);
+  CHECK(e.categorical[22] == 0);  // a Sunday
+  CHECK(ps::ctr_feature_id(2, e) != ps::ctr_feature_id(3, e));
+
+  // Without hour or id, every other column is a field; column order does not matter.
+  const ps::CtrCsvLayout m = ps::CtrCsvLayout::from_header("site,click,user");
+  CHECK(m.hour_field() == -1);
+  REQUIRE(m.parse("abc,1,xyz", e, &why));
+  CHECK(e.categorical[0] == ps::ctr_text_value("abc"));
+  CHECK(e.categorical[1] == ps::ctr_text_value("xyz"));
+  CHECK(e.categorical_present.count() == 2);
+}
+
+TEST_CASE("CSV layout: bad headers and lines are refused, saying why", "[ctr][reader][csv]") {
+  const std::vector<std::pair<std::string, std::string>> headers = {
+      // Avazu's test.csv: no click column.
+      {"id,hour,C1,banner_pos,site_id", "no 'click' column"},
+      {"click,a,a", "column 3 ('a') named twice"},
+      {"click,,a", "column 2 has no name"},
+  };
+  for (const auto& [h, want] : headers) {
+    INFO("header: " << h);
+    CHECK_THROWS_WITH(ps::CtrCsvLayout::from_header(h), Catch::Contains(want));
+  }
+  std::string wide = "click,hour";  // hour takes two fields: 25 more make 27
+  for (int c = 0; c < 25; ++c) wide += ",c" + std::to_string(c);
+  CHECK_THROWS_WITH(ps::CtrCsvLayout::from_header(wide), Catch::Contains("27 categorical fields"));
+  CHECK_NOTHROW(ps::CtrCsvLayout::from_header(wide.substr(0, wide.rfind(','))));
+
+  const ps::CtrCsvLayout l = ps::CtrCsvLayout::from_header(kAvazuHeader);
+  const auto with = [](std::string from, const std::string& what, const std::string& by) {
+    from.replace(from.find(what), what.size(), by);
+    return from;
+  };
+  const std::vector<std::pair<std::string, std::string>> lines = {
+      {kAvazuLine + ",5", "expected 24 comma-separated fields (the header's), got 25"},
+      {kAvazuLine.substr(0, kAvazuLine.rfind(',')), "got 23"},
+      {with(kAvazuLine, ",0,14", ",2,14"), "click: expected 0 or 1, got '2'"},
+      {with(kAvazuLine, ",0,14", ",,14"), "click"},
+      {with(kAvazuLine, "14102100", "14102124"), "hour: expected YYMMDDHH, got '14102124'"},
+      {with(kAvazuLine, "14102100", "14133100"), "hour"},  // month 13
+      {with(kAvazuLine, "14102100", "14023000"), "hour"},  // 30 February
+      {with(kAvazuLine, "14102100", "1410210"), "hour"},
+      {with(kAvazuLine, "14102100", "1410210x"), "hour"},
+  };
+  for (const auto& [line, want] : lines) {
+    INFO("line: " << line);
+    ps::CtrExample e;
+    std::string why;
+    CHECK_FALSE(l.parse(line, e, &why));
+    CHECK_THAT(why, Catch::Contains(want));
+  }
+}
+
+TEST_CASE("CtrReader finds the layout: a CSV's header is skipped, its lines numbered",
+          "[ctr][reader][csv]") {
+  const TempFile csv("\n" + kAvazuHeader + "\n" + kAvazuLine + "\n\n" + kAvazuLine + "\n" +
+                     kAvazuLine + ",extra\n");
+  ps::CtrReader r(csv.path);
+  ps::CtrExample e;
+  REQUIRE(r.next(e));
+  CHECK(r.is_csv());
+  CHECK(r.line_number() == 3);
+  CHECK(e.categorical[2] == ps::ctr_text_value("1fbe01fe"));
+  REQUIRE(r.skip());
+  CHECK(r.line_number() == 5);
+  CHECK_THROWS_WITH(r.next(e), Catch::StartsWith(csv.path + ":6: expected 24"));
+
+  const TempFile test_csv("id,hour,C1\n1,14102100,1005\n");
+  CHECK_THROWS_WITH(ps::read_ctr_file(test_csv.path),
+                    Catch::StartsWith(test_csv.path + ":1: CSV header has no 'click' column"));
+  const TempFile tsv(kGood + "\n");
+  ps::CtrReader t(tsv.path);
+  REQUIRE(t.next(e));
+  CHECK_FALSE(t.is_csv());
+  CHECK_THROWS_WITH(ps::CtrReader("/tmp"), Catch::Contains("a directory"));
+}
+
+namespace {
+
+// Example i of a file of n: a Criteo line whose I1 is i (a CSV's column "i").
+std::string numbered_lines(int64_t n, bool csv) {
+  std::string text = csv ? "click,i,site\n" : "";
+  for (int64_t i = 0; i < n; ++i) {
+    if (i % 7 == 3) text += "\n";  // empty lines are no examples
+    text += csv ? fmt::format("{},{},s{}\n", i % 2, i, i % 5)
+                : make_line(i % 2 ? "1" : "0", {std::to_string(i)}, {"abc"}) + "\n";
+  }
+  return text;
+}
+
+int64_t number_of(const ps::CtrExample& e, bool csv) {
+  if (!csv) return e.dense[0];
+  for (int64_t i = 0;; ++i)  // the CSV's "i" column is field 0, hashed from its text
+    if (ps::ctr_text_value(std::to_string(i)) == e.categorical[0]) return i;
+}
+
+}  // namespace
+
+TEST_CASE("read_ctr_share: each worker's examples, the held-out tail, lines not kept unparsed",
+          "[ctr][reader][share]") {
+  for (const bool csv : {false, true}) {
+    const int64_t n = 97;
+    const TempFile f(numbered_lines(n, csv));
+    for (const double holdout : {0.0, 0.1, 0.5}) {
+      for (const int workers : {1, 3, 4}) {
+        for (const int64_t max : {int64_t{-1}, int64_t{40}}) {
+          INFO("csv " << csv << " holdout " << holdout << " workers " << workers << " max " << max);
+          const int64_t total = max < 0 ? n : max;
+          const int64_t train_end = std::llround(total * (1 - holdout));
+          std::vector<int> seen(n, 0);
+          for (int w = 0; w < workers; ++w) {
+            ps::CtrShareOptions o;
+            o.worker = w;
+            o.workers = workers;
+            o.holdout = holdout;
+            o.keep_holdout = w == 0;
+            o.max_examples = max;
+            const ps::CtrShare s = ps::read_ctr_share(f.path, o);
+            CHECK(s.examples == total);
+            CHECK(s.train_end == train_end);
+            for (std::size_t k = 0; k < s.train.size(); ++k) {
+              const int64_t i = number_of(s.train[k], csv);
+              CHECK(i == w + static_cast<int64_t>(k) * workers);  // in file order
+              CHECK(s.train[k].label == static_cast<float>(i % 2));
+              CHECK(i < train_end);
+              ++seen[i];
+            }
+            if (w > 0) CHECK(s.holdout.empty());
+            for (std::size_t k = 0; k < s.holdout.size(); ++k) {
+              CHECK(number_of(s.holdout[k], csv) == train_end + static_cast<int64_t>(k));
+              ++seen[train_end + k];
+            }
+          }
+          for (int64_t i = 0; i < n; ++i) CHECK(seen[i] == (i < total ? 1 : 0));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("read_ctr_share: a bad line is its reader's; progress is reported; bad options refused",
+          "[ctr][reader][share]") {
+  std::string text = numbered_lines(10, false);
+  // Example 4 (line 5, after the empty line before example 3) is malformed.
+  const auto at = text.find("\n0\t4\t") + 1;
+  text.replace(at, 1, "x");
+  const TempFile f(text);
+  ps::CtrShareOptions o;
+  o.workers = 2;
+  o.worker = 1;  // examples 1, 3, 5, ...: not 4
+  CHECK(ps::read_ctr_share(f.path, o).train.size() == 5);
+  o.worker = 0;
+  CHECK_THROWS_WITH(ps::read_ctr_share(f.path, o), Catch::StartsWith(f.path + ":6: label"));
+
+  const TempFile big(numbered_lines(20000, false));
+  std::vector<std::string> doing;
+  uint64_t last = 0;
+  ps::CtrShareOptions p;
+  p.holdout = 0.1;
+  p.progress_seconds = 0;  // at every check: once in 4096 lines
+  p.progress = [&](const std::string& what, uint64_t done, uint64_t total) {
+    doing.push_back(what);
+    CHECK(total == std::filesystem::file_size(big.path));
+    CHECK(done <= total);
+    last = done;
+  };
+  CHECK(ps::read_ctr_share(big.path, p).train.size() == 18000);
+  REQUIRE(doing.size() >= 8);
+  CHECK(doing.front() == "counting the examples in");
+  CHECK(doing.back() == "reading");
+  CHECK(last > 0);
+
+  const auto refused = [&](auto change) {
+    ps::CtrShareOptions bad;
+    change(bad);
+    CHECK_THROWS_AS(ps::read_ctr_share(f.path, bad), ps::ConfigError);
+  };
+  refused([](auto& b) { b.workers = 0; });
+  refused([](auto& b) { b.worker = 2, b.workers = 2; });
+  refused([](auto& b) { b.worker = -1; });
+  refused([](auto& b) { b.holdout = 1; });
+  refused([](auto& b) { b.holdout = NAN; });
+  CHECK_THROWS_AS(ps::read_ctr_share("/nonexistent.tsv", ps::CtrShareOptions{}), ps::ConfigError);
+}
+
+TEST_CASE("Generator in Avazu's layout: 21 fields, no dense ones, read back as written",
+          "[ctr][generator][csv]") {
+  ps::CtrSyntheticOptions opt;
+  opt.examples = 500;
+  opt.categorical_fields = 21;
+  opt.dense_fields = 0;
+  const ps::CtrSynthetic gen(opt);
+  std::ostringstream out;
+  const ps::CtrPlantedStats st = ps::write_ctr_synthetic(gen, out, ps::CtrFileLayout::kAvazuCsv);
+  CHECK(st.holdout == 50);
+  const TempFile f(out.str());
+  CHECK(out.str().substr(0, kAvazuHeader.size() + 1) == kAvazuHeader + "\n");
+  ps::CtrReader r(f.path);
+  ps::CtrExample got, want;
+  int64_t i = 0;
+  for (; r.next(got); ++i) {
+    gen.example(i, want);
+    CHECK(want.dense_present.none());
+    CHECK((want.categorical_present >> 21).none());
+    CHECK(got.label == want.label);
+    for (int c = 0; c < 21; ++c) {
+      REQUIRE(got.categorical_present[c] == want.categorical_present[c]);
+      if (want.categorical_present[c])
+        CHECK(got.categorical[c] == ps::ctr_text_value(fmt::format("{:08x}", want.categorical[c])));
+    }
+    CHECK(got.categorical[21] == static_cast<uint32_t>((i * 240 / 500) % 24));  // hour of the day
+  }
+  CHECK(i == 500);
+  // The Criteo layout carries more than Avazu's: refused.
+  const ps::CtrSynthetic full(ps::CtrSyntheticOptions{});
+  std::ostringstream sink;
+  CHECK_THROWS_WITH(ps::write_ctr_synthetic(full, sink, ps::CtrFileLayout::kAvazuCsv),
+                    Catch::Contains("Avazu's layout carries 21"));
 }

@@ -1,7 +1,8 @@
-// The Criteo TSV layout: parsing, formatting, a line reader.
+// The Criteo TSV layout: parsing, formatting; a line reader of either layout.
 #include "ps/ctr_data.h"
 
 #include <charconv>
+#include <filesystem>
 
 #include <fmt/format.h>
 
@@ -82,21 +83,51 @@ std::string format_ctr_line(const CtrExample& e) {
   return fmt::to_string(b);
 }
 
-CtrReader::CtrReader(const std::string& path) : path_(path), in_(path) {
+CtrReader::CtrReader(const std::string& path) : path_(path), in_(path, std::ios::binary) {
   if (!in_) throw ConfigError(fmt::format("{}: cannot open CTR data file", path));
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw ConfigError(fmt::format("{}: a directory, not a CTR data file", path));
+  const auto size = std::filesystem::file_size(path, ec);
+  file_bytes_ = ec ? 0 : size;
 }
 
-bool CtrReader::next(CtrExample& out) {
-  std::string why;
+bool CtrReader::next_line() {
   while (std::getline(in_, line_)) {
     ++line_number_;
     if (line_.empty() || line_ == "\r") continue;
-    if (!parse_ctr_line(line_, out, &why))
-      throw ConfigError(fmt::format("{}:{}: {}", path_, line_number_, why));
+    if (!started_) {
+      started_ = true;
+      // A first line with commas and no tab is a CSV's header.
+      if (line_.find('\t') == std::string::npos && line_.find(',') != std::string::npos) {
+        try {
+          csv_ = CtrCsvLayout::from_header(line_);
+        } catch (const ConfigError& e) {
+          throw ConfigError(fmt::format("{}:{}: {}", path_, line_number_, e.what()));
+        }
+        continue;
+      }
+    }
     return true;
   }
   if (in_.bad()) throw ConfigError(fmt::format("{}:{}: read error", path_, line_number_));
   return false;
+}
+
+bool CtrReader::next(CtrExample& out) {
+  if (!next_line()) return false;
+  std::string why;
+  if (!(is_csv() ? csv_.parse(line_, out, &why) : parse_ctr_line(line_, out, &why)))
+    throw ConfigError(fmt::format("{}:{}: {}", path_, line_number_, why));
+  return true;
+}
+
+bool CtrReader::skip() { return next_line(); }
+
+uint64_t CtrReader::bytes_read() const {
+  if (in_.eof()) return file_bytes_;
+  const auto at = const_cast<std::ifstream&>(in_).tellg();
+  return at < 0 ? file_bytes_ : static_cast<uint64_t>(at);
 }
 
 std::vector<CtrExample> read_ctr_file(const std::string& path, int64_t max_examples) {

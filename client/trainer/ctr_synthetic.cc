@@ -74,10 +74,15 @@ void CtrSyntheticOptions::validate() const {
     if (!std::isfinite(v)) bad("weights must be finite");
   if (weight_scale < 0 || weight_decay < 0 || dense_weight_scale < 0 || cross_weight_scale < 0)
     bad("weight scales and decay must be >= 0");
+  if (categorical_fields < 1 || categorical_fields > kCtrCategorical)
+    bad(fmt::format("categorical fields must be in [1, {}], got {}", kCtrCategorical,
+                    categorical_fields));
+  if (dense_fields < 0 || dense_fields > kCtrDense)
+    bad(fmt::format("dense fields must be in [0, {}], got {}", kCtrDense, dense_fields));
   for (const FieldCross& c : crosses)
-    if (c.a < 0 || c.a >= kCtrCategorical || c.b < 0 || c.b >= kCtrCategorical || c.a == c.b)
+    if (c.a < 0 || c.a >= categorical_fields || c.b < 0 || c.b >= categorical_fields || c.a == c.b)
       bad(fmt::format("cross ({}, {}) must name two different fields in [0, {})", c.a, c.b,
-                      kCtrCategorical));
+                      categorical_fields));
 }
 
 CtrSynthetic::CtrSynthetic(const CtrSyntheticOptions& options) : options_(options) {
@@ -145,7 +150,7 @@ double CtrSynthetic::example(int64_t i, CtrExample& out) const {
   ExampleRng rng(key(options_.seed, kExampleSalt, static_cast<uint64_t>(i)));
   const auto uniform = [&] { return rng.uniform(); };
   for (int j = 0; j < kCtrDense; ++j) {
-    out.dense_present[j] = rng.uniform() >= options_.missing_rate;
+    out.dense_present[j] = rng.uniform() >= options_.missing_rate && j < options_.dense_fields;
     // Counts spread over a few orders of magnitude, some -1 as in Criteo's I2.
     out.dense[j] =
         out.dense_present[j]
@@ -153,7 +158,8 @@ double CtrSynthetic::example(int64_t i, CtrExample& out) const {
             : 0;
   }
   for (int f = 0; f < kCtrCategorical; ++f) {
-    out.categorical_present[f] = rng.uniform() >= options_.missing_rate;
+    out.categorical_present[f] =
+        rng.uniform() >= options_.missing_rate && f < options_.categorical_fields;
     // A sampler is two divisions and a few logs to set up: cheaper than keeping 26.
     out.categorical[f] =
         out.categorical_present[f]
@@ -165,8 +171,42 @@ double CtrSynthetic::example(int64_t i, CtrExample& out) const {
   return p;
 }
 
-CtrPlantedStats write_ctr_synthetic(const CtrSynthetic& generator, std::ostream& out) {
+namespace {
+
+// Avazu's train.csv header, and its categorical columns' count.
+constexpr const char* kAvazuHeader =
+    "id,click,hour,C1,banner_pos,site_id,site_domain,site_category,app_id,app_domain,"
+    "app_category,device_id,device_ip,device_model,device_type,device_conn_type,C14,C15,C16,C17,"
+    "C18,C19,C20,C21";
+constexpr int kAvazuCategorical = 21;
+
+// Example i of n as a line of Avazu's train.csv; its hour one of 240, from
+// 2014-10-21 00h to 2014-10-30 23h, in order (as Avazu's ten days).
+void append_avazu_line(int64_t i, int64_t n, const CtrExample& e, std::string& out) {
+  const int64_t hour = i * 240 / n;
+  fmt::format_to(std::back_inserter(out), "{},{},1410{:02}{:02}", i, e.label > 0.5f ? 1 : 0,
+                 21 + hour / 24, hour % 24);
+  for (int f = 0; f < kAvazuCategorical; ++f) {
+    out += ',';
+    if (e.categorical_present[f])
+      fmt::format_to(std::back_inserter(out), "{:08x}", e.categorical[f]);
+  }
+}
+
+}  // namespace
+
+CtrPlantedStats write_ctr_synthetic(const CtrSynthetic& generator, std::ostream& out,
+                                    CtrFileLayout layout) {
   const int64_t n = generator.options().examples;
+  const bool avazu = layout == CtrFileLayout::kAvazuCsv;
+  if (avazu && (generator.options().categorical_fields > kAvazuCategorical ||
+                generator.options().dense_fields > 0)) {
+    throw ConfigError(fmt::format(
+        "synthetic CTR data: Avazu's layout carries {} categorical fields and no dense ones; the "
+        "generator draws {} and {}",
+        kAvazuCategorical, generator.options().categorical_fields,
+        generator.options().dense_fields));
+  }
   CtrPlantedStats s;
   s.examples = n;
   s.holdout = n - generator.holdout_begin();
@@ -175,7 +215,7 @@ CtrPlantedStats write_ctr_synthetic(const CtrSynthetic& generator, std::ostream&
   labels.reserve(s.holdout);
   probs.reserve(s.holdout);
   double train_clicks = 0;
-  std::string chunk;
+  std::string chunk = avazu ? std::string(kAvazuHeader) + "\n" : std::string();
   CtrExample e;
   for (int64_t i = 0; i < n; ++i) {
     const double p = generator.example(i, e);
@@ -185,7 +225,10 @@ CtrPlantedStats write_ctr_synthetic(const CtrSynthetic& generator, std::ostream&
       labels.push_back(e.label);
       probs.push_back(p);
     }
-    chunk += format_ctr_line(e);
+    if (avazu)
+      append_avazu_line(i, n, e, chunk);
+    else
+      chunk += format_ctr_line(e);
     chunk += '\n';
     if (chunk.size() >= (1u << 20) || i + 1 == n) {
       out.write(chunk.data(), static_cast<std::streamsize>(chunk.size()));

@@ -15,7 +15,8 @@ weights' gradients and the rows' gradients, which psd sums per id.
     torch_ctr.py --job_name=worker --task_index=0 --ps_hosts=127.0.0.1:2222 \\
                  --worker_hosts=127.0.0.1:2230,127.0.0.1:2231 --train_file=data/ctr/train.tsv
 
-Data: a file in the Criteo TSV layout (--train_file; --eval_file, else the
+Data: a file in the Criteo TSV layout or a CSV with a header as Avazu's
+train.csv (--train_file, each worker reading its share; --eval_file, else the
 last --holdout of it), as scripts/make_ctr_data.sh writes, or --synthetic N
 examples of ctr_trainer's planted model drawn in memory; then the chief also
 prints the planted model's own held-out AUC, the best any learner can do.
@@ -43,7 +44,8 @@ DENSE, FIELDS = 13, 26
 def parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cluster_flags.add(p)
-    p.add_argument("--train_file", default="data/ctr/train.tsv", help="Criteo TSV layout")
+    p.add_argument("--train_file", default="data/ctr/train.tsv",
+                   help="Criteo TSV layout, or a CSV with a header as Avazu's train.csv; each worker reads its share")
     p.add_argument("--eval_file", default="", help="held-out examples (default: the last --holdout of the training file)")
     p.add_argument("--holdout", type=float, default=0.1, help="share of the examples held out for evaluation")
     p.add_argument("--synthetic", type=int, default=0, help="> 0: this many examples of the planted model instead of a file")
@@ -107,19 +109,19 @@ def load_data(f, worker, workers, chief):
                 planted = (psclient.log_loss(held["labels"], held["planted"]),
                            psclient.roc_auc(held["labels"], held["planted"]))
         return train, held, total, planted
+    def progress(doing, done, total):  # a large file takes minutes
+        print(f"worker {worker}: {doing} {f.train_file}: {100 * done / max(1, total):.0f}% of "
+              f"{total / 1e9:.2f} GB", flush=True)
+
     try:
-        every = psclient.read_ctr(f.train_file)
+        share = psclient.read_ctr_share(f.train_file, holdout=0.0 if f.eval_file else f.holdout, worker=worker,
+                                        workers=workers, keep_holdout=chief and not f.eval_file, progress=progress)
+        held = psclient.read_ctr(f.eval_file) if chief and f.eval_file else share["holdout"]
     except psclient.ConfigError as e:
         raise BadInput(f"{e} (--train_file; scripts/make_ctr_data.sh writes one, or use --synthetic N)") from None
-    n = len(every["labels"])
-    end = n if f.eval_file else round(n * (1 - f.holdout))
-    if end <= 0:
+    if share["train_end"] <= 0:
         raise BadInput(f"{f.train_file}: no training examples (after holding out {f.holdout})")
-    train = {k: v[worker:end:workers] for k, v in every.items()}
-    held = None
-    if chief:
-        held = psclient.read_ctr(f.eval_file) if f.eval_file else {k: v[end:] for k, v in every.items()}
-    return train, held, end, None
+    return share["train"], held, share["train_end"], None
 
 
 class Mlp(torch.nn.Module):

@@ -8,6 +8,14 @@
 // Kaggle challenge) and day_N (the Terabyte set); their test.txt has no
 // label column and is refused.
 //
+// A file whose first line is a comma-separated header is read as such a CSV
+// (Avazu's train.csv: id,click,hour,C1,banner_pos,site_id,...): `click` is
+// the label; `hour` (YYMMDDHH) gives two categorical fields, the hour of the
+// day and the day of the week; `id` is skipped; every other column is a
+// categorical field, in header order from C1, its value a fixed 32-bit hash
+// of its text (CtrCsvLayout). No dense fields. A header without `click`
+// (Avazu's test.csv) is refused.
+//
 // Features:
 //   - every categorical field becomes one 64-bit id, ctr_feature_id(field,
 //     value), a fixed hash of (field, value), missing values getting their
@@ -41,6 +49,7 @@
 #include <bitset>
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -67,23 +76,84 @@ bool parse_ctr_line(std::string_view line, CtrExample& out, std::string* error);
 // values as 8 lower-case hex digits, missing ones empty.
 std::string format_ctr_line(const CtrExample& e);
 
-// Reads a file line by line. Empty lines are skipped; a malformed line throws
-// ps::ConfigError "path:line: why".
+// A CSV file's columns, from its header line (see the top of this file).
+class CtrCsvLayout {
+ public:
+  // Throws ps::ConfigError naming what is wrong: no `click` column, a name
+  // twice, more categorical columns than C1..C26 hold.
+  static CtrCsvLayout from_header(std::string_view header);
+  // Parses one data line, as parse_ctr_line does.
+  bool parse(std::string_view line, CtrExample& out, std::string* error) const;
+  int columns() const { return static_cast<int>(names_.size()); }
+  // The categorical field (0..25) column c fills; -1 for click, id and hour.
+  int field_of(int column) const { return field_[column]; }
+  // The two fields `hour` fills (hour of day, then weekday); -1 without it.
+  int hour_field() const { return hour_field_; }
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<int> field_;
+  int label_ = -1, hour_ = -1, hour_field_ = -1;
+};
+
+// The text hash of a CSV categorical value (FNV-1a, 32 bits): fixed, as
+// ctr_feature_id's.
+uint32_t ctr_text_value(std::string_view text);
+
+// Reads a file line by line, in either layout (the first non-empty line
+// tells which). Empty lines, and a CSV's header, are skipped; a malformed
+// line throws ps::ConfigError "path:line: why".
 class CtrReader {
  public:
   explicit CtrReader(const std::string& path);  // throws ps::ConfigError if it cannot be opened
   bool next(CtrExample& out);                   // false at the end of the file
+  // Moves past the next example without parsing it (false at the end of the
+  // file): a worker skips the examples other workers read.
+  bool skip();
   int64_t line_number() const { return line_number_; }  // of the last line read
+  uint64_t bytes_read() const;                          // of the file, so far
+  uint64_t file_bytes() const { return file_bytes_; }
+  bool is_csv() const { return csv_.columns() > 0; }
 
  private:
+  bool next_line();  // the next non-empty line into line_; false at the end
   std::string path_;
   std::ifstream in_;
   std::string line_;
   int64_t line_number_ = 0;
+  uint64_t file_bytes_ = 0;
+  bool started_ = false;
+  CtrCsvLayout csv_;
 };
 
 // Every example of a file (at most max_examples when >= 0).
 std::vector<CtrExample> read_ctr_file(const std::string& path, int64_t max_examples = -1);
+
+// One worker's part of a training file. The file's examples (empty lines and
+// a header not counted) are training examples up to
+// train_end = round(N * (1 - holdout)) and held out after, as the trainers
+// split them. A worker keeps the training examples i with
+// i % workers == worker, and the held-out ones if asked; the lines it does
+// not keep are counted, not parsed (the worker that keeps one checks it), so
+// each of W workers holds and parses about 1/W of the file.
+struct CtrShareOptions {
+  int worker = 0, workers = 1;
+  double holdout = 0;         // [0, 1); above 0, a first pass counts the examples
+  bool keep_train = true;     // false: the held-out part alone
+  bool keep_holdout = false;  // the chief's evaluation set
+  int64_t max_examples = -1;  // >= 0: the file's first this many examples only
+  // Called about every progress_seconds while reading (a large file takes
+  // minutes): what is being done ("counting the examples in", "reading"),
+  // bytes of the file done, its size.
+  std::function<void(const std::string& doing, uint64_t done, uint64_t total)> progress;
+  double progress_seconds = 5;
+};
+struct CtrShare {
+  std::vector<CtrExample> train, holdout;
+  int64_t examples = 0;   // N
+  int64_t train_end = 0;  // training examples in the file, every worker's
+};
+CtrShare read_ctr_share(const std::string& path, const CtrShareOptions& options);
 
 // --- features ---
 

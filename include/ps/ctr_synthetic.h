@@ -22,6 +22,8 @@
 //   std::ofstream out("train.tsv");
 //   ps::CtrPlantedStats s = ps::write_ctr_synthetic(gen, out);
 //   // s.holdout_log_loss, s.holdout_auc: the planted model on the held-out part
+//   // or as Avazu's train.csv (opt.categorical_fields = 21, opt.dense_fields = 0):
+//   ps::write_ctr_synthetic(gen, out, ps::CtrFileLayout::kAvazuCsv);
 #pragma once
 
 #include <cstdint>
@@ -46,6 +48,10 @@ struct CtrSyntheticOptions {
   double dense_weight_scale = 0.2;
   std::vector<FieldCross> crosses{{0, 1}, {2, 3}, {4, 5}};  // planted interactions
   double cross_weight_scale = 0.4;
+  // Fields drawn: C1..C<categorical_fields> and I1..I<dense_fields>; the
+  // rest are always missing (a layout that carries fewer, as Avazu's).
+  int categorical_fields = kCtrCategorical;
+  int dense_fields = kCtrDense;
 
   void validate() const;  // throws ps::ConfigError naming the bad option
 };
@@ -91,6 +97,12 @@ struct CtrPlantedStats {
 
 // Writes every example, one line each, and returns the planted model's
 // metrics. Throws ps::Error when the stream fails.
-CtrPlantedStats write_ctr_synthetic(const CtrSynthetic& generator, std::ostream& out);
+// The file layouts write_ctr_synthetic writes: Criteo's TSV, or Avazu's
+// train.csv (id, click, hour, then 21 categorical columns: C1..C21 as 8 hex
+// digits; the hours spread over ten days in order), which needs a generator
+// of at most 21 categorical fields and no dense ones.
+enum class CtrFileLayout { kCriteoTsv, kAvazuCsv };
+CtrPlantedStats write_ctr_synthetic(const CtrSynthetic& generator, std::ostream& out,
+                                    CtrFileLayout layout = CtrFileLayout::kCriteoTsv);
 
 }  // namespace ps

@@ -22,8 +22,8 @@ anything is sent.
 Embedding tables: client.create_tables([psclient.TableSpec("user", 16, rows=1000)]),
 then client.pull_rows("user", ids, out) / client.push_rows("user", ids, grads)
 with int64 (or uint64) ids. Click-through data as ctr_trainer reads it:
-psclient.read_ctr(path) and psclient.ctr_synthetic(n), with roc_auc and
-log_loss. See docs/python.md.
+psclient.read_ctr(path) (or one worker's share, read_ctr_share) and
+psclient.ctr_synthetic(n), with roc_auc and log_loss. See docs/python.md.
 """
 
 from ._psclient import (
@@ -69,6 +69,7 @@ from ._psclient import (
     normal,
     optimizer,
     read_ctr,
+    read_ctr_share,
     rmsprop,
     roc_auc,
     sgd,

@@ -6,7 +6,9 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,8 +78,9 @@ void bind_ctr_data(py::module_& m) {
         return features(examples, nullptr);
       },
       py::arg("path"), py::arg("max_examples") = -1,
-      R"(Reads a click-through file in the Criteo TSV layout (label, I1..I13, C1..C26)
-into the features ctr_trainer trains on, as a dict of NumPy arrays:
+      R"(Reads a click-through file into the features ctr_trainer trains on, as a
+dict of NumPy arrays. The layout is Criteo's TSV (label, I1..I13, C1..C26) or a
+CSV with a header line, as Avazu's train.csv (docs/ctr.md, "Data layout"):
 
     d = psclient.read_ctr("data/ctr/train.tsv")
     d["labels"]    # (N,) float32, 0 or 1
@@ -86,7 +89,71 @@ into the features ctr_trainer trains on, as a dict of NumPy arrays:
     d["wide_ids"]  # (N, 39) uint64, the 26 ids, then one per cross of neighbouring fields
 
 The ids are ctr_trainer's (include/ps/ctr_data.h), so tables and checkpoints
-are shared with it. A malformed line raises ConfigError "path:line: why".)");
+are shared with it. A malformed line raises ConfigError "path:line: why".
+read_ctr_share reads one worker's part of a file instead.)");
+
+  m.def(
+      "read_ctr_share",
+      [](const std::string& path, double holdout, int64_t worker, int64_t workers, bool keep_train,
+         bool keep_holdout, int64_t max_examples, py::object progress) {
+        if (workers < 1 || worker < 0 || worker >= workers) {
+          throw py::value_error("read_ctr_share: worker " + std::to_string(worker) + " of " +
+                                std::to_string(workers) + " workers");
+        }
+        if (!progress.is_none() && !PyCallable_Check(progress.ptr())) {
+          throw py::type_error(
+              "read_ctr_share: progress must be callable(doing, done_bytes, total_bytes)");
+        }
+        ps::CtrShareOptions opt;
+        opt.worker = static_cast<int>(worker);
+        opt.workers = static_cast<int>(workers);
+        opt.holdout = holdout;
+        opt.keep_train = keep_train;
+        opt.keep_holdout = keep_holdout;
+        opt.max_examples = max_examples;
+        // A quarter of a second apart: Ctrl-C ends the read (Python's handlers
+        // run here), and `progress` is called about every 5 s.
+        opt.progress_seconds = 0.25;
+        auto next_report = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        opt.progress = [&](const std::string& doing, uint64_t done, uint64_t total) {
+          py::gil_scoped_acquire gil;
+          if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+          const auto now = std::chrono::steady_clock::now();
+          if (progress.is_none() || now < next_report) return;
+          next_report = now + std::chrono::seconds(5);
+          progress(doing, done, total);
+        };
+        ps::CtrShare share;
+        {
+          py::gil_scoped_release nogil;
+          share = ps::read_ctr_share(path, opt);
+        }
+        py::dict d;
+        d["train"] = keep_train ? py::object(features(share.train, nullptr)) : py::none();
+        d["holdout"] = keep_holdout ? py::object(features(share.holdout, nullptr)) : py::none();
+        d["examples"] = share.examples;
+        d["train_end"] = share.train_end;
+        return d;
+      },
+      py::arg("path"), py::kw_only(), py::arg("holdout") = 0.1, py::arg("worker") = 0,
+      py::arg("workers") = 1, py::arg("keep_train") = true, py::arg("keep_holdout") = false,
+      py::arg("max_examples") = -1, py::arg("progress") = py::none(),
+      R"(One worker's part of a click-through file, as ctr_trainer splits it: the
+last `holdout` of the examples are held out; the worker keeps the training
+examples i with i % workers == worker (the others' lines are counted, not
+parsed, so each of W workers holds and parses about 1/W of the file), and the
+held-out ones with keep_holdout:
+
+    s = psclient.read_ctr_share("train.csv", holdout=0.1, worker=1, workers=3)
+    s["train"]      # read_ctr's dict of this worker's training examples
+    s["train_end"]  # training examples in the file, every worker's
+    s["examples"]   # examples in the file
+    chief = psclient.read_ctr_share(path, worker=0, workers=3, keep_holdout=True)
+    chief["holdout"]  # read_ctr's dict of the held-out examples (else None)
+
+`progress(doing, done_bytes, total_bytes)`, if given, is called about every
+5 s (a large file takes minutes); Ctrl-C ends the read. A malformed line among
+those kept raises ConfigError "path:line: why".)");
 
   m.def(
       "ctr_synthetic",

@@ -1,4 +1,4 @@
-"""psclient.read_ctr / ctr_synthetic / roc_auc / log_loss: the features and
+"""psclient.read_ctr / read_ctr_share / ctr_synthetic / roc_auc / log_loss: the features and
 metrics of ctr_trainer (include/ps/ctr_data.h), as NumPy arrays; checked
 against make_ctr_data's file, the layout's rules and float64 references."""
 
@@ -82,6 +82,56 @@ def test_metrics_against_float64_references():
     assert psclient.log_loss(labels, scores) == pytest.approx(want, rel=1e-12)
     assert psclient.roc_auc(labels, labels) == 1.0
     assert psclient.log_loss(labels, np.where(labels == 1, 1.0, 0.0)) == pytest.approx(1e-15, abs=1e-14)
+
+
+@pytest.mark.parametrize("layout", ["criteo", "avazu"])
+def test_a_workers_share_is_its_slice_of_the_file(tmp_path, layout):
+    """read_ctr_share: every workers-th training example from the worker's index on, and the held-out
+    tail, as read_ctr's whole file sliced; the same for a CSV in Avazu's layout (its header skipped)."""
+    path = tmp_path / f"ctr.{layout}"
+    subprocess.run([make_ctr_data(), "--out", str(path), "--examples", "2000", "--layout", layout,
+                    "--max_distinct", "5000"], check=True, capture_output=True)
+    every = psclient.read_ctr(str(path))
+    assert len(every["labels"]) == 2000
+    if layout == "avazu":  # no dense features; 21 fields, hour of day and weekday: 3 fields missing
+        assert not every["dense"].any()
+        assert len(np.unique(every["ids"][:, 25])) == 1 and len(np.unique(every["ids"][:, 0])) > 100
+    end = round(2000 * 0.9)
+    for worker in range(3):
+        s = psclient.read_ctr_share(str(path), holdout=0.1, worker=worker, workers=3, keep_holdout=worker == 0)
+        assert s["examples"] == 2000 and s["train_end"] == end
+        for key in every:
+            np.testing.assert_array_equal(s["train"][key], every[key][worker:end:3])
+            if worker == 0:
+                np.testing.assert_array_equal(s["holdout"][key], every[key][end:])
+        assert worker == 0 or s["holdout"] is None
+    held = psclient.read_ctr_share(str(path), keep_train=False, keep_holdout=True, max_examples=1000)
+    assert held["train"] is None and held["examples"] == 1000 and held["train_end"] == 900
+    np.testing.assert_array_equal(held["holdout"]["ids"], every["ids"][900:1000])
+    whole = psclient.read_ctr_share(str(path), holdout=0.0)
+    assert whole["train_end"] == 2000
+    np.testing.assert_array_equal(whole["train"]["wide_ids"], every["wide_ids"])
+
+
+def test_share_refusals(tmp_path):
+    good = "1\t" + "\t".join(["3"] * 13) + "\t" + "\t".join(["68fd1e64"] * 26)
+    (tmp_path / "bad.tsv").write_text(good + "\n1\tnot a number\n" + good + "\n")
+    path = str(tmp_path / "bad.tsv")
+    # Example 1 is worker 1's of 2: worker 0 does not parse it.
+    assert len(psclient.read_ctr_share(path, holdout=0.0, worker=0, workers=2)["train"]["labels"]) == 2
+    with pytest.raises(psclient.ConfigError, match="bad.tsv:2:"):
+        psclient.read_ctr_share(path, holdout=0.0, worker=1, workers=2)
+    with pytest.raises(ValueError, match="worker 2 of 2 workers"):
+        psclient.read_ctr_share(path, worker=2, workers=2)
+    with pytest.raises(ValueError, match="worker 0 of 0 workers"):
+        psclient.read_ctr_share(path, workers=0)
+    with pytest.raises(psclient.ConfigError, match="holdout must be in"):
+        psclient.read_ctr_share(path, holdout=1.0)
+    with pytest.raises(TypeError, match="progress must be callable"):
+        psclient.read_ctr_share(path, progress=3)
+    (tmp_path / "test.csv").write_text("id,hour,C1\n1,14102100,1005\n")
+    with pytest.raises(psclient.ConfigError, match="test.csv:1: CSV header has no 'click' column"):
+        psclient.read_ctr_share(str(tmp_path / "test.csv"))
 
 
 def test_refusals(tmp_path):

@@ -1,0 +1,80 @@
+// One worker's part of a click-data file (read_ctr_share): counted, then
+// read with the other workers' lines skipped unparsed.
+#include <chrono>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "ps/ctr_data.h"
+#include "ps/errors.h"
+
+namespace ps {
+namespace {
+
+// Calls options.progress about every progress_seconds; looks at the clock
+// once in 4096 lines.
+class ProgressClock {
+ public:
+  explicit ProgressClock(const CtrShareOptions& o)
+      : o_(o), next_(std::chrono::steady_clock::now() + period()) {}
+  void tick(const char* doing, const CtrReader& r) {
+    if (!o_.progress || (++lines_ & 4095) != 0) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_) return;
+    next_ = now + period();
+    o_.progress(doing, r.bytes_read(), r.file_bytes());
+  }
+
+ private:
+  std::chrono::steady_clock::duration period() const {
+    return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(o_.progress_seconds));
+  }
+  const CtrShareOptions& o_;
+  std::chrono::steady_clock::time_point next_;
+  uint64_t lines_ = 0;
+};
+
+}  // namespace
+
+CtrShare read_ctr_share(const std::string& path, const CtrShareOptions& o) {
+  if (o.workers < 1 || o.worker < 0 || o.worker >= o.workers)
+    throw ConfigError(fmt::format("{}: worker {} of {} workers", path, o.worker, o.workers));
+  if (!(o.holdout >= 0 && o.holdout < 1))
+    throw ConfigError(fmt::format("{}: holdout must be in [0, 1), got {}", path, o.holdout));
+  const auto within_max = [&](int64_t i) { return o.max_examples < 0 || i < o.max_examples; };
+  ProgressClock clock(o);
+  CtrShare s;
+  // With a held-out part its start depends on the count: a first pass.
+  int64_t count = -1;
+  if (o.holdout > 0) {
+    CtrReader counter(path);
+    count = 0;
+    while (within_max(count) && counter.skip()) {
+      ++count;
+      clock.tick("counting the examples in", counter);
+    }
+    s.train_end = std::llround(static_cast<double>(count) * (1.0 - o.holdout));
+  }
+  CtrReader reader(path);
+  int64_t i = 0;
+  for (; within_max(i) && (count < 0 || i < count); ++i) {
+    const bool train = count < 0 || i < s.train_end;
+    const bool keep = train ? o.keep_train && i % o.workers == o.worker : o.keep_holdout;
+    bool more;
+    if (keep) {
+      std::vector<CtrExample>& to = train ? s.train : s.holdout;
+      more = reader.next(to.emplace_back());
+      if (!more) to.pop_back();
+    } else {
+      more = reader.skip();
+    }
+    if (!more) break;
+    clock.tick("reading", reader);
+  }
+  s.examples = i;
+  if (count < 0) s.train_end = i;
+  return s;
+}
+
+}  // namespace ps

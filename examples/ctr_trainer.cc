@@ -100,9 +100,30 @@ struct CtrDataSet {
       planted;  // --synthetic: the planted model on the held-out part
 };
 
+// Prints "worker W: <doing>: N%, S s" when called at least 5 s after the last
+// line: a large file or --synthetic draw takes minutes, and says how far it is.
+class LoadProgress {
+ public:
+  explicit LoadProgress(int worker) : worker_(worker) {}
+  bool due() const { return std::chrono::steady_clock::now() >= next_; }
+  void say(const std::string& doing, double percent) {
+    const auto now = std::chrono::steady_clock::now();
+    next_ = now + std::chrono::seconds(5);
+    std::printf("worker %d: %s: %.0f%%, %.0f s\n", worker_, doing.c_str(), percent,
+                std::chrono::duration<double>(now - start_).count());
+    std::fflush(stdout);
+  }
+
+ private:
+  int worker_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(),
+                                        next_ = start_ + std::chrono::seconds(5);
+};
+
 CtrDataSet load_data(const ps::TrainerFlags& f, const CtrFlags& c, int worker, int workers,
                      bool chief) {
   CtrDataSet d;
+  LoadProgress progress(worker);
   if (c.synthetic > 0) {
     ps::CtrSyntheticOptions opt;
     opt.examples = c.synthetic;
@@ -112,9 +133,18 @@ CtrDataSet load_data(const ps::TrainerFlags& f, const CtrFlags& c, int worker, i
     opt.validate();
     const ps::CtrSynthetic gen(opt);
     d.train_total = gen.holdout_begin();
+    const int64_t share = (gen.holdout_begin() - worker + workers - 1) / workers;
+    ps::check_ctr_examples_fit(
+        share + (chief ? opt.examples - gen.holdout_begin() : 0), 0,
+        fmt::format("--synthetic {}: worker {}'s share", c.synthetic, worker));
+    const std::string doing = fmt::format("drawing its {} of --synthetic {}", share, c.synthetic);
     // Example i is a function of (seed, i): every worker draws its share only.
-    for (int64_t i = worker; i < gen.holdout_begin(); i += workers)
+    for (int64_t i = worker; i < gen.holdout_begin(); i += workers) {
       gen.example(i, d.train.emplace_back());
+      if ((d.train.size() & 65535) == 0 && progress.due())
+        progress.say(doing,
+                     100.0 * static_cast<double>(d.train.size()) / static_cast<double>(share));
+    }
     if (chief) {
       std::vector<float> labels;
       std::vector<double> probs;
@@ -139,20 +169,9 @@ CtrDataSet load_data(const ps::TrainerFlags& f, const CtrFlags& c, int worker, i
   opt.workers = workers;
   opt.holdout = c.eval_file.empty() ? c.holdout : 0.0;
   opt.keep_holdout = chief && c.eval_file.empty();
-  // A large file (Criteo's 11 GB train.txt) takes minutes: say how far.
-  const auto start = std::chrono::steady_clock::now();
   opt.progress = [&](const std::string& doing, uint64_t done, uint64_t total) {
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (total > 0) {
-      std::printf("worker %d: %s %s: %.0f%% of %.2f GB, %.0f s\n", worker, doing.c_str(),
-                  path.c_str(), 100.0 * static_cast<double>(done) / static_cast<double>(total),
-                  static_cast<double>(total) / 1e9, secs);
-    } else {
-      std::printf("worker %d: %s %s: %.2f GB, %.0f s\n", worker, doing.c_str(), path.c_str(),
-                  static_cast<double>(done) / 1e9, secs);
-    }
-    std::fflush(stdout);
+    progress.say(fmt::format("{} {} ({:.2f} GB)", doing, path, static_cast<double>(total) / 1e9),
+                 total > 0 ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 0.0);
   };
   ps::CtrShare share = ps::read_ctr_share(path, opt);
   if (share.train_end <= 0)

@@ -641,3 +641,10 @@ TEST_CASE("Generator in Avazu's layout: 21 fields, no dense ones, read back as w
   CHECK_THROWS_WITH(ps::write_ctr_synthetic(full, sink, ps::CtrFileLayout::kAvazuCsv),
                     Catch::Contains("Avazu's layout carries 21"));
 }
+
+TEST_CASE("check_ctr_examples_fit refuses what this machine cannot hold", "[ctr][reader]") {
+  CHECK_NOTHROW(ps::check_ctr_examples_fit(1000000, 600, "a million"));
+  CHECK_THROWS_WITH(ps::check_ctr_examples_fit(int64_t{1} << 50, 0, "--synthetic 2^50"),
+                    Catch::Matches("--synthetic 2\\^50: 1125899906842624 examples need "
+                                   "261208778.4 GB in memory, more than this machine's .* GB"));
+}

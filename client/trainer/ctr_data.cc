@@ -4,6 +4,8 @@
 #include <charconv>
 #include <filesystem>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include "ps/errors.h"
@@ -128,6 +130,21 @@ uint64_t CtrReader::bytes_read() const {
   if (in_.eof()) return file_bytes_;
   const auto at = const_cast<std::ifstream&>(in_).tellg();
   return at < 0 ? file_bytes_ : static_cast<uint64_t>(at);
+}
+
+void check_ctr_examples_fit(int64_t examples, std::size_t extra_bytes_each,
+                            const std::string& what) {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0 || examples <= 0) return;
+  const double need =
+      static_cast<double>(examples) * static_cast<double>(sizeof(CtrExample) + extra_bytes_each);
+  const double have = static_cast<double>(pages) * static_cast<double>(page);
+  if (need > have) {
+    throw ConfigError(
+        fmt::format("{}: {} examples need {:.1f} GB in memory, more than this "
+                    "machine's {:.1f} GB",
+                    what, examples, need / 1e9, have / 1e9));
+  }
 }
 
 std::vector<CtrExample> read_ctr_file(const std::string& path, int64_t max_examples) {

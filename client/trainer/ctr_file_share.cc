@@ -55,6 +55,9 @@ CtrShare read_ctr_share(const std::string& path, const CtrShareOptions& o) {
       clock.tick("counting the examples in", counter);
     }
     s.train_end = std::llround(static_cast<double>(count) * (1.0 - o.holdout));
+    const int64_t kept = (o.keep_train ? (s.train_end + o.workers - 1) / o.workers : 0) +
+                         (o.keep_holdout ? count - s.train_end : 0);
+    check_ctr_examples_fit(kept, 0, path + " (this worker's share)");
   }
   CtrReader reader(path);
   int64_t i = 0;

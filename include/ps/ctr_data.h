@@ -129,6 +129,12 @@ class CtrReader {
 // Every example of a file (at most max_examples when >= 0).
 std::vector<CtrExample> read_ctr_file(const std::string& path, int64_t max_examples = -1);
 
+// Throws ps::ConfigError, naming `what` and both sizes, when `examples`
+// CtrExamples, plus `extra_bytes_each` bytes apiece, need more memory than
+// this machine has: refused at once rather than after minutes of work.
+void check_ctr_examples_fit(int64_t examples, std::size_t extra_bytes_each,
+                            const std::string& what);
+
 // One worker's part of a training file. The file's examples (empty lines and
 // a header not counted) are training examples up to
 // train_end = round(N * (1 - holdout)) and held out after, as the trainers

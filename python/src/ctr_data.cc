@@ -22,31 +22,48 @@
 namespace psclient_py {
 namespace {
 
-template <class T>
-py::array_t<T> array_of(const std::vector<T>& v, std::vector<py::ssize_t> shape) {
-  py::array_t<T> a(shape);
-  if (!v.empty()) std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(T));
-  return a;
-}
+// The examples' features as ctr_trainer's steps take them (ps::make_ctr_batch's
+// layout), written straight into the arrays (no second copy of a large file's
+// features), plus the planted model's click probabilities where there is one.
+// Bytes of features() arrays per example: label, dense, ids, wide ids (26 + 13 crosses).
+constexpr std::size_t kFeatureBytes =
+    sizeof(float) * (1 + ps::kCtrDense) + sizeof(uint64_t) * (2 * ps::kCtrCategorical + 13);
 
-// The examples' features as ctr_trainer's steps take them (ps::CtrBatch),
-// plus the planted model's click probabilities where there is one.
 py::dict features(const std::vector<ps::CtrExample>& examples, const std::vector<double>* planted) {
-  ps::CtrBatch b;
   const std::vector<ps::FieldCross> crosses = ps::default_ctr_crosses();
+  const std::size_t n = examples.size(), wide = ps::kCtrCategorical + crosses.size();
+  const auto sn = static_cast<py::ssize_t>(n);
+  py::array_t<float> labels({sn}), dense({sn, py::ssize_t{ps::kCtrDense}});
+  py::array_t<uint64_t> ids({sn, py::ssize_t{ps::kCtrCategorical}}),
+      wide_ids({sn, static_cast<py::ssize_t>(wide)});
+  float* l = labels.mutable_data();
+  float* d = dense.mutable_data();
+  uint64_t* c = ids.mutable_data();
+  uint64_t* w = wide_ids.mutable_data();
   {
     py::gil_scoped_release nogil;
-    ps::make_ctr_batch(examples, crosses, b);
+    std::vector<uint64_t> row;
+    for (std::size_t i = 0; i < n; ++i) {
+      const ps::CtrExample& e = examples[i];
+      l[i] = e.label;
+      ps::ctr_dense_features(e, std::span<float>(d + i * ps::kCtrDense, ps::kCtrDense));
+      ps::ctr_categorical_ids(
+          e, std::span<uint64_t>(c + i * ps::kCtrCategorical, ps::kCtrCategorical));
+      ps::ctr_wide_ids(e, crosses, row);
+      std::copy(row.begin(), row.end(), w + i * wide);
+    }
   }
-  const auto n = static_cast<py::ssize_t>(examples.size());
-  const auto wide = static_cast<py::ssize_t>(ps::kCtrCategorical + crosses.size());
-  py::dict d;
-  d["labels"] = array_of(b.labels, {n});
-  d["dense"] = array_of(b.dense, {n, ps::kCtrDense});
-  d["ids"] = array_of(b.ids, {n, ps::kCtrCategorical});
-  d["wide_ids"] = array_of(b.wide_ids, {n, wide});
-  if (planted != nullptr) d["planted"] = array_of(*planted, {n});
-  return d;
+  py::dict out;
+  out["labels"] = labels;
+  out["dense"] = dense;
+  out["ids"] = ids;
+  out["wide_ids"] = wide_ids;
+  if (planted != nullptr) {
+    py::array_t<double> p({sn});
+    if (n > 0) std::memcpy(p.mutable_data(), planted->data(), n * sizeof(double));
+    out["planted"] = p;
+  }
+  return out;
 }
 
 // A metric of 0/1 labels (float32) and click probabilities (any numbers,
@@ -174,15 +191,26 @@ those kept raises ConfigError "path:line: why".)");
         opt.validate();
         std::vector<ps::CtrExample> out;
         std::vector<double> planted;
-        {
-          py::gil_scoped_release nogil;
-          const ps::CtrSynthetic gen(opt);
-          // Example i is a function of (seed, i): each worker draws its own share.
-          const int64_t begin = part == "train" ? worker : gen.holdout_begin();
-          const int64_t end = part == "train" ? gen.holdout_begin() : examples;
-          const int64_t stride = part == "train" ? workers : 1;
-          for (int64_t i = begin; i < end; i += stride)
-            planted.push_back(gen.example(i, out.emplace_back()));
+        const ps::CtrSynthetic gen(opt);
+        // Example i is a function of (seed, i): each worker draws its own share.
+        const int64_t begin = part == "train" ? worker : gen.holdout_begin();
+        const int64_t end = part == "train" ? gen.holdout_begin() : examples;
+        const int64_t stride = part == "train" ? workers : 1;
+        const int64_t count = begin < end ? (end - begin + stride - 1) / stride : 0;
+        // The features' arrays and the probabilities, beside the examples.
+        ps::check_ctr_examples_fit(
+            count, kFeatureBytes + sizeof(double),
+            "ctr_synthetic(" + std::to_string(examples) + ", part='" + part + "')");
+        // In chunks, the GIL taken between them for Python's signal handlers:
+        // Ctrl-C ends a long draw.
+        constexpr int64_t kChunk = 1 << 16;
+        for (int64_t i = begin; i < end;) {
+          {
+            py::gil_scoped_release nogil;
+            for (int64_t k = 0; k < kChunk && i < end; ++k, i += stride)
+              planted.push_back(gen.example(i, out.emplace_back()));
+          }
+          if (PyErr_CheckSignals() != 0) throw py::error_already_set();
         }
         return features(out, &planted);
       },

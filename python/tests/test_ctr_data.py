@@ -5,7 +5,10 @@ against make_ctr_data's file, the layout's rules and float64 references."""
 import math
 import os
 import pathlib
+import signal
 import subprocess
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -132,6 +135,20 @@ def test_share_refusals(tmp_path):
     (tmp_path / "test.csv").write_text("id,hour,C1\n1,14102100,1005\n")
     with pytest.raises(psclient.ConfigError, match="test.csv:1: CSV header has no 'click' column"):
         psclient.read_ctr_share(str(tmp_path / "test.csv"))
+
+
+def test_a_draw_too_large_is_refused_and_ctrl_c_ends_a_long_one():
+    with pytest.raises(psclient.ConfigError, match=r"ctr_synthetic\(1000000000000, part='train'\): "
+                                                   r"900000000000 examples need .* GB in memory"):
+        psclient.ctr_synthetic(10**12)
+    # SIGINT a second in, as Ctrl-C would: the draw of 20M examples (about 90 s here) stops.
+    timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        psclient.ctr_synthetic(20_000_000)
+    timer.join()
+    assert time.monotonic() - start < 10
 
 
 def test_refusals(tmp_path):

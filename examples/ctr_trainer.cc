@@ -84,6 +84,7 @@ struct CtrFlags {
   float ftrl_l1 = 0.0f;
   float ftrl_l2 = 0.0f;
   float embedding_init = 0.0f;  // rows start uniform in [-x, x]
+  bool stream_data = false;     // read (or draw) the share batch by batch, not held in memory
   uint64_t row_limit =
       0;  // per shard and table (0: none); at the limit the least recently used rows go
   int eval_every = 0;  // chief: evaluate every N local steps (0: twice per epoch)
@@ -91,9 +92,72 @@ struct CtrFlags {
   int summary_every = 50;
 };
 
+// A worker's training batches, cycling through its share: a batch is cut
+// short at the share's end, and the next starts over. The share is held in
+// memory, or with --stream_data read from the file (or drawn) batch by batch.
+class TrainBatches {
+ public:
+  virtual ~TrainBatches() = default;
+  virtual int64_t share_size() const = 0;
+  virtual std::span<const ps::CtrExample> next(std::size_t n) = 0;
+};
+
+class BatchesInMemory final : public TrainBatches {
+ public:
+  explicit BatchesInMemory(std::vector<ps::CtrExample> share) : share_(std::move(share)) {}
+  int64_t share_size() const override { return static_cast<int64_t>(share_.size()); }
+  std::span<const ps::CtrExample> next(std::size_t n) override {
+    n = std::min(n, share_.size() - cursor_);
+    const auto batch = std::span(share_).subspan(cursor_, n);
+    cursor_ = cursor_ + n == share_.size() ? 0 : cursor_ + n;
+    return batch;
+  }
+
+ private:
+  std::vector<ps::CtrExample> share_;
+  std::size_t cursor_ = 0;
+};
+
+class BatchesFromFile final : public TrainBatches {
+ public:
+  BatchesFromFile(const std::string& path, int worker, int workers, int64_t train_end)
+      : stream_(path, worker, workers, train_end) {}
+  int64_t share_size() const override { return stream_.share_size(); }
+  std::span<const ps::CtrExample> next(std::size_t n) override {
+    stream_.next(n, batch_);
+    return batch_;
+  }
+
+ private:
+  ps::CtrShareStream stream_;
+  std::vector<ps::CtrExample> batch_;
+};
+
+class BatchesDrawn final : public TrainBatches {
+ public:
+  BatchesDrawn(const ps::CtrSyntheticOptions& opt, int worker, int workers)
+      : gen_(opt), worker_(worker), workers_(workers) {
+    share_ = (gen_.holdout_begin() - worker + workers - 1) / workers;
+  }
+  int64_t share_size() const override { return share_; }
+  std::span<const ps::CtrExample> next(std::size_t n) override {
+    batch_.resize(
+        static_cast<std::size_t>(std::min<int64_t>(static_cast<int64_t>(n), share_ - at_)));
+    for (ps::CtrExample& e : batch_) gen_.example(worker_ + at_++ * workers_, e);
+    if (at_ == share_) at_ = 0;
+    return batch_;
+  }
+
+ private:
+  ps::CtrSynthetic gen_;
+  int worker_, workers_;
+  int64_t share_ = 0, at_ = 0;  // the share's size; the next example's place in it
+  std::vector<ps::CtrExample> batch_;
+};
+
 // The examples this worker trains on, and (chief) the held-out ones.
 struct CtrDataSet {
-  std::vector<ps::CtrExample> train;    // this worker's share
+  std::unique_ptr<TrainBatches> train;  // this worker's share
   std::vector<ps::CtrExample> holdout;  // chief only
   int64_t train_total = 0;              // training examples over all workers
   std::optional<ps::CtrPlantedStats>
@@ -135,15 +199,22 @@ CtrDataSet load_data(const ps::TrainerFlags& f, const CtrFlags& c, int worker, i
     d.train_total = gen.holdout_begin();
     const int64_t share = (gen.holdout_begin() - worker + workers - 1) / workers;
     ps::check_ctr_examples_fit(
-        share + (chief ? opt.examples - gen.holdout_begin() : 0), 0,
-        fmt::format("--synthetic {}: worker {}'s share", c.synthetic, worker));
-    const std::string doing = fmt::format("drawing its {} of --synthetic {}", share, c.synthetic);
-    // Example i is a function of (seed, i): every worker draws its share only.
-    for (int64_t i = worker; i < gen.holdout_begin(); i += workers) {
-      gen.example(i, d.train.emplace_back());
-      if ((d.train.size() & 65535) == 0 && progress.due())
-        progress.say(doing,
-                     100.0 * static_cast<double>(d.train.size()) / static_cast<double>(share));
+        (c.stream_data ? 0 : share) + (chief ? opt.examples - gen.holdout_begin() : 0), 0,
+        fmt::format("--synthetic {}: worker {}'s share{}", c.synthetic, worker,
+                    c.stream_data ? " (held out)" : "; --stream_data draws it batch by batch"));
+    if (c.stream_data) {
+      d.train = std::make_unique<BatchesDrawn>(opt, worker, workers);
+    } else {
+      const std::string doing = fmt::format("drawing its {} of --synthetic {}", share, c.synthetic);
+      std::vector<ps::CtrExample> train;
+      // Example i is a function of (seed, i): every worker draws its share only.
+      for (int64_t i = worker; i < gen.holdout_begin(); i += workers) {
+        gen.example(i, train.emplace_back());
+        if ((train.size() & 65535) == 0 && progress.due())
+          progress.say(doing,
+                       100.0 * static_cast<double>(train.size()) / static_cast<double>(share));
+      }
+      d.train = std::make_unique<BatchesInMemory>(std::move(train));
     }
     if (chief) {
       std::vector<float> labels;
@@ -169,6 +240,8 @@ CtrDataSet load_data(const ps::TrainerFlags& f, const CtrFlags& c, int worker, i
   opt.workers = workers;
   opt.holdout = c.eval_file.empty() ? c.holdout : 0.0;
   opt.keep_holdout = chief && c.eval_file.empty();
+  opt.keep_train = !c.stream_data;
+  opt.too_large_hint = "; --stream_data reads it batch by batch";
   opt.progress = [&](const std::string& doing, uint64_t done, uint64_t total) {
     progress.say(fmt::format("{} {} ({:.2f} GB)", doing, path, static_cast<double>(total) / 1e9),
                  total > 0 ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 0.0);
@@ -178,7 +251,10 @@ CtrDataSet load_data(const ps::TrainerFlags& f, const CtrFlags& c, int worker, i
     throw ps::ConfigError(path + ": no training examples (after holding out " +
                           std::to_string(opt.holdout) + ")");
   d.train_total = share.train_end;
-  d.train = std::move(share.train);
+  if (c.stream_data)
+    d.train = std::make_unique<BatchesFromFile>(path, worker, workers, share.train_end);
+  else
+    d.train = std::make_unique<BatchesInMemory>(std::move(share.train));
   if (chief)
     d.holdout = c.eval_file.empty() ? std::move(share.holdout) : ps::read_ctr_file(c.eval_file);
   return d;
@@ -504,12 +580,13 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
   // Data first: a bad file fails before anything connects.
   const auto load_start = Clock::now();
   const CtrDataSet data = load_data(f, c, worker, spec.num_workers(), chief);
-  if (data.train.empty())
+  if (data.train->share_size() == 0)
     throw ps::ConfigError("worker " + std::to_string(worker) + " has no training examples");
   if (chief && data.holdout.empty())
     throw ps::ConfigError("no held-out examples (--holdout 0 without --eval_file)");
-  std::printf("worker %d: %zu training examples (of %lld)%s in %.1f s\n", worker, data.train.size(),
-              static_cast<long long>(data.train_total),
+  std::printf("worker %d: %lld training examples (of %lld)%s%s in %.1f s\n", worker,
+              static_cast<long long>(data.train->share_size()),
+              static_cast<long long>(data.train_total), c.stream_data ? ", streamed" : "",
               chief ? fmt::format(", {} held out", data.holdout.size()).c_str() : "",
               seconds(load_start, Clock::now()));
   std::printf("worker %d: deep part (embedding bags + dense head) on %s\n", worker,
@@ -586,13 +663,10 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
   // Where a worker's time goes: pulling rows and weights (network, psd and, in
   // sync mode, waiting for the other workers), computing, pushing.
   ps::StepTimes times;
-  size_t cursor = 0;
   double deep_rows = 0, wide_rows = 0;  // distinct ids per step, summed
   while (!session.should_stop() && !hooks.stop_requested()) {
     const auto t0 = Clock::now();
-    const size_t n = std::min<size_t>(f.batch_size, data.train.size() - cursor);
-    model.prepare(std::span(data.train).subspan(cursor, n));
-    cursor = cursor + n == data.train.size() ? 0 : cursor + n;
+    model.prepare(data.train->next(static_cast<std::size_t>(f.batch_size)));
     deep_rows += static_cast<double>(model.deep_rows());
     wide_rows += static_cast<double>(model.wide_rows());
     const auto t1 = Clock::now();
@@ -699,6 +773,9 @@ int main(int argc, char** argv) {
   app.add_option("--synthetic_max_distinct", c.synthetic_max_distinct,
                  "--synthetic: distinct values of C26 (make_ctr_data --max_distinct)")
       ->capture_default_str();
+  app.add_flag("--stream_data", c.stream_data,
+               "read this worker's share from --train_file (or draw it, --synthetic) batch by "
+               "batch instead of holding it in memory: data larger than memory");
   app.add_option("--holdout", c.holdout,
                  "share of the examples, at the end, held out for evaluation")
       ->capture_default_str();

@@ -648,3 +648,42 @@ TEST_CASE("check_ctr_examples_fit refuses what this machine cannot hold", "[ctr]
                     Catch::Matches("--synthetic 2\\^50: 1125899906842624 examples need "
                                    "261208778.4 GB in memory, more than this machine's .* GB"));
 }
+
+TEST_CASE("CtrShareStream: a worker's share batch by batch, as read_ctr_share holds it",
+          "[ctr][reader][share]") {
+  for (const bool csv : {false, true}) {
+    const TempFile f(numbered_lines(50, csv));
+    for (const int workers : {1, 3}) {
+      for (const std::size_t batch : {std::size_t{1}, std::size_t{4}, std::size_t{7}}) {
+        INFO("csv " << csv << " workers " << workers << " batch " << batch);
+        ps::CtrShareOptions o;
+        o.worker = workers - 1;
+        o.workers = workers;
+        o.holdout = 0.2;
+        const ps::CtrShare held = ps::read_ctr_share(f.path, o);  // 40 training examples
+        REQUIRE(held.train_end == 40);
+        ps::CtrShareStream stream(f.path, o.worker, workers, held.train_end);
+        REQUIRE(stream.share_size() == static_cast<int64_t>(held.train.size()));
+        // Three passes: batches run through the share, the last one of a pass cut
+        // short, then from its start again, as the trainer's in-memory loop.
+        std::vector<ps::CtrExample> got;
+        std::size_t cursor = 0;
+        for (int k = 0; k < 3 * 40; ++k) {
+          stream.next(batch, got);
+          const std::size_t want = std::min(batch, held.train.size() - cursor);
+          REQUIRE(got.size() == want);
+          for (std::size_t j = 0; j < want; ++j)
+            CHECK(number_of(got[j], csv) == number_of(held.train[cursor + j], csv));
+          cursor = cursor + want == held.train.size() ? 0 : cursor + want;
+        }
+      }
+    }
+  }
+  // A file that no longer holds the count it had: said, not looped over.
+  const TempFile f(numbered_lines(10, false));
+  ps::CtrShareStream stream(f.path, 0, 1, 20);
+  std::vector<ps::CtrExample> got;
+  CHECK_THROWS_WITH(stream.next(20, got), Catch::Contains("ended after 10 examples, 20 expected"));
+  CHECK_THROWS_AS(ps::CtrShareStream(f.path, 2, 2, 10), ps::ConfigError);
+  CHECK_THROWS_WITH(ps::CtrShareStream(f.path, 1, 2, 1), Catch::Contains("no training examples"));
+}

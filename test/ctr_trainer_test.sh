@@ -3,8 +3,8 @@
 # through scripts/launch_local.sh on --synthetic examples; the held-out AUC is
 # within TOL of the planted model's own AUC on the same held-out examples.
 # Mode avazu: async, from a file in Avazu's CSV layout (make_ctr_data
-# --layout avazu; no dense features, 21 fields and the hour), which the
-# workers read in shares.
+# --layout avazu; no dense features, 21 fields and the hour), which each
+# worker streams its share of (--stream_data).
 #   test/ctr_trainer_test.sh BUILD_DIR async|sync|avazu [EXAMPLES] [MAX_DISTINCT] [TOL]
 # docs/ctr.md has the 1M-example check with the generator's defaults.
 set -uo pipefail
@@ -18,7 +18,7 @@ data=(--synthetic "$examples" --synthetic_max_distinct "$max_distinct")
 if [ "$mode" = avazu ]; then
   "$build/examples/make_ctr_data" --layout avazu --out "$run/train.csv" --examples "$examples" \
     --max_distinct "$max_distinct" >"$run/make_ctr_data.txt" || { echo "FAIL: make_ctr_data"; exit 1; }
-  data=(--train_file "$run/train.csv")
+  data=(--train_file "$run/train.csv" --stream_data)
 fi
 BUILD_DIR="$build" scripts/launch_local.sh "${flags[@]}" -- "${data[@]}" \
   --batch_size 512 --log_every 0 --logdir "$run/tb" --summary_every 20
@@ -26,6 +26,9 @@ rc=$?
 grep -h -E "^(planted|eval|==|RESULT)" "$run/worker0.log"
 grep -h "^SHARES" "$run"/worker*.log
 [ $rc = 0 ] || { echo "FAIL: launch_local exited $rc"; tail -n 20 "$run"/*.log; exit 1; }
+if [ "$mode" = avazu ] && [ "$(cat "$run"/worker*.log | grep -c 'training examples (of .*), streamed')" != 3 ]; then
+  echo "FAIL: not every worker streamed its share"; grep -h "training examples" "$run"/worker*.log; exit 1
+fi
 [ "$(cat "$run"/worker*.log | grep -c '^SHARES')" = 3 ] || { echo "FAIL: not every worker reported its step shares"; exit 1; }
 # The chief's summaries: loss while training, held-out AUC and log-loss at each evaluation.
 python3 scripts/check_events.py --unique "$run/tb" >"$run/events.txt" ||

@@ -57,7 +57,7 @@ CtrShare read_ctr_share(const std::string& path, const CtrShareOptions& o) {
     s.train_end = std::llround(static_cast<double>(count) * (1.0 - o.holdout));
     const int64_t kept = (o.keep_train ? (s.train_end + o.workers - 1) / o.workers : 0) +
                          (o.keep_holdout ? count - s.train_end : 0);
-    check_ctr_examples_fit(kept, 0, path + " (this worker's share)");
+    check_ctr_examples_fit(kept, 0, path + " (this worker's share" + o.too_large_hint + ")");
   }
   CtrReader reader(path);
   int64_t i = 0;
@@ -78,6 +78,35 @@ CtrShare read_ctr_share(const std::string& path, const CtrShareOptions& o) {
   s.examples = i;
   if (count < 0) s.train_end = i;
   return s;
+}
+
+CtrShareStream::CtrShareStream(std::string path, int worker, int workers, int64_t train_end)
+    : path_(std::move(path)), worker_(worker), workers_(workers), train_end_(train_end) {
+  if (workers < 1 || worker < 0 || worker >= workers)
+    throw ConfigError(fmt::format("{}: worker {} of {} workers", path_, worker, workers));
+  share_size_ = train_end > worker ? (train_end - worker + workers - 1) / workers : 0;
+  if (share_size_ == 0)
+    throw ConfigError(
+        fmt::format("{}: no training examples for worker {} of {}", path_, worker, workers));
+}
+
+void CtrShareStream::next(std::size_t n, std::vector<CtrExample>& out) {
+  out.clear();
+  while (out.size() < n) {
+    if (!reader_ || at_ >= train_end_) {
+      if (reader_ && !out.empty()) return;  // the share's end cuts a batch short
+      reader_.emplace(path_);
+      at_ = 0;
+    }
+    const bool mine = at_ % workers_ == worker_;
+    const bool more = mine ? reader_->next(out.emplace_back()) : reader_->skip();
+    if (!more) {
+      if (mine) out.pop_back();
+      throw ConfigError(fmt::format("{}: ended after {} examples, {} expected (did it change?)",
+                                    path_, at_, train_end_));
+    }
+    ++at_;
+  }
 }
 
 }  // namespace ps

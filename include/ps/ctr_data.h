@@ -50,6 +50,7 @@
 #include <cstdint>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -153,6 +154,9 @@ struct CtrShareOptions {
   // bytes of the file done, its size.
   std::function<void(const std::string& doing, uint64_t done, uint64_t total)> progress;
   double progress_seconds = 5;
+  // Appended to the refusal of a share larger than the machine's memory
+  // (check_ctr_examples_fit): what the caller offers instead.
+  std::string too_large_hint;
 };
 struct CtrShare {
   std::vector<CtrExample> train, holdout;
@@ -160,6 +164,32 @@ struct CtrShare {
   int64_t train_end = 0;  // training examples in the file, every worker's
 };
 CtrShare read_ctr_share(const std::string& path, const CtrShareOptions& options);
+
+// A worker's training share of a file read batch by batch, for files larger
+// than memory: the examples of read_ctr_share's `train`, in the same order,
+// with only the batch in memory. At the end of the share a batch is cut
+// short, and the next one starts over from the file's beginning.
+//
+//   ps::CtrShareOptions o{.worker = 1, .workers = 3, .holdout = 0.1, .keep_train = false};
+//   const ps::CtrShare counted = ps::read_ctr_share(path, o);   // the count, no examples
+//   ps::CtrShareStream stream(path, 1, 3, counted.train_end);
+//   std::vector<ps::CtrExample> batch;
+//   while (training) stream.next(512, batch);
+class CtrShareStream {
+ public:
+  // train_end: the training examples in the file, every worker's.
+  CtrShareStream(std::string path, int worker, int workers, int64_t train_end);
+  // Replaces `out` with the next up to n examples of the share.
+  void next(std::size_t n, std::vector<CtrExample>& out);
+  int64_t share_size() const { return share_size_; }
+
+ private:
+  std::string path_;
+  int worker_, workers_;
+  int64_t train_end_, share_size_;
+  std::optional<CtrReader> reader_;
+  int64_t at_ = 0;  // the next example's index in the file
+};
 
 // --- features ---
 

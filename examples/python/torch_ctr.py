@@ -48,6 +48,9 @@ def parser():
                    help="Criteo TSV layout, or a CSV with a header as Avazu's train.csv; each worker reads its share")
     p.add_argument("--eval_file", default="", help="held-out examples (default: the last --holdout of the training file)")
     p.add_argument("--holdout", type=float, default=0.1, help="share of the examples held out for evaluation")
+    p.add_argument("--stream_data", action="store_true",
+                   help="read this worker's share of --train_file batch by batch (in file order) instead of holding "
+                        "it in memory: data larger than memory")
     p.add_argument("--synthetic", type=int, default=0, help="> 0: this many examples of the planted model instead of a file")
     p.add_argument("--synthetic_seed", type=int, default=1)
     p.add_argument("--synthetic_max_distinct", type=int, default=1000000, help="distinct values of the last field")
@@ -70,6 +73,7 @@ def parser():
 def check_flags(f):
     finite = math.isfinite
     cluster_flags.check(f, [
+        (not (f.stream_data and f.synthetic > 0), "--stream_data reads --train_file; --synthetic draws in memory"),
         (f.batch_size >= 1, "--batch_size must be >= 1"),
         (finite(f.epochs) and f.epochs >= 0, "--epochs must be a finite number >= 0"),
         (f.train_steps > 0 or f.epochs > 0, "give --train_steps or --epochs (both are 0)"),
@@ -115,13 +119,17 @@ def load_data(f, worker, workers, chief):
 
     try:
         share = psclient.read_ctr_share(f.train_file, holdout=0.0 if f.eval_file else f.holdout, worker=worker,
-                                        workers=workers, keep_holdout=chief and not f.eval_file, progress=progress)
+                                        workers=workers, keep_train=not f.stream_data,
+                                        keep_holdout=chief and not f.eval_file, progress=progress)
         held = psclient.read_ctr(f.eval_file) if chief and f.eval_file else share["holdout"]
+        if share["train_end"] <= 0:
+            raise BadInput(f"{f.train_file}: no training examples (after holding out {f.holdout})")
+        # --stream_data: only a batch in memory, read from the file as the steps take them.
+        train = (psclient.CtrShareStream(f.train_file, worker, workers, share["train_end"]) if f.stream_data
+                 else share["train"])
     except psclient.ConfigError as e:
         raise BadInput(f"{e} (--train_file; scripts/make_ctr_data.sh writes one, or use --synthetic N)") from None
-    if share["train_end"] <= 0:
-        raise BadInput(f"{f.train_file}: no training examples (after holding out {f.holdout})")
-    return share["train"], held, share["train_end"], None
+    return train, held, share["train_end"], None
 
 
 class Mlp(torch.nn.Module):
@@ -173,7 +181,8 @@ def run_worker(spec, f):
     torch.manual_seed(f.seed)
     workers, worker, chief = spec.num_workers, spec.worker_index, spec.is_chief
     train, held, total, planted = load_data(f, worker, workers, chief)
-    if len(train["labels"]) == 0:
+    streamed = isinstance(train, psclient.CtrShareStream)
+    if (train.share_size if streamed else len(train["labels"])) == 0:
         raise BadInput(f"worker {worker} has no training examples ({total} for {workers} workers)")
     dim, b = f.embedding_dim, f.batch_size
     replicas = (f.replicas_to_aggregate or workers) if f.sync_replicas else 1
@@ -216,17 +225,27 @@ def run_worker(spec, f):
                   f"AUC {planted[1]:.5f}", flush=True)
     summaries = psclient.SummaryWriter(f.logdir) if chief and f.logdir else None
 
-    n = len(train["labels"])
+    # Batches drawn at random from the share in memory (sorted: rows read in
+    # order), or the next ones from the file with --stream_data.
+    n = train.share_size if streamed else len(train["labels"])
     rng = np.random.default_rng(f.seed + worker)
     order, pos = rng.permutation(n), 0
-    start, cpu_at_start, first_step = time.monotonic(), time.process_time(), None
-    while not session.should_stop:
+
+    def next_batch():
+        nonlocal order, pos
+        if streamed:
+            return train.next(b)
         if pos + b > n:
             order, pos = rng.permutation(n), 0
         idx = np.sort(order[pos:pos + b]) if b <= n else np.arange(n)
         pos += b
-        ids, index = distinct(train["ids"][idx])
-        wide_ids, wide_index = distinct(train["wide_ids"][idx])
+        return {k: train[k][idx] for k in ("labels", "dense", "ids", "wide_ids")}
+
+    start, cpu_at_start, first_step = time.monotonic(), time.process_time(), None
+    while not session.should_stop:
+        batch = next_batch()
+        ids, index = distinct(batch["ids"])
+        wide_ids, wide_index = distinct(batch["wide_ids"])
         rows, row_grads = torch.empty(len(ids), dim), torch.empty(len(ids), dim)
         wide_rows, wide_grads = torch.empty(len(wide_ids), 1), torch.empty(len(wide_ids), 1)
         session.set_rows(DEEP_TABLE, ids, rows, row_grads)
@@ -238,15 +257,15 @@ def run_worker(spec, f):
             break  # the job ended while this worker waited for its step
         rows.requires_grad_()
         wide_rows.requires_grad_()
-        labels = torch.from_numpy(train["labels"][idx])
-        z = logits(mlp, torch.from_numpy(train["dense"][idx]), rows, index, wide_rows.view(-1), wide_index)
+        labels = torch.from_numpy(batch["labels"])
+        z = logits(mlp, torch.from_numpy(batch["dense"]), rows, index, wide_rows.view(-1), wide_index)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(z, labels)
         grads.zero_()
         loss.backward()
         # The weights take the mean loss's gradient; the rows the summed
         # loss's (each example's own), as per-row Adagrad and FTRL take them.
-        row_grads.copy_(rows.grad).mul_(len(idx))
-        wide_grads.copy_(wide_rows.grad).mul_(len(idx))
+        row_grads.copy_(rows.grad).mul_(len(labels))
+        wide_grads.copy_(wide_rows.grad).mul_(len(labels))
         outcome = session.push()
         local = session.local_step
         if f.log_every and local % f.log_every == 0:

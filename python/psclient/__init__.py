@@ -28,6 +28,7 @@ psclient.ctr_synthetic(n), with roc_auc and log_loss. See docs/python.md.
 
 from ._psclient import (
     Checkpoint,
+    CtrShareStream,
     Client,
     ClusterSpec,
     ConfigError,

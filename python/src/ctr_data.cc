@@ -172,6 +172,37 @@ held-out ones with keep_holdout:
 5 s (a large file takes minutes); Ctrl-C ends the read. A malformed line among
 those kept raises ConfigError "path:line: why".)");
 
+  py::class_<ps::CtrShareStream>(
+      m, "CtrShareStream",
+      R"(A worker's training share of a file, batch by batch, for files larger than
+memory: read_ctr_share's "train" examples, in the same order, with only the
+batch in memory; at the share's end a batch is cut short and the next starts
+over from the file's beginning.
+
+    counted = psclient.read_ctr_share(path, holdout=0.1, worker=1, workers=3, keep_train=False)
+    stream = psclient.CtrShareStream(path, 1, 3, counted["train_end"])
+    batch = stream.next(512)    # read_ctr's dict of the next (up to) 512 examples)")
+      .def(py::init([](const std::string& path, int worker, int workers, int64_t train_end) {
+             return std::make_unique<ps::CtrShareStream>(path, worker, workers, train_end);
+           }),
+           py::arg("path"), py::arg("worker"), py::arg("workers"), py::arg("train_end"),
+           "ConfigError when the worker has no training examples.")
+      .def_property_readonly("share_size", &ps::CtrShareStream::share_size,
+                             "Training examples in this worker's share.")
+      .def(
+          "next",
+          [](ps::CtrShareStream& self, std::size_t n) {
+            std::vector<ps::CtrExample> batch;
+            {
+              py::gil_scoped_release nogil;
+              self.next(n, batch);
+            }
+            return features(batch, nullptr);
+          },
+          py::arg("n"),
+          "The next up to n examples, as read_ctr's dict (ConfigError for a malformed line, or "
+          "a file that has shrunk since it was counted).");
+
   m.def(
       "ctr_synthetic",
       [](int64_t examples, uint64_t seed, int64_t max_distinct, double holdout,

@@ -116,6 +116,27 @@ def test_a_workers_share_is_its_slice_of_the_file(tmp_path, layout):
     np.testing.assert_array_equal(whole["train"]["wide_ids"], every["wide_ids"])
 
 
+def test_a_stream_gives_the_share_batch_by_batch(tmp_path):
+    """CtrShareStream: the share read_ctr_share holds, in batches cut short at its end, then over again."""
+    path = tmp_path / "ctr.csv"
+    subprocess.run([make_ctr_data(), "--out", str(path), "--examples", "1000", "--layout", "avazu"], check=True,
+                   capture_output=True)
+    counted = psclient.read_ctr_share(str(path), holdout=0.1, worker=2, workers=3, keep_train=False)
+    assert counted["train"] is None and counted["train_end"] == 900
+    held = psclient.read_ctr_share(str(path), holdout=0.1, worker=2, workers=3)["train"]
+    stream = psclient.CtrShareStream(str(path), 2, 3, counted["train_end"])
+    assert stream.share_size == len(held["labels"]) == 300
+    for start in (0, 128, 256, 0, 128):  # 300 = 128 + 128 + 44, then from the start again
+        batch = stream.next(128)
+        end = min(start + 128, 300)
+        for key in held:
+            np.testing.assert_array_equal(batch[key], held[key][start:end])
+    with pytest.raises(psclient.ConfigError, match="no training examples"):
+        psclient.CtrShareStream(str(path), 1, 2, 1)
+    with pytest.raises(psclient.ConfigError, match="ended after 1000 examples, 2000 expected"):
+        psclient.CtrShareStream(str(path), 0, 1, 2000).next(1500)
+
+
 def test_share_refusals(tmp_path):
     good = "1\t" + "\t".join(["3"] * 13) + "\t" + "\t".join(["68fd1e64"] * 26)
     (tmp_path / "bad.tsv").write_text(good + "\n1\tnot a number\n" + good + "\n")

@@ -37,17 +37,20 @@ def test_three_workers_reach_the_planted_auc(psd, python_env, tmp_path, mode):
     assert int(tables["ctr/wide_weights"]) > int(tables["ctr/deep_embeddings"]), chief
 
 
-def test_three_workers_learn_from_an_avazu_file(psd, python_env, tmp_path):
-    """--train_file in Avazu's CSV layout (make_ctr_data --layout avazu), each worker reading its share:
-    within 0.02 of the planted model's AUC, which make_ctr_data prints (no dense features: less to learn
-    from in one pass), as test/ctr_trainer_test.sh's avazu mode asks of ctr_trainer."""
+@pytest.mark.parametrize("stream", [False, True])
+def test_three_workers_learn_from_an_avazu_file(psd, python_env, tmp_path, stream):
+    """--train_file in Avazu's CSV layout (make_ctr_data --layout avazu), each worker holding its share
+    (or streaming it, --stream_data): within 0.02 of the planted model's AUC, which make_ctr_data prints
+    (no dense features: less to learn from in one pass), as test/ctr_trainer_test.sh's avazu mode asks
+    of ctr_trainer."""
     pytest.importorskip("torch")
     from test_ctr_data import make_ctr_data
     data = tmp_path / "train.csv"
     made = subprocess.run([make_ctr_data(), "--layout", "avazu", "--out", str(data), "--examples", "500000",
                            "--max_distinct", "30000"], check=True, capture_output=True, text=True).stdout
     planted_auc = float(re.search(r"^planted model on the held-out part: .* AUC ([0-9.]+)$", made, re.M).group(1))
-    chief = run_example_workers(EXAMPLE, psd.address, python_env, tmp_path, ["--train_file", str(data)],
+    chief = run_example_workers(EXAMPLE, psd.address, python_env, tmp_path,
+                                ["--train_file", str(data)] + (["--stream_data"] if stream else []),
                                 port_base=22440)
     result = re.search(r"^RESULT mode=async holdout_log_loss=([0-9.]+) holdout_auc=([0-9.]+) ", chief, re.M)
     assert result, chief
@@ -59,6 +62,7 @@ def test_three_workers_learn_from_an_avazu_file(psd, python_env, tmp_path):
     (["--embedding_learning_rate", "nan", "--synthetic", "1000"], "--embedding_learning_rate must be > 0"),
     (["--holdout", "1", "--synthetic", "1000"], "--holdout must be in \\[0, 1\\)"),
     (["--hidden_units", "256,0", "--synthetic", "1000"], "--hidden_units must be positive integers"),
+    (["--stream_data", "--synthetic", "1000"], "--stream_data reads --train_file"),
     (["--train_file", "/nonexistent/train.tsv"], "/nonexistent/train.tsv.*scripts/make_ctr_data.sh"),
     (["file:bad"], "bad.tsv:2:"),
 ])

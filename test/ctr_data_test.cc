@@ -14,6 +14,8 @@
 #include <unistd.h>
 #include <vector>
 
+#include <zlib.h>
+
 #include <fmt/format.h>
 
 #include "client/trainer/zipf.h"
@@ -686,4 +688,43 @@ TEST_CASE("CtrShareStream: a worker's share batch by batch, as read_ctr_share ho
   CHECK_THROWS_WITH(stream.next(20, got), Catch::Contains("ended after 10 examples, 20 expected"));
   CHECK_THROWS_AS(ps::CtrShareStream(f.path, 2, 2, 10), ps::ConfigError);
   CHECK_THROWS_WITH(ps::CtrShareStream(f.path, 1, 2, 1), Catch::Contains("no training examples"));
+}
+
+TEST_CASE("CtrReader reads gzip-compressed files as downloaded, and says when one is cut short",
+          "[ctr][reader][gzip]") {
+  const std::string text = numbered_lines(3000, true);  // a CSV: its header first
+  const TempFile plain(text);
+  const TempFile gz("");
+  {
+    gzFile out = gzopen(gz.path.c_str(), "wb");
+    REQUIRE(out != nullptr);
+    REQUIRE(gzwrite(out, text.data(), static_cast<unsigned>(text.size())) ==
+            static_cast<int>(text.size()));
+    REQUIRE(gzclose(out) == Z_OK);
+  }
+  const auto a = ps::read_ctr_file(plain.path), b = ps::read_ctr_file(gz.path);
+  REQUIRE(a.size() == 3000);
+  REQUIRE(b.size() == 3000);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    CHECK(number_of(b[i], true) == static_cast<int64_t>(i));
+    CHECK(b[i].label == a[i].label);
+    CHECK(b[i].categorical == a[i].categorical);
+  }
+  ps::CtrReader r(gz.path);
+  CHECK(r.file_bytes() == std::filesystem::file_size(gz.path));
+  while (r.skip()) {
+  }
+  CHECK(r.bytes_read() == r.file_bytes());
+
+  // The compressed file cut short: a read error naming the line, not a silent end.
+  std::ifstream in(gz.path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const TempFile cut(bytes.substr(0, bytes.size() / 2));
+  CHECK_THROWS_WITH(ps::read_ctr_file(cut.path),
+                    Catch::Matches(".*:\\d+: read error: unexpected end of file"));
+
+  // A file without line ends (not click data) is refused, not read into memory whole.
+  const TempFile binary(std::string(3 << 20, 'x'));
+  CHECK_THROWS_WITH(ps::read_ctr_file(binary.path),
+                    Catch::Contains(":1: a line of more than 1 MiB: not click data?"));
 }

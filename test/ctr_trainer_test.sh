@@ -2,9 +2,9 @@
 # The wide & deep trainer learns the planted click model: 1 ps + 3 workers
 # through scripts/launch_local.sh on --synthetic examples; the held-out AUC is
 # within TOL of the planted model's own AUC on the same held-out examples.
-# Mode avazu: async, from a file in Avazu's CSV layout (make_ctr_data
-# --layout avazu; no dense features, 21 fields and the hour), which each
-# worker streams its share of (--stream_data).
+# Mode avazu: async, from a gzip-compressed file in Avazu's CSV layout
+# (make_ctr_data --layout avazu; no dense features, 21 fields and the hour),
+# which each worker streams its share of (--stream_data).
 #   test/ctr_trainer_test.sh BUILD_DIR async|sync|avazu [EXAMPLES] [MAX_DISTINCT] [TOL]
 # docs/ctr.md has the 1M-example check with the generator's defaults.
 set -uo pipefail
@@ -18,7 +18,8 @@ data=(--synthetic "$examples" --synthetic_max_distinct "$max_distinct")
 if [ "$mode" = avazu ]; then
   "$build/examples/make_ctr_data" --layout avazu --out "$run/train.csv" --examples "$examples" \
     --max_distinct "$max_distinct" >"$run/make_ctr_data.txt" || { echo "FAIL: make_ctr_data"; exit 1; }
-  data=(--train_file "$run/train.csv" --stream_data)
+  gzip "$run/train.csv"  # as Avazu's train.gz is downloaded
+  data=(--train_file "$run/train.csv.gz" --stream_data)
 fi
 BUILD_DIR="$build" scripts/launch_local.sh "${flags[@]}" -- "${data[@]}" \
   --batch_size 512 --log_every 0 --logdir "$run/tb" --summary_every 20

@@ -1,10 +1,14 @@
 // The Criteo TSV layout: parsing, formatting; a line reader of either layout.
 #include "ps/ctr_data.h"
 
+#include <algorithm>
+#include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <filesystem>
 
 #include <unistd.h>
+#include <zlib.h>
 
 #include <fmt/format.h>
 
@@ -85,17 +89,47 @@ std::string format_ctr_line(const CtrExample& e) {
   return fmt::to_string(b);
 }
 
-CtrReader::CtrReader(const std::string& path) : path_(path), in_(path, std::ios::binary) {
-  if (!in_) throw ConfigError(fmt::format("{}: cannot open CTR data file", path));
+void CtrReader::GzClose::operator()(gzFile_s* f) const { gzclose(f); }
+
+CtrReader::CtrReader(const std::string& path) : path_(path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     throw ConfigError(fmt::format("{}: a directory, not a CTR data file", path));
+  in_.reset(gzopen(path.c_str(), "rb"));
+  if (!in_) throw ConfigError(fmt::format("{}: cannot open CTR data file", path));
+  gzbuffer(in_.get(), 1 << 18);
   const auto size = std::filesystem::file_size(path, ec);
   file_bytes_ = ec ? 0 : size;
 }
 
+bool CtrReader::read_line() {
+  constexpr std::size_t kMaxLine = std::size_t{1} << 20;
+  line_.clear();
+  char buf[1 << 16];
+  while (gzgets(in_.get(), buf, sizeof buf) != nullptr) {
+    const std::size_t n = std::strlen(buf);
+    line_.append(buf, n);
+    if (n > 0 && buf[n - 1] == '\n') {
+      line_.pop_back();
+      return true;
+    }
+    if (line_.size() > kMaxLine) {
+      throw ConfigError(fmt::format("{}:{}: a line of more than 1 MiB: not click data?", path_,
+                                    line_number_ + 1));
+    }
+  }
+  int err = Z_OK;
+  std::string_view why = gzerror(in_.get(), &err);
+  if (err != Z_OK && err != Z_STREAM_END) {
+    if (why.starts_with(path_ + ": ")) why.remove_prefix(path_.size() + 2);  // zlib names the file
+    throw ConfigError(fmt::format("{}:{}: read error: {}", path_, line_number_ + 1,
+                                  err == Z_ERRNO ? std::string_view(std::strerror(errno)) : why));
+  }
+  return !line_.empty();  // a last line without its '\n'
+}
+
 bool CtrReader::next_line() {
-  while (std::getline(in_, line_)) {
+  while (read_line()) {
     ++line_number_;
     if (line_.empty() || line_ == "\r") continue;
     if (!started_) {
@@ -112,7 +146,6 @@ bool CtrReader::next_line() {
     }
     return true;
   }
-  if (in_.bad()) throw ConfigError(fmt::format("{}:{}: read error", path_, line_number_));
   return false;
 }
 
@@ -127,9 +160,8 @@ bool CtrReader::next(CtrExample& out) {
 bool CtrReader::skip() { return next_line(); }
 
 uint64_t CtrReader::bytes_read() const {
-  if (in_.eof()) return file_bytes_;
-  const auto at = const_cast<std::ifstream&>(in_).tellg();
-  return at < 0 ? file_bytes_ : static_cast<uint64_t>(at);
+  const auto at = gzoffset(in_.get());
+  return at < 0 ? file_bytes_ : std::min(file_bytes_, static_cast<uint64_t>(at));
 }
 
 void check_ctr_examples_fit(int64_t examples, std::size_t extra_bytes_each,

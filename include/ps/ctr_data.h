@@ -14,7 +14,7 @@
 // day and the day of the week; `id` is skipped; every other column is a
 // categorical field, in header order from C1, its value a fixed 32-bit hash
 // of its text (CtrCsvLayout). No dense fields. A header without `click`
-// (Avazu's test.csv) is refused.
+// (Avazu's test.csv) is refused. Either layout may be gzip-compressed.
 //
 // Features:
 //   - every categorical field becomes one 64-bit id, ctr_feature_id(field,
@@ -48,13 +48,15 @@
 #include <array>
 #include <bitset>
 #include <cstdint>
-#include <fstream>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+
+struct gzFile_s;  // zlib's
 
 namespace ps {
 
@@ -102,8 +104,10 @@ class CtrCsvLayout {
 uint32_t ctr_text_value(std::string_view text);
 
 // Reads a file line by line, in either layout (the first non-empty line
-// tells which). Empty lines, and a CSV's header, are skipped; a malformed
-// line throws ps::ConfigError "path:line: why".
+// tells which), gzip-compressed or not (Criteo's day_N.gz, Avazu's train.gz
+// as downloaded). Empty lines, and a CSV's header, are skipped; a malformed
+// line, or one over 1 MiB (not click data), throws ps::ConfigError
+// "path:line: why".
 class CtrReader {
  public:
   explicit CtrReader(const std::string& path);  // throws ps::ConfigError if it cannot be opened
@@ -112,14 +116,18 @@ class CtrReader {
   // file): a worker skips the examples other workers read.
   bool skip();
   int64_t line_number() const { return line_number_; }  // of the last line read
-  uint64_t bytes_read() const;                          // of the file, so far
+  uint64_t bytes_read() const;  // of the file (compressed, if it is), so far
   uint64_t file_bytes() const { return file_bytes_; }
   bool is_csv() const { return csv_.columns() > 0; }
 
  private:
   bool next_line();  // the next non-empty line into line_; false at the end
+  bool read_line();  // the next line into line_; false at the end
+  struct GzClose {
+    void operator()(gzFile_s* f) const;
+  };
   std::string path_;
-  std::ifstream in_;
+  std::unique_ptr<gzFile_s, GzClose> in_;  // zlib reads plain files as they are
   std::string line_;
   int64_t line_number_ = 0;
   uint64_t file_bytes_ = 0;

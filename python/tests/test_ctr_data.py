@@ -2,6 +2,7 @@
 metrics of ctr_trainer (include/ps/ctr_data.h), as NumPy arrays; checked
 against make_ctr_data's file, the layout's rules and float64 references."""
 
+import gzip
 import math
 import os
 import pathlib
@@ -135,6 +136,24 @@ def test_a_stream_gives_the_share_batch_by_batch(tmp_path):
         psclient.CtrShareStream(str(path), 1, 2, 1)
     with pytest.raises(psclient.ConfigError, match="ended after 1000 examples, 2000 expected"):
         psclient.CtrShareStream(str(path), 0, 1, 2000).next(1500)
+
+
+def test_a_gzip_file_reads_as_the_plain_one(tmp_path):
+    """Files as downloaded (Criteo's day_N.gz, Avazu's train.gz): read_ctr and read_ctr_share decompress."""
+    path = tmp_path / "ctr.csv"
+    subprocess.run([make_ctr_data(), "--out", str(path), "--examples", "3000", "--layout", "avazu"], check=True,
+                   capture_output=True)
+    packed = tmp_path / "ctr.csv.gz"
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    plain, unpacked = psclient.read_ctr(str(path)), psclient.read_ctr(str(packed))
+    for key in plain:
+        np.testing.assert_array_equal(unpacked[key], plain[key])
+    share = psclient.read_ctr_share(str(packed), worker=1, workers=2)
+    assert share["train_end"] == 2700
+    np.testing.assert_array_equal(share["train"]["wide_ids"], plain["wide_ids"][1:2700:2])
+    (tmp_path / "cut.gz").write_bytes(packed.read_bytes()[:len(packed.read_bytes()) // 2])
+    with pytest.raises(psclient.ConfigError, match=r"cut.gz:\d+: read error: unexpected end of file"):
+        psclient.read_ctr(str(tmp_path / "cut.gz"))
 
 
 def test_share_refusals(tmp_path):

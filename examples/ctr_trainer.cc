@@ -207,6 +207,7 @@ CtrDataSet load_data(const ps::TrainerFlags& f, const CtrFlags& c, int worker, i
     } else {
       const std::string doing = fmt::format("drawing its {} of --synthetic {}", share, c.synthetic);
       std::vector<ps::CtrExample> train;
+      train.reserve(static_cast<std::size_t>(share));
       // Example i is a function of (seed, i): every worker draws its share only.
       for (int64_t i = worker; i < gen.holdout_begin(); i += workers) {
         gen.example(i, train.emplace_back());
@@ -241,7 +242,7 @@ CtrDataSet load_data(const ps::TrainerFlags& f, const CtrFlags& c, int worker, i
   opt.holdout = c.eval_file.empty() ? c.holdout : 0.0;
   opt.keep_holdout = chief && c.eval_file.empty();
   opt.keep_train = !c.stream_data;
-  opt.too_large_hint = "; --stream_data reads it batch by batch";
+  if (!c.stream_data) opt.too_large_hint = "; --stream_data reads it batch by batch";
   opt.progress = [&](const std::string& doing, uint64_t done, uint64_t total) {
     progress.say(fmt::format("{} {} ({:.2f} GB)", doing, path, static_cast<double>(total) / 1e9),
                  total > 0 ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 0.0);

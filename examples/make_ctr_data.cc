@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
         "zipf %.2f)\n",
         static_cast<long long>(s.examples), out_path.c_str(), secs,
         static_cast<unsigned long long>(opt.seed), static_cast<long long>(gen.distinct(0)),
-        static_cast<long long>(gen.distinct(ps::kCtrCategorical - 1)), opt.zipf_exponent);
+        static_cast<long long>(gen.distinct(opt.categorical_fields - 1)), opt.zipf_exponent);
     std::printf("click rate: %.4f before the held-out part, %.4f in it\n", s.train_ctr,
                 s.holdout_ctr);
     std::printf("held-out part: the last %lld examples (from line %lld)\n",

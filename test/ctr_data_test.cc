@@ -532,7 +532,7 @@ TEST_CASE("read_ctr_share: each worker's examples, the held-out tail, lines not 
         for (const int64_t max : {int64_t{-1}, int64_t{40}}) {
           INFO("csv " << csv << " holdout " << holdout << " workers " << workers << " max " << max);
           const int64_t total = max < 0 ? n : max;
-          const int64_t train_end = std::llround(total * (1 - holdout));
+          const int64_t train_end = total - std::llround(total * holdout);
           std::vector<int> seen(n, 0);
           for (int w = 0; w < workers; ++w) {
             ps::CtrShareOptions o;
@@ -727,4 +727,69 @@ TEST_CASE("CtrReader reads gzip-compressed files as downloaded, and says when on
   const TempFile binary(std::string(3 << 20, 'x'));
   CHECK_THROWS_WITH(ps::read_ctr_file(binary.path),
                     Catch::Contains(":1: a line of more than 1 MiB: not click data?"));
+}
+
+TEST_CASE("CtrReader: a NUL byte is refused; a byte order mark and a repeated header are skipped",
+          "[ctr][reader][csv]") {
+  const std::string row = "1,14102100,abc\n", header = "click,hour,site\n";
+  const TempFile nul(header + row +
+                     std::string("0,1410210\0"
+                                 "0,x\n",
+                                 16) +
+                     row);
+  CHECK_THROWS_WITH(ps::read_ctr_file(nul.path), Catch::Contains(":3: a NUL byte"));
+  const TempFile nul_line(header + row + std::string(4, '\0') + "\n" + row);
+  CHECK_THROWS_WITH(ps::read_ctr_file(nul_line.path), Catch::Contains(":3: a NUL byte"));
+
+  const TempFile plain(header + row + "0,14102101,xyz\n");
+  const TempFile bom("\xEF\xBB\xBF" + header + row + "0,14102101,xyz\n");
+  const auto a = ps::read_ctr_file(plain.path), b = ps::read_ctr_file(bom.path);
+  REQUIRE(b.size() == 2);
+  for (int i = 0; i < 2; ++i) CHECK(b[i].categorical == a[i].categorical);
+  CHECK(b[0].categorical[0] == ps::ctr_text_value("abc"));
+
+  // Two files joined by cat: the second header is no example, for the count too.
+  const TempFile joined(header + row + header + row + row);
+  CHECK(ps::read_ctr_file(joined.path).size() == 3);
+  ps::CtrShareOptions o;
+  o.holdout = 0.5;
+  o.keep_train = false;  // nothing kept: the count alone
+  const ps::CtrShare counted = ps::read_ctr_share(joined.path, o);
+  CHECK(counted.examples == 3);
+  CHECK(counted.train_end == 1);  // 3 - round(1.5), as CtrSynthetic splits
+  CHECK(counted.train.empty());
+  CHECK(counted.holdout.empty());
+}
+
+TEST_CASE("read_ctr_share and CtrShareStream: a file that changes under them is said",
+          "[ctr][reader][share]") {
+  const std::string text20k = numbered_lines(20000, false);
+  const TempFile f(text20k);
+  ps::CtrShareOptions o;
+  o.holdout = 0.1;
+  o.progress_seconds = 0;
+  bool cut = false;
+  o.progress = [&](const std::string& doing, uint64_t, uint64_t) {
+    if (doing == "reading" && !cut) {
+      // Cut after example 11999, past what the reader holds: examples 0..11999 remain.
+      std::filesystem::resize_file(f.path, text20k.find("\n0\t12000\t") + 1);
+      cut = true;
+    }
+  };
+  CHECK_THROWS_WITH(
+      ps::read_ctr_share(f.path, o),
+      Catch::EndsWith(": ended after 12000 examples, 20000 counted (did it change?)"));
+  CHECK(cut);
+
+  // A stream that met a bad line starts its share over on the next call.
+  std::string text = numbered_lines(10, false);
+  text.replace(text.find("\n0\t4\t") + 1, 1, "x");  // example 4 is malformed
+  const TempFile bad(text);
+  ps::CtrShareStream stream(bad.path, 0, 1, 10);
+  std::vector<ps::CtrExample> got;
+  CHECK_THROWS_WITH(stream.next(8, got), Catch::Contains(":6: label"));
+  CHECK(got.empty());
+  stream.next(3, got);
+  REQUIRE(got.size() == 3);
+  CHECK(number_of(got[0], false) == 0);
 }

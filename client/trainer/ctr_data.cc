@@ -98,6 +98,7 @@ CtrReader::CtrReader(const std::string& path) : path_(path) {
   in_.reset(gzopen(path.c_str(), "rb"));
   if (!in_) throw ConfigError(fmt::format("{}: cannot open CTR data file", path));
   gzbuffer(in_.get(), 1 << 18);
+  buf_.resize(1 << 18);
   const auto size = std::filesystem::file_size(path, ec);
   file_bytes_ = ec ? 0 : size;
 }
@@ -105,27 +106,40 @@ CtrReader::CtrReader(const std::string& path) : path_(path) {
 bool CtrReader::read_line() {
   constexpr std::size_t kMaxLine = std::size_t{1} << 20;
   line_.clear();
-  char buf[1 << 16];
-  while (gzgets(in_.get(), buf, sizeof buf) != nullptr) {
-    const std::size_t n = std::strlen(buf);
-    line_.append(buf, n);
-    if (n > 0 && buf[n - 1] == '\n') {
-      line_.pop_back();
-      return true;
+  while (true) {
+    if (buf_at_ == buf_end_) {
+      const int n = eof_ ? 0 : gzread(in_.get(), buf_.data(), static_cast<unsigned>(buf_.size()));
+      int err = Z_OK;
+      std::string_view why = n <= 0 ? gzerror(in_.get(), &err) : "";
+      if (err != Z_OK && err != Z_STREAM_END) {
+        if (why.starts_with(path_ + ": "))
+          why.remove_prefix(path_.size() + 2);  // zlib names the file
+        throw ConfigError(
+            fmt::format("{}:{}: read error: {}", path_, line_number_ + 1,
+                        err == Z_ERRNO ? std::string_view(std::strerror(errno)) : why));
+      }
+      if (n <= 0) {
+        eof_ = true;
+        if (line_.empty()) return false;
+        break;  // a last line without its '\n'
+      }
+      buf_at_ = 0;
+      buf_end_ = static_cast<std::size_t>(n);
     }
+    const char* at = buf_.data() + buf_at_;
+    const auto* nl = static_cast<const char*>(std::memchr(at, '\n', buf_end_ - buf_at_));
+    const std::size_t take = nl ? static_cast<std::size_t>(nl - at) : buf_end_ - buf_at_;
+    line_.append(at, take);
+    buf_at_ += take + (nl ? 1 : 0);
     if (line_.size() > kMaxLine) {
       throw ConfigError(fmt::format("{}:{}: a line of more than 1 MiB: not click data?", path_,
                                     line_number_ + 1));
     }
+    if (nl) break;
   }
-  int err = Z_OK;
-  std::string_view why = gzerror(in_.get(), &err);
-  if (err != Z_OK && err != Z_STREAM_END) {
-    if (why.starts_with(path_ + ": ")) why.remove_prefix(path_.size() + 2);  // zlib names the file
-    throw ConfigError(fmt::format("{}:{}: read error: {}", path_, line_number_ + 1,
-                                  err == Z_ERRNO ? std::string_view(std::strerror(errno)) : why));
-  }
-  return !line_.empty();  // a last line without its '\n'
+  if (line_.find('\0') != std::string::npos)
+    throw ConfigError(fmt::format("{}:{}: a NUL byte: not click data?", path_, line_number_ + 1));
+  return true;
 }
 
 bool CtrReader::next_line() {
@@ -134,6 +148,7 @@ bool CtrReader::next_line() {
     if (line_.empty() || line_ == "\r") continue;
     if (!started_) {
       started_ = true;
+      if (line_.starts_with("\xEF\xBB\xBF")) line_.erase(0, 3);  // a UTF-8 byte order mark
       // A first line with commas and no tab is a CSV's header.
       if (line_.find('\t') == std::string::npos && line_.find(',') != std::string::npos) {
         try {
@@ -141,9 +156,11 @@ bool CtrReader::next_line() {
         } catch (const ConfigError& e) {
           throw ConfigError(fmt::format("{}:{}: {}", path_, line_number_, e.what()));
         }
+        header_ = line_;
         continue;
       }
     }
+    if (!header_.empty() && line_ == header_) continue;  // the header again: files joined by cat
     return true;
   }
   return false;

@@ -54,14 +54,21 @@ CtrShare read_ctr_share(const std::string& path, const CtrShareOptions& o) {
       ++count;
       clock.tick("counting the examples in", counter);
     }
-    s.train_end = std::llround(static_cast<double>(count) * (1.0 - o.holdout));
-    const int64_t kept = (o.keep_train ? (s.train_end + o.workers - 1) / o.workers : 0) +
-                         (o.keep_holdout ? count - s.train_end : 0);
-    check_ctr_examples_fit(kept, 0, path + " (this worker's share" + o.too_large_hint + ")");
+    // As CtrSynthetic::holdout_begin() splits: a generated file's planted
+    // figures are for the same held-out examples.
+    s.train_end = count - std::llround(static_cast<double>(count) * o.holdout);
+    const int64_t train = o.keep_train ? (s.train_end + o.workers - 1) / o.workers : 0;
+    const int64_t held = o.keep_holdout ? count - s.train_end : 0;
+    check_ctr_examples_fit(train + held, o.extra_bytes_each,
+                           path + " (this worker's share" + o.too_large_hint + ")");
+    s.train.reserve(static_cast<std::size_t>(train));
+    s.holdout.reserve(static_cast<std::size_t>(held));
   }
+  // With the count taken, the read stops after the last example kept.
+  const int64_t last = count < 0 ? -1 : (o.keep_holdout ? count : o.keep_train ? s.train_end : 0);
   CtrReader reader(path);
   int64_t i = 0;
-  for (; within_max(i) && (count < 0 || i < count); ++i) {
+  for (; within_max(i) && (last < 0 || i < last); ++i) {
     const bool train = count < 0 || i < s.train_end;
     const bool keep = train ? o.keep_train && i % o.workers == o.worker : o.keep_holdout;
     bool more;
@@ -75,7 +82,11 @@ CtrShare read_ctr_share(const std::string& path, const CtrShareOptions& o) {
     if (!more) break;
     clock.tick("reading", reader);
   }
-  s.examples = i;
+  if (count >= 0 && i < last) {
+    throw ConfigError(
+        fmt::format("{}: ended after {} examples, {} counted (did it change?)", path, i, count));
+  }
+  s.examples = count < 0 ? i : count;
   if (count < 0) s.train_end = i;
   return s;
 }
@@ -92,6 +103,17 @@ CtrShareStream::CtrShareStream(std::string path, int worker, int workers, int64_
 
 void CtrShareStream::next(std::size_t n, std::vector<CtrExample>& out) {
   out.clear();
+  try {
+    fill(n, out);
+  } catch (...) {
+    // The reader is past the line that failed: the next call starts over.
+    reader_.reset();
+    out.clear();
+    throw;
+  }
+}
+
+void CtrShareStream::fill(std::size_t n, std::vector<CtrExample>& out) {
   while (out.size() < n) {
     if (!reader_ || at_ >= train_end_) {
       if (reader_ && !out.empty()) return;  // the share's end cuts a batch short

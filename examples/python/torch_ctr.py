@@ -104,7 +104,7 @@ def load_data(f, worker, workers, chief):
     if f.synthetic > 0:
         opts = dict(seed=f.synthetic_seed, max_distinct=f.synthetic_max_distinct, holdout=f.holdout)
         train = psclient.ctr_synthetic(f.synthetic, part="train", worker=worker, workers=workers, **opts)
-        total = f.synthetic - round(f.synthetic * f.holdout) if f.holdout > 0 else f.synthetic
+        total = f.synthetic - math.floor(f.synthetic * f.holdout + 0.5)  # as the C++ llround
         held, planted = None, None
         if chief:
             held = psclient.ctr_synthetic(f.synthetic, part="holdout", **opts)

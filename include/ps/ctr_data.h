@@ -105,9 +105,10 @@ uint32_t ctr_text_value(std::string_view text);
 
 // Reads a file line by line, in either layout (the first non-empty line
 // tells which), gzip-compressed or not (Criteo's day_N.gz, Avazu's train.gz
-// as downloaded). Empty lines, and a CSV's header, are skipped; a malformed
-// line, or one over 1 MiB (not click data), throws ps::ConfigError
-// "path:line: why".
+// as downloaded). Empty lines, a UTF-8 byte order mark and a CSV's header
+// (also where it repeats, as in files joined by cat) are skipped; a
+// malformed line, one over 1 MiB or with a NUL byte (not click data), throws
+// ps::ConfigError "path:line: why".
 class CtrReader {
  public:
   explicit CtrReader(const std::string& path);  // throws ps::ConfigError if it cannot be opened
@@ -128,6 +129,10 @@ class CtrReader {
   };
   std::string path_;
   std::unique_ptr<gzFile_s, GzClose> in_;  // zlib reads plain files as they are
+  std::vector<char> buf_;                  // what zlib gave, [buf_at_, buf_end_) not yet a line
+  std::size_t buf_at_ = 0, buf_end_ = 0;
+  bool eof_ = false;
+  std::string header_;  // a CSV's header line
   std::string line_;
   int64_t line_number_ = 0;
   uint64_t file_bytes_ = 0;
@@ -146,9 +151,10 @@ void check_ctr_examples_fit(int64_t examples, std::size_t extra_bytes_each,
 
 // One worker's part of a training file. The file's examples (empty lines and
 // a header not counted) are training examples up to
-// train_end = round(N * (1 - holdout)) and held out after, as the trainers
-// split them. A worker keeps the training examples i with
-// i % workers == worker, and the held-out ones if asked; the lines it does
+// train_end = N - round(N * holdout) and held out after, as the trainers
+// split them (and CtrSynthetic, so a generated file's planted figures are
+// for the same held-out part). A file that ends before its count is refused. A worker keeps the
+// training examples i with i % workers == worker, and the held-out ones if asked; the lines it does
 // not keep are counted, not parsed (the worker that keeps one checks it), so
 // each of W workers holds and parses about 1/W of the file.
 struct CtrShareOptions {
@@ -165,6 +171,8 @@ struct CtrShareOptions {
   // Appended to the refusal of a share larger than the machine's memory
   // (check_ctr_examples_fit): what the caller offers instead.
   std::string too_large_hint;
+  // Bytes the caller will hold per example beside it (the check above).
+  std::size_t extra_bytes_each = 0;
 };
 struct CtrShare {
   std::vector<CtrExample> train, holdout;
@@ -187,11 +195,14 @@ class CtrShareStream {
  public:
   // train_end: the training examples in the file, every worker's.
   CtrShareStream(std::string path, int worker, int workers, int64_t train_end);
-  // Replaces `out` with the next up to n examples of the share.
+  // Replaces `out` with the next up to n examples of the share. After it
+  // throws (a malformed line, a file that has shrunk), the next call starts
+  // the share over. Not thread-safe.
   void next(std::size_t n, std::vector<CtrExample>& out);
   int64_t share_size() const { return share_size_; }
 
  private:
+  void fill(std::size_t n, std::vector<CtrExample>& out);
   std::string path_;
   int worker_, workers_;
   int64_t train_end_, share_size_;

@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,6 +30,22 @@ namespace {
 // Bytes of features() arrays per example: label, dense, ids, wide ids (26 + 13 crosses).
 constexpr std::size_t kFeatureBytes =
     sizeof(float) * (1 + ps::kCtrDense) + sizeof(uint64_t) * (2 * ps::kCtrCategorical + 13);
+
+// Worker `worker` of `workers`, as the C++ code takes them (int).
+void check_worker(const char* what, int64_t worker, int64_t workers) {
+  if (workers < 1 || workers > INT_MAX || worker < 0 || worker >= workers) {
+    throw py::value_error(std::string(what) + ": worker " + std::to_string(worker) + " of " +
+                          std::to_string(workers) + " workers");
+  }
+}
+
+// CtrShareStream from Python: one call at a time (threads may share one).
+struct LockedShareStream {
+  LockedShareStream(const std::string& path, int worker, int workers, int64_t train_end)
+      : stream(path, worker, workers, train_end) {}
+  std::mutex mutex;
+  ps::CtrShareStream stream;
+};
 
 py::dict features(const std::vector<ps::CtrExample>& examples, const std::vector<double>* planted) {
   const std::vector<ps::FieldCross> crosses = ps::default_ctr_crosses();
@@ -84,6 +102,9 @@ double binary_metric(py::handle labels, py::handle probs, const char* what, Metr
 }  // namespace
 
 void bind_ctr_data(py::module_& m) {
+  // pybind11 sets up its NumPy API on the first array it makes; made here, at
+  // import, two threads' first arrays cannot race on that set-up.
+  (void)py::array_t<float>(0);
   m.def(
       "read_ctr",
       [](const std::string& path, int64_t max_examples) {
@@ -113,10 +134,7 @@ read_ctr_share reads one worker's part of a file instead.)");
       "read_ctr_share",
       [](const std::string& path, double holdout, int64_t worker, int64_t workers, bool keep_train,
          bool keep_holdout, int64_t max_examples, py::object progress) {
-        if (workers < 1 || worker < 0 || worker >= workers) {
-          throw py::value_error("read_ctr_share: worker " + std::to_string(worker) + " of " +
-                                std::to_string(workers) + " workers");
-        }
+        check_worker("read_ctr_share", worker, workers);
         if (!progress.is_none() && !PyCallable_Check(progress.ptr())) {
           throw py::type_error(
               "read_ctr_share: progress must be callable(doing, done_bytes, total_bytes)");
@@ -128,6 +146,7 @@ read_ctr_share reads one worker's part of a file instead.)");
         opt.keep_train = keep_train;
         opt.keep_holdout = keep_holdout;
         opt.max_examples = max_examples;
+        opt.extra_bytes_each = kFeatureBytes;  // the arrays made of the examples, beside them
         // A quarter of a second apart: Ctrl-C ends the read (Python's handlers
         // run here), and `progress` is called about every 5 s.
         opt.progress_seconds = 0.25;
@@ -172,7 +191,7 @@ held-out ones with keep_holdout:
 5 s (a large file takes minutes); Ctrl-C ends the read. A malformed line among
 those kept raises ConfigError "path:line: why".)");
 
-  py::class_<ps::CtrShareStream>(
+  py::class_<LockedShareStream>(
       m, "CtrShareStream",
       R"(A worker's training share of a file, batch by batch, for files larger than
 memory: read_ctr_share's "train" examples, in the same order, with only the
@@ -182,26 +201,32 @@ over from the file's beginning.
     counted = psclient.read_ctr_share(path, holdout=0.1, worker=1, workers=3, keep_train=False)
     stream = psclient.CtrShareStream(path, 1, 3, counted["train_end"])
     batch = stream.next(512)    # read_ctr's dict of the next (up to) 512 examples)")
-      .def(py::init([](const std::string& path, int worker, int workers, int64_t train_end) {
-             return std::make_unique<ps::CtrShareStream>(path, worker, workers, train_end);
-           }),
-           py::arg("path"), py::arg("worker"), py::arg("workers"), py::arg("train_end"),
-           "ConfigError when the worker has no training examples.")
-      .def_property_readonly("share_size", &ps::CtrShareStream::share_size,
-                             "Training examples in this worker's share.")
+      .def(
+          py::init([](const std::string& path, int64_t worker, int64_t workers, int64_t train_end) {
+            check_worker("CtrShareStream", worker, workers);
+            return std::make_unique<LockedShareStream>(path, static_cast<int>(worker),
+                                                       static_cast<int>(workers), train_end);
+          }),
+          py::arg("path"), py::arg("worker"), py::arg("workers"), py::arg("train_end"),
+          "ConfigError when the worker has no training examples.")
+      .def_property_readonly(
+          "share_size", [](const LockedShareStream& s) { return s.stream.share_size(); },
+          "Training examples in this worker's share.")
       .def(
           "next",
-          [](ps::CtrShareStream& self, std::size_t n) {
+          [](LockedShareStream& self, std::size_t n) {
             std::vector<ps::CtrExample> batch;
             {
               py::gil_scoped_release nogil;
-              self.next(n, batch);
+              const std::lock_guard lock(self.mutex);
+              self.stream.next(n, batch);
             }
             return features(batch, nullptr);
           },
           py::arg("n"),
           "The next up to n examples, as read_ctr's dict (ConfigError for a malformed line, or "
-          "a file that has shrunk since it was counted).");
+          "a file that has shrunk since it was counted; the next call then starts the share "
+          "over).");
 
   m.def(
       "ctr_synthetic",
@@ -210,10 +235,7 @@ over from the file's beginning.
         if (part != "train" && part != "holdout")
           throw py::value_error("ctr_synthetic: part must be 'train' or 'holdout', got '" + part +
                                 "'");
-        if (workers < 1 || worker < 0 || worker >= workers) {
-          throw py::value_error("ctr_synthetic: worker " + std::to_string(worker) + " of " +
-                                std::to_string(workers) + " workers");
-        }
+        check_worker("ctr_synthetic", worker, workers);
         ps::CtrSyntheticOptions opt;
         opt.examples = examples;
         opt.seed = seed;
@@ -232,6 +254,8 @@ over from the file's beginning.
         ps::check_ctr_examples_fit(
             count, kFeatureBytes + sizeof(double),
             "ctr_synthetic(" + std::to_string(examples) + ", part='" + part + "')");
+        out.reserve(static_cast<std::size_t>(count));
+        planted.reserve(static_cast<std::size_t>(count));
         // In chunks, the GIL taken between them for Python's signal handlers:
         // Ctrl-C ends a long draw.
         constexpr int64_t kChunk = 1 << 16;

@@ -132,6 +132,17 @@ def test_a_stream_gives_the_share_batch_by_batch(tmp_path):
         end = min(start + 128, 300)
         for key in held:
             np.testing.assert_array_equal(batch[key], held[key][start:end])
+    # Threads sharing one stream take turns: every batch whole, the share's examples each read once a pass.
+    shared = psclient.CtrShareStream(str(path), 2, 3, counted["train_end"])
+    got = []
+    pool = [threading.Thread(target=lambda: got.extend(shared.next(10)["ids"][:, 0] for _ in range(15)))
+            for _ in range(4)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert len(got) == 60 and all(len(ids) == 10 for ids in got)  # 600 = two passes of 300
+    assert sorted(np.concatenate(got).tolist()) == sorted(np.tile(held["ids"][:, 0], 2).tolist())
     with pytest.raises(psclient.ConfigError, match="no training examples"):
         psclient.CtrShareStream(str(path), 1, 2, 1)
     with pytest.raises(psclient.ConfigError, match="ended after 1000 examples, 2000 expected"):
@@ -172,6 +183,13 @@ def test_share_refusals(tmp_path):
         psclient.read_ctr_share(path, holdout=1.0)
     with pytest.raises(TypeError, match="progress must be callable"):
         psclient.read_ctr_share(path, progress=3)
+    # Beyond the C++ int, refused rather than cut to another worker's numbers.
+    with pytest.raises(ValueError, match="worker 4294967296 of 4294967297 workers"):
+        psclient.read_ctr_share(path, worker=2**32, workers=2**32 + 1)
+    with pytest.raises(ValueError, match="worker 0 of 4294967298 workers"):
+        psclient.CtrShareStream(path, 0, 2**32 + 2, 3)
+    with pytest.raises(ValueError, match="workers"):
+        psclient.ctr_synthetic(100, worker=1, workers=2**63 - 1)
     (tmp_path / "test.csv").write_text("id,hour,C1\n1,14102100,1005\n")
     with pytest.raises(psclient.ConfigError, match="test.csv:1: CSV header has no 'click' column"):
         psclient.read_ctr_share(str(tmp_path / "test.csv"))
@@ -181,13 +199,18 @@ def test_a_draw_too_large_is_refused_and_ctrl_c_ends_a_long_one():
     with pytest.raises(psclient.ConfigError, match=r"ctr_synthetic\(1000000000000, part='train'\): "
                                                    r"900000000000 examples need .* GB in memory"):
         psclient.ctr_synthetic(10**12)
-    # SIGINT a second in, as Ctrl-C would: the draw of 20M examples (about 90 s here) stops.
+    # SIGINT a second in, as Ctrl-C would: a draw of many seconds stops. As many examples as
+    # a quarter of this machine's memory holds (at about 816 bytes each), at most 20M (90 s here).
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    examples = min(20_000_000, memory // 4 // 816)
     timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
     start = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        psclient.ctr_synthetic(20_000_000)
-    timer.join()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            psclient.ctr_synthetic(examples)
+    finally:
+        timer.cancel()  # a draw refused or ended early must not leave the signal to the next test
     assert time.monotonic() - start < 10
 
 

@@ -200,8 +200,10 @@ CtrDataSet load_data(const ps::TrainerFlags& f, const CtrFlags& c, int worker, i
     const int64_t share = (gen.holdout_begin() - worker + workers - 1) / workers;
     ps::check_ctr_examples_fit(
         (c.stream_data ? 0 : share) + (chief ? opt.examples - gen.holdout_begin() : 0), 0,
-        fmt::format("--synthetic {}: worker {}'s share{}", c.synthetic, worker,
-                    c.stream_data ? " (held out)" : "; --stream_data draws it batch by batch"));
+        c.stream_data ? fmt::format("--synthetic {}: the held-out part", c.synthetic)
+                      : fmt::format("--synthetic {}: worker {}'s share (--stream_data draws it "
+                                    "batch by batch)",
+                                    c.synthetic, worker));
     if (c.stream_data) {
       d.train = std::make_unique<BatchesDrawn>(opt, worker, workers);
     } else {

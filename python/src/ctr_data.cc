@@ -99,6 +99,26 @@ double binary_metric(py::handle labels, py::handle probs, const char* what, Metr
                 std::span<const double>(p.data(), static_cast<std::size_t>(p.size())));
 }
 
+// ps::read_ctr_share with the GIL released, taking it a quarter of a second
+// apart: Ctrl-C ends the read (Python's handlers run then), and `progress`,
+// unless None, is called about every 5 s.
+ps::CtrShare read_share(const std::string& path, ps::CtrShareOptions opt,
+                        const py::object& progress) {
+  opt.extra_bytes_each = kFeatureBytes;  // the arrays made of the examples, beside them
+  opt.progress_seconds = 0.25;
+  auto next_report = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  opt.progress = [&](const std::string& doing, uint64_t done, uint64_t total) {
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    const auto now = std::chrono::steady_clock::now();
+    if (progress.is_none() || now < next_report) return;
+    next_report = now + std::chrono::seconds(5);
+    progress(doing, done, total);
+  };
+  py::gil_scoped_release nogil;
+  return ps::read_ctr_share(path, opt);
+}
+
 }  // namespace
 
 void bind_ctr_data(py::module_& m) {
@@ -108,12 +128,9 @@ void bind_ctr_data(py::module_& m) {
   m.def(
       "read_ctr",
       [](const std::string& path, int64_t max_examples) {
-        std::vector<ps::CtrExample> examples;
-        {
-          py::gil_scoped_release nogil;
-          examples = ps::read_ctr_file(path, max_examples);
-        }
-        return features(examples, nullptr);
+        ps::CtrShareOptions opt;  // one worker, nothing held out: every example, one pass
+        opt.max_examples = max_examples;
+        return features(read_share(path, opt, py::none()).train, nullptr);
       },
       py::arg("path"), py::arg("max_examples") = -1,
       R"(Reads a click-through file into the features ctr_trainer trains on, as a
@@ -127,8 +144,9 @@ CSV with a header line, as Avazu's train.csv (docs/ctr.md, "Data layout"):
     d["wide_ids"]  # (N, 39) uint64, the 26 ids, then one per cross of neighbouring fields
 
 The ids are ctr_trainer's (include/ps/ctr_data.h), so tables and checkpoints
-are shared with it. A malformed line raises ConfigError "path:line: why".
-read_ctr_share reads one worker's part of a file instead.)");
+are shared with it. A malformed line raises ConfigError "path:line: why";
+Ctrl-C ends a long read. read_ctr_share reads one worker's part of a file
+instead.)");
 
   m.def(
       "read_ctr_share",
@@ -146,24 +164,7 @@ read_ctr_share reads one worker's part of a file instead.)");
         opt.keep_train = keep_train;
         opt.keep_holdout = keep_holdout;
         opt.max_examples = max_examples;
-        opt.extra_bytes_each = kFeatureBytes;  // the arrays made of the examples, beside them
-        // A quarter of a second apart: Ctrl-C ends the read (Python's handlers
-        // run here), and `progress` is called about every 5 s.
-        opt.progress_seconds = 0.25;
-        auto next_report = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-        opt.progress = [&](const std::string& doing, uint64_t done, uint64_t total) {
-          py::gil_scoped_acquire gil;
-          if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-          const auto now = std::chrono::steady_clock::now();
-          if (progress.is_none() || now < next_report) return;
-          next_report = now + std::chrono::seconds(5);
-          progress(doing, done, total);
-        };
-        ps::CtrShare share;
-        {
-          py::gil_scoped_release nogil;
-          share = ps::read_ctr_share(path, opt);
-        }
+        const ps::CtrShare share = read_share(path, opt, progress);
         py::dict d;
         d["train"] = keep_train ? py::object(features(share.train, nullptr)) : py::none();
         d["holdout"] = keep_holdout ? py::object(features(share.holdout, nullptr)) : py::none();

@@ -259,7 +259,9 @@ CtrDataSet load_data(const ps::TrainerFlags& f, const CtrFlags& c, int worker, i
   else
     d.train = std::make_unique<BatchesInMemory>(std::move(share.train));
   if (chief)
-    d.holdout = c.eval_file.empty() ? std::move(share.holdout) : ps::read_ctr_file(c.eval_file);
+    d.holdout = c.eval_file.empty()
+                    ? std::move(share.holdout)
+                    : ps::read_ctr_share(c.eval_file, {.too_large_hint = "; --eval_file"}).train;
   return d;
 }
 

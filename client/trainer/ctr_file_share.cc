@@ -45,9 +45,10 @@ CtrShare read_ctr_share(const std::string& path, const CtrShareOptions& o) {
   const auto within_max = [&](int64_t i) { return o.max_examples < 0 || i < o.max_examples; };
   ProgressClock clock(o);
   CtrShare s;
-  // With a held-out part its start depends on the count: a first pass.
+  // A first pass counts: where the held-out part starts, and whether what is
+  // kept fits in memory. Without either to learn, one pass reads.
   int64_t count = -1;
-  if (o.holdout > 0) {
+  if (o.holdout > 0 || o.keep_train || o.keep_holdout) {
     CtrReader counter(path);
     count = 0;
     while (within_max(count) && counter.skip()) {

@@ -149,7 +149,9 @@ std::vector<CtrExample> read_ctr_file(const std::string& path, int64_t max_examp
 void check_ctr_examples_fit(int64_t examples, std::size_t extra_bytes_each,
                             const std::string& what);
 
-// One worker's part of a training file. The file's examples (empty lines and
+// One worker's part of a training file, read in two passes: the count (where
+// the held-out part starts; whether what is kept fits in memory, else
+// ps::ConfigError), then the examples kept. The file's examples (empty lines and
 // a header not counted) are training examples up to
 // train_end = N - round(N * holdout) and held out after, as the trainers
 // split them (and CtrSynthetic, so a generated file's planted figures are
@@ -159,7 +161,7 @@ void check_ctr_examples_fit(int64_t examples, std::size_t extra_bytes_each,
 // each of W workers holds and parses about 1/W of the file.
 struct CtrShareOptions {
   int worker = 0, workers = 1;
-  double holdout = 0;         // [0, 1); above 0, a first pass counts the examples
+  double holdout = 0;         // [0, 1)
   bool keep_train = true;     // false: the held-out part alone
   bool keep_holdout = false;  // the chief's evaluation set
   int64_t max_examples = -1;  // >= 0: the file's first this many examples only

@@ -4,7 +4,9 @@
 // planted AUC).
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -763,22 +765,23 @@ TEST_CASE("CtrReader: a NUL byte is refused; a byte order mark and a repeated he
 
 TEST_CASE("read_ctr_share and CtrShareStream: a file that changes under them is said",
           "[ctr][reader][share]") {
-  const std::string text20k = numbered_lines(20000, false);
-  const TempFile f(text20k);
+  // Large enough that the cut lies past what the reader's buffers hold (1 MiB at most).
+  const std::string big = numbered_lines(100000, false);
+  const TempFile f(big);
   ps::CtrShareOptions o;
   o.holdout = 0.1;
   o.progress_seconds = 0;
   bool cut = false;
   o.progress = [&](const std::string& doing, uint64_t, uint64_t) {
     if (doing == "reading" && !cut) {
-      // Cut after example 11999, past what the reader holds: examples 0..11999 remain.
-      std::filesystem::resize_file(f.path, text20k.find("\n0\t12000\t") + 1);
+      // Cut after example 59999 (2.9 MB in): examples 0..59999 remain.
+      std::filesystem::resize_file(f.path, big.find("\n0\t60000\t") + 1);
       cut = true;
     }
   };
   CHECK_THROWS_WITH(
       ps::read_ctr_share(f.path, o),
-      Catch::EndsWith(": ended after 12000 examples, 20000 counted (did it change?)"));
+      Catch::EndsWith(": ended after 60000 examples, 100000 counted (did it change?)"));
   CHECK(cut);
 
   // A stream that met a bad line starts its share over on the next call.
@@ -792,4 +795,86 @@ TEST_CASE("read_ctr_share and CtrShareStream: a file that changes under them is 
   stream.next(3, got);
   REQUIRE(got.size() == 3);
   CHECK(number_of(got[0], false) == 0);
+}
+
+namespace {
+
+// A tar member (ustar header, then the content in whole 512-byte blocks); its
+// size in base-256 (GNU, as for members of 8 GiB and more) when asked.
+std::string tar_member(const std::string& name, const std::string& content, bool base256 = false) {
+  std::array<char, 512> h{};
+  std::snprintf(h.data(), 100, "%s", name.c_str());
+  std::snprintf(h.data() + 100, 8, "%07o", 0644);
+  if (base256) {
+    h[124] = static_cast<char>(0x80);
+    for (int i = 0; i < 8; ++i) h[135 - i] = static_cast<char>((content.size() >> (8 * i)) & 0xff);
+  } else {
+    std::snprintf(h.data() + 124, 12, "%011llo", static_cast<unsigned long long>(content.size()));
+  }
+  h[156] = '0';
+  std::memcpy(h.data() + 257,
+              "ustar\0"
+              "00",
+              8);
+  std::memset(h.data() + 148, ' ', 8);
+  unsigned sum = 0;
+  for (const char c : h) sum += static_cast<unsigned char>(c);
+  std::snprintf(h.data() + 148, 8, "%06o", sum);
+  std::string out(h.data(), h.size());
+  out += content;
+  out.append((512 - content.size() % 512) % 512, '\0');
+  return out;
+}
+
+std::string gzipped(const std::string& bytes, const std::string& path) {
+  gzFile out = gzopen(path.c_str(), "wb");
+  REQUIRE(out != nullptr);
+  REQUIRE(gzwrite(out, bytes.data(), static_cast<unsigned>(bytes.size())) ==
+          static_cast<int>(bytes.size()));
+  REQUIRE(gzclose(out) == Z_OK);
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("CtrReader reads a tar archive's training member (Criteo's dac.tar.gz as downloaded)",
+          "[ctr][reader][tar]") {
+  const std::string text = numbered_lines(5000, false);
+  const std::string end(1024, '\0');
+  const std::string archive = tar_member("readme.txt", "Criteo's display-ads data\n") +
+                              tar_member("dac/train.txt", text) +
+                              tar_member("test.txt", "not this\n") + end;
+  const TempFile plain(text), tar(archive), tgz("");
+  gzipped(archive, tgz.path);
+  const auto want = ps::read_ctr_file(plain.path);
+  REQUIRE(want.size() == 5000);
+  for (const std::string& path : {tar.path, tgz.path}) {
+    INFO(path);
+    const auto got = ps::read_ctr_file(path);
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) CHECK(number_of(got[i], false) == int64_t(i));
+    ps::CtrShareOptions o;
+    o.worker = 1;
+    o.workers = 2;
+    o.holdout = 0.1;
+    const ps::CtrShare share = ps::read_ctr_share(path, o);
+    CHECK(share.examples == 5000);
+    CHECK(share.train.size() == 2250);
+    CHECK(number_of(share.train.back(), false) == 4499);
+  }
+  // A member of 8 GiB or more has its size in base-256.
+  const TempFile big_size(tar_member("train.csv", "click,site\n1,a\n0,b\n", true) + end);
+  CHECK(ps::read_ctr_file(big_size.path).size() == 2);
+
+  const TempFile no_train(tar_member("readme.txt", "x\n") + tar_member("test.txt", "y\n") + end);
+  CHECK_THROWS_WITH(ps::read_ctr_file(no_train.path),
+                    Catch::Contains("a tar archive without a train.txt, train.csv or train.tsv in "
+                                    "it (it holds: readme.txt, test.txt)"));
+  const std::string member = tar_member("train.txt", text);
+  const TempFile cut(member.substr(0, member.size() / 2));
+  CHECK_THROWS_WITH(ps::read_ctr_file(cut.path),
+                    Catch::Contains("the tar archive ends inside its member"));
+  const TempFile cut_before(tar_member("readme.txt", std::string(5000, 'x')).substr(0, 2000));
+  CHECK_THROWS_WITH(ps::read_ctr_file(cut_before.path),
+                    Catch::Contains("the tar archive ends inside 'readme.txt'"));
 }

@@ -2,6 +2,7 @@
 #include "ps/ctr_data.h"
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <zlib.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "ps/errors.h"
 
@@ -101,16 +103,79 @@ CtrReader::CtrReader(const std::string& path) : path_(path) {
   buf_.resize(1 << 18);
   const auto size = std::filesystem::file_size(path, ec);
   file_bytes_ = ec ? 0 : size;
+  // A tar archive (Criteo's dac.tar.gz as downloaded): its training member is
+  // read. Otherwise the first block is the data's start.
+  std::array<char, 512> block{};
+  const std::size_t got = read_data(block.data(), block.size(), true);
+  if (got == block.size() && std::memcmp(block.data() + 257, "ustar", 5) == 0) {
+    open_tar_member(block);
+  } else {
+    std::memcpy(buf_.data(), block.data(), got);
+    buf_end_ = got;
+  }
 }
 
-bool CtrReader::read_line() {
-  constexpr std::size_t kMaxLine = std::size_t{1} << 20;
-  line_.clear();
+namespace {
+
+// A tar header's number field: octal text, or base-256 (GNU, for members of
+// 8 GiB and more: Criteo's train.txt is 11 GB) when its first byte has the high bit.
+uint64_t tar_number(const char* field, std::size_t size) {
+  uint64_t v = 0;
+  if (static_cast<unsigned char>(field[0]) & 0x80) {
+    for (std::size_t i = 1; i < size; ++i) v = (v << 8) | static_cast<unsigned char>(field[i]);
+    return v;
+  }
+  for (std::size_t i = 0; i < size && field[i] != '\0'; ++i)
+    if (field[i] >= '0' && field[i] <= '7') v = v * 8 + static_cast<uint64_t>(field[i] - '0');
+  return v;
+}
+
+std::string tar_text(const char* field, std::size_t size) {
+  return std::string(field, strnlen(field, size));
+}
+
+}  // namespace
+
+void CtrReader::open_tar_member(std::array<char, 512>& block) {
+  std::vector<std::string> others;
   while (true) {
-    if (buf_at_ == buf_end_) {
-      const int n = eof_ ? 0 : gzread(in_.get(), buf_.data(), static_cast<unsigned>(buf_.size()));
+    if (std::all_of(block.begin(), block.end(), [](char c) { return c == '\0'; })) {
+      throw ConfigError(fmt::format(
+          "{}: a tar archive without a train.txt, train.csv or train.tsv in it (it holds: {})",
+          path_, fmt::join(others, ", ")));
+    }
+    const std::string prefix = tar_text(block.data() + 345, 155);
+    const std::string name = (prefix.empty() ? "" : prefix + "/") + tar_text(block.data(), 100);
+    const uint64_t size = tar_number(block.data() + 124, 12);
+    const char type = block[156];
+    const std::string base = name.substr(name.rfind('/') + 1);
+    if ((type == '0' || type == '\0') &&
+        (base == "train.txt" || base == "train.csv" || base == "train.tsv")) {
+      member_left_ = size;
+      in_tar_ = true;
+      return;
+    }
+    if (type == '0' || type == '\0') others.push_back(name);
+    // Past the member's data, in whole blocks, to the next header.
+    for (uint64_t skip = (size + 511) / 512 * 512; skip > 0;) {
+      const std::size_t n = read_data(buf_.data(), std::min<uint64_t>(skip, buf_.size()), true);
+      if (n == 0)
+        throw ConfigError(fmt::format("{}: the tar archive ends inside '{}'", path_, name));
+      skip -= n;
+    }
+    if (read_data(block.data(), block.size(), true) != block.size())
+      throw ConfigError(fmt::format("{}: the tar archive ends without its end blocks", path_));
+  }
+}
+
+std::size_t CtrReader::read_data(char* to, std::size_t n, bool exact) {
+  if (in_tar_) n = static_cast<std::size_t>(std::min<uint64_t>(n, member_left_));
+  std::size_t done = 0;
+  while (done < n) {
+    const int got = gzread(in_.get(), to + done, static_cast<unsigned>(n - done));
+    if (got <= 0) {
       int err = Z_OK;
-      std::string_view why = n <= 0 ? gzerror(in_.get(), &err) : "";
+      std::string_view why = gzerror(in_.get(), &err);
       if (err != Z_OK && err != Z_STREAM_END) {
         if (why.starts_with(path_ + ": "))
           why.remove_prefix(path_.size() + 2);  // zlib names the file
@@ -118,13 +183,31 @@ bool CtrReader::read_line() {
             fmt::format("{}:{}: read error: {}", path_, line_number_ + 1,
                         err == Z_ERRNO ? std::string_view(std::strerror(errno)) : why));
       }
-      if (n <= 0) {
+      if (in_tar_ && member_left_ > done)
+        throw ConfigError(
+            fmt::format("{}:{}: the tar archive ends inside its member", path_, line_number_ + 1));
+      break;
+    }
+    done += static_cast<std::size_t>(got);
+    if (!exact) break;
+  }
+  if (in_tar_) member_left_ -= done;
+  return done;
+}
+
+bool CtrReader::read_line() {
+  constexpr std::size_t kMaxLine = std::size_t{1} << 20;
+  line_.clear();
+  while (true) {
+    if (buf_at_ == buf_end_) {
+      const std::size_t n = eof_ ? 0 : read_data(buf_.data(), buf_.size(), false);
+      if (n == 0) {
         eof_ = true;
         if (line_.empty()) return false;
         break;  // a last line without its '\n'
       }
       buf_at_ = 0;
-      buf_end_ = static_cast<std::size_t>(n);
+      buf_end_ = n;
     }
     const char* at = buf_.data() + buf_at_;
     const auto* nl = static_cast<const char*>(std::memchr(at, '\n', buf_end_ - buf_at_));

@@ -105,10 +105,10 @@ uint32_t ctr_text_value(std::string_view text);
 
 // Reads a file line by line, in either layout (the first non-empty line
 // tells which), gzip-compressed or not (Criteo's day_N.gz, Avazu's train.gz
-// as downloaded). Empty lines, a UTF-8 byte order mark and a CSV's header
-// (also where it repeats, as in files joined by cat) are skipped; a
-// malformed line, one over 1 MiB or with a NUL byte (not click data), throws
-// ps::ConfigError "path:line: why".
+// as downloaded), or from a tar archive, compressed or not, its member named
+// train.txt, train.csv or train.tsv (Criteo's dac.tar.gz). Empty lines, a UTF-8 byte order mark and
+// a CSV's header (also where it repeats, as in files joined by cat) are skipped; a malformed line,
+// one over 1 MiB or with a NUL byte (not click data), throws ps::ConfigError "path:line: why".
 class CtrReader {
  public:
   explicit CtrReader(const std::string& path);  // throws ps::ConfigError if it cannot be opened
@@ -124,6 +124,10 @@ class CtrReader {
  private:
   bool next_line();  // the next non-empty line into line_; false at the end
   bool read_line();  // the next line into line_; false at the end
+  // Up to n bytes of the data (a tar member's, in an archive): one read, or
+  // with `exact` as many as there are up to n.
+  std::size_t read_data(char* to, std::size_t n, bool exact);
+  void open_tar_member(std::array<char, 512>& first_header);
   struct GzClose {
     void operator()(gzFile_s* f) const;
   };
@@ -132,6 +136,8 @@ class CtrReader {
   std::vector<char> buf_;                  // what zlib gave, [buf_at_, buf_end_) not yet a line
   std::size_t buf_at_ = 0, buf_end_ = 0;
   bool eof_ = false;
+  bool in_tar_ = false;
+  uint64_t member_left_ = 0;  // in_tar_: the member's bytes not yet read
   std::string header_;  // a CSV's header line
   std::string line_;
   int64_t line_number_ = 0;

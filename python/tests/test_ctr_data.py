@@ -8,6 +8,7 @@ import os
 import pathlib
 import signal
 import subprocess
+import tarfile
 import threading
 import time
 
@@ -165,6 +166,24 @@ def test_a_gzip_file_reads_as_the_plain_one(tmp_path):
     (tmp_path / "cut.gz").write_bytes(packed.read_bytes()[:len(packed.read_bytes()) // 2])
     with pytest.raises(psclient.ConfigError, match=r"cut.gz:\d+: read error: unexpected end of file"):
         psclient.read_ctr(str(tmp_path / "cut.gz"))
+
+
+def test_a_tar_archive_reads_as_its_training_member(tmp_path):
+    """Criteo's dac.tar.gz as downloaded (readme.txt, train.txt, test.txt): its train.txt is read."""
+    path = tmp_path / "train.txt"
+    subprocess.run([make_ctr_data(), "--out", str(path), "--examples", "2000"], check=True, capture_output=True)
+    (tmp_path / "readme.txt").write_text("Criteo's display-ads data\n")
+    (tmp_path / "test.txt").write_text("no labels here\n")
+    with tarfile.open(tmp_path / "dac.tar.gz", "w:gz") as tar:
+        for name in ("readme.txt", "train.txt", "test.txt"):
+            tar.add(tmp_path / name, arcname=name)
+    plain, packed = psclient.read_ctr(str(path)), psclient.read_ctr(str(tmp_path / "dac.tar.gz"))
+    for key in plain:
+        np.testing.assert_array_equal(packed[key], plain[key])
+    with tarfile.open(tmp_path / "other.tar", "w") as tar:
+        tar.add(tmp_path / "readme.txt", arcname="readme.txt")
+    with pytest.raises(psclient.ConfigError, match=r"a tar archive without a train.txt.*\(it holds: readme.txt\)"):
+        psclient.read_ctr(str(tmp_path / "other.tar"))
 
 
 def test_share_refusals(tmp_path):

@@ -137,7 +137,7 @@ class BatchesDrawn final : public TrainBatches {
  public:
   BatchesDrawn(const ps::CtrSyntheticOptions& opt, int worker, int workers)
       : gen_(opt), worker_(worker), workers_(workers) {
-    share_ = (gen_.holdout_begin() - worker + workers - 1) / workers;
+    share_ = ps::ctr_share_size(gen_.holdout_begin(), worker, workers);
   }
   int64_t share_size() const override { return share_; }
   std::span<const ps::CtrExample> next(std::size_t n) override {
@@ -197,7 +197,7 @@ CtrDataSet load_data(const ps::TrainerFlags& f, const CtrFlags& c, int worker, i
     opt.validate();
     const ps::CtrSynthetic gen(opt);
     d.train_total = gen.holdout_begin();
-    const int64_t share = (gen.holdout_begin() - worker + workers - 1) / workers;
+    const int64_t share = ps::ctr_share_size(gen.holdout_begin(), worker, workers);
     ps::check_ctr_examples_fit(
         (c.stream_data ? 0 : share) + (chief ? opt.examples - gen.holdout_begin() : 0), 0,
         c.stream_data ? fmt::format("--synthetic {}: the held-out part", c.synthetic)

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "client/trainer/ctr_text.h"
 #include "ps/ctr_data.h"
 #include "ps/errors.h"
 
@@ -24,14 +25,8 @@ void split_commas(std::string_view line, std::vector<std::string_view>& out) {
   }
 }
 
-std::string shown(std::string_view s) {
-  return s.size() <= 24 ? fmt::format("'{}'", s) : fmt::format("'{}...'", s.substr(0, 24));
-}
-
-std::string_view without_cr(std::string_view line) {
-  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-  return line;
-}
+using detail::shown;
+using detail::without_cr;
 
 // YYMMDDHH (20YY) -> hour of the day and day of the week (0 = Sunday).
 bool parse_hour(std::string_view s, uint32_t& hour, uint32_t& weekday) {

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "client/trainer/ctr_text.h"
 #include "ps/errors.h"
 
 namespace ps {
@@ -21,10 +22,7 @@ namespace {
 
 constexpr int kFields = 1 + kCtrDense + kCtrCategorical;
 
-// A field's text for an error message, cut short.
-std::string shown(std::string_view s) {
-  return s.size() <= 24 ? fmt::format("'{}'", s) : fmt::format("'{}...'", s.substr(0, 24));
-}
+using detail::shown;
 
 }  // namespace
 
@@ -33,7 +31,7 @@ bool parse_ctr_line(std::string_view line, CtrExample& out, std::string* error) 
     if (error) *error = std::move(why);
     return false;
   };
-  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  line = detail::without_cr(line);
   std::array<std::string_view, kFields> f;
   int n = 0;
   size_t start = 0;
@@ -200,9 +198,8 @@ bool CtrReader::read_line() {
   line_.clear();
   while (true) {
     if (buf_at_ == buf_end_) {
-      const std::size_t n = eof_ ? 0 : read_data(buf_.data(), buf_.size(), false);
+      const std::size_t n = read_data(buf_.data(), buf_.size(), false);
       if (n == 0) {
-        eof_ = true;
         if (line_.empty()) return false;
         break;  // a last line without its '\n'
       }

@@ -45,36 +45,34 @@ CtrShare read_ctr_share(const std::string& path, const CtrShareOptions& o) {
   const auto within_max = [&](int64_t i) { return o.max_examples < 0 || i < o.max_examples; };
   ProgressClock clock(o);
   CtrShare s;
-  // A first pass counts: where the held-out part starts, and whether what is
-  // kept fits in memory. Without either to learn, one pass reads.
-  int64_t count = -1;
-  if (o.holdout > 0 || o.keep_train || o.keep_holdout) {
+  // The count first: where the held-out part starts (as CtrSynthetic's
+  // holdout_begin(), so a generated file's planted figures are for the same
+  // examples), and whether what is kept fits in memory.
+  {
     CtrReader counter(path);
-    count = 0;
-    while (within_max(count) && counter.skip()) {
-      ++count;
+    while (within_max(s.examples) && counter.skip()) {
+      ++s.examples;
       clock.tick("counting the examples in", counter);
     }
-    // As CtrSynthetic::holdout_begin() splits: a generated file's planted
-    // figures are for the same held-out examples.
-    s.train_end = count - std::llround(static_cast<double>(count) * o.holdout);
-    const int64_t train = o.keep_train ? (s.train_end + o.workers - 1) / o.workers : 0;
-    const int64_t held = o.keep_holdout ? count - s.train_end : 0;
-    check_ctr_examples_fit(train + held, o.extra_bytes_each,
-                           path + " (this worker's share" + o.too_large_hint + ")");
-    s.train.reserve(static_cast<std::size_t>(train));
-    s.holdout.reserve(static_cast<std::size_t>(held));
   }
-  // With the count taken, the read stops after the last example kept.
-  const int64_t last = count < 0 ? -1 : (o.keep_holdout ? count : o.keep_train ? s.train_end : 0);
+  s.train_end = s.examples - std::llround(static_cast<double>(s.examples) * o.holdout);
+  const int64_t train = o.keep_train ? ctr_share_size(s.train_end, o.worker, o.workers) : 0;
+  const int64_t held = o.keep_holdout ? s.examples - s.train_end : 0;
+  if (train + held == 0) return s;
+  check_ctr_examples_fit(train + held, o.extra_bytes_each,
+                         path + " (this worker's share" + o.too_large_hint + ")");
+  s.train.reserve(static_cast<std::size_t>(train));
+  s.holdout.reserve(static_cast<std::size_t>(held));
+  // Then the examples kept, the read ending after the last of them.
+  const int64_t last = o.keep_holdout ? s.examples : s.train_end;
   CtrReader reader(path);
   int64_t i = 0;
-  for (; within_max(i) && (last < 0 || i < last); ++i) {
-    const bool train = count < 0 || i < s.train_end;
-    const bool keep = train ? o.keep_train && i % o.workers == o.worker : o.keep_holdout;
+  for (; i < last; ++i) {
+    const bool is_train = i < s.train_end;
+    const bool keep = is_train ? o.keep_train && i % o.workers == o.worker : o.keep_holdout;
     bool more;
     if (keep) {
-      std::vector<CtrExample>& to = train ? s.train : s.holdout;
+      std::vector<CtrExample>& to = is_train ? s.train : s.holdout;
       more = reader.next(to.emplace_back());
       if (!more) to.pop_back();
     } else {
@@ -83,12 +81,10 @@ CtrShare read_ctr_share(const std::string& path, const CtrShareOptions& o) {
     if (!more) break;
     clock.tick("reading", reader);
   }
-  if (count >= 0 && i < last) {
-    throw ConfigError(
-        fmt::format("{}: ended after {} examples, {} counted (did it change?)", path, i, count));
+  if (i < last) {
+    throw ConfigError(fmt::format("{}: ended after {} examples, {} counted (did it change?)", path,
+                                  i, s.examples));
   }
-  s.examples = count < 0 ? i : count;
-  if (count < 0) s.train_end = i;
   return s;
 }
 
@@ -96,7 +92,7 @@ CtrShareStream::CtrShareStream(std::string path, int worker, int workers, int64_
     : path_(std::move(path)), worker_(worker), workers_(workers), train_end_(train_end) {
   if (workers < 1 || worker < 0 || worker >= workers)
     throw ConfigError(fmt::format("{}: worker {} of {} workers", path_, worker, workers));
-  share_size_ = train_end > worker ? (train_end - worker + workers - 1) / workers : 0;
+  share_size_ = ctr_share_size(train_end, worker, workers);
   if (share_size_ == 0)
     throw ConfigError(
         fmt::format("{}: no training examples for worker {} of {}", path_, worker, workers));

@@ -135,7 +135,6 @@ class CtrReader {
   std::unique_ptr<gzFile_s, GzClose> in_;  // zlib reads plain files as they are
   std::vector<char> buf_;                  // what zlib gave, [buf_at_, buf_end_) not yet a line
   std::size_t buf_at_ = 0, buf_end_ = 0;
-  bool eof_ = false;
   bool in_tar_ = false;
   uint64_t member_left_ = 0;  // in_tar_: the member's bytes not yet read
   std::string header_;  // a CSV's header line
@@ -165,6 +164,12 @@ void check_ctr_examples_fit(int64_t examples, std::size_t extra_bytes_each,
 // training examples i with i % workers == worker, and the held-out ones if asked; the lines it does
 // not keep are counted, not parsed (the worker that keeps one checks it), so
 // each of W workers holds and parses about 1/W of the file.
+// How many of `total` examples are worker's of `workers`: those i with
+// i % workers == worker, as every reader and generator splits them.
+constexpr int64_t ctr_share_size(int64_t total, int64_t worker, int64_t workers) {
+  return total > worker ? (total - worker + workers - 1) / workers : 0;
+}
+
 struct CtrShareOptions {
   int worker = 0, workers = 1;
   double holdout = 0;         // [0, 1)

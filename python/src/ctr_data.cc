@@ -250,7 +250,8 @@ over from the file's beginning.
         const int64_t begin = part == "train" ? worker : gen.holdout_begin();
         const int64_t end = part == "train" ? gen.holdout_begin() : examples;
         const int64_t stride = part == "train" ? workers : 1;
-        const int64_t count = begin < end ? (end - begin + stride - 1) / stride : 0;
+        const int64_t count =
+            part == "train" ? ps::ctr_share_size(end, worker, workers) : end - begin;
         // The features' arrays and the probabilities, beside the examples.
         ps::check_ctr_examples_fit(
             count, kFeatureBytes + sizeof(double),

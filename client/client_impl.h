@@ -563,6 +563,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     uint64_t rollbacks_at_call = 0;  // as PullState's
     Unanswered* unanswered = nullptr;  // as PullState's
     bool aligned_by_caller = false;    // as PullState's
+    bool lookup = false;               // lookup_rows: psd creates no row
   };
   kj::Promise<void> pull_row_requests(std::shared_ptr<RowPull> st, std::vector<std::size_t> which,
                                       int64_t min_step, int round);

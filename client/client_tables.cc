@@ -103,6 +103,7 @@ kj::Promise<void> Client::Impl::pull_row_requests(std::shared_ptr<RowPull> st,
       auto req = c.shard.pullRowsRequest();
       req.setTable(st->table);
       req.setIds(kj::arrayPtr(st->plan->ids.data() + r.first, r.count));
+      req.setLookup(st->lookup);
       // A shard back from a restart at an older step may never reach the
       // step asked for: read what it has (reconnector.h), as pull_round does.
       const bool news = attempt > 0 || st->rollbacks_at_call != impl.rollbacks_now();
@@ -184,31 +185,33 @@ kj::Promise<void> Client::Impl::pull_row_requests(std::shared_ptr<RowPull> st,
       return kj::READY_NOW;
     }
     if (round >= 16) {
-      throw RequestError("pull_rows: shards kept moving to new steps; could not read table '" +
-                         st->table + "' at one step");
+      throw RequestError(std::string(st->lookup ? "lookup_rows" : "pull_rows") +
+                         ": shards kept moving to new steps; could not read table '" + st->table +
+                         "' at one step");
     }
     return impl.pull_row_requests(st, std::move(behind), newest, round + 1);
   });
 }
 
 std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span<const int64_t> ids,
-                                             std::span<float> out, int64_t min_step,
+                                             std::span<float> out, int64_t min_step, bool lookup,
                                              int64_t* done) {
-  const TableSpec spec = table_spec(table, "pull_rows");
+  const std::string what = lookup ? "lookup_rows" : "pull_rows";
+  const TableSpec spec = table_spec(table, what.c_str());
   const uint32_t dim = spec.dim;
   if (out.size() != ids.size() * dim) {
-    throw ConfigError("pull_rows: table '" + table + "' has dim " + std::to_string(dim) + ": " +
+    throw ConfigError(what + ": table '" + table + "' has dim " + std::to_string(dim) + ": " +
                       std::to_string(ids.size()) + " ids need " + std::to_string(ids.size() * dim) +
                       " floats of output, got " + std::to_string(out.size()));
   }
-  check_ids(spec, ids, "pull_rows");
+  check_ids(spec, ids, what.c_str());
   // A large pull plans its later parts from `ids` while earlier rows land in
   // `out`: rows written over the ids would be ids never checked.
   const auto id_at = reinterpret_cast<uintptr_t>(ids.data()),
              out_at = reinterpret_cast<uintptr_t>(out.data());
   if (!ids.empty() && !out.empty() && id_at < out_at + out.size_bytes() &&
       out_at < id_at + ids.size_bytes()) {
-    throw ConfigError("pull_rows: out for table '" + table +
+    throw ConfigError(what + ": out for table '" + table +
                       "' shares memory with the ids: the rows would overwrite the ids being read "
                       "(pass separate buffers; nothing was sent)");
   }
@@ -220,8 +223,10 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
     auto plan = shared_row_plan(as_unsigned(ids.subspan(first, count)),
                                 placement_of(spec, num_shards()), per, false);
     float* to = out.data() + first * dim;
-    return [this, plan, table, dim, min_step, to, rollbacks_at_call](Unanswered* unanswered) {
+    return [this, plan, table, dim, min_step, to, rollbacks_at_call,
+            lookup](Unanswered* unanswered) {
       auto st = std::make_shared<Impl::RowPull>();
+      st->lookup = lookup;
       st->rollbacks_at_call = rollbacks_at_call;
       st->unanswered = unanswered;
       st->plan = plan;
@@ -254,7 +259,7 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
       parts.push_back(
           impl_->submit<int64_t>([op = pull_of(first, std::min(part, ids.size() - first)),
                                   c = canceler.get()] { return c->wrap(op(nullptr)); },
-                                 "pull_rows: "));
+                                 what + ": "));
     // Waited for in slices of kAskInterruptedEvery on this thread: options.interrupted
     // is asked between them, and a wait of 5 s says so (then every 10 s).
     bool interrupted = false;
@@ -271,7 +276,7 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
           return f.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
         });
         spdlog::info("{}for psd's answers to {} of {} parts of {} ids",
-                     waiting_prefix("pull_rows: ",
+                     waiting_prefix(what + ": ",
                                     std::chrono::round<std::chrono::seconds>(now - start).count(),
                                     impl_->options.call_timeout),
                      pending, parts.size(), ids.size());
@@ -282,8 +287,8 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
       canceler = nullptr;
     });
     if (interrupted) {
-      throw InterruptedError(
-          "pull_rows: interrupted while waiting for psd's answer; the call was given up");
+      throw InterruptedError(what +
+                             ": interrupted while waiting for psd's answer; the call was given up");
     }
     // Every part is waited for, failed or not: none may write into `out`
     // after this returns.
@@ -300,19 +305,31 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
     *done = step;
     return {};
   }
-  return impl_->run<int64_t>(pull_of(0, ids.size()), "pull_rows: ", done);
+  return impl_->run<int64_t>(pull_of(0, ids.size()), what + ": ", done);
 }
 
 int64_t Client::pull_rows(const std::string& table, std::span<const int64_t> ids,
                           std::span<float> out, int64_t min_step) {
   int64_t step = 0;
-  start_pull_rows(table, ids, out, min_step, &step);
+  start_pull_rows(table, ids, out, min_step, false, &step);
   return step;
 }
 
 std::future<int64_t> Client::pull_rows_async(std::string table, std::span<const int64_t> ids,
                                              std::span<float> out, int64_t min_step) {
-  return start_pull_rows(table, ids, out, min_step, nullptr);
+  return start_pull_rows(table, ids, out, min_step, false, nullptr);
+}
+
+int64_t Client::lookup_rows(const std::string& table, std::span<const int64_t> ids,
+                            std::span<float> out, int64_t min_step) {
+  int64_t step = 0;
+  start_pull_rows(table, ids, out, min_step, true, &step);
+  return step;
+}
+
+std::future<int64_t> Client::lookup_rows_async(std::string table, std::span<const int64_t> ids,
+                                               std::span<float> out, int64_t min_step) {
+  return start_pull_rows(table, ids, out, min_step, true, nullptr);
 }
 
 std::future<PushStatus> Client::start_push_rows(const std::string& table,

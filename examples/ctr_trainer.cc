@@ -258,10 +258,17 @@ CtrDataSet load_data(const ps::TrainerFlags& f, const CtrFlags& c, int worker, i
     d.train = std::make_unique<BatchesFromFile>(path, worker, workers, share.train_end);
   else
     d.train = std::make_unique<BatchesInMemory>(std::move(share.train));
-  if (chief)
-    d.holdout = c.eval_file.empty()
-                    ? std::move(share.holdout)
-                    : ps::read_ctr_share(c.eval_file, {.too_large_hint = "; --eval_file"}).train;
+  if (chief && c.eval_file.empty()) d.holdout = std::move(share.holdout);
+  if (chief && !c.eval_file.empty()) {
+    ps::CtrShareOptions eval;
+    eval.too_large_hint = "; --eval_file";
+    eval.progress = [&](const std::string& doing, uint64_t done, uint64_t total) {
+      progress.say(
+          fmt::format("{} {} ({:.2f} GB)", doing, c.eval_file, static_cast<double>(total) / 1e9),
+          total > 0 ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 0.0);
+    };
+    d.holdout = ps::read_ctr_share(c.eval_file, eval).train;
+  }
   return d;
 }
 
@@ -403,6 +410,14 @@ class WideDeep {
     return {client.pull_rows_async(kDeepTable, as_ids(deep_.ids), deep_rows_, min_step),
             client.pull_rows_async(kWideTable, as_ids(wide_.ids), wide_rows_, min_step)};
   }
+  // The same rows for evaluation: the tables create no row for an id they
+  // have not seen (ps::Client::lookup_rows).
+  void lookup_rows(ps::Client& client) {
+    auto deep = client.lookup_rows_async(kDeepTable, as_ids(deep_.ids), deep_rows_);
+    auto wide = client.lookup_rows_async(kWideTable, as_ids(wide_.ids), wide_rows_);
+    deep.get();
+    wide.get();
+  }
 
   // x (B, 13 + 26 * dim) and the wide logits (B) from the pulled rows.
   void forward() {
@@ -506,8 +521,8 @@ struct Metrics {
 };
 
 // The chief's evaluation on the held-out examples with the dense weights in
-// the head and the rows as the tables hold them now (a dynamic table creates
-// the rows of held-out ids it has not seen, with their initial values).
+// the head and the rows as the tables hold them now (a held-out id the
+// tables have not seen reads as its initial values and is not created).
 Metrics evaluate(ps::Client& client, WideDeep& model, const std::vector<ps::CtrExample>& holdout,
                  int eval_batch) {
   std::vector<float> labels, probs;
@@ -516,9 +531,7 @@ Metrics evaluate(ps::Client& client, WideDeep& model, const std::vector<ps::CtrE
   for (size_t i = 0; i < holdout.size(); i += eval_batch) {
     const size_t n = std::min<size_t>(eval_batch, holdout.size() - i);
     model.prepare(std::span(holdout).subspan(i, n));
-    auto [deep, wide] = model.pull_rows_async(client, 0);
-    deep.get();
-    wide.get();
+    model.lookup_rows(client);
     model.predict(std::span(probs).subspan(i, n));
     labels.insert(labels.end(), model.labels().begin(), model.labels().end());
   }

@@ -227,7 +227,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         pending =
             shard.pull_rows(caller,
                             {std::string_view(params.getTable().begin(), params.getTable().size()),
-                             ps::ids_in_place(params.getIds(), "pullRows"), params.getMinStep()},
+                             ps::ids_in_place(params.getIds(), "pullRows"), params.getMinStep(),
+                             params.getLookup()},
                             [rows](std::size_t floats, int64_t) {
                               rows->assign(floats, std::numeric_limits<float>::quiet_NaN());
                               return rows->data();

@@ -384,7 +384,8 @@ interface Shard {
   # optimizer is returned as is (created = false); another is an error.
   # A table whose rows would take psd past --max_memory_mb is refused.
 
-  pullRows @16 (table :Text, ids :List(UInt64), minStep :Int64, into :SharedSlice)
+  pullRows @16 (table :Text, ids :List(UInt64), minStep :Int64, into :SharedSlice,
+                lookup :Bool)
            -> (rows :Data, step :Int64, inShared :Bool);
   # The rows of `ids` (each this shard's), in order: ids.size() * dim
   # little-endian float32. A dynamic table creates the missing ones.
@@ -392,6 +393,8 @@ interface Shard {
   # into: unset or of size 0, or a slice of the connection's shared memory
   # region of exactly ids.size() * dim * 4 bytes: the rows are written there
   # (before the reply is sent) instead of in `rows`, and inShared is true.
+  # lookup: create no row and move none in the LRU order; a missing row
+  # reads as the table's initializer would make it (evaluation, serving).
 
   pushRows @17 (table :Text, ids :List(UInt64), grads :Data, step :Int64, requestId :UInt64,
                 doneStep :Int64 = -1, sharedGrads :SharedSlice, idsDistinct :Bool)

@@ -444,7 +444,8 @@ kj::Promise<void> ShardServiceImpl::pullRows(PullRowsContext context) {
   return guarded(RequestKind::kPullRows, [&]() -> kj::Promise<void> {
     auto params = context.getParams();
     PullRowsRequest request{std::string_view(params.getTable().cStr(), params.getTable().size()),
-                            ids_in_place(params.getIds(), "pullRows"), params.getMinStep()};
+                            ids_in_place(params.getIds(), "pullRows"), params.getMinStep(),
+                            params.getLookup()};
     // The rows are gathered into a reused buffer (never zero-filled) and sent
     // from there as a segment of their own: no copy into the reply. Or,
     // where the caller names a slice of its shared memory, gathered there.

@@ -179,14 +179,19 @@ kj::Promise<void> Shard::pull_rows(const Caller& caller, PullRowsRequest r, Rows
   }
   const int64_t min_step = checked_step(std::max<int64_t>(r.min_step, 0), "pullRows");
   auto read = [this, &t, r, out = std::move(out)]() {
-    const uint64_t fresh = t.table->check(r.ids, "pullRows");
-    if (fresh > 0) {
+    if (r.lookup) {
+      t.table->check_ids(r.ids, "pullRows");
+    } else if (const uint64_t fresh = t.table->check(r.ids, "pullRows"); fresh > 0) {
       check_memory(fresh * EmbeddingTable::bytes_per_dynamic_row(t.table->spec()),
                    "pullRows: " + std::to_string(fresh) + " new rows of table '" +
                        t.table->spec().name + "'");
     }
     float* dest = out(r.ids.size() * t.table->dim(), job_.global_step());
-    t.table->pull(r.ids, dest);
+    if (r.lookup) {
+      t.table->lookup(r.ids, dest);
+    } else {
+      t.table->pull(r.ids, dest);
+    }
     t.rows_pulled += r.ids.size();
     ++counters_.pulls;
     counters_.bytes_out += r.ids.size() * t.table->dim() * sizeof(float);
@@ -195,7 +200,12 @@ kj::Promise<void> Shard::pull_rows(const Caller& caller, PullRowsRequest r, Rows
     read();
     return kj::READY_NOW;
   }
-  t.table->check(r.ids, "pullRows");  // refused now rather than after the wait
+  // Refused now rather than after the wait.
+  if (r.lookup) {
+    t.table->check_ids(r.ids, "pullRows");
+  } else {
+    t.table->check(r.ids, "pullRows");
+  }
   kj::Promise<void> wait = job_.config().mode == SyncMode::kSync
                                ? job_.wait_for_step(min_step, caller.worker_index)
                                : job_.wait_for_staleness(min_step, caller.worker_index);

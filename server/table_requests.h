@@ -19,6 +19,8 @@ struct PullRowsRequest {
   std::string_view table;
   std::span<const uint64_t> ids;
   int64_t min_step = 0;
+  // Creates no row and moves none in the LRU order (EmbeddingTable::lookup).
+  bool lookup = false;
 };
 
 // Where a pull's rows go: called once with the number of floats and the

@@ -562,6 +562,77 @@ TEST_CASE("a dynamic table at its limit evicts the least recently touched rows")
   CHECK(pull(t, {3})[0] == -3);
 }
 
+std::vector<float> lookup(EmbeddingTable& t, const std::vector<uint64_t>& ids) {
+  t.check_ids(ids, "pullRows");
+  std::vector<float> out(ids.size() * t.dim(), -7.0f);
+  t.lookup(ids, out.data());
+  return out;
+}
+
+TEST_CASE("a lookup reads as a pull would and changes no table") {
+  const InitConfig init = InitConfig::uniform(-1, 1, 7);
+  const auto spec = dynamic_table(4, 3, OnRowLimit::kEvictLru, init);
+  EmbeddingTable t(spec, 0, 1);
+  push(t, {1, 2, 3}, std::vector<float>(12, 0.5f));  // LRU, newest first: 3 2 1
+  const uint64_t version = t.version();
+  const auto trained = pull(t, {1, 2, 3});  // newest first: 3 2 1
+
+  // Held rows as they are; missing ones as a new table's pull makes them.
+  const auto seen = lookup(t, {1, 9, 1, 10});
+  EmbeddingTable fresh(spec, 0, 1);
+  const auto made = pull(fresh, {9, 10});
+  CHECK(std::vector<float>(seen.begin(), seen.begin() + 4) ==
+        std::vector<float>(trained.begin(), trained.begin() + 4));
+  CHECK(std::vector<float>(seen.begin() + 4, seen.begin() + 8) ==
+        std::vector<float>(made.begin(), made.begin() + 4));
+  CHECK(std::vector<float>(seen.begin() + 8, seen.begin() + 12) ==
+        std::vector<float>(trained.begin(), trained.begin() + 4));
+  CHECK(std::vector<float>(seen.begin() + 12, seen.end()) ==
+        std::vector<float>(made.begin() + 4, made.end()));
+  CHECK(t.rows() == 3);
+  CHECK(t.evictions() == 0);
+  CHECK(t.version() == version);
+
+  // The lookup of 1 did not move it to the LRU front: a new row evicts it.
+  push(t, {4}, std::vector<float>(4, 0.5f));
+  CHECK(t.evictions() == 1);
+  CHECK(lookup(t, {1}) == pull(fresh, {1}));  // gone: its initial values again
+  CHECK(lookup(t, {2, 3}) == std::vector<float>(trained.begin() + 4, trained.end()));
+
+  // A table at its limit that refuses new ids still answers lookups of them.
+  EmbeddingTable full(dynamic_table(4, 2, OnRowLimit::kRefuse, init), 0, 1);
+  pull(full, {5, 6});
+  CHECK_THROWS_WITH(full.check(std::vector<uint64_t>{7}, "pullRows"),
+                    Catch::Contains("at its limit"));
+  CHECK(lookup(full, {7, 5}) == pull(fresh, {7, 5}));
+  CHECK(full.rows() == 2);
+
+  // A fixed table: a lookup is a pull; ids outside it are refused.
+  EmbeddingTable fixed(fixed_table(100, 4, RowOptimizerConfig::sgd(1.0f), init), 0, 1);
+  push(fixed, {3}, std::vector<float>(4, 1.0f));
+  CHECK(lookup(fixed, {3, 99, 3}) == pull(fixed, {3, 99, 3}));
+  CHECK_THROWS_WITH(lookup(fixed, {100}), Catch::Contains("outside"));
+}
+
+TEST_CASE("a large lookup spread over threads reads what one thread reads") {
+  ComputePool pool(3);
+  const RunParts spread{
+      4, [&pool](std::size_t parts, const PartFn& fn) { pool.run_parts(parts, 3, fn); }};
+  const auto spec = dynamic_table(8, 0, OnRowLimit::kRefuse, InitConfig::normal(0, 1, 3));
+  EmbeddingTable one(spec, 0, 1), many(spec, 0, 1, spread);
+  std::vector<uint64_t> held(30000), asked(50000);
+  std::mt19937_64 rng(5);
+  for (auto& id : held) id = rng() % 100000;
+  for (auto& id : asked) id = rng() % 100000;
+  pull(one, held);
+  pull(many, held);
+  const uint64_t rows = many.rows();
+  const auto a = lookup(one, asked), b = lookup(many, asked);
+  CHECK(a == b);
+  CHECK(many.rows() == rows);
+  CHECK(b == pull(many, asked));  // the rows a pull creates are those the lookup read
+}
+
 // check() keeps the slots it found for the read or write that follows it;
 // one that follows other ids, or a changed index, must look them up again.
 TEST_CASE("a dynamic pull reads the right rows whatever check() saw before it") {

@@ -377,6 +377,52 @@ TEST_CASE("a dynamic table evicting its least recently touched rows counts evict
   CHECK(t.rows == 2);
 }
 
+TEST_CASE("lookup_rows reads rows as pull_rows would and creates none, on every shard") {
+  PsdProcess a, b;
+  Client client(options_for({&a, &b}));
+  TableSpec spec = dynamic("d", 4, 1000, OnRowLimit::kEvictLru);
+  spec.init = InitConfig::uniform(-1, 1, 9);
+  client.create_tables({spec});
+  std::vector<int64_t> trained(100);
+  std::iota(trained.begin(), trained.end(), 0);
+  client.push_rows("d", trained, std::vector<float>(trained.size() * 4, 0.5f));
+  const auto held = pull_rows(client, "d", trained, 4);
+
+  // 300,000 ids, a third of them trained: large enough to go in parts.
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < 300000; ++i) ids.push_back(i % 3 == 0 ? i % 100 : 1000000 + i);
+  std::vector<float> seen(ids.size() * 4), seen_async(ids.size() * 4);
+  client.lookup_rows("d", ids, seen);
+  client.lookup_rows_async("d", ids, seen_async).get();
+  CHECK(seen == seen_async);
+  auto t = client.list_tables().at(0);
+  CHECK(t.rows == 100);
+  CHECK(t.evictions == 0);
+  for (std::size_t i = 0; i < ids.size(); i += 3) {
+    INFO("position " << i);
+    REQUIRE(std::equal(seen.begin() + i * 4, seen.begin() + i * 4 + 4, held.begin() + ids[i] * 4));
+  }
+  // An unseen id read its initial values: a pull now creates it with them.
+  const std::vector<int64_t> some(ids.begin() + 1, ids.begin() + 401);
+  CHECK(pull_rows(client, "d", some, 4) ==
+        std::vector<float>(seen.begin() + 4, seen.begin() + 4 + some.size() * 4));
+  const auto unseen = std::count_if(some.begin(), some.end(), [](int64_t id) { return id >= 100; });
+  CHECK(unseen == 267);
+  CHECK(client.list_tables().at(0).rows == 100 + uint64_t(unseen));
+
+  // A table at its limit that refuses new ids answers lookups of them.
+  client.create_tables({dynamic("full", 2, 1)});
+  std::vector<float> two(2 * 2);
+  const std::vector<int64_t> first{5}, more{6, 7};
+  client.pull_rows("full", first, std::span<float>(two).first(2));
+  CHECK_THROWS_WITH(client.pull_rows("full", more, two), Catch::Contains("at its limit"));
+  client.lookup_rows("full", more, two);
+  CHECK(two == std::vector<float>(4, 0.0f));
+  CHECK_THROWS_WITH(client.lookup_rows("nope", more, two), Catch::Contains("nope"));
+  CHECK(a.alive());
+  CHECK(b.alive());
+}
+
 TEST_CASE("a restore into a table at its limit evicts none of the rows it restores") {
   PsdProcess psd;
   Client client(options_for({&psd}));

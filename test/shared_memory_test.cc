@@ -472,6 +472,24 @@ TEST_CASE("table rows move through shared memory exactly, and over the socket wi
   want = sgd_reference({&small}, dim, 0.25, want);
   check_rows(client, "emb", few, dim, want);
   CHECK(local.shared_bytes() == large_done);
+
+  // A lookup comes through shared memory as a pull does, and creates no row:
+  // held ids read their rows, the others the initializer's 0.25.
+  const uint64_t rows_then = client.list_tables().at(0).rows;
+  std::vector<int64_t> mixed(b.ids.begin(), b.ids.begin() + 1000);
+  for (int i = 0; i < 2000; ++i)
+    mixed.push_back(dynamic ? int64_t(rng() >> 1) : int64_t(rng() % 100000));
+  std::vector<float> out(mixed.size() * dim, -1234.0f);
+  client.lookup_rows("emb", mixed, out);
+  CHECK(local.shared_bytes() > large_done);
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < mixed.size(); ++i) {
+    const auto w = want.find(mixed[i]);
+    for (uint32_t j = 0; j < dim; ++j)
+      wrong += out[i * dim + j] != (w == want.end() ? 0.25f : static_cast<float>(w->second[j]));
+  }
+  CHECK(wrong == 0);
+  CHECK(client.list_tables().at(0).rows == rows_then);
   CHECK(local.psd.alive());
 }
 

@@ -162,15 +162,15 @@ def distinct(ids):
 
 def evaluate(client, mlp, held, dim, batch):
     """(log-loss, AUC) of the model on the held-out examples, rows read as the tables hold them now
-    (a dynamic table creates held-out ids it has not seen, with their initial values)."""
+    (lookup_rows: a held-out id the tables have not seen reads as its initial values, not created)."""
     probs = np.empty(len(held["labels"]), np.float64)
     with torch.no_grad():
         for lo in range(0, len(probs), batch):
             hi = min(lo + batch, len(probs))
             ids, index = distinct(held["ids"][lo:hi])
             wide_ids, wide_index = distinct(held["wide_ids"][lo:hi])
-            rows = torch.from_numpy(client.pull_rows(DEEP_TABLE, ids)).view(-1, dim)
-            wide_rows = torch.from_numpy(client.pull_rows(WIDE_TABLE, wide_ids)).view(-1)
+            rows = torch.from_numpy(client.lookup_rows(DEEP_TABLE, ids)).view(-1, dim)
+            wide_rows = torch.from_numpy(client.lookup_rows(WIDE_TABLE, wide_ids)).view(-1)
             z = logits(mlp, torch.from_numpy(held["dense"][lo:hi]), rows, index, wide_rows, wide_index)
             probs[lo:hi] = torch.sigmoid(z.double()).numpy()
     return psclient.log_loss(held["labels"], probs), psclient.roc_auc(held["labels"], probs)

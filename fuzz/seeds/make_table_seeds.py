@@ -13,7 +13,7 @@ import os, struct, subprocess, tempfile
 # The parameter structs of the methods, laid out as schema/ps.capnp's.
 MIRROR = """@0xd1c0a3b2e4f50617;
 using Ps = import "/schema/ps.capnp";
-struct PullRows { table @0 :Text; ids @1 :List(UInt64); minStep @2 :Int64; }
+struct PullRows { table @0 :Text; ids @1 :List(UInt64); minStep @2 :Int64; into @3 :Ps.SharedSlice; lookup @4 :Bool; }
 struct PushRows { table @0 :Text; ids @1 :List(UInt64); grads @2 :Data; step @3 :Int64; requestId @4 :UInt64; doneStep @5 :Int64 = -1; sharedGrads @6 :Ps.SharedSlice; idsDistinct @7 :Bool; }
 struct RestoreRows { table @0 :Text; ids @1 :List(UInt64); values @2 :Data; slots @3 :List(Data); version @4 :UInt64; }
 struct CreateTables { tables @0 :List(Ps.TableSpec); validateOnly @1 :Bool; }
@@ -31,6 +31,8 @@ def f32(*xs):
 msgs = {
  'pull_emb': ('PullRows', '(table = "emb", ids = [0, 3, 3, 15], minStep = 0)'),
  'pull_dyn': ('PullRows', '(table = "dyn", ids = [7, 18446744073709551615, 42], minStep = 0)'),
+ # Reads without creating: ids the table does not hold read as initial values.
+ 'lookup_dyn': ('PullRows', '(table = "dyn", ids = [7, 99, 18446744073709551614], lookup = true)'),
  'push_emb': ('PushRows', '(table = "emb", ids = [1, 3, 3], grads = %s, step = 0, requestId = 9)' % f32(*([0.5]*12))),
  'push_dyn': ('PushRows', '(table = "dyn", ids = [5, 6], grads = %s, step = 0, requestId = 11, doneStep = 0)' % f32(1, -1, 2, -2)),
  'push_hot': ('PushRows', '(table = "hot", ids = [2], grads = %s)' % f32(-3.0, 3.0)),
@@ -41,14 +43,14 @@ msgs = {
  'list': ('Empty', '()'),
 }
 bins = {k: enc(t, x) for k, (t, x) in msgs.items()}
-ops = {'create_tables': 8, 'pull_emb': 9, 'pull_dyn': 9, 'push_emb': 10, 'push_dyn': 10, 'push_hot': 10, 'push_lie': 10, 'restore_emb': 11, 'list': 12}
+ops = {'create_tables': 8, 'pull_emb': 9, 'pull_dyn': 9, 'lookup_dyn': 9, 'push_emb': 10, 'push_dyn': 10, 'push_hot': 10, 'push_lie': 10, 'restore_emb': 11, 'list': 12}
 SHARD = 'fuzz/seeds/shard'
 os.makedirs(SHARD, exist_ok=True)
 for k, b in bins.items():
     for who in (1, 0x81):  # worker 0, async and sync
         open(os.path.join(SHARD, '%s_%02x' % (k, who)), 'wb').write(bytes([ops[k], who]) + b)
 # rpc_fuzz: [msgs...][per call from the back: low, high, method][hello]
-methods = {'create_tables': 15, 'pull_emb': 16, 'pull_dyn': 16, 'push_emb': 17, 'push_dyn': 17, 'push_hot': 17, 'push_lie': 17, 'list': 18, 'restore_emb': 19}
+methods = {'create_tables': 15, 'pull_emb': 16, 'pull_dyn': 16, 'lookup_dyn': 16, 'push_emb': 17, 'push_dyn': 17, 'push_hot': 17, 'push_lie': 17, 'list': 18, 'restore_emb': 19}
 RPC = 'fuzz/seeds/rpc'
 os.makedirs(RPC, exist_ok=True)
 def rpc(calls, hello):
@@ -58,6 +60,6 @@ def rpc(calls, hello):
         n = len(bins[c])
         back = bytes([n & 0xff, n >> 8, methods[c]]) + back
     return front + back + bytes([hello])
-open(os.path.join(RPC, 'tables_worker'), 'wb').write(rpc(['pull_emb', 'push_emb', 'push_dyn', 'pull_dyn', 'restore_emb', 'list', 'create_tables', 'push_hot', 'push_lie'], 0x07))
+open(os.path.join(RPC, 'tables_worker'), 'wb').write(rpc(['pull_emb', 'push_emb', 'push_dyn', 'pull_dyn', 'lookup_dyn', 'restore_emb', 'list', 'create_tables', 'push_hot', 'push_lie'], 0x07))
 open(os.path.join(RPC, 'tables_tool'), 'wb').write(rpc(['list', 'pull_emb', 'restore_emb', 'create_tables'], 0x01))
 print(len(os.listdir(SHARD)), 'shard_fuzz seeds,', len(os.listdir(RPC)), 'rpc_fuzz seeds')

@@ -332,6 +332,17 @@ class Client {
                     int64_t min_step = 0);
   std::future<int64_t> pull_rows_async(std::string table, std::span<const int64_t> ids,
                                        std::span<float> out, int64_t min_step = 0);
+  // Reads rows as pull_rows does, but changes no table: an id a dynamic
+  // table does not hold reads as the table's initializer would make it, and
+  // the rows held, their LRU order and the row limit are as before. For
+  // evaluation and serving, whose held-out or unseen ids should neither grow
+  // a table nor evict trained rows (a later pull_rows of such an id creates
+  // it with the same values).
+  //   client.lookup_rows("user", eval_ids, rows);  // as pull_rows("user", eval_ids, rows)
+  int64_t lookup_rows(const std::string& table, std::span<const int64_t> ids, std::span<float> out,
+                      int64_t min_step = 0);
+  std::future<int64_t> lookup_rows_async(std::string table, std::span<const int64_t> ids,
+                                         std::span<float> out, int64_t min_step = 0);
   // Sends the gradients of the rows of `ids` (ids.size() * dim floats); the
   // gradients of a repeated id are summed first. `step` as push's: in sync
   // mode the step the rows were pulled at (every shard gets its part, empty
@@ -434,8 +445,10 @@ class Client {
 
   TableSpec table_spec(const std::string& table, const char* what) const;
   uint64_t row_request_bytes() const;
+  // `lookup`: lookup_rows (creates nothing); else pull_rows.
   std::future<int64_t> start_pull_rows(const std::string& table, std::span<const int64_t> ids,
-                                       std::span<float> out, int64_t min_step, int64_t* done);
+                                       std::span<float> out, int64_t min_step, bool lookup,
+                                       int64_t* done);
   std::future<PushStatus> start_push_rows(const std::string& table, std::span<const int64_t> ids,
                                           std::span<const float> grads, int64_t step,
                                           PushStatus* done);

@@ -139,6 +139,57 @@ has not seen. min_step: wait until the shards reach this global step (sync mode)
 Returns the global step the rows were read at, or the new array. Wrong
 dtype, layout or shape: ValueError, nothing sent. The GIL is released while waiting.)";
 
+const char* kLookupRowsDoc =
+    R"(Reads rows of an embedding table as pull_rows does, changing no table.
+
+    probs = model(client.lookup_rows('user', eval_ids))  # evaluation, serving
+
+An id a dynamic table does not hold reads as the table's initializer would
+make it; no row is created, none is evicted or moved in the LRU order, and
+the row limit does not apply. A later pull_rows of such an id creates it
+with the same values. Arguments, result and refusals as pull_rows'.)";
+
+// pull_rows and lookup_rows (`lookup`), blocking: the step, or the new array.
+py::object read_rows(PyClient& self, bool lookup, const std::string& table, py::object ids,
+                     py::object out, int64_t min_step) {
+  const char* what = lookup ? "lookup_rows" : "pull_rows";
+  auto c = self.shared_client();
+  auto watch = self.watcher();  // with the GIL: close() may move it
+  RowRequest r = gather_rows(self, what, table, ids, out, true);
+  int64_t step = 0;
+  {
+    py::gil_scoped_release nogil;
+    ps::WaitWatcher::Scope w(
+        min_step > 0 ? watch.get() : nullptr,
+        lookup ? "lookup_rows (waits for min_step)" : "pull_rows (waits for min_step)",
+        c->options().call_timeout);
+    step = lookup ? c->lookup_rows(table, r.ids(), r.rows(), min_step)
+                  : c->pull_rows(table, r.ids(), r.rows(), min_step);
+  }
+  if (r.new_array) return r.new_array;
+  return py::int_(step);
+}
+
+// The same, as a concurrent.futures.Future.
+py::object read_rows_async(PyClient& self, bool lookup, const std::string& table, py::object ids,
+                           py::object out, int64_t min_step) {
+  auto c = self.shared_client();
+  RowRequest r =
+      gather_rows(self, lookup ? "lookup_rows_async" : "pull_rows_async", table, ids, out, true);
+  std::future<int64_t> future;
+  {
+    py::gil_scoped_release nogil;
+    future = lookup ? c->lookup_rows_async(table, r.ids(), r.rows(), min_step)
+                    : c->pull_rows_async(table, r.ids(), r.rows(), min_step);
+  }
+  py::object made = r.new_array;
+  return start_async(self.async_calls(), std::move(future), std::move(r.buffers),
+                     [made](int64_t&& step) -> py::object {
+                       if (made) return made;
+                       return py::int_(step);
+                     });
+}
+
 const char* kPushRowsDoc = R"(Sends gradients for rows of an embedding table.
 
     client.push_rows('user', ids, grads)   # grads: float32, shape ids.shape + (dim,)
@@ -321,44 +372,31 @@ refuses new ids or evicts the least recently used rows.)")
       .def(
           "pull_rows",
           [](PyClient& self, const std::string& table, py::object ids, py::object out,
-             int64_t min_step) -> py::object {
-            auto c = self.shared_client();
-            auto watch = self.watcher();  // with the GIL: close() may move it
-            RowRequest r = gather_rows(self, "pull_rows", table, ids, out, true);
-            int64_t step = 0;
-            {
-              py::gil_scoped_release nogil;
-              ps::WaitWatcher::Scope w(min_step > 0 ? watch.get() : nullptr,
-                                       "pull_rows (waits for min_step)", c->options().call_timeout);
-              step = c->pull_rows(table, r.ids(), r.rows(), min_step);
-            }
-            if (r.new_array) return r.new_array;
-            return py::int_(step);
-          },
+             int64_t min_step) { return read_rows(self, false, table, ids, out, min_step); },
           py::arg("table"), py::arg("ids"), py::arg("out") = py::none(), py::kw_only(),
           py::arg("min_step") = 0, kPullRowsDoc)
       .def(
           "pull_rows_async",
           [](PyClient& self, const std::string& table, py::object ids, py::object out,
-             int64_t min_step) {
-            auto c = self.shared_client();
-            RowRequest r = gather_rows(self, "pull_rows_async", table, ids, out, true);
-            std::future<int64_t> future;
-            {
-              py::gil_scoped_release nogil;
-              future = c->pull_rows_async(table, r.ids(), r.rows(), min_step);
-            }
-            py::object made = r.new_array;
-            return start_async(self.async_calls(), std::move(future), std::move(r.buffers),
-                               [made](int64_t&& step) -> py::object {
-                                 if (made) return made;
-                                 return py::int_(step);
-                               });
-          },
+             int64_t min_step) { return read_rows_async(self, false, table, ids, out, min_step); },
           py::arg("table"), py::arg("ids"), py::arg("out") = py::none(), py::kw_only(),
           py::arg("min_step") = 0,
           "pull_rows() without waiting: a concurrent.futures.Future of its result (the step, or "
           "the new array). Leave ids and out alone until it is done.")
+      .def(
+          "lookup_rows",
+          [](PyClient& self, const std::string& table, py::object ids, py::object out,
+             int64_t min_step) { return read_rows(self, true, table, ids, out, min_step); },
+          py::arg("table"), py::arg("ids"), py::arg("out") = py::none(), py::kw_only(),
+          py::arg("min_step") = 0, kLookupRowsDoc)
+      .def(
+          "lookup_rows_async",
+          [](PyClient& self, const std::string& table, py::object ids, py::object out,
+             int64_t min_step) { return read_rows_async(self, true, table, ids, out, min_step); },
+          py::arg("table"), py::arg("ids"), py::arg("out") = py::none(), py::kw_only(),
+          py::arg("min_step") = 0,
+          "lookup_rows() without waiting: a concurrent.futures.Future of its result (the step, "
+          "or the new array). Leave ids and out alone until it is done.")
       .def(
           "push_rows",
           [](PyClient& self, const std::string& table, py::object ids, py::object grads,

@@ -104,6 +104,28 @@ def test_uint64_ids_and_dynamic_table(client):
     np.testing.assert_array_equal(client.pull_rows("sgd", unsigned), np.full((2, DIM), 0.5))
 
 
+def test_lookup_rows_reads_without_creating_rows(client):
+    held = np.array([11, 12], np.int64)
+    client.push_rows("dyn", held, np.ones((2, DIM), np.float32))
+    trained = client.pull_rows("dyn", held)
+    rows_before = {t.name: t.rows for t in client.list_tables()}["dyn"]
+    ids = np.array([[11, 99], [12, 2**40]], np.int64)
+    rows = client.lookup_rows("dyn", ids)
+    assert rows.shape == (2, 2, DIM)
+    np.testing.assert_array_equal(rows[:, 0], trained)
+    np.testing.assert_array_equal(rows[:, 1], np.full((2, DIM), 3.0))  # the initializer's
+    out = np.zeros((4, DIM), np.float32)
+    assert isinstance(client.lookup_rows("dyn", ids, out), int)
+    np.testing.assert_array_equal(out, rows.reshape(4, DIM))
+    np.testing.assert_array_equal(client.lookup_rows_async("dyn", ids).result(30), rows)
+    assert {t.name: t.rows for t in client.list_tables()}["dyn"] == rows_before
+    np.testing.assert_array_equal(client.lookup_rows("sgd", np.array([0, 9])), whole(client)[[0, 9]])
+    with pytest.raises(ValueError, match="lookup_rows"):
+        client.lookup_rows("dyn", ids, np.zeros((3, DIM), np.float32))
+    with pytest.raises(psclient.RequestError, match="outside"):
+        client.lookup_rows("sgd", np.array([ROWS]))
+
+
 def test_async_rows_and_asyncio(client):
     ids = np.array([2, 5], np.int64)
     out = np.zeros((2, DIM), np.float32)

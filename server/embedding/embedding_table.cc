@@ -235,25 +235,30 @@ void EmbeddingTable::evict_one() {
   ++evictions_;
 }
 
-void EmbeddingTable::find_and_touch(std::span<const uint64_t> ids, std::vector<uint64_t>& slots) {
+void EmbeddingTable::find_slots(std::span<const uint64_t> ids, std::vector<uint64_t>& slots) {
   const std::size_t n = ids.size(), parts = parts_for(n);
   const bool checked = checked_.valid && checked_.index_changes == index_.changes() &&
                        std::equal(ids.begin(), ids.end(), checked_.ids.begin(), checked_.ids.end());
   checked_.valid = false;
   if (checked) {
     slots.swap(checked_.slots);
-  } else {
-    slots.resize(n);
-    // Lookups only read the index: in parts by position range.
-    for_parts(parts, [&](std::size_t p) {
-      const auto [lo, hi] = part_range(n, parts, p);
-      for (std::size_t i = lo; i < hi; ++i) {
-        if (i + kIndexAhead < hi) index_.prefetch(ids[i + kIndexAhead]);
-        slots[i] = find(ids[i]);
-      }
-    });
+    return;
   }
+  slots.resize(n);
+  // Lookups only read the index: in parts by position range.
+  for_parts(parts, [&](std::size_t p) {
+    const auto [lo, hi] = part_range(n, parts, p);
+    for (std::size_t i = lo; i < hi; ++i) {
+      if (i + kIndexAhead < hi) index_.prefetch(ids[i + kIndexAhead]);
+      slots[i] = find(ids[i]);
+    }
+  });
+}
+
+void EmbeddingTable::find_and_touch(std::span<const uint64_t> ids, std::vector<uint64_t>& slots) {
+  find_slots(ids, slots);
   if (spec_.on_limit != OnRowLimit::kEvictLru) return;
+  const std::size_t n = ids.size();
   // Each touch unlinks a node whose neighbours are anywhere in the list: a
   // slot's node is asked for kNodeAhead positions ahead, and once it is in,
   // kNeighbourAhead positions ahead, its neighbours (if they move before
@@ -386,7 +391,13 @@ EmbeddingTable::ReleaseScratchAfter::~ReleaseScratchAfter() {
   table.seen_ = FirstPositions{};
 }
 
-void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) {
+void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) { read_rows(ids, out, true); }
+
+void EmbeddingTable::lookup(std::span<const uint64_t> ids, float* out) {
+  read_rows(ids, out, false);
+}
+
+void EmbeddingTable::read_rows(std::span<const uint64_t> ids, float* out, bool create) {
   const ReleaseScratchAfter release{*this, ids.size()};
   const std::size_t row_bytes = spec_.dim * sizeof(float);
   const std::size_t n = ids.size(), parts = parts_for(n);
@@ -417,8 +428,14 @@ void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) {
   // positions ahead asked for early). Existing rows go to the LRU front
   // first and are copied, then missing ones are created (evicting others:
   // check() allowed no more distinct ids than the limit), one after another.
+  // A lookup moves nothing and writes a missing row's initial values only
+  // into `out`.
   std::vector<uint64_t>& slots = push_slots_;
-  find_and_touch(ids, slots);
+  if (create) {
+    find_and_touch(ids, slots);
+  } else {
+    find_slots(ids, slots);
+  }
   with_row_bytes(row_bytes, [&](auto bytes) {
     for_parts(parts, [&](std::size_t p) {
       const auto [lo, hi] = part_range(n, parts, p);
@@ -433,8 +450,12 @@ void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) {
     });
   });
   for (std::size_t i = 0; i < n; ++i) {
-    if (slots[i] == kEmpty)
+    if (slots[i] != kEmpty) continue;
+    if (create) {
       std::memcpy(out + i * spec_.dim, row(0, find_or_insert(ids[i])), row_bytes);
+    } else {
+      initial_values(ids[i], out + i * spec_.dim);
+    }
   }
 }
 

@@ -86,6 +86,11 @@ class EmbeddingTable {
   // Writes row ids[i] to out[i*dim ..], creating missing dynamic rows.
   // out holds ids.size() * dim floats. Call check() first.
   void pull(std::span<const uint64_t> ids, float* out);
+  // As pull(), but creates no row and moves none in the LRU order: an id a
+  // dynamic table does not hold reads as its initializer would make it.
+  // Evaluation and serving read this way, so that held-out or unseen ids
+  // neither grow the table nor evict trained rows. Call check_ids() first.
+  void lookup(std::span<const uint64_t> ids, float* out);
   // Whether push(ids, grads, scale) would leave every value and optimizer
   // slot it touches finite (a large gradient, or a large learning rate, can
   // overflow them): worked out on copies, the table unchanged. Call check()
@@ -155,8 +160,10 @@ class EmbeddingTable {
   // Dynamic: the slot of `id`, created (and initialised) when missing.
   uint32_t find_or_insert(uint64_t id);
   uint64_t local_slot(uint64_t id);  // fixed: local row; dynamic: find_or_insert
-  // Dynamic: slots[i] = the slot of ids[i], or kEmpty where not held; with
-  // kEvictLru, the rows held then go to the LRU front, in order.
+  void read_rows(std::span<const uint64_t> ids, float* out, bool create);
+  // Dynamic: slots[i] = the slot of ids[i], or kEmpty where not held.
+  void find_slots(std::span<const uint64_t> ids, std::vector<uint64_t>& slots);
+  // find_slots(); then, with kEvictLru, the rows held go to the LRU front, in order.
   void find_and_touch(std::span<const uint64_t> ids, std::vector<uint64_t>& slots);
   uint32_t take_free_slot();
   void evict_one();

@@ -476,6 +476,7 @@ std::vector<Client::TableInfo> Client::list_tables() {
                   info.rows = info.dynamic ? info.rows + t.getRowsHere() : t.getRows();
                   info.bytes += t.getBytes();
                   info.evictions += t.getEvictions();
+                  info.ids_filtered += t.getIdsFiltered();
                   info.rows_per_shard.resize(shards);
                   info.rows_per_shard[shard] = t.getRowsHere();
                 }

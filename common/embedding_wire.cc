@@ -30,6 +30,8 @@ void to_wire(const TableSpec& s, uint32_t shard_index, uint32_t num_shards,
   to_wire(s.init, out.initInit());
   out.setShardIndex(shard_index);
   out.setNumShards(num_shards);
+  out.setMinCount(s.min_count);
+  out.setCountSketchWidth(s.count_sketch_width);
 }
 
 ShardTableSpec from_wire(wire::TableSpec::Reader in) {
@@ -61,6 +63,8 @@ ShardTableSpec from_wire(wire::TableSpec::Reader in) {
   s.optimizer.l2 = o.getL2();
   s.optimizer.lr_power = o.getLrPower();
   s.init = from_wire(in.getInit());
+  s.min_count = in.getMinCount();
+  s.count_sketch_width = in.getCountSketchWidth();
   r.shard_index = in.getShardIndex();
   r.num_shards = in.getNumShards();
   return r;

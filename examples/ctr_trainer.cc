@@ -87,6 +87,8 @@ struct CtrFlags {
   bool stream_data = false;     // read (or draw) the share batch by batch, not held in memory
   uint64_t row_limit =
       0;  // per shard and table (0: none); at the limit the least recently used rows go
+  uint32_t min_count = 0;           // a new id's row comes at its min_count-th push (0, 1: at once)
+  uint32_t count_sketch_width = 0;  // min_count's counters per shard and table (0: psd's default)
   int eval_every = 0;  // chief: evaluate every N local steps (0: twice per epoch)
   int eval_batch = 4096;
   int summary_every = 50;
@@ -505,7 +507,9 @@ std::vector<ps::TableSpec> table_specs(const CtrFlags& c, uint64_t seed) {
                        ? ps::InitConfig::uniform(-c.embedding_init, c.embedding_init, seed)
                        : ps::InitConfig::zeros(),
            .row_limit = c.row_limit,
-           .on_limit = on_limit},
+           .on_limit = on_limit,
+           .min_count = c.min_count,
+           .count_sketch_width = c.count_sketch_width},
           {.name = kWideTable,
            .dim = 1,
            .dynamic = true,
@@ -513,7 +517,9 @@ std::vector<ps::TableSpec> table_specs(const CtrFlags& c, uint64_t seed) {
            .optimizer = ps::RowOptimizerConfig::ftrl(c.wide_learning_rate, c.ftrl_l1, c.ftrl_l2),
            .init = ps::InitConfig::zeros(),
            .row_limit = c.row_limit,
-           .on_limit = on_limit}};
+           .on_limit = on_limit,
+           .min_count = c.min_count,
+           .count_sketch_width = c.count_sketch_width}};
 }
 
 struct Metrics {
@@ -734,9 +740,12 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
     const int64_t global = std::max(final_pull.step, info.global_step);
     const Metrics m = ev.run(global, epoch_of(global));
     const double examples = static_cast<double>(global) * per_global;
-    uint64_t deep_rows = 0, wide_rows = 0;
-    for (const auto& t : client.list_tables())
+    uint64_t deep_rows = 0, wide_rows = 0, filtered = 0, table_bytes = 0;
+    for (const auto& t : client.list_tables()) {
       (t.name == kDeepTable ? deep_rows : wide_rows) += t.rows;
+      filtered += t.ids_filtered;
+      table_bytes += t.bytes;
+    }
     std::printf("\n== %s: held-out log-loss %.5f, AUC %.5f", ps::sync_mode_name(mode), m.log_loss,
                 m.auc);
     if (data.planted) {
@@ -745,18 +754,26 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
     }
     std::printf(
         "\n== %lld global steps, %.2f epochs in %s: %s examples/s; table rows: %llu deep, %llu "
-        "wide\n",
+        "wide (%.1f MiB on psd)",
         static_cast<long long>(global), epoch_of(global), ps::format_duration(secs).c_str(),
         ps::format_rate(examples / secs).c_str(), static_cast<unsigned long long>(deep_rows),
-        static_cast<unsigned long long>(wide_rows));
+        static_cast<unsigned long long>(wide_rows), static_cast<double>(table_bytes) / (1 << 20));
+    if (c.min_count > 1) {
+      std::printf(" (min_count %u: %llu pushed ids not yet admitted)", c.min_count,
+                  static_cast<unsigned long long>(filtered));
+    }
+    std::printf("\n");
     // One machine-readable line (test/ctr_trainer_test.sh reads it).
     std::printf(
         "RESULT mode=%s holdout_log_loss=%.5f holdout_auc=%.5f planted_log_loss=%.5f "
         "planted_auc=%.5f "
-        "seconds=%.3f examples_per_sec=%.0f\n",
+        "seconds=%.3f examples_per_sec=%.0f deep_rows=%llu wide_rows=%llu ids_filtered=%llu "
+        "table_bytes=%llu\n",
         ps::sync_mode_name(mode), m.log_loss, m.auc,
         data.planted ? data.planted->holdout_log_loss : -1.0,
-        data.planted ? data.planted->holdout_auc : -1.0, secs, examples / secs);
+        data.planted ? data.planted->holdout_auc : -1.0, secs, examples / secs,
+        static_cast<unsigned long long>(deep_rows), static_cast<unsigned long long>(wide_rows),
+        static_cast<unsigned long long>(filtered), static_cast<unsigned long long>(table_bytes));
     std::fflush(stdout);
     if (summaries) summaries->flush();
     session.end();  // the ps tasks exit once every worker has disconnected
@@ -814,6 +831,15 @@ int main(int argc, char** argv) {
   app.add_option("--row_limit", c.row_limit,
                  "rows per table and shard (0: none); beyond it the least recently "
                  "used rows are evicted")
+      ->capture_default_str();
+  app.add_option("--min_count", c.min_count,
+                 "a new id gets a row at its Nth push (0, 1: at once); until then it reads as "
+                 "its initial values and its gradients are dropped (ids_filtered)")
+      ->check(CLI::Range(0, 255))
+      ->capture_default_str();
+  app.add_option("--count_sketch_width", c.count_sketch_width,
+                 "--min_count's counters per shard and table, 4 bytes each (0: 1048576); about "
+                 "the distinct ids a shard sees keeps early admissions rare")
       ->capture_default_str();
   app.add_option("--eval_every", c.eval_every,
                  "chief: evaluate every N local steps (0: twice per epoch)")

@@ -252,6 +252,8 @@ struct TableSpec {
   init @8 :Initializer;
   shardIndex @9 :UInt32;       # the client's placement: this shard's index
   numShards @10 :UInt32;       # ... among this many (common/embedding_placement.h)
+  minCount @11 :UInt32;        # dynamic: a new id's row comes at its minCount-th push (ps/embedding.h)
+  countSketchWidth @12 :UInt32;  # counters per row of minCount's sketch (0: the default)
 }
 
 struct TableMeta {
@@ -265,6 +267,7 @@ struct TableMeta {
   created @7 :Bool;            # createTables: true if this request created it
   evictions @8 :UInt64;
   optimizer @9 :RowOptimizerKind;
+  idsFiltered @10 :UInt64;     # pushed ids whose gradients were dropped, not yet admitted (minCount)
 }
 
 struct TableStats {
@@ -274,6 +277,7 @@ struct TableStats {
   rowsPulled @3 :UInt64;
   rowsPushed @4 :UInt64;
   evictions @5 :UInt64;
+  idsFiltered @6 :UInt64;
 }
 
 interface Shard {

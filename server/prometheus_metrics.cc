@@ -185,6 +185,9 @@ std::string prometheus_text(const Shard& shard, double now_unix_secs) {
       {"ps_table_evictions_total", "counter",
        "Rows evicted from a dynamic table at its row limit (evict-LRU).",
        [](const TableReport& t) { return t.evictions; }},
+      {"ps_table_ids_filtered_total", "counter",
+       "Pushed ids of a dynamic table not yet admitted (min_count): their gradients dropped.",
+       [](const TableReport& t) { return t.ids_filtered; }},
   };
   for (const auto& f : table_fields) {
     e.family(f.name, f.type, f.help);

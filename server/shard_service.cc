@@ -422,6 +422,7 @@ void table_to_wire(const TableReport& r, wire::TableMeta::Builder out) {
   out.setVersion(r.version);
   out.setCreated(r.created);
   out.setEvictions(r.evictions);
+  out.setIdsFiltered(r.ids_filtered);
   out.setOptimizer(static_cast<wire::RowOptimizerKind>(r.spec.optimizer.kind));
 }
 

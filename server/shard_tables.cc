@@ -47,6 +47,7 @@ TableReport report_of(const ShardTable& t, bool created) {
   r.bytes = t.table->bytes();
   r.version = t.table->version();
   r.evictions = t.table->evictions();
+  r.ids_filtered = t.table->ids_filtered();
   r.rows_pulled = t.rows_pulled;
   r.rows_pushed = t.rows_pushed;
   r.created = created;
@@ -56,12 +57,20 @@ TableReport report_of(const ShardTable& t, bool created) {
 bool same_table(const TableSpec& a, const TableSpec& b) {
   return a.dim == b.dim && a.rows == b.rows && a.dynamic == b.dynamic &&
          a.placement == b.placement && a.optimizer.kind == b.optimizer.kind &&
-         a.row_limit == b.row_limit && a.on_limit == b.on_limit;
+         a.row_limit == b.row_limit && a.on_limit == b.on_limit &&
+         std::max(a.min_count, 1u) == std::max(b.min_count, 1u) &&
+         (a.min_count <= 1 || a.count_sketch_width == b.count_sketch_width);
 }
 
 std::string describe(const TableSpec& s) {
   return (s.dynamic ? std::string("dynamic") : "fixed " + std::to_string(s.rows) + "-row") +
          " table of dim " + std::to_string(s.dim) + " (" + row_optimizer_name(s.optimizer.kind) +
+         (s.min_count > 1
+              ? ", min_count " + std::to_string(s.min_count) +
+                    (s.count_sketch_width != 0
+                         ? ", count_sketch_width " + std::to_string(s.count_sketch_width)
+                         : "")
+              : "") +
          ")";
 }
 
@@ -181,7 +190,9 @@ kj::Promise<void> Shard::pull_rows(const Caller& caller, PullRowsRequest r, Rows
   auto read = [this, &t, r, out = std::move(out)]() {
     if (r.lookup) {
       t.table->check_ids(r.ids, "pullRows");
-    } else if (const uint64_t fresh = t.table->check(r.ids, "pullRows"); fresh > 0) {
+    } else if (const uint64_t fresh =
+                   t.table->check(r.ids, "pullRows", EmbeddingTable::Creating::kByPull);
+               fresh > 0) {
       check_memory(fresh * EmbeddingTable::bytes_per_dynamic_row(t.table->spec()),
                    "pullRows: " + std::to_string(fresh) + " new rows of table '" +
                        t.table->spec().name + "'");
@@ -204,7 +215,7 @@ kj::Promise<void> Shard::pull_rows(const Caller& caller, PullRowsRequest r, Rows
   if (r.lookup) {
     t.table->check_ids(r.ids, "pullRows");
   } else {
-    t.table->check(r.ids, "pullRows");
+    t.table->check(r.ids, "pullRows", EmbeddingTable::Creating::kByPull);
   }
   kj::Promise<void> wait = job_.config().mode == SyncMode::kSync
                                ? job_.wait_for_step(min_step, caller.worker_index)
@@ -294,7 +305,7 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
                           caller.worker_index) == open_step.contributors.end());
   uint64_t fresh = 0;
   if (creates_rows) {
-    fresh = t.table->check(r.ids, "pushRows");
+    fresh = t.table->check(r.ids, "pushRows", EmbeddingTable::Creating::kByPush);
   } else {
     t.table->check_ids(r.ids, "pushRows");
   }
@@ -405,7 +416,8 @@ void Shard::commit_table_step() {
     // The average over the workers that contributed (replicas_to_aggregate,
     // or fewer when workers have left), as for dense tensors.
     try {
-      const uint64_t fresh = t.table->check(slot.ids, "sync step");
+      const uint64_t fresh =
+          t.table->check(slot.ids, "sync step", EmbeddingTable::Creating::kByPush);
       const float scale = 1.0f / static_cast<float>(slot.count);
       const std::optional<bool> within =
           slot.within_bound ? std::optional<bool>(true) : std::nullopt;

@@ -167,9 +167,9 @@ std::string status_json(const Shard& shard, const ProgressHistory& history, doub
   for (const TableReport& t : shard.list_tables()) {
     o += fmt::format(
         "{}{{\"name\":{},\"dim\":{},\"dynamic\":{},\"rows\":{},\"bytes\":{},\"version\":{},"
-        "\"rows_pulled\":{},\"rows_pushed\":{},\"evictions\":{}}}",
+        "\"rows_pulled\":{},\"rows_pushed\":{},\"evictions\":{},\"ids_filtered\":{}}}",
         first ? "" : ",", quote(t.spec.name), t.spec.dim, t.spec.dynamic, t.rows_here, t.bytes,
-        t.version, t.rows_pulled, t.rows_pushed, t.evictions);
+        t.version, t.rows_pulled, t.rows_pushed, t.evictions, t.ids_filtered);
     first = false;
   }
   o += "],\"workers\":[";

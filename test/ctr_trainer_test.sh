@@ -5,7 +5,9 @@
 # Mode avazu: async, from a gzip-compressed file in Avazu's CSV layout
 # (make_ctr_data --layout avazu; no dense features, 21 fields and the hour),
 # which each worker streams its share of (--stream_data).
-#   test/ctr_trainer_test.sh BUILD_DIR async|sync|avazu [EXAMPLES] [MAX_DISTINCT] [TOL]
+# Mode min_count: async, the tables admitting ids at their 2nd push; some
+# pushed ids must have been held back (ids_filtered), the AUC as above.
+#   test/ctr_trainer_test.sh BUILD_DIR async|sync|avazu|min_count [EXAMPLES] [MAX_DISTINCT] [TOL]
 # docs/ctr.md has the 1M-example check with the generator's defaults.
 set -uo pipefail
 build=$(cd "$1" && pwd); mode=$2; examples=${3:-500000}; max_distinct=${4:-30000}; tol=${5:-0.01}
@@ -15,6 +17,7 @@ trap 'rm -rf "$run"' EXIT
 flags=(--quiet --run_dir "$run" --timeout 400 --trainer "$build/examples/ctr_trainer")
 [ "$mode" = sync ] && flags+=(--sync)
 data=(--synthetic "$examples" --synthetic_max_distinct "$max_distinct")
+[ "$mode" = min_count ] && data+=(--min_count 2 --count_sketch_width 262144)
 if [ "$mode" = avazu ]; then
   "$build/examples/make_ctr_data" --layout avazu --out "$run/train.csv" --examples "$examples" \
     --max_distinct "$max_distinct" >"$run/make_ctr_data.txt" || { echo "FAIL: make_ctr_data"; exit 1; }
@@ -38,6 +41,11 @@ for tag in loss auc/holdout log_loss/holdout; do
   grep -q "^$tag"$'\t'"step=" "$run/events.txt" || { echo "FAIL: no '$tag' scalar in the summaries"; head "$run/events.txt"; exit 1; }
 done
 result=$(grep -h '^RESULT' "$run/worker0.log")
+if [ "$mode" = min_count ]; then
+  filtered=$(sed -n 's/.* ids_filtered=\([0-9]*\).*/\1/p' <<<"$result")
+  [ "${filtered:-0}" -gt 0 ] || { echo "FAIL: --min_count 2 held back no pushed id (ids_filtered=${filtered:-none})"; exit 1; }
+  echo "min_count 2: $filtered pushed ids held back"
+fi
 auc=$(sed -n 's/.* holdout_auc=\([0-9.]*\).*/\1/p' <<<"$result")
 planted=$(sed -n 's/.* planted_auc=\([0-9.]*\).*/\1/p' <<<"$result")
 # From a file, the planted model's AUC is what make_ctr_data printed.

@@ -19,6 +19,7 @@
 #include "server/embedding/embedding_table.h"
 #include "common/first_positions.h"
 #include "server/embedding/row_buffers.h"
+#include "server/embedding/count_sketch.h"
 #include "server/embedding/row_index.h"
 #include "test/colliding_ids.h"
 
@@ -631,6 +632,145 @@ TEST_CASE("a large lookup spread over threads reads what one thread reads") {
   CHECK(a == b);
   CHECK(many.rows() == rows);
   CHECK(b == pull(many, asked));  // the rows a pull creates are those the lookup read
+}
+
+TEST_CASE("a count sketch never counts an id below its true count, and saturates") {
+  // 20,000 ids over 4 x 512 counters: many collisions, so counts run high.
+  CountSketch small(512, 99), large(1 << 20, 99);
+  std::map<uint64_t, uint32_t> truth;
+  std::mt19937_64 rng(3);
+  for (int i = 0; i < 60000; ++i) {
+    const uint64_t id = rng() % 20000;
+    ++truth[id];
+    small.add(id);
+    if (id < 100) large.add(id);
+  }
+  std::size_t below = 0, high_small = 0, high_large = 0;
+  for (const auto& [id, n] : truth) {
+    const uint32_t want = std::min<uint32_t>(n, CountSketch::kMaxCount);
+    below += small.count(id) < want;
+    high_small += small.count(id) > want;
+    if (id < 100) high_large += large.count(id) != want;
+  }
+  CHECK(below == 0);
+  CHECK(high_small > 0);   // a sketch too small errs high...
+  CHECK(high_large == 0);  // ...one wide enough is exact
+  CHECK(large.count(123456789) == 0);
+  for (int i = 0; i < 300; ++i) large.add(77777);
+  CHECK(large.count(77777) == CountSketch::kMaxCount);
+  CHECK(small.bytes() == 4 * 512);
+}
+
+namespace {
+
+TableSpec admitting_table(uint32_t min_count, uint64_t limit = 0,
+                          RowOptimizerConfig opt = RowOptimizerConfig::sgd(1.0f)) {
+  TableSpec s = dynamic_table(2, limit, OnRowLimit::kRefuse, InitConfig::constant(1));
+  s.optimizer = opt;
+  s.min_count = min_count;
+  s.count_sketch_width = 1 << 16;
+  return s;
+}
+
+// A pull and a push as psd makes them on an admitting table.
+std::vector<float> pull_admitting(EmbeddingTable& t, const std::vector<uint64_t>& ids) {
+  CHECK(t.check(ids, "pullRows", EmbeddingTable::Creating::kByPull) == 0);
+  std::vector<float> out(ids.size() * t.dim());
+  t.pull(ids, out.data());
+  return out;
+}
+
+bool push_admitting(EmbeddingTable& t, const std::vector<uint64_t>& ids,
+                    const std::vector<float>& g) {
+  const uint64_t fresh = t.check(ids, "pushRows", EmbeddingTable::Creating::kByPush);
+  return t.push_if_finite(ids, g, 1.0f, fresh);
+}
+
+}  // namespace
+
+TEST_CASE("an id gets a row at its min_count-th push; before, pulls read its initial values") {
+  EmbeddingTable t(admitting_table(3), 0, 1);
+  REQUIRE(t.admits_by_count());
+  CHECK(pull_admitting(t, {7}) == std::vector<float>{1, 1});
+  CHECK(t.rows() == 0);
+  CHECK(push_admitting(t, {7}, {1, 1}));  // first push: dropped
+  CHECK(t.rows() == 0);
+  CHECK(t.ids_filtered() == 1);
+  CHECK(t.version() == 1);  // an applied push of nothing still counts as an update
+  CHECK(pull_admitting(t, {7}) == std::vector<float>{1, 1});
+  // A repeated id counts once per push.
+  CHECK(t.check(std::vector<uint64_t>{7, 7}, "pushRows", EmbeddingTable::Creating::kByPush) == 0);
+  CHECK(push_admitting(t, {7, 7}, {1, 1, 1, 1}));
+  CHECK(t.ids_filtered() == 2);
+  CHECK(t.rows() == 0);
+  // The third push admits it and is applied: 1 - (0.25 + 0.5).
+  CHECK(t.check(std::vector<uint64_t>{7, 8}, "pushRows", EmbeddingTable::Creating::kByPush) == 1);
+  CHECK(push_admitting(t, {7, 8, 7}, {0.25f, 0.25f, 2, 2, 0.5f, 0.5f}));
+  CHECK(t.rows() == 1);
+  CHECK(t.ids_filtered() == 3);  // 8's first push
+  CHECK(pull_admitting(t, {7, 8}) == std::vector<float>{0.25f, 0.25f, 1, 1});
+  CHECK(push_admitting(t, {7}, {0.25f, 0.25f}));  // a held row: applied as usual
+  CHECK(pull_admitting(t, {7}) == std::vector<float>{0, 0});
+  CHECK(t.ids_filtered() == 3);
+  // push() (psd with --allow_nonfinite) admits the same way.
+  t.check(std::vector<uint64_t>{8}, "pushRows", EmbeddingTable::Creating::kByPush);
+  t.push(std::vector<uint64_t>{8}, std::vector<float>{1, 1}, 1.0f);
+  CHECK(t.rows() == 1);
+  t.push(std::vector<uint64_t>{8}, std::vector<float>{1, 1}, 1.0f);
+  CHECK(t.rows() == 2);
+  CHECK(pull_admitting(t, {8}) == std::vector<float>{0, 0});
+  CHECK(t.ids_filtered() == 4);
+}
+
+TEST_CASE("an admitting table's row limit counts only the ids a push admits") {
+  EmbeddingTable t(admitting_table(2, 1), 0, 1);
+  CHECK(push_admitting(t, {1}, {1, 1}));
+  CHECK(push_admitting(t, {1}, {1, 1}));  // admitted: the one row allowed
+  CHECK(t.rows() == 1);
+  CHECK(push_admitting(t, {2}, {1, 1}));  // dropped, so not refused at the limit
+  CHECK(t.ids_filtered() == 2);
+  CHECK_THROWS_WITH(
+      t.check(std::vector<uint64_t>{2}, "pushRows", EmbeddingTable::Creating::kByPush),
+      Catch::Contains("at its limit of 1"));
+  CHECK(pull_admitting(t, {2, 3}) == std::vector<float>{1, 1, 1, 1});  // pulls create nothing
+  // A restore creates every row it names.
+  CHECK_THROWS_WITH(t.check(std::vector<uint64_t>{3}, "restoreRows"),
+                    Catch::Contains("this request adds 1 new ids"));
+}
+
+TEST_CASE("a refused update leaves an admitting table's counts as they were") {
+  EmbeddingTable t(admitting_table(2, 0, RowOptimizerConfig::sgd(10.0f)), 0, 1);
+  CHECK(push_admitting(t, {1}, {1, 1}));
+  CHECK(push_admitting(t, {1}, {1, 1}));  // held now: -9
+  const float huge = std::numeric_limits<float>::max();
+  // Row 1's update overflows: refused whole, so 5's push is not counted.
+  CHECK_FALSE(push_admitting(t, {1, 5}, {huge, huge, 1, 1}));
+  CHECK(t.ids_filtered() == 1);
+  CHECK(push_admitting(t, {5}, {1, 1}));  // its first counted push: dropped
+  CHECK(t.rows() == 1);
+  CHECK(push_admitting(t, {5}, {1, 1}));
+  CHECK(t.rows() == 2);
+  CHECK(pull_admitting(t, {1, 5}) == std::vector<float>{-9, -9, -9, -9});
+}
+
+TEST_CASE("admission by count is refused where it cannot apply, and its sketch is counted") {
+  auto fixed = fixed_table(10, 2, RowOptimizerConfig::sgd(1));
+  fixed.min_count = 2;
+  CHECK_THROWS_WITH(EmbeddingTable::validate(fixed), Catch::Contains("is for dynamic tables"));
+  CHECK_THROWS_WITH(EmbeddingTable::validate(admitting_table(256)), Catch::Contains("at most 255"));
+  auto width_alone = admitting_table(1);
+  CHECK_THROWS_WITH(EmbeddingTable::validate(width_alone), Catch::Contains("min_count > 1"));
+  auto too_wide = admitting_table(2);
+  too_wide.count_sketch_width = CountSketch::kMaxWidth + 1;
+  CHECK_THROWS_WITH(EmbeddingTable::validate(too_wide), Catch::Contains("count_sketch_width"));
+  EmbeddingTable::validate(admitting_table(2));
+  CHECK(EmbeddingTable::initial_bytes(admitting_table(2), 0, 1) == 4u << 16);
+  auto default_width = admitting_table(2);
+  default_width.count_sketch_width = 0;
+  CHECK(EmbeddingTable::initial_bytes(default_width, 0, 1) == 4u * CountSketch::kDefaultWidth);
+  EmbeddingTable t(admitting_table(2), 0, 1);
+  CHECK(t.bytes() >= (4u << 16));
+  CHECK_FALSE(EmbeddingTable(dynamic_table(2), 0, 1).admits_by_count());
 }
 
 // check() keeps the slots it found for the read or write that follows it;

@@ -423,6 +423,45 @@ TEST_CASE("lookup_rows reads rows as pull_rows would and creates none, on every 
   CHECK(b.alive());
 }
 
+TEST_CASE("a table admitting ids by count gives rows at the min_count-th push, on every shard") {
+  PsdProcess a, b;
+  Client client(options_for({&a, &b}));
+  TableSpec spec = dynamic("d", 2);
+  spec.min_count = 2;
+  spec.init = InitConfig::constant(1);
+  client.create_tables({spec});
+  std::vector<int64_t> ids(1000);
+  std::iota(ids.begin(), ids.end(), 1000);
+  client.push_rows("d", ids, std::vector<float>(ids.size() * 2, 1.0f));  // each id's first: dropped
+  auto t = client.list_tables().at(0);
+  CHECK(t.rows == 0);
+  CHECK(t.ids_filtered == 1000);
+  CHECK(t.rows_per_shard[0] == 0);
+  CHECK(pull_rows(client, "d", ids, 2) == std::vector<float>(ids.size() * 2, 1.0f));
+  CHECK(client.list_tables().at(0).rows == 0);  // pulls create nothing
+
+  const std::vector<int64_t> half(ids.begin(), ids.begin() + 500);
+  client.push_rows("d", half, std::vector<float>(half.size() * 2, 0.5f));  // admitted, applied
+  t = client.list_tables().at(0);
+  CHECK(t.rows == 500);
+  CHECK(t.ids_filtered == 1000);
+  CHECK(t.rows_per_shard[0] > 100);
+  CHECK(t.rows_per_shard[1] > 100);
+  std::vector<float> want(ids.size() * 2, 1.0f);
+  std::fill(want.begin(), want.begin() + 1000, 0.5f);
+  CHECK(pull_rows(client, "d", ids, 2) == want);
+
+  // The same spec again is the same table; another min_count is another.
+  client.create_tables({spec});
+  TableSpec other = spec;
+  other.min_count = 3;
+  CHECK_THROWS_WITH(client.create_tables({other}),
+                    Catch::Contains("exists as a dynamic table of dim 2 (sgd, min_count 2)") &&
+                        Catch::Contains("asked for a dynamic table of dim 2 (sgd, min_count 3)"));
+  CHECK(a.alive());
+  CHECK(b.alive());
+}
+
 TEST_CASE("a restore into a table at its limit evicts none of the rows it restores") {
   PsdProcess psd;
   Client client(options_for({&psd}));

@@ -289,7 +289,14 @@ TEST_CASE(
                                   .dynamic = true,
                                   .placement = TablePlacement::kHash,
                                   .row_limit = 3,
-                                  .on_limit = OnRowLimit::kEvictLru}});
+                                  .on_limit = OnRowLimit::kEvictLru},
+                        TableSpec{.name = "adm",
+                                  .dim = 2,
+                                  .dynamic = true,
+                                  .placement = TablePlacement::kHash,
+                                  .min_count = 3}});
+  for (int i = 0; i < 3; ++i)  // the third push admits both ids
+    client.push_rows("adm", std::vector<int64_t>{7, 8}, std::vector<float>(4, 1.0f));
   std::vector<float> out(5 * 4);
   client.pull_rows("fixed", std::vector<int64_t>{1, 2, 3, 4, 5}, out);
   client.push_rows("fixed", std::vector<int64_t>{1, 2}, std::vector<float>(8, 1.0f));
@@ -309,12 +316,20 @@ TEST_CASE(
   CHECK(prom.value("ps_table_rows_pushed_total", d) == 5);
   CHECK(prom.value("ps_table_evictions_total", d) == 2);
   CHECK(prom.value("ps_table_evictions_total", f) == 0);
+  const std::map<std::string, std::string> a = {{"table", "adm"}};
+  CHECK(prom.value("ps_table_ids_filtered_total", a) == 4);
+  CHECK(prom.value("ps_table_ids_filtered_total", d) == 0);
+  CHECK(prom.value("ps_table_rows", a) == 2);
+  CHECK(prom.value("ps_table_bytes", a) >= 4u << 20);  // the count sketch's 4 MiB
   CHECK(prom.value("ps_requests_total", {{"kind", "pullRows"}}) == 1);
   auto status = ps::test::http_get(m.http_port, "/status.json");
   REQUIRE(status.status == 200);
-  CHECK(status.body.find("\"tables\":[{\"name\":\"dyn\",\"dim\":2,\"dynamic\":true,\"rows\":3,") !=
+  CHECK(status.body.find("{\"name\":\"dyn\",\"dim\":2,\"dynamic\":true,\"rows\":3,") !=
         std::string::npos);
-  CHECK(status.body.find("\"rows_pulled\":5,\"rows_pushed\":2,\"evictions\":0}") !=
+  CHECK(
+      status.body.find("\"rows_pulled\":5,\"rows_pushed\":2,\"evictions\":0,\"ids_filtered\":0}") !=
+      std::string::npos);
+  CHECK(status.body.find("\"rows_pushed\":6,\"evictions\":0,\"ids_filtered\":4}") !=
         std::string::npos);
 }
 

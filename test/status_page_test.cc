@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -116,6 +117,20 @@ TEST_CASE("the status page shows the workers and draws its charts in Chromium") 
     workers.push_back(std::make_unique<Client>(o));
     workers.back()->create(model);
   }
+  // An embedding table: 100 rows pulled and pushed once, 40 more pushed once (min_count 2).
+  workers[0]->create_tables({TableSpec{.name = "emb",
+                                       .dim = 4,
+                                       .dynamic = true,
+                                       .placement = TablePlacement::kHash,
+                                       .min_count = 2}});
+  std::vector<int64_t> ids(100), later(40);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::iota(later.begin(), later.end(), 1000);
+  std::vector<float> rows(ids.size() * 4), grads(ids.size() * 4, 0.5f);
+  workers[0]->push_rows("emb", ids, grads);  // counted, not admitted
+  workers[0]->push_rows("emb", ids, grads);  // admitted
+  workers[0]->pull_rows("emb", ids, rows);
+  workers[0]->push_rows("emb", later, std::span<const float>(grads).first(later.size() * 4));
   // About two seconds of training, so the one-second history has rates to chart.
   std::vector<float> w(64 * 32), b(32), gw(64 * 32, 0.01f), gb(32, 0.01f);
   const auto start = std::chrono::steady_clock::now();
@@ -142,6 +157,17 @@ TEST_CASE("the status page shows the workers and draws its charts in Chromium") 
   CHECK(dom.find("<tr data-worker=\"0\"") != std::string::npos);
   CHECK(dom.find("<tr data-worker=\"1\"") != std::string::npos);
   CHECK(dom.find("data-tensor=\"layer1/weights\"") != std::string::npos);
+  // name, kind, dim, rows, bytes, rows pulled, pulled / s, rows pushed, ...
+  std::smatch table_row;
+  REQUIRE(std::regex_search(dom, table_row, std::regex("<tr data-table=\"emb\">.*?</tr>")));
+  INFO(table_row.str());
+  CHECK(std::regex_search(
+      table_row.str(),
+      std::regex(
+          "<td>emb</td><td>dynamic</td><td class=\"num\">4</td><td class=\"num\">100</td>"
+          "<td class=\"num\">[^<]*iB</td><td class=\"num\">100</td><td class=\"num\">(0|–)</td>"
+          "<td class=\"num\">240</td><td class=\"num\">(0|–)</td><td class=\"num\">0</td>"
+          "<td class=\"num\">140</td>")));
   for (const char* chart : {"chart-steps", "chart-bytes", "chart-loss"}) {
     INFO(chart);
     CHECK(canvas_tag(dom, chart).find("data-rendered=\"1\"") != std::string::npos);

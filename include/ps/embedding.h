@@ -101,6 +101,19 @@ struct TableSpec {
   InitConfig init{};
   uint64_t row_limit = 0;  // dynamic: most rows per shard (0: none)
   OnRowLimit on_limit = OnRowLimit::kRefuse;
+  // Dynamic: admission by count. A new id gets a row at its min_count-th
+  // push (0 or 1: at its first pull or push); until then its pulls read its
+  // initial values, creating nothing, and its gradients are dropped
+  // (counted as ids_filtered). For the long tail of ids seen once or twice,
+  // which would take memory and learn little (word2vec's min_count,
+  // PaddlePaddle's CountFilterEntry). At most 255.
+  uint32_t min_count = 0;
+  // The pushes are counted in a count-min sketch of 4 x count_sketch_width
+  // one-byte counters per shard (0: 1 << 20, 4 MiB): it can count an id
+  // high when other ids share its counters, admitting it early, never late.
+  // Size it to the distinct ids a shard sees: a width of about that many
+  // keeps early admissions rare.
+  uint32_t count_sketch_width = 0;
 };
 
 }  // namespace ps

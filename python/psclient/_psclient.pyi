@@ -207,9 +207,12 @@ class TableSpec:
     optimizer: RowOptimizerConfig
     init: InitConfig
     row_limit: int
+    min_count: int
+    count_sketch_width: int
     def __init__(self, name: str, dim: int, *, rows: int = 0, dynamic: bool = False,
                  placement: Optional[str] = None, optimizer: RowOptimizerConfig = ...,
-                 init: InitConfig = ..., row_limit: int = 0, on_limit: str = "refuse") -> None: ...
+                 init: InitConfig = ..., row_limit: int = 0, on_limit: str = "refuse",
+                 min_count: int = 0, count_sketch_width: int = 0) -> None: ...
 
 class TableInfo:
     name: str
@@ -218,6 +221,7 @@ class TableInfo:
     dynamic: bool
     bytes: int
     evictions: int
+    ids_filtered: int
     rows_per_shard: List[int]
 
 class Client:

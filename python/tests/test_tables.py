@@ -126,6 +126,28 @@ def test_lookup_rows_reads_without_creating_rows(client):
         client.lookup_rows("sgd", np.array([ROWS]))
 
 
+def test_a_table_admitting_ids_by_count(client):
+    spec = psclient.TableSpec("admit", DIM, dynamic=True, init=psclient.constant(2.0),
+                              optimizer=psclient.RowOptimizerConfig.sgd(1.0), min_count=2,
+                              count_sketch_width=1 << 12)
+    assert (spec.min_count, spec.count_sketch_width) == (2, 1 << 12)
+    client.create_tables([spec])
+    ids = np.arange(40, dtype=np.int64)
+    grads = np.full((40, DIM), 0.5, np.float32)
+    client.push_rows("admit", ids, grads)  # each id's first push: dropped
+    info = {t.name: t for t in client.list_tables()}["admit"]
+    assert (info.rows, info.ids_filtered) == (0, 40)
+    np.testing.assert_array_equal(client.pull_rows("admit", ids), np.full((40, DIM), 2.0))
+    client.push_rows("admit", ids[:10], grads[:10])  # the second: admitted and applied
+    info = {t.name: t for t in client.list_tables()}["admit"]
+    assert (info.rows, info.ids_filtered) == (10, 40)
+    expected = np.full((40, DIM), 2.0, np.float32)
+    expected[:10] = 1.5
+    np.testing.assert_array_equal(client.pull_rows("admit", ids), expected)
+    with pytest.raises(psclient.RequestError, match="at most 255"):
+        client.create_tables([psclient.TableSpec("bad", DIM, dynamic=True, min_count=256)])
+
+
 def test_async_rows_and_asyncio(client):
     ids = np.array([2, 5], np.int64)
     out = np.zeros((2, DIM), np.float32)

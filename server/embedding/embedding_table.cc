@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/finite.h"
+#include "common/hash_key.h"
 #include "common/row_bytes.h"
 #include "common/tensor_name.h"
 #include "ps/errors.h"
@@ -59,6 +60,24 @@ void EmbeddingTable::validate(const TableSpec& s) {
     throw RequestError("createTables: " + quoted(s) +
                        " is fixed: a row limit is for dynamic tables");
   }
+  if (!s.dynamic && s.min_count > 1) {
+    throw RequestError("createTables: " + quoted(s) +
+                       " is fixed: admission by count (min_count) is for dynamic tables");
+  }
+  if (s.min_count > CountSketch::kMaxCount) {
+    throw RequestError("createTables: " + quoted(s) + " has min_count " +
+                       std::to_string(s.min_count) + "; it must be at most " +
+                       std::to_string(CountSketch::kMaxCount));
+  }
+  if (s.count_sketch_width != 0 && s.min_count <= 1) {
+    throw RequestError("createTables: " + quoted(s) +
+                       ": count_sketch_width sizes min_count's counts; give min_count > 1 too");
+  }
+  if (s.count_sketch_width > CountSketch::kMaxWidth) {
+    throw RequestError("createTables: " + quoted(s) + " has count_sketch_width " +
+                       std::to_string(s.count_sketch_width) + "; it must be at most " +
+                       std::to_string(CountSketch::kMaxWidth));
+  }
   switch (s.init.kind) {
     case InitKind::kZeros:
     case InitKind::kConstant:
@@ -84,7 +103,12 @@ void EmbeddingTable::validate(const TableSpec& s) {
 }
 
 uint64_t EmbeddingTable::initial_bytes(const TableSpec& s, uint32_t shard, uint32_t shards) {
-  if (s.dynamic) return 0;
+  if (s.dynamic) {
+    if (s.min_count <= 1) return 0;
+    const uint64_t width =
+        s.count_sketch_width == 0 ? CountSketch::kDefaultWidth : s.count_sketch_width;
+    return CountSketch::kRows * width;  // the sketch's one-byte counters
+  }
   const uint64_t rows = RowPlacement(s.placement, s.rows, shards).rows_on(shard);
   const uint64_t comps = 1 + RowOptimizer::make(s.optimizer, s.name)->num_slots();
   const uint64_t per_row = comps * s.dim * sizeof(float);
@@ -108,6 +132,8 @@ EmbeddingTable::EmbeddingTable(TableSpec spec, uint32_t shard, uint32_t shards, 
   spec_.init.values.clear();
   if (spec_.dynamic) {
     slabs_.resize(components());
+    if (spec_.min_count > 1)
+      sketch_ = std::make_unique<CountSketch>(spec_.count_sketch_width, random_hash_key());
     return;
   }
   fixed_rows_ = placement_.rows_on(shard_);
@@ -147,7 +173,7 @@ uint64_t EmbeddingTable::bytes() const {
   uint64_t slabs = 0;
   for (const auto& c : slabs_) slabs += c.size();
   return slabs * kSlabRows * row_bytes + index_.bytes() + slot_ids_.capacity() * sizeof(uint64_t) +
-         lru_.capacity() * sizeof(LruLink);
+         lru_.capacity() * sizeof(LruLink) + (sketch_ ? sketch_->bytes() : 0);
 }
 
 float* EmbeddingTable::row(uint32_t component, uint64_t slot) const {
@@ -316,7 +342,13 @@ void EmbeddingTable::check_ids(std::span<const uint64_t> ids, const char* what) 
   }
 }
 
-uint64_t EmbeddingTable::check(std::span<const uint64_t> ids, const char* what) const {
+bool EmbeddingTable::creates(uint64_t id, Creating creating) const {
+  if (!sketch_ || creating == Creating::kAll) return true;
+  return creating == Creating::kByPush && sketch_->count(id) + 1 >= spec_.min_count;
+}
+
+uint64_t EmbeddingTable::check(std::span<const uint64_t> ids, const char* what,
+                               Creating creating) const {
   if (!spec_.dynamic) {
     check_ids(ids, what);
     return 0;
@@ -331,7 +363,7 @@ uint64_t EmbeddingTable::check(std::span<const uint64_t> ids, const char* what) 
     if (placement_.shard_of(id) != shard_) check_ids(ids.subspan(k, 1), what);
     const uint32_t slot = find(id);
     checked_.slots[k] = slot;
-    if (slot == kEmpty && seen_.first(id, uint32_t(k)) == k) ++missing;
+    if (slot == kEmpty && seen_.first(id, uint32_t(k)) == k && creates(id, creating)) ++missing;
   }
   checked_.ids.assign(ids.begin(), ids.end());
   checked_.index_changes = index_.changes();
@@ -398,6 +430,7 @@ void EmbeddingTable::lookup(std::span<const uint64_t> ids, float* out) {
 }
 
 void EmbeddingTable::read_rows(std::span<const uint64_t> ids, float* out, bool create) {
+  create = create && !sketch_;  // admission by count: rows come by pushes only
   const ReleaseScratchAfter release{*this, ids.size()};
   const std::size_t row_bytes = spec_.dim * sizeof(float);
   const std::size_t n = ids.size(), parts = parts_for(n);
@@ -464,7 +497,47 @@ void EmbeddingTable::push(std::span<const uint64_t> ids, std::span<const float> 
   // Unchecked: a sender's word is not enough here (its gradients may be
   // outside the safe bound).
   if (repeats == Repeats::kSenderSaysNone) repeats = Repeats::kMaybe;
-  apply_push(ids, grads, scale, /*check_first=*/false, repeats);
+  const Admitted a = admit(ids, grads);
+  apply_push(a.ids, a.grads, scale, /*check_first=*/false, repeats);
+  count_dropped();
+}
+
+EmbeddingTable::Admitted EmbeddingTable::admit(std::span<const uint64_t> ids,
+                                               std::span<const float> grads) {
+  dropped_ids_.clear();
+  if (!sketch_) return {ids, grads};
+  // Each missing id decided once, at its first position; its repeats follow it.
+  const std::size_t n = ids.size();
+  admitted_at_.assign(n, 1);
+  seen_.reset(n);
+  for (std::size_t k = 0; k < n; ++k) {
+    if (k + kIndexAhead < n) index_.prefetch(ids[k + kIndexAhead]);
+    if (find(ids[k]) != kEmpty) continue;
+    const uint32_t first = seen_.first(ids[k], uint32_t(k));
+    if (first != k) {
+      admitted_at_[k] = admitted_at_[first];
+    } else if (sketch_->count(ids[k]) + 1 < spec_.min_count) {
+      admitted_at_[k] = 0;
+      dropped_ids_.push_back(ids[k]);
+    }
+  }
+  if (dropped_ids_.empty()) return {ids, grads};
+  const uint32_t dim = spec_.dim;
+  admitted_ids_.clear();
+  admitted_grads_.clear();
+  for (std::size_t k = 0; k < n; ++k) {
+    if (!admitted_at_[k]) continue;
+    admitted_ids_.push_back(ids[k]);
+    admitted_grads_.insert(admitted_grads_.end(), grads.begin() + k * dim,
+                           grads.begin() + (k + 1) * dim);
+  }
+  return {admitted_ids_, admitted_grads_};
+}
+
+void EmbeddingTable::count_dropped() {
+  for (uint64_t id : dropped_ids_) sketch_->add(id);
+  ids_filtered_ += dropped_ids_.size();
+  dropped_ids_.clear();
 }
 
 bool EmbeddingTable::push_if_finite(std::span<const uint64_t> ids, std::span<const float> grads,
@@ -473,14 +546,20 @@ bool EmbeddingTable::push_if_finite(std::span<const uint64_t> ids, std::span<con
   // Where the optimizer bounds what such gradients can do (SGD, Adagrad), no
   // row, held or new, can become NaN or Inf: one pass over the gradients
   // instead of one over the rows.
+  // Gradients within the bound for all the ids are within it for the
+  // admitted ones (the bound only grows as the ids get fewer).
   const float bound = safe_gradient_bound(scale, ids.size());
   const bool safe = bound > 0 && (within_bound ? *within_bound : all_finite(grads, bound));
+  const Admitted a = admit(ids, grads);
   if (new_rows > 0 && !safe) {
-    if (!update_finite(ids, grads, scale)) return false;
-    push(ids, grads, scale, repeats);
-    return true;
+    if (!update_finite(a.ids, a.grads, scale)) return false;
+    apply_push(a.ids, a.grads, scale, /*check_first=*/false,
+               repeats == Repeats::kSenderSaysNone ? Repeats::kMaybe : repeats);
+  } else if (!apply_push(a.ids, a.grads, scale, /*check_first=*/!safe, repeats)) {
+    return false;
   }
-  return apply_push(ids, grads, scale, /*check_first=*/!safe, repeats);
+  count_dropped();
+  return true;
 }
 
 void EmbeddingTable::group_slots_by_part(std::size_t parts) {

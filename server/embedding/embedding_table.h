@@ -28,6 +28,7 @@
 #include "common/embedding_placement.h"
 #include "ps/embedding.h"
 #include "common/first_positions.h"
+#include "server/embedding/count_sketch.h"
 #include "server/embedding/huge_pages.h"
 #include "server/embedding/row_index.h"
 #include "server/embedding/row_optimizers.h"
@@ -64,6 +65,10 @@ class EmbeddingTable {
   uint64_t rows() const;   // rows held here now
   uint64_t bytes() const;  // memory of values, slots and index
   uint64_t evictions() const { return evictions_; }
+  // Admission by count (TableSpec::min_count > 1): pushed ids not yet
+  // admitted, each counted once per push that dropped its gradients.
+  bool admits_by_count() const { return sketch_ != nullptr; }
+  uint64_t ids_filtered() const { return ids_filtered_; }
   // Memory kept from one request to the next for their work (each
   // position's slot, repeats, parts); given back after a request of more
   // than kKeepScratchIds ids (the most a client's default 1 MiB request
@@ -75,15 +80,22 @@ class EmbeddingTable {
   uint64_t version() const { return version_; }  // updates applied
   void set_version(uint64_t v) { version_ = v; }
 
+  // Which missing rows of a dynamic table a request creates: a pull or push
+  // every one, except where the table admits ids by count: then a pull
+  // none, and a push those whose count reaches min_count with it. A
+  // restore creates every one.
+  enum class Creating { kByPull, kByPush, kAll };
   // Checks that every id may be read or written here; returns how many
-  // distinct rows a pull or push of them would create (dynamic tables).
-  // `what` starts the error message ("pullRows").
-  uint64_t check(std::span<const uint64_t> ids, const char* what) const;
+  // distinct rows the request would create (dynamic tables), which the row
+  // limit must allow. `what` starts the error message ("pullRows").
+  uint64_t check(std::span<const uint64_t> ids, const char* what,
+                 Creating creating = Creating::kAll) const;
   // The same checks of the ids alone, for a request that creates no rows
   // (the table's row limit does not apply).
   void check_ids(std::span<const uint64_t> ids, const char* what) const;
 
-  // Writes row ids[i] to out[i*dim ..], creating missing dynamic rows.
+  // Writes row ids[i] to out[i*dim ..], creating missing dynamic rows
+  // (unless the table admits ids by count: then as lookup()).
   // out holds ids.size() * dim floats. Call check() first.
   void pull(std::span<const uint64_t> ids, float* out);
   // As pull(), but creates no row and moves none in the LRU order: an id a
@@ -113,6 +125,9 @@ class EmbeddingTable {
   // Applies grads (ids.size() * dim floats, times `scale`) with the table's
   // optimizer; the gradients of an id named more than once are summed first
   // (as IndexedSlices are). Call check() first. `repeats`: kMaybe or kNone.
+  // Where the table admits ids by count, the gradients of missing ids that
+  // this push does not admit are dropped (both here and in push_if_finite),
+  // and each such id counted once more.
   void push(std::span<const uint64_t> ids, std::span<const float> grads, float scale,
             Repeats repeats = Repeats::kMaybe);
   // push(), unless it would store a NaN or Inf in a value or optimizer slot:
@@ -171,12 +186,29 @@ class EmbeddingTable {
   void lru_unlink(uint32_t slot);
   void lru_push_front(uint32_t slot);
 
+  // Admission by count: the ids and gradients a push applies (rows held,
+  // ids admitted by it), in admitted_ids_ / admitted_grads_ where any are
+  // dropped; the dropped ids wait in dropped_ids_ for count_dropped(),
+  // called once the push is applied.
+  struct Admitted {
+    std::span<const uint64_t> ids;
+    std::span<const float> grads;
+  };
+  Admitted admit(std::span<const uint64_t> ids, std::span<const float> grads);
+  void count_dropped();
+  bool creates(uint64_t id, Creating creating) const;
+
   TableSpec spec_;
   uint32_t shard_;
   RowPlacement placement_;
   std::unique_ptr<RowOptimizer> optimizer_;
   uint64_t version_ = 0;
   uint64_t evictions_ = 0;
+  std::unique_ptr<CountSketch> sketch_;  // min_count > 1 only
+  uint64_t ids_filtered_ = 0;
+  std::vector<uint64_t> admitted_ids_, dropped_ids_;
+  std::vector<float> admitted_grads_;
+  std::vector<char> admitted_at_;
 
   // Fixed: one array per component, in 2 MiB pages where the kernel has
   // them (server/embedding/huge_pages.h).

@@ -1,0 +1,44 @@
+// How often a dynamic table's ids not yet given a row were pushed, for
+// admission by count (TableSpec::min_count): a count-min sketch of kRows
+// rows of saturating 8-bit counters. An id's count is the least of its
+// counters, never below its true count; conservative update raises only the
+// counters at that least, which keeps collisions' overcounts small. A sketch
+// too small for the ids it sees admits ids early, never late, and its memory
+// is fixed whatever ids a client sends.
+//
+//   CountSketch s(1 << 20, random_hash_key());
+//   if (s.count(id) + 1 >= min_count) { /* this push admits id */ }
+//   s.add(id);
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+namespace ps {
+
+class CountSketch {
+ public:
+  static constexpr uint32_t kRows = 4;
+  static constexpr uint32_t kMaxCount = 255;
+  static constexpr uint32_t kDefaultWidth = 1u << 20;
+  static constexpr uint32_t kMaxWidth = 1u << 28;
+
+  // width: counters per row (0: kDefaultWidth); key: the table's hash key
+  // (common/hash_key.h), so that ids chosen to collide in one table do not
+  // in another.
+  CountSketch(uint32_t width, uint64_t key);
+
+  uint32_t count(uint64_t id) const;
+  void add(uint64_t id);  // one more push of id; saturates at kMaxCount
+  uint64_t bytes() const { return counters_.size(); }
+  uint32_t width() const { return width_; }
+
+ private:
+  std::array<uint32_t, kRows> cells(uint64_t id) const;  // one counter's index per row
+  uint32_t width_;
+  uint64_t key_;
+  std::vector<uint8_t> counters_;  // row r at [r * width_, (r + 1) * width_)
+};
+
+}  // namespace ps

@@ -15,7 +15,7 @@ Arrays are any C-contiguous float32 buffer: NumPy arrays, PyTorch CPU tensors
 __dlpack__. Calls that wait on the network release the GIL. *_async calls
 return a concurrent.futures.Future (asyncio.wrap_future works on it).
 
-Errors: psclient.Error, with ConnectionError, RequestError and ConfigError
+Errors: psclient.Error, with ConnectionError, RequestError, ConfigError and CheckpointError
 under it; arrays of the wrong dtype, layout or size raise ValueError before
 anything is sent.
 
@@ -23,11 +23,14 @@ Embedding tables: client.create_tables([psclient.TableSpec("user", 16, rows=1000
 then client.pull_rows("user", ids, out) / client.push_rows("user", ids, grads)
 with int64 (or uint64) ids. Click-through data as ctr_trainer reads it:
 psclient.read_ctr(path) (or one worker's share, read_ctr_share) and
-psclient.ctr_synthetic(n), with roc_auc and log_loss. See docs/python.md.
+psclient.ctr_synthetic(n), with roc_auc and log_loss. A trained model from
+psd's checkpoints, as NumPy arrays: psclient.load_checkpoint(dir). See
+docs/python.md.
 """
 
 from ._psclient import (
     Checkpoint,
+    CheckpointError,
     CtrShareStream,
     Client,
     ClusterSpec,
@@ -44,6 +47,8 @@ from ._psclient import (
     PushResult,
     PushStatus,
     RequestError,
+    RestoredModel,
+    RestoredTable,
     RowOptimizerConfig,
     RowOptimizerKind,
     ShardStats,
@@ -65,6 +70,7 @@ from ._psclient import (
     from_values,
     glorot_normal,
     glorot_uniform,
+    load_checkpoint,
     log_loss,
     momentum,
     normal,

@@ -20,6 +20,7 @@ class Error(RuntimeError): ...
 class ConnectionError(Error, builtins.ConnectionError): ...
 class RequestError(Error): ...
 class ConfigError(Error): ...
+class CheckpointError(Error): ...
 
 class OptimizerKind(enum.Enum):
     SGD = ...
@@ -213,6 +214,24 @@ class TableSpec:
                  placement: Optional[str] = None, optimizer: RowOptimizerConfig = ...,
                  init: InitConfig = ..., row_limit: int = 0, on_limit: str = "refuse",
                  min_count: int = 0, count_sketch_width: int = 0) -> None: ...
+
+class RestoredTable:
+    spec: TableSpec
+    version: int
+    ids: npt.NDArray[np.int64]
+    values: npt.NDArray[np.float32]
+    slots: List[npt.NDArray[np.float32]]
+
+class RestoredModel:
+    global_step: int
+    num_shards: int
+    files: List[str]
+    job: Optional[JobConfig]
+    tensors: Dict[str, npt.NDArray[np.float32]]
+    tensor_slots: Dict[str, List[npt.NDArray[np.float32]]]
+    tables: Dict[str, RestoredTable]
+
+def load_checkpoint(dir: str) -> RestoredModel: ...
 
 class TableInfo:
     name: str

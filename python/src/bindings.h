@@ -17,5 +17,6 @@ void bind_training_session(py::module_& m);  // training_session.cc: TrainingSes
 void bind_cluster_spec(py::module_& m);      // cluster_spec.cc: ClusterSpec
 void bind_summary_writer(py::module_& m);    // summary_writer.cc: SummaryWriter
 void bind_ctr_data(py::module_& m);  // ctr_data.cc: read_ctr, ctr_synthetic, roc_auc, log_loss
+void bind_checkpoint(py::module_& m);  // checkpoint.cc: load_checkpoint, RestoredModel
 
 }  // namespace psclient_py

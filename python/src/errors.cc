@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "ps/checkpoint.h"
 #include "ps/errors.h"
 #include "python/src/bindings.h"
 
@@ -15,6 +16,7 @@ PyObject* error_type = nullptr;
 PyObject* connection_error_type = nullptr;
 PyObject* request_error_type = nullptr;
 PyObject* config_error_type = nullptr;
+PyObject* checkpoint_error_type = nullptr;
 
 PyObject* new_exception(py::module_& m, const char* name, const char* doc, py::tuple bases) {
   const std::string qualified = std::string("psclient.") + name;
@@ -41,6 +43,9 @@ PyObject* type_of(std::exception_ptr error, std::string* message) {
   } catch (const ps::ConfigError& e) {
     *message = e.what();
     return config_error_type;
+  } catch (const ps::CheckpointError& e) {
+    *message = e.what();
+    return checkpoint_error_type;
   } catch (const ps::Error& e) {
     *message = e.what();
     return error_type;
@@ -88,6 +93,10 @@ void bind_errors(py::module_& m) {
   config_error_type =
       new_exception(m, "ConfigError", "Bad configuration: flags, TF_CONFIG, SLURM_* or data files.",
                     py::make_tuple(base));
+  checkpoint_error_type = new_exception(
+      m, "CheckpointError",
+      "No complete checkpoint, or a checkpoint file that is not valid (load_checkpoint).",
+      py::make_tuple(base));
   py::register_exception_translator([](std::exception_ptr error) {
     try {
       std::rethrow_exception(error);

@@ -13,4 +13,5 @@ PYBIND11_MODULE(_psclient, m) {
   psclient_py::bind_cluster_spec(m);
   psclient_py::bind_summary_writer(m);
   psclient_py::bind_ctr_data(m);
+  psclient_py::bind_checkpoint(m);
 }

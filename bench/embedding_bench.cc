@@ -8,6 +8,7 @@
 //   build/bench/embedding_bench --same_host false   # TCP lines only
 //   build/bench/embedding_bench --in_flight 2       # two calls at once per client
 //   build/bench/embedding_bench --table_threads 4   # psd spreads a request over 4 threads
+//   build/bench/embedding_bench --dynamic_rows 1000000 --min_count 2   # admission by count
 //
 // Each fixed table is measured with 65,536-id batches; pull and push rates
 // are given as a share of the in-memory gather rate of the same row size,
@@ -303,7 +304,8 @@ class MemoryTable {
 // psd's own table code (server/embedding), in this process: a push then a
 // pull of each batch, on one thread and spread over `threads` (psd
 // --table_threads; 0: every core), the two tables taking turns batch by
-// batch. A dynamic table's rows are created first by a pull of `fill`.
+// batch. A dynamic table's rows are created first by a pull of `fill` (by
+// min_count pushes of zeros where the table admits ids by count).
 struct TableCodeRates {
   unsigned threads = 1;
   Rate push[2], pull[2];  // [0]: one thread
@@ -333,19 +335,28 @@ TableCodeRates psd_table_code(const ps::TableSpec& spec,
                                         pool.run_parts(parts, helpers, fn);
                                       }});
   std::vector<float> out(batch * spec.dim), grads(batch * spec.dim, 0.25f);
+  const std::vector<float> zeros(batch * spec.dim, 0.0f);
+  using Creating = ps::EmbeddingTable::Creating;
   for (std::size_t first = 0; first < fill.size(); first += batch) {
     const std::vector<int64_t> part(fill.begin() + first,
                                     fill.begin() + std::min(fill.size(), first + batch));
     for (ps::EmbeddingTable* t : {&one, &spread}) {
-      t->check(as_ids(part), "fill");
-      t->pull(as_ids(part), out.data());
+      if (!t->admits_by_count()) {
+        t->check(as_ids(part), "fill");
+        t->pull(as_ids(part), out.data());
+        continue;
+      }
+      for (uint32_t k = 0; k < spec.min_count; ++k) {
+        t->check(as_ids(part), "fill", Creating::kByPush);
+        t->push(as_ids(part), std::span<const float>(zeros).first(part.size() * spec.dim), 1.0f);
+      }
     }
   }
   std::vector<double> push_s[2], pull_s[2];
   for (const auto& ids : batches) {
     for (int k = 0; k < 2; ++k) {
       ps::EmbeddingTable& t = k ? spread : one;
-      t.check(as_ids(ids), "push");
+      t.check(as_ids(ids), "push", Creating::kByPush);
       auto t0 = Clock::now();
       t.push(as_ids(ids), grads, 1.0f);
       push_s[k].push_back(seconds_since(t0));
@@ -373,6 +384,7 @@ int main(int argc, char** argv) {
   uint64_t wide_rows = 5'000'000;
   uint32_t wide_dim = 64;
   uint64_t dynamic_rows = 0;
+  uint32_t min_count = 0;
   std::size_t request_kb = 1024;
   unsigned busy_poll_us = 50;
   app.add_option("--psd", psd_binary, "psd binary to start")->capture_default_str();
@@ -391,6 +403,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--dynamic_rows", dynamic_rows,
                  "also a dynamic table filled with this many rows (0: none)")
+      ->capture_default_str();
+  app.add_option("--min_count", min_count,
+                 "the dynamic table admits ids at their Nth push (TableSpec::min_count); it is "
+                 "filled by N pushes of zeros")
       ->capture_default_str();
   app.add_option("--request_kb", request_kb, "ClientOptions::max_request_bytes, KiB")
       ->capture_default_str();
@@ -647,17 +663,24 @@ int main(int argc, char** argv) {
                             .dim = dim,
                             .dynamic = true,
                             .placement = ps::TablePlacement::kHash,
-                            .optimizer = ps::RowOptimizerConfig::sgd(0.01f)};
+                            .optimizer = ps::RowOptimizerConfig::sgd(0.01f),
+                            .min_count = min_count};
     const uint64_t before = psd.rss_bytes();
     cs[0]->create_tables({dyn});
     for (auto& c : cs) c->declare_tables({dyn});
     std::vector<int64_t> ids(batch);
     std::vector<float> buf(batch * dim);
+    const std::vector<float> zeros(batch * dim, 0.0f);
     for (uint64_t first = 0; first < dynamic_rows; first += batch) {
       const std::size_t n = std::min<uint64_t>(batch, dynamic_rows - first);
       for (std::size_t i = 0; i < n; ++i) ids[i] = int64_t((first + i) * 2654435761ull);
-      cs[0]->pull_rows("dyn", std::span<const int64_t>(ids.data(), n),
-                       std::span<float>(buf.data(), n * dim));
+      const std::span<const int64_t> part(ids.data(), n);
+      if (min_count <= 1) {
+        cs[0]->pull_rows("dyn", part, std::span<float>(buf.data(), n * dim));
+      } else {
+        for (uint32_t k = 0; k < min_count; ++k)
+          cs[0]->push_rows("dyn", part, std::span<const float>(zeros).first(n * dim));
+      }
     }
     const uint64_t draw = dynamic_rows * dim * sizeof(float);
     std::printf("  dynamic table: %llu rows, psd RSS %8.1f MB for %.1f MB raw (%.3fx)\n",

@@ -506,13 +506,15 @@ EmbeddingTable::Admitted EmbeddingTable::admit(std::span<const uint64_t> ids,
                                                std::span<const float> grads) {
   dropped_ids_.clear();
   if (!sketch_) return {ids, grads};
-  // Each missing id decided once, at its first position; its repeats follow it.
+  // The slots check() found for these ids (or found again); each missing id
+  // decided once, at its first position, its repeats following it.
   const std::size_t n = ids.size();
+  std::vector<uint64_t>& slots = admit_slots_;
+  find_slots(ids, slots);
   admitted_at_.assign(n, 1);
   seen_.reset(n);
   for (std::size_t k = 0; k < n; ++k) {
-    if (k + kIndexAhead < n) index_.prefetch(ids[k + kIndexAhead]);
-    if (find(ids[k]) != kEmpty) continue;
+    if (slots[k] != kEmpty) continue;
     const uint32_t first = seen_.first(ids[k], uint32_t(k));
     if (first != k) {
       admitted_at_[k] = admitted_at_[first];
@@ -521,17 +523,33 @@ EmbeddingTable::Admitted EmbeddingTable::admit(std::span<const uint64_t> ids,
       dropped_ids_.push_back(ids[k]);
     }
   }
-  if (dropped_ids_.empty()) return {ids, grads};
+  // What the push applies, with its slots kept for apply_push (as check()
+  // keeps them), so that it does not look them up again.
+  if (dropped_ids_.empty()) {
+    keep_slots(ids, slots);
+    return {ids, grads};
+  }
   const uint32_t dim = spec_.dim;
   admitted_ids_.clear();
   admitted_grads_.clear();
+  std::size_t kept = 0;
   for (std::size_t k = 0; k < n; ++k) {
     if (!admitted_at_[k]) continue;
     admitted_ids_.push_back(ids[k]);
+    slots[kept++] = slots[k];
     admitted_grads_.insert(admitted_grads_.end(), grads.begin() + k * dim,
                            grads.begin() + (k + 1) * dim);
   }
+  slots.resize(kept);
+  keep_slots(admitted_ids_, slots);
   return {admitted_ids_, admitted_grads_};
+}
+
+void EmbeddingTable::keep_slots(std::span<const uint64_t> ids, std::vector<uint64_t>& slots) {
+  checked_.ids.assign(ids.begin(), ids.end());
+  checked_.slots.swap(slots);
+  checked_.index_changes = index_.changes();
+  checked_.valid = true;
 }
 
 void EmbeddingTable::count_dropped() {

@@ -196,6 +196,8 @@ class EmbeddingTable {
   };
   Admitted admit(std::span<const uint64_t> ids, std::span<const float> grads);
   void count_dropped();
+  // Records `slots` (taken) as the slots of `ids`, as check() does.
+  void keep_slots(std::span<const uint64_t> ids, std::vector<uint64_t>& slots);
   bool creates(uint64_t id, Creating creating) const;
 
   TableSpec spec_;
@@ -206,7 +208,7 @@ class EmbeddingTable {
   uint64_t evictions_ = 0;
   std::unique_ptr<CountSketch> sketch_;  // min_count > 1 only
   uint64_t ids_filtered_ = 0;
-  std::vector<uint64_t> admitted_ids_, dropped_ids_;
+  std::vector<uint64_t> admitted_ids_, dropped_ids_, admit_slots_;
   std::vector<float> admitted_grads_;
   std::vector<char> admitted_at_;
 

@@ -731,6 +731,10 @@ TEST_CASE("an id gets a row at its min_count-th push; before, pulls read its ini
   CHECK(t.rows() == 2);
   CHECK(pull_admitting(t, {8}) == std::vector<float>{0, 0});
   CHECK(t.ids_filtered() == 4);
+  // Held rows after a dropped id in one push: each gets its own gradient.
+  CHECK(push_admitting(t, {20, 7, 8, 21}, {9, 9, 1, 2, 3, 4, 9, 9}));
+  CHECK(pull_admitting(t, {7, 8, 20}) == std::vector<float>{-1, -2, -3, -4, 1, 1});
+  CHECK(t.ids_filtered() == 6);
 }
 
 TEST_CASE("an admitting table's row limit counts only the ids a push admits") {

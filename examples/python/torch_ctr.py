@@ -64,6 +64,8 @@ def parser():
     p.add_argument("--wide_learning_rate", type=float, default=0.01, help="FTRL on the wide table")
     p.add_argument("--ftrl_l1", type=float, default=0.0)
     p.add_argument("--ftrl_l2", type=float, default=0.0)
+    p.add_argument("--row_limit", type=int, default=0, help="rows per table and shard (0: none); beyond it the "
+                   "least recently used rows are evicted")
     p.add_argument("--min_count", type=int, default=0, help="a new id gets a row at its Nth push (0, 1: at once); "
                    "until then it reads as its initial values and its gradients are dropped")
     p.add_argument("--count_sketch_width", type=int, default=0,
@@ -85,6 +87,7 @@ def check_flags(f):
         (f.synthetic >= 0, "--synthetic must be >= 0"),
         (1 <= f.embedding_dim <= 1024, "--embedding_dim must be in 1..1024"),
         (f.eval_batch >= 1, "--eval_batch must be >= 1"),
+        (f.row_limit >= 0, "--row_limit must be >= 0"),
         (0 <= f.min_count <= 255, "--min_count must be in 0..255"),
         (0 <= f.count_sketch_width < 2**32, "--count_sketch_width must be >= 0"),
         (hidden_units(f.hidden_units) is not None, "--hidden_units must be positive integers, comma-separated"),
@@ -214,12 +217,13 @@ def run_worker(spec, f):
         session.add_variable(psclient.TensorSpec("ctr/" + name, tuple(p.shape), optimizer=psclient.adam(f.learning_rate),
                                                  init=init), p, p.grad)
     row_init = psclient.uniform(-f.embedding_init, f.embedding_init, f.seed) if f.embedding_init > 0 else psclient.zeros()
-    admission = dict(min_count=f.min_count, count_sketch_width=f.count_sketch_width)
+    row_options = dict(min_count=f.min_count, count_sketch_width=f.count_sketch_width, row_limit=f.row_limit,
+                       on_limit="evict_lru")
     session.add_table(psclient.TableSpec(DEEP_TABLE, dim, dynamic=True, init=row_init,
                                          optimizer=psclient.RowOptimizerConfig.adagrad(f.embedding_learning_rate),
-                                         **admission))
+                                         **row_options))
     session.add_table(psclient.TableSpec(WIDE_TABLE, 1, dynamic=True, optimizer=psclient.RowOptimizerConfig.ftrl(
-        f.wide_learning_rate, f.ftrl_l1, f.ftrl_l2), **admission))
+        f.wide_learning_rate, f.ftrl_l1, f.ftrl_l2), **row_options))
     session.initialize()
     steps = session.job.train_steps or steps
     per_global = b * (session.job.replicas_to_aggregate if session.job.mode == psclient.SyncMode.SYNC else 1)

@@ -309,12 +309,16 @@ def run_worker(spec, f):
             log_loss = auc = -1.0
         print(f"== {global_step} global steps, {global_step * per_global / total:.2f} epochs in {secs:.1f} s: "
               f"{examples_per_sec:.0f} examples/s", flush=True)
+        tables = {t.name: t for t in client.list_tables()}
         print("== tables: " + ", ".join(f"{t.name} {t.rows} rows of {t.dim} ({t.bytes / 2**20:.1f} MiB)"
-                                         for t in client.list_tables()), flush=True)
+                                         for t in tables.values()), flush=True)
         planted_ll, planted_auc = planted or (-1.0, -1.0)
         print(f"RESULT mode={mode} holdout_log_loss={log_loss:.5f} holdout_auc={auc:.5f} "
               f"planted_log_loss={planted_ll:.5f} planted_auc={planted_auc:.5f} seconds={secs:.3f} "
-              f"examples_per_sec={examples_per_sec:.0f}", flush=True)
+              f"examples_per_sec={examples_per_sec:.0f} deep_rows={tables[DEEP_TABLE].rows} "
+              f"wide_rows={tables[WIDE_TABLE].rows} "
+              f"ids_filtered={sum(t.ids_filtered for t in tables.values())} "
+              f"table_bytes={sum(t.bytes for t in tables.values())}", flush=True)
         if summaries:
             summaries.flush()
         session.end()  # the ps tasks exit once every worker has disconnected

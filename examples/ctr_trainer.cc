@@ -838,8 +838,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 255))
       ->capture_default_str();
   app.add_option("--count_sketch_width", c.count_sketch_width,
-                 "--min_count's counters per shard and table, 4 bytes each (0: 1048576); about "
-                 "the distinct ids a shard sees keeps early admissions rare")
+                 "--min_count's counters per shard and table, 4 bytes each, a power of two "
+                 "(0: 4194304); about the distinct ids a shard sees")
       ->capture_default_str();
   app.add_option("--eval_every", c.eval_every,
                  "chief: evaluate every N local steps (0: twice per epoch)")

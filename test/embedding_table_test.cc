@@ -672,6 +672,15 @@ TEST_CASE("a count sketch never counts an id below its true count, and saturates
   CHECK(small.bytes() == 4 * 512);
 }
 
+TEST_CASE("a count sketch's width is a power of two, kept whatever it sees") {
+  CountSketch fixed(5000, 7);
+  for (uint64_t id = 0; id < 100000; ++id) fixed.add(id);
+  CHECK(fixed.width() == 8192);
+  CHECK(fixed.bytes() == 4u * 8192);
+  CHECK(CountSketch(0, 7).width() == CountSketch::kDefaultWidth);
+  CHECK(CountSketch::width_for(1) == CountSketch::kMinWidth);
+}
+
 namespace {
 
 TableSpec admitting_table(uint32_t min_count, uint64_t limit = 0,
@@ -768,6 +777,61 @@ TEST_CASE("a refused update leaves an admitting table's counts as they were") {
   CHECK(pull_admitting(t, {1, 5}) == std::vector<float>{-9, -9, -9, -9});
 }
 
+TEST_CASE("an admitting table that evicts: pulls move held rows, dropped ids take no room") {
+  auto spec = admitting_table(2, 2);
+  spec.on_limit = OnRowLimit::kEvictLru;
+  EmbeddingTable t(spec, 0, 1);
+  for (uint64_t id : {1, 2}) {
+    CHECK(push_admitting(t, {id}, {1, 1}));
+    CHECK(push_admitting(t, {id}, {1, 1}));  // admitted: 1 - 1 = 0
+  }
+  pull_admitting(t, {1});  // 1 is now the most recently used
+  CHECK(push_admitting(t, {3}, {1, 1}));
+  CHECK(push_admitting(t, {3}, {1, 1}));  // admitted: evicts 2, not 1
+  CHECK(t.evictions() == 1);
+  CHECK(pull_admitting(t, {1, 2}) == std::vector<float>{0, 0, 1, 1});
+  // More distinct ids than the limit in one push, but only those it admits
+  // (and holds) need room: 4 is admitted, 5 and 6 are dropped.
+  CHECK(push_admitting(t, {4}, {1, 1}));
+  CHECK_NOTHROW(
+      t.check(std::vector<uint64_t>{4, 5, 6}, "pushRows", EmbeddingTable::Creating::kByPush));
+  CHECK(push_admitting(t, {4, 5, 6}, {1, 1, 1, 1, 1, 1}));
+  CHECK(pull_admitting(t, {4}) == std::vector<float>{0, 0});
+  CHECK(t.rows() == 2);
+}
+
+TEST_CASE("a refused update leaves the LRU order as it was") {
+  EmbeddingTable t(dynamic_table(2, 2, OnRowLimit::kEvictLru, InitConfig::constant(1)), 0, 1);
+  push(t, {1}, {1, 1});
+  push(t, {2}, {1, 1});  // LRU, newest first: 2 1
+  const float huge = std::numeric_limits<float>::max();
+  t.check(std::vector<uint64_t>{1}, "pushRows");
+  CHECK_FALSE(t.push_if_finite(std::vector<uint64_t>{1}, std::vector<float>{huge, huge}, 1e30f, 0));
+  push(t, {3}, {1, 1});  // evicts 1, the least recently used still
+  CHECK(pull(t, {2}) == std::vector<float>{0, 0});
+  CHECK(t.evictions() == 1);
+}
+
+TEST_CASE("admission's scratch is given back after an outsized push, and counted") {
+  auto spec = admitting_table(2);
+  spec.count_sketch_width = 1 << 22;  // exact for these 262,144 ids
+  EmbeddingTable t(spec, 0, 1);
+  const std::size_t n = EmbeddingTable::kKeepScratchIds * 2;
+  std::vector<uint64_t> held(n / 4), ids(n);
+  std::iota(held.begin(), held.end(), 0);
+  std::iota(ids.begin(), ids.end(), 0);  // a quarter held, the rest dropped
+  const std::vector<float> zeros(n * 2, 0.0f);
+  for (int k = 0; k < 2; ++k)
+    CHECK(push_admitting(t, held, std::vector<float>(zeros.begin(), zeros.begin() + n / 2)));
+  CHECK(push_admitting(t, ids, zeros));
+  CHECK(t.ids_filtered() == n / 4 + 3 * n / 4);  // held's first push, then the others
+  CHECK(t.scratch_bytes() < (64u << 10));        // nothing of the 262,144 ids kept
+  // A usual push keeps its scratch, and it is counted.
+  const std::vector<uint64_t> few{1, 2, 3, 5000000};
+  CHECK(push_admitting(t, few, std::vector<float>(8, 0.0f)));
+  CHECK(t.scratch_bytes() > 0);
+}
+
 TEST_CASE("admission by count is refused where it cannot apply, and its sketch is counted") {
   auto fixed = fixed_table(10, 2, RowOptimizerConfig::sgd(1));
   fixed.min_count = 2;
@@ -783,6 +847,9 @@ TEST_CASE("admission by count is refused where it cannot apply, and its sketch i
   auto default_width = admitting_table(2);
   default_width.count_sketch_width = 0;
   CHECK(EmbeddingTable::initial_bytes(default_width, 0, 1) == 4u * CountSketch::kDefaultWidth);
+  auto odd_width = admitting_table(2);
+  odd_width.count_sketch_width = 5000;  // rounded up to a power of two
+  CHECK(EmbeddingTable::initial_bytes(odd_width, 0, 1) == 4u * 8192);
   EmbeddingTable t(admitting_table(2), 0, 1);
   CHECK(t.bytes() >= (4u << 16));
   CHECK_FALSE(EmbeddingTable(dynamic_table(2), 0, 1).admits_by_count());

@@ -910,6 +910,9 @@ TEST_CASE(
 }
 
 TEST_CASE("sync mode: a pull of rows over several shards reads every shard at one step") {
+  // A lookup as a pull: both read every shard at one step.
+  const bool lookup = GENERATE(false, true);
+  INFO((lookup ? "lookup_rows" : "pull_rows"));
   PsdProcess ps0, ps1;
   Client chief(options_for({&ps0, &ps1}, 0));
   // Backup workers: one push closes a step, so the shards can be a step apart.
@@ -928,7 +931,9 @@ TEST_CASE("sync mode: a pull of rows over several shards reads every shard at on
   // Shard 0 is at step 1 and shard 1 at step 0: the rows of shard 1 are read
   // again once it reaches step 1, never a mix of the two steps.
   std::vector<float> rows(2);
-  const int64_t step = chief.pull_rows("emb", std::vector<int64_t>{0, 1}, rows);
+  const std::vector<int64_t> ids{0, 1};
+  const int64_t step =
+      lookup ? chief.lookup_rows("emb", ids, rows) : chief.pull_rows("emb", ids, rows);
   closes_shard1.join();
   CHECK(step == 1);
   CHECK(rows == std::vector<float>{-1, -2});

@@ -69,7 +69,8 @@ def parser():
     p.add_argument("--min_count", type=int, default=0, help="a new id gets a row at its Nth push (0, 1: at once); "
                    "until then it reads as its initial values and its gradients are dropped")
     p.add_argument("--count_sketch_width", type=int, default=0,
-                   help="--min_count's counters per shard and table, 4 bytes each (0: 1048576)")
+                   help="--min_count's counters per shard and table, 4 bytes each, a power of two "
+                   "(0: 4194304); about the distinct ids a shard sees")
     p.add_argument("--eval_batch", type=int, default=4096)
     p.add_argument("--restore_from", default="", help="chief: start from the newest checkpoint in this directory "
                    "(a ps --checkpoint_dir), tables included, and go on from its step")
@@ -89,7 +90,7 @@ def check_flags(f):
         (f.eval_batch >= 1, "--eval_batch must be >= 1"),
         (f.row_limit >= 0, "--row_limit must be >= 0"),
         (0 <= f.min_count <= 255, "--min_count must be in 0..255"),
-        (0 <= f.count_sketch_width < 2**32, "--count_sketch_width must be >= 0"),
+        (0 <= f.count_sketch_width <= 2**28, "--count_sketch_width must be in 0..2**28"),
         (hidden_units(f.hidden_units) is not None, "--hidden_units must be positive integers, comma-separated"),
     ] + [(finite(v) and v > 0, f"--{name} must be > 0") for name, v in
          (("learning_rate", f.learning_rate), ("embedding_learning_rate", f.embedding_learning_rate),

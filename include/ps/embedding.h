@@ -109,10 +109,10 @@ struct TableSpec {
   // PaddlePaddle's CountFilterEntry). At most 255.
   uint32_t min_count = 0;
   // The pushes are counted in a count-min sketch of 4 x count_sketch_width
-  // one-byte counters per shard (0: 1 << 20, 4 MiB): it can count an id
-  // high when other ids share its counters, admitting it early, never late.
-  // Size it to the distinct ids a shard sees: a width of about that many
-  // keeps early admissions rare.
+  // one-byte counters per shard (rounded up to a power of two; 0: 1 << 22,
+  // 16 MiB): it can count an id high when other ids share its counters,
+  // admitting it early, never late. A width of about the distinct ids a
+  // shard sees keeps early admissions to a few percent.
   uint32_t count_sketch_width = 0;
 };
 

@@ -294,8 +294,8 @@ refuses new ids or evicts the least recently used rows. With min_count > 1
 a dynamic table gives a new id a row only at its min_count-th push: until
 then its pulls read its initial values and its gradients are dropped
 (counted in TableInfo.ids_filtered); pushes are counted in a count-min
-sketch of 4 x count_sketch_width bytes per shard (0: 1 << 20), which may
-admit an id early, never late.)")
+sketch of 4 x count_sketch_width bytes per shard (a power of two; 0:
+1 << 22, 16 MiB), which may admit an id early, never late.)")
       .def(
           py::init([](std::string name, uint32_t dim, uint64_t rows, bool dynamic,
                       std::optional<std::string> placement, const ps::RowOptimizerConfig& optimizer,

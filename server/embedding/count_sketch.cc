@@ -1,24 +1,30 @@
 #include "server/embedding/count_sketch.h"
 
 #include <algorithm>
+#include <bit>
 
 #include "common/embedding_placement.h"
 
 namespace ps {
 
+uint32_t CountSketch::width_for(uint32_t width) {
+  if (width == 0) return kDefaultWidth;
+  return std::bit_ceil(std::clamp(width, kMinWidth, kMaxWidth));
+}
+
 CountSketch::CountSketch(uint32_t width, uint64_t key)
-    : width_(width == 0 ? kDefaultWidth : width),
+    : log2_width_(static_cast<uint32_t>(std::countr_zero(width_for(width)))),
       key_(key),
-      counters_(std::size_t(kRows) * width_, 0) {}
+      counters_(std::size_t(kRows) << log2_width_, 0) {}
 
 std::array<uint32_t, CountSketch::kRows> CountSketch::cells(uint64_t id) const {
-  // Two independent 64-bit hashes, combined per row (Kirsch-Mitzenmacher),
-  // each mapped onto [0, width) by a multiply rather than a division.
+  // Two independent 64-bit hashes, combined per row (Kirsch-Mitzenmacher);
+  // a row's counter is the top log2(width) bits.
   const uint64_t h1 = mix_id(id ^ key_), h2 = mix_id(h1 ^ 0x9e3779b97f4a7c15ull) | 1;
   std::array<uint32_t, kRows> at{};
   for (uint32_t r = 0; r < kRows; ++r) {
     const uint64_t h = h1 + r * h2;
-    at[r] = r * width_ + static_cast<uint32_t>(((h >> 32) * width_) >> 32);
+    at[r] = (r << log2_width_) + static_cast<uint32_t>(h >> (64 - log2_width_));
   }
   return at;
 }

@@ -105,9 +105,7 @@ void EmbeddingTable::validate(const TableSpec& s) {
 uint64_t EmbeddingTable::initial_bytes(const TableSpec& s, uint32_t shard, uint32_t shards) {
   if (s.dynamic) {
     if (s.min_count <= 1) return 0;
-    const uint64_t width =
-        s.count_sketch_width == 0 ? CountSketch::kDefaultWidth : s.count_sketch_width;
-    return CountSketch::kRows * width;  // the sketch's one-byte counters
+    return uint64_t{CountSketch::kRows} * CountSketch::width_for(s.count_sketch_width);
   }
   const uint64_t rows = RowPlacement(s.placement, s.rows, shards).rows_on(shard);
   const uint64_t comps = 1 + RowOptimizer::make(s.optimizer, s.name)->num_slots();
@@ -283,8 +281,12 @@ void EmbeddingTable::find_slots(std::span<const uint64_t> ids, std::vector<uint6
 
 void EmbeddingTable::find_and_touch(std::span<const uint64_t> ids, std::vector<uint64_t>& slots) {
   find_slots(ids, slots);
+  touch_slots(slots);
+}
+
+void EmbeddingTable::touch_slots(const std::vector<uint64_t>& slots) {
   if (spec_.on_limit != OnRowLimit::kEvictLru) return;
-  const std::size_t n = ids.size();
+  const std::size_t n = slots.size();
   // Each touch unlinks a node whose neighbours are anywhere in the list: a
   // slot's node is asked for kNodeAhead positions ahead, and once it is in,
   // kNeighbourAhead positions ahead, its neighbours (if they move before
@@ -379,7 +381,10 @@ uint64_t EmbeddingTable::check(std::span<const uint64_t> ids, const char* what,
     // Rows of this request must not evict each other.
     uint64_t distinct = 0;
     seen_.reset(ids.size());
-    for (std::size_t k = 0; k < ids.size(); ++k) distinct += seen_.first(ids[k], uint32_t(k)) == k;
+    for (std::size_t k = 0; k < ids.size(); ++k) {
+      distinct += seen_.first(ids[k], uint32_t(k)) == k &&
+                  (checked_.slots[k] != kEmpty || creates(ids[k], creating));
+    }
     if (distinct > spec_.row_limit) {
       throw RequestError(std::string(what) + ": " + std::to_string(distinct) + " distinct ids of " +
                          quoted(spec_) + " in one request, over its limit of " +
@@ -407,7 +412,10 @@ std::size_t EmbeddingTable::scratch_bytes() const {
   std::size_t b = push_slots_.capacity() * sizeof(uint64_t) +
                   (checked_.ids.capacity() + checked_.slots.capacity()) * sizeof(uint64_t) +
                   summed_at_.capacity() * sizeof(uint64_t) +
-                  part_order_.capacity() * sizeof(uint32_t) + seen_.bytes();
+                  part_order_.capacity() * sizeof(uint32_t) + seen_.bytes() +
+                  (admitted_ids_.capacity() + dropped_ids_.capacity() + admit_slots_.capacity()) *
+                      sizeof(uint64_t) +
+                  admitted_grads_.capacity() * sizeof(float) + admitted_at_.capacity();
   for (const PartSums& p : part_sums_) b += p.seen.bytes() + p.sums.capacity() * sizeof(float);
   return b;
 }
@@ -421,6 +429,12 @@ EmbeddingTable::ReleaseScratchAfter::~ReleaseScratchAfter() {
   std::vector<uint32_t>().swap(table.part_order_);
   std::vector<PartSums>().swap(table.part_sums_);
   table.seen_ = FirstPositions{};
+  // Admission's, but the dropped ids, which count_dropped() reads after the
+  // update (and gives back itself).
+  std::vector<uint64_t>().swap(table.admitted_ids_);
+  std::vector<uint64_t>().swap(table.admit_slots_);
+  std::vector<float>().swap(table.admitted_grads_);
+  std::vector<char>().swap(table.admitted_at_);
 }
 
 void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) { read_rows(ids, out, true); }
@@ -429,8 +443,8 @@ void EmbeddingTable::lookup(std::span<const uint64_t> ids, float* out) {
   read_rows(ids, out, false);
 }
 
-void EmbeddingTable::read_rows(std::span<const uint64_t> ids, float* out, bool create) {
-  create = create && !sketch_;  // admission by count: rows come by pushes only
+void EmbeddingTable::read_rows(std::span<const uint64_t> ids, float* out, bool pull) {
+  const bool create = pull && !sketch_;  // admission by count: rows come by pushes only
   const ReleaseScratchAfter release{*this, ids.size()};
   const std::size_t row_bytes = spec_.dim * sizeof(float);
   const std::size_t n = ids.size(), parts = parts_for(n);
@@ -462,9 +476,10 @@ void EmbeddingTable::read_rows(std::span<const uint64_t> ids, float* out, bool c
   // first and are copied, then missing ones are created (evicting others:
   // check() allowed no more distinct ids than the limit), one after another.
   // A lookup moves nothing and writes a missing row's initial values only
-  // into `out`.
+  // into `out`; so does a pull of an id not yet admitted by count (a pull
+  // of a held row still moves it to the LRU front).
   std::vector<uint64_t>& slots = push_slots_;
-  if (create) {
+  if (pull) {
     find_and_touch(ids, slots);
   } else {
     find_slots(ids, slots);
@@ -497,6 +512,8 @@ void EmbeddingTable::push(std::span<const uint64_t> ids, std::span<const float> 
   // Unchecked: a sender's word is not enough here (its gradients may be
   // outside the safe bound).
   if (repeats == Repeats::kSenderSaysNone) repeats = Repeats::kMaybe;
+  // Judged by the request as sent: admission may pass apply_push far fewer ids.
+  const ReleaseScratchAfter release{*this, ids.size()};
   const Admitted a = admit(ids, grads);
   apply_push(a.ids, a.grads, scale, /*check_first=*/false, repeats);
   count_dropped();
@@ -555,7 +572,15 @@ void EmbeddingTable::keep_slots(std::span<const uint64_t> ids, std::vector<uint6
 void EmbeddingTable::count_dropped() {
   for (uint64_t id : dropped_ids_) sketch_->add(id);
   ids_filtered_ += dropped_ids_.size();
-  dropped_ids_.clear();
+  forget_dropped();
+}
+
+void EmbeddingTable::forget_dropped() {
+  if (dropped_ids_.capacity() > kKeepScratchIds) {
+    std::vector<uint64_t>().swap(dropped_ids_);
+  } else {
+    dropped_ids_.clear();
+  }
 }
 
 bool EmbeddingTable::push_if_finite(std::span<const uint64_t> ids, std::span<const float> grads,
@@ -568,12 +593,17 @@ bool EmbeddingTable::push_if_finite(std::span<const uint64_t> ids, std::span<con
   // admitted ones (the bound only grows as the ids get fewer).
   const float bound = safe_gradient_bound(scale, ids.size());
   const bool safe = bound > 0 && (within_bound ? *within_bound : all_finite(grads, bound));
+  const ReleaseScratchAfter release{*this, ids.size()};  // as push()'s
   const Admitted a = admit(ids, grads);
   if (new_rows > 0 && !safe) {
-    if (!update_finite(a.ids, a.grads, scale)) return false;
+    if (!update_finite(a.ids, a.grads, scale)) {
+      forget_dropped();
+      return false;
+    }
     apply_push(a.ids, a.grads, scale, /*check_first=*/false,
                repeats == Repeats::kSenderSaysNone ? Repeats::kMaybe : repeats);
   } else if (!apply_push(a.ids, a.grads, scale, /*check_first=*/!safe, repeats)) {
+    forget_dropped();
     return false;
   }
   count_dropped();
@@ -644,8 +674,15 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
   if (spec_.dynamic) {
     // The rows already held are found (and, with LRU eviction, touched)
     // before any new one is inserted, so that no insertion evicts a row of
-    // this push; only the new ids are then inserted.
-    find_and_touch(ids, slots);
+    // this push; only the new ids are then inserted. A push checked first
+    // creates no row (push_if_finite sends those through update_finite) and
+    // touches its rows only once the check has passed: a refused push
+    // leaves the LRU order as it was.
+    if (check_first) {
+      find_slots(ids, slots);
+    } else {
+      find_and_touch(ids, slots);
+    }
     for (std::size_t i = 0; i < n; ++i) {
       if (slots[i] == kEmpty) slots[i] = find_or_insert(ids[i]);
     }
@@ -725,6 +762,7 @@ bool EmbeddingTable::apply_push(std::span<const uint64_t> ids, std::span<const f
       }
     });
     if (std::find(finite.begin(), finite.end(), 0) != finite.end()) return false;
+    if (spec_.dynamic) touch_slots(slots);
   }
   ++version_;
   for_parts(parts, [&](std::size_t part) {

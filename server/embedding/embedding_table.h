@@ -175,10 +175,12 @@ class EmbeddingTable {
   // Dynamic: the slot of `id`, created (and initialised) when missing.
   uint32_t find_or_insert(uint64_t id);
   uint64_t local_slot(uint64_t id);  // fixed: local row; dynamic: find_or_insert
-  void read_rows(std::span<const uint64_t> ids, float* out, bool create);
+  void read_rows(std::span<const uint64_t> ids, float* out, bool pull);  // pull or lookup
   // Dynamic: slots[i] = the slot of ids[i], or kEmpty where not held.
   void find_slots(std::span<const uint64_t> ids, std::vector<uint64_t>& slots);
-  // find_slots(); then, with kEvictLru, the rows held go to the LRU front, in order.
+  // With kEvictLru, the rows held (slots not kEmpty) go to the LRU front, in order.
+  void touch_slots(const std::vector<uint64_t>& slots);
+  // find_slots(), then touch_slots().
   void find_and_touch(std::span<const uint64_t> ids, std::vector<uint64_t>& slots);
   uint32_t take_free_slot();
   void evict_one();
@@ -196,6 +198,7 @@ class EmbeddingTable {
   };
   Admitted admit(std::span<const uint64_t> ids, std::span<const float> grads);
   void count_dropped();
+  void forget_dropped();  // the dropped ids of a push that was refused, or counted
   // Records `slots` (taken) as the slots of `ids`, as check() does.
   void keep_slots(std::span<const uint64_t> ids, std::vector<uint64_t>& slots);
   bool creates(uint64_t id, Creating creating) const;

@@ -247,10 +247,15 @@ CtrDataSet load_data(const ps::TrainerFlags& f, const CtrFlags& c, int worker, i
   opt.keep_holdout = chief && c.eval_file.empty();
   opt.keep_train = !c.stream_data;
   if (!c.stream_data) opt.too_large_hint = "; --stream_data reads it batch by batch";
-  opt.progress = [&](const std::string& doing, uint64_t done, uint64_t total) {
-    progress.say(fmt::format("{} {} ({:.2f} GB)", doing, path, static_cast<double>(total) / 1e9),
-                 total > 0 ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 0.0);
+  // A file's read, as LoadProgress says it: "reading <file> (N GB)" and a share done.
+  auto reading = [&progress](std::string file) {
+    return [&progress, file](const std::string& doing, uint64_t done, uint64_t total) {
+      progress.say(
+          fmt::format("{} {} ({:.2f} GB)", doing, file, static_cast<double>(total) / 1e9),
+          total > 0 ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 0.0);
+    };
   };
+  opt.progress = reading(path);
   ps::CtrShare share = ps::read_ctr_share(path, opt);
   if (share.train_end <= 0)
     throw ps::ConfigError(path + ": no training examples (after holding out " +
@@ -264,11 +269,7 @@ CtrDataSet load_data(const ps::TrainerFlags& f, const CtrFlags& c, int worker, i
   if (chief && !c.eval_file.empty()) {
     ps::CtrShareOptions eval;
     eval.too_large_hint = "; --eval_file";
-    eval.progress = [&](const std::string& doing, uint64_t done, uint64_t total) {
-      progress.say(
-          fmt::format("{} {} ({:.2f} GB)", doing, c.eval_file, static_cast<double>(total) / 1e9),
-          total > 0 ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 0.0);
-    };
+    eval.progress = reading(c.eval_file);
     d.holdout = ps::read_ctr_share(c.eval_file, eval).train;
   }
   return d;

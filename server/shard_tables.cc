@@ -62,16 +62,19 @@ bool same_table(const TableSpec& a, const TableSpec& b) {
          (a.min_count <= 1 || a.count_sketch_width == b.count_sketch_width);
 }
 
+// ", min_count N[, count_sketch_width W]" for a table admitting ids by count.
+std::string admission_of(const TableSpec& s) {
+  if (s.min_count <= 1) return "";
+  std::string out = ", min_count " + std::to_string(s.min_count);
+  if (s.count_sketch_width != 0)
+    out += ", count_sketch_width " + std::to_string(s.count_sketch_width);
+  return out;
+}
+
 std::string describe(const TableSpec& s) {
   return (s.dynamic ? std::string("dynamic") : "fixed " + std::to_string(s.rows) + "-row") +
          " table of dim " + std::to_string(s.dim) + " (" + row_optimizer_name(s.optimizer.kind) +
-         (s.min_count > 1
-              ? ", min_count " + std::to_string(s.min_count) +
-                    (s.count_sketch_width != 0
-                         ? ", count_sketch_width " + std::to_string(s.count_sketch_width)
-                         : "")
-              : "") +
-         ")";
+         admission_of(s) + ")";
 }
 
 }  // namespace
@@ -187,12 +190,10 @@ kj::Promise<void> Shard::pull_rows(const Caller& caller, PullRowsRequest r, Rows
         std::to_string(options_.max_message_bytes) + " (--max_message_mb); pull fewer ids at once");
   }
   const int64_t min_step = checked_step(std::max<int64_t>(r.min_step, 0), "pullRows");
-  auto read = [this, &t, r, out = std::move(out)]() {
-    if (r.lookup) {
-      t.table->check_ids(r.ids, "pullRows");
-    } else if (const uint64_t fresh =
-                   t.table->check(r.ids, "pullRows", EmbeddingTable::Creating::kByPull);
-               fresh > 0) {
+  const auto creating =
+      r.lookup ? EmbeddingTable::Creating::kNone : EmbeddingTable::Creating::kByPull;
+  auto read = [this, &t, r, creating, out = std::move(out)]() {
+    if (const uint64_t fresh = t.table->check(r.ids, "pullRows", creating); fresh > 0) {
       check_memory(fresh * EmbeddingTable::bytes_per_dynamic_row(t.table->spec()),
                    "pullRows: " + std::to_string(fresh) + " new rows of table '" +
                        t.table->spec().name + "'");
@@ -211,12 +212,7 @@ kj::Promise<void> Shard::pull_rows(const Caller& caller, PullRowsRequest r, Rows
     read();
     return kj::READY_NOW;
   }
-  // Refused now rather than after the wait.
-  if (r.lookup) {
-    t.table->check_ids(r.ids, "pullRows");
-  } else {
-    t.table->check(r.ids, "pullRows", EmbeddingTable::Creating::kByPull);
-  }
+  t.table->check(r.ids, "pullRows", creating);  // refused now rather than after the wait
   kj::Promise<void> wait = job_.config().mode == SyncMode::kSync
                                ? job_.wait_for_step(min_step, caller.worker_index)
                                : job_.wait_for_staleness(min_step, caller.worker_index);

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -353,6 +354,29 @@ sketch of 4 x count_sketch_width bytes per shard (a power of two; 0:
       });
 
   auto client = py::reinterpret_borrow<py::class_<PyClient>>(m.attr("Client"));
+  // pull_rows and lookup_rows, each blocking and as a future: one reader, `lookup` apart.
+  for (const auto& [name, lookup, doc] : {std::tuple{"pull_rows", false, kPullRowsDoc},
+                                          std::tuple{"lookup_rows", true, kLookupRowsDoc}}) {
+    client.def(
+        name,
+        [lookup](PyClient& self, const std::string& table, py::object ids, py::object out,
+                 int64_t min_step) { return read_rows(self, lookup, table, ids, out, min_step); },
+        py::arg("table"), py::arg("ids"), py::arg("out") = py::none(), py::kw_only(),
+        py::arg("min_step") = 0, doc);
+    const std::string async_name = std::string(name) + "_async";
+    client.def(
+        async_name.c_str(),
+        [lookup](PyClient& self, const std::string& table, py::object ids, py::object out,
+                 int64_t min_step) {
+          return read_rows_async(self, lookup, table, ids, out, min_step);
+        },
+        py::arg("table"), py::arg("ids"), py::arg("out") = py::none(), py::kw_only(),
+        py::arg("min_step") = 0,
+        (std::string(name) +
+         "() without waiting: a concurrent.futures.Future of its result (the step, or the new "
+         "array). Leave ids and out alone until it is done.")
+            .c_str());
+  }
   client
       .def(
           "create_tables",
@@ -382,34 +406,6 @@ sketch of 4 x count_sketch_width bytes per shard (a power of two; 0:
             return c->list_tables();
           },
           "The tables as the shards report them (list of TableInfo).")
-      .def(
-          "pull_rows",
-          [](PyClient& self, const std::string& table, py::object ids, py::object out,
-             int64_t min_step) { return read_rows(self, false, table, ids, out, min_step); },
-          py::arg("table"), py::arg("ids"), py::arg("out") = py::none(), py::kw_only(),
-          py::arg("min_step") = 0, kPullRowsDoc)
-      .def(
-          "pull_rows_async",
-          [](PyClient& self, const std::string& table, py::object ids, py::object out,
-             int64_t min_step) { return read_rows_async(self, false, table, ids, out, min_step); },
-          py::arg("table"), py::arg("ids"), py::arg("out") = py::none(), py::kw_only(),
-          py::arg("min_step") = 0,
-          "pull_rows() without waiting: a concurrent.futures.Future of its result (the step, or "
-          "the new array). Leave ids and out alone until it is done.")
-      .def(
-          "lookup_rows",
-          [](PyClient& self, const std::string& table, py::object ids, py::object out,
-             int64_t min_step) { return read_rows(self, true, table, ids, out, min_step); },
-          py::arg("table"), py::arg("ids"), py::arg("out") = py::none(), py::kw_only(),
-          py::arg("min_step") = 0, kLookupRowsDoc)
-      .def(
-          "lookup_rows_async",
-          [](PyClient& self, const std::string& table, py::object ids, py::object out,
-             int64_t min_step) { return read_rows_async(self, true, table, ids, out, min_step); },
-          py::arg("table"), py::arg("ids"), py::arg("out") = py::none(), py::kw_only(),
-          py::arg("min_step") = 0,
-          "lookup_rows() without waiting: a concurrent.futures.Future of its result (the step, "
-          "or the new array). Leave ids and out alone until it is done.")
       .def(
           "push_rows",
           [](PyClient& self, const std::string& table, py::object ids, py::object grads,

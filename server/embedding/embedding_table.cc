@@ -345,6 +345,7 @@ void EmbeddingTable::check_ids(std::span<const uint64_t> ids, const char* what) 
 }
 
 bool EmbeddingTable::creates(uint64_t id, Creating creating) const {
+  if (creating == Creating::kNone) return false;
   if (!sketch_ || creating == Creating::kAll) return true;
   return creating == Creating::kByPush && sketch_->count(id) + 1 >= spec_.min_count;
 }

@@ -83,8 +83,8 @@ class EmbeddingTable {
   // Which missing rows of a dynamic table a request creates: a pull or push
   // every one, except where the table admits ids by count: then a pull
   // none, and a push those whose count reaches min_count with it. A
-  // restore creates every one.
-  enum class Creating { kByPull, kByPush, kAll };
+  // lookup creates none; a restore every one.
+  enum class Creating { kNone, kByPull, kByPush, kAll };
   // Checks that every id may be read or written here; returns how many
   // distinct rows the request would create (dynamic tables), which the row
   // limit must allow. `what` starts the error message ("pullRows").
@@ -101,7 +101,8 @@ class EmbeddingTable {
   // As pull(), but creates no row and moves none in the LRU order: an id a
   // dynamic table does not hold reads as its initializer would make it.
   // Evaluation and serving read this way, so that held-out or unseen ids
-  // neither grow the table nor evict trained rows. Call check_ids() first.
+  // neither grow the table nor evict trained rows. Call check() with
+  // Creating::kNone (or check_ids()) first.
   void lookup(std::span<const uint64_t> ids, float* out);
   // Whether push(ids, grads, scale) would leave every value and optimizer
   // slot it touches finite (a large gradient, or a large learning rate, can

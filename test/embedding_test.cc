@@ -518,10 +518,26 @@ TEST_CASE("bad table requests are refused with a clear error, change nothing, an
                       Catch::Contains("exists as a fixed 8-row table"));
     CHECK_THROWS_WITH(client.create_tables({fixed("big", 1 << 20, 1)}),
                       Catch::Contains("--max_memory_mb"));
+    // A count sketch's counters are the table's memory too (16 MiB by default).
+    TableSpec admitting = dynamic("admitting", 2);
+    admitting.min_count = 2;
+    CHECK_THROWS_WITH(client.create_tables({admitting}), Catch::Contains("--max_memory_mb"));
+    admitting.count_sketch_width = 1u << 29;
+    CHECK_THROWS_WITH(client.create_tables({admitting}), Catch::Contains("at most 268435456"));
+    admitting.count_sketch_width = 0;
+    admitting.min_count = 300;
+    CHECK_THROWS_WITH(client.create_tables({admitting}), Catch::Contains("at most 255"));
+    CHECK(client.list_tables().size() == 2);  // nothing created by the refusals
+    admitting.min_count = 2;
+    admitting.count_sketch_width = 1024;  // 4 KiB: within the budget
+    client.create_tables({admitting});
+    client.push_rows("admitting", std::vector<int64_t>{5}, std::vector<float>{1, 1});
+    for (const auto& t : client.list_tables())
+      CHECK(t.ids_filtered == (t.name == "admitting" ? 1u : 0u));
     CHECK_THROWS_WITH(client.create_tables({fixed("zero", 0, 1)}), Catch::Contains("0 rows"));
     CHECK_THROWS_WITH(client.create_tables({fixed("hashed", 100, 64, 1, {}, TablePlacement::kHash)}),
                       Catch::Contains("placed by 'mod' or 'div'"));
-    CHECK(client.list_tables().size() == 2);
+    CHECK(client.list_tables().size() == 3);
   }
   SECTION("a pull whose reply is over the message limit") {
     std::vector<uint64_t> many(10000, 1);  // 2.56 MB of rows asked for in 80 kB: over 2 MiB

@@ -57,7 +57,8 @@ except Exception as e:
 """
     out = subprocess.run([sys.executable, "-c", code, psd.address], env=python_env,
                          capture_output=True, text=True, timeout=60)
-    assert re.search(r"worker 0: pull \(waits for min_step\): waiting 10 s of 12 s",
+    # The second report, 10 s in (11 where a loaded machine starts the watcher a second late).
+    assert re.search(r"worker 0: pull \(waits for min_step\): waiting 1[01] s of 12 s",
                      out.stdout + out.stderr), out.stdout + out.stderr
 
 

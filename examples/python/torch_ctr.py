@@ -7,9 +7,10 @@ rows (--embedding_dim floats, Adagrad on psd), the 13 dense features and the
 26 rows feed an MLP (429-256-128-1) whose weights are dense tensors on psd
 (Adam), and a wide linear part adds one weight per field value and per cross
 of neighbouring fields, from a dynamic table of one float per id (FTRL on
-psd). Each step is one TrainingSession step: it pulls the batch's distinct
-rows and the weights, runs forward and backward in PyTorch, and pushes the
-weights' gradients and the rows' gradients, which psd sums per id.
+psd). Each step is one TrainingSession step: it pulls the batch's rows and
+the weights, runs forward and backward in PyTorch, and pushes the weights'
+gradients and the rows' gradients (summed per id by the client). The
+weights and tables are bound to the session with psclient.torch.
 
     scripts/launch_local.sh --trainer examples/python/torch_ctr.py -- --synthetic 300000   # 1 ps + 3 workers
     torch_ctr.py --job_name=worker --task_index=0 --ps_hosts=127.0.0.1:2222 \\
@@ -34,6 +35,7 @@ import torch
 
 import cluster_flags  # beside this file
 import psclient
+import psclient.torch as pst
 from cluster_flags import BadInput
 
 DEEP_TABLE = "ctr/deep_embeddings"
@@ -157,31 +159,22 @@ class Mlp(torch.nn.Module):
         return self.layers(x).squeeze(1)
 
 
-def logits(mlp, dense, rows, index, wide_rows, wide_index):
-    """Each example's logit: the MLP over its dense features and its fields' rows, plus its wide weights' sum."""
+def logits(mlp, dense, rows, wide_rows):
+    """Each example's logit: the MLP over its dense features and its fields' rows (batch x fields x dim),
+    plus the sum of its wide weights (batch x crosses x 1)."""
     b = dense.shape[0]
-    x = torch.cat([dense, rows[index].view(b, -1)], 1)
-    return mlp(x) + wide_rows[wide_index].view(b, -1).sum(1)
+    return mlp(torch.cat([dense, rows.view(b, -1)], 1)) + wide_rows.view(b, -1).sum(1)
 
 
-def distinct(ids):
-    """The distinct ids of a batch (a table pulls each once) and each position's index among them."""
-    unique, index = psclient.dedup_ids(ids)
-    return unique, torch.from_numpy(index.reshape(-1))
-
-
-def evaluate(client, mlp, held, dim, batch):
+def evaluate(client, mlp, deep, wide, held, batch):
     """(log-loss, AUC) of the model on the held-out examples, rows read as the tables hold them now
-    (lookup_rows: a held-out id the tables have not seen reads as its initial values, not created)."""
+    (lookup: a held-out id the tables have not seen reads as its initial values, not created)."""
     probs = np.empty(len(held["labels"]), np.float64)
     with torch.no_grad():
         for lo in range(0, len(probs), batch):
             hi = min(lo + batch, len(probs))
-            ids, index = distinct(held["ids"][lo:hi])
-            wide_ids, wide_index = distinct(held["wide_ids"][lo:hi])
-            rows = torch.from_numpy(client.lookup_rows(DEEP_TABLE, ids)).view(-1, dim)
-            wide_rows = torch.from_numpy(client.lookup_rows(WIDE_TABLE, wide_ids)).view(-1)
-            z = logits(mlp, torch.from_numpy(held["dense"][lo:hi]), rows, index, wide_rows, wide_index)
+            z = logits(mlp, torch.from_numpy(held["dense"][lo:hi]), deep.lookup(client, held["ids"][lo:hi]),
+                       wide.lookup(client, held["wide_ids"][lo:hi]))
             probs[lo:hi] = torch.sigmoid(z.double()).numpy()
     return psclient.log_loss(held["labels"], probs), psclient.roc_auc(held["labels"], probs)
 
@@ -203,28 +196,20 @@ def run_worker(spec, f):
     session = psclient.TrainingSession(client, mode=mode, replicas_to_aggregate=replicas if f.sync_replicas else 0,
                                        total_replicas=workers, max_staleness=f.max_staleness, train_steps=steps,
                                        restore_from=f.restore_from if chief else "")
-    # The MLP's weights: pulls land in the parameters themselves, and their
-    # .grad are views of one block that backward adds into (zeroed once a step).
+    # The MLP's weights and the two tables on psd. The weights take the mean
+    # loss's gradient; the rows the summed loss's (each example's own, as
+    # per-row Adagrad and FTRL take them): grad_scale is the batch's size.
     hidden = hidden_units(f.hidden_units)
     mlp = Mlp(DENSE + FIELDS * dim, hidden)
-    params = list(mlp.named_parameters())
-    grads = torch.zeros(sum(p.numel() for _, p in params))
-    at, values_of = 0, {}  # name -> the parameter pulls land in
-    for i, (name, p) in enumerate(params):
-        init = psclient.glorot_uniform(f.seed + i) if p.dim() == 2 else psclient.zeros()
-        p.grad = grads[at:at + p.numel()].view(p.shape)
-        at += p.numel()
-        values_of["ctr/" + name] = p
-        session.add_variable(psclient.TensorSpec("ctr/" + name, tuple(p.shape), optimizer=psclient.adam(f.learning_rate),
-                                                 init=init), p, p.grad)
+    params = pst.Parameters(session, mlp, optimizer=psclient.adam(f.learning_rate), prefix="ctr/", seed=f.seed)
     row_init = psclient.uniform(-f.embedding_init, f.embedding_init, f.seed) if f.embedding_init > 0 else psclient.zeros()
     row_options = dict(min_count=f.min_count, count_sketch_width=f.count_sketch_width, row_limit=f.row_limit,
                        on_limit="evict_lru")
-    session.add_table(psclient.TableSpec(DEEP_TABLE, dim, dynamic=True, init=row_init,
-                                         optimizer=psclient.RowOptimizerConfig.adagrad(f.embedding_learning_rate),
-                                         **row_options))
-    session.add_table(psclient.TableSpec(WIDE_TABLE, 1, dynamic=True, optimizer=psclient.RowOptimizerConfig.ftrl(
-        f.wide_learning_rate, f.ftrl_l1, f.ftrl_l2), **row_options))
+    adagrad = psclient.RowOptimizerConfig.adagrad(f.embedding_learning_rate)
+    ftrl = psclient.RowOptimizerConfig.ftrl(f.wide_learning_rate, f.ftrl_l1, f.ftrl_l2)
+    deep = pst.Embedding(session, psclient.TableSpec(DEEP_TABLE, dim, dynamic=True, init=row_init, optimizer=adagrad,
+                                                     **row_options))
+    wide = pst.Embedding(session, psclient.TableSpec(WIDE_TABLE, 1, dynamic=True, optimizer=ftrl, **row_options))
     session.initialize()
     steps = session.job.train_steps or steps
     per_global = b * (session.job.replicas_to_aggregate if session.job.mode == psclient.SyncMode.SYNC else 1)
@@ -257,28 +242,18 @@ def run_worker(spec, f):
     start, cpu_at_start, first_step = time.monotonic(), time.process_time(), None
     while not session.should_stop:
         batch = next_batch()
-        ids, index = distinct(batch["ids"])
-        wide_ids, wide_index = distinct(batch["wide_ids"])
-        rows, row_grads = torch.empty(len(ids), dim), torch.empty(len(ids), dim)
-        wide_rows, wide_grads = torch.empty(len(wide_ids), 1), torch.empty(len(wide_ids), 1)
-        session.set_rows(DEEP_TABLE, ids, rows, row_grads)
-        session.set_rows(WIDE_TABLE, wide_ids, wide_rows, wide_grads)
-        step_read = session.pull()
+        deep.set_ids(batch["ids"])
+        wide.set_ids(batch["wide_ids"])
+        step_read = pst.pull(session, params, deep, wide)
         if first_step is None:
             first_step = step_read  # a restored job starts past 0
         if session.should_stop:
             break  # the job ended while this worker waited for its step
-        rows.requires_grad_()
-        wide_rows.requires_grad_()
         labels = torch.from_numpy(batch["labels"])
-        z = logits(mlp, torch.from_numpy(batch["dense"]), rows, index, wide_rows.view(-1), wide_index)
+        deep.grad_scale = wide.grad_scale = len(labels)  # a short last batch too
+        z = logits(mlp, torch.from_numpy(batch["dense"]), deep.rows(), wide.rows())
         loss = torch.nn.functional.binary_cross_entropy_with_logits(z, labels)
-        grads.zero_()
-        loss.backward()
-        # The weights take the mean loss's gradient; the rows the summed
-        # loss's (each example's own), as per-row Adagrad and FTRL take them.
-        row_grads.copy_(rows.grad).mul_(len(labels))
-        wide_grads.copy_(wide_rows.grad).mul_(len(labels))
+        pst.backward(loss, params, deep, wide)
         outcome = session.push()
         local = session.local_step
         if f.log_every and local % f.log_every == 0:
@@ -297,11 +272,11 @@ def run_worker(spec, f):
 
     cluster_flags.end_barrier(client, "torch_ctr/end", workers, worker)  # then the chief evaluates the final model
     if chief:
-        final = client.pull(values_of)  # the weights as they ended
+        final = params.pull(client)  # the weights as they ended
         global_step = max(final.step, session.global_step)
         examples_per_sec = (global_step - (first_step or 0)) * per_global / secs
         if held is not None and len(held["labels"]):
-            log_loss, auc = evaluate(client, mlp, held, dim, f.eval_batch)
+            log_loss, auc = evaluate(client, mlp, deep, wide, held, f.eval_batch)
             print(f"\n== {mode}: held-out log-loss {log_loss:.5f}, AUC {auc:.5f} on {len(held['labels'])} examples")
             if summaries:
                 summaries.add_scalar("auc/holdout", auc, global_step)

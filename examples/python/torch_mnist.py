@@ -28,6 +28,7 @@ import torch
 
 import cluster_flags  # beside this file
 import psclient
+import psclient.torch as pst
 from cluster_flags import BadInput
 
 
@@ -160,32 +161,10 @@ def run_worker(spec, f):
         optimizer.decay_steps = max(1, len(train_x) // (f.batch_size * replicas))
     model = Mlp().to(device)
     cuda = device.type == "cuda"
-    # The gradients psd gets are views of one block, zeroed with one call a
-    # step. On the CPU, pulls land in the parameters themselves and the
-    # parameters' .grad are those views, which backward adds into in place:
-    # no copies. With CUDA, the parameters and their .grad are views of one
-    # device block each, and pulls land in one pinned host block: a step
-    # moves each way with a single copy.
-    params = list(model.named_parameters())
-    total = sum(p.numel() for _, p in params)
-    host_grads = torch.zeros(total, pin_memory=cuda)
-    if cuda:
-        host_values = torch.empty(total, pin_memory=True)
-        dev_values, dev_grads = torch.zeros(total, device=device), torch.zeros(total, device=device)
-    values_of, at = {}, 0  # name -> where pulls land
-    for i, (name, p) in enumerate(params):
-        init = psclient.glorot_uniform(f.seed + i) if p.dim() == 2 else psclient.zeros()
-        spec_i = psclient.TensorSpec(name, tuple(p.shape), optimizer=optimizer, init=init)
-        part = slice(at, at + p.numel())
-        at += p.numel()
-        grads = host_grads[part].view(p.shape)
-        if cuda:
-            values = host_values[part].view(p.shape)
-            p.data, p.grad = dev_values[part].view(p.shape), dev_grads[part].view(p.shape)
-        else:
-            values, p.grad = p, grads
-        session.add_variable(spec_i, values, grads)
-        values_of[name] = values
+    # The parameters on psd (psclient.torch): on the CPU pulls land in them
+    # and backward adds into the blocks push() reads; with CUDA a step moves
+    # the values and the gradients with one copy each way.
+    params = pst.Parameters(session, model, optimizer=optimizer, seed=f.seed)
     if cuda:
         # Forward and backward as CUDA graphs: a small batch is a few
         # launches instead of dozens (training mode, this batch size only).
@@ -217,20 +196,15 @@ def run_worker(spec, f):
         idx = torch.from_numpy(order[pos:pos + f.batch_size])
         pos += f.batch_size
         t1 = clock()
-        session.pull()
+        pst.pull(session, params)
         t2 = clock()
         if session.should_stop:
             break  # the job ended while this worker waited for its step
-        if cuda:
-            dev_values.copy_(host_values, non_blocking=True)
         x = to_inputs(torch.index_select(train_x, 0, idx), device)
         y = torch.index_select(train_y, 0, idx).to(device, non_blocking=True)
         logits = model(x)
         batch_loss = torch.nn.functional.cross_entropy(logits, y)
-        (dev_grads if cuda else host_grads).zero_()
-        batch_loss.backward()
-        if cuda:
-            host_grads.copy_(dev_grads)  # waits for the backward pass
+        pst.backward(batch_loss, params)  # (CUDA: waits for the backward pass)
         t3 = clock()
         outcome = session.push()
         t4 = clock()
@@ -255,9 +229,7 @@ def run_worker(spec, f):
 
     cluster_flags.end_barrier(client, "torch_mnist/end", workers, worker)  # then the chief reads the final parameters
     if chief:
-        final = client.pull(values_of)
-        if cuda:
-            dev_values.copy_(host_values)
+        final = params.pull(client)
         accuracy, test_loss = evaluate(model, test_x, test_y, device)
         global_step = max(final.step, session.global_step)
         samples = global_step * per_global

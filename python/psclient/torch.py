@@ -1,0 +1,219 @@
+"""PyTorch modules whose parameters and embedding rows live on psd.
+
+As horovod.torch and byteps.torch do for all-reduce: a torch.nn.Module's
+parameters and an embedding table's rows are bound to a TrainingSession, so
+that session.pull() lands in them and session.push() sends their gradients.
+
+    import psclient, psclient.torch as pst
+
+    session = psclient.TrainingSession(client, mode="async")
+    params = pst.Parameters(session, model, optimizer=psclient.adam(1e-3))
+    user = pst.Embedding(session, psclient.TableSpec("user", 16, dynamic=True))
+    session.initialize()
+    while not session.should_stop:
+        user.set_ids(batch_user_ids)            # before the pull: the rows this step reads
+        pst.pull(session, params, user)         # session.pull(), then the values onto the model's device
+        loss = loss_fn(model(x, user.rows()), y)
+        pst.backward(loss, params, user)        # zero the gradients, backward, gradients where push() reads them
+        session.push()
+
+On the CPU pulls land in the parameters themselves and backward adds into
+the buffers push() reads: nothing is copied. On CUDA the values arrive in
+one pinned host block and move to the device with one copy a step, and the
+gradients come back with one.
+
+Importing this module imports torch; `import psclient` alone does not.
+"""
+
+import numpy as np
+import torch
+
+from ._psclient import TableSpec, TensorSpec, TrainingSession, from_values, glorot_uniform, zeros
+
+
+def _init_of(init, index, name, param, seed):
+    """The InitConfig of one parameter (see Parameters' init)."""
+    if init is None:  # as the C++ trainers
+        return glorot_uniform(seed + index) if param.dim() >= 2 else zeros()
+    if init == "module":
+        return from_values(param.detach().cpu().contiguous().numpy())
+    if callable(init):
+        return init(index, name, param)
+    raise ValueError(f"Parameters: init must be None, 'module' or a callable, not {init!r}")
+
+
+class Parameters:
+    """A module's parameters as variables of a TrainingSession, one per parameter, named prefix + name.
+
+    optimizer: an OptimizerConfig (psclient.sgd(0.1), psclient.adam(1e-3), ...).
+    init: None for Glorot-uniform matrices (seeded seed, seed + 1, ... in order) and zeros for the
+    rest; "module" for the values the module holds now (PyTorch's own initialization, or a trained
+    model's); or a callable (index, name, parameter) -> InitConfig. The chief's initial values are
+    the ones psd keeps. The parameters must be float32, all on one device, and are re-pointed at
+    blocks this object holds (the module keeps working). Call before session.initialize().
+    """
+
+    def __init__(self, session: TrainingSession, module: torch.nn.Module, *, optimizer, prefix: str = "",
+                 init=None, seed: int = 0):
+        named = [(name, p) for name, p in module.named_parameters()]
+        if not named:
+            raise ValueError("Parameters: the module has no parameters")
+        devices = {p.device for _, p in named}
+        if len(devices) != 1:
+            raise ValueError("Parameters: the module's parameters are on several devices "
+                             f"({', '.join(sorted(map(str, devices)))})")
+        for name, p in named:
+            if p.dtype != torch.float32:
+                raise ValueError(f"Parameters: '{prefix}{name}' is {p.dtype}; psd holds float32")
+        self.device = devices.pop()
+        self.cuda = self.device.type == "cuda"
+        total = sum(p.numel() for _, p in named)
+        # Blocks of every parameter in order: one zero_ call and (CUDA) one copy each way a step.
+        self._host_grads = torch.zeros(total, pin_memory=self.cuda)
+        if self.cuda:
+            self._host_values = torch.empty(total, pin_memory=True)
+            self._dev_values = torch.zeros(total, device=self.device)
+            self._dev_grads = torch.zeros(total, device=self.device)
+        self.values = {}  # psd's name -> the host tensor pulls land in (client.pull(params.values) works)
+        at = 0
+        for i, (name, p) in enumerate(named):
+            part = slice(at, at + p.numel())
+            at += p.numel()
+            host_grads = self._host_grads[part].view(p.shape)
+            spec = TensorSpec(prefix + name, tuple(p.shape), optimizer=optimizer,
+                              init=_init_of(init, i, name, p, seed))
+            with torch.no_grad():
+                if self.cuda:
+                    values = self._host_values[part].view(p.shape)
+                    self._dev_values[part].view(p.shape).copy_(p)
+                    p.data, p.grad = self._dev_values[part].view(p.shape), self._dev_grads[part].view(p.shape)
+                else:
+                    values = self._host_grads.new_empty(p.shape)
+                    values.copy_(p)
+                    p.data, p.grad = values, host_grads
+            session.add_variable(spec, values, host_grads)
+            self.values[prefix + name] = values
+
+    def before_pull(self):
+        pass
+
+    def after_pull(self):
+        """The pulled values onto the device (CUDA; on the CPU they already are the parameters)."""
+        if self.cuda:
+            self._dev_values.copy_(self._host_values, non_blocking=True)
+
+    def zero_grad(self):
+        (self._dev_grads if self.cuda else self._host_grads).zero_()
+
+    def after_backward(self):
+        """The gradients where push() reads them (CUDA: one copy to the host, which waits for backward)."""
+        if self.cuda:
+            self._host_grads.copy_(self._dev_grads)
+
+    def pull(self, client, **kwargs):
+        """The variables' values now, outside the session's steps (the final model): client.pull + after_pull."""
+        result = client.pull(self.values, **kwargs)
+        self.after_pull()
+        return result
+
+
+class Embedding:
+    """An embedding table bound to a TrainingSession: each step pulls the rows of the ids set_ids() names
+    and pushes their gradients.
+
+    rows() gives them as a tensor of shape ids.shape + (dim,) on `device`, which autograd tracks; a
+    repeated id's gradients are summed (the client sums them before sending, as IndexedSlices are).
+    grad_scale multiplies the gradients pushed: with a mean loss over a batch of B examples,
+    grad_scale=B gives each row its examples' summed gradient, as per-row Adagrad and FTRL take them.
+    Call before session.initialize().
+    """
+
+    def __init__(self, session: TrainingSession, spec: TableSpec, *, device=None, grad_scale: float = 1.0):
+        self.spec, self.session = spec, session
+        self.table, self.dim = spec.name, spec.dim
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.cuda = self.device.type == "cuda"
+        self.grad_scale = float(grad_scale)
+        self._ids = None
+        self._host_rows = self._host_grads = self._rows = None
+        session.add_table(spec)
+
+    def set_ids(self, ids):
+        """The ids of the next steps' rows (int64 or uint64, any shape; NumPy array or CPU tensor).
+        Before session.pull(); they stay set until set again."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.detach().cpu().numpy()
+        ids = np.asarray(ids)
+        if ids.dtype not in (np.int64, np.uint64):
+            raise ValueError(f"Embedding '{self.table}': ids must be int64 or uint64, not {ids.dtype}")
+        self._ids = np.ascontiguousarray(ids)  # held: the session reads them at each pull
+        shape = self._ids.shape + (self.dim,)
+        if self._host_rows is None or tuple(self._host_rows.shape) != shape:
+            self._host_rows = torch.empty(shape, pin_memory=self.cuda)
+            self._host_grads = torch.zeros(shape, pin_memory=self.cuda)
+        self.session.set_rows(self.table, self._ids, self._host_rows, self._host_grads)
+        self._rows = None
+
+    def before_pull(self):
+        if self._ids is None:
+            raise RuntimeError(f"Embedding '{self.table}': set_ids() before the pull")
+
+    def after_pull(self):
+        """The pulled rows as a fresh leaf tensor on the device (rows() returns it)."""
+        if self.cuda:
+            self._rows = self._host_rows.to(self.device, non_blocking=True).requires_grad_()
+        else:
+            # The pulled rows themselves; backward adds into the buffer push() reads.
+            self._rows = self._host_rows.detach().requires_grad_()
+            self._rows.grad = self._host_grads
+
+    def rows(self):
+        """The rows of the ids set, as pulled this step: a tensor of shape ids.shape + (dim,)."""
+        if self._rows is None:
+            raise RuntimeError(f"Embedding '{self.table}': rows() before the pull (psclient.torch.pull)")
+        return self._rows
+
+    def zero_grad(self):
+        if self._host_grads is not None:
+            self._host_grads.zero_()
+        if self.cuda and self._rows is not None:
+            self._rows.grad = None
+
+    def after_backward(self):
+        """The rows' gradients (times grad_scale) where push() reads them."""
+        if self._rows is None:
+            return  # no rows this step: zeros are pushed
+        if self.cuda and self._rows.grad is not None:
+            self._host_grads.copy_(self._rows.grad)
+        if self.grad_scale != 1.0:
+            self._host_grads.mul_(self.grad_scale)
+
+    def lookup(self, client, ids):
+        """The rows of `ids` as the table holds them now, creating none (evaluation, serving):
+        client.lookup_rows, as a tensor of shape ids.shape + (dim,) on the device."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.detach().cpu().numpy()
+        out = torch.from_numpy(client.lookup_rows(self.table, np.ascontiguousarray(ids)))
+        return out.to(self.device) if self.cuda else out
+
+
+def pull(session: TrainingSession, *bound):
+    """session.pull(), then each of `bound` (Parameters, Embedding) readied for the forward pass.
+    Returns the step pulled at."""
+    for b in bound:
+        b.before_pull()
+    step = session.pull()
+    if not session.should_stop:
+        for b in bound:
+            b.after_pull()
+    return step
+
+
+def backward(loss: torch.Tensor, *bound):
+    """Zeroes the gradients of `bound` (Parameters, Embedding), runs loss.backward(), and puts the
+    gradients where session.push() reads them."""
+    for b in bound:
+        b.zero_grad()
+    loss.backward()
+    for b in bound:
+        b.after_backward()

@@ -1,0 +1,200 @@
+"""psclient.torch: a module's parameters and a table's rows bound to a TrainingSession on a real psd.
+Values after each push are compared with a float64 reference of the SGD step; CUDA cases SKIP without a
+GPU, and the whole file without PyTorch."""
+
+import threading
+
+import numpy as np
+import pytest
+
+import psclient
+
+torch = pytest.importorskip("torch")
+pst = pytest.importorskip("psclient.torch")
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU"))]
+
+
+def chief_session(client, **kwargs):
+    return psclient.TrainingSession(client, mode="async", ready_timeout=30, **kwargs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_parameters_pull_into_the_module_and_push_its_gradients(psd, device):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2).to(device)
+    lr = 0.25
+    x = np.array([[1.0, -2.0, 0.5], [0.25, 3.0, -1.0]])
+    with psclient.Client([psd.address], worker_index=0, is_chief=True) as client:
+        session = chief_session(client)
+        params = pst.Parameters(session, model, optimizer=psclient.sgd(lr), prefix="m/", seed=5)
+        assert sorted(params.values) == ["m/bias", "m/weight"]
+        session.initialize()
+        for step in range(3):
+            pst.pull(session, params)
+            with psclient.Client([psd.address]) as reader:  # what psd holds, read apart from the session
+                reader.declare([psclient.TensorSpec("m/weight", (2, 3)), psclient.TensorSpec("m/bias", 2)])
+                w, b = reader.pull("m/weight").astype(np.float64), reader.pull("m/bias").astype(np.float64)
+            if step == 0:
+                np.testing.assert_array_equal(b, np.zeros(2))  # zeros for vectors
+                assert np.abs(w).max() <= np.sqrt(6 / 5) and np.abs(w).min() > 0  # Glorot-uniform, fan 3 + 2
+            # The module computes with psd's values, on its device.
+            assert model.weight.device.type == device
+            np.testing.assert_array_equal(model.weight.detach().cpu().numpy(), w.astype(np.float32))
+            np.testing.assert_array_equal(model.bias.detach().cpu().numpy(), b.astype(np.float32))
+            # loss = sum((x W^T + b)^2) * (step + 1): the gradient differs each step, so a gradient not
+            # zeroed between steps would show in the values.
+            y = model(torch.tensor(x, dtype=torch.float32, device=device))
+            pst.backward((y * y).sum() * (step + 1), params)
+            session.push()
+            y64 = x @ w.T + b
+            grad_w, grad_b = 2 * (step + 1) * y64.T @ x, 2 * (step + 1) * y64.sum(0)
+            with psclient.Client([psd.address]) as reader:
+                reader.declare([psclient.TensorSpec("m/weight", (2, 3)), psclient.TensorSpec("m/bias", 2)])
+                np.testing.assert_allclose(reader.pull("m/weight"), w - lr * grad_w, rtol=1e-5, atol=1e-5)
+                np.testing.assert_allclose(reader.pull("m/bias"), b - lr * grad_b, rtol=1e-5, atol=1e-5)
+        # The final values, pulled outside the session's steps, into the module.
+        params.pull(client)
+        np.testing.assert_allclose(model.bias.detach().cpu().numpy(), b - lr * grad_b, rtol=1e-5, atol=1e-5)
+        session.end()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_parameters_start_from_the_modules_own_values(psd, device):
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1)).to(device)
+    initial = {name: p.detach().cpu().numpy().copy() for name, p in model.named_parameters()}
+    with psclient.Client([psd.address], worker_index=0, is_chief=True) as client:
+        session = chief_session(client)
+        params = pst.Parameters(session, model, optimizer=psclient.sgd(0.1), init="module")
+        # The module keeps its values before the first pull.
+        for name, p in model.named_parameters():
+            np.testing.assert_array_equal(p.detach().cpu().numpy(), initial[name])
+        session.initialize()
+        held = {name: np.empty(v.shape, np.float32) for name, v in initial.items()}
+        client.pull(held)  # what psd holds
+        for name, v in initial.items():
+            np.testing.assert_array_equal(held[name], v)
+        assert sorted(params.values) == sorted(initial)
+        session.end()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_embedding_rows_sum_repeated_ids_and_scale_gradients(psd, device):
+    dim, lr, scale = 4, 0.5, 3.0
+    spec = psclient.TableSpec("t", dim, rows=10, optimizer=psclient.RowOptimizerConfig.sgd(lr),
+                              init=psclient.uniform(-1, 1, 9))
+    rng = np.random.default_rng(1)
+    with psclient.Client([psd.address], worker_index=0, is_chief=True) as client:
+        session = chief_session(client)
+        table = pst.Embedding(session, spec, device=device, grad_scale=scale)
+        session.initialize()
+        before = client.lookup_rows("t", np.arange(10)).astype(np.float64)
+        # Step 1: ids of shape (2, 2), 3 twice.
+        ids = np.array([[3, 5], [3, 7]], np.int64)
+        table.set_ids(ids)
+        pst.pull(session, table)
+        rows = table.rows()
+        assert rows.shape == (2, 2, dim) and rows.device.type == device and rows.requires_grad
+        np.testing.assert_array_equal(rows.detach().cpu().numpy(), before[ids].astype(np.float32))
+        weights = rng.standard_normal((2, 2, dim))
+        pst.backward((rows * torch.tensor(weights, dtype=torch.float32, device=device)).sum(), table)
+        session.push()
+        expected = before.copy()
+        np.subtract.at(expected, ids.reshape(-1), lr * scale * weights.reshape(-1, dim))
+        after = client.lookup_rows("t", np.arange(10))
+        np.testing.assert_allclose(after, expected, rtol=1e-5, atol=1e-6)
+        # Step 2: another shape (the buffers follow it), ids given as a tensor, rows used squared.
+        ids2 = torch.tensor([7, 0, 0], dtype=torch.int64)
+        table.set_ids(ids2)
+        pst.pull(session, table)
+        rows = table.rows()
+        np.testing.assert_array_equal(rows.detach().cpu().numpy(), after[[7, 0, 0]])
+        pst.backward((rows * rows).sum(), table)
+        session.push()
+        r = after.astype(np.float64)
+        np.subtract.at(r, [7, 0, 0], lr * scale * 2 * r[[7, 0, 0]])
+        now = client.lookup_rows("t", np.arange(10))
+        np.testing.assert_allclose(now, r, rtol=1e-5, atol=1e-6)
+        # Step 3: a loss without the rows pushes zeros (the last step's gradients are not pushed again).
+        pst.pull(session, table)
+        pst.backward(torch.zeros((), requires_grad=True) * 2, table)
+        session.push()
+        np.testing.assert_array_equal(client.lookup_rows("t", np.arange(10)), now)
+        session.end()
+
+
+def test_sync_replicas_average_the_rows_gradients(psd):
+    spec = psclient.TableSpec("s", 2, dynamic=True, optimizer=psclient.RowOptimizerConfig.sgd(1.0),
+                              init=psclient.constant(10))
+    errors, done = [], threading.Barrier(2, timeout=60)
+
+    def worker(i):
+        try:
+            with psclient.Client([psd.address], worker_index=i, is_chief=(i == 0)) as client:
+                session = psclient.TrainingSession(client, mode="sync", replicas_to_aggregate=2, total_replicas=2,
+                                                   train_steps=2, ready_timeout=30)
+                table = pst.Embedding(session, spec)
+                session.initialize()
+                while not session.should_stop:
+                    table.set_ids(np.array([42, 42 + i], np.int64))
+                    pst.pull(session, table)
+                    if session.should_stop:
+                        break
+                    pst.backward(table.rows().sum() * (i + 1), table)  # worker i: gradient i + 1 per position
+                    session.push()
+                done.wait()
+                if i == 0:
+                    rows = client.lookup_rows("s", np.array([42, 43], np.int64), min_step=2)
+                    # Per step, id 42: worker 0's two positions (1 + 1) and worker 1's one (2), over 2
+                    # replicas: 2; id 43, worker 1's alone: 2 / 2 = 1. Two steps from 10.
+                    np.testing.assert_array_equal(rows, [[6, 6], [8, 8]])
+                    session.end()
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a worker did not finish"
+    if errors:
+        raise errors[0]
+
+
+def test_lookup_reads_without_creating_rows(psd):
+    spec = psclient.TableSpec("d", 3, dynamic=True, init=psclient.constant(0.5))
+    with psclient.Client([psd.address], worker_index=0, is_chief=True) as client:
+        session = chief_session(client)
+        table = pst.Embedding(session, spec)
+        session.initialize()
+        rows = table.lookup(client, np.array([[1, 2], [3, 1]], np.int64))
+        assert isinstance(rows, torch.Tensor) and rows.shape == (2, 2, 3)
+        np.testing.assert_array_equal(rows.numpy(), np.full((2, 2, 3), 0.5, np.float32))
+        assert {t.name: t.rows for t in client.list_tables()} == {"d": 0}
+        session.end()
+
+
+def test_bad_arguments_are_refused_before_anything_is_sent(psd):
+    with psclient.Client([psd.address], worker_index=0, is_chief=True) as client:
+        session = chief_session(client)
+        with pytest.raises(ValueError, match="no parameters"):
+            pst.Parameters(session, torch.nn.ReLU(), optimizer=psclient.sgd(0.1))
+        with pytest.raises(ValueError, match="init must be None, 'module' or a callable"):
+            pst.Parameters(session, torch.nn.Linear(2, 2), optimizer=psclient.sgd(0.1), init="zeros")
+        with pytest.raises(ValueError, match="float64.*float32"):
+            pst.Parameters(session, torch.nn.Linear(2, 2).double(), optimizer=psclient.sgd(0.1))
+        table = pst.Embedding(session, psclient.TableSpec("e", 2, rows=4))
+        with pytest.raises(RuntimeError, match="before the pull"):
+            table.rows()
+        with pytest.raises(RuntimeError, match="set_ids"):
+            pst.pull(session, table)  # no ids set: refused before the session pulls
+        session.initialize()
+        with pytest.raises(ValueError, match="int64 or uint64, not float64"):
+            table.set_ids(np.array([1.0, 2.0]))
+        with pytest.raises(psclient.RequestError):  # psd refuses an id outside the fixed table
+            table.set_ids(np.array([1, 9], np.int64))
+            session.pull()
+        assert client.lookup_rows("e", np.arange(4)).shape == (4, 2)  # psd serves on
+        session.end()

@@ -9,6 +9,8 @@
 //   build/bench/embedding_bench --in_flight 2       # two calls at once per client
 //   build/bench/embedding_bench --table_threads 4   # psd spreads a request over 4 threads
 //   build/bench/embedding_bench --dynamic_rows 1000000 --min_count 2   # admission by count
+//   build/bench/embedding_bench --dynamic_rows 1000000 --expire_after_steps 1000   # rows that
+//   expire
 //
 // Each fixed table is measured with 65,536-id batches; pull and push rates
 // are given as a share of the in-memory gather rate of the same row size,
@@ -385,6 +387,7 @@ int main(int argc, char** argv) {
   uint32_t wide_dim = 64;
   uint64_t dynamic_rows = 0;
   uint32_t min_count = 0;
+  uint64_t expire_after_steps = 0;
   std::size_t request_kb = 1024;
   unsigned busy_poll_us = 50;
   app.add_option("--psd", psd_binary, "psd binary to start")->capture_default_str();
@@ -407,6 +410,10 @@ int main(int argc, char** argv) {
   app.add_option("--min_count", min_count,
                  "the dynamic table admits ids at their Nth push (TableSpec::min_count); it is "
                  "filled by N pushes of zeros")
+      ->capture_default_str();
+  app.add_option("--expire_after_steps", expire_after_steps,
+                 "the dynamic table's rows expire (TableSpec::expire_after_steps): each touch "
+                 "keeps its LRU order and step; no step passes in the run, so none expires")
       ->capture_default_str();
   app.add_option("--request_kb", request_kb, "ClientOptions::max_request_bytes, KiB")
       ->capture_default_str();
@@ -664,7 +671,8 @@ int main(int argc, char** argv) {
                             .dynamic = true,
                             .placement = ps::TablePlacement::kHash,
                             .optimizer = ps::RowOptimizerConfig::sgd(0.01f),
-                            .min_count = min_count};
+                            .min_count = min_count,
+                            .expire_after_steps = expire_after_steps};
     const uint64_t before = psd.rss_bytes();
     cs[0]->create_tables({dyn});
     for (auto& c : cs) c->declare_tables({dyn});

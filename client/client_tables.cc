@@ -477,6 +477,7 @@ std::vector<Client::TableInfo> Client::list_tables() {
                   info.bytes += t.getBytes();
                   info.evictions += t.getEvictions();
                   info.ids_filtered += t.getIdsFiltered();
+                  info.rows_expired += t.getRowsExpired();
                   info.rows_per_shard.resize(shards);
                   info.rows_per_shard[shard] = t.getRowsHere();
                 }

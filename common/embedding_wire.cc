@@ -32,6 +32,7 @@ void to_wire(const TableSpec& s, uint32_t shard_index, uint32_t num_shards,
   out.setNumShards(num_shards);
   out.setMinCount(s.min_count);
   out.setCountSketchWidth(s.count_sketch_width);
+  out.setExpireAfterSteps(s.expire_after_steps);
 }
 
 ShardTableSpec from_wire(wire::TableSpec::Reader in) {
@@ -65,6 +66,7 @@ ShardTableSpec from_wire(wire::TableSpec::Reader in) {
   s.init = from_wire(in.getInit());
   s.min_count = in.getMinCount();
   s.count_sketch_width = in.getCountSketchWidth();
+  s.expire_after_steps = in.getExpireAfterSteps();
   r.shard_index = in.getShardIndex();
   r.num_shards = in.getNumShards();
   return r;

@@ -89,6 +89,8 @@ struct CtrFlags {
       0;  // per shard and table (0: none); at the limit the least recently used rows go
   uint32_t min_count = 0;           // a new id's row comes at its min_count-th push (0, 1: at once)
   uint32_t count_sketch_width = 0;  // min_count's counters per shard and table (0: psd's default)
+  uint64_t expire_after_steps =
+      0;               // rows untouched for this many global steps are dropped (0: never)
   int eval_every = 0;  // chief: evaluate every N local steps (0: twice per epoch)
   int eval_batch = 4096;
   int summary_every = 50;
@@ -510,7 +512,8 @@ std::vector<ps::TableSpec> table_specs(const CtrFlags& c, uint64_t seed) {
            .row_limit = c.row_limit,
            .on_limit = on_limit,
            .min_count = c.min_count,
-           .count_sketch_width = c.count_sketch_width},
+           .count_sketch_width = c.count_sketch_width,
+           .expire_after_steps = c.expire_after_steps},
           {.name = kWideTable,
            .dim = 1,
            .dynamic = true,
@@ -520,7 +523,8 @@ std::vector<ps::TableSpec> table_specs(const CtrFlags& c, uint64_t seed) {
            .row_limit = c.row_limit,
            .on_limit = on_limit,
            .min_count = c.min_count,
-           .count_sketch_width = c.count_sketch_width}};
+           .count_sketch_width = c.count_sketch_width,
+           .expire_after_steps = c.expire_after_steps}};
 }
 
 struct Metrics {
@@ -741,10 +745,11 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
     const int64_t global = std::max(final_pull.step, info.global_step);
     const Metrics m = ev.run(global, epoch_of(global));
     const double examples = static_cast<double>(global) * per_global;
-    uint64_t deep_rows = 0, wide_rows = 0, filtered = 0, table_bytes = 0;
+    uint64_t deep_rows = 0, wide_rows = 0, filtered = 0, expired = 0, table_bytes = 0;
     for (const auto& t : client.list_tables()) {
       (t.name == kDeepTable ? deep_rows : wide_rows) += t.rows;
       filtered += t.ids_filtered;
+      expired += t.rows_expired;
       table_bytes += t.bytes;
     }
     std::printf("\n== %s: held-out log-loss %.5f, AUC %.5f", ps::sync_mode_name(mode), m.log_loss,
@@ -763,18 +768,24 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
       std::printf(" (min_count %u: %llu pushed ids not yet admitted)", c.min_count,
                   static_cast<unsigned long long>(filtered));
     }
+    if (c.expire_after_steps > 0) {
+      std::printf(" (expire_after_steps %llu: %llu rows expired)",
+                  static_cast<unsigned long long>(c.expire_after_steps),
+                  static_cast<unsigned long long>(expired));
+    }
     std::printf("\n");
     // One machine-readable line (test/ctr_trainer_test.sh reads it).
     std::printf(
         "RESULT mode=%s holdout_log_loss=%.5f holdout_auc=%.5f planted_log_loss=%.5f "
         "planted_auc=%.5f "
         "seconds=%.3f examples_per_sec=%.0f deep_rows=%llu wide_rows=%llu ids_filtered=%llu "
-        "table_bytes=%llu\n",
+        "table_bytes=%llu rows_expired=%llu\n",
         ps::sync_mode_name(mode), m.log_loss, m.auc,
         data.planted ? data.planted->holdout_log_loss : -1.0,
         data.planted ? data.planted->holdout_auc : -1.0, secs, examples / secs,
         static_cast<unsigned long long>(deep_rows), static_cast<unsigned long long>(wide_rows),
-        static_cast<unsigned long long>(filtered), static_cast<unsigned long long>(table_bytes));
+        static_cast<unsigned long long>(filtered), static_cast<unsigned long long>(table_bytes),
+        static_cast<unsigned long long>(expired));
     std::fflush(stdout);
     if (summaries) summaries->flush();
     session.end();  // the ps tasks exit once every worker has disconnected
@@ -841,6 +852,10 @@ int main(int argc, char** argv) {
   app.add_option("--count_sketch_width", c.count_sketch_width,
                  "--min_count's counters per shard and table, 4 bytes each, a power of two "
                  "(0: 4194304); about the distinct ids a shard sees")
+      ->capture_default_str();
+  app.add_option("--expire_after_steps", c.expire_after_steps,
+                 "rows neither pulled nor pushed in this many global steps are dropped (0: never)")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{INT64_MAX}))
       ->capture_default_str();
   app.add_option("--eval_every", c.eval_every,
                  "chief: evaluate every N local steps (0: twice per epoch)")

@@ -254,6 +254,7 @@ struct TableSpec {
   numShards @10 :UInt32;       # ... among this many (common/embedding_placement.h)
   minCount @11 :UInt32;        # dynamic: a new id's row comes at its minCount-th push (ps/embedding.h)
   countSketchWidth @12 :UInt32;  # counters per row of minCount's sketch (0: the default)
+  expireAfterSteps @13 :UInt64;  # dynamic: rows untouched for this many global steps are dropped (0: never)
 }
 
 struct TableMeta {
@@ -268,6 +269,7 @@ struct TableMeta {
   evictions @8 :UInt64;
   optimizer @9 :RowOptimizerKind;
   idsFiltered @10 :UInt64;     # pushed ids whose gradients were dropped, not yet admitted (minCount)
+  rowsExpired @11 :UInt64;     # rows dropped by expireAfterSteps
 }
 
 struct TableStats {
@@ -278,6 +280,7 @@ struct TableStats {
   rowsPushed @4 :UInt64;
   evictions @5 :UInt64;
   idsFiltered @6 :UInt64;
+  rowsExpired @7 :UInt64;
 }
 
 interface Shard {

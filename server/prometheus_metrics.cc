@@ -188,6 +188,9 @@ std::string prometheus_text(const Shard& shard, double now_unix_secs) {
       {"ps_table_ids_filtered_total", "counter",
        "Pushed ids of a dynamic table not yet admitted (min_count): their gradients dropped.",
        [](const TableReport& t) { return t.ids_filtered; }},
+      {"ps_table_rows_expired_total", "counter",
+       "Rows of a dynamic table dropped untouched for expire_after_steps global steps.",
+       [](const TableReport& t) { return t.rows_expired; }},
   };
   for (const auto& f : table_fields) {
     e.family(f.name, f.type, f.help);

@@ -381,9 +381,12 @@ class Shard {
   // set if any table has one (check_worker_timeouts).
   void count_table_contributions(std::map<int, uint64_t>& given, bool& pending) const;
   void restore_tables(const ShardCheckpoint& c);
+  // The tables' clocks to the global step now, dropping rows that expire
+  // (TableSpec::expire_after_steps).
+  void tables_reached_step();
   uint64_t table_count() const;
   void check_memory(uint64_t extra, const std::string& what) const;
-  void step_reached();  // fires snapshots waiting for the new global step
+  void step_reached();  // expires table rows, fires snapshots waiting for the new global step
 
   ShardOptions options_;
   // Tells clients that reconnect whether this is the psd they lost (ShardInfo.instanceId).

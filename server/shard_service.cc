@@ -423,6 +423,7 @@ void table_to_wire(const TableReport& r, wire::TableMeta::Builder out) {
   out.setCreated(r.created);
   out.setEvictions(r.evictions);
   out.setIdsFiltered(r.ids_filtered);
+  out.setRowsExpired(r.rows_expired);
   out.setOptimizer(static_cast<wire::RowOptimizerKind>(r.spec.optimizer.kind));
 }
 

@@ -86,6 +86,7 @@ kj::Promise<std::shared_ptr<ShardCheckpoint>> Shard::snapshot_at_step(
 }
 
 void Shard::step_reached() {
+  tables_reached_step();
   const int64_t now = job_.global_step();
   while (!step_snapshots_.empty() && step_snapshots_.begin()->first <= now) {
     auto fulfiller = kj::mv(step_snapshots_.begin()->second.fulfiller);

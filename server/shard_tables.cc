@@ -48,6 +48,7 @@ TableReport report_of(const ShardTable& t, bool created) {
   r.version = t.table->version();
   r.evictions = t.table->evictions();
   r.ids_filtered = t.table->ids_filtered();
+  r.rows_expired = t.table->rows_expired();
   r.rows_pulled = t.rows_pulled;
   r.rows_pushed = t.rows_pushed;
   r.created = created;
@@ -59,15 +60,21 @@ bool same_table(const TableSpec& a, const TableSpec& b) {
          a.placement == b.placement && a.optimizer.kind == b.optimizer.kind &&
          a.row_limit == b.row_limit && a.on_limit == b.on_limit &&
          std::max(a.min_count, 1u) == std::max(b.min_count, 1u) &&
-         (a.min_count <= 1 || a.count_sketch_width == b.count_sketch_width);
+         (a.min_count <= 1 || a.count_sketch_width == b.count_sketch_width) &&
+         a.expire_after_steps == b.expire_after_steps;
 }
 
-// ", min_count N[, count_sketch_width W]" for a table admitting ids by count.
+// ", min_count N[, count_sketch_width W]" for a table admitting ids by
+// count, ", expire_after_steps S" for one whose rows expire.
 std::string admission_of(const TableSpec& s) {
-  if (s.min_count <= 1) return "";
-  std::string out = ", min_count " + std::to_string(s.min_count);
-  if (s.count_sketch_width != 0)
-    out += ", count_sketch_width " + std::to_string(s.count_sketch_width);
+  std::string out;
+  if (s.min_count > 1) {
+    out += ", min_count " + std::to_string(s.min_count);
+    if (s.count_sketch_width != 0)
+      out += ", count_sketch_width " + std::to_string(s.count_sketch_width);
+  }
+  if (s.expire_after_steps != 0)
+    out += ", expire_after_steps " + std::to_string(s.expire_after_steps);
   return out;
 }
 
@@ -161,6 +168,7 @@ std::vector<TableReport> Shard::create_tables(const std::vector<ShardTableSpec>&
                      pool_.run_parts(parts, helpers, fn);
                    }});
       t.num_shards = s.num_shards;
+      t.table->advance_to_step(job_.global_step());  // its rows are stamped from this step on
       it = tables_->tables.emplace(s.spec.name, std::move(t)).first;
       created = true;
       spdlog::info("created {} '{}' ({} rows here, {} MiB)", describe(s.spec), s.spec.name,
@@ -470,6 +478,8 @@ void Shard::restore_tables(const ShardCheckpoint& c) {
   for (const auto& t : c.tables) specs.push_back({t.spec, t.shard_index, t.num_shards});
   create_tables(specs, false);
   for (const auto& t : c.tables) {
+    // Restored rows count as touched at the checkpoint's step (their own steps are not saved).
+    tables_->tables.find(t.spec.name)->second.table->advance_to_step(c.global_step);
     std::vector<std::span<const float>> slots;
     for (const auto& s : t.slots) slots.emplace_back(s);
     restore_rows(t.spec.name, t.ids, t.values, slots, t.version);
@@ -512,6 +522,16 @@ void Shard::restore_rows(std::string_view table, std::span<const uint64_t> ids,
   for (std::size_t k = 0; k < slots.size(); ++k) slot_data[k] = slots[k].data();
   t.table->put_rows(ids, values.data(), slot_data);
   t.table->set_version(std::max(t.table->version(), version));
+}
+
+void Shard::tables_reached_step() {
+  const int64_t now = job_.global_step();
+  for (auto& [name, t] : tables_->tables) {
+    if (const uint64_t dropped = t.table->advance_to_step(now); dropped > 0) {
+      spdlog::debug("table '{}': {} rows expired at step {} (untouched for {} steps)", name,
+                    dropped, now, t.table->spec().expire_after_steps);
+    }
+  }
 }
 
 void Shard::count_table_contributions(std::map<int, uint64_t>& given, bool& pending) const {

@@ -162,6 +162,7 @@ void stats_to_wire(const Shard& shard, wire::ShardStats::Builder out) {
     table_stats[i].setRowsPushed(tables[i].rows_pushed);
     table_stats[i].setEvictions(tables[i].evictions);
     table_stats[i].setIdsFiltered(tables[i].ids_filtered);
+    table_stats[i].setRowsExpired(tables[i].rows_expired);
   }
   auto workers = out.initWorkers(static_cast<unsigned>(job.workers().size()));
   unsigned i = 0;

@@ -167,9 +167,10 @@ std::string status_json(const Shard& shard, const ProgressHistory& history, doub
   for (const TableReport& t : shard.list_tables()) {
     o += fmt::format(
         "{}{{\"name\":{},\"dim\":{},\"dynamic\":{},\"rows\":{},\"bytes\":{},\"version\":{},"
-        "\"rows_pulled\":{},\"rows_pushed\":{},\"evictions\":{},\"ids_filtered\":{}}}",
+        "\"rows_pulled\":{},\"rows_pushed\":{},\"evictions\":{},\"ids_filtered\":{},"
+        "\"rows_expired\":{}}}",
         first ? "" : ",", quote(t.spec.name), t.spec.dim, t.spec.dynamic, t.rows_here, t.bytes,
-        t.version, t.rows_pulled, t.rows_pushed, t.evictions, t.ids_filtered);
+        t.version, t.rows_pulled, t.rows_pushed, t.evictions, t.ids_filtered, t.rows_expired);
     first = false;
   }
   o += "],\"workers\":[";

@@ -55,6 +55,7 @@ struct TableReport {
   uint64_t version = 0;
   uint64_t evictions = 0;
   uint64_t ids_filtered = 0;  // pushed ids not yet admitted (TableSpec::min_count)
+  uint64_t rows_expired = 0;  // rows dropped by TableSpec::expire_after_steps
   uint64_t rows_pulled = 0;
   uint64_t rows_pushed = 0;
   bool created = false;

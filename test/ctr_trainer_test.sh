@@ -5,9 +5,11 @@
 # Mode avazu: async, from a gzip-compressed file in Avazu's CSV layout
 # (make_ctr_data --layout avazu; no dense features, 21 fields and the hour),
 # which each worker streams its share of (--stream_data).
-# Mode min_count: async, the tables admitting ids at their 2nd push; some
-# pushed ids must have been held back (ids_filtered), the AUC as above.
-#   test/ctr_trainer_test.sh BUILD_DIR async|sync|avazu|min_count [EXAMPLES] [MAX_DISTINCT] [TOL]
+# Mode row_filters: async, the tables admitting ids at their 2nd push and
+# dropping rows untouched for 100 global steps; some pushed ids must have
+# been held back (ids_filtered) and some rows dropped (rows_expired), the
+# AUC as above.
+#   test/ctr_trainer_test.sh BUILD_DIR async|sync|avazu|row_filters [EXAMPLES] [MAX_DISTINCT] [TOL]
 # docs/ctr.md has the 1M-example check with the generator's defaults.
 set -uo pipefail
 build=$(cd "$1" && pwd); mode=$2; examples=${3:-500000}; max_distinct=${4:-30000}; tol=${5:-0.01}
@@ -17,7 +19,7 @@ trap 'rm -rf "$run"' EXIT
 flags=(--quiet --run_dir "$run" --timeout 400 --trainer "$build/examples/ctr_trainer")
 [ "$mode" = sync ] && flags+=(--sync)
 data=(--synthetic "$examples" --synthetic_max_distinct "$max_distinct")
-[ "$mode" = min_count ] && data+=(--min_count 2 --count_sketch_width 262144)
+[ "$mode" = row_filters ] && data+=(--min_count 2 --count_sketch_width 262144 --expire_after_steps 100)
 if [ "$mode" = avazu ]; then
   "$build/examples/make_ctr_data" --layout avazu --out "$run/train.csv" --examples "$examples" \
     --max_distinct "$max_distinct" >"$run/make_ctr_data.txt" || { echo "FAIL: make_ctr_data"; exit 1; }
@@ -41,10 +43,12 @@ for tag in loss auc/holdout log_loss/holdout; do
   grep -q "^$tag"$'\t'"step=" "$run/events.txt" || { echo "FAIL: no '$tag' scalar in the summaries"; head "$run/events.txt"; exit 1; }
 done
 result=$(grep -h '^RESULT' "$run/worker0.log")
-if [ "$mode" = min_count ]; then
+if [ "$mode" = row_filters ]; then
   filtered=$(sed -n 's/.* ids_filtered=\([0-9]*\).*/\1/p' <<<"$result")
   [ "${filtered:-0}" -gt 0 ] || { echo "FAIL: --min_count 2 held back no pushed id (ids_filtered=${filtered:-none})"; exit 1; }
-  echo "min_count 2: $filtered pushed ids held back"
+  expired=$(sed -n 's/.* rows_expired=\([0-9]*\).*/\1/p' <<<"$result")
+  [ "${expired:-0}" -gt 0 ] || { echo "FAIL: --expire_after_steps 100 dropped no row (rows_expired=${expired:-none})"; exit 1; }
+  echo "min_count 2: $filtered pushed ids held back; expire_after_steps 100: $expired rows dropped"
 fi
 auc=$(sed -n 's/.* holdout_auc=\([0-9.]*\).*/\1/p' <<<"$result")
 planted=$(sed -n 's/.* planted_auc=\([0-9.]*\).*/\1/p' <<<"$result")

@@ -570,6 +570,133 @@ std::vector<float> lookup(EmbeddingTable& t, const std::vector<uint64_t>& ids) {
   return out;
 }
 
+TableSpec expiring_table(uint64_t after, uint64_t limit = 0,
+                         OnRowLimit on_limit = OnRowLimit::kRefuse) {
+  TableSpec s = dynamic_table(1, limit, on_limit, InitConfig::constant(5));
+  s.expire_after_steps = after;
+  return s;
+}
+
+std::vector<uint64_t> ids_held(const EmbeddingTable& t) {  // with LRU eviction, least recent first
+  std::vector<uint64_t> ids;
+  t.for_each_row(
+      [&](uint64_t id, const float*, std::span<const float* const>) { ids.push_back(id); });
+  return ids;
+}
+
+std::vector<uint64_t> sorted(std::vector<uint64_t> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+TEST_CASE("rows untouched for expire_after_steps global steps are dropped") {
+  // 3 steps, under kSweepsPerExpiry: every step sweeps the whole table, so rows go exactly at 3.
+  EmbeddingTable t(expiring_table(3), 0, 1);
+  t.advance_to_step(10);
+  push(t, {1, 2, 3}, {1, 2, 3});  // touched at step 10
+  CHECK(t.advance_to_step(11) == 0);
+  pull(t, {1});  // 11
+  CHECK(t.advance_to_step(12) == 0);
+  push(t, {2}, {1});  // 12
+  CHECK(sorted(ids_held(t)) == std::vector<uint64_t>{1, 2, 3});
+  CHECK(t.advance_to_step(13) == 1);  // 3, untouched since 10
+  CHECK(t.rows() == 2);
+  CHECK(t.rows_expired() == 1);
+  CHECK(t.evictions() == 0);
+  CHECK(pull(t, {1, 2}) == std::vector<float>{4, 2});  // the others as they were (and touched: 13)
+  push(t, {9}, {1});                                   // 13
+  CHECK(t.advance_to_step(15) == 0);
+  // A lookup reads a row without keeping it.
+  CHECK(lookup(t, {1, 3}) == std::vector<float>{4, 5});  // 3 reads as new
+  CHECK(t.advance_to_step(16) == 3);                     // 1, 2 and 9, untouched since 13
+  CHECK(t.rows() == 0);
+  CHECK(t.rows_expired() == 4);
+  CHECK(pull(t, {1}) == std::vector<float>{5});  // back as new
+  // A step far ahead drops every row at once; rows then reuse the freed slots.
+  push(t, {20, 21, 22}, {1, 1, 1});
+  const uint64_t bytes = t.bytes();
+  CHECK(t.advance_to_step(1000) == 4);
+  for (uint64_t id = 100; id < 104; ++id) pull(t, {id});
+  CHECK(t.rows() == 4);
+  CHECK(t.bytes() == bytes);
+  CHECK(t.rows_expired() == 8);
+}
+
+TEST_CASE("a long expiry is swept a part of the table per step, each row once it is due") {
+  constexpr uint64_t kAfter = 1000;
+  EmbeddingTable t(expiring_table(kAfter), 0, 1);
+  std::vector<uint64_t> ids(20000);
+  std::iota(ids.begin(), ids.end(), 1);
+  const std::vector<uint64_t> hot(ids.begin(), ids.begin() + 100);
+  pull(t, ids);  // every row touched at step 0
+  int64_t step = 0;
+  while (step < static_cast<int64_t>(kAfter) - 1) {
+    if (step % 100 == 0) pull(t, hot);  // the hot rows stay
+    CHECK(t.advance_to_step(++step) == 0);
+  }
+  CHECK(t.rows() == ids.size());
+  // From step 1000 on the cold rows go as the sweep reaches them: all of them within a
+  // quarter more steps, none before their time, a part of the table at each step.
+  uint64_t most_at_once = 0;
+  while (step < static_cast<int64_t>(kAfter + kAfter / EmbeddingTable::kSweepsPerExpiry)) {
+    if (step % 100 == 0) pull(t, hot);
+    most_at_once = std::max(most_at_once, t.advance_to_step(++step));
+  }
+  CHECK(t.rows() == hot.size());
+  CHECK(t.rows_expired() == ids.size() - hot.size());
+  CHECK(most_at_once < ids.size() / 50);
+  CHECK(lookup(t, {hot[0], ids.back()}) == std::vector<float>{5, 5});
+  CHECK(sorted(ids_held(t)) == hot);
+}
+
+TEST_CASE("expiry and LRU eviction at the row limit count apart; restores keep the order") {
+  EmbeddingTable t(expiring_table(2, 3, OnRowLimit::kEvictLru), 0, 1);
+  t.advance_to_step(0);
+  push(t, {1, 2, 3}, {1, 1, 1});
+  t.advance_to_step(1);
+  pull(t, {2});
+  push(t, {4}, {1});  // at the limit: evicts 1, the least recently touched
+  CHECK(t.evictions() == 1);
+  CHECK(ids_held(t) == std::vector<uint64_t>{3, 2, 4});
+  CHECK(t.advance_to_step(2) == 1);  // 3
+  CHECK(t.rows_expired() == 1);
+  CHECK(t.evictions() == 1);
+  CHECK(ids_held(t) == std::vector<uint64_t>{2, 4});
+
+  // A table restored in for_each_row's order has the same order, stamped with the restore's step.
+  EmbeddingTable back(expiring_table(2), 0, 1);
+  back.advance_to_step(7);
+  std::vector<uint64_t> ids;
+  std::vector<float> values;
+  t.for_each_row([&](uint64_t id, const float* v, std::span<const float* const>) {
+    ids.push_back(id);
+    values.push_back(*v);
+  });
+  back.check(ids, "restoreRows");
+  back.put_rows(ids, values.data(), {});
+  CHECK(sorted(ids_held(back)) == sorted(ids));
+  CHECK(back.advance_to_step(8) == 0);
+  CHECK(back.advance_to_step(9) == 2);
+}
+
+TEST_CASE("expiry is refused where it cannot apply, and its steps are counted in a row's bytes") {
+  TableSpec fixed = fixed_table(10, 2, RowOptimizerConfig::sgd(1));
+  fixed.expire_after_steps = 5;
+  CHECK_THROWS_WITH(
+      EmbeddingTable::validate(fixed),
+      Catch::Contains("is fixed: rows expire (expire_after_steps) in dynamic tables only"));
+  CHECK_THROWS_WITH(EmbeddingTable::validate(expiring_table(uint64_t{1} << 31)),
+                    Catch::Contains("must be at most 2147483647"));
+  EmbeddingTable::validate(expiring_table((uint64_t{1} << 31) - 1));
+  CHECK(EmbeddingTable::bytes_per_dynamic_row(expiring_table(5)) ==
+        EmbeddingTable::bytes_per_dynamic_row(dynamic_table(1)) + sizeof(uint32_t));
+  // A table that does not expire never drops a row, however far the steps go.
+  EmbeddingTable t(dynamic_table(1), 0, 1);
+  pull(t, {1, 2});
+  CHECK(t.advance_to_step(INT64_MAX) == 0);
+  CHECK(t.rows() == 2);
+}
+
 TEST_CASE("a lookup reads as a pull would and changes no table") {
   const InitConfig init = InitConfig::uniform(-1, 1, 7);
   const auto spec = dynamic_table(4, 3, OnRowLimit::kEvictLru, init);
@@ -914,6 +1041,46 @@ TEST_CASE("RowIndex matches a std::unordered_map through inserts, erases and gro
   });
   CHECK(seen == ref.size());
   CHECK(index.find(12345) == RowIndex::kMissing);
+}
+
+TEST_CASE("RowIndex::erase_in sees every entry of its range once, erases moving others included") {
+  RowIndex index;
+  std::unordered_map<uint64_t, uint32_t> ref;
+  std::mt19937_64 rng(11);
+  while (ref.size() < 20000) {  // ids in long probe runs: erases move many entries back
+    const uint64_t id = rng() % 1000000 * 0x9e3779b97f4a7c15ull;
+    if (ref.count(id)) continue;
+    ref[id] = static_cast<uint32_t>(ref.size());
+    index.insert(id, ref[id]);
+  }
+  // Windows of random sizes from a random start, wrapping, until the whole array is swept once.
+  const uint64_t capacity = index.capacity();
+  uint64_t at = rng() % capacity, swept = 0, erased = 0;
+  std::unordered_map<uint64_t, int> visits;
+  while (swept < capacity) {
+    const uint64_t count = std::min<uint64_t>(capacity - swept, 1 + rng() % 3000);
+    erased += index.erase_in(at, count, [&](uint64_t id, uint32_t slot) {
+      REQUIRE(ref.at(id) == slot);
+      ++visits[id];
+      return id % 3 == 0;
+    });
+    at = (at + count) & (capacity - 1);
+    swept += count;
+  }
+  uint64_t thirds = 0;
+  for (const auto& [id, slot] : ref) {
+    // An entry can be seen twice only if an erase moved it from ahead of the sweep back into a
+    // window being swept; never missed.
+    REQUIRE(visits[id] >= 1);
+    if (id % 3 == 0) {
+      ++thirds;
+      REQUIRE(index.find(id) == RowIndex::kMissing);
+    } else {
+      REQUIRE(index.find(id) == slot);
+    }
+  }
+  CHECK(erased == thirds);
+  CHECK(index.size() == ref.size() - thirds);
 }
 
 TEST_CASE("a dynamic table's index stays exact through growth and many evictions") {

@@ -462,6 +462,54 @@ TEST_CASE("a table admitting ids by count gives rows at the min_count-th push, o
   CHECK(b.alive());
 }
 
+TEST_CASE("rows untouched for expire_after_steps global steps are dropped, on every shard") {
+  PsdProcess a, b;
+  Client client(options_for({&a, &b}, 0));
+  client.init_job({.mode = SyncMode::kAsync});
+  TableSpec spec = dynamic("e", 2);
+  spec.expire_after_steps = 2;
+  spec.init = InitConfig::constant(1);
+  client.create_tables({spec});
+  client.set_ready();
+  std::vector<int64_t> ids(1000);
+  std::iota(ids.begin(), ids.end(), 5000);
+  const std::vector<int64_t> kept(ids.begin(), ids.begin() + 500);
+  client.push_rows("e", ids, std::vector<float>(ids.size() * 2, 0.5f));  // all touched at step 0
+  CHECK(client.step_done(0).global_step == 1);
+  pull_rows(client, "e", kept, 2);  // half touched at step 1
+  CHECK(client.list_tables().at(0).rows == 1000);
+  CHECK(client.step_done(1).global_step == 2);  // the other half, untouched for 2 steps, goes
+  auto t = client.list_tables().at(0);
+  CHECK(t.rows == 500);
+  CHECK(t.rows_expired == 500);
+  CHECK(t.evictions == 0);
+  CHECK(t.rows_per_shard[0] > 100);
+  CHECK(t.rows_per_shard[1] > 100);
+  std::vector<float> want(ids.size() * 2, 1.0f);  // the expired rows read as new ones
+  std::fill(want.begin(), want.begin() + 1000, 0.5f);
+  std::vector<float> rows(ids.size() * 2);
+  client.lookup_rows("e", ids, rows);
+  CHECK(rows == want);
+  client.step_done(2);
+  CHECK(client.step_done(3).global_step == 4);
+  CHECK(client.list_tables().at(0).rows_expired == 1000);
+
+  // The same spec again is the same table; another expire_after_steps is another.
+  client.create_tables({spec});
+  TableSpec other = spec;
+  other.expire_after_steps = 3;
+  CHECK_THROWS_WITH(
+      client.create_tables({other}),
+      Catch::Contains("exists as a dynamic table of dim 2 (sgd, expire_after_steps 2)") &&
+          Catch::Contains("(sgd, expire_after_steps 3)"));
+  TableSpec fixed_expiring = fixed("f", 10, 2);
+  fixed_expiring.expire_after_steps = 2;
+  CHECK_THROWS_WITH(client.create_tables({fixed_expiring}),
+                    Catch::Contains("rows expire (expire_after_steps) in dynamic tables only"));
+  CHECK(a.alive());
+  CHECK(b.alive());
+}
+
 TEST_CASE("a restore into a table at its limit evicts none of the rows it restores") {
   PsdProcess psd;
   Client client(options_for({&psd}));

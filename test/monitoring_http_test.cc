@@ -283,6 +283,11 @@ TEST_CASE(
     "/metrics and /status.json show each embedding table's rows, bytes, traffic and evictions") {
   MonitoredPsd m;
   Client client(worker_options(m.psd, -1));
+  const TableSpec expiring{.name = "exp",
+                           .dim = 1,
+                           .dynamic = true,
+                           .placement = TablePlacement::kHash,
+                           .expire_after_steps = 1};
   client.create_tables({TableSpec{.name = "fixed", .dim = 4, .rows = 10},
                         TableSpec{.name = "dyn",
                                   .dim = 2,
@@ -294,7 +299,8 @@ TEST_CASE(
                                   .dim = 2,
                                   .dynamic = true,
                                   .placement = TablePlacement::kHash,
-                                  .min_count = 3}});
+                                  .min_count = 3},
+                        expiring});
   for (int i = 0; i < 3; ++i)  // the third push admits both ids
     client.push_rows("adm", std::vector<int64_t>{7, 8}, std::vector<float>(4, 1.0f));
   std::vector<float> out(5 * 4);
@@ -303,11 +309,24 @@ TEST_CASE(
   client.push_rows("dyn", std::vector<int64_t>{10, 11, 12}, std::vector<float>(6, 1.0f));
   client.push_rows("dyn", std::vector<int64_t>{13, 14},
                    std::vector<float>(4, 1.0f));  // 10 and 11 evicted
+  {  // Two rows of "exp", untouched for its one step, expire once a worker's step is done.
+    ClientOptions chief = worker_options(m.psd, 0);
+    chief.is_chief = true;
+    Client worker(chief);
+    worker.init_job({.mode = SyncMode::kAsync});
+    worker.declare_tables({expiring});
+    worker.set_ready();
+    worker.push_rows("exp", std::vector<int64_t>{1, 2}, std::vector<float>(2, 1.0f));
+    worker.step_done(0);
+  }
   auto answer = ps::test::http_get(m.http_port, "/metrics");
   REQUIRE(answer.status == 200);
   INFO(answer.body);
   PromText prom(answer.body);
   const std::map<std::string, std::string> f = {{"table", "fixed"}}, d = {{"table", "dyn"}};
+  CHECK(prom.value("ps_table_rows_expired_total", {{"table", "exp"}}) == 2);
+  CHECK(prom.value("ps_table_rows_expired_total", d) == 0);
+  CHECK(prom.value("ps_table_rows", {{"table", "exp"}}) == 0);
   CHECK(prom.value("ps_table_rows", f) == 10);
   CHECK(prom.value("ps_table_rows", d) == 3);
   CHECK(prom.value("ps_table_bytes", f) >= 10 * 4 * 4);
@@ -327,9 +346,13 @@ TEST_CASE(
   CHECK(status.body.find("{\"name\":\"dyn\",\"dim\":2,\"dynamic\":true,\"rows\":3,") !=
         std::string::npos);
   CHECK(
-      status.body.find("\"rows_pulled\":5,\"rows_pushed\":2,\"evictions\":0,\"ids_filtered\":0}") !=
+      status.body.find("\"rows_pulled\":5,\"rows_pushed\":2,\"evictions\":0,\"ids_filtered\":0,") !=
       std::string::npos);
-  CHECK(status.body.find("\"rows_pushed\":6,\"evictions\":0,\"ids_filtered\":4}") !=
+  CHECK(status.body.find(
+            "\"rows_pushed\":6,\"evictions\":0,\"ids_filtered\":4,\"rows_expired\":0}") !=
+        std::string::npos);
+  CHECK(status.body.find(
+            "\"rows_pushed\":2,\"evictions\":0,\"ids_filtered\":0,\"rows_expired\":2}") !=
         std::string::npos);
 }
 

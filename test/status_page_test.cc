@@ -157,7 +157,8 @@ TEST_CASE("the status page shows the workers and draws its charts in Chromium") 
   CHECK(dom.find("<tr data-worker=\"0\"") != std::string::npos);
   CHECK(dom.find("<tr data-worker=\"1\"") != std::string::npos);
   CHECK(dom.find("data-tensor=\"layer1/weights\"") != std::string::npos);
-  // name, kind, dim, rows, bytes, rows pulled, pulled / s, rows pushed, ...
+  // name, kind, dim, rows, bytes, rows pulled, pulled / s, rows pushed, pushed / s, evictions,
+  // ids filtered, rows expired
   std::smatch table_row;
   REQUIRE(std::regex_search(dom, table_row, std::regex("<tr data-table=\"emb\">.*?</tr>")));
   INFO(table_row.str());
@@ -167,7 +168,7 @@ TEST_CASE("the status page shows the workers and draws its charts in Chromium") 
           "<td>emb</td><td>dynamic</td><td class=\"num\">4</td><td class=\"num\">100</td>"
           "<td class=\"num\">[^<]*iB</td><td class=\"num\">100</td><td class=\"num\">(0|–)</td>"
           "<td class=\"num\">240</td><td class=\"num\">(0|–)</td><td class=\"num\">0</td>"
-          "<td class=\"num\">140</td>")));
+          "<td class=\"num\">140</td><td class=\"num\">0</td>")));
   for (const char* chart : {"chart-steps", "chart-bytes", "chart-loss"}) {
     INFO(chart);
     CHECK(canvas_tag(dom, chart).find("data-rendered=\"1\"") != std::string::npos);

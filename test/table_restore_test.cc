@@ -545,7 +545,8 @@ TEST_CASE(
                        .optimizer = RowOptimizerConfig::adagrad(0.1f),
                        .init = InitConfig::uniform(-1, 1, 21),
                        .min_count = 2,
-                       .count_sketch_width = 4096};
+                       .count_sketch_width = 4096,
+                       .expire_after_steps = 1000};
   auto a = start(2, dir.path());
   Client original(chief_of(a));
   original.create_tables({spec});
@@ -565,6 +566,7 @@ TEST_CASE(
   REQUIRE(m.tables.size() == 1);
   CHECK(m.tables[0].spec.min_count == 2);
   CHECK(m.tables[0].spec.count_sketch_width == 4096);
+  CHECK(m.tables[0].spec.expire_after_steps == 1000);
   const State back = snapshot(restored);
   check_same(saved.at("admit"), back.at("admit"), "restored admit");
   const auto info = restored.list_tables().at(0);

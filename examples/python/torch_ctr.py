@@ -73,6 +73,8 @@ def parser():
     p.add_argument("--count_sketch_width", type=int, default=0,
                    help="--min_count's counters per shard and table, 4 bytes each, a power of two "
                    "(0: 4194304); about the distinct ids a shard sees")
+    p.add_argument("--expire_after_steps", type=int, default=0,
+                   help="rows neither pulled nor pushed in this many global steps are dropped (0: never)")
     p.add_argument("--eval_batch", type=int, default=4096)
     p.add_argument("--restore_from", default="", help="chief: start from the newest checkpoint in this directory "
                    "(a ps --checkpoint_dir), tables included, and go on from its step")
@@ -93,6 +95,7 @@ def check_flags(f):
         (f.row_limit >= 0, "--row_limit must be >= 0"),
         (0 <= f.min_count <= 255, "--min_count must be in 0..255"),
         (0 <= f.count_sketch_width <= 2**28, "--count_sketch_width must be in 0..2**28"),
+        (0 <= f.expire_after_steps < 2**63, "--expire_after_steps must be in 0..2**63-1"),
         (hidden_units(f.hidden_units) is not None, "--hidden_units must be positive integers, comma-separated"),
     ] + [(finite(v) and v > 0, f"--{name} must be > 0") for name, v in
          (("learning_rate", f.learning_rate), ("embedding_learning_rate", f.embedding_learning_rate),
@@ -204,7 +207,7 @@ def run_worker(spec, f):
     params = pst.Parameters(session, mlp, optimizer=psclient.adam(f.learning_rate), prefix="ctr/", seed=f.seed)
     row_init = psclient.uniform(-f.embedding_init, f.embedding_init, f.seed) if f.embedding_init > 0 else psclient.zeros()
     row_options = dict(min_count=f.min_count, count_sketch_width=f.count_sketch_width, row_limit=f.row_limit,
-                       on_limit="evict_lru")
+                       on_limit="evict_lru", expire_after_steps=f.expire_after_steps)
     adagrad = psclient.RowOptimizerConfig.adagrad(f.embedding_learning_rate)
     ftrl = psclient.RowOptimizerConfig.ftrl(f.wide_learning_rate, f.ftrl_l1, f.ftrl_l2)
     deep = pst.Embedding(session, psclient.TableSpec(DEEP_TABLE, dim, dynamic=True, init=row_init, optimizer=adagrad,
@@ -294,7 +297,8 @@ def run_worker(spec, f):
               f"examples_per_sec={examples_per_sec:.0f} deep_rows={tables[DEEP_TABLE].rows} "
               f"wide_rows={tables[WIDE_TABLE].rows} "
               f"ids_filtered={sum(t.ids_filtered for t in tables.values())} "
-              f"table_bytes={sum(t.bytes for t in tables.values())}", flush=True)
+              f"table_bytes={sum(t.bytes for t in tables.values())} "
+              f"rows_expired={sum(t.rows_expired for t in tables.values())}", flush=True)
         if summaries:
             summaries.flush()
         session.end()  # the ps tasks exit once every worker has disconnected

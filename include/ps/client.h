@@ -360,6 +360,7 @@ class Client {
     uint64_t bytes = 0;  // memory on all shards
     uint64_t evictions = 0;
     uint64_t ids_filtered = 0;  // pushed ids not yet admitted (TableSpec::min_count), summed
+    uint64_t rows_expired = 0;  // rows dropped by TableSpec::expire_after_steps, summed
     std::vector<uint64_t> rows_per_shard;
   };
   std::vector<TableInfo> list_tables();

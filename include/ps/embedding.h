@@ -114,6 +114,13 @@ struct TableSpec {
   // admitting it early, never late. A width of about the distinct ids a
   // shard sees keeps early admissions to a few percent.
   uint32_t count_sketch_width = 0;
+  // Dynamic: a row neither pulled nor pushed in the last expire_after_steps
+  // global steps is dropped (counted as rows_expired; 0: never), so that a
+  // table trained on a stream keeps the ids still seen, whatever its row
+  // limit (Monolith's expire time, PaddlePaddle's shrink). Steps as the
+  // job's TrainingSession counts them: a job that reports none expires
+  // nothing. A lookup does not keep a row.
+  uint64_t expire_after_steps = 0;
 };
 
 }  // namespace ps

@@ -210,10 +210,11 @@ class TableSpec:
     row_limit: int
     min_count: int
     count_sketch_width: int
+    expire_after_steps: int
     def __init__(self, name: str, dim: int, *, rows: int = 0, dynamic: bool = False,
                  placement: Optional[str] = None, optimizer: RowOptimizerConfig = ...,
                  init: InitConfig = ..., row_limit: int = 0, on_limit: str = "refuse",
-                 min_count: int = 0, count_sketch_width: int = 0) -> None: ...
+                 min_count: int = 0, count_sketch_width: int = 0, expire_after_steps: int = 0) -> None: ...
 
 class RestoredTable:
     spec: TableSpec
@@ -241,6 +242,7 @@ class TableInfo:
     bytes: int
     evictions: int
     ids_filtered: int
+    rows_expired: int
     rows_per_shard: List[int]
 
 class Client:

@@ -287,6 +287,7 @@ batch.)");
                        init=psclient.uniform(-0.05, 0.05, seed=1))
     psclient.TableSpec('ad', 16, dynamic=True, row_limit=1 << 20, on_limit='evict_lru')
     psclient.TableSpec('query', 16, dynamic=True, min_count=3)
+    psclient.TableSpec('item', 16, dynamic=True, expire_after_steps=100_000)
 
 A fixed table has ids in [0, rows), spread 'mod' (id % shards, the
 default) or 'div' (contiguous ranges); a dynamic one takes any id (placed by 'hash') and
@@ -296,12 +297,16 @@ a dynamic table gives a new id a row only at its min_count-th push: until
 then its pulls read its initial values and its gradients are dropped
 (counted in TableInfo.ids_filtered); pushes are counted in a count-min
 sketch of 4 x count_sketch_width bytes per shard (a power of two; 0:
-1 << 22, 16 MiB), which may admit an id early, never late.)")
+1 << 22, 16 MiB), which may admit an id early, never late. With
+expire_after_steps > 0 a dynamic table drops each row neither pulled nor
+pushed in that many global steps (as TrainingSession counts them; counted
+in TableInfo.rows_expired).)")
       .def(
           py::init([](std::string name, uint32_t dim, uint64_t rows, bool dynamic,
                       std::optional<std::string> placement, const ps::RowOptimizerConfig& optimizer,
                       const ps::InitConfig& init, uint64_t row_limit, const std::string& on_limit,
-                      uint32_t min_count, uint32_t count_sketch_width) {
+                      uint32_t min_count, uint32_t count_sketch_width,
+                      uint64_t expire_after_steps) {
             ps::TableSpec s;
             s.name = std::move(name);
             s.dim = dim;
@@ -316,13 +321,14 @@ sketch of 4 x count_sketch_width bytes per shard (a power of two; 0:
             s.on_limit = to_on_limit(on_limit);
             s.min_count = min_count;
             s.count_sketch_width = count_sketch_width;
+            s.expire_after_steps = expire_after_steps;
             return s;
           }),
           py::arg("name"), py::arg("dim"), py::kw_only(), py::arg("rows") = 0,
           py::arg("dynamic") = false, py::arg("placement") = py::none(),
           py::arg("optimizer") = ps::RowOptimizerConfig{}, py::arg("init") = ps::InitConfig{},
           py::arg("row_limit") = 0, py::arg("on_limit") = "refuse", py::arg("min_count") = 0,
-          py::arg("count_sketch_width") = 0)
+          py::arg("count_sketch_width") = 0, py::arg("expire_after_steps") = 0)
       .def_readwrite("name", &ps::TableSpec::name)
       .def_readwrite("dim", &ps::TableSpec::dim)
       .def_readwrite("rows", &ps::TableSpec::rows)
@@ -331,6 +337,7 @@ sketch of 4 x count_sketch_width bytes per shard (a power of two; 0:
       .def_readwrite("init", &ps::TableSpec::init)
       .def_readwrite("min_count", &ps::TableSpec::min_count)
       .def_readwrite("count_sketch_width", &ps::TableSpec::count_sketch_width)
+      .def_readwrite("expire_after_steps", &ps::TableSpec::expire_after_steps)
       .def_readwrite("row_limit", &ps::TableSpec::row_limit)
       .def("__repr__", [](const ps::TableSpec& s) {
         return "TableSpec('" + s.name + "', dim=" + std::to_string(s.dim) +
@@ -347,6 +354,7 @@ sketch of 4 x count_sketch_width bytes per shard (a power of two; 0:
       .def_readonly("bytes", &ps::Client::TableInfo::bytes, "memory on all shards")
       .def_readonly("evictions", &ps::Client::TableInfo::evictions)
       .def_readonly("ids_filtered", &ps::Client::TableInfo::ids_filtered)
+      .def_readonly("rows_expired", &ps::Client::TableInfo::rows_expired)
       .def_readonly("rows_per_shard", &ps::Client::TableInfo::rows_per_shard)
       .def("__repr__", [](const ps::Client::TableInfo& t) {
         return "TableInfo('" + t.name + "', dim=" + std::to_string(t.dim) +

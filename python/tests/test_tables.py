@@ -148,6 +148,28 @@ def test_a_table_admitting_ids_by_count(client):
         client.create_tables([psclient.TableSpec("bad", DIM, dynamic=True, min_count=256)])
 
 
+def test_rows_expire_after_steps_untouched(psd):
+    spec = psclient.TableSpec("exp", 2, dynamic=True, init=psclient.constant(3.0),
+                              optimizer=psclient.RowOptimizerConfig.sgd(1.0), expire_after_steps=2)
+    assert spec.expire_after_steps == 2
+    with psclient.Client([psd.address], worker_index=0, is_chief=True) as client:
+        session = psclient.TrainingSession(client, mode="async", ready_timeout=30)
+        session.add_table(spec)
+        session.initialize()
+        rows, grads = np.empty((2, 2), np.float32), np.ones((2, 2), np.float32)
+        for ids in ([1, 2], [1], [1]):  # 2 is touched at step 0 only, 1 at every step
+            ids = np.array(ids, np.int64)
+            session.set_rows("exp", ids, rows[:len(ids)], grads[:len(ids)])
+            session.run_step(lambda: None)
+        info = {t.name: t for t in client.list_tables()}["exp"]
+        assert (info.rows, info.rows_expired) == (1, 1)  # 2 expired at step 2
+        np.testing.assert_array_equal(client.lookup_rows("exp", np.array([1, 2], np.int64)),
+                                      [[0.0, 0.0], [3.0, 3.0]])
+        with pytest.raises(psclient.RequestError, match="dynamic tables only"):
+            client.create_tables([psclient.TableSpec("fixed_exp", 2, rows=10, expire_after_steps=5)])
+        session.end()
+
+
 def test_async_rows_and_asyncio(client):
     ids = np.array([2, 5], np.int64)
     out = np.zeros((2, DIM), np.float32)

@@ -73,6 +73,15 @@ void EmbeddingTable::validate(const TableSpec& s) {
     throw RequestError("createTables: " + quoted(s) +
                        ": count_sketch_width sizes min_count's counts; give min_count > 1 too");
   }
+  if (!s.dynamic && s.expire_after_steps != 0) {
+    throw RequestError("createTables: " + quoted(s) +
+                       " is fixed: rows expire (expire_after_steps) in dynamic tables only");
+  }
+  if (s.expire_after_steps > kMaxExpireAfterSteps) {
+    throw RequestError("createTables: " + quoted(s) + " has expire_after_steps " +
+                       std::to_string(s.expire_after_steps) + "; it must be at most " +
+                       std::to_string(kMaxExpireAfterSteps));
+  }
   if (s.count_sketch_width > CountSketch::kMaxWidth) {
     throw RequestError("createTables: " + quoted(s) + " has count_sketch_width " +
                        std::to_string(s.count_sketch_width) + "; it must be at most " +
@@ -115,10 +124,11 @@ uint64_t EmbeddingTable::initial_bytes(const TableSpec& s, uint32_t shard, uint3
 
 uint64_t EmbeddingTable::bytes_per_dynamic_row(const TableSpec& s) {
   const uint64_t comps = 1 + RowOptimizer::make(s.optimizer, s.name)->num_slots();
-  // Values and slots, about two index entries (load <= 1/2), and for LRU
-  // eviction the slot's id and list links.
+  // Values and slots, about two index entries (load <= 1/2), for LRU
+  // eviction the slot's id and list links, for expiry its last step.
   return comps * s.dim * sizeof(float) + 2 * RowIndex::kEntryBytes +
-         (s.on_limit == OnRowLimit::kEvictLru ? sizeof(uint64_t) + 2 * sizeof(uint32_t) : 0);
+         (s.on_limit == OnRowLimit::kEvictLru ? sizeof(uint64_t) + 2 * sizeof(uint32_t) : 0) +
+         (s.expire_after_steps != 0 ? sizeof(uint32_t) : 0);
 }
 
 EmbeddingTable::EmbeddingTable(TableSpec spec, uint32_t shard, uint32_t shards, RunParts run_parts)
@@ -171,7 +181,8 @@ uint64_t EmbeddingTable::bytes() const {
   uint64_t slabs = 0;
   for (const auto& c : slabs_) slabs += c.size();
   return slabs * kSlabRows * row_bytes + index_.bytes() + slot_ids_.capacity() * sizeof(uint64_t) +
-         lru_.capacity() * sizeof(LruLink) + (sketch_ ? sketch_->bytes() : 0);
+         lru_.capacity() * sizeof(LruLink) + touched_at_.capacity() * sizeof(uint32_t) +
+         (sketch_ ? sketch_->bytes() : 0);
 }
 
 float* EmbeddingTable::row(uint32_t component, uint64_t slot) const {
@@ -227,6 +238,7 @@ uint32_t EmbeddingTable::take_free_slot() {
     slot_ids_.push_back(0);
     lru_.push_back(LruLink{});
   }
+  if (expires()) touched_at_.push_back(stamp_);
   return static_cast<uint32_t>(s);
 }
 
@@ -248,6 +260,35 @@ void EmbeddingTable::touch(uint32_t s) {
   if (spec_.on_limit != OnRowLimit::kEvictLru || lru_head_ == s) return;
   lru_unlink(s);
   lru_push_front(s);
+}
+
+uint64_t EmbeddingTable::advance_to_step(int64_t step) {
+  const int64_t since = step - step_;
+  step_ = step;
+  stamp_ = static_cast<uint32_t>(step);
+  if (!expires() || since <= 0 || index_.size() == 0) return 0;
+  // Each advance sweeps the part of the index that visits every entry
+  // kSweepsPerExpiry times in expire_after_steps steps (all of it when
+  // steps come faster): a row goes within expire_after_steps * (1 + 1 /
+  // kSweepsPerExpiry) steps of its last touch, and no step does much work.
+  const uint64_t capacity = index_.capacity();
+  const long double share = static_cast<long double>(since) * kSweepsPerExpiry /
+                            static_cast<long double>(spec_.expire_after_steps);
+  const uint64_t count =
+      share >= 1 ? capacity
+                 : std::min<uint64_t>(capacity, static_cast<uint64_t>(share * capacity) + 1);
+  const auto after = static_cast<int32_t>(spec_.expire_after_steps);
+  const uint64_t dropped = index_.erase_in(sweep_at_, count, [&](uint64_t, uint32_t slot) {
+    // Steps since the touch, modulo 2^32: exact while a row is swept at least every 2^31 steps.
+    if (static_cast<int32_t>(stamp_ - touched_at_[slot]) < after) return false;
+    if (spec_.on_limit == OnRowLimit::kEvictLru) lru_unlink(slot);
+    free_slots_.push_back(slot);
+    --live_rows_;
+    return true;
+  });
+  sweep_at_ = (sweep_at_ + count) & (capacity - 1);
+  rows_expired_ += dropped;
+  return dropped;
 }
 
 void EmbeddingTable::evict_one() {
@@ -285,6 +326,15 @@ void EmbeddingTable::find_and_touch(std::span<const uint64_t> ids, std::vector<u
 }
 
 void EmbeddingTable::touch_slots(const std::vector<uint64_t>& slots) {
+  if (expires()) {
+    constexpr std::size_t kAhead = 16;
+    const std::size_t n = slots.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      if (i + kAhead < n && slots[i + kAhead] != kEmpty)
+        __builtin_prefetch(&touched_at_[slots[i + kAhead]], 1);
+      if (slots[i] != kEmpty) touched_at_[slots[i]] = stamp_;
+    }
+  }
   if (spec_.on_limit != OnRowLimit::kEvictLru) return;
   const std::size_t n = slots.size();
   // Each touch unlinks a node whose neighbours are anywhere in the list: a
@@ -308,6 +358,7 @@ uint32_t EmbeddingTable::find_or_insert(uint64_t id) {
   uint32_t s = find(id);
   if (s != kEmpty) {
     touch(s);
+    if (expires()) touched_at_[s] = stamp_;
     return s;
   }
   if (spec_.row_limit != 0 && live_rows_ >= spec_.row_limit) {
@@ -318,6 +369,7 @@ uint32_t EmbeddingTable::find_or_insert(uint64_t id) {
     evict_one();
   }
   s = take_free_slot();
+  if (expires()) touched_at_[s] = stamp_;
   if (spec_.on_limit == OnRowLimit::kEvictLru) slot_ids_[s] = id;
   init_row(s, id);
   index_.insert(id, s);

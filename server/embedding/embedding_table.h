@@ -65,6 +65,19 @@ class EmbeddingTable {
   uint64_t rows() const;   // rows held here now
   uint64_t bytes() const;  // memory of values, slots and index
   uint64_t evictions() const { return evictions_; }
+  // TableSpec::expire_after_steps: the job's global step is now `step`.
+  // Rows touched from here on are stamped with it, and part of the index is
+  // swept for rows untouched in the last expire_after_steps steps, which
+  // are dropped (returned, and counted in rows_expired()). A row goes
+  // within expire_after_steps * (1 + 1 / kSweepsPerExpiry) steps of its
+  // last touch (one an LRU eviction moves in the index may wait one more
+  // sweep); exactly at expire_after_steps where that is under
+  // kSweepsPerExpiry steps (each step sweeps the whole index). psd calls it
+  // as each step is reached, and once for a new or restored table.
+  uint64_t advance_to_step(int64_t step);
+  uint64_t rows_expired() const { return rows_expired_; }
+  static constexpr uint64_t kSweepsPerExpiry = 4;
+  static constexpr uint64_t kMaxExpireAfterSteps = (uint64_t{1} << 31) - 1;
   // Admission by count (TableSpec::min_count > 1): pushed ids not yet
   // admitted, each counted once per push that dropped its gradients.
   bool admits_by_count() const { return sketch_ != nullptr; }
@@ -184,6 +197,7 @@ class EmbeddingTable {
   // find_slots(), then touch_slots().
   void find_and_touch(std::span<const uint64_t> ids, std::vector<uint64_t>& slots);
   uint32_t take_free_slot();
+  bool expires() const { return spec_.expire_after_steps != 0; }
   void evict_one();
   void touch(uint32_t slot);  // LRU: to the front
   void lru_unlink(uint32_t slot);
@@ -210,6 +224,13 @@ class EmbeddingTable {
   std::unique_ptr<RowOptimizer> optimizer_;
   uint64_t version_ = 0;
   uint64_t evictions_ = 0;
+  // Expiry: the step now (advance_to_step's) and its low 32 bits, which
+  // stamp each touched slot in touched_at_; the next index position to sweep.
+  uint64_t rows_expired_ = 0;
+  int64_t step_ = 0;
+  uint32_t stamp_ = 0;
+  std::vector<uint32_t> touched_at_;
+  uint64_t sweep_at_ = 0;
   std::unique_ptr<CountSketch> sketch_;  // min_count > 1 only
   uint64_t ids_filtered_ = 0;
   std::vector<uint64_t> admitted_ids_, dropped_ids_, admit_slots_;

@@ -49,6 +49,11 @@ void RowIndex::erase(uint64_t id) {
     if (entries_[i].slot_plus_one == 0) return;
     if (entries_[i].id == id) break;
   }
+  erase_at(i);
+}
+
+void RowIndex::erase_at(uint64_t i) {
+  const uint64_t mask = capacity_ - 1;
   entries_[i].slot_plus_one = 0;
   --used_;
   ++changes_;

@@ -52,6 +52,24 @@ class RowIndex {
   // How far from its home the farthest entry lies: the longest walk a
   // lookup makes (a scan of the whole array; for tests and diagnostics).
   uint64_t longest_probe() const;
+  // Visits the entries at positions [first, first + count) of the array
+  // (count <= capacity(), wrapping at its end) and erases each that
+  // erase_it(id, slot) returns true for: a sweep over a few positions at a
+  // time. An entry an erase moves into a visited position is visited
+  // there, so every entry in the range is seen once. Returns the erased count.
+  template <typename Fn>
+  uint64_t erase_in(uint64_t first, uint64_t count, Fn&& erase_it) {
+    uint64_t erased = 0;
+    for (uint64_t k = 0; k < count; ++k) {
+      const uint64_t i = (first + k) & (capacity_ - 1);
+      while (entries_[i].slot_plus_one != 0 &&
+             erase_it(entries_[i].id, entries_[i].slot_plus_one - 1)) {
+        erase_at(i);
+        ++erased;
+      }
+    }
+    return erased;
+  }
   // fn(id, slot) for every entry, in array order.
   template <typename Fn>
   void for_each(Fn&& fn) const {
@@ -70,6 +88,8 @@ class RowIndex {
   uint64_t home(uint64_t id) const { return mix_id(id ^ key_) & (capacity_ - 1); }
   // Writes e at the first free entry from its id's home (there is one).
   void place(Entry e);
+  // Empties position i, moving later entries of its run back (no tombstones).
+  void erase_at(uint64_t i);
   void grow();
 
   std::unique_ptr<Entry[], Unmap> entries_;

@@ -493,6 +493,16 @@ TEST_CASE("rows untouched for expire_after_steps global steps are dropped, on ev
   client.step_done(2);
   CHECK(client.step_done(3).global_step == 4);
   CHECK(client.list_tables().at(0).rows_expired == 1000);
+  // A table created at step 4 stamps its rows from there: they last until step 6.
+  TableSpec late = spec;
+  late.name = "late";
+  client.create_tables({late});
+  pull_rows(client, "late", kept, 2);
+  CHECK(client.step_done(4).global_step == 5);
+  CHECK(client.list_tables().at(1).name == "late");
+  CHECK(client.list_tables().at(1).rows == kept.size());
+  client.step_done(5);
+  CHECK(client.list_tables().at(1).rows_expired == kept.size());
 
   // The same spec again is the same table; another expire_after_steps is another.
   client.create_tables({spec});
@@ -508,6 +518,40 @@ TEST_CASE("rows untouched for expire_after_steps global steps are dropped, on ev
                     Catch::Contains("rows expire (expire_after_steps) in dynamic tables only"));
   CHECK(a.alive());
   CHECK(b.alive());
+}
+
+TEST_CASE("a restarted psd's expiring rows count as touched at the checkpoint's step") {
+  ps::test::TempDir dir;
+  const std::vector<std::string> args = {"--checkpoint_dir", dir.path(), "--checkpoint_secs", "0"};
+  TableSpec spec = dynamic("e", 1);
+  spec.expire_after_steps = 3;
+  const std::vector<int64_t> ids = {3, 4, 5};
+  std::vector<float> rows(3);
+  {
+    PsdProcess psd(args);
+    Client chief(options_for({&psd}, 0));
+    chief.init_job({.mode = SyncMode::kAsync});
+    chief.create_tables({spec});
+    chief.set_ready();
+    for (int64_t step = 0; step < 5; ++step) {  // the rows touched at every step, up to step 5
+      chief.pull_rows("e", ids, rows);
+      chief.step_done(step);
+    }
+    chief.pull_rows("e", ids, rows);
+    REQUIRE(chief.checkpoint().step == 5);
+    psd.kill();
+  }
+  PsdProcess psd(args);
+  Client chief(options_for({&psd}, 0));
+  chief.declare_tables({spec});
+  CHECK(chief.list_tables().at(0).rows == 3);
+  CHECK(chief.step_done(5).global_step == 6);
+  CHECK(chief.step_done(6).global_step == 7);
+  CHECK(chief.list_tables().at(0).rows == 3);  // touched at 5 by the restore: kept until 8
+  chief.step_done(7);
+  const auto t = chief.list_tables().at(0);
+  CHECK(t.rows == 0);
+  CHECK(t.rows_expired == 3);
 }
 
 TEST_CASE("a restore into a table at its limit evicts none of the rows it restores") {

@@ -95,7 +95,7 @@ def check_flags(f):
         (f.row_limit >= 0, "--row_limit must be >= 0"),
         (0 <= f.min_count <= 255, "--min_count must be in 0..255"),
         (0 <= f.count_sketch_width <= 2**28, "--count_sketch_width must be in 0..2**28"),
-        (0 <= f.expire_after_steps < 2**63, "--expire_after_steps must be in 0..2**63-1"),
+        (0 <= f.expire_after_steps < 2**31, "--expire_after_steps must be in 0..2**31-1"),
         (hidden_units(f.hidden_units) is not None, "--hidden_units must be positive integers, comma-separated"),
     ] + [(finite(v) and v > 0, f"--{name} must be > 0") for name, v in
          (("learning_rate", f.learning_rate), ("embedding_learning_rate", f.embedding_learning_rate),

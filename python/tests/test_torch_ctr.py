@@ -16,12 +16,19 @@ from conftest import SOURCE_DIR, run_example_workers
 EXAMPLE = SOURCE_DIR / "examples" / "python" / "torch_ctr.py"
 
 
-@pytest.mark.parametrize("mode", ["async", "sync"])
+@pytest.mark.parametrize("mode", ["async", "sync", "row_filters"])
 def test_three_workers_reach_the_planted_auc(psd, python_env, tmp_path, mode):
+    """row_filters: async, the tables admitting ids at their second push and dropping rows untouched
+    for 100 global steps, as ctr_row_filters_auc asks of ctr_trainer."""
     pytest.importorskip("torch")
     flags = ["--synthetic", "500000", "--synthetic_max_distinct", "30000", "--logdir", str(tmp_path / "tb")]
-    chief = run_example_workers(EXAMPLE, psd.address, python_env, tmp_path,
-                                flags + (["--sync_replicas"] if mode == "sync" else []), port_base=22430)
+    flags += {"sync": ["--sync_replicas"], "row_filters": ["--min_count", "2", "--count_sketch_width", "262144",
+                                                           "--expire_after_steps", "100"]}.get(mode, [])
+    chief = run_example_workers(EXAMPLE, psd.address, python_env, tmp_path, flags, port_base=22430)
+    if mode == "row_filters":
+        counts = re.search(r"^RESULT .* ids_filtered=(\d+) .* rows_expired=(\d+)$", chief, re.M)
+        assert counts and int(counts.group(1)) > 0 and int(counts.group(2)) > 0, chief
+        mode = "async"
     result = re.search(rf"^RESULT mode={mode} holdout_log_loss=([0-9.]+) holdout_auc=([0-9.]+) "
                        r"planted_log_loss=([0-9.]+) planted_auc=([0-9.]+) ", chief, re.M)
     assert result, chief
@@ -33,6 +40,8 @@ def test_three_workers_reach_the_planted_auc(psd, python_env, tmp_path, mode):
     assert list((tmp_path / "tb").glob("events.out.tfevents.*")), "no TensorBoard events written"
     # The tables psd held at the end (psd exits once the job is over): every worker's rows.
     tables = dict(re.findall(r"(ctr/\w+) (\d+) rows of", re.search(r"^== tables: (.*)$", chief, re.M).group(1)))
+    if "--expire_after_steps" in flags:
+        return  # fewer rows, by design
     assert int(tables["ctr/deep_embeddings"]) > 100000, chief
     assert int(tables["ctr/wide_weights"]) > int(tables["ctr/deep_embeddings"]), chief
 
@@ -63,6 +72,7 @@ def test_three_workers_learn_from_an_avazu_file(psd, python_env, tmp_path, strea
     (["--holdout", "1", "--synthetic", "1000"], "--holdout must be in \\[0, 1\\)"),
     (["--hidden_units", "256,0", "--synthetic", "1000"], "--hidden_units must be positive integers"),
     (["--stream_data", "--synthetic", "1000"], "--stream_data reads --train_file"),
+    (["--expire_after_steps", "-1", "--synthetic", "1000"], "--expire_after_steps must be in 0..2\\*\\*31-1"),
     (["--train_file", "/nonexistent/train.tsv"], "/nonexistent/train.tsv.*scripts/make_ctr_data.sh"),
     (["file:bad"], "bad.tsv:2:"),
 ])

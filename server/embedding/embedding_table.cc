@@ -358,7 +358,6 @@ uint32_t EmbeddingTable::find_or_insert(uint64_t id) {
   uint32_t s = find(id);
   if (s != kEmpty) {
     touch(s);
-    if (expires()) touched_at_[s] = stamp_;
     return s;
   }
   if (spec_.row_limit != 0 && live_rows_ >= spec_.row_limit) {

@@ -6,6 +6,7 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import pytest
@@ -87,6 +88,29 @@ def python_env():
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     return env
+
+
+def run_workers(address, workers, body):
+    """Runs body(client, i) in `workers` threads, each with its own Client (worker i; 0 the chief);
+    raises the first error any of them raised."""
+    import psclient  # here: conftest itself loads before the module is known to be there
+    errors = []
+
+    def run(i):
+        try:
+            with psclient.Client([address], worker_index=i, is_chief=(i == 0)) as client:
+                body(client, i)
+        except BaseException as e:  # reported by the test thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a worker did not finish"
+    if errors:
+        raise errors[0]
 
 
 def run_example_workers(example, ps_address, env, log_dir, flags, workers=3, port_base=22330, timeout=280):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import psclient
+from conftest import run_workers
 
 torch = pytest.importorskip("torch")
 pst = pytest.importorskip("psclient.torch")
@@ -127,40 +128,29 @@ def test_embedding_rows_sum_repeated_ids_and_scale_gradients(psd, device):
 def test_sync_replicas_average_the_rows_gradients(psd):
     spec = psclient.TableSpec("s", 2, dynamic=True, optimizer=psclient.RowOptimizerConfig.sgd(1.0),
                               init=psclient.constant(10))
-    errors, done = [], threading.Barrier(2, timeout=60)
+    done = threading.Barrier(2, timeout=60)
 
-    def worker(i):
-        try:
-            with psclient.Client([psd.address], worker_index=i, is_chief=(i == 0)) as client:
-                session = psclient.TrainingSession(client, mode="sync", replicas_to_aggregate=2, total_replicas=2,
-                                                   train_steps=2, ready_timeout=30)
-                table = pst.Embedding(session, spec)
-                session.initialize()
-                while not session.should_stop:
-                    table.set_ids(np.array([42, 42 + i], np.int64))
-                    pst.pull(session, table)
-                    if session.should_stop:
-                        break
-                    pst.backward(table.rows().sum() * (i + 1), table)  # worker i: gradient i + 1 per position
-                    session.push()
-                done.wait()
-                if i == 0:
-                    rows = client.lookup_rows("s", np.array([42, 43], np.int64), min_step=2)
-                    # Per step, id 42: worker 0's two positions (1 + 1) and worker 1's one (2), over 2
-                    # replicas: 2; id 43, worker 1's alone: 2 / 2 = 1. Two steps from 10.
-                    np.testing.assert_array_equal(rows, [[6, 6], [8, 8]])
-                    session.end()
-        except BaseException as e:
-            errors.append(e)
+    def worker(client, i):
+        session = psclient.TrainingSession(client, mode="sync", replicas_to_aggregate=2, total_replicas=2,
+                                           train_steps=2, ready_timeout=30)
+        table = pst.Embedding(session, spec)
+        session.initialize()
+        while not session.should_stop:
+            table.set_ids(np.array([42, 42 + i], np.int64))
+            pst.pull(session, table)
+            if session.should_stop:
+                break
+            pst.backward(table.rows().sum() * (i + 1), table)  # worker i: gradient i + 1 per position
+            session.push()
+        done.wait()
+        if i == 0:
+            rows = client.lookup_rows("s", np.array([42, 43], np.int64), min_step=2)
+            # Per step, id 42: worker 0's two positions (1 + 1) and worker 1's one (2), over 2
+            # replicas: 2; id 43, worker 1's alone: 2 / 2 = 1. Two steps from 10.
+            np.testing.assert_array_equal(rows, [[6, 6], [8, 8]])
+            session.end()
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads), "a worker did not finish"
-    if errors:
-        raise errors[0]
+    run_workers(psd.address, 2, worker)
 
 
 def test_lookup_reads_without_creating_rows(psd):

@@ -1,32 +1,11 @@
 """TrainingSession with worker threads (each its own Client): sync steps
 average the gradients, the job stops at train_steps, checkpoints restore."""
 
-import threading
-
 import numpy as np
 import pytest
 
 import psclient
-
-
-def run_workers(address, workers, body):
-    errors = []
-
-    def run(i):
-        try:
-            with psclient.Client([address], worker_index=i, is_chief=(i == 0)) as client:
-                body(client, i)
-        except BaseException as e:  # reported by the test thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads), "a worker did not finish"
-    if errors:
-        raise errors[0]
+from conftest import run_workers
 
 
 def test_sync_session_averages_gradients_and_stops(psd):

@@ -855,7 +855,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--expire_after_steps", c.expire_after_steps,
                  "rows neither pulled nor pushed in this many global steps are dropped (0: never)")
-      ->check(CLI::Range(uint64_t{0}, uint64_t{INT32_MAX}))
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 30))
       ->capture_default_str();
   app.add_option("--eval_every", c.eval_every,
                  "chief: evaluate every N local steps (0: twice per epoch)")

@@ -116,7 +116,10 @@ void Shard::hello(const Caller& caller) {
 
 void Shard::goodbye(const Caller& caller) { job_.disconnect(caller.worker_index, caller.is_chief); }
 
-void Shard::init_job(const JobConfig& config) { job_.configure(config); }
+void Shard::init_job(const JobConfig& config) {
+  job_.configure(config);
+  tables_reached_step();  // a start_step moves the tables' clocks too
+}
 
 void Shard::set_ready() {
   check_can_be_ready();

@@ -202,9 +202,9 @@ kj::Promise<void> Shard::pull_rows(const Caller& caller, PullRowsRequest r, Rows
       r.lookup ? EmbeddingTable::Creating::kNone : EmbeddingTable::Creating::kByPull;
   auto read = [this, &t, r, creating, out = std::move(out)]() {
     if (const uint64_t fresh = t.table->check(r.ids, "pullRows", creating); fresh > 0) {
-      check_memory(fresh * EmbeddingTable::bytes_per_dynamic_row(t.table->spec()),
-                   "pullRows: " + std::to_string(fresh) + " new rows of table '" +
-                       t.table->spec().name + "'");
+      check_memory(t.table->bytes_for_new_rows(fresh), "pullRows: " + std::to_string(fresh) +
+                                                           " new rows of table '" +
+                                                           t.table->spec().name + "'");
     }
     float* dest = out(r.ids.size() * t.table->dim(), job_.global_step());
     if (r.lookup) {
@@ -314,7 +314,7 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
     t.table->check_ids(r.ids, "pushRows");
   }
   if (fresh > 0) {
-    check_memory(fresh * EmbeddingTable::bytes_per_dynamic_row(spec),
+    check_memory(t.table->bytes_for_new_rows(fresh),
                  "pushRows: " + std::to_string(fresh) + " new rows of table '" + spec.name + "'");
   }
   if (!sync) {
@@ -515,7 +515,7 @@ void Shard::restore_rows(std::string_view table, std::span<const uint64_t> ids,
   }
   const uint64_t fresh = t.table->check(ids, "restoreRows");
   if (fresh > 0) {
-    check_memory(fresh * EmbeddingTable::bytes_per_dynamic_row(t.table->spec()),
+    check_memory(t.table->bytes_for_new_rows(fresh),
                  "restoreRows: " + std::to_string(fresh) + " new rows of table '" + name + "'");
   }
   std::vector<const float*> slot_data(slots.size());

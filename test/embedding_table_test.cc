@@ -649,6 +649,35 @@ TEST_CASE("a long expiry is swept a part of the table per step, each row once it
   CHECK(sorted(ids_held(t)) == hot);
 }
 
+TEST_CASE("the longest expiry works past 2^32 steps, where the 32-bit stamps wrap") {
+  constexpr int64_t kAfter = int64_t{1} << 30, kStride = int64_t{1} << 26;  // a quarter sweep each
+  EmbeddingTable t(expiring_table(kAfter), 0, 1);
+  std::vector<uint64_t> cold(500), hot(50);
+  std::iota(cold.begin(), cold.end(), 1000);
+  std::iota(hot.begin(), hot.end(), 1);
+  pull(t, cold);
+  int64_t step = 0;
+  uint64_t expired = 0;
+  auto advance_to = [&](int64_t until) {
+    while (step < until) {
+      pull(t, hot);
+      expired += t.advance_to_step(step += kStride);
+    }
+  };
+  advance_to(kAfter - kStride);
+  CHECK(expired == 0);
+  advance_to(kAfter + kAfter / 4 + kStride);
+  CHECK(expired == cold.size());
+  advance_to(int64_t{5} << 30);  // past 2^32: the stamps wrapped; the hot rows stay
+  CHECK(t.rows() == hot.size());
+  pull(t, cold);  // back at 5 * 2^30, expired again a little after 6 * 2^30
+  advance_to((int64_t{6} << 30) - kStride);
+  CHECK(t.rows() == hot.size() + cold.size());
+  advance_to((int64_t{6} << 30) + kAfter / 4 + kStride);
+  CHECK(t.rows() == hot.size());
+  CHECK(t.rows_expired() == 2 * cold.size());
+}
+
 TEST_CASE("expiry and LRU eviction at the row limit count apart; restores keep the order") {
   EmbeddingTable t(expiring_table(2, 3, OnRowLimit::kEvictLru), 0, 1);
   t.advance_to_step(0);
@@ -685,9 +714,9 @@ TEST_CASE("expiry is refused where it cannot apply, and its steps are counted in
   CHECK_THROWS_WITH(
       EmbeddingTable::validate(fixed),
       Catch::Contains("is fixed: rows expire (expire_after_steps) in dynamic tables only"));
-  CHECK_THROWS_WITH(EmbeddingTable::validate(expiring_table(uint64_t{1} << 31)),
-                    Catch::Contains("must be at most 2147483647"));
-  EmbeddingTable::validate(expiring_table((uint64_t{1} << 31) - 1));
+  CHECK_THROWS_WITH(EmbeddingTable::validate(expiring_table((uint64_t{1} << 30) + 1)),
+                    Catch::Contains("must be at most 1073741824"));
+  EmbeddingTable::validate(expiring_table(uint64_t{1} << 30));
   CHECK(EmbeddingTable::bytes_per_dynamic_row(expiring_table(5)) ==
         EmbeddingTable::bytes_per_dynamic_row(dynamic_table(1)) + sizeof(uint32_t));
   // A table that does not expire never drops a row, however far the steps go.
@@ -941,7 +970,7 @@ TEST_CASE("a refused update leaves the LRU order as it was") {
 
 TEST_CASE("admission's scratch is given back after an outsized push, and counted") {
   auto spec = admitting_table(2);
-  spec.count_sketch_width = 1 << 22;  // exact for these 262,144 ids
+  spec.count_sketch_width = 1 << 22;  // wide: few of these 262,144 ids share all four counters
   EmbeddingTable t(spec, 0, 1);
   const std::size_t n = EmbeddingTable::kKeepScratchIds * 2;
   std::vector<uint64_t> held(n / 4), ids(n);
@@ -951,7 +980,10 @@ TEST_CASE("admission's scratch is given back after an outsized push, and counted
   for (int k = 0; k < 2; ++k)
     CHECK(push_admitting(t, held, std::vector<float>(zeros.begin(), zeros.begin() + n / 2)));
   CHECK(push_admitting(t, ids, zeros));
-  CHECK(t.ids_filtered() == n / 4 + 3 * n / 4);  // held's first push, then the others
+  // held's first push, then the others, but for the rare id whose four counters the held ids
+  // share (the sketch's key is random: about one run in a hundred has one).
+  CHECK(t.ids_filtered() <= n / 4 + 3 * n / 4);
+  CHECK(t.ids_filtered() >= n / 4 + 3 * n / 4 - 10);
   CHECK(t.scratch_bytes() < (64u << 10));        // nothing of the 262,144 ids kept
   // A usual push keeps its scratch, and it is counted.
   const std::vector<uint64_t> few{1, 2, 3, 5000000};

@@ -95,7 +95,7 @@ def check_flags(f):
         (f.row_limit >= 0, "--row_limit must be >= 0"),
         (0 <= f.min_count <= 255, "--min_count must be in 0..255"),
         (0 <= f.count_sketch_width <= 2**28, "--count_sketch_width must be in 0..2**28"),
-        (0 <= f.expire_after_steps < 2**31, "--expire_after_steps must be in 0..2**31-1"),
+        (0 <= f.expire_after_steps <= 2**30, "--expire_after_steps must be in 0..2**30"),
         (hidden_units(f.hidden_units) is not None, "--hidden_units must be positive integers, comma-separated"),
     ] + [(finite(v) and v > 0, f"--{name} must be > 0") for name, v in
          (("learning_rate", f.learning_rate), ("embedding_learning_rate", f.embedding_learning_rate),
@@ -257,7 +257,7 @@ def run_worker(spec, f):
         z = logits(mlp, torch.from_numpy(batch["dense"]), deep.rows(), wide.rows())
         loss = torch.nn.functional.binary_cross_entropy_with_logits(z, labels)
         pst.backward(loss, params, deep, wide)
-        outcome = session.push()
+        outcome = pst.push(session, params, deep, wide)
         local = session.local_step
         if f.log_every and local % f.log_every == 0:
             rate = local * b / (time.monotonic() - start)

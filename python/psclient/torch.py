@@ -2,7 +2,7 @@
 
 As horovod.torch and byteps.torch do for all-reduce: a torch.nn.Module's
 parameters and an embedding table's rows are bound to a TrainingSession, so
-that session.pull() lands in them and session.push() sends their gradients.
+that a step's pull lands in them and its push sends their gradients.
 
     import psclient, psclient.torch as pst
 
@@ -14,13 +14,15 @@ that session.pull() lands in them and session.push() sends their gradients.
         user.set_ids(batch_user_ids)            # before the pull: the rows this step reads
         pst.pull(session, params, user)         # session.pull(), then the values onto the model's device
         loss = loss_fn(model(x, user.rows()), y)
-        pst.backward(loss, params, user)        # zero the gradients, backward, gradients where push() reads them
-        session.push()
+        pst.backward(loss, params, user)        # zero the gradients, then loss.backward()
+        pst.push(session, params, user)         # the gradients to where session.push() reads them, and push
 
-On the CPU pulls land in the parameters themselves and backward adds into
-the buffers push() reads: nothing is copied. On CUDA the values arrive in
-one pinned host block and move to the device with one copy a step, and the
-gradients come back with one.
+Between backward() and push() the gradients are PyTorch's to change
+(torch.nn.utils.clip_grad_norm_(model.parameters(), ...), say). On the CPU
+pulls land in the parameters themselves and backward adds into the buffers
+push() reads: nothing is copied. On CUDA the values arrive in one pinned
+host block and move to the device with one copy a step, and the gradients
+come back with one.
 
 Importing this module imports torch; `import psclient` alone does not.
 """
@@ -28,13 +30,17 @@ Importing this module imports torch; `import psclient` alone does not.
 import numpy as np
 import torch
 
-from ._psclient import TableSpec, TensorSpec, TrainingSession, from_values, glorot_uniform, zeros
+from ._psclient import StepOutcome, TableSpec, TensorSpec, TrainingSession, from_values, glorot_uniform, zeros
 
 
 def _init_of(init, index, name, param, seed):
     """The InitConfig of one parameter (see Parameters' init)."""
-    if init is None:  # as the C++ trainers
-        return glorot_uniform(seed + index) if param.dim() >= 2 else zeros()
+    if init is None:
+        if param.dim() == 2:  # a Linear's weight: Glorot-uniform, as the C++ trainers' matrices
+            return glorot_uniform(seed + index)
+        if param.dim() > 2:  # a convolution's: PyTorch's own (psd's Glorot fans are TensorFlow's layout)
+            return from_values(param.detach().cpu().contiguous().numpy())
+        return zeros()
     if init == "module":
         return from_values(param.detach().cpu().contiguous().numpy())
     if callable(init):
@@ -42,15 +48,32 @@ def _init_of(init, index, name, param, seed):
     raise ValueError(f"Parameters: init must be None, 'module' or a callable, not {init!r}")
 
 
+class _HostCopy:
+    """Waits, before pinned host memory is written again, for the copy to the device that reads it."""
+
+    def __init__(self, cuda):
+        self.event = torch.cuda.Event() if cuda else None
+
+    def started(self):
+        if self.event is not None:
+            self.event.record()
+
+    def wait(self):
+        if self.event is not None:
+            self.event.synchronize()
+
+
 class Parameters:
     """A module's parameters as variables of a TrainingSession, one per parameter, named prefix + name.
 
     optimizer: an OptimizerConfig (psclient.sgd(0.1), psclient.adam(1e-3), ...).
-    init: None for Glorot-uniform matrices (seeded seed, seed + 1, ... in order) and zeros for the
-    rest; "module" for the values the module holds now (PyTorch's own initialization, or a trained
-    model's); or a callable (index, name, parameter) -> InitConfig. The chief's initial values are
-    the ones psd keeps. The parameters must be float32, all on one device, and are re-pointed at
-    blocks this object holds (the module keeps working). Call before session.initialize().
+    init: None for Glorot-uniform 2-D weights (seeded seed + the parameter's index in
+    module.named_parameters()), PyTorch's own values for weights of more dimensions (convolutions)
+    and zeros for the rest (biases); "module" for the values the module holds now (PyTorch's own
+    initialization, or a trained model's); or a callable (index, name, parameter) -> InitConfig.
+    The chief's initial values are the ones psd keeps. The parameters must be float32, all on one
+    device, and are re-pointed at blocks this object holds (the module keeps working). Call before
+    session.initialize().
     """
 
     def __init__(self, session: TrainingSession, module: torch.nn.Module, *, optimizer, prefix: str = "",
@@ -74,6 +97,8 @@ class Parameters:
             self._host_values = torch.empty(total, pin_memory=True)
             self._dev_values = torch.zeros(total, device=self.device)
             self._dev_grads = torch.zeros(total, device=self.device)
+        self._copy = _HostCopy(self.cuda)
+        self._bound = []  # (parameter, the view of the gradient block it backpropagates into)
         self.values = {}  # psd's name -> the host tensor pulls land in (client.pull(params.values) works)
         at = 0
         for i, (name, p) in enumerate(named):
@@ -86,32 +111,45 @@ class Parameters:
                 if self.cuda:
                     values = self._host_values[part].view(p.shape)
                     self._dev_values[part].view(p.shape).copy_(p)
-                    p.data, p.grad = self._dev_values[part].view(p.shape), self._dev_grads[part].view(p.shape)
+                    p.data, grads = self._dev_values[part].view(p.shape), self._dev_grads[part].view(p.shape)
                 else:
                     values = self._host_grads.new_empty(p.shape)
                     values.copy_(p)
-                    p.data, p.grad = values, host_grads
+                    p.data, grads = values, host_grads
+            p.grad = grads
+            self._bound.append((p, grads))
             session.add_variable(spec, values, host_grads)
             self.values[prefix + name] = values
 
     def before_pull(self):
-        pass
+        self._copy.wait()  # the last step's values are on the device before the pull overwrites them
 
     def after_pull(self):
         """The pulled values onto the device (CUDA; on the CPU they already are the parameters)."""
         if self.cuda:
             self._dev_values.copy_(self._host_values, non_blocking=True)
+            self._copy.started()
 
     def zero_grad(self):
+        """Zeroes the gradient block and binds each parameter's .grad to its view of it again (a
+        module.zero_grad() or optimizer.zero_grad() may have set them to None)."""
+        for p, grads in self._bound:
+            if p.grad is not grads:
+                p.grad = grads
         (self._dev_grads if self.cuda else self._host_grads).zero_()
 
-    def after_backward(self):
+    def before_push(self):
         """The gradients where push() reads them (CUDA: one copy to the host, which waits for backward)."""
+        for p, grads in self._bound:
+            if p.grad is not None and p.grad is not grads:
+                grads.copy_(p.grad)  # a .grad PyTorch replaced since backward (clipped out of place, say)
         if self.cuda:
             self._host_grads.copy_(self._dev_grads)
 
     def pull(self, client, **kwargs):
-        """The variables' values now, outside the session's steps (the final model): client.pull + after_pull."""
+        """The variables' values now, outside the session's steps (the final model): client.pull, then onto
+        the device."""
+        self.before_pull()
         result = client.pull(self.values, **kwargs)
         self.after_pull()
         return result
@@ -121,11 +159,12 @@ class Embedding:
     """An embedding table bound to a TrainingSession: each step pulls the rows of the ids set_ids() names
     and pushes their gradients.
 
-    rows() gives them as a tensor of shape ids.shape + (dim,) on `device`, which autograd tracks; a
-    repeated id's gradients are summed (the client sums them before sending, as IndexedSlices are).
-    grad_scale multiplies the gradients pushed: with a mean loss over a batch of B examples,
-    grad_scale=B gives each row its examples' summed gradient, as per-row Adagrad and FTRL take them.
-    Call before session.initialize().
+    rows() gives them as a tensor of shape ids.shape + (dim,) on `device`, a leaf that autograd tracks;
+    it holds this step's rows until the next pull (on the CPU it is the buffer pulls write). A repeated
+    id's gradients are summed (the client sums them before sending, as IndexedSlices are). grad_scale
+    multiplies the gradients pushed (on the CPU in place, in rows().grad): with a mean loss over a
+    batch of B examples, grad_scale=B gives each row its examples' summed gradient, as per-row Adagrad
+    and FTRL take them. Call before session.initialize().
     """
 
     def __init__(self, session: TrainingSession, spec: TableSpec, *, device=None, grad_scale: float = 1.0):
@@ -136,6 +175,7 @@ class Embedding:
         self.grad_scale = float(grad_scale)
         self._ids = None
         self._host_rows = self._host_grads = self._rows = None
+        self._copy = _HostCopy(self.cuda)
         session.add_table(spec)
 
     def set_ids(self, ids):
@@ -146,6 +186,7 @@ class Embedding:
         ids = np.asarray(ids)
         if ids.dtype not in (np.int64, np.uint64):
             raise ValueError(f"Embedding '{self.table}': ids must be int64 or uint64, not {ids.dtype}")
+        self._copy.wait()  # the last rows are on the device before their buffer is let go or reused
         self._ids = np.ascontiguousarray(ids)  # held: the session reads them at each pull
         shape = self._ids.shape + (self.dim,)
         if self._host_rows is None or tuple(self._host_rows.shape) != shape:
@@ -157,11 +198,13 @@ class Embedding:
     def before_pull(self):
         if self._ids is None:
             raise RuntimeError(f"Embedding '{self.table}': set_ids() before the pull")
+        self._copy.wait()
 
     def after_pull(self):
         """The pulled rows as a fresh leaf tensor on the device (rows() returns it)."""
         if self.cuda:
             self._rows = self._host_rows.to(self.device, non_blocking=True).requires_grad_()
+            self._copy.started()
         else:
             # The pulled rows themselves; backward adds into the buffer push() reads.
             self._rows = self._host_rows.detach().requires_grad_()
@@ -176,15 +219,16 @@ class Embedding:
     def zero_grad(self):
         if self._host_grads is not None:
             self._host_grads.zero_()
-        if self.cuda and self._rows is not None:
-            self._rows.grad = None
+        if self._rows is not None:
+            self._rows.grad = None if self.cuda else self._host_grads
 
-    def after_backward(self):
+    def before_push(self):
         """The rows' gradients (times grad_scale) where push() reads them."""
         if self._rows is None:
             return  # no rows this step: zeros are pushed
-        if self.cuda and self._rows.grad is not None:
-            self._host_grads.copy_(self._rows.grad)
+        g = self._rows.grad
+        if g is not None and g is not self._host_grads:
+            self._host_grads.copy_(g)  # CUDA, or a .grad PyTorch replaced since backward
         if self.grad_scale != 1.0:
             self._host_grads.mul_(self.grad_scale)
 
@@ -197,7 +241,7 @@ class Embedding:
         return out.to(self.device) if self.cuda else out
 
 
-def pull(session: TrainingSession, *bound):
+def pull(session: TrainingSession, *bound) -> int:
     """session.pull(), then each of `bound` (Parameters, Embedding) readied for the forward pass.
     Returns the step pulled at."""
     for b in bound:
@@ -210,10 +254,15 @@ def pull(session: TrainingSession, *bound):
 
 
 def backward(loss: torch.Tensor, *bound):
-    """Zeroes the gradients of `bound` (Parameters, Embedding), runs loss.backward(), and puts the
-    gradients where session.push() reads them."""
+    """Zeroes the gradients of `bound` (Parameters, Embedding), then runs loss.backward()."""
     for b in bound:
         b.zero_grad()
     loss.backward()
+
+
+def push(session: TrainingSession, *bound) -> StepOutcome:
+    """Puts the gradients of `bound` where session.push() reads them (CUDA: to the host; rows times their
+    grad_scale), then session.push()."""
     for b in bound:
-        b.after_backward()
+        b.before_push()
+    return session.push()

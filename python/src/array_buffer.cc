@@ -187,7 +187,9 @@ ArrayBuffer ArrayBuffer::acquire(py::handle obj, bool writable, const std::strin
     expected_stride *= t.shape[d];
     count *= static_cast<uint64_t>(t.shape[d]);
   }
-  if (!contiguous) throw py::value_error(what + " must be C-contiguous (use .contiguous())");
+  // An array of no elements has nothing out of place, whatever strides it reports.
+  if (!contiguous && count != 0)
+    throw py::value_error(what + " must be C-contiguous (use .contiguous())");
   b.data_ = static_cast<char*>(t.data) + t.byte_offset;
   b.size_ = count;
   b.bytes_ = count * (t.dtype.bits / 8);

@@ -72,7 +72,7 @@ def test_three_workers_learn_from_an_avazu_file(psd, python_env, tmp_path, strea
     (["--holdout", "1", "--synthetic", "1000"], "--holdout must be in \\[0, 1\\)"),
     (["--hidden_units", "256,0", "--synthetic", "1000"], "--hidden_units must be positive integers"),
     (["--stream_data", "--synthetic", "1000"], "--stream_data reads --train_file"),
-    (["--expire_after_steps", "-1", "--synthetic", "1000"], "--expire_after_steps must be in 0..2\\*\\*31-1"),
+    (["--expire_after_steps", "-1", "--synthetic", "1000"], "--expire_after_steps must be in 0..2\\*\\*30"),
     (["--train_file", "/nonexistent/train.tsv"], "/nonexistent/train.tsv.*scripts/make_ctr_data.sh"),
     (["file:bad"], "bad.tsv:2:"),
 ])

@@ -47,7 +47,7 @@ def test_parameters_pull_into_the_module_and_push_its_gradients(psd, device):
             # zeroed between steps would show in the values.
             y = model(torch.tensor(x, dtype=torch.float32, device=device))
             pst.backward((y * y).sum() * (step + 1), params)
-            session.push()
+            pst.push(session, params)
             y64 = x @ w.T + b
             grad_w, grad_b = 2 * (step + 1) * y64.T @ x, 2 * (step + 1) * y64.sum(0)
             with psclient.Client([psd.address]) as reader:
@@ -100,7 +100,7 @@ def test_embedding_rows_sum_repeated_ids_and_scale_gradients(psd, device):
         np.testing.assert_array_equal(rows.detach().cpu().numpy(), before[ids].astype(np.float32))
         weights = rng.standard_normal((2, 2, dim))
         pst.backward((rows * torch.tensor(weights, dtype=torch.float32, device=device)).sum(), table)
-        session.push()
+        pst.push(session, table)
         expected = before.copy()
         np.subtract.at(expected, ids.reshape(-1), lr * scale * weights.reshape(-1, dim))
         after = client.lookup_rows("t", np.arange(10))
@@ -112,7 +112,7 @@ def test_embedding_rows_sum_repeated_ids_and_scale_gradients(psd, device):
         rows = table.rows()
         np.testing.assert_array_equal(rows.detach().cpu().numpy(), after[[7, 0, 0]])
         pst.backward((rows * rows).sum(), table)
-        session.push()
+        pst.push(session, table)
         r = after.astype(np.float64)
         np.subtract.at(r, [7, 0, 0], lr * scale * 2 * r[[7, 0, 0]])
         now = client.lookup_rows("t", np.arange(10))
@@ -120,7 +120,7 @@ def test_embedding_rows_sum_repeated_ids_and_scale_gradients(psd, device):
         # Step 3: a loss without the rows pushes zeros (the last step's gradients are not pushed again).
         pst.pull(session, table)
         pst.backward(torch.zeros((), requires_grad=True) * 2, table)
-        session.push()
+        pst.push(session, table)
         np.testing.assert_array_equal(client.lookup_rows("t", np.arange(10)), now)
         session.end()
 
@@ -141,7 +141,7 @@ def test_sync_replicas_average_the_rows_gradients(psd):
             if session.should_stop:
                 break
             pst.backward(table.rows().sum() * (i + 1), table)  # worker i: gradient i + 1 per position
-            session.push()
+            pst.push(session, table)
         done.wait()
         if i == 0:
             rows = client.lookup_rows("s", np.array([42, 43], np.int64), min_step=2)
@@ -151,6 +151,64 @@ def test_sync_replicas_average_the_rows_gradients(psd):
             session.end()
 
     run_workers(psd.address, 2, worker)
+
+
+def test_gradients_stay_bound_through_pytorch_habits(psd):
+    """module.zero_grad(set_to_none=True) between steps, and clip_grad_norm_ between backward and push:
+    the gradients pushed are the clipped ones, every step."""
+    model = torch.nn.Linear(4, 1, bias=False)
+    lr, x = 0.5, torch.tensor([[3.0, 0.0, 4.0, 0.0]])
+    with psclient.Client([psd.address], worker_index=0, is_chief=True) as client:
+        session = chief_session(client)
+        params = pst.Parameters(session, model, optimizer=psclient.sgd(lr), init=lambda i, n, p: psclient.zeros())
+        session.initialize()
+        expected = np.zeros(4)
+        for step in range(3):
+            model.zero_grad(set_to_none=True)  # PyTorch's default since 2.0
+            assert model.weight.grad is None
+            pst.pull(session, params)
+            np.testing.assert_allclose(model.weight.detach().numpy()[0], expected, rtol=1e-6, atol=1e-7)
+            pst.backward(model(x).sum() * 10, params)  # gradient 10 * x: norm 50
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # to norm 1: x / 5
+            pst.push(session, params)
+            expected -= lr * np.array([3.0, 0.0, 4.0, 0.0]) / 5
+        pst.pull(session, params)
+        np.testing.assert_allclose(model.weight.detach().numpy()[0], expected, rtol=1e-5, atol=1e-6)
+        session.end()
+
+
+def test_init_none_keeps_pytorchs_values_for_convolutions(psd):
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(), torch.nn.Linear(8 * 4 * 4, 2))
+    conv = model[0].weight.detach().numpy().copy()
+    with psclient.Client([psd.address], worker_index=0, is_chief=True) as client:
+        session = chief_session(client)
+        pst.Parameters(session, model, optimizer=psclient.sgd(0.1), seed=9)
+        session.initialize()
+        held = {"0.weight": np.empty(conv.shape, np.float32), "0.bias": np.empty(8, np.float32),
+                "2.weight": np.empty((2, 128), np.float32)}
+        client.pull(held)
+        np.testing.assert_array_equal(held["0.weight"], conv)  # PyTorch's own, not Glorot in TF's layout
+        np.testing.assert_array_equal(held["0.bias"], np.zeros(8))
+        limit = np.sqrt(6 / (128 + 2))
+        assert 0 < np.abs(held["2.weight"]).max() <= limit  # Glorot-uniform for the Linear
+        session.end()
+
+
+def test_an_empty_batch_of_ids_pulls_and_pushes_nothing(psd):
+    spec = psclient.TableSpec("z", 4, dynamic=True, optimizer=psclient.RowOptimizerConfig.sgd(1.0))
+    with psclient.Client([psd.address], worker_index=0, is_chief=True) as client:
+        session = chief_session(client)
+        table = pst.Embedding(session, spec)
+        session.initialize()
+        for ids in (np.zeros((0,), np.int64), np.zeros((5, 0), np.int64)):  # (5, 0): no ids in any example
+            table.set_ids(ids)
+            pst.pull(session, table)
+            assert table.rows().shape == ids.shape + (4,)
+            pst.backward(table.rows().sum() + torch.zeros((), requires_grad=True), table)
+            pst.push(session, table)
+        assert client.list_tables()[0].rows == 0
+        session.end()
 
 
 def test_lookup_reads_without_creating_rows(psd):

@@ -131,6 +131,13 @@ uint64_t EmbeddingTable::bytes_per_dynamic_row(const TableSpec& s) {
          (s.expire_after_steps != 0 ? sizeof(uint32_t) : 0);
 }
 
+uint64_t EmbeddingTable::bytes_for_new_rows(uint64_t fresh) const {
+  if (!spec_.dynamic) return 0;
+  const uint64_t allocated = slabs_.empty() ? 0 : uint64_t(slabs_[0].size()) * kSlabRows;
+  const uint64_t spare = free_slots_.size() + (allocated - slots_used_);
+  return fresh > spare ? (fresh - spare) * bytes_per_dynamic_row(spec_) : 0;
+}
+
 EmbeddingTable::EmbeddingTable(TableSpec spec, uint32_t shard, uint32_t shards, RunParts run_parts)
     : spec_(std::move(spec)),
       shard_(shard),

@@ -49,6 +49,10 @@ class EmbeddingTable {
   static uint64_t initial_bytes(const TableSpec& spec, uint32_t shard, uint32_t shards);
   // The bytes one more row of a dynamic table takes (values, slots, index).
   static uint64_t bytes_per_dynamic_row(const TableSpec& spec);
+  // The memory `fresh` new rows would add here: none for those that fit in
+  // slots already allocated and free (rows evicted or expired, or the rest
+  // of the last slab), bytes_per_dynamic_row() for each of the others.
+  uint64_t bytes_for_new_rows(uint64_t fresh) const;
 
   // run_parts spreads a large request's parts over threads (run_parts.h);
   // by default the caller does all the work.
@@ -77,7 +81,9 @@ class EmbeddingTable {
   uint64_t advance_to_step(int64_t step);
   uint64_t rows_expired() const { return rows_expired_; }
   static constexpr uint64_t kSweepsPerExpiry = 4;
-  static constexpr uint64_t kMaxExpireAfterSteps = (uint64_t{1} << 31) - 1;
+  // Ages are worked out from 32-bit stamps: a row is swept within a
+  // quarter of this after it is due, so its age is then still under 2^31.
+  static constexpr uint64_t kMaxExpireAfterSteps = uint64_t{1} << 30;
   // Admission by count (TableSpec::min_count > 1): pushed ids not yet
   // admitted, each counted once per push that dropped its gradients.
   bool admits_by_count() const { return sketch_ != nullptr; }

@@ -113,7 +113,18 @@ void seed(ps::Shard& shard, bool sync) {
         .dim = 2,
         .rows = 4,
         .optimizer = ps::RowOptimizerConfig::sgd(1e38f),
-        .init = ps::InitConfig::constant(3e38f)}}};
+        .init = ps::InitConfig::constant(3e38f)}},
+      // Rows that expire at the next step, and are evicted at a limit too.
+      {{.name = "exp",
+        .dim = 2,
+        .dynamic = true,
+        .placement = ps::TablePlacement::kHash,
+        .optimizer = ps::RowOptimizerConfig::adagrad(0.5f),
+        .row_limit = 8,
+        .on_limit = ps::OnRowLimit::kEvictLru,
+        .min_count = 2,
+        .count_sketch_width = 64,
+        .expire_after_steps = 1}}};
   shard.create_tables(tables, false);
   if (sync) {
     capnp::MallocMessageBuilder j;

@@ -36,21 +36,26 @@ msgs = {
  'push_emb': ('PushRows', '(table = "emb", ids = [1, 3, 3], grads = %s, step = 0, requestId = 9)' % f32(*([0.5]*12))),
  'push_dyn': ('PushRows', '(table = "dyn", ids = [5, 6], grads = %s, step = 0, requestId = 11, doneStep = 0)' % f32(1, -1, 2, -2)),
  'push_hot': ('PushRows', '(table = "hot", ids = [2], grads = %s)' % f32(-3.0, 3.0)),
+ # shard_fuzz's "exp": admitted at the second push, expired a step later; each push ends a step.
+ 'push_exp': ('PushRows', '(table = "exp", ids = [5, 6, 5], grads = %s, step = 0, requestId = 15, doneStep = 0)' % f32(1, -1, 2, -2, 0.5, 0.5)),
+ 'pull_exp': ('PullRows', '(table = "exp", ids = [5, 9, 6], minStep = 0)'),
  # Says its ids are distinct and repeats one (psd may take its word).
  'push_lie': ('PushRows', '(table = "emb", ids = [2, 4, 2], grads = %s, requestId = 13, idsDistinct = true)' % f32(*([0.25]*12))),
  'restore_emb': ('RestoreRows', '(table = "emb", ids = [4, 5], values = %s, slots = [%s], version = 3)' % (f32(*([1.0]*8)), f32(*([0.2]*8)))),
- 'create_tables': ('CreateTables', '(tables = [(name = "new", dim = 3, rows = 10, optimizer = (kind = lazyAdam, learningRate = 0.1), numShards = 1), (name = "d2", dim = 2, dynamic = true, placement = hash, rowLimit = 4, onLimit = evictLru, numShards = 1)], validateOnly = false)'),
+ 'create_tables': ('CreateTables', '(tables = [(name = "new", dim = 3, rows = 10, optimizer = (kind = lazyAdam, learningRate = 0.1), numShards = 1), (name = "d2", dim = 2, dynamic = true, placement = hash, rowLimit = 4, onLimit = evictLru, numShards = 1, expireAfterSteps = 2)], validateOnly = false)'),
  'list': ('Empty', '()'),
 }
 bins = {k: enc(t, x) for k, (t, x) in msgs.items()}
-ops = {'create_tables': 8, 'pull_emb': 9, 'pull_dyn': 9, 'lookup_dyn': 9, 'push_emb': 10, 'push_dyn': 10, 'push_hot': 10, 'push_lie': 10, 'restore_emb': 11, 'list': 12}
+ops = {'create_tables': 8, 'pull_emb': 9, 'pull_dyn': 9, 'lookup_dyn': 9, 'pull_exp': 9, 'push_emb': 10, 'push_dyn': 10,
+       'push_hot': 10, 'push_lie': 10, 'push_exp': 10, 'restore_emb': 11, 'list': 12}
 SHARD = 'fuzz/seeds/shard'
 os.makedirs(SHARD, exist_ok=True)
 for k, b in bins.items():
     for who in (1, 0x81):  # worker 0, async and sync
         open(os.path.join(SHARD, '%s_%02x' % (k, who)), 'wb').write(bytes([ops[k], who]) + b)
 # rpc_fuzz: [msgs...][per call from the back: low, high, method][hello]
-methods = {'create_tables': 15, 'pull_emb': 16, 'pull_dyn': 16, 'lookup_dyn': 16, 'push_emb': 17, 'push_dyn': 17, 'push_hot': 17, 'push_lie': 17, 'list': 18, 'restore_emb': 19}
+methods = {'create_tables': 15, 'pull_emb': 16, 'pull_dyn': 16, 'lookup_dyn': 16, 'pull_exp': 16, 'push_emb': 17,
+           'push_dyn': 17, 'push_hot': 17, 'push_lie': 17, 'push_exp': 17, 'list': 18, 'restore_emb': 19}
 RPC = 'fuzz/seeds/rpc'
 os.makedirs(RPC, exist_ok=True)
 def rpc(calls, hello):

@@ -24,8 +24,9 @@ then client.pull_rows("user", ids, out) / client.push_rows("user", ids, grads)
 with int64 (or uint64) ids. Click-through data as ctr_trainer reads it:
 psclient.read_ctr(path) (or one worker's share, read_ctr_share) and
 psclient.ctr_synthetic(n), with roc_auc and log_loss. A trained model from
-psd's checkpoints, as NumPy arrays: psclient.load_checkpoint(dir). See
-docs/python.md.
+psd's checkpoints, as NumPy arrays: psclient.load_checkpoint(dir).
+PyTorch models: import psclient.torch binds a torch.nn.Module's parameters
+and embedding tables' rows to a TrainingSession. See docs/python.md.
 """
 
 from ._psclient import (

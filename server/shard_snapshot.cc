@@ -153,8 +153,11 @@ std::vector<SkippedTensor> Shard::restore(const ShardCheckpoint& c) {
       spec.version = t->version;
       store_.create(spec, t->part);
     }
-    restore_tables(c);
+    // The job's step first: the tables created from the file take it as
+    // their clock, so restored rows count as touched at the checkpoint's
+    // step (their own steps are not saved).
     job_.restore(c.job_configured, c.job, c.global_step, c.ready);
+    restore_tables(c);
     if (c.ready) check_can_be_ready();
   } catch (...) {
     store_.clear();  // nothing can hold a pointer to a tensor yet

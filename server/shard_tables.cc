@@ -64,9 +64,10 @@ bool same_table(const TableSpec& a, const TableSpec& b) {
          a.expire_after_steps == b.expire_after_steps;
 }
 
-// ", min_count N[, count_sketch_width W]" for a table admitting ids by
-// count, ", expire_after_steps S" for one whose rows expire.
-std::string admission_of(const TableSpec& s) {
+// The filters on a dynamic table's rows: ", min_count N[, count_sketch_width
+// W]" for a table admitting ids by count, ", expire_after_steps S" for one
+// whose rows expire.
+std::string row_filters_of(const TableSpec& s) {
   std::string out;
   if (s.min_count > 1) {
     out += ", min_count " + std::to_string(s.min_count);
@@ -81,7 +82,7 @@ std::string admission_of(const TableSpec& s) {
 std::string describe(const TableSpec& s) {
   return (s.dynamic ? std::string("dynamic") : "fixed " + std::to_string(s.rows) + "-row") +
          " table of dim " + std::to_string(s.dim) + " (" + row_optimizer_name(s.optimizer.kind) +
-         admission_of(s) + ")";
+         row_filters_of(s) + ")";
 }
 
 }  // namespace
@@ -478,8 +479,6 @@ void Shard::restore_tables(const ShardCheckpoint& c) {
   for (const auto& t : c.tables) specs.push_back({t.spec, t.shard_index, t.num_shards});
   create_tables(specs, false);
   for (const auto& t : c.tables) {
-    // Restored rows count as touched at the checkpoint's step (their own steps are not saved).
-    tables_->tables.find(t.spec.name)->second.table->advance_to_step(c.global_step);
     std::vector<std::span<const float>> slots;
     for (const auto& s : t.slots) slots.emplace_back(s);
     restore_rows(t.spec.name, t.ids, t.values, slots, t.version);

@@ -169,7 +169,6 @@ class Embedding:
 
     def __init__(self, session: TrainingSession, spec: TableSpec, *, device=None, grad_scale: float = 1.0):
         self.spec, self.session = spec, session
-        self.table, self.dim = spec.name, spec.dim
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.cuda = self.device.type == "cuda"
         self.grad_scale = float(grad_scale)
@@ -177,6 +176,14 @@ class Embedding:
         self._host_rows = self._host_grads = self._rows = None
         self._copy = _HostCopy(self.cuda)
         session.add_table(spec)
+
+    @property
+    def table(self) -> str:
+        return self.spec.name
+
+    @property
+    def dim(self) -> int:
+        return self.spec.dim
 
     def set_ids(self, ids):
         """The ids of the next steps' rows (int64 or uint64, any shape; NumPy array or CPU tensor).

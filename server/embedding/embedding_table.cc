@@ -245,7 +245,7 @@ uint32_t EmbeddingTable::take_free_slot() {
     slot_ids_.push_back(0);
     lru_.push_back(LruLink{});
   }
-  if (expires()) touched_at_.push_back(stamp_);
+  if (expires()) touched_at_.push_back(0);  // stamped by find_or_insert
   return static_cast<uint32_t>(s);
 }
 
@@ -272,7 +272,6 @@ void EmbeddingTable::touch(uint32_t s) {
 uint64_t EmbeddingTable::advance_to_step(int64_t step) {
   const int64_t since = step - step_;
   step_ = step;
-  stamp_ = static_cast<uint32_t>(step);
   if (!expires() || since <= 0 || index_.size() == 0) return 0;
   // Each advance sweeps the part of the index that visits every entry
   // kSweepsPerExpiry times in expire_after_steps steps (all of it when
@@ -285,9 +284,10 @@ uint64_t EmbeddingTable::advance_to_step(int64_t step) {
       share >= 1 ? capacity
                  : std::min<uint64_t>(capacity, static_cast<uint64_t>(share * capacity) + 1);
   const auto after = static_cast<int32_t>(spec_.expire_after_steps);
+  const uint32_t now = stamp();
   const uint64_t dropped = index_.erase_in(sweep_at_, count, [&](uint64_t, uint32_t slot) {
     // Steps since the touch, modulo 2^32: exact while a row is swept at least every 2^31 steps.
-    if (static_cast<int32_t>(stamp_ - touched_at_[slot]) < after) return false;
+    if (static_cast<int32_t>(now - touched_at_[slot]) < after) return false;
     if (spec_.on_limit == OnRowLimit::kEvictLru) lru_unlink(slot);
     free_slots_.push_back(slot);
     --live_rows_;
@@ -336,10 +336,11 @@ void EmbeddingTable::touch_slots(const std::vector<uint64_t>& slots) {
   if (expires()) {
     constexpr std::size_t kAhead = 16;
     const std::size_t n = slots.size();
+    const uint32_t now = stamp();
     for (std::size_t i = 0; i < n; ++i) {
       if (i + kAhead < n && slots[i + kAhead] != kEmpty)
         __builtin_prefetch(&touched_at_[slots[i + kAhead]], 1);
-      if (slots[i] != kEmpty) touched_at_[slots[i]] = stamp_;
+      if (slots[i] != kEmpty) touched_at_[slots[i]] = now;
     }
   }
   if (spec_.on_limit != OnRowLimit::kEvictLru) return;
@@ -375,7 +376,7 @@ uint32_t EmbeddingTable::find_or_insert(uint64_t id) {
     evict_one();
   }
   s = take_free_slot();
-  if (expires()) touched_at_[s] = stamp_;
+  if (expires()) touched_at_[s] = stamp();
   if (spec_.on_limit == OnRowLimit::kEvictLru) slot_ids_[s] = id;
   init_row(s, id);
   index_.insert(id, s);

@@ -198,12 +198,14 @@ class EmbeddingTable {
   void read_rows(std::span<const uint64_t> ids, float* out, bool pull);  // pull or lookup
   // Dynamic: slots[i] = the slot of ids[i], or kEmpty where not held.
   void find_slots(std::span<const uint64_t> ids, std::vector<uint64_t>& slots);
-  // With kEvictLru, the rows held (slots not kEmpty) go to the LRU front, in order.
+  // The rows held (slots not kEmpty) are stamped with the step (expiry) and,
+  // with kEvictLru, go to the LRU front, in order.
   void touch_slots(const std::vector<uint64_t>& slots);
   // find_slots(), then touch_slots().
   void find_and_touch(std::span<const uint64_t> ids, std::vector<uint64_t>& slots);
   uint32_t take_free_slot();
   bool expires() const { return spec_.expire_after_steps != 0; }
+  uint32_t stamp() const { return static_cast<uint32_t>(step_); }  // a touch's, in touched_at_
   void evict_one();
   void touch(uint32_t slot);  // LRU: to the front
   void lru_unlink(uint32_t slot);
@@ -230,11 +232,10 @@ class EmbeddingTable {
   std::unique_ptr<RowOptimizer> optimizer_;
   uint64_t version_ = 0;
   uint64_t evictions_ = 0;
-  // Expiry: the step now (advance_to_step's) and its low 32 bits, which
-  // stamp each touched slot in touched_at_; the next index position to sweep.
+  // Expiry: the step now (advance_to_step's), whose low 32 bits stamp each
+  // touched slot in touched_at_; the next index position to sweep.
   uint64_t rows_expired_ = 0;
   int64_t step_ = 0;
-  uint32_t stamp_ = 0;
   std::vector<uint32_t> touched_at_;
   uint64_t sweep_at_ = 0;
   std::unique_ptr<CountSketch> sketch_;  // min_count > 1 only

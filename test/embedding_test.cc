@@ -539,31 +539,31 @@ TEST_CASE("a job that starts at a later step stamps the rows of tables created b
 }
 
 TEST_CASE("rows in slots that expiry freed take no more of --max_memory_mb") {
-  // Each step brings 20,000 new rows of 64 floats (5.4 MiB with their index); six steps' rows
-  // would take 32 MiB, but those of the step before last expire, so the slots are reused. Two
-  // steps' rows take 11.8 MiB: the budget leaves less than one request's new rows (the client
-  // sends about 4,000 rows a request) beyond them, which a charge for reused slots would refuse.
-  PsdProcess psd({"--max_memory_mb", "12.5"});
+  // Each step brings 3,500 new rows of 64 floats (0.95 MiB with their index; one request, so no
+  // other reply is held while psd checks it); eight steps' rows would take 7.6 MiB, but those of
+  // the step before last expire, so two steps' rows (2.2 MiB) stay and their slots are reused. A
+  // charge for the reused slots would take psd past its 3 MiB from the third step on.
+  PsdProcess psd({"--max_memory_mb", "3"});
   Client chief(options_for({&psd}, 0));
   chief.init_job({.mode = SyncMode::kAsync});
   TableSpec spec = dynamic("e", 64);
   spec.expire_after_steps = 2;
   chief.create_tables({spec});
   chief.set_ready();
-  std::vector<int64_t> ids(20000);
+  std::vector<int64_t> ids(3500);
   std::vector<float> rows(ids.size() * 64);
-  for (int64_t step = 0; step < 6; ++step) {
-    std::iota(ids.begin(), ids.end(), step * 20000);
+  for (int64_t step = 0; step < 8; ++step) {
+    std::iota(ids.begin(), ids.end(), step * 3500);
     INFO("step " << step);
     CHECK_NOTHROW(chief.pull_rows("e", ids, rows));
     chief.step_done(step);
   }
   const auto t = chief.list_tables().at(0);
-  CHECK(t.rows_expired >= 80000);
-  CHECK(t.rows <= 40000);
-  CHECK(t.bytes < 12u << 20);
-  // New rows beyond the free slots are still charged: 40,000 more at once do not fit.
-  std::vector<int64_t> many(40000);
+  CHECK(t.rows_expired >= 6 * 3500);
+  CHECK(t.rows <= 2 * 3500);
+  CHECK(t.bytes < 3u << 20);
+  // New rows beyond the free slots are still charged: 20,000 more at once do not fit.
+  std::vector<int64_t> many(20000);
   std::iota(many.begin(), many.end(), 1000000);
   std::vector<float> out(many.size() * 64);
   CHECK_THROWS_WITH(chief.pull_rows("e", many, out), Catch::Contains("memory"));

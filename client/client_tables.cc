@@ -491,7 +491,8 @@ std::vector<Client::TableInfo> Client::list_tables() {
 
 void Client::restore_rows(const std::string& table, std::span<const int64_t> ids,
                           std::span<const float> values,
-                          const std::vector<std::vector<float>>& slots, uint64_t version) {
+                          const std::vector<std::vector<float>>& slots, uint64_t version,
+                          std::span<const uint32_t> ages) {
   const TableSpec spec = table_spec(table, "restore_rows");
   const uint32_t dim = spec.dim;
   if (values.size() != ids.size() * dim) {
@@ -502,6 +503,10 @@ void Client::restore_rows(const std::string& table, std::span<const int64_t> ids
   for (const auto& s : slots) {
     if (s.size() != values.size())
       throw ConfigError("restore_rows: a slot of table '" + table + "' has the wrong size");
+  }
+  if (!ages.empty() && ages.size() != ids.size()) {
+    throw ConfigError("restore_rows: table '" + table + "': " + std::to_string(ids.size()) +
+                      " ids, " + std::to_string(ages.size()) + " row ages");
   }
   check_ids(spec, ids, "restore_rows");
   check_restore_fits(spec, ids, static_cast<uint32_t>(num_shards()), "restore_rows");
@@ -516,9 +521,14 @@ void Client::restore_rows(const std::string& table, std::span<const int64_t> ids
     (*parts)[k].resize(values.size());
     gather_gradients(*plan, k == 0 ? values.data() : slots[k - 1].data(), dim, (*parts)[k].data());
   }
+  auto plan_ages = std::make_shared<std::vector<uint32_t>>();  // in plan order, as the parts
+  if (!ages.empty()) {
+    plan_ages->resize(plan->first.size());
+    for (std::size_t p = 0; p < plan->first.size(); ++p) (*plan_ages)[p] = ages[plan->first[p]];
+  }
   impl_
       ->submit<Nothing>(
-          [this, plan, parts, table, dim, version]() {
+          [this, plan, parts, plan_ages, table, dim, version]() {
             kj::Vector<kj::Promise<void>> calls;
             // Every shard takes the version, those that get no rows too: a
             // row created there later is updated as the table's next
@@ -530,7 +540,8 @@ void Client::restore_rows(const std::string& table, std::span<const int64_t> ids
               if (!has_rows[s]) requests.push_back(RowRequest{.shard = s, .first = 0, .count = 0});
             }
             for (const RowRequest& r : requests) {
-              auto send = [plan, parts, r, table, dim, version](ShardConnection& c, int) {
+              auto send = [plan, parts, plan_ages, r, table, dim, version](ShardConnection& c,
+                                                                           int) {
                 auto req = c.shard.restoreRowsRequest();
                 req.setTable(table);
                 req.setIds(kj::arrayPtr(plan->ids.data() + r.first, r.count));
@@ -542,11 +553,13 @@ void Client::restore_rows(const std::string& table, std::span<const int64_t> ids
                 auto list = req.initSlots(static_cast<unsigned>(parts->size() - 1));
                 for (unsigned k = 1; k < parts->size(); ++k) list.set(k - 1, slice((*parts)[k]));
                 req.setVersion(version);
+                if (!plan_ages->empty())
+                  req.setAges(kj::arrayPtr(plan_ages->data() + r.first, r.count));
                 return req.send().ignoreResult();
               };
               calls.add(impl_->retry->call(static_cast<int>(r.shard), kj::mv(send)));
             }
-            return kj::joinPromises(calls.releaseAsArray()).then([plan, parts] {
+            return kj::joinPromises(calls.releaseAsArray()).then([plan, parts, plan_ages] {
               return Nothing{};
             });
           },

@@ -85,4 +85,11 @@ std::span<const uint64_t> ids_in_place(capnp::List<uint64_t>::Reader ids, const 
   return {reinterpret_cast<const uint64_t*>(bytes.begin()), ids.size()};
 }
 
+std::vector<uint32_t> ages_from_wire(capnp::List<uint32_t>::Reader ages) {
+  std::vector<uint32_t> out;
+  out.reserve(ages.size());
+  for (uint32_t a : ages) out.push_back(a);
+  return out;
+}
+
 }  // namespace ps

@@ -26,5 +26,7 @@ ShardTableSpec from_wire(wire::TableSpec::Reader in);
 // The ids of a List(UInt64) as they lie in the received message (no copy).
 // Throws RequestError for a list of another layout (`what` names the request).
 std::span<const uint64_t> ids_in_place(capnp::List<uint64_t>::Reader ids, const char* what);
+// restoreRows' ages, copied out of the message.
+std::vector<uint32_t> ages_from_wire(capnp::List<uint32_t>::Reader ages);
 
 }  // namespace ps

@@ -282,9 +282,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         std::vector<std::vector<float>> slots;
         for (auto s : params.getSlots()) slots.push_back(floats(s));
         std::vector<std::span<const float>> views(slots.begin(), slots.end());
+        const std::vector<uint32_t> ages = ps::ages_from_wire(params.getAges());
         shard.restore_rows(std::string_view(params.getTable().begin(), params.getTable().size()),
                            ps::ids_in_place(params.getIds(), "restoreRows"), values, views,
-                           params.getVersion());
+                           params.getVersion(), ages);
         break;
       }
       case 12:

@@ -11,7 +11,8 @@ $Cxx.namespace("ps::ckpt");
 
 using Ps = import "ps.capnp";
 
-const kFormatVersion :UInt32 = 1;
+const kFormatVersion :UInt32 = 2;
+# Version 2 added TableHeader.ages; version 1 files are read as having none.
 
 # A worker's recently applied push request ids (oldest first), so a push
 # retried across a psd restart is still recognised.
@@ -50,13 +51,15 @@ struct TensorHeader {
 
 # An embedding table's rows on this shard (a dynamic table: only the rows
 # that exist). Followed by 2 + numSlots raw records: the rows' ids (uint64),
-# their values, then each slot (rows * dim float32 each, in the ids' order).
+# their values, then each slot (rows * dim float32 each, in the ids' order),
+# then, where `ages` is set, one uint32 per row: the steps since its last touch.
 struct TableHeader {
   spec @0 :Ps.TableSpec;       # with the shard index and count it was placed for
   numSlots @1 :UInt32;
   rows @2 :UInt64;
   version @3 :UInt64;
   evictions @4 :UInt64;
+  ages @5 :Bool;               # a table whose rows expire (TableSpec.expireAfterSteps)
 }
 
 struct Footer {

@@ -420,8 +420,11 @@ interface Shard {
 
   listTables @18 () -> (tables :List(TableMeta));
 
-  restoreRows @19 (table :Text, ids :List(UInt64), values :Data, slots :List(Data), version :UInt64) -> ();
+  restoreRows @19 (table :Text, ids :List(UInt64), values :Data, slots :List(Data), version :UInt64,
+                   ages :List(UInt32)) -> ();
   # Sets rows of a table (values, and each optimizer slot: ids.size() * dim
   # float32 each): a checkpoint restored into another shard count. The
-  # table's update count becomes at least `version`.
+  # table's update count becomes at least `version`. ages (empty, or one per
+  # id): the steps since each row was last touched, for a table whose rows
+  # expire; a row without one counts as touched now.
 }

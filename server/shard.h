@@ -203,10 +203,11 @@ class Shard {
   std::vector<TableReport> list_tables() const;
   // Sets rows (values and optimizer slots) of a table, as a restore into
   // another shard count does; the table's update count becomes at least
-  // `version`. Checked whole first (ids, lengths, NaN/Inf, row limit).
+  // `version`; ages (empty, or one per id): EmbeddingTable::put_rows'.
+  // Checked whole first (ids, lengths, NaN/Inf, row limit).
   void restore_rows(std::string_view table, std::span<const uint64_t> ids,
                     std::span<const float> values, const std::vector<std::span<const float>>& slots,
-                    uint64_t version);
+                    uint64_t version, std::span<const uint32_t> ages = {});
   // Called by whoever writes a checkpoint, once it is durable.
   void note_checkpoint(int64_t step, double unix_secs);
 

@@ -570,9 +570,10 @@ kj::Promise<void> ShardServiceImpl::restoreRows(RestoreRowsContext context) {
     };
     std::vector<std::span<const float>> slots;
     for (auto s : params.getSlots()) slots.push_back(whole(s));
+    const std::vector<uint32_t> ages = ages_from_wire(params.getAges());
     shard_.restore_rows(std::string_view(params.getTable().cStr(), params.getTable().size()),
                         ids_in_place(params.getIds(), "restoreRows"), whole(params.getValues()),
-                        slots, params.getVersion());
+                        slots, params.getVersion(), ages);
     return kj::READY_NOW;
   });
 }

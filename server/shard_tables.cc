@@ -464,12 +464,16 @@ void Shard::snapshot_tables(ShardCheckpoint& c) const {
     tc.values.reserve(rows * dim);
     tc.slots.resize(t.table->optimizer().num_slots());
     for (auto& s : tc.slots) s.reserve(rows * dim);
-    t.table->for_each_row([&](uint64_t id, const float* w, std::span<const float* const> slots) {
-      tc.ids.push_back(id);
-      tc.values.insert(tc.values.end(), w, w + dim);
-      for (std::size_t k = 0; k < slots.size(); ++k)
-        tc.slots[k].insert(tc.slots[k].end(), slots[k], slots[k] + dim);
-    });
+    const bool expires = tc.spec.expire_after_steps != 0;
+    if (expires) tc.ages.reserve(rows);
+    t.table->for_each_row(
+        [&](uint64_t id, const float* w, std::span<const float* const> slots, uint32_t age) {
+          tc.ids.push_back(id);
+          tc.values.insert(tc.values.end(), w, w + dim);
+          for (std::size_t k = 0; k < slots.size(); ++k)
+            tc.slots[k].insert(tc.slots[k].end(), slots[k], slots[k] + dim);
+          if (expires) tc.ages.push_back(age);
+        });
     c.tables.push_back(std::move(tc));
   }
 }
@@ -481,13 +485,14 @@ void Shard::restore_tables(const ShardCheckpoint& c) {
   for (const auto& t : c.tables) {
     std::vector<std::span<const float>> slots;
     for (const auto& s : t.slots) slots.emplace_back(s);
-    restore_rows(t.spec.name, t.ids, t.values, slots, t.version);
+    restore_rows(t.spec.name, t.ids, t.values, slots, t.version, t.ages);
   }
 }
 
 void Shard::restore_rows(std::string_view table, std::span<const uint64_t> ids,
                          std::span<const float> values,
-                         const std::vector<std::span<const float>>& slots, uint64_t version) {
+                         const std::vector<std::span<const float>>& slots, uint64_t version,
+                         std::span<const uint32_t> ages) {
   ShardTable& t = tables_->get(table, "restoreRows");
   const uint32_t dim = t.table->dim();
   const std::string name(table);
@@ -512,6 +517,10 @@ void Shard::restore_rows(std::string_view table, std::span<const uint64_t> ids,
     if (const char* violation = t.table->optimizer().slot_violation(k, slots[k]))
       throw RequestError("restoreRows: table '" + name + "': " + violation);
   }
+  if (!ages.empty() && ages.size() != ids.size()) {
+    throw RequestError("restoreRows: table '" + name + "': " + std::to_string(ids.size()) +
+                       " ids, " + std::to_string(ages.size()) + " row ages");
+  }
   const uint64_t fresh = t.table->check(ids, "restoreRows");
   if (fresh > 0) {
     check_memory(t.table->bytes_for_new_rows(fresh),
@@ -519,7 +528,7 @@ void Shard::restore_rows(std::string_view table, std::span<const uint64_t> ids,
   }
   std::vector<const float*> slot_data(slots.size());
   for (std::size_t k = 0; k < slots.size(); ++k) slot_data[k] = slots[k].data();
-  t.table->put_rows(ids, values.data(), slot_data);
+  t.table->put_rows(ids, values.data(), slot_data, ages);
   t.table->set_version(std::max(t.table->version(), version));
 }
 

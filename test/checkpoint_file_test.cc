@@ -42,7 +42,30 @@ ShardCheckpoint sample(uint32_t shard = 0, uint32_t shards = 1, int64_t step = 7
   b.spec = {.name = "b", .shape = {1}, .trainable = false};
   b.values = {-1};
   c.tensors.push_back(b);
+  TableCheckpoint e;  // a dynamic table whose rows expire: each row's age too
+  e.spec = {.name = "e",
+            .dim = 2,
+            .dynamic = true,
+            .placement = TablePlacement::kHash,
+            .optimizer = RowOptimizerConfig::adagrad(0.1f),
+            .expire_after_steps = 10};
+  e.shard_index = shard;
+  e.num_shards = shards;
+  e.version = 4;
+  e.ids = {5, 9, 1ull << 63};
+  e.values = {1, 2, 3, 4, 5, 6};
+  e.slots = {{0.5f, 0.5f, 1, 1, 2, 2}};
+  e.ages = {3, 0, 12};
+  c.tables.push_back(e);
   return c;
+}
+
+// The file with its header's format version set to `version` (and its checksum to match).
+std::string with_format_version(std::string file, uint32_t version) {
+  std::memcpy(file.data() + 8, &version, 4);
+  const uint32_t crc = mask_crc(crc32c(file.data(), 12));
+  std::memcpy(file.data() + 12, &crc, 4);
+  return file;
 }
 
 std::string slurp(const std::string& path) {
@@ -80,6 +103,13 @@ TEST_CASE("a checkpoint file round-trips everything it holds") {
   CHECK(c.tensors[0].values == sample().tensors[0].values);
   CHECK(c.tensors[0].slots == sample().tensors[0].slots);
   CHECK_FALSE(c.tensors[1].spec.trainable);
+  REQUIRE(c.tables.size() == 1);
+  CHECK(c.tables[0].spec.expire_after_steps == 10);
+  CHECK(c.tables[0].version == 4);
+  CHECK(c.tables[0].ids == sample().tables[0].ids);
+  CHECK(c.tables[0].values == sample().tables[0].values);
+  CHECK(c.tables[0].slots == sample().tables[0].slots);
+  CHECK(c.tables[0].ages == std::vector<uint32_t>{3, 0, 12});
   // No temp file is left behind.
   CHECK(list_checkpoints(dir.path(), 0, 1).size() == 1);
   CHECK(access((path + ".tmp").c_str(), F_OK) != 0);
@@ -119,8 +149,16 @@ TEST_CASE("damaged checkpoint files are refused with the reason") {
   SECTION("a wrong magic or a newer format version") {
     CHECK_THAT(refused("hello world, not a checkpoint at all"), Catch::Contains("bad magic"));
     std::string newer = good;
-    newer[8] = 2;  // format version (the header checksum catches it first)
-    CHECK(refused(newer) != "accepted");
+    newer[8] = 3;  // format version (the header checksum catches it first)
+    CHECK_THAT(refused(newer), Catch::Contains("header checksum"));
+    CHECK_THAT(refused(with_format_version(good, 3)),
+               Catch::Contains("format version 3, this build reads versions 1 to 2"));
+    CHECK_THAT(refused(with_format_version(good, 0)), Catch::Contains("format version 0"));
+  }
+  SECTION("ages that do not match the rows") {
+    ShardCheckpoint c = sample();
+    c.tables[0].ages.pop_back();
+    CHECK_THROWS_WITH(write_checkpoint(dir.path(), c), Catch::Contains("wrong number of row ages"));
   }
   SECTION("trailing garbage") { CHECK_THAT(refused(good + "xx"), Catch::Contains("trailing")); }
   SECTION("a global step psd could not count from") {
@@ -131,6 +169,19 @@ TEST_CASE("damaged checkpoint files are refused with the reason") {
       CHECK_THAT(refused(slurp(path)), Catch::Contains("out of range"));
     }
   }
+}
+
+TEST_CASE("a file of format version 1 (before row ages) is read, its rows without ages") {
+  TempDir dir;
+  ShardCheckpoint c = sample();
+  c.tables[0].ages.clear();  // what a version 1 file holds
+  const std::string path = write_checkpoint(dir.path(), c);
+  spit(path, with_format_version(slurp(path), 1));
+  const ShardCheckpoint back = read_checkpoint(path);
+  REQUIRE(back.tables.size() == 1);
+  CHECK(back.tables[0].ids == c.tables[0].ids);
+  CHECK(back.tables[0].values == c.tables[0].values);
+  CHECK(back.tables[0].ages.empty());
 }
 
 TEST_CASE("pruning keeps the newest files of one shard only") {

@@ -138,7 +138,7 @@ void check_against_reference(const RowOptimizerConfig& c, double tolerance) {
     for (auto& [id, s] : sums) ref_apply(c, ref[id], s, step);
   }
   std::size_t seen = 0;
-  t.for_each_row([&](uint64_t id, const float* w, std::span<const float* const> slots) {
+  t.for_each_row([&](uint64_t id, const float* w, std::span<const float* const> slots, uint32_t) {
     ++seen;
     const RefRow& r = ref.at(id);
     for (uint32_t j = 0; j < dim; ++j) {
@@ -276,7 +276,7 @@ TEST_CASE("LazyAdam moves only the touched rows' moments") {
   EmbeddingTable t(fixed_table(3, 2, RowOptimizerConfig::lazy_adam(0.1f)), 0, 1);
   push(t, {0}, {1, 1});
   push(t, {2}, {1, -1});
-  t.for_each_row([](uint64_t id, const float* w, std::span<const float* const> slots) {
+  t.for_each_row([](uint64_t id, const float* w, std::span<const float* const> slots, uint32_t) {
     if (id == 1) {
       CHECK(w[0] == 0);
       CHECK(slots[0][0] == 0);
@@ -290,7 +290,7 @@ TEST_CASE("LazyAdam moves only the touched rows' moments") {
 // Every row's values and slots, by id, bit for bit.
 std::map<uint64_t, std::vector<float>> all_rows(const EmbeddingTable& t) {
   std::map<uint64_t, std::vector<float>> m;
-  t.for_each_row([&](uint64_t id, const float* w, std::span<const float* const> slots) {
+  t.for_each_row([&](uint64_t id, const float* w, std::span<const float* const> slots, uint32_t) {
     auto& r = m[id];
     r.assign(w, w + t.dim());
     for (const float* s : slots) r.insert(r.end(), s, s + t.dim());
@@ -579,8 +579,9 @@ TableSpec expiring_table(uint64_t after, uint64_t limit = 0,
 
 std::vector<uint64_t> ids_held(const EmbeddingTable& t) {  // with LRU eviction, least recent first
   std::vector<uint64_t> ids;
-  t.for_each_row(
-      [&](uint64_t id, const float*, std::span<const float* const>) { ids.push_back(id); });
+  t.for_each_row([&](uint64_t id, const float*, std::span<const float* const>, uint32_t) {
+    ids.push_back(id);
+  });
   return ids;
 }
 
@@ -697,7 +698,7 @@ TEST_CASE("expiry and LRU eviction at the row limit count apart; restores keep t
   back.advance_to_step(7);
   std::vector<uint64_t> ids;
   std::vector<float> values;
-  t.for_each_row([&](uint64_t id, const float* v, std::span<const float* const>) {
+  t.for_each_row([&](uint64_t id, const float* v, std::span<const float* const>, uint32_t) {
     ids.push_back(id);
     values.push_back(*v);
   });
@@ -706,6 +707,56 @@ TEST_CASE("expiry and LRU eviction at the row limit count apart; restores keep t
   CHECK(sorted(ids_held(back)) == sorted(ids));
   CHECK(back.advance_to_step(8) == 0);
   CHECK(back.advance_to_step(9) == 2);
+}
+
+TEST_CASE("a restore with the rows' ages expires each row when the table it came from would") {
+  // 3 steps: every step sweeps the whole table, so rows go exactly at 3.
+  EmbeddingTable t(expiring_table(3), 0, 1);
+  t.advance_to_step(20);
+  pull(t, {1, 2, 3, 4});
+  t.advance_to_step(21);
+  pull(t, {2, 3});
+  t.advance_to_step(22);
+  pull(t, {3});
+  std::map<uint64_t, uint32_t> age;
+  std::vector<uint64_t> ids;
+  std::vector<uint32_t> ages;
+  std::vector<float> values;
+  t.for_each_row([&](uint64_t id, const float* v, std::span<const float* const>, uint32_t a) {
+    age[id] = a;
+    ids.push_back(id);
+    ages.push_back(a);
+    values.push_back(*v);
+  });
+  CHECK(age == std::map<uint64_t, uint32_t>{{1, 2}, {2, 1}, {3, 0}, {4, 2}});
+
+  // Restored at the step it was saved at, with one age past the expiry and
+  // one that would wrap the 32-bit stamps (a hostile restoreRows): both due.
+  EmbeddingTable back(expiring_table(3), 0, 1);
+  back.advance_to_step(22);
+  ids.insert(ids.end(), {7, 8});
+  ages.insert(ages.end(), {1000, UINT32_MAX});
+  values.insert(values.end(), {5, 5});
+  back.check(ids, "restoreRows");
+  back.put_rows(ids, values.data(), {}, ages);
+  CHECK(back.rows() == 6);
+  for (EmbeddingTable* x : {&t, &back}) {
+    INFO((x == &t ? "the original" : "the restored table"));
+    CHECK(x->advance_to_step(23) == (x == &t ? 2u : 4u));  // 1 and 4 (and 7, 8)
+    CHECK(sorted(ids_held(*x)) == std::vector<uint64_t>{2, 3});
+    CHECK(x->advance_to_step(24) == 1);
+    CHECK(ids_held(*x) == std::vector<uint64_t>{3});
+    CHECK(x->advance_to_step(25) == 1);
+    CHECK(x->rows() == 0);
+  }
+
+  // Without ages (a checkpoint of format version 1) the rows count as touched at the restore.
+  EmbeddingTable old(expiring_table(3), 0, 1);
+  old.advance_to_step(22);
+  old.check(std::span(ids).first(4), "restoreRows");
+  old.put_rows(std::span(ids).first(4), values.data(), {});
+  CHECK(old.advance_to_step(24) == 0);
+  CHECK(old.advance_to_step(25) == 4);
 }
 
 TEST_CASE("expiry is refused where it cannot apply, and its steps are counted in a row's bytes") {
@@ -1136,7 +1187,7 @@ TEST_CASE("a dynamic table's index stays exact through growth and many evictions
   }
   CHECK(t.rows() == 500);
   std::size_t seen = 0;
-  t.for_each_row([&](uint64_t id, const float* w, std::span<const float* const>) {
+  t.for_each_row([&](uint64_t id, const float* w, std::span<const float* const>, uint32_t) {
     ++seen;
     REQUIRE(ref.count(id) == 1);
     CHECK(w[0] == ref[id]);

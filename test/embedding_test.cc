@@ -569,24 +569,24 @@ TEST_CASE("rows in slots that expiry freed take no more of --max_memory_mb") {
   CHECK_THROWS_WITH(chief.pull_rows("e", many, out), Catch::Contains("memory"));
 }
 
-TEST_CASE("a restarted psd's expiring rows count as touched at the checkpoint's step") {
+TEST_CASE("a restarted psd's expiring rows keep the steps since their last touch") {
   ps::test::TempDir dir;
   const std::vector<std::string> args = {"--checkpoint_dir", dir.path(), "--checkpoint_secs", "0"};
   TableSpec spec = dynamic("e", 1);
   spec.expire_after_steps = 3;
-  const std::vector<int64_t> ids = {3, 4, 5};
-  std::vector<float> rows(3);
   {
     PsdProcess psd(args);
     Client chief(options_for({&psd}, 0));
     chief.init_job({.mode = SyncMode::kAsync});
     chief.create_tables({spec});
     chief.set_ready();
-    for (int64_t step = 0; step < 5; ++step) {  // the rows touched at every step, up to step 5
-      chief.pull_rows("e", ids, rows);
-      chief.step_done(step);
+    // Id 3 is last touched at step 3, 4 at step 4, 5 at step 5.
+    for (int64_t step = 0; step <= 5; ++step) {
+      std::vector<int64_t> ids;
+      for (int64_t id = std::max<int64_t>(3, step); id <= 5; ++id) ids.push_back(id);
+      pull_rows(chief, "e", ids, 1);
+      if (step < 5) chief.step_done(step);
     }
-    chief.pull_rows("e", ids, rows);
     REQUIRE(chief.checkpoint().step == 5);
     psd.kill();
   }
@@ -594,9 +594,11 @@ TEST_CASE("a restarted psd's expiring rows count as touched at the checkpoint's 
   Client chief(options_for({&psd}, 0));
   chief.declare_tables({spec});
   CHECK(chief.list_tables().at(0).rows == 3);
+  // One a step, as they would have gone without the restart.
   CHECK(chief.step_done(5).global_step == 6);
+  CHECK(chief.list_tables().at(0).rows == 2);  // 3 went: untouched since step 3
   CHECK(chief.step_done(6).global_step == 7);
-  CHECK(chief.list_tables().at(0).rows == 3);  // touched at 5 by the restore: kept until 8
+  CHECK(chief.list_tables().at(0).rows == 1);
   chief.step_done(7);
   const auto t = chief.list_tables().at(0);
   CHECK(t.rows == 0);

@@ -577,3 +577,46 @@ TEST_CASE(
   restored.push_rows("admit", once, std::vector<float>(3, 1.0f));
   CHECK(restored.list_tables().at(0).rows == twice.size());
 }
+
+TEST_CASE(
+    "expiring rows keep the steps since their last touch through a checkpoint into another "
+    "shard count") {
+  TempDir dir, dir2;
+  const TableSpec spec{.name = "e",
+                       .dim = 2,
+                       .dynamic = true,
+                       .placement = TablePlacement::kHash,
+                       .optimizer = RowOptimizerConfig::sgd(1.0f),
+                       .expire_after_steps = 3};
+  // Group g is last touched at step 3 + g, so at the checkpoint (step 5) its age is 2 - g.
+  std::vector<std::vector<int64_t>> groups(3);
+  for (int64_t id = 0; id < 300; ++id) groups[id % 3].push_back(id * 7919 - 1000);
+  auto a = start(2, dir.path());
+  Client original(chief_of(a));
+  original.init_job({.mode = SyncMode::kAsync});
+  original.create_tables({spec});
+  original.set_ready();
+  for (int64_t step = 0; step <= 5; ++step) {
+    for (int64_t g = std::max<int64_t>(0, step - 3); g < 3; ++g) {
+      std::vector<float> rows(groups[g].size() * 2);
+      original.pull_rows("e", groups[g], rows);
+    }
+    if (step < 5) original.step_done(step);
+  }
+  REQUIRE(original.checkpoint().step == 5);
+
+  auto b = start(3, dir2.path());
+  Client restored(chief_of(b));
+  const RestoredModel m = restore_from_checkpoint(restored, dir.path());
+  REQUIRE(m.tables.size() == 1);
+  REQUIRE(m.tables[0].ages.size() == 300);
+  const auto all = restored.list_tables().at(0);
+  CHECK(all.rows == 300);
+  for (uint64_t on_shard : all.rows_per_shard) CHECK(on_shard > 0);
+  for (int64_t g = 0; g < 3; ++g) {  // a group a step, as in the job that was checkpointed
+    CHECK(restored.step_done(5 + g).global_step == 6 + g);
+    const auto t = restored.list_tables().at(0);
+    CHECK(t.rows == 300 - 100 * uint64_t(g + 1));
+    CHECK(t.rows_expired == 100 * uint64_t(g + 1));
+  }
+}

@@ -25,7 +25,7 @@ RestoredModel restore_from_checkpoint(Client& client, const std::string& dir,
     for (const auto& t : m.tables) specs.push_back(t.spec);
     client.create_tables(specs);
     for (const auto& t : m.tables)
-      client.restore_rows(t.spec.name, t.ids, t.values, t.slots, t.version);
+      client.restore_rows(t.spec.name, t.ids, t.values, t.slots, t.version, t.ages);
   }
   client.set_ready();
   return m;

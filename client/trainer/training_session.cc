@@ -227,7 +227,7 @@ void TrainingSession::restore_tables(const RestoredModel& m) {
     auto it = std::find_if(m.tables.begin(), m.tables.end(),
                            [&](const RestoredTable& t) { return t.spec.name == spec.name; });
     if (it == m.tables.end()) continue;  // check_restored_tables refused it
-    client_.restore_rows(spec.name, it->ids, it->values, it->slots, it->version);
+    client_.restore_rows(spec.name, it->ids, it->values, it->slots, it->version, it->ages);
   }
   if (!tables_.empty()) {
     spdlog::info("chief: restored {} tables from step {} of {}", tables_.size(), m.global_step,

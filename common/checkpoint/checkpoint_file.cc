@@ -27,6 +27,9 @@ namespace {
 
 constexpr char kMagic[8] = {'P', 'S', 'C', 'K', 'P', 'T', '\r', '\n'};
 constexpr const char* kSuffix = ".psckpt";
+// Files of this version on are read (schema/checkpoint.capnp's kFormatVersion
+// says what each version added).
+constexpr uint32_t kOldestFormatVersion = 1;
 
 std::string errno_text() { return std::strerror(errno); }
 
@@ -136,9 +139,9 @@ class FileReader {
     std::memcpy(head + 8, &version, 4);
     if (!checksum_matches(mask_crc(crc32c(head, sizeof(head))), crc))
       fail("header checksum mismatch");
-    if (version != ckpt::K_FORMAT_VERSION) {
-      fail("format version " + std::to_string(version) + ", this build reads version " +
-           std::to_string(ckpt::K_FORMAT_VERSION));
+    if (version < kOldestFormatVersion || version > ckpt::K_FORMAT_VERSION) {
+      fail("format version " + std::to_string(version) + ", this build reads versions " +
+           std::to_string(kOldestFormatVersion) + " to " + std::to_string(ckpt::K_FORMAT_VERSION));
     }
   }
   // Reads one record into `out` (resized), checking both CRCs.
@@ -359,6 +362,9 @@ std::string write_checkpoint(const std::string& dir, const ShardCheckpoint& c, b
       h.setNumSlots(static_cast<uint32_t>(t.slots.size()));
       h.setRows(t.ids.size());
       h.setVersion(t.version);
+      if (!t.ages.empty() && t.ages.size() != t.ids.size())
+        throw Error("checkpoint: table '" + t.spec.name + "' has the wrong number of row ages");
+      h.setAges(!t.ages.empty());
       out.message(m);
       const std::size_t floats = t.ids.size() * t.spec.dim;
       if (t.values.size() != floats)
@@ -370,6 +376,7 @@ std::string write_checkpoint(const std::string& dir, const ShardCheckpoint& c, b
           throw Error("checkpoint: slot of table '" + t.spec.name + "' has the wrong size");
         out.record(s.data(), s.size() * sizeof(float));
       }
+      if (!t.ages.empty()) out.record(t.ages.data(), t.ages.size() * sizeof(uint32_t));
     }
     {
       capnp::MallocMessageBuilder m;
@@ -488,6 +495,11 @@ ShardCheckpoint read_checkpoint(const std::string& path) {
         in.record(s, "table slots");
         if (s.size() != floats)
           in.fail("a slot of table '" + tc.spec.name + "' has the wrong size");
+      }
+      if (t.getAges()) {
+        in.record(tc.ages, "table row ages");
+        if (tc.ages.size() != tc.ids.size())
+          in.fail("table '" + tc.spec.name + "' has the wrong number of row ages");
       }
       c.tables.push_back(std::move(tc));
     }

@@ -10,7 +10,7 @@
 // (TFRecord's framing). The records are: a ckpt::Header (Cap'n Proto, see
 // schema/checkpoint.capnp); per tensor a ckpt::TensorHeader and 1 + numSlots
 // raw float32 records (values, then slots); per embedding table a
-// ckpt::TableHeader and its ids, values and slots; a ckpt::Footer repeating
+// ckpt::TableHeader and its ids, values, slots and (expiring rows) ages; a ckpt::Footer repeating
 // the counts, so a file cut between records is caught too.
 //
 // Writing: to "<name>.tmp", fsync, rename over the final name, fsync the
@@ -55,6 +55,9 @@ struct TableCheckpoint {
   std::vector<uint64_t> ids;
   std::vector<float> values;              // ids.size() * dim
   std::vector<std::vector<float>> slots;  // each ids.size() * dim
+  // A table whose rows expire: per row, the steps since it was last touched
+  // (empty otherwise, and in files of format version 1).
+  std::vector<uint32_t> ages;
 };
 
 // A push request id a shard has applied, and its answer.

@@ -77,6 +77,7 @@ std::vector<TensorSpec> reassemble(const std::vector<ShardCheckpoint>& shards) {
 std::vector<RestoredTable> merge_tables(const std::vector<ShardCheckpoint>& shards) {
   std::map<std::string, RestoredTable> merged;
   std::vector<std::string> order;
+  std::set<std::string> without_ages;
   for (const auto& shard : shards) {
     for (const auto& t : shard.tables) {
       auto [it, fresh] = merged.try_emplace(t.spec.name);
@@ -89,6 +90,10 @@ std::vector<RestoredTable> merge_tables(const std::vector<ShardCheckpoint>& shar
         throw CheckpointError("checkpoint: shards disagree on table '" + t.spec.name + "'");
       }
       r.version = std::max(r.version, t.version);
+      // Ages are kept only where every shard's file has them (a file of
+      // format version 1 has none: its rows count as touched at the restore).
+      if (t.ages.size() != t.ids.size()) without_ages.insert(t.spec.name);
+      r.ages.insert(r.ages.end(), t.ages.begin(), t.ages.end());
       r.ids.insert(r.ids.end(), t.ids.begin(), t.ids.end());
       r.values.insert(r.values.end(), t.values.begin(), t.values.end());
       for (std::size_t k = 0; k < t.slots.size(); ++k)
@@ -98,6 +103,7 @@ std::vector<RestoredTable> merge_tables(const std::vector<ShardCheckpoint>& shar
   std::vector<RestoredTable> out;
   for (const auto& name : order) {
     RestoredTable& r = merged[name];
+    if (without_ages.count(name) != 0) r.ages.clear();
     if (!r.spec.dynamic && r.ids.size() != r.spec.rows) {
       throw CheckpointError("checkpoint: the shards hold " + std::to_string(r.ids.size()) +
                             " of the " + std::to_string(r.spec.rows) + " rows of table '" + name +

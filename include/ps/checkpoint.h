@@ -45,6 +45,9 @@ struct RestoredTable {
   std::vector<int64_t> ids;
   std::vector<float> values;              // ids.size() * dim, row i at values[i * dim]
   std::vector<std::vector<float>> slots;  // the optimizer's slots, laid out as values
+  // Rows that expire: per row, the steps since its last touch (empty where
+  // the table's rows do not expire, or the files carried none).
+  std::vector<uint32_t> ages;
 };
 
 struct RestoredModel {

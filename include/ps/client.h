@@ -367,9 +367,12 @@ class Client {
   // Sets rows of a table (values and optimizer slots, laid out as pull_rows'
   // output), each on the shard this client places it: restore_from_checkpoint
   // moves a checkpoint's rows to a job with another shard count this way.
+  // ages (empty, or one per id; tables whose rows expire): the steps since
+  // each row was last touched, so that it expires when it would have
+  // without the restore (without: it counts as touched at the restore).
   void restore_rows(const std::string& table, std::span<const int64_t> ids,
                     std::span<const float> values, const std::vector<std::vector<float>>& slots,
-                    uint64_t version);
+                    uint64_t version, std::span<const uint32_t> ages = {});
 
   std::vector<TensorInfo> list();
   std::vector<ShardStats> stats();

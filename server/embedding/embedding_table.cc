@@ -878,11 +878,14 @@ bool EmbeddingTable::update_finite(std::span<const uint64_t> ids, std::span<cons
 }
 
 void EmbeddingTable::for_each_row(
-    const std::function<void(uint64_t, const float*, std::span<const float* const>)>& fn) const {
+    const std::function<void(uint64_t, const float*, std::span<const float* const>, uint32_t)>& fn)
+    const {
   const float* slot_ptrs[4];
+  const uint32_t now = stamp();
   auto emit = [&](uint64_t slot, uint64_t id) {
     for (uint32_t c = 1; c < components(); ++c) slot_ptrs[c - 1] = row(c, slot);
-    fn(id, row(0, slot), std::span<const float* const>(slot_ptrs, components() - 1));
+    fn(id, row(0, slot), std::span<const float* const>(slot_ptrs, components() - 1),
+       expires() ? now - touched_at_[slot] : 0);
   };
   if (!spec_.dynamic) {
     for (uint64_t r = 0; r < fixed_rows_; ++r) emit(r, placement_.global_id(shard_, r));
@@ -899,7 +902,7 @@ void EmbeddingTable::for_each_row(
 }
 
 void EmbeddingTable::put_rows(std::span<const uint64_t> ids, const float* values,
-                              std::span<const float* const> slots) {
+                              std::span<const float* const> slots, std::span<const uint32_t> ages) {
   const ReleaseScratchAfter release{*this, ids.size()};
   const uint32_t dim = spec_.dim;
   std::vector<uint64_t>& where = push_slots_;
@@ -915,6 +918,13 @@ void EmbeddingTable::put_rows(std::span<const uint64_t> ids, const float* values
     std::memcpy(row(0, where[i]), values + i * dim, dim * sizeof(float));
     for (uint32_t c = 1; c < components() && c - 1 < slots.size(); ++c)
       std::memcpy(row(c, where[i]), slots[c - 1] + i * dim, dim * sizeof(float));
+  }
+  if (expires() && ages.size() == ids.size()) {
+    // An age past expire_after_steps is due all the same: capped there, it
+    // stays well inside the stamps' 2^31 range.
+    const auto most = static_cast<uint32_t>(spec_.expire_after_steps);
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      touched_at_[where[i]] = stamp() - std::min(ages[i], most);
   }
 }
 

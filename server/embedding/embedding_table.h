@@ -169,17 +169,21 @@ class EmbeddingTable {
     return optimizer_->safe_gradient_bound(scale, ids);
   }
 
-  // For checkpoints: every row held (id and the values then each slot's
-  // `dim` floats); with kEvictLru the least recently used first, so that
+  // For checkpoints: every row held (id, the values then each slot's `dim`
+  // floats, and its age: the steps since it was last touched where rows
+  // expire, else 0); with kEvictLru the least recently used first, so that
   // put_rows() of the rows in this order restores the LRU order.
-  void for_each_row(const std::function<void(uint64_t id, const float* values,
-                                             std::span<const float* const> slots)>& fn) const;
+  void for_each_row(
+      const std::function<void(uint64_t id, const float* values,
+                               std::span<const float* const> slots, uint32_t age)>& fn) const;
   // For restores: sets row ids[i] to values[i*dim ..] and each slot k to
   // slots[k][i*dim ..], creating missing dynamic rows; with kEvictLru the
-  // rows held are touched first, so a new row evicts none of them. Call
-  // check() first.
+  // rows held are touched first, so a new row evicts none of them. Where
+  // rows expire, row ids[i] counts as last touched ages[i] steps ago (ages
+  // empty: now), so that it expires when it would have without the
+  // restore. Call check() first.
   void put_rows(std::span<const uint64_t> ids, const float* values,
-                std::span<const float* const> slots);
+                std::span<const float* const> slots, std::span<const uint32_t> ages = {});
 
  private:
   static constexpr uint32_t kEmpty = RowIndex::kMissing;

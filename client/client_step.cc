@@ -286,12 +286,13 @@ std::future<PushResult> Client::start_push_step(std::vector<std::string> names,
         }
         for (std::size_t t = 0; t < tables.size(); ++t) {
           auto part = std::make_shared<const TablePart>(tables[t]);
+          const std::vector<uint32_t> parts = requests_per_shard(*part->plan, impl.shards.size());
           for (std::size_t k = 0; k < part->plan->requests.size(); ++k) {
             const RowRequest r = part->plan->requests[k];
             const int64_t reports = last[r.shard] == std::make_pair(t, k) ? done_step : int64_t{-1};
             const uint64_t id = impl.new_request_id();  // kept across retries: applied once
-            auto send = [part, r, step, id, reports, sync](ShardConnection& c,
-                                                           int attempt) -> kj::Promise<RowReply> {
+            auto send = [part, r, step, id, reports, sync, n = parts[r.shard]](
+                            ShardConnection& c, int attempt) -> kj::Promise<RowReply> {
               if (attempt > 0 && c.rolled_back && sync && step > c.hello_step) {
                 // The shard restarted from a step before this gradient's (see push_round).
                 return RowReply{PushStatus::kStale, c.hello_step, false};
@@ -303,6 +304,7 @@ std::future<PushResult> Client::start_push_step(std::vector<std::string> names,
               req.setStep(step);
               req.setRequestId(id);
               req.setDoneStep(reports);
+              req.setParts(n);
               return Impl::send_row_grads(kj::mv(req), c, part->sums, r)
                   .then([&c](capnp::Response<wire::Shard::PushRowsResults>&& reply) {
                     const int64_t step = reply_step(c, reply.getStep());

@@ -386,9 +386,11 @@ std::future<PushStatus> Client::start_push_rows(const std::string& table,
         }
         auto worst = std::make_shared<PushStatus>(PushStatus::kApplied);
         kj::Vector<kj::Promise<void>> calls;
+        const std::vector<uint32_t> parts = requests_per_shard(*plan, impl_->shards.size());
         for (const RowRequest& r : plan->requests) {
           const uint64_t id = impl_->new_request_id();  // kept across retries: applied once
-          auto send = [plan, sums, r, table, step, id](ShardConnection& c, int) {
+          auto send = [plan, sums, r, table, step, id, n = parts[r.shard]](ShardConnection& c,
+                                                                           int) {
             auto req = c.shard.pushRowsRequest(
                 capnp::MessageSize{uint64_t(r.count) + table.size() / 8 + 32, 0});
             req.setTable(table);
@@ -396,6 +398,7 @@ std::future<PushStatus> Client::start_push_rows(const std::string& table,
             req.setIdsDistinct(true);  // a plan names each id once, its gradients summed
             req.setStep(step);
             req.setRequestId(id);
+            req.setParts(n);
             return Impl::send_row_grads(kj::mv(req), c, sums, r);
           };
           calls.add(counted(unanswered, static_cast<int>(r.shard),

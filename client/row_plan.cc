@@ -264,6 +264,12 @@ void scatter_rows(const RowPlan& plan, const float* rows, uint32_t dim, float* o
   fill_repeats(plan, dim, out);
 }
 
+std::vector<uint32_t> requests_per_shard(const RowPlan& plan, std::size_t shards) {
+  std::vector<uint32_t> n(shards);
+  for (const RowRequest& r : plan.requests) ++n.at(r.shard);
+  return n;
+}
+
 void gather_gradients(const RowPlan& plan, const float* grads, uint32_t dim, float* summed) {
   // Each id's row starts as the gradient at its first position; the
   // positions that repeat it are added after, in order (the same sums, bit

@@ -82,6 +82,8 @@ std::shared_ptr<const RowPlan> shared_row_plan(std::span<const uint64_t> ids,
                                                const RowPlacement& placement, uint32_t max_ids,
                                                bool every_shard);
 
+// How many of the plan's requests go to each of `shards` shards.
+std::vector<uint32_t> requests_per_shard(const RowPlan& plan, std::size_t shards);
 // rows (ids.size() * dim floats, in plan order) to out (position order).
 void scatter_rows(const RowPlan& plan, const float* rows, uint32_t dim, float* out);
 // The same in pieces, as replies arrive: one request's rows (r.count * dim

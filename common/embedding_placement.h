@@ -66,8 +66,7 @@ class RowPlacement {
   }
   // Rows a fixed table has on `shard`.
   uint64_t rows_on(uint32_t shard) const {
-    if (kind_ == TablePlacement::kMod)
-      return shard < rows_ ? (rows_ - shard + shards_ - 1) / shards_ : 0;
+    if (kind_ == TablePlacement::kMod) return rows_ / shards_ + (shard < rows_ % shards_ ? 1 : 0);
     if (kind_ == TablePlacement::kDiv) return per_ + (shard < extra_ ? 1 : 0);
     return 0;
   }

@@ -68,6 +68,12 @@ class FirstPositions {
   std::size_t bytes() const {  // memory held
     return keys_.capacity() * sizeof(uint64_t) + first_.capacity() * sizeof(uint32_t);
   }
+  bool contains(uint64_t key) const {
+    if (first_.empty()) return false;
+    uint64_t h = mix_id(key ^ hash_key_) & mask_;
+    while (first_[h] != kNone && keys_[h] != key) h = (h + 1) & mask_;
+    return first_[h] != kNone;
+  }
   // The position `key` was first added at since reset() or clear(); `pos`
   // (and the key is added) if it is new. Call within the room reset() or
   // reserve() made.

@@ -266,7 +266,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                         {std::string_view(params.getTable().begin(), params.getTable().size()),
                          ps::ids_in_place(params.getIds(), "pushRows"), g, params.getStep(),
                          params.getRequestId(), params.getDoneStep(), /*grads_shared=*/false,
-                         params.getIdsDistinct()});
+                         params.getIdsDistinct(), params.getParts()});
         break;
       }
       case 11: {

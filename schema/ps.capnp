@@ -404,7 +404,8 @@ interface Shard {
   # reads as the table's initializer would make it (evaluation, serving).
 
   pushRows @17 (table :Text, ids :List(UInt64), grads :Data, step :Int64, requestId :UInt64,
-                doneStep :Int64 = -1, sharedGrads :SharedSlice, idsDistinct :Bool)
+                doneStep :Int64 = -1, sharedGrads :SharedSlice, idsDistinct :Bool,
+                parts :UInt32 = 1)
            -> (status :PushStatus, step :Int64, stop :Bool);
   # Gradients of the rows of `ids`: ids.size() * dim float32, summed per
   # repeated id. step, requestId and doneStep as push's: in sync mode a
@@ -413,6 +414,9 @@ interface Shard {
   # sharedGrads: unset or of size 0, or the gradients in a slice of the
   # connection's shared memory region (then `grads` is empty); psd copies
   # them out before checking them.
+  # parts: how many requests the sender's push sends this shard. In sync
+  # mode a worker's push counts once per table and step, so it must come
+  # whole: psd refuses one in parts (a client that took the job for async).
   # idsDistinct: the sender names no id twice (libpsclient sums repeats
   # before sending). psd may then skip its own search for repeats: where it
   # does, an id named twice anyway gets each gradient as its own update, in

@@ -528,7 +528,8 @@ kj::Promise<void> ShardServiceImpl::pushRows(PushRowsContext context) {
                             params.getRequestId(),
                             params.getDoneStep(),
                             shared_bytes != 0,
-                            params.getIdsDistinct()};
+                            params.getIdsDistinct(),
+                            params.getParts()};
     PushRowsReply reply = shard_.push_rows(caller_, request);
     shard_.counters().shared_bytes += shared_bytes;
     auto results = context.getResults();

@@ -32,13 +32,43 @@ ShardTable& ShardTables::get(std::string_view name, const char* what) {
 
 uint64_t ShardTables::bytes() const {
   uint64_t n = 0;
-  for (const auto& [name, t] : tables) n += t.table->bytes() + bookkeeping_bytes(name);
+  for (const auto& [name, t] : tables) {
+    n += t.table->bytes() + bookkeeping_bytes(name) + t.sync.bytes() +
+         t.table->bytes_for_new_rows(t.sync.new_rows);
+  }
   return n;
 }
 
 Shard::~Shard() = default;
 
 namespace {
+
+// The memory `fresh` more rows of t would take, beyond the rows its open
+// sync step will create (ShardTables::bytes() counts those as held).
+uint64_t bytes_for_more_rows(const ShardTable& t, uint64_t fresh) {
+  const uint64_t pending = t.sync.new_rows;
+  return t.table->bytes_for_new_rows(pending + fresh) - t.table->bytes_for_new_rows(pending);
+}
+
+// Of a sync push's ids, the distinct ones the step's earlier pushes did
+// not name (each grows the step's sums by a row), and of those the ones the
+// table does not hold (each a row the step's commit creates).
+struct NewToStep {
+  uint64_t ids = 0;
+  uint64_t rows = 0;
+};
+NewToStep new_to_step(const ShardTable& t, std::span<const uint64_t> ids) {
+  FirstPositions seen;  // keyed: ids picked to collide do not slow it
+  seen.reset(ids.size());
+  NewToStep n;
+  for (uint32_t i = 0; i < ids.size(); ++i) {
+    const uint64_t id = ids[i];
+    if (t.sync.position.contains(id) || seen.first(id, i) != i) continue;
+    ++n.ids;
+    if (!t.table->holds(id)) ++n.rows;
+  }
+  return n;
+}
 
 TableReport report_of(const ShardTable& t, bool created) {
   TableReport r;
@@ -203,9 +233,9 @@ kj::Promise<void> Shard::pull_rows(const Caller& caller, PullRowsRequest r, Rows
       r.lookup ? EmbeddingTable::Creating::kNone : EmbeddingTable::Creating::kByPull;
   auto read = [this, &t, r, creating, out = std::move(out)]() {
     if (const uint64_t fresh = t.table->check(r.ids, "pullRows", creating); fresh > 0) {
-      check_memory(t.table->bytes_for_new_rows(fresh), "pullRows: " + std::to_string(fresh) +
-                                                           " new rows of table '" +
-                                                           t.table->spec().name + "'");
+      check_memory(bytes_for_more_rows(t, fresh), "pullRows: " + std::to_string(fresh) +
+                                                      " new rows of table '" +
+                                                      t.table->spec().name + "'");
     }
     float* dest = out(r.ids.size() * t.table->dim(), job_.global_step());
     if (r.lookup) {
@@ -314,8 +344,26 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
   } else {
     t.table->check_ids(r.ids, "pushRows");
   }
-  if (fresh > 0) {
-    check_memory(t.table->bytes_for_new_rows(fresh),
+  // A sync push's new rows are created at the step's commit, with those of
+  // the other workers' pushes: it is charged for the ones they did not name
+  // (and for what summing it may add to the step's buffers).
+  uint64_t rows_new_to_step = 0;
+  uint64_t extra = 0;
+  if (sync && creates_rows) {
+    // Worked out id by id only where the step's buffers may grow or rows
+    // are new: a step whose rows were pulled first, in buffers a step before
+    // it sized, costs nothing more.
+    const uint64_t room = t.sync.ids.capacity() - t.sync.ids.size();
+    if (fresh > 0 || r.ids.size() > room) {
+      const NewToStep n = new_to_step(t, r.ids);
+      rows_new_to_step = std::min(fresh, n.rows);
+      if (n.ids > room)
+        extra = (n.ids - room) * (sizeof(uint64_t) + uint64_t(dim) * sizeof(float) + 24);
+    }
+    fresh = rows_new_to_step;
+  }
+  if (fresh > 0 || extra > 0) {
+    check_memory(bytes_for_more_rows(t, fresh) + extra,
                  "pushRows: " + std::to_string(fresh) + " new rows of table '" + spec.name + "'");
   }
   if (!sync) {
@@ -332,6 +380,15 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
   } else {
     if (caller.worker_index < 0)
       throw RequestError("pushRows: sync mode needs a worker index (say hello as a worker)");
+    if (r.parts > 1) {
+      throw RequestError(
+          "pushRows: table '" + spec.name + "': this push came to this shard in " +
+          std::to_string(r.parts) +
+          " requests, as a client that takes the job for async sends a large one; in sync mode a "
+          "worker's push counts once a step and must come whole (the client learns the job's "
+          "mode when it connects or waits for the chief: call wait_ready, as TrainingSession "
+          "does, before pushing)");
+    }
     if (step > job_.global_step()) {
       throw RequestError("pushRows: gradient for step " + std::to_string(step) +
                          ", but the job is at step " + std::to_string(job_.global_step()) +
@@ -382,6 +439,7 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
           for (uint32_t j = 0; j < dim; ++j) s[j] += grads[i * dim + j];
         }
       }
+      slot.new_rows += rows_new_to_step;
       reply.status = GradientStatus::kAccumulated;
       if (slot.count >= table_replicas_needed(slot.contributors)) {
         slot.complete = true;
@@ -423,6 +481,13 @@ void Shard::commit_table_step() {
     try {
       const uint64_t fresh =
           t.table->check(slot.ids, "sync step", EmbeddingTable::Creating::kByPush);
+      // The pushes were charged for these rows; others may have taken the
+      // room since (pulls into spare slots), so the budget is checked again.
+      slot.new_rows = 0;
+      if (fresh > 0) {
+        check_memory(t.table->bytes_for_new_rows(fresh),
+                     std::to_string(fresh) + " new rows of the step's pushes");
+      }
       const float scale = 1.0f / static_cast<float>(slot.count);
       const std::optional<bool> within =
           slot.within_bound ? std::optional<bool>(true) : std::nullopt;
@@ -431,9 +496,9 @@ void Shard::commit_table_step() {
                               EmbeddingTable::Repeats::kNone))
         throw RequestError("the step's update would make a value or optimizer slot NaN or Inf");
     } catch (const Error& e) {
-      // A dynamic table at its row limit can refuse the union of the
-      // workers' ids after each push alone passed, and their summed
-      // gradients can overflow where each alone did not.
+      // A dynamic table at its row limit (or psd at its memory budget) can
+      // refuse the union of the workers' ids after each push alone passed,
+      // and their summed gradients can overflow where each alone did not.
       spdlog::error("sync step {}: table '{}' not updated: {}", job_.global_step(), name, e.what());
     }
     slot.clear();
@@ -509,6 +574,11 @@ void Shard::restore_rows(std::string_view table, std::span<const uint64_t> ids,
   }
   if (!all_finite(values))
     throw RequestError("restoreRows: table '" + name + "' has a NaN or Inf value");
+  if (version > EmbeddingTable::kMaxVersion) {
+    // LazyAdam corrects by the update count: one about to wrap would stop the table.
+    throw RequestError("restoreRows: table '" + name + "': version " + std::to_string(version) +
+                       " is over 2^62 updates");
+  }
   for (uint32_t k = 0; k < slots.size(); ++k) {
     if (slots[k].size() != values.size())
       throw RequestError("restoreRows: a slot of table '" + name + "' has the wrong size");
@@ -523,7 +593,7 @@ void Shard::restore_rows(std::string_view table, std::span<const uint64_t> ids,
   }
   const uint64_t fresh = t.table->check(ids, "restoreRows");
   if (fresh > 0) {
-    check_memory(t.table->bytes_for_new_rows(fresh),
+    check_memory(bytes_for_more_rows(t, fresh),
                  "restoreRows: " + std::to_string(fresh) + " new rows of table '" + name + "'");
   }
   std::vector<const float*> slot_data(slots.size());

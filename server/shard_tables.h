@@ -30,6 +30,12 @@ struct TableSyncSlot {
   // then within count C / 2, its average within C / 2, and the step's
   // update needs no check pass.
   bool within_bound = true;
+  // Rows of ids the step's pushes named that the table did not hold: what
+  // the commit will create, charged against psd's memory as each push came.
+  uint64_t new_rows = 0;
+  uint64_t bytes() const {
+    return position.bytes() + ids.capacity() * sizeof(uint64_t) + sum.capacity() * sizeof(float);
+  }
   void clear() {
     position.clear();  // keeps its arrays for the next step
     ids.clear();
@@ -38,6 +44,7 @@ struct TableSyncSlot {
     contributors.clear();
     complete = false;
     within_bound = true;
+    new_rows = 0;
   }
 };
 

@@ -39,6 +39,7 @@ struct PushRowsRequest {
   bool grads_shared = false;
   // The sender says no id is named twice (EmbeddingTable::Repeats::kSenderSaysNone).
   bool ids_distinct = false;
+  uint32_t parts = 1;  // the requests this push sends the shard (sync: must be 1)
 };
 
 struct PushRowsReply {

@@ -181,6 +181,24 @@ TEST_CASE("mod, div and hash placement agree with TF's partition strategies and 
       }
     }
   }
+  // Row counts near 2^64 (what a client may ask for; psd's memory check refuses them after):
+  // every shard's count without overflow, and the last id's row within its shard's.
+  for (TablePlacement p : {TablePlacement::kMod, TablePlacement::kDiv}) {
+    for (uint64_t rows : {UINT64_MAX, UINT64_MAX - 1, uint64_t{1} << 63}) {
+      for (uint32_t shards : {2u, 3u, 7u}) {
+        INFO(rows << " rows over " << shards << " shards");
+        RowPlacement pl(p, rows, shards);
+        uint64_t total = 0;
+        for (uint32_t s = 0; s < shards; ++s) {
+          CHECK(pl.rows_on(s) >= rows / shards);
+          total += pl.rows_on(s);
+        }
+        CHECK(total == rows);
+        for (uint64_t id : {rows - 1, rows - 2, uint64_t{0}, uint64_t{1} << 40})
+          CHECK(pl.local_row(id) < pl.rows_on(pl.shard_of(id)));
+      }
+    }
+  }
   RowPlacement hash(TablePlacement::kHash, 0, 4);
   std::vector<int> count(4);
   for (uint64_t id = 0; id < 40000; ++id) ++count[hash.shard_of(id)];
@@ -709,6 +727,21 @@ TEST_CASE("expiry and LRU eviction at the row limit count apart; restores keep t
   CHECK(back.advance_to_step(9) == 2);
 }
 
+TEST_CASE("a jump of the step by expire_after_steps or more drops every row, past 2^32 too") {
+  for (int64_t jump : {int64_t{100}, int64_t{1} << 31, int64_t{1} << 32, (int64_t{1} << 32) + 5}) {
+    INFO("a jump of " << jump << " steps");
+    EmbeddingTable t(expiring_table(100), 0, 1);
+    t.advance_to_step(10);
+    pull(t, {1, 2, 3});
+    CHECK(t.advance_to_step(10 + jump) == 3);  // the stamps would read 10 + jump mod 2^32
+    CHECK(t.rows() == 0);
+  }
+  EmbeddingTable t(expiring_table(100), 0, 1);
+  t.advance_to_step(10);
+  pull(t, {1, 2, 3});
+  CHECK(t.advance_to_step(109) == 0);  // 99 steps: none due
+}
+
 TEST_CASE("a restore with the rows' ages expires each row when the table it came from would") {
   // 3 steps: every step sweeps the whole table, so rows go exactly at 3.
   EmbeddingTable t(expiring_table(3), 0, 1);
@@ -757,6 +790,36 @@ TEST_CASE("a restore with the rows' ages expires each row when the table it came
   old.put_rows(std::span(ids).first(4), values.data(), {});
   CHECK(old.advance_to_step(24) == 0);
   CHECK(old.advance_to_step(25) == 4);
+}
+
+TEST_CASE("bytes_for_new_rows is what creating the rows adds to bytes()") {
+  // psd charges new rows against --max_memory_mb by it: a guess below what the table then maps
+  // (a slab chunk of up to 2 MiB per component, the index doubled) would let it past its budget.
+  std::mt19937_64 rng(11);
+  for (OnRowLimit on_limit : {OnRowLimit::kRefuse, OnRowLimit::kEvictLru}) {
+    for (uint64_t after : {uint64_t{0}, uint64_t{3}}) {
+      TableSpec spec = dynamic_table(64, on_limit == OnRowLimit::kEvictLru ? 30000 : 0, on_limit);
+      spec.optimizer = RowOptimizerConfig::adagrad(0.1f);
+      spec.expire_after_steps = after;
+      EmbeddingTable t(spec, 0, 1);
+      INFO((on_limit == OnRowLimit::kEvictLru ? "LRU" : "no limit") << ", expiry " << after);
+      uint64_t next_id = 0;
+      for (int64_t step = 0; step < 40; ++step) {
+        const uint64_t n = std::uniform_int_distribution<uint64_t>(1, 3000)(rng);
+        std::vector<uint64_t> ids(n);
+        std::iota(ids.begin(), ids.end(), next_id);
+        next_id += n;
+        INFO("step " << step << ", " << n << " new ids, " << t.rows() << " rows");
+        REQUIRE(t.check(ids, "pullRows", EmbeddingTable::Creating::kByPull) == n);
+        const uint64_t predicted = t.bytes_for_new_rows(n);
+        const uint64_t before = t.bytes();
+        pull(t, ids);
+        CHECK(t.bytes() - before == predicted);
+        t.advance_to_step(step);
+      }
+      CHECK(t.bytes_for_new_rows(0) == 0);
+    }
+  }
 }
 
 TEST_CASE("expiry is refused where it cannot apply, and its steps are counted in a row's bytes") {

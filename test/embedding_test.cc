@@ -569,6 +569,37 @@ TEST_CASE("rows in slots that expiry freed take no more of --max_memory_mb") {
   CHECK_THROWS_WITH(chief.pull_rows("e", many, out), Catch::Contains("memory"));
 }
 
+TEST_CASE("new rows of an LRU table at its row limit take evicted rows' slots, not more memory") {
+  // 4,000 rows of 64 floats (about 1.2 MiB with their index and links) fill the limit; each later
+  // batch of 3,500 new ids (one request) evicts as many rows and takes their slots. A charge for
+  // them as new memory (0.96 MiB) would take psd past its 2 MiB.
+  PsdProcess psd({"--max_memory_mb", "2"});
+  Client client(options_for({&psd}));
+  client.create_tables({dynamic("lru", 64, 4000, OnRowLimit::kEvictLru)});
+  std::vector<int64_t> ids(4000);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::vector<float> rows(ids.size() * 64);
+  client.pull_rows("lru", ids, rows);
+  const uint64_t full = client.list_tables().at(0).bytes;
+  ids.resize(3500);
+  rows.resize(ids.size() * 64);
+  for (int64_t batch = 1; batch <= 4; ++batch) {
+    INFO("batch " << batch);
+    std::iota(ids.begin(), ids.end(), batch * 10000);
+    CHECK_NOTHROW(client.pull_rows("lru", ids, rows));
+  }
+  const auto t = client.list_tables().at(0);
+  CHECK(t.rows == 4000);
+  CHECK(t.evictions == 4 * 3500);
+  CHECK(t.bytes == full);
+  // Below the limit new rows are charged: another table's 20,000 rows do not fit.
+  client.create_tables({dynamic("other", 64)});
+  std::vector<int64_t> many(20000);
+  std::iota(many.begin(), many.end(), 0);
+  std::vector<float> out(many.size() * 64);
+  CHECK_THROWS_WITH(client.pull_rows("other", many, out), Catch::Contains("memory"));
+}
+
 TEST_CASE("a restarted psd's expiring rows keep the steps since their last touch") {
   ps::test::TempDir dir;
   const std::vector<std::string> args = {"--checkpoint_dir", dir.path(), "--checkpoint_secs", "0"};
@@ -920,6 +951,60 @@ TEST_CASE("a sync step's rows are applied without a check only when every push w
   CHECK(psd.alive());
 }
 
+TEST_CASE("a sync step's new rows are charged against --max_memory_mb as its pushes come") {
+  // 3,000 new rows of 64 floats map 1.1 MB (slabs and index), and the step's sums 0.9 MB; each
+  // push is a 0.8 MB request. Until the step commits, its rows count as held: a second worker's
+  // 3,000 other new ids (1.2 MB more rows, 0.6 MB more sums) would take psd to 4.5 MB, past its
+  // 4 MiB, and are refused before they are summed (counted from the rows held alone, 3.4 MB, they
+  // would pass). The same ids as the first push's add no rows: the step commits within budget.
+  PsdProcess psd({"--max_memory_mb", "4"});
+  Client chief(options_for({&psd}, 0));
+  chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2});
+  chief.create_tables({dynamic("a", 64)});
+  chief.set_ready();
+  RawShard w0(psd, 0), w1(psd, 1);
+  std::vector<uint64_t> first(3000), other(3000);
+  std::iota(first.begin(), first.end(), 0);
+  std::iota(other.begin(), other.end(), 3000);
+  const std::vector<float> g0(first.size() * 64, 1.0f), g1(first.size() * 64, 3.0f);
+  CHECK(w0.push("a", first, g0) == wire::PushStatus::ACCUMULATED);
+  CHECK_THROWS_WITH(w1.push("a", other, g1),
+                    Catch::Contains("3000 new rows of table 'a'") && Catch::Contains("memory"));
+  CHECK(chief.list_tables().at(0).rows == 0);
+  CHECK(w1.push("a", first, g1) == wire::PushStatus::ACCUMULATED);  // the step commits
+  const auto t = chief.list_tables().at(0);
+  CHECK(t.rows == 3000);
+  CHECK(t.bytes < 4u << 20);
+  CHECK(w0.pull("a", {0, 2999}) == std::vector<float>(2 * 64, -2.0f));  // sgd(1) of the average
+  CHECK(psd.alive());
+}
+
+TEST_CASE("a sync push in parts, from a client that took the job for async, is refused whole") {
+  // The worker connects before the chief configures a sync job, so it sends a large push in
+  // parts, as to an async job. Counted, the first part would stand for the worker's whole push
+  // and the others come too late for the step: psd refuses each part instead, changing nothing.
+  PsdProcess psd;
+  Client worker(options_for({&psd}, 1));
+  Client chief(options_for({&psd}, 0));
+  chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2});
+  chief.create_tables({dynamic("d", 64)});
+  chief.set_ready();
+  worker.declare_tables({dynamic("d", 64)});
+  std::vector<int64_t> ids(9000);  // 2.3 MB of gradients: three parts of the default 1 MiB
+  std::iota(ids.begin(), ids.end(), 0);
+  const std::vector<float> grads(ids.size() * 64, 2.0f);
+  CHECK_THROWS_WITH(
+      worker.push_rows("d", ids, grads),
+      Catch::Contains("came to this shard in 3 requests") && Catch::Contains("call wait_ready"));
+  CHECK(chief.list_tables().at(0).rows == 0);
+  // Once it has learned the job, the same push goes whole, and with the chief's the step commits.
+  REQUIRE(worker.wait_ready(std::chrono::seconds(5)));
+  CHECK(worker.push_rows("d", ids, grads) == PushStatus::kAccumulated);
+  CHECK(chief.push_rows("d", ids, std::vector<float>(grads.size(), 4.0f)) ==
+        PushStatus::kAccumulated);
+  CHECK(pull_rows(chief, "d", {0, 8999}, 64) == std::vector<float>(2 * 64, -3.0f));
+}
+
 TEST_CASE("a sync step's gradients of ids picked to collide are summed as fast as any") {
   // psd sums a sync step's gradients per id in a hash table. In a standard
   // map (whose hash of an integer is the integer itself, its bucket count
@@ -988,6 +1073,41 @@ TEST_CASE("restored rows must keep the optimizer's slot invariants, or nothing i
     client.restore_rows(c.table, ids, values, c.good, 7);
     CHECK(pull_rows(client, c.table, ids, 1) == values);
   }
+  CHECK(psd.alive());
+}
+
+TEST_CASE(
+    "a restore with row ages that do not match its ids, or an update count near 2^64, is "
+    "refused whole") {
+  PsdProcess psd;
+  Client client(options_for({&psd}));
+  TableSpec spec = dynamic("e", 1);
+  spec.optimizer = RowOptimizerConfig::lazy_adam(0.1f);
+  spec.expire_after_steps = 10;
+  client.create_tables({spec});
+  const std::vector<int64_t> ids{1, 2};
+  const std::vector<float> values{5, 6};
+  const std::vector<std::vector<float>> slots{{0, 0}, {0, 0}};
+  CHECK_THROWS_WITH(client.restore_rows("e", ids, values, slots, 3, std::vector<uint32_t>{1}),
+                    Catch::Contains("2 ids, 1 row ages"));
+  RawShard raw(psd);
+  auto restore = raw.shard.restoreRowsRequest();
+  restore.setTable("e");
+  restore.setIds(kj::arrayPtr(reinterpret_cast<const uint64_t*>(ids.data()), ids.size()));
+  restore.setValues(kj::arrayPtr(reinterpret_cast<const kj::byte*>(values.data()), 8));
+  auto s = restore.initSlots(2);
+  for (unsigned k = 0; k < 2; ++k)
+    s.set(k, kj::arrayPtr(reinterpret_cast<const kj::byte*>(slots[k].data()), 8));
+  restore.initAges(3);
+  CHECK_THROWS_WITH(restore.send().wait(raw.ws()), Catch::Contains("2 ids, 3 row ages"));
+  // LazyAdam's bias correction counts updates from the version: one about to wrap is refused.
+  CHECK_THROWS_WITH(client.restore_rows("e", ids, values, slots, UINT64_MAX),
+                    Catch::Contains("over 2^62 updates"));
+  CHECK(client.list_tables().at(0).rows == 0);
+  client.restore_rows("e", ids, values, slots, uint64_t{1} << 62, std::vector<uint32_t>{0, 9});
+  CHECK(client.list_tables().at(0).rows == 2);
+  CHECK(client.push_rows("e", ids, std::vector<float>{1, 1}) == PushStatus::kApplied);
+  CHECK(pull_rows(client, "e", ids, 1) != values);  // updated, finite
   CHECK(psd.alive());
 }
 

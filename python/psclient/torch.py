@@ -139,9 +139,12 @@ class Parameters:
         (self._dev_grads if self.cuda else self._host_grads).zero_()
 
     def before_push(self):
-        """The gradients where push() reads them (CUDA: one copy to the host, which waits for backward)."""
+        """The gradients where push() reads them (CUDA: one copy to the host, which waits for backward).
+        A parameter whose .grad is None (unused by this step's loss, after module.zero_grad()) pushes zeros."""
         for p, grads in self._bound:
-            if p.grad is not None and p.grad is not grads:
+            if p.grad is None:
+                grads.zero_()  # not last step's gradient, which a plain loss.backward() left in the block
+            elif p.grad is not grads:
                 grads.copy_(p.grad)  # a .grad PyTorch replaced since backward (clipped out of place, say)
         if self.cuda:
             self._host_grads.copy_(self._dev_grads)
@@ -213,7 +216,9 @@ class Embedding:
             self._rows = self._host_rows.to(self.device, non_blocking=True).requires_grad_()
             self._copy.started()
         else:
-            # The pulled rows themselves; backward adds into the buffer push() reads.
+            # The pulled rows themselves; backward adds into the buffer push() reads, zeroed here, so
+            # that a plain loss.backward() (no psclient.torch.backward) adds this step's alone.
+            self._host_grads.zero_()
             self._rows = self._host_rows.detach().requires_grad_()
             self._rows.grad = self._host_grads
 
@@ -234,7 +239,9 @@ class Embedding:
         if self._rows is None:
             return  # no rows this step: zeros are pushed
         g = self._rows.grad
-        if g is not None and g is not self._host_grads:
+        if g is None:
+            self._host_grads.zero_()  # the rows were not used by this step's loss: zeros are pushed
+        elif g is not self._host_grads:
             self._host_grads.copy_(g)  # CUDA, or a .grad PyTorch replaced since backward
         if self.grad_scale != 1.0:
             self._host_grads.mul_(self.grad_scale)

@@ -177,6 +177,39 @@ def test_gradients_stay_bound_through_pytorch_habits(psd):
         session.end()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_plain_backward_pushes_this_steps_gradients_alone(psd, device):
+    """model.zero_grad(set_to_none=True) and loss.backward() instead of psclient.torch.backward: a parameter
+    or rows the loss does not use push zeros (not the last step's gradient), and the rows' gradients do not
+    add up over steps."""
+    model = torch.nn.ModuleDict({"used": torch.nn.Linear(2, 1, bias=False),
+                                 "unused": torch.nn.Linear(2, 1, bias=False)}).to(device)
+    spec = psclient.TableSpec("r", 2, dynamic=True, optimizer=psclient.RowOptimizerConfig.sgd(1.0))
+    lr, x = 0.5, torch.tensor([[1.0, 2.0]], device=device)
+    with psclient.Client([psd.address], worker_index=0, is_chief=True) as client:
+        session = chief_session(client)
+        params = pst.Parameters(session, model, optimizer=psclient.sgd(lr), init=lambda i, n, p: psclient.zeros())
+        table = pst.Embedding(session, spec, device=device)
+        session.initialize()
+        table.set_ids(np.array([7], np.int64))
+        for step in range(3):
+            model.zero_grad(set_to_none=True)
+            pst.pull(session, params, table)
+            loss = model["used"](x).sum()
+            if step == 0:  # the unused layer takes part in the first step only
+                loss = loss + model["unused"](x).sum()
+            if step != 1:  # the rows in the first and last steps
+                loss = loss + (table.rows() * 3).sum()
+            loss.backward()
+            pst.push(session, params, table)
+        values = {"used.weight": np.empty((1, 2), np.float32), "unused.weight": np.empty((1, 2), np.float32)}
+        client.pull(values)
+        np.testing.assert_allclose(values["used.weight"][0], -3 * lr * np.array([1.0, 2.0]), rtol=1e-6)
+        np.testing.assert_allclose(values["unused.weight"][0], -lr * np.array([1.0, 2.0]), rtol=1e-6)
+        np.testing.assert_allclose(client.lookup_rows("r", np.array([7], np.int64))[0], [-6.0, -6.0], rtol=1e-6)
+        session.end()
+
+
 def test_init_none_keeps_pytorchs_values_for_convolutions(psd):
     torch.manual_seed(4)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(), torch.nn.Linear(8 * 4 * 4, 2))

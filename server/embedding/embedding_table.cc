@@ -133,9 +133,32 @@ uint64_t EmbeddingTable::bytes_per_dynamic_row(const TableSpec& s) {
 
 uint64_t EmbeddingTable::bytes_for_new_rows(uint64_t fresh) const {
   if (!spec_.dynamic) return 0;
-  const uint64_t allocated = slabs_.empty() ? 0 : uint64_t(slabs_[0].size()) * kSlabRows;
-  const uint64_t spare = free_slots_.size() + (allocated - slots_used_);
-  return fresh > spare ? (fresh - spare) * bytes_per_dynamic_row(spec_) : 0;
+  // At an LRU table's row limit each new row first evicts one and takes its slot.
+  if (spec_.on_limit == OnRowLimit::kEvictLru && spec_.row_limit != 0)
+    fresh = std::min(fresh, spec_.row_limit > live_rows_ ? spec_.row_limit - live_rows_ : 0);
+  if (fresh == 0) return 0;
+  // What bytes() grows by once they exist: the slab chunks add_slabs() maps
+  // for the slots past those ever taken, the index doubled at half full,
+  // and the per-slot arrays as push_back grows them.
+  const uint64_t new_slots = fresh - std::min<uint64_t>(fresh, free_slots_.size());
+  uint64_t bytes = 0;
+  const uint64_t chunk_slab_bytes = uint64_t(kSlabRows) * spec_.dim * sizeof(float) * components();
+  for (uint64_t slabs = slabs_[0].size(); slabs * kSlabRows < slots_used_ + new_slots;) {
+    const uint64_t count = slabs_per_chunk(slabs);
+    slabs += count;
+    bytes += count * chunk_slab_bytes;
+  }
+  uint64_t capacity = index_.capacity();
+  while ((index_.size() + fresh) * 2 > capacity) capacity *= 2;
+  bytes += (capacity - index_.capacity()) * RowIndex::kEntryBytes;
+  auto grown = [new_slots](const auto& v) -> uint64_t {  // push_back doubles a full vector
+    uint64_t capacity = v.capacity();
+    while (capacity < v.size() + new_slots) capacity = capacity == 0 ? 1 : 2 * capacity;
+    return (capacity - v.capacity()) * sizeof(v[0]);
+  };
+  if (spec_.on_limit == OnRowLimit::kEvictLru) bytes += grown(slot_ids_) + grown(lru_);
+  if (expires()) bytes += grown(touched_at_);
+  return bytes;
 }
 
 EmbeddingTable::EmbeddingTable(TableSpec spec, uint32_t shard, uint32_t shards, RunParts run_parts)
@@ -167,13 +190,17 @@ EmbeddingTable::EmbeddingTable(TableSpec spec, uint32_t shard, uint32_t shards, 
 
 EmbeddingTable::~EmbeddingTable() = default;
 
-void EmbeddingTable::add_slabs() {
-  constexpr std::size_t kHugePage = 2u << 20;
+uint64_t EmbeddingTable::slabs_per_chunk(uint64_t slabs) const {
+  constexpr uint64_t kHugePage = 2u << 20;
   // Chunks of 1, 1, 2, 4 ... slabs, up to 2 MiB: a small table stays small,
   // a large one is in huge pages.
+  const uint64_t slab_bytes = uint64_t(kSlabRows) * spec_.dim * sizeof(float);
+  return std::clamp<uint64_t>(slabs, 1, std::max<uint64_t>(1, kHugePage / slab_bytes));
+}
+
+void EmbeddingTable::add_slabs() {
   const std::size_t slab_floats = std::size_t(kSlabRows) * spec_.dim;
-  const std::size_t most = std::max<std::size_t>(1, kHugePage / (slab_floats * sizeof(float)));
-  const std::size_t count = std::clamp<std::size_t>(slabs_[0].size(), 1, most);
+  const std::size_t count = slabs_per_chunk(slabs_[0].size());
   for (auto& c : slabs_) {
     chunks_.push_back(map_array_of<float>(count * slab_floats));
     for (std::size_t k = 0; k < count; ++k) c.push_back(chunks_.back().get() + k * slab_floats);
@@ -185,11 +212,10 @@ uint64_t EmbeddingTable::rows() const { return spec_.dynamic ? live_rows_ : fixe
 uint64_t EmbeddingTable::bytes() const {
   const uint64_t row_bytes = uint64_t(components()) * spec_.dim * sizeof(float);
   if (!spec_.dynamic) return fixed_rows_ * row_bytes;
-  uint64_t slabs = 0;
-  for (const auto& c : slabs_) slabs += c.size();
-  return slabs * kSlabRows * row_bytes + index_.bytes() + slot_ids_.capacity() * sizeof(uint64_t) +
-         lru_.capacity() * sizeof(LruLink) + touched_at_.capacity() * sizeof(uint32_t) +
-         (sketch_ ? sketch_->bytes() : 0);
+  // Each component has the same slabs, of kSlabRows rows.
+  return uint64_t(slabs_[0].size()) * kSlabRows * row_bytes + index_.bytes() +
+         slot_ids_.capacity() * sizeof(uint64_t) + lru_.capacity() * sizeof(LruLink) +
+         touched_at_.capacity() * sizeof(uint32_t) + (sketch_ ? sketch_->bytes() : 0);
 }
 
 float* EmbeddingTable::row(uint32_t component, uint64_t slot) const {
@@ -278,6 +304,9 @@ uint64_t EmbeddingTable::advance_to_step(int64_t step) {
   // steps come faster): a row goes within expire_after_steps * (1 + 1 /
   // kSweepsPerExpiry) steps of its last touch, and no step does much work.
   const uint64_t capacity = index_.capacity();
+  // A jump of expire_after_steps or more (a job started or restored at a
+  // later step) leaves every row due, whatever its 32-bit stamp reads.
+  const bool all_due = static_cast<uint64_t>(since) >= spec_.expire_after_steps;
   const long double share = static_cast<long double>(since) * kSweepsPerExpiry /
                             static_cast<long double>(spec_.expire_after_steps);
   const uint64_t count =
@@ -287,7 +316,7 @@ uint64_t EmbeddingTable::advance_to_step(int64_t step) {
   const uint32_t now = stamp();
   const uint64_t dropped = index_.erase_in(sweep_at_, count, [&](uint64_t, uint32_t slot) {
     // Steps since the touch, modulo 2^32: exact while a row is swept at least every 2^31 steps.
-    if (static_cast<int32_t>(now - touched_at_[slot]) < after) return false;
+    if (!all_due && static_cast<int32_t>(now - touched_at_[slot]) < after) return false;
     if (spec_.on_limit == OnRowLimit::kEvictLru) lru_unlink(slot);
     free_slots_.push_back(slot);
     --live_rows_;

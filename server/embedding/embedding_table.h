@@ -49,9 +49,11 @@ class EmbeddingTable {
   static uint64_t initial_bytes(const TableSpec& spec, uint32_t shard, uint32_t shards);
   // The bytes one more row of a dynamic table takes (values, slots, index).
   static uint64_t bytes_per_dynamic_row(const TableSpec& spec);
-  // The memory `fresh` new rows would add here: none for those that fit in
-  // slots already allocated and free (rows evicted or expired, or the rest
-  // of the last slab), bytes_per_dynamic_row() for each of the others.
+  // The memory `fresh` new rows would add here, as bytes() counts it: none
+  // for those that fit in slots already allocated and free (rows evicted or
+  // expired, or the rest of the last slab) or, at an LRU table's row limit,
+  // that take the slot of a row they evict; for the others the slab chunks,
+  // index and per-slot arrays that creating them would map.
   uint64_t bytes_for_new_rows(uint64_t fresh) const;
 
   // run_parts spreads a large request's parts over threads (run_parts.h);
@@ -67,6 +69,7 @@ class EmbeddingTable {
   uint32_t shards() const { return placement_.shards(); }
   const RowOptimizer& optimizer() const { return *optimizer_; }
   uint64_t rows() const;   // rows held here now
+  bool holds(uint64_t id) const { return !spec_.dynamic || find(id) != kEmpty; }  // a checked id
   uint64_t bytes() const;  // memory of values, slots and index
   uint64_t evictions() const { return evictions_; }
   // TableSpec::expire_after_steps: the job's global step is now `step`.
@@ -98,6 +101,7 @@ class EmbeddingTable {
   static constexpr std::size_t kKeepScratchBytes = std::size_t{16} << 20;
   uint64_t version() const { return version_; }  // updates applied
   void set_version(uint64_t v) { version_ = v; }
+  static constexpr uint64_t kMaxVersion = uint64_t{1} << 62;  // a restore's most
 
   // Which missing rows of a dynamic table a request creates: a pull or push
   // every one, except where the table admits ids by count: then a pull
@@ -259,6 +263,7 @@ class EmbeddingTable {
   std::vector<std::vector<float*>> slabs_;
   std::vector<Array> chunks_;
   void add_slabs();
+  uint64_t slabs_per_chunk(uint64_t slabs) const;  // the next add_slabs()'s, with `slabs` mapped
   uint64_t slots_used_ = 0;  // slots ever taken (free ones included)
   std::vector<uint32_t> free_slots_;
   uint64_t live_rows_ = 0;

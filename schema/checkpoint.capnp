@@ -12,7 +12,8 @@ $Cxx.namespace("ps::ckpt");
 using Ps = import "ps.capnp";
 
 const kFormatVersion :UInt32 = 2;
-# Version 2 added TableHeader.ages; version 1 files are read as having none.
+# Version 2 added TableHeader.ages and the count sketch; version 1 files are
+# read as having neither.
 
 # A worker's recently applied push request ids (oldest first), so a push
 # retried across a psd restart is still recognised.
@@ -52,7 +53,9 @@ struct TensorHeader {
 # An embedding table's rows on this shard (a dynamic table: only the rows
 # that exist). Followed by 2 + numSlots raw records: the rows' ids (uint64),
 # their values, then each slot (rows * dim float32 each, in the ids' order),
-# then, where `ages` is set, one uint32 per row: the steps since its last touch.
+# then, where `ages` is set, one uint32 per row: the steps since its last touch,
+# then, where sketchWidth is not 0, the count sketch's 4 * sketchWidth
+# one-byte counters (server/embedding/count_sketch.h).
 struct TableHeader {
   spec @0 :Ps.TableSpec;       # with the shard index and count it was placed for
   numSlots @1 :UInt32;
@@ -60,6 +63,8 @@ struct TableHeader {
   version @3 :UInt64;
   evictions @4 :UInt64;
   ages @5 :Bool;               # a table whose rows expire (TableSpec.expireAfterSteps)
+  sketchKey @6 :UInt64;        # a table admitting ids by count (TableSpec.minCount): its
+  sketchWidth @7 :UInt32;      # sketch's hash key and width, so a restarted psd counts on
 }
 
 struct Footer {

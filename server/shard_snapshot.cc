@@ -154,8 +154,7 @@ std::vector<SkippedTensor> Shard::restore(const ShardCheckpoint& c) {
       store_.create(spec, t->part);
     }
     // The job's step first: the tables created from the file take it as
-    // their clock, so restored rows count as touched at the checkpoint's
-    // step (their own steps are not saved).
+    // their clock, from which the restored rows' ages count back.
     job_.restore(c.job_configured, c.job, c.global_step, c.ready);
     restore_tables(c);
     if (c.ready) check_can_be_ready();

@@ -516,6 +516,9 @@ void Shard::recheck_table_sync() {
   }
 }
 
+static_assert(kSketchRows == CountSketch::kRows && kMaxSketchWidth == CountSketch::kMaxWidth,
+              "a checkpoint's count sketch is laid out as CountSketch's");
+
 void Shard::snapshot_tables(ShardCheckpoint& c) const {
   for (const auto& [name, t] : tables_->tables) {
     TableCheckpoint tc;
@@ -539,6 +542,11 @@ void Shard::snapshot_tables(ShardCheckpoint& c) const {
             tc.slots[k].insert(tc.slots[k].end(), slots[k], slots[k] + dim);
           if (expires) tc.ages.push_back(age);
         });
+    if (const CountSketch* sketch = t.table->sketch()) {
+      tc.sketch_key = sketch->key();
+      tc.sketch_width = sketch->width();
+      tc.sketch = sketch->counters();
+    }
     c.tables.push_back(std::move(tc));
   }
 }
@@ -551,6 +559,14 @@ void Shard::restore_tables(const ShardCheckpoint& c) {
     std::vector<std::span<const float>> slots;
     for (const auto& s : t.slots) slots.emplace_back(s);
     restore_rows(t.spec.name, t.ids, t.values, slots, t.version, t.ages);
+    if (t.sketch_width != 0) {
+      try {
+        tables_->get(t.spec.name, "restore")
+            .table->restore_sketch(t.sketch_key, t.sketch_width, t.sketch);
+      } catch (const RequestError& e) {
+        spdlog::warn("table '{}': its admission counts start again: {}", t.spec.name, e.what());
+      }
+    }
   }
 }
 

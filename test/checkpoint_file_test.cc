@@ -56,6 +56,11 @@ ShardCheckpoint sample(uint32_t shard = 0, uint32_t shards = 1, int64_t step = 7
   e.values = {1, 2, 3, 4, 5, 6};
   e.slots = {{0.5f, 0.5f, 1, 1, 2, 2}};
   e.ages = {3, 0, 12};
+  e.spec.min_count = 3;  // its count sketch too
+  e.sketch_key = 0x5eed5eed5eedull;
+  e.sketch_width = 64;
+  e.sketch.resize(4 * 64);
+  for (std::size_t i = 0; i < e.sketch.size(); ++i) e.sketch[i] = static_cast<uint8_t>(i * 7);
   c.tables.push_back(e);
   return c;
 }
@@ -110,6 +115,10 @@ TEST_CASE("a checkpoint file round-trips everything it holds") {
   CHECK(c.tables[0].values == sample().tables[0].values);
   CHECK(c.tables[0].slots == sample().tables[0].slots);
   CHECK(c.tables[0].ages == std::vector<uint32_t>{3, 0, 12});
+  CHECK(c.tables[0].spec.min_count == 3);
+  CHECK(c.tables[0].sketch_key == 0x5eed5eed5eedull);
+  CHECK(c.tables[0].sketch_width == 64);
+  CHECK(c.tables[0].sketch == sample().tables[0].sketch);
   // No temp file is left behind.
   CHECK(list_checkpoints(dir.path(), 0, 1).size() == 1);
   CHECK(access((path + ".tmp").c_str(), F_OK) != 0);
@@ -155,10 +164,14 @@ TEST_CASE("damaged checkpoint files are refused with the reason") {
                Catch::Contains("format version 3, this build reads versions 1 to 2"));
     CHECK_THAT(refused(with_format_version(good, 0)), Catch::Contains("format version 0"));
   }
-  SECTION("ages that do not match the rows") {
+  SECTION("ages that do not match the rows, or a count sketch of another width") {
     ShardCheckpoint c = sample();
     c.tables[0].ages.pop_back();
     CHECK_THROWS_WITH(write_checkpoint(dir.path(), c), Catch::Contains("wrong number of row ages"));
+    c = sample();
+    c.tables[0].sketch.pop_back();
+    CHECK_THROWS_WITH(write_checkpoint(dir.path(), c),
+                      Catch::Contains("count sketch of the wrong size"));
   }
   SECTION("trailing garbage") { CHECK_THAT(refused(good + "xx"), Catch::Contains("trailing")); }
   SECTION("a global step psd could not count from") {
@@ -175,6 +188,8 @@ TEST_CASE("a file of format version 1 (before row ages) is read, its rows withou
   TempDir dir;
   ShardCheckpoint c = sample();
   c.tables[0].ages.clear();  // what a version 1 file holds
+  c.tables[0].sketch_width = 0;
+  c.tables[0].sketch.clear();
   const std::string path = write_checkpoint(dir.path(), c);
   spit(path, with_format_version(slurp(path), 1));
   const ShardCheckpoint back = read_checkpoint(path);
@@ -182,6 +197,7 @@ TEST_CASE("a file of format version 1 (before row ages) is read, its rows withou
   CHECK(back.tables[0].ids == c.tables[0].ids);
   CHECK(back.tables[0].values == c.tables[0].values);
   CHECK(back.tables[0].ages.empty());
+  CHECK(back.tables[0].sketch_width == 0);
 }
 
 TEST_CASE("pruning keeps the newest files of one shard only") {

@@ -978,6 +978,32 @@ bool push_admitting(EmbeddingTable& t, const std::vector<uint64_t>& ids,
 
 }  // namespace
 
+TEST_CASE("a table given a saved count sketch counts on from it; one of another width is refused") {
+  EmbeddingTable t(admitting_table(3), 0, 1);
+  std::vector<uint64_t> ids(500);
+  std::iota(ids.begin(), ids.end(), 1000);
+  const std::vector<float> g(ids.size() * 2, 1.0f);
+  CHECK(push_admitting(t, ids, g));
+  CHECK(push_admitting(t, ids, g));  // each id counted twice: none admitted
+  CHECK(t.rows() == 0);
+  const CountSketch* saved = t.sketch();
+  REQUIRE(saved != nullptr);
+
+  EmbeddingTable back(admitting_table(3), 0, 1);
+  CHECK_THROWS_WITH(back.restore_sketch(saved->key(), saved->width() / 2, saved->counters()),
+                    Catch::Contains("count sketch of width 32768 for one of 65536"));
+  CHECK_THROWS_WITH(
+      back.restore_sketch(saved->key(), saved->width(), std::span(saved->counters()).first(100)),
+      Catch::Contains("100 counters for a sketch of 262144"));
+  back.restore_sketch(saved->key(), saved->width(), saved->counters());
+  CHECK(back.sketch()->key() == saved->key());
+  CHECK(push_admitting(back, ids, g));  // the third push admits them all
+  CHECK(back.rows() == ids.size());
+  EmbeddingTable plain(dynamic_table(2), 0, 1);
+  CHECK_THROWS_WITH(plain.restore_sketch(saved->key(), saved->width(), saved->counters()),
+                    Catch::Contains("does not admit ids by count"));
+}
+
 TEST_CASE("an id gets a row at its min_count-th push; before, pulls read its initial values") {
   EmbeddingTable t(admitting_table(3), 0, 1);
   REQUIRE(t.admits_by_count());

@@ -636,6 +636,33 @@ TEST_CASE("a restarted psd's expiring rows keep the steps since their last touch
   CHECK(t.rows_expired == 3);
 }
 
+TEST_CASE("a restarted psd keeps the admission counts of ids not yet admitted") {
+  ps::test::TempDir dir;
+  const std::vector<std::string> args = {"--checkpoint_dir", dir.path(), "--checkpoint_secs", "0"};
+  TableSpec spec = dynamic("a", 2);
+  spec.min_count = 3;
+  spec.count_sketch_width = 1 << 16;
+  std::vector<int64_t> ids(1000);
+  std::iota(ids.begin(), ids.end(), 0);
+  const std::vector<float> grads(ids.size() * 2, 1.0f);
+  {
+    PsdProcess psd(args);
+    Client chief(options_for({&psd}, 0));
+    chief.create_tables({spec});
+    chief.push_rows("a", ids, grads);
+    chief.push_rows("a", ids, grads);  // each id counted twice
+    CHECK(chief.list_tables().at(0).rows == 0);
+    chief.checkpoint();
+    psd.kill();
+  }
+  PsdProcess psd(args);
+  Client chief(options_for({&psd}, 0));
+  chief.declare_tables({spec});
+  chief.push_rows("a", ids, grads);  // the third push admits them all
+  CHECK(chief.list_tables().at(0).rows == ids.size());
+  CHECK_THAT(psd.log(), !Catch::Contains("admission counts start again"));
+}
+
 TEST_CASE("a restore into a table at its limit evicts none of the rows it restores") {
   PsdProcess psd;
   Client client(options_for({&psd}));

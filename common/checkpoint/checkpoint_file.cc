@@ -365,6 +365,10 @@ std::string write_checkpoint(const std::string& dir, const ShardCheckpoint& c, b
       if (!t.ages.empty() && t.ages.size() != t.ids.size())
         throw Error("checkpoint: table '" + t.spec.name + "' has the wrong number of row ages");
       h.setAges(!t.ages.empty());
+      if (t.sketch.size() != std::size_t{kSketchRows} * t.sketch_width)
+        throw Error("checkpoint: table '" + t.spec.name + "' has a count sketch of the wrong size");
+      h.setSketchKey(t.sketch_key);
+      h.setSketchWidth(t.sketch_width);
       out.message(m);
       const std::size_t floats = t.ids.size() * t.spec.dim;
       if (t.values.size() != floats)
@@ -377,6 +381,7 @@ std::string write_checkpoint(const std::string& dir, const ShardCheckpoint& c, b
         out.record(s.data(), s.size() * sizeof(float));
       }
       if (!t.ages.empty()) out.record(t.ages.data(), t.ages.size() * sizeof(uint32_t));
+      if (t.sketch_width != 0) out.record(t.sketch.data(), t.sketch.size());
     }
     {
       capnp::MallocMessageBuilder m;
@@ -500,6 +505,16 @@ ShardCheckpoint read_checkpoint(const std::string& path) {
         in.record(tc.ages, "table row ages");
         if (tc.ages.size() != tc.ids.size())
           in.fail("table '" + tc.spec.name + "' has the wrong number of row ages");
+      }
+      tc.sketch_key = t.getSketchKey();
+      tc.sketch_width = t.getSketchWidth();
+      if (tc.sketch_width != 0) {
+        if (tc.sketch_width > kMaxSketchWidth)
+          in.fail("table '" + tc.spec.name + "' claims a count sketch of width " +
+                  std::to_string(tc.sketch_width));
+        in.record(tc.sketch, "a count sketch");
+        if (tc.sketch.size() != std::size_t{kSketchRows} * tc.sketch_width)
+          in.fail("table '" + tc.spec.name + "' has a count sketch of the wrong size");
       }
       c.tables.push_back(std::move(tc));
     }

@@ -10,7 +10,8 @@
 // (TFRecord's framing). The records are: a ckpt::Header (Cap'n Proto, see
 // schema/checkpoint.capnp); per tensor a ckpt::TensorHeader and 1 + numSlots
 // raw float32 records (values, then slots); per embedding table a
-// ckpt::TableHeader and its ids, values, slots and (expiring rows) ages; a ckpt::Footer repeating
+// ckpt::TableHeader and its ids, values, slots, (expiring rows) ages and
+// (admission by count) count sketch; a ckpt::Footer repeating
 // the counts, so a file cut between records is caught too.
 //
 // Writing: to "<name>.tmp", fsync, rename over the final name, fsync the
@@ -47,6 +48,11 @@ struct TensorCheckpoint {
 };
 
 // One shard's rows of an embedding table (ps/embedding.h).
+// A saved count sketch's rows of counters and the most counters a row has
+// (server/shard_tables.cc asserts they are server/embedding/count_sketch.h's).
+inline constexpr uint32_t kSketchRows = 4;
+inline constexpr uint32_t kMaxSketchWidth = uint32_t{1} << 28;
+
 struct TableCheckpoint {
   TableSpec spec;
   uint32_t shard_index = 0;  // where the client placed this part
@@ -58,6 +64,12 @@ struct TableCheckpoint {
   // A table whose rows expire: per row, the steps since it was last touched
   // (empty otherwise, and in files of format version 1).
   std::vector<uint32_t> ages;
+  // A table admitting ids by count: its count sketch (sketch_width 0
+  // otherwise). Only the psd that wrote it reads it back: another shard
+  // count places other ids on each shard, with other keys.
+  uint64_t sketch_key = 0;
+  uint32_t sketch_width = 0;
+  std::vector<uint8_t> sketch;  // 4 * sketch_width counters
 };
 
 // A push request id a shard has applied, and its answer.

@@ -4,6 +4,7 @@
 #include <bit>
 
 #include "common/embedding_placement.h"
+#include "ps/errors.h"
 
 namespace ps {
 
@@ -27,6 +28,14 @@ std::array<uint32_t, CountSketch::kRows> CountSketch::cells(uint64_t id) const {
     at[r] = (r << log2_width_) + static_cast<uint32_t>(h >> (64 - log2_width_));
   }
   return at;
+}
+
+void CountSketch::set_counters(std::span<const uint8_t> counters) {
+  if (counters.size() != counters_.size()) {
+    throw RequestError("count sketch: " + std::to_string(counters.size()) +
+                       " counters for a sketch of " + std::to_string(counters_.size()));
+  }
+  std::copy(counters.begin(), counters.end(), counters_.begin());
 }
 
 uint32_t CountSketch::count(uint64_t id) const {

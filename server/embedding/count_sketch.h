@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace ps {
@@ -37,6 +38,11 @@ class CountSketch {
   void add(uint64_t id);  // one more push of id; saturates at kMaxCount
   uint64_t bytes() const { return counters_.size(); }
   uint32_t width() const { return uint32_t{1} << log2_width_; }
+  // For checkpoints: the key and the counters (kRows * width() bytes); a
+  // sketch made with the same width and key, given them, counts on.
+  uint64_t key() const { return key_; }
+  const std::vector<uint8_t>& counters() const { return counters_; }
+  void set_counters(std::span<const uint8_t> counters);  // kRows * width() bytes
 
  private:
   std::array<uint32_t, kRows> cells(uint64_t id) const;  // one counter's index per row

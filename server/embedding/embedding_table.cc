@@ -207,6 +207,18 @@ void EmbeddingTable::add_slabs() {
   }
 }
 
+void EmbeddingTable::restore_sketch(uint64_t key, uint32_t width,
+                                    std::span<const uint8_t> counters) {
+  if (!sketch_ || width != sketch_->width()) {
+    throw RequestError(quoted(spec_) + ": a saved count sketch of width " + std::to_string(width) +
+                       (sketch_ ? " for one of " + std::to_string(sketch_->width())
+                                : " for a table that does not admit ids by count"));
+  }
+  auto restored = std::make_unique<CountSketch>(width, key);
+  restored->set_counters(counters);
+  sketch_ = std::move(restored);
+}
+
 uint64_t EmbeddingTable::rows() const { return spec_.dynamic ? live_rows_ : fixed_rows_; }
 
 uint64_t EmbeddingTable::bytes() const {

@@ -90,6 +90,11 @@ class EmbeddingTable {
   // Admission by count (TableSpec::min_count > 1): pushed ids not yet
   // admitted, each counted once per push that dropped its gradients.
   bool admits_by_count() const { return sketch_ != nullptr; }
+  const CountSketch* sketch() const { return sketch_.get(); }  // null unless admits_by_count()
+  // A restarted psd's: the sketch saved with the table (its key, width and
+  // counters), so that ids not yet admitted keep their counts. Throws
+  // RequestError (the table unchanged) where it does not fit the spec.
+  void restore_sketch(uint64_t key, uint32_t width, std::span<const uint8_t> counters);
   uint64_t ids_filtered() const { return ids_filtered_; }
   // Memory kept from one request to the next for their work (each
   // position's slot, repeats, parts); given back after a request of more

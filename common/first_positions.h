@@ -65,6 +65,13 @@ class FirstPositions {
     mask_ = mask;
   }
   std::size_t size() const { return size_; }
+  // What bytes() would be after reserve(more).
+  std::size_t bytes_after_reserve(std::size_t more) const {
+    if (2 * (size_ + more) <= first_.size()) return bytes();
+    std::size_t capacity = std::max<std::size_t>(16, first_.size());
+    while (capacity < 2 * (size_ + more)) capacity *= 2;
+    return capacity * (sizeof(uint64_t) + sizeof(uint32_t));
+  }
   std::size_t bytes() const {  // memory held
     return keys_.capacity() * sizeof(uint64_t) + first_.capacity() * sizeof(uint32_t);
   }

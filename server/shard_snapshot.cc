@@ -19,6 +19,7 @@
 
 #include "ps/errors.h"
 #include "server/shard.h"
+#include "server/shard_tables.h"
 
 namespace ps {
 
@@ -159,7 +160,9 @@ std::vector<SkippedTensor> Shard::restore(const ShardCheckpoint& c) {
     restore_tables(c);
     if (c.ready) check_can_be_ready();
   } catch (...) {
-    store_.clear();  // nothing can hold a pointer to a tensor yet
+    store_.clear();           // nothing can hold a pointer to a tensor or table yet
+    tables_->tables.clear();  // those restored before a refused one: an older file may follow
+    if (budget_ != nullptr) tables_->reserved.resize_anyway(0);
     job_.restore(false, JobConfig{}, 0, false);
     throw;
   }

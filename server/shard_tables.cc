@@ -52,7 +52,8 @@ uint64_t bytes_for_more_rows(const ShardTable& t, uint64_t fresh) {
 
 // Of a sync push's ids, the distinct ones the step's earlier pushes did
 // not name (each grows the step's sums by a row), and of those the ones the
-// table does not hold (each a row the step's commit creates).
+// step's commit will create (not held; where the table admits by count,
+// admitted by this push).
 struct NewToStep {
   uint64_t ids = 0;
   uint64_t rows = 0;
@@ -65,7 +66,8 @@ NewToStep new_to_step(const ShardTable& t, std::span<const uint64_t> ids) {
     const uint64_t id = ids[i];
     if (t.sync.position.contains(id) || seen.first(id, i) != i) continue;
     ++n.ids;
-    if (!t.table->holds(id)) ++n.rows;
+    if (!t.table->holds(id) && t.table->would_create(id, EmbeddingTable::Creating::kByPush))
+      ++n.rows;
   }
   return n;
 }
@@ -349,16 +351,16 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
   // (and for what summing it may add to the step's buffers).
   uint64_t rows_new_to_step = 0;
   uint64_t extra = 0;
+  std::size_t step_ids_reserved = r.ids.size();  // room made in the step's buffers
   if (sync && creates_rows) {
-    // Worked out id by id only where the step's buffers may grow or rows
-    // are new: a step whose rows were pulled first, in buffers a step before
-    // it sized, costs nothing more.
-    const uint64_t room = t.sync.ids.capacity() - t.sync.ids.size();
-    if (fresh > 0 || r.ids.size() > room) {
+    // Worked out id by id only where rows are new or the step's buffers
+    // would grow: a step whose rows were pulled first, in buffers a step
+    // before it sized, costs nothing more.
+    if (fresh > 0 || t.sync.growth(r.ids.size(), r.ids.size(), dim) > 0) {
       const NewToStep n = new_to_step(t, r.ids);
-      rows_new_to_step = std::min(fresh, n.rows);
-      if (n.ids > room)
-        extra = (n.ids - room) * (sizeof(uint64_t) + uint64_t(dim) * sizeof(float) + 24);
+      rows_new_to_step = n.rows;
+      step_ids_reserved = n.ids;
+      extra = t.sync.growth(r.ids.size(), n.ids, dim);
     }
     fresh = rows_new_to_step;
   }
@@ -427,7 +429,10 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
       slot.contributors.push_back(caller.worker_index);
       ++slot.count;
       slot.within_bound = slot.within_bound && within_bound.value_or(false);
+      // Exactly the room charged above (TableSyncSlot::growth), not a doubling.
       slot.position.reserve(r.ids.size());
+      slot.ids.reserve(slot.ids.size() + step_ids_reserved);
+      slot.sum.reserve((slot.ids.size() + step_ids_reserved) * dim);
       for (std::size_t i = 0; i < r.ids.size(); ++i) {
         const auto next = static_cast<uint32_t>(slot.ids.size());
         const uint32_t at = slot.position.first(r.ids[i], next);

@@ -36,6 +36,14 @@ struct TableSyncSlot {
   uint64_t bytes() const {
     return position.bytes() + ids.capacity() * sizeof(uint64_t) + sum.capacity() * sizeof(float);
   }
+  // What making room for a push of `ids` ids, `more` of them new to the
+  // step, adds to bytes(): push_rows reserves exactly this before summing.
+  uint64_t growth(std::size_t ids, std::size_t more, uint32_t dim) const {
+    const std::size_t want = this->ids.size() + more;
+    return position.bytes_after_reserve(ids) - position.bytes() +
+           (want > this->ids.capacity() ? (want - this->ids.capacity()) * sizeof(uint64_t) : 0) +
+           (want * dim > sum.capacity() ? (want * dim - sum.capacity()) * sizeof(float) : 0);
+  }
   void clear() {
     position.clear();  // keeps its arrays for the next step
     ids.clear();

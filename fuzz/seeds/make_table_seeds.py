@@ -41,13 +41,17 @@ msgs = {
  'pull_exp': ('PullRows', '(table = "exp", ids = [5, 9, 6], minStep = 0)'),
  # Says its ids are distinct and repeats one (psd may take its word).
  'push_lie': ('PushRows', '(table = "emb", ids = [2, 4, 2], grads = %s, requestId = 13, idsDistinct = true)' % f32(*([0.25]*12))),
+ # Rows of "exp" with their ages (one past its expiry), and a push in parts (refused in sync mode).
+ 'restore_exp': ('RestoreRows', '(table = "exp", ids = [5, 7], values = %s, slots = [%s], version = 2, ages = [0, 9])' % (f32(1, 2, 3, 4), f32(0.5, 0.5, 0.5, 0.5))),
+ 'push_parts': ('PushRows', '(table = "emb", ids = [1], grads = %s, step = 0, requestId = 17, parts = 2)' % f32(1, 1, 1, 1)),
  'restore_emb': ('RestoreRows', '(table = "emb", ids = [4, 5], values = %s, slots = [%s], version = 3)' % (f32(*([1.0]*8)), f32(*([0.2]*8)))),
  'create_tables': ('CreateTables', '(tables = [(name = "new", dim = 3, rows = 10, optimizer = (kind = lazyAdam, learningRate = 0.1), numShards = 1), (name = "d2", dim = 2, dynamic = true, placement = hash, rowLimit = 4, onLimit = evictLru, numShards = 1, expireAfterSteps = 2)], validateOnly = false)'),
  'list': ('Empty', '()'),
 }
 bins = {k: enc(t, x) for k, (t, x) in msgs.items()}
 ops = {'create_tables': 8, 'pull_emb': 9, 'pull_dyn': 9, 'lookup_dyn': 9, 'pull_exp': 9, 'push_emb': 10, 'push_dyn': 10,
-       'push_hot': 10, 'push_lie': 10, 'push_exp': 10, 'restore_emb': 11, 'list': 12}
+       'push_hot': 10, 'push_lie': 10, 'push_exp': 10, 'push_parts': 10, 'restore_emb': 11, 'restore_exp': 11,
+       'list': 12}
 SHARD = 'fuzz/seeds/shard'
 os.makedirs(SHARD, exist_ok=True)
 for k, b in bins.items():
@@ -55,7 +59,8 @@ for k, b in bins.items():
         open(os.path.join(SHARD, '%s_%02x' % (k, who)), 'wb').write(bytes([ops[k], who]) + b)
 # rpc_fuzz: [msgs...][per call from the back: low, high, method][hello]
 methods = {'create_tables': 15, 'pull_emb': 16, 'pull_dyn': 16, 'lookup_dyn': 16, 'pull_exp': 16, 'push_emb': 17,
-           'push_dyn': 17, 'push_hot': 17, 'push_lie': 17, 'push_exp': 17, 'list': 18, 'restore_emb': 19}
+           'push_dyn': 17, 'push_hot': 17, 'push_lie': 17, 'push_exp': 17, 'push_parts': 17, 'list': 18,
+           'restore_emb': 19, 'restore_exp': 19}
 RPC = 'fuzz/seeds/rpc'
 os.makedirs(RPC, exist_ok=True)
 def rpc(calls, hello):
@@ -65,6 +70,6 @@ def rpc(calls, hello):
         n = len(bins[c])
         back = bytes([n & 0xff, n >> 8, methods[c]]) + back
     return front + back + bytes([hello])
-open(os.path.join(RPC, 'tables_worker'), 'wb').write(rpc(['pull_emb', 'push_emb', 'push_dyn', 'pull_dyn', 'lookup_dyn', 'restore_emb', 'list', 'create_tables', 'push_hot', 'push_lie'], 0x07))
+open(os.path.join(RPC, 'tables_worker'), 'wb').write(rpc(['pull_emb', 'push_emb', 'push_dyn', 'pull_dyn', 'lookup_dyn', 'restore_emb', 'list', 'create_tables', 'push_hot', 'push_lie', 'push_parts', 'restore_exp'], 0x07))
 open(os.path.join(RPC, 'tables_tool'), 'wb').write(rpc(['list', 'pull_emb', 'restore_emb', 'create_tables'], 0x01))
 print(len(os.listdir(SHARD)), 'shard_fuzz seeds,', len(os.listdir(RPC)), 'rpc_fuzz seeds')

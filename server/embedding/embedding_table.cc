@@ -214,9 +214,13 @@ void EmbeddingTable::restore_sketch(uint64_t key, uint32_t width,
                        (sketch_ ? " for one of " + std::to_string(sketch_->width())
                                 : " for a table that does not admit ids by count"));
   }
-  auto restored = std::make_unique<CountSketch>(width, key);
-  restored->set_counters(counters);
-  sketch_ = std::move(restored);
+  if (counters.size() != sketch_->counters().size()) {
+    throw RequestError(quoted(spec_) + ": " + std::to_string(counters.size()) +
+                       " counters for a sketch of " + std::to_string(sketch_->counters().size()));
+  }
+  sketch_.reset();  // first: the largest sketches are 1 GiB
+  sketch_ = std::make_unique<CountSketch>(width, key);
+  sketch_->set_counters(counters);
 }
 
 uint64_t EmbeddingTable::rows() const { return spec_.dynamic ? live_rows_ : fixed_rows_; }

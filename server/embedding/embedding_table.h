@@ -113,6 +113,9 @@ class EmbeddingTable {
   // none, and a push those whose count reaches min_count with it. A
   // lookup creates none; a restore every one.
   enum class Creating { kNone, kByPull, kByPush, kAll };
+  // Whether a request `creating` rows would create one for `id`, not held
+  // (a dynamic table; by count: whether this push admits it).
+  bool would_create(uint64_t id, Creating creating) const { return creates(id, creating); }
   // Checks that every id may be read or written here; returns how many
   // distinct rows the request would create (dynamic tables), which the row
   // limit must allow. `what` starts the error message ("pullRows").

@@ -14,8 +14,8 @@ import os, struct, subprocess, tempfile
 MIRROR = """@0xd1c0a3b2e4f50617;
 using Ps = import "/schema/ps.capnp";
 struct PullRows { table @0 :Text; ids @1 :List(UInt64); minStep @2 :Int64; into @3 :Ps.SharedSlice; lookup @4 :Bool; }
-struct PushRows { table @0 :Text; ids @1 :List(UInt64); grads @2 :Data; step @3 :Int64; requestId @4 :UInt64; doneStep @5 :Int64 = -1; sharedGrads @6 :Ps.SharedSlice; idsDistinct @7 :Bool; }
-struct RestoreRows { table @0 :Text; ids @1 :List(UInt64); values @2 :Data; slots @3 :List(Data); version @4 :UInt64; }
+struct PushRows { table @0 :Text; ids @1 :List(UInt64); grads @2 :Data; step @3 :Int64; requestId @4 :UInt64; doneStep @5 :Int64 = -1; sharedGrads @6 :Ps.SharedSlice; idsDistinct @7 :Bool; parts @8 :UInt32 = 1; }
+struct RestoreRows { table @0 :Text; ids @1 :List(UInt64); values @2 :Data; slots @3 :List(Data); version @4 :UInt64; ages @5 :List(UInt32); }
 struct CreateTables { tables @0 :List(Ps.TableSpec); validateOnly @1 :Bool; }
 struct Empty {}
 """

@@ -47,9 +47,8 @@ class FirstPositions {
   // Room for `more` keys beyond those held: the arrays grow (the keys held
   // placed anew) to keep the set at most half full.
   void reserve(std::size_t more) {
-    if (2 * (size_ + more) <= first_.size()) return;
-    std::size_t capacity = std::max<std::size_t>(16, first_.size());
-    while (capacity < 2 * (size_ + more)) capacity *= 2;
+    const std::size_t capacity = capacity_for(more);
+    if (capacity == first_.size()) return;
     std::vector<uint64_t> keys(capacity);
     std::vector<uint32_t> first(capacity, kNone);
     const uint64_t mask = capacity - 1;
@@ -67,10 +66,8 @@ class FirstPositions {
   std::size_t size() const { return size_; }
   // What bytes() would be after reserve(more).
   std::size_t bytes_after_reserve(std::size_t more) const {
-    if (2 * (size_ + more) <= first_.size()) return bytes();
-    std::size_t capacity = std::max<std::size_t>(16, first_.size());
-    while (capacity < 2 * (size_ + more)) capacity *= 2;
-    return capacity * (sizeof(uint64_t) + sizeof(uint32_t));
+    const std::size_t capacity = capacity_for(more);
+    return capacity == first_.size() ? bytes() : capacity * (sizeof(uint64_t) + sizeof(uint32_t));
   }
   std::size_t bytes() const {  // memory held
     return keys_.capacity() * sizeof(uint64_t) + first_.capacity() * sizeof(uint32_t);
@@ -97,6 +94,13 @@ class FirstPositions {
 
  private:
   static constexpr uint32_t kNone = UINT32_MAX;
+  // The arrays' size that holds `more` keys beyond those held at most half full.
+  std::size_t capacity_for(std::size_t more) const {
+    if (2 * (size_ + more) <= first_.size()) return first_.size();
+    std::size_t capacity = std::max<std::size_t>(16, first_.size());
+    while (capacity < 2 * (size_ + more)) capacity *= 2;
+    return capacity;
+  }
   static constexpr std::size_t kKeepEntries = std::size_t{1} << 20;  // 12 MiB
   std::vector<uint64_t> keys_;
   std::vector<uint32_t> first_;

@@ -429,10 +429,7 @@ PushRowsReply Shard::push_rows(const Caller& caller, const PushRowsRequest& r) {
       slot.contributors.push_back(caller.worker_index);
       ++slot.count;
       slot.within_bound = slot.within_bound && within_bound.value_or(false);
-      // Exactly the room charged above (TableSyncSlot::growth), not a doubling.
-      slot.position.reserve(r.ids.size());
-      slot.ids.reserve(slot.ids.size() + step_ids_reserved);
-      slot.sum.reserve((slot.ids.size() + step_ids_reserved) * dim);
+      slot.reserve(r.ids.size(), step_ids_reserved, dim);  // the room charged above
       for (std::size_t i = 0; i < r.ids.size(); ++i) {
         const auto next = static_cast<uint32_t>(slot.ids.size());
         const uint32_t at = slot.position.first(r.ids[i], next);

@@ -36,13 +36,19 @@ struct TableSyncSlot {
   uint64_t bytes() const {
     return position.bytes() + ids.capacity() * sizeof(uint64_t) + sum.capacity() * sizeof(float);
   }
-  // What making room for a push of `ids` ids, `more` of them new to the
-  // step, adds to bytes(): push_rows reserves exactly this before summing.
+  // What reserve(ids, more, dim) adds to bytes().
   uint64_t growth(std::size_t ids, std::size_t more, uint32_t dim) const {
     const std::size_t want = this->ids.size() + more;
     return position.bytes_after_reserve(ids) - position.bytes() +
            (want > this->ids.capacity() ? (want - this->ids.capacity()) * sizeof(uint64_t) : 0) +
            (want * dim > sum.capacity() ? (want * dim - sum.capacity()) * sizeof(float) : 0);
+  }
+  // Room for a push of `ids` ids, `more` of them new to the step: exactly
+  // what growth() charged, not a doubling.
+  void reserve(std::size_t ids, std::size_t more, uint32_t dim) {
+    position.reserve(ids);
+    this->ids.reserve(this->ids.size() + more);
+    sum.reserve((this->ids.size() + more) * dim);
   }
   void clear() {
     position.clear();  // keeps its arrays for the next step

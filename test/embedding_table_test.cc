@@ -831,8 +831,14 @@ TEST_CASE("expiry is refused where it cannot apply, and its steps are counted in
   CHECK_THROWS_WITH(EmbeddingTable::validate(expiring_table((uint64_t{1} << 30) + 1)),
                     Catch::Contains("must be at most 1073741824"));
   EmbeddingTable::validate(expiring_table(uint64_t{1} << 30));
-  CHECK(EmbeddingTable::bytes_per_dynamic_row(expiring_table(5)) ==
-        EmbeddingTable::bytes_per_dynamic_row(dynamic_table(1)) + sizeof(uint32_t));
+  {  // 1,000 rows: their stamps (4 bytes each, in an array grown to 1,024) counted in bytes()
+    EmbeddingTable expiring(expiring_table(5), 0, 1), plain(dynamic_table(1), 0, 1);
+    std::vector<uint64_t> ids(1000);
+    std::iota(ids.begin(), ids.end(), 0);
+    pull(expiring, ids);
+    pull(plain, ids);
+    CHECK(expiring.bytes() - plain.bytes() == 1024 * sizeof(uint32_t));
+  }
   // A table that does not expire never drops a row, however far the steps go.
   EmbeddingTable t(dynamic_table(1), 0, 1);
   pull(t, {1, 2});

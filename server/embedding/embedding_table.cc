@@ -122,15 +122,6 @@ uint64_t EmbeddingTable::initial_bytes(const TableSpec& s, uint32_t shard, uint3
   return rows > UINT64_MAX / per_row ? UINT64_MAX : rows * per_row;
 }
 
-uint64_t EmbeddingTable::bytes_per_dynamic_row(const TableSpec& s) {
-  const uint64_t comps = 1 + RowOptimizer::make(s.optimizer, s.name)->num_slots();
-  // Values and slots, about two index entries (load <= 1/2), for LRU
-  // eviction the slot's id and list links, for expiry its last step.
-  return comps * s.dim * sizeof(float) + 2 * RowIndex::kEntryBytes +
-         (s.on_limit == OnRowLimit::kEvictLru ? sizeof(uint64_t) + 2 * sizeof(uint32_t) : 0) +
-         (s.expire_after_steps != 0 ? sizeof(uint32_t) : 0);
-}
-
 uint64_t EmbeddingTable::bytes_for_new_rows(uint64_t fresh) const {
   if (!spec_.dynamic) return 0;
   // At an LRU table's row limit each new row first evicts one and takes its slot.

@@ -47,8 +47,6 @@ class EmbeddingTable {
   static void validate(const TableSpec& spec);
   // The bytes a new table takes on `shard` before any dynamic row exists.
   static uint64_t initial_bytes(const TableSpec& spec, uint32_t shard, uint32_t shards);
-  // The bytes one more row of a dynamic table takes (values, slots, index).
-  static uint64_t bytes_per_dynamic_row(const TableSpec& spec);
   // The memory `fresh` new rows would add here, as bytes() counts it: none
   // for those that fit in slots already allocated and free (rows evicted or
   // expired, or the rest of the last slab) or, at an LRU table's row limit,

@@ -49,6 +49,10 @@ OptimizerConfig from_wire(wire::OptimizerSpec::Reader in) {
   c.decay_rate = in.getDecayRate();
   c.decay_steps = in.getDecaySteps();
   c.staircase = in.getStaircase();
+  if (in.getBoundaries().size() > kMaxBoundaries) {  // refused before it is copied
+    throw RequestError("a piecewise schedule has at most " + std::to_string(kMaxBoundaries) +
+                       " boundaries, not " + std::to_string(in.getBoundaries().size()));
+  }
   for (int64_t b : in.getBoundaries()) c.boundaries.push_back(b);
   c.alpha = in.getAlpha();
   return c;

@@ -28,6 +28,12 @@ void validate_job_config(const JobConfig& config) {
     throw RequestError("initJob: start step " + std::to_string(config.start_step) +
                        " is out of range [0, 2^62]");
   }
+  const uint64_t hosts = host_list_bytes(config.worker_hosts, config.ps_hosts);
+  if (hosts > kMaxHostListBytes) {
+    throw RequestError("initJob: the host lists take " + std::to_string(hosts) +
+                       " bytes, more than the " + std::to_string(kMaxHostListBytes) +
+                       " a job may keep (they are informational: send them empty)");
+  }
 }
 
 void JobState::configure(const JobConfig& config) {
@@ -215,7 +221,7 @@ void JobState::recheck_staleness_waiters() {
 }
 
 void JobState::advance_step() {
-  ++global_step_;
+  if (global_step_ < kMaxStep) ++global_step_;
   while (!step_waiters_.empty() && step_waiters_.begin()->first <= global_step_) {
     step_waiters_.begin()->second.fulfiller->fulfill();
     step_waiters_.erase(step_waiters_.begin());

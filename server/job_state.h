@@ -97,8 +97,11 @@ class JobState {
   void worker_progressed() { recheck_staleness_waiters(); }
   // Resolves once the global step reaches `step`; `worker` as above.
   kj::Promise<void> wait_for_step(int64_t step, int worker = -1);
+  // At kMaxStep (a job started near it) the job stops: the step cannot
+  // move past what requests and checkpoints may name.
   bool stop_reached() const {
-    return config_.train_steps > 0 && global_step_ >= config_.train_steps;
+    return global_step_ >= kMaxStep ||
+           (config_.train_steps > 0 && global_step_ >= config_.train_steps);
   }
 
   void set_ready();

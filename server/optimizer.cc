@@ -168,6 +168,9 @@ void validate_optimizer(const OptimizerConfig& c) {
   require(
       c.schedule != LrSchedule::kExponentialDecay || c.decay_rate <= 1,
       "exponential decay's decay rate must be <= 1 (above, the learning rate grows without bound)");
+  require(c.boundaries.size() <= kMaxBoundaries,
+          "a piecewise schedule has at most " + std::to_string(kMaxBoundaries) +
+              " boundaries, not " + std::to_string(c.boundaries.size()));
   if (c.schedule == LrSchedule::kPiecewise) {
     const double last =
         c.learning_rate * std::pow(static_cast<double>(c.decay_rate), c.boundaries.size());

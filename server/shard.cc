@@ -187,10 +187,7 @@ void Shard::timed_apply(StoredTensor* t, std::span<const float> g, float scale,
   const bool applied = t->apply(g, scale, !options_.allow_nonfinite, known);
   apply_latency_.observe(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  if (!applied) {
-    ++counters_.rejected;
-    throw RequestError(nonfinite_update_refusal(t->spec()));
-  }
+  if (!applied) throw RequestError(nonfinite_update_refusal(t->spec()));
 }
 
 // A step a request names, checked before psd counts with it (a step from a

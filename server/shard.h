@@ -282,6 +282,7 @@ class Shard {
   // Per-tensor sums for the current sync step.
   struct SyncSlot {
     std::vector<float> sum;  // written on the tensor's strand
+    MemoryBudget::Reservation sum_bytes;  // the sum's, held as long as it is
     uint32_t count = 0;      // the rest on the event loop
     std::vector<int> contributors;
     bool complete = false;
@@ -328,13 +329,22 @@ class Shard {
   // Record, route and record the answer of a checked push.
   kj::Promise<void> commit_push(const Caller& caller, const PushRequest& request, PushReply& reply,
                                 PushWork work);
-  // An async push with a tensor updated on the compute pool: every update is
-  // checked first, on the tensors' strands, and then all are applied (and the
-  // request counted), or none. Later pushes of the same pool tensors wait
+  // A push with a tensor updated on arrival (async, or a non-trainable one in
+  // sync mode) on the compute pool: every such update is checked first, on
+  // the tensors' strands, and then all are applied (and the request counted),
+  // or none. Later pushes of the same pool tensors wait
   // until this one's updates are queued, so what is applied is what was checked.
   kj::Promise<void> push_checked_whole(const Caller& caller, const PushRequest& request,
                                        PushReply& reply, PushWork work);
   bool needs_whole_check(const PushWork& work) const;
+  // Whether a pushed gradient updates its tensor now (async and bounded
+  // staleness; a non-trainable tensor in sync mode) rather than at the sync
+  // step's commit.
+  bool applied_on_arrival(const PushGrad& g) const;
+  // Sync: the sums a push's trainable gradients go into, allocated and
+  // counted in the memory budget the first time, before anything of the
+  // push is recorded; throws RequestError when psd has no room.
+  void reserve_sync_sums(const PushWork& work);
   // Check: the steps and the caller; throws RequestError.
   void check_push_caller(const Caller& caller, const PushRequest& request);
   // A retry of a push already applied (its reply was lost): answers it
@@ -351,8 +361,8 @@ class Shard {
   // Record: the request log's answer for a retry, then the step report.
   void record_push_answer(const Caller& caller, const PushRequest& request, PushReply& reply);
 
-  // An async push whose update of a tensor applied on the event loop would
-  // leave a value NaN or Inf is refused before any of it is applied (larger
+  // A push whose update on arrival of a tensor applied on the event loop
+  // would leave a value NaN or Inf is refused before any of it is applied (larger
   // tensors are checked on their strands: push_checked_whole). Throws
   // RequestError (shard_checks.cc).
   void refuse_nonfinite_updates(const std::vector<PushGrad>& work) const;

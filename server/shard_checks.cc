@@ -23,7 +23,8 @@ void Shard::check_can_be_ready() const {
 void Shard::refuse_nonfinite_updates(const std::vector<PushGrad>& work) const {
   if (options_.allow_nonfinite) return;
   for (const PushGrad& g : work) {
-    if (runs_inline(g.tensor) && !g.tensor->update_finite(g.values, 1.0f, g.grad_max)) {
+    if (applied_on_arrival(g) && runs_inline(g.tensor) &&
+        !g.tensor->update_finite(g.values, 1.0f, g.grad_max)) {
       throw RequestError("push: " + nonfinite_update_refusal(g.tensor->spec()));
     }
   }

@@ -21,6 +21,7 @@ kj::Promise<void> Shard::push(const Caller& caller, const PushRequest& request, 
   saw_worker(caller.worker_index);
   if (answer_retry(caller, request, reply)) return kj::READY_NOW;
   PushWork work = check_push(caller, request);
+  if (job_.config().mode == SyncMode::kSync) reserve_sync_sums(work);
   if (needs_whole_check(work)) return push_checked_whole(caller, request, reply, std::move(work));
   return commit_push(caller, request, reply, std::move(work));
 }
@@ -35,13 +36,32 @@ kj::Promise<void> Shard::commit_push(const Caller& caller, const PushRequest& re
   return kj::joinPromises(pending.releaseAsArray()).attach(kj::mv(work.copied));
 }
 
-bool Shard::needs_whole_check(const PushWork& work) const {
-  if (options_.allow_nonfinite || job_.config().mode == SyncMode::kSync) return false;
-  // Any pool tensor, even a push's only one, whose update may fail: a
-  // refusal found as it is applied would come after the push's request id
-  // and step report count.
+bool Shard::applied_on_arrival(const PushGrad& g) const {
+  return job_.config().mode != SyncMode::kSync || !g.tensor->spec().trainable;
+}
+
+void Shard::reserve_sync_sums(const PushWork& work) {
   for (const PushGrad& g : work.grads) {
-    if (!runs_inline(g.tensor) && !g.tensor->within_safe_bound(g.grad_max, 1.0f)) return true;
+    if (applied_on_arrival(g)) continue;
+    SyncSlot& slot = sync_[g.tensor];
+    if (slot.sum.size() == g.tensor->size()) continue;
+    const uint64_t bytes = g.tensor->size() * sizeof(float);
+    check_memory(bytes, "push: the sum of tensor '" + g.tensor->spec().name +
+                            "''s sync gradients (" + std::to_string(bytes) + " bytes)");
+    if (budget_ != nullptr) slot.sum_bytes = budget_->reserve_anyway(MemoryUse::kTensors, bytes);
+    slot.sum.resize(g.tensor->size());
+  }
+}
+
+bool Shard::needs_whole_check(const PushWork& work) const {
+  if (options_.allow_nonfinite) return false;
+  // Any pool tensor updated on arrival, even a push's only one, whose update
+  // may fail: a refusal found as it is applied would come after the push's
+  // request id, its sync gradients and its step report count.
+  for (const PushGrad& g : work.grads) {
+    if (applied_on_arrival(g) && !runs_inline(g.tensor) &&
+        !g.tensor->within_safe_bound(g.grad_max, 1.0f))
+      return true;
   }
   return false;
 }
@@ -71,7 +91,7 @@ kj::Promise<void> Shard::push_checked_whole(const Caller& caller, const PushRequ
   state->gate_id = ++next_gate_id_;
   for (const PushGrad& g : state->work.grads) {
     StoredTensor* t = g.tensor;
-    if (runs_inline(t)) continue;
+    if (runs_inline(t) || !applied_on_arrival(g)) continue;
     auto it = push_gates_.find(t);
     if (it != push_gates_.end()) {
       // Broken if that push was dropped: this one goes ahead all the same.
@@ -86,7 +106,7 @@ kj::Promise<void> Shard::push_checked_whole(const Caller& caller, const PushRequ
         kj::Vector<kj::Promise<void>> checks;
         for (std::size_t i = 0; i < state->work.grads.size(); ++i) {
           const PushGrad& g = state->work.grads[i];
-          if (runs_inline(g.tensor)) continue;
+          if (runs_inline(g.tensor) || !applied_on_arrival(g)) continue;
           checks.add(pool_.run(g.tensor->id(), [g, state, i] {
             state->finite[i] =
                 g.tensor->update_finite(g.values, 1.0f, g.grad_max, &state->versions[i]);
@@ -106,9 +126,8 @@ kj::Promise<void> Shard::push_checked_whole(const Caller& caller, const PushRequ
         std::vector<std::optional<uint64_t>> checked(state->work.grads.size());
         for (std::size_t i = 0; i < state->work.grads.size(); ++i) {
           StoredTensor* t = state->work.grads[i].tensor;
-          if (runs_inline(t)) continue;
+          if (runs_inline(t) || !applied_on_arrival(state->work.grads[i])) continue;
           if (!state->finite[i]) {
-            ++counters_.rejected;
             throw RequestError("push: " + nonfinite_update_refusal(t->spec()));
           }
           checked[i] = state->versions[i];
@@ -200,7 +219,7 @@ Shard::PushWork Shard::check_push(const Caller& caller, const PushRequest& reque
     work.grads.push_back({&t, values, grad_max});
     work.bytes += got;
   }
-  if (job_.config().mode != SyncMode::kSync) refuse_nonfinite_updates(work.grads);
+  refuse_nonfinite_updates(work.grads);
   if (job_.config().mode == SyncMode::kSync) {
     if (caller.worker_index < 0)
       throw RequestError("push: sync mode needs a worker index (say hello as a worker)");
@@ -298,7 +317,7 @@ GradientStatus Shard::offer_sync(const PushGrad& grad, int worker,
   }
   slot.contributors.push_back(worker);
   if (slot.sum.size() != t->size())
-    slot.sum.resize(t->size());  // once per tensor; reused every step
+    slot.sum.resize(t->size());  // reserve_sync_sums allocated it (counted) before this push
   const bool first = slot.count++ == 0;
   slot.grad_max_sum = (first ? 0.0 : slot.grad_max_sum) + double(grad.grad_max);
   float* sum = slot.sum.data();

@@ -95,8 +95,11 @@ TensorStore::TensorStore(StoreLimits limits, MemoryBudget* budget)
 uint64_t TensorStore::footprint(const TensorSpec& spec, uint64_t n,
                                 const std::optional<PartMeta>& part) {
   const uint64_t names = spec.name.size() + (part ? part->full_name.size() : 0);
+  // The spec and the optimizer each keep the boundaries.
+  const uint64_t lists = sizeof(int64_t) * (2 * spec.optimizer.boundaries.size() +
+                                            (part ? part->full_shape.size() : 0));
   return n * sizeof(float) * (1 + make_optimizer(spec.optimizer)->make_slots(0).size()) +
-         kTensorBookkeepingBytes + kNameCopies * names;
+         kTensorBookkeepingBytes + kNameCopies * names + lists;
 }
 
 void TensorStore::validate(const TensorSpec& spec, const std::optional<PartMeta>& part,
@@ -110,8 +113,9 @@ void TensorStore::validate_locked(const TensorSpec& spec, const std::optional<Pa
   const std::string& name = spec.name;
   check_name(name, "create: tensor");
   if (part) check_name(part->full_name, "create: split tensor");
-  if (spec.shape.size() > 16)
-    throw RequestError("create: tensor '" + name + "' has more than 16 dimensions");
+  if (spec.shape.size() > kMaxDims || (part && part->full_shape.size() > kMaxDims))
+    throw RequestError("create: tensor '" + name + "' has more than " + std::to_string(kMaxDims) +
+                       " dimensions");
   uint64_t n = 1;
   for (uint64_t d : spec.shape) {
     if (d == 0)

@@ -144,15 +144,16 @@ class TensorStore {
   // can hold a pointer to one.
   void clear();
 
+  // Bytes a tensor of `n` elements holds with its optimizer's slots and its
+  // bookkeeping (the StoredTensor, its spec, the map's node, its names and
+  // lists): many tiny tensors must not hold more memory than the budget counts.
+  static uint64_t footprint(const TensorSpec& spec, uint64_t n,
+                            const std::optional<PartMeta>& part);
+
  private:
   void validate_locked(const TensorSpec& spec, const std::optional<PartMeta>& part,
                        Pending* pending, Values values) const;
 
-  // Bytes a tensor of `n` elements holds with its optimizer's slots and its
-  // bookkeeping (the StoredTensor, its spec, the map's node, its names):
-  // many tiny tensors must not hold more memory than the budget counts.
-  static uint64_t footprint(const TensorSpec& spec, uint64_t n,
-                            const std::optional<PartMeta>& part);
   static constexpr uint64_t kTensorBookkeepingBytes = 1024;
   static constexpr uint64_t kNameCopies = 3;
 

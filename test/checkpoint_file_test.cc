@@ -215,6 +215,18 @@ TEST_CASE("pruning keeps the newest files of one shard only") {
   CHECK(access((dir.path() + "/shard-0-of-2/ckpt-000000000099.psckpt.tmp").c_str(), F_OK) != 0);
 }
 
+TEST_CASE("a checkpoint at any step a job reaches, up to kMaxStep (19 digits), is found again") {
+  TempDir dir;
+  for (int64_t step : {int64_t{7}, int64_t{999999999999999999}, ps::kMaxStep})
+    write_checkpoint(dir.path(), sample(0, 1, step));
+  spit(dir.path() + "/shard-0-of-1/ckpt-9999999999999999999.psckpt", "past int64");
+  spit(dir.path() + "/shard-0-of-1/ckpt-4611686018427387905.psckpt", "past kMaxStep");
+  std::vector<int64_t> steps;
+  for (const auto& f : list_checkpoints(dir.path(), 0, 1)) steps.push_back(f.step);
+  CHECK(steps == std::vector<int64_t>{ps::kMaxStep, 999999999999999999, 7});
+  CHECK(read_checkpoint(list_checkpoints(dir.path(), 0, 1)[0].path).global_step == ps::kMaxStep);
+}
+
 TEST_CASE(
     "load_checkpoint reassembles split tensors from every shard, newest complete valid step") {
   TempDir dir;

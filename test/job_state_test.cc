@@ -82,3 +82,17 @@ TEST_CASE("a configured job takes a new stop step ahead of its global step, noth
   job.configure(longest);
   CHECK_FALSE(job.finished());
 }
+
+TEST_CASE("a job started at the largest step stops there: its step never passes kMaxStep") {
+  kj::EventLoop loop;
+  kj::WaitScope ws(loop);
+  kj::TimerImpl timer(kj::origin<kj::TimePoint>());
+  ps::JobState job(timer);
+  job.configure({.start_step = ps::kMaxStep - 1});
+  CHECK_FALSE(job.stop_reached());
+  job.advance_step();
+  CHECK(job.global_step() == ps::kMaxStep);
+  CHECK(job.stop_reached());  // no stop step was given: kMaxStep is one
+  job.advance_step();
+  CHECK(job.global_step() == ps::kMaxStep);
+}

@@ -231,7 +231,6 @@ TEST_CASE("initJob and report take plain types; their refusals change nothing") 
   refused(
       f, [&] { f.shard.init_job({.mode = ps::SyncMode::kSync, .replicas_to_aggregate = 0}); },
       "sync mode needs replicas_to_aggregate >= 1");
-  CHECK_FALSE(f.shard.job().configured());
   f.shard.init_job(sync);
   f.shard.init_job(sync);  // the same again: idempotent
   refused(
@@ -250,6 +249,21 @@ TEST_CASE("initJob and report take plain types; their refusals change nothing") 
   CHECK(std::isnan(r->loss));
   CHECK(r->accuracy == 0.5f);
   CHECK(r->unix_secs > 0);
+}
+
+TEST_CASE("a job's host lists are bounded: psd keeps them and sends them in every waitReady") {
+  Fixture f;
+  ps::JobConfig job{.mode = ps::SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 3};
+  job.worker_hosts.assign(3, std::string(ps::kMaxHostListBytes / 4 - 1, 'h'));
+  job.ps_hosts.assign(1,
+                      std::string(ps::kMaxHostListBytes / 4, 'p'));  // 1 byte over, with the ends
+  refused(
+      f, [&] { f.shard.init_job(job); },
+      "the host lists take 262145 bytes, more than the 262144 a job may keep");
+  CHECK_FALSE(f.shard.job().configured());
+  job.ps_hosts[0].pop_back();
+  f.shard.init_job(job);  // at the limit
+  CHECK(f.shard.job().config().worker_hosts == job.worker_hosts);
 }
 
 TEST_CASE("a shard holds at most limits.max_tables tables; a request past it creates none") {
@@ -293,6 +307,41 @@ TEST_CASE("an async push refused for an overflowing update counts no step report
   CHECK(later.step == 1);
   CHECK(f.values("w") == std::vector<float>{3e38f - 1, -1});
   CHECK(f.shard.counters().duplicate_requests == 0);
+}
+
+TEST_CASE("sync: a push refused for a non-trainable tensor's update counts none of its gradients") {
+  // A non-trainable tensor is updated on arrival even in sync mode; its
+  // update is checked before the push's trainable gradients count toward the step.
+  ps::ShardOptions options;
+  options.inline_bytes = GENERATE(uint64_t{1} << 20, uint64_t{0});  // on the loop, on the pool
+  Fixture f(options);
+  f.create_sgd("a", {0}, 0.5f);
+  f.create({{ps::TensorSpec{.name = "b",
+                            .shape = {2},
+                            .optimizer = ps::OptimizerConfig::sgd(1.0f),
+                            .init = ps::InitConfig::from_values({3e38f, 0}),
+                            .trainable = false},
+             std::nullopt}});
+  f.sync_job(1, 3);
+  const Digest before = f.digest();
+  std::string message;
+  try {
+    f.push(f.w1, {{"a", {1}}, {"b", {-3e38f, 1}}}, 0, /*id=*/5);
+  } catch (const ps::RequestError& e) {
+    message = e.what();
+  } catch (const kj::Exception& e) {
+    message = e.getDescription().cStr();
+  }
+  CHECK_THAT(message, Catch::Contains("NaN or Inf"));
+  CHECK(f.digest() == before);
+  CHECK(f.shard.counters().rejected == 0);  // counted once, by the service that answers the call
+  // The same id is a new request: a's gradient commits the step, b's is applied.
+  auto later = f.push(f.w1, {{"a", {1}}, {"b", {1, 1}}}, 0, 5);
+  CHECK(later.status ==
+        std::vector<GradientStatus>{GradientStatus::kAccumulated, GradientStatus::kApplied});
+  CHECK(f.shard.job().global_step() == 1);
+  CHECK(f.values("a") == std::vector<float>{-0.5f});
+  CHECK(f.values("b") == std::vector<float>{3e38f - 1, -1});
 }
 
 TEST_CASE("a fixed table too large to count is refused, not allocated") {

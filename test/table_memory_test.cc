@@ -153,3 +153,47 @@ TEST_CASE("a restore refused part way leaves none of the tables it restored befo
   CHECK(shard.list_tables()[0].spec.name == "y");
   pool.join();
 }
+
+TEST_CASE(
+    "a sync step's gradient sums are counted in the budget; a push with no room is refused whole") {
+  test::Loop io;
+  ComputePool pool{1};
+  MemoryBudget budget(1 << 20);
+  Shard shard(ShardOptions{}, pool, io.port.getTimer(), &budget);
+  auto create = [&](std::string name, uint64_t n) {
+    CreateRequest request;
+    request.tensors.push_back({TensorSpec{.name = std::move(name), .shape = {n}}, std::nullopt});
+    CreateReply reply;
+    shard.create(request, reply);
+  };
+  create("big", 150'000);  // 600 KB of the 1 MiB: its sum's 600 KB more do not fit
+  create("small", 1'000);
+  shard.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2});
+  shard.set_ready();
+  Caller w0{.worker_index = 0, .peer = "w0"};
+  shard.hello(w0);
+  const std::vector<float> big(150'000, 1.0f), small(1'000, 1.0f);
+  auto push = [&](std::vector<std::pair<const char*, const std::vector<float>*>> grads) {
+    PushRequest r;
+    for (auto& [name, g] : grads)
+      r.grads.push_back(
+          {name, std::span<const float>(*g), g->size() * sizeof(float), std::nullopt});
+    r.request_id = 7;
+    PushReply reply;
+    io.wait(shard.push(w0, r, reply));
+    return reply;
+  };
+  const uint64_t before = budget.used(MemoryUse::kTensors);
+  try {
+    push({{"small", &small}, {"big", &big}});
+    FAIL("not refused");
+  } catch (const RequestError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("the sum of tensor 'big''s sync gradients (600000 bytes) "
+                                         "would take psd over its memory limit"));
+  }
+  CHECK(shard.counters().pushes == 0);  // nothing recorded: the same request id goes through later
+  CHECK(budget.used(MemoryUse::kTensors) == before + 4'000);  // small's sum, allocated first
+  auto reply = push({{"small", &small}});
+  CHECK(reply.status == std::vector<GradientStatus>{GradientStatus::kAccumulated});
+  CHECK(budget.used(MemoryUse::kTensors) == before + 4'000);  // allocated once
+}

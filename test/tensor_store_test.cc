@@ -119,6 +119,22 @@ TEST_CASE("bad specs are refused with the tensor's name") {
   auto bad = spec("o", {1});
   bad.optimizer.learning_rate = -1;
   CHECK_THROWS_AS(store.create(bad, std::nullopt), RequestError);
+  // Lists psd keeps with a tensor are bounded: dimensions (a split tensor's
+  // whole shape too) and a piecewise schedule's boundaries.
+  CHECK_THROWS_WITH(store.create(spec("d17", std::vector<uint64_t>(17, 1)), std::nullopt),
+                    Catch::Contains("'d17' has more than 16 dimensions"));
+  CHECK_THROWS_WITH(
+      store.create(spec("p/part_0", {1}), PartMeta{"p", std::vector<uint64_t>(17, 1), 0, 0, 1}),
+      Catch::Contains("'p/part_0' has more than 16 dimensions"));
+  auto piecewise = spec("pw", {1});
+  piecewise.optimizer.schedule = LrSchedule::kPiecewise;
+  piecewise.optimizer.boundaries.assign(ps::kMaxBoundaries + 1, 5);
+  CHECK_THROWS_WITH(store.create(piecewise, std::nullopt),
+                    Catch::Contains("at most 1024 boundaries, not 1025"));
+  piecewise.optimizer.boundaries.pop_back();
+  CHECK_NOTHROW(store.validate(piecewise, std::nullopt));
+  CHECK(TensorStore::footprint(piecewise, 1, std::nullopt) ==
+        TensorStore::footprint(spec("pw", {1}), 1, std::nullopt) + 2 * 8 * 1024);
   // Initializers that would fill the tensor with NaN/Inf, or break their
   // distribution's preconditions: each is refused.
   const float inf = std::numeric_limits<float>::infinity();

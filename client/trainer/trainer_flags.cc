@@ -179,8 +179,10 @@ JobConfig TrainerFlags::job_config(const ClusterSpec& spec, int64_t steps) const
   JobConfig c;
   c.total_replicas = static_cast<uint32_t>(spec.num_workers());
   c.train_steps = steps;
-  c.worker_hosts = spec.worker_hosts();
-  c.ps_hosts = spec.ps_hosts();
+  if (host_list_bytes(spec.worker_hosts(), spec.ps_hosts()) <= kMaxHostListBytes) {
+    c.worker_hosts = spec.worker_hosts();  // else too many for psd to keep: no cluster check
+    c.ps_hosts = spec.ps_hosts();
+  }
   if (sync_replicas) {
     c.mode = SyncMode::kSync;
     c.replicas_to_aggregate = static_cast<uint32_t>(replicas(spec));

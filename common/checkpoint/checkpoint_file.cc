@@ -239,9 +239,11 @@ bool parse_step(const std::string& name, int64_t* step) {
   if (name.size() <= 5 + suffix.size() || name.rfind("ckpt-", 0) != 0) return false;
   if (name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) return false;
   const std::string digits = name.substr(5, name.size() - 5 - suffix.size());
-  if (digits.empty() || digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), ::isdigit))
+  if (digits.empty() || digits.size() > 19 || !std::all_of(digits.begin(), digits.end(), ::isdigit))
     return false;
-  *step = std::stoll(digits);
+  const uint64_t n = std::stoull(digits);  // 19 digits fit; kMaxStep has 19
+  if (n > static_cast<uint64_t>(kMaxStep)) return false;
+  *step = static_cast<int64_t>(n);
   return true;
 }
 

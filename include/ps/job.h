@@ -25,6 +25,19 @@ inline constexpr bool step_in_range(int64_t step) { return step >= 0 && step <= 
 // and worker indices (int) stay small.
 inline constexpr uint32_t kMaxWorkers = uint32_t{1} << 16;
 
+// The most a job's host lists (JobConfig::worker_hosts and ps_hosts) may
+// hold, both together: psd keeps them and sends them in every waitReady and
+// stats reply, so they must stay far below any message size limit. About
+// 10,000 hosts; a chief with more sends none (they are informational).
+inline constexpr uint64_t kMaxHostListBytes = uint64_t{1} << 18;
+inline constexpr uint64_t host_list_bytes(const std::vector<std::string>& a,
+                                          const std::vector<std::string>& b) {
+  uint64_t n = 0;
+  for (const auto* list : {&a, &b})
+    for (const std::string& h : *list) n += h.size() + 1;
+  return n;
+}
+
 struct JobConfig {
   SyncMode mode = SyncMode::kAsync;
   uint32_t replicas_to_aggregate =

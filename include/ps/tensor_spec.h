@@ -26,6 +26,14 @@ enum class LrSchedule {
                       // decay_steps)) / 2), as tf.compat.v1.train.cosine_decay
 };
 
+// The most dimensions a tensor's shape may have (a split tensor's whole
+// shape too).
+inline constexpr std::size_t kMaxDims = 16;
+
+// The most boundaries a piecewise schedule may have: psd walks them at
+// every update and keeps them with each tensor.
+inline constexpr std::size_t kMaxBoundaries = 1024;
+
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kSgd;
   float learning_rate = 0.01f;
@@ -41,8 +49,8 @@ struct OptimizerConfig {
   int64_t decay_steps = 1;  // exponential; cosine: the steps over which it falls to alpha * lr
   float alpha = 0.0f;       // cosine: the final rate as a fraction of learning_rate, in [0, 1]
   bool staircase = false;   // exponential: integer division of step / decay_steps
-  std::vector<int64_t>
-      boundaries;  // piecewise: lr *= decay_rate for steps past each (tf.train.piecewise_constant)
+  std::vector<int64_t> boundaries;  // piecewise: lr *= decay_rate for steps past each
+                                    // (tf.train.piecewise_constant); at most kMaxBoundaries
 
   static OptimizerConfig sgd(float lr);
   static OptimizerConfig with_momentum(float lr, float momentum, bool nesterov = false);

@@ -38,9 +38,11 @@ def _init_of(init, index, name, param, seed):
     if init is None:
         if param.dim() == 2:  # a Linear's weight: Glorot-uniform, as the C++ trainers' matrices
             return glorot_uniform(seed + index)
-        if param.dim() > 2:  # a convolution's: PyTorch's own (psd's Glorot fans are TensorFlow's layout)
-            return from_values(param.detach().cpu().contiguous().numpy())
-        return zeros()
+        if param.dim() < 2 and name.rsplit(".", 1)[-1] == "bias":
+            return zeros()
+        # A convolution's weight (psd's Glorot fans are TensorFlow's layout), a norm layer's scale
+        # (1), PReLU's slope (0.25): PyTorch's own values, which zeros would break.
+        return from_values(param.detach().cpu().contiguous().numpy())
     if init == "module":
         return from_values(param.detach().cpu().contiguous().numpy())
     if callable(init):
@@ -68,8 +70,8 @@ class Parameters:
 
     optimizer: an OptimizerConfig (psclient.sgd(0.1), psclient.adam(1e-3), ...).
     init: None for Glorot-uniform 2-D weights (seeded seed + the parameter's index in
-    module.named_parameters()), PyTorch's own values for weights of more dimensions (convolutions)
-    and zeros for the rest (biases); "module" for the values the module holds now (PyTorch's own
+    module.named_parameters()), zeros for biases (parameters named "bias" of 0 or 1 dimensions) and
+    PyTorch's own values for the rest (convolutions, norm layers' scales, PReLU's slopes); "module" for the values the module holds now (PyTorch's own
     initialization, or a trained model's); or a callable (index, name, parameter) -> InitConfig.
     The chief's initial values are the ones psd keeps. The parameters must be float32, all on one
     device, and are re-pointed at blocks this object holds (the module keeps working). Call before

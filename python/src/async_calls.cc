@@ -2,10 +2,19 @@
 
 namespace psclient_py {
 
+namespace {
+// Set once, at import (no function-local static: a thread that imported
+// under its guard released the GIL in the import, and another thread
+// waited for the guard holding the GIL). Leaked on purpose: released after
+// the interpreter is gone otherwise.
+py::handle future_type;
+}  // namespace
+
+void init_async_calls() {
+  future_type = py::object(py::module_::import("concurrent.futures").attr("Future")).release();
+}
+
 py::object new_python_future() {
-  // Leaked on purpose: a static py::object would be released after the interpreter is gone.
-  static py::handle future_type =
-      py::object(py::module_::import("concurrent.futures").attr("Future")).release();
   py::object future = future_type();
   future.attr("set_running_or_notify_cancel")();
   return future;
@@ -26,12 +35,12 @@ void AsyncCalls::add(std::unique_ptr<AsyncCall> call) {
   state_->cv.notify_all();
 }
 
-void AsyncCalls::stop() {
+bool AsyncCalls::stop(const std::function<bool()>& interrupted) {
   const std::shared_ptr<State> state = state_;
   uint64_t ended = 0;
   {
     std::lock_guard lock(state->mu);
-    if (!state->running) return;
+    if (!state->running) return true;
     state->stopping = true;
     ended = state->ended;
     state->cv.notify_all();
@@ -39,12 +48,20 @@ void AsyncCalls::stop() {
       // Called from one of the thread's own callbacks: it drains its queue
       // and ends by itself; a later add() starts a new one on a new state.
       state_ = std::make_shared<State>();
-      return;
+      return true;
     }
   }
   py::gil_scoped_release nogil;
   std::unique_lock lock(state->mu);
-  state->cv.wait(lock, [&] { return state->ended != ended; });
+  while (!state->cv.wait_for(lock, std::chrono::milliseconds(100),
+                             [&] { return state->ended != ended; })) {
+    if (!interrupted) continue;
+    lock.unlock();
+    const bool stop_waiting = interrupted();  // takes the GIL: not with the lock held
+    lock.lock();
+    if (stop_waiting && state->ended == ended) return false;
+  }
+  return true;
 }
 
 void AsyncCalls::run(std::shared_ptr<State> state) {

@@ -38,6 +38,8 @@ class AsyncCall {
 // A new concurrent.futures.Future, already marked running (it cannot be
 // cancelled: the request may be on the wire). GIL held.
 py::object new_python_future();
+// Imports what new_python_future() needs; called once, when the module is imported.
+void init_async_calls();
 
 template <class T>
 class FutureCall : public AsyncCall {
@@ -91,8 +93,9 @@ class AsyncCalls {
   void add(std::unique_ptr<AsyncCall> call);
   // Waits (GIL released) for every call added so far to be completed, and
   // ends the thread; callers in several threads all wait. GIL held on
-  // entry. add() may be called again later.
-  void stop();
+  // entry. add() may be called again later. Returns false, the calls not
+  // all completed, when `interrupted` (asked every 100 ms) says so.
+  bool stop(const std::function<bool()>& interrupted = {});
 
  private:
   // Shared with the thread, which is detached and ends by itself once

@@ -27,12 +27,10 @@ namespace psclient_py {
 namespace {
 
 // The ident of Python's main thread, the one thread that runs signal
-// handlers (read with the GIL held).
-unsigned long main_thread_id() {
-  static const unsigned long id =
-      py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
-  return id;
-}
+// handlers: set when the module is imported (as new_python_future's type,
+// and for the same reason).
+unsigned long main_thread_ident = 0;
+unsigned long main_thread_id() { return main_thread_ident; }
 
 // Clients not yet closed, closed by an atexit hook: their completer threads
 // must not outlive the interpreter. Guarded by the GIL.
@@ -177,7 +175,7 @@ PyClient::PyClient(ps::ClientOptions options)
     : client_(std::make_shared<ps::Client>(std::move(options))),
       watch_(std::make_shared<ps::WaitWatcher>(*client_, client_->options().worker_index)) {}
 
-PyClient::~PyClient() { close(); }
+PyClient::~PyClient() { close(false); }
 
 ps::Client& PyClient::client() {
   if (!client_) throw py::value_error("the Client is closed");
@@ -189,14 +187,24 @@ std::shared_ptr<ps::Client> PyClient::shared_client() {
   return client_;
 }
 
-void PyClient::close() {
+void PyClient::close(bool interruptible) {
   open_clients().erase(this);
-  async_calls_.stop();
+  std::function<bool()> interrupted;
+  if (interruptible && client_) interrupted = client_->options().interrupted;
+  const bool completed = async_calls_.stop(interrupted);
   std::shared_ptr<ps::Client> c = std::move(client_);
   std::shared_ptr<ps::WaitWatcher> w = std::move(watch_);
-  py::gil_scoped_release nogil;
-  w.reset();  // its thread stops (a call under way holds it until it returns)
-  c.reset();  // disconnects, unless a call in another thread or a TrainingSession still holds it
+  {
+    py::gil_scoped_release nogil;
+    w.reset();  // its thread stops (a call under way holds it until it returns)
+    c.reset();  // disconnects, unless a call in another thread or a TrainingSession still holds it
+  }
+  if (!completed) {
+    // Interrupted: the calls fail now that the connections are gone; their
+    // futures are set before this returns (a second Ctrl-C stops waiting).
+    async_calls_.stop(interrupted);
+    throw py::error_already_set();
+  }
 }
 
 const std::vector<uint64_t>* PyClient::shape_of(const std::string& name) {
@@ -219,6 +227,9 @@ void PyClient::remember_tables(const std::vector<ps::TableSpec>& tables) {
 }
 
 void bind_client(py::module_& m) {
+  main_thread_ident =
+      py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+  init_async_calls();
   py::enum_<ps::SyncMode>(m, "SyncMode", "How the workers of one job share updates.")
       .value("ASYNC", ps::SyncMode::kAsync, "every push applied on arrival")
       .value("SYNC", ps::SyncMode::kSync, "average replicas_to_aggregate gradients per step")
@@ -396,8 +407,11 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
            py::arg("tls_server_name") = py::none(),
            "Connects to every shard, retrying until connect_timeout; ConnectionError names those "
            "not reached.")
-      .def("close", &PyClient::close,
-           "Waits for async calls under way, then closes the connections (idempotent).")
+      .def(
+          "close", [](PyClient& self) { self.close(); },
+          "Waits for async calls under way, then closes the connections (idempotent). Ctrl-C stops "
+          "the wait: the connections close, the calls still under way fail, and KeyboardInterrupt "
+          "is raised.")
       .def_property_readonly("closed", &PyClient::closed)
       .def(
           "__enter__", [](PyClient& self) -> PyClient& { return self; },
@@ -665,7 +679,7 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
   // Before the interpreter goes: complete pending futures, end the threads.
   py::module_::import("atexit").attr("register")(py::cpp_function([] {
     const std::set<PyClient*> clients = open_clients();
-    for (PyClient* c : clients) c->close();
+    for (PyClient* c : clients) c->close(false);
   }));
 }
 

@@ -30,7 +30,7 @@ std::chrono::milliseconds to_ms(double seconds, const char* what);
 class PyClient {
  public:
   explicit PyClient(ps::ClientOptions options);  // connects; call with the GIL released
-  ~PyClient();                                   // close(); GIL held
+  ~PyClient();                                   // close(false); GIL held
   PyClient(const PyClient&) = delete;
   PyClient& operator=(const PyClient&) = delete;
 
@@ -39,7 +39,10 @@ class PyClient {
   ps::Client& client();
   std::shared_ptr<ps::Client> shared_client();
   // Completes pending async calls, then closes the connections. Idempotent.
-  void close();
+  // Ctrl-C (interruptible, the main thread) stops the wait: the connections
+  // close, which fails the calls still under way, and KeyboardInterrupt is
+  // raised once their futures are set.
+  void close(bool interruptible = true);
   bool closed() const { return client_ == nullptr; }
 
   // The shape of `name` as created or declared on this Client (also by a

@@ -99,6 +99,11 @@ add_variable and set_rows are held by the session and must keep their storage.)"
                        uint32_t replicas_to_aggregate, uint32_t total_replicas,
                        uint32_t max_staleness, int64_t train_steps, double ready_timeout,
                        const std::string& restore_from) {
+             if (!py::isinstance<PyClient>(client_obj)) {
+               throw py::type_error(
+                   "TrainingSession: client must be a psclient.Client, not " +
+                   std::string(py::str(py::type::of(client_obj).attr("__name__"))));
+             }
              PyClient& client = client_obj.cast<PyClient&>();
              const auto ready_ms = to_ms(ready_timeout, "ready_timeout");
              auto s = std::make_unique<PySession>();

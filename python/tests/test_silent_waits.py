@@ -95,7 +95,9 @@ SYNC_JOB = ('c.init_job(psclient.JobConfig(mode="sync", replicas_to_aggregate=2,
      's = psclient.TrainingSession(c, mode="sync", replicas_to_aggregate=2, total_replicas=2); '
      's.add_variable(psclient.TensorSpec("w", [2]), v, g); s.initialize(); '
      's.pull(); s.push(); s.pull()'),
-], ids=["barrier", "wait_ready", "sync_pull", "session_pull"])
+    # close() waits for async calls under way: the same pull, async.
+    ("worker_index=0, is_chief=True, call_timeout=30", SYNC_JOB + 'f = c.pull_async("w", min_step=1); c.close()'),
+], ids=["barrier", "wait_ready", "sync_pull", "session_pull", "close_with_an_async_call"])
 def test_ctrl_c_ends_a_long_wait(start_psd, python_env, who, call):
     # SIGINT one second into a 30 s wait: KeyboardInterrupt within a few
     # seconds, not when the wait ends.

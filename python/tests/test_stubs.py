@@ -13,6 +13,8 @@ def stub_names():
     tree = ast.parse(path.read_text())
     names = {}
     for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name.startswith("_"):
+            continue  # the stubs' own helpers (_PybindEnum)
         if isinstance(node, ast.ClassDef):
             names[node.name] = {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AnnAssign))
                                 and not getattr(n, "name", "_").startswith("_")} | \
@@ -37,3 +39,12 @@ def test_every_stub_name_exists_and_every_public_name_has_a_stub():
         if name in ("Client", "TableSpec", "RowOptimizerConfig", "TableInfo"):
             public = {m for m in dir(cls) if not m.startswith("_")}
             assert sorted(public - members) == [], name  # bound but not stubbed
+
+
+def test_enums_are_stubbed_as_what_they_are():
+    # pybind11 enums, not enum.Enum: what the stubs promise (name, value, __members__) works.
+    assert not issubclass(psclient.SyncMode, __import__("enum").Enum)
+    for enum_type in (psclient.SyncMode, psclient.PushStatus, psclient.OptimizerKind):
+        for name, member in enum_type.__members__.items():
+            assert member.name == name and enum_type(member.value) == member and int(member) == member.value
+

@@ -228,6 +228,26 @@ def test_init_none_keeps_pytorchs_values_for_convolutions(psd):
         session.end()
 
 
+def test_init_none_keeps_pytorchs_values_for_norm_scales_and_slopes(psd):
+    # Zeros for every 1-D parameter made a LayerNorm's scale 0 (the model's output constant, no
+    # gradient below it) and PReLU's slope 0.
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.LayerNorm(6), torch.nn.PReLU(), torch.nn.Linear(6, 1))
+    with torch.no_grad():
+        model[1].bias.fill_(0.5)  # a bias: zeros on psd all the same
+    with psclient.Client([psd.address], worker_index=0, is_chief=True) as client:
+        session = chief_session(client)
+        pst.Parameters(session, model, optimizer=psclient.sgd(0.1), seed=3)
+        session.initialize()
+        held = {"1.weight": np.empty(6, np.float32), "1.bias": np.empty(6, np.float32),
+                "2.weight": np.empty(1, np.float32), "0.bias": np.empty(6, np.float32)}
+        client.pull(held)
+        np.testing.assert_array_equal(held["1.weight"], np.ones(6))
+        np.testing.assert_array_equal(held["2.weight"], np.full(1, 0.25, np.float32))
+        np.testing.assert_array_equal(held["1.bias"], np.zeros(6))
+        np.testing.assert_array_equal(held["0.bias"], np.zeros(6))
+        session.end()
+
+
 def test_an_empty_batch_of_ids_pulls_and_pushes_nothing(psd):
     spec = psclient.TableSpec("z", 4, dynamic=True, optimizer=psclient.RowOptimizerConfig.sgd(1.0))
     with psclient.Client([psd.address], worker_index=0, is_chief=True) as client:

@@ -64,6 +64,8 @@ def test_add_variable_refuses_wrong_arrays(psd):
             session.add_variable(spec, np.empty(4, np.float64), np.empty(4, np.float32))
         with pytest.raises(ValueError, match="mode"):
             psclient.TrainingSession(c, mode="eventually")
+        with pytest.raises(TypeError, match="client must be a psclient.Client, not str"):
+            psclient.TrainingSession(c.__class__.__name__)
 
 
 @pytest.mark.parametrize("timeout", [float("inf"), 1e300, -1.0, float("nan")])

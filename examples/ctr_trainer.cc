@@ -277,11 +277,6 @@ CtrDataSet load_data(const ps::TrainerFlags& f, const CtrFlags& c, int worker, i
   return d;
 }
 
-std::span<const int64_t> as_ids(const std::vector<uint64_t>& ids) {
-  // Table ids are any 64-bit pattern; the API spells them int64_t.
-  return {reinterpret_cast<const int64_t*>(ids.data()), ids.size()};
-}
-
 // The deep part's arithmetic, on the CPU or on one GPU: its embedding bags
 // (sums of the rows of each bag) and the dense head (ps::LogisticMlp's API).
 class DeepPart {
@@ -412,14 +407,14 @@ class WideDeep {
   // The rows of both tables, all at once; each future the step read at.
   std::pair<std::future<int64_t>, std::future<int64_t>> pull_rows_async(ps::Client& client,
                                                                         int64_t min_step) {
-    return {client.pull_rows_async(kDeepTable, as_ids(deep_.ids), deep_rows_, min_step),
-            client.pull_rows_async(kWideTable, as_ids(wide_.ids), wide_rows_, min_step)};
+    return {client.pull_rows_async(kDeepTable, ps::as_table_ids(deep_.ids), deep_rows_, min_step),
+            client.pull_rows_async(kWideTable, ps::as_table_ids(wide_.ids), wide_rows_, min_step)};
   }
   // The same rows for evaluation: the tables create no row for an id they
   // have not seen (ps::Client::lookup_rows).
   void lookup_rows(ps::Client& client) {
-    auto deep = client.lookup_rows_async(kDeepTable, as_ids(deep_.ids), deep_rows_);
-    auto wide = client.lookup_rows_async(kWideTable, as_ids(wide_.ids), wide_rows_);
+    auto deep = client.lookup_rows_async(kDeepTable, ps::as_table_ids(deep_.ids), deep_rows_);
+    auto wide = client.lookup_rows_async(kWideTable, ps::as_table_ids(wide_.ids), wide_rows_);
     deep.get();
     wide.get();
   }
@@ -467,8 +462,8 @@ class WideDeep {
   // The prepared batch's rows for the session's next step: its pull reads
   // them with the dense weights, its push sends their gradients with theirs.
   void bind(ps::TrainingSession& session) {
-    session.set_rows(kDeepTable, as_ids(deep_.ids), deep_rows_, deep_grads_);
-    session.set_rows(kWideTable, as_ids(wide_.ids), wide_rows_, wide_grads_);
+    session.set_rows(kDeepTable, ps::as_table_ids(deep_.ids), deep_rows_, deep_grads_);
+    session.set_rows(kWideTable, ps::as_table_ids(wide_.ids), wide_rows_, wide_grads_);
   }
 
   // probs (B) of the prepared batch with the pulled rows.

@@ -21,6 +21,8 @@ WorkerHooks::WorkerHooks(const std::string& logdir, int log_every, int worker, i
   if (summaries) hooks.add<SummaryHook>(*summaries, summary_every);
 }
 
+WorkerHooks::~WorkerHooks() = default;
+
 StepInfo WorkerHooks::start(Client& client, int log_every, int64_t train_steps, int batch_size,
                             int64_t examples_per_global_step) {
   hooks.add<ReportHook>(client, log_every > 0 ? log_every : 100);

@@ -16,14 +16,14 @@
 //
 //   ps::UniqueIds u = ps::dedup_ids(batch_ids);                // batch_ids (B * F)
 //   std::vector<float> rows(u.ids.size() * D);                 // (U, D)
-//   client.pull_rows("emb", u.ids, rows);
+//   client.pull_rows("emb", ps::as_table_ids(u.ids), rows);
 //   auto offsets = ps::fixed_offsets(B * F, 1);                // (B * F + 1)
 //   std::vector<float> x(B * F * D);                           // (B, F * D)
 //   ps::embedding_bag_forward(rows, D, offsets, u.index, ps::BagCombiner::kSum, x);
 //   ... dense head: dL/dx (B, F * D) ...
 //   std::vector<float> grad_rows(rows.size());                 // (U, D)
 //   ps::embedding_bag_backward(dx, D, offsets, u.index, ps::BagCombiner::kSum, grad_rows);
-//   client.push_rows("emb", u.ids, grad_rows);
+//   client.push_rows("emb", ps::as_table_ids(u.ids), grad_rows);
 //
 // Bad input (offsets not starting at 0, decreasing or not ending at
 // index.size(), an index outside the rows, buffer sizes that do not match D)
@@ -45,6 +45,11 @@ struct UniqueIds {
   std::vector<uint64_t> ids;   // (U)
   std::vector<int32_t> index;  // (N), values in [0, U)
 };
+// Unique ids as the Client's row calls take them: a table's ids are any
+// 64-bit pattern, which the API spells int64_t (the same bits).
+inline std::span<const int64_t> as_table_ids(std::span<const uint64_t> ids) {
+  return {reinterpret_cast<const int64_t*>(ids.data()), ids.size()};
+}
 UniqueIds dedup_ids(std::span<const uint64_t> ids);
 // The same into `out`, reusing its vectors: a batch like the one before it
 // allocates nothing.

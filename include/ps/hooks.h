@@ -4,10 +4,13 @@
 // status reports).
 //
 // Example:
+//   std::optional<ps::SummaryWriter> summaries;  // declared first: outlives the hooks
 //   ps::HookList hooks;
 //   hooks.add<ps::LoggingHook>(ps::LoggingHook::Options{.every_n = 100, .worker = 0});
-//   if (spec.is_chief() && !flags.logdir.empty())
-//     hooks.add<ps::SummaryHook>(flags.logdir, 100);
+//   if (spec.is_chief() && !flags.logdir.empty()) {
+//     summaries.emplace(flags.logdir);
+//     hooks.add<ps::SummaryHook>(*summaries, 100);
+//   }
 //   hooks.add<ps::EveryNStepsHook>(1000, [&](const ps::StepInfo& s) { evaluate(); });
 //   hooks.begin();
 //   while (!session.should_stop() && !hooks.stop_requested()) {

@@ -1,7 +1,7 @@
 // TensorBoard event files, written without TensorFlow or protobuf.
 //
 // Usage:
-//   ps::SummaryWriter summaries(flags.log_dir);  // creates the directory
+//   ps::SummaryWriter summaries(flags.logdir);   // creates the directory
 //   summaries.add_scalar("loss", loss, step);
 //   summaries.add_scalar("accuracy/validation", acc, step);
 //   summaries.flush();                          // also done by add_scalar once

@@ -51,6 +51,7 @@ struct JobConfig;
 class WorkerHooks {
  public:
   WorkerHooks(const std::string& logdir, int log_every, int worker, int summary_every);
+  ~WorkerHooks();  // in worker_loop.cc, where SummaryWriter is complete
   WorkerHooks(const WorkerHooks&) = delete;
   WorkerHooks& operator=(const WorkerHooks&) = delete;
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "server/embedding/count_sketch.h"
+#include "ps/flag_parsing.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Early admissions of psd's count sketch against exact counts"};
@@ -26,7 +27,7 @@ int main(int argc, char** argv) {
   app.add_option("--pushes", pushes, "ids pushed, one at a time")->capture_default_str();
   app.add_option("--min_count", min_count, "pushes that admit an id")->capture_default_str();
   app.add_option("--widths", widths, "sketch widths to try")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  PS_PARSE_FLAGS(app, argc, argv);
 
   std::mt19937_64 rng(1);
   std::uniform_real_distribution<double> u(0, 1);

@@ -32,6 +32,7 @@
 #include <random>
 #include <stdexcept>
 
+#include "ps/flag_parsing.h"
 #include "ps/embedding.h"
 #include "ps/trainer_flags.h"
 #include "ps/tensor_spec.h"
@@ -179,7 +180,7 @@ int main(int argc, char** argv) {
                  "blocks of 8 requests per optimizer, in turn with the "
                  "in-memory reference")
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  PS_PARSE_FLAGS(app, argc, argv);
 
   std::vector<std::size_t> sizes;
   for (const std::string& s : ps::split_list(sizes_flag)) sizes.push_back(parse_count(s));

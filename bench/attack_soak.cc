@@ -56,6 +56,7 @@
 #include <capnp/rpc.capnp.h>
 #include <capnp/serialize.h>
 
+#include "ps/flag_parsing.h"
 #include "ps/client.h"
 #include "ps/errors.h"
 #include "schema/ps.capnp.h"
@@ -454,7 +455,7 @@ int main(int argc, char** argv) {
   app.add_option("--model_mb", model_mb, "model size, MiB (4 tensors)");
   bool keep_log = false;
   app.add_flag("--keep_log", keep_log, "keep psd's log (it is kept anyway on failure)");
-  CLI11_PARSE(app, argc, argv);
+  PS_PARSE_FLAGS(app, argc, argv);
   signal(SIGPIPE, SIG_IGN);
 
   char dir_template[] = "/tmp/attack-soak-XXXXXX";

@@ -62,6 +62,7 @@
 
 #include "bench/bench_psd.h"
 #include "client/row_plan.h"
+#include "ps/flag_parsing.h"
 #include "ps/client.h"
 #include "server/compute_pool.h"
 #include "server/embedding/embedding_table.h"
@@ -438,7 +439,7 @@ int main(int argc, char** argv) {
                  "psd's --table_threads (0: psd's default); the in-memory line of psd's table "
                  "code compares this many threads (0: every core) with one")
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  PS_PARSE_FLAGS(app, argc, argv);
 
   const std::string sock = (std::filesystem::temp_directory_path() /
                             ("psd-emb-bench-" + std::to_string(getpid()) + ".sock"))

@@ -22,6 +22,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "ps/flag_parsing.h"
 #include "ps/client.h"
 #include "ps/trainer_flags.h"
 
@@ -80,7 +81,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--shared_memory", shared_memory, "let clients on psd's host use shared memory")
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  PS_PARSE_FLAGS(app, argc, argv);
 
   const std::vector<std::string> hosts = ps::split_list(ps_hosts);
   const size_t floats = (size_kb << 10) / sizeof(float);

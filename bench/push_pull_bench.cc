@@ -61,6 +61,7 @@
 
 #include "bench/bench_psd.h"
 #include "schema/ps.capnp.h"
+#include "ps/flag_parsing.h"
 #include "ps/client.h"
 #include "ps/trainer_flags.h"
 #include "common/net/socket_stream.h"
@@ -587,7 +588,7 @@ int main(int argc, char** argv) {
   app.add_option("--tls_dir", tls_dir,
                  "also measure TCP with TLS: DIR holds psd.crt, psd.key (for 127.0.0.1) and ca.crt "
                  "(docs/operations.md, Security)");
-  CLI11_PARSE(app, argc, argv);
+  PS_PARSE_FLAGS(app, argc, argv);
   tcp_send_buffer_bytes = tcp_send_buffer_kb << 10;
   std::vector<int> cpus;
   for (const std::string& c : ps::split_list(client_cpus_flag)) cpus.push_back(std::stoi(c));

@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "ps/flag_parsing.h"
 #include "ps/client.h"
 #include "ps/trainer_flags.h"
 
@@ -20,7 +21,7 @@ int main(int argc, char** argv) {
   app.add_option("--worker", worker, "this worker's index");
   app.add_option("--seconds", seconds, "how long to run");
   app.add_option("--model_mb", model_mb, "model size, MiB (4 tensors)");
-  CLI11_PARSE(app, argc, argv);
+  PS_PARSE_FLAGS(app, argc, argv);
   try {
     ps::ClientOptions o;
     o.ps_hosts = ps::split_list(hosts);

@@ -43,6 +43,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "ps/flag_parsing.h"
 #include "ps/binary_metrics.h"
 #include "ps/client.h"
 #include "ps/ctr_data.h"
@@ -865,7 +866,7 @@ int main(int argc, char** argv) {
                  "--checkpoint_dir), tables included, and go on from its step");
   ps::PsTaskFlags psf;
   ps::add_ps_task_flags(app, psf);
-  CLI11_PARSE(app, argc, argv);
+  PS_PARSE_FLAGS(app, argc, argv);
   return ps::run_trainer_roles(
       "ctr_trainer", f,
       {.prepare = [&] { ps::apply_log_level(psf); },

@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include "ps/flag_parsing.h"
 #include "ps/client.h"
 #include "ps/errors.h"
 #include "ps/trainer_flags.h"
@@ -24,7 +25,7 @@ int main(int argc, char** argv) {
   ps::add_trainer_flags(app, f);
   ps::PsTaskFlags psf;
   ps::add_ps_task_flags(app, psf);
-  CLI11_PARSE(app, argc, argv);
+  PS_PARSE_FLAGS(app, argc, argv);
   try {
     ps::apply_log_level(psf);
     const ps::ClusterSpec spec = f.cluster_spec();

@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "ps/flag_parsing.h"
 #include "ps/client.h"
 #include "ps/trainer_flags.h"
 
@@ -19,7 +20,7 @@ int main(int argc, char** argv) {
   app.add_option("--learning_rate", lr, "SGD learning rate")->capture_default_str();
   std::string tls_ca;
   app.add_option("--tls_ca", tls_ca, "TLS to psds started with --tls_cert: their CA's PEM file");
-  CLI11_PARSE(app, argc, argv);
+  PS_PARSE_FLAGS(app, argc, argv);
 
   try {
     ps::ClientOptions options;

@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include "ps/flag_parsing.h"
 #include "ps/client.h"
 #include "ps/errors.h"
 #include "ps/hooks.h"
@@ -123,7 +124,7 @@ int main(int argc, char** argv) {
   app.add_option("--examples", examples, "examples per worker")->capture_default_str();
   ps::PsTaskFlags psf;
   ps::add_ps_task_flags(app, psf);
-  CLI11_PARSE(app, argc, argv);
+  PS_PARSE_FLAGS(app, argc, argv);
   return ps::run_trainer_main("linreg_trainer", [&] {
     ps::apply_log_level(psf);
     f.validate();

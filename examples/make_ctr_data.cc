@@ -11,6 +11,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "ps/flag_parsing.h"
 #include "ps/ctr_synthetic.h"
 #include "ps/errors.h"
 
@@ -48,7 +49,7 @@ int main(int argc, char** argv) {
                  "21 fields only)")
       ->check(CLI::IsMember({"criteo", "avazu"}))
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  PS_PARSE_FLAGS(app, argc, argv);
   const bool avazu = layout == "avazu";
   if (avazu) {
     opt.categorical_fields = 21;

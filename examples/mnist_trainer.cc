@@ -27,6 +27,7 @@
 #include <spdlog/spdlog.h>
 
 #include "server/optimizer.h"  // psd's update rules, for --local with a non-SGD optimizer
+#include "ps/flag_parsing.h"
 #include "ps/client.h"
 #include "ps/errors.h"
 #include "ps/evaluator.h"
@@ -545,7 +546,7 @@ int main(int argc, char** argv) {
                "train in this process alone: no cluster, no psd (for comparison)");
   ps::PsTaskFlags psf;
   ps::add_ps_task_flags(app, psf);
-  CLI11_PARSE(app, argc, argv);
+  PS_PARSE_FLAGS(app, argc, argv);
   return ps::run_trainer_roles(
       "mnist_trainer", f,
       {.prepare = [&] { ps::apply_log_level(psf); },

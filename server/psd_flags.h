@@ -6,7 +6,7 @@
 //   ps::ServerOptions options;
 //   ps::PsdFlagValues extra;
 //   ps::add_psd_flags(app, options, extra);               // psd
-//   CLI11_PARSE(app, argc, argv);
+//   PS_PARSE_FLAGS(app, argc, argv);
 //   ps::finish_psd_flags(options, extra);                 // throws ConfigError
 //
 // In a trainer (PsdFrontDoor::kTrainer) the cluster names the shard and its

@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/for_people.h"
+#include "ps/flag_parsing.h"
 #include "ps/errors.h"
 #include "server/psd_flags.h"
 #include "server/server.h"
@@ -20,7 +21,7 @@ int main(int argc, char** argv) {
   ps::ServerOptions options;
   ps::PsdFlagValues extra;
   ps::add_psd_flags(app, options, extra);
-  CLI11_PARSE(app, argc, argv);
+  PS_PARSE_FLAGS(app, argc, argv);
 
   try {
     ps::finish_psd_flags(options, extra);

@@ -67,4 +67,23 @@ rc=$?
 { [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -q -- "--max_message_mb" "$tmp/role.log"; } ||
   fail "ps role with --max_message_mb nan: exit $rc: $(tail -3 "$tmp/role.log")"
 
+# A flag no program knows, or a value of the wrong type: one line naming it
+# (and the flag likely meant), exit code 2 as for any configuration error.
+bad_flag() {
+  local name=$1 want=$2; shift 2
+  timeout 10 "$@" >"$tmp/$name.log" 2>&1; local rc=$?
+  [ "$rc" -eq 2 ] || fail "$name ($*): exit $rc, expected 2: $(cat "$tmp/$name.log")"
+  [ "$(grep -c . "$tmp/$name.log")" -eq 1 ] || fail "$name ($*): not one line: $(cat "$tmp/$name.log")"
+  grep -qE -- "$want" "$tmp/$name.log" || fail "$name ($*): no $want: $(cat "$tmp/$name.log")"
+}
+bad_flag psd_unknown '^psd: error: unknown flag --bogus; see --help$' "$psd" --bogus
+bad_flag psd_typo 'unknown flag --max_memory \(did you mean --max_memory_mb\?\)' "$psd" --max_memory 64
+bad_flag psd_not_a_number '^psd: error: Could not convert: --threads = x; see --help$' "$psd" --threads x
+bad_flag trainer_typo '^mnist_trainer: error: unknown flag --epoch \(did you mean --epochs\?\)' \
+  "$build/examples/mnist_trainer" --job_name worker --epoch 1
+bad_flag trainer_typo_with_value 'unknown flag --learning_rat \(did you mean --learning_rate\?\)' \
+  "$build/examples/ctr_trainer" --learning_rat=0.1
+timeout 10 "$psd" --help >"$tmp/help.log" 2>&1 || fail "psd --help: exit $?"
+grep -q -- "--max_memory_mb" "$tmp/help.log" || fail "psd --help: $(head -3 "$tmp/help.log")"
+
 [ "$failures" = 0 ] && echo "PASS: psd refuses bad flag values in one line before it serves" || exit 1

@@ -11,6 +11,8 @@
 #include <ps/trainer_flags.h>
 #include <ps/training_session.h>
 
+#include "ps/flag_parsing.h"
+
 int main(int argc, char** argv) {
   CLI::App app{"my_trainer"};
   ps::TrainerFlags flags;
@@ -18,7 +20,7 @@ int main(int argc, char** argv) {
   flags.learning_rate = 0.1f;
   flags.train_steps = 300;
   ps::add_trainer_flags(app, flags);
-  CLI11_PARSE(app, argc, argv);
+  PS_PARSE_FLAGS(app, argc, argv);
   try {
     ps::ClusterSpec spec = flags.cluster_spec();  // flags, else TF_CONFIG, else Slurm
     if (spec.is_ps()) throw ps::ConfigError("run psd for ps tasks");

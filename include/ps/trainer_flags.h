@@ -6,7 +6,7 @@
 //   CLI::App app{"my_trainer"};
 //   ps::TrainerFlags flags;
 //   ps::add_trainer_flags(app, flags);
-//   CLI11_PARSE(app, argc, argv);
+//   PS_PARSE_FLAGS(app, argc, argv);
 //   ps::ClusterSpec spec = flags.cluster_spec();        // throws ConfigError
 //   ps::Client client(flags.client_options(spec));      // ConnectionError if no ps
 //   ps::TrainingSession session(client, {.job = flags.job_config(spec, steps)});
@@ -26,6 +26,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "ps/flag_parsing.h"  // PS_PARSE_FLAGS, for the flags added here
 #include "ps/client.h"
 #include "ps/cluster_spec.h"
 #include "ps/job.h"

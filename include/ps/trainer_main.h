@@ -17,7 +17,7 @@
 //     app.add_option("--examples", examples, "examples per worker");
 //     ps::PsTaskFlags psf;
 //     ps::add_ps_task_flags(app, psf);  // after the trainer's flags
-//     CLI11_PARSE(app, argc, argv);
+//     PS_PARSE_FLAGS(app, argc, argv);
 //     return ps::run_trainer_roles(
 //         "my_trainer", f,
 //         {.prepare = [&] { ps::apply_log_level(psf); },

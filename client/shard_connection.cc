@@ -248,33 +248,52 @@ kj::Promise<kj::Own<ShardConnection>> hello_preferring_unix(kj::UnixEventPort& i
       });
 }
 
+// What to check when something at `address` accepts and hangs up before hello.
+std::string hung_up_hint(const std::string& address) {
+  return "is " + address +
+         " psd's RPC port (its --port or --ps_hosts entry, not its --http_port), and psd not "
+         "shutting down?";
+}
+
 // Connect and hello, again with backoff while the peer is not there or
 // hangs up during hello (a psd shutting down, or still starting): a refusal
 // (bad token, wrong version, too many connections) ends it at once.
+// `hung_up` is set once something at the address accepted a connection and
+// closed it before answering hello: no psd is refusing there, something else
+// (psd's --http_port, another program, a psd shutting down) is listening.
 kj::Promise<kj::Own<ShardConnection>> connect_and_hello(kj::UnixEventPort& io, int index,
                                                         std::string address, kj::TimePoint deadline,
-                                                        kj::Duration delay, HelloParams hello) {
+                                                        kj::Duration delay, HelloParams hello,
+                                                        std::shared_ptr<bool> hung_up) {
   return connect_with_retry(io, address, deadline, delay)
-      .then([address, hello](kj::Own<SocketStream> socket) {
-        return secured(kj::mv(socket), address, hello);
+      .then([&io, index, address, hello, hung_up](kj::Own<SocketStream> socket) {
+        return secured(kj::mv(socket), address, hello)
+            .then([&io, index, address, hello](kj::Own<SocketStream> stream) {
+              auto conn = open_connection(kj::mv(stream), index, address, address, hello);
+              // Under TLS the connection stays where its certificate was checked.
+              if (!hello.prefer_unix_socket || hello.tls || address.rfind("unix:", 0) == 0)
+                return say_hello(kj::mv(conn), hello);
+              return hello_preferring_unix(io, kj::mv(conn), hello);
+            })
+            .catch_([address, hung_up](kj::Exception&& e) -> kj::Promise<kj::Own<ShardConnection>> {
+              if (e.getType() != kj::Exception::Type::DISCONNECTED) return kj::mv(e);
+              *hung_up = true;
+              return disconnected(
+                  fmt::format("{} accepted the connection but closed it before "
+                              "answering hello ({}): {}",
+                              address, e.getDescription().cStr(), hung_up_hint(address)));
+            });
       })
-      .then([&io, index, address, hello](kj::Own<SocketStream> stream) {
-        auto conn = open_connection(kj::mv(stream), index, address, address, hello);
-        // Under TLS the connection stays where its certificate was checked.
-        if (!hello.prefer_unix_socket || hello.tls || address.rfind("unix:", 0) == 0)
-          return say_hello(kj::mv(conn), hello);
-        return hello_preferring_unix(io, kj::mv(conn), hello);
-      })
-      .catch_([&io, index, address, deadline, delay,
-               hello](kj::Exception&& e) -> kj::Promise<kj::Own<ShardConnection>> {
+      .catch_([&io, index, address, deadline, delay, hello,
+               hung_up](kj::Exception&& e) -> kj::Promise<kj::Own<ShardConnection>> {
         const kj::TimePoint now = clock_now();
         if (e.getType() != kj::Exception::Type::DISCONNECTED || now + delay > deadline)
           return kj::mv(e);
         return io.getTimer()
             .atTime(now + delay)
-            .then([&io, index, address, deadline, delay, hello] {
+            .then([&io, index, address, deadline, delay, hello, hung_up] {
               return connect_and_hello(io, index, address, deadline,
-                                       std::min(delay * 2, 500 * kj::MILLISECONDS), hello);
+                                       std::min(delay * 2, 500 * kj::MILLISECONDS), hello, hung_up);
             });
       });
 }
@@ -284,16 +303,20 @@ kj::Promise<kj::Own<ShardConnection>> connect_and_hello(kj::UnixEventPort& io, i
 // connect timeout. Never resolves; the caller drops it once connected.
 kj::Promise<void> say_still_waiting(kj::Timer& timer, int index, std::string address,
                                     kj::TimePoint start, std::chrono::milliseconds timeout,
-                                    const char* timeout_name) {
+                                    const char* timeout_name, std::shared_ptr<bool> hung_up) {
   constexpr kj::Duration kEvery = 5 * kj::SECONDS;
-  return timer.afterDelay(kEvery).then([&timer, index, address, start, timeout, timeout_name]() {
-    // Rounded: the timer counts from the loop's last look at the clock, a
-    // little before `start`, so it fires a hair under each whole period.
-    const int64_t waited = (clock_now() - start + kj::SECONDS / 2) / kj::SECONDS;
-    spdlog::info("waiting for ps {} (shard {}): {} s of {} s ({}); is psd running there?", address,
-                 index, waited, timeout.count() / 1000, timeout_name);
-    return say_still_waiting(timer, index, address, start, timeout, timeout_name);
-  });
+  return timer.afterDelay(kEvery).then(
+      [&timer, index, address, start, timeout, timeout_name, hung_up]() {
+        // Rounded: the timer counts from the loop's last look at the clock, a
+        // little before `start`, so it fires a hair under each whole period.
+        const int64_t waited = (clock_now() - start + kj::SECONDS / 2) / kj::SECONDS;
+        spdlog::info("waiting for ps {} (shard {}): {} s of {} s ({}); {}", address, index, waited,
+                     timeout.count() / 1000, timeout_name,
+                     *hung_up ? "it accepts connections but closes them before answering hello: " +
+                                    hung_up_hint(address)
+                              : std::string("is psd running there?"));
+        return say_still_waiting(timer, index, address, start, timeout, timeout_name, hung_up);
+      });
 }
 
 }  // namespace
@@ -320,7 +343,8 @@ kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::UnixEventPort& io, int i
   // from the network: the kernel retries it for minutes). It gets
   // kHelloGrace more.
   const auto waited = (timeout.count() * kj::MILLISECONDS + kHelloGrace) / kj::MILLISECONDS;
-  return connect_and_hello(io, index, address, deadline, 20 * kj::MILLISECONDS, hello)
+  auto hung_up = std::make_shared<bool>(false);
+  return connect_and_hello(io, index, address, deadline, 20 * kj::MILLISECONDS, hello, hung_up)
       .exclusiveJoin(
           io.getTimer()
               .atTime(deadline + kHelloGrace)
@@ -331,7 +355,8 @@ kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::UnixEventPort& io, int i
                     address, waited / 1000.0));
               }))
       .exclusiveJoin(
-          say_still_waiting(io.getTimer(), index, address, clock_now(), timeout, timeout_name)
+          say_still_waiting(io.getTimer(), index, address, clock_now(), timeout, timeout_name,
+                            hung_up)
               .then([]() -> kj::Promise<kj::Own<ShardConnection>> { return kj::NEVER_DONE; }));
 }
 

@@ -88,7 +88,7 @@ kj::Promise<kj::Own<ShardConnection>> connect_shard(kj::UnixEventPort& io, int i
                                                     std::string address,
                                                     std::chrono::milliseconds timeout,
                                                     const HelloParams& hello,
-                                                    const char* timeout_name = "--connect_timeout");
+                                                    const char* timeout_name = "connect_timeout");
 
 // A DISCONNECTED exception (a shard unreachable or gone) with this message.
 kj::Exception disconnected(std::string message);

@@ -34,6 +34,19 @@ start_psd() {
   sleep 0.2
   psd_port=$(cat "$tmp/$name.port"); http=$(cat "$tmp/$name.http")
 }
+# 1b. A worker given psd's HTTP port: something accepts and hangs up; the
+# worker says so (not "is psd running there?"), and the error names the port mix-up.
+start_psd http_port_mixup
+timeout 30 "$trainer" --job_name=worker --task_index 0 --ps_hosts "127.0.0.1:$http" "${common[@]}" \
+  --connect_timeout 6 >"$tmp/mixup.out" 2>&1
+rc=$?
+[ "$rc" = 3 ] || fail "HTTP port as ps host: exit $rc (want 3)"
+grep -q "waiting for ps 127.0.0.1:$http (shard 0): 5 s of 6 s (connect_timeout); it accepts connections but closes them before answering hello" "$tmp/mixup.out" ||
+  fail "HTTP port as ps host: the wait line: $(cat "$tmp/mixup.out")"
+grep -q "error: could not connect to 1 of 1 ps shards: 127.0.0.1:$http accepted the connection but closed it before answering hello.*not its --http_port" "$tmp/mixup.out" ||
+  fail "HTTP port as ps host: the error: $(cat "$tmp/mixup.out")"
+stop "$psd_pid"
+
 # chief NAME [FLAGS...]: worker 0 of 2 (worker 1 never starts), in the background; sets chief_pid.
 chief() {
   local name=$1; shift

@@ -258,7 +258,8 @@ kj::Promise<kj::Own<SocketStream>> TlsClient::connect(kj::Own<SocketStream> sock
               return failed("psd at " + address + " failed the TLS certificate check (" + why +
                             "): its --tls_cert must be signed by a CA in --tls_ca "
                             "(ClientOptions::tls_ca) and name '" +
-                            server_name + "'" + ip_note + " (--tls_server_name)");
+                            server_name + "'" + ip_note +
+                            " (tls_server_name; a trainer's --tls_server_name)");
             }
             return failed("TLS handshake with psd at " + address + " failed (" + why + ")");
           });

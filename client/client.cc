@@ -27,7 +27,13 @@ Client::Client(ClientOptions options) : impl_(std::make_unique<Impl>(std::move(o
   }
   if (impl_->options.call_timeout.count() > 0 &&
       impl_->options.call_timeout < impl_->options.connect_timeout) {
-    impl_->options.call_timeout = impl_->options.connect_timeout + std::chrono::milliseconds(10000);
+    const auto raised = impl_->options.connect_timeout + std::chrono::milliseconds(10000);
+    spdlog::info(
+        "call_timeout {} s is below connect_timeout {} s: a call may have to wait for a "
+        "connection first, so calls wait up to {} s",
+        impl_->options.call_timeout.count() / 1000.0,
+        impl_->options.connect_timeout.count() / 1000.0, raised.count() / 1000.0);
+    impl_->options.call_timeout = raised;
   }
   impl_->connect();
 }
@@ -54,24 +60,20 @@ std::vector<TensorInfo> Client::list() {
   struct Collected {
     std::vector<std::pair<int, TensorInfo>> items;
   };
-  auto collected =
-      impl_
-          ->on_every_shard<Collected>(
-              [](ShardConnection& s) { return s.shard.listRequest().send(); },
-              [this](Collected& out, int shard, capnp::Response<wire::Shard::ListResults>& reply) {
-                check_reply_list(impl_->shard_name_at(shard), "tensors", reply.getTensors());
-                for (auto t : reply.getTensors()) {
-                  TensorInfo info;
-                  info.name = t.hasPart() ? t.getPart().getFullName() : t.getName();
-                  info.shape =
-                      shape_from_wire(t.hasPart() ? t.getPart().getFullShape() : t.getShape());
-                  info.version = t.getVersion();
-                  info.optimizer = static_cast<OptimizerKind>(t.getOptimizer());
-                  out.items.emplace_back(shard, std::move(info));
-                }
-              },
-              "list: ")
-          .get();
+  auto collected = impl_->every_shard<Collected>(
+      [](ShardConnection& s) { return s.shard.listRequest().send(); },
+      [this](Collected& out, int shard, capnp::Response<wire::Shard::ListResults>& reply) {
+        check_reply_list(impl_->shard_name_at(shard), "tensors", reply.getTensors());
+        for (auto t : reply.getTensors()) {
+          TensorInfo info;
+          info.name = t.hasPart() ? t.getPart().getFullName() : t.getName();
+          info.shape = shape_from_wire(t.hasPart() ? t.getPart().getFullShape() : t.getShape());
+          info.version = t.getVersion();
+          info.optimizer = static_cast<OptimizerKind>(t.getOptimizer());
+          out.items.emplace_back(shard, std::move(info));
+        }
+      },
+      "list: ");
   // Merge the parts of split tensors into one entry each.
   std::map<std::string, TensorInfo> merged;
   for (auto& [shard, info] : collected.items) {
@@ -96,7 +98,7 @@ std::vector<ShardStats> Client::stats() {
   };
   auto collected =
       impl_
-          ->on_every_shard<Collected>(
+          ->every_shard<Collected>(
               [](ShardConnection& s) { return s.shard.statsRequest().send(); },
               [this](Collected& out, int shard, capnp::Response<wire::Shard::StatsResults>& reply) {
                 auto st = reply.getStats();
@@ -130,8 +132,7 @@ std::vector<ShardStats> Client::stats() {
                 }
                 out.items.push_back(std::move(o));
               },
-              "stats: ")
-          .get();
+              "stats: ");
   std::sort(collected.items.begin(), collected.items.end(),
             [](const ShardStats& a, const ShardStats& b) { return a.shard < b.shard; });
   return collected.items;
@@ -147,25 +148,21 @@ struct Nothing {};
 }  // namespace
 
 void Client::init_job(const JobConfig& config) {
-  impl_
-      ->on_every_shard<Nothing>(
-          [config](ShardConnection& s) {
-            auto req = s.shard.initJobRequest();
-            job_to_wire(config, req.initConfig());
-            return req.send();
-          },
-          [this](Nothing&, int, capnp::Response<wire::Shard::InitJobResults>& reply) {
-            impl_->learn_job(reply.getInfo().getJob());
-          },
-          "initJob: ")
-      .get();
+  impl_->every_shard<Nothing>(
+      [config](ShardConnection& s) {
+        auto req = s.shard.initJobRequest();
+        job_to_wire(config, req.initConfig());
+        return req.send();
+      },
+      [this](Nothing&, int, capnp::Response<wire::Shard::InitJobResults>& reply) {
+        impl_->learn_job(reply.getInfo().getJob());
+      },
+      "initJob: ");
 }
 
 void Client::set_ready() {
-  impl_->wait_interruptibly(impl_->on_every_shard<Nothing>(
-                                [](ShardConnection& s) { return s.shard.setReadyRequest().send(); },
-                                [](Nothing&, int, auto&) {}, "setReady: "),
-                            "setReady: ");
+  impl_->every_shard<Nothing>([](ShardConnection& s) { return s.shard.setReadyRequest().send(); },
+                              [](Nothing&, int, auto&) {}, "setReady: ");
 }
 
 bool Client::wait_ready(std::chrono::milliseconds timeout) {
@@ -173,39 +170,47 @@ bool Client::wait_ready(std::chrono::milliseconds timeout) {
     bool all = true;
   };
   const auto ms = static_cast<uint32_t>(std::clamp<int64_t>(timeout.count(), 0, 3'600'000));
-  auto ready = impl_->on_every_shard<Ready>(
-      [ms](ShardConnection& s) {
-        auto req = s.shard.waitReadyRequest();
-        req.setTimeoutMs(ms);
-        return req.send();
-      },
-      [this](Ready& r, int, capnp::Response<wire::Shard::WaitReadyResults>& reply) {
-        r.all = r.all && reply.getReady();
-        if (reply.getReady()) impl_->learn_job(reply.getJob());
-      },
-      "waitReady: ", std::chrono::milliseconds(ms));
-  return impl_->wait_interruptibly(std::move(ready), "waitReady: ").all;
+  return impl_
+      ->every_shard<Ready>(
+          [ms](ShardConnection& s) {
+            auto req = s.shard.waitReadyRequest();
+            req.setTimeoutMs(ms);
+            return req.send();
+          },
+          [this](Ready& r, int, capnp::Response<wire::Shard::WaitReadyResults>& reply) {
+            r.all = r.all && reply.getReady();
+            if (reply.getReady()) impl_->learn_job(reply.getJob());
+          },
+          "waitReady: ", std::chrono::milliseconds(ms))
+      .all;
 }
+
+namespace {
+void fold_step_done(Client::StepDone& d, int shard,
+                    capnp::Response<wire::Shard::StepDoneResults>& reply) {
+  if (shard == 0)
+    d.global_step = reply.getGlobalStep();  // shard 0 holds the job's step, as TF's ps 0
+  d.stop = d.stop || reply.getStop();
+}
+}  // namespace
 
 std::future<Client::StepDone> Client::step_done_async(int64_t local_step) {
   // One id for the call, kept across retries: each shard counts it once.
   const uint64_t id = impl_->new_request_id();
   return impl_->on_every_shard<StepDone>(
       [local_step, id](ShardConnection& s) { return send_step_done(s, local_step, id); },
-      [](StepDone& d, int shard, capnp::Response<wire::Shard::StepDoneResults>& reply) {
-        if (shard == 0)
-          d.global_step = reply.getGlobalStep();  // shard 0 holds the job's step, as TF's ps 0
-        d.stop = d.stop || reply.getStop();
-      },
-      "stepDone: ");
+      fold_step_done, "stepDone: ");
 }
 
 Client::StepDone Client::step_done(int64_t local_step) {
-  return impl_->wait_interruptibly(step_done_async(local_step), "stepDone: ");
+  const uint64_t id = impl_->new_request_id();
+  return impl_->every_shard<StepDone>(
+      [local_step, id](ShardConnection& s) { return send_step_done(s, local_step, id); },
+      fold_step_done, "stepDone: ");
 }
 
 Client::Checkpoint Client::checkpoint(int64_t step) {
-  auto done = impl_->on_every_shard<Checkpoint>(
+  return impl_->every_shard<Checkpoint>(
       [step](ShardConnection& s) {
         auto req = s.shard.checkpointRequest();
         req.setStep(step);
@@ -217,7 +222,6 @@ Client::Checkpoint Client::checkpoint(int64_t step) {
         c.step = reply.getStep();
       },
       "checkpoint: ");
-  return impl_->wait_interruptibly(std::move(done), "checkpoint: ");
 }
 
 uint64_t Client::rollbacks() const { return impl_->retry ? impl_->retry->rollbacks() : 0; }
@@ -230,30 +234,28 @@ uint32_t Client::barrier(const std::string& name, uint32_t count,
     uint32_t n = 0;
   };
   const auto ms = static_cast<uint32_t>(std::clamp<int64_t>(timeout.count(), 0, 3'600'000));
-  auto arrived = impl_->submit<Arrived>(
-      [this, name, count, ms] {
-        return impl_->retry
-            ->call(0,
-                   [name, count, ms](ShardConnection& c, int) {
-                     auto req = c.shard.barrierRequest();
-                     req.setName(name);
-                     req.setCount(count);
-                     req.setTimeoutMs(ms);
-                     return req.send();
-                   })
-            .then([](capnp::Response<wire::Shard::BarrierResults>&& r) {
-              return Arrived{r.getArrived()};
-            });
-      },
-      "barrier: ", std::chrono::milliseconds(ms));
-  return impl_->wait_interruptibly(std::move(arrived), "barrier: ").n;
+  return impl_
+      ->call<Arrived>(
+          [this, name, count, ms](Unanswered* unanswered) {
+            auto send = [name, count, ms](ShardConnection& c, int) {
+              auto req = c.shard.barrierRequest();
+              req.setName(name);
+              req.setCount(count);
+              req.setTimeoutMs(ms);
+              return req.send();
+            };
+            return counted(unanswered, 0, impl_->retry->call(0, send))
+                .then([](capnp::Response<wire::Shard::BarrierResults>&& r) {
+                  return Arrived{r.getArrived()};
+                });
+          },
+          "barrier: ", std::chrono::milliseconds(ms))
+      .n;
 }
 
 void Client::finish() {
-  impl_->wait_interruptibly(impl_->on_every_shard<Nothing>(
-                                [](ShardConnection& s) { return s.shard.finishRequest().send(); },
-                                [](Nothing&, int, auto&) {}, "finish: "),
-                            "finish: ");
+  impl_->every_shard<Nothing>([](ShardConnection& s) { return s.shard.finishRequest().send(); },
+                              [](Nothing&, int, auto&) {}, "finish: ");
 }
 
 void Client::report(int64_t step, float loss, float accuracy, float samples_per_sec,

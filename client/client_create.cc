@@ -196,20 +196,16 @@ void Client::create(const std::vector<TensorSpec>& specs) {
   }
   if (num_shards() > 1) {
     std::set<std::string> wanted(names.begin(), names.end());
-    Stored stored =
-        impl_
-            ->on_every_shard<Stored>(
-                [](ShardConnection& s) { return s.shard.listRequest().send(); },
-                [this, &wanted](Stored& out, int shard,
-                                capnp::Response<wire::Shard::ListResults>& reply) {
-                  check_reply_list(impl_->shard_name_at(shard), "tensors", reply.getTensors());
-                  for (auto t : reply.getTensors()) {
-                    std::string full = t.hasPart() ? t.getPart().getFullName() : t.getName();
-                    if (wanted.count(full) != 0) out[full].emplace_back(t.getName(), shard);
-                  }
-                },
-                "create: ")
-            .get();
+    Stored stored = impl_->every_shard<Stored>(
+        [](ShardConnection& s) { return s.shard.listRequest().send(); },
+        [this, &wanted](Stored& out, int shard, capnp::Response<wire::Shard::ListResults>& reply) {
+          check_reply_list(impl_->shard_name_at(shard), "tensors", reply.getTensors());
+          for (auto t : reply.getTensors()) {
+            std::string full = t.hasPart() ? t.getPart().getFullName() : t.getName();
+            if (wanted.count(full) != 0) out[full].emplace_back(t.getName(), shard);
+          }
+        },
+        "create: ");
     std::lock_guard lock(impl_->placement_mutex);
     refuse_other_placement(impl_->placement, specs, stored);
   }

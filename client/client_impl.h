@@ -272,8 +272,10 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   // true gives the call up as call_timeout does (its promise destroyed:
   // nothing more is written into a pull's buffers nor read from a push's)
   // and throws InterruptedError.
+  // `waits`: how long psd may rightly hold the call (waitReady, barrier):
+  // added to call_timeout, and no line is said before it has passed.
   template <typename T, typename Op>
-  T call(Op op, const std::string& context) {
+  T call(Op op, const std::string& context, std::chrono::milliseconds waits = {}) {
     std::exception_ptr error;
     std::optional<T> value;
     Unanswered unanswered;  // the loop's
@@ -286,9 +288,11 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
         return kj::READY_NOW;
       }
       // One timer for the call: its wait lines and call_timeout.
+      const auto limit = options.call_timeout.count() > 0 ? options.call_timeout + waits
+                                                          : std::chrono::milliseconds(0);
       return promise
-          .exclusiveJoin(watch_call(loop, unanswered, context, options.call_timeout,
-                                    options.ps_hosts, clock_now())
+          .exclusiveJoin(watch_call(loop, unanswered, context, limit, options.ps_hosts, clock_now(),
+                                    waits.count() * kj::MILLISECONDS)
                              .then([]() -> T { KJ_UNREACHABLE; }))
           .then([&](T&& v) { value.emplace(std::move(v)); },
                 [&](kj::Exception&& e) { error = translate(e, context); });
@@ -324,19 +328,6 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   // How often a blocking call asks options.interrupted.
   static constexpr std::chrono::milliseconds kAskInterruptedEvery{100};
 
-  // The result of a call that writes nothing into the caller's buffers,
-  // waited for on this thread; options.interrupted (if set) is asked every
-  // 100 ms and gives the wait up: the call goes on on the loop, unheard.
-  template <typename T>
-  T wait_interruptibly(std::future<T> result, const std::string& context) {
-    if (options.interrupted) {
-      while (result.wait_for(kAskInterruptedEvery) != std::future_status::ready) {
-        if (options.interrupted()) throw InterruptedError(context + "interrupted while waiting");
-      }
-    }
-    return result.get();
-  }
-
   // Blocking (`done` given): the result goes to *done and the future is
   // empty. Otherwise a future.
   // op(Unanswered*) as call() takes it; an async call passes nullptr.
@@ -358,24 +349,43 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
   }
 
   // Sends one request to every shard (make(shard) builds and sends it) and
-  // folds the replies with on_reply(shard index, reply) into a T.
+  // folds the replies with on_reply(acc, shard index, reply) into a T; each
+  // request counted in `unanswered` (null: not counted) until answered.
+  template <typename T, typename Make, typename OnReply>
+  kj::Promise<T> to_every_shard(Make make, OnReply on_reply, Unanswered* unanswered) {
+    auto acc = kj::heap<T>();
+    kj::Vector<kj::Promise<void>> calls;
+    for (auto& s : shards) {
+      calls.add(
+          counted(unanswered, s->index, retry->call(s->index, [make](ShardConnection& c, int) {
+            return make(c);
+          })).then([index = s->index, on_reply, acc = acc.get()](auto&& reply) mutable {
+            on_reply(*acc, index, reply);
+          }));
+    }
+    return kj::joinPromises(calls.releaseAsArray()).then([acc = kj::mv(acc)]() mutable {
+      return std::move(*acc);
+    });
+  }
+
+  // to_every_shard, async: a future.
   template <typename T, typename Make, typename OnReply>
   std::future<T> on_every_shard(Make make, OnReply on_reply, std::string context,
                                 std::chrono::milliseconds waits = {}) {
-    return submit<T>(
-        [this, make, on_reply] {
-          auto acc = kj::heap<T>();
-          kj::Vector<kj::Promise<void>> calls;
-          for (auto& s : shards) {
-            calls.add(retry->call(s->index, [make](ShardConnection& c, int) { return make(c); })
-                          .then([index = s->index, on_reply, acc = acc.get()](
-                                    auto&& reply) mutable { on_reply(*acc, index, reply); }));
-          }
-          return kj::joinPromises(calls.releaseAsArray()).then([acc = kj::mv(acc)]() mutable {
-            return std::move(*acc);
-          });
+    return submit<T>([this, make, on_reply] { return to_every_shard<T>(make, on_reply, nullptr); },
+                     std::move(context), waits);
+  }
+
+  // to_every_shard, blocking (call()): after 5 s with no answer (past
+  // `waits`) it says which shards it waits for, and Ctrl-C gives it up.
+  template <typename T, typename Make, typename OnReply>
+  T every_shard(Make make, OnReply on_reply, const std::string& context,
+                std::chrono::milliseconds waits = {}) {
+    return call<T>(
+        [this, make, on_reply](Unanswered* unanswered) {
+          return to_every_shard<T>(make, on_reply, unanswered);
         },
-        std::move(context), waits);
+        context, waits);
   }
 
   // `copies`: as plan_batches takes them (empty: one array per part).

@@ -43,19 +43,17 @@ void Client::create_tables(const std::vector<TableSpec>& tables) {
   auto specs = std::make_shared<const std::vector<TableSpec>>(tables);
   // Every shard checks every table first: one refusal creates nothing anywhere.
   for (bool validate : {true, false}) {
-    impl_
-        ->on_every_shard<Nothing>(
-            [specs, shards, validate](ShardConnection& c) {
-              auto req = c.shard.createTablesRequest();
-              req.setValidateOnly(validate);
-              auto list = req.initTables(static_cast<unsigned>(specs->size()));
-              for (unsigned i = 0; i < specs->size(); ++i) {
-                to_wire((*specs)[i], static_cast<uint32_t>(c.index), shards, list[i]);
-              }
-              return req.send();
-            },
-            [](Nothing&, int, auto&) {}, "createTables: ")
-        .get();
+    impl_->every_shard<Nothing>(
+        [specs, shards, validate](ShardConnection& c) {
+          auto req = c.shard.createTablesRequest();
+          req.setValidateOnly(validate);
+          auto list = req.initTables(static_cast<unsigned>(specs->size()));
+          for (unsigned i = 0; i < specs->size(); ++i) {
+            to_wire((*specs)[i], static_cast<uint32_t>(c.index), shards, list[i]);
+          }
+          return req.send();
+        },
+        [](Nothing&, int, auto&) {}, "createTables: ");
   }
   declare_tables(tables);
 }
@@ -464,29 +462,26 @@ std::vector<Client::TableInfo> Client::list_tables() {
     std::map<std::string, TableInfo> tables;
   };
   const int shards = num_shards();
-  auto collected =
-      impl_
-          ->on_every_shard<Collected>(
-              [](ShardConnection& s) { return s.shard.listTablesRequest().send(); },
-              [this, shards](Collected& out, int shard,
-                             capnp::Response<wire::Shard::ListTablesResults>& reply) {
-                check_reply_list(impl_->shard_name_at(shard), "tables", reply.getTables());
-                for (auto t : reply.getTables()) {
-                  TableInfo& info = out.tables[t.getName()];
-                  info.name = t.getName();
-                  info.dim = t.getDim();
-                  info.dynamic = t.getDynamic();
-                  info.rows = info.dynamic ? info.rows + t.getRowsHere() : t.getRows();
-                  info.bytes += t.getBytes();
-                  info.evictions += t.getEvictions();
-                  info.ids_filtered += t.getIdsFiltered();
-                  info.rows_expired += t.getRowsExpired();
-                  info.rows_per_shard.resize(shards);
-                  info.rows_per_shard[shard] = t.getRowsHere();
-                }
-              },
-              "listTables: ")
-          .get();
+  auto collected = impl_->every_shard<Collected>(
+      [](ShardConnection& s) { return s.shard.listTablesRequest().send(); },
+      [this, shards](Collected& out, int shard,
+                     capnp::Response<wire::Shard::ListTablesResults>& reply) {
+        check_reply_list(impl_->shard_name_at(shard), "tables", reply.getTables());
+        for (auto t : reply.getTables()) {
+          TableInfo& info = out.tables[t.getName()];
+          info.name = t.getName();
+          info.dim = t.getDim();
+          info.dynamic = t.getDynamic();
+          info.rows = info.dynamic ? info.rows + t.getRowsHere() : t.getRows();
+          info.bytes += t.getBytes();
+          info.evictions += t.getEvictions();
+          info.ids_filtered += t.getIdsFiltered();
+          info.rows_expired += t.getRowsExpired();
+          info.rows_per_shard.resize(shards);
+          info.rows_per_shard[shard] = t.getRowsHere();
+        }
+      },
+      "listTables: ");
   std::vector<TableInfo> out;
   for (auto& [name, info] : collected.tables) out.push_back(std::move(info));
   return out;

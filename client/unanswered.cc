@@ -69,8 +69,8 @@ std::string still_waiting_line(const std::string& context, int64_t waited,
 
 kj::Promise<void> watch_call(ClientLoop& loop, const Unanswered& calls, const std::string& context,
                              std::chrono::milliseconds limit, const std::vector<std::string>& hosts,
-                             kj::TimePoint start) {
-  return watch_from(loop, calls, context, limit, hosts, start, start + kFirst);
+                             kj::TimePoint start, kj::Duration quiet) {
+  return watch_from(loop, calls, context, limit, hosts, start, start + quiet + kFirst);
 }
 
 }  // namespace ps

@@ -74,8 +74,10 @@ std::string still_waiting_line(const std::string& context, int64_t waited,
 // `limit` (0: none) has passed; never resolves otherwise (join it with the
 // call: it ends when the call does). `calls`, `context` and `hosts` must
 // outlive it.
+// `quiet`: a hold psd may rightly make (waitReady's, a barrier's timeout),
+// during which no line is said.
 kj::Promise<void> watch_call(ClientLoop& loop, const Unanswered& calls, const std::string& context,
                              std::chrono::milliseconds limit, const std::vector<std::string>& hosts,
-                             kj::TimePoint start);
+                             kj::TimePoint start, kj::Duration quiet = 0 * kj::SECONDS);
 
 }  // namespace ps

@@ -363,8 +363,12 @@ void ShardServiceImpl::check_token(capnp::Data::Reader token) const {
                    token.size() == 0 ? "no" : "wrong", note);
     }
     throw RequestError(
-        "hello: authentication failed (psd was started with --auth_token_file; set "
-        "ClientOptions::auth_token or auth_token_file, or a trainer's --auth_token_file)");
+        token.size() == 0
+            ? "hello: authentication failed: no token given (psd was started with "
+              "--auth_token_file; set ClientOptions::auth_token or auth_token_file, or a "
+              "trainer's --auth_token_file)"
+            : "hello: authentication failed: the token given does not match psd's (give the "
+              "file psd's --auth_token_file names)");
   }
 }
 

@@ -327,3 +327,44 @@ print("pulled", sorted(set(c.pull("w").tolist())), flush=True)
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+@pytest.mark.parametrize("call,context,first", [
+    ("c.stats()", "stats", 5),
+    ("c.step_done(1)", "stepDone", 5),
+    # waitReady may rightly be held for its timeout (1 s): said after it.
+    ("c.wait_ready(1)", "waitReady", 6),
+], ids=["stats", "step_done", "wait_ready"])
+def test_a_call_to_every_shard_says_it_waits_for_a_stopped_psd(start_psd, python_env, call, context, first):
+    # psd stopped (SIGSTOP): calls that go to every shard said nothing until call_timeout (300 s by
+    # default), where pulls and pushes said every 10 s whom they waited for.
+    psd = start_psd()
+    code = f"""
+import sys, psclient
+c = psclient.Client([sys.argv[1]], worker_index=0, connect_timeout=2, call_timeout=7)
+c.stats()
+print("stop", flush=True)
+sys.stdin.readline()
+try:
+    {call}
+    print("returned")
+except Exception as e:
+    print("error:", e)
+"""
+    child = subprocess.Popen([sys.executable, "-c", code, psd.address], env=python_env, text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        line = child.stdout.readline()
+        assert line.strip() == "stop", line + child.stdout.read()
+        os.kill(psd.proc.pid, signal.SIGSTOP)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        out, _ = child.communicate(timeout=60)
+    finally:
+        os.kill(psd.proc.pid, signal.SIGCONT)
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert re.search(rf"{context}: waiting {first} s of \d+ s \(ClientOptions::call_timeout\) for psd's answer "
+                     r"from shard 0 \(127\.0\.0\.1:\d+\)", out), out
+    assert re.search(r"error: .*no answer from psd within \d+ ms", out), out

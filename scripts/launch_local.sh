@@ -130,13 +130,15 @@ if [ "$tcp" = 0 ] && [ "$ps_mode" = psd ] && [ ${#socket_paths[$((num_ps - 1))]}
   echo "launch_local: the run directory's path is too long for a Unix socket; workers use TCP only" >&2
   tcp=1
 fi
-# Each ps serves its status page on a free port (several never clash), unless --psd_flags sets one.
-http_flags=()
-[[ " $psd_flags " == *" --http_port"* ]] || http_flags=(--http_port any)
+# Each ps serves its status page on a free port (several never clash), unless --psd_flags sets
+# one; either way it writes the port to ps<i>.http, where the lines below and cluster_status.py read it.
+any_http_port=1
+[[ " $psd_flags " == *" --http_port "* || " $psd_flags " == *" --http_port="* ]] && any_http_port=0
 for ((i = 0; i < num_ps; i++)); do
   port_file="$run_dir/ps$i.port"
   rm -f "$port_file" "$run_dir/ps$i.http"
-  [ ${#http_flags[@]} -gt 0 ] && http_flags=(--http_port any --http_port_file "$run_dir/ps$i.http")
+  http_flags=(--http_port_file "$run_dir/ps$i.http")
+  [ "$any_http_port" = 1 ] && http_flags=(--http_port any "${http_flags[@]}")
   if [ "$ps_mode" = psd ]; then
     unix_flags=()
     [ "$tcp" = 0 ] && unix_flags=(--unix_socket "${socket_paths[$i]}")

@@ -343,9 +343,10 @@ int run_evaluator_task(const ps::TrainerFlags& f, const MnistFlags& m,
       summaries->flush();
     }
   });
-  std::printf("evaluator: done after %lld evaluations (last at global step %lld): %s\n",
-              static_cast<long long>(r.evaluations), static_cast<long long>(r.last_step),
-              r.stopped_because.c_str());
+  const std::string last =
+      r.evaluations > 0 ? " (last at global step " + std::to_string(r.last_step) + ")" : "";
+  std::printf("evaluator: done after %lld evaluations%s: %s\n",
+              static_cast<long long>(r.evaluations), last.c_str(), r.stopped_because.c_str());
   std::fflush(stdout);
   return r.evaluations > 0 ? 0 : 1;
 }

@@ -98,5 +98,14 @@ kill "$psd_pid" 2>/dev/null
 [ "$rc" = 2 ] || fail "an evaluator with no source: exit $rc, not 2"
 grep -q "give one" "$tmp/ev3.out" || fail "an evaluator with no source does not say what to give: $(cat "$tmp/ev3.out")"
 
+# 4. A checkpoint directory nobody writes (a typo): said within 5 s, by name.
+timeout 30 "$trainer" --job_name=evaluator --checkpoint_dir "$tmp/no_such_dir" --eval_secs 0.5 \
+  --eval_timeout_secs 7 "${common[@]}" >"$tmp/ev4.out" 2>&1; rc=$?
+[ "$rc" = 1 ] || fail "an evaluator of a missing directory: exit $rc, not 1 (nothing evaluated) $(tail -n 3 "$tmp/ev4.out")"
+grep -q "evaluator: done after 0 evaluations: nothing new for 7 s" "$tmp/ev4.out" ||
+  fail "an evaluator that evaluated nothing: $(tail -n 1 "$tmp/ev4.out")"
+grep -qE "evaluator: waiting for the first checkpoint in $tmp/no_such_dir \(it does not exist yet: the ps tasks' --checkpoint_dir\?\) \([56] s of 7 s\)" "$tmp/ev4.out" ||
+  fail "an evaluator of a missing directory does not say so within 5 s: $(cat "$tmp/ev4.out")"
+
 [ "$failures" = 0 ] && echo "evaluator: all checks passed"
 exit "$failures"

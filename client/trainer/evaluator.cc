@@ -2,6 +2,8 @@
 // evaluation each, until the job's last ones.
 #include "ps/evaluator.h"
 
+#include <sys/stat.h>
+
 #include <map>
 #include <set>
 #include <thread>
@@ -19,8 +21,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Between looks, says every kSayEvery what it waits for.
-constexpr auto kSayEvery = std::chrono::seconds(30);
+// Between looks, says every kSayEvery what it waits for (as every wait does:
+// docs/first-hour.md).
+constexpr auto kSayEvery = std::chrono::seconds(5);
 
 double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -157,9 +160,21 @@ EvaluatorResult run_evaluator(const EvaluatorOptions& o,
       return r;
     }
     if (now - last_said >= kSayEvery) {
-      spdlog::info("{}: waiting for {} newer than global step {} ({:.0f} s of {:.0f} s)", o.who,
-                   checkpoints ? "a checkpoint in " + o.checkpoint_dir : std::string("psd's step"),
-                   r.last_step, secs(now - last_new), secs(o.timeout));
+      std::string what;
+      if (checkpoints) {
+        struct stat st {};
+        what = ::stat(o.checkpoint_dir.c_str(), &st) != 0
+                   ? "the first checkpoint in " + o.checkpoint_dir +
+                         " (it does not exist yet: the ps tasks' --checkpoint_dir?)"
+               : r.last_step < 0 ? "the first checkpoint in " + o.checkpoint_dir
+                                 : "a checkpoint in " + o.checkpoint_dir +
+                                       " newer than global step " + std::to_string(r.last_step);
+      } else {
+        what = r.last_step < 0 ? std::string("the model on psd (the chief creates it)")
+                               : "psd's step to pass global step " + std::to_string(r.last_step);
+      }
+      spdlog::info("{}: waiting for {} ({:.0f} s of {:.0f} s)", o.who, what, secs(now - last_new),
+                   secs(o.timeout));
       last_said = now;
     }
     std::this_thread::sleep_for(o.interval);

@@ -61,7 +61,7 @@ struct EvaluatorResult {
 
 // Calls `evaluate` once for each snapshot newer than the last one, until the
 // final one, `timeout` without a new one, or (pulling) psd going away after
-// the job finished. Says what it waits for every 30 s. Throws ConfigError
+// the job finished. Says what it waits for every 5 s. Throws ConfigError
 // when neither source is given, CheckpointError for a checkpoint whose files
 // are all unreadable, and ConnectionError when psd cannot be reached at
 // first. `evaluate` may throw; that ends the evaluator.

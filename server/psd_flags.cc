@@ -71,8 +71,8 @@ void add_durability_flags(CLI::App& app, ServerOptions& o, PsdFlagValues& x) {
           },
           "NONNEGATIVE"));
   app.add_option("--worker_timeout_secs", o.shard.worker_timeout_secs,
-                 "sync mode: stop waiting for a connected worker silent this long (0: wait while "
-                 "it is connected)")
+                 "sync mode: stop waiting for a worker silent this long, connected or one that "
+                 "never connected (0: wait for it)")
       ->capture_default_str();
 }
 

@@ -177,9 +177,12 @@ bool Client::wait_ready(std::chrono::milliseconds timeout) {
             req.setTimeoutMs(ms);
             return req.send();
           },
-          [this](Ready& r, int, capnp::Response<wire::Shard::WaitReadyResults>& reply) {
+          [this](Ready& r, int index, capnp::Response<wire::Shard::WaitReadyResults>& reply) {
             r.all = r.all && reply.getReady();
-            if (reply.getReady()) impl_->learn_job(reply.getJob());
+            if (reply.getReady()) {
+              impl_->learn_job(reply.getJob());
+              impl_->shards[static_cast<std::size_t>(index)]->holds_model = true;
+            }
           },
           "waitReady: ", std::chrono::milliseconds(ms))
       .all;

@@ -235,17 +235,21 @@ void Client::create(const std::vector<TensorSpec>& specs) {
   auto create_round = [this, shared_specs](const std::vector<ShardBatch>& requests) {
     kj::Vector<kj::Promise<void>> calls;
     for (const auto& b : requests) {
-      calls.add(impl_->retry->call(b.shard, [b, shared_specs](ShardConnection& c, int) {
-        return send_create(c, b, *shared_specs, CreateRound::kCreate).ignoreResult();
-      }));
+      calls.add(
+          impl_->retry
+              ->call(b.shard,
+                     [b, shared_specs](ShardConnection& c, int) {
+                       return send_create(c, b, *shared_specs, CreateRound::kCreate).ignoreResult();
+                     })
+              .then([this, shard = b.shard] { impl_->shards[shard]->holds_model = true; }));
     }
     return kj::joinPromises(calls.releaseAsArray());
   };
   struct Done {};
   impl_
-      ->submit<Done>(
+      ->call<Done>(
           [this, shared_specs, create_round, batches = std::move(batches),
-           checks = std::move(checks)]() mutable {
+           checks = std::move(checks)](Unanswered*) mutable {
             kj::Vector<kj::Promise<void>> shards_checked;
             for (auto& [shard, list] : checks) {
               shards_checked.add(
@@ -258,8 +262,7 @@ void Client::create(const std::vector<TensorSpec>& specs) {
                 })
                 .then([] { return Done{}; });
           },
-          "create: ")
-      .get();
+          "create: ");
   declarations.keep();
 }
 

@@ -54,7 +54,7 @@ kj::Promise<void> Reconnector::reconnect(int index, uint64_t generation,
                 // One that holds nothing where the model was had no checkpoint to
                 // restore: whatever this client does next fails on unknown
                 // tensors. The job stops, saying why (docs/first-hour.md).
-                const bool had_model = slot->tensors > 0 || slot->last_step > 0;
+                const bool had_model = slot->holds_model || slot->last_step > 0;
                 if ((new_process || back) && fresh->tensors == 0 && had_model) {
                   pending_[index].done = true;
                   kj::throwFatalException(
@@ -64,6 +64,7 @@ kj::Promise<void> Reconnector::reconnect(int index, uint64_t generation,
                                             "checkpoint, and the model is lost; start psd with "
                                             "--checkpoint_dir to survive restarts")));
                 }
+                fresh->holds_model = fresh->holds_model || slot->holds_model;
                 fresh->rolled_back = new_process || back;
                 fresh->catching_up = fresh->rolled_back || slot->catching_up;
                 if (fresh->rolled_back) ++rollbacks_;

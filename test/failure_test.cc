@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "ps/client.h"
@@ -595,6 +596,23 @@ TEST_CASE(
     CHECK_THROWS_WITH(client.pull("w"), Catch::Contains("did not answer hello"));
     CHECK(Clock::now() - start < 15s);
   }
+}
+
+TEST_CASE("a psd restarted empty under the client that created the model is said to have lost it") {
+  // Before any step was counted (async, no step reports) the client knew the
+  // model was there only because it had created it: a psd back empty then
+  // gave "unknown tensor", not why.
+  std::optional<PsdProcess> psd(std::in_place);
+  ClientOptions o = gives_up_soon(*psd);
+  Client client(o);
+  client.create({{.name = "w", .shape = {4}, .optimizer = OptimizerConfig::sgd(1.0f)}});
+  const std::vector<float> g(4, 1.0f);
+  client.push({"w"}, {std::span<const float>(g)});
+  const int port = psd->port();
+  psd->kill();
+  psd.emplace(std::vector<std::string>{}, port);  // no --checkpoint_dir: back empty
+  CHECK_THROWS_WITH(client.push({"w"}, {std::span<const float>(g)}),
+                    Catch::Contains("came back empty: psd restarted without a checkpoint"));
 }
 
 TEST_CASE("a call after the Client sat idle longer than call_timeout gets its whole call_timeout") {

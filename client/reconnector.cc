@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/for_people.h"
+
 namespace ps {
 
 Reconnector::Reconnector(kj::UnixEventPort& io, std::vector<kj::Own<ShardConnection>>& shards,
@@ -25,8 +27,10 @@ kj::Promise<void> Reconnector::reconnect(int index, uint64_t generation,
     }
   }
   const std::string address = shards_[index]->address;
-  spdlog::warn("lost shard {} ({}): {}; reconnecting for up to {} ms", index, address,
-               cause.getDescription().cStr(), timeout_.count());
+  std::string why = for_people(cause.getDescription().cStr());
+  while (!why.empty() && (why.back() == '.' || why.back() == ' ')) why.pop_back();
+  spdlog::warn("lost shard {} ({}): {}; reconnecting for up to {:g} s (reconnect_timeout)", index,
+               address, why, timeout_.count() / 1000.0);
   pending.generation = generation;
   pending.done = false;
   auto attempt =

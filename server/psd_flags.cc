@@ -101,6 +101,9 @@ void apply_place(ServerOptions& o, const PsdFlagValues& x, const PsdPlace& place
   }
   o.shard.shard_index = static_cast<uint32_t>(place.task_index);
   o.shard.num_shards = static_cast<uint32_t>(place.num_ps);
+  o.listen_from = "ps task " + std::to_string(place.task_index) + "'s entry '" + me +
+                  "' in the cluster's ps hosts (--ps_hosts, TF_CONFIG or Slurm; "
+                  "scripts/launch_local.sh: --port_base)";
 }
 
 }  // namespace

@@ -561,8 +561,14 @@ void PsServer::run(kj::Promise<void> stop) {
                     .wait(io.waitScope);
     tcp = addr->listen();
   } catch (const kj::Exception& e) {
-    throw ConfigError("psd: cannot listen on " + o.bind + ":" + std::to_string(o.port) +
-                      " (--bind, --port): " + for_people(e.getDescription().cStr()));
+    std::string why = for_people(e.getDescription().cStr());
+    if (o.listen_from != "--bind, --port") {
+      // The port is the cluster's to choose: "pick 0" would not help.
+      const auto hint = why.find(" (another process has this port");
+      if (hint != std::string::npos) why = why.substr(0, hint) + " (another process has this port)";
+    }
+    throw ConfigError("psd: cannot listen on " + o.bind + ":" + std::to_string(o.port) + " (" +
+                      o.listen_from + "): " + why);
   }
   const int port = static_cast<int>(tcp->getPort());
   FileId unix_socket_file;

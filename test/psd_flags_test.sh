@@ -67,6 +67,17 @@ rc=$?
 { [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -q -- "--max_message_mb" "$tmp/role.log"; } ||
   fail "ps role with --max_message_mb nan: exit $rc: $(tail -3 "$tmp/role.log")"
 
+# A ps task whose port (from the cluster's ps hosts) is taken: the message
+# names where the port came from, not flags the task has none of.
+taken=$(cat "$tmp/good.port")
+timeout 10 "$build/examples/hello_cluster" --job_name=ps --task_index=0 --ps_hosts "127.0.0.1:$taken" \
+  --worker_hosts 127.0.0.1:1 >"$tmp/taken.log" 2>&1
+grep -q "cannot listen on 127.0.0.1:$taken (ps task 0's entry '127.0.0.1:$taken' in the cluster's ps hosts .*: address already in use (another process has this port)$" "$tmp/taken.log" ||
+  fail "ps task on a taken port: $(cat "$tmp/taken.log")"
+timeout 10 "$psd" --port "$taken" >"$tmp/taken_psd.log" 2>&1
+grep -q "cannot listen on 127.0.0.1:$taken (--bind, --port): address already in use (another process has this port: stop it, or choose another" "$tmp/taken_psd.log" ||
+  fail "psd on a taken port: $(cat "$tmp/taken_psd.log")"
+
 # A flag no program knows, or a value of the wrong type: one line naming it
 # (and the flag likely meant), exit code 2 as for any configuration error.
 bad_flag() {

@@ -77,8 +77,17 @@ grep -q "10 local steps" "$tmp/restore.out" || fail "--restore_from did not go o
 start_ps ps5 --checkpoint_dir "$tmp/ck"
 chief lower 10; rc=$?
 kill "$ps_pid" 2>/dev/null; wait "$ps_pid" 2>/dev/null; ps_pid=
-[ "$rc" != 0 ] || fail "a stop step below the job's step: exit 0"
-grep -q "global step 35" "$tmp/lower.err" || fail "a stop step below the job's step: $(cat "$tmp/lower.err")"
+[ "$rc" = 2 ] || fail "a stop step below the job's step: exit $rc, not 2 (a flag to change)"
+grep -q "error: the job is at global step 35, past the stop step 10" "$tmp/lower.err" ||
+  fail "a stop step below the job's step: $(cat "$tmp/lower.err")"
+
+# 5b. --restore_from a directory that does not exist: said so.
+start_ps ps5b
+chief missing 10 --restore_from "$tmp/no_such_ck"; rc=$?
+kill "$ps_pid" 2>/dev/null; wait "$ps_pid" 2>/dev/null; ps_pid=
+[ "$rc" != 0 ] || fail "--restore_from a missing directory: exit 0"
+grep -q "no checkpoint directory $tmp/no_such_ck (it does not exist)" "$tmp/missing.err" ||
+  fail "--restore_from a missing directory: $(cat "$tmp/missing.err")"
 
 # 6. A worker started after the chief trained the job through finds it
 # finished, and meets the chief at the end barrier instead of leaving it

@@ -63,7 +63,15 @@ void TrainingSession::initialize() {
     if (!options_.restore_from.empty()) m = load_checkpoint(options_.restore_from);
     std::vector<TensorSpec> specs = options_.restore_from.empty() ? specs_ : restored_specs(m);
     if (!options_.restore_from.empty()) check_restored_tables(m);
-    client_.init_job(options_.job);
+    try {
+      client_.init_job(options_.job);
+    } catch (const RequestError& e) {
+      // The job on psd refuses this chief's configuration (a stop step behind
+      // it, another mode): the flags' to change, as any bad flag.
+      std::string why = e.what();
+      if (why.rfind("initJob: ", 0) == 0) why.erase(0, 9);
+      throw ConfigError(why);
+    }
     client_.create(specs);
     if (!table_specs.empty()) {
       client_.create_tables(table_specs);

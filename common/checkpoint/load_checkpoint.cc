@@ -1,5 +1,7 @@
 // load_checkpoint: reassembles logical tensors from every shard's file of
 // one step (ps/checkpoint.h).
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -117,6 +119,13 @@ std::vector<RestoredTable> merge_tables(const std::vector<ShardCheckpoint>& shar
 }  // namespace
 
 RestoredModel load_checkpoint(const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    throw CheckpointError(
+        "no checkpoint directory " + dir +
+        (::stat(dir.c_str(), &st) != 0 ? " (it does not exist)" : " (not a directory)") +
+        ": give a directory a ps task's --checkpoint_dir wrote");
+  }
   // (shard count, step) -> files of the shards that have that step.
   std::map<std::pair<uint32_t, int64_t>, std::map<uint32_t, std::string>> sets;
   for (const auto& f : list_all_checkpoints(dir))

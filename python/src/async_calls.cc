@@ -64,6 +64,13 @@ bool AsyncCalls::stop(const std::function<bool()>& interrupted) {
   return true;
 }
 
+bool AsyncCalls::keep_until_completed(std::shared_ptr<void> keep) {
+  std::lock_guard lock(state_->mu);
+  if (!state_->running || state_->thread_id != std::this_thread::get_id()) return false;
+  state_->keep.push_back(std::move(keep));
+  return true;
+}
+
 void AsyncCalls::run(std::shared_ptr<State> state) {
   for (;;) {
     std::unique_ptr<AsyncCall> call;
@@ -71,9 +78,12 @@ void AsyncCalls::run(std::shared_ptr<State> state) {
       std::unique_lock lock(state->mu);
       state->cv.wait(lock, [&] { return state->stopping || !state->queue.empty(); });
       if (state->queue.empty()) {
+        std::vector<std::shared_ptr<void>> keep = std::move(state->keep);
         state->running = false;
         ++state->ended;
         state->cv.notify_all();
+        lock.unlock();
+        keep.clear();  // a Client closed from a callback: its calls are all done
         return;
       }
       call = std::move(state->queue.front());

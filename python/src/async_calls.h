@@ -96,6 +96,11 @@ class AsyncCalls {
   // entry. add() may be called again later. Returns false, the calls not
   // all completed, when `interrupted` (asked every 100 ms) says so.
   bool stop(const std::function<bool()>& interrupted = {});
+  // Called from one of the completing thread's own callbacks (a Client
+  // dropped or closed there): `keep` is released once the calls queued
+  // before it are completed, not before (they need the Client), on that
+  // thread, without the GIL. Returns false elsewhere, keeping nothing.
+  bool keep_until_completed(std::shared_ptr<void> keep);
 
  private:
   // Shared with the thread, which is detached and ends by itself once
@@ -108,6 +113,7 @@ class AsyncCalls {
     bool stopping = false;  // it ends once the queue is empty
     uint64_t ended = 0;     // threads that have ended
     std::thread::id thread_id;
+    std::vector<std::shared_ptr<void>> keep;  // released when the thread ends
   };
   static void run(std::shared_ptr<State> state);
 

@@ -191,6 +191,9 @@ void PyClient::close(bool interruptible) {
   open_clients().erase(this);
   std::function<bool()> interrupted;
   if (interruptible && client_) interrupted = client_->options().interrupted;
+  // Closed from a done-callback: the calls queued behind it still need the
+  // connection; it closes once they are completed.
+  if (client_) async_calls_.keep_until_completed(client_);
   const bool completed = async_calls_.stop(interrupted);
   std::shared_ptr<ps::Client> c = std::move(client_);
   std::shared_ptr<ps::WaitWatcher> w = std::move(watch_);

@@ -6,6 +6,8 @@ import concurrent.futures
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -152,6 +154,33 @@ def test_futures_and_asyncio(client):
     pushed, new = asyncio.run(main())
     assert pushed.status == [psclient.PushStatus.APPLIED]
     np.testing.assert_array_equal(new, np.full((2, 3), -5.5, np.float32))
+
+
+def test_a_client_closed_in_a_done_callback_completes_the_calls_queued_behind_it(psd):
+    # The last reference dropped in a callback closed the Client on its completing thread at once:
+    # the calls queued behind that future, still waiting in psd, failed ("destroyed with this call
+    # in flight").
+    holder = {"c": psclient.Client([psd.address], worker_index=0, is_chief=True, call_timeout=20)}
+    c = holder["c"]
+    c.init_job(psclient.JobConfig(mode="sync", replicas_to_aggregate=1, total_replicas=2))
+    c.create([psclient.TensorSpec("w", 1 << 16, optimizer=psclient.sgd(1.0))])
+    c.set_ready()
+    dropped = threading.Event()
+    first = c.pull_async("w", min_step=1)  # its callback, on the completing thread, drops the Client
+    first.add_done_callback(lambda f: (holder.clear(), dropped.set()))
+    outs = [np.zeros(1 << 16, np.float32) for _ in range(5)]
+    waiting = [c.pull_async("w", out, min_step=2) for out in outs]  # held until global step 2
+    del c
+    with psclient.Client([psd.address], worker_index=1) as other:  # takes the job to step 1, then 2
+        other.declare([psclient.TensorSpec("w", 1 << 16)])
+        other.push_and_step("w", np.ones(1 << 16, np.float32), step=0, done_step=0)
+        assert dropped.wait(10)
+        time.sleep(0.2)
+        assert not any(f.done() for f in waiting)
+        other.push_and_step("w", np.ones(1 << 16, np.float32), step=1, done_step=1)
+    for f, out in zip(waiting, outs):
+        assert f.result(timeout=30).step == 2
+        np.testing.assert_array_equal(out, np.full(1 << 16, -2, np.float32))
 
 
 def test_future_carries_the_error(client):

@@ -96,7 +96,10 @@ CtrReader::CtrReader(const std::string& path) : path_(path) {
   if (std::filesystem::is_directory(path, ec))
     throw ConfigError(fmt::format("{}: a directory, not a CTR data file", path));
   in_.reset(gzopen(path.c_str(), "rb"));
-  if (!in_) throw ConfigError(fmt::format("{}: cannot open CTR data file", path));
+  if (!in_)
+    throw ConfigError(fmt::format(
+        "{}: cannot open CTR data file (scripts/make_ctr_data.sh writes one; or --synthetic N)",
+        path));
   gzbuffer(in_.get(), 1 << 18);
   buf_.resize(1 << 18);
   const auto size = std::filesystem::file_size(path, ec);

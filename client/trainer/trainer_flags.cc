@@ -24,7 +24,7 @@ std::vector<std::string> split_list(const std::string& s, char sep) {
 
 void add_trainer_flags(CLI::App& app, TrainerFlags& f) {
   app.add_option("--job_name", f.job_name,
-                 "ps or worker (chief: worker 0); empty: from TF_CONFIG or Slurm");
+                 "ps, worker (chief: worker 0) or evaluator; empty: from TF_CONFIG or Slurm");
   app.add_option("--task_index", f.task_index, "index of this task within its job")
       ->capture_default_str()
       ->each([&f](const std::string&) { f.task_index_given = true; });

@@ -91,7 +91,8 @@ def end_barrier(client, name, workers, worker):
 
 def main(name, parser, check_flags, run_worker, argv):
     """Parses argv, becomes psd for the ps role, else runs run_worker(spec, flags).
-    Bad input: one line on stderr, exit 2; a psclient error: one line, exit 1."""
+    One line on stderr and the C++ trainers' exit codes: 2 for bad input (a flag, a
+    psclient.ConfigError), 3 for a ps that cannot be reached, 1 for any other psclient error."""
     f, rest = parser.parse_known_args(argv)
     try:
         check_flags(f)
@@ -99,13 +100,16 @@ def main(name, parser, check_flags, run_worker, argv):
         if spec.is_ps:
             exec_psd(spec, f, rest)
         if rest:
-            raise SystemExit(f"{name}: unknown flags {' '.join(rest)}")
+            raise BadInput(f"unknown flags {' '.join(rest)}; see --help")
         if not spec.is_worker:
-            raise SystemExit(f"{name}: nothing to do for {spec}")
+            raise BadInput(f"nothing to do for {spec}")
         return run_worker(spec, f)
-    except BadInput as e:
+    except (BadInput, psclient.ConfigError) as e:
         print(f"{name}: error: {e}", file=sys.stderr)
         return 2
+    except psclient.ConnectionError as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        return 3
     except psclient.Error as e:
-        print(f"{name}: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"{name}: error: {e}", file=sys.stderr)
         return 1

@@ -97,19 +97,20 @@ void check_create_values(const TensorSpec& full) {
 // another, each told what those before found new: the shard's limits count
 // the whole call, in requests that each fit its message limit (one request
 // per shard broke the connection past it).
-kj::Promise<void> check_in_turn(Reconnector& retry,
+kj::Promise<void> check_in_turn(Reconnector& retry, Unanswered* unanswered,
                                 std::shared_ptr<const std::vector<ShardBatch>> checks,
                                 std::shared_ptr<const std::vector<TensorSpec>> specs, std::size_t i,
                                 CreatePending pending) {
   if (i == checks->size()) return kj::READY_NOW;
   const ShardBatch* batch = &(*checks)[i];
-  return retry
-      .call(batch->shard,
-            [batch, specs, pending](ShardConnection& c, int) {
-              return send_create(c, *batch, *specs, CreateRound::kValidate, pending);
-            })
-      .then([&retry, checks, specs, i](CreatePending found) {
-        return check_in_turn(retry, checks, specs, i + 1, found);
+  return counted(unanswered, batch->shard,
+                 retry.call(batch->shard,
+                            [batch, specs, pending](ShardConnection& c, int) {
+                              return send_create(c, *batch, *specs, CreateRound::kValidate,
+                                                 pending);
+                            }))
+      .then([&retry, unanswered, checks, specs, i](CreatePending found) {
+        return check_in_turn(retry, unanswered, checks, specs, i + 1, found);
       });
 }
 
@@ -232,37 +233,36 @@ void Client::create(const std::vector<TensorSpec>& specs) {
       list->push_back(std::move(b));
     }
   }
-  auto create_round = [this, shared_specs](const std::vector<ShardBatch>& requests) {
+  auto create_round = [this, shared_specs](const std::vector<ShardBatch>& requests,
+                                           Unanswered* unanswered) {
     kj::Vector<kj::Promise<void>> calls;
     for (const auto& b : requests) {
-      calls.add(
-          impl_->retry
-              ->call(b.shard,
-                     [b, shared_specs](ShardConnection& c, int) {
-                       return send_create(c, b, *shared_specs, CreateRound::kCreate).ignoreResult();
-                     })
-              .then([this, shard = b.shard] { impl_->shards[shard]->holds_model = true; }));
+      auto sent = impl_->retry->call(b.shard, [b, shared_specs](ShardConnection& c, int) {
+        return send_create(c, b, *shared_specs, CreateRound::kCreate);
+      });
+      calls.add(counted(unanswered, b.shard, kj::mv(sent)).then([this, shard = b.shard](auto&&) {
+        impl_->shards[shard]->holds_model = true;
+      }));
     }
     return kj::joinPromises(calls.releaseAsArray());
   };
   struct Done {};
-  impl_
-      ->call<Done>(
-          [this, shared_specs, create_round, batches = std::move(batches),
-           checks = std::move(checks)](Unanswered*) mutable {
-            kj::Vector<kj::Promise<void>> shards_checked;
-            for (auto& [shard, list] : checks) {
-              shards_checked.add(
-                  check_in_turn(*impl_->retry, list, shared_specs, 0, CreatePending{}));
-            }
-            // The second round outlives this call: what it sends moves into it.
-            return kj::joinPromises(shards_checked.releaseAsArray())
-                .then([create_round, batches = std::move(batches)]() mutable {
-                  return create_round(batches);
-                })
-                .then([] { return Done{}; });
-          },
-          "create: ");
+  impl_->call<Done>(
+      [this, shared_specs, create_round, batches = std::move(batches),
+       checks = std::move(checks)](Unanswered* unanswered) mutable {
+        kj::Vector<kj::Promise<void>> shards_checked;
+        for (auto& [shard, list] : checks) {
+          shards_checked.add(
+              check_in_turn(*impl_->retry, unanswered, list, shared_specs, 0, CreatePending{}));
+        }
+        // The second round outlives this call: what it sends moves into it.
+        return kj::joinPromises(shards_checked.releaseAsArray())
+            .then([create_round, unanswered, batches = std::move(batches)]() mutable {
+              return create_round(batches, unanswered);
+            })
+            .then([] { return Done{}; });
+      },
+      "create: ");
   declarations.keep();
 }
 

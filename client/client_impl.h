@@ -279,6 +279,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
     std::exception_ptr error;
     std::optional<T> value;
     Unanswered unanswered;  // the loop's
+    const bool say = !QuietWaitLines::active();  // this thread's, read before the loop runs work
     auto work = [&]() -> kj::Promise<void> {
       kj::Promise<T> promise = nullptr;
       try {
@@ -292,7 +293,7 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
                                                           : std::chrono::milliseconds(0);
       return promise
           .exclusiveJoin(watch_call(loop, unanswered, context, limit, options.ps_hosts, clock_now(),
-                                    waits.count() * kj::MILLISECONDS)
+                                    waits.count() * kj::MILLISECONDS, say)
                              .then([]() -> T { KJ_UNREACHABLE; }))
           .then([&](T&& v) { value.emplace(std::move(v)); },
                 [&](kj::Exception&& e) { error = translate(e, context); });

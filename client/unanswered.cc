@@ -10,11 +10,18 @@ namespace {
 constexpr kj::Duration kFirst = 5 * kj::SECONDS;
 constexpr kj::Duration kEvery = 10 * kj::SECONDS;
 
+thread_local bool quiet_wait_lines = false;
+
 kj::Promise<void> watch_from(ClientLoop& loop, const Unanswered& calls, const std::string& context,
                              std::chrono::milliseconds limit, const std::vector<std::string>& hosts,
-                             kj::TimePoint start, kj::TimePoint next_line) {
+                             kj::TimePoint start, kj::TimePoint next_line, bool say) {
   const bool limited = limit.count() > 0;
   const kj::TimePoint deadline = start + limit.count() * kj::MILLISECONDS;
+  if (!say) {
+    if (!limited) return kj::NEVER_DONE;
+    return loop.timer().atTime(deadline).then(
+        [limit]() -> kj::Promise<void> { return call_timeout_error(limit); });
+  }
   const bool gives_up = limited && deadline <= next_line;
   return loop.timer()
       .atTime(gives_up ? deadline : next_line)
@@ -26,7 +33,7 @@ kj::Promise<void> watch_from(ClientLoop& loop, const Unanswered& calls, const st
         // Rounded: the timer may fire a hair before or after each whole period.
         const int64_t waited = (clock_now() - start + kj::SECONDS / 2) / kj::SECONDS;
         spdlog::info("{}", still_waiting_line(context, waited, limit, calls.shards(), hosts));
-        return watch_from(loop, calls, context, limit, hosts, start, next_line + kEvery);
+        return watch_from(loop, calls, context, limit, hosts, start, next_line + kEvery, true);
       });
 }
 
@@ -69,8 +76,12 @@ std::string still_waiting_line(const std::string& context, int64_t waited,
 
 kj::Promise<void> watch_call(ClientLoop& loop, const Unanswered& calls, const std::string& context,
                              std::chrono::milliseconds limit, const std::vector<std::string>& hosts,
-                             kj::TimePoint start, kj::Duration quiet) {
-  return watch_from(loop, calls, context, limit, hosts, start, start + quiet + kFirst);
+                             kj::TimePoint start, kj::Duration quiet, bool say) {
+  return watch_from(loop, calls, context, limit, hosts, start, start + quiet + kFirst, say);
 }
+
+QuietWaitLines::QuietWaitLines() : before_(quiet_wait_lines) { quiet_wait_lines = true; }
+QuietWaitLines::~QuietWaitLines() { quiet_wait_lines = before_; }
+bool QuietWaitLines::active() { return quiet_wait_lines; }
 
 }  // namespace ps

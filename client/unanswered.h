@@ -76,8 +76,24 @@ std::string still_waiting_line(const std::string& context, int64_t waited,
 // outlive it.
 // `quiet`: a hold psd may rightly make (waitReady's, a barrier's timeout),
 // during which no line is said.
+// `say`: false for a call made under QuietWaitLines (its limit only).
 kj::Promise<void> watch_call(ClientLoop& loop, const Unanswered& calls, const std::string& context,
                              std::chrono::milliseconds limit, const std::vector<std::string>& hosts,
-                             kj::TimePoint start, kj::Duration quiet = 0 * kj::SECONDS);
+                             kj::TimePoint start, kj::Duration quiet = 0 * kj::SECONDS,
+                             bool say = true);
+
+// While one lives, the blocking calls of its thread say no wait lines: a
+// WaitWatcher's own probes (the call it watches says them).
+class QuietWaitLines {
+ public:
+  QuietWaitLines();
+  ~QuietWaitLines();
+  QuietWaitLines(const QuietWaitLines&) = delete;
+  QuietWaitLines& operator=(const QuietWaitLines&) = delete;
+  static bool active();
+
+ private:
+  bool before_;
+};
 
 }  // namespace ps

@@ -325,6 +325,9 @@ class Shard {
     // Per gradient, the version its update was found finite at (checked
     // before anything of the push was applied); empty: checked as applied.
     std::vector<std::optional<uint64_t>> checked_versions;
+    // Sync: for a step already done, dropped whole as stale (route_push):
+    // nothing of it is applied, so none of its updates is checked.
+    bool stale = false;
   };
   // Record, route and record the answer of a checked push.
   kj::Promise<void> commit_push(const Caller& caller, const PushRequest& request, PushReply& reply,

@@ -21,7 +21,7 @@ kj::Promise<void> Shard::push(const Caller& caller, const PushRequest& request, 
   saw_worker(caller.worker_index);
   if (answer_retry(caller, request, reply)) return kj::READY_NOW;
   PushWork work = check_push(caller, request);
-  if (job_.config().mode == SyncMode::kSync) reserve_sync_sums(work);
+  if (job_.config().mode == SyncMode::kSync && !work.stale) reserve_sync_sums(work);
   if (needs_whole_check(work)) return push_checked_whole(caller, request, reply, std::move(work));
   return commit_push(caller, request, reply, std::move(work));
 }
@@ -54,7 +54,7 @@ void Shard::reserve_sync_sums(const PushWork& work) {
 }
 
 bool Shard::needs_whole_check(const PushWork& work) const {
-  if (options_.allow_nonfinite) return false;
+  if (options_.allow_nonfinite || work.stale) return false;
   // Any pool tensor updated on arrival, even a push's only one, whose update
   // may fail: a refusal found as it is applied would come after the push's
   // request id, its sync gradients and its step report count.
@@ -219,7 +219,8 @@ Shard::PushWork Shard::check_push(const Caller& caller, const PushRequest& reque
     work.grads.push_back({&t, values, grad_max});
     work.bytes += got;
   }
-  refuse_nonfinite_updates(work.grads);
+  work.stale = job_.config().mode == SyncMode::kSync && request.step < job_.global_step();
+  if (!work.stale) refuse_nonfinite_updates(work.grads);
   if (job_.config().mode == SyncMode::kSync) {
     if (caller.worker_index < 0)
       throw RequestError("push: sync mode needs a worker index (say hello as a worker)");

@@ -344,6 +344,27 @@ TEST_CASE("sync: a push refused for a non-trainable tensor's update counts none 
   CHECK(f.values("b") == std::vector<float>{3e38f - 1, -1});
 }
 
+TEST_CASE("sync: a stale push is answered stale whatever its non-trainable updates would do") {
+  // Nothing of a push for a step already done is applied: it is not refused
+  // for an update that would overflow (a backup worker's push failed so).
+  Fixture f;
+  f.create_sgd("a", {0}, 0.5f);
+  f.create({{ps::TensorSpec{.name = "b",
+                            .shape = {2},
+                            .optimizer = ps::OptimizerConfig::sgd(1.0f),
+                            .init = ps::InitConfig::from_values({3e38f, 0}),
+                            .trainable = false},
+             std::nullopt}});
+  f.sync_job(1, 3);
+  f.push(f.w1, {{"a", {1}}, {"b", {1, 1}}});  // commits step 0
+  REQUIRE(f.shard.job().global_step() == 1);
+  const Digest before = f.digest();
+  auto late = f.push(f.w2, {{"a", {1}}, {"b", {-3e38f, 1}}}, 0);
+  CHECK(late.status == std::vector<GradientStatus>{GradientStatus::kStale, GradientStatus::kStale});
+  CHECK(f.values("b") == before.values[1]);
+  CHECK(f.shard.job().global_step() == 1);
+}
+
 TEST_CASE("a fixed table too large to count is refused, not allocated") {
   // Its size saturates at UINT64_MAX; with the table's bookkeeping added it
   // must stay there, not wrap to a size that passes the memory check.

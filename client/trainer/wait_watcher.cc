@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "client/unanswered.h"
 #include "ps/errors.h"
 
 namespace ps {
@@ -38,6 +39,7 @@ void WaitWatcher::begin(const char* what, std::chrono::milliseconds limit) {
 void WaitWatcher::end() { what_.store(nullptr, std::memory_order_release); }
 
 void WaitWatcher::run() {
+  const QuietWaitLines quiet;  // its stats() probes: the call it watches says its own lines
   int64_t said_for =
       0;  // the call (its start) last logged, so each long wait is said every `every_`
   int64_t said_at = 0;

@@ -334,7 +334,9 @@ print("pulled", sorted(set(c.pull("w").tolist())), flush=True)
     ("c.step_done(1)", "stepDone", 5),
     # waitReady may rightly be held for its timeout (1 s): said after it.
     ("c.wait_ready(1)", "waitReady", 6),
-], ids=["stats", "step_done", "wait_ready"])
+    # A barrier's watcher asks psd's stats meanwhile: that probe says nothing of its own.
+    ('c.barrier("b", 2, timeout=1)', "barrier", 6),
+], ids=["stats", "step_done", "wait_ready", "barrier"])
 def test_a_call_to_every_shard_says_it_waits_for_a_stopped_psd(start_psd, python_env, call, context, first):
     # psd stopped (SIGSTOP): calls that go to every shard said nothing until call_timeout (300 s by
     # default), where pulls and pushes said every 10 s whom they waited for.
@@ -368,3 +370,5 @@ except Exception as e:
     assert re.search(rf"{context}: waiting {first} s of \d+ s \(ClientOptions::call_timeout\) for psd's answer "
                      r"from shard 0 \(127\.0\.0\.1:\d+\)", out), out
     assert re.search(r"error: .*no answer from psd within \d+ ms", out), out
+    if context != "stats":
+        assert "stats: waiting" not in out, out

@@ -309,12 +309,11 @@ TEST_CASE("an async push refused for an overflowing update counts no step report
   CHECK(f.shard.counters().duplicate_requests == 0);
 }
 
-TEST_CASE("sync: a push refused for a non-trainable tensor's update counts none of its gradients") {
-  // A non-trainable tensor is updated on arrival even in sync mode; its
-  // update is checked before the push's trainable gradients count toward the step.
-  ps::ShardOptions options;
-  options.inline_bytes = GENERATE(uint64_t{1} << 20, uint64_t{0});  // on the loop, on the pool
-  Fixture f(options);
+namespace {
+// A sync job (1 gradient of 3 workers a step) of "a", trainable, and "b",
+// non-trainable (updated on arrival), whose first value overflows with a
+// gradient of -3e38.
+void sync_job_with_a_nontrainable_tensor(Fixture& f) {
   f.create_sgd("a", {0}, 0.5f);
   f.create({{ps::TensorSpec{.name = "b",
                             .shape = {2},
@@ -323,6 +322,16 @@ TEST_CASE("sync: a push refused for a non-trainable tensor's update counts none 
                             .trainable = false},
              std::nullopt}});
   f.sync_job(1, 3);
+}
+}  // namespace
+
+TEST_CASE("sync: a push refused for a non-trainable tensor's update counts none of its gradients") {
+  // A non-trainable tensor is updated on arrival even in sync mode; its
+  // update is checked before the push's trainable gradients count toward the step.
+  ps::ShardOptions options;
+  options.inline_bytes = GENERATE(uint64_t{1} << 20, uint64_t{0});  // on the loop, on the pool
+  Fixture f(options);
+  sync_job_with_a_nontrainable_tensor(f);
   const Digest before = f.digest();
   std::string message;
   try {
@@ -348,14 +357,7 @@ TEST_CASE("sync: a stale push is answered stale whatever its non-trainable updat
   // Nothing of a push for a step already done is applied: it is not refused
   // for an update that would overflow (a backup worker's push failed so).
   Fixture f;
-  f.create_sgd("a", {0}, 0.5f);
-  f.create({{ps::TensorSpec{.name = "b",
-                            .shape = {2},
-                            .optimizer = ps::OptimizerConfig::sgd(1.0f),
-                            .init = ps::InitConfig::from_values({3e38f, 0}),
-                            .trainable = false},
-             std::nullopt}});
-  f.sync_job(1, 3);
+  sync_job_with_a_nontrainable_tensor(f);
   f.push(f.w1, {{"a", {1}}, {"b", {1, 1}}});  // commits step 0
   REQUIRE(f.shard.job().global_step() == 1);
   const Digest before = f.digest();

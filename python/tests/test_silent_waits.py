@@ -6,6 +6,7 @@ psd's own log names the pulls it holds (sync, for a step no gradient has
 started; bounded staleness, for the slowest worker) and, once the job is
 finished, the workers it waits for to exit."""
 
+import contextlib
 import json
 import os
 import re
@@ -273,6 +274,28 @@ c.finish()
     assert psd.proc.wait(10) == 0, psd.log()
 
 
+@contextlib.contextmanager
+def stopped_psd_child(psd, code, python_env):
+    """A child running `code`, which prints "stop" and reads a line when ready; psd is stopped
+    (SIGSTOP) before the child is told to go on, and runs again (SIGCONT) when the block ends."""
+    child = subprocess.Popen([sys.executable, "-c", code, psd.address], env=python_env, text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        line = child.stdout.readline()
+        if line.strip() != "stop":
+            child.kill()  # it waits on stdin: read what it said only once it is gone
+            pytest.fail(f"the child did not get ready: {line}{child.communicate()[0]}")
+        os.kill(psd.proc.pid, signal.SIGSTOP)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        yield child
+    finally:
+        os.kill(psd.proc.pid, signal.SIGCONT)
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
 def test_ctrl_c_ends_a_pull_from_a_stopped_psd(start_psd, python_env):
     # psd stopped (SIGSTOP) under a connected client: SIGINT 0.3 s into a pull
     # raises KeyboardInterrupt at once, not at call_timeout; the array keeps
@@ -281,7 +304,7 @@ def test_ctrl_c_ends_a_pull_from_a_stopped_psd(start_psd, python_env):
     code = """
 import os, signal, sys, threading, time
 import numpy as np, psclient
-c = psclient.Client([sys.argv[1]], call_timeout=10)
+c = psclient.Client([sys.argv[1]], connect_timeout=2, call_timeout=10)
 c.create([psclient.TensorSpec("w", [1000], optimizer=psclient.sgd(1.0))])
 c.push("w", np.full(1000, 0.5, dtype=np.float32))
 out = np.full(1000, 7.0, dtype=np.float32)
@@ -300,14 +323,7 @@ time.sleep(0.3)
 print("untouched" if (out == 7.0).all() else "written", flush=True)
 print("pulled", sorted(set(c.pull("w").tolist())), flush=True)
 """
-    child = subprocess.Popen([sys.executable, "-c", code, psd.address], env=python_env, text=True,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        line = child.stdout.readline()
-        assert line.strip() == "stop", line + child.stdout.read()
-        os.kill(psd.proc.pid, signal.SIGSTOP)
-        child.stdin.write("\n")
-        child.stdin.flush()
+    with stopped_psd_child(psd, code, python_env) as child:
         seen = ""
         while not re.search(r"interrupted after|returned", seen):
             line = child.stdout.readline()
@@ -322,11 +338,6 @@ print("pulled", sorted(set(c.pull("w").tolist())), flush=True)
         child.stdin.flush()
         out, _ = child.communicate(timeout=30)
         assert "untouched\npulled [-0.5]\n" in out, out
-    finally:
-        os.kill(psd.proc.pid, signal.SIGCONT)
-        if child.poll() is None:
-            child.kill()
-            child.wait()
 
 
 @pytest.mark.parametrize("call,context,first", [
@@ -353,20 +364,8 @@ try:
 except Exception as e:
     print("error:", e)
 """
-    child = subprocess.Popen([sys.executable, "-c", code, psd.address], env=python_env, text=True,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        line = child.stdout.readline()
-        assert line.strip() == "stop", line + child.stdout.read()
-        os.kill(psd.proc.pid, signal.SIGSTOP)
-        child.stdin.write("\n")
-        child.stdin.flush()
+    with stopped_psd_child(psd, code, python_env) as child:
         out, _ = child.communicate(timeout=60)
-    finally:
-        os.kill(psd.proc.pid, signal.SIGCONT)
-        if child.poll() is None:
-            child.kill()
-            child.wait()
     assert re.search(rf"{context}: waiting {first} s of \d+ s \(ClientOptions::call_timeout\) for psd's answer "
                      r"from shard 0 \(127\.0\.0\.1:\d+\)", out), out
     assert re.search(r"error: .*no answer from psd within \d+ ms", out), out

@@ -90,7 +90,10 @@ TEST_CASE("a sync step's new rows are charged what its commit creates, admission
   s.push(1, v_fresh, 2);  // the same k, and k ids counted for the first time: no row
   const uint64_t pending = s.tables_use();
   s.push(2, v, 2);  // the commit
-  CHECK(s.rows() == k);
+  // v's k rows; a fresh id whose sketch counters all collide with counted
+  // ids' (a few in a hundred runs) is admitted too, and charged as well.
+  CHECK(s.rows() >= k);
+  CHECK(s.rows() <= k + 4);
   CHECK(pending - before == s.table_bytes() - table_before);
 }
 

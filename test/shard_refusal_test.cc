@@ -283,22 +283,30 @@ TEST_CASE("a shard holds at most limits.max_tables tables; a request past it cre
   CHECK(f.shard.list_tables().size() == 3);
 }
 
+namespace {
+// The message a push at step 0 with request id `id` is refused with: on the
+// event loop (a RequestError) or from the pool (a failed promise); "" if not refused.
+std::string push_refusal(Fixture& f, const ps::Caller& c, const std::vector<Grad>& grads,
+                         uint64_t id, int64_t done_step = -1) {
+  try {
+    f.push(c, grads, 0, id, done_step);
+  } catch (const ps::RequestError& e) {
+    return e.what();
+  } catch (const kj::Exception& e) {
+    return e.getDescription().cStr();
+  }
+  return "";
+}
+}  // namespace
+
 TEST_CASE("an async push refused for an overflowing update counts no step report and no request id") {
   ps::ShardOptions options;
   options.inline_bytes = GENERATE(uint64_t{1} << 20, uint64_t{0});  // on the loop, on the pool
   Fixture f(options);
   f.create_sgd("w", {3e38f, 0}, 1.0f);
   const Digest before = f.digest();
-  // Refused on the loop (a RequestError) or from the pool (a failed promise).
-  std::string message;
-  try {
-    f.push(f.w1, {{"w", {-3e38f, 1}}}, 0, /*id=*/5, /*done_step=*/0);
-  } catch (const ps::RequestError& e) {
-    message = e.what();
-  } catch (const kj::Exception& e) {
-    message = e.getDescription().cStr();
-  }
-  CHECK_THAT(message, Catch::Contains("NaN or Inf"));
+  CHECK_THAT(push_refusal(f, f.w1, {{"w", {-3e38f, 1}}}, 5, /*done_step=*/0),
+             Catch::Contains("NaN or Inf"));
   CHECK(f.digest() == before);
   CHECK(f.shard.job().worker(1).step == 0);
   // The same id is a new request: applied, its step report counted.
@@ -333,15 +341,8 @@ TEST_CASE("sync: a push refused for a non-trainable tensor's update counts none 
   Fixture f(options);
   sync_job_with_a_nontrainable_tensor(f);
   const Digest before = f.digest();
-  std::string message;
-  try {
-    f.push(f.w1, {{"a", {1}}, {"b", {-3e38f, 1}}}, 0, /*id=*/5);
-  } catch (const ps::RequestError& e) {
-    message = e.what();
-  } catch (const kj::Exception& e) {
-    message = e.getDescription().cStr();
-  }
-  CHECK_THAT(message, Catch::Contains("NaN or Inf"));
+  CHECK_THAT(push_refusal(f, f.w1, {{"a", {1}}, {"b", {-3e38f, 1}}}, 5),
+             Catch::Contains("NaN or Inf"));
   CHECK(f.digest() == before);
   CHECK(f.shard.counters().rejected == 0);  // counted once, by the service that answers the call
   // The same id is a new request: a's gradient commits the step, b's is applied.

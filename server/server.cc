@@ -562,13 +562,14 @@ void PsServer::run(kj::Promise<void> stop) {
     tcp = addr->listen();
   } catch (const kj::Exception& e) {
     std::string why = for_people(e.getDescription().cStr());
-    if (o.listen_from != "--bind, --port") {
+    const bool from_flags = o.listen_from.empty();
+    if (!from_flags) {
       // The port is the cluster's to choose: "pick 0" would not help.
       const auto hint = why.find(" (another process has this port");
       if (hint != std::string::npos) why = why.substr(0, hint) + " (another process has this port)";
     }
     throw ConfigError("psd: cannot listen on " + o.bind + ":" + std::to_string(o.port) + " (" +
-                      o.listen_from + "): " + why);
+                      (from_flags ? std::string("--bind, --port") : o.listen_from) + "): " + why);
   }
   const int port = static_cast<int>(tcp->getPort());
   FileId unix_socket_file;

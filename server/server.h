@@ -27,8 +27,8 @@ struct ServerOptions {
   std::string bind = "127.0.0.1";
   int port = 2222;          // 0 picks a free port (see port_file)
   // Where bind and port came from, for the error when psd cannot listen:
-  // its flags, or a cluster's ps host list (--ps_hosts, TF_CONFIG, Slurm).
-  std::string listen_from = "--bind, --port";
+  // empty, its flags (--bind, --port); else a cluster's ps host list entry.
+  std::string listen_from;
   std::string unix_socket;  // also listen on this path when set
   std::string port_file;    // write the bound TCP port here once listening
   std::optional<uint16_t>

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include <kj/common.h>
+#include <kj/debug.h>
 
 #include "common/finite.h"
 #include "ps/errors.h"
@@ -317,8 +318,7 @@ GradientStatus Shard::offer_sync(const PushGrad& grad, int worker,
     return GradientStatus::kDuplicate;
   }
   slot.contributors.push_back(worker);
-  if (slot.sum.size() != t->size())
-    slot.sum.resize(t->size());  // reserve_sync_sums allocated it (counted) before this push
+  KJ_REQUIRE(slot.sum.size() == t->size(), "reserve_sync_sums allocates the sum first");
   const bool first = slot.count++ == 0;
   slot.grad_max_sum = (first ? 0.0 : slot.grad_max_sum) + double(grad.grad_max);
   float* sum = slot.sum.data();

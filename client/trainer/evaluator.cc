@@ -160,18 +160,18 @@ EvaluatorResult run_evaluator(const EvaluatorOptions& o,
       return r;
     }
     if (now - last_said >= kSayEvery) {
+      const std::string after = " newer than global step " + std::to_string(r.last_step);
       std::string what;
-      if (checkpoints) {
-        struct stat st {};
-        what = ::stat(o.checkpoint_dir.c_str(), &st) != 0
-                   ? "the first checkpoint in " + o.checkpoint_dir +
-                         " (it does not exist yet: the ps tasks' --checkpoint_dir?)"
-               : r.last_step < 0 ? "the first checkpoint in " + o.checkpoint_dir
-                                 : "a checkpoint in " + o.checkpoint_dir +
-                                       " newer than global step " + std::to_string(r.last_step);
-      } else {
-        what = r.last_step < 0 ? std::string("the model on psd (the chief creates it)")
+      struct stat st {};
+      if (!checkpoints) {
+        what = r.last_step < 0 ? "the model on psd (the chief creates it)"
                                : "psd's step to pass global step " + std::to_string(r.last_step);
+      } else if (::stat(o.checkpoint_dir.c_str(), &st) != 0) {
+        what = "the first checkpoint in " + o.checkpoint_dir +
+               " (it does not exist yet: the ps tasks' --checkpoint_dir?)";
+      } else {
+        what = (r.last_step < 0 ? "the first checkpoint in " : "a checkpoint in ") +
+               o.checkpoint_dir + (r.last_step < 0 ? "" : after);
       }
       spdlog::info("{}: waiting for {} ({:.0f} s of {:.0f} s)", o.who, what, secs(now - last_new),
                    secs(o.timeout));

@@ -7,8 +7,9 @@
 namespace ps {
 
 // Reads a token file: its contents without trailing whitespace / newlines.
-// Throws ConfigError when it cannot be read or is empty; logs a warning when
-// other users may read it.
+// Throws ConfigError when it cannot be read, is not a regular file (a device
+// or FIFO would never end), is empty or holds more than 4096 bytes; logs a
+// warning when other users may read it.
 std::string read_auth_token(const std::string& path);
 
 }  // namespace ps

@@ -17,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/net/tls.h"
+#include "server/log_limiter.h"
 #include "server/progress_history.h"
 #include "server/prometheus_metrics.h"
 #include "server/status_html.h"  // generated from server/www/status.html
@@ -100,11 +101,17 @@ constexpr kj::StringPtr kHeadTooLarge =
 
 // KJ suggests 501 for a method it cannot parse; psd answers any request it
 // cannot read with 400 (a method KJ knows but psd does not serve gets 405).
+// Its log line is rate-limited (KJ does not say which peer sent it).
 class BadRequestHandler final : public kj::HttpServerErrorHandler {
  public:
+  explicit BadRequestHandler(LogLimiter& limiter) : limiter_(limiter) {}
   kj::Promise<void> handleClientProtocolError(kj::HttpHeaders::ProtocolError error,
                                               kj::HttpService::Response& response) override {
-    spdlog::info("http: refused a malformed request: {}", error.description.cStr());
+    uint64_t suppressed = 0;
+    if (limiter_.allow("http", "malformed", &suppressed)) {
+      spdlog::info("http: refused a malformed request: {}{}", error.description.cStr(),
+                   LogLimiter::note(suppressed));
+    }
     kj::HttpHeaderTable table;
     kj::HttpHeaders headers(table);
     headers.set(kj::HttpHeaderId::CONTENT_TYPE, "text/plain; charset=utf-8");
@@ -113,6 +120,9 @@ class BadRequestHandler final : public kj::HttpServerErrorHandler {
     auto written = out->write(body.begin(), body.size());
     return written.attach(kj::mv(out), kj::mv(body));
   }
+
+ private:
+  LogLimiter& limiter_;
 };
 
 class LogHttpErrors final : public kj::TaskSet::ErrorHandler {
@@ -264,9 +274,12 @@ struct MonitoringHttp::Impl final : public kj::HttpService, public kj::HttpServe
       if (victim == nullptr || per_peer[c->peer] > per_peer[victim->peer]) victim = c;
     }
     if (victim == nullptr) return;
-    spdlog::info(
-        "http: {} connections open (the most psd serves): closing the oldest of {} ({} open)",
-        open.size(), victim->peer, per_peer[victim->peer]);
+    uint64_t suppressed = 0;
+    if (log_limiter.allow(victim->peer, "evicted", &suppressed)) {
+      spdlog::info(
+          "http: {} connections open (the most psd serves): closing the oldest of {} ({} open){}",
+          open.size(), victim->peer, per_peer[victim->peer], LogLimiter::note(suppressed));
+    }
     victim->evicted = true;
     victim->canceler.cancel("closed for a newer connection");
   }
@@ -309,10 +322,15 @@ struct MonitoringHttp::Impl final : public kj::HttpService, public kj::HttpServe
     auto conn = kj::heap<Conn>(kj::heap<AnswerTrackingStream>(kj::mv(stream)));
     AnswerTrackingStream& stream_ref = *conn->stream;
     auto served = server.listenHttpCleanDrain(stream_ref)
-                      .then([this, &stream_ref](bool) -> kj::Promise<void> {
+                      .then([this, &stream_ref, peer = conn->peer](bool) -> kj::Promise<void> {
                         if (stream_ref.unanswered_bytes() < kOversizedHeadBytes)
                           return kj::READY_NOW;
-                        spdlog::info("http: refused a request with a head over 128 KiB (431)");
+                        uint64_t suppressed = 0;
+                        if (log_limiter.allow(peer, "431", &suppressed)) {
+                          spdlog::info(
+                              "http: refused a request from {} with a head over 128 KiB (431){}",
+                              peer, LogLimiter::note(suppressed));
+                        }
                         return stream_ref.write(kHeadTooLarge.begin(), kHeadTooLarge.size())
                             .then([this, &stream_ref] { return drain_then_close(stream_ref); });
                       });
@@ -425,7 +443,8 @@ struct MonitoringHttp::Impl final : public kj::HttpService, public kj::HttpServe
   bool close_this_response = false;
   ProgressHistory history;
   Headers headers;
-  BadRequestHandler bad_request_handler;
+  LogLimiter log_limiter;  // lines a peer's requests cause: a few per interval, not one each
+  BadRequestHandler bad_request_handler{log_limiter};
   kj::HttpServer server;
   kj::TaskSet connections;  // last: cancelled first, while the server still exists
 };

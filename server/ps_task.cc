@@ -23,7 +23,10 @@ int run_ps_task(int task_index, int num_ps, const std::string& me, PsTaskFlags& 
                o.checkpoint.dir.empty() ? ", no --checkpoint_dir: a restart starts empty"
                                         : ", checkpoints in " + o.checkpoint.dir,
                f.values.nice ? ", nice " + std::to_string(*f.values.nice) : std::string());
-  serve_until_signal(o);
+  if (!serve_until_signal(o)) {
+    spdlog::error("ps task {} exited without its final checkpoint (exit 3)", task_index);
+    return 3;
+  }
   spdlog::info("ps task {} exited cleanly", task_index);
   return 0;
 }

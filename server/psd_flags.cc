@@ -20,6 +20,11 @@ namespace {
 constexpr int kMaxSizeMb = 1 << 24;
 constexpr unsigned kMaxThreads = 1024;
 constexpr int kMaxCheckpointSecs = 366 * 86400;
+// Below these a limit or period stops making sense: a message or stored part
+// under 1 KiB holds almost nothing, and a period under 10 ms turns the
+// checkpoint timer into a busy loop.
+constexpr double kMinSizeMb = 1.0 / 1024;
+constexpr double kMinCheckpointSecs = 0.01;
 
 // Registers `name` unless a trainer already has it (kTrainer): then the
 // trainer's option stays the only one, and its value, where given, is taken.
@@ -309,10 +314,12 @@ void finish_psd_flags(ServerOptions& o, PsdFlagValues& x, const std::optional<Ps
   if (!o.http_port_file.empty() && !o.http_port)
     throw ConfigError("--http_port_file needs --http_port");
   // NaN fails every comparison: each check is written to pass only good values.
-  if (!(x.max_message_mb > 0 && x.max_message_mb <= kMaxSizeMb))
-    throw ConfigError("--max_message_mb must be in (0, " + std::to_string(kMaxSizeMb) + "]");
-  if (!(x.max_tensor_mb > 0 && x.max_tensor_mb <= kMaxSizeMb))
-    throw ConfigError("--max_tensor_mb must be in (0, " + std::to_string(kMaxSizeMb) + "]");
+  if (!(x.max_message_mb >= kMinSizeMb && x.max_message_mb <= kMaxSizeMb))
+    throw ConfigError(fmt::format("--max_message_mb must be in {}..{} (1 KiB to 16 TiB), not {}",
+                                  kMinSizeMb, kMaxSizeMb, x.max_message_mb));
+  if (!(x.max_tensor_mb >= kMinSizeMb && x.max_tensor_mb <= kMaxSizeMb))
+    throw ConfigError(fmt::format("--max_tensor_mb must be in {}..{} (1 KiB to 16 TiB), not {}",
+                                  kMinSizeMb, kMaxSizeMb, x.max_tensor_mb));
   const uint64_t machine = MemoryBudget::machine_bytes();
   const double machine_mb = static_cast<double>(machine > 0 ? machine >> 20 : kMaxSizeMb);
   if (!(x.max_memory_mb >= 0 && x.max_memory_mb <= machine_mb))
@@ -336,9 +343,11 @@ void finish_psd_flags(ServerOptions& o, PsdFlagValues& x, const std::optional<Ps
   o.shard.max_shared_memory_bytes = static_cast<uint64_t>(x.max_shared_memory_mb) << 20;
   if (!x.auth_token_file.empty()) o.shard.auth_token = read_auth_token(x.auth_token_file);
   if (!x.http_auth_token_file.empty()) o.http_auth_token = read_auth_token(x.http_auth_token_file);
-  if (!(o.checkpoint.every_secs >= 0 && o.checkpoint.every_secs <= kMaxCheckpointSecs))
-    throw ConfigError("--checkpoint_secs must be in 0.." + std::to_string(kMaxCheckpointSecs) +
-                      " (0: only on SIGTERM and on request)");
+  if (!(o.checkpoint.every_secs == 0 || (o.checkpoint.every_secs >= kMinCheckpointSecs &&
+                                         o.checkpoint.every_secs <= kMaxCheckpointSecs)))
+    throw ConfigError(fmt::format(
+        "--checkpoint_secs must be 0 (only on SIGTERM and on request) or in {}..{}, not {}",
+        kMinCheckpointSecs, kMaxCheckpointSecs, o.checkpoint.every_secs));
   if (o.checkpoint.keep < 1) throw ConfigError("--keep_checkpoints must be >= 1");
   if (o.checkpoint.every_secs > 0 && o.checkpoint.dir.empty())
     throw ConfigError("--checkpoint_secs needs --checkpoint_dir");

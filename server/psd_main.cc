@@ -25,7 +25,10 @@ int main(int argc, char** argv) {
 
   try {
     ps::finish_psd_flags(options, extra);
-    ps::serve_until_signal(options);
+    if (!ps::serve_until_signal(options)) {
+      spdlog::error("psd exited without its final checkpoint (exit 3)");
+      return 3;
+    }
   } catch (const ps::Error& e) {
     spdlog::error("{}", e.what());
     return 2;

@@ -20,6 +20,7 @@
 #include <spdlog/spdlog.h>
 
 #include "server/connection_places.h"
+#include "server/kj_log.h"
 #include "server/log_limiter.h"
 #include "server/monitoring_http.h"
 #include "common/for_people.h"
@@ -488,9 +489,13 @@ struct PsServer::Impl final : kj::TaskSet::ErrorHandler {
     if (refused.size() + refusing >= 16) return;
     ++refusing;
     tasks->add(secure(kj::mv(socket), peer)
-                   .then([this, peer, why](TlsServer::Accepted a) {
-                     serve_refusal(kj::mv(a.stream), peer, a.plaintext ? kPlaintextRefusal : why);
-                   })
+                   .then(
+                       [this, peer, why](TlsServer::Accepted a) {
+                         serve_refusal(kj::mv(a.stream), peer,
+                                       a.plaintext ? kPlaintextRefusal : why);
+                       },
+                       // secure() logged it, rate-limited: not a line per junk connection.
+                       [](kj::Exception&&) {})
                    .attach(kj::defer([this] { --refusing; })));
   }
 
@@ -542,7 +547,7 @@ PsServer::~PsServer() = default;
 
 Shard& PsServer::shard() { return impl_->shard; }
 
-void PsServer::run(kj::Promise<void> stop) {
+bool PsServer::run(kj::Promise<void> stop) {
   const ServerOptions& o = impl_->options;
   kj::AsyncIoContext& io = impl_->io;
   kj::Own<kj::ConnectionReceiver> tcp, local;
@@ -647,9 +652,12 @@ void PsServer::run(kj::Promise<void> stop) {
   serving.exclusiveJoin(kj::mv(stop)).wait(io.waitScope);
   impl_->shard.job().on_done(nullptr);
   // Stop listening at once: a client reconnecting now is refused (and
-  // retries) instead of being accepted by a psd about to exit.
+  // retries) instead of being accepted by a psd about to exit; a probe of
+  // the HTTP port is refused too, not left unanswered through the final
+  // checkpoint.
   tcp = nullptr;
   local = nullptr;
+  http = nullptr;
   // Connections closing now must not complete a sync step with fewer
   // replicas on the way out.
   impl_->shard.job().on_worker_lost(nullptr);
@@ -663,6 +671,7 @@ void PsServer::run(kj::Promise<void> stop) {
   impl_->tasks = nullptr;
   impl_->refused.clear();
   impl_->connections.clear();
+  bool saved = true;
   if (impl_->checkpointer) {
     // The final state, once no request can change it any more, so a restart
     // goes on from exactly here (a push whose reply was lost is retried and
@@ -671,8 +680,10 @@ void PsServer::run(kj::Promise<void> stop) {
       impl_->checkpointer->checkpoint(-1).wait(io.waitScope);
     } catch (const kj::Exception& e) {
       spdlog::error("final checkpoint failed: {}", e.getDescription().cStr());
+      saved = false;
     } catch (const Error& e) {
       spdlog::error("final checkpoint failed: {}", e.what());
+      saved = false;
     }
     impl_->shard.set_checkpointer(nullptr);
     impl_->checkpointer = nullptr;
@@ -680,10 +691,12 @@ void PsServer::run(kj::Promise<void> stop) {
   if (!o.unix_socket.empty() && unix_socket_file != FileId{} &&
       FileId::of(o.unix_socket) == unix_socket_file)
     ::unlink(o.unix_socket.c_str());
+  return saved;
 }
 
-void serve_until_signal(const ServerOptions& options) {
+bool serve_until_signal(const ServerOptions& options) {
   tune_malloc_for_large_messages();
+  KjLogThroughSpdlog kj_log;
   kj::UnixEventPort::captureSignal(SIGTERM);
   kj::UnixEventPort::captureSignal(SIGINT);
   auto io = kj::setupAsyncIo();
@@ -693,7 +706,7 @@ void serve_until_signal(const ServerOptions& options) {
                     spdlog::info("received signal {}, shutting down", info.si_signo);
                   });
   PsServer server(options, io);
-  server.run(kj::mv(stop));
+  return server.run(kj::mv(stop));
 }
 
 }  // namespace ps

@@ -7,7 +7,7 @@
 //   auto io = kj::setupAsyncIo();
 //   ps::ServerOptions opts;  opts.port = 2222;
 //   ps::PsServer server(opts, io);
-//   server.run(io.unixEventPort.onSignal(SIGTERM).ignoreResult());
+//   bool saved = server.run(io.unixEventPort.onSignal(SIGTERM).ignoreResult());
 #pragma once
 
 #include <cstdint>
@@ -72,8 +72,10 @@ struct ServerOptions {
 
 // Runs a PsServer on this thread until SIGTERM or SIGINT (or the job is
 // done): what psd and a trainer's in-process ps task both do. Throws
-// ConfigError when it cannot listen.
-void serve_until_signal(const ServerOptions& options);
+// ConfigError when it cannot listen. Returns false when the last checkpoint,
+// written on the way out, failed (logged): the state since the one before is
+// lost, which a supervisor must see in the exit status.
+[[nodiscard]] bool serve_until_signal(const ServerOptions& options);
 
 class PsServer {
  public:
@@ -81,8 +83,9 @@ class PsServer {
   ~PsServer();
 
   // Serves until `stop` resolves (or the job is done, with exit_when_done).
-  // Throws ConfigError when it cannot listen.
-  void run(kj::Promise<void> stop);
+  // Throws ConfigError when it cannot listen. Returns false when the final
+  // checkpoint (with a checkpoint directory) could not be written; logged.
+  [[nodiscard]] bool run(kj::Promise<void> stop);
 
   Shard& shard();
 

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -23,6 +24,7 @@
 #include "ps/checkpoint.h"
 #include "ps/client.h"
 #include "ps/training_session.h"
+#include "test/http_test_util.h"
 #include "test/psd_process.h"
 #include "test/raw_shard.h"
 
@@ -146,6 +148,63 @@ TEST_CASE(
   auto files = list_checkpoints(dir.path(), 0, 1);
   REQUIRE(files.size() == 1);
   CHECK(read_checkpoint(files[0].path).tensors.at(0).values == std::vector<float>{-1, -2, -3, -4});
+}
+
+TEST_CASE("a final checkpoint that cannot be written makes psd exit 3, not 0") {
+  TempDir dir;
+  const std::string shard_dir = shard_checkpoint_dir(dir.path(), 0, 1);
+  PsdProcess psd(ckpt_args(dir));
+  {
+    Client c(options_for({&psd}));
+    c.create({{.name = "w", .shape = {4}, .optimizer = OptimizerConfig::sgd(1.0f)}});
+    c.push("w", std::vector<float>{1, 2, 3, 4});
+  }
+  std::filesystem::remove_all(shard_dir);
+  std::ofstream(shard_dir) << "a file where the shard's directory goes: the last write fails";
+  // Before, psd logged the failure, then "psd exited cleanly", and exited 0:
+  // a supervisor saw success while the updates were lost.
+  CHECK(psd.stop() == 3);
+  CHECK(psd.log().find("final checkpoint failed") != std::string::npos);
+  CHECK(psd.log().find("exited without its final checkpoint") != std::string::npos);
+  CHECK(psd.log().find("exited cleanly") == std::string::npos);
+}
+
+namespace {
+
+bool connect_refused(int port) {
+  const int fd = ps::test::tcp_connect(port);
+  if (fd >= 0) ::close(fd);
+  return fd < 0;
+}
+
+}  // namespace
+
+TEST_CASE("from SIGTERM on, the HTTP port refuses connections as the RPC port does") {
+  TempDir dir;
+  const std::string http_port_file = dir.path() + "/http_port";
+  auto args = ckpt_args(dir);
+  for (const char* a : {"--http_port", "any", "--http_port_file"}) args.emplace_back(a);
+  args.push_back(http_port_file);
+  PsdProcess psd(args);
+  int http_port = 0;
+  std::ifstream(http_port_file) >> http_port;
+  REQUIRE(http_port > 0);
+  {
+    // Large enough that the final checkpoint takes a while to write.
+    Client c(options_for({&psd}));
+    c.create({{.name = "big", .shape = {24 << 20}, .optimizer = OptimizerConfig::sgd(1.0f)}});
+  }
+  REQUIRE_FALSE(connect_refused(http_port));
+  ::kill(psd.pid(), SIGTERM);
+  // The RPC port closes first of all; the HTTP port closed only after the
+  // final checkpoint, taking probes it never answered until then.
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!connect_refused(psd.port()) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  CHECK(connect_refused(http_port));
+  CHECK(psd.stop() == 0);
+  // The probe landed while the final checkpoint was still being written.
+  CHECK(psd.log().find("checkpoint of step 0 written") != std::string::npos);
 }
 
 TEST_CASE(

@@ -52,8 +52,8 @@ bool complete(const std::string& raw, bool head_only) {
 
 }  // namespace
 
-HttpAnswer http_exchange(int port, const std::string& request, int timeout_ms) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+int tcp_connect(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) throw std::runtime_error("socket failed");
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -61,8 +61,14 @@ HttpAnswer http_exchange(int port, const std::string& request, int timeout_ms) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     ::close(fd);
-    throw std::runtime_error("cannot connect to 127.0.0.1:" + std::to_string(port));
+    return -1;
   }
+  return fd;
+}
+
+HttpAnswer http_exchange(int port, const std::string& request, int timeout_ms) {
+  const int fd = tcp_connect(port);
+  if (fd < 0) throw std::runtime_error("cannot connect to 127.0.0.1:" + std::to_string(port));
   std::thread sender([fd, &request] {
     std::size_t sent = 0;
     while (sent < request.size()) {

@@ -22,6 +22,9 @@ HttpAnswer http_exchange(int port, const std::string& request, int timeout_ms = 
 
 HttpAnswer http_get(int port, const std::string& path, const std::string& method = "GET");
 
+// A TCP connection to 127.0.0.1:port: its descriptor, or -1 when refused.
+int tcp_connect(int port);
+
 // Reads the port psd wrote to --http_port_file.
 int read_port_file(const std::string& path);
 

@@ -2,6 +2,8 @@
 // training run by several workers, and bad HTTP input.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <regex>
 #include <thread>
@@ -225,6 +227,34 @@ TEST_CASE("bad HTTP input gets a 4xx and psd serves on") {
   CHECK(ps::test::http_get(m.http_port, "/status.json").headers["content-type"] ==
         "application/json");
   CHECK(m.psd.alive());
+}
+
+TEST_CASE("a flood of bad HTTP requests writes a few log lines, not one each") {
+  MonitoredPsd m;
+  auto count = [](const std::string& log, const std::string& text) {
+    std::size_t n = 0;
+    for (auto at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++n;
+    return n;
+  };
+  for (int i = 0; i < 60; ++i)
+    CHECK(ps::test::http_exchange(m.http_port, "GARBAGE\r\n\r\n").status == 400);
+  const std::string big_head =
+      "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(140 << 10, 'a') + "\r\n\r\n";
+  for (int i = 0; i < 12; ++i) ps::test::http_exchange(m.http_port, big_head);
+  // Idle connections past the 64 psd serves: each newcomer closes the oldest.
+  std::vector<int> idle;
+  for (int i = 0; i < 100; ++i) idle.push_back(ps::test::tcp_connect(m.http_port));
+  CHECK(ps::test::http_get(m.http_port, "/healthz").status == 200);
+  for (int fd : idle)
+    if (fd >= 0) ::close(fd);
+  const std::string log = m.psd.log();
+  INFO(log.substr(0, 3000));
+  // Before: one line per malformed request, per eviction, and three per oversized head.
+  CHECK(count(log, "refused a malformed request") <= 6);
+  CHECK(count(log, "with a head over 128 KiB") <= 6);
+  CHECK(count(log, "HttpService threw") <= 6);
+  CHECK(count(log, "closing the oldest") <= 6);
+  CHECK(count(log, "stack:") == 0);
 }
 
 TEST_CASE("/status.json stays valid JSON text whatever bytes a tensor name holds") {

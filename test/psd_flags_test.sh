@@ -26,6 +26,8 @@ refused table_threads_huge '--table_threads' --table_threads 100000
 refused message_nan '--max_message_mb' --max_message_mb nan
 refused message_huge '--max_message_mb' --max_message_mb 1e30
 refused message_zero '--max_message_mb' --max_message_mb 0
+refused message_tiny '--max_message_mb' --max_message_mb 1e-9
+refused tensor_tiny '--max_tensor_mb' --max_tensor_mb 0.0001
 refused tensor_inf '--max_tensor_mb' --max_tensor_mb inf
 refused memory_nan '--max_memory_mb' --max_memory_mb nan
 refused memory_machine '--max_memory_mb' --max_memory_mb 1e12
@@ -33,6 +35,7 @@ refused memory_negative '--max_memory_mb' --max_memory_mb -1
 refused checkpoint_nan '--checkpoint_secs' --checkpoint_secs nan --checkpoint_dir "$tmp/ck"
 refused checkpoint_huge '--checkpoint_secs' --checkpoint_secs 1e300 --checkpoint_dir "$tmp/ck"
 refused checkpoint_negative '--checkpoint_secs' --checkpoint_secs -1 --checkpoint_dir "$tmp/ck"
+refused checkpoint_busy_loop '--checkpoint_secs' --checkpoint_secs 0.0001 --checkpoint_dir "$tmp/ck"
 refused hello_nan '--hello_timeout_secs' --hello_timeout_secs nan
 refused hello_zero '--hello_timeout_secs' --hello_timeout_secs 0
 refused request_nan '--request_timeout_secs' --request_timeout_secs nan
@@ -44,7 +47,15 @@ refused checkpoint_dir_file '--checkpoint_dir.*Not a directory' --checkpoint_dir
 refused checkpoint_dir_below_file '--checkpoint_dir.*Not a directory' --checkpoint_dir "$tmp/afile/ckpt"
 refused port_file_dir '--port_file' --port_file "$tmp/no/such/dir/port"
 refused http_port_file_dir '--http_port_file' --http_port any --http_port_file "$tmp/no/such/dir/port"
-refused auth_empty 'empty' --auth_token_file /dev/null
+: >"$tmp/empty_token"
+refused auth_empty 'empty' --auth_token_file "$tmp/empty_token"
+# Read whole before its size was checked: /dev/zero filled psd's memory and a FIFO hung it at start.
+refused auth_device 'is a device' --auth_token_file /dev/zero
+refused auth_directory 'is a directory' --auth_token_file "$tmp"
+mkfifo "$tmp/token_fifo"
+refused auth_fifo 'is a FIFO' --auth_token_file "$tmp/token_fifo"
+head -c 100000 /dev/zero | tr '\0' x >"$tmp/huge_token"
+refused auth_huge 'more than 4096' --auth_token_file "$tmp/huge_token"
 refused auth_missing 'cannot read' --auth_token_file "$tmp/missing"
 refused bind_elsewhere 'not an address of this host' --bind 192.0.2.1
 timeout 10 "$psd" --port 70000 >"$tmp/port.log" 2>&1 && fail "--port 70000 served"

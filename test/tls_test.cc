@@ -26,6 +26,7 @@
 
 using namespace ps;
 using ps::test::PsdProcess;
+using ps::test::tcp_connect;
 using ps::test::TempDir;
 using namespace std::chrono_literals;
 
@@ -96,19 +97,6 @@ void check_serves(const PsdProcess& psd, const Pki& pki) {
   Client c(options_for(psd, pki.path("ca.crt")));
   c.create({{.name = "probe", .shape = {3}, .init = InitConfig::constant(1.5f)}});
   CHECK(c.pull("probe") == std::vector<float>{1.5f, 1.5f, 1.5f});
-}
-
-int tcp_connect(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
 }
 
 }  // namespace
@@ -356,6 +344,55 @@ TEST_CASE("peers that connect to the TLS port and never handshake cannot keep a 
   CHECK(what == "");
   for (int fd : silent) ::close(fd);
   CHECK(psd.alive());
+}
+
+namespace {
+
+std::size_t count_lines_with(const std::string& log, const std::string& text) {
+  std::size_t n = 0;
+  for (auto at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("junk connections past the per-address cap write a few log lines, not one each") {
+  if (!have_openssl()) std::exit(77);
+  Pki pki;
+  auto args = pki.psd_args();
+  args.insert(args.end(), {"--max_connections_per_peer", "2"});
+  PsdProcess psd(args);
+  std::vector<int> stalled;  // hold the address's places
+  for (int i = 0; i < 2; ++i) {
+    stalled.push_back(tcp_connect(psd.port()));
+    REQUIRE(stalled.back() >= 0);
+    (void)!::write(stalled.back(), "\x16", 1);
+  }
+  std::this_thread::sleep_for(200ms);
+  constexpr int kJunk = 60;
+  const std::string junk = std::string("\x16\x03\x01\x00\x05junk!", 10) + std::string(64, '\0');
+  for (int i = 0; i < kJunk; ++i) {
+    const int fd = tcp_connect(psd.port());
+    if (fd < 0) continue;
+    (void)!::write(fd, junk.data(), junk.size());
+    char buf[256];
+    timeval tv{.tv_sec = 1, .tv_usec = 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    (void)!::read(fd, buf, sizeof buf);  // psd's refusal, or its close
+    ::close(fd);
+  }
+  for (int fd : stalled) ::close(fd);
+  // The closed connections free their places as psd reads their ends.
+  std::chrono::milliseconds took{};
+  for (int i = 0; i < 50 && !refusal(options_for(psd, pki.path("ca.crt")), &took).empty(); ++i)
+    std::this_thread::sleep_for(100ms);
+  check_serves(psd, pki);
+  const std::string log = psd.log();
+  INFO(log.substr(0, 3000));
+  // Each refused handshake once reached the task set's unthrottled warning.
+  CHECK(count_lines_with(log, "connection task failed") == 0);
+  CHECK(count_lines_with(log, "TLS connection from 127.0.0.1") <= 6);
+  CHECK(count_lines_with(log, "\n") < 30);
 }
 
 TEST_CASE("peers that connect to the HTTPS port and never handshake cannot keep /healthz out") {

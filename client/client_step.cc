@@ -313,7 +313,7 @@ std::future<PushResult> Client::start_push_step(std::vector<std::string> names,
                   });
             };
             calls.add(counted(unanswered, static_cast<int>(r.shard),
-                              impl.retry->call(static_cast<int>(r.shard), kj::mv(send)))
+                              impl.retry->call_identified(static_cast<int>(r.shard), kj::mv(send)))
                           .then([res, t, r, reports](RowReply&& reply) {
                             res->row_status[t] = std::max(res->row_status[t], reply.status);
                             res->step = std::min(res->step, reply.step);
@@ -332,7 +332,7 @@ std::future<PushResult> Client::start_push_step(std::vector<std::string> names,
             return send_step_done(c, done_step, id);
           };
           calls.add(counted(unanswered, static_cast<int>(shard),
-                            impl.retry->call(static_cast<int>(shard), kj::mv(send)))
+                            impl.retry->call_identified(static_cast<int>(shard), kj::mv(send)))
                         .then([shard, res](capnp::Response<wire::Shard::StepDoneResults>&& reply) {
                           if (shard == 0) res->global_step = reply.getGlobalStep();
                           res->stop = res->stop || reply.getStop();

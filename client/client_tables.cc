@@ -400,7 +400,7 @@ std::future<PushStatus> Client::start_push_rows(const std::string& table,
             return Impl::send_row_grads(kj::mv(req), c, sums, r);
           };
           calls.add(counted(unanswered, static_cast<int>(r.shard),
-                            impl_->retry->call(static_cast<int>(r.shard), kj::mv(send)))
+                            impl_->retry->call_identified(static_cast<int>(r.shard), kj::mv(send)))
                         .then([worst](capnp::Response<wire::Shard::PushRowsResults>&& reply) {
                           *worst = std::max(*worst, from_wire(reply.getStatus()));
                         }));

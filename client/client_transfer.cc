@@ -337,7 +337,7 @@ kj::Promise<PushResult> Client::Impl::push_round(std::vector<ShardBatch> batches
         return r;
       });
     };
-    calls.add(counted(unanswered, batch->shard, retry->call(batch->shard, kj::mv(send)))
+    calls.add(counted(unanswered, batch->shard, retry->call_identified(batch->shard, kj::mv(send)))
                   .then([batch, reports, res = result.get()](BatchReply&& reply) {
                     if (reports >= 0) {
                       if (batch->shard == 0) res->global_step = reply.step;
@@ -357,7 +357,7 @@ kj::Promise<PushResult> Client::Impl::push_round(std::vector<ShardBatch> batches
       return send_step_done(c, done_step, id);
     };
     calls.add(counted(unanswered, static_cast<int>(shard),
-                      retry->call(static_cast<int>(shard), kj::mv(send)))
+                      retry->call_identified(static_cast<int>(shard), kj::mv(send)))
                   .then([shard, res = result.get()](
                             capnp::Response<wire::Shard::StepDoneResults>&& reply) {
                     if (shard == 0) res->global_step = reply.getGlobalStep();

@@ -12,9 +12,34 @@ Reconnector::Reconnector(kj::UnixEventPort& io, std::vector<kj::Own<ShardConnect
       shards_(shards),
       hello_(std::move(hello)),
       timeout_(timeout),
-      pending_(shards.size()) {}
+      pending_(shards.size()),
+      turns_(shards.size()) {}
 
 Reconnector::~Reconnector() = default;
+
+kj::Promise<void> Reconnector::turn(int index) {
+  Turns& t = turns_[index];
+  if (t.taken < kMaxIdentifiedInFlight) {
+    ++t.taken;
+    return kj::READY_NOW;
+  }
+  auto paf = kj::newPromiseAndFulfiller<void>();
+  t.waiting.push_back(kj::mv(paf.fulfiller));
+  return kj::mv(paf.promise);
+}
+
+void Reconnector::hand_on_turn(int index) {
+  Turns& t = turns_[index];
+  while (!t.waiting.empty()) {
+    auto next = kj::mv(t.waiting.front());
+    t.waiting.pop_front();
+    if (next->isWaiting()) {  // not cancelled while it waited: the turn is its
+      next->fulfill();
+      return;
+    }
+  }
+  --t.taken;
+}
 
 kj::Promise<void> Reconnector::reconnect(int index, uint64_t generation,
                                          const kj::Exception& cause) {

@@ -35,6 +35,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -81,11 +82,35 @@ class Reconnector {
         });
   }
 
+  // As call(), for a request psd recognises by its id when it is retried
+  // (push, pushRows, stepDone). psd remembers a worker's last 512 ids
+  // (server/request_log.h); a retry of an id it has forgotten would be
+  // applied again. So at most kMaxIdentifiedInFlight such calls are under
+  // way to one shard, half psd's window; the rest wait their turn, in order.
+  template <typename Fn>
+  auto call_identified(int index, Fn fn) ->
+      typename AsPromise<decltype(fn(kj::instance<ShardConnection&>(), 0))>::type {
+    return turn(index).then([this, index, fn = kj::mv(fn)]() mutable {
+      // The turn is handed on however the call ends (a cancelled one too).
+      return call(index, kj::mv(fn)).attach(kj::defer([this, index] { hand_on_turn(index); }));
+    });
+  }
+  static constexpr unsigned kMaxIdentifiedInFlight = 256;
+
   // Times a shard was found to have gone back to an older step.
   uint64_t rollbacks() const { return rollbacks_.load(); }
 
  private:
   static constexpr int kMaxAttempts = 4;
+
+  // A turn among kMaxIdentifiedInFlight to shard `index`; each taken turn
+  // ends with one hand_on_turn.
+  kj::Promise<void> turn(int index);
+  void hand_on_turn(int index);
+  struct Turns {
+    unsigned taken = 0;
+    std::deque<kj::Own<kj::PromiseFulfiller<void>>> waiting;
+  };
 
   kj::Promise<void> reconnect(int index, uint64_t generation, const kj::Exception& cause);
 
@@ -100,6 +125,7 @@ class Reconnector {
   HelloParams hello_;
   std::chrono::milliseconds timeout_;
   std::vector<Pending> pending_;
+  std::vector<Turns> turns_;
   std::vector<kj::Own<ShardConnection>> retired_;  // broken connections, dropped later
   std::atomic<uint64_t> rollbacks_{0};
 };

@@ -53,7 +53,11 @@ void Client::create_tables(const std::vector<TableSpec>& tables) {
           }
           return req.send();
         },
-        [](Nothing&, int, auto&) {}, "createTables: ");
+        [this, validate](Nothing&, int shard, auto&) {
+          // Loop thread: a restart of this shard that finds it empty lost the model.
+          if (!validate) impl_->shards[static_cast<std::size_t>(shard)]->holds_model = true;
+        },
+        "createTables: ");
   }
   declare_tables(tables);
 }

@@ -84,7 +84,8 @@ kj::Promise<void> Reconnector::reconnect(int index, uint64_t generation,
                 // restore: whatever this client does next fails on unknown
                 // tensors. The job stops, saying why (docs/first-hour.md).
                 const bool had_model = slot->holds_model || slot->last_step > 0;
-                if ((new_process || back) && fresh->tensors == 0 && had_model) {
+                const bool empty = fresh->tensors == 0 && fresh->tables == 0;
+                if ((new_process || back) && empty && had_model) {
                   pending_[index].done = true;
                   kj::throwFatalException(
                       kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__,

@@ -44,7 +44,8 @@ struct ShardConnection {
       0;  // ShardInfo.instanceId: another one on reconnection means psd restarted
   int64_t hello_step = 0;
   uint64_t tensors = 0;  // ShardInfo.tensors at hello
-  // This shard is known to hold the model: tensors at hello, a create of
+  uint64_t tables = 0;   // ShardInfo.tables at hello
+  // This shard is known to hold the model: tensors or tables at hello, a create of
   // this client's answered, or psd saying it is ready. A restart that finds
   // it empty lost the model (Reconnector). Loop thread only.
   bool holds_model = false;

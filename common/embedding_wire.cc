@@ -14,7 +14,9 @@ void to_wire(const TableSpec& s, uint32_t shard_index, uint32_t num_shards,
   out.setDim(s.dim);
   out.setRows(s.rows);
   out.setDynamic(s.dynamic);
-  out.setPlacement(static_cast<wire::TablePlacement>(s.placement));
+  // A dynamic table's ids are always placed by hash, whatever the field says.
+  out.setPlacement(
+      static_cast<wire::TablePlacement>(s.dynamic ? TablePlacement::kHash : s.placement));
   out.setRowLimit(s.row_limit);
   out.setOnLimit(static_cast<wire::RowLimitPolicy>(s.on_limit));
   auto o = out.initOptimizer();

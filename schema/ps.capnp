@@ -169,6 +169,7 @@ struct ShardInfo {
                                # reconnects to another instance knows psd restarted: what it sent
                                # since psd's last checkpoint may be lost, even at the same global step
   tensors @13 :UInt64;         # tensors the shard holds: a restarted psd with none lost the model (no checkpoint)
+  tables @14 :UInt64;          # embedding tables it holds (0 from an older psd): the model too
 }
 
 struct WorkerState {

@@ -201,6 +201,7 @@ class Shard {
   // Applies (async), accumulates (sync) or drops (stale) a push of rows.
   PushRowsReply push_rows(const Caller& caller, const PushRowsRequest& request);
   std::vector<TableReport> list_tables() const;
+  uint64_t table_count() const;
   // Sets rows (values and optimizer slots) of a table, as a restore into
   // another shard count does; the table's update count becomes at least
   // `version`; ages (empty, or one per id): EmbeddingTable::put_rows'.
@@ -398,7 +399,6 @@ class Shard {
   // The tables' clocks to the global step now, dropping rows that expire
   // (TableSpec::expire_after_steps).
   void tables_reached_step();
-  uint64_t table_count() const;
   void check_memory(uint64_t extra, const std::string& what) const;
   void step_reached();  // expires table rows, fires snapshots waiting for the new global step
 

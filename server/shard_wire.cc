@@ -194,6 +194,7 @@ void info_to_wire(const Shard& shard, wire::ShardInfo::Builder out) {
   out.setHostId(host_id());
   out.setInstanceId(shard.instance_id());
   out.setTensors(shard.store().count());
+  out.setTables(shard.table_count());
   out.setSharedMemory(!options.unix_socket.empty() && options.max_shared_memory_bytes > 0);
   out.setAllowsNonfinite(options.allow_nonfinite);
   job_to_wire(job.config(), out.initJob());

@@ -615,6 +615,57 @@ TEST_CASE("a psd restarted empty under the client that created the model is said
                     Catch::Contains("came back empty: psd restarted without a checkpoint"));
 }
 
+TEST_CASE("a psd holding only table rows is told apart from an empty one when it restarts") {
+  TempDir dir;
+  const std::vector<std::string> args = {"--checkpoint_dir", dir.path()};
+  std::optional<PsdProcess> psd(std::in_place, args);
+  ClientOptions o = gives_up_soon(*psd);
+  o.worker_index = 0;
+  o.is_chief = true;
+  Client client(o);
+  client.create_tables(
+      {{.name = "e", .dim = 4, .rows = 10, .optimizer = RowOptimizerConfig::sgd(1.0f)}});
+  client.set_ready();
+  const std::vector<int64_t> ids = {1, 7};
+  client.push_rows("e", ids, std::vector<float>(8, -1.0f));
+  client.checkpoint();
+  const int port = psd->port();
+  SECTION("restored from its checkpoint: the rows are there") {
+    psd->kill();
+    psd.emplace(args, port);
+    // Before, psd's hello counted dense tensors only: a shard of rows alone
+    // was "back empty", and every call to it failed.
+    std::vector<float> rows(8);
+    client.pull_rows("e", ids, rows);
+    CHECK(rows == std::vector<float>(8, 1.0f));
+  }
+  SECTION("back without a checkpoint: the model is lost, and said so") {
+    psd->kill();
+    psd.emplace(std::vector<std::string>{}, port);
+    std::vector<float> rows(8);
+    CHECK_THROWS_WITH(client.pull_rows("e", ids, rows),
+                      Catch::Contains("came back empty: psd restarted without a checkpoint"));
+  }
+}
+
+TEST_CASE(
+    "a tables-only model created by this client, lost with a psd restarted empty, is said lost") {
+  // No step and no ready flag: only the answered create_tables says the
+  // shard held the model.
+  std::optional<PsdProcess> psd(std::in_place);
+  Client client(gives_up_soon(*psd));
+  client.create_tables(
+      {{.name = "e", .dim = 4, .rows = 10, .optimizer = RowOptimizerConfig::sgd(1.0f)}});
+  const std::vector<int64_t> ids = {3};
+  client.push_rows("e", ids, std::vector<float>(4, 1.0f));
+  const int port = psd->port();
+  psd->kill();
+  psd.emplace(std::vector<std::string>{}, port);
+  std::vector<float> rows(4);
+  CHECK_THROWS_WITH(client.pull_rows("e", ids, rows),
+                    Catch::Contains("came back empty: psd restarted without a checkpoint"));
+}
+
 TEST_CASE("a call after the Client sat idle longer than call_timeout gets its whole call_timeout") {
   // kj's timer reads the clock only when the loop runs, and nothing runs the
   // Client's loop between calls: the first call after 1.5 s idle must still

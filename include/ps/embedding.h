@@ -93,7 +93,7 @@ struct TableSpec {
   uint32_t dim = 0;
   uint64_t rows = 0;                                // fixed tables: ids in [0, rows)
   bool dynamic = false;                             // any 64-bit id; rows created on first touch
-  TablePlacement placement = TablePlacement::kMod;  // fixed tables; dynamic ones always kHash
+  TablePlacement placement = TablePlacement::kMod;  // fixed tables; dynamic ones: kHash, always
   RowOptimizerConfig optimizer{};
   // Each row's initial values; zeros, constant, uniform, normal and
   // truncated normal. Random ones are drawn from (seed, id): a row starts

@@ -222,8 +222,10 @@ std::future<int64_t> Client::start_pull_rows(const std::string& table, std::span
   // The pull of ids[first, first + count) into out's rows from `first` on:
   // planned here, then sent, scattered and completed by the loop.
   auto pull_of = [&](std::size_t first, std::size_t count) {
+    // A batch of no ids still asks every shard: its step (min_step waited
+    // for) is what the caller pushes at next.
     auto plan = shared_row_plan(as_unsigned(ids.subspan(first, count)),
-                                placement_of(spec, num_shards()), per, false);
+                                placement_of(spec, num_shards()), per, ids.empty());
     float* to = out.data() + first * dim;
     return [this, plan, table, dim, min_step, to, rollbacks_at_call,
             lookup](Unanswered* unanswered) {

@@ -1244,6 +1244,30 @@ TEST_CASE("sync mode: a pull of rows over several shards reads every shard at on
   CHECK(rows == std::vector<float>{-1, -2});
 }
 
+TEST_CASE("sync mode: a pull of no ids waits for min_step and gives the step, as any pull") {
+  PsdProcess ps0, ps1;
+  Client chief(options_for({&ps0, &ps1}, 0));
+  chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 1, .total_replicas = 1});
+  chief.create_tables({fixed("emb", 4, 1)});
+  chief.set_ready();
+  const std::vector<int64_t> no_ids;
+  std::vector<float> none;
+  for (int64_t step = 0; step < 2; ++step) {
+    REQUIRE(chief.push_rows("emb", std::vector<int64_t>{1}, std::vector<float>{1}, step) ==
+            PushStatus::kAccumulated);
+  }
+  // Before, a batch of no ids sent nothing and gave step 0 at once: a push
+  // at that step was stale.
+  CHECK(chief.pull_rows("emb", no_ids, none) == 2);
+  CHECK(chief.lookup_rows("emb", no_ids, none) == 2);
+  auto later = chief.pull_rows_async("emb", no_ids, none, 3);
+  CHECK(later.wait_for(300ms) == std::future_status::timeout);
+  REQUIRE(chief.push_rows("emb", std::vector<int64_t>{1}, std::vector<float>{1}, 2) ==
+          PushStatus::kAccumulated);
+  CHECK(later.get() == 3);
+  CHECK(chief.push_rows("emb", no_ids, none, 3) == PushStatus::kAccumulated);
+}
+
 TEST_CASE(
     "checkpoints keep tables' rows and slots; a restart restores them, and a restore into another "
     "shard "

@@ -120,6 +120,7 @@ std::vector<ShardStats> Client::stats() {
                 o.job = job_from_wire(st.getJob());
                 o.ready = st.getReady();
                 o.finished = st.getFinished();
+                o.awaiting_chief = st.getAwaitingChief();
                 o.steps_applied = st.getStepsApplied();
                 o.staleness_waits = st.getStalenessWaits();
                 o.max_staleness = st.getMaxStaleness();

@@ -715,7 +715,7 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
   }
   const double secs = seconds(start, Clock::now());
   hooks.end(info);
-  const int64_t local = session.local_step();
+  const int64_t local = session.steps_run();
   const double n = std::max<double>(1, static_cast<double>(local));
   const double step_total = times.total();
   std::printf(
@@ -730,7 +730,7 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
       "SHARES worker=%d pull=%.3f compute=%.3f push=%.3f other=%.3f examples_per_sec=%.0f "
       "deep_rows_per_step=%.0f wide_rows_per_step=%.0f\n",
       worker, times.pull / step_total, times.compute / step_total, times.push / step_total,
-      times.other / step_total, static_cast<double>(session.local_step()) * f.batch_size / secs,
+      times.other / step_total, static_cast<double>(session.steps_run()) * f.batch_size / secs,
       deep_rows / n, wide_rows / n);
   std::fflush(stdout);
 
@@ -740,7 +740,8 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, const Ctr
     ps::PullResult final_pull = session.pull_latest();
     const int64_t global = std::max(final_pull.step, info.global_step);
     const Metrics m = ev.run(global, epoch_of(global));
-    const double examples = static_cast<double>(global) * per_global;
+    // This run's examples: a restored job's steps before it are not its.
+    const double examples = static_cast<double>(global - session.start_step()) * per_global;
     uint64_t deep_rows = 0, wide_rows = 0, filtered = 0, expired = 0, table_bytes = 0;
     for (const auto& t : client.list_tables()) {
       (t.name == kDeepTable ? deep_rows : wide_rows) += t.rows;

@@ -85,7 +85,7 @@ int run_worker(const ps::ClusterSpec& spec, const ps::TrainerFlags& f, int examp
       gw[0] /= f.batch_size;
       gb[0] /= f.batch_size;
     });
-    info.local_step = session.local_step();
+    info.local_step = session.steps_run();
     info.global_step = out.global_step;
     info.epoch = static_cast<double>(session.local_step()) * f.batch_size / examples;
     info.loss = loss;

@@ -381,11 +381,11 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
   // The chief's job decides: a worker started with other mode flags trains
   // in the job's mode, and counts its progress and epochs by it too.
   if (session.job().train_steps > 0) steps = session.job().train_steps;
-  // A job restored from a checkpoint goes on from its step: one already at
-  // its stop step has nothing left to train.
-  const ps::ShardStats stats = client.stats().front();
-  const int64_t start_global = stats.global_step;
-  if (steps > 0 && start_global >= steps) {
+  // A job restored from a checkpoint goes on from its step (the session
+  // read it before the other workers could start): one already at its stop
+  // step has nothing left to train.
+  const int64_t start_global = session.start_step();
+  if (session.should_stop()) {
     std::printf(
         "worker %d: the job already finished at global step %lld (its stop step): nothing to "
         "train. To go "
@@ -393,9 +393,9 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
         worker, static_cast<long long>(start_global));
     std::fflush(stdout);
     // A worker started after the others trained the job through is the one
-    // their end barrier waits for: it arrives there too, unless the chief
-    // has ended the job already (a job restored at its stop step).
-    if (!chief && !stats.finished)
+    // their end barrier waits for: every worker arrives there too, the chief
+    // included, unless the chief has ended the job already.
+    if (!client.stats().front().finished)
       ps::end_barrier(session, "mnist_trainer/end", spec.num_workers(), worker);
     if (chief) session.end();  // the ps tasks exit once every worker has disconnected
     return 0;
@@ -413,8 +413,9 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
         start_global > 0 ? fmt::format("; going on from global step {}", start_global).c_str()
                          : "");
     // psd keeps each tensor's optimizer as the job created it: a job going on
-    // from a checkpoint keeps its first run's schedule.
-    if (start_global > 0 && f.lr_schedule == "cosine") {
+    // from psd's own checkpoint keeps its first run's schedule. --restore_from
+    // creates the tensors anew, with this run's.
+    if (start_global > 0 && m.restore_from.empty() && f.lr_schedule == "cosine") {
       std::printf(
           "worker %d (chief): the learning rate keeps the schedule the job was created with (psd "
           "keeps it with the model): a cosine one ends at the first run's planned steps and "
@@ -473,7 +474,7 @@ int run_worker(const ps::ClusterSpec& spec, ps::TrainerFlags f, const MnistFlags
   }
   const double secs = seconds(start, Clock::now());
   hooks.end(info);
-  const int64_t local = session.local_step();
+  const int64_t local = session.steps_run();
   std::printf("%spull %.3f ms, compute %.3f ms, push %.3f ms, data+hooks %.3f ms; CPU %.3f ms\n",
               ps::done_line_start(worker, session, secs, f.batch_size, "samples").c_str(),
               ps::StepTimes::per_step_ms(times.pull, local),

@@ -207,6 +207,8 @@ struct ShardStats {
   tables @20 :List(TableStats); # embedding tables held here
   waits @21 :List(Text);        # what the job has waited for over a few seconds, one line each (a sync step
                                 # and the workers it misses, a barrier): for people, not parsed
+  awaitingChief @22 :Bool;      # the job was restored from a checkpoint and no chief has configured it
+                                # since: its stop step may yet move (a job going on)
 }
 
 # --- Embedding tables (include/ps/embedding.h) ---

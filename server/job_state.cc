@@ -65,6 +65,7 @@ void JobState::configure(const JobConfig& config) {
       config_.train_steps = config.train_steps;
       if (!stop_reached()) finished_ = false;
     }
+    awaiting_chief_ = false;
     return;
   }
   for (const auto& [index, w] : workers_) {
@@ -77,6 +78,7 @@ void JobState::configure(const JobConfig& config) {
   }
   config_ = config;
   configured_ = true;
+  awaiting_chief_ = false;
   // A job restored from a checkpoint (ps/checkpoint.h) goes on from its step.
   if (global_step_ == 0 && config_.start_step > 0) global_step_ = config_.start_step;
   spdlog::info("job configured: {}", to_string(config_));
@@ -180,6 +182,7 @@ void JobState::restore(bool configured, const JobConfig& config, int64_t global_
   config_ = config;
   global_step_ = global_step;
   ready_ = ready;
+  awaiting_chief_ = configured;
 }
 
 int JobState::live_workers() const {

@@ -144,6 +144,9 @@ class JobState {
 
   void finish();
   bool finished() const { return finished_; }
+  // Restored from a checkpoint, not configured by a chief since: a worker at
+  // the stop step waits for this run's chief, which may move it.
+  bool awaiting_chief() const { return awaiting_chief_; }
   // Called once the job is finished and no worker is connected any more.
   void on_done(std::function<void()> callback) { on_done_ = std::move(callback); }
 
@@ -161,6 +164,7 @@ class JobState {
   int64_t global_step_ = 0;
   bool ready_ = false;
   bool finished_ = false;
+  bool awaiting_chief_ = false;
   kj::TimePoint finished_since_ = kj::origin<kj::TimePoint>();
   std::optional<int> chief_;
   std::map<int, WorkerRecord> workers_;

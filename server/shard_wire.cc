@@ -145,6 +145,7 @@ void stats_to_wire(const Shard& shard, wire::ShardStats::Builder out) {
   out.setMaxStaleness(job.max_staleness_seen());
   out.setStepsApplied(counters.steps_applied);
   out.setFinished(job.finished());
+  out.setAwaitingChief(job.awaiting_chief());
   out.setBytesIn(counters.bytes_in);
   out.setBytesOut(counters.bytes_out);
   out.setSharedBytes(counters.shared_bytes);

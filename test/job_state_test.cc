@@ -47,12 +47,19 @@ TEST_CASE("a configured job takes a new stop step ahead of its global step, noth
   ps::JobConfig c{.total_replicas = 2, .train_steps = 20};
   job.restore(true, c, 20, true);  // restored from a checkpoint at its stop step
   CHECK(job.stop_reached());
+  // Until this run's chief configures it, its stop step may still move.
+  CHECK(job.awaiting_chief());
+  ps::JobConfig refused = c;
+  refused.total_replicas = 3;
+  CHECK_THROWS(job.configure(refused));
+  CHECK(job.awaiting_chief());
 
   // The same job again, named with the checkpoint's start step: unchanged.
   ps::JobConfig same = c;
   same.start_step = 20;
   job.configure(same);
   CHECK(job.config().train_steps == 20);
+  CHECK_FALSE(job.awaiting_chief());
 
   // Extended: goes on.
   ps::JobConfig longer = c;

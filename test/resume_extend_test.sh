@@ -108,4 +108,33 @@ grep -q "already finished at global step" "$tmp/late.out" || fail "late worker: 
 [ "$took" -le 15 ] || fail "late worker: the chief waited ${took} s at its end barrier for the late worker"
 wait_ps
 
-[ "$failures" = 0 ] && echo "PASS: resume, extend, finished re-run, --restore_from, a late worker" || exit 1
+# 7. Two workers go on with a job their ps restored at its stop step, the
+# other worker started first: it waits for the chief, which raises the stop
+# step, and trains on too. Before, it took the restored job for finished,
+# sat in the end barrier, and the chief trained the rest alone after waiting
+# a minute for it.
+start_ps ps7a --checkpoint_dir "$tmp/ck7"
+for w in 1 0; do
+  timeout 60 "$trainer" --job_name=worker --task_index=$w "${pair[@]}" "${common[@]}" --sync_replicas \
+    --train_steps 10 >"$tmp/run1_w$w.out" 2>&1 &
+done
+wait %2 %3 2>/dev/null
+wait_ps
+grep -q "== 10 global steps" "$tmp/run1_w0.out" || fail "two workers, first run: $(cat "$tmp/run1_w0.out")"
+start_ps ps7b --checkpoint_dir "$tmp/ck7"
+go_on_start=$(date +%s)
+timeout 60 "$trainer" --job_name=worker --task_index=1 "${pair[@]}" "${common[@]}" --sync_replicas \
+  --train_steps 10 >"$tmp/run2_w1.out" 2>&1 &
+w1_pid=$!
+sleep 1
+timeout 60 "$trainer" --job_name=worker --task_index=0 "${pair[@]}" "${common[@]}" --sync_replicas \
+  --train_steps 20 >"$tmp/run2_w0.out" 2>&1 || fail "going on: the chief exited $?: $(tail -n 3 "$tmp/run2_w0.out")"
+wait "$w1_pid" || fail "going on: worker 1 exited $?: $(tail -n 3 "$tmp/run2_w1.out")"
+took=$(( $(date +%s) - go_on_start ))
+wait_ps
+grep -q "== 20 global steps" "$tmp/run2_w0.out" || fail "going on: the job did not reach 20: $(cat "$tmp/run2_w0.out")"
+if grep -q "already finished" "$tmp/run2_w1.out"; then fail "going on: worker 1 took the job for finished: $(cat "$tmp/run2_w1.out")"; fi
+grep -q "worker 1: done after 10 local steps" "$tmp/run2_w1.out" || fail "going on: worker 1 did not train its 10 steps: $(cat "$tmp/run2_w1.out")"
+[ "$took" -le 30 ] || fail "going on took ${took} s (a worker waited for another at a step or the end barrier)"
+
+[ "$failures" = 0 ] && echo "PASS: resume, extend, finished re-run, --restore_from, a late worker, two workers going on" || exit 1

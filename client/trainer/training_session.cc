@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -77,6 +78,7 @@ void TrainingSession::initialize() {
       client_.create_tables(table_specs);
       if (!options_.restore_from.empty()) restore_tables(m);
     }
+    start_step_ = client_.stats().front().global_step;
     // Only now may the workers start: the model is whole, tables included.
     client_.set_ready();
     spdlog::info("chief: job configured ({}), {} variables and {} tables created and initialised",
@@ -98,17 +100,59 @@ void TrainingSession::initialize() {
                    options_.ready_timeout.count() / 1000);
     }
     check_same_cluster(client_.job());
-    options_.job = client_.job();
+    const ShardStats settled = job_once_settled();
+    options_.job = settled.job;
+    start_step_ = settled.global_step;
     check_declared_as_created();
     check_tables_as_created();
   }
+  global_step_ = start_step_;
+  // A job at its stop step has nothing to train: a trainer's first pull would
+  // otherwise run one more step (async) or wait for one that never comes.
+  if (options_.job.train_steps > 0 && start_step_ >= options_.job.train_steps) stop_ = true;
   // Bounded staleness measures every worker by its own step count: a
   // restarted worker going on from 0 was ignored until it passed its old
   // count, and the others ran that far past max_staleness meanwhile.
   if (options_.job.mode == SyncMode::kBoundedStaleness)
     local_step_ = std::max(local_step_, client_.recorded_step());
+  local_start_ = local_step_;
   watch_ = std::make_unique<WaitWatcher>(client_, client_.options().worker_index);
   initialized_ = true;
+}
+
+ShardStats TrainingSession::job_once_settled() {
+  // A psd restored from its checkpoint at the job's stop step is ready at
+  // once, but this run's chief may yet move the stop step (a job going on):
+  // deciding now, from the restored job, ended this worker while the chief
+  // trained the rest alone.
+  const auto start = std::chrono::steady_clock::now();
+  auto said = start;
+  ShardStats st = client_.stats().front();
+  while (st.awaiting_chief && !st.finished && st.job.train_steps > 0 &&
+         st.global_step >= st.job.train_steps) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - start >= options_.ready_timeout) break;  // taken as over: nothing to train
+    if (now - said >= options_.ready_log_interval) {
+      said = now;
+      spdlog::info(
+          "worker {}: the job was restored at its stop step {}: waiting for the chief (worker 0) "
+          "to go on with more steps or end it ({} s of {} s)",
+          client_.options().worker_index, st.job.train_steps,
+          std::chrono::duration_cast<std::chrono::seconds>(now - start).count(),
+          options_.ready_timeout.count() / 1000);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    st = client_.stats().front();
+  }
+  return st;
+}
+
+bool TrainingSession::sync_stop_at(int64_t step) {
+  if (options_.job.train_steps <= 0 || step < options_.job.train_steps) return false;
+  // Once, at the end: the stop step as psd has it now.
+  const int64_t now = client_.stats().front().job.train_steps;
+  if (now > options_.job.train_steps) options_.job.train_steps = now;
+  return step >= options_.job.train_steps;
 }
 
 namespace {
@@ -325,7 +369,7 @@ int64_t TrainingSession::pull() {
   if (options_.job.mode == SyncMode::kSync) {
     global_step_ = step;
     // A worker that fell behind may find the job already done.
-    if (options_.job.train_steps > 0 && step >= options_.job.train_steps) stop_ = true;
+    if (sync_stop_at(step)) stop_ = true;
   }
   return step;
 }
@@ -361,7 +405,7 @@ StepOutcome TrainingSession::push() {
     // not only the one whose push closed it (the others said one step less,
     // 99 of 100 at the end).
     global_step_ = std::max(p.step, next_sync_step_);
-    stop_ = options_.job.train_steps > 0 && next_sync_step_ >= options_.job.train_steps;
+    stop_ = sync_stop_at(next_sync_step_);
   } else {
     global_step_ = p.global_step;
     stop_ = p.stop;

@@ -62,7 +62,7 @@ double StepTimes::per_step_ms(double phase, int64_t local_steps) {
 
 void fill_step_info(StepInfo& info, const TrainingSession& session, const StepOutcome& out,
                     const OptimizerConfig& oc) {
-  info.local_step = session.local_step();
+  info.local_step = session.steps_run();
   info.global_step = out.global_step;
   info.stale = out.stale;
   info.stale_steps = session.stale_steps();
@@ -71,11 +71,11 @@ void fill_step_info(StepInfo& info, const TrainingSession& session, const StepOu
 
 std::string done_line_start(int worker, const TrainingSession& session, double seconds,
                             int batch_size, const char* unit) {
-  const auto local = static_cast<double>(session.local_step());
+  const auto local = static_cast<double>(session.steps_run());
   return fmt::format(
       "worker {}: done after {} local steps in {} ({} {}/s on this worker, {} "
       "stale); per step: ",
-      worker, session.local_step(), format_duration(seconds),
+      worker, session.steps_run(), format_duration(seconds),
       format_rate(local * batch_size / seconds), unit, session.stale_steps());
 }
 

@@ -258,7 +258,7 @@ def run_worker(spec, f):
         loss = torch.nn.functional.binary_cross_entropy_with_logits(z, labels)
         pst.backward(loss, params, deep, wide)
         outcome = pst.push(session, params, deep, wide)
-        local = session.local_step
+        local = session.steps_run
         if f.log_every and local % f.log_every == 0:
             rate = local * b / (time.monotonic() - start)
             print(f"worker {worker} | local step {local} | global step {outcome.global_step} | "
@@ -268,9 +268,9 @@ def run_worker(spec, f):
             if summaries:
                 summaries.add_scalar("loss", loss.item(), outcome.global_step)
     secs = time.monotonic() - start
-    steps_done = max(1, session.local_step)
-    print(f"worker {worker}: done after {session.local_step} local steps in {secs:.1f} s "
-          f"({session.local_step * b / secs:.0f} examples/s on this worker, {session.stale_steps} stale); "
+    steps_done = max(1, session.steps_run)
+    print(f"worker {worker}: done after {session.steps_run} local steps in {secs:.1f} s "
+          f"({session.steps_run * b / secs:.0f} examples/s on this worker, {session.stale_steps} stale); "
           f"CPU {1e3 * (time.process_time() - cpu_at_start) / steps_done:.3f} ms per step", flush=True)
 
     cluster_flags.end_barrier(client, "torch_ctr/end", workers, worker)  # then the chief evaluates the final model

@@ -210,7 +210,7 @@ def run_worker(spec, f):
         outcome = session.push()
         t4 = clock()
         t_pull, t_compute, t_push, t_other = t_pull + t2 - t1, t_compute + t3 - t2, t_push + t4 - t3, t_other + t1 - t0
-        local = session.local_step
+        local = session.steps_run
         if f.log_every and local % f.log_every == 0:
             loss, acc = batch_loss.item(), (logits.argmax(1) == y).float().mean().item()
             rate = local * f.batch_size / (time.monotonic() - start)
@@ -221,9 +221,9 @@ def run_worker(spec, f):
             if summaries:
                 summaries.add_scalar("loss", loss, outcome.global_step)
     secs = time.monotonic() - start
-    n = max(1, session.local_step)
-    print(f"worker {worker}: done after {session.local_step} local steps in {secs:.1f} s "
-          f"({session.local_step * f.batch_size / secs:.0f} samples/s on this worker, {session.stale_steps} stale); "
+    n = max(1, session.steps_run)
+    print(f"worker {worker}: done after {session.steps_run} local steps in {secs:.1f} s "
+          f"({session.steps_run * f.batch_size / secs:.0f} samples/s on this worker, {session.stale_steps} stale); "
           f"per step: pull {1e3 * t_pull / n:.3f} ms, compute {1e3 * t_compute / n:.3f} ms, "
           f"push {1e3 * t_push / n:.3f} ms, data {1e3 * t_other / n:.3f} ms; "
           f"CPU {1e3 * (time.process_time() - cpu_at_start) / n:.3f} ms", flush=True)
@@ -235,8 +235,9 @@ def run_worker(spec, f):
         global_step = max(final.step, session.global_step)
         samples = global_step * per_global
         print(f"\n== {mode}: test accuracy {accuracy:.4f}, test cross-entropy {test_loss:.4f}")
+        # This run's rate: a restored job's steps before it are not its.
         print(f"== {global_step} global steps, {samples / len(train_x):.2f} epochs in {secs:.1f} s: "
-              f"{samples / secs:.0f} samples/s", flush=True)
+              f"{(global_step - session.start_step) * per_global / secs:.0f} samples/s", flush=True)
         if summaries:
             summaries.add_scalar("accuracy/test", accuracy, global_step)
             summaries.flush()

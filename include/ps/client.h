@@ -189,6 +189,9 @@ struct ShardStats {
   JobConfig job{};
   bool ready = false;
   bool finished = false;
+  // Restored from a checkpoint and not configured by a chief since: the
+  // stop step may still move (TrainingSession waits for the chief).
+  bool awaiting_chief = false;
   uint64_t steps_applied = 0;    // sync: aggregated updates
   uint64_t staleness_waits = 0;  // bounded staleness: pulls that waited
   int64_t max_staleness = 0;  // bounded staleness: most steps ahead of the slowest seen at a push

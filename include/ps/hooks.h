@@ -36,7 +36,7 @@ class SummaryWriter;
 
 // What a hook sees after a step.
 struct StepInfo {
-  int64_t local_step = 0;                // steps this worker completed
+  int64_t local_step = 0;                // steps this worker completed in this run
   int64_t global_step = 0;               // the job's global step after this one
   int64_t train_steps = 0;               // the job's last global step (0: open-ended)
   double epoch = 0;                      // epochs this worker's data shard has gone through

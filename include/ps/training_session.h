@@ -92,7 +92,10 @@ class TrainingSession {
   // tables, marks the model ready. Others: wait for that (logging while they
   // wait) and throw ConnectionError after ready_timeout; then check that
   // they declared what the chief created (names, shapes, shards; tables'
-  // dims and kinds), or throw ConfigError.
+  // dims and kinds), or throw ConfigError. A job already at its stop step
+  // has should_stop() at once; another worker that finds a job restored from
+  // a checkpoint at its stop step waits (saying so) for this run's chief,
+  // which may move the stop step, or end the job.
   void initialize();
 
   // Registers each tensor of one flat parameter buffer as a variable:
@@ -140,7 +143,16 @@ class TrainingSession {
 
   bool should_stop() const { return stop_; }
   int64_t global_step() const { return global_step_; }
+  // The job's global step when this session started (initialize()): 0 for a
+  // new job, the step a restored or resumed one goes on from. Rates and
+  // epochs of this run count from here.
+  int64_t start_step() const { return start_step_; }
+  // This worker's steps in the job; a restarted worker in bounded staleness
+  // goes on from the count psd recorded for it.
   int64_t local_step() const { return local_step_; }
+  // The steps this session ran (local_step() less where it started): what
+  // this process's rates and per-step times count.
+  int64_t steps_run() const { return local_step_ - local_start_; }
   uint64_t stale_steps() const { return stale_steps_; }
   bool is_chief() const { return client_.options().is_chief; }
   const JobConfig& job() const { return options_.job; }
@@ -171,6 +183,12 @@ class TrainingSession {
   // Another worker: started with the chief's cluster (the lists and the
   // worker count in its job); throws ConfigError naming both.
   void check_same_cluster(const JobConfig& chiefs) const;
+  // Another worker, in initialize(): the job as psd has it once no chief
+  // may still move its stop step (see initialize()).
+  ShardStats job_once_settled();
+  // Sync mode: whether `step` is past the job's stop step, as psd has it
+  // now (a chief may have moved it since this session read the job).
+  bool sync_stop_at(int64_t step);
 
   Client& client_;
   SessionOptions options_;
@@ -188,7 +206,9 @@ class TrainingSession {
   int64_t pulled_step_ = 0;
   int64_t next_sync_step_ = 0;
   int64_t global_step_ = 0;
+  int64_t start_step_ = 0;
   int64_t local_step_ = 0;
+  int64_t local_start_ = 0;
   uint64_t stale_steps_ = 0;
   uint64_t seen_rollbacks_ = 0;  // Client::rollbacks() when last checked
   bool stop_ = false;

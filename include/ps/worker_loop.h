@@ -24,7 +24,7 @@
 //   wh.hooks.end(info);
 //   const std::string head = ps::done_line_start(worker, session, secs, batch, "examples");
 //   std::printf("%spull %.3f ms\n", head.c_str(),
-//               times.per_step_ms(times.pull, session.local_step()));
+//               times.per_step_ms(times.pull, session.steps_run()));
 //   ps::end_barrier(session, "my_trainer/end", spec.num_workers(), spec.worker_index());
 #pragma once
 

@@ -230,6 +230,13 @@ table). Wrong dtype, layout or shape: ValueError, nothing bound.)")
                              [](const PySession& s) { return s.session->global_step(); })
       .def_property_readonly("local_step",
                              [](const PySession& s) { return s.session->local_step(); })
+      .def_property_readonly(
+          "steps_run", [](const PySession& s) { return s.session->steps_run(); },
+          "Steps this session ran: local_step less where it started (a restarted worker in "
+          "bounded staleness goes on from its recorded count).")
+      .def_property_readonly(
+          "start_step", [](const PySession& s) { return s.session->start_step(); },
+          "The job's global step when initialize() started this session: 0 for a new job.")
       .def_property_readonly("stale_steps",
                              [](const PySession& s) { return s.session->stale_steps(); })
       .def_property_readonly("is_chief", [](const PySession& s) { return s.session->is_chief(); })

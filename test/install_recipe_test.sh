@@ -15,7 +15,9 @@ tmp=$(mktemp -d)
 psd_pid=
 old=$(meson introspect "$build" --buildoptions |
       python3 -c 'import json,sys; print([o["value"] for o in json.load(sys.stdin) if o["name"]=="prefix"][0])')
-trap '[ -n "$psd_pid" ] && kill "$psd_pid" 2>/dev/null; meson configure "$build" --prefix="$old" >/dev/null 2>&1; rm -rf "$tmp"' EXIT
+# The prefix put back, and the install plan made anew from it (ninja build.ninja):
+# a later `meson install --no-rebuild` read the plan left with the temporary prefix.
+trap '[ -n "$psd_pid" ] && kill "$psd_pid" 2>/dev/null; meson configure "$build" --prefix="$old" >/dev/null 2>&1 && ninja -C "$build" build.ninja >/dev/null 2>&1; rm -rf "$tmp"' EXIT
 prefix="$tmp/psd"
 { meson configure "$build" --prefix="$prefix" && ninja -C "$build" install; } >"$tmp/out" 2>&1 ||
   { echo "FAIL: the recipe failed"; tail -n 20 "$tmp/out"; exit 1; }

@@ -52,6 +52,12 @@ bool complete(const std::string& raw, bool head_only) {
 
 }  // namespace
 
+std::size_t count_of(const std::string& log, const std::string& text) {
+  std::size_t n = 0;
+  for (auto at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++n;
+  return n;
+}
+
 int tcp_connect(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) throw std::runtime_error("socket failed");

@@ -3,6 +3,7 @@
 // status, headers and body. Loopback only.
 #pragma once
 
+#include <cstddef>
 #include <map>
 #include <string>
 
@@ -21,6 +22,9 @@ struct HttpAnswer {
 HttpAnswer http_exchange(int port, const std::string& request, int timeout_ms = 5000);
 
 HttpAnswer http_get(int port, const std::string& path, const std::string& method = "GET");
+
+// How many times `text` occurs in `log` (lines of a kind in psd's log).
+std::size_t count_of(const std::string& log, const std::string& text);
 
 // A TCP connection to 127.0.0.1:port: its descriptor, or -1 when refused.
 int tcp_connect(int port);

@@ -231,11 +231,7 @@ TEST_CASE("bad HTTP input gets a 4xx and psd serves on") {
 
 TEST_CASE("a flood of bad HTTP requests writes a few log lines, not one each") {
   MonitoredPsd m;
-  auto count = [](const std::string& log, const std::string& text) {
-    std::size_t n = 0;
-    for (auto at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++n;
-    return n;
-  };
+  const auto count = ps::test::count_of;
   for (int i = 0; i < 60; ++i)
     CHECK(ps::test::http_exchange(m.http_port, "GARBAGE\r\n\r\n").status == 400);
   const std::string big_head =

@@ -346,16 +346,6 @@ TEST_CASE("peers that connect to the TLS port and never handshake cannot keep a 
   CHECK(psd.alive());
 }
 
-namespace {
-
-std::size_t count_lines_with(const std::string& log, const std::string& text) {
-  std::size_t n = 0;
-  for (auto at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++n;
-  return n;
-}
-
-}  // namespace
-
 TEST_CASE("junk connections past the per-address cap write a few log lines, not one each") {
   if (!have_openssl()) std::exit(77);
   Pki pki;
@@ -390,9 +380,9 @@ TEST_CASE("junk connections past the per-address cap write a few log lines, not 
   const std::string log = psd.log();
   INFO(log.substr(0, 3000));
   // Each refused handshake once reached the task set's unthrottled warning.
-  CHECK(count_lines_with(log, "connection task failed") == 0);
-  CHECK(count_lines_with(log, "TLS connection from 127.0.0.1") <= 6);
-  CHECK(count_lines_with(log, "\n") < 30);
+  CHECK(ps::test::count_of(log, "connection task failed") == 0);
+  CHECK(ps::test::count_of(log, "TLS connection from 127.0.0.1") <= 6);
+  CHECK(ps::test::count_of(log, "\n") < 30);
 }
 
 TEST_CASE("peers that connect to the HTTPS port and never handshake cannot keep /healthz out") {

@@ -388,7 +388,8 @@ class Client {
   void init_job(const JobConfig& config);
   // Chief: the model is created and initialised; waiting workers go on.
   void set_ready();
-  // True once every shard is ready; false if `timeout` passed first.
+  // True once every shard is ready; false if `timeout` (at most an hour:
+  // longer is taken as an hour) passed first.
   bool wait_ready(std::chrono::milliseconds timeout);
   // The job's configuration as last learned from the shards.
   JobConfig job() const;
@@ -403,6 +404,7 @@ class Client {
   // Waits until `count` callers entered barrier `name` (held on shard 0).
   // Only callers still waiting count (one that timed out or died does not);
   // all of them must pass the same count, another throws RequestError.
+  // `timeout` is at most an hour (longer is taken as an hour).
   uint32_t barrier(const std::string& name, uint32_t count, std::chrono::milliseconds timeout);
   // Chief: the job is over; the shards exit once their workers disconnect.
   void finish();

@@ -84,7 +84,9 @@ struct RowOptimizerConfig {
 
 // What a dynamic table at its row limit does with a new id.
 enum class OnRowLimit {
-  kRefuse,    // the request fails with RequestError; nothing of it is applied
+  kRefuse,    // the call fails with RequestError; the request (one shard's part of the
+              // batch, or a piece of it) holding the new id applies nothing, but the
+              // other shards' parts of the same call may be applied
   kEvictLru,  // the least recently pulled or pushed rows make room (counted as evictions)
 };
 

@@ -17,13 +17,13 @@ Reconnector::Reconnector(kj::UnixEventPort& io, std::vector<kj::Own<ShardConnect
 
 Reconnector::~Reconnector() = default;
 
-kj::Promise<void> Reconnector::turn(int index) {
+kj::Promise<kj::Own<Reconnector::Turn>> Reconnector::turn(int index) {
   Turns& t = turns_[index];
   if (t.taken < kMaxIdentifiedInFlight) {
     ++t.taken;
-    return kj::READY_NOW;
+    return kj::heap<Turn>(*this, index);
   }
-  auto paf = kj::newPromiseAndFulfiller<void>();
+  auto paf = kj::newPromiseAndFulfiller<kj::Own<Turn>>();
   t.waiting.push_back(kj::mv(paf.fulfiller));
   return kj::mv(paf.promise);
 }
@@ -34,7 +34,7 @@ void Reconnector::hand_on_turn(int index) {
     auto next = kj::mv(t.waiting.front());
     t.waiting.pop_front();
     if (next->isWaiting()) {  // not cancelled while it waited: the turn is its
-      next->fulfill();
+      next->fulfill(kj::heap<Turn>(*this, index));
       return;
     }
   }

@@ -90,9 +90,9 @@ class Reconnector {
   template <typename Fn>
   auto call_identified(int index, Fn fn) ->
       typename AsPromise<decltype(fn(kj::instance<ShardConnection&>(), 0))>::type {
-    return turn(index).then([this, index, fn = kj::mv(fn)]() mutable {
+    return turn(index).then([this, index, fn = kj::mv(fn)](kj::Own<Turn> turn) mutable {
       // The turn is handed on however the call ends (a cancelled one too).
-      return call(index, kj::mv(fn)).attach(kj::defer([this, index] { hand_on_turn(index); }));
+      return call(index, kj::mv(fn)).attach(kj::mv(turn));
     });
   }
   static constexpr unsigned kMaxIdentifiedInFlight = 256;
@@ -103,13 +103,25 @@ class Reconnector {
  private:
   static constexpr int kMaxAttempts = 4;
 
-  // A turn among kMaxIdentifiedInFlight to shard `index`; each taken turn
-  // ends with one hand_on_turn.
-  kj::Promise<void> turn(int index);
+  // A turn among kMaxIdentifiedInFlight to shard `index`, handed on to the
+  // next call waiting (or given back) when the Turn is destroyed: also when
+  // it was handed to a call cancelled before it could start.
+  class Turn {
+   public:
+    Turn(Reconnector& r, int index) : r_(r), index_(index) {}
+    ~Turn() { r_.hand_on_turn(index_); }
+    Turn(const Turn&) = delete;
+    Turn& operator=(const Turn&) = delete;
+
+   private:
+    Reconnector& r_;
+    int index_;
+  };
+  kj::Promise<kj::Own<Turn>> turn(int index);
   void hand_on_turn(int index);
   struct Turns {
     unsigned taken = 0;
-    std::deque<kj::Own<kj::PromiseFulfiller<void>>> waiting;
+    std::deque<kj::Own<kj::PromiseFulfiller<kj::Own<Turn>>>> waiting;
   };
 
   kj::Promise<void> reconnect(int index, uint64_t generation, const kj::Exception& cause);

@@ -147,6 +147,9 @@ class JobState {
   // Restored from a checkpoint, not configured by a chief since: a worker at
   // the stop step waits for this run's chief, which may move it.
   bool awaiting_chief() const { return awaiting_chief_; }
+  // The chief trains on (it pushed, reported, met a barrier or ended the
+  // job): the one that reconnected to a restarted psd, which sends no initJob.
+  void chief_is_training() { awaiting_chief_ = false; }
   // Called once the job is finished and no worker is connected any more.
   void on_done(std::function<void()> callback) { on_done_ = std::move(callback); }
 

@@ -114,6 +114,11 @@ kj::Promise<void> ShardServiceImpl::guarded(RequestKind kind, F&& handler) {
     if (!said_hello_ && kind != RequestKind::kHello && kind != RequestKind::kProbe) {
       throw RequestError(std::string(what) + ": say hello first");
     }
+    if (caller_.is_chief && (kind == RequestKind::kPush || kind == RequestKind::kPushRows ||
+                             kind == RequestKind::kStepDone || kind == RequestKind::kBarrier ||
+                             kind == RequestKind::kReport || kind == RequestKind::kFinish)) {
+      shard_.job().chief_is_training();
+    }
     return handler().then(
         [this]() -> kj::Promise<void> {
           refused_in_a_row_ = 0;

@@ -114,11 +114,13 @@ wait_ps
 # sat in the end barrier, and the chief trained the rest alone after waiting
 # a minute for it.
 start_ps ps7a --checkpoint_dir "$tmp/ck7"
+run1_pids=()
 for w in 1 0; do
   timeout 60 "$trainer" --job_name=worker --task_index=$w "${pair[@]}" "${common[@]}" --sync_replicas \
     --train_steps 10 >"$tmp/run1_w$w.out" 2>&1 &
+  run1_pids+=($!)
 done
-wait %2 %3 2>/dev/null
+wait "${run1_pids[@]}"
 wait_ps
 grep -q "== 10 global steps" "$tmp/run1_w0.out" || fail "two workers, first run: $(cat "$tmp/run1_w0.out")"
 start_ps ps7b --checkpoint_dir "$tmp/ck7"
@@ -137,4 +139,26 @@ if grep -q "already finished" "$tmp/run2_w1.out"; then fail "going on: worker 1 
 grep -q "worker 1: done after 10 local steps" "$tmp/run2_w1.out" || fail "going on: worker 1 did not train its 10 steps: $(cat "$tmp/run2_w1.out")"
 [ "$took" -le 30 ] || fail "going on took ${took} s (a worker waited for another at a step or the end barrier)"
 
-[ "$failures" = 0 ] && echo "PASS: resume, extend, finished re-run, --restore_from, a late worker, two workers going on" || exit 1
+# 8. The ps restarted from its checkpoint while the chief waits at the end
+# barrier, then a late worker: the chief, back on the restarted ps, is no
+# run's new chief to wait for. The late worker says the job is finished and
+# meets it there at once (with the first fix for 7 alone, both waited a
+# minute for each other).
+start_ps ps8a --checkpoint_dir "$tmp/ck8"
+timeout 60 "$trainer" --job_name=worker --task_index=0 "${pair[@]}" "${common[@]}" --train_steps 10 \
+  >"$tmp/ck8_w0.out" 2>&1 &
+chief_pid=$!
+for i in $(seq 200); do grep -q "worker 0: done after" "$tmp/ck8_w0.out" && break; sleep 0.1; done
+kill -TERM "$ps_pid"; wait "$ps_pid" 2>/dev/null; ps_pid=
+start_ps ps8b --checkpoint_dir "$tmp/ck8"
+sleep 1
+late_start=$(date +%s)
+timeout 60 "$trainer" --job_name=worker --task_index=1 "${pair[@]}" "${common[@]}" --train_steps 10 \
+  >"$tmp/ck8_w1.out" 2>&1 || fail "restarted ps, late worker: exit $?: $(tail -n 3 "$tmp/ck8_w1.out")"
+wait "$chief_pid" || fail "restarted ps, late worker: the chief exited $?: $(tail -n 3 "$tmp/ck8_w0.out")"
+took=$(( $(date +%s) - late_start ))
+wait_ps
+grep -q "already finished at global step 10" "$tmp/ck8_w1.out" || fail "restarted ps, late worker: $(cat "$tmp/ck8_w1.out")"
+[ "$took" -le 15 ] || fail "restarted ps, late worker: ${took} s to end (the two waited for each other)"
+
+[ "$failures" = 0 ] && echo "PASS: resume, extend, finished re-run, --restore_from, a late worker, two workers going on, a late worker after a ps restart" || exit 1

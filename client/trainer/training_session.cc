@@ -141,6 +141,11 @@ ShardStats TrainingSession::job_once_settled() {
           std::chrono::duration_cast<std::chrono::seconds>(now - start).count(),
           options_.ready_timeout.count() / 1000);
     }
+    const auto& interrupted = client_.options().interrupted;
+    if (interrupted && interrupted()) {
+      throw InterruptedError("worker " + std::to_string(client_.options().worker_index) +
+                             ": interrupted while waiting for the chief to go on with the job");
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     st = client_.stats().front();
   }

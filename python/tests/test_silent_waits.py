@@ -16,7 +16,10 @@ import sys
 import time
 import urllib.request
 
+import numpy as np
 import pytest
+
+import psclient
 
 SCRIPT = """
 import sys, psclient
@@ -119,6 +122,43 @@ except KeyboardInterrupt:
     m = re.search(r"interrupted after ([0-9.]+) s", out.stdout)
     assert m, out.stdout + out.stderr
     assert 0.9 <= float(m.group(1)) < 5, out.stdout
+
+
+def test_ctrl_c_ends_the_wait_for_the_chief_of_a_restored_job(start_psd, python_env, tmp_path):
+    # A worker that finds a job restored at its stop step waits for this
+    # run's chief, which may go on with it: said, and ended by Ctrl-C (the
+    # first version of that wait heard no Ctrl-C until ready_timeout).
+    first = start_psd("--checkpoint_dir", str(tmp_path))
+    with psclient.Client(first.address, worker_index=0, is_chief=True) as c:
+        v, g = np.zeros(2, np.float32), np.zeros(2, np.float32)
+        s = psclient.TrainingSession(c, mode="async", total_replicas=2, train_steps=2)
+        s.add_variable(psclient.TensorSpec("w", [2]), v, g)
+        s.initialize()
+        while not s.should_stop:
+            s.pull()
+            s.push()
+        c.checkpoint()
+    first.stop()
+    psd = start_psd("--checkpoint_dir", str(tmp_path))
+    code = """
+import os, signal, sys, threading, time, numpy as np, psclient
+c = psclient.Client([sys.argv[1]], worker_index=1)
+s = psclient.TrainingSession(c, mode="async", total_replicas=2, train_steps=2, ready_timeout=60)
+s.add_variable(psclient.TensorSpec("w", [2]), np.zeros(2, np.float32), np.zeros(2, np.float32))
+threading.Timer(6.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+start = time.monotonic()
+try:
+    s.initialize()
+    print("returned")
+except KeyboardInterrupt:
+    print(f"interrupted after {time.monotonic() - start:.1f} s")
+"""
+    out = subprocess.run([sys.executable, "-c", code, psd.address], env=python_env,
+                         capture_output=True, text=True, timeout=90)
+    m = re.search(r"interrupted after ([0-9.]+) s", out.stdout)
+    assert m, out.stdout + out.stderr
+    assert 5.9 <= float(m.group(1)) < 10, out.stdout
+    assert "waiting for the chief (worker 0) to go on with more steps or end it" in out.stdout + out.stderr
 
 
 def test_a_reconnect_says_which_setting_bounds_it(start_psd, python_env):

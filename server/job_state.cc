@@ -112,7 +112,9 @@ void JobState::connect(int worker_index, bool is_chief, const std::string& peer)
   if (is_chief) {
     if (chief_) {
       throw RequestError("a chief (worker " + std::to_string(*chief_) + ") is already connected; " +
-                         peer + " cannot be a second chief");
+                         peer +
+                         " cannot be a second chief (a chief whose host was lost is dropped "
+                         "after psd's --dead_peer_secs; a hung one must be ended first)");
     }
     chief_ = worker_index;
   }

@@ -84,8 +84,7 @@ kj::Promise<void> Reconnector::reconnect(int index, uint64_t generation,
                 // restore: whatever this client does next fails on unknown
                 // tensors. The job stops, saying why (docs/first-hour.md).
                 const bool had_model = slot->holds_model || slot->last_step > 0;
-                const bool empty = fresh->tensors == 0 && fresh->tables == 0;
-                if ((new_process || back) && empty && had_model) {
+                if ((new_process || back) && fresh->empty_at_hello && had_model) {
                   pending_[index].done = true;
                   kj::throwFatalException(
                       kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__,

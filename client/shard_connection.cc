@@ -170,9 +170,8 @@ kj::Promise<kj::Own<ShardConnection>> say_hello(kj::Own<ShardConnection> conn,
     conn->job = job_from_wire(info.getJob());
     conn->hello_step = conn->last_step = info.getGlobalStep();
     conn->instance_id = info.getInstanceId();
-    conn->tensors = info.getTensors();
-    conn->tables = info.getTables();
-    conn->holds_model = conn->tensors > 0 || conn->tables > 0;
+    conn->empty_at_hello = info.getTensors() == 0 && info.getTables() == 0;
+    conn->holds_model = !conn->empty_at_hello;
     spdlog::debug("connected to {} via {} ({}, shard {}/{})", conn->address, conn->via,
                   info.getServerVersion().cStr(), info.getShardIndex(), info.getNumShards());
     if (shared_bytes > 0 && info.getSharedMemory() && conn->via.rfind("unix:", 0) == 0) {

@@ -43,8 +43,7 @@ struct ShardConnection {
   uint64_t instance_id =
       0;  // ShardInfo.instanceId: another one on reconnection means psd restarted
   int64_t hello_step = 0;
-  uint64_t tensors = 0;  // ShardInfo.tensors at hello
-  uint64_t tables = 0;   // ShardInfo.tables at hello
+  bool empty_at_hello = true;  // ShardInfo: no tensors and no tables
   // This shard is known to hold the model: tensors or tables at hello, a create of
   // this client's answered, or psd saying it is ready. A restart that finds
   // it empty lost the model (Reconnector). Loop thread only.

@@ -88,6 +88,28 @@ SYNC_JOB = ('c.init_job(psclient.JobConfig(mode="sync", replicas_to_aggregate=2,
             'c.create([psclient.TensorSpec("w", [2])]); c.set_ready(); ')
 
 
+def interrupted_after(address, python_env, who, setup, call, sigint_at, timeout=60):
+    """Runs `setup` then `call` in a child Python with Client c (`who`), sends it
+    SIGINT `sigint_at` s into `call`; returns (seconds to KeyboardInterrupt, output)."""
+    code = f"""
+import os, signal, sys, threading, time, numpy as np, psclient
+c = psclient.Client([sys.argv[1]], {who})
+{setup}
+threading.Timer({sigint_at}, os.kill, (os.getpid(), signal.SIGINT)).start()
+start = time.monotonic()
+try:
+    {call}
+    print("returned")
+except KeyboardInterrupt:
+    print(f"interrupted after {{time.monotonic() - start:.1f}} s")
+"""
+    out = subprocess.run([sys.executable, "-c", code, address], env=python_env,
+                         capture_output=True, text=True, timeout=timeout)
+    m = re.search(r"interrupted after ([0-9.]+) s", out.stdout)
+    assert m, out.stdout + out.stderr
+    return float(m.group(1)), out.stdout + out.stderr
+
+
 @pytest.mark.parametrize("who,call", [
     ("worker_index=0, is_chief=True", 'c.barrier("py/never", 2, timeout=30)'),
     ("worker_index=1", "c.wait_ready(30)"),
@@ -106,22 +128,8 @@ def test_ctrl_c_ends_a_long_wait(start_psd, python_env, who, call):
     # SIGINT one second into a 30 s wait: KeyboardInterrupt within a few
     # seconds, not when the wait ends.
     psd = start_psd()
-    code = f"""
-import os, signal, sys, threading, time, numpy as np, psclient
-c = psclient.Client([sys.argv[1]], {who})
-threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
-start = time.monotonic()
-try:
-    {call}
-    print("returned")
-except KeyboardInterrupt:
-    print(f"interrupted after {{time.monotonic() - start:.1f}} s")
-"""
-    out = subprocess.run([sys.executable, "-c", code, psd.address], env=python_env,
-                         capture_output=True, text=True, timeout=60)
-    m = re.search(r"interrupted after ([0-9.]+) s", out.stdout)
-    assert m, out.stdout + out.stderr
-    assert 0.9 <= float(m.group(1)) < 5, out.stdout
+    took, out = interrupted_after(psd.address, python_env, who, "", call, 1.0)
+    assert 0.9 <= took < 5, out
 
 
 def test_ctrl_c_ends_the_wait_for_the_chief_of_a_restored_job(start_psd, python_env, tmp_path):
@@ -140,25 +148,12 @@ def test_ctrl_c_ends_the_wait_for_the_chief_of_a_restored_job(start_psd, python_
         c.checkpoint()
     first.stop()
     psd = start_psd("--checkpoint_dir", str(tmp_path))
-    code = """
-import os, signal, sys, threading, time, numpy as np, psclient
-c = psclient.Client([sys.argv[1]], worker_index=1)
-s = psclient.TrainingSession(c, mode="async", total_replicas=2, train_steps=2, ready_timeout=60)
-s.add_variable(psclient.TensorSpec("w", [2]), np.zeros(2, np.float32), np.zeros(2, np.float32))
-threading.Timer(6.0, os.kill, (os.getpid(), signal.SIGINT)).start()
-start = time.monotonic()
-try:
-    s.initialize()
-    print("returned")
-except KeyboardInterrupt:
-    print(f"interrupted after {time.monotonic() - start:.1f} s")
-"""
-    out = subprocess.run([sys.executable, "-c", code, psd.address], env=python_env,
-                         capture_output=True, text=True, timeout=90)
-    m = re.search(r"interrupted after ([0-9.]+) s", out.stdout)
-    assert m, out.stdout + out.stderr
-    assert 5.9 <= float(m.group(1)) < 10, out.stdout
-    assert "waiting for the chief (worker 0) to go on with more steps or end it" in out.stdout + out.stderr
+    setup = ('s = psclient.TrainingSession(c, mode="async", total_replicas=2, train_steps=2, ready_timeout=60)\n'
+             's.add_variable(psclient.TensorSpec("w", [2]), np.zeros(2, np.float32), np.zeros(2, np.float32))')
+    took, out = interrupted_after(psd.address, python_env, "worker_index=1", setup, "s.initialize()", 6.0,
+                                  timeout=90)
+    assert 5.9 <= took < 10, out
+    assert "waiting for the chief (worker 0) to go on with more steps or end it" in out
 
 
 def test_a_reconnect_says_which_setting_bounds_it(start_psd, python_env):

@@ -4,7 +4,7 @@ torch.distributed.rpc parameter server (PyTorch's tutorial design), in one run.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py calls      # per-call cost
     PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py exchange   # a step's exchange, vs rpc
-    PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py training   # samples/s, 1 ps + 3 workers
+    PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py training   # samples/s, 1 ps + 3 workers (--workers)
     PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py step       # one step's compute, no psd
     PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py ctr        # wide & deep: torch_ctr vs ctr_trainer
     PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py all
@@ -20,7 +20,10 @@ training: examples/python/torch_mnist.py, build/examples/mnist_trainer (1 ps
 + 3 workers each, through scripts/launch_local.sh) and a torch.distributed.rpc
 parameter server (a PS process holding the model; 3 trainers rpc_sync to fetch
 the parameters and to send gradients), the same MLP, data, batch (100 per
-worker), SGD 0.1 and global steps, taken in turn --runs times; medians.
+worker), SGD 0.1 and global steps, taken in turn --runs times; medians, and
+the workers' CPU per global step (each worker's own CPU over its loop, as it
+prints it): with fewer cores than processes, that cost sets the rate.
+--workers N runs 1 ps + N of each instead.
 step: torch_mnist.py's forward and backward alone (its batch gather from
 bytes included, no psd), written as the example writes it and in other
 ways a PyTorch user might (torch.autograd.grad, torch.nn.functional calls,
@@ -442,16 +445,17 @@ def ps_apply_grads(grads, lr):
             p.add_(g, alpha=-lr)
 
 
-def launch(name, trainer, run_dir, total_steps, threads, psd_flags, launch_flags):
-    """1 ps + 3 workers through launch_local.sh; (samples/s, accuracy, the workers' 'done' lines)."""
+def launch(name, trainer, run_dir, total_steps, threads, psd_flags, launch_flags, workers):
+    """1 ps + `workers` workers through launch_local.sh; (samples/s, accuracy, the workers' 'done' lines,
+    the workers' CPU per global step in ms)."""
     flags = ["--train_steps", str(total_steps), "--optimizer", "sgd", "--learning_rate", "0.1",
              "--batch_size", "100", "--log_every", "0"]
     if trainer.endswith(".py"):
         flags += ["--threads", str(threads)]
-    extra = (["--psd_flags", psd_flags] if psd_flags else []) + launch_flags.split()
+    extra = (["--psd_flags", psd_flags] if psd_flags else []) + launch_flags.split() + ["--workers", str(workers)]
     out = subprocess.run(["scripts/launch_local.sh", "--quiet", "--trainer", trainer, "--run_dir", run_dir,
                           *extra, "--", *flags], cwd=TOP, capture_output=True, text=True)
-    logs = [open(os.path.join(run_dir, f"worker{w}.log")).read() for w in range(3)
+    logs = [open(os.path.join(run_dir, f"worker{w}.log")).read() for w in range(workers)
             if os.path.exists(os.path.join(run_dir, f"worker{w}.log"))]
     m = re.search(r"== \S+: test accuracy ([0-9.]+).*?([0-9.]+)\s*([kM]?) samples/s", logs[0] if logs else "", re.S)
     if out.returncode != 0 or not m:
@@ -459,10 +463,17 @@ def launch(name, trainer, run_dir, total_steps, threads, psd_flags, launch_flags
         return None
     rate = float(m.group(2)) * {"": 1, "k": 1e3, "M": 1e6}[m.group(3)]
     done = [re.search(r"per step: (.*)", log).group(1) for log in logs if re.search(r"per step: (.*)", log)]
-    return rate, float(m.group(1)), done
+    # Each worker's CPU over its loop (its "CPU x ms" per local step), summed, per global step: what a
+    # step costs the workers, which sets the rate once they and psd share too few cores.
+    cpu_ms = 0.0
+    for log in logs:
+        d = re.search(r"done after (\d+) local steps.*CPU ([0-9.]+) ms", log)
+        cpu_ms += int(d.group(1)) * float(d.group(2)) if d else math.nan
+    g = re.search(r"== (\d+) global steps", logs[0])
+    return rate, float(m.group(1)), done, cpu_ms / int(g.group(1)) if g else math.nan
 
 
-def rpc_run(run_dir, steps_per_worker, threads, data_dir):
+def rpc_run(run_dir, steps_per_worker, threads, data_dir, workers):
     import socket
     import torch.multiprocessing as mp
     with socket.socket() as s:
@@ -470,10 +481,10 @@ def rpc_run(run_dir, steps_per_worker, threads, data_dir):
         port = s.getsockname()[1]
     result_file = os.path.join(run_dir, "rpc")
     os.makedirs(run_dir, exist_ok=True)
-    mp.spawn(rpc_ps_main, args=(4, port, steps_per_worker, 100, 0.1, data_dir, threads, result_file),
-             nprocs=4, join=True)
+    mp.spawn(rpc_ps_main, args=(workers + 1, port, steps_per_worker, 100, 0.1, data_dir, threads, result_file),
+             nprocs=workers + 1, join=True)
     samples, secs = 0, 0.0
-    for r in (1, 2, 3):
+    for r in range(1, workers + 1):
         n, t = open(result_file + f".{r}").read().split()
         samples, secs = samples + int(n), max(secs, float(t))
     return samples / secs  # all trainers' samples over the slowest one's time, as the chief's line counts
@@ -484,38 +495,47 @@ def bench_training(args):
     if not os.path.exists(os.path.join(data_dir, "train-images-idx3-ubyte.gz")) and \
             not os.path.exists(os.path.join(data_dir, "train-images-idx3-ubyte")):
         subprocess.run(["scripts/get_data.sh", data_dir], cwd=TOP, check=True, stdout=subprocess.DEVNULL)
-    # Global steps: --epochs of the 55,000 training examples at 100 per step, shared by 3 workers.
-    total = args.steps * 3 if args.steps else math.ceil(args.epochs * 55000 / 100)
-    per_worker = math.ceil(total / 3)
+    # Global steps: --epochs of the 55,000 training examples at 100 per step, shared by the workers.
+    n = args.workers
+    total = args.steps * n if args.steps else math.ceil(args.epochs * 55000 / 100)
+    per_worker = math.ceil(total / n)
     blas, ms = torch_blas(args.threads)
-    print(f"training: {uptime()}; 1 ps + 3 workers, batch 100 per worker, SGD 0.1, {total} global steps "
+    print(f"training: {uptime()}; 1 ps + {n} worker{'s' if n > 1 else ''} on {os.cpu_count()} cores, "
+          f"batch 100 per worker, SGD 0.1, {total} global steps "
           f"({total * 100 / 55000:.2f} epochs), torch threads {args.threads}\n"
           f"PyTorch's BLAS: {blas} (a 100x784 by 784x100 product: {ms:.2f} ms)", flush=True)
     run = tempfile.mkdtemp(prefix="pybench_run_")
     names = ["psclient torch_mnist.py", "C++ mnist_trainer", "torch.distributed.rpc PS"]
     names = [n for n, key in zip(names, ("psclient", "cpp", "rpc")) if key in args.trainers.split(",")]
-    results = {n: [] for n in names}
+    results = {name: [] for name in names}
+    cpu = {name: [] for name in names}
     for r in range(args.runs):
         for name in names:
             run_dir = os.path.join(run, f"{name.split()[0]}.{r}")
             if name.startswith("psclient"):
-                got = launch(name, "examples/python/torch_mnist.py", run_dir, total, args.threads, args.psd_flags, args.launch_flags)
+                got = launch(name, "examples/python/torch_mnist.py", run_dir, total, args.threads, args.psd_flags,
+                             args.launch_flags, n)
             elif name.startswith("C++"):
                 exe = BUILD / "examples" / "mnist_trainer"
-                got = launch(name, str(exe), run_dir, total, args.threads, args.psd_flags, args.launch_flags) if exe.exists() else None
+                got = launch(name, str(exe), run_dir, total, args.threads, args.psd_flags, args.launch_flags,
+                             n) if exe.exists() else None
             else:
-                got = (rpc_run(run_dir, per_worker, args.threads, data_dir), None, [])
+                got = (rpc_run(run_dir, per_worker, args.threads, data_dir, n), None, [], math.nan)
             if got is None:
                 continue
             results[name].append(got[0])
+            if not math.isnan(got[3]):
+                cpu[name].append(got[3])
             acc = f", test accuracy {got[1]:.4f}" if got[1] is not None else ""
-            print(f"run {r + 1}: {name}: {got[0]:.0f} samples/s{acc}", flush=True)
+            step_cpu = f", workers' CPU {got[3]:.3f} ms per global step" if not math.isnan(got[3]) else ""
+            print(f"run {r + 1}: {name}: {got[0]:.0f} samples/s{acc}{step_cpu}", flush=True)
             for line in got[2]:
                 print(f"         per step: {line}")
     print("\nmedians over the runs:")
     med = {n: statistics.median(v) for n, v in results.items() if v}
-    for n, v in med.items():
-        print(f"  {n}: {v:.0f} samples/s ({', '.join(f'{x:.0f}' for x in results[n])})")
+    for name, v in med.items():
+        step_cpu = f"; workers' CPU {statistics.median(cpu[name]):.3f} ms per global step" if cpu[name] else ""
+        print(f"  {name}: {v:.0f} samples/s ({', '.join(f'{x:.0f}' for x in results[name])}){step_cpu}")
     py = med.get("psclient torch_mnist.py")
     if py and "torch.distributed.rpc PS" in med:
         print(f"  psclient / torch.distributed.rpc: {py / med['torch.distributed.rpc PS']:.2f}x (the issue asks >= 2.5x)")
@@ -580,6 +600,7 @@ def main():
                    "e.g. \"--threads 0\"")
     p.add_argument("--launch_flags", default="", help="training: more flags for scripts/launch_local.sh "
                    "(psclient and mnist_trainer), e.g. --unix")
+    p.add_argument("--workers", type=int, default=3, help="training: workers per job (1 ps + this many)")
     p.add_argument("--trainers", default="psclient,cpp,rpc", help="training: which to run (psclient, cpp, rpc)")
     p.add_argument("--threads", type=int, default=1, help="training, step: torch.set_num_threads in every PyTorch process")
     p.add_argument("--rounds", type=int, default=6, help="step: rounds, each running every variant in turn")

@@ -232,20 +232,21 @@ uint64_t Client::rollbacks() const { return impl_->retry ? impl_->retry->rollbac
 
 int64_t Client::recorded_step() const { return impl_->recorded_step; }
 
-uint32_t Client::barrier(const std::string& name, uint32_t count,
-                         std::chrono::milliseconds timeout) {
+uint32_t Client::barrier(const std::string& name, uint32_t count, std::chrono::milliseconds timeout,
+                         LostWorkers lost) {
   struct Arrived {
     uint32_t n = 0;
   };
   const auto ms = static_cast<uint32_t>(std::clamp<int64_t>(timeout.count(), 0, 3'600'000));
   return impl_
       ->call<Arrived>(
-          [this, name, count, ms](Unanswered* unanswered) {
-            auto send = [name, count, ms](ShardConnection& c, int) {
+          [this, name, count, ms, lost](Unanswered* unanswered) {
+            auto send = [name, count, ms, lost](ShardConnection& c, int) {
               auto req = c.shard.barrierRequest();
               req.setName(name);
               req.setCount(count);
               req.setTimeoutMs(ms);
+              req.setSkipLostWorkers(lost == LostWorkers::kSkip);
               return req.send();
             };
             return counted(unanswered, 0, impl_->retry->call(0, send))

@@ -360,11 +360,17 @@ interface Shard {
   # a report sent again after a lost reply is answered with the job's step
   # and stop, not counted twice. 0: no id, every report counts.
 
-  barrier @10 (name :Text, count :UInt32, timeoutMs :UInt32) -> (arrived :UInt32);
+  barrier @10 (name :Text, count :UInt32, timeoutMs :UInt32, skipLostWorkers :Bool)
+      -> (arrived :UInt32);
   # Returns when `count` callers have entered barrier `name` (generation by
   # generation), or fails at the timeout. Only callers still waiting count:
   # one that timed out or went away is not there. Every caller of one
-  # generation asks for the same count; another count is refused.
+  # generation asks for the same count and skipLostWorkers; another is
+  # refused. skipLostWorkers: workers of the job this psd counts as gone
+  # (as a sync step does: connections closed, or hung past
+  # --worker_timeout_secs) and not waiting here count as arrived, so the barrier ends once every worker
+  # still in the job is there (an end-of-training barrier after a worker
+  # died); `arrived` says how many came. An older psd ignores it and waits.
 
   finish @11 ();
   # The job is over: psd exits once its workers have disconnected (when

@@ -135,9 +135,10 @@ void JobState::disconnect(int worker_index, bool is_chief) {
     auto it = workers_.find(worker_index);
     if (it != workers_.end() && it->second.connections > 0) --it->second.connections;
   }
-  // A departed worker no longer holds back bounded-staleness waiters, nor
-  // the sync step.
+  // A departed worker no longer holds back bounded-staleness waiters, the
+  // sync step, nor barriers that skip lost workers.
   recheck_staleness_waiters();
+  if (worker_index >= 0) release_lost_barriers();
   if (worker_index >= 0 && on_worker_lost_) on_worker_lost_();
   maybe_done();
 }
@@ -176,6 +177,7 @@ void JobState::mark_hung(kj::Duration timeout, const std::vector<int>& waiting) 
       changed = true;
     }
   }
+  if (changed) release_lost_barriers();
   if (changed && on_worker_lost_) on_worker_lost_();
 }
 
@@ -282,7 +284,7 @@ kj::Promise<bool> JobState::wait_ready(kj::Duration timeout) {
 }
 
 kj::Promise<uint32_t> JobState::barrier(const std::string& name, uint32_t count,
-                                        kj::Duration timeout, int worker) {
+                                        kj::Duration timeout, int worker, bool skip_lost) {
   if (count == 0) throw RequestError("barrier '" + name + "': count must be >= 1");
   Barrier& b = barriers_[name];
   // A caller that timed out or went away (its call cancelled) is not there
@@ -298,9 +300,16 @@ kj::Promise<uint32_t> JobState::barrier(const std::string& name, uint32_t count,
                        " caller(s) wait for " + std::to_string(b.count) + ", this call asks for " +
                        std::to_string(count));
   }
+  if (!b.waiting.empty() && skip_lost != b.skip_lost) {
+    throw RequestError("barrier '" + name + "': " + std::to_string(b.waiting.size()) +
+                       " caller(s) wait " + (b.skip_lost ? "skipping" : "for") +
+                       " lost workers, this call asks to " + (skip_lost ? "skip" : "wait for") +
+                       " them");
+  }
   b.count = count;
+  b.skip_lost = skip_lost;
   const auto arrived = static_cast<uint32_t>(b.waiting.size() + 1);
-  if (arrived >= count) {
+  if (arrived + lost_for(b, worker) >= count) {
     for (auto& f : b.waiting) f->fulfill(kj::cp(arrived));
     barriers_.erase(name);
     return arrived;
@@ -334,6 +343,26 @@ kj::Promise<uint32_t> JobState::barrier(const std::string& name, uint32_t count,
       }));
 }
 
+uint32_t JobState::lost_for(const Barrier& b, int joining) const {
+  if (!b.skip_lost) return 0;
+  std::vector<int> here = b.who;
+  here.push_back(joining);
+  return lost_workers(here);
+}
+
+void JobState::release_lost_barriers() {
+  std::vector<std::string> done;
+  for (auto& [name, b] : barriers_) {
+    if (!b.skip_lost) continue;
+    drop_abandoned(b);
+    if (b.waiting.empty() || b.waiting.size() + lost_for(b) < b.count) continue;
+    const auto arrived = static_cast<uint32_t>(b.waiting.size());
+    for (auto& f : b.waiting) f->fulfill(kj::cp(arrived));
+    done.push_back(name);
+  }
+  for (const std::string& name : done) barriers_.erase(name);
+}
+
 void JobState::drop_abandoned(Barrier& b) {
   for (std::size_t i = b.waiting.size(); i-- > 0;) {
     if (b.waiting[i]->isWaiting()) continue;
@@ -355,6 +384,7 @@ bool JobState::give_up_on_absent(const std::vector<int>& present) {
     spdlog::warn(
         "worker {} never connected: sync steps no longer wait for it (--worker_timeout_secs)", w);
   }
+  if (changed) release_lost_barriers();
   if (changed && on_worker_lost_) on_worker_lost_();
   return changed;
 }

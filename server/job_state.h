@@ -110,9 +110,12 @@ class JobState {
   kj::Promise<bool> wait_ready(kj::Duration timeout);
 
   // `worker` is the caller's worker index (-1: not a worker), named in
-  // waits() while it waits.
+  // waits() while it waits. skip_lost: lost workers of the job that are not
+  // waiting here count toward `count` (the barrier ends once every worker
+  // still in the job is there, also when one is lost while it waits);
+  // resolves with the callers that came.
   kj::Promise<uint32_t> barrier(const std::string& name, uint32_t count, kj::Duration timeout,
-                                int worker = -1);
+                                int worker = -1, bool skip_lost = false);
 
   // The job's workers not in `present`, each with why: "2 (never
   // connected), 3 (disconnected)"; empty when none is missing. Names about
@@ -188,6 +191,7 @@ class JobState {
   std::vector<kj::Own<kj::PromiseFulfiller<bool>>> ready_waiters_;
   struct Barrier {
     uint32_t count = 0;  // callers it waits for: every caller must ask the same
+    bool skip_lost = false;  // lost workers count as arrived: every caller must ask the same
     std::vector<kj::Own<kj::PromiseFulfiller<uint32_t>>> waiting;
     std::vector<int> who;  // waiting[i]'s worker index
     kj::TimePoint since = kj::origin<kj::TimePoint>();
@@ -198,6 +202,10 @@ class JobState {
   static constexpr size_t kFirstSweep = 64;
   void sweep_abandoned();
   static void drop_abandoned(Barrier& b);
+  // Lost workers of the job that `b` counts as arrived (skip_lost only).
+  uint32_t lost_for(const Barrier& b, int joining = -1) const;
+  // Ends the skip_lost barriers that a worker just lost completes.
+  void release_lost_barriers();
   uint64_t staleness_waits_ = 0;
   int64_t max_staleness_seen_ = 0;
   std::function<void()> on_done_;

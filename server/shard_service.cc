@@ -315,7 +315,7 @@ kj::Promise<void> ShardServiceImpl::barrier(BarrierContext context) {
     const uint32_t ms = std::min<uint32_t>(p.getTimeoutMs(), 3'600'000);
     return shard_.job()
         .barrier(name_from_wire(p.getName(), "barrier"), p.getCount(), ms * kj::MILLISECONDS,
-                 caller_.worker_index)
+                 caller_.worker_index, p.getSkipLostWorkers())
         .then([context](uint32_t n) mutable { context.getResults().setArrived(n); });
   });
 }

@@ -103,3 +103,70 @@ TEST_CASE("a job started at the largest step stops there: its step never passes 
   job.advance_step();
   CHECK(job.global_step() == ps::kMaxStep);
 }
+
+TEST_CASE("a barrier that skips lost workers ends once every worker still in the job has come") {
+  kj::EventLoop loop;
+  kj::WaitScope ws(loop);
+  kj::TimerImpl timer(kj::origin<kj::TimePoint>());
+  ps::JobState job(timer);
+  ps::JobConfig config;
+  config.total_replicas = 4;
+  job.configure(config);
+  for (int w = 0; w < 4; ++w) job.connect(w, w == 0, "127.0.0.1:1");
+  const auto minute = 60 * kj::SECONDS;
+
+  // Worker 3 died before the barrier: the three others are enough.
+  job.disconnect(3, false);
+  auto a0 = job.barrier("end", 4, minute, 0, true);
+  auto a1 = job.barrier("end", 4, minute, 1, true);
+  CHECK_FALSE(a0.poll(ws));
+  CHECK(job.barrier("end", 4, minute, 2, true).wait(ws) == 3);
+  CHECK(a0.wait(ws) == 3);
+  CHECK(a1.wait(ws) == 3);
+
+  // Worker 2 lost while 0 and 1 wait: the barrier ends then.
+  auto b0 = job.barrier("end2", 4, minute, 0, true);
+  auto b1 = job.barrier("end2", 4, minute, 1, true);
+  CHECK_FALSE(b0.poll(ws));
+  job.disconnect(2, false);
+  REQUIRE(b0.poll(ws));
+  CHECK(b0.wait(ws) == 2);
+  CHECK(b1.wait(ws) == 2);
+
+  // A lost worker that is waiting at the barrier counts once, as a caller.
+  job.connect(2, false, "127.0.0.1:1");
+  auto c2 = job.barrier("end3", 4, minute, 2, true);
+  job.disconnect(2, false);  // its connection closes; its call has not been cancelled yet
+  auto c0 = job.barrier("end3", 4, minute, 0, true);
+  CHECK_FALSE(c0.poll(ws));
+  CHECK(job.barrier("end3", 4, minute, 1, true).wait(ws) == 3);
+  CHECK(c0.wait(ws) == 3);
+  CHECK(c2.wait(ws) == 3);
+
+  // Without skipping, lost workers are waited for; a caller asking the
+  // other way is refused, and changes nothing.
+  auto d0 = job.barrier("plain", 4, minute, 0);
+  auto d1 = job.barrier("plain", 4, minute, 1);
+  CHECK_THROWS_WITH(job.barrier("plain", 4, minute, 3, true),
+                    Catch::Contains("wait for lost workers, this call asks to skip them"));
+  CHECK_FALSE(d0.poll(ws));
+  CHECK_FALSE(d1.poll(ws));
+}
+
+TEST_CASE("a barrier that skips lost workers still waits for one that never connected") {
+  kj::EventLoop loop;
+  kj::WaitScope ws(loop);
+  kj::TimerImpl timer(kj::origin<kj::TimePoint>());
+  ps::JobState job(timer);
+  ps::JobConfig config;
+  config.total_replicas = 3;
+  job.configure(config);
+  job.connect(0, true, "127.0.0.1:1");
+  job.connect(1, false, "127.0.0.1:1");  // worker 2 has not started yet
+  auto a0 = job.barrier("end", 3, 60 * kj::SECONDS, 0, true);
+  auto a1 = job.barrier("end", 3, 60 * kj::SECONDS, 1, true);
+  CHECK_FALSE(a0.poll(ws));
+  CHECK_FALSE(a1.poll(ws));
+  timer.advanceTo(timer.now() + 61 * kj::SECONDS);
+  CHECK_THROWS_WITH(a0.wait(ws), Catch::Contains("missing workers 2 (never connected)"));
+}

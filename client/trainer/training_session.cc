@@ -428,9 +428,9 @@ StepOutcome TrainingSession::run_step(const std::function<void()>& compute) {
 }
 
 uint32_t TrainingSession::barrier(const std::string& name, uint32_t count,
-                                  std::chrono::milliseconds timeout) {
+                                  std::chrono::milliseconds timeout, LostWorkers lost) {
   WaitWatcher::Scope w(watch_.get(), "barrier", timeout);
-  return client_.barrier(name, count, timeout);
+  return client_.barrier(name, count, timeout, lost);
 }
 
 void TrainingSession::end() {

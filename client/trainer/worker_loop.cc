@@ -85,7 +85,12 @@ void print_model_ready(int worker, const JobConfig& job) {
 
 void end_barrier(TrainingSession& session, const std::string& name, int num_workers, int worker) {
   try {
-    session.barrier(name, static_cast<uint32_t>(num_workers), std::chrono::seconds(60));
+    const uint32_t came = session.barrier(name, static_cast<uint32_t>(num_workers),
+                                          std::chrono::seconds(60), LostWorkers::kSkip);
+    if (came < static_cast<uint32_t>(num_workers)) {
+      spdlog::warn("worker {}: end barrier: {} of {} workers came; psd had lost the others", worker,
+                   came, num_workers);
+    }
   } catch (const Error& e) {
     spdlog::warn("worker {}: end barrier: {} (going on)", worker, e.what());
   }

@@ -81,10 +81,14 @@ def exec_psd(spec, f, psd_flags):
 
 
 def end_barrier(client, name, workers, worker):
-    """Every worker meets once more after training, so that the chief reads the final model. A barrier that
-    fails (a worker gone) is reported and the worker goes on: the model is on psd either way."""
+    """Every worker meets once more after training, so that the chief reads the final model. Workers psd
+    has lost (a dead one) are not waited for; a barrier that fails, or ends without them, is reported and
+    the worker goes on: the model is on psd either way."""
     try:
-        client.barrier(name, workers, timeout=60)
+        came = client.barrier(name, workers, timeout=60, skip_lost_workers=True)
+        if came < workers:
+            print(f"worker {worker}: end barrier: {came} of {workers} workers came; psd had lost the others",
+                  file=sys.stderr)
     except psclient.Error as e:
         print(f"worker {worker}: end barrier: {e} (going on)", file=sys.stderr)
 

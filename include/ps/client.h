@@ -50,6 +50,9 @@
 
 namespace ps {
 
+// Whether Client::barrier waits for workers psd has lost.
+enum class LostWorkers { kWaitFor, kSkip };
+
 struct ClientOptions {
   // "host:port" or "unix:/path" per shard, in shard order (as --ps_hosts):
   // the same list on every worker. Where a psd knows its shard index and
@@ -403,9 +406,17 @@ class Client {
   std::future<StepDone> step_done_async(int64_t local_step);
   // Waits until `count` callers entered barrier `name` (held on shard 0).
   // Only callers still waiting count (one that timed out or died does not);
-  // all of them must pass the same count, another throws RequestError.
-  // `timeout` is at most an hour (longer is taken as an hour).
-  uint32_t barrier(const std::string& name, uint32_t count, std::chrono::milliseconds timeout);
+  // all of them must pass the same count and `lost`, another throws
+  // RequestError. `timeout` is at most an hour (longer is taken as an hour).
+  // LostWorkers::kSkip: the job's workers shard 0 counts as gone (as a sync
+  // step does: connections closed, or hung past psd --worker_timeout_secs)
+  // count as there, so the
+  // barrier ends once every worker still in the job has come; returns how
+  // many came. For a barrier after training, where a dead worker would
+  // otherwise hold the others until the timeout:
+  //   client.barrier("end", workers, std::chrono::seconds(60), ps::LostWorkers::kSkip);
+  uint32_t barrier(const std::string& name, uint32_t count, std::chrono::milliseconds timeout,
+                   LostWorkers lost = LostWorkers::kWaitFor);
   // Chief: the job is over; the shards exit once their workers disconnect.
   void finish();
 

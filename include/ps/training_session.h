@@ -160,7 +160,8 @@ class TrainingSession {
 
   // Client::barrier, saying every few seconds (as pull does in a long
   // wait) which workers it waits for, as psd sees them.
-  uint32_t barrier(const std::string& name, uint32_t count, std::chrono::milliseconds timeout);
+  uint32_t barrier(const std::string& name, uint32_t count, std::chrono::milliseconds timeout,
+                   LostWorkers lost = LostWorkers::kWaitFor);
 
   // Chief: tells the shards the job is over; they exit once workers leave.
   void end();

@@ -111,8 +111,9 @@ std::string done_line_start(int worker, const TrainingSession& session, double s
 void print_model_ready(int worker, const JobConfig& job);
 
 // Every worker meets at `name` (TrainingSession::barrier, a minute at most)
-// so that the chief then sees the final model; a failed barrier is logged as
-// a warning and the worker goes on.
+// so that the chief then sees the final model. Workers psd has lost (a dead
+// worker) are not waited for (LostWorkers::kSkip); a barrier that fails, or
+// ends without them, is logged as a warning and the worker goes on.
 void end_barrier(TrainingSession& session, const std::string& name, int num_workers, int worker);
 
 }  // namespace ps

@@ -622,16 +622,24 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
           "step_done() without waiting: a concurrent.futures.Future of its StepDone.")
       .def(
           "barrier",
-          [](PyClient& self, const std::string& name, uint32_t count, double timeout) {
+          [](PyClient& self, const std::string& name, uint32_t count, double timeout,
+             bool skip_lost_workers) {
             auto c = self.shared_client();
             auto watch = self.watcher();  // with the GIL: close() may move it
             const auto ms = to_ms(timeout, "timeout");
             py::gil_scoped_release nogil;
             ps::WaitWatcher::Scope w(watch.get(), "barrier", ms);
-            return c->barrier(name, count, ms);
+            return c->barrier(
+                name, count, ms,
+                skip_lost_workers ? ps::LostWorkers::kSkip : ps::LostWorkers::kWaitFor);
           },
-          py::arg("name"), py::arg("count"), py::arg("timeout") = 60.0,
-          "Waits until `count` callers entered barrier `name` (held on shard 0).")
+          py::arg("name"), py::arg("count"), py::arg("timeout") = 60.0, py::kw_only(),
+          py::arg("skip_lost_workers") = false,
+          R"(Waits until `count` callers entered barrier `name` (held on shard 0); returns how many came.
+Every caller passes the same count and skip_lost_workers (RequestError otherwise).
+skip_lost_workers: workers psd counts as gone (as a sync step does: connections closed,
+or hung past psd --worker_timeout_secs) count as there, so the barrier ends once every worker still in
+the job has come, not at the timeout: for a barrier after training.)")
       .def(
           "finish",
           [](PyClient& self) {

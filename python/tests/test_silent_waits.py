@@ -84,6 +84,63 @@ except Exception as e:
                      r"missing workers 1 \(never connected\)", out.stdout + out.stderr), out.stdout + out.stderr
 
 
+def test_an_end_barrier_does_not_wait_for_a_worker_that_died(start_psd, python_env):
+    """Workers 0 and 1 meet at a barrier of 3 that skips lost workers; worker 2's
+    process is killed (SIGKILL) once it has said hello: the barrier ends then with
+    2 callers, not at its 30 s timeout. A plain barrier still waits for it."""
+    import signal
+    psd = start_psd()
+    dead = subprocess.Popen([sys.executable, "-c", """
+import sys, time, psclient
+c = psclient.Client([sys.argv[1]], worker_index=2)
+print("connected", flush=True)
+time.sleep(60)
+""", psd.address], env=python_env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert dead.stdout.readline().strip() == "connected"
+        code = """
+import sys, threading, time, psclient
+c0 = psclient.Client([sys.argv[1]], worker_index=0, is_chief=True)
+c0.init_job(psclient.JobConfig(total_replicas=3))
+c0.set_ready()
+c1 = psclient.Client([sys.argv[1]], worker_index=1)
+try:
+    c0.barrier("plain", 3, timeout=1)  # without skipping: worker 2 is waited for
+except psclient.Error as e:
+    print("plain:", e)
+print("ready", flush=True)
+sys.stdin.readline()  # worker 2 is being killed
+came = {}
+t = threading.Thread(target=lambda: came.update(w1=c1.barrier("end", 3, timeout=30, skip_lost_workers=True)))
+start = time.monotonic()
+t.start()
+came["w0"] = c0.barrier("end", 3, timeout=30, skip_lost_workers=True)
+t.join()
+print(f"end barrier: {came['w0']} and {came['w1']} came after {time.monotonic() - start:.1f} s")
+"""
+        job = subprocess.Popen([sys.executable, "-c", code, psd.address], env=python_env, text=True,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        out = ""
+        for line in job.stdout:
+            out += line
+            if line.strip() == "ready":
+                break
+        assert "plain: barrier: barrier 'plain' timed out after 1 s waiting for 3 callers, had 1" in out, out
+        dead.send_signal(signal.SIGKILL)
+        dead.wait(10)
+        job.stdin.write("\n")
+        job.stdin.flush()
+        rest, _ = job.communicate(timeout=60)
+        out += rest
+        m = re.search(r"end barrier: 2 and 2 came after ([0-9.]+) s", out)
+        assert m, out
+        assert float(m.group(1)) < 10, out
+    finally:
+        if dead.poll() is None:
+            dead.kill()
+            dead.wait()
+
+
 SYNC_JOB = ('c.init_job(psclient.JobConfig(mode="sync", replicas_to_aggregate=2, total_replicas=2)); '
             'c.create([psclient.TensorSpec("w", [2])]); c.set_ready(); ')
 

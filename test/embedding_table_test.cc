@@ -548,6 +548,36 @@ TEST_CASE("bad ids and specs are refused before anything changes") {
                     Catch::Contains("is fixed: its rows are placed by 'mod' or 'div'"));
 }
 
+TEST_CASE(
+    "initializers whose draws would overflow to Inf are refused; the widest safe ones fill finite "
+    "rows") {
+  const float most = std::numeric_limits<float>::max();
+  const auto sgd = RowOptimizerConfig::sgd(1);
+  CHECK_THROWS_WITH(
+      EmbeddingTable::validate(fixed_table(5, 2, sgd, InitConfig::uniform(-3e38f, 3e38f, 1))),
+      Catch::Contains("wider than a float holds"));
+  CHECK_THROWS_WITH(
+      EmbeddingTable::validate(fixed_table(5, 2, sgd, InitConfig::normal(3e38f, 3e38f, 1))),
+      Catch::Contains("past what a float holds"));
+  CHECK_THROWS_WITH(
+      EmbeddingTable::validate(fixed_table(5, 2, sgd, InitConfig::normal(0, most / 15, 1))),
+      Catch::Contains("past what a float holds"));
+  auto dyn = dynamic_table(2);
+  dyn.init = InitConfig::truncated_normal(-most / 2, most / 16, 1);
+  CHECK_THROWS_AS(EmbeddingTable::validate(dyn), RequestError);
+  // At the limits: every row drawn is finite.
+  for (const InitConfig& init :
+       {InitConfig::uniform(-most / 2, most / 2, 7), InitConfig::normal(0, most / 17, 7),
+        InitConfig::truncated_normal(most / 2, most / 40, 7)}) {
+    const TableSpec spec = fixed_table(64, 8, sgd, init);
+    REQUIRE_NOTHROW(EmbeddingTable::validate(spec));
+    EmbeddingTable t(spec, 0, 1);
+    std::vector<uint64_t> ids(64);
+    std::iota(ids.begin(), ids.end(), uint64_t{0});
+    for (float v : pull(t, ids)) REQUIRE(std::isfinite(v));
+  }
+}
+
 TEST_CASE("a dynamic table creates rows on first touch and refuses new ids at its limit") {
   EmbeddingTable t(dynamic_table(3, 4, OnRowLimit::kRefuse, InitConfig::constant(2)), 0, 1);
   CHECK(t.rows() == 0);

@@ -158,6 +158,16 @@ class Shard {
   void goodbye(const Caller& caller);
   // Creates every tensor of the request or, for any bad spec, none.
   void create(const CreateRequest& request, CreateReply& reply);
+  // A configured sync job counts every trainable tensor and table in each
+  // step (trainable_count()): one a connection other than the chief's adds
+  // would hold every step for gradients the job's workers do not know to
+  // send. Throws RequestError for the first such new name; `kind` is
+  // "tensor" or "table".
+  void check_added_to_sync_job(const Caller& caller, const std::vector<std::string>& new_names,
+                               const char* what, const char* kind) const;
+  // The names in `request` / `specs` that are new trainable tensors / new tables here.
+  std::vector<std::string> new_trainable_tensors(const CreateRequest& request) const;
+  std::vector<std::string> new_tables(const std::vector<ShardTableSpec>& specs) const;
   // The data path (shard_pull.cc, shard_push.cc), in plain types
   // (shard_requests.h). Each checks the whole request first and throws
   // RequestError, having changed nothing, for anything wrong with it.

@@ -214,6 +214,13 @@ std::vector<TableReport> Shard::create_tables(const std::vector<ShardTableSpec>&
   return out;
 }
 
+std::vector<std::string> Shard::new_tables(const std::vector<ShardTableSpec>& specs) const {
+  std::vector<std::string> out;
+  for (const ShardTableSpec& s : specs)
+    if (!tables_->tables.count(s.spec.name)) out.push_back(s.spec.name);
+  return out;
+}
+
 std::vector<TableReport> Shard::list_tables() const {
   std::vector<TableReport> out;
   for (const auto& [name, t] : tables_->tables) out.push_back(report_of(t, false));

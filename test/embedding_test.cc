@@ -1214,6 +1214,34 @@ TEST_CASE(
   CHECK(pull_rows(chief, "dyn", {1, 2}, 1) == std::vector<float>{-1, -1});
 }
 
+TEST_CASE("in a sync job only the chief adds trainable tensors and tables") {
+  PsdProcess ps;
+  Client chief(options_for({&ps}, 0));
+  chief.init_job({.mode = SyncMode::kSync, .replicas_to_aggregate = 2, .total_replicas = 2});
+  chief.create({TensorSpec{.name = "w", .shape = {2}}});
+  chief.create_tables({fixed("emb", 4, 1)});
+  chief.set_ready();
+  Client worker(options_for({&ps}, 1));
+  Client tool(options_for({&ps}));
+  for (Client* c : {&worker, &tool}) {
+    // A new one would hold every step of the job: refused, nothing created.
+    CHECK_THROWS_WITH(c->create_tables({fixed("junk", 1, 1)}),
+                      Catch::Contains("a new trainable table 'junk' in a sync job") &&
+                          Catch::Contains("only the chief adds them"));
+    CHECK_THROWS_WITH(c->create({TensorSpec{.name = "junk_w", .shape = {1}}}),
+                      Catch::Contains("a new trainable tensor 'junk_w' in a sync job"));
+    // What the chief created, asked for again, and a tensor no step counts: fine.
+    CHECK_NOTHROW(c->create_tables({fixed("emb", 4, 1)}));
+    CHECK_NOTHROW(c->create({TensorSpec{.name = "w", .shape = {2}}}));
+  }
+  CHECK_NOTHROW(tool.create({TensorSpec{.name = "metric", .shape = {1}, .trainable = false}}));
+  CHECK(chief.list_tables().size() == 1);
+  CHECK(chief.list().size() == 2);  // w and metric
+  // The chief may still add one (its own program declares it, as its workers' do).
+  CHECK_NOTHROW(chief.create_tables({fixed("late", 4, 1)}));
+  CHECK(chief.list_tables().size() == 2);
+}
+
 TEST_CASE("sync mode: a pull of rows over several shards reads every shard at one step") {
   // A lookup as a pull: both read every shard at one step.
   const bool lookup = GENERATE(false, true);

@@ -9,7 +9,9 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ps/training_session.h"
@@ -38,7 +40,40 @@ struct PySession {
   std::vector<ps::TableSpec> tables;
   std::map<std::string, std::vector<ArrayBuffer>> rows;  // per table: the last set_rows' arrays
   std::unique_ptr<ps::TrainingSession> session;
+  // The call a thread is in and that thread (read and set with the GIL held).
+  const char* in_call = nullptr;
+  std::thread::id caller{};
   ~PySession() { session.reset(); }  // before the buffers it points into
+};
+
+// One thread drives a TrainingSession (ps/training_session.h): a call from a
+// second thread while a first is in one, with the GIL released, would rebind
+// or free the arrays the first one reads and writes. So it is refused. The
+// same thread may call in again (run_step's compute, say).
+class InCall {
+ public:
+  InCall(PySession& s, const char* what) : s_(s) {
+    const auto me = std::this_thread::get_id();
+    if (s.in_call != nullptr && s.caller != me) {
+      throw std::runtime_error(std::string("TrainingSession.") + what +
+                               ": another thread is in TrainingSession." + s.in_call +
+                               "(); one thread drives a session (nothing was done)");
+    }
+    if (s.in_call == nullptr) {
+      s.in_call = what;
+      s.caller = me;
+      owner_ = true;
+    }
+  }
+  ~InCall() {
+    if (owner_) s_.in_call = nullptr;
+  }
+  InCall(const InCall&) = delete;
+  InCall& operator=(const InCall&) = delete;
+
+ private:
+  PySession& s_;
+  bool owner_ = false;
 };
 
 // set_rows' arrays for one table, checked as Client.pull_rows checks its
@@ -128,6 +163,7 @@ add_variable and set_rows are held by the session and must keep their storage.)"
       .def(
           "add_variable",
           [](PySession& self, const ps::TensorSpec& spec, py::object values, py::object grads) {
+            InCall in(self, "add_variable");
             ArrayBuffer v =
                 ArrayBuffer::floats(values, true, "add_variable: values for '" + spec.name + "'");
             ArrayBuffer g =
@@ -150,6 +186,7 @@ add_variable and set_rows are held by the session and must keep their storage.)"
       .def(
           "add_table",
           [](PySession& self, const ps::TableSpec& spec) {
+            InCall in(self, "add_table");
             self.session->add_table(spec);
             self.tables.push_back(spec);
           },
@@ -161,6 +198,7 @@ add_variable and set_rows are held by the session and must keep their storage.)"
           "set_rows",
           [](PySession& self, const std::string& table, py::object ids, py::object rows,
              py::object grads) {
+            InCall in(self, "set_rows");
             auto spec = std::find_if(self.tables.begin(), self.tables.end(),
                                      [&](const ps::TableSpec& t) { return t.name == table; });
             if (spec == self.tables.end())
@@ -187,6 +225,7 @@ table). Wrong dtype, layout or shape: ValueError, nothing bound.)")
       .def(
           "initialize",
           [](PySession& self) {
+            InCall in(self, "initialize");
             {
               py::gil_scoped_release nogil;
               self.session->initialize();
@@ -200,6 +239,7 @@ table). Wrong dtype, layout or shape: ValueError, nothing bound.)")
       .def(
           "pull",
           [](PySession& self) {
+            InCall in(self, "pull");
             py::gil_scoped_release nogil;
             return self.session->pull();
           },
@@ -208,6 +248,7 @@ table). Wrong dtype, layout or shape: ValueError, nothing bound.)")
       .def(
           "push",
           [](PySession& self) {
+            InCall in(self, "push");
             py::gil_scoped_release nogil;
             return self.session->push();
           },
@@ -215,6 +256,7 @@ table). Wrong dtype, layout or shape: ValueError, nothing bound.)")
       .def(
           "run_step",
           [](PySession& self, const py::function& compute) {
+            InCall in(self, "run_step");
             {
               py::gil_scoped_release nogil;
               self.session->pull();
@@ -267,6 +309,7 @@ table). Wrong dtype, layout or shape: ValueError, nothing bound.)")
       .def(
           "end",
           [](PySession& self) {
+            InCall in(self, "end");
             py::gil_scoped_release nogil;
             self.session->end();
           },

@@ -1,6 +1,8 @@
 """TrainingSession with worker threads (each its own Client): sync steps
 average the gradients, the job stops at train_steps, checkpoints restore."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -247,3 +249,63 @@ def test_session_tables_restore_into_two_shards(start_psd, tmp_path):
             np.testing.assert_array_equal(rows[name], want[name])
         info = {t.name: t for t in c.list_tables()}
         assert info["fixed"].rows_per_shard == [25, 25] and sum(info["grown"].rows_per_shard) == 3
+
+
+def test_a_second_thread_is_refused_while_one_waits_in_a_session_call(psd):
+    """One thread drives a TrainingSession: while thread A waits in pull() (a sync step
+    not reached yet), set_rows() or push() from another thread is refused and binds
+    nothing; A's pull then writes the rows it was given."""
+    import threading
+    n, dim = 20000, 16
+    spec = psclient.TableSpec("t", dim, rows=n, init=psclient.constant(3.0))
+
+    def make(worker):
+        c = psclient.Client([psd.address], worker_index=worker, is_chief=worker == 0, call_timeout=30)
+        s = psclient.TrainingSession(c, mode="sync", replicas_to_aggregate=2, total_replicas=2)
+        s.add_variable(psclient.TensorSpec("v", (4,)), np.zeros(4, np.float32), np.zeros(4, np.float32))
+        s.add_table(spec)
+        return c, s
+
+    (c0, s0), (c1, s1) = make(0), make(1)
+    t = threading.Thread(target=s0.initialize)
+    t.start()
+    s1.initialize()
+    t.join()
+    ids = np.arange(n, dtype=np.int64)
+    rows0 = np.zeros((n, dim), np.float32)
+    s0.set_rows("t", ids, rows0, np.zeros((n, dim), np.float32))
+    s1.set_rows("t", ids, np.zeros((n, dim), np.float32), np.zeros((n, dim), np.float32))
+    s0.pull()
+    s0.push()  # worker 0 is done with step 0; its next pull waits for worker 1
+    rows0[:] = 0
+    got = {}
+    a = threading.Thread(target=lambda: got.update(step=s0.pull()))
+    a.start()
+    try:
+        # Until A is in its pull, add_table() (harmless: after initialize) says so by what it raises.
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                s0.add_table(psclient.TableSpec("probe", 1, rows=1))
+            except psclient.ConfigError:
+                pass  # A has not entered pull() yet
+            except RuntimeError as e:
+                assert "another thread is in TrainingSession.pull()" in str(e), e
+                break
+            assert time.monotonic() < deadline, "thread A never entered pull()"
+            time.sleep(0.01)
+        with pytest.raises(RuntimeError, match=r"TrainingSession.set_rows: another thread is in "
+                                               r"TrainingSession.pull\(\); one thread drives a session"):
+            s0.set_rows("t", ids, np.empty((n, dim), np.float32), np.zeros((n, dim), np.float32))
+        with pytest.raises(RuntimeError, match=r"TrainingSession.push: another thread is in"):
+            s0.push()
+        assert a.is_alive()
+    finally:
+        s1.pull()
+        s1.push()  # step 0 complete: A's pull returns
+        a.join(30)
+    assert got["step"] == 1
+    assert np.all(rows0 == 3.0)  # the arrays bound before, written by the pull
+    s0.push()  # and the session goes on from the same thread
+    for c in (c0, c1):
+        c.close()

@@ -1,5 +1,7 @@
 #include "python/src/array_buffer.h"
 
+#include <algorithm>
+
 #include <cstdint>
 #include <cstring>
 #include <utility>
@@ -201,6 +203,24 @@ bool ArrayBuffer::overlaps(const ArrayBuffer& other) const {
   if (bytes_ == 0 || other.bytes_ == 0) return false;
   const auto a = reinterpret_cast<uintptr_t>(data_), b = reinterpret_cast<uintptr_t>(other.data_);
   return a < b + other.bytes_ && b < a + bytes_;
+}
+
+std::optional<std::pair<std::size_t, std::size_t>> ArrayBuffer::first_overlap(
+    const std::vector<const ArrayBuffer*>& buffers) {
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < buffers.size(); ++i)
+    if (buffers[i]->bytes_ != 0) order.push_back(i);
+  const auto start = [&](std::size_t i) { return reinterpret_cast<uintptr_t>(buffers[i]->data_); };
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return start(a) < start(b); });
+  // Sorted by start: one overlaps another iff it starts before the furthest end so far.
+  std::size_t furthest = 0;
+  for (std::size_t k = 1; k < order.size(); ++k) {
+    const std::size_t f = order[furthest];
+    if (start(order[k]) < start(f) + buffers[f]->bytes_) return std::pair{f, order[k]};
+    if (start(order[k]) + buffers[order[k]]->bytes_ > start(f) + buffers[f]->bytes_) furthest = k;
+  }
+  return std::nullopt;
 }
 
 ArrayBuffer::ArrayBuffer(ArrayBuffer&& other) noexcept

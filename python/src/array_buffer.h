@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include <pybind11/pybind11.h>
@@ -45,6 +47,9 @@ class ArrayBuffer {
   std::size_t size() const { return size_; }  // elements
   // Whether the two share any byte of memory.
   bool overlaps(const ArrayBuffer& other) const;
+  // Two of `buffers` (their indices) that share memory, if any; n log n.
+  static std::optional<std::pair<std::size_t, std::size_t>> first_overlap(
+      const std::vector<const ArrayBuffer*>& buffers);
   // The array's shape (for messages and new arrays).
   const std::vector<py::ssize_t>& shape() const { return shape_; }
 

@@ -131,6 +131,16 @@ Request gather(PyClient& client, const std::string& op, py::handle tensors, py::
     throw py::type_error(op + ": expected a tensor name (str) or a dict {name: array}, got " +
                          std::string(py::str(py::type::handle_of(tensors).attr("__name__"))));
   }
+  if (is_pull && r.buffers.size() > 1) {
+    // Two pulls into the same memory would race: which tensor's values it
+    // ends up holding depends on which shard answers last.
+    std::vector<const ArrayBuffer*> outs;
+    for (const ArrayBuffer& b : r.buffers) outs.push_back(&b);
+    if (auto both = ArrayBuffer::first_overlap(outs)) {
+      throw py::value_error(op + ": the outs for '" + r.names[both->first] + "' and '" +
+                            r.names[both->second] + "' share memory (nothing was sent)");
+    }
+  }
   return r;
 }
 

@@ -36,7 +36,8 @@ struct PySession {
   std::shared_ptr<ps::Client> client;
   py::object py_client;  // its PyClient: tables added here are known there after initialize()
   std::shared_ptr<ps::WaitWatcher> watch;  // the Client's: says what checkpoint(step) waits for
-  std::vector<ArrayBuffer> buffers;
+  std::vector<ArrayBuffer> buffers;        // per variable: values, grads
+  std::vector<std::string> buffer_names;   // per variable: its name
   std::vector<ps::TableSpec> tables;
   std::map<std::string, std::vector<ArrayBuffer>> rows;  // per table: the last set_rows' arrays
   std::unique_ptr<ps::TrainingSession> session;
@@ -176,7 +177,16 @@ add_variable and set_rows are held by the session and must keep their storage.)"
                                       ps::shape_to_string(spec.shape) + ")");
               }
             }
+            // Pulls write every variable's values at once, from several shards.
+            for (std::size_t i = 0; i < self.buffers.size(); i += 2) {
+              if (v.overlaps(self.buffers[i])) {
+                throw py::value_error("add_variable: values for '" + spec.name +
+                                      "' share memory with the values of '" +
+                                      self.buffer_names[i / 2] + "' (nothing bound)");
+              }
+            }
             self.session->add_variable(spec, v.span(), g.span());
+            self.buffer_names.push_back(spec.name);
             self.buffers.push_back(std::move(v));
             self.buffers.push_back(std::move(g));
           },

@@ -219,6 +219,20 @@ def test_read_only_array_refused_for_pull_accepted_for_push(client):
     np.testing.assert_array_equal(client.pull("w"), np.full((2, 3), -0.5))
 
 
+def test_a_pull_into_outs_that_share_memory_is_refused_before_sending(client):
+    """Two tensors pulled at once into overlapping memory would race (which one's values
+    land there would depend on which answer comes last): refused, nothing written."""
+    block = np.full(9, 7, np.float32)
+    for w, b in [(block[:6], block[5:8]), (block[3:9], block[2:5]), (block[:6], block[:6][:3])]:
+        with pytest.raises(ValueError, match="pull: the outs for '(w|b)' and '(w|b)' share memory"):
+            client.pull({"w": w.reshape(2, 3), "b": b})
+        with pytest.raises(ValueError, match="share memory"):
+            client.pull_async({"w": w.reshape(2, 3), "b": b})
+    np.testing.assert_array_equal(block, np.full(9, 7, np.float32))
+    client.pull({"w": block[:6].reshape(2, 3), "b": block[6:]})  # adjacent: fine
+    np.testing.assert_array_equal(block, [0, 0, 0, 0, 0, 0, 2, 2, 2])
+
+
 def test_other_refusals(client, psd):
     with pytest.raises(psclient.ConfigError, match="unknown to this Client"):
         client.pull("nope")

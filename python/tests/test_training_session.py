@@ -64,6 +64,11 @@ def test_add_variable_refuses_wrong_arrays(psd):
             session.add_variable(spec, np.empty(3, np.float32), np.empty(4, np.float32))
         with pytest.raises(ValueError, match="float32"):
             session.add_variable(spec, np.empty(4, np.float64), np.empty(4, np.float32))
+        shared = np.zeros(6, np.float32)
+        session.add_variable(spec, shared[:4], np.empty(4, np.float32))
+        with pytest.raises(ValueError, match="add_variable: values for 'b' share memory with the values of 'w'"):
+            session.add_variable(psclient.TensorSpec("b", 2), shared[3:5], np.empty(2, np.float32))
+        session.add_variable(psclient.TensorSpec("b", 2), shared[4:], np.empty(2, np.float32))  # adjacent: fine
         with pytest.raises(ValueError, match="mode"):
             psclient.TrainingSession(c, mode="eventually")
         with pytest.raises(TypeError, match="client must be a psclient.Client, not str"):

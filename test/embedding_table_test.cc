@@ -1633,3 +1633,32 @@ TEST_CASE("a request's scratch is given back when its repeats' sums outgrow the 
   push(t, {1, 2}, std::vector<float>(2 * dim, 1.0f));
   CHECK(t.scratch_bytes() > 0);
 }
+
+TEST_CASE("what tables keep between requests is bounded over all of them, not per table") {
+  // Tables each looked up with 2^17 new ids, each keeping what that took,
+  // until twice kKeepScratchTotal would be kept without the bound.
+  std::vector<std::unique_ptr<EmbeddingTable>> tables;
+  std::vector<uint64_t> ids(EmbeddingTable::kKeepScratchIds);
+  std::iota(ids.begin(), ids.end(), uint64_t{1} << 40);
+  const std::size_t before = EmbeddingTable::kept_scratch_total();
+  std::size_t would_keep = 0, kept_by = 0;
+  while (would_keep <= 2 * EmbeddingTable::kKeepScratchTotal) {
+    tables.push_back(std::make_unique<EmbeddingTable>(dynamic_table(1), 0, 1));
+    const std::vector<float> rows = lookup(*tables.back(), ids);
+    REQUIRE(rows == std::vector<float>(ids.size(), 0.0f));  // new ids read as zeros, none created
+    REQUIRE(tables.back()->rows() == 0);
+    const std::size_t kept = tables.back()->scratch_bytes();
+    if (tables.size() == 1) REQUIRE(kept >= (std::size_t{1} << 20));  // what each would keep
+    would_keep += tables.front()->scratch_bytes();
+    kept_by += kept > 0;
+  }
+  CHECK(kept_by >= 1);
+  CHECK(kept_by < tables.size());
+  std::size_t sum = 0;
+  for (const auto& t : tables) sum += t->scratch_bytes();
+  CHECK(sum <= EmbeddingTable::kKeepScratchTotal);
+  CHECK(EmbeddingTable::kept_scratch_total() - before == sum);
+  // A table let go gives its part back.
+  tables.clear();
+  CHECK(EmbeddingTable::kept_scratch_total() == before);
+}

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -193,7 +194,15 @@ EmbeddingTable::EmbeddingTable(TableSpec spec, uint32_t shard, uint32_t shards, 
   }
 }
 
-EmbeddingTable::~EmbeddingTable() = default;
+namespace {
+// What all tables keep between requests (ReleaseScratchAfter): tables run
+// on the event loop and on the compute pool's threads.
+std::atomic<std::size_t> kept_scratch{0};
+}  // namespace
+
+std::size_t EmbeddingTable::kept_scratch_total() { return kept_scratch.load(); }
+
+EmbeddingTable::~EmbeddingTable() { kept_scratch.fetch_sub(kept_scratch_); }
 
 uint64_t EmbeddingTable::slabs_per_chunk(uint64_t slabs) const {
   constexpr uint64_t kHugePage = 2u << 20;
@@ -531,20 +540,38 @@ std::size_t EmbeddingTable::scratch_bytes() const {
 }
 
 EmbeddingTable::ReleaseScratchAfter::~ReleaseScratchAfter() {
-  if (ids <= kKeepScratchIds && table.scratch_bytes() <= kKeepScratchBytes) return;
+  const std::size_t bytes = table.scratch_bytes();
+  if (ids <= kKeepScratchIds && bytes <= kKeepScratchBytes) {
+    // Kept if the process's total stays within kKeepScratchTotal with it.
+    std::size_t total = kept_scratch.load();
+    for (;;) {
+      const std::size_t others = total - table.kept_scratch_;
+      if (others + bytes > kKeepScratchTotal) break;
+      if (kept_scratch.compare_exchange_weak(total, others + bytes)) {
+        table.kept_scratch_ = bytes;
+        return;
+      }
+    }
+  }
+  table.release_scratch();
+}
+
+void EmbeddingTable::release_scratch() {
   // Swapped with empty ones: assigning {} would keep the capacity.
-  std::vector<uint64_t>().swap(table.push_slots_);
-  table.checked_ = Checked{};
-  std::vector<uint64_t>().swap(table.summed_at_);
-  std::vector<uint32_t>().swap(table.part_order_);
-  std::vector<PartSums>().swap(table.part_sums_);
-  table.seen_ = FirstPositions{};
+  std::vector<uint64_t>().swap(push_slots_);
+  checked_ = Checked{};
+  std::vector<uint64_t>().swap(summed_at_);
+  std::vector<uint32_t>().swap(part_order_);
+  std::vector<PartSums>().swap(part_sums_);
+  seen_ = FirstPositions{};
   // Admission's, but the dropped ids, which count_dropped() reads after the
   // update (and gives back itself).
-  std::vector<uint64_t>().swap(table.admitted_ids_);
-  std::vector<uint64_t>().swap(table.admit_slots_);
-  std::vector<float>().swap(table.admitted_grads_);
-  std::vector<char>().swap(table.admitted_at_);
+  std::vector<uint64_t>().swap(admitted_ids_);
+  std::vector<uint64_t>().swap(admit_slots_);
+  std::vector<float>().swap(admitted_grads_);
+  std::vector<char>().swap(admitted_at_);
+  kept_scratch.fetch_sub(kept_scratch_);
+  kept_scratch_ = 0;
 }
 
 void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) { read_rows(ids, out, true); }

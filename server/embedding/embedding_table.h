@@ -98,10 +98,16 @@ class EmbeddingTable {
   // position's slot, repeats, parts); given back after a request of more
   // than kKeepScratchIds ids (the most a client's default 1 MiB request
   // carries) or that leaves more than kKeepScratchBytes, so that an
-  // outsized request does not pin it.
+  // outsized request does not pin it; and whenever keeping it would take
+  // what all tables of the process keep past kKeepScratchTotal, since it is
+  // outside --max_memory_mb (a client could otherwise make thousands of
+  // tables each keep megabytes).
   std::size_t scratch_bytes() const;
   static constexpr std::size_t kKeepScratchIds = std::size_t{1} << 17;
   static constexpr std::size_t kKeepScratchBytes = std::size_t{16} << 20;
+  static constexpr std::size_t kKeepScratchTotal = std::size_t{64} << 20;
+  // What every table of the process keeps now (for tests and the budget).
+  static std::size_t kept_scratch_total();
   uint64_t version() const { return version_; }  // updates applied
   void set_version(uint64_t v) { version_ = v; }
   static constexpr uint64_t kMaxVersion = uint64_t{1} << 62;  // a restore's most
@@ -336,6 +342,8 @@ class EmbeddingTable {
     std::size_t ids;
     ~ReleaseScratchAfter();
   };
+  void release_scratch();
+  std::size_t kept_scratch_ = 0;  // this table's part of the process's total
   // From push_slots_; with one part, part_order_ stays empty (every position).
   void group_slots_by_part(std::size_t parts);
   void sum_repeats(std::size_t part, const float* grads);

@@ -83,7 +83,7 @@ def bench_case(hidden, batch, reps):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__)
     parser.add_argument("--reps", type=int, default=7)
     args = parser.parse_args()
     print(f"PyTorch {torch.__version__}, {torch.cuda.get_device_name()}")

@@ -585,7 +585,7 @@ def bench_ctr(args):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("what", choices=["calls", "exchange", "training", "step", "ctr", "all"])
     p.add_argument("--reps", type=int, default=200,
                    help="calls: repetitions per block for 4 KiB (4 MiB: a quarter, 64 MiB: a twentieth)")

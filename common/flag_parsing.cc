@@ -67,6 +67,26 @@ std::string flag_error(const CLI::App& app, const CLI::ParseError& e, int argc, 
   }
   std::string what = e.what();
   while (!what.empty() && (what.back() == '\n' || what.back() == '.')) what.pop_back();
+  // CLI11's "Could not convert: --flag = value": said as the flag and what it takes.
+  constexpr std::string_view kConvert = "Could not convert: ";
+  if (dynamic_cast<const CLI::ConversionError*>(&e) != nullptr && what.starts_with(kConvert)) {
+    const std::string rest = what.substr(kConvert.size());
+    if (const auto eq = rest.find(" = "); eq != std::string::npos) {
+      const std::string flag = rest.substr(0, eq), value = rest.substr(eq + 3);
+      const CLI::Option* opt = app.get_option_no_throw(flag);
+      std::string takes = opt != nullptr ? opt->get_type_name() : "";
+      if (takes == "BOOLEAN")
+        takes = "true or false";
+      else if (takes == "UINT")
+        takes = "a whole number >= 0";
+      else if (takes == "INT")
+        takes = "a whole number";
+      else if (takes == "FLOAT")
+        takes = "a number";
+      return flag + " " + value + ": not a value it takes" +
+             (takes.empty() ? std::string() : " (" + takes + ")");
+    }
+  }
   return what;
 }
 

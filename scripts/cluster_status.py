@@ -99,6 +99,13 @@ def report(addrs, token, timeout):
     for a in addrs:
         try:
             s = fetch(a, token, timeout)
+        except urllib.error.HTTPError as e:
+            # psd answered, and refused: say what it wants.
+            why = ("psd needs a token: --token_file FILE (its --http_auth_token_file or "
+                   "--auth_token_file)" if e.code == 401 else f"psd answered HTTP {e.code} {e.reason}")
+            rows.append(["?", a, why])
+            failed += 1
+            continue
         except (OSError, ValueError, urllib.error.URLError) as e:
             reason = getattr(e, "reason", e)
             reason = getattr(reason, "strerror", None) or str(reason)
@@ -148,7 +155,7 @@ def report(addrs, token, timeout):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("where", nargs="+", help="a launch_local.sh run directory, or psd HTTP host:port")
     p.add_argument("--watch", type=float, default=0, help="print again every this many seconds")

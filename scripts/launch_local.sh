@@ -18,7 +18,7 @@
 #   --port_base P      first port for --ps_mode trainer and the workers' nominal ports (default 22220)
 #   --trainer PATH     default build/examples/mnist_trainer; a .py trainer (examples/python/torch_mnist.py)
 #                      runs with /usr/bin/python3 and PYTHONPATH=$BUILD_DIR/python
-#   --run_dir DIR      default runs/<timestamp>
+#   --run_dir DIR      default runs/<timestamp> (runs/<timestamp>-2 ... for a second run that second)
 #   --psd_flags "F"    extra flags for every ps task (e.g. "--threads 1")
 #   --tcp              workers and psd use TCP only. Otherwise (psd mode) each psd also listens
 #                      on a Unix socket in the run directory, and the workers, being on its
@@ -91,8 +91,19 @@ if [[ "$(basename "$trainer")" == mnist_trainer* || "$(basename "$trainer")" == 
   data_flags=(--data_dir "$data_dir")
 fi
 
-run_dir=${run_dir:-runs/$(date +%Y%m%d-%H%M%S)}
-mkdir -p "$run_dir" || die "cannot create $run_dir"
+if [ -n "${run_dir:-}" ]; then
+  mkdir -p "$run_dir" || die "cannot create $run_dir"
+else
+  # One folder per run, even for two launched in the same second: mkdir
+  # (not -p) fails for the second, which takes the next suffix.
+  mkdir -p runs || die "cannot create runs/"
+  base=runs/$(date +%Y%m%d-%H%M%S) run_dir=""
+  for n in $(seq 1 100); do
+    try=$base; [ "$n" = 1 ] || try=$base-$n
+    if mkdir "$try" 2>/dev/null; then run_dir=$try; break; fi
+  done
+  [ -n "$run_dir" ] || die "cannot create a run directory $base[-N] under runs/"
+fi
 
 pids=()
 names=()

@@ -65,6 +65,18 @@ python3 "$status" "127.0.0.1:$free" >"$tmp/none.txt" 2>&1; rc=$?
 [ "$rc" = 1 ] || fail "an unreachable shard: exit $rc, not 1"
 grep -qE "127\.0\.0\.1:$free +unreachable: connection refused" "$tmp/none.txt" || fail "the unreachable shard is not named: $(cat "$tmp/none.txt")"
 
+# 4b. A psd whose HTTP port wants a token: said so, not "unreachable"; with the token, shown.
+printf 'sekrit\n' >"$tmp/token"
+start_psd tok --auth_token_file "$tmp/token"
+tok_http=$(cat "$tmp/run/tok.http")
+python3 "$status" "127.0.0.1:$tok_http" >"$tmp/tok.txt" 2>&1; rc=$?
+[ "$rc" = 1 ] || fail "a psd that wants a token: exit $rc, not 1"
+grep -qE "127\.0\.0\.1:$tok_http +psd needs a token: --token_file FILE" "$tmp/tok.txt" ||
+  fail "the missing token is not named: $(cat "$tmp/tok.txt")"
+python3 "$status" --token_file "$tmp/token" "127.0.0.1:$tok_http" >"$tmp/tok2.txt" 2>&1 ||
+  fail "with --token_file: exit $? $(cat "$tmp/tok2.txt")"
+grep -q "no job yet" "$tmp/tok2.txt" || fail "with --token_file the shard is not shown: $(cat "$tmp/tok2.txt")"
+
 # 5. Bad arguments: one line naming the argument, exit 2, no traceback.
 bad() {  # NAME MESSAGE_REGEX ARGS...
   local name=$1 want=$2; shift 2

@@ -100,7 +100,9 @@ bad_flag() {
 }
 bad_flag psd_unknown '^psd: error: unknown flag --bogus; see --help$' "$psd" --bogus
 bad_flag psd_typo 'unknown flag --max_memory \(did you mean --max_memory_mb\?\)' "$psd" --max_memory 64
-bad_flag psd_not_a_number '^psd: error: Could not convert: --threads = x; see --help$' "$psd" --threads x
+bad_flag psd_not_a_number '^psd: error: --threads x: not a value it takes \(a whole number >= 0\); see --help$' "$psd" --threads x
+bad_flag psd_not_a_bool '^psd: error: --exit_when_done maybe: not a value it takes \(true or false\); see --help$' \
+  "$psd" --exit_when_done maybe
 bad_flag trainer_typo '^mnist_trainer: error: unknown flag --epoch \(did you mean --epochs\?\)' \
   "$build/examples/mnist_trainer" --job_name worker --epoch 1
 bad_flag trainer_typo_with_value 'unknown flag --learning_rat \(did you mean --learning_rate\?\)' \

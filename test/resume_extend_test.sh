@@ -65,6 +65,8 @@ chief extend 35 || fail "extended job: exit $? $(cat "$tmp/extend.err")"
 wait_ps
 grep -q "== 35 global steps" "$tmp/extend.out" || fail "extended job did not reach 35 steps: $(cat "$tmp/extend.out" "$tmp/extend.err")"
 grep -q "15 local steps" "$tmp/extend.out" || fail "extended job did not train 15 steps from 20: $(cat "$tmp/extend.out")"
+grep -q "chief: job configured (.*), going on from global step 20 with the 4 variables and 0 tables psd restored" \
+  "$tmp/extend.out" "$tmp/extend.err" || fail "the chief of a resumed job does not say so: $(cat "$tmp/extend.out" "$tmp/extend.err")"
 
 # 4. A fresh ps (no checkpoint of its own), the chief restoring from the first's.
 start_ps ps4
@@ -72,6 +74,8 @@ chief restore 45 --restore_from "$tmp/ck" || fail "--restore_from: exit $? $(cat
 wait_ps
 grep -q "== 45 global steps" "$tmp/restore.out" || fail "--restore_from did not go on to 45: $(cat "$tmp/restore.out" "$tmp/restore.err")"
 grep -q "10 local steps" "$tmp/restore.out" || fail "--restore_from did not go on from 35: $(cat "$tmp/restore.out")"
+grep -q "chief: job configured (.*), 4 variables and 0 tables restored from $tmp/ck (global step 35)" \
+  "$tmp/restore.out" "$tmp/restore.err" || fail "the chief restoring does not say so: $(cat "$tmp/restore.out" "$tmp/restore.err")"
 
 # 5. A lower stop step than where the job is: refused with the step it is at.
 start_ps ps5 --checkpoint_dir "$tmp/ck"

@@ -81,8 +81,22 @@ void TrainingSession::initialize() {
     start_step_ = client_.stats().front().global_step;
     // Only now may the workers start: the model is whole, tables included.
     client_.set_ready();
-    spdlog::info("chief: job configured ({}), {} variables and {} tables created and initialised",
-                 to_string(options_.job), specs_.size(), tables_.size());
+    if (!options_.restore_from.empty()) {
+      spdlog::info(
+          "chief: job configured ({}), {} variables and {} tables restored from {} "
+          "(global step {})",
+          to_string(options_.job), specs_.size(), tables_.size(), options_.restore_from,
+          start_step_);
+    } else if (start_step_ > 0) {
+      // psd restored its own checkpoint: create() found the model there.
+      spdlog::info(
+          "chief: job configured ({}), going on from global step {} with the {} "
+          "variables and {} tables psd restored",
+          to_string(options_.job), start_step_, specs_.size(), tables_.size());
+    } else {
+      spdlog::info("chief: job configured ({}), {} variables and {} tables created and initialised",
+                   to_string(options_.job), specs_.size(), tables_.size());
+    }
   } else {
     client_.declare(specs_);
     if (!table_specs.empty()) client_.declare_tables(table_specs);

@@ -93,6 +93,16 @@ def end_barrier(client, name, workers, worker):
         print(f"worker {worker}: end barrier: {e} (going on)", file=sys.stderr)
 
 
+def unknown_flags(parser, rest):
+    """What the C++ trainers say of flags they do not know: the first, and the flag it is
+    closest to (parse_known_args leaves them; abbreviations are off, so --epoch is one)."""
+    import difflib
+    flag = next((a.split("=", 1)[0] for a in rest if a.startswith("-")), rest[0])
+    known = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    close = difflib.get_close_matches(flag, known, n=1)
+    return f"unknown flag {flag}" + (f" (did you mean {close[0]}?)" if close else "") + "; see --help"
+
+
 def main(name, parser, check_flags, run_worker, argv):
     """Parses argv, becomes psd for the ps role, else runs run_worker(spec, flags).
     One line on stderr and the C++ trainers' exit codes: 2 for bad input (a flag, a
@@ -104,7 +114,7 @@ def main(name, parser, check_flags, run_worker, argv):
         if spec.is_ps:
             exec_psd(spec, f, rest)
         if rest:
-            raise BadInput(f"unknown flags {' '.join(rest)}; see --help")
+            raise BadInput(unknown_flags(parser, rest))
         if not spec.is_worker:
             raise BadInput(f"nothing to do for {spec}")
         return run_worker(spec, f)

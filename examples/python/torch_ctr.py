@@ -44,7 +44,7 @@ DENSE, FIELDS = 13, 26
 
 
 def parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     cluster_flags.add(p)
     p.add_argument("--train_file", default="data/ctr/train.tsv",
                    help="Criteo TSV layout, or a CSV with a header as Avazu's train.csv; each worker reads its share")

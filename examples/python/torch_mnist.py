@@ -33,7 +33,7 @@ from cluster_flags import BadInput
 
 
 def parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     cluster_flags.add(p)
     p.add_argument("--epochs", type=float, default=5)
     p.add_argument("--batch_size", type=int, default=100)

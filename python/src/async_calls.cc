@@ -1,5 +1,9 @@
 #include "python/src/async_calls.h"
 
+#include <chrono>
+
+#include <spdlog/spdlog.h>
+
 namespace psclient_py {
 
 namespace {
@@ -53,8 +57,19 @@ bool AsyncCalls::stop(const std::function<bool()>& interrupted) {
   }
   py::gil_scoped_release nogil;
   std::unique_lock lock(state->mu);
+  const auto start = std::chrono::steady_clock::now();
+  auto say_at = start + std::chrono::seconds(5);
   while (!state->cv.wait_for(lock, std::chrono::milliseconds(100),
                              [&] { return state->ended != ended; })) {
+    if (const auto now = std::chrono::steady_clock::now(); now >= say_at) {
+      // No silent wait: what the Client being closed waits for, and until when.
+      say_at += std::chrono::seconds(5);
+      spdlog::info(
+          "closing the Client: waiting for {} async call(s) to finish ({} s; each ends by its "
+          "call_timeout; Ctrl-C stops waiting)",
+          state->queue.size() + 1,
+          std::chrono::duration_cast<std::chrono::seconds>(now - start).count());
+    }
     if (!interrupted) continue;
     lock.unlock();
     const bool stop_waiting = interrupted();  // takes the GIL: not with the lock held

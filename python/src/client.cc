@@ -185,7 +185,20 @@ PyClient::PyClient(ps::ClientOptions options)
     : client_(std::make_shared<ps::Client>(std::move(options))),
       watch_(std::make_shared<ps::WaitWatcher>(*client_, client_->options().worker_index)) {}
 
-PyClient::~PyClient() { close(false); }
+PyClient::~PyClient() { close(OnCtrlC::kStopWaiting); }
+
+namespace {
+// Whether Ctrl-C came, asked where no exception may be raised (a Client
+// dropped: its destructor): the SIGINT is taken and set pending again, so
+// that Python raises KeyboardInterrupt at its next chance, as it would have.
+bool sigint_pending() {
+  if (PyThread_get_thread_ident() != main_thread_id()) return false;
+  py::gil_scoped_acquire gil;
+  if (!PyOS_InterruptOccurred()) return false;
+  PyErr_SetInterrupt();
+  return true;
+}
+}  // namespace
 
 ps::Client& PyClient::client() {
   if (!client_) throw py::value_error("the Client is closed");
@@ -197,10 +210,11 @@ std::shared_ptr<ps::Client> PyClient::shared_client() {
   return client_;
 }
 
-void PyClient::close(bool interruptible) {
+void PyClient::close(OnCtrlC on_ctrl_c) {
   open_clients().erase(this);
   std::function<bool()> interrupted;
-  if (interruptible && client_) interrupted = client_->options().interrupted;
+  if (on_ctrl_c == OnCtrlC::kStopWaiting) interrupted = sigint_pending;
+  if (on_ctrl_c == OnCtrlC::kRaise && client_) interrupted = client_->options().interrupted;
   // Closed from a done-callback: the calls queued behind it still need the
   // connection; it closes once they are completed.
   if (client_) async_calls_.keep_until_completed(client_);
@@ -216,7 +230,7 @@ void PyClient::close(bool interruptible) {
     // Interrupted: the calls fail now that the connections are gone; their
     // futures are set before this returns (a second Ctrl-C stops waiting).
     async_calls_.stop(interrupted);
-    throw py::error_already_set();
+    if (on_ctrl_c == OnCtrlC::kRaise) throw py::error_already_set();
   }
 }
 
@@ -700,7 +714,7 @@ the job has come, not at the timeout: for a barrier after training.)")
   // Before the interpreter goes: complete pending futures, end the threads.
   py::module_::import("atexit").attr("register")(py::cpp_function([] {
     const std::set<PyClient*> clients = open_clients();
-    for (PyClient* c : clients) c->close(false);
+    for (PyClient* c : clients) c->close(PyClient::OnCtrlC::kIgnore);
   }));
 }
 

@@ -30,7 +30,7 @@ std::chrono::milliseconds to_ms(double seconds, const char* what);
 class PyClient {
  public:
   explicit PyClient(ps::ClientOptions options);  // connects; call with the GIL released
-  ~PyClient();                                   // close(false); GIL held
+  ~PyClient();                                   // close(OnCtrlC::kStopWaiting); GIL held
   PyClient(const PyClient&) = delete;
   PyClient& operator=(const PyClient&) = delete;
 
@@ -39,10 +39,15 @@ class PyClient {
   ps::Client& client();
   std::shared_ptr<ps::Client> shared_client();
   // Completes pending async calls, then closes the connections. Idempotent.
-  // Ctrl-C (interruptible, the main thread) stops the wait: the connections
-  // close, which fails the calls still under way, and KeyboardInterrupt is
-  // raised once their futures are set.
-  void close(bool interruptible = true);
+  // What Ctrl-C (on the main thread) does to that wait:
+  //  - kRaise (close()): stops it; the connections close, which fails the
+  //    calls still under way, and KeyboardInterrupt is raised once their
+  //    futures are set;
+  //  - kStopWaiting (a Client dropped, where nothing may be raised): stops
+  //    it, the connections close, and the Ctrl-C stays pending for Python;
+  //  - kIgnore (at exit: no completing thread may outlive the interpreter).
+  enum class OnCtrlC { kRaise, kStopWaiting, kIgnore };
+  void close(OnCtrlC on_ctrl_c = OnCtrlC::kRaise);
   bool closed() const { return client_ == nullptr; }
 
   // The shape of `name` as created or declared on this Client (also by a

@@ -180,13 +180,27 @@ except KeyboardInterrupt:
      's.pull(); s.push(); s.pull()'),
     # close() waits for async calls under way: the same pull, async.
     ("worker_index=0, is_chief=True, call_timeout=30", SYNC_JOB + 'f = c.pull_async("w", min_step=1); c.close()'),
-], ids=["barrier", "wait_ready", "sync_pull", "session_pull", "close_with_an_async_call"])
+    # The same, the Client dropped instead of closed: its destructor waits, and Ctrl-C ends
+    # that wait too (KeyboardInterrupt at the next line, as nothing may be raised in it).
+    ("worker_index=0, is_chief=True, call_timeout=30", SYNC_JOB + 'f = c.pull_async("w", min_step=1); del c'),
+], ids=["barrier", "wait_ready", "sync_pull", "session_pull", "close_with_an_async_call",
+        "drop_with_an_async_call"])
 def test_ctrl_c_ends_a_long_wait(start_psd, python_env, who, call):
     # SIGINT one second into a 30 s wait: KeyboardInterrupt within a few
     # seconds, not when the wait ends.
     psd = start_psd()
     took, out = interrupted_after(psd.address, python_env, who, "", call, 1.0)
     assert 0.9 <= took < 5, out
+
+
+def test_closing_a_client_says_what_it_waits_for(start_psd, python_env):
+    # close() with an async call under way waits for it: said every 5 s.
+    psd = start_psd()
+    took, out = interrupted_after(psd.address, python_env, "worker_index=0, is_chief=True, call_timeout=30",
+                                  "", SYNC_JOB + 'f = c.pull_async("w", min_step=1); c.close()', 6.5)
+    assert 6.4 <= took < 10, out
+    assert re.search(r"closing the Client: waiting for 1 async call\(s\) to finish \(5 s; each ends by its "
+                     r"call_timeout; Ctrl-C stops waiting\)", out), out
 
 
 def test_ctrl_c_ends_the_wait_for_the_chief_of_a_restored_job(start_psd, python_env, tmp_path):

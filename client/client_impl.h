@@ -461,6 +461,16 @@ struct Client::Impl : kj::TaskSet::ErrorHandler {
         },
         "");
     // connect_shard has its own deadline; the call timeout must not cut it short.
+    // options.interrupted is asked meanwhile, as a blocking call asks it: a
+    // long connect_timeout (a cluster starting) is no wait Ctrl-C cannot end.
+    if (options.interrupted) {
+      while (outcome.wait_for(kAskInterruptedEvery) != std::future_status::ready) {
+        if (options.interrupted()) {
+          // ~Impl drops the attempts under way (the loop's tasks).
+          throw InterruptedError("connecting to the ps shards: interrupted; nothing is connected");
+        }
+      }
+    }
     Outcome o = outcome.get();
     loop.run([this] {
       retry = kj::heap<Reconnector>(loop.port(), shards, hello_params(), options.reconnect_timeout);

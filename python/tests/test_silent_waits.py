@@ -193,6 +193,29 @@ def test_ctrl_c_ends_a_long_wait(start_psd, python_env, who, call):
     assert 0.9 <= took < 5, out
 
 
+def test_ctrl_c_ends_the_wait_for_a_ps_that_is_not_there_yet(python_env):
+    # Client() retries its connection up to connect_timeout (a cluster starting):
+    # Ctrl-C ends that wait too, not only the calls after it.
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once bound: nothing listens there
+    code = f"""
+import os, signal, threading, time, psclient
+threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+start = time.monotonic()
+try:
+    psclient.Client(["127.0.0.1:{port}"], connect_timeout=30)
+    print("connected")
+except KeyboardInterrupt:
+    print(f"interrupted after {{time.monotonic() - start:.1f}} s")
+"""
+    out = subprocess.run([sys.executable, "-c", code], env=python_env, capture_output=True, text=True, timeout=60)
+    m = re.search(r"interrupted after ([0-9.]+) s", out.stdout)
+    assert m, out.stdout + out.stderr
+    assert 0.9 <= float(m.group(1)) < 5, out.stdout + out.stderr
+
+
 def test_closing_a_client_says_what_it_waits_for(start_psd, python_env):
     # close() with an async call under way waits for it: said every 5 s.
     psd = start_psd()

@@ -366,8 +366,8 @@ interface Shard {
   # generation), or fails at the timeout. Only callers still waiting count:
   # one that timed out or went away is not there. Every caller of one
   # generation asks for the same count and skipLostWorkers; another is
-  # refused. skipLostWorkers: workers of the job this psd counts as gone
-  # (as a sync step does: connections closed, or hung past
+  # refused. skipLostWorkers: of the job's workers 0..count-1, those this
+  # psd counts as gone (connections closed; in a sync job also hung past
   # --worker_timeout_secs) and not waiting here count as arrived, so the barrier ends once every worker
   # still in the job is there (an end-of-training barrier after a worker
   # died); `arrived` says how many came. An older psd ignores it and waits.

@@ -345,9 +345,18 @@ kj::Promise<uint32_t> JobState::barrier(const std::string& name, uint32_t count,
 
 uint32_t JobState::lost_for(const Barrier& b, int joining) const {
   if (!b.skip_lost) return 0;
-  std::vector<int> here = b.who;
-  here.push_back(joining);
-  return lost_workers(here);
+  // Of the job's workers 0..count-1: a barrier of fewer callers than the
+  // job has workers skips none of the others, and a job that does not say
+  // how many workers it has skips nobody.
+  const uint32_t total =
+      config_.total_replicas > 0 ? config_.total_replicas : config_.replicas_to_aggregate;
+  const auto upto = static_cast<int64_t>(std::min(total, b.count));
+  uint32_t n = 0;
+  for (const auto& [i, w] : workers_) {
+    if (i < 0 || i >= upto || !w.lost() || i == joining) continue;
+    n += std::find(b.who.begin(), b.who.end(), i) == b.who.end();
+  }
+  return n;
 }
 
 void JobState::release_lost_barriers() {

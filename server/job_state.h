@@ -110,10 +110,11 @@ class JobState {
   kj::Promise<bool> wait_ready(kj::Duration timeout);
 
   // `worker` is the caller's worker index (-1: not a worker), named in
-  // waits() while it waits. skip_lost: lost workers of the job that are not
-  // waiting here count toward `count` (the barrier ends once every worker
-  // still in the job is there, also when one is lost while it waits);
-  // resolves with the callers that came.
+  // waits() while it waits. skip_lost: lost workers among the job's
+  // workers 0..count-1 that are not waiting here count toward `count` (the
+  // barrier ends once every one of them still in the job is there, also
+  // when one is lost while it waits); none in a job with no worker count.
+  // Resolves with the callers that came.
   kj::Promise<uint32_t> barrier(const std::string& name, uint32_t count, kj::Duration timeout,
                                 int worker = -1, bool skip_lost = false);
 

@@ -1662,3 +1662,36 @@ TEST_CASE("what tables keep between requests is bounded over all of them, not pe
   tables.clear();
   CHECK(EmbeddingTable::kept_scratch_total() == before);
 }
+
+TEST_CASE("tables admitting by count keep their dropped ids within the same bound") {
+  // Each push of 2^17 new ids drops them all (min_count 3): the list of
+  // dropped ids is scratch too, counted in the process's total.
+  std::vector<std::unique_ptr<EmbeddingTable>> tables;
+  std::vector<uint64_t> ids(EmbeddingTable::kKeepScratchIds);
+  std::iota(ids.begin(), ids.end(), uint64_t{1} << 40);
+  const std::vector<float> g(ids.size() * admitting_table(3).dim, 1.0f);
+  const std::size_t before = EmbeddingTable::kept_scratch_total();
+  for (int i = 0; i < 200; ++i) {
+    tables.push_back(std::make_unique<EmbeddingTable>(admitting_table(3), 0, 1));
+    push(*tables.back(), ids, g);
+    REQUIRE(tables.back()->rows() == 0);
+  }
+  std::size_t sum = 0;
+  for (const auto& t : tables) sum += t->scratch_bytes();
+  CHECK(sum <= EmbeddingTable::kKeepScratchTotal);
+  CHECK(EmbeddingTable::kept_scratch_total() - before == sum);
+  tables.clear();
+  CHECK(EmbeddingTable::kept_scratch_total() == before);
+}
+
+TEST_CASE("a refused check keeps none of the scratch it filled") {
+  EmbeddingTable t(dynamic_table(1, 10), 0, 1);
+  std::vector<uint64_t> ids(std::size_t{1} << 21);
+  std::iota(ids.begin(), ids.end(), uint64_t{1} << 40);
+  CHECK_THROWS_WITH(t.check(ids, "pullRows"), Catch::Contains("is at its limit of 10 rows"));
+  CHECK(t.scratch_bytes() < (std::size_t{1} << 20));
+  auto lru = dynamic_table(1, 10, OnRowLimit::kEvictLru);
+  EmbeddingTable u(lru, 0, 1);
+  CHECK_THROWS_WITH(u.check(ids, "pullRows"), Catch::Contains("in one request, over its limit"));
+  CHECK(u.scratch_bytes() < (std::size_t{1} << 20));
+}

@@ -170,3 +170,29 @@ TEST_CASE("a barrier that skips lost workers still waits for one that never conn
   timer.advanceTo(timer.now() + 61 * kj::SECONDS);
   CHECK_THROWS_WITH(a0.wait(ws), Catch::Contains("missing workers 2 (never connected)"));
 }
+
+TEST_CASE(
+    "a barrier skips only lost workers among the job's first `count`, and none without a job") {
+  kj::EventLoop loop;
+  kj::WaitScope ws(loop);
+  kj::TimerImpl timer(kj::origin<kj::TimePoint>());
+  ps::JobState job(timer);
+  const auto minute = 60 * kj::SECONDS;
+  // No job configured: a worker that came and went is not skipped.
+  job.connect(0, true, "127.0.0.1:1");
+  job.connect(7, false, "127.0.0.1:1");
+  job.disconnect(7, false);
+  auto a0 = job.barrier("meet", 2, minute, 0, true);
+  CHECK_FALSE(a0.poll(ws));
+  ps::JobConfig config;
+  config.total_replicas = 4;
+  job.configure(config);
+  // A barrier of the chief and worker 1 in a job of 4: lost worker 3 is none of its callers.
+  job.connect(3, false, "127.0.0.1:1");
+  job.disconnect(3, false);
+  auto b0 = job.barrier("pair", 2, minute, 0, true);
+  CHECK_FALSE(b0.poll(ws));
+  job.connect(1, false, "127.0.0.1:1");
+  CHECK(job.barrier("pair", 2, minute, 1, true).wait(ws) == 2);
+  CHECK(b0.wait(ws) == 2);
+}

@@ -408,9 +408,9 @@ class Client {
   // Only callers still waiting count (one that timed out or died does not);
   // all of them must pass the same count and `lost`, another throws
   // RequestError. `timeout` is at most an hour (longer is taken as an hour).
-  // LostWorkers::kSkip: the job's workers shard 0 counts as gone (as a sync
-  // step does: connections closed, or hung past psd --worker_timeout_secs)
-  // count as there, so the
+  // LostWorkers::kSkip: of the job's workers 0..count-1, those shard 0
+  // counts as gone (connections closed; in a sync job also hung past psd
+  // --worker_timeout_secs) count as there, so the
   // barrier ends once every worker still in the job has come; returns how
   // many came. For a barrier after training, where a dead worker would
   // otherwise hold the others until the timeout:

@@ -229,8 +229,12 @@ void PyClient::close(OnCtrlC on_ctrl_c) {
   if (!completed) {
     // Interrupted: the calls fail now that the connections are gone; their
     // futures are set before this returns (a second Ctrl-C stops waiting).
-    async_calls_.stop(interrupted);
-    if (on_ctrl_c == OnCtrlC::kRaise) throw py::error_already_set();
+    // A dropped Client's own member waits for them as it goes (~AsyncCalls):
+    // they fail soon, the connections being closed.
+    if (on_ctrl_c == OnCtrlC::kRaise) {
+      async_calls_.stop(interrupted);
+      throw py::error_already_set();
+    }
   }
 }
 
@@ -661,8 +665,8 @@ of "host:port" / "unix:/path", or one comma-separated string (--ps_hosts).)")
           py::arg("skip_lost_workers") = false,
           R"(Waits until `count` callers entered barrier `name` (held on shard 0); returns how many came.
 Every caller passes the same count and skip_lost_workers (RequestError otherwise).
-skip_lost_workers: workers psd counts as gone (as a sync step does: connections closed,
-or hung past psd --worker_timeout_secs) count as there, so the barrier ends once every worker still in
+skip_lost_workers: of the job's workers 0..count-1, those psd counts as gone (connections
+closed; in a sync job also hung past psd --worker_timeout_secs) count as there, so the barrier ends once every worker still in
 the job has come, not at the timeout: for a barrier after training.)")
       .def(
           "finish",

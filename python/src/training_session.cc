@@ -41,6 +41,17 @@ struct PySession {
   std::vector<ps::TableSpec> tables;
   std::map<std::string, std::vector<ArrayBuffer>> rows;  // per table: the last set_rows' arrays
   std::unique_ptr<ps::TrainingSession> session;
+  // What else a pull writes into that shares memory with `b` ("the values of
+  // 'w'", "the rows of 't'"; empty if nothing): a pull writes every
+  // variable's values and every table's rows at once, from several shards.
+  // `table`: the table whose rows `b` would replace, left out.
+  std::string pulled_into(const ArrayBuffer& b, const std::string& table) const {
+    for (std::size_t i = 0; i < buffers.size(); i += 2)
+      if (b.overlaps(buffers[i])) return "the values of '" + buffer_names[i / 2] + "'";
+    for (const auto& [name, arrays] : rows)
+      if (name != table && b.overlaps(arrays[1])) return "the rows of '" + name + "'";
+    return "";
+  }
   // The call a thread is in and that thread (read and set with the GIL held).
   const char* in_call = nullptr;
   std::thread::id caller{};
@@ -177,13 +188,9 @@ add_variable and set_rows are held by the session and must keep their storage.)"
                                       ps::shape_to_string(spec.shape) + ")");
               }
             }
-            // Pulls write every variable's values at once, from several shards.
-            for (std::size_t i = 0; i < self.buffers.size(); i += 2) {
-              if (v.overlaps(self.buffers[i])) {
-                throw py::value_error("add_variable: values for '" + spec.name +
-                                      "' share memory with the values of '" +
-                                      self.buffer_names[i / 2] + "' (nothing bound)");
-              }
+            if (const std::string other = self.pulled_into(v, ""); !other.empty()) {
+              throw py::value_error("add_variable: values for '" + spec.name +
+                                    "' share memory with " + other + " (nothing bound)");
             }
             self.session->add_variable(spec, v.span(), g.span());
             self.buffer_names.push_back(spec.name);
@@ -214,6 +221,10 @@ add_variable and set_rows are held by the session and must keep their storage.)"
             if (spec == self.tables.end())
               throw ps::ConfigError("set_rows: no table '" + table + "' (add_table it)");
             std::vector<ArrayBuffer> arrays = rows_arrays(*spec, ids, rows, grads);
+            if (const std::string other = self.pulled_into(arrays[1], table); !other.empty()) {
+              throw py::value_error("set_rows: rows for '" + table + "' share memory with " +
+                                    other + " (nothing bound)");
+            }
             self.session->set_rows(table, arrays[0].id_span(), arrays[1].span(), arrays[2].span());
             self.rows[table] = std::move(arrays);  // the arrays set before are let go now
           },

@@ -194,6 +194,19 @@ def test_session_rows_refused_before_anything_is_bound(psd):
         with pytest.raises(ValueError, match="share memory with the ids"):
             session.set_rows("emb", both[:10].view(np.int64), both[8:28].reshape(5, 4), np.empty((5, 4), np.float32))
         session.set_rows("emb", ids, np.empty((5, 4), np.float32), np.empty((5, 4), np.float32))
+        # A pull writes the variables' values and every table's rows at once: none may share memory.
+        block = np.zeros(64, np.float32)
+        session.add_variable(psclient.TensorSpec("w", 8), block[:8], np.empty(8, np.float32))
+        session.add_table(psclient.TableSpec("emb2", 4, rows=100))
+        with pytest.raises(ValueError, match="set_rows: rows for 'emb' share memory with the values of 'w'"):
+            session.set_rows("emb", ids, block[4:24].reshape(5, 4), np.empty((5, 4), np.float32))
+        session.set_rows("emb", ids, block[8:28].reshape(5, 4), np.empty((5, 4), np.float32))
+        with pytest.raises(ValueError, match="set_rows: rows for 'emb2' share memory with the rows of 'emb'"):
+            session.set_rows("emb2", ids, block[20:40].reshape(5, 4), np.empty((5, 4), np.float32))
+        with pytest.raises(ValueError, match="add_variable: values for 'b' share memory with the rows of 'emb'"):
+            session.add_variable(psclient.TensorSpec("b", 4), block[26:30], np.empty(4, np.float32))
+        session.set_rows("emb", ids, block[8:28].reshape(5, 4), np.empty((5, 4), np.float32))  # its own, again: fine
+        session.set_rows("emb2", ids, block[28:48].reshape(5, 4), np.empty((5, 4), np.float32))
         session.initialize()
         with pytest.raises(psclient.ConfigError, match="after initialize"):
             session.add_table(psclient.TableSpec("late", 2, rows=4))

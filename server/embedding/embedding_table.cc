@@ -474,6 +474,12 @@ uint64_t EmbeddingTable::check(std::span<const uint64_t> ids, const char* what,
     check_ids(ids, what);
     return 0;
   }
+  // A refused check keeps none of its scratch: no request follows it that
+  // would give it back.
+  const auto forget = [this] {
+    checked_ = Checked{};
+    seen_ = FirstPositions{};
+  };
   uint64_t missing = 0;  // distinct ids not held
   seen_.reset(ids.size());
   checked_.valid = false;
@@ -481,7 +487,10 @@ uint64_t EmbeddingTable::check(std::span<const uint64_t> ids, const char* what,
   for (std::size_t k = 0; k < ids.size(); ++k) {
     const uint64_t id = ids[k];
     if (k + kIndexAhead < ids.size()) index_.prefetch(ids[k + kIndexAhead]);
-    if (placement_.shard_of(id) != shard_) check_ids(ids.subspan(k, 1), what);
+    if (placement_.shard_of(id) != shard_) {
+      forget();
+      check_ids(ids.subspan(k, 1), what);
+    }
     const uint32_t slot = find(id);
     checked_.slots[k] = slot;
     if (slot == kEmpty && seen_.first(id, uint32_t(k)) == k && creates(id, creating)) ++missing;
@@ -491,6 +500,7 @@ uint64_t EmbeddingTable::check(std::span<const uint64_t> ids, const char* what,
   checked_.valid = true;
   if (spec_.row_limit == 0 || missing == 0) return missing;
   if (spec_.on_limit == OnRowLimit::kRefuse && live_rows_ + missing > spec_.row_limit) {
+    forget();
     throw RequestError(std::string(what) + ": " + quoted(spec_) + " is at its limit of " +
                        std::to_string(spec_.row_limit) + " rows on shard " +
                        std::to_string(shard_) + " (it holds " + std::to_string(live_rows_) +
@@ -505,6 +515,7 @@ uint64_t EmbeddingTable::check(std::span<const uint64_t> ids, const char* what,
                   (checked_.slots[k] != kEmpty || creates(ids[k], creating));
     }
     if (distinct > spec_.row_limit) {
+      forget();
       throw RequestError(std::string(what) + ": " + std::to_string(distinct) + " distinct ids of " +
                          quoted(spec_) + " in one request, over its limit of " +
                          std::to_string(spec_.row_limit) + " rows on shard " +
@@ -570,8 +581,13 @@ void EmbeddingTable::release_scratch() {
   std::vector<uint64_t>().swap(admit_slots_);
   std::vector<float>().swap(admitted_grads_);
   std::vector<char>().swap(admitted_at_);
+  // The dropped ids too once counted (an inner release, apply_push's, comes
+  // before count_dropped() reads them): what is left stays in the total.
+  if (dropped_ids_.empty()) std::vector<uint64_t>().swap(dropped_ids_);
+  const std::size_t left = scratch_bytes();
+  kept_scratch.fetch_add(left);
   kept_scratch.fetch_sub(kept_scratch_);
-  kept_scratch_ = 0;
+  kept_scratch_ = left;
 }
 
 void EmbeddingTable::pull(std::span<const uint64_t> ids, float* out) { read_rows(ids, out, true); }

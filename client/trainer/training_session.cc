@@ -20,6 +20,8 @@ TrainingSession::~TrainingSession() = default;
 void TrainingSession::add_variable(const TensorSpec& spec, std::span<float> values,
                                    std::span<float> grads) {
   if (initialized_) throw ConfigError("add_variable('" + spec.name + "') after initialize()");
+  if (std::find(names_.begin(), names_.end(), spec.name) != names_.end())
+    throw ConfigError("add_variable: variable '" + spec.name + "' twice");
   if (values.size() != spec.num_elements() || grads.size() != spec.num_elements()) {
     throw ConfigError("variable '" + spec.name + "' has " + std::to_string(spec.num_elements()) +
                       " elements; its buffers hold " + std::to_string(values.size()) + " and " +
@@ -394,6 +396,9 @@ int64_t TrainingSession::pull() {
 }
 
 StepOutcome TrainingSession::push() {
+  // The last pull found the job at its stop step (a sync worker that fell
+  // behind): gradients pushed now would go into a step past train_steps.
+  if (stop_) return StepOutcome{pulled_step_, global_step_, false, true};
   const int64_t step =
       options_.job.mode == SyncMode::kBoundedStaleness ? local_step_ : pulled_step_;
   // The step report rides on the push: the shard counts it once the

@@ -127,7 +127,9 @@ class TrainingSession {
   // older checkpoint, read as it is). Returns the global step read.
   int64_t pull();
   // Sends the gradients and rows' gradients for the step last pulled and
-  // reports the step done, as one step (Client::push_and_step).
+  // reports the step done, as one step (Client::push_and_step). After a
+  // pull that found the job at its stop step (should_stop()), sends nothing
+  // and returns stop: the step would be past train_steps.
   StepOutcome push();
   // pull(), compute(), push().
   StepOutcome run_step(const std::function<void()>& compute);

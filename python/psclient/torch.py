@@ -13,9 +13,17 @@ that a step's pull lands in them and its push sends their gradients.
     while not session.should_stop:
         user.set_ids(batch_user_ids)            # before the pull: the rows this step reads
         pst.pull(session, params, user)         # session.pull(), then the values onto the model's device
+        if session.should_stop:
+            break                               # a sync worker behind may find the job done at its pull
         loss = loss_fn(model(x, user.rows()), y)
         pst.backward(loss, params, user)        # zero the gradients, then loss.backward()
         pst.push(session, params, user)         # the gradients to where session.push() reads them, and push
+
+Parameters binds named_parameters(): a frozen (requires_grad=False) or unused
+parameter pushes zeros, which SGD leaves alone but momentum and Adam on psd
+still move by their slots; buffers (BatchNorm's running statistics) stay on
+each worker (Parameters warns). Convert the module (.to(), channels_last)
+before binding it: afterwards a pull or push raises.
 
 Between backward() and push() the gradients are PyTorch's to change
 (torch.nn.utils.clip_grad_norm_(model.parameters(), ...), say). On the CPU
@@ -26,6 +34,8 @@ come back with one.
 
 Importing this module imports torch; `import psclient` alone does not.
 """
+
+import warnings
 
 import numpy as np
 import torch
@@ -53,12 +63,14 @@ def _init_of(init, index, name, param, seed):
 class _HostCopy:
     """Waits, before pinned host memory is written again, for the copy to the device that reads it."""
 
-    def __init__(self, cuda):
-        self.event = torch.cuda.Event() if cuda else None
+    def __init__(self, device):
+        self.device = device
+        self.event = torch.cuda.Event() if device.type == "cuda" else None
 
     def started(self):
         if self.event is not None:
-            self.event.record()
+            # The copy was queued on the target device's stream, which need not be the current device's.
+            self.event.record(torch.cuda.current_stream(self.device))
 
     def wait(self):
         if self.event is not None:
@@ -87,9 +99,18 @@ class Parameters:
         if len(devices) != 1:
             raise ValueError("Parameters: the module's parameters are on several devices "
                              f"({', '.join(sorted(map(str, devices)))})")
+        taken = set(session.variable_names)
         for name, p in named:
             if p.dtype != torch.float32:
                 raise ValueError(f"Parameters: '{prefix}{name}' is {p.dtype}; psd holds float32")
+            if prefix + name in taken:
+                raise ValueError(f"Parameters: the session already has a variable '{prefix}{name}' (another "
+                                 "Parameters? give each its own prefix=); nothing was bound")
+        buffers = [name for name, b in module.named_buffers() if b.is_floating_point()]
+        if buffers:
+            warnings.warn(f"Parameters: the module's buffers ({', '.join(buffers[:3])}"
+                          f"{', ...' if len(buffers) > 3 else ''}) stay on each worker: psd holds parameters "
+                          "only, so its checkpoints and other workers do not see them", stacklevel=2)
         self.device = devices.pop()
         self.cuda = self.device.type == "cuda"
         total = sum(p.numel() for _, p in named)
@@ -99,8 +120,10 @@ class Parameters:
             self._host_values = torch.empty(total, pin_memory=True)
             self._dev_values = torch.zeros(total, device=self.device)
             self._dev_grads = torch.zeros(total, device=self.device)
-        self._copy = _HostCopy(self.cuda)
+        self._copy = _HostCopy(self.device)
         self._bound = []  # (parameter, the view of the gradient block it backpropagates into)
+        self._where = []  # (psd's name, the address of the block the parameter must live in)
+        self._zeroed = False  # the gradient block zeroed since the last pull
         self.values = {}  # psd's name -> the host tensor pulls land in (client.pull(params.values) works)
         at = 0
         for i, (name, p) in enumerate(named):
@@ -120,6 +143,7 @@ class Parameters:
                     p.data, grads = values, host_grads
             p.grad = grads
             self._bound.append((p, grads))
+            self._where.append((prefix + name, p.data_ptr()))
             session.add_variable(spec, values, host_grads)
             self.values[prefix + name] = values
 
@@ -127,22 +151,39 @@ class Parameters:
         self._copy.wait()  # the last step's values are on the device before the pull overwrites them
 
     def after_pull(self):
-        """The pulled values onto the device (CUDA; on the CPU they already are the parameters)."""
+        """The pulled values onto the device (CUDA; on the CPU they already are the parameters), and the
+        gradient block zeroed: a step that pushes without a backward (a skipped batch) pushes zeros, not
+        the last step's gradients."""
+        self._check_where()
         if self.cuda:
             self._dev_values.copy_(self._host_values, non_blocking=True)
             self._copy.started()
+        self.zero_grad()
+        self._zeroed = True
 
     def zero_grad(self):
-        """Zeroes the gradient block and binds each parameter's .grad to its view of it again (a
-        module.zero_grad() or optimizer.zero_grad() may have set them to None)."""
+        """Zeroes the gradient block (once a step: after_pull did) and binds each parameter's .grad to
+        its view of it again (a module.zero_grad() or optimizer.zero_grad() may have set them to None)."""
         for p, grads in self._bound:
             if p.grad is not grads:
                 p.grad = grads
-        (self._dev_grads if self.cuda else self._host_grads).zero_()
+        if not self._zeroed:
+            (self._dev_grads if self.cuda else self._host_grads).zero_()
+        self._zeroed = False
+
+    def _check_where(self):
+        """Raises if a parameter no longer lives in the block pulls write and pushes read."""
+        for (p, _), (name, ptr) in zip(self._bound, self._where):
+            if p.data_ptr() != ptr:
+                raise RuntimeError(f"Parameters: '{name}' has moved out of the memory psd's pulls write (the "
+                                   "module converted after Parameters(): .to(), .cuda(), .half(), "
+                                   "channels_last); convert the module first, then bind it")
 
     def before_push(self):
         """The gradients where push() reads them (CUDA: one copy to the host, which waits for backward).
         A parameter whose .grad is None (unused by this step's loss, after module.zero_grad()) pushes zeros."""
+        self._check_where()
+        self._zeroed = False
         for p, grads in self._bound:
             if p.grad is None:
                 grads.zero_()  # not last step's gradient, which a plain loss.backward() left in the block
@@ -179,7 +220,8 @@ class Embedding:
         self.grad_scale = float(grad_scale)
         self._ids = None
         self._host_rows = self._host_grads = self._rows = None
-        self._copy = _HostCopy(self.cuda)
+        self._copy = _HostCopy(self.device)
+        self._pulled = False  # pulled and not yet pushed: the ids may not change
         session.add_table(spec)
 
     @property
@@ -191,15 +233,21 @@ class Embedding:
         return self.spec.dim
 
     def set_ids(self, ids):
-        """The ids of the next steps' rows (int64 or uint64, any shape; NumPy array or CPU tensor).
-        Before session.pull(); they stay set until set again."""
+        """The ids of the next steps' rows (int64 or uint64, any shape; NumPy array or CPU tensor),
+        copied. Before the pull, or after the push: between them, the push would send this step's
+        gradients for other ids (RuntimeError). They stay set until set again."""
+        if self._pulled:
+            raise RuntimeError(f"Embedding '{self.table}': set_ids() between the pull and the push would "
+                               "send this step's gradients for other ids; set the next batch's ids after "
+                               "psclient.torch.push")
         if isinstance(ids, torch.Tensor):
             ids = ids.detach().cpu().numpy()
         ids = np.asarray(ids)
         if ids.dtype not in (np.int64, np.uint64):
             raise ValueError(f"Embedding '{self.table}': ids must be int64 or uint64, not {ids.dtype}")
         self._copy.wait()  # the last rows are on the device before their buffer is let go or reused
-        self._ids = np.ascontiguousarray(ids)  # held: the session reads them at each pull
+        # A copy, held: the session reads it at the pull and the push; the caller's buffer may be refilled.
+        self._ids = np.array(ids, order="C", copy=True)
         shape = self._ids.shape + (self.dim,)
         if self._host_rows is None or tuple(self._host_rows.shape) != shape:
             self._host_rows = torch.empty(shape, pin_memory=self.cuda)
@@ -214,6 +262,7 @@ class Embedding:
 
     def after_pull(self):
         """The pulled rows as a fresh leaf tensor on the device (rows() returns it)."""
+        self._pulled = True
         if self.cuda:
             self._rows = self._host_rows.to(self.device, non_blocking=True).requires_grad_()
             self._copy.started()
@@ -227,6 +276,9 @@ class Embedding:
     def rows(self):
         """The rows of the ids set, as pulled this step: a tensor of shape ids.shape + (dim,)."""
         if self._rows is None:
+            if self.session.should_stop:
+                raise RuntimeError(f"Embedding '{self.table}': no rows: the job stopped at the pull "
+                                   "(check session.should_stop after psclient.torch.pull)")
             raise RuntimeError(f"Embedding '{self.table}': rows() before the pull (psclient.torch.pull)")
         return self._rows
 
@@ -238,6 +290,7 @@ class Embedding:
 
     def before_push(self):
         """The rows' gradients (times grad_scale) where push() reads them."""
+        self._pulled = False
         if self._rows is None:
             return  # no rows this step: zeros are pushed
         g = self._rows.grad

@@ -303,6 +303,9 @@ table). Wrong dtype, layout or shape: ValueError, nothing bound.)")
       .def_property_readonly("stale_steps",
                              [](const PySession& s) { return s.session->stale_steps(); })
       .def_property_readonly("is_chief", [](const PySession& s) { return s.session->is_chief(); })
+      .def_property_readonly(
+          "variable_names", [](const PySession& s) { return s.buffer_names; },
+          "The names of the variables added (add_variable), in order.")
       .def_property_readonly("job", [](const PySession& s) { return s.session->job(); })
       .def(
           "report",

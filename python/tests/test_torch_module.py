@@ -299,3 +299,84 @@ def test_bad_arguments_are_refused_before_anything_is_sent(psd):
             session.pull()
         assert client.lookup_rows("e", np.arange(4)).shape == (4, 2)  # psd serves on
         session.end()
+
+
+def test_the_ids_of_a_step_are_the_ones_pulled(psd):
+    """set_ids() between the pull and the push is refused (the push would send this step's gradients
+    for other ids), and the ids are copied: a loader refilling its buffer changes nothing."""
+    spec = psclient.TableSpec("t", 2, rows=10, optimizer=psclient.RowOptimizerConfig.sgd(1.0),
+                              init=psclient.constant(0.0))
+    with psclient.Client([psd.address], worker_index=0, is_chief=True) as client:
+        session = chief_session(client)
+        table = pst.Embedding(session, spec)
+        session.initialize()
+        batch = torch.tensor([1, 2])
+        table.set_ids(batch)
+        pst.pull(session, table)
+        batch.copy_(torch.tensor([7, 8]))  # the loader's next batch, in the same buffer
+        with pytest.raises(RuntimeError, match="set_ids\\(\\) between the pull and the push"):
+            table.set_ids(batch)
+        pst.backward(table.rows().sum(), table)
+        pst.push(session, table)
+        rows = client.lookup_rows("t", np.array([1, 2, 7, 8], np.int64))
+        np.testing.assert_array_equal(rows, [[-1, -1], [-1, -1], [0, 0], [0, 0]])
+        table.set_ids(batch)  # after the push: the next step's
+        session.end()
+
+
+def test_a_step_without_backward_pushes_zeros_not_the_last_steps_gradients(psd):
+    model = torch.nn.Linear(2, 1, bias=False)
+    with psclient.Client([psd.address], worker_index=0, is_chief=True) as client:
+        session = chief_session(client)
+        params = pst.Parameters(session, model, optimizer=psclient.sgd(1.0), init=lambda *a: psclient.zeros())
+        session.initialize()
+        pst.pull(session, params)
+        pst.backward(model(torch.tensor([[1.0, 2.0]])).sum(), params)
+        pst.push(session, params)  # weight -= [1, 2]
+        pst.pull(session, params)
+        pst.push(session, params)  # a skipped batch: no backward
+        np.testing.assert_array_equal(client.pull("weight"), [[-1.0, -2.0]])
+        session.end()
+
+
+def test_mistakes_in_binding_a_module_are_said_where_they_happen(psd):
+    with psclient.Client([psd.address], worker_index=0, is_chief=True) as client:
+        session = chief_session(client)
+        pst.Parameters(session, torch.nn.Linear(2, 2), optimizer=psclient.sgd(0.1))
+        # A second module with the same names: refused at once, nothing bound.
+        other = torch.nn.Linear(2, 2)
+        before = other.weight.data_ptr()
+        with pytest.raises(ValueError, match="already has a variable 'weight' \\(another Parameters\\? give each"):
+            pst.Parameters(session, other, optimizer=psclient.sgd(0.1))
+        assert other.weight.data_ptr() == before
+        # Buffers stay on each worker: said.
+        with pytest.warns(UserWarning, match="buffers \\(running_mean, running_var\\) stay on each worker"):
+            pst.Parameters(session, torch.nn.BatchNorm1d(2), optimizer=psclient.sgd(0.1), prefix="bn/")
+        # A module converted after binding no longer lives where pulls write: the next pull says so.
+        moved = torch.nn.Linear(2, 2)
+        params = pst.Parameters(session, moved, optimizer=psclient.sgd(0.1), prefix="moved/")
+        session.initialize()
+        moved.to(torch.float64)
+        with pytest.raises(RuntimeError, match="'moved/weight' has moved out of the memory psd's pulls write"):
+            pst.pull(session, params)
+
+
+def test_a_push_after_a_pull_that_found_the_job_done_sends_nothing(psd):
+    """A sync worker whose pull finds the job at its stop step (behind the others, or looping once
+    more) pushes nothing: no step past train_steps."""
+    model = torch.nn.Linear(2, 1, bias=False)
+    with psclient.Client([psd.address], worker_index=0, is_chief=True) as client:
+        session = psclient.TrainingSession(client, mode="sync", replicas_to_aggregate=1, total_replicas=1,
+                                           train_steps=2, ready_timeout=30)
+        params = pst.Parameters(session, model, optimizer=psclient.sgd(1.0), init=lambda *a: psclient.zeros())
+        session.initialize()
+        while not session.should_stop:
+            pst.pull(session, params)
+            pst.backward(model(torch.tensor([[1.0, 1.0]])).sum(), params)
+            pst.push(session, params)
+        pst.pull(session, params)  # once more: the job is at step 2, its stop step
+        assert session.should_stop
+        outcome = pst.push(session, params)
+        assert outcome.stop
+        assert client.stats()[0].global_step == 2
+        np.testing.assert_array_equal(client.pull("weight"), [[-2.0, -2.0]])

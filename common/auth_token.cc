@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -50,12 +49,11 @@ std::string read_auth_token(const std::string& path) {
   }
   std::string token(kMaxFileBytes + 1, '\0');
   size_t got = 0;
-  while (got < token.size()) {
-    const ssize_t n = ::read(fd, token.data() + got, token.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw cannot_read(errno);
-    if (n == 0) break;
-    got += static_cast<size_t>(n);
+  try {
+    // Up to the whole buffer, or the file's end: one byte past kMaxFileBytes says "too long".
+    got = kj::FdInputStream(fd.get()).tryRead(token.data(), token.size(), token.size());
+  } catch (const kj::Exception& e) {
+    throw ConfigError("cannot read auth token file " + path + ": " + e.getDescription().cStr());
   }
   if (got > kMaxFileBytes) throw too_long();
   token.resize(got);

@@ -36,28 +36,39 @@ double glorot_fan_sum(const std::vector<uint64_t>& shape) {
   return receptive * (static_cast<double>(shape[shape.size() - 2]) + static_cast<double>(shape.back()));
 }
 
+bool draws_stay_finite(const InitConfig& init) {
+  const double a = init.a, b = init.b, most = std::numeric_limits<float>::max();
+  switch (init.kind) {
+    case InitKind::kUniform:
+      return b - a <= most;
+    case InitKind::kNormal:
+    case InitKind::kTruncatedNormal:
+      return std::fabs(a) + 16 * b <= most;
+    default:
+      return true;
+  }
+}
+
 void validate_initializer(const InitConfig& init, const std::string& name,
                           const std::vector<uint64_t>& full_shape) {
   const auto refuse = [&](const std::string& why) {
     return RequestError("create: tensor '" + name + "': initializer " + why);
   };
-  const double a = init.a, b = init.b, most = std::numeric_limits<float>::max();
+  const double a = init.a, b = init.b;
   switch (init.kind) {
     case InitKind::kConstant:
       if (!std::isfinite(init.a)) throw refuse("constant must be finite");
       return;
     case InitKind::kUniform:
-      if (!std::isfinite(init.a) || !std::isfinite(init.b) || a > b || b - a > most) {
+      if (!std::isfinite(init.a) || !std::isfinite(init.b) || a > b || !draws_stay_finite(init)) {
         throw refuse("uniform needs finite low <= high, got [" + std::to_string(a) + ", " +
                      std::to_string(b) + "]");
       }
       return;
     case InitKind::kNormal:
     case InitKind::kTruncatedNormal:
-      // Far enough out that no draw (a float normal stays within about 6
-      // sigma; a truncated one within 2) reaches Inf.
       if (!std::isfinite(init.a) || !std::isfinite(init.b) || !(b > 0) ||
-          std::fabs(a) + 16 * b > most) {
+          !draws_stay_finite(init)) {
         throw refuse(
             "normal needs a finite mean and a stddev > 0 (not so large that values overflow), got "
             "mean " +

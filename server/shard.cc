@@ -161,25 +161,21 @@ void Shard::create(const CreateRequest& request, CreateReply& reply) {
   counters_.creates += request.tensors.size();
 }
 
-void Shard::check_added_to_sync_job(const Caller& caller, const std::vector<std::string>& new_names,
-                                    const char* what, const char* kind) const {
-  if (new_names.empty() || caller.is_chief || !job_.configured() ||
-      job_.config().mode != SyncMode::kSync) {
-    return;
-  }
+void Shard::refuse_sync_addition(const Caller& caller, const char* what, const char* kind,
+                                 const std::string& name) const {
+  if (caller.is_chief || !job_.configured() || job_.config().mode != SyncMode::kSync) return;
   const std::string as = caller.worker_index >= 0 ? "worker " + std::to_string(caller.worker_index)
                                                   : std::string("no worker");
-  throw RequestError(std::string(what) + ": a new trainable " + kind + " '" + new_names.front() +
+  throw RequestError(std::string(what) + ": a new trainable " + kind + " '" + name +
                      "' in a sync job would hold every step for gradients its workers do not "
                      "send; only the chief adds them (this connection said hello as " +
                      as + "; nothing was created)");
 }
 
-std::vector<std::string> Shard::new_trainable_tensors(const CreateRequest& request) const {
-  std::vector<std::string> out;
+void Shard::check_sync_additions(const Caller& caller, const CreateRequest& request) const {
   for (const CreateRequest::Tensor& t : request.tensors)
-    if (t.spec.trainable && store_.find(t.spec.name) == nullptr) out.push_back(t.spec.name);
-  return out;
+    if (t.spec.trainable && store_.find(t.spec.name) == nullptr)
+      refuse_sync_addition(caller, "create", "tensor", t.spec.name);
 }
 
 bool Shard::runs_inline(const StoredTensor* t) const {

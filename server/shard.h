@@ -159,15 +159,12 @@ class Shard {
   // Creates every tensor of the request or, for any bad spec, none.
   void create(const CreateRequest& request, CreateReply& reply);
   // A configured sync job counts every trainable tensor and table in each
-  // step (trainable_count()): one a connection other than the chief's adds
-  // would hold every step for gradients the job's workers do not know to
-  // send. Throws RequestError for the first such new name; `kind` is
-  // "tensor" or "table".
-  void check_added_to_sync_job(const Caller& caller, const std::vector<std::string>& new_names,
-                               const char* what, const char* kind) const;
-  // The names in `request` / `specs` that are new trainable tensors / new tables here.
-  std::vector<std::string> new_trainable_tensors(const CreateRequest& request) const;
-  std::vector<std::string> new_tables(const std::vector<ShardTableSpec>& specs) const;
+  // step (trainable_count()): a new one that a connection other than the
+  // chief's adds would hold every step for gradients the job's workers do
+  // not know to send. Throws RequestError, naming the first, for such a
+  // create / createTables.
+  void check_sync_additions(const Caller& caller, const CreateRequest& request) const;
+  void check_sync_additions(const Caller& caller, const std::vector<ShardTableSpec>& specs) const;
   // The data path (shard_pull.cc, shard_push.cc), in plain types
   // (shard_requests.h). Each checks the whole request first and throws
   // RequestError, having changed nothing, for anything wrong with it.
@@ -410,6 +407,10 @@ class Shard {
   // (TableSpec::expire_after_steps).
   void tables_reached_step();
   void check_memory(uint64_t extra, const std::string& what) const;
+  // check_sync_additions' refusal of `name` (`kind`: "tensor" or "table"),
+  // when the rule applies to `caller`.
+  void refuse_sync_addition(const Caller& caller, const char* what, const char* kind,
+                            const std::string& name) const;
   void step_reached();  // expires table rows, fires snapshots waiting for the new global step
 
   ShardOptions options_;

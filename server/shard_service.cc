@@ -213,8 +213,7 @@ kj::Promise<void> ShardServiceImpl::create(CreateContext context) {
     }
     const CreateRequest request = create_from_wire(context.getParams());
     CreateReply reply;
-    shard_.check_added_to_sync_job(caller_, shard_.new_trainable_tensors(request), "create",
-                                   "tensor");
+    shard_.check_sync_additions(caller_, request);
     shard_.create(request, reply);
     create_to_wire(request, reply, context.getResults());
     if (!request.validate_only) tensors_created_ += fresh;
@@ -445,7 +444,7 @@ kj::Promise<void> ShardServiceImpl::createTables(CreateTablesContext context) {
     auto params = context.getParams();
     std::vector<ShardTableSpec> specs;
     for (auto t : params.getTables()) specs.push_back(from_wire(t));
-    shard_.check_added_to_sync_job(caller_, shard_.new_tables(specs), "createTables", "table");
+    shard_.check_sync_additions(caller_, specs);
     auto made = shard_.create_tables(specs, params.getValidateOnly());
     auto out = context.getResults().initTables(static_cast<unsigned>(made.size()));
     for (unsigned i = 0; i < made.size(); ++i) table_to_wire(made[i], out[i]);

@@ -214,11 +214,11 @@ std::vector<TableReport> Shard::create_tables(const std::vector<ShardTableSpec>&
   return out;
 }
 
-std::vector<std::string> Shard::new_tables(const std::vector<ShardTableSpec>& specs) const {
-  std::vector<std::string> out;
+void Shard::check_sync_additions(const Caller& caller,
+                                 const std::vector<ShardTableSpec>& specs) const {
   for (const ShardTableSpec& s : specs)
-    if (!tables_->tables.count(s.spec.name)) out.push_back(s.spec.name);
-  return out;
+    if (!tables_->tables.count(s.spec.name))
+      refuse_sync_addition(caller, "createTables", "table", s.spec.name);
 }
 
 std::vector<TableReport> Shard::list_tables() const {

@@ -1634,12 +1634,34 @@ TEST_CASE("a request's scratch is given back when its repeats' sums outgrow the 
   CHECK(t.scratch_bytes() > 0);
 }
 
+namespace {
+
+// n ids none of the tests' tables holds.
+std::vector<uint64_t> new_ids(std::size_t n) {
+  std::vector<uint64_t> ids(n);
+  std::iota(ids.begin(), ids.end(), uint64_t{1} << 40);
+  return ids;
+}
+
+// What `tables` keep between requests stays within the process's bound and
+// is all counted in its total (which stood at `before`); let go, they give it back.
+void check_kept_scratch_then_let_go(std::vector<std::unique_ptr<EmbeddingTable>>& tables,
+                                    std::size_t before) {
+  std::size_t sum = 0;
+  for (const auto& t : tables) sum += t->scratch_bytes();
+  CHECK(sum <= EmbeddingTable::kKeepScratchTotal);
+  CHECK(EmbeddingTable::kept_scratch_total() - before == sum);
+  tables.clear();
+  CHECK(EmbeddingTable::kept_scratch_total() == before);
+}
+
+}  // namespace
+
 TEST_CASE("what tables keep between requests is bounded over all of them, not per table") {
   // Tables each looked up with 2^17 new ids, each keeping what that took,
   // until twice kKeepScratchTotal would be kept without the bound.
   std::vector<std::unique_ptr<EmbeddingTable>> tables;
-  std::vector<uint64_t> ids(EmbeddingTable::kKeepScratchIds);
-  std::iota(ids.begin(), ids.end(), uint64_t{1} << 40);
+  const std::vector<uint64_t> ids = new_ids(EmbeddingTable::kKeepScratchIds);
   const std::size_t before = EmbeddingTable::kept_scratch_total();
   std::size_t would_keep = 0, kept_by = 0;
   while (would_keep <= 2 * EmbeddingTable::kKeepScratchTotal) {
@@ -1654,21 +1676,14 @@ TEST_CASE("what tables keep between requests is bounded over all of them, not pe
   }
   CHECK(kept_by >= 1);
   CHECK(kept_by < tables.size());
-  std::size_t sum = 0;
-  for (const auto& t : tables) sum += t->scratch_bytes();
-  CHECK(sum <= EmbeddingTable::kKeepScratchTotal);
-  CHECK(EmbeddingTable::kept_scratch_total() - before == sum);
-  // A table let go gives its part back.
-  tables.clear();
-  CHECK(EmbeddingTable::kept_scratch_total() == before);
+  check_kept_scratch_then_let_go(tables, before);
 }
 
 TEST_CASE("tables admitting by count keep their dropped ids within the same bound") {
   // Each push of 2^17 new ids drops them all (min_count 3): the list of
   // dropped ids is scratch too, counted in the process's total.
   std::vector<std::unique_ptr<EmbeddingTable>> tables;
-  std::vector<uint64_t> ids(EmbeddingTable::kKeepScratchIds);
-  std::iota(ids.begin(), ids.end(), uint64_t{1} << 40);
+  const std::vector<uint64_t> ids = new_ids(EmbeddingTable::kKeepScratchIds);
   const std::vector<float> g(ids.size() * admitting_table(3).dim, 1.0f);
   const std::size_t before = EmbeddingTable::kept_scratch_total();
   for (int i = 0; i < 200; ++i) {
@@ -1676,18 +1691,12 @@ TEST_CASE("tables admitting by count keep their dropped ids within the same boun
     push(*tables.back(), ids, g);
     REQUIRE(tables.back()->rows() == 0);
   }
-  std::size_t sum = 0;
-  for (const auto& t : tables) sum += t->scratch_bytes();
-  CHECK(sum <= EmbeddingTable::kKeepScratchTotal);
-  CHECK(EmbeddingTable::kept_scratch_total() - before == sum);
-  tables.clear();
-  CHECK(EmbeddingTable::kept_scratch_total() == before);
+  check_kept_scratch_then_let_go(tables, before);
 }
 
 TEST_CASE("a refused check keeps none of the scratch it filled") {
   EmbeddingTable t(dynamic_table(1, 10), 0, 1);
-  std::vector<uint64_t> ids(std::size_t{1} << 21);
-  std::iota(ids.begin(), ids.end(), uint64_t{1} << 40);
+  const std::vector<uint64_t> ids = new_ids(std::size_t{1} << 21);
   CHECK_THROWS_WITH(t.check(ids, "pullRows"), Catch::Contains("is at its limit of 10 rows"));
   CHECK(t.scratch_bytes() < (std::size_t{1} << 20));
   auto lru = dynamic_table(1, 10, OnRowLimit::kEvictLru);

@@ -9,12 +9,15 @@
 
 #include "server/job_state.h"
 
-TEST_CASE("waits whose callers gave up do not pile up; the others are kept") {
+// A JobState on an event loop of its own, its timer moved by hand.
+struct JobOnALoop {
   kj::EventLoop loop;
-  kj::WaitScope ws(loop);
-  kj::TimerImpl timer(kj::origin<kj::TimePoint>());
-  ps::JobState job(timer);
+  kj::WaitScope ws{loop};
+  kj::TimerImpl timer{kj::origin<kj::TimePoint>()};
+  ps::JobState job{timer};
+};
 
+TEST_CASE_METHOD(JobOnALoop, "waits whose callers gave up do not pile up; the others are kept") {
   auto kept_step = job.wait_for_step(1);
   auto kept_ready = job.wait_ready(10 * kj::SECONDS);
   // Each dropped at once, as a cancelled call drops it.
@@ -39,11 +42,8 @@ TEST_CASE("waits whose callers gave up do not pile up; the others are kept") {
   CHECK(kept_ready.wait(ws));
 }
 
-TEST_CASE("a configured job takes a new stop step ahead of its global step, nothing else") {
-  kj::EventLoop loop;
-  kj::WaitScope ws(loop);
-  kj::TimerImpl timer(kj::origin<kj::TimePoint>());
-  ps::JobState job(timer);
+TEST_CASE_METHOD(JobOnALoop,
+                 "a configured job takes a new stop step ahead of its global step, nothing else") {
   ps::JobConfig c{.total_replicas = 2, .train_steps = 20};
   job.restore(true, c, 20, true);  // restored from a checkpoint at its stop step
   CHECK(job.stop_reached());
@@ -90,11 +90,8 @@ TEST_CASE("a configured job takes a new stop step ahead of its global step, noth
   CHECK_FALSE(job.finished());
 }
 
-TEST_CASE("a job started at the largest step stops there: its step never passes kMaxStep") {
-  kj::EventLoop loop;
-  kj::WaitScope ws(loop);
-  kj::TimerImpl timer(kj::origin<kj::TimePoint>());
-  ps::JobState job(timer);
+TEST_CASE_METHOD(JobOnALoop,
+                 "a job started at the largest step stops there: its step never passes kMaxStep") {
   job.configure({.start_step = ps::kMaxStep - 1});
   CHECK_FALSE(job.stop_reached());
   job.advance_step();
@@ -104,11 +101,9 @@ TEST_CASE("a job started at the largest step stops there: its step never passes 
   CHECK(job.global_step() == ps::kMaxStep);
 }
 
-TEST_CASE("a barrier that skips lost workers ends once every worker still in the job has come") {
-  kj::EventLoop loop;
-  kj::WaitScope ws(loop);
-  kj::TimerImpl timer(kj::origin<kj::TimePoint>());
-  ps::JobState job(timer);
+TEST_CASE_METHOD(
+    JobOnALoop,
+    "a barrier that skips lost workers ends once every worker still in the job has come") {
   ps::JobConfig config;
   config.total_replicas = 4;
   job.configure(config);
@@ -153,11 +148,8 @@ TEST_CASE("a barrier that skips lost workers ends once every worker still in the
   CHECK_FALSE(d1.poll(ws));
 }
 
-TEST_CASE("a barrier that skips lost workers still waits for one that never connected") {
-  kj::EventLoop loop;
-  kj::WaitScope ws(loop);
-  kj::TimerImpl timer(kj::origin<kj::TimePoint>());
-  ps::JobState job(timer);
+TEST_CASE_METHOD(JobOnALoop,
+                 "a barrier that skips lost workers still waits for one that never connected") {
   ps::JobConfig config;
   config.total_replicas = 3;
   job.configure(config);
@@ -171,12 +163,9 @@ TEST_CASE("a barrier that skips lost workers still waits for one that never conn
   CHECK_THROWS_WITH(a0.wait(ws), Catch::Contains("missing workers 2 (never connected)"));
 }
 
-TEST_CASE(
+TEST_CASE_METHOD(
+    JobOnALoop,
     "a barrier skips only lost workers among the job's first `count`, and none without a job") {
-  kj::EventLoop loop;
-  kj::WaitScope ws(loop);
-  kj::TimerImpl timer(kj::origin<kj::TimePoint>());
-  ps::JobState job(timer);
   const auto minute = 60 * kj::SECONDS;
   // No job configured: a worker that came and went is not skipped.
   job.connect(0, true, "127.0.0.1:1");

@@ -158,6 +158,8 @@ class TrainingSession {
   uint64_t stale_steps() const { return stale_steps_; }
   bool is_chief() const { return client_.options().is_chief; }
   const JobConfig& job() const { return options_.job; }
+  // The variables added (add_variable), in order.
+  const std::vector<std::string>& variable_names() const { return names_; }
   Client& client() { return client_; }
 
   // Client::barrier, saying every few seconds (as pull does in a long

@@ -121,8 +121,10 @@ class Parameters:
             self._dev_values = torch.zeros(total, device=self.device)
             self._dev_grads = torch.zeros(total, device=self.device)
         self._copy = _HostCopy(self.device)
-        self._bound = []  # (parameter, the view of the gradient block it backpropagates into)
-        self._where = []  # (psd's name, the address of the block the parameter must live in)
+        # (psd's name, parameter, the view of the gradient block it backpropagates into, the address in
+        # the value block it must keep)
+        self._bound = []
+        self._grad_block = self._dev_grads if self.cuda else self._host_grads  # backward adds into it
         self._zeroed = False  # the gradient block zeroed since the last pull
         self.values = {}  # psd's name -> the host tensor pulls land in (client.pull(params.values) works)
         at = 0
@@ -142,8 +144,7 @@ class Parameters:
                     values.copy_(p)
                     p.data, grads = values, host_grads
             p.grad = grads
-            self._bound.append((p, grads))
-            self._where.append((prefix + name, p.data_ptr()))
+            self._bound.append((prefix + name, p, grads, p.data_ptr()))
             session.add_variable(spec, values, host_grads)
             self.values[prefix + name] = values
 
@@ -158,22 +159,22 @@ class Parameters:
         if self.cuda:
             self._dev_values.copy_(self._host_values, non_blocking=True)
             self._copy.started()
-        self.zero_grad()
+        self._grad_block.zero_()
         self._zeroed = True
 
     def zero_grad(self):
         """Zeroes the gradient block (once a step: after_pull did) and binds each parameter's .grad to
         its view of it again (a module.zero_grad() or optimizer.zero_grad() may have set them to None)."""
-        for p, grads in self._bound:
+        for _, p, grads, _ in self._bound:
             if p.grad is not grads:
                 p.grad = grads
         if not self._zeroed:
-            (self._dev_grads if self.cuda else self._host_grads).zero_()
+            self._grad_block.zero_()
         self._zeroed = False
 
     def _check_where(self):
         """Raises if a parameter no longer lives in the block pulls write and pushes read."""
-        for (p, _), (name, ptr) in zip(self._bound, self._where):
+        for name, p, _, ptr in self._bound:
             if p.data_ptr() != ptr:
                 raise RuntimeError(f"Parameters: '{name}' has moved out of the memory psd's pulls write (the "
                                    "module converted after Parameters(): .to(), .cuda(), .half(), "
@@ -184,7 +185,7 @@ class Parameters:
         A parameter whose .grad is None (unused by this step's loss, after module.zero_grad()) pushes zeros."""
         self._check_where()
         self._zeroed = False
-        for p, grads in self._bound:
+        for _, p, grads, _ in self._bound:
             if p.grad is None:
                 grads.zero_()  # not last step's gradient, which a plain loss.backward() left in the block
             elif p.grad is not grads:

@@ -36,8 +36,10 @@ struct PySession {
   std::shared_ptr<ps::Client> client;
   py::object py_client;  // its PyClient: tables added here are known there after initialize()
   std::shared_ptr<ps::WaitWatcher> watch;  // the Client's: says what checkpoint(step) waits for
-  std::vector<ArrayBuffer> buffers;        // per variable: values, grads
-  std::vector<std::string> buffer_names;   // per variable: its name
+  struct Variable {
+    ArrayBuffer values, grads;
+  };
+  std::vector<Variable> variables;  // in the order of session->variable_names()
   std::vector<ps::TableSpec> tables;
   std::map<std::string, std::vector<ArrayBuffer>> rows;  // per table: the last set_rows' arrays
   std::unique_ptr<ps::TrainingSession> session;
@@ -46,8 +48,9 @@ struct PySession {
   // variable's values and every table's rows at once, from several shards.
   // `table`: the table whose rows `b` would replace, left out.
   std::string pulled_into(const ArrayBuffer& b, const std::string& table) const {
-    for (std::size_t i = 0; i < buffers.size(); i += 2)
-      if (b.overlaps(buffers[i])) return "the values of '" + buffer_names[i / 2] + "'";
+    for (std::size_t i = 0; i < variables.size(); ++i)
+      if (b.overlaps(variables[i].values))
+        return "the values of '" + session->variable_names()[i] + "'";
     for (const auto& [name, arrays] : rows)
       if (name != table && b.overlaps(arrays[1])) return "the rows of '" + name + "'";
     return "";
@@ -193,9 +196,7 @@ add_variable and set_rows are held by the session and must keep their storage.)"
                                     "' share memory with " + other + " (nothing bound)");
             }
             self.session->add_variable(spec, v.span(), g.span());
-            self.buffer_names.push_back(spec.name);
-            self.buffers.push_back(std::move(v));
-            self.buffers.push_back(std::move(g));
+            self.variables.push_back({std::move(v), std::move(g)});
           },
           py::arg("spec"), py::arg("values"), py::arg("grads"),
           "Binds a variable to arrays: pulls write `values`, pushes read `grads` (float32, the "
@@ -304,7 +305,7 @@ table). Wrong dtype, layout or shape: ValueError, nothing bound.)")
                              [](const PySession& s) { return s.session->stale_steps(); })
       .def_property_readonly("is_chief", [](const PySession& s) { return s.session->is_chief(); })
       .def_property_readonly(
-          "variable_names", [](const PySession& s) { return s.buffer_names; },
+          "variable_names", [](const PySession& s) { return s.session->variable_names(); },
           "The names of the variables added (add_variable), in order.")
       .def_property_readonly("job", [](const PySession& s) { return s.session->job(); })
       .def(

@@ -8,7 +8,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <new>
 #include <vector>
 
@@ -17,6 +16,7 @@
 #include "common/row_bytes.h"
 #include "common/tensor_name.h"
 #include "ps/errors.h"
+#include "server/initializer.h"
 
 namespace ps {
 namespace {
@@ -89,9 +89,9 @@ void EmbeddingTable::validate(const TableSpec& s) {
                        std::to_string(s.count_sketch_width) + "; it must be at most " +
                        std::to_string(CountSketch::kMaxWidth));
   }
-  // As a dense tensor's (server/initializer.cc): no draw may overflow to Inf,
-  // which psd would then hold, and its checkpoints could not be restored.
-  const double a = s.init.a, b = s.init.b, most = std::numeric_limits<float>::max();
+  // No draw may overflow to Inf, which psd would then hold, and its
+  // checkpoints could not be restored.
+  const double a = s.init.a, b = s.init.b;
   switch (s.init.kind) {
     case InitKind::kZeros:
     case InitKind::kConstant:
@@ -99,7 +99,7 @@ void EmbeddingTable::validate(const TableSpec& s) {
     case InitKind::kUniform:
       if (!(s.init.a <= s.init.b))
         throw RequestError("createTables: " + quoted(s) + ": uniform low is above high");
-      if (b - a > most) {
+      if (!draws_stay_finite(s.init)) {
         throw RequestError("createTables: " + quoted(s) + ": uniform [" + std::to_string(a) + ", " +
                            std::to_string(b) +
                            "] is wider than a float holds (draws would be Inf)");
@@ -109,7 +109,7 @@ void EmbeddingTable::validate(const TableSpec& s) {
     case InitKind::kTruncatedNormal:
       if (!(s.init.b > 0))
         throw RequestError("createTables: " + quoted(s) + ": a normal's stddev must be > 0");
-      if (std::fabs(a) + 16 * b > most) {
+      if (!draws_stay_finite(s.init)) {
         throw RequestError("createTables: " + quoted(s) + ": a normal of mean " +
                            std::to_string(a) + " and stddev " + std::to_string(b) +
                            " would draw values past what a float holds");

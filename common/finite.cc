@@ -58,4 +58,17 @@ std::string gradient_refusal(std::string_view tensor, std::span<const float> val
   return name + " contains NaN or Inf (refused; psd --allow_nonfinite accepts it)";
 }
 
+bool draws_stay_finite(const InitConfig& init) {
+  const double a = init.a, b = init.b, most = std::numeric_limits<float>::max();
+  switch (init.kind) {
+    case InitKind::kUniform:
+      return b - a <= most;
+    case InitKind::kNormal:
+    case InitKind::kTruncatedNormal:
+      return std::fabs(a) + 16 * b <= most;
+    default:
+      return true;
+  }
+}
+
 }  // namespace ps

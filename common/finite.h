@@ -2,6 +2,7 @@
 // libpsclient, which runs it over a gradient that goes out in several
 // requests (client/client_transfer.cc): psd checks each request whole, so
 // only the client can refuse such a push before any of it is applied.
+// Also the bound that keeps an initializer's random draws finite.
 #pragma once
 
 #include <cstddef>
@@ -12,6 +13,7 @@
 #include <string_view>
 
 #include "ps/job.h"
+#include "ps/tensor_spec.h"
 
 namespace ps {
 
@@ -41,5 +43,11 @@ float gradient_limit(uint32_t summed);
 // client's own check of pushes it splits, which must refuse alike.
 std::string gradient_refusal(std::string_view tensor, std::span<const float> values,
                              uint32_t summed);
+
+// Whether every draw of a uniform or normal initializer is a finite float:
+// high - low, and |mean| + 16 stddev (a float normal stays within about 6
+// sigma, a truncated one within 2), within FLT_MAX. True for other kinds.
+// Dense tensors (server/initializer.cc) and embedding tables both hold to it.
+bool draws_stay_finite(const InitConfig& init);
 
 }  // namespace ps

@@ -6,6 +6,7 @@
 #include <random>
 #include <string>
 
+#include "common/finite.h"
 #include "ps/errors.h"
 
 namespace ps {
@@ -34,19 +35,6 @@ double glorot_fan_sum(const std::vector<uint64_t>& shape) {
   double receptive = 1;
   for (std::size_t i = 0; i + 2 < shape.size(); ++i) receptive *= static_cast<double>(shape[i]);
   return receptive * (static_cast<double>(shape[shape.size() - 2]) + static_cast<double>(shape.back()));
-}
-
-bool draws_stay_finite(const InitConfig& init) {
-  const double a = init.a, b = init.b, most = std::numeric_limits<float>::max();
-  switch (init.kind) {
-    case InitKind::kUniform:
-      return b - a <= most;
-    case InitKind::kNormal:
-    case InitKind::kTruncatedNormal:
-      return std::fabs(a) + 16 * b <= most;
-    default:
-      return true;
-  }
 }
 
 void validate_initializer(const InitConfig& init, const std::string& name,

@@ -23,12 +23,6 @@ void initialize(std::span<float> out, const InitConfig& init,
 void validate_initializer(const InitConfig& init, const std::string& name,
                           const std::vector<uint64_t>& full_shape);
 
-// Whether every draw of a uniform or normal initializer is a finite float:
-// high - low, and |mean| + 16 stddev (a float normal stays within about 6
-// sigma, a truncated one within 2), within FLT_MAX. True for other kinds.
-// Dense tensors (validate_initializer) and embedding tables both hold to it.
-bool draws_stay_finite(const InitConfig& init);
-
 // fan_in + fan_out of Glorot initialisation (ps::glorot_fans), counted in
 // double: their sum in 64-bit integers wraps for the largest shapes (to 0
 // for [2^64 - 1, 1], which made the scale Inf and the values NaN).

@@ -16,7 +16,6 @@
 #include "common/row_bytes.h"
 #include "common/tensor_name.h"
 #include "ps/errors.h"
-#include "server/initializer.h"
 
 namespace ps {
 namespace {
